@@ -1,0 +1,164 @@
+//! The one error type of the crate.
+
+use crate::plan::Outcome;
+
+/// Everything that can go wrong while configuring or running a tuning.
+///
+/// Each configuration variant names the offending value and what would be valid;
+/// [`Error::Workload`] hands the workload's own error back untouched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The utilization ceiling is not a fraction in (0, 1].
+    #[error("ceiling {ceiling} is not a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory")]
+    InvalidCeiling {
+        /// The value given.
+        ceiling: f64,
+    },
+
+    /// A setting that counts something was zero.
+    #[error("{setting} is 0: it must be at least 1")]
+    Zero {
+        /// The builder method or argument that was zero, e.g. `multiple_of`.
+        setting: &'static str,
+    },
+
+    /// `max_batch` is below `start`.
+    #[error("max_batch {max_batch} is below start {start}: the search space is empty; use max_batch >= start")]
+    MaxBatchBelowStart {
+        /// The largest batch allowed.
+        max_batch: usize,
+        /// The smallest batch allowed.
+        start: usize,
+    },
+
+    /// No multiple of the granularity lies between `start` and `max_batch`.
+    #[error(
+        "no multiple of {multiple_of} lies in [{start}, {max_batch}]: \
+         lower multiple_of, lower start or raise max_batch"
+    )]
+    NoCandidate {
+        /// The smallest batch allowed.
+        start: usize,
+        /// The largest batch allowed.
+        max_batch: usize,
+        /// The granularity.
+        multiple_of: usize,
+    },
+
+    /// A batch size too large to double or multiply without overflowing `usize`.
+    #[error("batch arithmetic overflows at {value}: use a smaller start, multiple_of or target")]
+    Overflow {
+        /// The value whose next step would overflow.
+        value: usize,
+    },
+
+    /// The target effective batch cannot give every rank at least one
+    /// micro-batch of the required granularity.
+    #[error(
+        "target effective batch {target} is below world_size {world_size} x multiple_of {multiple_of} = {smallest}: \
+         every rank needs at least one micro-batch; use a target of at least {smallest}"
+    )]
+    TargetBelowWorldSize {
+        /// The target effective batch.
+        target: usize,
+        /// The number of ranks.
+        world_size: usize,
+        /// The micro-batch granularity.
+        multiple_of: usize,
+        /// The smallest effective batch that is possible.
+        smallest: usize,
+    },
+
+    /// Exactness was demanded and no micro-batch/accumulation split hits the target.
+    #[error(
+        "no split hits target effective batch {target} exactly with world_size {world_size}, \
+         micro-batches that are multiples of {multiple_of} and at most {largest_micro_batch}, and at most \
+         {max_steps} accumulation steps; the nearest above is {nearest}: accept it or use a target divisible by \
+         world_size x multiple_of = {unit}"
+    )]
+    InexactEffectiveBatch {
+        /// The target effective batch.
+        target: usize,
+        /// The number of ranks.
+        world_size: usize,
+        /// The micro-batch granularity.
+        multiple_of: usize,
+        /// The largest micro-batch that fits.
+        largest_micro_batch: usize,
+        /// Twice the fewest accumulation steps: the most the planner accepts for exactness.
+        max_steps: usize,
+        /// The nearest effective batch above the target that is possible.
+        nearest: usize,
+        /// world_size x multiple_of.
+        unit: usize,
+    },
+
+    /// Not even the smallest candidate batch fits under the ceiling.
+    #[error(
+        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}",
+        describe_failure(*.outcome, *.peak_bytes),
+        .ceiling * 100.0,
+        crate::bytes::format_bytes(*.capacity_bytes),
+        crate::bytes::format_bytes(*.limit_bytes)
+    )]
+    NothingFits {
+        /// The smallest batch tried.
+        batch: usize,
+        /// How it failed.
+        outcome: Outcome,
+        /// Its measured device-wide peak, where the meter could read one.
+        peak_bytes: Option<u64>,
+        /// The device capacity.
+        capacity_bytes: u64,
+        /// ceiling x capacity, in bytes.
+        limit_bytes: u64,
+        /// The utilization ceiling.
+        ceiling: f64,
+    },
+
+    /// The workload failed with an error that is not an out-of-memory error.
+    /// The search stops at once; the workload's error is `source`, untouched.
+    #[error("the workload failed at batch {batch} with an error that is not out-of-memory: {source}")]
+    Workload {
+        /// The batch being tried.
+        batch: usize,
+        /// The workload's own error.
+        #[source]
+        source: candle_core::Error,
+    },
+
+    /// A memory meter could not measure.
+    #[error("memory meter: {0}")]
+    Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
+    let peak = peak_bytes.map(crate::bytes::format_bytes);
+    match (outcome, peak) {
+        (Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
+        (Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
+        (_, Some(peak)) => format!("peaked at {peak}"),
+        (_, None) => "went over the ceiling".to_owned(),
+    }
+}
+
+impl Error {
+    /// Wraps a meter's failure: for [`MemoryMeter`](crate::MemoryMeter) implementations.
+    ///
+    /// ```
+    /// let err = autobatch::Error::meter("pool attribute unavailable");
+    /// assert_eq!(err.to_string(), "memory meter: pool attribute unavailable");
+    /// ```
+    pub fn meter(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Meter(err.into())
+    }
+
+    /// The workload's own error, when this is [`Error::Workload`].
+    pub fn workload_error(&self) -> Option<&candle_core::Error> {
+        match self {
+            Error::Workload { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! A simulated device for tests and benchmarks of the search: a memory curve in,
+//! a [`Workload`](crate::Workload) and a [`MemoryMeter`](crate::MemoryMeter) out.
+//!
+//! ```
+//! use autobatch::memory::simulated::{MemoryCurve, Simulation};
+//! use autobatch::Tuner;
+//!
+//! const GIB: u64 = 1 << 30;
+//! // 2 GiB of weights and optimizer state, 100 MiB per sample, on a 16 GiB device
+//! // where another process already holds 1 GiB.
+//! let (mut workload, mut meter) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 << 20))
+//!     .other_process(GIB)
+//!     .build();
+//! let plan = Tuner::new().ceiling(0.9).run(&mut workload, &mut meter)?;
+//! // (0.9 × 16 GiB − 1 GiB − 2 GiB) / 100 MiB = 116.7
+//! assert_eq!(plan.largest_batch, 116);
+//! # Ok::<(), autobatch::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{Error, MemoryMeter, Workload};
+
+/// Peak bytes of one training step of this process as a function of the batch,
+/// including what it holds between steps (weights, optimizer state).
+#[derive(Clone)]
+pub enum MemoryCurve {
+    /// `fixed + per_sample·b`.
+    Affine {
+        /// Bytes at batch 0.
+        fixed: u64,
+        /// Bytes per sample.
+        per_sample: u64,
+    },
+    /// `fixed + per_sample·b + per_sample_squared·b²`, as attention's score matrices
+    /// grow when the batch also sets a sequence length, or packed batches grow.
+    Quadratic {
+        /// Bytes at batch 0.
+        fixed: u64,
+        /// Bytes per sample.
+        per_sample: u64,
+        /// Bytes per sample squared.
+        per_sample_squared: u64,
+    },
+    /// Any function of the batch.
+    Custom(Arc<dyn Fn(usize) -> u64 + Send + Sync>),
+}
+
+impl MemoryCurve {
+    /// `fixed + per_sample·b`.
+    pub fn affine(fixed: u64, per_sample: u64) -> Self {
+        MemoryCurve::Affine { fixed, per_sample }
+    }
+
+    /// `fixed + per_sample·b + per_sample_squared·b²`.
+    pub fn quadratic(fixed: u64, per_sample: u64, per_sample_squared: u64) -> Self {
+        MemoryCurve::Quadratic { fixed, per_sample, per_sample_squared }
+    }
+
+    /// Any function of the batch.
+    pub fn custom(curve: impl Fn(usize) -> u64 + Send + Sync + 'static) -> Self {
+        MemoryCurve::Custom(Arc::new(curve))
+    }
+
+    /// The curve's bytes at `batch` (saturating at `u64::MAX`).
+    pub fn bytes(&self, batch: usize) -> u64 {
+        let b = batch as u64;
+        match self {
+            MemoryCurve::Affine { fixed, per_sample } => fixed.saturating_add(per_sample.saturating_mul(b)),
+            MemoryCurve::Quadratic { fixed, per_sample, per_sample_squared } => fixed
+                .saturating_add(per_sample.saturating_mul(b))
+                .saturating_add(per_sample_squared.saturating_mul(b).saturating_mul(b)),
+            MemoryCurve::Custom(curve) => curve(batch),
+        }
+    }
+}
+
+impl fmt::Debug for MemoryCurve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryCurve::Affine { fixed, per_sample } => write!(f, "Affine({fixed} + {per_sample}·b)"),
+            MemoryCurve::Quadratic { fixed, per_sample, per_sample_squared } => {
+                write!(f, "Quadratic({fixed} + {per_sample}·b + {per_sample_squared}·b²)")
+            }
+            MemoryCurve::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// Builder of a simulated device: a curve plus the ways real devices deviate from it.
+#[derive(Clone, Debug)]
+pub struct Simulation {
+    capacity: u64,
+    curve: MemoryCurve,
+    rounding: u64,
+    noise: u64,
+    seed: u64,
+    blips: BTreeMap<usize, u64>,
+    oom_from: Option<usize>,
+    error_at: Option<usize>,
+    other_process: u64,
+    resident: u64,
+    leak_on_failure: u64,
+    baseline_rise: Option<(usize, u64)>,
+    slack: u64,
+}
+
+impl Simulation {
+    /// A device of `capacity` bytes whose step at batch `b` peaks at `curve(b)`.
+    pub fn new(capacity: u64, curve: MemoryCurve) -> Self {
+        Simulation {
+            capacity,
+            curve,
+            rounding: 1,
+            noise: 0,
+            seed: 0,
+            blips: BTreeMap::new(),
+            oom_from: None,
+            error_at: None,
+            other_process: 0,
+            resident: 0,
+            leak_on_failure: 0,
+            baseline_rise: None,
+            slack: 0,
+        }
+    }
+
+    /// Rounds every step's peak up to a multiple of `bytes`, like an allocator
+    /// that hands out memory in fixed-size chunks (a 2 MiB pool granule, say).
+    /// Zero is treated as one: no rounding.
+    pub fn rounding(mut self, bytes: u64) -> Self {
+        self.rounding = bytes.max(1);
+        self
+    }
+
+    /// Adds up to `bytes` of deterministic pseudo-random noise to every step's
+    /// peak; the same seed, batch and step count give the same noise.
+    pub fn noise(mut self, bytes: u64, seed: u64) -> Self {
+        self.noise = bytes;
+        self.seed = seed;
+        self
+    }
+
+    /// A non-monotone blip: the step at exactly `batch` needs `extra` more bytes
+    /// (a kernel that picks a workspace-hungry algorithm at one shape, say).
+    pub fn blip(mut self, batch: usize, extra: u64) -> Self {
+        self.blips.insert(batch, extra);
+        self
+    }
+
+    /// Steps at `batch` and above fail with a real out-of-memory error even when
+    /// the curve says they would fit (fragmentation, or an allocation the curve
+    /// does not model).
+    pub fn oom_from(mut self, batch: usize) -> Self {
+        self.oom_from = Some(batch);
+        self
+    }
+
+    /// The step at exactly `batch` fails with an error that is not out-of-memory.
+    pub fn error_at(mut self, batch: usize) -> Self {
+        self.error_at = Some(batch);
+        self
+    }
+
+    /// Bytes held on the device by another process for the whole run.
+    pub fn other_process(mut self, bytes: u64) -> Self {
+        self.other_process = bytes;
+        self
+    }
+
+    /// Bytes this process holds between steps (weights, optimizer state); part
+    /// of the curve, but also what the meter sees as in use when idle.
+    pub fn resident(mut self, bytes: u64) -> Self {
+        self.resident = bytes;
+        self
+    }
+
+    /// Every failed step leaves `bytes` allocated for good: a workload that
+    /// does not clean up after an out-of-memory error.
+    pub fn leak_on_failure(mut self, bytes: u64) -> Self {
+        self.leak_on_failure = bytes;
+        self
+    }
+
+    /// After the `step`-th call (counting from 1) the process holds `bytes` more
+    /// for good, on top of the curve: a runtime that allocates scratch space
+    /// late, like per-thread buffers.
+    pub fn baseline_rise(mut self, step: usize, bytes: u64) -> Self {
+        self.baseline_rise = Some((step, bytes));
+        self
+    }
+
+    /// The slack the meter reports (see [`MemoryMeter::slack_bytes`]).
+    pub fn slack(mut self, bytes: u64) -> Self {
+        self.slack = bytes;
+        self
+    }
+
+    /// The device-wide peak of a step at `batch` with nothing leaked, no noise
+    /// and no late baseline rise: what a brute-force check compares to the ceiling.
+    pub fn device_peak(&self, batch: usize) -> u64 {
+        self.step_peak(batch, 0, 0)
+    }
+
+    /// Whether a step at `batch` fails with a workload error (out-of-memory or
+    /// not) regardless of the ceiling, with nothing leaked.
+    pub fn step_fails(&self, batch: usize) -> bool {
+        self.error_at == Some(batch)
+            || self.oom_from.is_some_and(|b| batch >= b)
+            || self.device_peak(batch) > self.capacity
+    }
+
+    /// The largest candidate of `space` that a noise-free step runs at with a
+    /// device-wide peak at or under `ceiling × capacity`, by brute force over
+    /// every candidate (scanning stops at `scan_limit`).
+    pub fn true_largest(&self, ceiling: f64, space: &crate::search::SearchSpace, scan_limit: usize) -> Option<usize> {
+        let limit = crate::plan::limit_bytes(ceiling, self.capacity);
+        (space.first()..=space.last().min(scan_limit))
+            .step_by(space.multiple_of())
+            .filter(|&b| !self.step_fails(b) && self.device_peak(b) <= limit)
+            .max()
+    }
+
+    fn step_peak(&self, batch: usize, leaked: u64, risen: u64) -> u64 {
+        let own = self
+            .curve
+            .bytes(batch)
+            .saturating_add(self.blips.get(&batch).copied().unwrap_or(0))
+            .max(self.resident)
+            .saturating_add(risen);
+        let rounded = own.div_ceil(self.rounding).saturating_mul(self.rounding);
+        rounded.saturating_add(self.other_process).saturating_add(leaked)
+    }
+
+    /// Splits the device into the workload that runs on it and the meter that watches it.
+    pub fn build(self) -> (SimulatedWorkload, SimulatedMeter) {
+        let state = Arc::new(Mutex::new(State { peak: 0, leaked: 0, risen: 0, steps: 0 }));
+        let config = Arc::new(self);
+        (SimulatedWorkload { config: Arc::clone(&config), state: Arc::clone(&state) }, SimulatedMeter { config, state })
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    peak: u64,
+    leaked: u64,
+    risen: u64,
+    steps: usize,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while holding this lock cannot leave the counters half-updated
+    // in a way that matters to a simulation: keep going.
+    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Simulation {
+    fn idle_bytes(&self, state: &State) -> u64 {
+        self.other_process.saturating_add(self.resident).saturating_add(state.leaked).saturating_add(state.risen)
+    }
+}
+
+/// The workload half of a [`Simulation`].
+#[derive(Debug)]
+pub struct SimulatedWorkload {
+    config: Arc<Simulation>,
+    state: Arc<Mutex<State>>,
+}
+
+impl SimulatedWorkload {
+    /// How many steps have been run (warm-up included).
+    pub fn steps(&self) -> usize {
+        lock(&self.state).steps
+    }
+
+    /// The simulation this workload runs on.
+    pub fn simulation(&self) -> &Simulation {
+        &self.config
+    }
+}
+
+impl Workload for SimulatedWorkload {
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        let sim = &*self.config;
+        let mut state = lock(&self.state);
+        state.steps += 1;
+        let noise = if sim.noise == 0 {
+            0
+        } else {
+            splitmix64(sim.seed ^ (batch as u64).rotate_left(32) ^ state.steps as u64) % (sim.noise + 1)
+        };
+        let peak = sim.step_peak(batch, state.leaked, state.risen).saturating_add(noise);
+        if let Some((at, bytes)) = sim.baseline_rise {
+            if state.steps == at {
+                state.risen = state.risen.saturating_add(bytes);
+            }
+        }
+        if sim.error_at == Some(batch) {
+            return Err(candle_core::Error::Msg(format!("simulated failure at batch {batch}: shape mismatch")).bt());
+        }
+        let physical_oom = peak > sim.capacity;
+        if physical_oom || sim.oom_from.is_some_and(|b| batch >= b) {
+            state.peak = state.peak.max(peak.min(sim.capacity));
+            state.leaked = state.leaked.saturating_add(sim.leak_on_failure);
+            return Err(candle_core::Error::Cuda(Box::new(SimulatedOutOfMemory {
+                batch,
+                requested: peak,
+                capacity: sim.capacity,
+            }))
+            .bt());
+        }
+        state.peak = state.peak.max(peak);
+        Ok(())
+    }
+}
+
+/// The meter half of a [`Simulation`].
+#[derive(Debug)]
+pub struct SimulatedMeter {
+    config: Arc<Simulation>,
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryMeter for SimulatedMeter {
+    fn capacity(&self) -> Result<u64, Error> {
+        Ok(self.config.capacity)
+    }
+
+    fn in_use(&self) -> Result<u64, Error> {
+        Ok(self.config.idle_bytes(&lock(&self.state)))
+    }
+
+    fn reset_peak(&mut self) -> Result<(), Error> {
+        let mut state = lock(&self.state);
+        state.peak = self.config.idle_bytes(&state);
+        Ok(())
+    }
+
+    fn peak(&self) -> Result<u64, Error> {
+        Ok(lock(&self.state).peak)
+    }
+
+    fn slack_bytes(&self) -> u64 {
+        self.config.slack
+    }
+}
+
+/// The error a simulated step fails with when the device runs out of memory. Its
+/// text carries the CUDA driver's code, as candle's real error does, so
+/// [`is_oom`](crate::is_oom) recognizes it.
+#[derive(Debug)]
+pub struct SimulatedOutOfMemory {
+    /// The batch that did not fit.
+    pub batch: usize,
+    /// Device-wide bytes the step would have needed.
+    pub requested: u64,
+    /// Device capacity.
+    pub capacity: u64,
+}
+
+impl fmt::Display for SimulatedOutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\") (simulated: batch {} needs {} of {} bytes)",
+            self.batch, self.requested, self.capacity
+        )
+    }
+}
+
+impl std::error::Error for SimulatedOutOfMemory {}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}

@@ -1,0 +1,231 @@
+//! What a tuning run produces: the trials it ran and the plan it derived.
+
+mod accumulation;
+mod report;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulation};
+
+use crate::search::Strategy;
+
+/// How one trial ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The step ran and the device-wide peak stayed at or under `ceiling × capacity`.
+    Fits,
+    /// The step ran but the device-wide peak went above `ceiling × capacity`.
+    OverCeiling,
+    /// The step failed with an out-of-memory error (see [`is_oom`](crate::is_oom)).
+    OutOfMemory,
+}
+
+impl Outcome {
+    /// Whether the batch is usable: only [`Outcome::Fits`] is.
+    pub fn fits(self) -> bool {
+        self == Outcome::Fits
+    }
+
+    /// A short lower-case label, as in the report: `fits`, `over ceiling`, `out of memory`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Fits => "fits",
+            Outcome::OverCeiling => "over ceiling",
+            Outcome::OutOfMemory => "out of memory",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.label())
+    }
+}
+
+/// Why a trial was run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrialKind {
+    /// Proposed by the search strategy. Counts against `max_trials`.
+    #[default]
+    Search,
+    /// The chosen batch run again because memory in use rose after it was first
+    /// measured: the answer must fit in memory as it is when training starts.
+    Recheck,
+}
+
+/// One measured run of the workload at one batch size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trial {
+    /// The batch size tried.
+    pub batch: usize,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The device-wide peak the meter read after the step (for an out-of-memory
+    /// trial, the peak reached before the failure), or `None` when it could not be read.
+    pub peak_bytes: Option<u64>,
+    /// Wall-clock time of the trial's steps, synchronization included.
+    #[serde(rename = "duration_s", with = "seconds")]
+    pub duration: Duration,
+    /// Device-wide bytes in use just before the trial.
+    pub baseline_bytes: u64,
+    /// Why the trial was run.
+    #[serde(default)]
+    pub kind: TrialKind,
+}
+
+/// Something the caller should know about a plan that is still valid.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Warning {
+    /// After a failed trial, memory in use did not come back to the pre-trial
+    /// baseline: the workload holds on to something it allocated in the failed step.
+    /// Later trials ran with less free memory, so the answer is conservative, but
+    /// the leaked memory stays unavailable to training.
+    Leak {
+        /// The failed trial's batch.
+        batch: usize,
+        /// Bytes in use before the trial.
+        baseline_bytes: u64,
+        /// Bytes in use after the trial and the cache release.
+        after_bytes: u64,
+        /// The slack the meter allows (see [`MemoryMeter::slack_bytes`](crate::MemoryMeter::slack_bytes)).
+        slack_bytes: u64,
+    },
+    /// The search stopped at `max_trials` before proving its answer is the largest.
+    TrialLimit {
+        /// The limit that was reached.
+        max_trials: usize,
+    },
+    /// The chosen batch no longer fit when re-checked after memory in use rose;
+    /// the search went on below it.
+    RecheckFailed {
+        /// The batch that fit at first and failed on re-check.
+        batch: usize,
+        /// Bytes in use when it first fit.
+        first_baseline_bytes: u64,
+        /// Bytes in use at the re-check.
+        recheck_baseline_bytes: u64,
+    },
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::bytes::format_bytes as b;
+        match self {
+            Warning::Leak { batch, baseline_bytes, after_bytes, slack_bytes } => write!(
+                f,
+                "memory leaked by the failed trial at batch {batch}: {} in use after it, {} before (slack {})",
+                b(*after_bytes),
+                b(*baseline_bytes),
+                b(*slack_bytes)
+            ),
+            Warning::TrialLimit { max_trials } => write!(
+                f,
+                "stopped at max_trials = {max_trials}: the batch is verified to fit but not proven the largest"
+            ),
+            Warning::RecheckFailed { batch, first_baseline_bytes, recheck_baseline_bytes } => write!(
+                f,
+                "batch {batch} fit with {} in use but not when re-checked with {} in use",
+                b(*first_baseline_bytes),
+                b(*recheck_baseline_bytes)
+            ),
+        }
+    }
+}
+
+/// The result of a tuning run: the largest batch seen to fit and the training
+/// split derived from it.
+///
+/// `micro_batch × accumulation_steps × world_size = effective_batch` always holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Plan {
+    /// The search result: the largest batch that was run and seen to fit.
+    pub largest_batch: usize,
+    /// The batch to train with on each rank: `≤ largest_batch`, equal to it without a target.
+    pub micro_batch: usize,
+    /// Micro-batches accumulated per optimizer step.
+    pub accumulation_steps: usize,
+    /// Number of data-parallel ranks.
+    pub world_size: usize,
+    /// `micro_batch × accumulation_steps × world_size`.
+    pub effective_batch: usize,
+    /// The effective batch asked for, if any.
+    pub target_effective_batch: Option<usize>,
+    /// Measured device-wide peak at `largest_batch`.
+    pub peak_bytes: u64,
+    /// Device capacity: what 100% utilization means.
+    pub capacity_bytes: u64,
+    /// The utilization ceiling, a fraction of `capacity_bytes`.
+    pub ceiling: f64,
+    /// The granularity batches were searched at.
+    pub multiple_of: usize,
+    /// The search strategy used.
+    pub strategy: Strategy,
+    /// Whether the search proved `largest_batch` is the largest fitting candidate
+    /// (false when `max_trials` cut it short).
+    pub proven_largest: bool,
+    /// Every trial, in the order run.
+    pub trials: Vec<Trial>,
+    /// The accumulation split, when a target effective batch was set.
+    pub accumulation: Option<Accumulation>,
+    /// Things worth knowing; each was also logged.
+    pub warnings: Vec<Warning>,
+}
+
+impl Plan {
+    /// `ceiling × capacity` in bytes: the most a fitting step may use.
+    pub fn limit_bytes(&self) -> u64 {
+        limit_bytes(self.ceiling, self.capacity_bytes)
+    }
+
+    /// Peak at `largest_batch` as a fraction of capacity.
+    pub fn utilization(&self) -> f64 {
+        utilization(self.peak_bytes, self.capacity_bytes)
+    }
+
+    /// Serializes the plan as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan always serializes: it holds no maps with non-string keys")
+    }
+
+    /// Reads a plan back from JSON.
+    pub fn from_json(json: &str) -> Result<Plan, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+}
+
+/// `ceiling × capacity`, rounded down to whole bytes. A peak `p` is under the
+/// ceiling exactly when `p <= limit_bytes(ceiling, capacity)`.
+pub(crate) fn limit_bytes(ceiling: f64, capacity_bytes: u64) -> u64 {
+    (ceiling * capacity_bytes as f64).floor() as u64
+}
+
+pub(crate) fn utilization(bytes: u64, capacity_bytes: u64) -> f64 {
+    if capacity_bytes == 0 {
+        0.0
+    } else {
+        bytes as f64 / capacity_bytes as f64
+    }
+}
+
+/// Durations as fractional seconds in JSON.
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_f64(duration.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(deserializer)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}

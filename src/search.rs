@@ -1,0 +1,267 @@
+//! Search strategies, kept pure: a history of observations in, the next batch out.
+//!
+//! Nothing here touches a device or a clock, so every invariant can be checked
+//! exhaustively with simulated curves, and baseline algorithms can run side by
+//! side on the same workloads.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Outcome;
+use crate::Error;
+
+/// How the tuner chooses the next batch to try.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Double from the first candidate until the first failure (trying
+    /// `max_batch` once when the next doubling would pass it), then bisect the
+    /// bracket down to the exact largest fitting batch at the granularity.
+    /// About `2·log2(b*/g)` trials.
+    #[default]
+    Binary,
+    /// Double until the first failure and stop: the largest fitting
+    /// `first_candidate × 2^j`. Fewer trials, up to half the batch lost.
+    Power,
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Strategy::Binary => "binary",
+            Strategy::Power => "power",
+        })
+    }
+}
+
+/// The batches a search may try: multiples of `multiple_of` from `start`
+/// (rounded up) to `max_batch` (rounded down).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SearchSpace {
+    first: usize,
+    last: usize,
+    multiple_of: usize,
+}
+
+impl SearchSpace {
+    /// Checks the bounds and builds the space.
+    ///
+    /// ```
+    /// use autobatch::search::SearchSpace;
+    ///
+    /// let space = SearchSpace::new(3, Some(100), 8)?;
+    /// assert_eq!((space.first(), space.last()), (8, 96));
+    /// assert!(SearchSpace::new(3, Some(7), 8).is_err());
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn new(start: usize, max_batch: Option<usize>, multiple_of: usize) -> Result<Self, Error> {
+        if start == 0 {
+            return Err(Error::Zero { setting: "start" });
+        }
+        if multiple_of == 0 {
+            return Err(Error::Zero { setting: "multiple_of" });
+        }
+        if let Some(max_batch) = max_batch {
+            if max_batch < start {
+                return Err(Error::MaxBatchBelowStart { max_batch, start });
+            }
+        }
+        let ceiling = max_batch.unwrap_or(usize::MAX);
+        let first = start.checked_next_multiple_of(multiple_of).ok_or(Error::Overflow { value: start })?;
+        let last = ceiling - ceiling % multiple_of;
+        if first > last {
+            return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
+        }
+        Ok(SearchSpace { first, last, multiple_of })
+    }
+
+    /// The smallest candidate: `start` rounded up to the granularity.
+    pub fn first(&self) -> usize {
+        self.first
+    }
+
+    /// The largest candidate: `max_batch` (or `usize::MAX`) rounded down to the granularity.
+    pub fn last(&self) -> usize {
+        self.last
+    }
+
+    /// The granularity.
+    pub fn multiple_of(&self) -> usize {
+        self.multiple_of
+    }
+
+    /// Whether `batch` is a candidate of this space.
+    pub fn contains(&self, batch: usize) -> bool {
+        batch % self.multiple_of == 0 && (self.first..=self.last).contains(&batch)
+    }
+}
+
+/// What a strategy sees of one trial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// The batch tried.
+    pub batch: usize,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Its measured device-wide peak, if any.
+    pub peak_bytes: Option<u64>,
+}
+
+/// A strategy's answer to "what next?".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Run this batch next; it has not been tried.
+    Try(usize),
+    /// The search is over; the answer is [`best`] of the history.
+    Done,
+}
+
+/// The largest batch in `history` that fits, if any: the only kind of answer a
+/// search gives.
+pub fn best(history: &[Observation]) -> Option<&Observation> {
+    history.iter().filter(|o| o.outcome.fits()).max_by_key(|o| o.batch)
+}
+
+/// Proposes the next batch to try after `history`, or says the search is done.
+///
+/// Never proposes a batch already in `history` nor one outside `space`.
+///
+/// ```
+/// use autobatch::search::{next_batch, Next, Observation, SearchSpace};
+/// use autobatch::{Outcome, Strategy};
+///
+/// let space = SearchSpace::new(1, None, 1)?;
+/// let fits = |b: usize| if b <= 5 { Outcome::Fits } else { Outcome::OverCeiling };
+/// let mut history = Vec::new();
+/// while let Next::Try(batch) = next_batch(Strategy::Binary, &space, &history) {
+///     history.push(Observation { batch, outcome: fits(batch), peak_bytes: None });
+/// }
+/// let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
+/// assert_eq!(tried, [1, 2, 4, 8, 6, 5]);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub fn next_batch(strategy: Strategy, space: &SearchSpace, history: &[Observation]) -> Next {
+    let bracket = Bracket::of(space, history);
+    match strategy {
+        Strategy::Binary => match bracket.failing {
+            None => bracket.double(space, true),
+            Some(failing) => bisect(space, bracket.floor, failing),
+        },
+        Strategy::Power => match bracket.failing {
+            None => bracket.double(space, false),
+            Some(_) => Next::Done,
+        },
+    }
+}
+
+/// What the history says about where the boundary lies.
+struct Bracket {
+    /// Largest fitting batch, if any.
+    fitting: Option<usize>,
+    /// Largest fitting batch, or the candidate below the first when none fits yet
+    /// (a virtual floor that makes "nothing fits" fall out of the bisection).
+    floor: usize,
+    /// Smallest failing batch above `floor`.
+    failing: Option<usize>,
+}
+
+impl Bracket {
+    fn of(space: &SearchSpace, history: &[Observation]) -> Bracket {
+        let fitting = best(history).map(|o| o.batch);
+        let floor = fitting.unwrap_or(space.first - space.multiple_of);
+        let failing = history.iter().filter(|o| !o.outcome.fits() && o.batch > floor).map(|o| o.batch).min();
+        Bracket { fitting, floor, failing }
+    }
+
+    /// The doubling phase: the first candidate, then twice the largest fit; past
+    /// the last candidate, `last` itself once if `try_last`.
+    fn double(&self, space: &SearchSpace, try_last: bool) -> Next {
+        let Some(fitting) = self.fitting else {
+            return Next::Try(space.first);
+        };
+        match fitting.checked_mul(2) {
+            Some(next) if next <= space.last => Next::Try(next),
+            _ if try_last && fitting < space.last => Next::Try(space.last),
+            _ => Next::Done,
+        }
+    }
+}
+
+/// Halves the open bracket (floor, failing) at the granularity.
+fn bisect(space: &SearchSpace, floor: usize, failing: usize) -> Next {
+    let gaps = (failing - floor) / space.multiple_of;
+    if gaps <= 1 {
+        Next::Done
+    } else {
+        Next::Try(floor + space.multiple_of * (gaps / 2))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(strategy: Strategy, space: SearchSpace, largest_fit: usize) -> Vec<usize> {
+        let mut history = Vec::new();
+        while let Next::Try(batch) = next_batch(strategy, &space, &history) {
+            let outcome = if batch <= largest_fit { Outcome::Fits } else { Outcome::OutOfMemory };
+            history.push(Observation { batch, outcome, peak_bytes: None });
+        }
+        history.iter().map(|o| o.batch).collect()
+    }
+
+    #[test]
+    fn binary_doubles_then_bisects() {
+        let space = SearchSpace::new(1, None, 1).unwrap();
+        assert_eq!(
+            run(Strategy::Binary, space, 133),
+            [1, 2, 4, 8, 16, 32, 64, 128, 256, 192, 160, 144, 136, 132, 134, 133]
+        );
+    }
+
+    #[test]
+    fn binary_tries_max_batch_once_when_doubling_would_pass_it() {
+        let space = SearchSpace::new(1, Some(100), 1).unwrap();
+        assert_eq!(run(Strategy::Binary, space, 1000), [1, 2, 4, 8, 16, 32, 64, 100]);
+        assert_eq!(run(Strategy::Binary, space, 70), [1, 2, 4, 8, 16, 32, 64, 100, 82, 73, 68, 70, 71]);
+        let space = SearchSpace::new(5, Some(100), 8).unwrap();
+        assert_eq!(run(Strategy::Binary, space, 1000), [8, 16, 32, 64, 96]);
+    }
+
+    #[test]
+    fn binary_stops_when_the_first_candidate_fails() {
+        let space = SearchSpace::new(4, None, 4).unwrap();
+        assert_eq!(run(Strategy::Binary, space, 3), [4]);
+    }
+
+    #[test]
+    fn power_stops_at_the_first_failure_and_never_tries_max_batch() {
+        let space = SearchSpace::new(1, None, 8).unwrap();
+        assert_eq!(run(Strategy::Power, space, 100), [8, 16, 32, 64, 128]);
+        let space = SearchSpace::new(1, Some(100), 8).unwrap();
+        assert_eq!(run(Strategy::Power, space, 1000), [8, 16, 32, 64]);
+    }
+
+    #[test]
+    fn a_fit_above_a_failure_moves_the_bracket_up() {
+        // a non-monotone blip at 8: the history is all the search relies on.
+        let space = SearchSpace::new(1, None, 1).unwrap();
+        let history = [
+            Observation { batch: 4, outcome: Outcome::Fits, peak_bytes: None },
+            Observation { batch: 8, outcome: Outcome::OverCeiling, peak_bytes: None },
+            Observation { batch: 16, outcome: Outcome::Fits, peak_bytes: None },
+        ];
+        assert_eq!(next_batch(Strategy::Binary, &space, &history), Next::Try(32));
+    }
+
+    #[test]
+    fn space_rounds_bounds_to_the_granularity() {
+        let space = SearchSpace::new(9, Some(31), 8).unwrap();
+        assert_eq!((space.first(), space.last()), (16, 24));
+        assert!(space.contains(24) && !space.contains(20) && !space.contains(8) && !space.contains(32));
+        assert!(matches!(SearchSpace::new(0, None, 1), Err(Error::Zero { setting: "start" })));
+        assert!(matches!(SearchSpace::new(1, None, 0), Err(Error::Zero { setting: "multiple_of" })));
+        assert!(matches!(SearchSpace::new(8, Some(4), 1), Err(Error::MaxBatchBelowStart { max_batch: 4, start: 8 })));
+        assert!(matches!(SearchSpace::new(usize::MAX, None, 2), Err(Error::Overflow { .. })));
+    }
+}

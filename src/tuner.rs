@@ -1,0 +1,460 @@
+//! The tuner: configuration, the trial loop, and the plan at the end.
+
+use std::time::Instant;
+
+use log::{debug, info, warn};
+
+use crate::bytes::format_bytes;
+use crate::plan::{limit_bytes, plan_accumulation_aligned, utilization, Plan, Trial, TrialKind, Warning};
+use crate::search::{best, next_batch, Next, Observation, SearchSpace, Strategy};
+use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
+
+/// Finds the largest batch that fits under a utilization ceiling and plans
+/// gradient accumulation from it.
+///
+/// Builder methods take and return `Self`; nothing is checked until
+/// [`run`](Tuner::run) (or [`check`](Tuner::check)), which reports any invalid
+/// setting as an [`Error`] before touching the device.
+///
+/// ```
+/// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+/// use autobatch::{Strategy, Tuner};
+///
+/// let (mut workload, mut meter) = Simulation::new(80 << 30, MemoryCurve::affine(10 << 30, 300 << 20)).build();
+/// let plan = Tuner::new()
+///     .ceiling(0.85)
+///     .multiple_of(8)
+///     .strategy(Strategy::Binary)
+///     .target_effective_batch(1024)
+///     .world_size(4)
+///     .run(&mut workload, &mut meter)?;
+/// // (0.85 × 80 GiB − 10 GiB) / 300 MiB = 197.97, rounded down to a multiple of 8
+/// assert_eq!(plan.largest_batch, 192);
+/// // 1024 = 128 × 2 accumulation steps × 4 ranks
+/// assert_eq!((plan.micro_batch, plan.accumulation_steps, plan.effective_batch), (128, 2, 1024));
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tuner {
+    ceiling: f64,
+    start: usize,
+    max_batch: Option<usize>,
+    multiple_of: usize,
+    max_trials: Option<usize>,
+    steps_per_trial: usize,
+    strategy: Strategy,
+    target_effective_batch: Option<usize>,
+    world_size: usize,
+    exact_effective_batch: bool,
+    warmup: bool,
+}
+
+impl Default for Tuner {
+    fn default() -> Self {
+        Tuner {
+            ceiling: 0.90,
+            start: 1,
+            max_batch: None,
+            multiple_of: 1,
+            max_trials: None,
+            steps_per_trial: 1,
+            strategy: Strategy::Binary,
+            target_effective_batch: None,
+            world_size: 1,
+            exact_effective_batch: false,
+            warmup: true,
+        }
+    }
+}
+
+impl Tuner {
+    /// A tuner with the defaults: ceiling 0.90, start 1, multiple_of 1, one step
+    /// per trial, world size 1, [`Strategy::Binary`], no batch or trial limit, no
+    /// target effective batch, a warm-up step.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most a fitting step may use, as a fraction in (0, 1] of the device's
+    /// capacity (device-wide, not of the memory free at start). Default 0.90.
+    pub fn ceiling(mut self, ceiling: f64) -> Self {
+        self.ceiling = ceiling;
+        self
+    }
+
+    /// The smallest batch to consider (rounded up to `multiple_of`). Default 1.
+    pub fn start(mut self, start: usize) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// The largest batch to consider (rounded down to `multiple_of`): the search
+    /// tries it once when the next doubling would pass it. Default: no limit.
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = Some(max_batch);
+        self
+    }
+
+    /// Only batches that are multiples of this are tried and returned (8 for
+    /// tensor cores, say). Default 1.
+    pub fn multiple_of(mut self, multiple_of: usize) -> Self {
+        self.multiple_of = multiple_of;
+        self
+    }
+
+    /// Stops after this many search trials with the best batch verified so far,
+    /// flagged as not proven largest. Default: no limit.
+    pub fn max_trials(mut self, max_trials: usize) -> Self {
+        self.max_trials = Some(max_trials);
+        self
+    }
+
+    /// Workload steps per trial; the trial's peak is the highest over them
+    /// (use 2 or more when the first step allocates state lazily). Default 1.
+    pub fn steps_per_trial(mut self, steps_per_trial: usize) -> Self {
+        self.steps_per_trial = steps_per_trial;
+        self
+    }
+
+    /// The search strategy. Default [`Strategy::Binary`].
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The effective (global) batch to reach with micro-batches ×
+    /// accumulation steps × ranks. Default: none (train at the largest batch).
+    pub fn target_effective_batch(mut self, target: usize) -> Self {
+        self.target_effective_batch = Some(target);
+        self
+    }
+
+    /// The number of data-parallel ranks. Default 1.
+    pub fn world_size(mut self, world_size: usize) -> Self {
+        self.world_size = world_size;
+        self
+    }
+
+    /// Demand that the effective batch equals the target exactly: when no split
+    /// hits it, [`run`](Tuner::run) fails with [`Error::InexactEffectiveBatch`]
+    /// instead of returning the nearest batch above. Default false.
+    pub fn exact_effective_batch(mut self, exact: bool) -> Self {
+        self.exact_effective_batch = exact;
+        self
+    }
+
+    /// Run one uncounted step at the smallest candidate before the first trial,
+    /// so that memory a runtime keeps for good once used (cuBLAS workspaces,
+    /// loaded kernels, per-thread scratch buffers) is in the baseline. Default true.
+    pub fn warmup(mut self, warmup: bool) -> Self {
+        self.warmup = warmup;
+        self
+    }
+
+    /// Checks every setting without running anything.
+    ///
+    /// ```
+    /// use autobatch::{Error, Tuner};
+    /// assert!(Tuner::new().check().is_ok());
+    /// assert!(matches!(Tuner::new().ceiling(1.5).check(), Err(Error::InvalidCeiling { .. })));
+    /// ```
+    pub fn check(&self) -> Result<(), Error> {
+        self.search_space().map(|_| ())
+    }
+
+    fn search_space(&self) -> Result<SearchSpace, Error> {
+        if !(self.ceiling > 0.0 && self.ceiling <= 1.0) {
+            return Err(Error::InvalidCeiling { ceiling: self.ceiling });
+        }
+        for (setting, value) in [
+            ("steps_per_trial", Some(self.steps_per_trial)),
+            ("world_size", Some(self.world_size)),
+            ("max_trials", self.max_trials),
+            ("target_effective_batch", self.target_effective_batch),
+        ] {
+            if value == Some(0) {
+                return Err(Error::Zero { setting });
+            }
+        }
+        let space = SearchSpace::new(self.start, self.max_batch, self.multiple_of)?;
+        if let Some(target) = self.target_effective_batch {
+            let smallest =
+                self.world_size.checked_mul(self.multiple_of).ok_or(Error::Overflow { value: self.world_size })?;
+            if target < smallest {
+                return Err(Error::TargetBelowWorldSize {
+                    target,
+                    world_size: self.world_size,
+                    multiple_of: self.multiple_of,
+                    smallest,
+                });
+            }
+        }
+        Ok(space)
+    }
+
+    /// Probes `workload` on the device `meter` watches and returns the plan.
+    ///
+    /// Every trial resets the meter's peak, runs the step
+    /// `steps_per_trial` times, synchronizes, reads the peak and releases cached
+    /// memory. Out-of-memory errors (see [`is_oom`]) and peaks over the ceiling
+    /// are failed trials; any other workload error ends the run as
+    /// [`Error::Workload`]. When even the smallest candidate fails the result is
+    /// [`Error::NothingFits`], never a default.
+    ///
+    /// Memory that does not come back after a failed trial is reported as a
+    /// [`Warning::Leak`] in the plan rather than an error: the trials after it
+    /// ran with less memory, so the answer stays safe, and the caller decides
+    /// whether a leaking workload is acceptable. When memory in use rose after the
+    /// chosen batch was measured, the batch is run again (a
+    /// [`TrialKind::Recheck`] trial) so that the answer fits the memory as it is now.
+    pub fn run<W, M>(&self, workload: &mut W, meter: &mut M) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let space = self.search_space()?;
+        let capacity_bytes = meter.capacity()?;
+        let limit = limit_bytes(self.ceiling, capacity_bytes);
+        info!(
+            "tuning: {} search, ceiling {:.0}% of {} = {}, batches {}..={} in multiples of {}",
+            self.strategy,
+            self.ceiling * 100.0,
+            format_bytes(capacity_bytes),
+            format_bytes(limit),
+            space.first(),
+            space.last(),
+            space.multiple_of()
+        );
+        let mut probe = Probe {
+            tuner: self,
+            workload,
+            meter,
+            capacity_bytes,
+            limit,
+            trials: Vec::new(),
+            history: Vec::new(),
+            baselines: Vec::new(),
+            warnings: Vec::new(),
+        };
+        if self.warmup {
+            probe.warm_up(space.first())?;
+        }
+        let proven_largest = probe.search(&space)?;
+        probe.into_plan(proven_largest)
+    }
+}
+
+/// The state of one tuning run.
+struct Probe<'a, W: ?Sized, M: ?Sized> {
+    tuner: &'a Tuner,
+    workload: &'a mut W,
+    meter: &'a mut M,
+    capacity_bytes: u64,
+    limit: u64,
+    trials: Vec<Trial>,
+    /// What the search sees: one entry per batch, the latest measurement.
+    history: Vec<Observation>,
+    /// Bytes in use before each `history` entry was measured.
+    baselines: Vec<u64>,
+    warnings: Vec<Warning>,
+}
+
+impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Probe<'_, W, M> {
+    fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
+        let started = Instant::now();
+        let result = self.workload.step(batch);
+        let settled = self.meter.synchronize().and_then(|()| self.meter.release_cached());
+        match result {
+            Ok(()) => settled?,
+            Err(err) if is_oom(&err) => debug!("warm-up at batch {batch} ran out of memory; the first trial will tell"),
+            Err(source) => return Err(Error::Workload { batch, source }),
+        }
+        debug!("warm-up at batch {batch} took {:?}", started.elapsed());
+        Ok(())
+    }
+
+    /// Runs the search to the end; returns whether the answer is proven largest.
+    fn search(&mut self, space: &SearchSpace) -> Result<bool, Error> {
+        let strategy = self.tuner.strategy;
+        let mut rechecked = Vec::new();
+        loop {
+            let proven = loop {
+                let batch = match next_batch(strategy, space, &self.history) {
+                    Next::Done => break true,
+                    Next::Try(batch) => batch,
+                };
+                let searched = self.trials.iter().filter(|t| t.kind == TrialKind::Search).count();
+                if let Some(max_trials) = self.tuner.max_trials.filter(|&max| searched >= max) {
+                    self.warn(Warning::TrialLimit { max_trials });
+                    break false;
+                }
+                let trial = self.trial(batch, TrialKind::Search)?;
+                self.history.push(Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes });
+                self.baselines.push(trial.baseline_bytes);
+            };
+            // Re-check the answer once if memory in use rose since it was measured.
+            let Some(index) = self.best_index() else { return Ok(proven) };
+            let batch = self.history[index].batch;
+            let first_baseline = self.baselines[index];
+            let now = self.meter.in_use()?;
+            if rechecked.contains(&batch) || now <= first_baseline.saturating_add(self.meter.slack_bytes()) {
+                return Ok(proven);
+            }
+            info!(
+                "memory in use rose from {} to {} since batch {batch} was measured: re-checking it",
+                format_bytes(first_baseline),
+                format_bytes(now)
+            );
+            rechecked.push(batch);
+            let trial = self.trial(batch, TrialKind::Recheck)?;
+            self.history[index] = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
+            self.baselines[index] = trial.baseline_bytes;
+            if trial.outcome.fits() {
+                return Ok(proven);
+            }
+            self.warn(Warning::RecheckFailed {
+                batch,
+                first_baseline_bytes: first_baseline,
+                recheck_baseline_bytes: trial.baseline_bytes,
+            });
+            if !proven {
+                // Out of trials: fall back to the next best verified batch, if any.
+                return Ok(false);
+            }
+        }
+    }
+
+    fn best_index(&self) -> Option<usize> {
+        let best = best(&self.history)?;
+        self.history.iter().position(|o| o.batch == best.batch)
+    }
+
+    /// One measured trial at `batch`.
+    fn trial(&mut self, batch: usize, kind: TrialKind) -> Result<Trial, Error> {
+        let baseline_bytes = self.meter.in_use()?;
+        self.meter.reset_peak()?;
+        let started = Instant::now();
+        let mut result = Ok(());
+        for _ in 0..self.tuner.steps_per_trial {
+            result = self.workload.step(batch);
+            if result.is_err() {
+                break;
+            }
+        }
+        let synced = self.meter.synchronize();
+        let duration = started.elapsed();
+        let peak = self.meter.peak();
+        let released = self.meter.release_cached();
+
+        let outcome = match result {
+            Ok(()) => {
+                synced?;
+                released?;
+                if peak.as_ref().is_ok_and(|&peak| peak <= self.limit) {
+                    Outcome::Fits
+                } else {
+                    Outcome::OverCeiling
+                }
+            }
+            Err(err) if is_oom(&err) => {
+                for failed in [synced.err(), released.err()].into_iter().flatten() {
+                    warn!("after the out-of-memory step at batch {batch}: {failed}");
+                }
+                Outcome::OutOfMemory
+            }
+            Err(source) => return Err(Error::Workload { batch, source }),
+        };
+        let peak_bytes = match (peak, outcome) {
+            (Ok(peak), _) => Some(peak),
+            (Err(err), Outcome::OutOfMemory) => {
+                warn!("no peak after the out-of-memory step at batch {batch}: {err}");
+                None
+            }
+            (Err(err), _) => return Err(err),
+        };
+        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind };
+        self.log_trial(&trial);
+        if !outcome.fits() {
+            self.check_for_leak(batch, baseline_bytes)?;
+        }
+        self.trials.push(trial.clone());
+        Ok(trial)
+    }
+
+    fn check_for_leak(&mut self, batch: usize, baseline_bytes: u64) -> Result<(), Error> {
+        let after_bytes = self.meter.in_use()?;
+        let slack_bytes = self.meter.slack_bytes();
+        if after_bytes > baseline_bytes.saturating_add(slack_bytes) {
+            self.warn(Warning::Leak { batch, baseline_bytes, after_bytes, slack_bytes });
+        }
+        Ok(())
+    }
+
+    fn log_trial(&self, trial: &Trial) {
+        let peak = trial.peak_bytes.map_or_else(
+            || "no peak".to_owned(),
+            |peak| format!("peak {} ({:.1}%)", format_bytes(peak), 100.0 * utilization(peak, self.capacity_bytes)),
+        );
+        info!("trial {}: batch {} {}, {peak}, {:?}", self.trials.len() + 1, trial.batch, trial.outcome, trial.duration);
+    }
+
+    fn warn(&mut self, warning: Warning) {
+        warn!("{warning}");
+        self.warnings.push(warning);
+    }
+
+    fn into_plan(self, proven_largest: bool) -> Result<Plan, Error> {
+        let tuner = self.tuner;
+        let Some(found) = best(&self.history).copied() else {
+            let smallest =
+                self.history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
+            return Err(Error::NothingFits {
+                batch: smallest.batch,
+                outcome: smallest.outcome,
+                peak_bytes: smallest.peak_bytes,
+                capacity_bytes: self.capacity_bytes,
+                limit_bytes: self.limit,
+                ceiling: tuner.ceiling,
+            });
+        };
+        let largest_batch = found.batch;
+        let world_size = tuner.world_size;
+        let (micro_batch, accumulation_steps, effective_batch, accumulation) = match tuner.target_effective_batch {
+            Some(target) => {
+                let mut split = plan_accumulation_aligned(target, world_size, largest_batch, tuner.multiple_of)?;
+                if tuner.exact_effective_batch {
+                    split = split.require_exact()?;
+                }
+                if !split.exact {
+                    warn!(
+                        "effective batch {} is {} above the target {}: no exact split within twice the fewest steps",
+                        split.effective_batch, split.deviation, target
+                    );
+                }
+                (split.micro_batch, split.accumulation_steps, split.effective_batch, Some(split))
+            }
+            None => {
+                let effective =
+                    largest_batch.checked_mul(world_size).ok_or(Error::Overflow { value: largest_batch })?;
+                (largest_batch, 1, effective, None)
+            }
+        };
+        Ok(Plan {
+            largest_batch,
+            micro_batch,
+            accumulation_steps,
+            world_size,
+            effective_batch,
+            target_effective_batch: tuner.target_effective_batch,
+            peak_bytes: found.peak_bytes.expect("a fitting trial always has a peak"),
+            capacity_bytes: self.capacity_bytes,
+            ceiling: tuner.ceiling,
+            multiple_of: tuner.multiple_of,
+            strategy: tuner.strategy,
+            proven_largest,
+            trials: self.trials,
+            accumulation,
+            warnings: self.warnings,
+        })
+    }
+}
