@@ -92,7 +92,7 @@ impl SearchSpace {
 
     /// Whether `batch` is a candidate of this space.
     pub fn contains(&self, batch: usize) -> bool {
-        batch % self.multiple_of == 0 && (self.first..=self.last).contains(&batch)
+        batch.is_multiple_of(self.multiple_of) && (self.first..=self.last).contains(&batch)
     }
 }
 

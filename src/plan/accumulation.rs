@@ -160,7 +160,7 @@ pub fn plan_accumulation_aligned(
 /// `unit = W·g`. Looks at whichever is shorter: the candidate steps `k`, or the
 /// candidate quotients `target / (unit·k)`; either way `O(√(target/unit))` at most.
 fn fewest_exact_steps(target: usize, unit: usize, min_steps: usize) -> Option<usize> {
-    if target % unit != 0 {
+    if !target.is_multiple_of(unit) {
         return None;
     }
     let units = target / unit; // exact k are the divisors of `units`
@@ -171,10 +171,10 @@ fn fewest_exact_steps(target: usize, unit: usize, min_steps: usize) -> Option<us
     let steps_range = max_steps - min_steps;
     let (quotient_low, quotient_high) = (units.div_ceil(max_steps), units / min_steps);
     if steps_range <= quotient_high.saturating_sub(quotient_low) {
-        (min_steps..=max_steps).find(|k| units % k == 0)
+        (min_steps..=max_steps).find(|&k| units.is_multiple_of(k))
     } else {
         // the smallest k is the largest quotient q = units / k
-        (quotient_low..=quotient_high).rev().find(|q| units % q == 0).map(|q| units / q)
+        (quotient_low..=quotient_high).rev().find(|&q| units.is_multiple_of(q)).map(|q| units / q)
     }
 }
 

@@ -1,0 +1,235 @@
+//! Property tests for every invariant of the search and the accumulation arithmetic.
+
+use autobatch::memory::simulated::{MemoryCurve, Simulation};
+use autobatch::search::{best, next_batch, Next, Observation, SearchSpace};
+use autobatch::{plan_accumulation_aligned, Error, Outcome, Strategy, Tuner};
+use proptest::prelude::*;
+use proptest::strategy::Strategy as _;
+
+/// Runs a strategy to the end against an outcome function; panics on a repeat.
+fn search(strategy: Strategy, space: &SearchSpace, outcome: impl Fn(usize) -> Outcome) -> Vec<Observation> {
+    let mut history: Vec<Observation> = Vec::new();
+    while let Next::Try(batch) = next_batch(strategy, space, &history) {
+        assert!(history.iter().all(|o| o.batch != batch), "batch {batch} proposed twice");
+        assert!(space.contains(batch), "batch {batch} is outside {space:?}");
+        assert!(history.len() < 10_000, "search does not end");
+        history.push(Observation { batch, outcome: outcome(batch), peak_bytes: None });
+    }
+    history
+}
+
+fn threshold(largest_fit: usize) -> impl Fn(usize) -> Outcome {
+    move |b| if b <= largest_fit { Outcome::Fits } else { Outcome::OverCeiling }
+}
+
+fn ceil_log2(x: usize) -> u32 {
+    x.next_power_of_two().trailing_zeros()
+}
+
+fn space_strategy() -> impl proptest::strategy::Strategy<Value = (usize, Option<usize>, usize)> {
+    (1usize..200, prop::option::of(1usize..100_000), 1usize..64)
+        .prop_filter_map("valid space", |(start, max, g)| SearchSpace::new(start, max, g).ok().map(|_| (start, max, g)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// On a monotone curve, Binary returns exactly the largest fitting candidate,
+    /// within 2·⌈log2(b*/g)⌉ + 3 trials.
+    #[test]
+    fn binary_is_exact_on_monotone_curves((start, max, g) in space_strategy(), truth in 0usize..200_000) {
+        let space = SearchSpace::new(start, max, g).unwrap();
+        let history = search(Strategy::Binary, &space, threshold(truth));
+        let expected = (space.first()..=space.last().min(truth)).rev().find(|b| b % g == 0);
+        let found = best(&history).map(|o| o.batch);
+        prop_assert_eq!(found, expected);
+        if let Some(found) = found {
+            let bound = 2 * ceil_log2(found / g) as usize + 3;
+            prop_assert!(history.len() <= bound, "{} trials for b* = {found}, g = {g}: bound {bound}", history.len());
+        } else {
+            prop_assert_eq!(history.len(), 1, "nothing fits is known after the first candidate");
+        }
+    }
+
+    /// Whatever the outcomes (non-monotone, random), a strategy never returns a
+    /// failing or untried batch, never tries a batch twice, never leaves the space.
+    #[test]
+    fn never_returns_a_failing_or_untried_batch(
+        (start, max, g) in space_strategy(),
+        seed in any::<u64>(),
+        fit_share in 0u64..=100,
+        power in any::<bool>(),
+    ) {
+        let space = SearchSpace::new(start, max, g).unwrap();
+        let strategy = if power { Strategy::Power } else { Strategy::Binary };
+        let outcome = |b: usize| {
+            let h = (b as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33;
+            match h % 100 {
+                x if x < fit_share => Outcome::Fits,
+                x if x % 2 == 0 => Outcome::OutOfMemory,
+                _ => Outcome::OverCeiling,
+            }
+        };
+        let history = search(strategy, &space, outcome);
+        if let Some(found) = best(&history) {
+            prop_assert_eq!(found.outcome, Outcome::Fits);
+            prop_assert!(history.iter().any(|o| o.batch == found.batch));
+            prop_assert!(found.batch <= space.last());
+            prop_assert!(max.is_none_or(|m| found.batch <= m));
+        }
+    }
+
+    /// Power returns the largest fitting first·2^j (g·2^j from start 1).
+    #[test]
+    fn power_returns_the_largest_fitting_power_of_two(g in 1usize..64, max in prop::option::of(1usize..100_000), truth in 0usize..200_000) {
+        prop_assume!(SearchSpace::new(1, max, g).is_ok());
+        let space = SearchSpace::new(1, max, g).unwrap();
+        let history = search(Strategy::Power, &space, threshold(truth));
+        let limit = truth.min(space.last());
+        let expected = (0..40).map(|j| g << j).take_while(|&b| b <= limit).last();
+        prop_assert_eq!(best(&history).map(|o| o.batch), expected);
+    }
+
+    /// The whole tuner on simulated affine, quadratic and rounded curves with
+    /// other processes on the device: exactly the brute-force answer, under the
+    /// ceiling, never above max_batch.
+    #[test]
+    fn tuner_matches_brute_force_on_simulated_curves(
+        capacity_mib in 1_000u64..100_000,
+        fixed_share in 0.0f64..0.6,
+        other_share in 0.0f64..0.2,
+        per_sample_kib in 64u64..50_000,
+        quadratic_bytes in prop_oneof![Just(0u64), 1u64..20_000],
+        rounding in prop_oneof![Just(1u64), Just(2 << 20), 1u64..5_000_000],
+        ceiling in 0.3f64..=1.0,
+        g in prop_oneof![Just(1usize), Just(8), 1usize..17],
+        max in prop::option::of(1usize..3000),
+    ) {
+        let capacity = capacity_mib << 20;
+        let fixed = (capacity as f64 * fixed_share) as u64;
+        let curve = MemoryCurve::quadratic(fixed, per_sample_kib << 10, quadratic_bytes);
+        let sim = Simulation::new(capacity, curve).rounding(rounding).other_process((capacity as f64 * other_share) as u64);
+        let mut tuner = Tuner::new().ceiling(ceiling).multiple_of(g);
+        if let Some(max) = max {
+            prop_assume!(max >= g);
+            tuner = tuner.max_batch(max);
+        }
+        let space = SearchSpace::new(1, max, g).unwrap();
+        let truth = sim.true_largest(ceiling, &space, 1 << 20);
+        let (mut workload, mut meter) = sim.clone().build();
+        match (tuner.run(&mut workload, &mut meter), truth) {
+            (Ok(plan), Some(truth)) => {
+                prop_assert_eq!(plan.largest_batch, truth);
+                prop_assert!(plan.peak_bytes <= plan.limit_bytes());
+                prop_assert!(max.is_none_or(|m| plan.largest_batch <= m));
+                prop_assert!(plan.proven_largest);
+                prop_assert!(plan.warnings.is_empty());
+            }
+            (Err(Error::NothingFits { batch, capacity_bytes, .. }), None) => {
+                prop_assert_eq!(batch, g);
+                prop_assert_eq!(capacity_bytes, capacity);
+            }
+            (result, truth) => prop_assert!(false, "tuner {:?} but brute force {:?}", result.map(|p| p.largest_batch), truth),
+        }
+    }
+
+    /// Noise and blips make curves non-monotone: the answer still fits as measured.
+    #[test]
+    fn tuner_is_safe_on_noisy_and_blipped_curves(
+        noise_mib in 0u64..200,
+        seed in any::<u64>(),
+        blips in prop::collection::vec((1usize..600, 1u64..4_000), 0..6),
+        oom_from in prop::option::of(1usize..600),
+    ) {
+        let mut sim = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 30 << 20)).noise(noise_mib << 20, seed);
+        for (batch, extra_mib) in blips {
+            sim = sim.blip(batch, extra_mib << 20);
+        }
+        if let Some(b) = oom_from {
+            sim = sim.oom_from(b);
+        }
+        let (mut workload, mut meter) = sim.build();
+        match Tuner::new().run(&mut workload, &mut meter) {
+            Ok(plan) => {
+                let chosen = plan.trials.iter().rev().find(|t| t.batch == plan.largest_batch).unwrap();
+                prop_assert_eq!(chosen.outcome, Outcome::Fits);
+                prop_assert_eq!(chosen.peak_bytes, Some(plan.peak_bytes));
+                prop_assert!(plan.peak_bytes <= plan.limit_bytes());
+                prop_assert!(oom_from.is_none_or(|b| plan.largest_batch < b));
+            }
+            // blips and noise stay far below the ceiling at batch 1: only a real OOM there leaves nothing
+            Err(Error::NothingFits { batch: 1, .. }) => prop_assert_eq!(oom_from, Some(1)),
+            Err(other) => prop_assert!(false, "unexpected error {other}"),
+        }
+    }
+
+    /// m·k·W = effective ≥ target, m ≤ largest and a multiple of g, k₀ ≤ k ≤ 2k₀,
+    /// and k is the smallest exact one, or k₀ with the nearest batch above when no k is exact.
+    #[test]
+    fn accumulation_arithmetic(target in 1usize..1_000_000, world in 1usize..=8, largest in 1usize..5_000, g in prop_oneof![Just(1usize), Just(8), 1usize..16]) {
+        let result = plan_accumulation_aligned(target, world, largest, g);
+        let usable = largest - largest % g;
+        if usable == 0 {
+            prop_assert!(matches!(result, Err(Error::NoCandidate { .. })), "{result:?}");
+            return Ok(());
+        }
+        if target < world * g {
+            prop_assert!(matches!(result, Err(Error::TargetBelowWorldSize { .. })), "{result:?}");
+            return Ok(());
+        }
+        let split = result.unwrap();
+        let (m, k) = (split.micro_batch, split.accumulation_steps);
+        prop_assert_eq!(m * k * world, split.effective_batch);
+        prop_assert!(split.effective_batch >= target);
+        prop_assert!(m >= 1 && m <= usable && m % g == 0);
+        let k0 = target.div_ceil(world * usable);
+        prop_assert!(k0 == 1 || (k0 - 1) * world * usable < target, "k₀ is the fewest steps");
+        let exact_at = |k: usize| target % (world * k * g) == 0;
+        let first_exact = (k0..=2 * k0).find(|&k| exact_at(k));
+        prop_assert_eq!(split.exact, split.effective_batch == target);
+        prop_assert_eq!(split.deviation, split.effective_batch - target);
+        match first_exact {
+            Some(k_exact) => {
+                prop_assert!(split.exact);
+                prop_assert_eq!(k, k_exact);
+            }
+            None => {
+                prop_assert!(!split.exact);
+                prop_assert_eq!(k, k0);
+                // nearest above with k₀ steps: one granule less per rank would fall short
+                prop_assert!((m - g) * k * world < target);
+                prop_assert!((split.lr_scale - split.effective_batch as f64 / target as f64).abs() < 1e-12);
+            }
+        }
+    }
+
+    /// Every invalid configuration is an error, and every valid one is accepted.
+    #[test]
+    fn invalid_configurations_are_errors(
+        ceiling in prop_oneof![Just(f64::NAN), Just(0.0), Just(1.0), -1.0f64..2.0],
+        start in 0usize..20,
+        max in prop::option::of(0usize..40),
+        g in 0usize..10,
+        world in 0usize..10,
+        target in prop::option::of(0usize..100),
+        max_trials in prop::option::of(0usize..5),
+        steps in 0usize..3,
+    ) {
+        let mut tuner = Tuner::new().ceiling(ceiling).start(start).multiple_of(g).world_size(world).steps_per_trial(steps);
+        if let Some(max) = max { tuner = tuner.max_batch(max); }
+        if let Some(target) = target { tuner = tuner.target_effective_batch(target); }
+        if let Some(max_trials) = max_trials { tuner = tuner.max_trials(max_trials); }
+        let valid = ceiling > 0.0 && ceiling <= 1.0
+            && start > 0 && g > 0 && world > 0 && steps > 0
+            && max_trials != Some(0)
+            && max.is_none_or(|m| m >= start && start.next_multiple_of(g) <= m - m % g)
+            && target.is_none_or(|t| t >= world * g);
+        prop_assert_eq!(tuner.check().is_ok(), valid, "{:?}", tuner.check());
+        let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 1 << 20)).build();
+        let result = tuner.run(&mut workload, &mut meter);
+        if !valid {
+            prop_assert!(result.is_err());
+            prop_assert_eq!(workload.steps(), 0);
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The tuner against simulated devices: what the contract promises, case by case.
+
+use autobatch::memory::simulated::{MemoryCurve, Simulation};
+use autobatch::search::SearchSpace;
+use autobatch::{Error, MemoryMeter, Outcome, Plan, Strategy, TrialKind, Tuner, Warning};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn run(tuner: &Tuner, sim: Simulation) -> Result<Plan, Error> {
+    let (mut workload, mut meter) = sim.build();
+    tuner.run(&mut workload, &mut meter)
+}
+
+/// The largest candidate that brute force finds fitting, and checks that the
+/// plan found exactly it and that every invariant of the plan holds.
+fn assert_exact(tuner: &Tuner, sim: Simulation, ceiling: f64, start: usize, multiple_of: usize) -> Plan {
+    let space = SearchSpace::new(start, None, multiple_of).unwrap();
+    let truth = sim.true_largest(ceiling, &space, 1 << 16).expect("the case has a fitting batch");
+    let plan = run(tuner, sim.clone()).unwrap();
+    assert_eq!(plan.largest_batch, truth, "{sim:?}\n{plan}");
+    assert!(plan.proven_largest);
+    assert!(plan.peak_bytes <= plan.limit_bytes());
+    assert_eq!(plan.peak_bytes, sim.device_peak(truth));
+    let trial = plan.trials.iter().rev().find(|t| t.batch == truth).unwrap();
+    assert_eq!(trial.outcome, Outcome::Fits);
+    plan
+}
+
+#[test]
+fn affine_curve_gives_the_exact_largest_batch() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
+    let plan = assert_exact(&Tuner::new(), sim, 0.9, 1, 1);
+    // (0.9 × 16 GiB − 2 GiB) / 100 MiB = 126.9
+    assert_eq!(plan.largest_batch, 126);
+    assert_eq!((plan.micro_batch, plan.accumulation_steps, plan.effective_batch), (126, 1, 126));
+}
+
+#[test]
+fn quadratic_and_rounded_curves_are_exact() {
+    let quadratic = Simulation::new(8 * GIB, MemoryCurve::quadratic(GIB, 20 * MIB, MIB / 4));
+    assert_exact(&Tuner::new(), quadratic, 0.9, 1, 1);
+    let rounded = Simulation::new(8 * GIB, MemoryCurve::affine(GIB + 12345, 7 * MIB + 333)).rounding(2 * MIB);
+    assert_exact(&Tuner::new().ceiling(0.75), rounded, 0.75, 1, 1);
+    let granular = Simulation::new(40 * GIB, MemoryCurve::affine(3 * GIB, 37 * MIB));
+    let plan = assert_exact(&Tuner::new().multiple_of(8).start(3), granular, 0.9, 3, 8);
+    assert_eq!(plan.largest_batch % 8, 0);
+    assert!(plan.trials.iter().all(|t| t.batch % 8 == 0));
+}
+
+#[test]
+fn ceiling_is_a_fraction_of_the_whole_device_including_other_processes() {
+    let alone = run(&Tuner::new(), Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB))).unwrap();
+    let shared =
+        run(&Tuner::new(), Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).other_process(4 * GIB))
+            .unwrap();
+    // 4 GiB held elsewhere leave 40.96 fewer samples of 100 MiB.
+    assert_eq!(alone.largest_batch - shared.largest_batch, 41);
+    assert!(shared.peak_bytes >= 4 * GIB);
+}
+
+#[test]
+fn a_real_out_of_memory_below_the_ceiling_is_a_failure() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB)).oom_from(300);
+    let plan = run(&Tuner::new(), sim).unwrap();
+    assert_eq!(plan.largest_batch, 299);
+    assert!(plan.trials.iter().any(|t| t.outcome == Outcome::OutOfMemory));
+    assert!(plan.trials.iter().filter(|t| t.batch >= 300).all(|t| t.outcome == Outcome::OutOfMemory));
+}
+
+#[test]
+fn physical_out_of_memory_and_over_ceiling_are_told_apart() {
+    // capacity reached above batch 100; ceiling 50% reached above batch 50
+    let sim = Simulation::new(1000 * MIB, MemoryCurve::affine(0, 10 * MIB));
+    let plan = run(&Tuner::new().ceiling(0.5), sim).unwrap();
+    assert_eq!(plan.largest_batch, 50);
+    let outcome_of = |b: usize| plan.trials.iter().find(|t| t.batch == b).map(|t| t.outcome);
+    assert_eq!(outcome_of(64), Some(Outcome::OverCeiling));
+    assert_eq!(outcome_of(128), None, "bisects after the first failure");
+    let plan = run(&Tuner::new().ceiling(1.0), Simulation::new(1000 * MIB, MemoryCurve::affine(0, 10 * MIB))).unwrap();
+    assert_eq!(plan.largest_batch, 100);
+    assert_eq!(plan.trials.iter().find(|t| t.batch == 128).map(|t| t.outcome), Some(Outcome::OutOfMemory));
+}
+
+#[test]
+fn nothing_fits_is_an_error_with_the_measured_peak_and_capacity() {
+    let sim = Simulation::new(8 * GIB, MemoryCurve::affine(7 * GIB + 600 * MIB, 100 * MIB));
+    let err = run(&Tuner::new(), sim).unwrap_err();
+    match &err {
+        Error::NothingFits { batch, outcome, peak_bytes, capacity_bytes, .. } => {
+            assert_eq!(*batch, 1);
+            assert_eq!(*outcome, Outcome::OverCeiling);
+            assert_eq!(*peak_bytes, Some(7 * GIB + 700 * MIB));
+            assert_eq!(*capacity_bytes, 8 * GIB);
+        }
+        other => panic!("expected NothingFits, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains("7.68 GiB") && text.contains("8.00 GiB"), "{text}");
+}
+
+#[test]
+fn a_nothing_fits_search_with_a_larger_start_reports_that_start() {
+    let sim = Simulation::new(8 * GIB, MemoryCurve::affine(GIB, MIB)).oom_from(16);
+    let err = run(&Tuner::new().start(16), sim).unwrap_err();
+    assert!(matches!(err, Error::NothingFits { batch: 16, outcome: Outcome::OutOfMemory, .. }), "{err:?}");
+}
+
+#[test]
+fn other_workload_errors_end_the_run_untouched_and_are_not_retried() {
+    let (mut workload, mut meter) = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB)).error_at(64).build();
+    let err = Tuner::new().run(&mut workload, &mut meter).unwrap_err();
+    let Error::Workload { batch, source } = &err else { panic!("expected a workload error, got {err:?}") };
+    assert_eq!(*batch, 64);
+    assert!(source.to_string().contains("simulated failure at batch 64"), "{source}");
+    assert!(!autobatch::is_oom(source));
+    // warm-up at 1, then 1, 2, 4, 8, 16, 32, 64 and nothing after it
+    assert_eq!(workload.steps(), 8);
+
+    // the same with a closure: the very error value comes back
+    let mut calls = 0;
+    let mut step = |batch: usize| -> candle_core::Result<()> {
+        calls += 1;
+        if batch >= 4 {
+            Err(candle_core::Error::Msg(format!("bad shape at {batch}")))
+        } else {
+            Ok(())
+        }
+    };
+    let (_, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 1)).build();
+    let err = Tuner::new().warmup(false).run(&mut step, &mut meter).unwrap_err();
+    assert!(matches!(err.workload_error(), Some(candle_core::Error::Msg(m)) if m == "bad shape at 4"));
+    assert_eq!(calls, 3);
+}
+
+#[test]
+fn max_batch_caps_the_search_and_is_tried_once() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, MIB));
+    let plan = run(&Tuner::new().max_batch(1000), sim.clone()).unwrap();
+    assert_eq!(plan.largest_batch, 1000);
+    assert!(plan.proven_largest);
+    assert_eq!(plan.trials.iter().filter(|t| t.batch == 1000).count(), 1);
+    let plan = run(&Tuner::new().max_batch(1000).multiple_of(64), sim).unwrap();
+    assert_eq!(plan.largest_batch, 960);
+}
+
+#[test]
+fn max_trials_returns_the_best_verified_batch_flagged_unproven() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB));
+    let full = run(&Tuner::new(), sim.clone()).unwrap();
+    let cut = run(&Tuner::new().max_trials(5), sim).unwrap();
+    assert_eq!(cut.trials.len(), 5);
+    assert_eq!(cut.largest_batch, 16);
+    assert!(!cut.proven_largest && full.proven_largest);
+    assert!(cut.warnings.contains(&Warning::TrialLimit { max_trials: 5 }));
+    assert!(cut.to_string().contains("not proven largest"));
+}
+
+#[test]
+fn max_trials_equal_to_what_the_search_needs_is_proven() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB));
+    let full = run(&Tuner::new(), sim.clone()).unwrap();
+    let exact = run(&Tuner::new().max_trials(full.trials.len()), sim).unwrap();
+    assert!(exact.proven_largest);
+    assert_eq!(exact.largest_batch, full.largest_batch);
+}
+
+#[test]
+fn no_batch_is_tried_twice_and_every_trial_is_in_the_space() {
+    let sim = Simulation::new(64 * GIB, MemoryCurve::quadratic(5 * GIB, 3 * MIB, 5000)).rounding(2 * MIB);
+    let plan = run(&Tuner::new().start(5).multiple_of(4).max_batch(5000), sim).unwrap();
+    let mut batches: Vec<usize> = plan.trials.iter().map(|t| t.batch).collect();
+    assert!(batches.iter().all(|b| b % 4 == 0 && (8..=5000).contains(b)));
+    batches.sort_unstable();
+    batches.dedup();
+    assert_eq!(batches.len(), plan.trials.len());
+}
+
+#[test]
+fn steps_per_trial_and_warmup_decide_how_many_steps_run() {
+    let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 10 * MIB)).build();
+    let plan = Tuner::new().ceiling(0.5).steps_per_trial(3).warmup(false).run(&mut workload, &mut meter).unwrap();
+    assert_eq!(workload.steps(), 3 * plan.trials.len());
+    let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 10 * MIB)).build();
+    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    assert_eq!(workload.steps(), plan.trials.len() + 1);
+}
+
+#[test]
+fn a_failed_trial_that_leaks_is_reported_and_the_answer_stays_safe() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).oom_from(100).leak_on_failure(512 * MIB);
+    let (mut workload, mut meter) = sim.build();
+    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    let leaks: Vec<_> = plan.warnings.iter().filter(|w| matches!(w, Warning::Leak { .. })).collect();
+    assert!(!leaks.is_empty(), "{plan}");
+    assert!(
+        matches!(leaks[0], Warning::Leak { batch: 128, after_bytes, baseline_bytes, .. } if after_bytes - baseline_bytes == 512 * MIB)
+    );
+    assert!(plan.to_string().contains("warning: memory leaked by the failed trial at batch 128"));
+    // the answer fits with the leaked memory still held
+    assert!(plan.peak_bytes <= plan.limit_bytes());
+    assert!(meter.in_use().unwrap() > 0);
+    assert!(plan.largest_batch < 100);
+}
+
+#[test]
+fn slack_the_meter_explains_is_not_a_leak() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).leak_on_failure(MIB).slack(2 * MIB);
+    let plan = run(&Tuner::new(), sim).unwrap();
+    assert!(plan.warnings.is_empty(), "{plan}");
+}
+
+#[test]
+fn the_answer_is_rechecked_when_the_baseline_rises_after_it_was_measured() {
+    // b* = 126 at first; after step 12 the process holds 1 GiB more for good,
+    // so 126 no longer fits when training starts. Steps: warm-up, 1..128 (8), 256, 192,
+    // 160, 144 (12th: rise), 136, 132, 130, 128, 127.
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).baseline_rise(12, GIB);
+    let (mut workload, mut meter) = sim.clone().build();
+    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    let rechecks: Vec<_> = plan.trials.iter().filter(|t| t.kind == TrialKind::Recheck).collect();
+    assert!(!rechecks.is_empty(), "{plan}");
+    // (0.9 × 16 − 3) GiB / 100 MiB = 116.7
+    assert_eq!(plan.largest_batch, 116, "{plan}");
+    assert!(plan.warnings.iter().any(|w| matches!(w, Warning::RecheckFailed { .. })));
+    assert!(plan.peak_bytes <= plan.limit_bytes());
+    assert!(plan.to_string().contains("(re-check)"));
+}
+
+#[test]
+fn accumulation_reaches_the_target_with_one_to_eight_ranks() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // b* = 126
+    for world_size in 1..=8 {
+        for target in [world_size, 64, 100, 126, 256, 257, 1000, 1024, 4099] {
+            if target < world_size {
+                continue;
+            }
+            let tuner = Tuner::new().target_effective_batch(target).world_size(world_size);
+            let plan = run(&tuner, sim.clone()).unwrap();
+            assert_eq!(plan.largest_batch, 126);
+            assert_eq!(plan.micro_batch * plan.accumulation_steps * world_size, plan.effective_batch);
+            assert!(plan.micro_batch <= 126);
+            assert!(plan.effective_batch >= target);
+            let split = plan.accumulation.as_ref().unwrap();
+            assert_eq!(split.exact, plan.effective_batch == target);
+            if target % world_size == 0 {
+                let k0 = target.div_ceil(world_size * 126);
+                assert!(plan.accumulation_steps >= k0 && plan.accumulation_steps <= 2 * k0);
+            }
+        }
+    }
+    let plan = run(&Tuner::new().target_effective_batch(268).max_batch(133), sim.clone()).unwrap();
+    assert_eq!((plan.largest_batch, plan.micro_batch, plan.accumulation_steps), (126, 67, 4));
+    let plan = run(&Tuner::new().target_effective_batch(257), sim.clone()).unwrap();
+    assert_eq!((plan.micro_batch, plan.accumulation_steps, plan.effective_batch), (86, 3, 258));
+    assert!(plan.to_string().contains("target 257, +1"), "{plan}");
+}
+
+#[test]
+fn exactness_can_be_demanded() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
+    let err = run(&Tuner::new().target_effective_batch(257).exact_effective_batch(true), sim.clone()).unwrap_err();
+    assert!(matches!(err, Error::InexactEffectiveBatch { target: 257, nearest: 258, .. }), "{err:?}");
+    let plan = run(&Tuner::new().target_effective_batch(256).exact_effective_batch(true), sim).unwrap();
+    assert_eq!(plan.effective_batch, 256);
+}
+
+#[test]
+fn every_invalid_configuration_is_an_error_before_any_step() {
+    let cases: Vec<(Tuner, &str)> = vec![
+        (Tuner::new().ceiling(0.0), "ceiling 0"),
+        (Tuner::new().ceiling(-0.5), "ceiling -0.5"),
+        (Tuner::new().ceiling(1.0001), "ceiling 1.0001"),
+        (Tuner::new().ceiling(f64::NAN), "ceiling NaN"),
+        (Tuner::new().ceiling(f64::INFINITY), "ceiling inf"),
+        (Tuner::new().start(0), "start is 0"),
+        (Tuner::new().multiple_of(0), "multiple_of is 0"),
+        (Tuner::new().max_batch(4).start(8), "max_batch 4 is below start 8"),
+        (Tuner::new().max_batch(7).multiple_of(8), "no multiple of 8 lies in [1, 7]"),
+        (Tuner::new().world_size(0), "world_size is 0"),
+        (Tuner::new().target_effective_batch(0), "target_effective_batch is 0"),
+        (Tuner::new().max_trials(0), "max_trials is 0"),
+        (Tuner::new().steps_per_trial(0), "steps_per_trial is 0"),
+        (Tuner::new().target_effective_batch(6).world_size(8), "target effective batch 6 is below world_size 8"),
+        (Tuner::new().target_effective_batch(60).world_size(8).multiple_of(8), "use a target of at least 64"),
+    ];
+    for (tuner, message) in cases {
+        let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, MIB)).build();
+        let err = tuner.run(&mut workload, &mut meter).expect_err(message);
+        assert!(err.to_string().contains(message), "want {message:?} in {err}");
+        assert_eq!(workload.steps(), 0, "{message}: no step may run");
+    }
+}
+
+#[test]
+fn power_returns_the_largest_fitting_power_of_two() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // b* = 126
+    let plan = run(&Tuner::new().strategy(Strategy::Power), sim.clone()).unwrap();
+    assert_eq!(plan.largest_batch, 64);
+    assert_eq!(plan.trials.len(), 8);
+    let plan = run(&Tuner::new().strategy(Strategy::Power).multiple_of(3), sim).unwrap();
+    assert_eq!(plan.largest_batch, 96);
+}
+
+#[test]
+fn plan_serializes_to_json_and_back() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).oom_from(120);
+    let plan = run(&Tuner::new().target_effective_batch(1000).world_size(2), sim).unwrap();
+    let json = plan.to_json();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["largest_batch"], 119);
+    assert_eq!(value["strategy"], "binary");
+    assert_eq!(value["world_size"], 2);
+    assert_eq!(value["trials"][0]["outcome"], "fits");
+    assert!(value["trials"].as_array().unwrap().iter().any(|t| t["outcome"] == "out_of_memory"));
+    assert!(value["trials"][0]["duration_s"].is_f64());
+    assert_eq!(value["accumulation"]["target_effective_batch"], 1000);
+    let back = Plan::from_json(&json).unwrap();
+    assert_eq!(back.largest_batch, plan.largest_batch);
+    assert_eq!(back.trials.len(), plan.trials.len());
+    assert_eq!(back.accumulation, plan.accumulation);
+}
+
+#[test]
+fn report_shows_each_trial_and_the_plan() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
+    let plan = run(&Tuner::new().target_effective_batch(256), sim).unwrap();
+    let report = plan.to_string();
+    let lines: Vec<&str> = report.lines().collect();
+    assert!(lines[0].contains("batch") && lines[0].contains("outcome") && lines[0].contains("util"));
+    assert_eq!(lines.len(), 1 + plan.trials.len() + 2, "{report}");
+    assert!(lines[1].contains("fits") && lines[1].contains('%'));
+    assert!(report.contains("over ceiling"));
+    assert!(report.contains("largest batch 126 (proven largest)"), "{report}");
+    assert!(report.contains("micro-batch 64 × 4 accumulation steps × 1 rank = effective batch 256"), "{report}");
+    assert!(report.contains("(target 256, exact)"), "{report}");
+}
