@@ -128,6 +128,39 @@ pub enum Error {
         source: candle_core::Error,
     },
 
+    /// [`HeapMeter`](crate::HeapMeter) needs [`TrackingAllocator`](crate::TrackingAllocator)
+    /// as the global allocator, and it is not.
+    #[error(
+        "the tracking allocator is not installed: add \
+         `#[global_allocator] static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();` \
+         to the binary or test crate"
+    )]
+    AllocatorNotInstalled,
+
+    /// A reference model's size setting is out of range.
+    #[error("model setting {setting} = {value} is invalid: it must be {valid}")]
+    InvalidModel {
+        /// The setting, e.g. `heads`.
+        setting: &'static str,
+        /// The value given.
+        value: usize,
+        /// What would be valid.
+        valid: String,
+    },
+
+    /// A reference model was asked for a dtype it does not train in.
+    #[error("dtype {dtype} is not supported here: use {valid}")]
+    UnsupportedDtype {
+        /// The dtype asked for.
+        dtype: String,
+        /// The dtypes that work.
+        valid: &'static str,
+    },
+
+    /// candle failed outside a probed step (building a model, a training step).
+    #[error("candle: {0}")]
+    Candle(#[source] candle_core::Error),
+
     /// A memory meter could not measure.
     #[error("memory meter: {0}")]
     Meter(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -78,10 +78,11 @@ mod plan;
 pub mod search;
 mod tuner;
 mod workload;
+pub mod workloads;
 
 pub use bytes::format_bytes;
 pub use error::Error;
-pub use memory::MemoryMeter;
+pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use oom::is_oom;
 pub use plan::{plan_accumulation, plan_accumulation_aligned, Accumulation, Outcome, Plan, Trial, TrialKind, Warning};
 pub use search::Strategy;

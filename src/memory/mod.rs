@@ -1,6 +1,11 @@
 //! Measuring memory: the [`MemoryMeter`] trait and its implementations.
 
+mod heap;
 pub mod simulated;
+mod tracking;
+
+pub use heap::HeapMeter;
+pub use tracking::TrackingAllocator;
 
 use crate::Error;
 

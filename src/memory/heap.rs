@@ -1,0 +1,92 @@
+//! Measuring a CPU step: live heap bytes under a budget.
+
+use crate::memory::tracking::TrackingAllocator;
+use crate::{Error, MemoryMeter};
+
+/// A [`MemoryMeter`] for the CPU: capacity is a budget you set, in use and peak
+/// are live heap bytes counted by [`TrackingAllocator`], which must be the
+/// process's global allocator.
+///
+/// On the CPU a failed allocation aborts the process, so "out of memory" here
+/// means the measured peak went over the ceiling × budget: the trial ran, and
+/// is classified [`Outcome::OverCeiling`](crate::Outcome::OverCeiling). Keep the
+/// budget well under physical memory: the over-budget trial of a doubling search
+/// allocates up to about twice it.
+///
+/// ```
+/// #[global_allocator]
+/// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+///
+/// use autobatch::{HeapMeter, MemoryMeter, Tuner};
+///
+/// let mut meter = HeapMeter::new(64 << 20)?; // 64 MiB budget
+/// // a "step" that needs 1 MiB per sample
+/// let mut step = |batch: usize| -> candle_core::Result<()> {
+///     let activations = vec![1u8; batch << 20];
+///     std::hint::black_box(&activations);
+///     Ok(())
+/// };
+/// let plan = Tuner::new().ceiling(0.5).run(&mut step, &mut meter)?;
+/// assert!(plan.peak_bytes <= 32 << 20);
+/// assert!(plan.largest_batch > 16 && plan.largest_batch < 32);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct HeapMeter {
+    budget_bytes: u64,
+    slack_bytes: u64,
+}
+
+impl HeapMeter {
+    /// Default [`slack_bytes`](MemoryMeter::slack_bytes): 256 KiB. Once warm, heap
+    /// peaks of a candle step repeat to within about a kilobyte, but runtimes
+    /// keep small caches (thread-local buffers, lazily built tables) that
+    /// appear at first use.
+    pub const DEFAULT_SLACK_BYTES: u64 = 256 << 10;
+
+    /// A meter whose capacity is `budget_bytes`. Fails when the budget is zero or
+    /// when [`TrackingAllocator`] is not the global allocator (checked, not assumed).
+    pub fn new(budget_bytes: u64) -> Result<Self, Error> {
+        if budget_bytes == 0 {
+            return Err(Error::Zero { setting: "budget_bytes" });
+        }
+        if !TrackingAllocator::is_installed() {
+            return Err(Error::AllocatorNotInstalled);
+        }
+        Ok(HeapMeter { budget_bytes, slack_bytes: Self::DEFAULT_SLACK_BYTES })
+    }
+
+    /// Sets the bytes of drift in use that do not count as a leak.
+    pub fn with_slack(mut self, slack_bytes: u64) -> Self {
+        self.slack_bytes = slack_bytes;
+        self
+    }
+
+    /// The budget: what 100% utilization means.
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+}
+
+impl MemoryMeter for HeapMeter {
+    fn capacity(&self) -> Result<u64, Error> {
+        Ok(self.budget_bytes)
+    }
+
+    fn in_use(&self) -> Result<u64, Error> {
+        Ok(TrackingAllocator::live_bytes())
+    }
+
+    fn reset_peak(&mut self) -> Result<(), Error> {
+        TrackingAllocator::reset_peak();
+        Ok(())
+    }
+
+    fn peak(&self) -> Result<u64, Error> {
+        Ok(TrackingAllocator::peak_bytes())
+    }
+
+    fn slack_bytes(&self) -> u64 {
+        self.slack_bytes
+    }
+}

@@ -1,0 +1,136 @@
+//! A small convolutional image classifier on a synthetic brightness task.
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{Conv2d, Conv2dConfig, Linear};
+
+use super::params::{Params, Rng};
+use super::{at_least, check_dtype, cross_entropy, Model, Trainer};
+use crate::Error;
+
+/// Size of a [`ConvNet`]: two 3×3 convolutions (`channels`, then
+/// `2 × channels`), each followed by ReLU and 2×2 max-pooling, then a linear
+/// classifier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvNetConfig {
+    /// Image channels (3 for RGB).
+    pub in_channels: usize,
+    /// Channels of the first convolution.
+    pub channels: usize,
+    /// Image height and width; a multiple of 4. Memory per sample grows with its square.
+    pub resolution: usize,
+    /// Output classes; at most `in_channels` (the task: which channel is brightest).
+    pub classes: usize,
+    /// Dtype of weights, gradients and optimizer state: f32 or bf16.
+    pub dtype: DType,
+    /// Seed of the weights and the synthetic data.
+    pub seed: u64,
+}
+
+impl Default for ConvNetConfig {
+    /// RGB 32×32, 16 then 32 channels, 3 classes, f32.
+    fn default() -> Self {
+        ConvNetConfig { in_channels: 3, channels: 16, resolution: 32, classes: 3, dtype: DType::F32, seed: 0 }
+    }
+}
+
+impl ConvNetConfig {
+    /// Checks the sizes.
+    pub fn check(&self) -> Result<(), Error> {
+        at_least("in_channels", self.in_channels, 2)?;
+        at_least("channels", self.channels, 1)?;
+        at_least("resolution", self.resolution, 4)?;
+        if !self.resolution.is_multiple_of(4) {
+            return Err(Error::InvalidModel {
+                setting: "resolution",
+                value: self.resolution,
+                valid: "a multiple of 4 (two 2×2 poolings)".to_owned(),
+            });
+        }
+        if self.classes < 2 || self.classes > self.in_channels {
+            return Err(Error::InvalidModel {
+                setting: "classes",
+                value: self.classes,
+                valid: format!("between 2 and in_channels = {}", self.in_channels),
+            });
+        }
+        check_dtype(self.dtype)
+    }
+
+    /// Builds the model and its AdamW optimizer on `device`.
+    pub fn build(&self, device: &Device) -> Result<Trainer<ConvNet>, Error> {
+        self.check()?;
+        if device.is_cpu() && self.dtype == DType::BF16 {
+            return Err(Error::UnsupportedDtype {
+                dtype: "BF16".to_owned(),
+                valid: "f32 on the CPU (candle 0.11's CPU conv2d has no bf16 matmul); bf16 works on CUDA",
+            });
+        }
+        let mut params = Params::new(self.seed, device, self.dtype);
+        let model = ConvNet::new(self, &mut params).map_err(Error::Candle)?;
+        Trainer::new(model, params, self.dtype, self.seed)
+    }
+}
+
+/// The classifier. Built by [`ConvNetConfig::build`].
+pub struct ConvNet {
+    config: ConvNetConfig,
+    conv1: Conv2d,
+    conv2: Conv2d,
+    head: Linear,
+    device: Device,
+}
+
+impl ConvNet {
+    fn new(config: &ConvNetConfig, params: &mut Params) -> candle_core::Result<Self> {
+        let same = Conv2dConfig { padding: 1, ..Default::default() };
+        let mut conv = |name: &str, inputs: usize, outputs: usize| -> candle_core::Result<Conv2d> {
+            let weight = params.weight(format!("{name}.weight"), (outputs, inputs, 3, 3), inputs * 9)?;
+            let bias = params.constant(format!("{name}.bias"), outputs, 0.0)?;
+            Ok(Conv2d::new(weight, Some(bias), same))
+        };
+        let conv1 = conv("conv1", config.in_channels, config.channels)?;
+        let conv2 = conv("conv2", config.channels, 2 * config.channels)?;
+        let features = 2 * config.channels * (config.resolution / 4).pow(2);
+        let weight = params.weight("head.weight", (config.classes, features), features)?;
+        let bias = params.constant("head.bias", config.classes, 0.0)?;
+        let device = weight.device().clone();
+        Ok(ConvNet { config: config.clone(), conv1, conv2, head: Linear::new(weight, Some(bias)), device })
+    }
+
+    /// Images with one channel (the label) brighter on average.
+    fn sample(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
+        let c = &self.config;
+        let mut rng = Rng::new(data_seed);
+        let plane = c.resolution * c.resolution;
+        let mut pixels = Vec::with_capacity(batch * c.in_channels * plane);
+        let mut labels = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let label = rng.below(c.classes);
+            labels.push(label as u32);
+            for channel in 0..c.in_channels {
+                let shift = if channel == label { 0.5 } else { 0.0 };
+                pixels.extend((0..plane).map(|_| rng.normal() + shift));
+            }
+        }
+        let images = Tensor::from_vec(pixels, (batch, c.in_channels, c.resolution, c.resolution), &self.device)?;
+        Ok((images.to_dtype(c.dtype)?, Tensor::from_vec(labels, batch, &self.device)?))
+    }
+}
+
+impl Model for ConvNet {
+    fn describe(&self) -> String {
+        let c = &self.config;
+        format!(
+            "convnet(in_channels={}, channels={}, resolution={}, classes={}, {:?})",
+            c.in_channels, c.channels, c.resolution, c.classes, c.dtype
+        )
+    }
+
+    fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
+        let (images, labels) = self.sample(batch, data_seed)?;
+        let x = self.conv1.forward(&images)?.relu()?.max_pool2d(2)?;
+        let x = self.conv2.forward(&x)?.relu()?.max_pool2d(2)?;
+        let logits = self.head.forward(&x.flatten_from(1)?)?;
+        cross_entropy(&logits, &labels)
+    }
+}

@@ -1,0 +1,99 @@
+//! A multi-layer perceptron classifier on a synthetic teacher task.
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::Linear;
+
+use super::params::{Params, Rng};
+use super::{at_least, check_dtype, cross_entropy, Model, Trainer};
+use crate::Error;
+
+/// Size of an [`Mlp`]: `depth` hidden layers of `width` with GELU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlpConfig {
+    /// Input features.
+    pub inputs: usize,
+    /// Hidden width.
+    pub width: usize,
+    /// Hidden layers.
+    pub depth: usize,
+    /// Output classes.
+    pub classes: usize,
+    /// Dtype of weights, gradients and optimizer state: f32 or bf16.
+    pub dtype: DType,
+    /// Seed of the weights and the synthetic data.
+    pub seed: u64,
+}
+
+impl Default for MlpConfig {
+    /// 64 inputs, 3 hidden layers of 256, 10 classes, f32.
+    fn default() -> Self {
+        MlpConfig { inputs: 64, width: 256, depth: 3, classes: 10, dtype: DType::F32, seed: 0 }
+    }
+}
+
+impl MlpConfig {
+    /// Checks the sizes.
+    pub fn check(&self) -> Result<(), Error> {
+        at_least("inputs", self.inputs, 1)?;
+        at_least("width", self.width, 1)?;
+        at_least("depth", self.depth, 1)?;
+        at_least("classes", self.classes, 2)?;
+        check_dtype(self.dtype)
+    }
+
+    /// Builds the model and its AdamW optimizer on `device`.
+    pub fn build(&self, device: &Device) -> Result<Trainer<Mlp>, Error> {
+        self.check()?;
+        let mut params = Params::new(self.seed, device, self.dtype);
+        let mut layers = Vec::with_capacity(self.depth + 1);
+        let mut fan_in = self.inputs;
+        for (index, outputs) in std::iter::repeat_n(self.width, self.depth).chain([self.classes]).enumerate() {
+            let build = |params: &mut Params| -> candle_core::Result<Linear> {
+                let weight = params.weight(format!("layers.{index}.weight"), (outputs, fan_in), fan_in)?;
+                let bias = params.constant(format!("layers.{index}.bias"), outputs, 0.0)?;
+                Ok(Linear::new(weight, Some(bias)))
+            };
+            layers.push(build(&mut params).map_err(Error::Candle)?);
+            fan_in = outputs;
+        }
+        let mut rng = Rng::new(self.seed ^ 0x7EAC);
+        let teacher =
+            Tensor::from_vec(rng.normals(self.inputs * self.classes, 1.0), (self.inputs, self.classes), device)
+                .map_err(Error::Candle)?;
+        let model = Mlp { config: self.clone(), layers, teacher };
+        Trainer::new(model, params, self.dtype, self.seed)
+    }
+}
+
+/// The classifier. Built by [`MlpConfig::build`]. Labels come from a fixed
+/// random linear teacher: `argmax(x · W)`.
+pub struct Mlp {
+    config: MlpConfig,
+    layers: Vec<Linear>,
+    teacher: Tensor,
+}
+
+impl Model for Mlp {
+    fn describe(&self) -> String {
+        let c = &self.config;
+        format!("mlp(inputs={}, width={}, depth={}, classes={}, {:?})", c.inputs, c.width, c.depth, c.classes, c.dtype)
+    }
+
+    fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
+        let device = self.teacher.device();
+        let x = Tensor::from_vec(
+            Rng::new(data_seed).normals(batch * self.config.inputs, 1.0),
+            (batch, self.config.inputs),
+            device,
+        )?;
+        let labels = x.matmul(&self.teacher)?.argmax(1)?;
+        let mut h = x.to_dtype(self.config.dtype)?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(&h)?;
+            if index + 1 < self.layers.len() {
+                h = h.gelu()?;
+            }
+        }
+        cross_entropy(&h, &labels)
+    }
+}

@@ -1,0 +1,222 @@
+//! Reference candle models for the binary, tests, benchmarks and examples:
+//! a decoder-only [`transformer`] language model, an [`mlp`] classifier and a
+//! small [`convnet`] for images, each trained with AdamW on synthetic data (no
+//! downloads).
+//!
+//! A [`Trainer`] holds a model, its variables and its optimizer. As a
+//! [`Workload`] its step is a *probe* step: forward, loss, backward and the
+//! AdamW update computed in full ([`AdamW::dry_step`]) but never written, so
+//! tuning changes no weight, no moment and not the step count, at no extra
+//! memory. [`Trainer::train_step`] is the real thing.
+//!
+//! Tune at the longest sequence (largest image) training will see: activation
+//! memory per sample grows with sequence length, quadratically in attention.
+//!
+//! ```
+//! use autobatch::workloads::TransformerConfig;
+//! use candle_core::Device;
+//!
+//! let mut lm = TransformerConfig::tiny().build(&Device::Cpu)?;
+//! let first = lm.train_step(4)?;
+//! for _ in 0..20 {
+//!     lm.train_step(4)?;
+//! }
+//! assert!(lm.train_step(4)? < first);
+//! # Ok::<(), autobatch::Error>(())
+//! ```
+
+pub mod convnet;
+pub mod mlp;
+mod optim;
+mod params;
+pub mod transformer;
+
+use candle_core::{DType, Tensor, Var};
+use candle_nn::{Optimizer, ParamsAdamW};
+
+pub use convnet::ConvNetConfig;
+pub use mlp::MlpConfig;
+pub use optim::{AdamW, AdamWState};
+pub use transformer::TransformerConfig;
+
+use crate::{Error, Workload};
+use params::{data_seed, Params};
+
+/// A model that can compute its loss on a synthetic batch.
+pub trait Model {
+    /// A short name with the size, e.g. `transformer(d_model=64, layers=2, ...)`.
+    fn describe(&self) -> String;
+
+    /// The scalar f32 loss of `batch` synthetic samples drawn from `data_seed`;
+    /// the same seed and batch give the same samples.
+    fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor>;
+}
+
+/// A model with its variables and AdamW optimizer: a probe [`Workload`] and a
+/// real training loop in one.
+pub struct Trainer<M> {
+    model: M,
+    vars: Vec<(String, Var)>,
+    optimizer: AdamW,
+    dtype: DType,
+    seed: u64,
+    steps: u64,
+}
+
+/// The default AdamW hyper-parameters of the reference workloads.
+pub fn default_adamw() -> ParamsAdamW {
+    ParamsAdamW { lr: 3e-3, weight_decay: 0.01, ..ParamsAdamW::default() }
+}
+
+impl<M: Model> Trainer<M> {
+    fn new(model: M, params: Params, dtype: DType, seed: u64) -> Result<Self, Error> {
+        let vars = params.into_vars();
+        let optimizer =
+            AdamW::new(vars.iter().map(|(_, var)| var.clone()).collect(), default_adamw()).map_err(Error::Candle)?;
+        Ok(Trainer { model, vars, optimizer, dtype, seed, steps: 0 })
+    }
+
+    /// One real training step on `batch` fresh synthetic samples: forward,
+    /// loss, backward, AdamW update. Returns the loss before the update.
+    pub fn train_step(&mut self, batch: usize) -> Result<f32, Error> {
+        self.train_step_accumulated(batch, 1)
+    }
+
+    /// One optimizer step over `accumulation_steps` micro-batches of
+    /// `micro_batch` samples each: gradients of the mean loss are summed
+    /// before the update, as for one batch of `micro_batch × accumulation_steps`.
+    /// Returns the mean loss. The accumulated gradients are one more copy of the
+    /// parameters than a single step holds.
+    pub fn train_step_accumulated(&mut self, micro_batch: usize, accumulation_steps: usize) -> Result<f32, Error> {
+        if micro_batch == 0 {
+            return Err(Error::Zero { setting: "micro_batch" });
+        }
+        if accumulation_steps == 0 {
+            return Err(Error::Zero { setting: "accumulation_steps" });
+        }
+        let mut accumulated: Option<candle_core::backprop::GradStore> = None;
+        let mut total_loss = 0f32;
+        for micro_step in 0..accumulation_steps {
+            let seed = data_seed(self.seed, Some(self.steps * accumulation_steps as u64 + micro_step as u64));
+            let loss = self.model.loss(micro_batch, seed).map_err(Error::Candle)?;
+            total_loss += loss.to_scalar::<f32>().map_err(Error::Candle)?;
+            let grads = (loss / accumulation_steps as f64).and_then(|l| l.backward()).map_err(Error::Candle)?;
+            accumulated = Some(match accumulated {
+                None => grads,
+                Some(mut sum) => {
+                    for (_, var) in &self.vars {
+                        if let (Some(acc), Some(g)) = (sum.get(var), grads.get(var)) {
+                            let next = (acc + g).map_err(Error::Candle)?;
+                            sum.insert(var, next);
+                        }
+                    }
+                    sum
+                }
+            });
+        }
+        if let Some(grads) = accumulated {
+            self.optimizer.step(&grads).map_err(Error::Candle)?;
+        }
+        self.steps += 1;
+        Ok(total_loss / accumulation_steps as f32)
+    }
+
+    /// Optimizer steps taken by training (probing takes none).
+    pub fn steps_done(&self) -> u64 {
+        self.steps
+    }
+
+    /// The model.
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    /// Named trainable variables, in creation order.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
+    }
+
+    /// The optimizer, with its moments.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.optimizer
+    }
+
+    /// Number of trainable parameters.
+    pub fn parameter_count(&self) -> usize {
+        self.vars.iter().map(|(_, var)| var.elem_count()).sum()
+    }
+
+    /// Data type of the weights, gradients and optimizer moments.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Bytes of weights, gradients and both AdamW moments: what the model's
+    /// state costs before any activation (4 copies of the parameters in candle).
+    pub fn state_bytes(&self) -> u64 {
+        4 * (self.parameter_count() * self.dtype.size_in_bytes()) as u64
+    }
+
+    /// Every weight and both moments of every weight, as raw bit patterns: two
+    /// trainers are in the same state exactly when these are equal.
+    pub fn state_bits(&self) -> Result<Vec<Vec<u32>>, Error> {
+        let bits = |var: &Var| -> candle_core::Result<Vec<u32>> {
+            // bf16 → f32 is exact, so comparing f32 bits compares the original bits
+            let values = var.as_tensor().flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            Ok(values.into_iter().map(f32::to_bits).collect())
+        };
+        let mut state = Vec::new();
+        for s in self.optimizer.states() {
+            for var in [&s.var, &s.first_moment, &s.second_moment] {
+                state.push(bits(var).map_err(Error::Candle)?);
+            }
+        }
+        Ok(state)
+    }
+}
+
+impl<M: Model> Workload for Trainer<M> {
+    /// A probe step: forward, loss, backward and the full AdamW update
+    /// computed but not applied. Changes nothing; uses the memory of a real step.
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        let loss = self.model.loss(batch, data_seed(self.seed, None))?;
+        let grads = loss.backward()?;
+        // The loss (and with it the forward graph) stays alive through the
+        // update, as in `optimizer.backward_step(&loss)`.
+        self.optimizer.dry_step(&grads)?;
+        drop(grads);
+        drop(loss);
+        Ok(())
+    }
+}
+
+impl<M: Model> std::fmt::Debug for Trainer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("model", &self.model.describe())
+            .field("parameters", &self.parameter_count())
+            .field("dtype", &self.dtype)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+/// Checks a model-size setting: at least `min`.
+pub(crate) fn at_least(setting: &'static str, value: usize, min: usize) -> Result<(), Error> {
+    if value < min {
+        return Err(Error::InvalidModel { setting, value, valid: format!("at least {min}") });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
+    match dtype {
+        DType::F32 | DType::BF16 => Ok(()),
+        other => Err(Error::UnsupportedDtype { dtype: format!("{other:?}"), valid: "f32 or bf16" }),
+    }
+}
+
+/// Cross-entropy in f32, whatever the model's dtype.
+pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
+    candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
+}

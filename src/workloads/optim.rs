@@ -1,0 +1,176 @@
+//! AdamW with its state in the open, and a dry-run step for probing.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Result, Tensor, Var};
+use candle_nn::{Optimizer, ParamsAdamW};
+
+/// One variable and its two moments.
+#[derive(Debug)]
+pub struct AdamWState {
+    /// The parameter.
+    pub var: Var,
+    /// First moment (running mean of gradients).
+    pub first_moment: Var,
+    /// Second moment (running mean of squared gradients).
+    pub second_moment: Var,
+}
+
+/// AdamW, computed exactly as `candle_nn::AdamW` 0.11 computes it (same tensor
+/// operations in the same order, bit-identical results), with two additions the
+/// probe needs: the moments are readable, and [`dry_step`](AdamW::dry_step) runs
+/// the whole update, allocating every temporary the real step allocates, without
+/// writing anything.
+///
+/// That is how the reference workloads probe with the optimizer step measured and
+/// still change nothing: no snapshot of weights and moments (which would cost 3×
+/// the parameter bytes during probing and inflate every measured peak), no
+/// throwaway optimizer (2× the parameter bytes of extra moments, and the weights
+/// would still move). `Var::set` copies into existing storage, so skipping it
+/// changes no allocation.
+#[derive(Debug)]
+pub struct AdamW {
+    states: Vec<AdamWState>,
+    params: ParamsAdamW,
+    step_t: usize,
+}
+
+impl AdamW {
+    /// The states of every float variable, in the order given.
+    pub fn states(&self) -> &[AdamWState] {
+        &self.states
+    }
+
+    /// Optimizer steps taken.
+    pub fn step_count(&self) -> usize {
+        self.step_t
+    }
+
+    /// The hyper-parameters.
+    pub fn params(&self) -> &ParamsAdamW {
+        &self.params
+    }
+
+    /// Runs the update that [`step`](Optimizer::step) would run for step `step_t + 1`,
+    /// one variable at a time, and drops the results: the memory of an optimizer
+    /// step with no effect on any variable, moment or the step count.
+    pub fn dry_step(&self, grads: &GradStore) -> Result<()> {
+        for state in &self.states {
+            if let Some(grad) = grads.get(&state.var) {
+                let update = self.update(state, grad, self.step_t + 1)?;
+                drop(update);
+            }
+        }
+        Ok(())
+    }
+
+    fn update(&self, state: &AdamWState, g: &Tensor, step_t: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let ParamsAdamW { lr, beta1, beta2, eps, weight_decay } = self.params;
+        let scale_m = 1f64 / (1f64 - beta1.powi(step_t as i32));
+        let scale_v = 1f64 / (1f64 - beta2.powi(step_t as i32));
+        let next_m = ((state.first_moment.as_tensor() * beta1)? + (g * (1.0 - beta1))?)?;
+        let next_v = ((state.second_moment.as_tensor() * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+        let m_hat = (&next_m * scale_m)?;
+        let v_hat = (&next_v * scale_v)?;
+        let next_theta = (state.var.as_tensor() * (1f64 - lr * weight_decay))?;
+        let adjusted_grad = (m_hat / (v_hat.sqrt()? + eps)?)?;
+        let next_theta = (next_theta - (adjusted_grad * lr)?)?;
+        Ok((next_m, next_v, next_theta))
+    }
+}
+
+impl Optimizer for AdamW {
+    type Config = ParamsAdamW;
+
+    fn new(vars: Vec<Var>, params: ParamsAdamW) -> Result<Self> {
+        let states = vars
+            .into_iter()
+            .filter(|var| var.dtype().is_float())
+            .map(|var| {
+                let first_moment = Var::zeros(var.shape(), var.dtype(), var.device())?;
+                let second_moment = Var::zeros(var.shape(), var.dtype(), var.device())?;
+                Ok(AdamWState { var, first_moment, second_moment })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(AdamW { states, params, step_t: 0 })
+    }
+
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step_t += 1;
+        for state in &self.states {
+            if let Some(grad) = grads.get(&state.var) {
+                let (next_m, next_v, next_theta) = self.update(state, grad, self.step_t)?;
+                state.first_moment.set(&next_m)?;
+                state.second_moment.set(&next_v)?;
+                state.var.set(&next_theta)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.params.lr
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.params.lr = lr;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    fn vars() -> Vec<Var> {
+        let device = Device::Cpu;
+        let a = Tensor::arange(0f32, 12., &device).unwrap().reshape((3, 4)).unwrap();
+        let b = Tensor::new(&[0.5f32, -1.5, 2.0], &device).unwrap();
+        vec![Var::from_tensor(&a).unwrap(), Var::from_tensor(&b).unwrap()]
+    }
+
+    fn loss(vars: &[Var]) -> Tensor {
+        let x = Tensor::new(&[[1f32, -2., 3., 0.25]], &Device::Cpu).unwrap();
+        let y = x.matmul(&vars[0].as_tensor().t().unwrap()).unwrap();
+        (y.squeeze(0).unwrap() * vars[1].as_tensor()).unwrap().sqr().unwrap().sum_all().unwrap()
+    }
+
+    fn values(var: &Var) -> Vec<f32> {
+        var.as_tensor().flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn matches_candle_nn_adamw_bit_for_bit() {
+        let params = ParamsAdamW { lr: 0.01, weight_decay: 0.1, ..Default::default() };
+        let (ours_vars, theirs_vars) = (vars(), vars());
+        let mut ours = AdamW::new(ours_vars.clone(), params.clone()).unwrap();
+        let mut theirs = candle_nn::AdamW::new(theirs_vars.clone(), params).unwrap();
+        for _ in 0..5 {
+            ours.step(&loss(&ours_vars).backward().unwrap()).unwrap();
+            theirs.step(&loss(&theirs_vars).backward().unwrap()).unwrap();
+        }
+        for (a, b) in ours_vars.iter().zip(&theirs_vars) {
+            assert_eq!(values(a), values(b));
+        }
+        assert_eq!(ours.step_count(), 5);
+    }
+
+    #[test]
+    fn dry_step_changes_nothing() {
+        let vars = vars();
+        let mut optimizer = AdamW::new(vars.clone(), ParamsAdamW::default()).unwrap();
+        optimizer.step(&loss(&vars).backward().unwrap()).unwrap();
+        let before: Vec<_> = optimizer
+            .states()
+            .iter()
+            .flat_map(|s| [values(&s.var), values(&s.first_moment), values(&s.second_moment)])
+            .collect();
+        optimizer.dry_step(&loss(&vars).backward().unwrap()).unwrap();
+        let after: Vec<_> = optimizer
+            .states()
+            .iter()
+            .flat_map(|s| [values(&s.var), values(&s.first_moment), values(&s.second_moment)])
+            .collect();
+        assert_eq!(before, after);
+        assert_eq!(optimizer.step_count(), 1);
+    }
+}

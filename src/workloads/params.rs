@@ -1,0 +1,97 @@
+//! Seeded parameters and synthetic data for the reference workloads.
+
+use candle_core::{DType, Device, Result, Shape, Tensor, Var};
+
+/// A small deterministic generator (splitmix64): the same seed gives the same
+/// weights and data on every machine, which candle's own CPU generator cannot
+/// promise (it cannot be seeded).
+#[derive(Clone, Debug)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, n).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Standard normal (Box–Muller).
+    pub(crate) fn normal(&mut self) -> f32 {
+        let u1 = self.unit().max(f32::MIN_POSITIVE);
+        let u2 = self.unit();
+        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+    }
+
+    pub(crate) fn normals(&mut self, n: usize, std: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * std).collect()
+    }
+}
+
+/// The data seed of training step `step`, and the one probing uses: a pure
+/// function, so probing never moves the training data stream.
+pub(crate) fn data_seed(model_seed: u64, step: Option<u64>) -> u64 {
+    let salt = match step {
+        Some(step) => step.wrapping_add(1),
+        None => 0x0050_524F_4245, // "PROBE"
+    };
+    Rng::new(model_seed ^ salt.wrapping_mul(0x2545_F491_4F6C_DD1D)).next_u64()
+}
+
+/// Collects the named variables of a model as it is built.
+pub(crate) struct Params {
+    vars: Vec<(String, Var)>,
+    rng: Rng,
+    device: Device,
+    dtype: DType,
+}
+
+impl Params {
+    pub(crate) fn new(seed: u64, device: &Device, dtype: DType) -> Self {
+        Params { vars: Vec::new(), rng: Rng::new(seed), device: device.clone(), dtype }
+    }
+
+    /// A variable drawn from N(0, std²).
+    pub(crate) fn normal(&mut self, name: impl Into<String>, shape: impl Into<Shape>, std: f32) -> Result<Tensor> {
+        let shape = shape.into();
+        let values = self.rng.normals(shape.elem_count(), std);
+        self.add(name.into(), Tensor::from_vec(values, shape, &self.device)?)
+    }
+
+    /// A variable filled with `value`.
+    pub(crate) fn constant(&mut self, name: impl Into<String>, shape: impl Into<Shape>, value: f32) -> Result<Tensor> {
+        let tensor = Tensor::full(value, shape, &self.device)?;
+        self.add(name.into(), tensor)
+    }
+
+    /// Weights of a fan-in-scaled linear or convolution layer.
+    pub(crate) fn weight(&mut self, name: impl Into<String>, shape: impl Into<Shape>, fan_in: usize) -> Result<Tensor> {
+        self.normal(name, shape, (1.0 / fan_in as f32).sqrt())
+    }
+
+    fn add(&mut self, name: String, values: Tensor) -> Result<Tensor> {
+        let var = Var::from_tensor(&values.to_dtype(self.dtype)?)?;
+        let tensor = var.as_tensor().clone();
+        self.vars.push((name, var));
+        Ok(tensor)
+    }
+
+    pub(crate) fn into_vars(self) -> Vec<(String, Var)> {
+        self.vars
+    }
+}

@@ -1,0 +1,193 @@
+//! A decoder-only transformer language model on a synthetic next-token task.
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{Embedding, Linear};
+
+use super::params::{Params, Rng};
+use super::{at_least, check_dtype, cross_entropy, Model, Trainer};
+use crate::Error;
+
+/// Size of a [`Transformer`]: GPT-style blocks (pre-norm, causal multi-head
+/// self-attention, 4× GELU MLP), learned positions, untied output head.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Hidden size.
+    pub d_model: usize,
+    /// Attention heads; must divide `d_model`.
+    pub heads: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Tokens per sample. Memory per sample grows with it, quadratically in
+    /// attention: tune at the longest sequence training will see.
+    pub seq_len: usize,
+    /// Dtype of weights, gradients and optimizer state: f32 or bf16.
+    pub dtype: DType,
+    /// Seed of the weights and the synthetic data.
+    pub seed: u64,
+}
+
+impl Default for TransformerConfig {
+    /// A small model: vocab 256, d_model 64, 4 heads, 2 layers, 64 tokens, f32.
+    fn default() -> Self {
+        TransformerConfig { vocab: 256, d_model: 64, heads: 4, layers: 2, seq_len: 64, dtype: DType::F32, seed: 0 }
+    }
+}
+
+impl TransformerConfig {
+    /// A very small model for doc examples and quick tests.
+    pub fn tiny() -> Self {
+        TransformerConfig { vocab: 32, d_model: 16, heads: 2, layers: 1, seq_len: 8, ..Self::default() }
+    }
+
+    /// Checks the sizes.
+    pub fn check(&self) -> Result<(), Error> {
+        at_least("vocab", self.vocab, 2)?;
+        at_least("d_model", self.d_model, 1)?;
+        at_least("heads", self.heads, 1)?;
+        at_least("layers", self.layers, 1)?;
+        at_least("seq_len", self.seq_len, 1)?;
+        if !self.d_model.is_multiple_of(self.heads) {
+            return Err(Error::InvalidModel {
+                setting: "heads",
+                value: self.heads,
+                valid: format!("a divisor of d_model = {}", self.d_model),
+            });
+        }
+        check_dtype(self.dtype)
+    }
+
+    /// Builds the model and its AdamW optimizer on `device`.
+    pub fn build(&self, device: &Device) -> Result<Trainer<Transformer>, Error> {
+        self.check()?;
+        let mut params = Params::new(self.seed, device, self.dtype);
+        let model = Transformer::new(self, &mut params, device).map_err(Error::Candle)?;
+        Trainer::new(model, params, self.dtype, self.seed)
+    }
+}
+
+struct Block {
+    ln1: (Tensor, Tensor),
+    qkv: Linear,
+    proj: Linear,
+    ln2: (Tensor, Tensor),
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// The language model. Built by [`TransformerConfig::build`].
+pub struct Transformer {
+    config: TransformerConfig,
+    tokens: Embedding,
+    positions: Tensor,
+    blocks: Vec<Block>,
+    ln_f: (Tensor, Tensor),
+    head: Linear,
+    mask: Tensor,
+    /// The synthetic task: token t+1 = successor[token t].
+    successor: Vec<u32>,
+}
+
+fn linear(params: &mut Params, name: &str, inputs: usize, outputs: usize) -> candle_core::Result<Linear> {
+    let weight = params.weight(format!("{name}.weight"), (outputs, inputs), inputs)?;
+    let bias = params.constant(format!("{name}.bias"), outputs, 0.0)?;
+    Ok(Linear::new(weight, Some(bias)))
+}
+
+fn layer_norm(params: &mut Params, name: &str, size: usize) -> candle_core::Result<(Tensor, Tensor)> {
+    Ok((params.constant(format!("{name}.weight"), size, 1.0)?, params.constant(format!("{name}.bias"), size, 0.0)?))
+}
+
+fn norm(x: &Tensor, (weight, bias): &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
+    // the fused candle_nn::ops::layer_norm has no backward pass
+    candle_nn::ops::layer_norm_slow(x, weight, bias, 1e-5)
+}
+
+impl Transformer {
+    fn new(config: &TransformerConfig, params: &mut Params, device: &Device) -> candle_core::Result<Self> {
+        let (d, s) = (config.d_model, config.seq_len);
+        let tokens = Embedding::new(params.normal("tok_emb", (config.vocab, d), 0.02)?, d);
+        let positions = params.normal("pos_emb", (s, d), 0.02)?;
+        let mut blocks = Vec::with_capacity(config.layers);
+        for layer in 0..config.layers {
+            let name = |part: &str| format!("blocks.{layer}.{part}");
+            blocks.push(Block {
+                ln1: layer_norm(params, &name("ln1"), d)?,
+                qkv: linear(params, &name("attn.qkv"), d, 3 * d)?,
+                proj: linear(params, &name("attn.proj"), d, d)?,
+                ln2: layer_norm(params, &name("ln2"), d)?,
+                fc1: linear(params, &name("mlp.fc1"), d, 4 * d)?,
+                fc2: linear(params, &name("mlp.fc2"), 4 * d, d)?,
+            });
+        }
+        let ln_f = layer_norm(params, "ln_f", d)?;
+        let head = linear(params, "head", d, config.vocab)?;
+        let mask: Vec<f32> =
+            (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+        let mask = Tensor::from_vec(mask, (s, s), device)?.to_dtype(config.dtype)?;
+        let mut rng = Rng::new(config.seed ^ 0x7A5C);
+        let successor = (0..config.vocab).map(|_| rng.below(config.vocab) as u32).collect();
+        Ok(Transformer { config: config.clone(), tokens, positions, blocks, ln_f, head, mask, successor })
+    }
+
+    fn attention(&self, block: &Block, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, s, d) = x.dims3()?;
+        let heads = self.config.heads;
+        let head_dim = d / heads;
+        let qkv = block.qkv.forward(x)?.reshape((b, s, 3, heads, head_dim))?.permute((2, 0, 3, 1, 4))?;
+        let q = qkv.get(0)?.contiguous()?;
+        let k = qkv.get(1)?.contiguous()?;
+        let v = qkv.get(2)?.contiguous()?;
+        let scores = (q.matmul(&k.t()?)? / (head_dim as f64).sqrt())?.broadcast_add(&self.mask)?;
+        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let y = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
+        block.proj.forward(&y)
+    }
+
+    /// Logits of shape (batch, seq_len, vocab).
+    pub fn forward(&self, input: &Tensor) -> candle_core::Result<Tensor> {
+        let mut x = self.tokens.forward(input)?.broadcast_add(&self.positions)?;
+        for block in &self.blocks {
+            x = (&x + self.attention(block, &norm(&x, &block.ln1)?)?)?;
+            let hidden = block.fc1.forward(&norm(&x, &block.ln2)?)?.gelu()?;
+            x = (&x + block.fc2.forward(&hidden)?)?;
+        }
+        self.head.forward(&norm(&x, &self.ln_f)?)
+    }
+
+    /// `batch` sequences of `seq_len + 1` tokens following the successor table.
+    fn sample(&self, batch: usize, data_seed: u64) -> Vec<u32> {
+        let mut rng = Rng::new(data_seed);
+        let len = self.config.seq_len + 1;
+        let mut tokens = Vec::with_capacity(batch * len);
+        for _ in 0..batch {
+            let mut token = rng.below(self.config.vocab) as u32;
+            for _ in 0..len {
+                tokens.push(token);
+                token = self.successor[token as usize];
+            }
+        }
+        tokens
+    }
+}
+
+impl Model for Transformer {
+    fn describe(&self) -> String {
+        let c = &self.config;
+        format!(
+            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={}, {:?})",
+            c.vocab, c.d_model, c.heads, c.layers, c.seq_len, c.dtype
+        )
+    }
+
+    fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
+        let (s, vocab) = (self.config.seq_len, self.config.vocab);
+        let device = self.positions.device();
+        let tokens = Tensor::from_vec(self.sample(batch, data_seed), (batch, s + 1), device)?;
+        let input = tokens.narrow(1, 0, s)?;
+        let targets = tokens.narrow(1, 1, s)?.flatten_all()?;
+        let logits = self.forward(&input.contiguous()?)?.reshape((batch * s, vocab))?;
+        cross_entropy(&logits, &targets)
+    }
+}

@@ -1,0 +1,275 @@
+//! Real candle workloads measured on the CPU with the tracking allocator.
+//!
+//! The heap is process-wide, so this file has its own harness (`harness =
+//! false` in Cargo.toml): `main` runs the tests one after another on one
+//! thread. Under libtest, tests run on threads of their own, and another
+//! test's thread starting, printing or exiting (which frees its thread-local
+//! buffers, gemm's 2 MiB scratch among them) lands in the middle of a
+//! measurement. `cargo test --test workloads -- NAME` runs the tests whose name
+//! contains NAME.
+//!
+//! Tolerance: once warm, the heap peak of the same step repeats to within 32
+//! bytes (measured). Between the tuner's measurement and the brute-force one
+//! below, the test itself holds a few small allocations (the plan is dropped
+//! first, but libtest and the harness allocate), so the brute-force comparisons
+//! allow `TOLERANCE` = 4 KiB, less than a tenth of the smallest per-sample
+//! step of any size tested here.
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use autobatch::workloads::{ConvNetConfig, MlpConfig, Model, Trainer, TransformerConfig};
+use autobatch::{Error, HeapMeter, MemoryMeter, TrackingAllocator, Tuner, Workload};
+use candle_core::{DType, Device};
+
+const MIB: u64 = 1 << 20;
+const TOLERANCE: u64 = 4 << 10;
+
+/// Heap peak of one probe step at `batch`, device-wide (all live bytes).
+fn peak_of<W: Workload>(workload: &mut W, batch: usize) -> u64 {
+    TrackingAllocator::reset_peak();
+    workload.step(batch).unwrap();
+    TrackingAllocator::peak_bytes()
+}
+
+/// Tunes under `budget`, then checks by brute force that the answer fits and
+/// the next candidate does not. Returns the largest batch.
+fn tune_and_verify<M: Model>(mut trainer: Trainer<M>, budget: u64, ceiling: f64, multiple_of: usize) -> usize {
+    let mut meter = HeapMeter::new(budget).unwrap();
+    let plan = Tuner::new().ceiling(ceiling).multiple_of(multiple_of).run(&mut trainer, &mut meter).unwrap();
+    let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+    let report = plan.to_string();
+    eprintln!("{report}");
+    assert!(plan.proven_largest, "{report}");
+    assert!(plan.peak_bytes <= limit, "{report}");
+    drop(plan);
+
+    let fits = peak_of(&mut trainer, largest);
+    let next = peak_of(&mut trainer, largest + multiple_of);
+    assert!(fits <= limit + TOLERANCE, "batch {largest} peaks at {fits} > limit {limit}\n{report}");
+    assert!(next > limit - TOLERANCE, "batch {} peaks at {next} <= limit {limit}\n{report}", largest + multiple_of);
+    largest
+}
+
+fn transformer(seq_len: usize, d_model: usize, layers: usize) -> TransformerConfig {
+    TransformerConfig { vocab: 64, d_model, heads: 4, layers, seq_len, ..TransformerConfig::default() }
+}
+
+fn transformer_largest_batch_is_exact_at_two_sizes() {
+    let small = tune_and_verify(transformer(16, 32, 1).build(&Device::Cpu).unwrap(), 40 * MIB, 0.9, 1);
+    let large = tune_and_verify(transformer(32, 48, 2).build(&Device::Cpu).unwrap(), 96 * MIB, 0.9, 1);
+    eprintln!("transformer: {small} and {large}");
+    assert!((10..=1000).contains(&small) && (10..=1000).contains(&large), "{small}, {large}");
+}
+
+fn mlp_largest_batch_is_exact_at_two_sizes() {
+    let narrow = MlpConfig { inputs: 256, width: 512, depth: 2, ..MlpConfig::default() };
+    let wide = MlpConfig { inputs: 128, width: 768, depth: 3, ..MlpConfig::default() };
+    let a = tune_and_verify(narrow.build(&Device::Cpu).unwrap(), 48 * MIB, 0.9, 1);
+    let b = tune_and_verify(wide.build(&Device::Cpu).unwrap(), 96 * MIB, 0.8, 8);
+    eprintln!("mlp: {a} and {b}");
+    assert!((10..=1000).contains(&a) && (10..=1000).contains(&b), "{a}, {b}");
+}
+
+fn convnet_largest_batch_is_exact_at_two_sizes() {
+    let small = ConvNetConfig { channels: 8, resolution: 16, ..ConvNetConfig::default() };
+    let large = ConvNetConfig { channels: 16, resolution: 32, ..ConvNetConfig::default() };
+    let a = tune_and_verify(small.build(&Device::Cpu).unwrap(), 32 * MIB, 0.9, 1);
+    let b = tune_and_verify(large.build(&Device::Cpu).unwrap(), 64 * MIB, 0.9, 1);
+    eprintln!("convnet: {a} and {b}");
+    assert!((10..=1000).contains(&a) && (10..=1000).contains(&b), "{a}, {b}");
+}
+
+/// Tunes, then checks that every weight and both AdamW moments are bit-for-bit
+/// what they were, that the optimizer took no step, and that the heap is back
+/// to where it was before `run`.
+fn assert_probing_changes_nothing<M: Model>(mut trainer: Trainer<M>, budget: u64) {
+    // a few real steps first, so the moments are not all zeros
+    for _ in 0..3 {
+        trainer.train_step(4).unwrap();
+    }
+    let state = trainer.state_bits().unwrap();
+    let (steps, optimizer_steps) = (trainer.steps_done(), trainer.optimizer().step_count());
+    let mut meter = HeapMeter::new(budget).unwrap();
+    // runtime buffers that stay for good once used (gemm's per-thread scratch)
+    // belong in the baseline: one step at a batch as large as the search will reach
+    trainer.step(64).unwrap();
+    let before = meter.in_use().unwrap();
+    let plan = Tuner::new().run(&mut trainer, &mut meter).unwrap();
+    let largest = plan.largest_batch;
+    drop(plan);
+    let after = meter.in_use().unwrap();
+    assert!(after.abs_diff(before) <= TOLERANCE, "heap in use {before} before tuning, {after} after");
+    assert!(largest >= 2);
+    assert_eq!(trainer.state_bits().unwrap(), state, "weights or AdamW moments changed");
+    assert_eq!((trainer.steps_done(), trainer.optimizer().step_count()), (steps, optimizer_steps));
+}
+
+fn probing_the_transformer_changes_nothing() {
+    assert_probing_changes_nothing(transformer(16, 32, 1).build(&Device::Cpu).unwrap(), 40 * MIB);
+}
+
+fn probing_the_mlp_changes_nothing() {
+    let config = MlpConfig { inputs: 256, width: 512, depth: 2, ..MlpConfig::default() };
+    assert_probing_changes_nothing(config.build(&Device::Cpu).unwrap(), 48 * MIB);
+}
+
+fn probing_the_convnet_changes_nothing() {
+    let config = ConvNetConfig { channels: 8, resolution: 16, ..ConvNetConfig::default() };
+    assert_probing_changes_nothing(config.build(&Device::Cpu).unwrap(), 32 * MIB);
+}
+
+fn training_after_probing_is_training_without_it() {
+    let config = transformer(16, 32, 1);
+    let mut probed = config.build(&Device::Cpu).unwrap();
+    let mut untouched = config.build(&Device::Cpu).unwrap();
+    let mut meter = HeapMeter::new(40 * MIB).unwrap();
+    Tuner::new().run(&mut probed, &mut meter).unwrap();
+    for _ in 0..3 {
+        let (a, b) = (probed.train_step(8).unwrap(), untouched.train_step(8).unwrap());
+        assert_eq!(a.to_bits(), b.to_bits());
+    }
+    assert_eq!(probed.state_bits().unwrap(), untouched.state_bits().unwrap());
+}
+
+fn the_dry_optimizer_step_costs_what_the_real_one_costs() {
+    let mut trainer = transformer(16, 32, 1).build(&Device::Cpu).unwrap();
+    trainer.train_step(16).unwrap();
+    trainer.step(16).unwrap();
+    let dry = peak_of(&mut trainer, 16);
+    TrackingAllocator::reset_peak();
+    trainer.train_step(16).unwrap();
+    let real = TrackingAllocator::peak_bytes();
+    // the real step also reads the loss back as a number: a few hundred bytes
+    assert!(real.abs_diff(dry) <= TOLERANCE, "dry step peaks at {dry}, real step at {real}");
+}
+
+/// Bytes per sample of a probe step, from peaks at two batches.
+fn bytes_per_sample<W: Workload>(workload: &mut W) -> f64 {
+    workload.step(16).unwrap();
+    let (small, large) = (peak_of(workload, 4), peak_of(workload, 12));
+    (large - small) as f64 / 8.0
+}
+
+fn memory_per_sample_grows_with_sequence_length_faster_than_linearly() {
+    let per_sample: Vec<f64> = [16, 32, 64]
+        .into_iter()
+        .map(|seq_len| bytes_per_sample(&mut transformer(seq_len, 32, 1).build(&Device::Cpu).unwrap()))
+        .collect();
+    eprintln!("bytes per sample at seq_len 16, 32, 64: {per_sample:?}");
+    // linear terms double with the sequence; attention's s² term makes it more
+    assert!(per_sample[1] > 2.0 * per_sample[0], "{per_sample:?}");
+    assert!(per_sample[2] > 2.0 * per_sample[1], "{per_sample:?}");
+}
+
+fn memory_per_sample_grows_with_image_area() {
+    let per_sample: Vec<f64> = [8, 16, 32]
+        .into_iter()
+        .map(|resolution| {
+            let config = ConvNetConfig { channels: 8, resolution, ..ConvNetConfig::default() };
+            bytes_per_sample(&mut config.build(&Device::Cpu).unwrap())
+        })
+        .collect();
+    eprintln!("bytes per sample at 8², 16², 32²: {per_sample:?}");
+    for pair in per_sample.windows(2) {
+        let ratio = pair[1] / pair[0];
+        assert!((3.0..=5.0).contains(&ratio), "doubling the resolution scaled memory per sample by {ratio}");
+    }
+}
+
+fn bf16_halves_the_model_state_where_the_cpu_supports_it() {
+    let f32_lm = transformer(16, 32, 1).build(&Device::Cpu).unwrap();
+    let mut bf16_lm = TransformerConfig { dtype: DType::BF16, ..transformer(16, 32, 1) }.build(&Device::Cpu).unwrap();
+    assert_eq!(bf16_lm.dtype(), DType::BF16);
+    assert_eq!(bf16_lm.parameter_count(), f32_lm.parameter_count());
+    assert_eq!(2 * bf16_lm.state_bytes(), f32_lm.state_bytes());
+    let first = bf16_lm.train_step(8).unwrap();
+    assert!(first.is_finite());
+
+    let mut bf16_mlp = MlpConfig { dtype: DType::BF16, ..MlpConfig::default() }.build(&Device::Cpu).unwrap();
+    bf16_mlp.step(8).unwrap();
+    assert!(bf16_mlp.train_step(8).unwrap().is_finite());
+
+    // candle's CPU conv2d has no bf16 matmul: a clear error, not a failed step later
+    let err = ConvNetConfig { dtype: DType::BF16, ..ConvNetConfig::default() }.build(&Device::Cpu).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedDtype { .. }), "{err}");
+}
+
+fn invalid_model_settings_are_errors() {
+    let cases: Vec<(Result<(), Error>, &str)> = vec![
+        (TransformerConfig { heads: 3, ..TransformerConfig::default() }.check(), "heads = 3"),
+        (TransformerConfig { seq_len: 0, ..TransformerConfig::default() }.check(), "seq_len = 0"),
+        (TransformerConfig { dtype: DType::U8, ..TransformerConfig::default() }.check(), "dtype U8"),
+        (MlpConfig { depth: 0, ..MlpConfig::default() }.check(), "depth = 0"),
+        (MlpConfig { classes: 1, ..MlpConfig::default() }.check(), "classes = 1"),
+        (ConvNetConfig { resolution: 30, ..ConvNetConfig::default() }.check(), "resolution = 30"),
+        (ConvNetConfig { classes: 4, ..ConvNetConfig::default() }.check(), "classes = 4"),
+    ];
+    for (result, message) in cases {
+        let err = result.expect_err(message);
+        assert!(err.to_string().contains(message), "want {message:?} in {err}");
+    }
+}
+
+fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
+    let mut meter = HeapMeter::new(64 * MIB).unwrap();
+    assert_eq!(meter.capacity().unwrap(), 64 * MIB);
+    let before = meter.in_use().unwrap();
+    meter.reset_peak().unwrap();
+    let buffer = vec![1u8; 3 * MIB as usize];
+    std::hint::black_box(&buffer);
+    let during = meter.in_use().unwrap();
+    assert!(during >= before + 3 * MIB && during < before + 3 * MIB + TOLERANCE, "{before} then {during}");
+    drop(buffer);
+    let peak = meter.peak().unwrap();
+    assert!(peak >= before + 3 * MIB && peak < before + 3 * MIB + TOLERANCE, "{before} then peak {peak}");
+    meter.reset_peak().unwrap();
+    assert!(meter.peak().unwrap() < before + TOLERANCE);
+    assert!(matches!(HeapMeter::new(0), Err(Error::Zero { setting: "budget_bytes" })));
+}
+
+fn main() {
+    let tests: &[(&str, fn())] = &[
+        ("transformer_largest_batch_is_exact_at_two_sizes", transformer_largest_batch_is_exact_at_two_sizes),
+        ("mlp_largest_batch_is_exact_at_two_sizes", mlp_largest_batch_is_exact_at_two_sizes),
+        ("convnet_largest_batch_is_exact_at_two_sizes", convnet_largest_batch_is_exact_at_two_sizes),
+        ("probing_the_transformer_changes_nothing", probing_the_transformer_changes_nothing),
+        ("probing_the_mlp_changes_nothing", probing_the_mlp_changes_nothing),
+        ("probing_the_convnet_changes_nothing", probing_the_convnet_changes_nothing),
+        ("training_after_probing_is_training_without_it", training_after_probing_is_training_without_it),
+        ("the_dry_optimizer_step_costs_what_the_real_one_costs", the_dry_optimizer_step_costs_what_the_real_one_costs),
+        (
+            "memory_per_sample_grows_with_sequence_length_faster_than_linearly",
+            memory_per_sample_grows_with_sequence_length_faster_than_linearly,
+        ),
+        ("memory_per_sample_grows_with_image_area", memory_per_sample_grows_with_image_area),
+        (
+            "bf16_halves_the_model_state_where_the_cpu_supports_it",
+            bf16_halves_the_model_state_where_the_cpu_supports_it,
+        ),
+        ("invalid_model_settings_are_errors", invalid_model_settings_are_errors),
+        ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
+    ];
+    let filter: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
+    let selected: Vec<_> = tests
+        .iter()
+        .filter(|(name, _)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} tests (sequentially, one thread: heap measurements)", selected.len());
+    let mut failed = Vec::new();
+    for (name, test) in selected {
+        let started = std::time::Instant::now();
+        let passed = catch_unwind(AssertUnwindSafe(test)).is_ok();
+        println!("test {name} ... {} ({:.1?})", if passed { "ok" } else { "FAILED" }, started.elapsed());
+        if !passed {
+            failed.push(*name);
+        }
+    }
+    if !failed.is_empty() {
+        println!("\nfailures: {failed:?}");
+        std::process::exit(1);
+    }
+    println!("\ntest result: ok");
+}
