@@ -16,34 +16,40 @@
 //!
 //! Wrap one training step in a closure (or implement [`Workload`]) and run the
 //! tuner with the meter of your device; train with the plan's micro-batch and
-//! accumulation steps.
+//! accumulation steps. On the CPU, [`HeapMeter`] measures live heap bytes under a
+//! budget (install [`TrackingAllocator`]); the reference [`workloads`] probe with
+//! the full AdamW step and change no weight.
 //!
 //! ```
-//! use autobatch::memory::simulated::{MemoryCurve, Simulation};
-//! use autobatch::Tuner;
+//! #[global_allocator]
+//! static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 //!
-//! # // A simulated 24 GiB device stands in for a real one here.
-//! let (mut step, mut meter) = Simulation::new(24 << 30, MemoryCurve::affine(3 << 30, 150 << 20)).build();
+//! use autobatch::workloads::TransformerConfig;
+//! use autobatch::{HeapMeter, Tuner};
+//!
+//! let mut model = TransformerConfig::tiny().build(&candle_core::Device::Cpu)?;
+//! let mut meter = HeapMeter::new(12 << 20)?; // a 12 MiB budget plays device memory
 //! let plan = Tuner::new()
 //!     .ceiling(0.9)
 //!     .target_effective_batch(256)
-//!     .run(&mut step, &mut meter)?;
+//!     .run(&mut model, &mut meter)?;
 //! println!("{plan}");
-//! for _optimizer_step in 0..3 {
-//!     for _micro_step in 0..plan.accumulation_steps {
-//!         // forward + backward on `plan.micro_batch` samples, accumulate gradients
-//!     }
-//!     // optimizer step
+//! for _ in 0..3 {
+//!     model.train_step_accumulated(plan.micro_batch, plan.accumulation_steps)?;
 //! }
 //! assert_eq!(plan.micro_batch * plan.accumulation_steps, 256);
 //! # Ok::<(), autobatch::Error>(())
 //! ```
 //!
+//! Probe at the longest sequence (largest image) training will see: activation
+//! memory per sample grows with it, quadratically in attention.
+//!
 //! ## From the command line
 //!
-//! The `autobatch` binary tunes built-in reference models (`cargo run --release`
-//! runs a small transformer on the CPU under a memory budget). Until it lands,
-//! `cargo run --release --example simulated_probe` shows the report.
+//! The `autobatch` binary will tune the built-in reference models. Until it
+//! lands, `cargo run --release --example trainer_startup` tunes the reference
+//! transformer under a CPU budget and trains with the plan, and
+//! `cargo run --release --example simulated_probe` tunes a simulated 80 GiB device.
 //!
 //! ## In a headroom regression test
 //!
