@@ -99,8 +99,8 @@ pub enum Error {
         "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}",
         describe_failure(*.outcome, *.peak_bytes),
         .ceiling * 100.0,
-        crate::bytes::format_bytes(*.capacity_bytes),
-        crate::bytes::format_bytes(*.limit_bytes)
+        crate::units::format_bytes(*.capacity_bytes),
+        crate::units::format_bytes(*.limit_bytes)
     )]
     NothingFits {
         /// The smallest batch tried.
@@ -161,13 +161,31 @@ pub enum Error {
     #[error("candle: {0}")]
     Candle(#[source] candle_core::Error),
 
+    /// A byte size could not be read.
+    #[error("invalid size {input:?}: {reason}")]
+    InvalidSize {
+        /// The text given.
+        input: String,
+        /// What is wrong and what would be valid.
+        reason: String,
+    },
+
+    /// A count (e.g. of parameters) could not be read.
+    #[error("invalid count {input:?}: {reason}")]
+    InvalidCount {
+        /// The text given.
+        input: String,
+        /// What is wrong and what would be valid.
+        reason: String,
+    },
+
     /// A memory meter could not measure.
     #[error("memory meter: {0}")]
     Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
-    let peak = peak_bytes.map(crate::bytes::format_bytes);
+    let peak = peak_bytes.map(crate::units::format_bytes);
     match (outcome, peak) {
         (Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
         (Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
@@ -185,6 +203,26 @@ impl Error {
     /// ```
     pub fn meter(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Error::Meter(err.into())
+    }
+
+    /// Whether the error is in what was asked (a setting, a size, a model
+    /// configuration) rather than in what happened while running: the command
+    /// line reports these as usage errors.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidCeiling { .. }
+                | Error::Zero { .. }
+                | Error::MaxBatchBelowStart { .. }
+                | Error::NoCandidate { .. }
+                | Error::Overflow { .. }
+                | Error::TargetBelowWorldSize { .. }
+                | Error::InexactEffectiveBatch { .. }
+                | Error::InvalidModel { .. }
+                | Error::UnsupportedDtype { .. }
+                | Error::InvalidSize { .. }
+                | Error::InvalidCount { .. }
+        )
     }
 
     /// The workload's own error, when this is [`Error::Workload`].

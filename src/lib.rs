@@ -46,10 +46,16 @@
 //!
 //! ## From the command line
 //!
-//! The `autobatch` binary will tune the built-in reference models. Until it
-//! lands, `cargo run --release --example trainer_startup` tunes the reference
-//! transformer under a CPU budget and trains with the plan, and
-//! `cargo run --release --example simulated_probe` tunes a simulated 80 GiB device.
+//! The `autobatch` binary tunes the built-in reference models on the CPU (or a
+//! GPU with the `cuda` feature), estimates training memory analytically, and
+//! does the accumulation arithmetic:
+//!
+//! ```text
+//! cargo run --release                    # probe a small transformer under a 256 MiB budget
+//! autobatch probe --model transformer --seq-len 512 --budget 4GiB --target-effective-batch 1024
+//! autobatch estimate --params 7B --optimizer adamw --mixed-precision --capacity 80GB
+//! autobatch plan --target 268 --largest 133
+//! ```
 //!
 //! ## In a headroom regression test
 //!
@@ -76,21 +82,22 @@
 
 #![warn(missing_docs)]
 
-mod bytes;
 mod error;
+pub mod estimate;
 pub mod memory;
 mod oom;
 mod plan;
 pub mod search;
 mod tuner;
+mod units;
 mod workload;
 pub mod workloads;
 
-pub use bytes::format_bytes;
 pub use error::Error;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use oom::is_oom;
 pub use plan::{plan_accumulation, plan_accumulation_aligned, Accumulation, Outcome, Plan, Trial, TrialKind, Warning};
 pub use search::Strategy;
-pub use tuner::Tuner;
+pub use tuner::{Observer, Tuner};
+pub use units::{format_bytes, format_bytes_decimal, parse_bytes, parse_count};
 pub use workload::Workload;

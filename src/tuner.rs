@@ -4,9 +4,9 @@ use std::time::Instant;
 
 use log::{debug, info, warn};
 
-use crate::bytes::format_bytes;
 use crate::plan::{limit_bytes, plan_accumulation_aligned, utilization, Plan, Trial, TrialKind, Warning};
 use crate::search::{best, next_batch, Next, Observation, SearchSpace, Strategy};
+use crate::units::format_bytes;
 use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
 
 /// Finds the largest batch that fits under a utilization ceiling and plans
@@ -212,6 +212,34 @@ impl Tuner {
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
+        self.run_observed(workload, meter, &mut ())
+    }
+
+    /// [`run`](Tuner::run), telling `observer` about each trial as it starts and
+    /// ends: for live progress in a command-line tool or a trainer's log.
+    ///
+    /// ```
+    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+    /// use autobatch::{Observer, Trial, Tuner};
+    ///
+    /// struct Rows(Vec<String>);
+    /// impl Observer for Rows {
+    ///     fn trial_finished(&mut self, trial: &Trial, _capacity_bytes: u64) {
+    ///         self.0.push(format!("{} {}", trial.batch, trial.outcome));
+    ///     }
+    /// }
+    /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 100 << 20)).build();
+    /// let mut rows = Rows(Vec::new());
+    /// Tuner::new().run_observed(&mut workload, &mut meter, &mut rows)?;
+    /// assert_eq!(rows.0[..3], ["1 fits", "2 fits", "4 fits"]);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn run_observed<W, M, O>(&self, workload: &mut W, meter: &mut M, observer: &mut O) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
         let space = self.search_space()?;
         let capacity_bytes = meter.capacity()?;
         let limit = limit_bytes(self.ceiling, capacity_bytes);
@@ -235,6 +263,7 @@ impl Tuner {
             history: Vec::new(),
             baselines: Vec::new(),
             warnings: Vec::new(),
+            observer,
         };
         if self.warmup {
             probe.warm_up(space.first())?;
@@ -245,8 +274,9 @@ impl Tuner {
 }
 
 /// The state of one tuning run.
-struct Probe<'a, W: ?Sized, M: ?Sized> {
+struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     tuner: &'a Tuner,
+    observer: &'a mut O,
     workload: &'a mut W,
     meter: &'a mut M,
     capacity_bytes: u64,
@@ -259,8 +289,9 @@ struct Probe<'a, W: ?Sized, M: ?Sized> {
     warnings: Vec<Warning>,
 }
 
-impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Probe<'_, W, M> {
+impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<'_, W, M, O> {
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
+        self.observer.warmup_started(batch);
         let started = Instant::now();
         let result = self.workload.step(batch);
         let settled = self.meter.synchronize().and_then(|()| self.meter.release_cached());
@@ -331,6 +362,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Probe<'_, W, M> {
 
     /// One measured trial at `batch`.
     fn trial(&mut self, batch: usize, kind: TrialKind) -> Result<Trial, Error> {
+        self.observer.trial_started(batch, kind);
         let baseline_bytes = self.meter.in_use()?;
         self.meter.reset_peak()?;
         let started = Instant::now();
@@ -374,6 +406,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Probe<'_, W, M> {
         };
         let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind };
         self.log_trial(&trial);
+        self.observer.trial_finished(&trial, self.capacity_bytes);
         if !outcome.fits() {
             self.check_for_leak(batch, baseline_bytes)?;
         }
@@ -400,6 +433,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Probe<'_, W, M> {
 
     fn warn(&mut self, warning: Warning) {
         warn!("{warning}");
+        self.observer.warning(&warning);
         self.warnings.push(warning);
     }
 
@@ -458,3 +492,31 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Probe<'_, W, M> {
         })
     }
 }
+
+/// Hears about a tuning run as it happens (see [`Tuner::run_observed`]).
+///
+/// Calls come from the thread running the tuner, between the meter's
+/// measurements: [`trial_started`](Observer::trial_started) before the
+/// trial's baseline is read, so that with a heap meter what an observer holds
+/// is part of the baseline. An observer that allocates on another thread while
+/// a trial runs is measured with the trial. Every method does nothing by default; `()` observes nothing.
+pub trait Observer {
+    /// The uncounted warm-up step at `batch` is about to run.
+    fn warmup_started(&mut self, batch: usize) {
+        let _ = batch;
+    }
+    /// A trial at `batch` is about to run.
+    fn trial_started(&mut self, batch: usize, kind: TrialKind) {
+        let _ = (batch, kind);
+    }
+    /// A trial ended; `capacity_bytes` is the device capacity, for utilization.
+    fn trial_finished(&mut self, trial: &Trial, capacity_bytes: u64) {
+        let _ = (trial, capacity_bytes);
+    }
+    /// A warning was added to the plan.
+    fn warning(&mut self, warning: &Warning) {
+        let _ = warning;
+    }
+}
+
+impl Observer for () {}

@@ -115,7 +115,7 @@ pub enum Warning {
 
 impl std::fmt::Display for Warning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::bytes::format_bytes as b;
+        use crate::units::format_bytes as b;
         match self {
             Warning::Leak { batch, baseline_bytes, after_bytes, slack_bytes } => write!(
                 f,

@@ -2,73 +2,111 @@
 
 use std::fmt;
 
-use super::{utilization, Outcome, Plan, TrialKind};
-use crate::bytes::format_bytes;
+use super::{utilization, Accumulation, Outcome, Plan, Trial, TrialKind};
+use crate::units::format_bytes;
 
 impl fmt::Display for Plan {
     /// ```text
-    /// trial  batch  outcome          peak   util      time
-    ///     1      1  fits         1.20 GiB   7.5%    12 ms
+    /// trial    batch  outcome             peak    util       time
+    ///     1        1  fits            1.20 GiB    7.5%    12.0 ms
     ///   ...
     /// largest batch 133 (proven largest), peak 14.1 GiB = 88.1% of 16.0 GiB (ceiling 90%)
     /// plan: micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{:>5}  {:>7}  {:<13}  {:>9}  {:>6}  {:>9}", "trial", "batch", "outcome", "peak", "util", "time")?;
+        writeln!(f, "{}", Trial::table_header())?;
         for (index, trial) in self.trials.iter().enumerate() {
-            let (peak, util) = match trial.peak_bytes {
-                Some(peak) => (format_bytes(peak), format!("{:.1}%", 100.0 * utilization(peak, self.capacity_bytes))),
-                None => ("-".to_owned(), "-".to_owned()),
-            };
-            let recheck = if trial.kind == TrialKind::Recheck { "  (re-check)" } else { "" };
-            writeln!(
-                f,
-                "{:>5}  {:>7}  {:<13}  {:>9}  {:>6}  {:>9}{recheck}",
-                index + 1,
-                trial.batch,
-                trial.outcome,
-                peak,
-                util,
-                format_duration(trial.duration)
-            )?;
+            writeln!(f, "{}", trial.table_row(index + 1, self.capacity_bytes))?;
         }
+        f.write_str(&self.summary())
+    }
+}
+
+impl Trial {
+    /// The header of the trial table in a plan's report.
+    pub fn table_header() -> String {
+        format!("{:>5}  {:>7}  {:<13}  {:>9}  {:>6}  {:>9}", "trial", "batch", "outcome", "peak", "util", "time")
+    }
+
+    /// This trial as row `number` of the report's table; utilization is of `capacity_bytes`.
+    pub fn table_row(&self, number: usize, capacity_bytes: u64) -> String {
+        let (peak, util) = match self.peak_bytes {
+            Some(peak) => (format_bytes(peak), format!("{:.1}%", 100.0 * utilization(peak, capacity_bytes))),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        let recheck = if self.kind == TrialKind::Recheck { "  (re-check)" } else { "" };
+        format!(
+            "{:>5}  {:>7}  {:<13}  {:>9}  {:>6}  {:>9}{recheck}",
+            number,
+            self.batch,
+            self.outcome,
+            peak,
+            util,
+            format_duration(self.duration)
+        )
+    }
+}
+
+impl Plan {
+    /// The report without the trial table: the search result, the plan and any warnings.
+    pub fn summary(&self) -> String {
+        let mut out = String::new();
         let proof = if self.proven_largest { "proven largest" } else { "not proven largest" };
         let granularity =
             if self.multiple_of > 1 { format!(", multiples of {}", self.multiple_of) } else { String::new() };
-        writeln!(
-            f,
-            "largest batch {} ({proof}{granularity}), peak {} = {:.1}% of {} (ceiling {:.0}%)",
+        out += &format!(
+            "largest batch {} ({proof}{granularity}), peak {} = {:.1}% of {} (ceiling {:.0}%)\n",
             self.largest_batch,
             format_bytes(self.peak_bytes),
             100.0 * self.utilization(),
             format_bytes(self.capacity_bytes),
             100.0 * self.ceiling
-        )?;
+        );
+        let ranks = if self.world_size == 1 { "rank" } else { "ranks" };
+        let steps = if self.accumulation_steps == 1 { "step" } else { "steps" };
+        out += &format!(
+            "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
+            self.micro_batch, self.accumulation_steps, self.world_size, self.effective_batch
+        );
+        if let Some(split) = &self.accumulation {
+            out += &accumulation_note(split);
+        }
+        for warning in &self.warnings {
+            out += &format!("\nwarning: {warning}");
+        }
+        out
+    }
+}
+
+/// ` (target 268, exact)` or ` (target 257, +1: scale the learning rate …)`.
+pub(crate) fn accumulation_note(split: &Accumulation) -> String {
+    if split.exact {
+        format!(" (target {}, exact)", split.target_effective_batch)
+    } else {
+        format!(
+            " (target {}, +{}: scale the learning rate by {:.4} (linear) or {:.4} (square root) to compensate)",
+            split.target_effective_batch,
+            split.deviation,
+            split.lr_scale,
+            split.lr_scale.sqrt()
+        )
+    }
+}
+
+impl fmt::Display for Accumulation {
+    /// `micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ranks = if self.world_size == 1 { "rank" } else { "ranks" };
         let steps = if self.accumulation_steps == 1 { "step" } else { "steps" };
         write!(
             f,
-            "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
-            self.micro_batch, self.accumulation_steps, self.world_size, self.effective_batch
-        )?;
-        if let Some(split) = &self.accumulation {
-            if split.exact {
-                write!(f, " (target {}, exact)", split.target_effective_batch)?;
-            } else {
-                write!(
-                    f,
-                    " (target {}, +{}: scale the learning rate by {:.4} (linear) or {:.4} (square root) to compensate)",
-                    split.target_effective_batch,
-                    split.deviation,
-                    split.lr_scale,
-                    split.lr_scale.sqrt()
-                )?;
-            }
-        }
-        for warning in &self.warnings {
-            write!(f, "\nwarning: {warning}")?;
-        }
-        Ok(())
+            "micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}{}",
+            self.micro_batch,
+            self.accumulation_steps,
+            self.world_size,
+            self.effective_batch,
+            accumulation_note(self)
+        )
     }
 }
 

@@ -220,3 +220,28 @@ pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
 pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
     candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
 }
+
+/// A reference workload whose model is chosen at run time (as the probe binary
+/// does): a probe [`Workload`] that can describe itself.
+pub trait ReferenceWorkload: Workload {
+    /// The model and its size, e.g. `transformer(vocab=256, d_model=64, …)`.
+    fn description(&self) -> String;
+    /// Number of trainable parameters.
+    fn parameter_count(&self) -> usize;
+    /// Data type of the weights, gradients and optimizer moments.
+    fn dtype(&self) -> DType;
+}
+
+impl<M: Model> ReferenceWorkload for Trainer<M> {
+    fn description(&self) -> String {
+        self.model.describe()
+    }
+
+    fn parameter_count(&self) -> usize {
+        Trainer::parameter_count(self)
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}

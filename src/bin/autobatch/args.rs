@@ -1,0 +1,212 @@
+//! Command-line arguments.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  a plan (or estimate) was produced
+  1  runtime failure: the workload or the device failed
+  2  usage error: a bad flag or an impossible configuration
+  3  nothing fits: not even the smallest batch fits under the ceiling
+
+With no command, runs the embedded default: `autobatch probe` on the CPU with
+the default small transformer under a 256 MiB budget.";
+
+/// What is the largest training batch that fits, and how many accumulation
+/// steps reach the effective batch you want?
+#[derive(Debug, Parser)]
+#[command(name = "autobatch", version, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// More log output on stderr (-v info, -vv debug).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tune a built-in reference model: run real training steps, find the largest batch.
+    Probe(Box<ProbeArgs>),
+    /// Analytical what-if: the training state of N parameters, and what would make it fit.
+    Estimate(EstimateArgs),
+    /// Accumulation arithmetic alone: split a target effective batch into micro-batches.
+    Plan(PlanArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModelKind {
+    /// Decoder-only transformer language model.
+    Transformer,
+    /// Multi-layer perceptron classifier.
+    Mlp,
+    /// Small convolutional image classifier.
+    Convnet,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    F32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StrategyArg {
+    /// Double, then bisect to the exact largest batch.
+    Binary,
+    /// Double only: the largest fitting power of two.
+    Power,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The reference model to tune.
+    #[arg(long, value_enum, default_value_t = ModelKind::Transformer)]
+    pub model: ModelKind,
+
+    /// Transformer: vocabulary size [default: 256].
+    #[arg(long, help_heading = "Model size")]
+    pub vocab: Option<usize>,
+    /// Transformer: hidden size [default: 64].
+    #[arg(long, help_heading = "Model size")]
+    pub d_model: Option<usize>,
+    /// Transformer: attention heads, a divisor of --d-model [default: 4].
+    #[arg(long, help_heading = "Model size")]
+    pub heads: Option<usize>,
+    /// Transformer: blocks [default: 2].
+    #[arg(long, help_heading = "Model size")]
+    pub layers: Option<usize>,
+    /// Transformer: tokens per sample; probe at the longest training will see [default: 64].
+    #[arg(long, help_heading = "Model size")]
+    pub seq_len: Option<usize>,
+    /// MLP: input features [default: 64].
+    #[arg(long, help_heading = "Model size")]
+    pub inputs: Option<usize>,
+    /// MLP: hidden width [default: 256].
+    #[arg(long, help_heading = "Model size")]
+    pub width: Option<usize>,
+    /// MLP: hidden layers [default: 3].
+    #[arg(long, help_heading = "Model size")]
+    pub depth: Option<usize>,
+    /// Convnet: channels of the first convolution [default: 16].
+    #[arg(long, help_heading = "Model size")]
+    pub channels: Option<usize>,
+    /// Convnet: image side, a multiple of 4; probe at the largest training will see [default: 32].
+    #[arg(long, help_heading = "Model size")]
+    pub resolution: Option<usize>,
+    /// MLP or convnet: output classes [default: 10 for mlp, 3 for convnet].
+    #[arg(long, help_heading = "Model size")]
+    pub classes: Option<usize>,
+    /// Dtype of weights, gradients and optimizer state.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32, help_heading = "Model size")]
+    pub dtype: DtypeArg,
+    /// Seed of the weights and synthetic data.
+    #[arg(long, default_value_t = 0, help_heading = "Model size")]
+    pub seed: u64,
+
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// CPU memory budget playing device memory, e.g. 512MiB or 4GiB
+    /// [default: a quarter of the available RAM, since the one over-budget trial
+    /// allocates up to about twice the budget].
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Most a fitting step may use, as a fraction of capacity, in (0, 1].
+    #[arg(long, default_value_t = 0.9)]
+    pub ceiling: f64,
+    /// Smallest batch to try.
+    #[arg(long, default_value_t = 1)]
+    pub start: usize,
+    /// Only try batches that are multiples of this (e.g. 8).
+    #[arg(long, default_value_t = 1)]
+    pub multiple_of: usize,
+    /// Largest batch to try.
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// Stop after this many trials with the best batch so far.
+    #[arg(long)]
+    pub max_trials: Option<usize>,
+    /// Training steps per trial.
+    #[arg(long, default_value_t = 1)]
+    pub steps_per_trial: usize,
+    /// Search strategy.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Binary)]
+    pub strategy: StrategyArg,
+    /// Effective (global) batch to reach with micro-batch × accumulation × ranks.
+    #[arg(long)]
+    pub target_effective_batch: Option<usize>,
+    /// Data-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    pub world_size: usize,
+    /// Fail instead of rounding the effective batch up when no split hits the target.
+    #[arg(long)]
+    pub exact: bool,
+    /// Print the plan as JSON on stdout (trials and logs go to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    Fp32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    Sgd,
+    Momentum,
+    Adamw,
+    Adafactor,
+    Adam8bit,
+    Lion,
+}
+
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    /// Trainable parameters, e.g. 1e9, 125M or 7B.
+    #[arg(long)]
+    pub params: String,
+    /// Dtype of weights and gradients (and of optimizer state, without --mixed-precision).
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+    pub dtype: PrecisionArg,
+    /// The optimizer whose state is counted.
+    #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
+    pub optimizer: OptimizerArg,
+    /// Mixed precision: bf16 weights and gradients, fp32 master weights and optimizer state.
+    #[arg(long)]
+    pub mixed_precision: bool,
+    /// Device capacity, e.g. 12GiB or 80GB: says whether it fits, and what would make it.
+    #[arg(long)]
+    pub capacity: Option<String>,
+    /// Activation memory at the batch you want, e.g. 6GiB (from a probe); counted in the total.
+    #[arg(long)]
+    pub activations: Option<String>,
+    /// Print the estimate as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Target effective (global) batch.
+    #[arg(long)]
+    pub target: usize,
+    /// Largest micro-batch that fits on one rank.
+    #[arg(long)]
+    pub largest: usize,
+    /// Data-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    pub world_size: usize,
+    /// Keep micro-batches to multiples of this.
+    #[arg(long, default_value_t = 1)]
+    pub multiple_of: usize,
+    /// Fail instead of rounding the effective batch up when no split hits the target.
+    #[arg(long)]
+    pub exact: bool,
+    /// Print the split as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,69 @@
+//! `autobatch`: find the largest batch that fits, plan gradient accumulation,
+//! estimate training memory. See `autobatch --help`.
+
+mod args;
+mod commands;
+mod failure;
+mod probe;
+mod progress;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use args::{Cli, Command};
+use failure::{clap_message, Failure};
+
+// The CPU meter counts the heap through this allocator.
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+/// The budget of the embedded default run (`autobatch` with no arguments):
+/// small enough that the default transformer tunes in seconds.
+const EMBEDDED_BUDGET: u64 = 256 << 20;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+            if matches!(err.kind(), DisplayHelp | DisplayVersion) {
+                let _ = err.print();
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {}", clap_message(&err));
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(cli.verbose);
+    let result = match &cli.command {
+        None => {
+            let embedded = Cli::parse_from(["autobatch", "probe"]);
+            match embedded.command {
+                Some(Command::Probe(args)) => probe::run(&args, Some(EMBEDDED_BUDGET)),
+                _ => unreachable!("`autobatch probe` parses as the probe command"),
+            }
+        }
+        Some(Command::Probe(args)) => probe::run(args, None),
+        Some(Command::Estimate(args)) => commands::estimate(args),
+        Some(Command::Plan(args)) => commands::plan(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => report(failure),
+    }
+}
+
+fn report(failure: Failure) -> ExitCode {
+    eprintln!("error: {}", failure.message);
+    failure.exit_code()
+}
+
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => log::LevelFilter::Warn,
+        1 => log::LevelFilter::Info,
+        _ => log::LevelFilter::Debug,
+    };
+    env_logger::Builder::new().filter_level(level).parse_default_env().target(env_logger::Target::Stderr).init();
+}

@@ -1,0 +1,144 @@
+//! Live trial output: a row per trial as it ends, and a spinner on a terminal
+//! while a trial runs.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use autobatch::{Observer, Trial, TrialKind};
+
+/// Prints each trial as it finishes, to stdout (or stderr when stdout carries JSON).
+pub struct Progress {
+    rows_to_stderr: bool,
+    rows: usize,
+    spinner: Option<Spinner>,
+}
+
+impl Progress {
+    pub fn new(rows_to_stderr: bool) -> Self {
+        let spinner = std::io::stderr().is_terminal().then(Spinner::start);
+        Progress { rows_to_stderr, rows: 0, spinner }
+    }
+
+    fn print_row(&self, row: &str) {
+        if self.rows_to_stderr {
+            eprintln!("{row}");
+        } else {
+            println!("{row}");
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn warmup_started(&mut self, batch: usize) {
+        if let Some(spinner) = &self.spinner {
+            spinner.show(0, batch);
+        }
+    }
+
+    fn trial_started(&mut self, batch: usize, _kind: TrialKind) {
+        if self.rows == 0 {
+            if let Some(spinner) = &self.spinner {
+                spinner.hide();
+            }
+            self.print_row(&Trial::table_header());
+        }
+        if let Some(spinner) = &self.spinner {
+            spinner.show(self.rows + 1, batch);
+        }
+    }
+
+    fn trial_finished(&mut self, trial: &Trial, capacity_bytes: u64) {
+        if let Some(spinner) = &self.spinner {
+            spinner.hide();
+        }
+        self.rows += 1;
+        self.print_row(&trial.table_row(self.rows, capacity_bytes));
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(spinner) = self.spinner.take() {
+            spinner.stop();
+        }
+    }
+}
+
+/// A thread that redraws one status line on stderr while a trial runs. It
+/// allocates nothing while drawing (formatting straight into the locked
+/// stderr), so that it does not disturb a heap measurement.
+struct Spinner {
+    state: Arc<SpinnerState>,
+    thread: JoinHandle<()>,
+}
+
+struct SpinnerState {
+    epoch: Instant,
+    visible: AtomicBool,
+    stop: AtomicBool,
+    number: AtomicUsize,
+    batch: AtomicUsize,
+    since_nanos: AtomicU64,
+}
+
+const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+
+impl Spinner {
+    fn start() -> Spinner {
+        let state = Arc::new(SpinnerState {
+            epoch: Instant::now(),
+            visible: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            number: AtomicUsize::new(0),
+            batch: AtomicUsize::new(0),
+            since_nanos: AtomicU64::new(0),
+        });
+        let shared = Arc::clone(&state);
+        let thread = std::thread::spawn(move || {
+            let mut frame = 0;
+            while !shared.stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(100));
+                let mut stderr = std::io::stderr().lock();
+                // checked under the lock: `hide` clears the line under it too
+                if !shared.visible.load(Ordering::Acquire) {
+                    continue;
+                }
+                let since = Duration::from_nanos(shared.since_nanos.load(Ordering::Relaxed));
+                let elapsed = shared.epoch.elapsed().saturating_sub(since).as_secs_f64();
+                let batch = shared.batch.load(Ordering::Relaxed);
+                let _ = match shared.number.load(Ordering::Relaxed) {
+                    0 => write!(stderr, "\r{} warm-up at batch {batch}  {elapsed:.1} s\x1b[K", FRAMES[frame]),
+                    n => write!(stderr, "\r{} trial {n}: batch {batch} running  {elapsed:.1} s\x1b[K", FRAMES[frame]),
+                };
+                let _ = stderr.flush();
+                frame = (frame + 1) % FRAMES.len();
+            }
+        });
+        Spinner { state, thread }
+    }
+
+    fn show(&self, number: usize, batch: usize) {
+        let state = &self.state;
+        state.number.store(number, Ordering::Relaxed);
+        state.batch.store(batch, Ordering::Relaxed);
+        state.since_nanos.store(state.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        state.visible.store(true, Ordering::Release);
+    }
+
+    fn hide(&self) {
+        let mut stderr = std::io::stderr().lock();
+        if self.state.visible.swap(false, Ordering::AcqRel) {
+            let _ = write!(stderr, "\r\x1b[K");
+            let _ = stderr.flush();
+        }
+    }
+
+    fn stop(self) {
+        self.hide();
+        self.state.stop.store(true, Ordering::Release);
+        let _ = self.thread.join();
+    }
+}

@@ -1,0 +1,347 @@
+//! The analytical memory model: what a model's training state costs before any
+//! activation, and which changes would make it fit.
+//!
+//! Bytes per parameter, as `../shared/FACTS.md` and the ZeRO paper give them:
+//!
+//! | state | fp32 | bf16 (pure) | mixed precision |
+//! |---|---|---|---|
+//! | weights | 4 | 2 | 2 (+4 fp32 master copy) |
+//! | gradients | 4 | 2 | 2 |
+//! | SGD / momentum / Lion | 0 / 4 / 4 | 0 / 2 / 2 | 0 / 4 / 4 |
+//! | Adam, AdamW | 8 | 4 | 8 |
+//! | 8-bit Adam (block 256) | 2.03 | 2.03 | 2.03 |
+//! | Adafactor (factored) | ≈0 | ≈0 | ≈0 |
+//!
+//! Optimizer states are kept in the weights' dtype when training purely in bf16
+//! (as candle's optimizers do) and in fp32 otherwise. Adafactor's factored second
+//! moment is `4·(rows + cols)` bytes per matrix: about nothing per parameter for
+//! the matrices that hold almost all parameters, which is what this model counts.
+//!
+//! ```
+//! use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
+//!
+//! let adamw = StaticMemory::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
+//! assert_eq!((adamw.weights, adamw.gradients, adamw.optimizer_states), (4e9 as u64, 4e9 as u64, 8e9 as u64));
+//! assert_eq!(adamw.total(), 16_000_000_000);
+//! assert!(!adamw.fits(12 << 30));
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::format_bytes_decimal;
+
+/// How weights, gradients and optimizer states are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Everything in fp32.
+    Fp32,
+    /// Everything in bf16, no fp32 copy (candle's optimizers on bf16 variables).
+    Bf16,
+    /// bf16 weights and gradients, fp32 master weights and optimizer states.
+    Mixed,
+}
+
+impl Precision {
+    fn weight_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            Precision::Bf16 | Precision::Mixed => 2.0,
+        }
+    }
+
+    fn state_bytes(self) -> f64 {
+        match self {
+            Precision::Bf16 => 2.0,
+            Precision::Fp32 | Precision::Mixed => 4.0,
+        }
+    }
+
+    fn master_bytes(self) -> f64 {
+        match self {
+            Precision::Mixed => 4.0,
+            Precision::Fp32 | Precision::Bf16 => 0.0,
+        }
+    }
+
+    /// The name used on the command line: `fp32`, `bf16`, `mixed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Mixed => "mixed",
+        }
+    }
+}
+
+/// The optimizer whose state is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    /// Plain SGD: no state.
+    Sgd,
+    /// SGD with momentum: one state.
+    Momentum,
+    /// Adam or AdamW: two moments.
+    AdamW,
+    /// Adafactor with a factored second moment and no first moment.
+    Adafactor,
+    /// 8-bit Adam (bitsandbytes, block-wise quantized moments).
+    Adam8bit,
+    /// Lion: one momentum state.
+    Lion,
+}
+
+impl OptimizerKind {
+    /// Every kind, in the order the command line lists them.
+    pub const ALL: [OptimizerKind; 6] = [
+        OptimizerKind::Sgd,
+        OptimizerKind::Momentum,
+        OptimizerKind::AdamW,
+        OptimizerKind::Adafactor,
+        OptimizerKind::Adam8bit,
+        OptimizerKind::Lion,
+    ];
+
+    /// Optimizer-state bytes per parameter at `precision`.
+    pub fn bytes_per_parameter(self, precision: Precision) -> f64 {
+        let state = precision.state_bytes();
+        match self {
+            OptimizerKind::Sgd | OptimizerKind::Adafactor => 0.0,
+            OptimizerKind::Momentum | OptimizerKind::Lion => state,
+            OptimizerKind::AdamW => 2.0 * state,
+            // two 8-bit moments plus one fp32 absmax per 256-element block each
+            OptimizerKind::Adam8bit => 2.0 * (1.0 + 4.0 / 256.0),
+        }
+    }
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Momentum => "momentum",
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Adafactor => "adafactor",
+            OptimizerKind::Adam8bit => "adam8bit",
+            OptimizerKind::Lion => "lion",
+        }
+    }
+}
+
+/// The training state of a model before any activation, in bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StaticMemory {
+    /// Trainable parameters.
+    pub parameters: u64,
+    /// How they are stored.
+    pub precision: Precision,
+    /// The optimizer.
+    pub optimizer: OptimizerKind,
+    /// Weight bytes.
+    pub weights: u64,
+    /// Gradient bytes (same dtype as the weights).
+    pub gradients: u64,
+    /// Optimizer-state bytes.
+    pub optimizer_states: u64,
+    /// fp32 master-weight bytes (mixed precision only).
+    pub master_weights: u64,
+}
+
+impl StaticMemory {
+    /// The state of `parameters` parameters trained at `precision` with `optimizer`.
+    pub fn new(parameters: u64, precision: Precision, optimizer: OptimizerKind) -> Self {
+        let bytes = |per_parameter: f64| (parameters as f64 * per_parameter).round() as u64;
+        StaticMemory {
+            parameters,
+            precision,
+            optimizer,
+            weights: bytes(precision.weight_bytes()),
+            gradients: bytes(precision.weight_bytes()),
+            optimizer_states: bytes(optimizer.bytes_per_parameter(precision)),
+            master_weights: bytes(precision.master_bytes()),
+        }
+    }
+
+    /// Weights + gradients + optimizer states + master weights.
+    pub fn total(&self) -> u64 {
+        self.weights + self.gradients + self.optimizer_states + self.master_weights
+    }
+
+    /// Whether the state alone fits in `capacity` bytes.
+    pub fn fits(&self, capacity: u64) -> bool {
+        self.total() <= capacity
+    }
+
+    /// Bytes per parameter of the whole state.
+    pub fn bytes_per_parameter(&self) -> f64 {
+        if self.parameters == 0 {
+            0.0
+        } else {
+            self.total() as f64 / self.parameters as f64
+        }
+    }
+}
+
+/// One change that lowers training memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Change {
+    /// Store weights, gradients and optimizer state at another precision.
+    Precision {
+        /// The precision to switch to.
+        to: Precision,
+    },
+    /// Use another optimizer.
+    Optimizer {
+        /// The optimizer to switch to.
+        to: OptimizerKind,
+    },
+    /// Recompute activations in the backward pass instead of keeping them
+    /// (keeps about `2·s·b·h` bytes per transformer layer instead of `34·s·b·h`).
+    GradientCheckpointing,
+    /// Train on shorter sequences or smaller images.
+    ShorterInputs {
+        /// The factor the input length is divided by.
+        factor: u32,
+    },
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Change::Precision { to: Precision::Bf16 } => f.write_str("bf16 weights, gradients and optimizer states"),
+            Change::Precision { to: Precision::Mixed } => f.write_str("mixed precision (bf16 weights and gradients)"),
+            Change::Precision { to: Precision::Fp32 } => f.write_str("fp32 everywhere"),
+            Change::Optimizer { to } => write!(f, "{} optimizer", to.name()),
+            Change::GradientCheckpointing => f.write_str("gradient checkpointing"),
+            Change::ShorterInputs { factor } => write!(f, "inputs {factor}× shorter (sequence length or image side)"),
+        }
+    }
+}
+
+/// A change with what it is estimated to save.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Remedy {
+    /// The change.
+    pub change: Change,
+    /// Estimated bytes saved.
+    pub saves_bytes: u64,
+    /// Estimated total afterwards (state plus activations).
+    pub total_bytes: u64,
+    /// Whether the total afterwards fits the available bytes.
+    pub fits: bool,
+}
+
+impl std::fmt::Display for Remedy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: saves ~{}, total ~{}{}",
+            self.change,
+            format_bytes_decimal(self.saves_bytes),
+            format_bytes_decimal(self.total_bytes),
+            if self.fits { " (fits)" } else { "" }
+        )
+    }
+}
+
+/// What would lower the memory of training `state` with `activation_bytes` of
+/// activations at the smallest batch, against `available_bytes`: each change
+/// alone, largest saving first. Changes that save nothing are left out.
+///
+/// Activations are scaled as the literature has it: checkpointing keeps about
+/// 2/34 of a transformer's activations (Korthikanti et al.), halving the input
+/// length at least halves them, bf16 halves them.
+///
+/// ```
+/// use autobatch::estimate::{remedies, Change, OptimizerKind, Precision, StaticMemory};
+///
+/// let state = StaticMemory::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
+/// let advice = remedies(&state, 0, 12_000_000_000);
+/// // Adafactor drops the 8 GB of moments: 8 GB in all, which fits in 12 GB.
+/// let adafactor = advice.iter().find(|r| r.change == Change::Optimizer { to: OptimizerKind::Adafactor }).unwrap();
+/// assert_eq!((adafactor.saves_bytes, adafactor.fits), (8_000_000_000, true));
+/// assert!(advice.iter().all(|r| r.saves_bytes <= advice[0].saves_bytes));
+/// ```
+pub fn remedies(state: &StaticMemory, activation_bytes: u64, available_bytes: u64) -> Vec<Remedy> {
+    let now = state.total() + activation_bytes;
+    let mut options: Vec<(Change, u64)> = Vec::new();
+    for precision in [Precision::Bf16, Precision::Mixed] {
+        if precision != state.precision {
+            let changed = StaticMemory::new(state.parameters, precision, state.optimizer);
+            let activations = if state.precision == Precision::Fp32 { activation_bytes / 2 } else { activation_bytes };
+            options.push((Change::Precision { to: precision }, changed.total() + activations));
+        }
+    }
+    for optimizer in [OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Lion, OptimizerKind::Momentum] {
+        if optimizer != state.optimizer {
+            let changed = StaticMemory::new(state.parameters, state.precision, optimizer);
+            options.push((Change::Optimizer { to: optimizer }, changed.total() + activation_bytes));
+        }
+    }
+    if activation_bytes > 0 {
+        options.push((Change::GradientCheckpointing, state.total() + activation_bytes * 2 / 34));
+        options.push((Change::ShorterInputs { factor: 2 }, state.total() + activation_bytes / 2));
+    }
+    let mut advice: Vec<Remedy> = options
+        .into_iter()
+        .filter(|(_, total)| *total < now)
+        .map(|(change, total)| Remedy {
+            change,
+            saves_bytes: now - total,
+            total_bytes: total,
+            fits: total <= available_bytes,
+        })
+        .collect();
+    advice.sort_by_key(|remedy| std::cmp::Reverse(remedy.saves_bytes));
+    advice
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BILLION: u64 = 1_000_000_000;
+
+    #[test]
+    fn classic_numbers() {
+        let cases = [
+            (Precision::Fp32, OptimizerKind::AdamW, 16.0),
+            (Precision::Mixed, OptimizerKind::AdamW, 16.0), // ZeRO: 2 + 2 + 12
+            (Precision::Bf16, OptimizerKind::AdamW, 8.0),   // candle: moments in bf16
+            (Precision::Fp32, OptimizerKind::Sgd, 8.0),
+            (Precision::Fp32, OptimizerKind::Momentum, 12.0),
+            (Precision::Fp32, OptimizerKind::Lion, 12.0),
+            (Precision::Fp32, OptimizerKind::Adafactor, 8.0),
+            (Precision::Fp32, OptimizerKind::Adam8bit, 10.03125),
+        ];
+        for (precision, optimizer, per_parameter) in cases {
+            let state = StaticMemory::new(BILLION, precision, optimizer);
+            assert_eq!(state.total(), (per_parameter * 1e9) as u64, "{precision:?} {optimizer:?}");
+        }
+        let mixed = StaticMemory::new(BILLION, Precision::Mixed, OptimizerKind::AdamW);
+        assert_eq!(
+            (mixed.weights, mixed.gradients, mixed.optimizer_states, mixed.master_weights),
+            (2 * BILLION, 2 * BILLION, 8 * BILLION, 4 * BILLION)
+        );
+    }
+
+    #[test]
+    fn remedies_are_sorted_and_say_whether_they_fit() {
+        let state = StaticMemory::new(BILLION, Precision::Fp32, OptimizerKind::AdamW);
+        let advice = remedies(&state, 4 * BILLION, 12 * BILLION);
+        assert!(advice.windows(2).all(|w| w[0].saves_bytes >= w[1].saves_bytes));
+        let find = |change: Change| advice.iter().find(|r| r.change == change).cloned().unwrap();
+        let bf16 = find(Change::Precision { to: Precision::Bf16 });
+        assert_eq!(bf16.total_bytes, 8 * BILLION + 2 * BILLION);
+        assert!(bf16.fits);
+        let checkpointing = find(Change::GradientCheckpointing);
+        assert_eq!(checkpointing.saves_bytes, 4 * BILLION - 4 * BILLION * 2 / 34);
+        assert!(!checkpointing.fits);
+        // mixed precision costs as much as fp32 for the state: it only halves activations
+        let mixed = find(Change::Precision { to: Precision::Mixed });
+        assert_eq!(mixed.saves_bytes, 2 * BILLION);
+        assert!(remedies(&StaticMemory::new(BILLION, Precision::Bf16, OptimizerKind::Sgd), 0, 0).is_empty());
+    }
+}

@@ -1,0 +1,170 @@
+//! The `autobatch` binary, run as a user would.
+
+use std::process::{Command, Output};
+
+fn autobatch(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autobatch"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("RUST_BACKTRACE", "1") // errors must stay one line even so
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Exit code 2 and exactly one line on stderr that names the problem.
+fn assert_usage_error(args: &[&str], says: &str) {
+    let output = autobatch(args);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: one line, got {stderr:?}");
+    assert!(stderr.starts_with("error: ") && stderr.contains(says), "{args:?}: want {says:?} in {stderr:?}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+}
+
+#[test]
+fn the_default_run_probes_a_transformer_on_the_cpu_and_prints_a_plan() {
+    let output = autobatch(&[]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", text(&output.stderr));
+    assert!(stdout.contains("probing transformer("), "{stdout}");
+    assert!(stdout.contains("256 MiB budget"), "{stdout}");
+    let rows = stdout.lines().filter(|l| l.contains("fits") || l.contains("over ceiling")).count();
+    assert!(rows >= 5, "{stdout}");
+    assert!(stdout.contains("largest batch") && stdout.contains("(proven largest)"), "{stdout}");
+    assert!(stdout.contains("plan: micro-batch"), "{stdout}");
+}
+
+#[test]
+fn json_plan_is_on_stdout_and_trials_on_stderr() {
+    let output = autobatch(&[
+        "probe",
+        "--model",
+        "mlp",
+        "--width",
+        "128",
+        "--budget",
+        "24MiB",
+        "--ceiling",
+        "0.8",
+        "--multiple-of",
+        "4",
+        "--target-effective-batch",
+        "1000",
+        "--world-size",
+        "2",
+        "--json",
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is exactly one JSON document");
+    let number = |key: &str| plan[key].as_u64().unwrap_or_else(|| panic!("{key} in {plan}"));
+    let largest = number("largest_batch");
+    assert!(largest >= 4 && largest % 4 == 0, "{plan}");
+    assert_eq!(number("capacity_bytes"), 24 << 20);
+    assert_eq!(plan["ceiling"].as_f64(), Some(0.8));
+    assert_eq!(number("world_size"), 2);
+    assert_eq!(number("multiple_of"), 4);
+    assert_eq!(plan["strategy"], "binary");
+    assert_eq!(plan["proven_largest"], true);
+    assert!(number("peak_bytes") <= (0.8 * (24u64 << 20) as f64) as u64);
+    let (micro, steps) = (number("micro_batch"), number("accumulation_steps"));
+    assert!(micro <= largest && micro % 4 == 0);
+    assert_eq!(micro * steps * 2, number("effective_batch"));
+    assert!(number("effective_batch") >= 1000);
+    assert_eq!(plan["accumulation"]["target_effective_batch"], 1000);
+    let trials = plan["trials"].as_array().unwrap();
+    assert!(trials.iter().any(|t| t["batch"].as_u64() == Some(largest) && t["outcome"] == "fits"));
+    assert!(trials.iter().all(|t| t["duration_s"].is_f64() && t["peak_bytes"].is_u64()));
+    assert!(stderr.contains("trial") && stderr.contains("batch"), "the live rows go to stderr: {stderr}");
+}
+
+#[test]
+fn nothing_fits_has_its_own_exit_code() {
+    let output = autobatch(&["probe", "--model", "mlp", "--budget", "1MiB"]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("error: nothing fits: batch 1"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_and_impossible_configurations_are_one_line_usage_errors() {
+    assert_usage_error(&["probe", "--ceiling", "1.5"], "ceiling 1.5 is not a fraction in (0, 1]");
+    assert_usage_error(&["probe", "--ceiling", "lots"], "--ceiling");
+    assert_usage_error(&["probe", "--model", "resnet"], "possible values: transformer, mlp, convnet");
+    assert_usage_error(&["probe", "--bogus"], "unexpected argument '--bogus'");
+    assert_usage_error(&["probe", "--width", "64"], "--width does not apply to --model transformer");
+    assert_usage_error(&["probe", "--heads", "3"], "divisor of d_model = 64");
+    assert_usage_error(&["probe", "--budget", "12 gigs"], "unknown unit");
+    assert_usage_error(&["probe", "--device", "tpu"], "use cpu, cuda or cuda:N");
+    assert_usage_error(&["probe", "--max-batch", "4", "--start", "8"], "max_batch 4 is below start 8");
+    assert_usage_error(&["probe", "--multiple-of", "0"], "multiple_of is 0");
+    assert_usage_error(&["probe", "--target-effective-batch", "3", "--world-size", "4"], "at least 4");
+    assert_usage_error(&["probe", "--model", "convnet", "--resolution", "30"], "multiple of 4");
+    assert_usage_error(&["estimate", "--params", "7X"], "unknown suffix");
+    assert_usage_error(&["estimate"], "--params");
+    assert_usage_error(&["plan", "--target", "0", "--largest", "8"], "target_effective_batch is 0");
+    assert_usage_error(&["plan", "--target", "257", "--largest", "133", "--exact"], "nearest above is 258");
+}
+
+#[test]
+fn estimate_reproduces_the_classic_numbers() {
+    let output = autobatch(&["estimate", "--params", "1e9", "--optimizer", "adamw", "--capacity", "12GB"]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let row = |name: &str| stdout.lines().find(|l| l.trim_start().starts_with(name)).unwrap_or("").to_owned();
+    assert!(row("weights").contains("4.00 GB"), "{stdout}");
+    assert!(row("gradients").contains("4.00 GB"), "{stdout}");
+    assert!(row("optimizer states").contains("8.00 GB"), "{stdout}");
+    assert!(row("total").contains("16.0 GB"), "{stdout}");
+    assert!(stdout.contains("does not fit in"), "{stdout}");
+    assert!(stdout.contains("adafactor optimizer: saves ~8.00 GB"), "{stdout}");
+
+    let output = autobatch(&["estimate", "--params", "1e9", "--capacity", "12GiB", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    assert_eq!(json["total_bytes"], 16_000_000_000u64);
+    assert_eq!(json["state"]["weights"], 4_000_000_000u64);
+    assert_eq!(json["state"]["gradients"], 4_000_000_000u64);
+    assert_eq!(json["state"]["optimizer_states"], 8_000_000_000u64);
+    assert_eq!(json["fits"], false);
+    assert!(json["remedies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["change"]["change"] == "optimizer" && r["fits"] == true));
+
+    let output = autobatch(&["estimate", "--params", "125M", "--mixed-precision", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    assert_eq!(json["total_bytes"], 16 * 125_000_000u64, "ZeRO's 16 bytes per parameter");
+    assert_eq!(json["state"]["master_weights"], 4 * 125_000_000u64);
+}
+
+#[test]
+fn plan_does_the_accumulation_arithmetic() {
+    let output = autobatch(&["plan", "--target", "268", "--largest", "133"]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success());
+    assert!(stdout.contains("micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)"));
+
+    let output = autobatch(&["plan", "--target", "257", "--largest", "133", "--json"]);
+    let split: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    assert_eq!((split["micro_batch"].as_u64(), split["accumulation_steps"].as_u64()), (Some(129), Some(2)));
+    assert_eq!((split["effective_batch"].as_u64(), split["deviation"].as_u64()), (Some(258), Some(1)));
+    assert_eq!(split["exact"], false);
+
+    let output =
+        autobatch(&["plan", "--target", "1024", "--largest", "100", "--world-size", "4", "--multiple-of", "8"]);
+    assert!(text(&output.stdout).contains("micro-batch 64 × 4 accumulation steps × 4 ranks = effective batch 1024"));
+}
+
+#[test]
+fn help_and_version_exit_zero() {
+    let help = autobatch(&["--help"]);
+    assert!(help.status.success());
+    assert!(text(&help.stdout).contains("Exit codes:"));
+    assert!(autobatch(&["--version"]).status.success());
+    assert!(text(&autobatch(&["probe", "--help"]).stdout).contains("--target-effective-batch"));
+}
