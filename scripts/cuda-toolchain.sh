@@ -14,7 +14,8 @@
 # whose output ptxas rejects.
 # Needs: python3 with pip, gcc, awk. Prefix: $CUDA_PREFIX (default ~/.cache/cuda-13.0-wheels).
 # Exports CUDA_HOME, PATH, CUDA_COMPUTE_CAP (default 90: H100/H200), CUDAFORGE_THREADS,
-# CUDARC_CUDA_VERSION.
+# CUDARC_CUDA_VERSION, and CUDA_STUB_RUNTIME_PATH (an LD_LIBRARY_PATH under which a
+# cuda build's tests start on a CPU-only machine, every driver call failing).
 
 _autobatch_cuda_setup() {
   local prefix=${CUDA_PREFIX:-$HOME/.cache/cuda-13.0-wheels}
@@ -67,6 +68,21 @@ _autobatch_cuda_setup() {
     done
   fi
   unset -f _stub
+  # Soname links to the stubs, for *running* CPU-only tests of a cuda build
+  # (e.g. is_oom on real error types): LD_LIBRARY_PATH=$CUDA_STUB_RUNTIME_PATH.
+  # Every stubbed driver call returns CUDA_ERROR_STUB_LIBRARY; nothing runs on a GPU.
+  local runtime="$home/lib/stubs/runtime"
+  mkdir -p "$runtime" || return 1
+  ln -sfn ../libcuda.so "$runtime/libcuda.so.1"
+  for spec in cublas:libcublas.so.13 cublasLt:libcublasLt.so.13 curand:libcurand.so.10 nvrtc:libnvrtc.so.13; do
+    IFS=: read -r l soname <<<"$spec"
+    if [ -e "$home/lib/$soname" ]; then
+      ln -sfn "../../$soname" "$runtime/$soname"
+    elif [ -e "$home/lib/stubs/lib$l.so" ]; then
+      ln -sfn "../lib$l.so" "$runtime/$soname"
+    fi
+  done
+  export CUDA_STUB_RUNTIME_PATH="$runtime:$home/lib"
   export CUDA_HOME="$home"
   export PATH="$home/bin:$PATH"
   export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}

@@ -179,6 +179,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A CUDA device could not be used.
+    #[error("CUDA device {ordinal} is not available: {reason}")]
+    CudaUnavailable {
+        /// The GPU ordinal asked for.
+        ordinal: usize,
+        /// Why, and what would be valid.
+        reason: String,
+    },
+
     /// A memory meter could not measure.
     #[error("memory meter: {0}")]
     Meter(#[source] Box<dyn std::error::Error + Send + Sync>),

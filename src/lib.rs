@@ -94,6 +94,8 @@ mod workload;
 pub mod workloads;
 
 pub use error::Error;
+#[cfg(feature = "cuda")]
+pub use memory::CudaMeter;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use oom::is_oom;
 pub use plan::{plan_accumulation, plan_accumulation_aligned, Accumulation, Outcome, Plan, Trial, TrialKind, Warning};

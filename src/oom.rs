@@ -166,4 +166,62 @@ mod tests {
             assert_eq!(is_oom(&err), want, "{name}: {err}");
         }
     }
+
+    /// The real error types of candle's CUDA backend (no GPU needed to build them).
+    #[cfg(feature = "cuda")]
+    mod cuda {
+        use super::*;
+        use candle_core::cuda_backend::cudarc::cublas::{result::CublasError, sys::cublasStatus_t};
+        use candle_core::cuda_backend::cudarc::driver::{sys::CUresult, DriverError};
+        use candle_core::cuda_backend::CudaError;
+
+        fn candle(err: CudaError) -> CandleError {
+            CandleError::Cuda(Box::new(err))
+        }
+
+        #[test]
+        fn table() {
+            let driver_oom = || CudaError::Cuda(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+            let cases: Vec<(&str, CandleError, bool)> = vec![
+                ("driver oom", candle(driver_oom()), true),
+                (
+                    "cublas alloc failed",
+                    candle(CudaError::Cublas(CublasError(cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED))),
+                    true,
+                ),
+                (
+                    "oom loading a module",
+                    candle(CudaError::Load {
+                        cuda: DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+                        module_name: "affine".into(),
+                    }),
+                    true,
+                ),
+                ("with backtrace", backtrace(candle(driver_oom())), true),
+                ("with context", candle(driver_oom()).context("matmul"), true),
+                ("context over backtrace", backtrace(candle(driver_oom())).context("layer 3").context("step"), true),
+                ("candle's own conversion", CandleError::from(driver_oom()), true),
+                ("illegal address", candle(CudaError::Cuda(DriverError(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS))), false),
+                ("invalid value", candle(CudaError::Cuda(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE))), false),
+                (
+                    "cublas execution failed",
+                    candle(CudaError::Cublas(CublasError(cublasStatus_t::CUBLAS_STATUS_EXECUTION_FAILED))),
+                    false,
+                ),
+                (
+                    "load failed otherwise",
+                    candle(CudaError::Load {
+                        cuda: DriverError(CUresult::CUDA_ERROR_INVALID_PTX),
+                        module_name: "affine".into(),
+                    }),
+                    false,
+                ),
+                ("missing kernel", candle(CudaError::MissingKernel { module_name: "affine".into() }), false),
+                ("internal", candle(CudaError::InternalError("out of memory")), false),
+            ];
+            for (name, err, want) in cases {
+                assert_eq!(is_oom(&err), want, "{name}");
+            }
+        }
+    }
 }

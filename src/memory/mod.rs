@@ -1,9 +1,13 @@
 //! Measuring memory: the [`MemoryMeter`] trait and its implementations.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod heap;
 pub mod simulated;
 mod tracking;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaMeter;
 pub use heap::HeapMeter;
 pub use tracking::TrackingAllocator;
 
