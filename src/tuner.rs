@@ -243,6 +243,7 @@ impl Tuner {
         let space = self.search_space()?;
         let capacity_bytes = meter.capacity()?;
         let limit = limit_bytes(self.ceiling, capacity_bytes);
+        let space = space.with_limit(limit);
         info!(
             "tuning: {} search, ceiling {:.0}% of {} = {}, batches {}..={} in multiples of {}",
             self.strategy,

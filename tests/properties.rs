@@ -18,6 +18,85 @@ fn search(strategy: Strategy, space: &SearchSpace, outcome: impl Fn(usize) -> Ou
     history
 }
 
+fn search_with_peaks(
+    strategy: Strategy,
+    space: &SearchSpace,
+    measure: impl Fn(usize) -> (Outcome, Option<u64>),
+) -> Vec<Observation> {
+    let mut history: Vec<Observation> = Vec::new();
+    while let Next::Try(batch) = next_batch(strategy, space, &history) {
+        assert!(history.iter().all(|o| o.batch != batch), "batch {batch} proposed twice");
+        assert!(space.contains(batch), "batch {batch} is outside {space:?}");
+        assert!(history.len() < 10_000, "search does not end");
+        let (outcome, peak_bytes) = measure(batch);
+        history.push(Observation { batch, outcome, peak_bytes });
+    }
+    history
+}
+
+/// A monotone memory curve: affine + quadratic, plus per-batch noise smaller
+/// than one sample's bytes, rounded up to allocator granules, with a real
+/// out-of-memory error from some batch on.
+#[derive(Clone, Debug)]
+struct Curve {
+    fixed: u64,
+    per_sample: u64,
+    quadratic: u64,
+    noise: u64,
+    seed: u64,
+    granule: u64,
+    oom_from: Option<usize>,
+    limit: u64,
+}
+
+impl Curve {
+    fn peak(&self, b: usize) -> u64 {
+        let b64 = b as u64;
+        let noise =
+            if self.noise == 0 { 0 } else { (b64 ^ self.seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) % self.noise };
+        let raw = self
+            .fixed
+            .saturating_add(self.per_sample.saturating_mul(b64))
+            .saturating_add(self.quadratic.saturating_mul(b64).saturating_mul(b64))
+            .saturating_add(noise);
+        raw.div_ceil(self.granule).saturating_mul(self.granule)
+    }
+
+    fn measure(&self, b: usize) -> (Outcome, Option<u64>) {
+        let peak = self.peak(b);
+        if self.oom_from.is_some_and(|from| b >= from) {
+            (Outcome::OutOfMemory, Some(peak.min(self.limit + self.limit / 8)))
+        } else if peak <= self.limit {
+            (Outcome::Fits, Some(peak))
+        } else {
+            (Outcome::OverCeiling, Some(peak))
+        }
+    }
+}
+
+fn curve_strategy() -> impl proptest::strategy::Strategy<Value = Curve> {
+    (
+        0u64..(8 << 30),
+        1u64..(64 << 20),
+        prop_oneof![Just(0u64), 1u64..100, 1u64..50_000],
+        0.0f64..1.0,
+        any::<u64>(),
+        prop_oneof![Just(1u64), Just(2 << 20), 1u64..(4 << 20)],
+        prop::option::of(1usize..20_000),
+        (1u64 << 30)..(160u64 << 30),
+    )
+        .prop_map(|(fixed, per_sample, quadratic, noise_share, seed, granule, oom_from, limit)| Curve {
+            fixed,
+            per_sample,
+            quadratic,
+            noise: (per_sample as f64 * noise_share) as u64,
+            seed,
+            granule,
+            oom_from,
+            limit,
+        })
+}
+
 fn threshold(largest_fit: usize) -> impl Fn(usize) -> Outcome {
     move |b| if b <= largest_fit { Outcome::Fits } else { Outcome::OverCeiling }
 }
@@ -58,10 +137,10 @@ proptest! {
         (start, max, g) in space_strategy(),
         seed in any::<u64>(),
         fit_share in 0u64..=100,
-        power in any::<bool>(),
+        strategy in prop_oneof![Just(Strategy::Binary), Just(Strategy::Power), Just(Strategy::Predictive)],
+        peak_seed in any::<u64>(),
     ) {
-        let space = SearchSpace::new(start, max, g).unwrap();
-        let strategy = if power { Strategy::Power } else { Strategy::Binary };
+        let space = SearchSpace::new(start, max, g).unwrap().with_limit(1 << 40);
         let outcome = |b: usize| {
             let h = (b as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33;
             match h % 100 {
@@ -70,12 +149,31 @@ proptest! {
                 _ => Outcome::OverCeiling,
             }
         };
-        let history = search(strategy, &space, outcome);
+        // peaks that agree with nothing in particular, to feed Predictive's model garbage
+        let peak = |b: usize| Some((b as u64 ^ peak_seed).wrapping_mul(0x2545_F491_4F6C_DD1D) >> 23);
+        let history = search_with_peaks(strategy, &space, |b| (outcome(b), peak(b)));
         if let Some(found) = best(&history) {
             prop_assert_eq!(found.outcome, Outcome::Fits);
             prop_assert!(history.iter().any(|o| o.batch == found.batch));
             prop_assert!(found.batch <= space.last());
             prop_assert!(max.is_none_or(|m| found.batch <= m));
+        }
+    }
+
+    /// Predictive returns exactly what Binary returns on monotone curves
+    /// (affine, quadratic, stepped, noisy, OOM below the ceiling), never a
+    /// failing batch, within the space; and usually in far fewer trials.
+    #[test]
+    fn predictive_returns_what_binary_returns(curve in curve_strategy(), (start, max, g) in space_strategy()) {
+        let space = SearchSpace::new(start, max, g).unwrap().with_limit(curve.limit);
+        let binary = search_with_peaks(Strategy::Binary, &space, |b| curve.measure(b));
+        let predictive = search_with_peaks(Strategy::Predictive, &space, |b| curve.measure(b));
+        let answer = |h: &[Observation]| best(h).map(|o| o.batch);
+        prop_assert_eq!(answer(&predictive), answer(&binary), "{:?}", curve);
+        if let Some(found) = best(&predictive) {
+            prop_assert!(curve.peak(found.batch) <= curve.limit);
+            // bisection is the fallback: never much worse than Binary
+            prop_assert!(predictive.len() <= binary.len() + 6, "{} vs {} trials", predictive.len(), binary.len());
         }
     }
 
@@ -104,12 +202,14 @@ proptest! {
         ceiling in 0.3f64..=1.0,
         g in prop_oneof![Just(1usize), Just(8), 1usize..17],
         max in prop::option::of(1usize..3000),
+        predictive in any::<bool>(),
     ) {
         let capacity = capacity_mib << 20;
         let fixed = (capacity as f64 * fixed_share) as u64;
         let curve = MemoryCurve::quadratic(fixed, per_sample_kib << 10, quadratic_bytes);
         let sim = Simulation::new(capacity, curve).rounding(rounding).other_process((capacity as f64 * other_share) as u64);
-        let mut tuner = Tuner::new().ceiling(ceiling).multiple_of(g);
+        let strategy = if predictive { Strategy::Predictive } else { Strategy::Binary };
+        let mut tuner = Tuner::new().ceiling(ceiling).multiple_of(g).strategy(strategy);
         if let Some(max) = max {
             prop_assume!(max >= g);
             tuner = tuner.max_batch(max);

@@ -4,10 +4,15 @@
 //! exhaustively with simulated curves, and baseline algorithms can run side by
 //! side on the same workloads.
 
+mod fit;
+mod predictive;
+
 use serde::{Deserialize, Serialize};
 
 use crate::plan::Outcome;
 use crate::Error;
+
+pub use fit::LinearFit;
 
 /// How the tuner chooses the next batch to try.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -23,6 +28,13 @@ pub enum Strategy {
     /// Double until the first failure and stop: the largest fitting
     /// `first_candidate × 2^j`. Fewer trials, up to half the batch lost.
     Power,
+    /// Fit `peak(b) ≈ fixed + per_sample·b` to small trials (a third checks
+    /// linearity), jump just under the predicted largest batch, verify, and
+    /// close with a short model-guided bisection. The same answer as `Binary`
+    /// on any monotone curve, in a handful of trials, most of them cheap. When
+    /// the fit is poor it doubles like `Binary` until it is good, and bisects
+    /// when the model stops narrowing the bracket.
+    Predictive,
 }
 
 impl std::fmt::Display for Strategy {
@@ -30,6 +42,7 @@ impl std::fmt::Display for Strategy {
         f.pad(match self {
             Strategy::Binary => "binary",
             Strategy::Power => "power",
+            Strategy::Predictive => "predictive",
         })
     }
 }
@@ -41,6 +54,7 @@ pub struct SearchSpace {
     first: usize,
     last: usize,
     multiple_of: usize,
+    limit_bytes: Option<u64>,
 }
 
 impl SearchSpace {
@@ -72,7 +86,25 @@ impl SearchSpace {
         if first > last {
             return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
         }
-        Ok(SearchSpace { first, last, multiple_of })
+        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None })
+    }
+
+    /// The most a fitting step may use (`ceiling × capacity`): what
+    /// [`Strategy::Predictive`] solves its memory model for. Without it,
+    /// `Predictive` searches like `Binary`.
+    pub fn with_limit(mut self, limit_bytes: u64) -> Self {
+        self.limit_bytes = Some(limit_bytes);
+        self
+    }
+
+    /// The limit given to [`with_limit`](SearchSpace::with_limit), if any.
+    pub fn limit_bytes(&self) -> Option<u64> {
+        self.limit_bytes
+    }
+
+    /// `batch` rounded down to the granularity.
+    fn floor(&self, batch: usize) -> usize {
+        batch - batch % self.multiple_of
     }
 
     /// The smallest candidate: `start` rounded up to the granularity.
@@ -151,22 +183,23 @@ pub fn next_batch(strategy: Strategy, space: &SearchSpace, history: &[Observatio
             None => bracket.double(space, false),
             Some(_) => Next::Done,
         },
+        Strategy::Predictive => predictive::next(space, &bracket, history),
     }
 }
 
 /// What the history says about where the boundary lies.
-struct Bracket {
+pub(crate) struct Bracket {
     /// Largest fitting batch, if any.
-    fitting: Option<usize>,
+    pub(crate) fitting: Option<usize>,
     /// Largest fitting batch, or the candidate below the first when none fits yet
     /// (a virtual floor that makes "nothing fits" fall out of the bisection).
-    floor: usize,
+    pub(crate) floor: usize,
     /// Smallest failing batch above `floor`.
-    failing: Option<usize>,
+    pub(crate) failing: Option<usize>,
 }
 
 impl Bracket {
-    fn of(space: &SearchSpace, history: &[Observation]) -> Bracket {
+    pub(crate) fn of(space: &SearchSpace, history: &[Observation]) -> Bracket {
         let fitting = best(history).map(|o| o.batch);
         let floor = fitting.unwrap_or(space.first - space.multiple_of);
         let failing = history.iter().filter(|o| !o.outcome.fits() && o.batch > floor).map(|o| o.batch).min();
@@ -175,7 +208,7 @@ impl Bracket {
 
     /// The doubling phase: the first candidate, then twice the largest fit; past
     /// the last candidate, `last` itself once if `try_last`.
-    fn double(&self, space: &SearchSpace, try_last: bool) -> Next {
+    pub(crate) fn double(&self, space: &SearchSpace, try_last: bool) -> Next {
         let Some(fitting) = self.fitting else {
             return Next::Try(space.first);
         };
@@ -188,7 +221,7 @@ impl Bracket {
 }
 
 /// Halves the open bracket (floor, failing) at the granularity.
-fn bisect(space: &SearchSpace, floor: usize, failing: usize) -> Next {
+pub(crate) fn bisect(space: &SearchSpace, floor: usize, failing: usize) -> Next {
     let gaps = (failing - floor) / space.multiple_of;
     if gaps <= 1 {
         Next::Done
