@@ -45,7 +45,7 @@ fn linear_tail(points: &[(usize, u64)]) -> Option<LinearFit> {
     let slope = |(x0, y0): (usize, u64), (x1, y1): (usize, u64)| (y1 as f64 - y0 as f64) / (x1 - x0) as f64;
     let (near, far) = (slope(a, b), slope(b, c));
     let agree = near > 0.0 && far > 0.0 && (far - near).abs() <= LINEARITY_TOLERANCE * far.max(near);
-    agree.then(|| LinearFit { fixed_bytes: c.1 as f64 - far * c.0 as f64, bytes_per_sample: far })
+    agree.then_some(LinearFit { fixed_bytes: c.1 as f64 - far * c.0 as f64, bytes_per_sample: far })
 }
 
 /// No failure yet: small trials, then a jump just under the prediction.
