@@ -22,7 +22,7 @@ build)
   LIGHT=${LIGHT:-1} source scripts/cuda-toolchain.sh
   cargo build --release --features cuda --example gpu_check
   mkdir -p target/gpu-check
-  cp target/release/examples/gpu_check target/gpu-check/gpu_check
+  cp "${CARGO_TARGET_DIR:-target}/release/examples/gpu_check" target/gpu-check/gpu_check
   strip target/gpu-check/gpu_check
   ls -l target/gpu-check/gpu_check
   ;;

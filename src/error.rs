@@ -96,11 +96,12 @@ pub enum Error {
 
     /// Not even the smallest candidate batch fits under the ceiling.
     #[error(
-        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}",
+        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}{}",
         describe_failure(*.outcome, *.peak_bytes),
         .ceiling * 100.0,
         crate::units::format_bytes(*.capacity_bytes),
-        crate::units::format_bytes(*.limit_bytes)
+        crate::units::format_bytes(*.limit_bytes),
+        describe_remedies(.remedies)
     )]
     NothingFits {
         /// The smallest batch tried.
@@ -115,6 +116,10 @@ pub enum Error {
         limit_bytes: u64,
         /// The utilization ceiling.
         ceiling: f64,
+        /// What would make batch 1 fit, largest saving first, from the
+        /// analytical memory model; empty when the workload has no
+        /// [`Profile`](crate::Profile).
+        remedies: Vec<crate::estimate::Remedy>,
     },
 
     /// The workload failed with an error that is not an out-of-memory error.
@@ -201,6 +206,14 @@ fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
         (_, Some(peak)) => format!("peaked at {peak}"),
         (_, None) => "went over the ceiling".to_owned(),
     }
+}
+
+fn describe_remedies(remedies: &[crate::estimate::Remedy]) -> String {
+    if remedies.is_empty() {
+        return String::new();
+    }
+    let listed: Vec<String> = remedies.iter().map(|r| r.to_string()).collect();
+    format!("; what would help, each alone: {}", listed.join("; "))
 }
 
 impl Error {

@@ -98,8 +98,10 @@ pub use error::Error;
 pub use memory::CudaMeter;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use oom::is_oom;
-pub use plan::{plan_accumulation, plan_accumulation_aligned, Accumulation, Outcome, Plan, Trial, TrialKind, Warning};
-pub use search::Strategy;
+pub use plan::{
+    plan_accumulation, plan_accumulation_aligned, Accumulation, MemoryModel, Outcome, Plan, Trial, TrialKind, Warning,
+};
+pub use search::{LinearFit, Strategy};
 pub use tuner::{Observer, Tuner};
 pub use units::{format_bytes, format_bytes_decimal, parse_bytes, parse_count};
-pub use workload::Workload;
+pub use workload::{Profile, Workload};

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use log::{debug, info, warn};
 
-use crate::plan::{limit_bytes, plan_accumulation_aligned, utilization, Plan, Trial, TrialKind, Warning};
+use crate::plan::{limit_bytes, plan_accumulation_aligned, utilization, MemoryModel, Plan, Trial, TrialKind, Warning};
 use crate::search::{best, next_batch, Next, Observation, SearchSpace, Strategy};
 use crate::units::format_bytes;
 use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
@@ -47,6 +47,7 @@ pub struct Tuner {
     world_size: usize,
     exact_effective_batch: bool,
     warmup: bool,
+    profile: Option<crate::Profile>,
 }
 
 impl Default for Tuner {
@@ -63,6 +64,7 @@ impl Default for Tuner {
             world_size: 1,
             exact_effective_batch: false,
             warmup: true,
+            profile: None,
         }
     }
 }
@@ -148,6 +150,14 @@ impl Tuner {
     /// loaded kernels, per-thread scratch buffers) is in the baseline. Default true.
     pub fn warmup(mut self, warmup: bool) -> Self {
         self.warmup = warmup;
+        self
+    }
+
+    /// What the model's training state is made of, for the advice that comes
+    /// with [`Error::NothingFits`]; overrides the workload's own
+    /// [`Workload::profile`]. Default: the workload's, if any.
+    pub fn profile(mut self, profile: crate::Profile) -> Self {
+        self.profile = Some(profile);
         self
     }
 
@@ -270,7 +280,8 @@ impl Tuner {
             probe.warm_up(space.first())?;
         }
         let proven_largest = probe.search(&space)?;
-        probe.into_plan(proven_largest)
+        let profile = self.profile.or_else(|| probe.workload.profile());
+        probe.into_plan(proven_largest, profile)
     }
 }
 
@@ -438,11 +449,16 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<
         self.warnings.push(warning);
     }
 
-    fn into_plan(self, proven_largest: bool) -> Result<Plan, Error> {
+    fn into_plan(self, proven_largest: bool, profile: Option<crate::Profile>) -> Result<Plan, Error> {
         let tuner = self.tuner;
         let Some(found) = best(&self.history).copied() else {
             let smallest =
                 self.history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
+            let trial = self.trials.iter().rev().find(|t| t.batch == smallest.batch);
+            let remedies = match (profile, trial) {
+                (Some(profile), Some(trial)) => self.remedies(profile, trial),
+                _ => Vec::new(),
+            };
             return Err(Error::NothingFits {
                 batch: smallest.batch,
                 outcome: smallest.outcome,
@@ -450,6 +466,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<
                 capacity_bytes: self.capacity_bytes,
                 limit_bytes: self.limit,
                 ceiling: tuner.ceiling,
+                remedies,
             });
         };
         let largest_batch = found.batch;
@@ -474,6 +491,8 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<
                 (largest_batch, 1, effective, None)
             }
         };
+        let peak_bytes = found.peak_bytes.expect("a fitting trial always has a peak");
+        let memory_model = MemoryModel::fit(&self.trials, largest_batch, peak_bytes);
         Ok(Plan {
             largest_batch,
             micro_batch,
@@ -481,7 +500,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<
             world_size,
             effective_batch,
             target_effective_batch: tuner.target_effective_batch,
-            peak_bytes: found.peak_bytes.expect("a fitting trial always has a peak"),
+            peak_bytes,
             capacity_bytes: self.capacity_bytes,
             ceiling: tuner.ceiling,
             multiple_of: tuner.multiple_of,
@@ -490,7 +509,20 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<
             trials: self.trials,
             accumulation,
             warnings: self.warnings,
+            memory_model,
         })
+    }
+
+    /// What would make the smallest batch fit, from the analytical model: the
+    /// failed trial's baseline holds the weights and optimizer state (and
+    /// whatever else is on the device); its peak adds gradients and activations.
+    fn remedies(&self, profile: crate::Profile, trial: &Trial) -> Vec<crate::estimate::Remedy> {
+        let state = crate::estimate::StaticMemory::new(profile.parameters, profile.precision, profile.optimizer);
+        let resident = state.weights + state.optimizer_states + state.master_weights;
+        let elsewhere = trial.baseline_bytes.saturating_sub(resident);
+        let peak = trial.peak_bytes.unwrap_or(self.capacity_bytes);
+        let activations = peak.saturating_sub(trial.baseline_bytes).saturating_sub(state.gradients);
+        crate::estimate::remedies(&state, activations, self.limit.saturating_sub(elsewhere))
     }
 }
 

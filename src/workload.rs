@@ -25,6 +25,25 @@
 pub trait Workload {
     /// Runs one step at `batch` samples.
     fn step(&mut self, batch: usize) -> candle_core::Result<()>;
+
+    /// What the model's training state is made of, when the workload knows:
+    /// lets the tuner say what would make it fit when nothing does. `None` by
+    /// default (closures); see also [`Tuner::profile`](crate::Tuner::profile).
+    fn profile(&self) -> Option<Profile> {
+        None
+    }
+}
+
+/// The parameters of a model and how they are trained: what the analytical
+/// memory model ([`estimate`](crate::estimate)) needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Profile {
+    /// Trainable parameters.
+    pub parameters: u64,
+    /// How weights, gradients and optimizer state are stored.
+    pub precision: crate::estimate::Precision,
+    /// The optimizer.
+    pub optimizer: crate::estimate::OptimizerKind,
 }
 
 impl<F: FnMut(usize) -> candle_core::Result<()>> Workload for F {

@@ -328,10 +328,57 @@ fn report_shows_each_trial_and_the_plan() {
     let report = plan.to_string();
     let lines: Vec<&str> = report.lines().collect();
     assert!(lines[0].contains("batch") && lines[0].contains("outcome") && lines[0].contains("util"));
-    assert_eq!(lines.len(), 1 + plan.trials.len() + 2, "{report}");
+    assert_eq!(lines.len(), 1 + plan.trials.len() + 3, "{report}");
+    assert!(lines.last().unwrap().starts_with("memory: "), "{report}");
     assert!(lines[1].contains("fits") && lines[1].contains('%'));
     assert!(report.contains("over ceiling"));
     assert!(report.contains("largest batch 126 (proven largest)"), "{report}");
     assert!(report.contains("micro-batch 64 × 4 accumulation steps × 1 rank = effective batch 256"), "{report}");
     assert!(report.contains("(target 256, exact)"), "{report}");
+}
+
+#[test]
+fn the_plan_carries_a_memory_model_checked_at_the_chosen_batch() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).other_process(GIB);
+    for strategy in [Strategy::Binary, Strategy::Predictive] {
+        let plan = run(&Tuner::new().strategy(strategy), sim.clone()).unwrap();
+        let model = plan.memory_model.as_ref().expect("several batches were measured");
+        assert!((model.bytes_per_sample - (100 * MIB) as f64).abs() < 1.0, "{model:?}");
+        assert!((model.fixed_bytes - (3 * GIB) as f64).abs() < 1024.0, "{model:?}");
+        assert!(model.prediction_error.abs() < 1e-6);
+        assert!(!model.fitted_batches.contains(&plan.largest_batch));
+        assert!(plan.to_string().contains("per sample"), "{plan}");
+    }
+}
+
+#[test]
+fn predictive_finds_the_same_batch_in_fewer_trials() {
+    let sim = Simulation::new(80 * GIB, MemoryCurve::affine(6 * GIB, 17 * MIB)).rounding(2 * MIB).other_process(GIB);
+    let binary = run(&Tuner::new(), sim.clone()).unwrap();
+    let predictive = run(&Tuner::new().strategy(Strategy::Predictive), sim).unwrap();
+    assert_eq!(predictive.largest_batch, binary.largest_batch);
+    assert!(predictive.proven_largest);
+    assert!(predictive.trials.len() * 2 <= binary.trials.len(), "{predictive}\n{binary}");
+}
+
+#[test]
+fn nothing_fits_says_what_would_help_when_the_model_is_known() {
+    use autobatch::estimate::{Change, OptimizerKind, Precision};
+    // 1e9 fp32 parameters with AdamW on a 16 GiB device: 4 GB of weights and 8 GB of
+    // moments resident, 4 GB of gradients and 1 GB of activations in the step.
+    let state = 12_000_000_000;
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(state + 4_000_000_000, 1_000_000_000)).resident(state);
+    let profile =
+        autobatch::Profile { parameters: 1_000_000_000, precision: Precision::Fp32, optimizer: OptimizerKind::AdamW };
+    let err = run(&Tuner::new().profile(profile), sim).unwrap_err();
+    let Error::NothingFits { remedies, .. } = &err else { panic!("{err:?}") };
+    let find = |change: Change| {
+        remedies.iter().find(|r| r.change == change).unwrap_or_else(|| panic!("{change:?} in {remedies:?}"))
+    };
+    let adafactor = find(Change::Optimizer { to: OptimizerKind::Adafactor });
+    assert_eq!(adafactor.saves_bytes, 8_000_000_000);
+    assert!(adafactor.fits);
+    let checkpointing = find(Change::GradientCheckpointing);
+    assert!(!checkpointing.fits, "1 GB of activations is not what is in the way");
+    assert!(err.to_string().contains("what would help"), "{err}");
 }

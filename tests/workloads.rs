@@ -213,6 +213,22 @@ fn invalid_model_settings_are_errors() {
     }
 }
 
+fn nothing_fits_comes_with_remedies_for_a_reference_model() {
+    use autobatch::estimate::{Change, OptimizerKind, Precision};
+    let mut mlp = MlpConfig { inputs: 128, width: 768, depth: 3, ..MlpConfig::default() }.build(&Device::Cpu).unwrap();
+    let state = mlp.state_bytes();
+    // room for the weights and moments, not for the gradients on top
+    let budget = TrackingAllocator::live_bytes() + state;
+    let mut meter = HeapMeter::new(budget).unwrap();
+    let err = Tuner::new().ceiling(1.0).run(&mut mlp, &mut meter).unwrap_err();
+    let Error::NothingFits { remedies, .. } = &err else { panic!("{err}") };
+    let changes: Vec<&Change> = remedies.iter().map(|r| &r.change).collect();
+    assert!(changes.contains(&&Change::Precision { to: Precision::Bf16 }), "{err}");
+    assert!(changes.contains(&&Change::Optimizer { to: OptimizerKind::Adafactor }), "{err}");
+    let bf16 = remedies.iter().find(|r| r.change == Change::Precision { to: Precision::Bf16 }).unwrap();
+    assert!(bf16.saves_bytes >= state / 2, "bf16 halves weights, gradients and moments: {bf16:?}");
+}
+
 fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     let mut meter = HeapMeter::new(64 * MIB).unwrap();
     assert_eq!(meter.capacity().unwrap(), 64 * MIB);
@@ -250,6 +266,10 @@ fn main() {
             bf16_halves_the_model_state_where_the_cpu_supports_it,
         ),
         ("invalid_model_settings_are_errors", invalid_model_settings_are_errors),
+        (
+            "nothing_fits_comes_with_remedies_for_a_reference_model",
+            nothing_fits_comes_with_remedies_for_a_reference_model,
+        ),
         ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();

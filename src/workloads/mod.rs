@@ -176,6 +176,15 @@ impl<M: Model> Trainer<M> {
 }
 
 impl<M: Model> Workload for Trainer<M> {
+    fn profile(&self) -> Option<crate::Profile> {
+        let precision = match self.dtype {
+            DType::BF16 => crate::estimate::Precision::Bf16,
+            _ => crate::estimate::Precision::Fp32,
+        };
+        let optimizer = crate::estimate::OptimizerKind::AdamW;
+        Some(crate::Profile { parameters: self.parameter_count() as u64, precision, optimizer })
+    }
+
     /// A probe step: forward, loss, backward and the full AdamW update
     /// computed but not applied. Changes nothing; uses the memory of a real step.
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {
