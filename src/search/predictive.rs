@@ -3,10 +3,12 @@
 use super::{Bracket, LinearFit, Next, Observation, SearchSpace};
 use crate::plan::Outcome;
 
-/// How far under the predicted largest batch the jump lands: a fitting jump
-/// costs one trial less than a failing one and anchors the line far from the
-/// small trials.
-const JUMP_MARGIN: f64 = 0.01;
+/// A forecast is trusted for a jump straight to the predicted batch only when
+/// the largest fit is within this factor of it; from further away the jump
+/// lands at a quarter of the way (cheap, and far enough to show curvature the
+/// small trials could not), and the forecast is made again from there.
+const ANCHOR_RATIO: f64 = 8.0;
+const FAR_JUMP_SHARE: f64 = 0.25;
 
 /// Two slopes agree when they differ by at most this share: the line is
 /// trusted for a jump only then.
@@ -39,13 +41,51 @@ fn fitting_points(history: &[Observation]) -> Vec<(usize, u64)> {
     points
 }
 
-/// The secant through the last two of three points, if the three lie on a line.
-fn linear_tail(points: &[(usize, u64)]) -> Option<LinearFit> {
-    let [a, b, c] = points[points.len().checked_sub(3)?..] else { return None };
-    let slope = |(x0, y0): (usize, u64), (x1, y1): (usize, u64)| (y1 as f64 - y0 as f64) / (x1 - x0) as f64;
-    let (near, far) = (slope(a, b), slope(b, c));
-    let agree = near > 0.0 && far > 0.0 && (far - near).abs() <= LINEARITY_TOLERANCE * far.max(near);
-    agree.then_some(LinearFit { fixed_bytes: c.1 as f64 - far * c.0 as f64, bytes_per_sample: far })
+/// What the three largest fits say about where the peak reaches `limit`, and
+/// how far a jump may trust it.
+enum Forecast {
+    /// Not enough growth to extrapolate from: double.
+    Unknown,
+    /// The three points lie on a line: jump to where it reaches the limit.
+    Linear(f64),
+    /// Slopes grow (attention's b², a convex curve): the parabola through the
+    /// three points reaches the limit before the line would, so jumping there
+    /// is conservative.
+    Convex(f64),
+    /// Slopes shrink (often allocator granules at small batches): the last
+    /// secant is above the curve ahead; trust it only a few doublings far.
+    Concave(f64),
+}
+
+fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
+    let Some(&[a, b, c]) = points.get(points.len().saturating_sub(3)..) else { return Forecast::Unknown };
+    if points.len() < 3 {
+        return Forecast::Unknown;
+    }
+    let (xa, xb, xc) = (a.0 as f64, b.0 as f64, c.0 as f64);
+    let (ya, yb, yc) = (a.1 as f64, b.1 as f64, c.1 as f64);
+    let (near, far) = ((yb - ya) / (xb - xa), (yc - yb) / (xc - xb));
+    if far <= 0.0 || near < 0.0 {
+        return Forecast::Unknown;
+    }
+    let secant = LinearFit { fixed_bytes: yc - far * xc, bytes_per_sample: far };
+    let Some(on_secant) = secant.largest_under(limit) else { return Forecast::Unknown };
+    if (far - near).abs() <= LINEARITY_TOLERANCE * far.max(near) {
+        return Forecast::Linear(on_secant);
+    }
+    if far < near {
+        return Forecast::Concave(on_secant);
+    }
+    // y = yc + far·(x − xc) + k·(x − xc)(x − xb), with k from the slopes' growth
+    let k = (far - near) / (xc - xa);
+    let (slope_at_c, room) = (far + k * (xc - xb), limit as f64 - yc);
+    let dx = if room <= 0.0 {
+        0.0
+    } else {
+        // k·dx² + slope_at_c·dx − room = 0, the positive root
+        2.0 * room / (slope_at_c + (slope_at_c * slope_at_c + 4.0 * k * room).sqrt())
+    };
+    Forecast::Convex(xc + dx)
 }
 
 /// No failure yet: small trials, then a jump just under the prediction.
@@ -59,24 +99,18 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
     if points.len() < 3 {
         return step_up(PROBE_GROWTH);
     }
-    let Some(line) = linear_tail(&points) else {
-        // not (yet) a line: allocator granules at small batches, or a convex curve
-        return step_up(2);
+    let predicted = match forecast(&points, limit) {
+        Forecast::Unknown => return step_up(2),
+        Forecast::Linear(predicted) | Forecast::Convex(predicted) => predicted,
+        Forecast::Concave(predicted) => predicted.min(fitting.saturating_mul(PROBE_GROWTH) as f64),
     };
-    let Some(predicted) = line.largest_under(limit) else { return step_up(2) };
-    if predicted >= space.last as f64 {
+    let anchored = fitting as f64 * ANCHOR_RATIO >= predicted;
+    let target = if anchored { predicted } else { predicted * FAR_JUMP_SHARE };
+    if target >= space.last as f64 {
         return Next::Try(space.last);
     }
-    let jump = space.floor((predicted * (1.0 - JUMP_MARGIN)).max(0.0) as usize);
-    let at_prediction = space.floor(predicted.max(0.0) as usize);
-    let batch = if jump > fitting {
-        jump
-    } else if at_prediction > fitting {
-        at_prediction
-    } else {
-        fitting + space.multiple_of
-    };
-    Next::Try(batch.min(space.last))
+    let jump = space.floor(target.max(0.0) as usize);
+    Next::Try(if jump > fitting { jump } else { fitting + space.multiple_of }.min(space.last))
 }
 
 /// A failure is known: propose the model's boundary inside the bracket; bisect
@@ -107,20 +141,37 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
 }
 
 /// Where the peak crosses the limit: by interpolation between the bracket's
-/// ends when both peaks were measured in full, else by the line through the
-/// two largest fits.
+/// ends when both peaks were measured in full (through a third, smaller fit
+/// too when there is one, so that convex curves are met in one step), else by
+/// the line through the two largest fits.
 fn boundary_estimate(bracket: &Bracket, failing: usize, history: &[Observation], limit: u64) -> Option<f64> {
     let measured = |batch: usize| {
         history.iter().rev().find(|o| o.batch == batch).filter(|o| o.outcome != Outcome::OutOfMemory)?.peak_bytes
     };
     let lo = bracket.fitting?;
+    let points = fitting_points(history);
     if let (Some(p_lo), Some(p_hi)) = (measured(lo), measured(failing)) {
         if p_hi > p_lo {
-            let per_sample = (p_hi - p_lo) as f64 / (failing - lo) as f64;
-            return Some(lo as f64 + (limit as f64 - p_lo as f64) / per_sample);
+            let (x1, y1, x2, y2) = (lo as f64, p_lo as f64, failing as f64, p_hi as f64);
+            let (span, room) = (x2 - x1, limit as f64 - y1);
+            let secant = (y2 - y1) / span;
+            let below = points.iter().rev().find(|&&(b, _)| b < lo);
+            if let Some(&(x0, y0)) = below {
+                let (x0, y0) = (x0 as f64, y0 as f64);
+                // y = y1 + secant·d + k·d·(d − span), d = x − x1
+                let k = (secant - (y1 - y0) / (x1 - x0)) / (x2 - x0);
+                let slope = secant - k * span;
+                let discriminant = slope * slope + 4.0 * k * room;
+                if k.is_finite() && discriminant >= 0.0 {
+                    let d = 2.0 * room / (slope + discriminant.sqrt());
+                    if d.is_finite() && d > 0.0 && d < span {
+                        return Some(x1 + d);
+                    }
+                }
+            }
+            return Some(x1 + room / secant);
         }
     }
-    let points = fitting_points(history);
     LinearFit::through(&points[points.len().saturating_sub(2)..])?.largest_under(limit)
 }
 
@@ -146,7 +197,7 @@ mod tests {
         let space = SearchSpace::new(1, None, 1).unwrap();
         // fixed 1 GiB, 1 MiB per sample, limit 1 GiB + 4096.5 MiB: b* = 4096
         let tried = run(space, |b| (1 << 30) + (b as u64) * (1 << 20), (1 << 30) + 4096 * (1 << 20) + (1 << 19));
-        assert_eq!(tried, [1, 4, 16, 4055, 4096, 4097]);
+        assert_eq!(tried, [1, 4, 16, 1024, 4096, 4097]);
     }
 
     #[test]
