@@ -184,6 +184,20 @@ pub enum Error {
         reason: String,
     },
 
+    /// A headroom minimum outside [0, 1).
+    #[error(
+        "minimum headroom {min_headroom} is not a fraction in [0, 1): pass e.g. 0.1 to keep 10% of the device free"
+    )]
+    InvalidHeadroom {
+        /// The value given.
+        min_headroom: f64,
+    },
+
+    /// A headroom check failed: the step ran out of memory or left less free
+    /// than the minimum.
+    #[error("memory headroom regression: {0}")]
+    InsufficientHeadroom(Box<crate::HeadroomReport>),
+
     /// A CUDA device could not be used.
     #[error("CUDA device {ordinal} is not available: {reason}")]
     CudaUnavailable {
@@ -244,6 +258,7 @@ impl Error {
                 | Error::UnsupportedDtype { .. }
                 | Error::InvalidSize { .. }
                 | Error::InvalidCount { .. }
+                | Error::InvalidHeadroom { .. }
         )
     }
 

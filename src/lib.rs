@@ -84,6 +84,7 @@
 
 mod error;
 pub mod estimate;
+mod headroom;
 pub mod memory;
 mod oom;
 mod plan;
@@ -94,6 +95,7 @@ mod workload;
 pub mod workloads;
 
 pub use error::Error;
+pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
 pub use memory::CudaMeter;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};

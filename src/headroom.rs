@@ -1,0 +1,207 @@
+//! Memory-headroom regression checks: does this model still run at this batch
+//! with memory to spare?
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::format_bytes;
+use crate::{is_oom, Error, MemoryMeter, Workload};
+
+/// Runs a workload at a given batch and checks the device keeps at least a
+/// minimum share of its memory free at the step's peak.
+///
+/// For CI: a change that grows activations or state fails a test instead of a
+/// training run. Save the [`HeadroomReport`] as JSON for the build's artifacts.
+///
+/// ```
+/// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+/// use autobatch::Headroom;
+///
+/// let (mut step, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 90 << 20)).build();
+/// let report = Headroom::new(64).min_headroom(0.25).check(&mut step, &mut meter)?;
+/// assert!(report.passed && report.headroom > 0.5);
+/// let too_tight = Headroom::new(64).min_headroom(0.75).check(&mut step, &mut meter);
+/// assert!(matches!(too_tight, Err(autobatch::Error::InsufficientHeadroom(_))));
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Headroom {
+    batch: usize,
+    min_headroom: f64,
+    steps: usize,
+    warmup: bool,
+}
+
+impl Headroom {
+    /// A check at `batch`, requiring 10% of the device free at the peak, over one
+    /// measured step after one warm-up step.
+    pub fn new(batch: usize) -> Self {
+        Headroom { batch, min_headroom: 0.10, steps: 1, warmup: true }
+    }
+
+    /// The share of capacity that must stay free at the peak, in [0, 1).
+    pub fn min_headroom(mut self, fraction: f64) -> Self {
+        self.min_headroom = fraction;
+        self
+    }
+
+    /// Measured steps; the peak is the highest over them.
+    pub fn steps(mut self, steps: usize) -> Self {
+        self.steps = steps;
+        self
+    }
+
+    /// Whether to run one unmeasured step first (default true), so that
+    /// runtime buffers kept for good are in the baseline.
+    pub fn warmup(mut self, warmup: bool) -> Self {
+        self.warmup = warmup;
+        self
+    }
+
+    /// Measures and reports, passing or not: an out-of-memory step is a failed
+    /// report, any other workload error an [`Error::Workload`].
+    pub fn measure<W, M>(&self, workload: &mut W, meter: &mut M) -> Result<HeadroomReport, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        if self.batch == 0 {
+            return Err(Error::Zero { setting: "batch" });
+        }
+        if self.steps == 0 {
+            return Err(Error::Zero { setting: "steps" });
+        }
+        if !(0.0..1.0).contains(&self.min_headroom) {
+            return Err(Error::InvalidHeadroom { min_headroom: self.min_headroom });
+        }
+        let batch = self.batch;
+        let capacity_bytes = meter.capacity()?;
+        let step = |workload: &mut W| match workload.step(batch) {
+            Ok(()) => Ok(true),
+            Err(err) if is_oom(&err) => Ok(false),
+            Err(source) => Err(Error::Workload { batch, source }),
+        };
+        if self.warmup {
+            step(workload)?;
+            meter.synchronize()?;
+            meter.release_cached()?;
+        }
+        let baseline_bytes = meter.in_use()?;
+        meter.reset_peak()?;
+        let mut ran = true;
+        for _ in 0..self.steps {
+            ran = step(workload)?;
+            if !ran {
+                break;
+            }
+        }
+        meter.synchronize()?;
+        let peak_bytes = meter.peak()?;
+        meter.release_cached()?;
+        let headroom_bytes = capacity_bytes.saturating_sub(peak_bytes);
+        let headroom = if capacity_bytes == 0 { 0.0 } else { headroom_bytes as f64 / capacity_bytes as f64 };
+        Ok(HeadroomReport {
+            batch,
+            steps: self.steps,
+            out_of_memory: !ran,
+            baseline_bytes,
+            peak_bytes,
+            capacity_bytes,
+            headroom_bytes,
+            headroom,
+            min_headroom: self.min_headroom,
+            passed: ran && headroom >= self.min_headroom,
+        })
+    }
+
+    /// [`measure`](Headroom::measure), with a failed report turned into
+    /// [`Error::InsufficientHeadroom`].
+    pub fn check<W, M>(&self, workload: &mut W, meter: &mut M) -> Result<HeadroomReport, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let report = self.measure(workload, meter)?;
+        if report.passed {
+            Ok(report)
+        } else {
+            Err(Error::InsufficientHeadroom(Box::new(report)))
+        }
+    }
+}
+
+/// What a [`Headroom`] check measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeadroomReport {
+    /// The batch run.
+    pub batch: usize,
+    /// Measured steps.
+    pub steps: usize,
+    /// Whether a step ran out of memory.
+    pub out_of_memory: bool,
+    /// Device-wide bytes in use before the measured steps.
+    pub baseline_bytes: u64,
+    /// Device-wide peak over the measured steps.
+    pub peak_bytes: u64,
+    /// Device capacity.
+    pub capacity_bytes: u64,
+    /// `capacity − peak`.
+    pub headroom_bytes: u64,
+    /// `headroom_bytes / capacity`.
+    pub headroom: f64,
+    /// The minimum asked for.
+    pub min_headroom: f64,
+    /// Whether the steps ran and kept at least the minimum free.
+    pub passed: bool,
+}
+
+impl HeadroomReport {
+    /// The report as pretty-printed JSON, for a CI artifact.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report holds only numbers and flags")
+    }
+}
+
+impl fmt::Display for HeadroomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = match (self.out_of_memory, self.passed) {
+            (true, _) => "ran out of memory",
+            (false, true) => "ok",
+            (false, false) => "too little headroom",
+        };
+        write!(
+            f,
+            "batch {}: peak {} of {}, headroom {} = {:.1}% (minimum {:.1}%): {verdict}",
+            self.batch,
+            format_bytes(self.peak_bytes),
+            format_bytes(self.capacity_bytes),
+            format_bytes(self.headroom_bytes),
+            100.0 * self.headroom,
+            100.0 * self.min_headroom
+        )
+    }
+}
+
+/// Panics, with peak, capacity and headroom in the message, unless `workload`
+/// runs at `batch` with at least `min_headroom` of the device free; returns the
+/// report otherwise. For `#[test]` functions.
+///
+/// ```
+/// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+///
+/// let (mut step, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 90 << 20)).build();
+/// let report = autobatch::assert_headroom(&mut step, &mut meter, 64, 0.25);
+/// println!("{}", report.to_json()); // keep it as a CI artifact
+/// ```
+pub fn assert_headroom<W, M>(workload: &mut W, meter: &mut M, batch: usize, min_headroom: f64) -> HeadroomReport
+where
+    W: Workload + ?Sized,
+    M: MemoryMeter + ?Sized,
+{
+    match Headroom::new(batch).min_headroom(min_headroom).check(workload, meter) {
+        Ok(report) => report,
+        Err(Error::InsufficientHeadroom(report)) => panic!("memory headroom regression: {report}"),
+        Err(err) => panic!("memory headroom check could not run: {err}"),
+    }
+}
