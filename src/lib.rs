@@ -101,7 +101,8 @@ pub use memory::CudaMeter;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use oom::is_oom;
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, Accumulation, MemoryModel, Outcome, Plan, Trial, TrialKind, Warning,
+    plan_accumulation, plan_accumulation_aligned, Accumulation, EvaluationPlan, MemoryModel, Outcome, Plan, Trial,
+    TrialKind, Warning,
 };
 pub use search::{LinearFit, Strategy};
 pub use tuner::{Observer, Tuner};

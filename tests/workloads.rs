@@ -229,6 +229,24 @@ fn nothing_fits_comes_with_remedies_for_a_reference_model() {
     assert!(bf16.saves_bytes >= state / 2, "bf16 halves weights, gradients and moments: {bf16:?}");
 }
 
+fn the_evaluation_step_gets_its_own_larger_batch() {
+    let mut model = transformer(16, 32, 1).build(&Device::Cpu).unwrap();
+    let state = model.state_bits().unwrap();
+    let mut evaluation = model.evaluation();
+    let mut meter = HeapMeter::new(40 * MIB).unwrap();
+    let plan = Tuner::new().run_with_eval(&mut model, &mut evaluation, &mut meter).unwrap();
+    let eval = plan.evaluation.clone().expect("evaluation planned");
+    eprintln!("{plan}");
+    // no gradients, no optimizer, no graph kept: much more fits
+    assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
+    assert!(eval.proven_largest && eval.peak_bytes <= plan.limit_bytes());
+    let limit = plan.limit_bytes();
+    drop(plan);
+    assert!(peak_of(&mut evaluation, eval.largest_batch) <= limit + TOLERANCE);
+    assert!(peak_of(&mut evaluation, eval.largest_batch + 1) > limit - TOLERANCE);
+    assert_eq!(model.state_bits().unwrap(), state);
+}
+
 fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     let mut meter = HeapMeter::new(64 * MIB).unwrap();
     assert_eq!(meter.capacity().unwrap(), 64 * MIB);
@@ -270,6 +288,7 @@ fn main() {
             "nothing_fits_comes_with_remedies_for_a_reference_model",
             nothing_fits_comes_with_remedies_for_a_reference_model,
         ),
+        ("the_evaluation_step_gets_its_own_larger_batch", the_evaluation_step_gets_its_own_larger_batch),
         ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();

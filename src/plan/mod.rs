@@ -179,6 +179,24 @@ pub struct Plan {
     /// A straight line through the measured peaks, when two or more batches
     /// besides the chosen one were measured in full.
     pub memory_model: Option<MemoryModel>,
+    /// The evaluation step's own largest batch, when it was probed
+    /// ([`Tuner::run_with_eval`](crate::Tuner::run_with_eval)).
+    pub evaluation: Option<EvaluationPlan>,
+}
+
+/// The largest batch of an evaluation step (forward only, no gradients): bigger
+/// than training's, and the batch an evaluation loop should use so that it
+/// does not run out of memory where training did not.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvaluationPlan {
+    /// The largest evaluation batch seen to fit.
+    pub largest_batch: usize,
+    /// Its measured device-wide peak.
+    pub peak_bytes: u64,
+    /// Whether the search proved it the largest.
+    pub proven_largest: bool,
+    /// The evaluation trials, in the order run.
+    pub trials: Vec<Trial>,
 }
 
 /// `peak(b) ≈ fixed + per_sample·b`, fitted (least squares) to every trial that

@@ -82,6 +82,16 @@ impl Plan {
                 100.0 * model.prediction_error
             );
         }
+        if let Some(evaluation) = &self.evaluation {
+            out += &format!(
+                "\nevaluation: largest batch {} ({}), peak {} = {:.1}% of {}",
+                evaluation.largest_batch,
+                if evaluation.proven_largest { "proven largest" } else { "not proven largest" },
+                format_bytes(evaluation.peak_bytes),
+                100.0 * utilization(evaluation.peak_bytes, self.capacity_bytes),
+                format_bytes(self.capacity_bytes)
+            );
+        }
         for warning in &self.warnings {
             out += &format!("\nwarning: {warning}");
         }

@@ -4,7 +4,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2d, Conv2dConfig, Linear};
 
 use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, Model, Trainer};
+use super::{at_least, check_dtype, cross_entropy, detach_linear, Model, Trainer};
 use crate::Error;
 
 /// Size of a [`ConvNet`]: two 3×3 convolutions (`channels`, then
@@ -118,6 +118,17 @@ impl ConvNet {
 }
 
 impl Model for ConvNet {
+    fn detached(&self) -> Self {
+        let conv = |c: &Conv2d| Conv2d::new(c.weight().detach(), c.bias().map(Tensor::detach), *c.config());
+        ConvNet {
+            config: self.config.clone(),
+            conv1: conv(&self.conv1),
+            conv2: conv(&self.conv2),
+            head: detach_linear(&self.head),
+            device: self.device.clone(),
+        }
+    }
+
     fn describe(&self) -> String {
         let c = &self.config;
         format!(

@@ -4,7 +4,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 
 use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, Model, Trainer};
+use super::{at_least, check_dtype, cross_entropy, detach_linear, Model, Trainer};
 use crate::Error;
 
 /// Size of an [`Mlp`]: `depth` hidden layers of `width` with GELU.
@@ -74,6 +74,14 @@ pub struct Mlp {
 }
 
 impl Model for Mlp {
+    fn detached(&self) -> Self {
+        Mlp {
+            config: self.config.clone(),
+            layers: self.layers.iter().map(detach_linear).collect(),
+            teacher: self.teacher.clone(),
+        }
+    }
+
     fn describe(&self) -> String {
         let c = &self.config;
         format!("mlp(inputs={}, width={}, depth={}, classes={}, {:?})", c.inputs, c.width, c.depth, c.classes, c.dtype)

@@ -50,6 +50,17 @@ pub trait Model {
     /// The scalar f32 loss of `batch` synthetic samples drawn from `data_seed`;
     /// the same seed and batch give the same samples.
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor>;
+
+    /// The same model over the same weights, detached from the variables: its
+    /// forward pass records no graph, so each activation is freed as soon as
+    /// the next layer has used it (candle has no `no_grad`; this is its form).
+    fn detached(&self) -> Self
+    where
+        Self: Sized;
+}
+
+pub(crate) fn detach_linear(layer: &candle_nn::Linear) -> candle_nn::Linear {
+    candle_nn::Linear::new(layer.weight().detach(), layer.bias().map(Tensor::detach))
 }
 
 /// A model with its variables and AdamW optimizer: a probe [`Workload`] and a
@@ -119,6 +130,14 @@ impl<M: Model> Trainer<M> {
         }
         self.steps += 1;
         Ok(total_loss / accumulation_steps as f32)
+    }
+
+    /// The evaluation step as a [`Workload`]: forward and loss over
+    /// detached weights, no backward, no optimizer: what
+    /// [`Tuner::run_with_eval`](crate::Tuner::run_with_eval) probes for the
+    /// evaluation batch.
+    pub fn evaluation(&self) -> Evaluation<M> {
+        Evaluation { model: self.model.detached(), seed: self.seed }
     }
 
     /// Optimizer steps taken by training (probing takes none).
@@ -230,6 +249,20 @@ pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::R
     candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
 }
 
+/// The evaluation step of a [`Trainer`]: see [`Trainer::evaluation`].
+pub struct Evaluation<M> {
+    model: M,
+    seed: u64,
+}
+
+impl<M: Model> Workload for Evaluation<M> {
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        let loss = self.model.loss(batch, data_seed(self.seed, None))?;
+        // read the value back, as an evaluation loop would
+        loss.to_scalar::<f32>().map(|_| ())
+    }
+}
+
 /// A reference workload whose model is chosen at run time (as the probe binary
 /// does): a probe [`Workload`] that can describe itself.
 pub trait ReferenceWorkload: Workload {
@@ -239,9 +272,15 @@ pub trait ReferenceWorkload: Workload {
     fn parameter_count(&self) -> usize;
     /// Data type of the weights, gradients and optimizer moments.
     fn dtype(&self) -> DType;
+    /// The evaluation step (see [`Trainer::evaluation`]).
+    fn evaluation_workload(&self) -> Box<dyn Workload>;
 }
 
-impl<M: Model> ReferenceWorkload for Trainer<M> {
+impl<M: Model + 'static> ReferenceWorkload for Trainer<M> {
+    fn evaluation_workload(&self) -> Box<dyn Workload> {
+        Box::new(self.evaluation())
+    }
+
     fn description(&self) -> String {
         self.model.describe()
     }

@@ -4,7 +4,7 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, Linear};
 
 use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, Model, Trainer};
+use super::{at_least, check_dtype, cross_entropy, detach_linear, Model, Trainer};
 use crate::Error;
 
 /// Size of a [`Transformer`]: GPT-style blocks (pre-norm, causal multi-head
@@ -173,6 +173,31 @@ impl Transformer {
 }
 
 impl Model for Transformer {
+    fn detached(&self) -> Self {
+        let pair = |(w, b): &(Tensor, Tensor)| (w.detach(), b.detach());
+        Transformer {
+            config: self.config.clone(),
+            tokens: Embedding::new(self.tokens.embeddings().detach(), self.config.d_model),
+            positions: self.positions.detach(),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    ln1: pair(&b.ln1),
+                    qkv: detach_linear(&b.qkv),
+                    proj: detach_linear(&b.proj),
+                    ln2: pair(&b.ln2),
+                    fc1: detach_linear(&b.fc1),
+                    fc2: detach_linear(&b.fc2),
+                })
+                .collect(),
+            ln_f: pair(&self.ln_f),
+            head: detach_linear(&self.head),
+            mask: self.mask.clone(),
+            successor: self.successor.clone(),
+        }
+    }
+
     fn describe(&self) -> String {
         let c = &self.config;
         format!(

@@ -143,6 +143,9 @@ pub struct ProbeArgs {
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long)]
     pub exact: bool,
+    /// Also find the evaluation step's largest batch (forward only).
+    #[arg(long)]
+    pub eval: bool,
     /// Print the plan as JSON on stdout (trials and logs go to stderr).
     #[arg(long)]
     pub json: bool,

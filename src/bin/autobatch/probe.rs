@@ -188,7 +188,12 @@ fn tune(
     meter: &mut dyn MemoryMeter,
 ) -> Result<(), Failure> {
     let mut progress = Progress::new(args.json);
-    let result = tuner.run_observed(workload, meter, &mut progress);
+    let result = if args.eval {
+        let mut evaluation = workload.evaluation_workload();
+        tuner.run_with_eval_observed(workload, &mut *evaluation, meter, &mut progress)
+    } else {
+        tuner.run_observed(workload, meter, &mut progress)
+    };
     drop(progress);
     let plan = result?;
     if args.json {
