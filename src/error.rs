@@ -184,6 +184,13 @@ pub enum Error {
         reason: String,
     },
 
+    /// A plan cache was asked for without a way to fingerprint the model.
+    #[error(
+        "the plan cache needs to know what decides the model's memory: give Tuner::cache_key(CacheKey::new()\
+         .variables(..).param(\"seq_len\", ..)) or a workload whose cache_key() says it"
+    )]
+    CacheKeyMissing,
+
     /// A headroom minimum outside [0, 1).
     #[error(
         "minimum headroom {min_headroom} is not a fraction in [0, 1): pass e.g. 0.1 to keep 10% of the device free"
@@ -259,6 +266,7 @@ impl Error {
                 | Error::InvalidSize { .. }
                 | Error::InvalidCount { .. }
                 | Error::InvalidHeadroom { .. }
+                | Error::CacheKeyMissing
         )
     }
 

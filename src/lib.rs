@@ -82,6 +82,7 @@
 
 #![warn(missing_docs)]
 
+mod cache;
 mod error;
 pub mod estimate;
 mod headroom;
@@ -94,6 +95,7 @@ mod units;
 mod workload;
 pub mod workloads;
 
+pub use cache::CacheKey;
 pub use error::Error;
 pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]

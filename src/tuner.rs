@@ -9,7 +9,7 @@ use crate::plan::{
 };
 use crate::search::{best, next_batch, Next, Observation, SearchSpace, Strategy};
 use crate::units::format_bytes;
-use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
+use crate::{is_oom, CacheKey, Error, MemoryMeter, Outcome, Workload};
 
 /// Finds the largest batch that fits under a utilization ceiling and plans
 /// gradient accumulation from it.
@@ -50,6 +50,8 @@ pub struct Tuner {
     exact_effective_batch: bool,
     warmup: bool,
     profile: Option<crate::Profile>,
+    cache_path: Option<std::path::PathBuf>,
+    cache_key: Option<CacheKey>,
 }
 
 impl Default for Tuner {
@@ -67,6 +69,8 @@ impl Default for Tuner {
             exact_effective_batch: false,
             warmup: true,
             profile: None,
+            cache_path: None,
+            cache_key: None,
         }
     }
 }
@@ -160,6 +164,25 @@ impl Tuner {
     /// [`Workload::profile`]. Default: the workload's, if any.
     pub fn profile(mut self, profile: crate::Profile) -> Self {
         self.profile = Some(profile);
+        self
+    }
+
+    /// Keeps plans in a JSON file at `path`: a run whose model, device and
+    /// search settings match a stored plan returns it without probing (logged),
+    /// any change misses and probes. The model's part of the key comes from
+    /// [`cache_key`](Tuner::cache_key) or the workload's
+    /// [`Workload::cache_key`]; without either, `run` fails with
+    /// [`Error::CacheKeyMissing`]. A corrupt, unreadable or foreign file is
+    /// ignored with a warning (and never written over); writes are atomic.
+    pub fn cache(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.cache_path = Some(path.into());
+        self
+    }
+
+    /// The model's part of the cache key (its variables and the input shapes
+    /// that decide memory); overrides the workload's own.
+    pub fn cache_key(mut self, key: CacheKey) -> Self {
+        self.cache_key = Some(key);
         self
     }
 
@@ -321,6 +344,15 @@ impl Tuner {
         let capacity_bytes = meter.capacity()?;
         let limit = limit_bytes(self.ceiling, capacity_bytes);
         let space = space.with_limit(limit);
+        let cache = match &self.cache_path {
+            Some(path) => Some((path.clone(), self.full_cache_key(&*workload, &*meter, capacity_bytes)?)),
+            None => None,
+        };
+        if let Some((path, key)) = &cache {
+            if let Some(plan) = crate::cache::lookup(path, key) {
+                return self.from_cache(plan);
+            }
+        }
         info!(
             "tuning: {} search, ceiling {:.0}% of {} = {}, batches {}..={} in multiples of {}",
             self.strategy,
@@ -348,7 +380,72 @@ impl Tuner {
         }
         let proven_largest = probe.search(&space)?;
         let profile = self.profile.or_else(|| probe.workload.profile());
-        probe.into_plan(proven_largest, profile)
+        let plan = probe.into_plan(proven_largest, profile)?;
+        if let Some((path, key)) = &cache {
+            crate::cache::store(path, key, &plan);
+        }
+        Ok(plan)
+    }
+}
+
+type Split = (usize, usize, usize, Option<crate::Accumulation>);
+
+impl Tuner {
+    /// micro-batch, accumulation steps, effective batch and the split, from the largest batch.
+    fn split(&self, largest_batch: usize) -> Result<Split, Error> {
+        match self.target_effective_batch {
+            Some(target) => {
+                let mut split = plan_accumulation_aligned(target, self.world_size, largest_batch, self.multiple_of)?;
+                if self.exact_effective_batch {
+                    split = split.require_exact()?;
+                }
+                if !split.exact {
+                    warn!(
+                        "effective batch {} is {} above the target {}: no exact split within twice the fewest steps",
+                        split.effective_batch, split.deviation, target
+                    );
+                }
+                Ok((split.micro_batch, split.accumulation_steps, split.effective_batch, Some(split)))
+            }
+            None => {
+                let effective =
+                    largest_batch.checked_mul(self.world_size).ok_or(Error::Overflow { value: largest_batch })?;
+                Ok((largest_batch, 1, effective, None))
+            }
+        }
+    }
+
+    /// The whole cache key: the model's (given, or the workload's), the
+    /// device's, the search settings and the crate version.
+    fn full_cache_key<W, M>(&self, workload: &W, meter: &M, capacity_bytes: u64) -> Result<CacheKey, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let model = self.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)?;
+        Ok(model
+            .param("autobatch.version", env!("CARGO_PKG_VERSION"))
+            .param("autobatch.device", meter.device_name())
+            .param("autobatch.capacity_bytes", capacity_bytes)
+            .param("autobatch.ceiling", self.ceiling)
+            .param("autobatch.multiple_of", self.multiple_of)
+            .param("autobatch.start", self.start)
+            .param("autobatch.max_batch", self.max_batch.map_or("none".to_owned(), |b| b.to_string()))
+            .param("autobatch.steps_per_trial", self.steps_per_trial)
+            .param("autobatch.strategy", self.strategy))
+    }
+
+    /// A cached plan brought up to this tuner's accumulation settings.
+    fn from_cache(&self, mut plan: Plan) -> Result<Plan, Error> {
+        let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(plan.largest_batch)?;
+        plan.micro_batch = micro_batch;
+        plan.accumulation_steps = accumulation_steps;
+        plan.effective_batch = effective_batch;
+        plan.accumulation = accumulation;
+        plan.world_size = self.world_size;
+        plan.target_effective_batch = self.target_effective_batch;
+        plan.cached = true;
+        Ok(plan)
     }
 }
 
@@ -538,26 +635,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<
         };
         let largest_batch = found.batch;
         let world_size = tuner.world_size;
-        let (micro_batch, accumulation_steps, effective_batch, accumulation) = match tuner.target_effective_batch {
-            Some(target) => {
-                let mut split = plan_accumulation_aligned(target, world_size, largest_batch, tuner.multiple_of)?;
-                if tuner.exact_effective_batch {
-                    split = split.require_exact()?;
-                }
-                if !split.exact {
-                    warn!(
-                        "effective batch {} is {} above the target {}: no exact split within twice the fewest steps",
-                        split.effective_batch, split.deviation, target
-                    );
-                }
-                (split.micro_batch, split.accumulation_steps, split.effective_batch, Some(split))
-            }
-            None => {
-                let effective =
-                    largest_batch.checked_mul(world_size).ok_or(Error::Overflow { value: largest_batch })?;
-                (largest_batch, 1, effective, None)
-            }
-        };
+        let (micro_batch, accumulation_steps, effective_batch, accumulation) = tuner.split(largest_batch)?;
         let peak_bytes = found.peak_bytes.expect("a fitting trial always has a peak");
         let memory_model = MemoryModel::fit(&self.trials, largest_batch, peak_bytes);
         Ok(Plan {
@@ -578,6 +656,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<
             warnings: self.warnings,
             memory_model,
             evaluation: None,
+            cached: false,
         })
     }
 

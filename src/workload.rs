@@ -32,6 +32,12 @@ pub trait Workload {
     fn profile(&self) -> Option<Profile> {
         None
     }
+
+    /// What decides this workload's memory, for the plan cache (see
+    /// [`Tuner::cache`](crate::Tuner::cache)). `None` by default.
+    fn cache_key(&self) -> Option<crate::CacheKey> {
+        None
+    }
 }
 
 /// The parameters of a model and how they are trained: what the analytical

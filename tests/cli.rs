@@ -168,3 +168,32 @@ fn help_and_version_exit_zero() {
     assert!(autobatch(&["--version"]).status.success());
     assert!(text(&autobatch(&["probe", "--help"]).stdout).contains("--target-effective-batch"));
 }
+
+#[test]
+fn a_cached_plan_is_reused_without_probing() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = dir.join("plans.json");
+    let args = ["probe", "--model", "mlp", "--budget", "24MiB", "--json", "--cache", cache.to_str().unwrap()];
+    let first: serde_json::Value = serde_json::from_slice(&autobatch(&args).stdout).unwrap();
+    let second = autobatch(&args);
+    let second_plan: serde_json::Value = serde_json::from_slice(&second.stdout).unwrap();
+    assert_eq!(first["cached"], false);
+    assert_eq!(second_plan["cached"], true);
+    assert_eq!(first["largest_batch"], second_plan["largest_batch"]);
+    assert!(!text(&second.stderr).contains("fits"), "no trial runs on a hit: {}", text(&second.stderr));
+    let wider = autobatch(&[
+        "probe",
+        "--model",
+        "mlp",
+        "--width",
+        "300",
+        "--budget",
+        "24MiB",
+        "--json",
+        "--cache",
+        cache.to_str().unwrap(),
+    ]);
+    let wider: serde_json::Value = serde_json::from_slice(&wider.stdout).unwrap();
+    assert_eq!(wider["cached"], false, "another model misses");
+}

@@ -187,6 +187,10 @@ impl MemoryMeter for CudaMeter {
         unsafe { mem_pool::trim_to(self.pool, 0) }.map_err(driver)
     }
 
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
     /// The pool hands out memory in 2 MiB granules.
     fn slack_bytes(&self) -> u64 {
         2 << 20

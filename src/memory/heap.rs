@@ -89,4 +89,8 @@ impl MemoryMeter for HeapMeter {
     fn slack_bytes(&self) -> u64 {
         self.slack_bytes
     }
+
+    fn device_name(&self) -> String {
+        format!("cpu heap ({} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
 }

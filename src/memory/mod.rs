@@ -48,6 +48,10 @@ pub trait MemoryMeter {
     fn slack_bytes(&self) -> u64 {
         0
     }
+    /// The device's name, e.g. `NVIDIA H200`: part of the plan cache's key.
+    fn device_name(&self) -> String {
+        "unnamed device".to_owned()
+    }
 }
 
 impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
@@ -71,5 +75,8 @@ impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
     }
     fn slack_bytes(&self) -> u64 {
         (**self).slack_bytes()
+    }
+    fn device_name(&self) -> String {
+        (**self).device_name()
     }
 }

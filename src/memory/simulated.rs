@@ -105,6 +105,7 @@ pub struct Simulation {
     leak_on_failure: u64,
     baseline_rise: Option<(usize, u64)>,
     slack: u64,
+    name: String,
 }
 
 impl Simulation {
@@ -124,6 +125,7 @@ impl Simulation {
             leak_on_failure: 0,
             baseline_rise: None,
             slack: 0,
+            name: "simulated device".to_owned(),
         }
     }
 
@@ -189,6 +191,12 @@ impl Simulation {
     /// late, like per-thread buffers.
     pub fn baseline_rise(mut self, step: usize, bytes: u64) -> Self {
         self.baseline_rise = Some((step, bytes));
+        self
+    }
+
+    /// The name the meter reports (see [`MemoryMeter::device_name`]).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
         self
     }
 
@@ -344,6 +352,10 @@ impl MemoryMeter for SimulatedMeter {
 
     fn slack_bytes(&self) -> u64 {
         self.config.slack
+    }
+
+    fn device_name(&self) -> String {
+        self.config.name.clone()
     }
 }
 

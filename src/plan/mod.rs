@@ -182,6 +182,10 @@ pub struct Plan {
     /// The evaluation step's own largest batch, when it was probed
     /// ([`Tuner::run_with_eval`](crate::Tuner::run_with_eval)).
     pub evaluation: Option<EvaluationPlan>,
+    /// Whether this plan came from the plan cache instead of probing (its
+    /// trials are those of the run that stored it).
+    #[serde(default)]
+    pub cached: bool,
 }
 
 /// The largest batch of an evaluation step (forward only, no gradients): bigger

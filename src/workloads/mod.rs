@@ -195,6 +195,11 @@ impl<M: Model> Trainer<M> {
 }
 
 impl<M: Model> Workload for Trainer<M> {
+    fn cache_key(&self) -> Option<crate::CacheKey> {
+        let vars = self.vars.iter().map(|(name, var)| (name.as_str(), var));
+        Some(crate::CacheKey::new().variables(vars).param("model", self.model.describe()))
+    }
+
     fn profile(&self) -> Option<crate::Profile> {
         let precision = match self.dtype {
             DType::BF16 => crate::estimate::Precision::Bf16,

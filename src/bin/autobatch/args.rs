@@ -143,6 +143,10 @@ pub struct ProbeArgs {
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long)]
     pub exact: bool,
+    /// Keep plans in this JSON file: an unchanged model, device and settings
+    /// reuse the stored plan without probing.
+    #[arg(long)]
+    pub cache: Option<std::path::PathBuf>,
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,

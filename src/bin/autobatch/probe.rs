@@ -132,6 +132,9 @@ fn tuner(args: &ProbeArgs) -> Tuner {
     if let Some(target) = args.target_effective_batch {
         tuner = tuner.target_effective_batch(target);
     }
+    if let Some(path) = &args.cache {
+        tuner = tuner.cache(path);
+    }
     tuner
 }
 

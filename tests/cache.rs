@@ -1,0 +1,170 @@
+//! The plan cache: hits skip probing, any change misses, bad files are ignored,
+//! concurrent writers never corrupt it.
+
+use std::path::PathBuf;
+
+use autobatch::memory::simulated::{MemoryCurve, SimulatedMeter, SimulatedWorkload, Simulation};
+use autobatch::{CacheKey, Error, Plan, Tuner};
+use candle_core::{DType, Device, Var};
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cache-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("plans.json")
+}
+
+fn device(capacity: u64) -> (SimulatedWorkload, SimulatedMeter) {
+    Simulation::new(capacity, MemoryCurve::affine(2 * GIB, 100 * MIB)).name("sim-A").build()
+}
+
+fn model_key(hidden: usize, seq_len: usize) -> CacheKey {
+    let weight = Var::zeros((hidden, hidden), DType::F32, &Device::Cpu).unwrap();
+    let bias = Var::zeros(hidden, DType::F32, &Device::Cpu).unwrap();
+    CacheKey::new().variables([("fc.weight", &weight), ("fc.bias", &bias)]).param("seq_len", seq_len)
+}
+
+fn run(tuner: &Tuner, capacity: u64) -> (Plan, usize) {
+    let (mut workload, mut meter) = device(capacity);
+    let plan = tuner.run(&mut workload, &mut meter).unwrap();
+    (plan, workload.steps())
+}
+
+#[test]
+fn a_hit_skips_probing_and_keeps_the_answer() {
+    let path = scratch("hit");
+    let tuner = Tuner::new().cache(&path).cache_key(model_key(64, 512));
+    let (first, steps) = run(&tuner, 16 * GIB);
+    assert!(!first.cached && steps > 0);
+    let (second, steps) = run(&tuner, 16 * GIB);
+    assert_eq!(steps, 0, "a hit runs no step");
+    assert!(second.cached);
+    assert_eq!((second.largest_batch, second.peak_bytes), (first.largest_batch, first.peak_bytes));
+    assert_eq!(second.trials, first.trials);
+
+    // the accumulation is planned anew from the cached largest batch
+    let (third, steps) = run(&tuner.clone().target_effective_batch(1000).world_size(4), 16 * GIB);
+    assert_eq!(steps, 0);
+    assert_eq!(third.micro_batch * third.accumulation_steps * 4, third.effective_batch);
+    assert!(third.effective_batch >= 1000 && third.micro_batch <= first.largest_batch);
+}
+
+#[test]
+fn any_change_that_decides_memory_misses() {
+    let path = scratch("miss");
+    let base = Tuner::new().cache(&path).cache_key(model_key(64, 512));
+    run(&base, 16 * GIB);
+    let changes: Vec<(&str, Tuner, u64)> = vec![
+        ("a variable's shape", base.clone().cache_key(model_key(128, 512)), 16 * GIB),
+        ("the sequence length", base.clone().cache_key(model_key(64, 1024)), 16 * GIB),
+        ("the ceiling", base.clone().ceiling(0.8), 16 * GIB),
+        ("the granularity", base.clone().multiple_of(8), 16 * GIB),
+        ("the device's capacity", base.clone(), 24 * GIB),
+        ("max_batch", base.clone().max_batch(100), 16 * GIB),
+    ];
+    for (what, tuner, capacity) in changes {
+        let (plan, steps) = run(&tuner, capacity);
+        assert!(!plan.cached && steps > 0, "changing {what} must miss");
+    }
+    // another device of the same capacity
+    let (mut workload, mut meter) =
+        Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).name("sim-B").build();
+    let plan = base.run(&mut workload, &mut meter).unwrap();
+    assert!(!plan.cached && workload.steps() > 0, "another device must miss");
+    // and every one of them is now a hit
+    assert!(run(&base.clone().ceiling(0.8), 16 * GIB).0.cached);
+    assert!(run(&base, 16 * GIB).0.cached);
+}
+
+#[test]
+fn the_key_names_the_crate_version_and_the_settings() {
+    let key = model_key(64, 512);
+    assert!(key.to_string().contains("fc.weight: F32 [64, 64]") && key.to_string().contains("seq_len: 512"));
+    let path = scratch("key");
+    run(&Tuner::new().cache(&path).cache_key(key), 16 * GIB);
+    let file = std::fs::read_to_string(&path).unwrap();
+    for part in
+        [concat!("autobatch.version: ", env!("CARGO_PKG_VERSION")), "autobatch.device: sim-A", "autobatch.ceiling: 0.9"]
+    {
+        assert!(file.contains(part), "{part} in {file}");
+    }
+}
+
+#[test]
+fn corrupt_unreadable_and_foreign_files_are_ignored_and_left_alone() {
+    for (name, contents) in [
+        ("corrupt", "{\"format\": \"autobatch-plan-cache\", \"version\": 1, \"entr"),
+        ("foreign", "{\"name\": \"my-app\", \"settings\": [1, 2, 3]}"),
+        ("binary", "\u{0}\u{1}\u{2}not json at all"),
+        ("future", "{\"format\": \"autobatch-plan-cache\", \"version\": 99, \"entries\": {}}"),
+    ] {
+        let path = scratch(name);
+        std::fs::write(&path, contents).unwrap();
+        let (plan, steps) = run(&Tuner::new().cache(&path).cache_key(model_key(64, 512)), 16 * GIB);
+        assert!(!plan.cached && steps > 0, "{name}");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            contents,
+            "{name}: a file we do not recognize is never written over"
+        );
+    }
+    // a directory where the file should be: unreadable, not fatal
+    let path = scratch("directory");
+    std::fs::create_dir_all(&path).unwrap();
+    let (plan, _) = run(&Tuner::new().cache(&path).cache_key(model_key(64, 512)), 16 * GIB);
+    assert!(!plan.cached);
+}
+
+#[test]
+fn a_cache_without_a_model_key_is_an_error_before_any_step() {
+    let path = scratch("nokey");
+    let (mut workload, mut meter) = device(16 * GIB);
+    let err = Tuner::new().cache(&path).run(&mut workload, &mut meter).unwrap_err();
+    assert!(matches!(err, Error::CacheKeyMissing), "{err}");
+    assert_eq!(workload.steps(), 0);
+}
+
+#[test]
+fn concurrent_writers_never_corrupt_the_file() {
+    let path = scratch("concurrent");
+    let writers: Vec<_> = (0..8)
+        .map(|writer| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                for round in 0..10 {
+                    let tuner = Tuner::new().cache(&path).cache_key(model_key(8 + writer, round));
+                    run(&tuner, 16 * GIB);
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    let value: serde_json::Value = serde_json::from_str(&text).expect("always a whole file");
+                    assert_eq!(value["format"], "autobatch-plan-cache");
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    reader.join().unwrap();
+    // the file is whole, and whatever it holds is a hit
+    let text = std::fs::read_to_string(&path).unwrap();
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(!value["entries"].as_object().unwrap().is_empty());
+    let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary files left behind");
+}
