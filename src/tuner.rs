@@ -350,7 +350,7 @@ impl Tuner {
         };
         if let Some((path, key)) = &cache {
             if let Some(plan) = crate::cache::lookup(path, key) {
-                return self.from_cache(plan);
+                return self.replan_cached(plan);
             }
         }
         info!(
@@ -436,7 +436,7 @@ impl Tuner {
     }
 
     /// A cached plan brought up to this tuner's accumulation settings.
-    fn from_cache(&self, mut plan: Plan) -> Result<Plan, Error> {
+    fn replan_cached(&self, mut plan: Plan) -> Result<Plan, Error> {
         let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(plan.largest_batch)?;
         plan.micro_batch = micro_batch;
         plan.accumulation_steps = accumulation_steps;
