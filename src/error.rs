@@ -191,6 +191,26 @@ pub enum Error {
     )]
     CacheKeyMissing,
 
+    /// A collective operation between ranks failed.
+    #[error("collective: {0}")]
+    Collective(String),
+
+    /// Another rank could not tune (nothing fits there, or its workload failed):
+    /// its own error is in its log. Every rank stops, so that none trains alone.
+    #[error("another rank could not find a batch that fits (see that rank's error); no rank will train")]
+    RankFailed,
+
+    /// The tuner's world size differs from the collective's.
+    #[error(
+        "world_size {tuner} differs from the collective's {collective}: leave world_size unset for run_distributed"
+    )]
+    WorldSizeMismatch {
+        /// The tuner's setting.
+        tuner: usize,
+        /// The collective's world size.
+        collective: usize,
+    },
+
     /// A headroom minimum outside [0, 1).
     #[error(
         "minimum headroom {min_headroom} is not a fraction in [0, 1): pass e.g. 0.1 to keep 10% of the device free"
@@ -267,6 +287,7 @@ impl Error {
                 | Error::InvalidCount { .. }
                 | Error::InvalidHeadroom { .. }
                 | Error::CacheKeyMissing
+                | Error::WorldSizeMismatch { .. }
         )
     }
 

@@ -83,6 +83,7 @@
 #![warn(missing_docs)]
 
 mod cache;
+pub mod collective;
 mod error;
 pub mod estimate;
 mod headroom;

@@ -186,6 +186,10 @@ pub struct Plan {
     /// trials are those of the run that stored it).
     #[serde(default)]
     pub cached: bool,
+    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): this
+    /// rank's own largest batch; `largest_batch` is then the one all ranks agreed on.
+    #[serde(default)]
+    pub rank_largest_batch: Option<usize>,
 }
 
 /// The largest batch of an evaluation step (forward only, no gradients): bigger
