@@ -191,6 +191,13 @@ pub enum Error {
     )]
     CacheKeyMissing,
 
+    /// The runtime guard ran out of memory with a micro-batch of one sample.
+    #[error("out of memory at a micro-batch of 1 (sample {offset} of the step): nothing smaller to try; lower the model's memory (see `autobatch estimate`)")]
+    GuardExhausted {
+        /// The sample that did not fit alone.
+        offset: usize,
+    },
+
     /// A collective operation between ranks failed.
     #[error("collective: {0}")]
     Collective(String),

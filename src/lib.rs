@@ -86,6 +86,7 @@ mod cache;
 pub mod collective;
 mod error;
 pub mod estimate;
+mod guard;
 mod headroom;
 pub mod memory;
 mod oom;
@@ -98,6 +99,7 @@ pub mod workloads;
 
 pub use cache::CacheKey;
 pub use error::Error;
+pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
 pub use memory::CudaMeter;
