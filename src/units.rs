@@ -2,7 +2,8 @@
 
 use crate::Error;
 
-const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+const BINARY: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+const DECIMAL: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
 
 /// Formats a byte count with binary units and three significant digits.
 ///
@@ -14,28 +15,7 @@ const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 /// assert_eq!(format_bytes(150 << 20), "150 MiB");
 /// ```
 pub fn format_bytes(bytes: u64) -> String {
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    // Rounding can carry a value to 1024 (e.g. 1023.99 MiB): show it in the next unit.
-    if value >= 999.5 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    let decimals = if value >= 99.95 {
-        0
-    } else if value >= 9.995 {
-        1
-    } else {
-        2
-    };
-    format!("{value:.decimals$} {}", UNITS[unit])
+    three_significant_digits(bytes, 1024.0, &BINARY)
 }
 
 /// Formats a byte count with decimal units (as model-memory rules of thumb
@@ -48,14 +28,17 @@ pub fn format_bytes(bytes: u64) -> String {
 /// assert_eq!(format_bytes_decimal(999), "999 B");
 /// ```
 pub fn format_bytes_decimal(bytes: u64) -> String {
-    const DECIMAL: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
-    if bytes < 1000 {
+    three_significant_digits(bytes, 1000.0, &DECIMAL)
+}
+
+fn three_significant_digits(bytes: u64, base: f64, units: &[&str]) -> String {
+    if (bytes as f64) < base {
         return format!("{bytes} B");
     }
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 999.5 && unit < DECIMAL.len() - 1 {
-        value /= 1000.0;
+    let (mut value, mut unit) = (bytes as f64 / base, 1);
+    // 999.5 and up would print as 1000: show it in the next unit instead
+    while value >= 999.5 && unit < units.len() - 1 {
+        value /= base;
         unit += 1;
     }
     let decimals = if value >= 99.95 {
@@ -65,7 +48,7 @@ pub fn format_bytes_decimal(bytes: u64) -> String {
     } else {
         2
     };
-    format!("{value:.decimals$} {}", DECIMAL[unit])
+    format!("{value:.decimals$} {}", units[unit])
 }
 
 const SIZE_UNITS: &str = "B, kB/KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)";
