@@ -1,0 +1,117 @@
+//! Several data-parallel ranks agree on one batch.
+
+use super::Tuner;
+use crate::{Error, MemoryMeter, Plan, Workload};
+
+impl Tuner {
+    /// [`run`](Tuner::run) on every rank of a data-parallel job, then
+    /// agreement: the batch every rank trains with is the smallest of the ranks'
+    /// largest batches (mixed GPUs, uneven free memory), verified on every rank
+    /// that has not run it, and the accumulation is planned for the
+    /// collective's world size. When any rank cannot tune, every rank fails
+    /// ([`Error::RankFailed`] on the others), so that no rank trains alone.
+    ///
+    /// ```
+    /// use autobatch::collective::ThreadCollective;
+    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+    /// use autobatch::Tuner;
+    ///
+    /// let ranks = ThreadCollective::group(2)?;
+    /// let capacities = [80u64 << 30, 40 << 30];
+    /// let plans = std::thread::scope(|s| {
+    ///     let runs: Vec<_> = ranks
+    ///         .iter()
+    ///         .zip(capacities)
+    ///         .map(|(rank, capacity)| {
+    ///             s.spawn(move || {
+    ///                 let (mut step, mut meter) = Simulation::new(capacity, MemoryCurve::affine(8 << 30, 256 << 20)).build();
+    ///                 Tuner::new().target_effective_batch(512).run_distributed(&mut step, &mut meter, rank)
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     runs.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(plans[0].largest_batch, plans[1].largest_batch); // the 40 GiB rank decides
+    /// assert_eq!(plans[0].micro_batch * plans[0].accumulation_steps * 2, 512);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn run_distributed<W, M, C>(&self, workload: &mut W, meter: &mut M, collective: &C) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        C: crate::collective::Collective + ?Sized,
+    {
+        let world_size = collective.world_size();
+        if self.world_size != 1 && self.world_size != world_size {
+            return Err(Error::WorldSizeMismatch { tuner: self.world_size, collective: world_size });
+        }
+        let local = Tuner { world_size: 1, target_effective_batch: None, exact_effective_batch: false, ..self.clone() };
+        let mut result = local.run(workload, meter);
+        // A few rounds: agree on the smallest answer; every rank that has not
+        // seen it fit runs it; when one fails there, all search below it.
+        for _ in 0..4 {
+            let mine = result.as_ref().map_or(0, |plan| plan.largest_batch as u64);
+            let agreed = collective.all_reduce_min(mine)? as usize;
+            let mut plan = match (result, agreed) {
+                (Err(err), _) => return Err(err),
+                (Ok(_), 0) => return Err(Error::RankFailed),
+                (Ok(plan), _) => plan,
+            };
+            let seen = plan.trials.iter().rev().find(|t| t.batch == agreed).map(|t| t.outcome.fits());
+            let verified = match seen {
+                Some(fits) => Ok(fits),
+                None => {
+                    let check = Tuner {
+                        start: agreed,
+                        max_batch: Some(agreed),
+                        max_trials: Some(1),
+                        warmup: false,
+                        ..local.clone()
+                    };
+                    match check.run(workload, meter) {
+                        Ok(checked) => {
+                            plan.trials.extend(checked.trials);
+                            plan.peak_bytes = checked.peak_bytes;
+                            Ok(true)
+                        }
+                        Err(Error::NothingFits { .. }) => Ok(false),
+                        Err(err) => Err(err),
+                    }
+                }
+            };
+            // 2: fits here; 1: does not fit here; 0: failed here (everyone stops)
+            let status = match verified {
+                Ok(true) => 2,
+                Ok(false) => 1,
+                Err(_) => 0,
+            };
+            let everywhere = collective.all_reduce_min(status)?;
+            verified?;
+            if everywhere == 0 {
+                return Err(Error::RankFailed);
+            }
+            if everywhere == 2 {
+                if let Some(trial) = plan.trials.iter().rev().find(|t| t.batch == agreed) {
+                    plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
+                }
+                plan.rank_largest_batch = Some(plan.largest_batch);
+                plan.largest_batch = agreed;
+                let with_ranks = Tuner { world_size, ..self.clone() };
+                let (micro_batch, accumulation_steps, effective_batch, accumulation) = with_ranks.split(agreed)?;
+                plan.world_size = world_size;
+                plan.target_effective_batch = self.target_effective_batch;
+                (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
+                    (micro_batch, accumulation_steps, effective_batch, accumulation);
+                return Ok(plan);
+            }
+            // some rank cannot run the agreed batch: everyone searches below it
+            let below = agreed.saturating_sub(self.multiple_of);
+            result = if below < self.start {
+                Err(Error::RankFailed)
+            } else {
+                Tuner { max_batch: Some(below), ..local.clone() }.run(workload, meter)
+            };
+        }
+        Err(Error::Collective("the ranks did not agree on a batch in 4 rounds".to_owned()))
+    }
+}

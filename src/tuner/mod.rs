@@ -1,0 +1,372 @@
+//! The tuner: configuration, the trial loop, and the plan at the end.
+
+mod distributed;
+mod evaluation;
+mod observer;
+mod trial_loop;
+
+use log::{info, warn};
+
+use crate::plan::{limit_bytes, plan_accumulation_aligned, Plan};
+use crate::search::{SearchSpace, Strategy};
+use crate::units::format_bytes;
+use crate::{CacheKey, Error, MemoryMeter, Workload};
+
+pub use observer::Observer;
+use trial_loop::Probe;
+
+/// Finds the largest batch that fits under a utilization ceiling and plans
+/// gradient accumulation from it.
+///
+/// Builder methods take and return `Self`; nothing is checked until
+/// [`run`](Tuner::run) (or [`check`](Tuner::check)), which reports any invalid
+/// setting as an [`Error`] before touching the device.
+///
+/// ```
+/// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+/// use autobatch::{Strategy, Tuner};
+///
+/// let (mut workload, mut meter) = Simulation::new(80 << 30, MemoryCurve::affine(10 << 30, 300 << 20)).build();
+/// let plan = Tuner::new()
+///     .ceiling(0.85)
+///     .multiple_of(8)
+///     .strategy(Strategy::Binary)
+///     .target_effective_batch(1024)
+///     .world_size(4)
+///     .run(&mut workload, &mut meter)?;
+/// // (0.85 × 80 GiB − 10 GiB) / 300 MiB = 197.97, rounded down to a multiple of 8
+/// assert_eq!(plan.largest_batch, 192);
+/// // 1024 = 128 × 2 accumulation steps × 4 ranks
+/// assert_eq!((plan.micro_batch, plan.accumulation_steps, plan.effective_batch), (128, 2, 1024));
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tuner {
+    ceiling: f64,
+    start: usize,
+    max_batch: Option<usize>,
+    multiple_of: usize,
+    max_trials: Option<usize>,
+    steps_per_trial: usize,
+    strategy: Strategy,
+    target_effective_batch: Option<usize>,
+    world_size: usize,
+    exact_effective_batch: bool,
+    warmup: bool,
+    profile: Option<crate::Profile>,
+    cache_path: Option<std::path::PathBuf>,
+    cache_key: Option<CacheKey>,
+}
+
+impl Default for Tuner {
+    fn default() -> Self {
+        Tuner {
+            ceiling: 0.90,
+            start: 1,
+            max_batch: None,
+            multiple_of: 1,
+            max_trials: None,
+            steps_per_trial: 1,
+            strategy: Strategy::Binary,
+            target_effective_batch: None,
+            world_size: 1,
+            exact_effective_batch: false,
+            warmup: true,
+            profile: None,
+            cache_path: None,
+            cache_key: None,
+        }
+    }
+}
+
+impl Tuner {
+    /// A tuner with the defaults: ceiling 0.90, start 1, multiple_of 1, one step
+    /// per trial, world size 1, [`Strategy::Binary`], no batch or trial limit, no
+    /// target effective batch, a warm-up step.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most a fitting step may use, as a fraction in (0, 1] of the device's
+    /// capacity (device-wide, not of the memory free at start). Default 0.90.
+    pub fn ceiling(mut self, ceiling: f64) -> Self {
+        self.ceiling = ceiling;
+        self
+    }
+
+    /// The smallest batch to consider (rounded up to `multiple_of`). Default 1.
+    pub fn start(mut self, start: usize) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// The largest batch to consider (rounded down to `multiple_of`): the search
+    /// tries it once when the next doubling would pass it. Default: no limit.
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = Some(max_batch);
+        self
+    }
+
+    /// Only batches that are multiples of this are tried and returned (8 for
+    /// tensor cores, say). Default 1.
+    pub fn multiple_of(mut self, multiple_of: usize) -> Self {
+        self.multiple_of = multiple_of;
+        self
+    }
+
+    /// Stops after this many search trials with the best batch verified so far,
+    /// flagged as not proven largest. Default: no limit.
+    pub fn max_trials(mut self, max_trials: usize) -> Self {
+        self.max_trials = Some(max_trials);
+        self
+    }
+
+    /// Workload steps per trial; the trial's peak is the highest over them
+    /// (use 2 or more when the first step allocates state lazily). Default 1.
+    pub fn steps_per_trial(mut self, steps_per_trial: usize) -> Self {
+        self.steps_per_trial = steps_per_trial;
+        self
+    }
+
+    /// The search strategy. Default [`Strategy::Binary`].
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The effective (global) batch to reach with micro-batches ×
+    /// accumulation steps × ranks. Default: none (train at the largest batch).
+    pub fn target_effective_batch(mut self, target: usize) -> Self {
+        self.target_effective_batch = Some(target);
+        self
+    }
+
+    /// The number of data-parallel ranks. Default 1.
+    pub fn world_size(mut self, world_size: usize) -> Self {
+        self.world_size = world_size;
+        self
+    }
+
+    /// Demand that the effective batch equals the target exactly: when no split
+    /// hits it, [`run`](Tuner::run) fails with [`Error::InexactEffectiveBatch`]
+    /// instead of returning the nearest batch above. Default false.
+    pub fn exact_effective_batch(mut self, exact: bool) -> Self {
+        self.exact_effective_batch = exact;
+        self
+    }
+
+    /// Run one uncounted step at the smallest candidate before the first trial,
+    /// so that memory a runtime keeps for good once used (cuBLAS workspaces,
+    /// loaded kernels, per-thread scratch buffers) is in the baseline. Default true.
+    pub fn warmup(mut self, warmup: bool) -> Self {
+        self.warmup = warmup;
+        self
+    }
+
+    /// What the model's training state is made of, for the advice that comes
+    /// with [`Error::NothingFits`]; overrides the workload's own
+    /// [`Workload::profile`]. Default: the workload's, if any.
+    pub fn profile(mut self, profile: crate::Profile) -> Self {
+        self.profile = Some(profile);
+        self
+    }
+
+    /// Keeps plans in a JSON file at `path`: a run whose model, device and
+    /// search settings match a stored plan returns it without probing (logged),
+    /// any change misses and probes. The model's part of the key comes from
+    /// [`cache_key`](Tuner::cache_key) or the workload's
+    /// [`Workload::cache_key`]; without either, `run` fails with
+    /// [`Error::CacheKeyMissing`]. A corrupt, unreadable or foreign file is
+    /// ignored with a warning (and never written over); writes are atomic.
+    pub fn cache(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.cache_path = Some(path.into());
+        self
+    }
+
+    /// The model's part of the cache key (its variables and the input shapes
+    /// that decide memory); overrides the workload's own.
+    pub fn cache_key(mut self, key: CacheKey) -> Self {
+        self.cache_key = Some(key);
+        self
+    }
+
+    /// Checks every setting without running anything.
+    ///
+    /// ```
+    /// use autobatch::{Error, Tuner};
+    /// assert!(Tuner::new().check().is_ok());
+    /// assert!(matches!(Tuner::new().ceiling(1.5).check(), Err(Error::InvalidCeiling { .. })));
+    /// ```
+    pub fn check(&self) -> Result<(), Error> {
+        self.search_space().map(|_| ())
+    }
+
+    fn search_space(&self) -> Result<SearchSpace, Error> {
+        if !(self.ceiling > 0.0 && self.ceiling <= 1.0) {
+            return Err(Error::InvalidCeiling { ceiling: self.ceiling });
+        }
+        for (setting, value) in [
+            ("steps_per_trial", Some(self.steps_per_trial)),
+            ("world_size", Some(self.world_size)),
+            ("max_trials", self.max_trials),
+            ("target_effective_batch", self.target_effective_batch),
+        ] {
+            if value == Some(0) {
+                return Err(Error::Zero { setting });
+            }
+        }
+        let space = SearchSpace::new(self.start, self.max_batch, self.multiple_of)?;
+        if let Some(target) = self.target_effective_batch {
+            let smallest =
+                self.world_size.checked_mul(self.multiple_of).ok_or(Error::Overflow { value: self.world_size })?;
+            if target < smallest {
+                return Err(Error::TargetBelowWorldSize {
+                    target,
+                    world_size: self.world_size,
+                    multiple_of: self.multiple_of,
+                    smallest,
+                });
+            }
+        }
+        Ok(space)
+    }
+
+    /// Probes `workload` on the device `meter` watches and returns the plan.
+    ///
+    /// Every trial resets the meter's peak, runs the step
+    /// `steps_per_trial` times, synchronizes, reads the peak and releases cached
+    /// memory. Out-of-memory errors (see [`is_oom`]) and peaks over the ceiling
+    /// are failed trials; any other workload error ends the run as
+    /// [`Error::Workload`]. When even the smallest candidate fails the result is
+    /// [`Error::NothingFits`], never a default.
+    ///
+    /// Memory that does not come back after a failed trial is reported as a
+    /// [`Warning::Leak`] in the plan rather than an error: the trials after it
+    /// ran with less memory, so the answer stays safe, and the caller decides
+    /// whether a leaking workload is acceptable. When memory in use rose after the
+    /// chosen batch was measured, the batch is run again (a
+    /// [`TrialKind::Recheck`] trial) so that the answer fits the memory as it is now.
+    pub fn run<W, M>(&self, workload: &mut W, meter: &mut M) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        self.run_observed(workload, meter, &mut ())
+    }
+
+    /// [`run`](Tuner::run), telling `observer` about each trial as it starts and
+    /// ends: for live progress in a command-line tool or a trainer's log.
+    ///
+    /// ```
+    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+    /// use autobatch::{Observer, Trial, Tuner};
+    ///
+    /// struct Rows(Vec<String>);
+    /// impl Observer for Rows {
+    ///     fn trial_finished(&mut self, trial: &Trial, _capacity_bytes: u64) {
+    ///         self.0.push(format!("{} {}", trial.batch, trial.outcome));
+    ///     }
+    /// }
+    /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 100 << 20)).build();
+    /// let mut rows = Rows(Vec::new());
+    /// Tuner::new().run_observed(&mut workload, &mut meter, &mut rows)?;
+    /// assert_eq!(rows.0[..3], ["1 fits", "2 fits", "4 fits"]);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn run_observed<W, M, O>(&self, workload: &mut W, meter: &mut M, observer: &mut O) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
+        let space = self.search_space()?;
+        let capacity_bytes = meter.capacity()?;
+        let limit = limit_bytes(self.ceiling, capacity_bytes);
+        let space = space.with_limit(limit);
+        let cache = match &self.cache_path {
+            Some(path) => Some((path.clone(), self.full_cache_key(&*workload, &*meter, capacity_bytes)?)),
+            None => None,
+        };
+        if let Some((path, key)) = &cache {
+            if let Some(plan) = crate::cache::lookup(path, key) {
+                return self.replan_cached(plan);
+            }
+        }
+        info!(
+            "tuning: {} search, ceiling {:.0}% of {} = {}, batches {}..={} in multiples of {}",
+            self.strategy,
+            self.ceiling * 100.0,
+            format_bytes(capacity_bytes),
+            format_bytes(limit),
+            space.first(),
+            space.last(),
+            space.multiple_of()
+        );
+        let plan = Probe::new(self, workload, meter, observer, capacity_bytes, limit).run(&space)?;
+        if let Some((path, key)) = &cache {
+            crate::cache::store(path, key, &plan);
+        }
+        Ok(plan)
+    }
+}
+
+type Split = (usize, usize, usize, Option<crate::Accumulation>);
+
+impl Tuner {
+    /// micro-batch, accumulation steps, effective batch and the split, from the largest batch.
+    fn split(&self, largest_batch: usize) -> Result<Split, Error> {
+        match self.target_effective_batch {
+            Some(target) => {
+                let mut split = plan_accumulation_aligned(target, self.world_size, largest_batch, self.multiple_of)?;
+                if self.exact_effective_batch {
+                    split = split.require_exact()?;
+                }
+                if !split.exact {
+                    warn!(
+                        "effective batch {} is {} above the target {}: no exact split within twice the fewest steps",
+                        split.effective_batch, split.deviation, target
+                    );
+                }
+                Ok((split.micro_batch, split.accumulation_steps, split.effective_batch, Some(split)))
+            }
+            None => {
+                let effective =
+                    largest_batch.checked_mul(self.world_size).ok_or(Error::Overflow { value: largest_batch })?;
+                Ok((largest_batch, 1, effective, None))
+            }
+        }
+    }
+
+    /// The whole cache key: the model's (given, or the workload's), the
+    /// device's, the search settings and the crate version.
+    fn full_cache_key<W, M>(&self, workload: &W, meter: &M, capacity_bytes: u64) -> Result<CacheKey, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let model = self.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)?;
+        Ok(model
+            .param("autobatch.version", env!("CARGO_PKG_VERSION"))
+            .param("autobatch.device", meter.device_name())
+            .param("autobatch.capacity_bytes", capacity_bytes)
+            .param("autobatch.ceiling", self.ceiling)
+            .param("autobatch.multiple_of", self.multiple_of)
+            .param("autobatch.start", self.start)
+            .param("autobatch.max_batch", self.max_batch.map_or("none".to_owned(), |b| b.to_string()))
+            .param("autobatch.steps_per_trial", self.steps_per_trial)
+            .param("autobatch.strategy", self.strategy))
+    }
+
+    /// A cached plan brought up to this tuner's accumulation settings.
+    fn replan_cached(&self, mut plan: Plan) -> Result<Plan, Error> {
+        let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(plan.largest_batch)?;
+        plan.micro_batch = micro_batch;
+        plan.accumulation_steps = accumulation_steps;
+        plan.effective_batch = effective_batch;
+        plan.accumulation = accumulation;
+        plan.world_size = self.world_size;
+        plan.target_effective_batch = self.target_effective_batch;
+        plan.cached = true;
+        Ok(plan)
+    }
+}

@@ -1,0 +1,31 @@
+//! Hearing about a tuning run as it happens.
+
+use crate::plan::{Trial, TrialKind, Warning};
+
+/// Hears about a tuning run as it happens (see [`Tuner::run_observed`]).
+///
+/// Calls come from the thread running the tuner, between the meter's
+/// measurements: [`trial_started`](Observer::trial_started) before the
+/// trial's baseline is read, so that with a heap meter what an observer holds
+/// is part of the baseline. An observer that allocates on another thread while
+/// a trial runs is measured with the trial. Every method does nothing by default; `()` observes nothing.
+pub trait Observer {
+    /// The uncounted warm-up step at `batch` is about to run.
+    fn warmup_started(&mut self, batch: usize) {
+        let _ = batch;
+    }
+    /// A trial at `batch` is about to run.
+    fn trial_started(&mut self, batch: usize, kind: TrialKind) {
+        let _ = (batch, kind);
+    }
+    /// A trial ended; `capacity_bytes` is the device capacity, for utilization.
+    fn trial_finished(&mut self, trial: &Trial, capacity_bytes: u64) {
+        let _ = (trial, capacity_bytes);
+    }
+    /// A warning was added to the plan.
+    fn warning(&mut self, warning: &Warning) {
+        let _ = warning;
+    }
+}
+
+impl Observer for () {}

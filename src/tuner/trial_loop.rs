@@ -1,0 +1,268 @@
+//! One tuning run: the warm-up, the trials, the re-check and the plan.
+
+use std::time::Instant;
+
+use log::{debug, info, warn};
+
+use super::{Observer, Tuner};
+use crate::plan::{utilization, MemoryModel, Plan, Trial, TrialKind, Warning};
+use crate::search::{best, next_batch, Next, Observation, SearchSpace};
+use crate::units::format_bytes;
+use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
+
+/// The state of one tuning run.
+pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
+    tuner: &'a Tuner,
+    observer: &'a mut O,
+    workload: &'a mut W,
+    meter: &'a mut M,
+    capacity_bytes: u64,
+    limit: u64,
+    trials: Vec<Trial>,
+    /// What the search sees: one entry per batch, the latest measurement.
+    history: Vec<Observation>,
+    /// Bytes in use before each `history` entry was measured.
+    baselines: Vec<u64>,
+    warnings: Vec<Warning>,
+}
+
+impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<'a, W, M, O> {
+    pub(super) fn new(
+        tuner: &'a Tuner,
+        workload: &'a mut W,
+        meter: &'a mut M,
+        observer: &'a mut O,
+        capacity_bytes: u64,
+        limit: u64,
+    ) -> Self {
+        Probe {
+            tuner,
+            observer,
+            workload,
+            meter,
+            capacity_bytes,
+            limit,
+            trials: Vec::new(),
+            history: Vec::new(),
+            baselines: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Warm-up, search, re-check, plan.
+    pub(super) fn run(mut self, space: &SearchSpace) -> Result<Plan, Error> {
+        if self.tuner.warmup {
+            self.warm_up(space.first())?;
+        }
+        let proven_largest = self.search(space)?;
+        let profile = self.tuner.profile.or_else(|| self.workload.profile());
+        self.into_plan(proven_largest, profile)
+    }
+
+    fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
+        self.observer.warmup_started(batch);
+        let started = Instant::now();
+        let result = self.workload.step(batch);
+        let settled = self.meter.synchronize().and_then(|()| self.meter.release_cached());
+        match result {
+            Ok(()) => settled?,
+            Err(err) if is_oom(&err) => debug!("warm-up at batch {batch} ran out of memory; the first trial will tell"),
+            Err(source) => return Err(Error::Workload { batch, source }),
+        }
+        debug!("warm-up at batch {batch} took {:?}", started.elapsed());
+        Ok(())
+    }
+
+    /// Runs the search to the end; returns whether the answer is proven largest.
+    fn search(&mut self, space: &SearchSpace) -> Result<bool, Error> {
+        let strategy = self.tuner.strategy;
+        let mut rechecked = Vec::new();
+        loop {
+            let proven = loop {
+                let batch = match next_batch(strategy, space, &self.history) {
+                    Next::Done => break true,
+                    Next::Try(batch) => batch,
+                };
+                let searched = self.trials.iter().filter(|t| t.kind == TrialKind::Search).count();
+                if let Some(max_trials) = self.tuner.max_trials.filter(|&max| searched >= max) {
+                    self.warn(Warning::TrialLimit { max_trials });
+                    break false;
+                }
+                let trial = self.trial(batch, TrialKind::Search)?;
+                self.history.push(Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes });
+                self.baselines.push(trial.baseline_bytes);
+            };
+            // Re-check the answer once if memory in use rose since it was measured.
+            let Some(index) = self.best_index() else { return Ok(proven) };
+            let batch = self.history[index].batch;
+            let first_baseline = self.baselines[index];
+            let now = self.meter.in_use()?;
+            if rechecked.contains(&batch) || now <= first_baseline.saturating_add(self.meter.slack_bytes()) {
+                return Ok(proven);
+            }
+            info!(
+                "memory in use rose from {} to {} since batch {batch} was measured: re-checking it",
+                format_bytes(first_baseline),
+                format_bytes(now)
+            );
+            rechecked.push(batch);
+            let trial = self.trial(batch, TrialKind::Recheck)?;
+            self.history[index] = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
+            self.baselines[index] = trial.baseline_bytes;
+            if trial.outcome.fits() {
+                return Ok(proven);
+            }
+            self.warn(Warning::RecheckFailed {
+                batch,
+                first_baseline_bytes: first_baseline,
+                recheck_baseline_bytes: trial.baseline_bytes,
+            });
+            if !proven {
+                // Out of trials: fall back to the next best verified batch, if any.
+                return Ok(false);
+            }
+        }
+    }
+
+    fn best_index(&self) -> Option<usize> {
+        let best = best(&self.history)?;
+        self.history.iter().position(|o| o.batch == best.batch)
+    }
+
+    /// One measured trial at `batch`.
+    fn trial(&mut self, batch: usize, kind: TrialKind) -> Result<Trial, Error> {
+        self.observer.trial_started(batch, kind);
+        let baseline_bytes = self.meter.in_use()?;
+        self.meter.reset_peak()?;
+        let started = Instant::now();
+        let mut result = Ok(());
+        for _ in 0..self.tuner.steps_per_trial {
+            result = self.workload.step(batch);
+            if result.is_err() {
+                break;
+            }
+        }
+        let synced = self.meter.synchronize();
+        let duration = started.elapsed();
+        let peak = self.meter.peak();
+        let released = self.meter.release_cached();
+
+        let outcome = match result {
+            Ok(()) => {
+                synced?;
+                released?;
+                if peak.as_ref().is_ok_and(|&peak| peak <= self.limit) {
+                    Outcome::Fits
+                } else {
+                    Outcome::OverCeiling
+                }
+            }
+            Err(err) if is_oom(&err) => {
+                for failed in [synced.err(), released.err()].into_iter().flatten() {
+                    warn!("after the out-of-memory step at batch {batch}: {failed}");
+                }
+                Outcome::OutOfMemory
+            }
+            Err(source) => return Err(Error::Workload { batch, source }),
+        };
+        let peak_bytes = match (peak, outcome) {
+            (Ok(peak), _) => Some(peak),
+            (Err(err), Outcome::OutOfMemory) => {
+                warn!("no peak after the out-of-memory step at batch {batch}: {err}");
+                None
+            }
+            (Err(err), _) => return Err(err),
+        };
+        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind };
+        self.log_trial(&trial);
+        self.observer.trial_finished(&trial, self.capacity_bytes);
+        if !outcome.fits() {
+            self.check_for_leak(batch, baseline_bytes)?;
+        }
+        self.trials.push(trial.clone());
+        Ok(trial)
+    }
+
+    fn check_for_leak(&mut self, batch: usize, baseline_bytes: u64) -> Result<(), Error> {
+        let after_bytes = self.meter.in_use()?;
+        let slack_bytes = self.meter.slack_bytes();
+        if after_bytes > baseline_bytes.saturating_add(slack_bytes) {
+            self.warn(Warning::Leak { batch, baseline_bytes, after_bytes, slack_bytes });
+        }
+        Ok(())
+    }
+
+    fn log_trial(&self, trial: &Trial) {
+        let peak = trial.peak_bytes.map_or_else(
+            || "no peak".to_owned(),
+            |peak| format!("peak {} ({:.1}%)", format_bytes(peak), 100.0 * utilization(peak, self.capacity_bytes)),
+        );
+        info!("trial {}: batch {} {}, {peak}, {:?}", self.trials.len() + 1, trial.batch, trial.outcome, trial.duration);
+    }
+
+    fn warn(&mut self, warning: Warning) {
+        warn!("{warning}");
+        self.observer.warning(&warning);
+        self.warnings.push(warning);
+    }
+
+    fn into_plan(self, proven_largest: bool, profile: Option<crate::Profile>) -> Result<Plan, Error> {
+        let tuner = self.tuner;
+        let Some(found) = best(&self.history).copied() else {
+            let smallest =
+                self.history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
+            let trial = self.trials.iter().rev().find(|t| t.batch == smallest.batch);
+            let remedies = match (profile, trial) {
+                (Some(profile), Some(trial)) => self.remedies(profile, trial),
+                _ => Vec::new(),
+            };
+            return Err(Error::NothingFits {
+                batch: smallest.batch,
+                outcome: smallest.outcome,
+                peak_bytes: smallest.peak_bytes,
+                capacity_bytes: self.capacity_bytes,
+                limit_bytes: self.limit,
+                ceiling: tuner.ceiling,
+                remedies,
+            });
+        };
+        let largest_batch = found.batch;
+        let world_size = tuner.world_size;
+        let (micro_batch, accumulation_steps, effective_batch, accumulation) = tuner.split(largest_batch)?;
+        let peak_bytes = found.peak_bytes.expect("a fitting trial always has a peak");
+        let memory_model = MemoryModel::fit(&self.trials, largest_batch, peak_bytes);
+        Ok(Plan {
+            largest_batch,
+            micro_batch,
+            accumulation_steps,
+            world_size,
+            effective_batch,
+            target_effective_batch: tuner.target_effective_batch,
+            peak_bytes,
+            capacity_bytes: self.capacity_bytes,
+            ceiling: tuner.ceiling,
+            multiple_of: tuner.multiple_of,
+            strategy: tuner.strategy,
+            proven_largest,
+            trials: self.trials,
+            accumulation,
+            warnings: self.warnings,
+            memory_model,
+            evaluation: None,
+            cached: false,
+            rank_largest_batch: None,
+        })
+    }
+
+    /// What would make the smallest batch fit, from the analytical model: the
+    /// failed trial's baseline holds the weights and optimizer state (and
+    /// whatever else is on the device); its peak adds gradients and activations.
+    fn remedies(&self, profile: crate::Profile, trial: &Trial) -> Vec<crate::estimate::Remedy> {
+        let state = crate::estimate::StaticMemory::new(profile.parameters, profile.precision, profile.optimizer);
+        let resident = state.weights + state.optimizer_states + state.master_weights;
+        let elsewhere = trial.baseline_bytes.saturating_sub(resident);
+        let peak = trial.peak_bytes.unwrap_or(self.capacity_bytes);
+        let activations = peak.saturating_sub(trial.baseline_bytes).saturating_sub(state.gradients);
+        crate::estimate::remedies(&state, activations, self.limit.saturating_sub(elsewhere))
+    }
+}
