@@ -8,6 +8,12 @@
 /// Return the device's out-of-memory error as is (see [`is_oom`](crate::is_oom)):
 /// the tuner tells it apart from every other error, which ends the search.
 ///
+/// Measure what training will hold: if training accumulates gradients over
+/// several micro-steps, the accumulator (one more copy of the gradients) is
+/// alive during every micro-step but the first; keep a buffer of that size
+/// alive in the probe step too, or the answer can be one gradient copy too big
+/// for accumulation.
+///
 /// Closures are workloads:
 ///
 /// ```
