@@ -382,3 +382,16 @@ fn nothing_fits_says_what_would_help_when_the_model_is_known() {
     assert!(!checkpointing.fits, "1 GB of activations is not what is in the way");
     assert!(err.to_string().contains("what would help"), "{err}");
 }
+
+#[test]
+fn noisy_curves_below_one_sample_of_noise_are_still_exact() {
+    for seed in 0..20 {
+        let sim = Simulation::new(40 * GIB, MemoryCurve::affine(3 * GIB, 37 * MIB)).noise(30 * MIB, seed);
+        let space = SearchSpace::new(1, None, 1).unwrap();
+        let truth = sim.true_largest(0.9, &space, 1 << 16).unwrap();
+        for strategy in [Strategy::Binary, Strategy::Predictive] {
+            let plan = run(&Tuner::new().strategy(strategy), sim.clone()).unwrap();
+            assert_eq!(plan.largest_batch, truth, "seed {seed}, {strategy}");
+        }
+    }
+}

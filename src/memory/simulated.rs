@@ -137,8 +137,10 @@ impl Simulation {
         self
     }
 
-    /// Adds up to `bytes` of deterministic pseudo-random noise to every step's
-    /// peak; the same seed, batch and step count give the same noise.
+    /// Adds up to `bytes` of pseudo-random noise to the peak of each batch (as
+    /// data- or shape-dependent allocations vary): deterministic per seed and
+    /// batch, so a batch always measures the same and brute force sees it too.
+    /// Below one sample's bytes, the curve stays monotone.
     pub fn noise(mut self, bytes: u64, seed: u64) -> Self {
         self.noise = bytes;
         self.seed = seed;
@@ -206,8 +208,8 @@ impl Simulation {
         self
     }
 
-    /// The device-wide peak of a step at `batch` with nothing leaked, no noise
-    /// and no late baseline rise: what a brute-force check compares to the ceiling.
+    /// The device-wide peak of a step at `batch` with nothing leaked and no late
+    /// baseline rise (noise included): what a brute-force check compares to the ceiling.
     pub fn device_peak(&self, batch: usize) -> u64 {
         self.step_peak(batch, 0, 0)
     }
@@ -220,9 +222,9 @@ impl Simulation {
             || self.device_peak(batch) > self.capacity
     }
 
-    /// The largest candidate of `space` that a noise-free step runs at with a
-    /// device-wide peak at or under `ceiling × capacity`, by brute force over
-    /// every candidate (scanning stops at `scan_limit`).
+    /// The largest candidate of `space` whose step runs with a device-wide peak
+    /// at or under `ceiling × capacity`, by brute force over every candidate
+    /// (scanning stops at `scan_limit`).
     pub fn true_largest(&self, ceiling: f64, space: &crate::search::SearchSpace, scan_limit: usize) -> Option<usize> {
         let limit = crate::plan::limit_bytes(ceiling, self.capacity);
         (space.first()..=space.last().min(scan_limit))
@@ -236,10 +238,18 @@ impl Simulation {
             .curve
             .bytes(batch)
             .saturating_add(self.blips.get(&batch).copied().unwrap_or(0))
+            .saturating_add(self.noise_at(batch))
             .max(self.resident)
             .saturating_add(risen);
         let rounded = own.div_ceil(self.rounding).saturating_mul(self.rounding);
         rounded.saturating_add(self.other_process).saturating_add(leaked)
+    }
+
+    fn noise_at(&self, batch: usize) -> u64 {
+        if self.noise == 0 {
+            return 0;
+        }
+        splitmix64(self.seed ^ (batch as u64).rotate_left(32)) % (self.noise + 1)
     }
 
     /// Splits the device into the workload that runs on it and the meter that watches it.
@@ -294,12 +304,7 @@ impl Workload for SimulatedWorkload {
         let sim = &*self.config;
         let mut state = lock(&self.state);
         state.steps += 1;
-        let noise = if sim.noise == 0 {
-            0
-        } else {
-            splitmix64(sim.seed ^ (batch as u64).rotate_left(32) ^ state.steps as u64) % (sim.noise + 1)
-        };
-        let peak = sim.step_peak(batch, state.leaked, state.risen).saturating_add(noise);
+        let peak = sim.step_peak(batch, state.leaked, state.risen);
         if let Some((at, bytes)) = sim.baseline_rise {
             if state.steps == at {
                 state.risen = state.risen.saturating_add(bytes);
