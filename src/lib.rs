@@ -79,6 +79,21 @@
 //! accumulation steps that hit the target exactly (within twice the minimum),
 //! otherwise the nearest effective batch above, with the deviation and a
 //! learning-rate scaling hint.
+//!
+//! ## In a training loop
+//!
+//! - [`Tuner::cache`] keeps plans keyed by what decides memory ([`CacheKey`]),
+//!   so later start-ups skip probing;
+//! - [`Guard`] runs each step as micro-batches and halves them on an
+//!   out-of-memory error without changing the effective batch or the gradient;
+//! - [`Tuner::run_distributed`] makes every rank agree on one batch through a
+//!   [`collective::Collective`];
+//! - [`Tuner::run_with_eval`] plans the evaluation step's own batch;
+//! - [`Headroom`] and [`assert_headroom`] turn memory regressions into failing tests;
+//! - [`estimate`] is the analytical model (bytes per parameter) behind
+//!   `autobatch estimate` and the advice that comes with [`Error::NothingFits`].
+//!
+//! On a GPU (feature `cuda`), `CudaMeter` measures candle's CUDA memory pool.
 
 #![warn(missing_docs)]
 

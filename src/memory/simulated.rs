@@ -1,5 +1,5 @@
 //! A simulated device for tests and benchmarks of the search: a memory curve in,
-//! a [`Workload`](crate::Workload) and a [`MemoryMeter`](crate::MemoryMeter) out.
+//! a [`Workload`] and a [`MemoryMeter`] out.
 //!
 //! ```
 //! use autobatch::memory::simulated::{MemoryCurve, Simulation};

@@ -235,17 +235,17 @@ impl Tuner {
     ///
     /// Every trial resets the meter's peak, runs the step
     /// `steps_per_trial` times, synchronizes, reads the peak and releases cached
-    /// memory. Out-of-memory errors (see [`is_oom`]) and peaks over the ceiling
+    /// memory. Out-of-memory errors (see [`is_oom`](crate::is_oom)) and peaks over the ceiling
     /// are failed trials; any other workload error ends the run as
     /// [`Error::Workload`]. When even the smallest candidate fails the result is
     /// [`Error::NothingFits`], never a default.
     ///
     /// Memory that does not come back after a failed trial is reported as a
-    /// [`Warning::Leak`] in the plan rather than an error: the trials after it
+    /// [`Warning::Leak`](crate::Warning::Leak) in the plan rather than an error: the trials after it
     /// ran with less memory, so the answer stays safe, and the caller decides
     /// whether a leaking workload is acceptable. When memory in use rose after the
     /// chosen batch was measured, the batch is run again (a
-    /// [`TrialKind::Recheck`] trial) so that the answer fits the memory as it is now.
+    /// [`TrialKind::Recheck`](crate::TrialKind::Recheck) trial) so that the answer fits the memory as it is now.
     pub fn run<W, M>(&self, workload: &mut W, meter: &mut M) -> Result<Plan, Error>
     where
         W: Workload + ?Sized,

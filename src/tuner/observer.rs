@@ -2,7 +2,7 @@
 
 use crate::plan::{Trial, TrialKind, Warning};
 
-/// Hears about a tuning run as it happens (see [`Tuner::run_observed`]).
+/// Hears about a tuning run as it happens (see [`Tuner::run_observed`](crate::Tuner::run_observed)).
 ///
 /// Calls come from the thread running the tuner, between the meter's
 /// measurements: [`trial_started`](Observer::trial_started) before the
