@@ -91,7 +91,9 @@ const VERSION: u32 = 1;
 struct CacheFile {
     format: String,
     version: u32,
-    entries: BTreeMap<String, Entry>,
+    /// Entries are read one at a time: one that does not parse is a miss (and is
+    /// replaced on the next store), not the loss of the whole file.
+    entries: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -134,16 +136,23 @@ pub(crate) fn lookup(path: &Path, key: &CacheKey) -> Option<Plan> {
             warn!("ignoring the plan cache {}: {why}", path.display());
             None
         }
-        Contents::Ours(mut file) => match file.entries.remove(&fingerprint) {
-            Some(entry) if entry.key == key.to_string() => {
-                info!("plan cache hit in {} ({fingerprint}): no probing", path.display());
-                Some(entry.plan)
+        Contents::Ours(mut file) => {
+            let entry = file.entries.remove(&fingerprint).map(serde_json::from_value::<Entry>);
+            match entry {
+                Some(Ok(entry)) if entry.key == key.to_string() => {
+                    info!("plan cache hit in {} ({fingerprint}): no probing", path.display());
+                    Some(entry.plan)
+                }
+                Some(Err(err)) => {
+                    warn!("ignoring the unreadable entry {fingerprint} of the plan cache {}: {err}", path.display());
+                    None
+                }
+                _ => {
+                    info!("plan cache miss in {} ({fingerprint})", path.display());
+                    None
+                }
             }
-            _ => {
-                info!("plan cache miss in {} ({fingerprint})", path.display());
-                None
-            }
-        },
+        }
     }
 }
 
@@ -160,7 +169,14 @@ pub(crate) fn store(path: &Path, key: &CacheKey, plan: &Plan) {
             return;
         }
     };
-    file.entries.insert(key.fingerprint(), Entry { key: key.to_string(), plan: plan.clone() });
+    let entry = match serde_json::to_value(Entry { key: key.to_string(), plan: plan.clone() }) {
+        Ok(entry) => entry,
+        Err(err) => {
+            warn!("not caching the plan: {err}");
+            return;
+        }
+    };
+    file.entries.insert(key.fingerprint(), entry);
     if let Err(err) = write_atomically(path, &file) {
         warn!("could not write the plan cache {}: {err}", path.display());
     }

@@ -168,3 +168,45 @@ fn concurrent_writers_never_corrupt_the_file() {
         .collect();
     assert!(leftovers.is_empty(), "no temporary files left behind");
 }
+
+#[test]
+fn the_evaluation_step_is_cached_beside_the_training_step() {
+    let path = scratch("evaluation");
+    let tuner = Tuner::new().cache(&path).cache_key(model_key(64, 512));
+    let sims = || {
+        let (train, meter) = device(16 * GIB);
+        let (eval, _) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 30 * MIB)).name("sim-A").build();
+        (train, eval, meter)
+    };
+    let (mut train, mut eval, mut meter) = sims();
+    let first = tuner.run_with_eval(&mut train, &mut eval, &mut meter).unwrap();
+    let (mut train, mut eval, mut meter) = sims();
+    let second = tuner.run_with_eval(&mut train, &mut eval, &mut meter).unwrap();
+    assert!(second.cached, "{second}");
+    assert_eq!((train.steps(), eval.steps()), (0, 0));
+    assert_eq!(second.evaluation.unwrap().largest_batch, first.evaluation.unwrap().largest_batch);
+}
+
+#[test]
+fn one_unreadable_entry_is_a_miss_not_the_loss_of_the_file() {
+    let path = scratch("entry");
+    let (tuner_a, tuner_b) =
+        (Tuner::new().cache(&path).cache_key(model_key(64, 1)), Tuner::new().cache(&path).cache_key(model_key(64, 2)));
+    run(&tuner_a, 16 * GIB);
+    run(&tuner_b, 16 * GIB);
+    // break the entry of b
+    let mut file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let entries = file["entries"].as_object_mut().unwrap();
+    let b = entries
+        .iter()
+        .find(|(_, e)| e["key"].as_str().unwrap().contains("seq_len: 2"))
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    entries.insert(b.clone(), serde_json::json!({ "key": 42 }));
+    std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
+
+    assert!(run(&tuner_a, 16 * GIB).0.cached, "the other entries still hit");
+    let (plan, steps) = run(&tuner_b, 16 * GIB);
+    assert!(!plan.cached && steps > 0, "the broken entry is a miss");
+    assert!(run(&tuner_b, 16 * GIB).0.cached, "and it was stored again");
+}

@@ -249,6 +249,12 @@ impl MemoryModel {
         latest.sort_unstable();
         let line = crate::search::LinearFit::through(&latest)?;
         let predicted = line.predict(chosen).max(0.0);
+        // JSON has no NaN or infinity: a model that cannot be checked is no model
+        if measured == 0
+            || !(line.fixed_bytes.is_finite() && line.bytes_per_sample.is_finite() && predicted.is_finite())
+        {
+            return None;
+        }
         Some(MemoryModel {
             fixed_bytes: line.fixed_bytes,
             bytes_per_sample: line.bytes_per_sample,

@@ -66,6 +66,7 @@ impl Tuner {
                         max_batch: Some(agreed),
                         max_trials: Some(1),
                         warmup: false,
+                        cache_path: None,
                         ..local.clone()
                     };
                     match check.run(workload, meter) {

@@ -49,11 +49,16 @@ impl Tuner {
         O: Observer + ?Sized,
     {
         let mut plan = self.run_observed(train, meter, observer)?;
+        // cached under the training step's model key, marked as the evaluation step
+        let cache_key =
+            self.cache_key.clone().or_else(|| train.cache_key()).map(|key| key.param("autobatch.step", "evaluation"));
         let from_training = Tuner {
             start: plan.largest_batch.max(self.start),
             target_effective_batch: None,
             world_size: 1,
             exact_effective_batch: false,
+            cache_path: self.cache_path.clone().filter(|_| cache_key.is_some()),
+            cache_key,
             ..self.clone()
         };
         info!("evaluation step: searching from batch {}", from_training.start);
