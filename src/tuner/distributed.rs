@@ -98,11 +98,7 @@ impl Tuner {
                 plan.rank_largest_batch = Some(plan.largest_batch);
                 plan.largest_batch = agreed;
                 let with_ranks = Tuner { world_size, ..self.clone() };
-                let (micro_batch, accumulation_steps, effective_batch, accumulation) = with_ranks.split(agreed)?;
-                plan.world_size = world_size;
-                plan.target_effective_batch = self.target_effective_batch;
-                (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
-                    (micro_batch, accumulation_steps, effective_batch, accumulation);
+                with_ranks.replan(&mut plan)?;
                 return Ok(plan);
             }
             // some rank cannot run the agreed batch: everyone searches below it

@@ -359,14 +359,19 @@ impl Tuner {
 
     /// A cached plan brought up to this tuner's accumulation settings.
     fn replan_cached(&self, mut plan: Plan) -> Result<Plan, Error> {
-        let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(plan.largest_batch)?;
-        plan.micro_batch = micro_batch;
-        plan.accumulation_steps = accumulation_steps;
-        plan.effective_batch = effective_batch;
-        plan.accumulation = accumulation;
-        plan.world_size = self.world_size;
-        plan.target_effective_batch = self.target_effective_batch;
+        self.replan(&mut plan)?;
         plan.cached = true;
         Ok(plan)
+    }
+
+    /// Plans `plan`'s accumulation anew from its largest batch, with this
+    /// tuner's target and world size.
+    fn replan(&self, plan: &mut Plan) -> Result<(), Error> {
+        let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(plan.largest_batch)?;
+        (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
+            (micro_batch, accumulation_steps, effective_batch, accumulation);
+        plan.world_size = self.world_size;
+        plan.target_effective_batch = self.target_effective_batch;
+        Ok(())
     }
 }
