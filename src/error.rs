@@ -1,6 +1,15 @@
 //! The one error type of the crate.
+//!
+//! It depends only on leaves: the outcome of a trial, the headroom report, the
+//! analytical model's remedies and the byte formatter.
 
-use crate::plan::Outcome;
+use crate::estimate::Remedy;
+use crate::headroom::report::HeadroomReport;
+use crate::search::outcome::Outcome;
+use crate::units::format_bytes;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong while configuring or running a tuning.
 ///
@@ -99,8 +108,8 @@ pub enum Error {
         "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}{}",
         describe_failure(*.outcome, *.peak_bytes),
         .ceiling * 100.0,
-        crate::units::format_bytes(*.capacity_bytes),
-        crate::units::format_bytes(*.limit_bytes),
+        format_bytes(*.capacity_bytes),
+        format_bytes(*.limit_bytes),
         describe_remedies(.remedies)
     )]
     NothingFits {
@@ -119,7 +128,7 @@ pub enum Error {
         /// What would make batch 1 fit, largest saving first, from the
         /// analytical memory model; empty when the workload has no
         /// [`Profile`](crate::Profile).
-        remedies: Vec<crate::estimate::Remedy>,
+        remedies: Vec<Remedy>,
     },
 
     /// The workload failed with an error that is not an out-of-memory error.
@@ -153,6 +162,28 @@ pub enum Error {
         valid: String,
     },
 
+    /// A byte count past what 64 bits hold (16 EiB): an estimate of an absurd
+    /// model, never a wrapped number.
+    #[error("{what} comes to 2^64 bytes (16 EiB) or more, past what this tool counts")]
+    ByteOverflow {
+        /// What was being counted.
+        what: String,
+    },
+
+    /// A reference model too large to build: not even batch 1 could stay
+    /// under the limit, or its sizes do not fit in this machine's numbers.
+    /// Refused before anything is allocated.
+    #[error("{}{model} needs {needs}{}", if .limit_bytes.is_some() { "nothing fits: " } else { "" }, describe_limit(*.limit_bytes))]
+    ModelTooLarge {
+        /// The model and its size.
+        model: String,
+        /// What it needs, in words.
+        needs: String,
+        /// The limit (ceiling × capacity) it was checked against; `None` when
+        /// no machine could hold it.
+        limit_bytes: Option<u64>,
+    },
+
     /// A reference model was asked for a dtype it does not train in.
     #[error("dtype {dtype} is not supported here: use {valid}")]
     UnsupportedDtype {
@@ -164,25 +195,7 @@ pub enum Error {
 
     /// candle failed outside a probed step (building a model, a training step).
     #[error("candle: {0}")]
-    Candle(#[source] candle_core::Error),
-
-    /// A byte size could not be read.
-    #[error("invalid size {input:?}: {reason}")]
-    InvalidSize {
-        /// The text given.
-        input: String,
-        /// What is wrong and what would be valid.
-        reason: String,
-    },
-
-    /// A count (e.g. of parameters) could not be read.
-    #[error("invalid count {input:?}: {reason}")]
-    InvalidCount {
-        /// The text given.
-        input: String,
-        /// What is wrong and what would be valid.
-        reason: String,
-    },
+    Candle(#[from] candle_core::Error),
 
     /// A plan cache was asked for without a way to fingerprint the model.
     #[error(
@@ -230,7 +243,7 @@ pub enum Error {
     /// A headroom check failed: the step ran out of memory or left less free
     /// than the minimum.
     #[error("memory headroom regression: {0}")]
-    InsufficientHeadroom(Box<crate::HeadroomReport>),
+    InsufficientHeadroom(Box<HeadroomReport>),
 
     /// A CUDA device could not be used.
     #[error("CUDA device {ordinal} is not available: {reason}")]
@@ -247,7 +260,7 @@ pub enum Error {
 }
 
 fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
-    let peak = peak_bytes.map(crate::units::format_bytes);
+    let peak = peak_bytes.map(format_bytes);
     match (outcome, peak) {
         (Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
         (Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
@@ -256,7 +269,18 @@ fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
     }
 }
 
-fn describe_remedies(remedies: &[crate::estimate::Remedy]) -> String {
+fn describe_limit(limit_bytes: Option<u64>) -> String {
+    match limit_bytes {
+        Some(limit) => format!(
+            ", more than the limit of {} (ceiling × capacity): not even batch 1 can fit; \
+             make the model smaller or raise the capacity",
+            format_bytes(limit)
+        ),
+        None => ": more than this machine can address; make the model smaller".to_owned(),
+    }
+}
+
+fn describe_remedies(remedies: &[Remedy]) -> String {
     if remedies.is_empty() {
         return String::new();
     }
@@ -286,12 +310,11 @@ impl Error {
                 | Error::MaxBatchBelowStart { .. }
                 | Error::NoCandidate { .. }
                 | Error::Overflow { .. }
+                | Error::ByteOverflow { .. }
                 | Error::TargetBelowWorldSize { .. }
                 | Error::InexactEffectiveBatch { .. }
                 | Error::InvalidModel { .. }
                 | Error::UnsupportedDtype { .. }
-                | Error::InvalidSize { .. }
-                | Error::InvalidCount { .. }
                 | Error::InvalidHeadroom { .. }
                 | Error::CacheKeyMissing
                 | Error::WorldSizeMismatch { .. }

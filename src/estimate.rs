@@ -1,7 +1,12 @@
 //! The analytical memory model: what a model's training state costs before any
 //! activation, and which changes would make it fit.
 //!
-//! Bytes per parameter, as `../shared/FACTS.md` and the ZeRO paper give them:
+//! Bytes per parameter, as the mixed-precision training recipe (Micikevicius et
+//! al. 2018, "Mixed Precision Training") and the ZeRO paper (Rajbhandari et al.
+//! 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+//! section 3.1: 2 + 2 + 12 bytes per parameter for mixed-precision Adam) give them,
+//! with 8-bit Adam as in Dettmers et al. 2022 ("8-bit Optimizers via Block-wise
+//! Quantization", blocks of 256) and Adafactor as in Shazeer & Stern 2018:
 //!
 //! | state | fp32 | bf16 (pure) | mixed precision |
 //! |---|---|---|---|
@@ -20,15 +25,24 @@
 //! ```
 //! use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
 //!
-//! let adamw = StaticMemory::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
+//! let adamw = StaticMemory::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW)?;
 //! assert_eq!((adamw.weights, adamw.gradients, adamw.optimizer_states), (4e9 as u64, 4e9 as u64, 8e9 as u64));
 //! assert_eq!(adamw.total(), 16_000_000_000);
 //! assert!(!adamw.fits(12 << 30));
+//! // byte counts never wrap: past 2^64 bytes it is an error
+//! assert!(StaticMemory::new(10_000_000_000_000_000_000, Precision::Fp32, OptimizerKind::AdamW).is_err());
+//! # Ok::<(), autobatch::Error>(())
 //! ```
 
 use serde::{Deserialize, Serialize};
 
 use crate::units::format_bytes_decimal;
+use crate::Error;
+
+/// Byte counts per parameter are exact multiples of 1/32 byte (8-bit Adam's
+/// 2 + 2·4/256 = 65/32): counted in 32nds, in integers, so that no count is a
+/// rounded float.
+const PER_PARAMETER_DENOMINATOR: u64 = 32;
 
 /// How weights, gradients and optimizer states are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -43,24 +57,24 @@ pub enum Precision {
 }
 
 impl Precision {
-    fn weight_bytes(self) -> f64 {
+    fn weight_bytes(self) -> u64 {
         match self {
-            Precision::Fp32 => 4.0,
-            Precision::Bf16 | Precision::Mixed => 2.0,
+            Precision::Fp32 => 4,
+            Precision::Bf16 | Precision::Mixed => 2,
         }
     }
 
-    fn state_bytes(self) -> f64 {
+    fn state_bytes(self) -> u64 {
         match self {
-            Precision::Bf16 => 2.0,
-            Precision::Fp32 | Precision::Mixed => 4.0,
+            Precision::Bf16 => 2,
+            Precision::Fp32 | Precision::Mixed => 4,
         }
     }
 
-    fn master_bytes(self) -> f64 {
+    fn master_bytes(self) -> u64 {
         match self {
-            Precision::Mixed => 4.0,
-            Precision::Fp32 | Precision::Bf16 => 0.0,
+            Precision::Mixed => 4,
+            Precision::Fp32 | Precision::Bf16 => 0,
         }
     }
 
@@ -105,13 +119,19 @@ impl OptimizerKind {
 
     /// Optimizer-state bytes per parameter at `precision`.
     pub fn bytes_per_parameter(self, precision: Precision) -> f64 {
-        let state = precision.state_bytes();
+        self.thirty_seconds_per_parameter(precision) as f64 / PER_PARAMETER_DENOMINATOR as f64
+    }
+
+    /// Optimizer-state bytes per parameter, in 32nds of a byte.
+    fn thirty_seconds_per_parameter(self, precision: Precision) -> u64 {
+        let state = precision.state_bytes() * PER_PARAMETER_DENOMINATOR;
         match self {
-            OptimizerKind::Sgd | OptimizerKind::Adafactor => 0.0,
+            OptimizerKind::Sgd | OptimizerKind::Adafactor => 0,
             OptimizerKind::Momentum | OptimizerKind::Lion => state,
-            OptimizerKind::AdamW => 2.0 * state,
-            // two 8-bit moments plus one fp32 absmax per 256-element block each
-            OptimizerKind::Adam8bit => 2.0 * (1.0 + 4.0 / 256.0),
+            OptimizerKind::AdamW => 2 * state,
+            // two 8-bit moments plus one fp32 absmax per 256-element block each:
+            // 2 · (1 + 4/256) = 65/32
+            OptimizerKind::Adam8bit => 65,
         }
     }
 
@@ -148,23 +168,50 @@ pub struct StaticMemory {
 }
 
 impl StaticMemory {
-    /// The state of `parameters` parameters trained at `precision` with `optimizer`.
-    pub fn new(parameters: u64, precision: Precision, optimizer: OptimizerKind) -> Self {
-        let bytes = |per_parameter: f64| (parameters as f64 * per_parameter).round() as u64;
-        StaticMemory {
+    /// The state of `parameters` parameters trained at `precision` with
+    /// `optimizer`. Every byte count is exact (rounded to the nearest byte only
+    /// for 8-bit Adam's fractional bytes per parameter); a state of 2^64 bytes
+    /// or more is [`Error::ByteOverflow`], never a wrapped or saturated number.
+    pub fn new(parameters: u64, precision: Precision, optimizer: OptimizerKind) -> Result<Self, Error> {
+        let overflow = || Error::ByteOverflow {
+            what: format!("the training state of {parameters} parameters ({}, {})", precision.name(), optimizer.name()),
+        };
+        let bytes = |thirty_seconds: u64| -> Result<u64, Error> {
+            let exact = u128::from(parameters) * u128::from(thirty_seconds);
+            let denominator = u128::from(PER_PARAMETER_DENOMINATOR);
+            u64::try_from((exact + denominator / 2) / denominator).map_err(|_| overflow())
+        };
+        let state = StaticMemory {
             parameters,
             precision,
             optimizer,
-            weights: bytes(precision.weight_bytes()),
-            gradients: bytes(precision.weight_bytes()),
-            optimizer_states: bytes(optimizer.bytes_per_parameter(precision)),
-            master_weights: bytes(precision.master_bytes()),
-        }
+            weights: bytes(precision.weight_bytes() * PER_PARAMETER_DENOMINATOR)?,
+            gradients: bytes(precision.weight_bytes() * PER_PARAMETER_DENOMINATOR)?,
+            optimizer_states: bytes(optimizer.thirty_seconds_per_parameter(precision))?,
+            master_weights: bytes(precision.master_bytes() * PER_PARAMETER_DENOMINATOR)?,
+        };
+        [state.gradients, state.optimizer_states, state.master_weights]
+            .into_iter()
+            .try_fold(state.weights, u64::checked_add)
+            .ok_or_else(overflow)?;
+        Ok(state)
     }
 
-    /// Weights + gradients + optimizer states + master weights.
+    /// Weights + gradients + optimizer states + master weights (checked to fit
+    /// in a `u64` when the state was made).
     pub fn total(&self) -> u64 {
         self.weights + self.gradients + self.optimizer_states + self.master_weights
+    }
+
+    /// [`total`](Self::total) plus `activation_bytes`, or
+    /// [`Error::ByteOverflow`] past 2^64 − 1 bytes.
+    pub fn total_with(&self, activation_bytes: u64) -> Result<u64, Error> {
+        self.total().checked_add(activation_bytes).ok_or_else(|| Error::ByteOverflow {
+            what: format!(
+                "the training state of {} parameters plus {activation_bytes} bytes of activations",
+                self.parameters
+            ),
+        })
     }
 
     /// Whether the state alone fits in `capacity` bytes.
@@ -257,32 +304,48 @@ impl std::fmt::Display for Remedy {
 /// ```
 /// use autobatch::estimate::{remedies, Change, OptimizerKind, Precision, StaticMemory};
 ///
-/// let state = StaticMemory::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
-/// let advice = remedies(&state, 0, 12_000_000_000);
+/// let state = StaticMemory::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW)?;
+/// let advice = remedies(&state, 0, 12_000_000_000)?;
 /// // Adafactor drops the 8 GB of moments: 8 GB in all, which fits in 12 GB.
 /// let adafactor = advice.iter().find(|r| r.change == Change::Optimizer { to: OptimizerKind::Adafactor }).unwrap();
 /// assert_eq!((adafactor.saves_bytes, adafactor.fits), (8_000_000_000, true));
 /// assert!(advice.iter().all(|r| r.saves_bytes <= advice[0].saves_bytes));
+/// # Ok::<(), autobatch::Error>(())
 /// ```
-pub fn remedies(state: &StaticMemory, activation_bytes: u64, available_bytes: u64) -> Vec<Remedy> {
-    let now = state.total() + activation_bytes;
+///
+/// Fails with [`Error::ByteOverflow`] when the state and the activations
+/// together come to 2^64 bytes or more.
+pub fn remedies(state: &StaticMemory, activation_bytes: u64, available_bytes: u64) -> Result<Vec<Remedy>, Error> {
+    let now = state.total_with(activation_bytes)?;
     let mut options: Vec<(Change, u64)> = Vec::new();
+    // each alternative is at most `now` when it helps, so an alternative
+    // that does not fit in a u64 is one that does not help
+    let mut consider = |change: Change, changed: Result<StaticMemory, Error>, activations: u64| {
+        if let Ok(total) = changed.and_then(|state| state.total_with(activations)) {
+            options.push((change, total));
+        }
+    };
     for precision in [Precision::Bf16, Precision::Mixed] {
         if precision != state.precision {
-            let changed = StaticMemory::new(state.parameters, precision, state.optimizer);
             let activations = if state.precision == Precision::Fp32 { activation_bytes / 2 } else { activation_bytes };
-            options.push((Change::Precision { to: precision }, changed.total() + activations));
+            let changed = StaticMemory::new(state.parameters, precision, state.optimizer);
+            consider(Change::Precision { to: precision }, changed, activations);
         }
     }
     for optimizer in [OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Lion, OptimizerKind::Momentum] {
         if optimizer != state.optimizer {
             let changed = StaticMemory::new(state.parameters, state.precision, optimizer);
-            options.push((Change::Optimizer { to: optimizer }, changed.total() + activation_bytes));
+            consider(Change::Optimizer { to: optimizer }, changed, activation_bytes);
         }
     }
     if activation_bytes > 0 {
-        options.push((Change::GradientCheckpointing, state.total() + activation_bytes * 2 / 34));
-        options.push((Change::ShorterInputs { factor: 2 }, state.total() + activation_bytes / 2));
+        // 2 of 34 bytes per token and hidden unit stay (Korthikanti et al. 2022)
+        consider(
+            Change::GradientCheckpointing,
+            Ok(state.clone()),
+            activation_bytes / 34 * 2 + activation_bytes % 34 * 2 / 34,
+        );
+        consider(Change::ShorterInputs { factor: 2 }, Ok(state.clone()), activation_bytes / 2);
     }
     let mut advice: Vec<Remedy> = options
         .into_iter()
@@ -295,7 +358,7 @@ pub fn remedies(state: &StaticMemory, activation_bytes: u64, available_bytes: u6
         })
         .collect();
     advice.sort_by_key(|remedy| std::cmp::Reverse(remedy.saves_bytes));
-    advice
+    Ok(advice)
 }
 
 #[cfg(test)]
@@ -317,10 +380,10 @@ mod tests {
             (Precision::Fp32, OptimizerKind::Adam8bit, 10.03125),
         ];
         for (precision, optimizer, per_parameter) in cases {
-            let state = StaticMemory::new(BILLION, precision, optimizer);
+            let state = StaticMemory::new(BILLION, precision, optimizer).unwrap();
             assert_eq!(state.total(), (per_parameter * 1e9) as u64, "{precision:?} {optimizer:?}");
         }
-        let mixed = StaticMemory::new(BILLION, Precision::Mixed, OptimizerKind::AdamW);
+        let mixed = StaticMemory::new(BILLION, Precision::Mixed, OptimizerKind::AdamW).unwrap();
         assert_eq!(
             (mixed.weights, mixed.gradients, mixed.optimizer_states, mixed.master_weights),
             (2 * BILLION, 2 * BILLION, 8 * BILLION, 4 * BILLION)
@@ -329,8 +392,8 @@ mod tests {
 
     #[test]
     fn remedies_are_sorted_and_say_whether_they_fit() {
-        let state = StaticMemory::new(BILLION, Precision::Fp32, OptimizerKind::AdamW);
-        let advice = remedies(&state, 4 * BILLION, 12 * BILLION);
+        let state = StaticMemory::new(BILLION, Precision::Fp32, OptimizerKind::AdamW).unwrap();
+        let advice = remedies(&state, 4 * BILLION, 12 * BILLION).unwrap();
         assert!(advice.windows(2).all(|w| w[0].saves_bytes >= w[1].saves_bytes));
         let find = |change: Change| advice.iter().find(|r| r.change == change).cloned().unwrap();
         let bf16 = find(Change::Precision { to: Precision::Bf16 });
@@ -342,6 +405,40 @@ mod tests {
         // mixed precision costs as much as fp32 for the state: it only halves activations
         let mixed = find(Change::Precision { to: Precision::Mixed });
         assert_eq!(mixed.saves_bytes, 2 * BILLION);
-        assert!(remedies(&StaticMemory::new(BILLION, Precision::Bf16, OptimizerKind::Sgd), 0, 0).is_empty());
+        let lean = StaticMemory::new(BILLION, Precision::Bf16, OptimizerKind::Sgd).unwrap();
+        assert!(remedies(&lean, 0, 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn byte_counts_never_wrap() {
+        // 16 bytes per parameter: the largest count whose state fits in a u64
+        let most = u64::MAX / 16;
+        let state = StaticMemory::new(most, Precision::Fp32, OptimizerKind::AdamW).unwrap();
+        assert_eq!(state.total(), most * 16);
+        assert!(matches!(
+            StaticMemory::new(most + 1, Precision::Fp32, OptimizerKind::AdamW),
+            Err(Error::ByteOverflow { .. })
+        ));
+        for parameters in [2_000_000_000_000_000_000u64, 10_000_000_000_000_000_000, u64::MAX] {
+            for optimizer in OptimizerKind::ALL {
+                for precision in [Precision::Fp32, Precision::Bf16, Precision::Mixed] {
+                    if let Ok(state) = StaticMemory::new(parameters, precision, optimizer) {
+                        let sum = [state.weights, state.gradients, state.optimizer_states, state.master_weights]
+                            .iter()
+                            .map(|&b| u128::from(b))
+                            .sum::<u128>();
+                        assert_eq!(u128::from(state.total()), sum);
+                    }
+                }
+            }
+        }
+        assert!(state.total_with(u64::MAX).is_err());
+        assert!(remedies(&state, u64::MAX, 0).is_err());
+    }
+
+    #[test]
+    fn eight_bit_adam_counts_its_block_scales_exactly() {
+        let state = StaticMemory::new(256, Precision::Fp32, OptimizerKind::Adam8bit).unwrap();
+        assert_eq!(state.optimizer_states, 2 * 256 + 2 * 4);
     }
 }

@@ -107,13 +107,14 @@ pub mod memory;
 mod oom;
 mod plan;
 pub mod search;
+mod splitmix;
 mod tuner;
 mod units;
 mod workload;
 pub mod workloads;
 
 pub use cache::CacheKey;
-pub use error::Error;
+pub use error::{Error, Result};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
@@ -121,10 +122,10 @@ pub use memory::CudaMeter;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use oom::is_oom;
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, Accumulation, EvaluationPlan, MemoryModel, Outcome, Plan, Trial,
-    TrialKind, Warning,
+    plan_accumulation, plan_accumulation_aligned, Accumulation, EvaluationPlan, MemoryModel, Plan, Trial, TrialKind,
+    Warning,
 };
-pub use search::{LinearFit, Strategy};
+pub use search::{LinearFit, Outcome, Strategy};
 pub use tuner::{Observer, Tuner};
-pub use units::{format_bytes, format_bytes_decimal, parse_bytes, parse_count};
+pub use units::{format_bytes, format_bytes_decimal};
 pub use workload::{Profile, Workload};

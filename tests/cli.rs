@@ -68,7 +68,7 @@ fn json_plan_is_on_stdout_and_trials_on_stderr() {
     assert_eq!(plan["ceiling"].as_f64(), Some(0.8));
     assert_eq!(number("world_size"), 2);
     assert_eq!(number("multiple_of"), 4);
-    assert_eq!(plan["strategy"], "binary");
+    assert_eq!(plan["strategy"], "predictive");
     assert_eq!(plan["proven_largest"], true);
     assert!(number("peak_bytes") <= (0.8 * (24u64 << 20) as f64) as u64);
     let (micro, steps) = (number("micro_batch"), number("accumulation_steps"));
@@ -84,10 +84,15 @@ fn json_plan_is_on_stdout_and_trials_on_stderr() {
 
 #[test]
 fn nothing_fits_has_its_own_exit_code() {
-    let output = autobatch(&["probe", "--model", "mlp", "--budget", "1MiB"]);
+    let output = autobatch(&["probe", "--model", "mlp", "--budget", "3MiB"]);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("error: nothing fits: batch 1"), "{stderr}");
+    // a budget under the model's own tensors is refused before anything is built
+    let output = autobatch(&["probe", "--model", "mlp", "--budget", "1MiB"]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("error: nothing fits: mlp(") && stderr.contains("not even batch 1"), "{stderr}");
 }
 
 #[test]
@@ -100,13 +105,13 @@ fn bad_flags_and_impossible_configurations_are_one_line_usage_errors() {
     assert_usage_error(&["probe", "--heads", "3"], "divisor of d_model = 64");
     assert_usage_error(&["probe", "--budget", "12 gigs"], "unknown unit");
     assert_usage_error(&["probe", "--device", "tpu"], "use cpu, cuda or cuda:N");
-    assert_usage_error(&["probe", "--max-batch", "4", "--start", "8"], "max_batch 4 is below start 8");
-    assert_usage_error(&["probe", "--multiple-of", "0"], "multiple_of is 0");
+    assert_usage_error(&["probe", "--max-batch", "4", "--start", "8"], "--max-batch 4 is below --start 8");
+    assert_usage_error(&["probe", "--multiple-of", "0"], "'--multiple-of <MULTIPLE_OF>': must be at least 1");
     assert_usage_error(&["probe", "--target-effective-batch", "3", "--world-size", "4"], "at least 4");
     assert_usage_error(&["probe", "--model", "convnet", "--resolution", "30"], "multiple of 4");
     assert_usage_error(&["estimate", "--params", "7X"], "unknown suffix");
     assert_usage_error(&["estimate"], "--params");
-    assert_usage_error(&["plan", "--target", "0", "--largest", "8"], "target_effective_batch is 0");
+    assert_usage_error(&["plan", "--target", "0", "--largest", "8"], "'--target <TARGET>': must be at least 1");
     assert_usage_error(&["plan", "--target", "257", "--largest", "133", "--exact"], "nearest above is 258");
 }
 

@@ -72,12 +72,16 @@ fn a_real_out_of_memory_below_the_ceiling_is_a_failure() {
 fn physical_out_of_memory_and_over_ceiling_are_told_apart() {
     // capacity reached above batch 100; ceiling 50% reached above batch 50
     let sim = Simulation::new(1000 * MIB, MemoryCurve::affine(0, 10 * MIB));
-    let plan = run(&Tuner::new().ceiling(0.5), sim).unwrap();
+    let plan = run(&Tuner::new().strategy(Strategy::Binary).ceiling(0.5), sim).unwrap();
     assert_eq!(plan.largest_batch, 50);
     let outcome_of = |b: usize| plan.trials.iter().find(|t| t.batch == b).map(|t| t.outcome);
     assert_eq!(outcome_of(64), Some(Outcome::OverCeiling));
     assert_eq!(outcome_of(128), None, "bisects after the first failure");
-    let plan = run(&Tuner::new().ceiling(1.0), Simulation::new(1000 * MIB, MemoryCurve::affine(0, 10 * MIB))).unwrap();
+    let plan = run(
+        &Tuner::new().strategy(Strategy::Binary).ceiling(1.0),
+        Simulation::new(1000 * MIB, MemoryCurve::affine(0, 10 * MIB)),
+    )
+    .unwrap();
     assert_eq!(plan.largest_batch, 100);
     assert_eq!(plan.trials.iter().find(|t| t.batch == 128).map(|t| t.outcome), Some(Outcome::OutOfMemory));
 }
@@ -109,7 +113,7 @@ fn a_nothing_fits_search_with_a_larger_start_reports_that_start() {
 #[test]
 fn other_workload_errors_end_the_run_untouched_and_are_not_retried() {
     let (mut workload, mut meter) = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB)).error_at(64).build();
-    let err = Tuner::new().run(&mut workload, &mut meter).unwrap_err();
+    let err = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap_err();
     let Error::Workload { batch, source } = &err else { panic!("expected a workload error, got {err:?}") };
     assert_eq!(*batch, 64);
     assert!(source.to_string().contains("simulated failure at batch 64"), "{source}");
@@ -128,7 +132,7 @@ fn other_workload_errors_end_the_run_untouched_and_are_not_retried() {
         }
     };
     let (_, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 1)).build();
-    let err = Tuner::new().warmup(false).run(&mut step, &mut meter).unwrap_err();
+    let err = Tuner::new().strategy(Strategy::Binary).warmup(false).run(&mut step, &mut meter).unwrap_err();
     assert!(matches!(err.workload_error(), Some(candle_core::Error::Msg(m)) if m == "bad shape at 4"));
     assert_eq!(calls, 3);
 }
@@ -147,8 +151,8 @@ fn max_batch_caps_the_search_and_is_tried_once() {
 #[test]
 fn max_trials_returns_the_best_verified_batch_flagged_unproven() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB));
-    let full = run(&Tuner::new(), sim.clone()).unwrap();
-    let cut = run(&Tuner::new().max_trials(5), sim).unwrap();
+    let full = run(&Tuner::new().strategy(Strategy::Binary), sim.clone()).unwrap();
+    let cut = run(&Tuner::new().strategy(Strategy::Binary).max_trials(5), sim).unwrap();
     assert_eq!(cut.trials.len(), 5);
     assert_eq!(cut.largest_batch, 16);
     assert!(!cut.proven_largest && full.proven_largest);
@@ -190,7 +194,7 @@ fn steps_per_trial_and_warmup_decide_how_many_steps_run() {
 fn a_failed_trial_that_leaks_is_reported_and_the_answer_stays_safe() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).oom_from(100).leak_on_failure(512 * MIB);
     let (mut workload, mut meter) = sim.build();
-    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    let plan = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap();
     let leaks: Vec<_> = plan.warnings.iter().filter(|w| matches!(w, Warning::Leak { .. })).collect();
     assert!(!leaks.is_empty(), "{plan}");
     assert!(
@@ -217,7 +221,7 @@ fn the_answer_is_rechecked_when_the_baseline_rises_after_it_was_measured() {
     // 160, 144 (12th: rise), 136, 132, 130, 128, 127.
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).baseline_rise(12, GIB);
     let (mut workload, mut meter) = sim.clone().build();
-    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    let plan = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap();
     let rechecks: Vec<_> = plan.trials.iter().filter(|t| t.kind == TrialKind::Recheck).collect();
     assert!(!rechecks.is_empty(), "{plan}");
     // (0.9 × 16 − 3) GiB / 100 MiB = 116.7
@@ -309,7 +313,7 @@ fn plan_serializes_to_json_and_back() {
     let json = plan.to_json();
     let value: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(value["largest_batch"], 119);
-    assert_eq!(value["strategy"], "binary");
+    assert_eq!(value["strategy"], "predictive");
     assert_eq!(value["world_size"], 2);
     assert_eq!(value["trials"][0]["outcome"], "fits");
     assert!(value["trials"].as_array().unwrap().iter().any(|t| t["outcome"] == "out_of_memory"));
@@ -343,8 +347,8 @@ fn the_plan_carries_a_memory_model_checked_at_the_chosen_batch() {
     for strategy in [Strategy::Binary, Strategy::Predictive] {
         let plan = run(&Tuner::new().strategy(strategy), sim.clone()).unwrap();
         let model = plan.memory_model.as_ref().expect("several batches were measured");
-        assert!((model.bytes_per_sample - (100 * MIB) as f64).abs() < 1.0, "{model:?}");
-        assert!((model.fixed_bytes - (3 * GIB) as f64).abs() < 1024.0, "{model:?}");
+        assert!((model.line.bytes_per_sample - (100 * MIB) as f64).abs() < 1.0, "{model:?}");
+        assert!((model.line.fixed_bytes - (3 * GIB) as f64).abs() < 1024.0, "{model:?}");
         assert!(model.prediction_error.abs() < 1e-6);
         assert!(!model.fitted_batches.contains(&plan.largest_batch));
         assert!(plan.to_string().contains("per sample"), "{plan}");
@@ -354,7 +358,7 @@ fn the_plan_carries_a_memory_model_checked_at_the_chosen_batch() {
 #[test]
 fn predictive_finds_the_same_batch_in_fewer_trials() {
     let sim = Simulation::new(80 * GIB, MemoryCurve::affine(6 * GIB, 17 * MIB)).rounding(2 * MIB).other_process(GIB);
-    let binary = run(&Tuner::new(), sim.clone()).unwrap();
+    let binary = run(&Tuner::new().strategy(Strategy::Binary), sim.clone()).unwrap();
     let predictive = run(&Tuner::new().strategy(Strategy::Predictive), sim).unwrap();
     assert_eq!(predictive.largest_batch, binary.largest_batch);
     assert!(predictive.proven_largest);

@@ -53,6 +53,7 @@ impl HeapMeter {
         if !TrackingAllocator::is_installed() {
             return Err(Error::AllocatorNotInstalled);
         }
+        engage_thread_scratch()?;
         Ok(HeapMeter { budget_bytes, slack_bytes: Self::DEFAULT_SLACK_BYTES })
     }
 
@@ -66,6 +67,22 @@ impl HeapMeter {
     pub fn budget_bytes(&self) -> u64 {
         self.budget_bytes
     }
+}
+
+/// Runs a small matmul on this thread and on every worker of the rayon pool
+/// candle's CPU kernels use, so that the scratch buffer its matmul keeps per
+/// thread for good (gemm's packing slab, the size of the L2 cache: 1–2 MiB) is
+/// part of every baseline. Otherwise the first trial that brings a new worker
+/// into a matmul holds that much more memory after it than before, which
+/// looks exactly like a leak.
+fn engage_thread_scratch() -> Result<(), Error> {
+    let matmul = || -> candle_core::Result<()> {
+        let a = candle_core::Tensor::ones((64, 64), candle_core::DType::F32, &candle_core::Device::Cpu)?;
+        a.matmul(&a).map(drop)
+    };
+    matmul()?;
+    rayon::broadcast(|_| matmul()).into_iter().collect::<candle_core::Result<()>>()?;
+    Ok(())
 }
 
 impl MemoryMeter for HeapMeter {

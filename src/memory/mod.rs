@@ -3,6 +3,7 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 mod heap;
+pub(crate) mod measure;
 pub mod simulated;
 mod tracking;
 

@@ -249,7 +249,7 @@ impl Simulation {
         if self.noise == 0 {
             return 0;
         }
-        splitmix64(self.seed ^ (batch as u64).rotate_left(32)) % (self.noise + 1)
+        crate::splitmix::splitmix64(self.seed ^ (batch as u64).rotate_left(32)) % (self.noise + 1)
     }
 
     /// Splits the device into the workload that runs on it and the meter that watches it.
@@ -388,10 +388,3 @@ impl fmt::Display for SimulatedOutOfMemory {
 }
 
 impl std::error::Error for SimulatedOutOfMemory {}
-
-fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}

@@ -9,41 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulation};
 
-use crate::search::Strategy;
-
-/// How one trial ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The step ran and the device-wide peak stayed at or under `ceiling × capacity`.
-    Fits,
-    /// The step ran but the device-wide peak went above `ceiling × capacity`.
-    OverCeiling,
-    /// The step failed with an out-of-memory error (see [`is_oom`](crate::is_oom)).
-    OutOfMemory,
-}
-
-impl Outcome {
-    /// Whether the batch is usable: only [`Outcome::Fits`] is.
-    pub fn fits(self) -> bool {
-        self == Outcome::Fits
-    }
-
-    /// A short lower-case label, as in the report: `fits`, `over ceiling`, `out of memory`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Fits => "fits",
-            Outcome::OverCeiling => "over ceiling",
-            Outcome::OutOfMemory => "out of memory",
-        }
-    }
-}
-
-impl std::fmt::Display for Outcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.label())
-    }
-}
+use crate::search::{LinearFit, Outcome, Strategy};
 
 /// Why a trial was run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -101,6 +67,18 @@ pub enum Warning {
         /// The limit that was reached.
         max_trials: usize,
     },
+    /// The step's peak grew by less than a byte per sample while the batch grew
+    /// a thousandfold: it does not seem to use its batch (a step that ignores
+    /// its argument, a loader that caps the batch). The search stopped there,
+    /// and the answer is not proven largest.
+    BatchIgnored {
+        /// The smallest fitting batch measured.
+        smallest_batch: usize,
+        /// The largest fitting batch measured.
+        largest_batch: usize,
+        /// How much the peak grew between them.
+        growth_bytes: u64,
+    },
     /// The chosen batch no longer fit when re-checked after memory in use rose;
     /// the search went on below it.
     RecheckFailed {
@@ -127,6 +105,12 @@ impl std::fmt::Display for Warning {
             Warning::TrialLimit { max_trials } => write!(
                 f,
                 "stopped at max_trials = {max_trials}: the batch is verified to fit but not proven the largest"
+            ),
+            Warning::BatchIgnored { smallest_batch, largest_batch, growth_bytes } => write!(
+                f,
+                "the step seems not to use its batch: its peak grew by {} from batch {smallest_batch} to batch \
+                 {largest_batch}; stopped there (check that the step builds its inputs from the batch size)",
+                b(*growth_bytes)
             ),
             Warning::RecheckFailed { batch, first_baseline_bytes, recheck_baseline_bytes } => write!(
                 f,
@@ -212,10 +196,10 @@ pub struct EvaluationPlan {
 /// prediction that the measurement then checks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MemoryModel {
-    /// Bytes at batch 0: weights, gradients, optimizer state, other processes.
-    pub fixed_bytes: f64,
-    /// Bytes each sample adds.
-    pub bytes_per_sample: f64,
+    /// The fitted line: bytes at batch 0 (weights, gradients, optimizer state,
+    /// other processes) and bytes each sample adds.
+    #[serde(flatten)]
+    pub line: LinearFit,
     /// The batches the line was fitted to.
     pub fitted_batches: Vec<usize>,
     /// The line's peak at the chosen batch.
@@ -228,7 +212,7 @@ pub struct MemoryModel {
 impl MemoryModel {
     /// The line's peak at `batch`, in bytes.
     pub fn predict(&self, batch: usize) -> f64 {
-        self.fixed_bytes + self.bytes_per_sample * batch as f64
+        self.line.predict(batch)
     }
 
     /// Fits the line to `trials` (the last measurement of each batch that ran
@@ -247,17 +231,14 @@ impl MemoryModel {
             }
         }
         latest.sort_unstable();
-        let line = crate::search::LinearFit::through(&latest)?;
+        let line = LinearFit::through(&latest)?;
         let predicted = line.predict(chosen).max(0.0);
         // JSON has no NaN or infinity: a model that cannot be checked is no model
-        if measured == 0
-            || !(line.fixed_bytes.is_finite() && line.bytes_per_sample.is_finite() && predicted.is_finite())
-        {
+        if measured == 0 || !(line.is_finite() && predicted.is_finite()) {
             return None;
         }
         Some(MemoryModel {
-            fixed_bytes: line.fixed_bytes,
-            bytes_per_sample: line.bytes_per_sample,
+            line,
             fitted_batches: latest.iter().map(|&(b, _)| b).collect(),
             predicted_peak_bytes: predicted.round() as u64,
             prediction_error: (predicted - measured as f64) / measured as f64,

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{utilization, Accumulation, Outcome, Plan, Trial, TrialKind};
+use super::{utilization, Accumulation, Plan, Trial, TrialKind};
 use crate::units::format_bytes;
 
 impl fmt::Display for Plan {
@@ -14,29 +14,39 @@ impl fmt::Display for Plan {
     /// plan: micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{}", Trial::table_header())?;
+        let width = self.trials.iter().map(|t| t.batch.to_string().len()).fold(Trial::BATCH_WIDTH, usize::max);
+        writeln!(f, "{}", Trial::table_header_with_width(width))?;
         for (index, trial) in self.trials.iter().enumerate() {
-            writeln!(f, "{}", trial.table_row(index + 1, self.capacity_bytes))?;
+            writeln!(f, "{}", trial.table_row_with_width(index + 1, self.capacity_bytes, width))?;
         }
         f.write_str(&self.summary())
     }
 }
 
+// The table's pieces are public for the command-line tool's live rows, not
+// part of the library's surface.
+#[doc(hidden)]
 impl Trial {
-    /// The header of the trial table in a plan's report.
-    pub fn table_header() -> String {
-        format!("{:>5}  {:>7}  {:<13}  {:>9}  {:>6}  {:>9}", "trial", "batch", "outcome", "peak", "util", "time")
+    /// The batch column's usual width: batches up to 9,999,999.
+    pub const BATCH_WIDTH: usize = 7;
+
+    /// The header of the trial table, with a batch column `batch_width` wide.
+    pub fn table_header_with_width(batch_width: usize) -> String {
+        format!(
+            "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}",
+            "trial", "batch", "outcome", "peak", "util", "time"
+        )
     }
 
-    /// This trial as row `number` of the report's table; utilization is of `capacity_bytes`.
-    pub fn table_row(&self, number: usize, capacity_bytes: u64) -> String {
+    /// This trial as row `number` of the table; utilization is of `capacity_bytes`.
+    pub fn table_row_with_width(&self, number: usize, capacity_bytes: u64, batch_width: usize) -> String {
         let (peak, util) = match self.peak_bytes {
             Some(peak) => (format_bytes(peak), format!("{:.1}%", 100.0 * utilization(peak, capacity_bytes))),
             None => ("-".to_owned(), "-".to_owned()),
         };
         let recheck = if self.kind == TrialKind::Recheck { "  (re-check)" } else { "" };
         format!(
-            "{:>5}  {:>7}  {:<13}  {:>9}  {:>6}  {:>9}{recheck}",
+            "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}{recheck}",
             number,
             self.batch,
             self.outcome,
@@ -51,6 +61,9 @@ impl Plan {
     /// The report without the trial table: the search result, the plan and any warnings.
     pub fn summary(&self) -> String {
         let mut out = String::new();
+        if self.cached {
+            out += "cached plan: stored by an earlier run with the same model, device and settings; no step ran\n";
+        }
         let proof = if self.proven_largest { "proven largest" } else { "not proven largest" };
         let granularity =
             if self.multiple_of > 1 { format!(", multiples of {}", self.multiple_of) } else { String::new() };
@@ -74,8 +87,8 @@ impl Plan {
         if let Some(model) = &self.memory_model {
             out += &format!(
                 "\nmemory: {} + {} per sample (fitted to {} batches; predicts {} at batch {}, {:+.1}% of measured)",
-                format_bytes(model.fixed_bytes.max(0.0) as u64),
-                format_bytes(model.bytes_per_sample.max(0.0) as u64),
+                format_bytes(model.line.fixed_bytes.max(0.0) as u64),
+                format_bytes(model.line.bytes_per_sample.max(0.0) as u64),
                 model.fitted_batches.len(),
                 format_bytes(model.predicted_peak_bytes),
                 self.largest_batch,
@@ -144,16 +157,28 @@ fn format_duration(duration: std::time::Duration) -> String {
     }
 }
 
-impl Outcome {
-    #[cfg(test)]
-    fn all() -> [Outcome; 3] {
-        [Outcome::Fits, Outcome::OverCeiling, Outcome::OutOfMemory]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wide_batches_widen_the_column_and_keep_it_aligned() {
+        use std::time::Duration;
+        let trial = |batch| Trial {
+            batch,
+            outcome: crate::Outcome::Fits,
+            peak_bytes: Some(1 << 20),
+            duration: Duration::from_millis(1),
+            baseline_bytes: 0,
+            kind: TrialKind::Search,
+        };
+        let width = usize::MAX.to_string().len();
+        let header = Trial::table_header_with_width(width);
+        for batch in [1, 12_345_678, usize::MAX - 7] {
+            let row = trial(batch).table_row_with_width(1, 1 << 30, width);
+            assert_eq!(row.find("fits"), header.find("outcome"), "{header}\n{row}");
+        }
+    }
 
     #[test]
     fn durations_read_naturally() {
@@ -162,11 +187,5 @@ mod tests {
         assert_eq!(format_duration(Duration::from_micros(12_345)), "12.3 ms");
         assert_eq!(format_duration(Duration::from_millis(2_500)), "2.50 s");
         assert_eq!(format_duration(Duration::from_secs(250)), "250 s");
-    }
-
-    #[test]
-    fn outcome_labels_are_distinct() {
-        let labels: std::collections::HashSet<_> = Outcome::all().iter().map(|o| o.label()).collect();
-        assert_eq!(labels.len(), 3);
     }
 }

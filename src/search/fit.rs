@@ -43,6 +43,11 @@ impl LinearFit {
         Some(LinearFit { fixed_bytes: mean_p - bytes_per_sample * mean_b, bytes_per_sample })
     }
 
+    /// Whether both coefficients are finite numbers.
+    pub fn is_finite(&self) -> bool {
+        self.fixed_bytes.is_finite() && self.bytes_per_sample.is_finite()
+    }
+
     /// The predicted peak at `batch`.
     pub fn predict(&self, batch: usize) -> f64 {
         self.fixed_bytes + self.bytes_per_sample * batch as f64

@@ -5,14 +5,15 @@
 //! side on the same workloads.
 
 mod fit;
+pub(crate) mod outcome;
 mod predictive;
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::Outcome;
 use crate::Error;
 
 pub use fit::LinearFit;
+pub use outcome::{Observation, Outcome};
 
 /// How the tuner chooses the next batch to try.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -23,7 +24,6 @@ pub enum Strategy {
     /// `max_batch` once when the next doubling would pass it), then bisect the
     /// bracket down to the exact largest fitting batch at the granularity.
     /// About `2·log2(b*/g)` trials.
-    #[default]
     Binary,
     /// Double until the first failure and stop: the largest fitting
     /// `first_candidate × 2^j`. Fewer trials, up to half the batch lost.
@@ -33,7 +33,10 @@ pub enum Strategy {
     /// close with a short model-guided bisection. The same answer as `Binary`
     /// on any monotone curve, in a handful of trials, most of them cheap. When
     /// the fit is poor it doubles like `Binary` until it is good, and bisects
-    /// when the model stops narrowing the bracket.
+    /// when the model stops narrowing the bracket. The default: the same
+    /// answer as `Binary` (property-tested), measured at about 6 trials instead
+    /// of 16 and a quarter of the probe cost.
+    #[default]
     Predictive,
 }
 
@@ -126,17 +129,6 @@ impl SearchSpace {
     pub fn contains(&self, batch: usize) -> bool {
         batch.is_multiple_of(self.multiple_of) && (self.first..=self.last).contains(&batch)
     }
-}
-
-/// What a strategy sees of one trial.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Observation {
-    /// The batch tried.
-    pub batch: usize,
-    /// How it ended.
-    pub outcome: Outcome,
-    /// Its measured device-wide peak, if any.
-    pub peak_bytes: Option<u64>,
 }
 
 /// A strategy's answer to "what next?".

@@ -1,7 +1,6 @@
 //! `Strategy::Predictive`: fit, jump, verify, close.
 
-use super::{Bracket, LinearFit, Next, Observation, SearchSpace};
-use crate::plan::Outcome;
+use super::{Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
 
 /// A forecast is trusted for a jump straight to the predicted batch only when
 /// the largest fit is within this factor of it; from further away the jump

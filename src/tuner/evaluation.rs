@@ -62,9 +62,13 @@ impl Tuner {
             ..self.clone()
         };
         info!("evaluation step: searching from batch {}", from_training.start);
-        let evaluated = match from_training.run(eval, meter) {
+        observer.evaluation_started(from_training.start);
+        let evaluated = match from_training.run_observed(eval, meter, observer) {
             // an evaluation step bigger than the training step at the same batch
-            Err(Error::NothingFits { .. }) => Tuner { start: self.start, ..from_training }.run(eval, meter)?,
+            Err(Error::NothingFits { .. }) => {
+                observer.evaluation_started(self.start);
+                Tuner { start: self.start, ..from_training }.run_observed(eval, meter, observer)?
+            }
             other => other?,
         };
         plan.warnings.extend(evaluated.warnings);

@@ -1,4 +1,6 @@
-//! The tuner: configuration, the trial loop, and the plan at the end.
+//! The tuner: its builder and `run`. The trial loop is in `trial_loop`, the
+//! evaluation step's search in `evaluation`, multi-rank agreement in
+//! `distributed`, live progress in `observer`.
 
 mod distributed;
 mod evaluation;
@@ -67,7 +69,7 @@ impl Default for Tuner {
             multiple_of: 1,
             max_trials: None,
             steps_per_trial: 1,
-            strategy: Strategy::Binary,
+            strategy: Strategy::Predictive,
             target_effective_batch: None,
             world_size: 1,
             exact_effective_batch: false,
@@ -81,7 +83,7 @@ impl Default for Tuner {
 
 impl Tuner {
     /// A tuner with the defaults: ceiling 0.90, start 1, multiple_of 1, one step
-    /// per trial, world size 1, [`Strategy::Binary`], no batch or trial limit, no
+    /// per trial, world size 1, [`Strategy::Predictive`], no batch or trial limit, no
     /// target effective batch, a warm-up step.
     pub fn new() -> Self {
         Self::default()
@@ -128,7 +130,8 @@ impl Tuner {
         self
     }
 
-    /// The search strategy. Default [`Strategy::Binary`].
+    /// The search strategy. Default [`Strategy::Predictive`] (the same answer as
+    /// [`Strategy::Binary`] in fewer, cheaper trials).
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
         self
@@ -259,7 +262,7 @@ impl Tuner {
     ///
     /// ```
     /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-    /// use autobatch::{Observer, Trial, Tuner};
+    /// use autobatch::{Observer, Strategy, Trial, Tuner};
     ///
     /// struct Rows(Vec<String>);
     /// impl Observer for Rows {
@@ -269,7 +272,7 @@ impl Tuner {
     /// }
     /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 100 << 20)).build();
     /// let mut rows = Rows(Vec::new());
-    /// Tuner::new().run_observed(&mut workload, &mut meter, &mut rows)?;
+    /// Tuner::new().strategy(Strategy::Binary).run_observed(&mut workload, &mut meter, &mut rows)?;
     /// assert_eq!(rows.0[..3], ["1 fits", "2 fits", "4 fits"]);
     /// # Ok::<(), autobatch::Error>(())
     /// ```

@@ -14,6 +14,12 @@ pub trait Observer {
     fn warmup_started(&mut self, batch: usize) {
         let _ = batch;
     }
+    /// The evaluation step's own search is about to start at `start` (see
+    /// [`Tuner::run_with_eval_observed`](crate::Tuner::run_with_eval_observed));
+    /// its trials follow.
+    fn evaluation_started(&mut self, start: usize) {
+        let _ = start;
+    }
     /// A trial at `batch` is about to run.
     fn trial_started(&mut self, batch: usize, kind: TrialKind) {
         let _ = (batch, kind);

@@ -1,14 +1,25 @@
 //! One tuning run: the warm-up, the trials, the re-check and the plan.
 
-use std::time::Instant;
-
 use log::{debug, info, warn};
 
 use super::{Observer, Tuner};
+use crate::memory::measure::measure;
 use crate::plan::{utilization, MemoryModel, Plan, Trial, TrialKind, Warning};
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
 use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
+
+/// A step whose peak grew by less than a byte per sample while the batch grew
+/// this many times over is not using its batch: the search stops there.
+const IGNORED_BATCH_SPAN: usize = 1024;
+
+/// The latest measurement of one batch: what the search sees, and the memory
+/// in use when it was taken (to tell whether the answer needs a re-check).
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    observation: Observation,
+    baseline_bytes: u64,
+}
 
 /// The state of one tuning run.
 pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
@@ -19,10 +30,8 @@ pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     capacity_bytes: u64,
     limit: u64,
     trials: Vec<Trial>,
-    /// What the search sees: one entry per batch, the latest measurement.
-    history: Vec<Observation>,
-    /// Bytes in use before each `history` entry was measured.
-    baselines: Vec<u64>,
+    /// One record per batch tried, the latest measurement of each.
+    records: Vec<Record>,
     warnings: Vec<Warning>,
 }
 
@@ -43,8 +52,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             capacity_bytes,
             limit,
             trials: Vec::new(),
-            history: Vec::new(),
-            baselines: Vec::new(),
+            records: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -61,16 +69,37 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
         self.observer.warmup_started(batch);
-        let started = Instant::now();
-        let result = self.workload.step(batch);
-        let settled = self.meter.synchronize().and_then(|()| self.meter.release_cached());
-        match result {
-            Ok(()) => settled?,
+        let workload = &mut *self.workload;
+        let warm = measure(self.meter, 1, || workload.step(batch))?;
+        match warm.result {
+            Ok(()) => warm.settled?,
             Err(err) if is_oom(&err) => debug!("warm-up at batch {batch} ran out of memory; the first trial will tell"),
             Err(source) => return Err(Error::Workload { batch, source }),
         }
-        debug!("warm-up at batch {batch} took {:?}", started.elapsed());
+        debug!("warm-up at batch {batch} took {:?}", warm.duration);
         Ok(())
+    }
+
+    /// What the search sees: the latest measurement of each batch.
+    fn history(&self) -> Vec<Observation> {
+        self.records.iter().map(|r| r.observation).collect()
+    }
+
+    /// Whether the fitting trials say the step does not use its batch: over a
+    /// span of [`IGNORED_BATCH_SPAN`]× the peak grew by less than a byte per sample.
+    fn batch_ignored(&self) -> Option<Warning> {
+        let fitting = || self.records.iter().map(|r| r.observation).filter(|o| o.outcome.fits());
+        let smallest = fitting().filter(|o| o.peak_bytes.is_some()).min_by_key(|o| o.batch)?;
+        let largest = fitting().filter(|o| o.peak_bytes.is_some()).max_by_key(|o| o.batch)?;
+        let span = largest.batch / smallest.batch;
+        let growth = largest.peak_bytes?.saturating_sub(smallest.peak_bytes?);
+        (span >= IGNORED_BATCH_SPAN && growth < (largest.batch - smallest.batch) as u64).then_some(
+            Warning::BatchIgnored {
+                smallest_batch: smallest.batch,
+                largest_batch: largest.batch,
+                growth_bytes: growth,
+            },
+        )
     }
 
     /// Runs the search to the end; returns whether the answer is proven largest.
@@ -79,7 +108,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         let mut rechecked = Vec::new();
         loop {
             let proven = loop {
-                let batch = match next_batch(strategy, space, &self.history) {
+                let batch = match next_batch(strategy, space, &self.history()) {
                     Next::Done => break true,
                     Next::Try(batch) => batch,
                 };
@@ -89,13 +118,17 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                     break false;
                 }
                 let trial = self.trial(batch, TrialKind::Search)?;
-                self.history.push(Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes });
-                self.baselines.push(trial.baseline_bytes);
+                let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
+                self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes });
+                if let Some(warning) = trial.outcome.fits().then(|| self.batch_ignored()).flatten() {
+                    self.warn(warning);
+                    break false;
+                }
             };
             // Re-check the answer once if memory in use rose since it was measured.
             let Some(index) = self.best_index() else { return Ok(proven) };
-            let batch = self.history[index].batch;
-            let first_baseline = self.baselines[index];
+            let batch = self.records[index].observation.batch;
+            let first_baseline = self.records[index].baseline_bytes;
             let now = self.meter.in_use()?;
             if rechecked.contains(&batch) || now <= first_baseline.saturating_add(self.meter.slack_bytes()) {
                 return Ok(proven);
@@ -107,8 +140,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             );
             rechecked.push(batch);
             let trial = self.trial(batch, TrialKind::Recheck)?;
-            self.history[index] = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
-            self.baselines[index] = trial.baseline_bytes;
+            let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
+            self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes };
             if trial.outcome.fits() {
                 return Ok(proven);
             }
@@ -125,32 +158,19 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     }
 
     fn best_index(&self) -> Option<usize> {
-        let best = best(&self.history)?;
-        self.history.iter().position(|o| o.batch == best.batch)
+        let best = best(&self.history())?.batch;
+        self.records.iter().position(|r| r.observation.batch == best)
     }
 
     /// One measured trial at `batch`.
     fn trial(&mut self, batch: usize, kind: TrialKind) -> Result<Trial, Error> {
         self.observer.trial_started(batch, kind);
-        let baseline_bytes = self.meter.in_use()?;
-        self.meter.reset_peak()?;
-        let started = Instant::now();
-        let mut result = Ok(());
-        for _ in 0..self.tuner.steps_per_trial {
-            result = self.workload.step(batch);
-            if result.is_err() {
-                break;
-            }
-        }
-        let synced = self.meter.synchronize();
-        let duration = started.elapsed();
-        let peak = self.meter.peak();
-        let released = self.meter.release_cached();
-
-        let outcome = match result {
+        let workload = &mut *self.workload;
+        let measured = measure(self.meter, self.tuner.steps_per_trial, || workload.step(batch))?;
+        let (peak, duration, baseline_bytes) = (measured.peak, measured.duration, measured.baseline_bytes);
+        let outcome = match measured.result {
             Ok(()) => {
-                synced?;
-                released?;
+                measured.settled?;
                 if peak.as_ref().is_ok_and(|&peak| peak <= self.limit) {
                     Outcome::Fits
                 } else {
@@ -158,7 +178,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 }
             }
             Err(err) if is_oom(&err) => {
-                for failed in [synced.err(), released.err()].into_iter().flatten() {
+                if let Err(failed) = measured.settled {
                     warn!("after the out-of-memory step at batch {batch}: {failed}");
                 }
                 Outcome::OutOfMemory
@@ -208,12 +228,12 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
 
     fn into_plan(self, proven_largest: bool, profile: Option<crate::Profile>) -> Result<Plan, Error> {
         let tuner = self.tuner;
-        let Some(found) = best(&self.history).copied() else {
-            let smallest =
-                self.history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
+        let history = self.history();
+        let Some(found) = best(&history).copied() else {
+            let smallest = history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
             let trial = self.trials.iter().rev().find(|t| t.batch == smallest.batch);
             let remedies = match (profile, trial) {
-                (Some(profile), Some(trial)) => self.remedies(profile, trial),
+                (Some(profile), Some(trial)) => self.remedies(profile, trial)?,
                 _ => Vec::new(),
             };
             return Err(Error::NothingFits {
@@ -257,8 +277,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     /// What would make the smallest batch fit, from the analytical model: the
     /// failed trial's baseline holds the weights and optimizer state (and
     /// whatever else is on the device); its peak adds gradients and activations.
-    fn remedies(&self, profile: crate::Profile, trial: &Trial) -> Vec<crate::estimate::Remedy> {
-        let state = crate::estimate::StaticMemory::new(profile.parameters, profile.precision, profile.optimizer);
+    fn remedies(&self, profile: crate::Profile, trial: &Trial) -> Result<Vec<crate::estimate::Remedy>, Error> {
+        let state = crate::estimate::StaticMemory::new(profile.parameters, profile.precision, profile.optimizer)?;
         let resident = state.weights + state.optimizer_states + state.master_weights;
         let elsewhere = trial.baseline_bytes.saturating_sub(resident);
         let peak = trial.peak_bytes.unwrap_or(self.capacity_bytes);

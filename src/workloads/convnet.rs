@@ -3,8 +3,9 @@
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2d, Conv2dConfig, Linear};
 
+use super::footprint::Sizes;
 use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, detach_linear, Model, Trainer};
+use super::{at_least, check_dtype, cross_entropy, detach_linear, Footprint, Model, Trainer};
 use crate::Error;
 
 /// Size of a [`ConvNet`]: two 3×3 convolutions (`channels`, then
@@ -56,9 +57,40 @@ impl ConvNetConfig {
         check_dtype(self.dtype)
     }
 
+    /// The model's name and size, as its [`Model::describe`] says it.
+    fn describe(&self) -> String {
+        let c = self;
+        format!(
+            "convnet(in_channels={}, channels={}, resolution={}, classes={}, {:?})",
+            c.in_channels, c.channels, c.resolution, c.classes, c.dtype
+        )
+    }
+
+    /// What the model needs before a step, from its sizes alone (checked:
+    /// sizes too large for 64-bit byte counts are an error).
+    pub fn footprint(&self) -> Result<Footprint, Error> {
+        self.check()?;
+        let n = Sizes { model: self.describe() };
+        let [c_in, c, r, classes] = [self.in_channels, self.channels, self.resolution, self.classes].map(|x| x as u64);
+        let dtype = self.dtype.size_in_bytes() as u64;
+        let features = n.product(&[2, c, r / 4, r / 4])?;
+        let parameters = n.sum(&[
+            n.product(&[c_in, c, 9])?,
+            c,
+            n.product(&[c, 2, c, 9])?,
+            n.product(&[2, c])?,
+            n.product(&[classes, features])?,
+            classes,
+        ])?;
+        let fixed_bytes = n.product(&[4, parameters, dtype])?;
+        // the image in f32 and the first convolution's output
+        let min_bytes_per_sample = n.sum(&[n.product(&[c_in, r, r, 4])?, n.product(&[c, r, r, dtype])?])?;
+        n.footprint(parameters, fixed_bytes, min_bytes_per_sample)
+    }
+
     /// Builds the model and its AdamW optimizer on `device`.
     pub fn build(&self, device: &Device) -> Result<Trainer<ConvNet>, Error> {
-        self.check()?;
+        self.footprint()?;
         if device.is_cpu() && self.dtype == DType::BF16 {
             return Err(Error::UnsupportedDtype {
                 dtype: "BF16".to_owned(),
@@ -66,7 +98,7 @@ impl ConvNetConfig {
             });
         }
         let mut params = Params::new(self.seed, device, self.dtype);
-        let model = ConvNet::new(self, &mut params).map_err(Error::Candle)?;
+        let model = ConvNet::new(self, &mut params)?;
         Trainer::new(model, params, self.dtype, self.seed)
     }
 }
@@ -91,10 +123,9 @@ impl ConvNet {
         let conv1 = conv("conv1", config.in_channels, config.channels)?;
         let conv2 = conv("conv2", config.channels, 2 * config.channels)?;
         let features = 2 * config.channels * (config.resolution / 4).pow(2);
-        let weight = params.weight("head.weight", (config.classes, features), features)?;
-        let bias = params.constant("head.bias", config.classes, 0.0)?;
-        let device = weight.device().clone();
-        Ok(ConvNet { config: config.clone(), conv1, conv2, head: Linear::new(weight, Some(bias)), device })
+        let head = params.linear("head", features, config.classes)?;
+        let device = head.weight().device().clone();
+        Ok(ConvNet { config: config.clone(), conv1, conv2, head, device })
     }
 
     /// Images with one channel (the label) brighter on average.
@@ -130,11 +161,7 @@ impl Model for ConvNet {
     }
 
     fn describe(&self) -> String {
-        let c = &self.config;
-        format!(
-            "convnet(in_channels={}, channels={}, resolution={}, classes={}, {:?})",
-            c.in_channels, c.channels, c.resolution, c.classes, c.dtype
-        )
+        self.config.describe()
     }
 
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {

@@ -3,8 +3,9 @@
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 
+use super::footprint::Sizes;
 use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, detach_linear, Model, Trainer};
+use super::{at_least, check_dtype, cross_entropy, detach_linear, Footprint, Model, Trainer};
 use crate::Error;
 
 /// Size of an [`Mlp`]: `depth` hidden layers of `width` with GELU.
@@ -41,25 +42,45 @@ impl MlpConfig {
         check_dtype(self.dtype)
     }
 
+    /// The model's name and size, as its [`Model::describe`] says it.
+    fn describe(&self) -> String {
+        let c = self;
+        format!("mlp(inputs={}, width={}, depth={}, classes={}, {:?})", c.inputs, c.width, c.depth, c.classes, c.dtype)
+    }
+
+    /// What the model needs before a step, from its sizes alone (checked:
+    /// sizes too large for 64-bit byte counts are an error).
+    pub fn footprint(&self) -> Result<Footprint, Error> {
+        self.check()?;
+        let n = Sizes { model: self.describe() };
+        let [inputs, w, depth, classes] = [self.inputs, self.width, self.depth, self.classes].map(|x| x as u64);
+        let dtype = self.dtype.size_in_bytes() as u64;
+        let hidden = n.sum(&[n.product(&[w, w])?, w])?;
+        let parameters = n.sum(&[
+            n.product(&[inputs, w])?,
+            w,
+            n.product(&[depth - 1, hidden])?,
+            n.product(&[w, classes])?,
+            classes,
+        ])?;
+        let fixed_bytes = n.sum(&[n.product(&[4, parameters, dtype])?, n.product(&[inputs, classes, 4])?])?;
+        let min_bytes_per_sample = n.sum(&[n.product(&[inputs, 4])?, n.product(&[depth, w, dtype])?])?;
+        n.footprint(parameters, fixed_bytes, min_bytes_per_sample)
+    }
+
     /// Builds the model and its AdamW optimizer on `device`.
     pub fn build(&self, device: &Device) -> Result<Trainer<Mlp>, Error> {
-        self.check()?;
+        self.footprint()?;
         let mut params = Params::new(self.seed, device, self.dtype);
         let mut layers = Vec::with_capacity(self.depth + 1);
         let mut fan_in = self.inputs;
         for (index, outputs) in std::iter::repeat_n(self.width, self.depth).chain([self.classes]).enumerate() {
-            let build = |params: &mut Params| -> candle_core::Result<Linear> {
-                let weight = params.weight(format!("layers.{index}.weight"), (outputs, fan_in), fan_in)?;
-                let bias = params.constant(format!("layers.{index}.bias"), outputs, 0.0)?;
-                Ok(Linear::new(weight, Some(bias)))
-            };
-            layers.push(build(&mut params).map_err(Error::Candle)?);
+            layers.push(params.linear(&format!("layers.{index}"), fan_in, outputs)?);
             fan_in = outputs;
         }
         let mut rng = Rng::new(self.seed ^ 0x7EAC);
         let teacher =
-            Tensor::from_vec(rng.normals(self.inputs * self.classes, 1.0), (self.inputs, self.classes), device)
-                .map_err(Error::Candle)?;
+            Tensor::from_vec(rng.normals(self.inputs * self.classes, 1.0), (self.inputs, self.classes), device)?;
         let model = Mlp { config: self.clone(), layers, teacher };
         Trainer::new(model, params, self.dtype, self.seed)
     }
@@ -83,8 +104,7 @@ impl Model for Mlp {
     }
 
     fn describe(&self) -> String {
-        let c = &self.config;
-        format!("mlp(inputs={}, width={}, depth={}, classes={}, {:?})", c.inputs, c.width, c.depth, c.classes, c.dtype)
+        self.config.describe()
     }
 
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {

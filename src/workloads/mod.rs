@@ -26,6 +26,7 @@
 //! ```
 
 pub mod convnet;
+mod footprint;
 pub mod mlp;
 mod optim;
 mod params;
@@ -35,6 +36,7 @@ use candle_core::{DType, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
 pub use convnet::ConvNetConfig;
+pub use footprint::Footprint;
 pub use mlp::MlpConfig;
 pub use optim::{AdamW, AdamWState};
 pub use transformer::TransformerConfig;
@@ -82,8 +84,7 @@ pub fn default_adamw() -> ParamsAdamW {
 impl<M: Model> Trainer<M> {
     fn new(model: M, params: Params, dtype: DType, seed: u64) -> Result<Self, Error> {
         let vars = params.into_vars();
-        let optimizer =
-            AdamW::new(vars.iter().map(|(_, var)| var.clone()).collect(), default_adamw()).map_err(Error::Candle)?;
+        let optimizer = AdamW::new(vars.iter().map(|(_, var)| var.clone()).collect(), default_adamw())?;
         Ok(Trainer { model, vars, optimizer, dtype, seed, steps: 0 })
     }
 
@@ -109,15 +110,15 @@ impl<M: Model> Trainer<M> {
         let mut total_loss = 0f32;
         for micro_step in 0..accumulation_steps {
             let seed = data_seed(self.seed, Some(self.steps * accumulation_steps as u64 + micro_step as u64));
-            let loss = self.model.loss(micro_batch, seed).map_err(Error::Candle)?;
-            total_loss += loss.to_scalar::<f32>().map_err(Error::Candle)?;
-            let grads = (loss / accumulation_steps as f64).and_then(|l| l.backward()).map_err(Error::Candle)?;
+            let loss = self.model.loss(micro_batch, seed)?;
+            total_loss += loss.to_scalar::<f32>()?;
+            let grads = (loss / accumulation_steps as f64).and_then(|l| l.backward())?;
             accumulated = Some(match accumulated {
                 None => grads,
                 Some(mut sum) => {
                     for (_, var) in &self.vars {
                         if let (Some(acc), Some(g)) = (sum.get(var), grads.get(var)) {
-                            let next = (acc + g).map_err(Error::Candle)?;
+                            let next = (acc + g)?;
                             sum.insert(var, next);
                         }
                     }
@@ -126,7 +127,7 @@ impl<M: Model> Trainer<M> {
             });
         }
         if let Some(grads) = accumulated {
-            self.optimizer.step(&grads).map_err(Error::Candle)?;
+            self.optimizer.step(&grads)?;
         }
         self.steps += 1;
         Ok(total_loss / accumulation_steps as f32)
@@ -187,7 +188,7 @@ impl<M: Model> Trainer<M> {
         let mut state = Vec::new();
         for s in self.optimizer.states() {
             for var in [&s.var, &s.first_moment, &s.second_moment] {
-                state.push(bits(var).map_err(Error::Candle)?);
+                state.push(bits(var)?);
             }
         }
         Ok(state)

@@ -1,6 +1,9 @@
 //! Seeded parameters and synthetic data for the reference workloads.
 
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
+use candle_nn::Linear;
+
+use crate::splitmix::{splitmix64, GOLDEN_GAMMA};
 
 /// A small deterministic generator (splitmix64): the same seed gives the same
 /// weights and data on every machine, which candle's own CPU generator cannot
@@ -14,11 +17,9 @@ impl Rng {
     }
 
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        let output = splitmix64(self.0);
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
+        output
     }
 
     /// Uniform in [0, n).
@@ -82,6 +83,13 @@ impl Params {
     /// Weights of a fan-in-scaled linear or convolution layer.
     pub(crate) fn weight(&mut self, name: impl Into<String>, shape: impl Into<Shape>, fan_in: usize) -> Result<Tensor> {
         self.normal(name, shape, (1.0 / fan_in as f32).sqrt())
+    }
+
+    /// A linear layer `name.weight` (fan-in-scaled) with a zero `name.bias`.
+    pub(crate) fn linear(&mut self, name: &str, inputs: usize, outputs: usize) -> Result<Linear> {
+        let weight = self.weight(format!("{name}.weight"), (outputs, inputs), inputs)?;
+        let bias = self.constant(format!("{name}.bias"), outputs, 0.0)?;
+        Ok(Linear::new(weight, Some(bias)))
     }
 
     fn add(&mut self, name: String, values: Tensor) -> Result<Tensor> {

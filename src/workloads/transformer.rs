@@ -3,8 +3,9 @@
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, Linear};
 
+use super::footprint::Sizes;
 use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, detach_linear, Model, Trainer};
+use super::{at_least, check_dtype, cross_entropy, detach_linear, Footprint, Model, Trainer};
 use crate::Error;
 
 /// Size of a [`Transformer`]: GPT-style blocks (pre-norm, causal multi-head
@@ -58,11 +59,46 @@ impl TransformerConfig {
         check_dtype(self.dtype)
     }
 
+    /// The model's name and size, as its [`Model::describe`] says it.
+    fn describe(&self) -> String {
+        format!(
+            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={}, {:?})",
+            self.vocab, self.d_model, self.heads, self.layers, self.seq_len, self.dtype
+        )
+    }
+
+    /// What the model needs before a step, from its sizes alone (checked:
+    /// sizes too large for 64-bit byte counts are an error).
+    pub fn footprint(&self) -> Result<Footprint, Error> {
+        self.check()?;
+        let n = Sizes { model: self.describe() };
+        let [v, d, h, l, s] = [self.vocab, self.d_model, self.heads, self.layers, self.seq_len].map(|x| x as u64);
+        let dtype = self.dtype.size_in_bytes() as u64;
+        // per block: qkv 3d² + 3d, proj d² + d, fc1 4d² + 4d, fc2 4d² + d, two norms 4d
+        let block = n.sum(&[n.product(&[12, d, d])?, n.product(&[13, d])?])?;
+        let parameters = n.sum(&[
+            n.product(&[v, d])?, // token embeddings
+            n.product(&[s, d])?, // positions
+            n.product(&[l, block])?,
+            n.product(&[2, d])?, // final norm
+            n.product(&[d, v])?, // head weight
+            v,                   // head bias
+        ])?;
+        let fixed_bytes = n.sum(&[
+            n.product(&[4, parameters, dtype])?, // weights, gradients, two moments
+            n.product(&[s, s, dtype])?,          // the causal mask
+            n.product(&[v, 4])?,                 // the successor table
+        ])?;
+        // one layer's attention scores and their softmax, and the logits in f32
+        let min_bytes_per_sample = n.sum(&[n.product(&[2, h, s, s, dtype])?, n.product(&[s, v, 4])?])?;
+        n.footprint(parameters, fixed_bytes, min_bytes_per_sample)
+    }
+
     /// Builds the model and its AdamW optimizer on `device`.
     pub fn build(&self, device: &Device) -> Result<Trainer<Transformer>, Error> {
-        self.check()?;
+        self.footprint()?;
         let mut params = Params::new(self.seed, device, self.dtype);
-        let model = Transformer::new(self, &mut params, device).map_err(Error::Candle)?;
+        let model = Transformer::new(self, &mut params, device)?;
         Trainer::new(model, params, self.dtype, self.seed)
     }
 }
@@ -89,12 +125,6 @@ pub struct Transformer {
     successor: Vec<u32>,
 }
 
-fn linear(params: &mut Params, name: &str, inputs: usize, outputs: usize) -> candle_core::Result<Linear> {
-    let weight = params.weight(format!("{name}.weight"), (outputs, inputs), inputs)?;
-    let bias = params.constant(format!("{name}.bias"), outputs, 0.0)?;
-    Ok(Linear::new(weight, Some(bias)))
-}
-
 fn layer_norm(params: &mut Params, name: &str, size: usize) -> candle_core::Result<(Tensor, Tensor)> {
     Ok((params.constant(format!("{name}.weight"), size, 1.0)?, params.constant(format!("{name}.bias"), size, 0.0)?))
 }
@@ -114,15 +144,15 @@ impl Transformer {
             let name = |part: &str| format!("blocks.{layer}.{part}");
             blocks.push(Block {
                 ln1: layer_norm(params, &name("ln1"), d)?,
-                qkv: linear(params, &name("attn.qkv"), d, 3 * d)?,
-                proj: linear(params, &name("attn.proj"), d, d)?,
+                qkv: params.linear(&name("attn.qkv"), d, 3 * d)?,
+                proj: params.linear(&name("attn.proj"), d, d)?,
                 ln2: layer_norm(params, &name("ln2"), d)?,
-                fc1: linear(params, &name("mlp.fc1"), d, 4 * d)?,
-                fc2: linear(params, &name("mlp.fc2"), 4 * d, d)?,
+                fc1: params.linear(&name("mlp.fc1"), d, 4 * d)?,
+                fc2: params.linear(&name("mlp.fc2"), 4 * d, d)?,
             });
         }
         let ln_f = layer_norm(params, "ln_f", d)?;
-        let head = linear(params, "head", d, config.vocab)?;
+        let head = params.linear("head", d, config.vocab)?;
         let mask: Vec<f32> =
             (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
         let mask = Tensor::from_vec(mask, (s, s), device)?.to_dtype(config.dtype)?;
@@ -199,11 +229,7 @@ impl Model for Transformer {
     }
 
     fn describe(&self) -> String {
-        let c = &self.config;
-        format!(
-            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={}, {:?})",
-            c.vocab, c.d_model, c.heads, c.layers, c.seq_len, c.dtype
-        )
+        self.config.describe()
     }
 
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {

@@ -9,8 +9,8 @@ Exit codes:
   2  usage error: a bad flag or an impossible configuration
   3  nothing fits: not even the smallest batch fits under the ceiling
 
-With no command, runs the embedded default: `autobatch probe` on the CPU with
-the default small transformer under a 256 MiB budget.";
+With no command, runs `autobatch probe`: the default small transformer on the
+CPU under a 256 MiB budget.";
 
 /// What is the largest training batch that fits, and how many accumulation
 /// steps reach the effective batch you want?
@@ -47,16 +47,38 @@ pub enum ModelKind {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DtypeArg {
+    /// 32-bit floats (also `fp32`).
+    #[value(alias = "fp32")]
     F32,
+    /// bfloat16.
     Bf16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum StrategyArg {
+    /// Fit the memory curve on small trials, jump near the answer, verify:
+    /// the same answer as binary in fewer, cheaper trials.
+    Predictive,
     /// Double, then bisect to the exact largest batch.
     Binary,
     /// Double only: the largest fitting power of two.
     Power,
+}
+
+/// The CPU budget of `autobatch probe` when none is given: small enough that
+/// the default transformer tunes in seconds, and far from any machine's RAM.
+pub const DEFAULT_BUDGET: &str = "256MiB";
+
+/// A count of at least 1 (a batch, a number of ranks, steps or trials).
+fn positive(text: &str) -> Result<usize, String> {
+    if text.trim_start().starts_with('-') {
+        return Err("must not be negative: use a whole number of at least 1".to_owned());
+    }
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(value) => Ok(value),
+        Err(_) => Err(format!("must be a whole number from 1 to {}", usize::MAX)),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -66,79 +88,80 @@ pub struct ProbeArgs {
     pub model: ModelKind,
 
     /// Transformer: vocabulary size [default: 256].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub vocab: Option<usize>,
     /// Transformer: hidden size [default: 64].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub d_model: Option<usize>,
     /// Transformer: attention heads, a divisor of --d-model [default: 4].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub heads: Option<usize>,
     /// Transformer: blocks [default: 2].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub layers: Option<usize>,
     /// Transformer: tokens per sample; probe at the longest training will see [default: 64].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub seq_len: Option<usize>,
     /// MLP: input features [default: 64].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub inputs: Option<usize>,
     /// MLP: hidden width [default: 256].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub width: Option<usize>,
     /// MLP: hidden layers [default: 3].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub depth: Option<usize>,
     /// Convnet: channels of the first convolution [default: 16].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub channels: Option<usize>,
     /// Convnet: image side, a multiple of 4; probe at the largest training will see [default: 32].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub resolution: Option<usize>,
     /// MLP or convnet: output classes [default: 10 for mlp, 3 for convnet].
-    #[arg(long, help_heading = "Model size")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub classes: Option<usize>,
     /// Dtype of weights, gradients and optimizer state.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32, help_heading = "Model size")]
     pub dtype: DtypeArg,
     /// Seed of the weights and synthetic data.
-    #[arg(long, default_value_t = 0, help_heading = "Model size")]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, help_heading = "Model size")]
     pub seed: u64,
 
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// CPU memory budget playing device memory, e.g. 512MiB or 4GiB
-    /// [default: a quarter of the available RAM, since the one over-budget trial
-    /// allocates up to about twice the budget].
-    #[arg(long)]
+    /// CPU memory budget playing device memory, e.g. 512MiB or 4GiB. Keep it
+    /// under half the free RAM: the one over-budget trial allocates up to about
+    /// twice the budget (a budget above the available RAM is refused)
+    /// [default: 256MiB].
+    #[arg(long, allow_hyphen_values = true)]
     pub budget: Option<String>,
     /// Most a fitting step may use, as a fraction of capacity, in (0, 1].
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
     pub ceiling: f64,
     /// Smallest batch to try.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub start: usize,
     /// Only try batches that are multiples of this (e.g. 8).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub multiple_of: usize,
     /// Largest batch to try.
-    #[arg(long)]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub max_batch: Option<usize>,
     /// Stop after this many trials with the best batch so far.
-    #[arg(long)]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub max_trials: Option<usize>,
     /// Training steps per trial.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub steps_per_trial: usize,
     /// Search strategy.
-    #[arg(long, value_enum, default_value_t = StrategyArg::Binary)]
+    #[arg(long, value_enum, default_value_t = StrategyArg::Predictive)]
     pub strategy: StrategyArg,
     /// Effective (global) batch to reach with micro-batch × accumulation × ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub target_effective_batch: Option<usize>,
     /// Data-parallel ranks.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub world_size: usize,
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long)]
@@ -157,7 +180,10 @@ pub struct ProbeArgs {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PrecisionArg {
-    Fp32,
+    /// 32-bit floats (also `fp32`).
+    #[value(alias = "fp32")]
+    F32,
+    /// bfloat16.
     Bf16,
 }
 
@@ -174,10 +200,10 @@ pub enum OptimizerArg {
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
     /// Trainable parameters, e.g. 1e9, 125M or 7B.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub params: String,
     /// Dtype of weights and gradients (and of optimizer state, without --mixed-precision).
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     pub dtype: PrecisionArg,
     /// The optimizer whose state is counted.
     #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
@@ -186,10 +212,10 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub mixed_precision: bool,
     /// Device capacity, e.g. 12GiB or 80GB: says whether it fits, and what would make it.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub capacity: Option<String>,
     /// Activation memory at the batch you want, e.g. 6GiB (from a probe); counted in the total.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub activations: Option<String>,
     /// Print the estimate as JSON on stdout.
     #[arg(long)]
@@ -199,16 +225,16 @@ pub struct EstimateArgs {
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Target effective (global) batch.
-    #[arg(long)]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub target: usize,
     /// Largest micro-batch that fits on one rank.
-    #[arg(long)]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub largest: usize,
     /// Data-parallel ranks.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub world_size: usize,
     /// Keep micro-batches to multiples of this.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub multiple_of: usize,
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long)]

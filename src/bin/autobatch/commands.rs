@@ -1,19 +1,20 @@
 //! `autobatch estimate` and `autobatch plan`: arithmetic, no device.
 
 use autobatch::estimate::{remedies, OptimizerKind, Precision, StaticMemory};
-use autobatch::{format_bytes, format_bytes_decimal, parse_bytes, parse_count, plan_accumulation_aligned};
+use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
 
 use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg};
 use crate::failure::Failure;
+use crate::parse::{parse_bytes, parse_count};
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
-    let parameters = parse_count(&args.params)?;
+    let parameters = parse_count(&args.params).map_err(|err| Failure::usage(format!("--params: {err}")))?;
     if parameters == 0 {
         return Err(Failure::usage("--params is 0: give the number of trainable parameters, e.g. 125M"));
     }
     let precision = match (args.mixed_precision, args.dtype) {
         (true, _) => Precision::Mixed,
-        (false, PrecisionArg::Fp32) => Precision::Fp32,
+        (false, PrecisionArg::F32) => Precision::Fp32,
         (false, PrecisionArg::Bf16) => Precision::Bf16,
     };
     let optimizer = match args.optimizer {
@@ -24,11 +25,17 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         OptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
         OptimizerArg::Lion => OptimizerKind::Lion,
     };
-    let capacity = args.capacity.as_deref().map(parse_bytes).transpose()?;
-    let activations = args.activations.as_deref().map(parse_bytes).transpose()?.unwrap_or(0);
-    let state = StaticMemory::new(parameters, precision, optimizer);
-    let total = state.total() + activations;
-    let advice = capacity.map(|capacity| remedies(&state, activations, capacity)).unwrap_or_default();
+    let size = |flag: &str, text: &Option<String>| {
+        text.as_deref().map(parse_bytes).transpose().map_err(|err| Failure::usage(format!("{flag}: {err}")))
+    };
+    let capacity = size("--capacity", &args.capacity)?;
+    let activations = size("--activations", &args.activations)?.unwrap_or(0);
+    let state = StaticMemory::new(parameters, precision, optimizer)?;
+    let total = state.total_with(activations)?;
+    let advice = match capacity {
+        Some(capacity) => remedies(&state, activations, capacity)?,
+        None => Vec::new(),
+    };
 
     if args.json {
         let json = serde_json::json!({
@@ -83,6 +90,13 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
 }
 
 pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
+    if args.largest < args.multiple_of {
+        return Err(Failure::usage(format!(
+            "--largest {} is below --multiple-of {}: no micro-batch that is a multiple of {} fits; \
+             lower --multiple-of to at most {}",
+            args.largest, args.multiple_of, args.multiple_of, args.largest
+        )));
+    }
     let mut split = plan_accumulation_aligned(args.target, args.world_size, args.largest, args.multiple_of)?;
     if args.exact {
         split = split.require_exact()?;

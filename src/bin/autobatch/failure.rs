@@ -32,19 +32,46 @@ impl Failure {
 
 impl From<autobatch::Error> for Failure {
     fn from(err: autobatch::Error) -> Self {
+        use autobatch::Error;
         let kind = match &err {
-            autobatch::Error::NothingFits { .. } => Kind::NothingFits,
+            Error::NothingFits { .. } | Error::ModelTooLarge { limit_bytes: Some(_), .. } => Kind::NothingFits,
+            Error::ModelTooLarge { limit_bytes: None, .. } => Kind::Usage,
             err if err.is_configuration() => Kind::Usage,
             _ => Kind::Runtime,
         };
         let message = match &err {
-            autobatch::Error::Workload { batch, source } => {
+            Error::Workload { batch, source } => {
                 format!("the workload failed at batch {batch}: {}", candle_message(source))
             }
-            autobatch::Error::Candle(source) => format!("candle: {}", candle_message(source)),
+            Error::Candle(source) => format!("candle: {}", candle_message(source)),
+            // the library names its settings; the user typed flags
+            Error::Zero { setting } => format!("{} is 0: it must be at least 1", flag(setting)),
+            Error::InvalidModel { setting, value, valid } => {
+                format!("{} {value} is invalid: it must be {valid}", flag(setting))
+            }
+            Error::MaxBatchBelowStart { max_batch, start } => format!(
+                "--max-batch {max_batch} is below --start {start}: the search space is empty; \
+                 use --max-batch >= --start"
+            ),
+            Error::NoCandidate { start, max_batch, multiple_of } => format!(
+                "no multiple of --multiple-of {multiple_of} lies in [--start {start}, --max-batch {max_batch}]: \
+                 lower --multiple-of, lower --start or raise --max-batch"
+            ),
+            Error::InvalidCeiling { ceiling } => {
+                format!("--ceiling {ceiling} is not a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory")
+            }
             other => other.to_string(),
         };
         Failure { message: one_line(&message), kind }
+    }
+}
+
+/// The command-line flag of a library setting: `multiple_of` → `--multiple-of`.
+fn flag(setting: &str) -> String {
+    match setting {
+        "budget_bytes" => "--budget".to_owned(),
+        "largest_micro_batch" => "--largest".to_owned(),
+        other => format!("--{}", other.replace('_', "-")),
     }
 }
 

@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod failure;
+mod parse;
 mod probe;
 mod progress;
 
@@ -17,10 +18,6 @@ use failure::{clap_message, Failure};
 // The CPU meter counts the heap through this allocator.
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-
-/// The budget of the embedded default run (`autobatch` with no arguments):
-/// small enough that the default transformer tunes in seconds.
-const EMBEDDED_BUDGET: u64 = 256 << 20;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -36,15 +33,14 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.verbose);
+    progress::exit_cleanly_on_interrupt();
     let result = match &cli.command {
-        None => {
-            let embedded = Cli::parse_from(["autobatch", "probe"]);
-            match embedded.command {
-                Some(Command::Probe(args)) => probe::run(&args, Some(EMBEDDED_BUDGET)),
-                _ => unreachable!("`autobatch probe` parses as the probe command"),
-            }
-        }
-        Some(Command::Probe(args)) => probe::run(args, None),
+        // the bare command is `autobatch probe` with every default
+        None => match Cli::parse_from(["autobatch", "probe"]).command {
+            Some(Command::Probe(args)) => probe::run(&args),
+            _ => unreachable!("`autobatch probe` parses as the probe command"),
+        },
+        Some(Command::Probe(args)) => probe::run(args),
         Some(Command::Estimate(args)) => commands::estimate(args),
         Some(Command::Plan(args)) => commands::plan(args),
     };

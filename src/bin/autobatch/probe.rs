@@ -1,11 +1,12 @@
 //! `autobatch probe`: tune a built-in reference model on a device.
 
-use autobatch::workloads::{ConvNetConfig, MlpConfig, ReferenceWorkload, TransformerConfig};
-use autobatch::{format_bytes, parse_bytes, HeapMeter, MemoryMeter, Strategy, Tuner};
+use autobatch::workloads::{ConvNetConfig, Footprint, MlpConfig, ReferenceWorkload, TransformerConfig};
+use autobatch::{format_bytes, HeapMeter, MemoryMeter, Strategy, Tuner};
 use candle_core::DType;
 
-use crate::args::{DtypeArg, ModelKind, ProbeArgs, StrategyArg};
+use crate::args::{DtypeArg, ModelKind, ProbeArgs, StrategyArg, DEFAULT_BUDGET};
 use crate::failure::Failure;
+use crate::parse::parse_bytes;
 use crate::progress::Progress;
 
 /// Where to run.
@@ -64,51 +65,74 @@ fn model_name(model: ModelKind) -> &'static str {
     }
 }
 
-fn build_workload(args: &ProbeArgs, device: &candle_core::Device) -> Result<Box<dyn ReferenceWorkload>, Failure> {
-    let dtype = match args.dtype {
-        DtypeArg::F32 => DType::F32,
-        DtypeArg::Bf16 => DType::BF16,
-    };
-    let seed = args.seed;
-    Ok(match args.model {
-        ModelKind::Transformer => {
-            let d = TransformerConfig::default();
-            let config = TransformerConfig {
-                vocab: args.vocab.unwrap_or(d.vocab),
-                d_model: args.d_model.unwrap_or(d.d_model),
-                heads: args.heads.unwrap_or(d.heads),
-                layers: args.layers.unwrap_or(d.layers),
-                seq_len: args.seq_len.unwrap_or(d.seq_len),
-                dtype,
-                seed,
-            };
-            Box::new(config.build(device)?)
+/// The reference model the flags describe, not yet built.
+enum ModelConfig {
+    Transformer(TransformerConfig),
+    Mlp(MlpConfig),
+    ConvNet(ConvNetConfig),
+}
+
+impl ModelConfig {
+    fn from_args(args: &ProbeArgs) -> Self {
+        let dtype = match args.dtype {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 => DType::BF16,
+        };
+        let seed = args.seed;
+        match args.model {
+            ModelKind::Transformer => {
+                let d = TransformerConfig::default();
+                ModelConfig::Transformer(TransformerConfig {
+                    vocab: args.vocab.unwrap_or(d.vocab),
+                    d_model: args.d_model.unwrap_or(d.d_model),
+                    heads: args.heads.unwrap_or(d.heads),
+                    layers: args.layers.unwrap_or(d.layers),
+                    seq_len: args.seq_len.unwrap_or(d.seq_len),
+                    dtype,
+                    seed,
+                })
+            }
+            ModelKind::Mlp => {
+                let d = MlpConfig::default();
+                ModelConfig::Mlp(MlpConfig {
+                    inputs: args.inputs.unwrap_or(d.inputs),
+                    width: args.width.unwrap_or(d.width),
+                    depth: args.depth.unwrap_or(d.depth),
+                    classes: args.classes.unwrap_or(d.classes),
+                    dtype,
+                    seed,
+                })
+            }
+            ModelKind::Convnet => {
+                let d = ConvNetConfig::default();
+                ModelConfig::ConvNet(ConvNetConfig {
+                    channels: args.channels.unwrap_or(d.channels),
+                    resolution: args.resolution.unwrap_or(d.resolution),
+                    classes: args.classes.unwrap_or(d.classes),
+                    dtype,
+                    seed,
+                    ..d
+                })
+            }
         }
-        ModelKind::Mlp => {
-            let d = MlpConfig::default();
-            let config = MlpConfig {
-                inputs: args.inputs.unwrap_or(d.inputs),
-                width: args.width.unwrap_or(d.width),
-                depth: args.depth.unwrap_or(d.depth),
-                classes: args.classes.unwrap_or(d.classes),
-                dtype,
-                seed,
-            };
-            Box::new(config.build(device)?)
+    }
+
+    /// What the model needs before a step: checked before anything is allocated.
+    fn footprint(&self) -> Result<Footprint, autobatch::Error> {
+        match self {
+            ModelConfig::Transformer(config) => config.footprint(),
+            ModelConfig::Mlp(config) => config.footprint(),
+            ModelConfig::ConvNet(config) => config.footprint(),
         }
-        ModelKind::Convnet => {
-            let d = ConvNetConfig::default();
-            let config = ConvNetConfig {
-                channels: args.channels.unwrap_or(d.channels),
-                resolution: args.resolution.unwrap_or(d.resolution),
-                classes: args.classes.unwrap_or(d.classes),
-                dtype,
-                seed,
-                ..d
-            };
-            Box::new(config.build(device)?)
-        }
-    })
+    }
+
+    fn build(&self, device: &candle_core::Device) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+        Ok(match self {
+            ModelConfig::Transformer(config) => Box::new(config.build(device)?),
+            ModelConfig::Mlp(config) => Box::new(config.build(device)?),
+            ModelConfig::ConvNet(config) => Box::new(config.build(device)?),
+        })
+    }
 }
 
 fn tuner(args: &ProbeArgs) -> Tuner {
@@ -120,6 +144,7 @@ fn tuner(args: &ProbeArgs) -> Tuner {
         .world_size(args.world_size)
         .exact_effective_batch(args.exact)
         .strategy(match args.strategy {
+            StrategyArg::Predictive => Strategy::Predictive,
             StrategyArg::Binary => Strategy::Binary,
             StrategyArg::Power => Strategy::Power,
         });
@@ -138,35 +163,66 @@ fn tuner(args: &ProbeArgs) -> Tuner {
     tuner
 }
 
-/// A quarter of the available RAM: the over-budget trial of a doubling search
-/// allocates up to about twice the budget, which then stays under half of it.
-fn default_budget() -> Result<(u64, String), Failure> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| Failure::usage(format!("cannot read /proc/meminfo for a default budget ({e}): pass --budget")))?;
-    let available_kib = meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemAvailable:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .ok_or_else(|| Failure::usage("no MemAvailable in /proc/meminfo for a default budget: pass --budget"))?;
-    let available = available_kib * 1024;
-    Ok((available / 4, format!("a quarter of the {} of RAM available; set --budget", format_bytes(available))))
+/// The machine's memory as `/proc/meminfo` tells it: (available, available + free swap).
+fn available_memory() -> Option<(u64, u64)> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let rest = meminfo.lines().find_map(|line| line.strip_prefix(name))?;
+        rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()?.checked_mul(1024)
+    };
+    let available = field("MemAvailable:")?;
+    Some((available, available.saturating_add(field("SwapFree:").unwrap_or(0))))
 }
 
-pub fn run(args: &ProbeArgs, embedded_budget: Option<u64>) -> Result<(), Failure> {
+/// The CPU budget: `--budget`, or the default. A budget that the machine
+/// could not allocate even once is refused (the step would abort the process
+/// instead of failing); one whose over-budget trial could exhaust the memory
+/// (it allocates up to about twice the budget) is allowed with a warning.
+fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
+    let (text, why) = match &args.budget {
+        Some(text) => (text.as_str(), "--budget"),
+        None => (DEFAULT_BUDGET, "the default; set --budget"),
+    };
+    let budget = parse_bytes(text).map_err(|err| Failure::usage(format!("--budget: {err}")))?;
+    if budget == 0 {
+        return Err(Failure::usage("--budget is 0: give the memory the step may use, e.g. 256MiB"));
+    }
+    if let Some((available, with_swap)) = available_memory() {
+        if budget > with_swap {
+            return Err(Failure::usage(format!(
+                "--budget {} is more than the {} this machine has available (RAM and swap): the steps could not \
+                 allocate it; use at most {} (half the available RAM is safe)",
+                format_bytes(budget),
+                format_bytes(with_swap),
+                format_bytes(available / 2)
+            )));
+        }
+        if budget.saturating_mul(2) > available {
+            log::warn!(
+                "--budget {} is more than half of the {} of RAM available: the over-budget trial allocates up to \
+                 about twice the budget and may exhaust the memory",
+                format_bytes(budget),
+                format_bytes(available)
+            );
+        }
+    }
+    Ok((budget, why))
+}
+
+pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     check_size_flags(args)?;
     let tuner = tuner(args);
     tuner.check()?;
     let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };
 
+    let model = ModelConfig::from_args(args);
+    let footprint = model.footprint()?;
     match parse_device(&args.device)? {
         DeviceSpec::Cpu => {
-            let (budget, why) = match (&args.budget, embedded_budget) {
-                (Some(text), _) => (parse_bytes(text)?, "--budget".to_owned()),
-                (None, Some(budget)) => (budget, "the embedded default; set --budget".to_owned()),
-                (None, None) => default_budget()?,
-            };
+            let (budget, why) = cpu_budget(args)?;
+            footprint.check_within((args.ceiling * budget as f64).floor() as u64)?;
             let mut meter = HeapMeter::new(budget)?;
-            let mut workload = build_workload(args, &candle_core::Device::Cpu)?;
+            let mut workload = model.build(&candle_core::Device::Cpu)?;
             say(&format!(
                 "probing {} ({} parameters) on the CPU under a {} budget ({why})",
                 workload.description(),
@@ -179,7 +235,7 @@ pub fn run(args: &ProbeArgs, embedded_budget: Option<u64>) -> Result<(), Failure
             if args.budget.is_some() {
                 return Err(Failure::usage("--budget is for --device cpu: a GPU's capacity is its memory"));
             }
-            cuda(args, &tuner, ordinal, &say)
+            cuda(args, &tuner, &model, &footprint, ordinal, &say)
         }
     }
 }
@@ -199,6 +255,11 @@ fn tune(
     };
     drop(progress);
     let plan = result?;
+    if plan.cached {
+        if let Some(path) = &args.cache {
+            log::info!("the plan came from the cache {}", path.display());
+        }
+    }
     if args.json {
         println!("{}", plan.to_json());
     } else {
@@ -208,17 +269,32 @@ fn tune(
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda(_: &ProbeArgs, _: &Tuner, ordinal: usize, _: &dyn Fn(&str)) -> Result<(), Failure> {
+fn cuda(
+    _: &ProbeArgs,
+    _: &Tuner,
+    _: &ModelConfig,
+    _: &Footprint,
+    ordinal: usize,
+    _: &dyn Fn(&str),
+) -> Result<(), Failure> {
     Err(Failure::usage(format!(
         "--device cuda:{ordinal} needs an autobatch built with CUDA: cargo build --release --features cuda"
     )))
 }
 
 #[cfg(feature = "cuda")]
-fn cuda(args: &ProbeArgs, tuner: &Tuner, ordinal: usize, say: &dyn Fn(&str)) -> Result<(), Failure> {
+fn cuda(
+    args: &ProbeArgs,
+    tuner: &Tuner,
+    model: &ModelConfig,
+    footprint: &Footprint,
+    ordinal: usize,
+    say: &dyn Fn(&str),
+) -> Result<(), Failure> {
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
+    footprint.check_within((args.ceiling * meter.capacity()? as f64).floor() as u64)?;
     let device = meter.device().clone();
-    let mut workload = build_workload(args, &device)?;
+    let mut workload = model.build(&device)?;
     say(&format!(
         "probing {} ({} parameters) on {} ({})",
         workload.description(),

@@ -9,17 +9,49 @@ use std::time::{Duration, Instant};
 
 use autobatch::{Observer, Trial, TrialKind};
 
+/// The exit code of a process ended by SIGINT (128 + 2), as shells report it.
+const INTERRUPTED: i32 = 130;
+
+/// On Ctrl-C: clear the live status line, say so, exit with 130. The line is
+/// cleared under the stderr lock, which the spinner takes to draw, so no frame
+/// lands after it. The plan cache is written atomically (a temporary file
+/// renamed over it), so an interrupt never leaves half a cache.
+pub fn exit_cleanly_on_interrupt() {
+    let installed = ctrlc::set_handler(|| {
+        let mut stderr = std::io::stderr().lock();
+        if stderr.is_terminal() {
+            let _ = write!(stderr, "\r\x1b[K");
+        }
+        let _ = writeln!(stderr, "interrupted");
+        let _ = stderr.flush();
+        std::process::exit(INTERRUPTED);
+    });
+    if let Err(err) = installed {
+        log::debug!("no interrupt handler: {err}");
+    }
+}
+
 /// Prints each trial as it finishes, to stdout (or stderr when stdout carries JSON).
 pub struct Progress {
     rows_to_stderr: bool,
     rows: usize,
+    /// The width of the batch column: widened (with a new header) when a
+    /// batch does not fit in it, so that the columns stay aligned.
+    batch_width: usize,
     spinner: Option<Spinner>,
 }
 
 impl Progress {
     pub fn new(rows_to_stderr: bool) -> Self {
         let spinner = std::io::stderr().is_terminal().then(Spinner::start);
-        Progress { rows_to_stderr, rows: 0, spinner }
+        Progress { rows_to_stderr, rows: 0, batch_width: Trial::BATCH_WIDTH, spinner }
+    }
+
+    fn print_header(&self) {
+        if let Some(spinner) = &self.spinner {
+            spinner.hide();
+        }
+        self.print_row(&Trial::table_header_with_width(self.batch_width));
     }
 
     fn print_row(&self, row: &str) {
@@ -38,12 +70,19 @@ impl Observer for Progress {
         }
     }
 
+    fn evaluation_started(&mut self, start: usize) {
+        if let Some(spinner) = &self.spinner {
+            spinner.hide();
+        }
+        self.print_row(&format!("evaluation step (forward only), from batch {start}:"));
+        self.rows = 0;
+    }
+
     fn trial_started(&mut self, batch: usize, _kind: TrialKind) {
-        if self.rows == 0 {
-            if let Some(spinner) = &self.spinner {
-                spinner.hide();
-            }
-            self.print_row(&Trial::table_header());
+        let width = batch.to_string().len();
+        if self.rows == 0 || width > self.batch_width {
+            self.batch_width = self.batch_width.max(width);
+            self.print_header();
         }
         if let Some(spinner) = &self.spinner {
             spinner.show(self.rows + 1, batch);
@@ -55,7 +94,7 @@ impl Observer for Progress {
             spinner.hide();
         }
         self.rows += 1;
-        self.print_row(&trial.table_row(self.rows, capacity_bytes));
+        self.print_row(&trial.table_row_with_width(self.rows, capacity_bytes, self.batch_width));
     }
 }
 

@@ -1,12 +1,12 @@
 //! Memory-headroom regression checks: does this model still run at this batch
 //! with memory to spare?
 
-use std::fmt;
+pub(crate) mod report;
 
-use serde::{Deserialize, Serialize};
-
-use crate::units::format_bytes;
+use crate::memory::measure::measure;
 use crate::{is_oom, Error, MemoryMeter, Workload};
+
+pub use report::HeadroomReport;
 
 /// Runs a workload at a given batch and checks the device keeps at least a
 /// minimum share of its memory free at the step's peak.
@@ -77,28 +77,24 @@ impl Headroom {
         }
         let batch = self.batch;
         let capacity_bytes = meter.capacity()?;
-        let step = |workload: &mut W| match workload.step(batch) {
+        // Ok(false): ran out of memory; other errors end the check
+        let ran = |result: candle_core::Result<()>| match result {
             Ok(()) => Ok(true),
             Err(err) if is_oom(&err) => Ok(false),
             Err(source) => Err(Error::Workload { batch, source }),
         };
         if self.warmup {
-            step(workload)?;
-            meter.synchronize()?;
-            meter.release_cached()?;
-        }
-        let baseline_bytes = meter.in_use()?;
-        meter.reset_peak()?;
-        let mut ran = true;
-        for _ in 0..self.steps {
-            ran = step(workload)?;
-            if !ran {
-                break;
+            let warm = measure(meter, 1, || workload.step(batch))?;
+            if ran(warm.result)? {
+                warm.settled?;
             }
         }
-        meter.synchronize()?;
-        let peak_bytes = meter.peak()?;
-        meter.release_cached()?;
+        let measured = measure(meter, self.steps, || workload.step(batch))?;
+        let ran = ran(measured.result)?;
+        if ran {
+            measured.settled?;
+        }
+        let (baseline_bytes, peak_bytes) = (measured.baseline_bytes, measured.peak?);
         let headroom_bytes = capacity_bytes.saturating_sub(peak_bytes);
         let headroom = if capacity_bytes == 0 { 0.0 } else { headroom_bytes as f64 / capacity_bytes as f64 };
         Ok(HeadroomReport {
@@ -128,58 +124,6 @@ impl Headroom {
         } else {
             Err(Error::InsufficientHeadroom(Box::new(report)))
         }
-    }
-}
-
-/// What a [`Headroom`] check measured.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct HeadroomReport {
-    /// The batch run.
-    pub batch: usize,
-    /// Measured steps.
-    pub steps: usize,
-    /// Whether a step ran out of memory.
-    pub out_of_memory: bool,
-    /// Device-wide bytes in use before the measured steps.
-    pub baseline_bytes: u64,
-    /// Device-wide peak over the measured steps.
-    pub peak_bytes: u64,
-    /// Device capacity.
-    pub capacity_bytes: u64,
-    /// `capacity − peak`.
-    pub headroom_bytes: u64,
-    /// `headroom_bytes / capacity`.
-    pub headroom: f64,
-    /// The minimum asked for.
-    pub min_headroom: f64,
-    /// Whether the steps ran and kept at least the minimum free.
-    pub passed: bool,
-}
-
-impl HeadroomReport {
-    /// The report as pretty-printed JSON, for a CI artifact.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("a report holds only numbers and flags")
-    }
-}
-
-impl fmt::Display for HeadroomReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let verdict = match (self.out_of_memory, self.passed) {
-            (true, _) => "ran out of memory",
-            (false, true) => "ok",
-            (false, false) => "too little headroom",
-        };
-        write!(
-            f,
-            "batch {}: peak {} of {}, headroom {} = {:.1}% (minimum {:.1}%): {verdict}",
-            self.batch,
-            format_bytes(self.peak_bytes),
-            format_bytes(self.capacity_bytes),
-            format_bytes(self.headroom_bytes),
-            100.0 * self.headroom,
-            100.0 * self.min_headroom
-        )
     }
 }
 

@@ -1,0 +1,197 @@
+//! Sizes and counts as people type them: `4GiB`, `512 MiB`, `1.5GB`, `7B`, `1e9`.
+//!
+//! Read exactly, in integers: `1.3B` is 1,300,000,000, not the nearest float,
+//! and a value that is not a whole number of bytes or parameters (`0.5`), that
+//! is negative, or that does not fit in 64 bits is an error, never rounded.
+
+/// Why a size or a count could not be read.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// A byte size could not be read.
+    #[error("invalid size {input:?}: {reason}; e.g. 4GiB, 512MiB or 1.5GB")]
+    Size {
+        /// The text given.
+        input: String,
+        /// What is wrong and what would be valid.
+        reason: String,
+    },
+    /// A count could not be read.
+    #[error("invalid count {input:?}: {reason}; e.g. 1e9, 125M or 7B")]
+    Count {
+        /// The text given.
+        input: String,
+        /// What is wrong and what would be valid.
+        reason: String,
+    },
+}
+
+const SIZE_UNITS: &str = "B, kB/KB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB (powers of 1024)";
+
+/// Parses a byte size: a number with an optional unit, decimal (`kB`/`KB`, `MB`,
+/// `GB`, `TB`, `PB`) or binary (`KiB` … `PiB`), case-insensitive, with or
+/// without a space. A bare number is bytes.
+pub fn parse_bytes(input: &str) -> Result<u64, ParseError> {
+    let invalid = |reason: String| ParseError::Size { input: input.to_owned(), reason };
+    let (number, unit) = split_number(input.trim());
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "pb" => 1_000_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "pib" => 1 << 50,
+        _ => return Err(invalid(format!("unknown unit {unit:?}: use {SIZE_UNITS}"))),
+    };
+    exact(number, scale, "bytes").map_err(invalid)
+}
+
+/// Parses a count such as a number of parameters: `1e9`, `125M`, `7B`,
+/// `1.5k`, `350000` (suffixes `k`/`K` = 10³, `M` = 10⁶, `B`/`G` = 10⁹, `T` = 10¹²).
+pub fn parse_count(input: &str) -> Result<u64, ParseError> {
+    let invalid = |reason: String| ParseError::Count { input: input.to_owned(), reason };
+    let (number, suffix) = split_number(input.trim());
+    let scale: u64 = match suffix {
+        "" => 1,
+        "k" | "K" => 1_000,
+        "M" | "m" => 1_000_000,
+        "B" | "b" | "G" | "g" => 1_000_000_000,
+        "T" | "t" => 1_000_000_000_000,
+        _ => return Err(invalid(format!("unknown suffix {suffix:?}: use k, M, B (or G), T, or an exponent like 1e9"))),
+    };
+    exact(number, scale, "a whole count").map_err(invalid)
+}
+
+/// Splits `"1.5 GiB"` into `("1.5", "GiB")`; exponents stay with the number.
+fn split_number(input: &str) -> (&str, &str) {
+    let bytes = input.as_bytes();
+    let mut end = 0;
+    while end < bytes.len() {
+        let c = bytes[end];
+        let exponent = (c == b'e' || c == b'E')
+            && end > 0
+            && bytes.get(end + 1).is_some_and(|n| n.is_ascii_digit() || *n == b'+' || *n == b'-');
+        let sign_of_exponent = (c == b'+' || c == b'-') && end > 0 && matches!(bytes[end - 1], b'e' | b'E');
+        if c.is_ascii_digit() || c == b'.' || exponent || sign_of_exponent || (end == 0 && (c == b'-' || c == b'+')) {
+            end += 1;
+        } else {
+            break;
+        }
+    }
+    (&input[..end], input[end..].trim_start())
+}
+
+/// `number × scale` computed exactly, as a whole `u64`.
+fn exact(number: &str, scale: u64, whole: &str) -> Result<u64, String> {
+    if number.is_empty() {
+        return Err("no number".to_owned());
+    }
+    let unsigned = match number.as_bytes()[0] {
+        b'-' => return Err("must not be negative".to_owned()),
+        b'+' => &number[1..],
+        _ => number,
+    };
+    let not_a_number = || format!("{number:?} is not a number");
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => (mantissa, exponent.parse::<i32>().map_err(|_| not_a_number())?),
+        None => (unsigned, 0),
+    };
+    let (integer, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{integer}{fraction}");
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(not_a_number());
+    }
+    let digits = digits.trim_start_matches('0');
+    let too_large = || format!("too large: at most {} {whole}", u64::MAX);
+    // more significant digits than u64 has means too large, unless they are
+    // all below the decimal point; 40 digits leave room for the fraction
+    let significant = digits.trim_end_matches('0');
+    let trailing_zeros = (digits.len() - significant.len()) as i64;
+    if significant.is_empty() {
+        return Ok(0);
+    }
+    if significant.len() > 38 {
+        return Err(too_large());
+    }
+    let mut value: u128 = significant.parse().map_err(|_| not_a_number())?;
+    let mut power = i64::from(exponent) - fraction.len() as i64 + trailing_zeros;
+    value = value.checked_mul(u128::from(scale)).ok_or_else(too_large)?;
+    while power > 0 {
+        value = value.checked_mul(10).ok_or_else(too_large)?;
+        power -= 1;
+    }
+    while power < 0 {
+        if !value.is_multiple_of(10) {
+            return Err(format!("is not {whole}"));
+        }
+        value /= 10;
+        power += 1;
+    }
+    u64::try_from(value).map_err(|_| too_large())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes_and_counts() {
+        let sizes = [
+            ("4GiB", 4u64 << 30),
+            ("4 gib", 4 << 30),
+            ("0.5 GiB", 512 << 20),
+            ("1.5GB", 1_500_000_000),
+            ("12GB", 12_000_000_000),
+            ("100kB", 100_000),
+            ("100KB", 100_000),
+            ("7", 7),
+            ("7B", 7),
+            ("2e3 MiB", 2000 << 20),
+            ("1024TiB", 1 << 50),
+            ("0", 0),
+            ("18446744073709551615", u64::MAX),
+        ];
+        for (input, want) in sizes {
+            assert_eq!(parse_bytes(input).unwrap(), want, "{input}");
+        }
+        for bad in ["", "GiB", "4 GiBs", "-1GB", "-5MiB", "1e400GB", "four GB", "nan GB", "inf", "0.5", "16EiB", "1e20"]
+        {
+            let err = parse_bytes(bad).unwrap_err();
+            assert!(matches!(err, ParseError::Size { .. }), "{bad}: {err}");
+        }
+        let counts = [
+            ("1e9", 1_000_000_000u64),
+            ("125M", 125_000_000),
+            ("7B", 7_000_000_000),
+            ("1.3b", 1_300_000_000),
+            ("350k", 350_000),
+            ("42", 42),
+            ("1e19", 10_000_000_000_000_000_000),
+            ("2.5e-1k", 250),
+        ];
+        for (input, want) in counts {
+            assert_eq!(parse_count(input).unwrap(), want, "{input}");
+        }
+        for bad in ["", "7X", "-3", "1..2", "B", "0.5", "1.5", "1e-1", "2e19", "1e20"] {
+            assert!(matches!(parse_count(bad), Err(ParseError::Count { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        assert!(parse_count("0.5").unwrap_err().to_string().contains("is not a whole count"));
+        assert!(parse_bytes("-5MiB").unwrap_err().to_string().contains("must not be negative"));
+        assert!(parse_count("1e20").unwrap_err().to_string().contains("too large"));
+    }
+
+    #[test]
+    fn decimal_and_binary_round_trip_through_text() {
+        for bytes in [1u64 << 30, 3 << 29, 150 << 20] {
+            assert_eq!(parse_bytes(&autobatch::format_bytes(bytes).replace(' ', "")).unwrap(), bytes);
+        }
+    }
+}

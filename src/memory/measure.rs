@@ -1,0 +1,46 @@
+//! The one measure sequence: read the baseline, reset the peak, run the
+//! steps, synchronize, read the peak, release cached memory. The tuner's
+//! trials and warm-up and the headroom check all measure through it.
+
+use std::time::{Duration, Instant};
+
+use crate::{Error, MemoryMeter};
+
+/// What one measured run saw.
+pub(crate) struct Measured {
+    /// The steps' own result: the first error stops the run.
+    pub(crate) result: candle_core::Result<()>,
+    /// Device-wide bytes in use just before the steps.
+    pub(crate) baseline_bytes: u64,
+    /// The device-wide peak over the steps, as the meter read it.
+    pub(crate) peak: Result<u64, Error>,
+    /// Wall-clock time of the steps, synchronization included.
+    pub(crate) duration: Duration,
+    /// Whether synchronizing and releasing cached memory afterwards worked
+    /// (the first failure, if any).
+    pub(crate) settled: Result<(), Error>,
+}
+
+/// Runs `step` up to `steps` times (stopping at its first error) between a
+/// peak reset and a peak read, and releases cached memory after.
+pub(crate) fn measure<M: MemoryMeter + ?Sized>(
+    meter: &mut M,
+    steps: usize,
+    mut step: impl FnMut() -> candle_core::Result<()>,
+) -> Result<Measured, Error> {
+    let baseline_bytes = meter.in_use()?;
+    meter.reset_peak()?;
+    let started = Instant::now();
+    let mut result = Ok(());
+    for _ in 0..steps {
+        result = step();
+        if result.is_err() {
+            break;
+        }
+    }
+    let synced = meter.synchronize();
+    let duration = started.elapsed();
+    let peak = meter.peak();
+    let released = meter.release_cached();
+    Ok(Measured { result, baseline_bytes, peak, duration, settled: synced.and(released) })
+}
