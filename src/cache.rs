@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use log::{info, warn};
 use serde::{Deserialize, Serialize};
@@ -156,7 +156,9 @@ pub(crate) fn lookup(path: &Path, key: &CacheKey) -> Option<Plan> {
     }
 }
 
-/// Stores `plan` under `key`, keeping the other entries. Atomic: the file is
+/// Stores `plan` under `key`, keeping the other entries. A symbolic link is
+/// followed (the file it points to is updated, the link stays) and an existing
+/// file keeps its permissions. Atomic: the file is
 /// written to a temporary file beside it and renamed over it, so a reader (or
 /// a concurrent writer) never sees half a file; when two write at once, one
 /// entry may be lost, never the file. Never fails: problems are warnings.
@@ -182,9 +184,34 @@ pub(crate) fn store(path: &Path, key: &CacheKey, plan: &Plan) {
     }
 }
 
+/// The file a write to `path` must replace: `path` itself, or the file its
+/// chain of symbolic links ends at (which may not exist yet), so that a
+/// linked cache is updated where it lives instead of the link being replaced.
+fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
+    // the kernel's own limit on links followed in one lookup (Linux MAXSYMLINKS)
+    const MAX_LINKS: usize = 40;
+    let mut current = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        match std::fs::symlink_metadata(&current) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = std::fs::read_link(&current)?;
+                current = match current.parent() {
+                    Some(parent) if target.is_relative() => parent.join(target),
+                    _ => target,
+                };
+            }
+            _ => return Ok(current),
+        }
+    }
+    Err(std::io::Error::other(format!("more than {MAX_LINKS} symbolic links from {}", path.display())))
+}
+
 fn write_atomically(path: &Path, file: &CacheFile) -> std::io::Result<()> {
     use std::io::Write;
     let json = serde_json::to_vec_pretty(file).map_err(std::io::Error::other)?;
+    let path = &resolve_links(path)?;
+    // a new file gets the process's default mode; an existing one keeps its own
+    let permissions = std::fs::metadata(path).ok().map(|meta| meta.permissions());
     let directory = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(directory)?;
     let name = path.file_name().map_or_else(|| "plan-cache".into(), |n| n.to_string_lossy().into_owned());
@@ -193,6 +220,9 @@ fn write_atomically(path: &Path, file: &CacheFile) -> std::io::Result<()> {
         directory.join(format!(".{name}.{}.{unique}.{:?}.tmp", std::process::id(), std::thread::current().id()));
     let result = (|| {
         let mut out = std::fs::File::create(&temporary)?;
+        if let Some(permissions) = permissions {
+            out.set_permissions(permissions)?;
+        }
         out.write_all(&json)?;
         out.sync_all()?;
         std::fs::rename(&temporary, path)

@@ -3,7 +3,7 @@
 //! It depends only on leaves: the outcome of a trial, the headroom report, the
 //! analytical model's remedies and the byte formatter.
 
-use crate::estimate::Remedy;
+use crate::estimate::change::Remedy;
 use crate::headroom::report::HeadroomReport;
 use crate::search::outcome::Outcome;
 use crate::units::format_bytes;
@@ -252,6 +252,13 @@ pub enum Error {
         ordinal: usize,
         /// Why, and what would be valid.
         reason: String,
+    },
+
+    /// A CUDA meter was given a device that is not a CUDA device.
+    #[error("{device} is not a CUDA device: CudaMeter measures CUDA devices; build the model on Device::new_cuda(n)")]
+    NotCuda {
+        /// The device given, as candle prints it.
+        device: String,
     },
 
     /// A memory meter could not measure.

@@ -52,7 +52,7 @@
 //!
 //! ```text
 //! cargo run --release                    # probe a small transformer under a 256 MiB budget
-//! autobatch probe --model transformer --seq-len 512 --budget 4GiB --target-effective-batch 1024
+//! autobatch probe --model transformer --seq-len 256 --budget 1GiB --target-effective-batch 1024
 //! autobatch estimate --params 7B --optimizer adamw --mixed-precision --capacity 80GB
 //! autobatch plan --target 268 --largest 133
 //! ```

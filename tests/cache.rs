@@ -210,3 +210,34 @@ fn one_unreadable_entry_is_a_miss_not_the_loss_of_the_file() {
     assert!(!plan.cached && steps > 0, "the broken entry is a miss");
     assert!(run(&tuner_b, 16 * GIB).0.cached, "and it was stored again");
 }
+
+#[cfg(unix)]
+#[test]
+fn a_linked_cache_is_updated_where_it_lives_and_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let target = scratch("linked");
+    let real = target.with_file_name("real").join("plans.json");
+    std::fs::create_dir_all(real.parent().unwrap()).unwrap();
+    // a relative link, as `ln -s real/plans.json link.json` makes it
+    let link = target.with_file_name("link.json");
+    std::os::unix::fs::symlink("real/plans.json", &link).unwrap();
+
+    // the first write creates the file at the end of the link; the link stays
+    let tuner = Tuner::new().cache(&link).cache_key(model_key(64, 512));
+    run(&tuner, 16 * GIB);
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+    assert!(std::fs::read_to_string(&real).unwrap().contains("autobatch-plan-cache"));
+
+    // a private file stays private through a second write
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let other = Tuner::new().cache(&link).cache_key(model_key(128, 512));
+    run(&other, 16 * GIB);
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+    let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the cache's permissions changed to {mode:o}");
+    let stored = std::fs::read_to_string(&real).unwrap();
+    assert_eq!(stored.matches("\"key\"").count(), 2, "both plans are in the linked file: {stored}");
+    // and a hit through the link skips probing
+    let (_, steps) = run(&tuner, 16 * GIB);
+    assert_eq!(steps, 0);
+}

@@ -82,10 +82,13 @@ impl NcclCollective {
 
     fn all_reduce(&self, value: u64, op: ReduceOp) -> Result<u64, Error> {
         let stream = self.comm.stream();
-        let send = stream.clone_htod(&[value]).map_err(Error::meter)?;
-        let mut receive = stream.alloc_zeros::<u64>(1).map_err(Error::meter)?;
+        let copy = |what: &str, err: cudarc::driver::DriverError| {
+            Error::Collective(format!("{what} the all-reduce value on the GPU: {err}"))
+        };
+        let send = stream.clone_htod(&[value]).map_err(|e| copy("copying", e))?;
+        let mut receive = stream.alloc_zeros::<u64>(1).map_err(|e| copy("allocating", e))?;
         self.comm.all_reduce(&send, &mut receive, &op).map_err(nccl)?;
-        let result = stream.clone_dtoh(&receive).map_err(Error::meter)?;
+        let result = stream.clone_dtoh(&receive).map_err(|e| copy("reading back", e))?;
         Ok(result[0])
     }
 }

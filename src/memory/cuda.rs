@@ -68,13 +68,13 @@ impl CudaMeter {
 
     /// A meter for an existing candle CUDA device.
     pub fn for_device(device: &candle_core::Device) -> Result<Self, Error> {
-        let cuda = device
-            .as_cuda_device()
-            .map_err(|_| Error::CudaUnavailable { ordinal: 0, reason: format!("{device:?} is not a CUDA device") })?;
+        let cuda = device.as_cuda_device().map_err(|_| Error::NotCuda { device: format!("{device:?}") })?;
         let stream = cuda.cuda_stream();
         let context = Arc::clone(stream.context());
         let name = context.name().map_err(driver)?;
         // candle's cuMemAllocAsync allocates from the device's current pool
+        // SAFETY: `cu_device` is the device handle of a live context (held by
+        // `context` for the meter's life); the call only reads its pool handle.
         let pool = unsafe { device::get_mem_pool(context.cu_device()) }.map_err(driver)?;
         let (_, total) = context.mem_get_info().map_err(driver)?;
         let mut meter = CudaMeter {
@@ -107,6 +107,8 @@ impl CudaMeter {
         let bytes = ((1.0 - ceiling) * self.total as f64) as u64;
         if bytes > 0 {
             self.context.bind_to_thread().map_err(driver)?;
+            // SAFETY: the context is current on this thread (bound just above);
+            // the pointer is owned by the `Ballast` and freed once, in `release_ballast`.
             let pointer = unsafe { cudarc::driver::result::malloc_sync(bytes as usize) }.map_err(driver)?;
             self.ballast = Some(Ballast { pointer, bytes });
         }
@@ -117,6 +119,8 @@ impl CudaMeter {
     pub fn release_ballast(&mut self) -> Result<(), Error> {
         if let Some(ballast) = self.ballast.take() {
             self.context.bind_to_thread().map_err(driver)?;
+            // SAFETY: `ballast.pointer` came from `malloc_sync` in this context and
+            // was taken out of `self.ballast`, so it is freed exactly once.
             unsafe { cudarc::driver::result::free_sync(ballast.pointer) }.map_err(driver)?;
         }
         Ok(())
@@ -141,6 +145,9 @@ impl CudaMeter {
 
     fn pool_attribute(&self, attribute: CUmemPool_attribute) -> Result<u64, Error> {
         let mut value = 0u64;
+        // SAFETY: `self.pool` is the live default pool of the meter's device, and
+        // every attribute read here is a u64 (cuMemPoolGetAttribute's contract
+        // for the USED/RESERVED_MEM attributes), written into `value`.
         unsafe { mem_pool::get_attribute(self.pool, attribute, (&mut value as *mut u64).cast()) }.map_err(driver)?;
         Ok(value)
     }
@@ -159,6 +166,8 @@ impl MemoryMeter for CudaMeter {
         self.synchronize()?;
         let mut zero = 0u64;
         // setting USED_MEM_HIGH to zero restarts it from the current use
+        // SAFETY: `self.pool` is the live default pool of the meter's device;
+        // USED_MEM_HIGH takes a u64, read from `zero` during the call only.
         unsafe {
             mem_pool::set_attribute(
                 self.pool,
@@ -184,6 +193,8 @@ impl MemoryMeter for CudaMeter {
     fn release_cached(&mut self) -> Result<(), Error> {
         self.synchronize()?;
         self.context.bind_to_thread().map_err(driver)?;
+        // SAFETY: `self.pool` is the live default pool of the meter's device, and
+        // the stream was synchronized above, so no allocation is in flight.
         unsafe { mem_pool::trim_to(self.pool, 0) }.map_err(driver)
     }
 

@@ -2,7 +2,10 @@
 //!
 //! Nothing here touches a device or a clock, so every invariant can be checked
 //! exhaustively with simulated curves, and baseline algorithms can run side by
-//! side on the same workloads.
+//! side on the same workloads. What a user chooses is the [`Strategy`]; the
+//! step-by-step interface (`next_batch` over a history of observations) is
+//! public for the crate's property tests and benchmarks only, and hidden from
+//! the docs.
 
 mod fit;
 pub(crate) mod outcome;
@@ -13,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 
 pub use fit::LinearFit;
-pub use outcome::{Observation, Outcome};
+#[doc(hidden)]
+pub use outcome::Observation;
+pub use outcome::Outcome;
 
 /// How the tuner chooses the next batch to try.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -132,6 +137,7 @@ impl SearchSpace {
 }
 
 /// A strategy's answer to "what next?".
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
     /// Run this batch next; it has not been tried.
@@ -142,6 +148,7 @@ pub enum Next {
 
 /// The largest batch in `history` that fits, if any: the only kind of answer a
 /// search gives.
+#[doc(hidden)]
 pub fn best(history: &[Observation]) -> Option<&Observation> {
     history.iter().filter(|o| o.outcome.fits()).max_by_key(|o| o.batch)
 }
@@ -164,6 +171,7 @@ pub fn best(history: &[Observation]) -> Option<&Observation> {
 /// assert_eq!(tried, [1, 2, 4, 8, 6, 5]);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
+#[doc(hidden)]
 pub fn next_batch(strategy: Strategy, space: &SearchSpace, history: &[Observation]) -> Next {
     let bracket = Bracket::of(space, history);
     match strategy {

@@ -3,6 +3,16 @@
 use super::Tuner;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
+/// What each rank reports about the agreed batch; the all-reduced minimum is
+/// what every rank then acts on (one failure outranks everything).
+const FAILED_HERE: u64 = 0;
+const DOES_NOT_FIT_HERE: u64 = 1;
+const FITS_HERE: u64 = 2;
+
+/// Rounds of agree → verify → search below before giving up: each round that
+/// fails moves every rank's bound down, and mixed devices settle in one or two.
+const AGREEMENT_ROUNDS: usize = 4;
+
 impl Tuner {
     /// [`run`](Tuner::run) on every rank of a data-parallel job, then
     /// agreement: the batch every rank trains with is the smallest of the ranks'
@@ -49,7 +59,7 @@ impl Tuner {
         let mut result = local.run(workload, meter);
         // A few rounds: agree on the smallest answer; every rank that has not
         // seen it fit runs it; when one fails there, all search below it.
-        for _ in 0..4 {
+        for _ in 0..AGREEMENT_ROUNDS {
             let mine = result.as_ref().map_or(0, |plan| plan.largest_batch as u64);
             let agreed = collective.all_reduce_min(mine)? as usize;
             let mut plan = match (result, agreed) {
@@ -80,18 +90,17 @@ impl Tuner {
                     }
                 }
             };
-            // 2: fits here; 1: does not fit here; 0: failed here (everyone stops)
             let status = match verified {
-                Ok(true) => 2,
-                Ok(false) => 1,
-                Err(_) => 0,
+                Ok(true) => FITS_HERE,
+                Ok(false) => DOES_NOT_FIT_HERE,
+                Err(_) => FAILED_HERE,
             };
             let everywhere = collective.all_reduce_min(status)?;
             verified?;
-            if everywhere == 0 {
+            if everywhere == FAILED_HERE {
                 return Err(Error::RankFailed);
             }
-            if everywhere == 2 {
+            if everywhere == FITS_HERE {
                 if let Some(trial) = plan.trials.iter().rev().find(|t| t.batch == agreed) {
                     plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
                 }
@@ -109,6 +118,6 @@ impl Tuner {
                 Tuner { max_batch: Some(below), ..local.clone() }.run(workload, meter)
             };
         }
-        Err(Error::Collective("the ranks did not agree on a batch in 4 rounds".to_owned()))
+        Err(Error::Collective(format!("the ranks did not agree on a batch in {AGREEMENT_ROUNDS} rounds")))
     }
 }

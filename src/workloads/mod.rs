@@ -77,7 +77,7 @@ pub struct Trainer<M> {
 }
 
 /// The default AdamW hyper-parameters of the reference workloads.
-pub fn default_adamw() -> ParamsAdamW {
+pub(crate) fn default_adamw() -> ParamsAdamW {
     ParamsAdamW { lr: 3e-3, weight_decay: 0.01, ..ParamsAdamW::default() }
 }
 
@@ -270,7 +270,9 @@ impl<M: Model> Workload for Evaluation<M> {
 }
 
 /// A reference workload whose model is chosen at run time (as the probe binary
-/// does): a probe [`Workload`] that can describe itself.
+/// does): a probe [`Workload`] that can describe itself. For the binary and
+/// the benchmarks; hidden from the docs.
+#[doc(hidden)]
 pub trait ReferenceWorkload: Workload {
     /// The model and its size, e.g. `transformer(vocab=256, d_model=64, …)`.
     fn description(&self) -> String;
