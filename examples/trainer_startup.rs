@@ -21,7 +21,7 @@ use candle_core::Device;
 
 const BUDGET: u64 = 40 << 20;
 const TARGET_EFFECTIVE_BATCH: usize = 256;
-const OPTIMIZER_STEPS: usize = 200;
+const OPTIMIZER_STEPS: usize = 100;
 
 fn main() -> Result<(), autobatch::Error> {
     let config = TransformerConfig { vocab: 64, d_model: 32, heads: 4, layers: 1, seq_len: 16, ..Default::default() };

@@ -399,3 +399,21 @@ fn noisy_curves_below_one_sample_of_noise_are_still_exact() {
         }
     }
 }
+
+#[test]
+fn a_step_that_ignores_its_batch_stops_the_search_with_a_warning() {
+    // the peak never grows: a step that builds its inputs without the batch size
+    for strategy in [Strategy::Predictive, Strategy::Binary, Strategy::Power] {
+        let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 0));
+        let plan = run(&Tuner::new().strategy(strategy), sim).unwrap();
+        assert!(!plan.proven_largest, "{plan}");
+        assert!(plan.largest_batch >= 1024 && plan.largest_batch <= 4096, "{plan}");
+        assert!(plan.trials.len() <= 16, "{plan}");
+        assert!(plan.warnings.iter().any(|w| matches!(w, Warning::BatchIgnored { smallest_batch: 1, .. })), "{plan}");
+        assert!(plan.to_string().contains("seems not to use its batch"), "{plan}");
+    }
+    // a step that uses even a few bytes per sample is searched to the end
+    let sim = Simulation::new(GIB, MemoryCurve::affine(GIB / 2, 64));
+    let plan = run(&Tuner::new(), sim).unwrap();
+    assert!(plan.proven_largest && plan.warnings.is_empty(), "{plan}");
+}
