@@ -61,7 +61,7 @@ pub struct MicroBatch {
 }
 
 /// What one guarded optimizer step did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepReport {
     /// Samples processed: always the step's whole batch.
     pub samples: usize,
@@ -71,6 +71,9 @@ pub struct StepReport {
     pub out_of_memory: usize,
     /// The micro-batch at the end of the step.
     pub micro_batch: usize,
+    /// The step's mean loss, when the step computed it
+    /// ([`TrainLoop::step`](crate::TrainLoop::step) does; [`Guard::step`] does not see losses).
+    pub loss: Option<f64>,
 }
 
 impl Guard {
@@ -170,6 +173,6 @@ impl Guard {
                 }
             }
         }
-        Ok(StepReport { samples: offset, micro_steps, out_of_memory, micro_batch: self.micro_batch })
+        Ok(StepReport { samples: offset, micro_steps, out_of_memory, micro_batch: self.micro_batch, loss: None })
     }
 }

@@ -104,6 +104,7 @@ pub mod estimate;
 mod guard;
 mod headroom;
 pub mod memory;
+pub mod model;
 mod oom;
 mod plan;
 pub mod search;
@@ -120,6 +121,7 @@ pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
 pub use memory::CudaMeter;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
+pub use model::{ModelProbe, TrainLoop};
 pub use oom::is_oom;
 pub use plan::{
     plan_accumulation, plan_accumulation_aligned, Accumulation, EvaluationPlan, MemoryModel, Plan, Trial, TrialKind,

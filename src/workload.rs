@@ -44,6 +44,30 @@ pub trait Workload {
     fn cache_key(&self) -> Option<crate::CacheKey> {
         None
     }
+
+    /// One micro-step of gradient accumulation at `batch`, as training runs
+    /// every micro-step after the first: the step of [`step`](Self::step) with
+    /// an accumulator of the variables' gradients held throughout, the new
+    /// gradients added to it, and the optimizer's update computed from it.
+    /// The tuner verifies a plan with accumulation through it and steps the
+    /// micro-batch down until it fits, when [`can_accumulate`](Self::can_accumulate)
+    /// says the workload implements it. The default runs [`step`](Self::step).
+    fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
+        self.step(batch)
+    }
+
+    /// Whether [`accumulating_step`](Self::accumulating_step) holds an
+    /// accumulator (false by default, e.g. for closures): without it a plan
+    /// that accumulates is not verified with the accumulator held.
+    fn can_accumulate(&self) -> bool {
+        false
+    }
+
+    /// What the workload noticed while it ran that the plan should say, e.g.
+    /// variables that received no gradient. Asked once, after the search.
+    fn diagnose(&mut self) -> Vec<crate::Warning> {
+        Vec::new()
+    }
 }
 
 /// The parameters of a model and how they are trained: what the analytical

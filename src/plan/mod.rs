@@ -21,6 +21,10 @@ pub enum TrialKind {
     /// The chosen batch run again because memory in use rose after it was first
     /// measured: the answer must fit in memory as it is when training starts.
     Recheck,
+    /// A micro-step of gradient accumulation, the accumulator held: verifies
+    /// the plan's micro-batch when it accumulates
+    /// ([`Workload::accumulating_step`](crate::Workload::accumulating_step)).
+    Accumulation,
 }
 
 /// One measured run of the workload at one batch size.
@@ -79,6 +83,18 @@ pub enum Warning {
         /// How much the peak grew between them.
         growth_bytes: u64,
     },
+    /// Float variables that received no gradient in the probe step. In
+    /// candle that is most often a fused op without a backward pass
+    /// (`candle_nn::LayerNorm` on a contiguous input, `RmsNorm`,
+    /// `ops::softmax_last_dim`), which cuts the graph silently: the probe then
+    /// measured a smaller graph than training needs, and the variables before
+    /// the cut do not learn.
+    MissingGradients {
+        /// The variables, by name.
+        variables: Vec<String>,
+        /// How many float variables there are in all.
+        of: usize,
+    },
     /// The chosen batch no longer fit when re-checked after memory in use rose;
     /// the search went on below it.
     RecheckFailed {
@@ -112,6 +128,17 @@ impl std::fmt::Display for Warning {
                  {largest_batch}; stopped there (check that the step builds its inputs from the batch size)",
                 b(*growth_bytes)
             ),
+            Warning::MissingGradients { variables, of } => {
+                let names = variables.join(", ");
+                write!(
+                    f,
+                    "no gradient reached {} of {of} variables ({names}): likely a candle fused op without a \
+                     backward pass (candle_nn::LayerNorm or RmsNorm on a contiguous input, ops::softmax_last_dim) \
+                     cut the graph; the measured peak understates training, and those variables will not learn \
+                     (use ops::softmax, or write the norm out)",
+                    variables.len()
+                )
+            }
             Warning::RecheckFailed { batch, first_baseline_bytes, recheck_baseline_bytes } => write!(
                 f,
                 "batch {batch} fit with {} in use but not when re-checked with {} in use",
@@ -174,6 +201,11 @@ pub struct Plan {
     /// rank's own largest batch; `largest_batch` is then the one all ranks agreed on.
     #[serde(default)]
     pub rank_largest_batch: Option<usize>,
+    /// When the plan accumulates (`accumulation_steps > 1`) and the workload
+    /// can run an accumulating micro-step: its measured peak at `micro_batch`,
+    /// the accumulator held. `micro_batch` was stepped down until it fit.
+    #[serde(default)]
+    pub accumulation_peak_bytes: Option<u64>,
 }
 
 /// The largest batch of an evaluation step (forward only, no gradients): bigger
@@ -221,6 +253,7 @@ impl MemoryModel {
         let mut latest: Vec<(usize, u64)> = Vec::new();
         for trial in trials.iter().rev() {
             if trial.batch == chosen
+                || trial.kind == TrialKind::Accumulation
                 || trial.outcome == Outcome::OutOfMemory
                 || latest.iter().any(|&(b, _)| b == trial.batch)
             {

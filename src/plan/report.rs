@@ -44,7 +44,11 @@ impl Trial {
             Some(peak) => (format_bytes(peak), format!("{:.1}%", 100.0 * utilization(peak, capacity_bytes))),
             None => ("-".to_owned(), "-".to_owned()),
         };
-        let recheck = if self.kind == TrialKind::Recheck { "  (re-check)" } else { "" };
+        let recheck = match self.kind {
+            TrialKind::Search => "",
+            TrialKind::Recheck => "  (re-check)",
+            TrialKind::Accumulation => "  (accumulating)",
+        };
         format!(
             "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}{recheck}",
             number,
@@ -83,6 +87,14 @@ impl Plan {
         );
         if let Some(split) = &self.accumulation {
             out += &accumulation_note(split);
+        }
+        if let Some(peak) = self.accumulation_peak_bytes {
+            out += &format!(
+                "\naccumulating: micro-batch {} with the gradient accumulator held peaks at {} = {:.1}% (verified)",
+                self.micro_batch,
+                format_bytes(peak),
+                100.0 * utilization(peak, self.capacity_bytes)
+            );
         }
         if let Some(model) = &self.memory_model {
             out += &format!(

@@ -313,7 +313,8 @@ impl Tuner {
     }
 }
 
-type Split = (usize, usize, usize, Option<crate::Accumulation>);
+/// micro-batch, accumulation steps, effective batch, and the split when there is a target.
+pub(super) type Split = (usize, usize, usize, Option<crate::Accumulation>);
 
 impl Tuner {
     /// micro-batch, accumulation steps, effective batch and the split, from the largest batch.

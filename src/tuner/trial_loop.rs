@@ -2,7 +2,7 @@
 
 use log::{debug, info, warn};
 
-use super::{Observer, Tuner};
+use super::{Observer, Split, Tuner};
 use crate::memory::measure::measure;
 use crate::plan::{utilization, MemoryModel, Plan, Trial, TrialKind, Warning};
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
@@ -57,14 +57,17 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         }
     }
 
-    /// Warm-up, search, re-check, plan.
+    /// Warm-up, search, re-check, what the workload noticed, plan.
     pub(super) fn run(mut self, space: &SearchSpace) -> Result<Plan, Error> {
         if self.tuner.warmup {
             self.warm_up(space.first())?;
         }
         let proven_largest = self.search(space)?;
+        for warning in self.workload.diagnose() {
+            self.warn(warning);
+        }
         let profile = self.tuner.profile.or_else(|| self.workload.profile());
-        self.into_plan(proven_largest, profile)
+        self.into_plan(space, proven_largest, profile)
     }
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
@@ -166,7 +169,10 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     fn trial(&mut self, batch: usize, kind: TrialKind) -> Result<Trial, Error> {
         self.observer.trial_started(batch, kind);
         let workload = &mut *self.workload;
-        let measured = measure(self.meter, self.tuner.steps_per_trial, || workload.step(batch))?;
+        let measured = measure(self.meter, self.tuner.steps_per_trial, || match kind {
+            TrialKind::Accumulation => workload.accumulating_step(batch),
+            TrialKind::Search | TrialKind::Recheck => workload.step(batch),
+        })?;
         let (peak, duration, baseline_bytes) = (measured.peak, measured.duration, measured.baseline_bytes);
         let outcome = match measured.result {
             Ok(()) => {
@@ -226,7 +232,55 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         self.warnings.push(warning);
     }
 
-    fn into_plan(self, proven_largest: bool, profile: Option<crate::Profile>) -> Result<Plan, Error> {
+    /// The split of the target from `largest_batch`, verified with the
+    /// accumulator held when it accumulates and the workload can: the
+    /// micro-batch steps down (by what the overshoot says, at least one
+    /// granule) until an accumulating micro-step fits. Returns the split and
+    /// the verified peak.
+    fn verified_split(&mut self, space: &SearchSpace, largest_batch: usize) -> Result<(Split, Option<u64>), Error> {
+        let mut cap = largest_batch;
+        loop {
+            let split = self.tuner.split(cap)?;
+            if split.1 <= 1 || !self.workload.can_accumulate() {
+                return Ok((split, None));
+            }
+            let micro = split.0;
+            let trial = self.trial(micro, TrialKind::Accumulation)?;
+            if trial.outcome.fits() {
+                return Ok((split, trial.peak_bytes));
+            }
+            let granule = space.multiple_of();
+            let per_sample = MemoryModel::fit(&self.trials, micro, trial.peak_bytes.unwrap_or(0))
+                .map_or(0.0, |model| model.line.bytes_per_sample);
+            let over = trial.peak_bytes.map_or(0, |peak| peak.saturating_sub(self.limit)) as f64;
+            let samples = if per_sample > 0.0 { (over / per_sample).ceil() as usize } else { 0 };
+            let step = samples.div_ceil(granule).max(1) * granule;
+            match micro.checked_sub(step).filter(|&next| next >= space.first()) {
+                Some(next) => {
+                    info!("accumulating at micro-batch {micro} does not fit: trying at most {next}");
+                    cap = next;
+                }
+                None => {
+                    return Err(Error::NothingFits {
+                        batch: micro,
+                        outcome: trial.outcome,
+                        peak_bytes: trial.peak_bytes,
+                        capacity_bytes: self.capacity_bytes,
+                        limit_bytes: self.limit,
+                        ceiling: self.tuner.ceiling,
+                        remedies: Vec::new(),
+                    })
+                }
+            }
+        }
+    }
+
+    fn into_plan(
+        mut self,
+        space: &SearchSpace,
+        proven_largest: bool,
+        profile: Option<crate::Profile>,
+    ) -> Result<Plan, Error> {
         let tuner = self.tuner;
         let history = self.history();
         let Some(found) = best(&history).copied() else {
@@ -248,7 +302,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         };
         let largest_batch = found.batch;
         let world_size = tuner.world_size;
-        let (micro_batch, accumulation_steps, effective_batch, accumulation) = tuner.split(largest_batch)?;
+        let ((micro_batch, accumulation_steps, effective_batch, accumulation), accumulation_peak_bytes) =
+            self.verified_split(space, largest_batch)?;
         let peak_bytes = found.peak_bytes.expect("a fitting trial always has a peak");
         let memory_model = MemoryModel::fit(&self.trials, largest_batch, peak_bytes);
         Ok(Plan {
@@ -271,6 +326,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             evaluation: None,
             cached: false,
             rank_largest_batch: None,
+            accumulation_peak_bytes,
         })
     }
 

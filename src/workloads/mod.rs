@@ -28,19 +28,19 @@
 pub mod convnet;
 mod footprint;
 pub mod mlp;
-mod optim;
 mod params;
 pub mod transformer;
 
 use candle_core::{DType, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
+pub use crate::model::{AdamW, AdamWState};
 pub use convnet::ConvNetConfig;
 pub use footprint::Footprint;
 pub use mlp::MlpConfig;
-pub use optim::{AdamW, AdamWState};
 pub use transformer::TransformerConfig;
 
+use crate::model::grads::Accumulator;
 use crate::{Error, Workload};
 use params::{data_seed, Params};
 
@@ -97,8 +97,9 @@ impl<M: Model> Trainer<M> {
     /// One optimizer step over `accumulation_steps` micro-batches of
     /// `micro_batch` samples each: gradients of the mean loss are summed
     /// before the update, as for one batch of `micro_batch × accumulation_steps`.
-    /// Returns the mean loss. The accumulated gradients are one more copy of the
-    /// parameters than a single step holds.
+    /// Returns the mean loss. Only the variables' gradients are accumulated (one
+    /// more copy of the parameters than a single step holds), as
+    /// [`TrainLoop`](crate::TrainLoop) does and as the tuner verifies plans.
     pub fn train_step_accumulated(&mut self, micro_batch: usize, accumulation_steps: usize) -> Result<f32, Error> {
         if micro_batch == 0 {
             return Err(Error::Zero { setting: "micro_batch" });
@@ -106,31 +107,23 @@ impl<M: Model> Trainer<M> {
         if accumulation_steps == 0 {
             return Err(Error::Zero { setting: "accumulation_steps" });
         }
-        let mut accumulated: Option<candle_core::backprop::GradStore> = None;
+        let vars = self.plain_vars();
+        let mut accumulated = Accumulator::default();
         let mut total_loss = 0f32;
         for micro_step in 0..accumulation_steps {
             let seed = data_seed(self.seed, Some(self.steps * accumulation_steps as u64 + micro_step as u64));
             let loss = self.model.loss(micro_batch, seed)?;
             total_loss += loss.to_scalar::<f32>()?;
-            let grads = (loss / accumulation_steps as f64).and_then(|l| l.backward())?;
-            accumulated = Some(match accumulated {
-                None => grads,
-                Some(mut sum) => {
-                    for (_, var) in &self.vars {
-                        if let (Some(acc), Some(g)) = (sum.get(var), grads.get(var)) {
-                            let next = (acc + g)?;
-                            sum.insert(var, next);
-                        }
-                    }
-                    sum
-                }
-            });
+            let grads = (loss / accumulation_steps as f64)?.backward()?;
+            accumulated.add(grads, &vars)?;
         }
-        if let Some(grads) = accumulated {
-            self.optimizer.step(&grads)?;
-        }
+        self.optimizer.step(&accumulated.take()?)?;
         self.steps += 1;
         Ok(total_loss / accumulation_steps as f32)
+    }
+
+    fn plain_vars(&self) -> Vec<Var> {
+        self.vars.iter().map(|(_, var)| var.clone()).collect()
     }
 
     /// The evaluation step as a [`Workload`]: forward and loss over
@@ -221,6 +214,28 @@ impl<M: Model> Workload for Trainer<M> {
         drop(grads);
         drop(loss);
         Ok(())
+    }
+
+    /// A micro-step after the first of [`train_step_accumulated`](Trainer::train_step_accumulated):
+    /// the accumulator held, this micro-step's gradients added, the update
+    /// computed dry from the sum.
+    fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
+        let vars = self.plain_vars();
+        let mut accumulated = Accumulator::default();
+        let mut earlier = candle_core::backprop::GradStore::default();
+        for var in &vars {
+            earlier.insert(var.as_tensor(), var.as_tensor().zeros_like()?);
+        }
+        accumulated.add(earlier, &vars)?;
+        let loss = self.model.loss(batch, data_seed(self.seed, None))?;
+        accumulated.add(loss.backward()?, &vars)?;
+        self.optimizer.dry_step(&accumulated.take()?)?;
+        drop(loss);
+        Ok(())
+    }
+
+    fn can_accumulate(&self) -> bool {
+        true
     }
 }
 

@@ -1,4 +1,5 @@
-//! AdamW with its state in the open, and a dry-run step for probing.
+//! AdamW with its state in the open, and a dry-run step for probing: the
+//! optimizer [`ModelProbe::adamw`](crate::ModelProbe::adamw) measures.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};

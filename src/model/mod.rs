@@ -1,0 +1,34 @@
+//! Your own candle model: probed as it is, trained with the plan.
+//!
+//! - [`ModelProbe`] turns a `VarMap` and a loss closure into a [`Workload`](crate::Workload)
+//!   that runs forward, backward and the optimizer's update without changing a
+//!   variable, names the variables that got no gradient, and gives the tuner its
+//!   cache key and memory profile;
+//! - [`TrainLoop`] trains with a plan: each optimizer step as guarded
+//!   micro-batches with scaled losses, the variables' gradients accumulated
+//!   (nothing else), then the optimizer's step;
+//! - [`AdamW`] is candle-nn's AdamW with readable state and a dry-run step;
+//! - [`detached`] builds a model a second time over the same weights with no
+//!   graph, for the evaluation probe.
+
+mod adamw;
+mod detached;
+pub(crate) mod grads;
+mod probe;
+mod train;
+
+pub use adamw::{AdamW, AdamWState};
+pub use detached::detached;
+pub use probe::ModelProbe;
+pub use train::TrainLoop;
+
+use candle_core::Var;
+
+/// The variables of a `VarMap`, by name (sorted, so that every run sees the
+/// same order).
+pub(crate) fn named_vars(varmap: &candle_nn::VarMap) -> Vec<(String, Var)> {
+    let data = varmap.data().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut vars: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}

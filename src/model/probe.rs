@@ -1,0 +1,283 @@
+//! `ModelProbe`: a user's model as a probe workload that changes nothing.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_nn::{Optimizer, ParamsAdamW, VarMap};
+use log::warn;
+
+use super::grads::{missing, Accumulator};
+use super::AdamW;
+use crate::estimate::{OptimizerKind, Precision};
+use crate::{CacheKey, Error, Profile, Warning, Workload};
+
+/// A throwaway optimizer's step over the variables.
+type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
+
+/// The update a probe step computes.
+enum Update {
+    /// None: forward and backward only.
+    None,
+    /// candle-nn's AdamW, computed dry by its bit-identical twin.
+    AdamW(AdamW),
+    /// candle-nn's SGD, computed dry.
+    Sgd { lr: f64 },
+    /// Any optimizer: a throwaway one per step, the variables restored after.
+    General { name: String, step: ThrowawayStep, host: Vec<Tensor> },
+}
+
+/// Your model as a probe [`Workload`]: forward (your loss closure), backward,
+/// and the optimizer's update, with no variable, moment or step count changed.
+///
+/// `loss(batch)` returns the scalar loss of `batch` samples, building the batch
+/// on the device as training does. Give the probe the optimizer training
+/// uses, so that its state and its update's temporaries are measured:
+///
+/// - [`adamw`](Self::adamw): candle-nn's AdamW. The moments are allocated as
+///   training holds them, and the update is computed in full by a
+///   bit-identical twin and never written: no extra memory, nothing changed.
+/// - [`sgd`](Self::sgd): candle-nn's SGD (no state), its update computed dry.
+/// - [`optimizer`](Self::optimizer): any `candle_nn::Optimizer`. Each probe step
+///   builds a throwaway optimizer over the variables (its state is measured as
+///   part of the step), runs its real step, and writes the variables back from
+///   a host copy, bit for bit. Cost: that host copy of every variable, for the
+///   probe's life (on the CPU it is heap that [`HeapMeter`](crate::HeapMeter)
+///   counts in every baseline, so the answer is smaller by one copy of the
+///   weights), and a copy back after each step.
+/// - none: forward and backward only, which measures less than training.
+///
+/// After its first successful step the probe knows which float variables got
+/// no gradient (candle's fused LayerNorm, RmsNorm and `softmax_last_dim` have no
+/// backward and cut the graph silently): the plan says so in a
+/// [`Warning::MissingGradients`]. Its cache key (variables' names, shapes and
+/// dtypes, the optimizer, and the parameters you add with
+/// [`key_param`](Self::key_param)) and memory profile come from the variables,
+/// so [`Tuner::cache`](crate::Tuner::cache) and the advice of
+/// [`Error::NothingFits`] work with no extra code. It also runs the accumulating
+/// micro-step the tuner verifies accumulating plans with.
+///
+/// ```
+/// #[global_allocator]
+/// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+///
+/// use autobatch::{HeapMeter, ModelProbe, Tuner};
+/// use candle_core::{DType, Device, Module, Tensor};
+/// use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
+///
+/// let varmap = VarMap::new();
+/// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+/// let model = linear(64, 10, vb.pp("head"))?;
+/// let loss = |batch: usize| {
+///     let x = Tensor::randn(0f32, 1., (batch, 64), &Device::Cpu)?;
+///     let y = Tensor::zeros(batch, DType::U32, &Device::Cpu)?;
+///     loss::cross_entropy(&model.forward(&x)?, &y)
+/// };
+/// let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default())?;
+/// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::new(8 << 20)?)?;
+/// assert!(plan.largest_batch > 0);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub struct ModelProbe<L> {
+    vars: Vec<(String, Var)>,
+    loss: L,
+    update: Update,
+    key: CacheKey,
+    /// Variables with no gradient, once a step has run to the end.
+    missing: Option<Vec<String>>,
+}
+
+impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
+    /// A probe of the variables of `varmap`, with `loss(batch)` the scalar loss
+    /// of `batch` samples. No optimizer yet: add the one training uses.
+    pub fn new(varmap: &VarMap, loss: L) -> Self {
+        Self::from_vars(super::named_vars(varmap), loss)
+    }
+
+    /// A probe of named variables held elsewhere than in a `VarMap`.
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>, loss: L) -> Self {
+        let vars: Vec<(String, Var)> = vars.into_iter().collect();
+        let key = CacheKey::new().variables(vars.iter().map(|(name, var)| (name.as_str(), var)));
+        ModelProbe { vars, loss, update: Update::None, key, missing: None }
+    }
+
+    /// Measures candle-nn's AdamW with `params`: its two moments are allocated
+    /// now, as training holds them, and each probe step computes the whole
+    /// update without writing it.
+    pub fn adamw(mut self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
+        self.update = Update::AdamW(AdamW::new(self.plain_vars(), params)?);
+        Ok(self)
+    }
+
+    /// Measures candle-nn's SGD with learning rate `lr`: no state, its update
+    /// computed and dropped.
+    pub fn sgd(mut self, lr: f64) -> Self {
+        self.update = Update::Sgd { lr };
+        self
+    }
+
+    /// Measures any `candle_nn::Optimizer` built with `config`: a throwaway
+    /// optimizer per probe step, the variables written back from a host copy
+    /// after it (see the type's docs for the cost).
+    pub fn optimizer<O>(mut self, config: O::Config) -> std::result::Result<Self, Error>
+    where
+        O: Optimizer + 'static,
+        O::Config: Clone + 'static,
+    {
+        let host = self.vars.iter().map(|(_, var)| host_copy(var.as_tensor())).collect::<Result<Vec<_>>>()?;
+        let step = move |vars: &[Var], grads: &GradStore| -> Result<()> {
+            let mut optimizer = O::new(vars.to_vec(), config.clone())?;
+            optimizer.step(grads)
+        };
+        let name = std::any::type_name::<O>().to_owned();
+        self.update = Update::General { name, step: Box::new(step), host };
+        Ok(self)
+    }
+
+    /// Adds a parameter that decides memory to the cache key (a sequence
+    /// length, an image size: what the loss closure builds its batch with).
+    pub fn key_param(mut self, name: &str, value: impl std::fmt::Display) -> Self {
+        self.key = self.key.param(name, value);
+        self
+    }
+
+    /// The variables, by name.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
+    }
+
+    /// The float variables that received no gradient in the first probe step
+    /// that ran to the end; `None` before one has.
+    pub fn variables_without_gradient(&self) -> Option<&[String]> {
+        self.missing.as_deref()
+    }
+
+    fn plain_vars(&self) -> Vec<Var> {
+        self.vars.iter().map(|(_, var)| var.clone()).collect()
+    }
+
+    /// The update from `grads`, computed and dropped (or, for a general
+    /// optimizer, run and undone).
+    fn update(&mut self, grads: &GradStore) -> Result<()> {
+        match &mut self.update {
+            Update::None => Ok(()),
+            Update::AdamW(adamw) => adamw.dry_step(grads),
+            Update::Sgd { lr } => {
+                for (_, var) in &self.vars {
+                    if let Some(grad) = grads.get(var.as_tensor()) {
+                        // what candle_nn::SGD::step computes before `set`
+                        drop(var.as_tensor().sub(&(grad * *lr)?)?);
+                    }
+                }
+                Ok(())
+            }
+            Update::General { step, host, .. } => {
+                let vars: Vec<Var> = self.vars.iter().map(|(_, var)| var.clone()).collect();
+                let stepped = step(&vars, grads);
+                // write the variables back even when the step failed part way
+                for (var, saved) in vars.iter().zip(host.iter()) {
+                    var.set(&saved.to_device(var.device())?)?;
+                }
+                stepped
+            }
+        }
+    }
+
+    fn check_gradients(&mut self, grads: &GradStore) {
+        if self.missing.is_none() {
+            self.missing = Some(missing(grads, &self.vars).into_iter().map(str::to_owned).collect());
+        }
+    }
+
+    fn optimizer_name(&self) -> &str {
+        match &self.update {
+            Update::None => "none",
+            Update::AdamW(_) => "candle_nn::AdamW",
+            Update::Sgd { .. } => "candle_nn::SGD",
+            Update::General { name, .. } => name,
+        }
+    }
+}
+
+/// A copy of `tensor` in host memory that does not share its storage.
+fn host_copy(tensor: &Tensor) -> Result<Tensor> {
+    if tensor.device().is_cpu() {
+        tensor.copy()
+    } else {
+        tensor.to_device(&Device::Cpu)
+    }
+}
+
+impl<L: FnMut(usize) -> Result<Tensor>> Workload for ModelProbe<L> {
+    /// Forward, backward and the update computed dry. The loss (and with it
+    /// the forward graph) and the whole gradient store stay alive through the
+    /// update, as in `optimizer.backward_step(&loss)`: the most a training
+    /// step holds.
+    fn step(&mut self, batch: usize) -> Result<()> {
+        let loss = (self.loss)(batch)?;
+        let grads = loss.backward()?;
+        self.check_gradients(&grads);
+        self.update(&grads)?;
+        drop(grads);
+        drop(loss);
+        Ok(())
+    }
+
+    /// A micro-step after the first of an accumulating optimizer step: the
+    /// accumulator (one gradient per variable) held throughout, this
+    /// micro-step's gradients added to it, and the update computed from the sum.
+    fn accumulating_step(&mut self, batch: usize) -> Result<()> {
+        let vars = self.plain_vars();
+        let mut accumulator = Accumulator::default();
+        let mut earlier = GradStore::default();
+        for var in vars.iter().filter(|var| var.dtype().is_float()) {
+            earlier.insert(var.as_tensor(), var.as_tensor().zeros_like()?);
+        }
+        accumulator.add(earlier, &vars)?;
+        let loss = (self.loss)(batch)?;
+        let grads = loss.backward()?;
+        self.check_gradients(&grads);
+        accumulator.add(grads, &vars)?;
+        let sum = accumulator.take()?;
+        self.update(&sum)?;
+        drop(sum);
+        drop(loss);
+        Ok(())
+    }
+
+    fn can_accumulate(&self) -> bool {
+        true
+    }
+
+    fn diagnose(&mut self) -> Vec<Warning> {
+        let Some(missing) = self.missing.as_ref().filter(|m| !m.is_empty()) else { return Vec::new() };
+        let of = self.vars.iter().filter(|(_, var)| var.dtype().is_float()).count();
+        let warning = Warning::MissingGradients { variables: missing.clone(), of };
+        warn!("{warning}");
+        vec![warning]
+    }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        Some(self.key.clone().param("optimizer", self.optimizer_name()))
+    }
+
+    fn profile(&self) -> Option<Profile> {
+        let optimizer = match &self.update {
+            Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
+            Update::AdamW(_) => OptimizerKind::AdamW,
+            // its state is not known from outside
+            Update::General { .. } => return None,
+        };
+        let floats = || self.vars.iter().map(|(_, var)| var).filter(|var| var.dtype().is_float());
+        let parameters = floats().map(|var| var.elem_count() as u64).sum();
+        let precision = match floats().next().map(|var| var.dtype()) {
+            Some(DType::BF16 | DType::F16) => Precision::Bf16,
+            _ => Precision::Fp32,
+        };
+        Some(Profile { parameters, precision, optimizer })
+    }
+}
+
+impl<L> std::fmt::Debug for ModelProbe<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelProbe").field("variables", &self.vars.len()).field("missing", &self.missing).finish()
+    }
+}

@@ -1,0 +1,126 @@
+//! `TrainLoop`: training with a plan, the way the plan was measured.
+
+use candle_core::{DType, Tensor, Var};
+use candle_nn::{Optimizer, VarMap};
+
+use super::grads::Accumulator;
+use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
+
+/// Trains with a [`Plan`]: each optimizer step runs the plan's
+/// `micro_batch × accumulation_steps` samples as micro-batches through a
+/// [`Guard`] (a micro-step that runs out of memory runs again at half the size,
+/// on the same samples), scales each micro-batch's mean loss by
+/// `micro.loss_scale`, accumulates the variables' gradients (one copy per
+/// variable, never the whole gradient store: that also holds gradients of
+/// constants such as an attention mask), then runs the optimizer's step. This
+/// is the accumulation the tuner verified the plan with.
+///
+/// ```
+/// # #[global_allocator]
+/// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+/// use autobatch::{HeapMeter, ModelProbe, TrainLoop, Tuner};
+/// use candle_core::{DType, Device, Module, Tensor};
+/// use candle_nn::{linear, loss, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+///
+/// let varmap = VarMap::new();
+/// let model = linear(16, 4, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+/// let batch = |samples: usize| -> candle_core::Result<Tensor> {
+///     let x = Tensor::ones((samples, 16), DType::F32, &Device::Cpu)?;
+///     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
+/// };
+/// let mut meter = HeapMeter::new(4 << 20)?;
+/// let mut probe = ModelProbe::new(&varmap, batch).adamw(ParamsAdamW::default())?;
+/// let plan = Tuner::new().max_batch(64).target_effective_batch(256).run(&mut probe, &mut meter)?;
+/// drop(probe);
+///
+/// let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
+/// let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
+/// let report = training.step(&mut meter, |micro| batch(micro.len))?;
+/// assert_eq!(report.samples, 256);
+/// assert!(report.loss.is_some());
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub struct TrainLoop<O> {
+    guard: Guard,
+    vars: Vec<Var>,
+    optimizer: O,
+}
+
+impl<O: Optimizer> TrainLoop<O> {
+    /// A loop over the variables of `varmap` (those `optimizer` was built
+    /// over), with the plan's micro-batch and accumulation steps.
+    pub fn new(plan: &Plan, varmap: &VarMap, optimizer: O) -> Result<Self, Error> {
+        Self::from_vars(plan, super::named_vars(varmap).into_iter().map(|(_, var)| var), optimizer)
+    }
+
+    /// A loop over variables held elsewhere than in a `VarMap`.
+    pub fn from_vars(plan: &Plan, vars: impl IntoIterator<Item = Var>, optimizer: O) -> Result<Self, Error> {
+        Ok(TrainLoop { guard: Guard::new(plan)?, vars: vars.into_iter().collect(), optimizer })
+    }
+
+    /// Doubles the micro-batch back after `steps` optimizer steps without an
+    /// out-of-memory error (see [`Guard::grow_back_after`]).
+    pub fn grow_back_after(mut self, steps: usize) -> Self {
+        self.guard = self.guard.grow_back_after(steps);
+        self
+    }
+
+    /// One optimizer step. `micro_step(micro)` returns the mean loss of the
+    /// step's samples `micro.offset .. micro.offset + micro.len`; the loop
+    /// scales it, runs backward, accumulates, and after the last micro-step
+    /// applies the optimizer. The report's `loss` is the step's mean loss.
+    ///
+    /// An out-of-memory micro-step is run again smaller (the guard); any other
+    /// error is returned with the optimizer not stepped. A failure while
+    /// adding gradients is not retried (the sum would be partial): it comes
+    /// back as [`Error::Workload`].
+    pub fn step<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
+    where
+        M: MemoryMeter + ?Sized,
+        F: FnMut(MicroBatch) -> candle_core::Result<Tensor>,
+    {
+        let mut accumulator = Accumulator::default();
+        let mut mean_loss = 0f64;
+        let vars = &self.vars;
+        let report = self.guard.step(meter, |micro| {
+            if accumulator.is_broken() {
+                return Err(candle_core::Error::Msg("the gradient accumulator is incomplete".to_owned()));
+            }
+            let loss = micro_step(micro)?;
+            let value = f64::from(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+            let grads = (loss * micro.loss_scale)?.backward()?;
+            match accumulator.add(grads, vars) {
+                Ok(()) => {
+                    mean_loss += value * micro.loss_scale;
+                    Ok(())
+                }
+                // not an out-of-memory error: the guard must not retry a partial sum
+                Err(err) => Err(candle_core::Error::Msg(format!("adding the micro-step's gradients failed: {err}"))),
+            }
+        })?;
+        let sum = accumulator.take()?;
+        self.optimizer.step(&sum)?;
+        Ok(StepReport { loss: Some(mean_loss), ..report })
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &O {
+        &self.optimizer
+    }
+
+    /// The optimizer, e.g. to set its learning rate.
+    pub fn optimizer_mut(&mut self) -> &mut O {
+        &mut self.optimizer
+    }
+
+    /// The guard: the micro-batch now, and how many micro-steps a step takes.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+}
+
+impl<O> std::fmt::Debug for TrainLoop<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainLoop").field("guard", &self.guard).field("variables", &self.vars.len()).finish()
+    }
+}

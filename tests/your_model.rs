@@ -1,0 +1,365 @@
+//! A model written as a candle user writes it (candle-nn layers, a `VarMap`,
+//! `candle_nn::AdamW`), tuned through `ModelProbe` and trained through
+//! `TrainLoop`: the answer is exact, probing changes no weight, a fused op
+//! that cuts gradients is named, and training with accumulation at the
+//! largest batch stays under the ceiling.
+//!
+//! Heap measurements are process-wide: like `tests/workloads.rs`, this file
+//! has its own harness and runs its checks one after another on one thread.
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Warning, Workload};
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{embedding, linear, loss, ops, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+
+const MIB: u64 = 1 << 20;
+/// Between the tuner's measurement and a brute-force one the harness holds a
+/// few small allocations of its own (see tests/workloads.rs).
+const TOLERANCE: u64 = 4 << 10;
+const VOCAB: usize = 64;
+const SEQ: usize = 32;
+
+/// Layer norm as a user writes it: candle-nn's own (a fused op with no
+/// backward on contiguous input), or the same arithmetic written out.
+enum Norm {
+    Fused(candle_nn::LayerNorm),
+    WrittenOut { weight: Tensor, bias: Tensor },
+}
+
+impl Norm {
+    fn new(size: usize, fused: bool, vb: VarBuilder) -> Result<Norm> {
+        if fused {
+            return Ok(Norm::Fused(candle_nn::layer_norm(size, 1e-5, vb)?));
+        }
+        let weight = vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.))?;
+        let bias = vb.get_with_hints(size, "bias", candle_nn::Init::Const(0.))?;
+        Ok(Norm::WrittenOut { weight, bias })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Fused(norm) => norm.forward(x),
+            Norm::WrittenOut { weight, bias } => ops::layer_norm_slow(x, weight, bias, 1e-5),
+        }
+    }
+}
+
+struct Block {
+    ln1: Norm,
+    qkv: Linear,
+    proj: Linear,
+    ln2: Norm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// A small GPT: token and position embeddings, pre-norm blocks with causal
+/// attention (an additive mask, as many users write it) and a GELU MLP.
+struct Gpt {
+    tokens: Embedding,
+    positions: Tensor,
+    blocks: Vec<Block>,
+    ln_f: Norm,
+    head: Linear,
+    mask: Tensor,
+    heads: usize,
+}
+
+impl Gpt {
+    fn new(d: usize, heads: usize, layers: usize, fused: bool, vb: VarBuilder) -> Result<Gpt> {
+        let mut blocks = Vec::new();
+        for i in 0..layers {
+            let vb = vb.pp(format!("blocks.{i}"));
+            blocks.push(Block {
+                ln1: Norm::new(d, fused, vb.pp("ln1"))?,
+                qkv: linear(d, 3 * d, vb.pp("qkv"))?,
+                proj: linear(d, d, vb.pp("proj"))?,
+                ln2: Norm::new(d, fused, vb.pp("ln2"))?,
+                fc1: linear(d, 4 * d, vb.pp("fc1"))?,
+                fc2: linear(4 * d, d, vb.pp("fc2"))?,
+            });
+        }
+        let mask: Vec<f32> =
+            (0..SEQ).flat_map(|i| (0..SEQ).map(move |j| if j > i { f32::NEG_INFINITY } else { 0. })).collect();
+        Ok(Gpt {
+            tokens: embedding(VOCAB, d, vb.pp("tokens"))?,
+            positions: vb.get_with_hints((SEQ, d), "positions", candle_nn::init::DEFAULT_KAIMING_NORMAL)?,
+            blocks,
+            ln_f: Norm::new(d, fused, vb.pp("ln_f"))?,
+            head: linear(d, VOCAB, vb.pp("head"))?,
+            mask: Tensor::from_vec(mask, (SEQ, SEQ), vb.device())?,
+            heads,
+        })
+    }
+
+    fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        let mut x = self.tokens.forward(input)?.broadcast_add(&self.positions)?;
+        for block in &self.blocks {
+            let (b, s, d) = x.dims3()?;
+            let hd = d / self.heads;
+            let qkv = block.qkv.forward(&block.ln1.forward(&x)?)?.reshape((b, s, 3, self.heads, hd))?;
+            let qkv = qkv.permute((2, 0, 3, 1, 4))?;
+            let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
+            let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&self.mask)?;
+            let y = ops::softmax(&scores, D::Minus1)?.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
+            x = (&x + block.proj.forward(&y)?)?;
+            x = (&x + block.fc2.forward(&block.fc1.forward(&block.ln2.forward(&x)?)?.gelu()?)?)?;
+        }
+        self.head.forward(&self.ln_f.forward(&x)?)
+    }
+
+    /// The mean next-token loss of `batch` sequences of a fixed synthetic
+    /// language, starting at sample `offset` of the step.
+    fn loss(&self, batch: usize, offset: usize) -> Result<Tensor> {
+        let tokens: Vec<u32> = (0..batch * (SEQ + 1))
+            .map(|i| {
+                let (sample, position) = (offset + i / (SEQ + 1), i % (SEQ + 1));
+                ((sample * 7 + position * 3) % VOCAB) as u32
+            })
+            .collect();
+        let tokens = Tensor::from_vec(tokens, (batch, SEQ + 1), self.mask.device())?;
+        let logits = self.forward(&tokens.narrow(1, 0, SEQ)?.contiguous()?)?;
+        let targets = tokens.narrow(1, 1, SEQ)?.flatten_all()?;
+        loss::cross_entropy(&logits.reshape((batch * SEQ, VOCAB))?, &targets)
+    }
+}
+
+fn gpt(fused: bool) -> (VarMap, Gpt) {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = Gpt::new(32, 4, 2, fused, vb).unwrap();
+    (varmap, model)
+}
+
+fn bits(varmap: &VarMap) -> Vec<(String, Vec<u32>)> {
+    let data = varmap.data().lock().unwrap();
+    let mut all: Vec<(String, Vec<u32>)> = data
+        .iter()
+        .map(|(name, var)| {
+            let values = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            (name.clone(), values.into_iter().map(f32::to_bits).collect())
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+fn peak_of<W: Workload>(workload: &mut W, batch: usize) -> u64 {
+    TrackingAllocator::reset_peak();
+    workload.step(batch).unwrap();
+    TrackingAllocator::peak_bytes()
+}
+
+fn the_answer_is_exact_and_probing_changes_no_weight() {
+    let (varmap, model) = gpt(false);
+    let before = bits(&varmap);
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    assert!(plan.proven_largest && plan.warnings.is_empty(), "{plan}");
+    let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+    drop(plan);
+    // brute force: the answer fits, the next batch does not
+    assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE);
+    assert!(peak_of(&mut probe, largest + 1) > limit.saturating_sub(TOLERANCE));
+    assert_eq!(bits(&varmap), before, "probing changed a weight");
+    assert_eq!(probe.variables_without_gradient(), Some(&[][..]));
+}
+
+fn a_fused_op_that_cuts_gradients_is_named() {
+    let (varmap, model) = gpt(true);
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    let missing = plan.warnings.iter().find_map(|w| match w {
+        Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
+        _ => None,
+    });
+    let (variables, of) = missing.unwrap_or_else(|| panic!("no gradient warning:\n{plan}"));
+    assert_eq!(of, varmap.all_vars().len());
+    // the final norm is fused: nothing before the head learns
+    for name in ["tokens.weight", "blocks.0.qkv.weight", "blocks.1.fc2.bias", "ln_f.weight"] {
+        assert!(variables.iter().any(|v| v == name), "{name} not in {variables:?}");
+    }
+    assert!(!variables.iter().any(|v| v.starts_with("head.")), "{variables:?}");
+    let text = plan.to_string();
+    assert!(text.contains("gradient") && text.contains("tokens.weight") && text.contains("fused"), "{text}");
+}
+
+fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
+    let (varmap, model) = gpt(false);
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let loss = |b: usize| model.loss(b, 0);
+    let largest = {
+        let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch
+    };
+    for target in [2 * largest, 3 * largest + 1] {
+        let plan = {
+            let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+            Tuner::new().target_effective_batch(target).run(&mut probe, &mut meter).unwrap()
+        };
+        assert_eq!(plan.largest_batch, largest, "{plan}");
+        assert!(plan.accumulation_steps > 1, "{plan}");
+        let verified = plan.accumulation_peak_bytes.unwrap_or_else(|| panic!("not verified:\n{plan}"));
+        assert!(verified <= plan.limit_bytes(), "{plan}");
+        assert!(plan.trials.iter().any(|t| t.kind == autobatch::TrialKind::Accumulation && t.outcome.fits()));
+
+        let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+        let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
+        let mut losses = Vec::new();
+        for step in 0..3 {
+            meter.reset_peak().unwrap();
+            let report = training.step(&mut meter, |micro| model.loss(micro.len, step * 1000 + micro.offset)).unwrap();
+            let peak = meter.peak().unwrap();
+            assert!(peak <= plan.limit_bytes(), "step {step} peaked at {peak} over {}:\n{plan}", plan.limit_bytes());
+            assert_eq!((report.samples, report.out_of_memory), (plan.micro_batch * plan.accumulation_steps, 0));
+            losses.push(report.loss.unwrap());
+        }
+        assert!(losses[2] < losses[0], "{losses:?}");
+    }
+}
+
+/// A wide MLP: its gradient copy (the accumulator) is worth hundreds of samples.
+fn wide_mlp_loss(layers: &[Linear], batch: usize, offset: usize) -> Result<Tensor> {
+    let x: Vec<f32> = (0..batch * 256).map(|i| (((offset * 256 + i) * 37 % 101) as f32 / 50.0) - 1.0).collect();
+    let mut h = Tensor::from_vec(x, (batch, 256), &Device::Cpu)?;
+    for (index, layer) in layers.iter().enumerate() {
+        h = layer.forward(&h)?;
+        if index + 1 < layers.len() {
+            h = h.relu()?;
+        }
+    }
+    let labels: Vec<u32> = (0..batch).map(|i| ((offset + i) % 10) as u32).collect();
+    loss::cross_entropy(&h, &Tensor::from_vec(labels, batch, &Device::Cpu)?)
+}
+
+fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let layers = vec![
+        linear(256, 1024, vb.pp("fc1")).unwrap(),
+        linear(1024, 1024, vb.pp("fc2")).unwrap(),
+        linear(1024, 10, vb.pp("out")).unwrap(),
+    ];
+    let loss = |b: usize| wide_mlp_loss(&layers, b, 0);
+    // with SGD (no state, a small update) the backward pass is the peak, and
+    // the accumulator held through it (5 MiB) is worth ~170 samples
+    let mut meter = HeapMeter::new(64 * MIB).unwrap();
+    let tuner = Tuner::new().multiple_of(8);
+    let largest = {
+        let mut probe = ModelProbe::new(&varmap, loss).sgd(0.01);
+        tuner.clone().run(&mut probe, &mut meter).unwrap().largest_batch
+    };
+    let plan = {
+        let mut probe = ModelProbe::new(&varmap, loss).sgd(0.01);
+        tuner.target_effective_batch(2 * largest).run(&mut probe, &mut meter).unwrap()
+    };
+    // the gradient copy does not fit beside the largest batch: the micro-batch
+    // stepped down, and the split still reaches the target
+    assert_eq!(plan.largest_batch, largest, "{plan}");
+    assert!(plan.micro_batch < largest && plan.micro_batch % 8 == 0, "{plan}");
+    assert!(plan.effective_batch >= 2 * largest, "{plan}");
+    let failed = plan.trials.iter().filter(|t| t.kind == autobatch::TrialKind::Accumulation && !t.outcome.fits());
+    assert!(failed.count() >= 1, "{plan}");
+    assert!(plan.accumulation_peak_bytes.is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
+
+    let optimizer = candle_nn::SGD::new(varmap.all_vars(), 0.01).unwrap();
+    let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
+    for step in 0..3 {
+        meter.reset_peak().unwrap();
+        training.step(&mut meter, |micro| wide_mlp_loss(&layers, micro.len, step * 10_000 + micro.offset)).unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= plan.limit_bytes(), "step {step} peaked at {peak} over {}:\n{plan}", plan.limit_bytes());
+    }
+}
+
+fn sgd_and_any_optimizer_change_nothing_either() {
+    let (varmap, model) = gpt(false);
+    let before = bits(&varmap);
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).sgd(0.5);
+    let with_sgd = Tuner::new().run(&mut sgd, &mut meter).unwrap();
+    drop(sgd);
+    assert_eq!(bits(&varmap), before);
+    let mut any = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        .optimizer::<candle_nn::AdamW>(ParamsAdamW { lr: 0.5, ..Default::default() })
+        .unwrap();
+    let with_any = Tuner::new().run(&mut any, &mut meter).unwrap();
+    assert_eq!(bits(&varmap), before, "the general path did not restore the weights");
+    // the throwaway AdamW's moments are measured: at batch 1, where the
+    // optimizer's moment is the step's peak, they show (later the backward
+    // pass dominates); SGD has no state
+    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).sgd(0.5);
+    let state = 2 * 4 * varmap.all_vars().iter().map(|v| v.elem_count() as u64).sum::<u64>();
+    assert!(peak_of(&mut any, 1) >= peak_of(&mut sgd, 1) + state / 2, "moments of {state} bytes not measured");
+    assert!(with_any.largest_batch <= with_sgd.largest_batch, "{with_any}\n{with_sgd}");
+    assert_eq!(bits(&varmap), before);
+    assert!(any.cache_key().unwrap().to_string().contains("optimizer: candle_nn::optim::AdamW"));
+    assert!(any.profile().is_none(), "a general optimizer's state is unknown");
+}
+
+fn the_cache_key_and_the_advice_come_from_the_variables() {
+    let (varmap, model) = gpt(false);
+    let probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).key_param("seq_len", SEQ);
+    let mut probe = probe.adamw(ParamsAdamW::default()).unwrap();
+    let key = probe.cache_key().unwrap().to_string();
+    assert!(key.contains("blocks.0.qkv.weight: F32 [96, 32]") && key.contains("seq_len: 32"), "{key}");
+    assert!(key.contains("optimizer: candle_nn::AdamW"), "{key}");
+    let profile = probe.profile().unwrap();
+    let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
+    assert_eq!(profile.parameters, parameters as u64);
+    // nothing fits under 1 MiB: the advice is computed from the variables
+    match Tuner::new().run(&mut probe, &mut HeapMeter::new(MIB).unwrap()) {
+        Err(Error::NothingFits { remedies, .. }) => assert!(!remedies.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    // and a cache hit skips probing
+    let path = std::env::temp_dir().join(format!("autobatch-your-model-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let tuner = Tuner::new().cache(&path);
+    let first = tuner.run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    let second = tuner.run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    assert!(!first.cached && second.cached && first.largest_batch == second.largest_batch);
+    let _ = std::fs::remove_file(&path);
+}
+
+fn main() {
+    let tests: &[(&str, fn())] = &[
+        ("the_answer_is_exact_and_probing_changes_no_weight", the_answer_is_exact_and_probing_changes_no_weight),
+        ("a_fused_op_that_cuts_gradients_is_named", a_fused_op_that_cuts_gradients_is_named),
+        (
+            "training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling",
+            training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling,
+        ),
+        (
+            "an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits",
+            an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits,
+        ),
+        ("sgd_and_any_optimizer_change_nothing_either", sgd_and_any_optimizer_change_nothing_either),
+        ("the_cache_key_and_the_advice_come_from_the_variables", the_cache_key_and_the_advice_come_from_the_variables),
+    ];
+    let filter: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
+    let selected: Vec<_> = tests
+        .iter()
+        .filter(|(name, _)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} tests (sequentially, one thread: heap measurements)", selected.len());
+    let mut failed = Vec::new();
+    for (name, test) in selected {
+        let started = std::time::Instant::now();
+        let passed = catch_unwind(AssertUnwindSafe(test)).is_ok();
+        println!("test {name} ... {} ({:.1?})", if passed { "ok" } else { "FAILED" }, started.elapsed());
+        if !passed {
+            failed.push(*name);
+        }
+    }
+    if !failed.is_empty() {
+        println!("\nfailures: {failed:?}");
+        std::process::exit(1);
+    }
+    println!("\ntest result: ok");
+}
