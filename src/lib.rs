@@ -14,30 +14,36 @@
 //!
 //! ## At trainer start-up
 //!
-//! Wrap one training step in a closure (or implement [`Workload`]) and run the
-//! tuner with the meter of your device; train with the plan's micro-batch and
-//! accumulation steps. On the CPU, [`HeapMeter`] measures live heap bytes under a
-//! budget (install [`TrackingAllocator`]); the reference [`workloads`] probe with
-//! the full AdamW step and change no weight.
+//! Your model as you wrote it: a `VarMap` and a loss. [`ModelProbe`] runs
+//! forward, backward and the optimizer's update without changing a weight;
+//! [`TrainLoop`] trains with the plan's micro-batches and accumulation. On the
+//! CPU, [`HeapMeter`] measures live heap bytes under a budget (install
+//! [`TrackingAllocator`]); on a GPU, `CudaMeter` (feature `cuda`).
 //!
 //! ```
 //! #[global_allocator]
 //! static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 //!
-//! use autobatch::workloads::TransformerConfig;
-//! use autobatch::{HeapMeter, Tuner};
+//! use autobatch::{HeapMeter, ModelProbe, TrainLoop, Tuner};
+//! use candle_core::{DType, Device, Module, Tensor};
+//! use candle_nn::{linear, loss, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 //!
-//! let mut model = TransformerConfig::tiny().build(&candle_core::Device::Cpu)?;
-//! let mut meter = HeapMeter::new(12 << 20)?; // a 12 MiB budget plays device memory
-//! let plan = Tuner::new()
-//!     .ceiling(0.9)
-//!     .target_effective_batch(256)
-//!     .run(&mut model, &mut meter)?;
+//! let varmap = VarMap::new();
+//! let model = linear(32, 4, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+//! let batch_loss = |samples: usize| {
+//!     let x = Tensor::ones((samples, 32), DType::F32, &Device::Cpu)?;
+//!     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
+//! };
+//! let mut meter = HeapMeter::new(4 << 20)?; // a 4 MiB budget plays device memory
+//! let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default())?;
+//! let plan = Tuner::new().max_batch(256).target_effective_batch(512).run(&mut probe, &mut meter)?;
+//! drop(probe);
 //! println!("{plan}");
-//! for _ in 0..3 {
-//!     model.train_step_accumulated(plan.micro_batch, plan.accumulation_steps)?;
-//! }
-//! assert_eq!(plan.micro_batch * plan.accumulation_steps, 256);
+//!
+//! let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
+//! let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
+//! let report = training.step(&mut meter, |micro| batch_loss(micro.len))?;
+//! assert_eq!(report.samples, plan.micro_batch * plan.accumulation_steps);
 //! # Ok::<(), autobatch::Error>(())
 //! ```
 //!
@@ -79,6 +85,9 @@
 //! accumulation steps that hit the target exactly (within twice the minimum),
 //! otherwise the nearest effective batch above, with the deviation and a
 //! learning-rate scaling hint.
+//!
+//! The reference models of [`workloads`] (a transformer, an MLP, a convnet)
+//! are workloads too, and any closure `FnMut(usize) -> candle_core::Result<()>` is.
 //!
 //! ## In a training loop
 //!
