@@ -15,10 +15,10 @@
 //! allow `TOLERANCE` = 4 KiB, less than a tenth of the smallest per-sample
 //! step of any size tested here.
 
+mod common;
+
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use autobatch::workloads::{ConvNetConfig, MlpConfig, Model, Trainer, TransformerConfig};
 use autobatch::{Error, HeapMeter, MemoryMeter, TrackingAllocator, Tuner, Workload};
@@ -291,24 +291,5 @@ fn main() {
         ("the_evaluation_step_gets_its_own_larger_batch", the_evaluation_step_gets_its_own_larger_batch),
         ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
     ];
-    let filter: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(name, _)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
-        .collect();
-    println!("\nrunning {} tests (sequentially, one thread: heap measurements)", selected.len());
-    let mut failed = Vec::new();
-    for (name, test) in selected {
-        let started = std::time::Instant::now();
-        let passed = catch_unwind(AssertUnwindSafe(test)).is_ok();
-        println!("test {name} ... {} ({:.1?})", if passed { "ok" } else { "FAILED" }, started.elapsed());
-        if !passed {
-            failed.push(*name);
-        }
-    }
-    if !failed.is_empty() {
-        println!("\nfailures: {failed:?}");
-        std::process::exit(1);
-    }
-    println!("\ntest result: ok");
+    common::harness::run_sequentially(tests);
 }

@@ -7,10 +7,10 @@
 //! Heap measurements are process-wide: like `tests/workloads.rs`, this file
 //! has its own harness and runs its checks one after another on one thread.
 
+mod common;
+
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Warning, Workload};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
@@ -342,24 +342,5 @@ fn main() {
         ("sgd_and_any_optimizer_change_nothing_either", sgd_and_any_optimizer_change_nothing_either),
         ("the_cache_key_and_the_advice_come_from_the_variables", the_cache_key_and_the_advice_come_from_the_variables),
     ];
-    let filter: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(name, _)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
-        .collect();
-    println!("\nrunning {} tests (sequentially, one thread: heap measurements)", selected.len());
-    let mut failed = Vec::new();
-    for (name, test) in selected {
-        let started = std::time::Instant::now();
-        let passed = catch_unwind(AssertUnwindSafe(test)).is_ok();
-        println!("test {name} ... {} ({:.1?})", if passed { "ok" } else { "FAILED" }, started.elapsed());
-        if !passed {
-            failed.push(*name);
-        }
-    }
-    if !failed.is_empty() {
-        println!("\nfailures: {failed:?}");
-        std::process::exit(1);
-    }
-    println!("\ntest result: ok");
+    common::harness::run_sequentially(tests);
 }

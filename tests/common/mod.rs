@@ -1,0 +1,3 @@
+//! Shared by the integration tests that measure the heap.
+
+pub mod harness;
