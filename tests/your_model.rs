@@ -302,6 +302,21 @@ fn sgd_and_any_optimizer_change_nothing_either() {
     assert!(any.profile().is_none(), "a general optimizer's state is unknown");
 }
 
+fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
+    let (varmap, model) = gpt(false);
+    // the same model built a second time over the same weights, with no graph
+    let evaluation_model = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
+    let mut evaluation = |b: usize| evaluation_model.loss(b, 0)?.to_scalar::<f32>().map(drop);
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let plan = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
+    let eval = plan.evaluation.as_ref().unwrap();
+    assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
+    // same weights: the same loss
+    let (train_loss, eval_loss) = (model.loss(4, 0).unwrap(), evaluation_model.loss(4, 0).unwrap());
+    assert_eq!(train_loss.to_scalar::<f32>().unwrap(), eval_loss.to_scalar::<f32>().unwrap());
+}
+
 fn the_cache_key_and_the_advice_come_from_the_variables() {
     let (varmap, model) = gpt(false);
     let probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).key_param("seq_len", SEQ);
@@ -340,6 +355,10 @@ fn main() {
             an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits,
         ),
         ("sgd_and_any_optimizer_change_nothing_either", sgd_and_any_optimizer_change_nothing_either),
+        (
+            "the_evaluation_step_of_your_model_gets_its_own_larger_batch",
+            the_evaluation_step_of_your_model_gets_its_own_larger_batch,
+        ),
         ("the_cache_key_and_the_advice_come_from_the_variables", the_cache_key_and_the_advice_come_from_the_variables),
     ];
     common::harness::run_sequentially(tests);
