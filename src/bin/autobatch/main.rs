@@ -61,5 +61,13 @@ fn init_logging(verbose: u8) {
         1 => log::LevelFilter::Info,
         _ => log::LevelFilter::Debug,
     };
-    env_logger::Builder::new().filter_level(level).parse_default_env().target(env_logger::Target::Stderr).init();
+    let mut builder = env_logger::Builder::new();
+    builder.filter_level(level);
+    if verbose == 0 {
+        // a plan's warnings are in its report (text) or its JSON: logging them
+        // too would print each twice
+        builder.filter_module("autobatch::tuner", log::LevelFilter::Error);
+        builder.filter_module("autobatch::model", log::LevelFilter::Error);
+    }
+    builder.parse_default_env().target(env_logger::Target::Stderr).init();
 }
