@@ -170,6 +170,15 @@ pub enum Error {
         what: String,
     },
 
+    /// A sharding of the training state that does not exist.
+    #[error("{what} is not a sharding: use {valid}")]
+    InvalidSharding {
+        /// What was asked for.
+        what: String,
+        /// What would be valid.
+        valid: &'static str,
+    },
+
     /// A reference model too large to build: not even batch 1 could stay
     /// under the limit, or its sizes do not fit in this machine's numbers.
     /// Refused before anything is allocated.
@@ -318,6 +327,7 @@ impl Error {
                 | Error::NoCandidate { .. }
                 | Error::Overflow { .. }
                 | Error::ByteOverflow { .. }
+                | Error::InvalidSharding { .. }
                 | Error::TargetBelowWorldSize { .. }
                 | Error::InexactEffectiveBatch { .. }
                 | Error::InvalidModel { .. }

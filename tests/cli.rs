@@ -202,3 +202,42 @@ fn a_cached_plan_is_reused_without_probing() {
     let wider: serde_json::Value = serde_json::from_slice(&wider.stdout).unwrap();
     assert_eq!(wider["cached"], false, "another model misses");
 }
+
+#[test]
+fn estimate_reproduces_the_zero_papers_figure_one_and_korthikanti_activations() {
+    // ZeRO (Rajbhandari et al.), Figure 1: Ψ = 7.5B, mixed-precision Adam, 64 ranks
+    let total = |zero: &str| -> u64 {
+        let args = ["estimate", "--params", "7.5B", "--mixed-precision", "--optimizer", "adamw", "--json"];
+        let output = autobatch(&[&args[..], &["--zero", zero, "--ranks", "64"]].concat());
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        json["total_bytes"].as_u64().unwrap()
+    };
+    // 120 GB; 31.4 GB (4Ψ + 12Ψ/64); 16.6 GB (2Ψ + 14Ψ/64); 1.9 GB (16Ψ/64)
+    assert_eq!(
+        [total("0"), total("1"), total("2"), total("3")],
+        [120_000_000_000, 31_406_250_000, 16_640_625_000, 1_875_000_000]
+    );
+    let stage1 = autobatch(&["estimate", "--params", "7.5B", "--mixed-precision", "--zero", "1", "--ranks", "64"]);
+    let stdout = text(&stage1.stdout);
+    assert!(stdout.contains("per device: ZeRO stage 1 over 64 ranks") && stdout.contains("31.4 GB"), "{stdout}");
+    assert_usage_error(&["estimate", "--params", "1e9", "--zero", "4", "--ranks", "8"], "--zero");
+    assert_usage_error(&["estimate", "--params", "1e9", "--zero", "2"], "give more than 1 rank");
+
+    // Korthikanti et al.: s·b·h·(34 + 5·a·s/h) bytes per layer at 16 bits
+    let activations = |extra: &[&str]| -> u64 {
+        let args = ["estimate", "--params", "1e9", "--json", "--layers", "24", "--hidden", "2048", "--heads", "16"];
+        let output = autobatch(&[&args[..], &["--seq-len", "2048", "--batch", "4"], extra].concat());
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        json["activation_bytes"].as_u64().unwrap()
+    };
+    let (s, b, h, a, l) = (2048u64, 4, 2048, 16, 24);
+    assert_eq!(activations(&[]), l * (s * b * h * 34 + 5 * a * s * s * b));
+    assert_eq!(activations(&["--recompute", "selective"]), l * s * b * h * 34);
+    assert_eq!(activations(&["--recompute", "full"]), l * 2 * s * b * h);
+    assert_usage_error(
+        &["estimate", "--params", "1e9", "--layers", "24"],
+        "needs --hidden, --heads, --seq-len, --batch too",
+    );
+}

@@ -138,6 +138,13 @@ pub enum Change {
         /// The factor the input length is divided by.
         factor: u32,
     },
+    /// Partition the training state across the data-parallel ranks (ZeRO).
+    Zero {
+        /// The ZeRO stage: 1 optimizer states, 2 + gradients, 3 + weights.
+        stage: u8,
+        /// The data-parallel ranks.
+        ranks: u64,
+    },
 }
 
 impl std::fmt::Display for Change {
@@ -149,6 +156,15 @@ impl std::fmt::Display for Change {
             Change::Optimizer { to } => write!(f, "{} optimizer", to.name()),
             Change::GradientCheckpointing => f.write_str("gradient checkpointing"),
             Change::ShorterInputs { factor } => write!(f, "inputs {factor}× shorter (sequence length or image side)"),
+            Change::Zero { stage, ranks } => {
+                let what = [
+                    "",
+                    "optimizer states",
+                    "optimizer states and gradients",
+                    "optimizer states, gradients and weights",
+                ];
+                write!(f, "ZeRO stage {stage}: {} partitioned over {ranks} ranks", what[usize::from(*stage).min(3)])
+            }
         }
     }
 }

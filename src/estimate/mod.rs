@@ -36,12 +36,16 @@
 
 use serde::{Deserialize, Serialize};
 
+mod activations;
 pub(crate) mod change;
+mod sharding;
 
 use crate::Error;
 
+pub use activations::{Recompute, TransformerShape};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};
+pub use sharding::Sharding;
 
 /// The training state of a model before any activation, in bytes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -147,14 +151,46 @@ impl StaticMemory {
 /// Fails with [`Error::ByteOverflow`] when the state and the activations
 /// together come to 2^64 bytes or more.
 pub fn remedies(state: &StaticMemory, activation_bytes: u64, available_bytes: u64) -> Result<Vec<Remedy>, Error> {
-    let now = state.total_with(activation_bytes)?;
+    remedies_sharded(state, &Sharding::NONE, activation_bytes, available_bytes)
+}
+
+/// [`remedies`] for one device of a sharded run: every total is what one
+/// device holds under `sharding` (plus `activation_bytes`, already per
+/// device), and with more than one data-parallel rank the higher ZeRO stages
+/// are options too.
+///
+/// ```
+/// use autobatch::estimate::{remedies_sharded, Change, OptimizerKind, Precision, Sharding, StaticMemory};
+///
+/// let model = StaticMemory::new(7_500_000_000, Precision::Mixed, OptimizerKind::AdamW)?;
+/// let advice = remedies_sharded(&model, &Sharding::zero(1, 64)?, 0, 20_000_000_000)?;
+/// let stage2 = advice.iter().find(|r| r.change == Change::Zero { stage: 2, ranks: 64 }).unwrap();
+/// assert_eq!((stage2.total_bytes, stage2.fits), (16_640_625_000, true));
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub fn remedies_sharded(
+    state: &StaticMemory,
+    sharding: &Sharding,
+    activation_bytes: u64,
+    available_bytes: u64,
+) -> Result<Vec<Remedy>, Error> {
+    let now = state.per_device(sharding).total_with(activation_bytes)?;
     let mut options: Vec<(Change, u64)> = Vec::new();
     // each alternative is at most `now` when it helps, so an alternative
     // that does not fit in a u64 is one that does not help
-    let mut consider = |change: Change, changed: Result<StaticMemory, Error>, activations: u64| {
-        if let Ok(total) = changed.and_then(|state| state.total_with(activations)) {
+    let mut consider_on = |change: Change, changed: Result<StaticMemory, Error>, on: Sharding, activations: u64| {
+        if let Ok(total) = changed.and_then(|state| state.per_device(&on).total_with(activations)) {
             options.push((change, total));
         }
+    };
+    if sharding.data_parallel > 1 {
+        for stage in sharding.zero_stage + 1..=3 {
+            let on = Sharding { zero_stage: stage, ..*sharding };
+            consider_on(Change::Zero { stage, ranks: sharding.data_parallel }, Ok(state.clone()), on, activation_bytes);
+        }
+    }
+    let mut consider = |change: Change, changed: Result<StaticMemory, Error>, activations: u64| {
+        consider_on(change, changed, *sharding, activations)
     };
     for precision in [Precision::Bf16, Precision::Mixed] {
         if precision != state.precision {

@@ -197,6 +197,16 @@ pub enum OptimizerArg {
     Lion,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RecomputeArg {
+    /// Keep every activation.
+    None,
+    /// Recompute the attention's softmax and score-times-value parts.
+    Selective,
+    /// Recompute every layer from its input (gradient checkpointing).
+    Full,
+}
+
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
     /// Trainable parameters, e.g. 1e9, 125M or 7B.
@@ -217,6 +227,35 @@ pub struct EstimateArgs {
     /// Activation memory at the batch you want, e.g. 6GiB (from a probe); counted in the total.
     #[arg(long, allow_hyphen_values = true)]
     pub activations: Option<String>,
+    /// ZeRO stage the state is partitioned at over --ranks: 0 none, 1 optimizer
+    /// states, 2 + gradients, 3 + weights.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3), help_heading = "Sharding")]
+    pub zero: u8,
+    /// Data-parallel ranks (the ZeRO partitions are spread over them).
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true, help_heading = "Sharding")]
+    pub ranks: usize,
+    /// Tensor-parallel degree: every parameter (and activation) split this many ways.
+    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true, help_heading = "Sharding")]
+    pub tensor_parallel: usize,
+    /// Transformer layers: with --hidden, --heads, --seq-len and --batch, the
+    /// activations are estimated (Korthikanti et al. 2022, 16-bit) instead of given.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
+    pub layers: Option<usize>,
+    /// Transformer hidden size.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
+    pub hidden: Option<usize>,
+    /// Transformer attention heads.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
+    pub heads: Option<usize>,
+    /// Tokens per sample.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
+    pub seq_len: Option<usize>,
+    /// Micro-batch per device.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
+    pub batch: Option<usize>,
+    /// What the backward pass recomputes instead of keeping.
+    #[arg(long, value_enum, default_value_t = RecomputeArg::None, help_heading = "Activations")]
+    pub recompute: RecomputeArg,
     /// Print the estimate as JSON on stdout.
     #[arg(long)]
     pub json: bool,

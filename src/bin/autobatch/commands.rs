@@ -1,9 +1,11 @@
 //! `autobatch estimate` and `autobatch plan`: arithmetic, no device.
 
-use autobatch::estimate::{remedies, OptimizerKind, Precision, StaticMemory};
+use autobatch::estimate::{
+    remedies_sharded, OptimizerKind, Precision, Recompute, Sharding, StaticMemory, TransformerShape,
+};
 use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
 
-use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg};
+use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg, RecomputeArg};
 use crate::failure::Failure;
 use crate::parse::{parse_bytes, parse_count};
 
@@ -29,16 +31,22 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         text.as_deref().map(parse_bytes).transpose().map_err(|err| Failure::usage(format!("{flag}: {err}")))
     };
     let capacity = size("--capacity", &args.capacity)?;
-    let activations = size("--activations", &args.activations)?.unwrap_or(0);
-    let state = StaticMemory::new(parameters, precision, optimizer)?;
+    let sharding = Sharding::new(args.zero, args.ranks as u64, args.tensor_parallel as u64)?;
+    if args.zero > 0 && args.ranks == 1 {
+        return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
+    }
+    let activations = activation_bytes(args, &sharding)?;
+    let model = StaticMemory::new(parameters, precision, optimizer)?;
+    let state = model.per_device(&sharding);
     let total = state.total_with(activations)?;
     let advice = match capacity {
-        Some(capacity) => remedies(&state, activations, capacity)?,
+        Some(capacity) => remedies_sharded(&model, &sharding, activations, capacity)?,
         None => Vec::new(),
     };
 
     if args.json {
         let json = serde_json::json!({
+            "sharding": sharding,
             "state": state,
             "activation_bytes": activations,
             "total_bytes": total,
@@ -51,9 +59,10 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     }
 
     println!(
-        "training state of {parameters:.3e} parameters ({}, {} optimizer){}",
+        "training state of {parameters:.3e} parameters ({}, {} optimizer){}{}",
         precision.name(),
         optimizer.name(),
+        describe_sharding(&sharding),
         if activations > 0 { "" } else { ", before activations" }
     );
     let per_parameter = |bytes: u64| bytes as f64 / parameters as f64;
@@ -87,6 +96,61 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// `, per device: ZeRO stage 1 over 64 ranks, tensor parallel 2`, or nothing.
+fn describe_sharding(sharding: &Sharding) -> String {
+    let mut parts = Vec::new();
+    if sharding.zero_stage > 0 {
+        parts.push(format!("ZeRO stage {} over {} ranks", sharding.zero_stage, sharding.data_parallel));
+    }
+    if sharding.tensor_parallel > 1 {
+        parts.push(format!("tensor parallel {}", sharding.tensor_parallel));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(", per device: {}", parts.join(", "))
+    }
+}
+
+/// `--activations`, or the transformer activation model when its five sizes
+/// are given (never both).
+fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<u64, Failure> {
+    let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch];
+    let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
+    let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
+    if given.is_empty() {
+        if args.recompute != RecomputeArg::None {
+            return Err(Failure::usage(
+                "--recompute needs the transformer's --layers, --hidden, --heads, --seq-len and --batch",
+            ));
+        }
+        let given = args.activations.as_deref().map(crate::parse::parse_bytes).transpose();
+        return Ok(given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0));
+    }
+    if args.activations.is_some() {
+        return Err(Failure::usage(
+            "--activations and the transformer sizes (--layers …) both say the activations: give one",
+        ));
+    }
+    let [Some(layers), Some(hidden), Some(heads), Some(seq_len), Some(batch)] = sizes else {
+        let missing: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
+        return Err(Failure::usage(format!("the activation model needs {} too", missing.join(", "))));
+    };
+    let shape = TransformerShape {
+        layers: layers as u64,
+        hidden: hidden as u64,
+        heads: heads as u64,
+        seq_len: seq_len as u64,
+        batch: batch as u64,
+    };
+    let recompute = match args.recompute {
+        RecomputeArg::None => Recompute::None,
+        RecomputeArg::Selective => Recompute::Selective,
+        RecomputeArg::Full => Recompute::Full,
+    };
+    Ok(shape.activation_bytes(sharding.tensor_parallel, recompute)?)
 }
 
 pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
