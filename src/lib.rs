@@ -115,6 +115,7 @@ mod headroom;
 pub mod memory;
 pub mod model;
 mod oom;
+pub mod optim;
 mod plan;
 pub mod search;
 mod splitmix;

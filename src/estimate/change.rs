@@ -102,6 +102,19 @@ impl OptimizerKind {
         }
     }
 
+    /// The candle type that implements it: candle-nn's, or this crate's
+    /// [`optim`](crate::optim).
+    pub fn implementation(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "candle_nn::SGD",
+            OptimizerKind::Momentum => "none in candle-nn or autobatch",
+            OptimizerKind::AdamW => "candle_nn::AdamW",
+            OptimizerKind::Adafactor => "autobatch::optim::Adafactor",
+            OptimizerKind::Adam8bit => "autobatch::optim::AdamW8bit",
+            OptimizerKind::Lion => "autobatch::optim::Lion",
+        }
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -153,7 +166,7 @@ impl std::fmt::Display for Change {
             Change::Precision { to: Precision::Bf16 } => f.write_str("bf16 weights, gradients and optimizer states"),
             Change::Precision { to: Precision::Mixed } => f.write_str("mixed precision (bf16 weights and gradients)"),
             Change::Precision { to: Precision::Fp32 } => f.write_str("fp32 everywhere"),
-            Change::Optimizer { to } => write!(f, "{} optimizer", to.name()),
+            Change::Optimizer { to } => write!(f, "{} optimizer ({})", to.name(), to.implementation()),
             Change::GradientCheckpointing => f.write_str("gradient checkpointing"),
             Change::ShorterInputs { factor } => write!(f, "inputs {factor}× shorter (sequence length or image side)"),
             Change::Zero { stage, ranks } => {

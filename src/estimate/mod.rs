@@ -199,7 +199,8 @@ pub fn remedies_sharded(
             consider(Change::Precision { to: precision }, changed, activations);
         }
     }
-    for optimizer in [OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Lion, OptimizerKind::Momentum] {
+    // the optimizers a candle user can switch to: this crate's lean ones
+    for optimizer in [OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Lion] {
         if optimizer != state.optimizer {
             let changed = StaticMemory::new(state.parameters, state.precision, optimizer);
             consider(Change::Optimizer { to: optimizer }, changed, activation_bytes);

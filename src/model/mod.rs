@@ -7,17 +7,14 @@
 //! - [`TrainLoop`] trains with a plan: each optimizer step as guarded
 //!   micro-batches with scaled losses, the variables' gradients accumulated
 //!   (nothing else), then the optimizer's step;
-//! - [`AdamW`] is candle-nn's AdamW with readable state and a dry-run step;
 //! - [`detached`] builds a model a second time over the same weights with no
 //!   graph, for the evaluation probe.
 
-mod adamw;
 mod detached;
 pub(crate) mod grads;
 mod probe;
 mod train;
 
-pub use adamw::{AdamW, AdamWState};
 pub use detached::detached;
 pub use probe::ModelProbe;
 pub use train::TrainLoop;

@@ -6,8 +6,8 @@ use candle_nn::{Optimizer, ParamsAdamW, VarMap};
 use log::warn;
 
 use super::grads::{missing, Accumulator};
-use super::AdamW;
 use crate::estimate::{OptimizerKind, Precision};
+use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
 use crate::{CacheKey, Error, Profile, Warning, Workload};
 
 /// A throwaway optimizer's step over the variables.
@@ -17,8 +17,10 @@ type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
 enum Update {
     /// None: forward and backward only.
     None,
-    /// candle-nn's AdamW, computed dry by its bit-identical twin.
-    AdamW(AdamW),
+    /// An optimizer with a dry step (candle-nn's AdamW through its
+    /// bit-identical twin, or one of [`crate::optim`]): its state held, its
+    /// update computed and dropped.
+    Dry { name: String, optimizer: Box<dyn DryStep> },
     /// candle-nn's SGD, computed dry.
     Sgd { lr: f64 },
     /// Any optimizer: a throwaway one per step, the variables restored after.
@@ -36,6 +38,10 @@ enum Update {
 ///   training holds them, and the update is computed in full by a
 ///   bit-identical twin and never written: no extra memory, nothing changed.
 /// - [`sgd`](Self::sgd): candle-nn's SGD (no state), its update computed dry.
+/// - [`lion`](Self::lion), [`adafactor`](Self::adafactor),
+///   [`adamw8bit`](Self::adamw8bit): this crate's lean optimizers
+///   ([`crate::optim`]), their state held and their update computed dry; any
+///   other [`DryStep`] optimizer through [`dry`](Self::dry).
 /// - [`optimizer`](Self::optimizer): any `candle_nn::Optimizer`. Each probe step
 ///   builds a throwaway optimizer over the variables (its state is measured as
 ///   part of the step), runs its real step, and writes the variables back from
@@ -102,9 +108,40 @@ impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
     /// Measures candle-nn's AdamW with `params`: its two moments are allocated
     /// now, as training holds them, and each probe step computes the whole
     /// update without writing it.
-    pub fn adamw(mut self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
-        self.update = Update::AdamW(AdamW::new(self.plain_vars(), params)?);
-        Ok(self)
+    pub fn adamw(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
+        let optimizer = AdamW::new(self.plain_vars(), params)?;
+        Ok(self.dry_named("candle_nn::AdamW", optimizer))
+    }
+
+    /// Measures [`Lion`](crate::optim::Lion) (one moment: 4 bytes per parameter).
+    pub fn lion(self, params: ParamsLion) -> std::result::Result<Self, Error> {
+        let optimizer = Lion::new(self.plain_vars(), params)?;
+        Ok(self.dry(optimizer))
+    }
+
+    /// Measures [`Adafactor`](crate::optim::Adafactor) (a factored second moment).
+    pub fn adafactor(self, params: ParamsAdafactor) -> std::result::Result<Self, Error> {
+        let optimizer = Adafactor::new(self.plain_vars(), params)?;
+        Ok(self.dry(optimizer))
+    }
+
+    /// Measures [`AdamW8bit`](crate::optim::AdamW8bit) (block-wise 8-bit moments).
+    pub fn adamw8bit(self, params: ParamsAdamW8bit) -> std::result::Result<Self, Error> {
+        let optimizer = AdamW8bit::new(self.plain_vars(), params)?;
+        Ok(self.dry(optimizer))
+    }
+
+    /// Measures an optimizer built over this probe's variables that can
+    /// compute its update without applying it ([`DryStep`]): its state is held
+    /// for the probe's life, as training holds it, and each probe step runs
+    /// its update dry. Build it over [`vars`](Self::vars), in that order.
+    pub fn dry<O: DryStep + 'static>(self, optimizer: O) -> Self {
+        self.dry_named(std::any::type_name::<O>(), optimizer)
+    }
+
+    fn dry_named<O: DryStep + 'static>(mut self, name: &str, optimizer: O) -> Self {
+        self.update = Update::Dry { name: name.to_owned(), optimizer: Box::new(optimizer) };
+        self
     }
 
     /// Measures candle-nn's SGD with learning rate `lr`: no state, its update
@@ -159,7 +196,7 @@ impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
     fn update(&mut self, grads: &GradStore) -> Result<()> {
         match &mut self.update {
             Update::None => Ok(()),
-            Update::AdamW(adamw) => adamw.dry_step(grads),
+            Update::Dry { optimizer, .. } => optimizer.dry_step(grads),
             Update::Sgd { lr } => {
                 for (_, var) in &self.vars {
                     if let Some(grad) = grads.get(var.as_tensor()) {
@@ -190,7 +227,7 @@ impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
     fn optimizer_name(&self) -> &str {
         match &self.update {
             Update::None => "none",
-            Update::AdamW(_) => "candle_nn::AdamW",
+            Update::Dry { name, .. } => name,
             Update::Sgd { .. } => "candle_nn::SGD",
             Update::General { name, .. } => name,
         }
@@ -262,7 +299,7 @@ impl<L: FnMut(usize) -> Result<Tensor>> Workload for ModelProbe<L> {
     fn profile(&self) -> Option<Profile> {
         let optimizer = match &self.update {
             Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
-            Update::AdamW(_) => OptimizerKind::AdamW,
+            Update::Dry { optimizer, .. } => optimizer.kind()?,
             // its state is not known from outside
             Update::General { .. } => return None,
         };

@@ -34,7 +34,7 @@ pub mod transformer;
 use candle_core::{DType, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-pub use crate::model::{AdamW, AdamWState};
+pub use crate::optim::{AdamW, AdamWState};
 pub use convnet::ConvNetConfig;
 pub use footprint::Footprint;
 pub use mlp::MlpConfig;

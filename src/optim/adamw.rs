@@ -1,9 +1,13 @@
 //! AdamW with its state in the open, and a dry-run step for probing: the
 //! optimizer [`ModelProbe::adamw`](crate::ModelProbe::adamw) measures.
+//! State: two moments in the variables' dtype, 8 bytes per parameter in f32.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
+
+use super::DryStep;
+use crate::estimate::OptimizerKind;
 
 /// One variable and its two moments.
 #[derive(Debug)]
@@ -55,6 +59,12 @@ impl AdamW {
     /// one variable at a time, and drops the results: the memory of an optimizer
     /// step with no effect on any variable, moment or the step count.
     pub fn dry_step(&self, grads: &GradStore) -> Result<()> {
+        DryStep::dry_step(self, grads)
+    }
+}
+
+impl DryStep for AdamW {
+    fn dry_step(&self, grads: &GradStore) -> Result<()> {
         for state in &self.states {
             if let Some(grad) = grads.get(&state.var) {
                 let update = self.update(state, grad, self.step_t + 1)?;
@@ -64,6 +74,16 @@ impl AdamW {
         Ok(())
     }
 
+    fn state_bytes(&self) -> u64 {
+        self.states.iter().map(|s| 2 * (s.var.elem_count() * s.var.dtype().size_in_bytes()) as u64).sum()
+    }
+
+    fn kind(&self) -> Option<OptimizerKind> {
+        Some(OptimizerKind::AdamW)
+    }
+}
+
+impl AdamW {
     fn update(&self, state: &AdamWState, g: &Tensor, step_t: usize) -> Result<(Tensor, Tensor, Tensor)> {
         let ParamsAdamW { lr, beta1, beta2, eps, weight_decay } = self.params;
         let scale_m = 1f64 / (1f64 - beta1.powi(step_t as i32));

@@ -1,0 +1,234 @@
+//! The lean optimizers (Lion, Adafactor, 8-bit AdamW) next to AdamW: each
+//! learns the reference task about as well, holds the state its docs say (read
+//! off the heap), and its dry step changes nothing, also when `ModelProbe`
+//! tunes a model with it.
+//!
+//! Heap measurements: its own sequential harness (see tests/common/harness.rs).
+
+mod common;
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+use autobatch::{HeapMeter, ModelProbe, TrackingAllocator, Tuner};
+use candle_core::{DType, Device, Module, Result, Tensor, Var};
+use candle_nn::{linear, loss, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+
+const INPUTS: usize = 64;
+const CLASSES: usize = 10;
+
+/// The reference MLP task: labels from a fixed random linear teacher.
+struct Task {
+    teacher: Tensor,
+}
+
+impl Task {
+    fn new() -> Task {
+        let values: Vec<f32> = (0..INPUTS * CLASSES).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
+        Task { teacher: Tensor::from_vec(values, (INPUTS, CLASSES), &Device::Cpu).unwrap() }
+    }
+
+    fn batch(&self, size: usize, seed: usize) -> (Tensor, Tensor) {
+        let values: Vec<f32> =
+            (0..size * INPUTS).map(|i| (((seed * 104_729 + i) * 2_654_435_761 % 4096) as f32 / 2048.0) - 1.0).collect();
+        let x = Tensor::from_vec(values, (size, INPUTS), &Device::Cpu).unwrap();
+        let y = x.matmul(&self.teacher).unwrap().argmax(1).unwrap();
+        (x, y)
+    }
+}
+
+struct Mlp {
+    layers: Vec<Linear>,
+}
+
+impl Mlp {
+    fn new(varmap: &VarMap) -> Mlp {
+        let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+        let layers = vec![
+            linear(INPUTS, 128, vb.pp("fc1")).unwrap(),
+            linear(128, 128, vb.pp("fc2")).unwrap(),
+            linear(128, CLASSES, vb.pp("out")).unwrap(),
+        ];
+        Mlp { layers }
+    }
+
+    fn loss(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(&h)?;
+            if i + 1 < self.layers.len() {
+                h = h.relu()?;
+            }
+        }
+        loss::cross_entropy(&h, y)
+    }
+}
+
+/// Trains 150 steps of 64 samples; the mean loss of the first and of the last 10 steps.
+fn train<O: Optimizer>(make: impl FnOnce(Vec<Var>) -> O) -> (f32, f32) {
+    let task = Task::new();
+    let varmap = VarMap::new();
+    let model = Mlp::new(&varmap);
+    let mut optimizer = make(varmap.all_vars());
+    let mut losses = Vec::new();
+    for step in 0..150 {
+        let (x, y) = task.batch(64, step);
+        let loss = model.loss(&x, &y).unwrap();
+        losses.push(loss.to_scalar::<f32>().unwrap());
+        optimizer.backward_step(&loss).unwrap();
+    }
+    (losses[..10].iter().sum::<f32>() / 10.0, losses[140..].iter().sum::<f32>() / 10.0)
+}
+
+/// Criterion: each optimizer at its usual learning rate ends (mean of the last
+/// 10 of 150 steps) below half its starting loss and within 1.5× AdamW's final
+/// loss + 0.05.
+fn each_learns_the_task_about_as_well_as_adamw() {
+    let adamw = train(|vars| AdamW::new(vars, ParamsAdamW { lr: 3e-3, ..Default::default() }).unwrap());
+    let results = [
+        ("lion", train(|vars| Lion::new(vars, ParamsLion { lr: 3e-4, ..Default::default() }).unwrap())),
+        ("adafactor", train(|vars| Adafactor::new(vars, ParamsAdafactor::default()).unwrap())),
+        ("adamw8bit", train(|vars| AdamW8bit::new(vars, ParamsAdamW8bit { lr: 3e-3, ..Default::default() }).unwrap())),
+    ];
+    println!("  adamw: {:.4} -> {:.4}", adamw.0, adamw.1);
+    for (name, (first, last)) in results {
+        println!("  {name}: {first:.4} -> {last:.4}");
+        assert!(last < first / 2.0, "{name}: {first} -> {last}");
+        assert!(last <= 1.5 * adamw.1 + 0.05, "{name}: {last} against adamw's {}", adamw.1);
+    }
+}
+
+/// The state each optimizer allocates, read off the heap, is what `state_bytes`
+/// says, and that is the documented figure.
+fn each_holds_the_state_its_docs_say() {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let _big = linear(1024, 512, vb.pp("big")).unwrap(); // a 512×1024 matrix and a 512 vector
+    let _small = linear(32, 16, vb.pp("small")).unwrap(); // a 16×32 matrix and a 16 vector
+    let vars = varmap.all_vars();
+    let parameters: u64 = vars.iter().map(|v| v.elem_count() as u64).sum();
+    fn measured<O: DryStep>(make: impl FnOnce() -> O) -> (O, u64) {
+        let before = TrackingAllocator::live_bytes();
+        let optimizer = make();
+        (optimizer, TrackingAllocator::live_bytes() - before)
+    }
+    // small per-variable bookkeeping (Vec slots, Arc headers) on top of the tensors
+    let overhead = 1024 * vars.len() as u64;
+    let check = |name: &str, state: u64, heap: u64, documented: u64| {
+        println!(
+            "  {name}: {state} bytes of state ({:.3} per parameter), {heap} on the heap",
+            state as f64 / parameters as f64
+        );
+        assert_eq!(state, documented, "{name}");
+        assert!(heap >= state && heap <= state + overhead, "{name}: heap {heap}, state {state}");
+    };
+    let (o, heap) = measured(|| AdamW::new(vars.clone(), ParamsAdamW::default()).unwrap());
+    check("adamw", o.state_bytes(), heap, 8 * parameters);
+    let (o, heap) = measured(|| Lion::new(vars.clone(), ParamsLion::default()).unwrap());
+    check("lion", o.state_bytes(), heap, 4 * parameters);
+    let (o, heap) = measured(|| Adafactor::new(vars.clone(), ParamsAdafactor::default()).unwrap());
+    check("adafactor", o.state_bytes(), heap, 4 * (512 + 1024) + 4 * 512 + 4 * (16 + 32) + 4 * 16);
+    let (o, heap) = measured(|| AdamW8bit::new(vars.clone(), ParamsAdamW8bit::default()).unwrap());
+    // the big matrix quantized (2 bytes + 2 scales per 256), the rest (< 4096 values) in f32
+    let big = 512 * 1024u64;
+    check("adamw8bit", o.state_bytes(), heap, 2 * big + 2 * 4 * (big / 256) + 8 * (parameters - big));
+}
+
+/// A dry step leaves weights, state and step count alone: an optimizer that
+/// ran one steps on exactly like its twin that did not.
+fn a_dry_step_changes_nothing() {
+    fn check<O: Optimizer + DryStep>(name: &str, make: impl Fn(Vec<Var>) -> O) {
+        let task = Task::new();
+        let (a_map, b_map) = (VarMap::new(), VarMap::new());
+        let (a_model, b_model) = (Mlp::new(&a_map), Mlp::new(&b_map));
+        for (name, var) in a_map.data().lock().unwrap().iter() {
+            b_map.data().lock().unwrap()[name].set(var.as_tensor()).unwrap();
+        }
+        let (mut a, mut b) = (make(a_map.all_vars()), make(b_map.all_vars()));
+        for step in 0..6 {
+            let (x, y) = task.batch(32, step);
+            let (a_grads, b_grads) =
+                (a_model.loss(&x, &y).unwrap().backward().unwrap(), b_model.loss(&x, &y).unwrap().backward().unwrap());
+            if step % 2 == 1 {
+                a.dry_step(&a_grads).unwrap();
+            }
+            a.step(&a_grads).unwrap();
+            b.step(&b_grads).unwrap();
+        }
+        let bits = |map: &VarMap| {
+            let data = map.data().lock().unwrap();
+            let mut all: Vec<_> = data
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.clone(),
+                        v.as_tensor()
+                            .flatten_all()
+                            .unwrap()
+                            .to_vec1::<f32>()
+                            .unwrap()
+                            .iter()
+                            .map(|f| f.to_bits())
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
+            all.sort();
+            all
+        };
+        assert!(bits(&a_map) == bits(&b_map), "{name}: the dry steps changed something");
+    }
+    check("adamw", |vars| AdamW::new(vars, ParamsAdamW::default()).unwrap());
+    check("lion", |vars| Lion::new(vars, ParamsLion::default()).unwrap());
+    check("adafactor", |vars| Adafactor::new(vars, ParamsAdafactor::default()).unwrap());
+    check("adamw8bit", |vars| AdamW8bit::new(vars, ParamsAdamW8bit::default()).unwrap());
+}
+
+/// `ModelProbe` tunes a model with each optimizer: the weights are
+/// bit-identical afterwards, and leaner state lets a larger batch fit.
+fn model_probe_tunes_with_each_and_changes_nothing() {
+    let task = Task::new();
+    let varmap = VarMap::new();
+    let model = Mlp::new(&varmap);
+    let weights = || {
+        let data = varmap.data().lock().unwrap();
+        let mut all: Vec<_> = data
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.into_iter().map(|(n, v)| (n, v.into_iter().map(f32::to_bits).collect::<Vec<_>>())).collect::<Vec<_>>()
+    };
+    let before = weights();
+    let loss = |b: usize| {
+        let (x, y) = task.batch(b, 0);
+        model.loss(&x, &y)
+    };
+    let mut largest = Vec::new();
+    for name in ["adamw", "lion", "adafactor", "adamw8bit"] {
+        let probe = ModelProbe::new(&varmap, loss);
+        let mut probe = match name {
+            "adamw" => probe.adamw(ParamsAdamW::default()),
+            "lion" => probe.lion(ParamsLion::default()),
+            "adafactor" => probe.adafactor(ParamsAdafactor::default()),
+            _ => probe.adamw8bit(ParamsAdamW8bit::default()),
+        }
+        .unwrap();
+        let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::new(16 << 20).unwrap()).unwrap();
+        assert!(plan.warnings.is_empty(), "{name}:\n{plan}");
+        assert_eq!(weights(), before, "{name}: probing changed a weight");
+        println!("  {name}: largest batch {} under 16 MiB", plan.largest_batch);
+        largest.push(plan.largest_batch);
+    }
+    assert!(largest[1..].iter().all(|&b| b >= largest[0]), "a leaner state never fits less: {largest:?}");
+}
+
+fn main() {
+    common::harness::run_sequentially(&[
+        ("each_learns_the_task_about_as_well_as_adamw", each_learns_the_task_about_as_well_as_adamw),
+        ("each_holds_the_state_its_docs_say", each_holds_the_state_its_docs_say),
+        ("a_dry_step_changes_nothing", a_dry_step_changes_nothing),
+        ("model_probe_tunes_with_each_and_changes_nothing", model_probe_tunes_with_each_and_changes_nothing),
+    ]);
+}
