@@ -21,6 +21,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
+/// How many times the formula's activations (at f32, so twice the 16-bit
+/// figure) a candle training step holds per sample, at most, measured on the
+/// reference transformer (`cargo bench --bench activations`, docs/activations.md:
+/// 3.35 to 4.50 over six sizes). candle has no fused attention or layer norm,
+/// computes the softmax in f32 and keeps both matmul operands' gradients; the
+/// logits and the loss are outside the formula too. For a candle model the
+/// probe's own measurement is the figure to plan with; this factor makes the
+/// formula usable for candle models too large to probe.
+pub const CANDLE_F32_ACTIVATION_RATIO: f64 = 4.5;
+
 /// Which activations the backward pass recomputes instead of keeping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -78,6 +88,17 @@ impl TransformerShape {
             Recompute::Full => 2 * sbh,
         };
         u64::try_from(per_layer.checked_mul(l).ok_or_else(overflow)?).map_err(|_| overflow())
+    }
+
+    /// What a candle f32 training step holds, by the measured ratio: the
+    /// formula at f32 (twice the 16-bit bytes) × [`CANDLE_F32_ACTIVATION_RATIO`].
+    pub fn candle_f32_activation_bytes(&self) -> Result<u64, Error> {
+        let formula = self.activation_bytes(1, Recompute::None)?;
+        let bytes = 2.0 * formula as f64 * CANDLE_F32_ACTIVATION_RATIO;
+        if bytes >= u64::MAX as f64 {
+            return Err(Error::ByteOverflow { what: format!("candle's activations of {self:?}") });
+        }
+        Ok(bytes.ceil() as u64)
     }
 }
 

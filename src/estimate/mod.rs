@@ -42,7 +42,7 @@ mod sharding;
 
 use crate::Error;
 
-pub use activations::{Recompute, TransformerShape};
+pub use activations::{Recompute, TransformerShape, CANDLE_F32_ACTIVATION_RATIO};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};
 pub use sharding::Sharding;

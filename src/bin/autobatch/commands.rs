@@ -2,6 +2,7 @@
 
 use autobatch::estimate::{
     remedies_sharded, OptimizerKind, Precision, Recompute, Sharding, StaticMemory, TransformerShape,
+    CANDLE_F32_ACTIVATION_RATIO,
 };
 use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
 
@@ -35,7 +36,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     if args.zero > 0 && args.ranks == 1 {
         return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
     }
-    let activations = activation_bytes(args, &sharding)?;
+    let (activations, candle) = activation_bytes(args, &sharding)?;
     let model = StaticMemory::new(parameters, precision, optimizer)?;
     let state = model.per_device(&sharding);
     let total = state.total_with(activations)?;
@@ -49,6 +50,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             "sharding": sharding,
             "state": state,
             "activation_bytes": activations,
+            "candle_f32_activation_bytes": candle,
             "total_bytes": total,
             "capacity_bytes": capacity,
             "fits": capacity.map(|c| total <= c),
@@ -78,6 +80,13 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     rows.push(("total", total));
     for (name, bytes) in rows {
         println!("  {name:<17} {:>10}  {:>6.2} B/param", format_bytes_decimal(bytes), per_parameter(bytes));
+    }
+    if let Some(candle) = candle {
+        println!(
+            "  (a candle f32 step keeps up to {CANDLE_F32_ACTIVATION_RATIO}× the f32 formula, measured: ~{} of activations; \
+             docs/activations.md)",
+            format_bytes_decimal(candle)
+        );
     }
     if let Some(capacity) = capacity {
         let device = format!("{} ({})", format_bytes(capacity), format_bytes_decimal(capacity));
@@ -115,8 +124,9 @@ fn describe_sharding(sharding: &Sharding) -> String {
 }
 
 /// `--activations`, or the transformer activation model when its five sizes
-/// are given (never both).
-fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<u64, Failure> {
+/// are given (never both); with the model, also what a candle f32 step keeps
+/// by the measured ratio.
+fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<(u64, Option<u64>), Failure> {
     let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch];
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
@@ -127,7 +137,7 @@ fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<u64, Fai
             ));
         }
         let given = args.activations.as_deref().map(crate::parse::parse_bytes).transpose();
-        return Ok(given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0));
+        return Ok((given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0), None));
     }
     if args.activations.is_some() {
         return Err(Failure::usage(
@@ -150,7 +160,11 @@ fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<u64, Fai
         RecomputeArg::Selective => Recompute::Selective,
         RecomputeArg::Full => Recompute::Full,
     };
-    Ok(shape.activation_bytes(sharding.tensor_parallel, recompute)?)
+    let candle = match (recompute, sharding.tensor_parallel) {
+        (Recompute::None, 1) => Some(shape.candle_f32_activation_bytes()?),
+        _ => None, // measured without recomputation or tensor parallelism only
+    };
+    Ok((shape.activation_bytes(sharding.tensor_parallel, recompute)?, candle))
 }
 
 pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
