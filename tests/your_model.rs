@@ -277,6 +277,40 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     }
 }
 
+/// Weights used as the right operand of `matmul` (no `Linear`): candle leaves
+/// their gradients holding the layer's input through the graph. Training with
+/// accumulation must not keep one micro-step's activations alive into the next.
+fn accumulated_gradients_hold_no_activations() {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let w1 = vb.get_with_hints((256, 512), "w1", candle_nn::init::DEFAULT_KAIMING_NORMAL).unwrap();
+    let w2 = vb.get_with_hints((512, 10), "w2", candle_nn::init::DEFAULT_KAIMING_NORMAL).unwrap();
+    let loss = |batch: usize, offset: usize| -> Result<Tensor> {
+        let x: Vec<f32> = (0..batch * 256).map(|i| (((offset * 256 + i) * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let x = Tensor::from_vec(x, (batch, 256), &Device::Cpu)?;
+        let logits = x.matmul(&w1)?.relu()?.matmul(&w2)?;
+        let labels: Vec<u32> = (0..batch).map(|i| ((offset + i) % 10) as u32).collect();
+        loss::cross_entropy(&logits, &Tensor::from_vec(labels, batch, &Device::Cpu)?)
+    };
+    let mut meter = HeapMeter::new(48 * MIB).unwrap();
+    let largest = {
+        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
+        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch
+    };
+    let plan = {
+        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
+        Tuner::new().target_effective_batch(4 * largest).run(&mut probe, &mut meter).unwrap()
+    };
+    let optimizer = candle_nn::SGD::new(varmap.all_vars(), 0.01).unwrap();
+    let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
+    for step in 0..2 {
+        meter.reset_peak().unwrap();
+        training.step(&mut meter, |micro| loss(micro.len, step * 10_000 + micro.offset)).unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= plan.limit_bytes(), "step {step} peaked at {peak} over {}:\n{plan}", plan.limit_bytes());
+    }
+}
+
 fn sgd_and_any_optimizer_change_nothing_either() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
@@ -354,6 +388,7 @@ fn main() {
             "an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits",
             an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits,
         ),
+        ("accumulated_gradients_hold_no_activations", accumulated_gradients_hold_no_activations),
         ("sgd_and_any_optimizer_change_nothing_either", sgd_and_any_optimizer_change_nothing_either),
         (
             "the_evaluation_step_of_your_model_gets_its_own_larger_batch",

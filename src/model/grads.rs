@@ -9,12 +9,18 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Var};
 
-/// The variables' gradients out of `grads`; the rest is dropped (freed) here.
+/// The variables' gradients out of `grads`, detached; the rest is dropped
+/// (freed) here.
+///
+/// Detached because candle leaves a variable's gradient with the graph of the
+/// ops that computed it (`x.matmul(&w)` gives `w` the gradient `xᵀ·g`, which
+/// holds `x`, an activation): an accumulator that kept it would keep that
+/// micro-step's activations alive through the next one.
 pub(crate) fn keep_variables(mut grads: GradStore, vars: &[Var]) -> GradStore {
     let mut kept = GradStore::default();
     for var in vars {
         if let Some(grad) = grads.remove(var.as_tensor()) {
-            kept.insert(var.as_tensor(), grad);
+            kept.insert(var.as_tensor(), grad.detach());
         }
     }
     kept

@@ -8,13 +8,17 @@
 //!   micro-batches with scaled losses, the variables' gradients accumulated
 //!   (nothing else), then the optimizer's step;
 //! - [`detached`] builds a model a second time over the same weights with no
-//!   graph, for the evaluation probe.
+//!   graph, for the evaluation probe and for checkpointing;
+//! - [`checkpointed`] is gradient checkpointing for a model built as a sequence
+//!   of blocks: boundaries kept, each block recomputed in the backward pass.
 
+mod checkpoint;
 mod detached;
 pub(crate) mod grads;
 mod probe;
 mod train;
 
+pub use checkpoint::checkpointed;
 pub use detached::detached;
 pub use probe::ModelProbe;
 pub use train::TrainLoop;
