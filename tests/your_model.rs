@@ -69,6 +69,18 @@ struct Gpt {
     heads: usize,
 }
 
+/// One block of a `Gpt` as a `Module`: what checkpointing recomputes.
+struct BlockStep<'a> {
+    block: &'a Block,
+    gpt: &'a Gpt,
+}
+
+impl Module for BlockStep<'_> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.gpt.block(self.block, x)
+    }
+}
+
 impl Gpt {
     fn new(d: usize, heads: usize, layers: usize, fused: bool, vb: VarBuilder) -> Result<Gpt> {
         let mut blocks = Vec::new();
@@ -96,25 +108,36 @@ impl Gpt {
         })
     }
 
+    fn block(&self, block: &Block, x: &Tensor) -> Result<Tensor> {
+        let (b, s, d) = x.dims3()?;
+        let hd = d / self.heads;
+        let qkv = block.qkv.forward(&block.ln1.forward(x)?)?.reshape((b, s, 3, self.heads, hd))?;
+        let qkv = qkv.permute((2, 0, 3, 1, 4))?;
+        let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
+        let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&self.mask)?;
+        let y = ops::softmax(&scores, D::Minus1)?.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
+        let x = (x + block.proj.forward(&y)?)?;
+        &x + block.fc2.forward(&block.fc1.forward(&block.ln2.forward(&x)?)?.gelu()?)?
+    }
+
+    fn embed(&self, input: &Tensor) -> Result<Tensor> {
+        self.tokens.forward(input)?.broadcast_add(&self.positions)
+    }
+
     fn forward(&self, input: &Tensor) -> Result<Tensor> {
-        let mut x = self.tokens.forward(input)?.broadcast_add(&self.positions)?;
+        let mut x = self.embed(input)?;
         for block in &self.blocks {
-            let (b, s, d) = x.dims3()?;
-            let hd = d / self.heads;
-            let qkv = block.qkv.forward(&block.ln1.forward(&x)?)?.reshape((b, s, 3, self.heads, hd))?;
-            let qkv = qkv.permute((2, 0, 3, 1, 4))?;
-            let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
-            let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&self.mask)?;
-            let y = ops::softmax(&scores, D::Minus1)?.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
-            x = (&x + block.proj.forward(&y)?)?;
-            x = (&x + block.fc2.forward(&block.fc1.forward(&block.ln2.forward(&x)?)?.gelu()?)?)?;
+            x = self.block(block, &x)?;
         }
         self.head.forward(&self.ln_f.forward(&x)?)
     }
 
-    /// The mean next-token loss of `batch` sequences of a fixed synthetic
-    /// language, starting at sample `offset` of the step.
-    fn loss(&self, batch: usize, offset: usize) -> Result<Tensor> {
+    fn steps(&self) -> Vec<BlockStep<'_>> {
+        self.blocks.iter().map(|block| BlockStep { block, gpt: self }).collect()
+    }
+
+    /// The inputs and targets of `batch` sequences from sample `offset`.
+    fn data(&self, batch: usize, offset: usize) -> Result<(Tensor, Tensor)> {
         let tokens: Vec<u32> = (0..batch * (SEQ + 1))
             .map(|i| {
                 let (sample, position) = (offset + i / (SEQ + 1), i % (SEQ + 1));
@@ -122,8 +145,32 @@ impl Gpt {
             })
             .collect();
         let tokens = Tensor::from_vec(tokens, (batch, SEQ + 1), self.mask.device())?;
-        let logits = self.forward(&tokens.narrow(1, 0, SEQ)?.contiguous()?)?;
-        let targets = tokens.narrow(1, 1, SEQ)?.flatten_all()?;
+        Ok((tokens.narrow(1, 0, SEQ)?.contiguous()?, tokens.narrow(1, 1, SEQ)?.flatten_all()?))
+    }
+
+    /// Loss and gradients with gradient checkpointing over the blocks, the
+    /// loss scaled by `scale`; `frozen` is the same model over detached weights.
+    fn checkpointed_loss(
+        &self,
+        frozen: &Gpt,
+        vars: &[candle_core::Var],
+        batch: usize,
+        offset: usize,
+        scale: f64,
+    ) -> Result<(Tensor, candle_core::backprop::GradStore)> {
+        let (input, targets) = self.data(batch, offset)?;
+        let x = self.embed(&input)?;
+        autobatch::model::checkpointed(vars, &x, &self.steps(), &frozen.steps(), |h| {
+            let logits = self.head.forward(&self.ln_f.forward(h)?)?;
+            loss::cross_entropy(&logits.reshape((batch * SEQ, VOCAB))?, &targets)? * scale
+        })
+    }
+
+    /// The mean next-token loss of `batch` sequences of a fixed synthetic
+    /// language, starting at sample `offset` of the step.
+    fn loss(&self, batch: usize, offset: usize) -> Result<Tensor> {
+        let (input, targets) = self.data(batch, offset)?;
+        let logits = self.forward(&input)?;
         loss::cross_entropy(&logits.reshape((batch * SEQ, VOCAB))?, &targets)
     }
 }
@@ -311,6 +358,64 @@ fn accumulated_gradients_hold_no_activations() {
     }
 }
 
+/// Gradient checkpointing of a model written as a user writes it: the same
+/// gradients, a lower peak, and a plan that trains under the ceiling.
+fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
+    let (varmap, model) = gpt(false);
+    let frozen = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
+    let vars = varmap.all_vars();
+    let (loss, grads) = model.checkpointed_loss(&frozen, &vars, 8, 0, 1.0).unwrap();
+    let plain = model.loss(8, 0).unwrap();
+    let plain_grads = plain.backward().unwrap();
+    assert_eq!(loss.to_scalar::<f32>().unwrap(), plain.to_scalar::<f32>().unwrap());
+    let mut worst = 0f32;
+    for (name, var) in varmap.data().lock().unwrap().iter() {
+        let (a, b) = (grads.get(var).unwrap(), plain_grads.get(var).unwrap());
+        let scale = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(f32::MIN_POSITIVE);
+        let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff <= 1e-5 * scale, "{name}: gradients differ by {diff} (largest {scale})");
+        worst = worst.max(diff / scale);
+    }
+    println!("  largest relative gradient difference: {worst:e}");
+    drop((plain, plain_grads, grads));
+
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut plain = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let without = Tuner::new().run(&mut plain, &mut meter).unwrap();
+    drop(plain);
+    let mut probe = ModelProbe::with_backward(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, 1.0))
+        .adamw(ParamsAdamW::default())
+        .unwrap();
+    let with = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
+    drop(probe);
+    let per_sample = |plan: &autobatch::Plan| plan.memory_model.as_ref().unwrap().line.bytes_per_sample;
+    println!(
+        "  largest batch {} -> {}, {:.0} -> {:.0} bytes per sample",
+        without.largest_batch,
+        with.largest_batch,
+        per_sample(&without),
+        per_sample(&with)
+    );
+    assert!(with.largest_batch > without.largest_batch, "{with}\n{without}");
+    assert!(per_sample(&with) < 0.85 * per_sample(&without), "{with}\n{without}");
+
+    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let mut training = TrainLoop::new(&with, &varmap, optimizer).unwrap();
+    let mut losses = Vec::new();
+    for step in 0..3 {
+        meter.reset_peak().unwrap();
+        let report = training
+            .step_with_backward(&mut meter, |micro| {
+                model.checkpointed_loss(&frozen, &vars, micro.len, step * 1000 + micro.offset, micro.loss_scale)
+            })
+            .unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= with.limit_bytes(), "step {step} peaked at {peak}:\n{with}");
+        losses.push(report.loss.unwrap());
+    }
+    assert!(losses[2] < losses[0], "{losses:?}");
+}
+
 fn sgd_and_any_optimizer_change_nothing_either() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
@@ -389,6 +494,10 @@ fn main() {
             an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits,
         ),
         ("accumulated_gradients_hold_no_activations", accumulated_gradients_hold_no_activations),
+        (
+            "checkpointing_keeps_the_gradients_and_lowers_the_peak",
+            checkpointing_keeps_the_gradients_and_lowers_the_peak,
+        ),
         ("sgd_and_any_optimizer_change_nothing_either", sgd_and_any_optimizer_change_nothing_either),
         (
             "the_evaluation_step_of_your_model_gets_its_own_larger_batch",

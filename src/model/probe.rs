@@ -10,6 +10,32 @@ use crate::estimate::{OptimizerKind, Precision};
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
 use crate::{CacheKey, Error, Profile, Warning, Workload};
 
+/// What a probe step runs to get the loss and the gradients: a loss closure
+/// (then `loss.backward()`), or a closure that does its own backward pass
+/// ([`ModelProbe::with_backward`], e.g. with [`checkpointed`](super::checkpointed)).
+pub trait ProbeLoss {
+    /// The loss of `batch` samples and the gradients of the variables.
+    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)>;
+}
+
+impl<F: FnMut(usize) -> Result<Tensor>> ProbeLoss for F {
+    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
+        let loss = self(batch)?;
+        let grads = loss.backward()?;
+        Ok((loss, grads))
+    }
+}
+
+/// A closure that computes the loss and the gradients itself: see
+/// [`ModelProbe::with_backward`].
+pub struct WithBackward<F>(F);
+
+impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ProbeLoss for WithBackward<F> {
+    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
+        (self.0)(batch)
+    }
+}
+
 /// A throwaway optimizer's step over the variables.
 type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
 
@@ -100,7 +126,23 @@ impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
 
     /// A probe of named variables held elsewhere than in a `VarMap`.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>, loss: L) -> Self {
-        let vars: Vec<(String, Var)> = vars.into_iter().collect();
+        ModelProbe::with_loss(vars.into_iter().collect(), loss)
+    }
+}
+
+impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ModelProbe<WithBackward<F>> {
+    /// A probe whose step computes the loss and the gradients itself:
+    /// `loss_and_gradients(batch)` returns the loss of `batch` samples and the
+    /// variables' gradients, e.g. through [`checkpointed`](super::checkpointed)
+    /// for gradient checkpointing. The probe then holds what the closure
+    /// returns (the loss and the store) through the optimizer's update.
+    pub fn with_backward(varmap: &VarMap, loss_and_gradients: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), WithBackward(loss_and_gradients))
+    }
+}
+
+impl<L: ProbeLoss> ModelProbe<L> {
+    fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
         let key = CacheKey::new().variables(vars.iter().map(|(name, var)| (name.as_str(), var)));
         ModelProbe { vars, loss, update: Update::None, key, missing: None }
     }
@@ -243,14 +285,13 @@ fn host_copy(tensor: &Tensor) -> Result<Tensor> {
     }
 }
 
-impl<L: FnMut(usize) -> Result<Tensor>> Workload for ModelProbe<L> {
+impl<L: ProbeLoss> Workload for ModelProbe<L> {
     /// Forward, backward and the update computed dry. The loss (and with it
     /// the forward graph) and the whole gradient store stay alive through the
     /// update, as in `optimizer.backward_step(&loss)`: the most a training
     /// step holds.
     fn step(&mut self, batch: usize) -> Result<()> {
-        let loss = (self.loss)(batch)?;
-        let grads = loss.backward()?;
+        let (loss, grads) = self.loss.loss_and_gradients(batch)?;
         self.check_gradients(&grads);
         self.update(&grads)?;
         drop(grads);
@@ -269,8 +310,7 @@ impl<L: FnMut(usize) -> Result<Tensor>> Workload for ModelProbe<L> {
             earlier.insert(var.as_tensor(), var.as_tensor().zeros_like()?);
         }
         accumulator.add(earlier, &vars)?;
-        let loss = (self.loss)(batch)?;
-        let grads = loss.backward()?;
+        let (loss, grads) = self.loss.loss_and_gradients(batch)?;
         self.check_gradients(&grads);
         accumulator.add(grads, &vars)?;
         let sum = accumulator.take()?;

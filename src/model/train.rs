@@ -1,5 +1,6 @@
 //! `TrainLoop`: training with a plan, the way the plan was measured.
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use candle_nn::{Optimizer, VarMap};
 
@@ -79,6 +80,37 @@ impl<O: Optimizer> TrainLoop<O> {
         M: MemoryMeter + ?Sized,
         F: FnMut(MicroBatch) -> candle_core::Result<Tensor>,
     {
+        self.run(meter, |micro| {
+            let loss = micro_step(micro)?;
+            let value = f64::from(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+            let grads = (loss * micro.loss_scale)?.backward()?;
+            Ok((value * micro.loss_scale, grads))
+        })
+    }
+
+    /// [`step`](Self::step) for a micro-step that runs its own backward pass
+    /// (gradient checkpointing, [`checkpointed`](super::checkpointed)):
+    /// `micro_step(micro)` returns the loss **already scaled by
+    /// `micro.loss_scale`** and the variables' gradients of that scaled loss.
+    /// The report's `loss` is the sum of the scaled losses: the step's mean loss.
+    pub fn step_with_backward<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
+    where
+        M: MemoryMeter + ?Sized,
+        F: FnMut(MicroBatch) -> candle_core::Result<(Tensor, GradStore)>,
+    {
+        self.run(meter, |micro| {
+            let (scaled_loss, grads) = micro_step(micro)?;
+            Ok((f64::from(scaled_loss.to_dtype(DType::F32)?.to_scalar::<f32>()?), grads))
+        })
+    }
+
+    /// The guarded micro-steps, each giving its (scaled) loss value and
+    /// gradients, accumulated, then the optimizer's step.
+    fn run<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
+    where
+        M: MemoryMeter + ?Sized,
+        F: FnMut(MicroBatch) -> candle_core::Result<(f64, GradStore)>,
+    {
         let mut accumulator = Accumulator::default();
         let mut mean_loss = 0f64;
         let vars = &self.vars;
@@ -86,12 +118,10 @@ impl<O: Optimizer> TrainLoop<O> {
             if accumulator.is_broken() {
                 return Err(candle_core::Error::Msg("the gradient accumulator is incomplete".to_owned()));
             }
-            let loss = micro_step(micro)?;
-            let value = f64::from(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
-            let grads = (loss * micro.loss_scale)?.backward()?;
+            let (scaled_loss, grads) = micro_step(micro)?;
             match accumulator.add(grads, vars) {
                 Ok(()) => {
-                    mean_loss += value * micro.loss_scale;
+                    mean_loss += scaled_loss;
                     Ok(())
                 }
                 // not an out-of-memory error: the guard must not retry a partial sum
