@@ -247,6 +247,46 @@ fn the_evaluation_step_gets_its_own_larger_batch() {
     assert_eq!(model.state_bits().unwrap(), state);
 }
 
+fn checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak() {
+    let config = TransformerConfig { vocab: 64, d_model: 32, heads: 4, layers: 3, seq_len: 48, ..Default::default() };
+    let plain = config.build(&Device::Cpu).unwrap();
+    let checkpointed = TransformerConfig { checkpointing: true, ..config.clone() }.build(&Device::Cpu).unwrap();
+    let vars = |t: &Trainer<_>| t.vars().iter().map(|(_, v)| v.clone()).collect::<Vec<_>>();
+    let (loss_a, grads_a) = plain.model().loss_and_gradients(6, 42, 1.0, &vars(&plain)).unwrap();
+    let (loss_b, grads_b) = checkpointed.model().loss_and_gradients(6, 42, 1.0, &vars(&checkpointed)).unwrap();
+    assert_eq!(loss_a.to_scalar::<f32>().unwrap(), loss_b.to_scalar::<f32>().unwrap());
+    for ((name, a), (_, b)) in plain.vars().iter().zip(checkpointed.vars()) {
+        let (ga, gb) = (grads_a.get(a).unwrap(), grads_b.get(b).unwrap());
+        let bits = |t: &candle_core::Tensor| {
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f32::to_bits).collect::<Vec<_>>()
+        };
+        assert_eq!(bits(ga), bits(gb), "{name}: the gradients differ");
+    }
+    drop((loss_a, grads_a, loss_b, grads_b));
+    // bytes per sample with and without, at two sequence lengths
+    for seq_len in [48, 96] {
+        let per_sample = |checkpointing: bool| {
+            let config = TransformerConfig { seq_len, checkpointing, ..config.clone() };
+            let mut model = config.build(&Device::Cpu).unwrap();
+            bytes_per_sample(&mut model)
+        };
+        let (without, with) = (per_sample(false), per_sample(true));
+        println!("  seq_len {seq_len}: {without:.0} -> {with:.0} bytes per sample");
+        assert!(with < 0.7 * without, "seq_len {seq_len}: {without} -> {with}");
+    }
+    // probing changes nothing, training learns
+    let mut model = checkpointed;
+    let state = model.state_bits().unwrap();
+    let plan = Tuner::new().run(&mut model, &mut HeapMeter::new(16 * MIB).unwrap()).unwrap();
+    assert!(plan.proven_largest, "{plan}");
+    assert_eq!(model.state_bits().unwrap(), state);
+    let first = model.train_step_accumulated(8, 2).unwrap();
+    for _ in 0..30 {
+        model.train_step_accumulated(8, 2).unwrap();
+    }
+    assert!(model.train_step_accumulated(8, 2).unwrap() < first / 2.0);
+}
+
 fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     let mut meter = HeapMeter::new(64 * MIB).unwrap();
     assert_eq!(meter.capacity().unwrap(), 64 * MIB);
@@ -289,6 +329,10 @@ fn main() {
             nothing_fits_comes_with_remedies_for_a_reference_model,
         ),
         ("the_evaluation_step_gets_its_own_larger_batch", the_evaluation_step_gets_its_own_larger_batch),
+        (
+            "checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak",
+            checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak,
+        ),
         ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
     ];
     common::harness::run_sequentially(tests);

@@ -31,6 +31,7 @@ pub mod mlp;
 mod params;
 pub mod transformer;
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
@@ -52,6 +53,23 @@ pub trait Model {
     /// The scalar f32 loss of `batch` synthetic samples drawn from `data_seed`;
     /// the same seed and batch give the same samples.
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor>;
+
+    /// The loss of `batch` samples, times `scale`, and the gradients of that
+    /// scaled loss: `loss.backward()` unless the model does its own backward
+    /// pass (the transformer with gradient checkpointing). The loss returned is
+    /// unscaled.
+    fn loss_and_gradients(
+        &self,
+        batch: usize,
+        data_seed: u64,
+        scale: f64,
+        vars: &[Var],
+    ) -> candle_core::Result<(Tensor, GradStore)> {
+        let _ = vars;
+        let loss = self.loss(batch, data_seed)?;
+        let grads = if scale == 1.0 { loss.backward()? } else { (&loss * scale)?.backward()? };
+        Ok((loss, grads))
+    }
 
     /// The same model over the same weights, detached from the variables: its
     /// forward pass records no graph, so each activation is freed as soon as
@@ -112,9 +130,10 @@ impl<M: Model> Trainer<M> {
         let mut total_loss = 0f32;
         for micro_step in 0..accumulation_steps {
             let seed = data_seed(self.seed, Some(self.steps * accumulation_steps as u64 + micro_step as u64));
-            let loss = self.model.loss(micro_batch, seed)?;
+            let (loss, grads) =
+                self.model.loss_and_gradients(micro_batch, seed, 1.0 / accumulation_steps as f64, &vars)?;
             total_loss += loss.to_scalar::<f32>()?;
-            let grads = (loss / accumulation_steps as f64)?.backward()?;
+            drop(loss);
             accumulated.add(grads, &vars)?;
         }
         self.optimizer.step(&accumulated.take()?)?;
@@ -206,8 +225,8 @@ impl<M: Model> Workload for Trainer<M> {
     /// A probe step: forward, loss, backward and the full AdamW update
     /// computed but not applied. Changes nothing; uses the memory of a real step.
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {
-        let loss = self.model.loss(batch, data_seed(self.seed, None))?;
-        let grads = loss.backward()?;
+        let vars = self.plain_vars();
+        let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
         // The loss (and with it the forward graph) stays alive through the
         // update, as in `optimizer.backward_step(&loss)`.
         self.optimizer.dry_step(&grads)?;
@@ -227,8 +246,8 @@ impl<M: Model> Workload for Trainer<M> {
             earlier.insert(var.as_tensor(), var.as_tensor().zeros_like()?);
         }
         accumulated.add(earlier, &vars)?;
-        let loss = self.model.loss(batch, data_seed(self.seed, None))?;
-        accumulated.add(loss.backward()?, &vars)?;
+        let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
+        accumulated.add(grads, &vars)?;
         self.optimizer.dry_step(&accumulated.take()?)?;
         drop(loss);
         Ok(())

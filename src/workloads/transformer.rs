@@ -1,11 +1,13 @@
 //! A decoder-only transformer language model on a synthetic next-token task.
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, Linear};
 
 use super::footprint::Sizes;
 use super::params::{Params, Rng};
 use super::{at_least, check_dtype, cross_entropy, detach_linear, Footprint, Model, Trainer};
+use crate::model::checkpointed;
 use crate::Error;
 
 /// Size of a [`Transformer`]: GPT-style blocks (pre-norm, causal multi-head
@@ -27,12 +29,26 @@ pub struct TransformerConfig {
     pub dtype: DType,
     /// Seed of the weights and the synthetic data.
     pub seed: u64,
+    /// Gradient checkpointing over the blocks ([`checkpointed`](crate::model::checkpointed)):
+    /// each block's input kept instead of its activations, each block run again
+    /// in the backward pass.
+    pub checkpointing: bool,
 }
 
 impl Default for TransformerConfig {
-    /// A small model: vocab 256, d_model 64, 4 heads, 2 layers, 64 tokens, f32.
+    /// A small model: vocab 256, d_model 64, 4 heads, 2 layers, 64 tokens, f32,
+    /// no checkpointing.
     fn default() -> Self {
-        TransformerConfig { vocab: 256, d_model: 64, heads: 4, layers: 2, seq_len: 64, dtype: DType::F32, seed: 0 }
+        TransformerConfig {
+            vocab: 256,
+            d_model: 64,
+            heads: 4,
+            layers: 2,
+            seq_len: 64,
+            dtype: DType::F32,
+            seed: 0,
+            checkpointing: false,
+        }
     }
 }
 
@@ -62,8 +78,14 @@ impl TransformerConfig {
     /// The model's name and size, as its [`Model::describe`] says it.
     fn describe(&self) -> String {
         format!(
-            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={}, {:?})",
-            self.vocab, self.d_model, self.heads, self.layers, self.seq_len, self.dtype
+            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={}, {:?}{})",
+            self.vocab,
+            self.d_model,
+            self.heads,
+            self.layers,
+            self.seq_len,
+            self.dtype,
+            if self.checkpointing { ", checkpointing" } else { "" }
         )
     }
 
@@ -123,6 +145,20 @@ pub struct Transformer {
     mask: Tensor,
     /// The synthetic task: token t+1 = successor[token t].
     successor: Vec<u32>,
+    /// With checkpointing: the blocks over detached weights, for the forward pass.
+    frozen: Option<Vec<Block>>,
+}
+
+/// One block of a [`Transformer`] as a `Module`: what checkpointing runs.
+struct BlockStep<'a> {
+    model: &'a Transformer,
+    block: &'a Block,
+}
+
+impl Module for BlockStep<'_> {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.model.block(self.block, x)
+    }
 }
 
 fn layer_norm(params: &mut Params, name: &str, size: usize) -> candle_core::Result<(Tensor, Tensor)> {
@@ -158,7 +194,42 @@ impl Transformer {
         let mask = Tensor::from_vec(mask, (s, s), device)?.to_dtype(config.dtype)?;
         let mut rng = Rng::new(config.seed ^ 0x7A5C);
         let successor = (0..config.vocab).map(|_| rng.below(config.vocab) as u32).collect();
-        Ok(Transformer { config: config.clone(), tokens, positions, blocks, ln_f, head, mask, successor })
+        let mut model = Transformer {
+            config: config.clone(),
+            tokens,
+            positions,
+            blocks,
+            ln_f,
+            head,
+            mask,
+            successor,
+            frozen: None,
+        };
+        if config.checkpointing {
+            model.frozen = Some(model.blocks.iter().map(Block::detached).collect());
+        }
+        Ok(model)
+    }
+
+    fn block(&self, block: &Block, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x = (x + self.attention(block, &norm(x, &block.ln1)?)?)?;
+        let hidden = block.fc1.forward(&norm(&x, &block.ln2)?)?.gelu()?;
+        &x + block.fc2.forward(&hidden)?
+    }
+
+    fn embed(&self, input: &Tensor) -> candle_core::Result<Tensor> {
+        self.tokens.forward(input)?.broadcast_add(&self.positions)
+    }
+
+    fn logits(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.head.forward(&norm(x, &self.ln_f)?)
+    }
+
+    /// Inputs and flattened targets of `batch` synthetic sequences.
+    fn data(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
+        let s = self.config.seq_len;
+        let tokens = Tensor::from_vec(self.sample(batch, data_seed), (batch, s + 1), self.positions.device())?;
+        Ok((tokens.narrow(1, 0, s)?.contiguous()?, tokens.narrow(1, 1, s)?.flatten_all()?))
     }
 
     fn attention(&self, block: &Block, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -177,13 +248,11 @@ impl Transformer {
 
     /// Logits of shape (batch, seq_len, vocab).
     pub fn forward(&self, input: &Tensor) -> candle_core::Result<Tensor> {
-        let mut x = self.tokens.forward(input)?.broadcast_add(&self.positions)?;
+        let mut x = self.embed(input)?;
         for block in &self.blocks {
-            x = (&x + self.attention(block, &norm(&x, &block.ln1)?)?)?;
-            let hidden = block.fc1.forward(&norm(&x, &block.ln2)?)?.gelu()?;
-            x = (&x + block.fc2.forward(&hidden)?)?;
+            x = self.block(block, &x)?;
         }
-        self.head.forward(&norm(&x, &self.ln_f)?)
+        self.logits(&x)
     }
 
     /// `batch` sequences of `seq_len + 1` tokens following the successor table.
@@ -202,30 +271,62 @@ impl Transformer {
     }
 }
 
+impl Block {
+    /// The same block over detached weights (same storage, no graph).
+    fn detached(&self) -> Block {
+        let pair = |(w, b): &(Tensor, Tensor)| (w.detach(), b.detach());
+        Block {
+            ln1: pair(&self.ln1),
+            qkv: detach_linear(&self.qkv),
+            proj: detach_linear(&self.proj),
+            ln2: pair(&self.ln2),
+            fc1: detach_linear(&self.fc1),
+            fc2: detach_linear(&self.fc2),
+        }
+    }
+}
+
 impl Model for Transformer {
     fn detached(&self) -> Self {
-        let pair = |(w, b): &(Tensor, Tensor)| (w.detach(), b.detach());
         Transformer {
-            config: self.config.clone(),
+            config: TransformerConfig { checkpointing: false, ..self.config.clone() },
             tokens: Embedding::new(self.tokens.embeddings().detach(), self.config.d_model),
             positions: self.positions.detach(),
-            blocks: self
-                .blocks
-                .iter()
-                .map(|b| Block {
-                    ln1: pair(&b.ln1),
-                    qkv: detach_linear(&b.qkv),
-                    proj: detach_linear(&b.proj),
-                    ln2: pair(&b.ln2),
-                    fc1: detach_linear(&b.fc1),
-                    fc2: detach_linear(&b.fc2),
-                })
-                .collect(),
-            ln_f: pair(&self.ln_f),
+            blocks: self.blocks.iter().map(Block::detached).collect(),
+            ln_f: (self.ln_f.0.detach(), self.ln_f.1.detach()),
             head: detach_linear(&self.head),
             mask: self.mask.clone(),
             successor: self.successor.clone(),
+            frozen: None,
         }
+    }
+
+    /// With checkpointing: the boundaries of the blocks kept, each block run
+    /// again in the backward pass ([`checkpointed`](crate::model::checkpointed)).
+    fn loss_and_gradients(
+        &self,
+        batch: usize,
+        data_seed: u64,
+        scale: f64,
+        vars: &[candle_core::Var],
+    ) -> candle_core::Result<(Tensor, GradStore)> {
+        let Some(frozen) = &self.frozen else {
+            let loss = self.loss(batch, data_seed)?;
+            let grads = if scale == 1.0 { loss.backward()? } else { (&loss * scale)?.backward()? };
+            return Ok((loss, grads));
+        };
+        let (input, targets) = self.data(batch, data_seed)?;
+        let steps: Vec<BlockStep> = self.blocks.iter().map(|block| BlockStep { model: self, block }).collect();
+        let frozen: Vec<BlockStep> = frozen.iter().map(|block| BlockStep { model: self, block }).collect();
+        let vocab = self.config.vocab;
+        let mut unscaled = None;
+        let (_, grads) = checkpointed(vars, &self.embed(&input)?, &steps, &frozen, |h| {
+            let logits = self.logits(h)?.reshape((batch * self.config.seq_len, vocab))?;
+            let loss = cross_entropy(&logits, &targets)?;
+            unscaled = Some(loss.detach());
+            &loss * scale
+        })?;
+        Ok((unscaled.expect("the head ran"), grads))
     }
 
     fn describe(&self) -> String {
@@ -233,12 +334,8 @@ impl Model for Transformer {
     }
 
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
-        let (s, vocab) = (self.config.seq_len, self.config.vocab);
-        let device = self.positions.device();
-        let tokens = Tensor::from_vec(self.sample(batch, data_seed), (batch, s + 1), device)?;
-        let input = tokens.narrow(1, 0, s)?;
-        let targets = tokens.narrow(1, 1, s)?.flatten_all()?;
-        let logits = self.forward(&input.contiguous()?)?.reshape((batch * s, vocab))?;
+        let (input, targets) = self.data(batch, data_seed)?;
+        let logits = self.forward(&input)?.reshape((batch * self.config.seq_len, self.config.vocab))?;
         cross_entropy(&logits, &targets)
     }
 }

@@ -123,6 +123,10 @@ pub struct ProbeArgs {
     /// Dtype of weights, gradients and optimizer state.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32, help_heading = "Model size")]
     pub dtype: DtypeArg,
+    /// Transformer: gradient checkpointing over the blocks (keep each block's
+    /// input, recompute the block in the backward pass).
+    #[arg(long, help_heading = "Model size")]
+    pub checkpointing: bool,
     /// Seed of the weights and synthetic data.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, help_heading = "Model size")]
     pub seed: u64,

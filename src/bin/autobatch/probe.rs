@@ -31,7 +31,7 @@ fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
 /// Size flags and the models they apply to.
 fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
     use ModelKind::*;
-    let flags: [(&str, bool, &[ModelKind]); 11] = [
+    let flags: [(&str, bool, &[ModelKind]); 12] = [
         ("--vocab", args.vocab.is_some(), &[Transformer]),
         ("--d-model", args.d_model.is_some(), &[Transformer]),
         ("--heads", args.heads.is_some(), &[Transformer]),
@@ -43,6 +43,7 @@ fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
         ("--channels", args.channels.is_some(), &[Convnet]),
         ("--resolution", args.resolution.is_some(), &[Convnet]),
         ("--classes", args.classes.is_some(), &[Mlp, Convnet]),
+        ("--checkpointing", args.checkpointing, &[Transformer]),
     ];
     for (flag, given, models) in flags {
         if given && !models.contains(&args.model) {
@@ -90,6 +91,7 @@ impl ModelConfig {
                     seq_len: args.seq_len.unwrap_or(d.seq_len),
                     dtype,
                     seed,
+                    checkpointing: args.checkpointing,
                 })
             }
             ModelKind::Mlp => {
