@@ -345,7 +345,9 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         };
         let floats = || self.vars.iter().map(|(_, var)| var).filter(|var| var.dtype().is_float());
         let parameters = floats().map(|var| var.elem_count() as u64).sum();
+        let mixed = matches!(&self.update, Update::Dry { optimizer, .. } if optimizer.master_weights());
         let precision = match floats().next().map(|var| var.dtype()) {
+            Some(DType::BF16 | DType::F16) if mixed => Precision::Mixed,
             Some(DType::BF16 | DType::F16) => Precision::Bf16,
             _ => Precision::Fp32,
         };

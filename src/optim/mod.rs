@@ -9,6 +9,9 @@
 //! | [`Adafactor`] | ≈0 for matrices (`4·(rows + cols)` per matrix), 4 for vectors | Shazeer & Stern 2018 |
 //! | [`AdamW8bit`] | ≈2.03: two 8-bit moments, one f32 scale per 256 values each; tensors under 4096 values keep f32 moments | Dettmers et al. 2022 |
 //!
+//! [`MixedPrecision`] runs any of them on f32 master copies of bf16 variables
+//! (2 + 2 + 12 bytes per parameter with AdamW, as the ZeRO paper counts).
+//!
 //! These are the optimizers the estimate's advice names
 //! ([`estimate::OptimizerKind`](crate::estimate::OptimizerKind)).
 
@@ -16,6 +19,7 @@ mod adafactor;
 mod adamw;
 mod adamw8bit;
 mod lion;
+mod mixed;
 
 use candle_core::backprop::GradStore;
 use candle_core::Result;
@@ -24,6 +28,7 @@ pub use adafactor::{Adafactor, ParamsAdafactor};
 pub use adamw::{AdamW, AdamWState};
 pub use adamw8bit::{AdamW8bit, ParamsAdamW8bit};
 pub use lion::{Lion, ParamsLion};
+pub use mixed::MixedPrecision;
 
 use crate::estimate::OptimizerKind;
 
@@ -40,4 +45,10 @@ pub trait DryStep {
 
     /// The kind the analytical estimate knows it as, if any.
     fn kind(&self) -> Option<OptimizerKind>;
+
+    /// Whether it keeps f32 master copies of low-precision weights
+    /// ([`MixedPrecision`]): the estimate then counts mixed precision.
+    fn master_weights(&self) -> bool {
+        false
+    }
 }
