@@ -39,6 +39,41 @@ fn step_time<W: Workload>(model: &mut W, batch: usize) -> Duration {
     times[3]
 }
 
+/// `autobatch probe --compare` on the default transformer and MLP, through the
+/// library's `Tuner::compare`.
+fn comparisons(report: &mut String) {
+    use autobatch::tuner::Variant;
+    use autobatch::workloads::MlpConfig;
+    use candle_core::DType;
+    let transformer = |checkpointing, dtype| TransformerConfig { checkpointing, dtype, ..Default::default() };
+    let build = |config: TransformerConfig| move || config.build(&Device::Cpu);
+    let mlp = |dtype| move || MlpConfig { dtype, ..Default::default() }.build(&Device::Cpu);
+    let cases = [
+        (
+            "autobatch probe --compare",
+            BUDGET,
+            vec![
+                Variant::lazy("as it is", build(transformer(false, DType::F32))),
+                Variant::lazy("bf16", build(transformer(false, DType::BF16))),
+                Variant::lazy("gradient checkpointing", build(transformer(true, DType::F32))),
+                Variant::lazy("checkpointing + bf16", build(transformer(true, DType::BF16))),
+            ],
+        ),
+        (
+            "autobatch probe --compare --model mlp --budget 32MiB",
+            32 << 20,
+            vec![Variant::lazy("as it is", mlp(DType::F32)), Variant::lazy("bf16", mlp(DType::BF16))],
+        ),
+    ];
+    for (command, budget, variants) in cases {
+        let comparison = Tuner::new().compare(variants, &mut HeapMeter::new(budget).unwrap()).unwrap();
+        let _ = write!(
+            report,
+            "\n`{command}` (the estimate column is printed by the binary):\n\n```text\n{comparison}```\n"
+        );
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--test" || a == "--list") {
         return;
@@ -76,6 +111,7 @@ fn main() {
             100.0 * (times[1].as_secs_f64() / times[0].as_secs_f64() - 1.0)
         );
     }
+    comparisons(&mut report);
     let _ = writeln!(
         report,
         "\nOn {} CPU threads. Checkpointing keeps each block's input and runs each block a second time in the \

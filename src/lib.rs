@@ -119,7 +119,7 @@ pub mod optim;
 mod plan;
 pub mod search;
 mod splitmix;
-mod tuner;
+pub mod tuner;
 mod units;
 mod workload;
 pub mod workloads;

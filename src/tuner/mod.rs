@@ -2,6 +2,7 @@
 //! evaluation step's search in `evaluation`, multi-rank agreement in
 //! `distributed`, live progress in `observer`.
 
+mod compare;
 mod distributed;
 mod evaluation;
 mod observer;
@@ -14,6 +15,7 @@ use crate::search::{SearchSpace, Strategy};
 use crate::units::format_bytes;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
 
+pub use compare::{Compared, Comparison, Variant};
 pub use observer::Observer;
 use trial_loop::Probe;
 

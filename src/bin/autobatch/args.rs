@@ -177,6 +177,11 @@ pub struct ProbeArgs {
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,
+    /// Tune the model as it is and with each remedy that applies to it
+    /// (gradient checkpointing, bf16), side by side, with the estimate's
+    /// bytes per sample beside the measured.
+    #[arg(long)]
+    pub compare: bool,
     /// Print the plan as JSON on stdout (trials and logs go to stderr).
     #[arg(long)]
     pub json: bool,

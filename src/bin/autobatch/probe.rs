@@ -67,6 +67,7 @@ fn model_name(model: ModelKind) -> &'static str {
 }
 
 /// The reference model the flags describe, not yet built.
+#[derive(Clone)]
 enum ModelConfig {
     Transformer(TransformerConfig),
     Mlp(MlpConfig),
@@ -224,6 +225,10 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
             let (budget, why) = cpu_budget(args)?;
             footprint.check_within((args.ceiling * budget as f64).floor() as u64)?;
             let mut meter = HeapMeter::new(budget)?;
+            if args.compare {
+                say(&format!("comparing remedies on the CPU under a {} budget ({why})", format_bytes(budget)));
+                return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter);
+            }
             let mut workload = model.build(&candle_core::Device::Cpu)?;
             say(&format!(
                 "probing {} ({} parameters) on the CPU under a {} budget ({why})",
@@ -239,6 +244,100 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
             }
             cuda(args, &tuner, &model, &footprint, ordinal, &say)
         }
+    }
+}
+
+/// The model as it is and with each remedy that applies, tuned side by side.
+fn compare(
+    args: &ProbeArgs,
+    tuner: &Tuner,
+    model: &ModelConfig,
+    device: &candle_core::Device,
+    meter: &mut dyn MemoryMeter,
+) -> Result<(), Failure> {
+    use autobatch::tuner::Variant;
+    // what the analytical model expects of each remedy's bytes per sample,
+    // relative to the model as it is: bf16 halves activations; full
+    // recomputation keeps 2 of a transformer layer's 34·s·b·h (Korthikanti et al.)
+    const BF16: f64 = 0.5;
+    const CHECKPOINTING: f64 = 2.0 / 34.0;
+    let mut configs: Vec<(String, ModelConfig, f64)> = vec![("as it is".to_owned(), model.clone(), 1.0)];
+    let with_dtype = |dtype| match model {
+        ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
+        ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
+        ModelConfig::ConvNet(c) => ModelConfig::ConvNet(ConvNetConfig { dtype, ..c.clone() }),
+    };
+    let is_f32 = match model {
+        ModelConfig::Transformer(c) => c.dtype == DType::F32,
+        ModelConfig::Mlp(c) => c.dtype == DType::F32,
+        ModelConfig::ConvNet(c) => c.dtype == DType::F32,
+    };
+    if let ModelConfig::Transformer(c) = model {
+        if !c.checkpointing {
+            let checkpointed = ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() });
+            configs.push(("gradient checkpointing".to_owned(), checkpointed, CHECKPOINTING));
+            if is_f32 {
+                let both = ModelConfig::Transformer(TransformerConfig {
+                    checkpointing: true,
+                    dtype: DType::BF16,
+                    ..c.clone()
+                });
+                configs.push(("checkpointing + bf16".to_owned(), both, CHECKPOINTING * BF16));
+            }
+        }
+    }
+    // candle's CPU conv2d has no bf16: the convnet's bf16 runs on CUDA only
+    let bf16_runs = !(matches!(model, ModelConfig::ConvNet(_)) && device.is_cpu());
+    if is_f32 && bf16_runs {
+        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16));
+    }
+    let variants = configs
+        .iter()
+        .map(|(name, config, _)| Variant::lazy(name.clone(), move || config.build(device).map(ReferenceStep)))
+        .collect();
+    let mut comparison = tuner.compare(variants, meter)?;
+    let base = comparison.rows.first().and_then(|row| row.memory()).map(|(per_sample, _)| per_sample);
+    for (row, (_, _, factor)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
+        row.predicted_bytes_per_sample = base.map(|base| base * factor);
+    }
+    if args.json {
+        let rows: Vec<serde_json::Value> = comparison
+            .rows
+            .iter()
+            .map(|row| {
+                serde_json::json!({
+                    "variant": row.name,
+                    "largest_batch": row.plan.as_ref().map(|p| p.largest_batch),
+                    "bytes_per_sample": row.memory().map(|m| m.0),
+                    "fixed_bytes": row.memory().map(|m| m.1),
+                    "estimated_bytes_per_sample": row.predicted_bytes_per_sample,
+                    "step_time_s": row.step_time().map(|t| t.as_secs_f64()),
+                    "samples_per_second": row.samples_per_second(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows).expect("plain values serialize"));
+    } else {
+        print!("{comparison}");
+    }
+    Ok(())
+}
+
+/// A reference workload as a plain `Workload` for [`Tuner::compare`].
+struct ReferenceStep(Box<dyn ReferenceWorkload>);
+
+impl autobatch::Workload for ReferenceStep {
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        self.0.step(batch)
+    }
+    fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
+        self.0.accumulating_step(batch)
+    }
+    fn can_accumulate(&self) -> bool {
+        self.0.can_accumulate()
+    }
+    fn profile(&self) -> Option<autobatch::Profile> {
+        self.0.profile()
     }
 }
 
