@@ -75,7 +75,7 @@ impl DryStep for AdamW {
     }
 
     fn state_bytes(&self) -> u64 {
-        self.states.iter().map(|s| 2 * (s.var.elem_count() * s.var.dtype().size_in_bytes()) as u64).sum()
+        self.states.iter().map(|s| super::var_bytes(&s.first_moment) + super::var_bytes(&s.second_moment)).sum()
     }
 
     fn kind(&self) -> Option<OptimizerKind> {

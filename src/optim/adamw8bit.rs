@@ -269,7 +269,7 @@ impl DryStep for AdamW8bit {
     }
 
     fn state_bytes(&self) -> u64 {
-        let bytes = |var: &Var| (var.elem_count() * var.dtype().size_in_bytes()) as u64;
+        let bytes = super::var_bytes;
         self.states
             .iter()
             .map(|s| match &s.moments {

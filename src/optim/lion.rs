@@ -111,7 +111,7 @@ impl DryStep for Lion {
     }
 
     fn state_bytes(&self) -> u64 {
-        self.states.iter().map(|(_, m)| (m.elem_count() * m.dtype().size_in_bytes()) as u64).sum()
+        self.states.iter().map(|(_, m)| super::var_bytes(m)).sum()
     }
 
     fn kind(&self) -> Option<OptimizerKind> {

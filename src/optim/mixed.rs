@@ -120,7 +120,7 @@ impl<O: Optimizer + DryStep> DryStep for MixedPrecision<O> {
             .pairs
             .iter()
             .filter(|(var, _)| var.dtype() != DType::F32)
-            .map(|(_, master)| (master.elem_count() * 4) as u64)
+            .map(|(_, master)| super::var_bytes(master))
             .sum();
         masters + self.optimizer.state_bytes()
     }

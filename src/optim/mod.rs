@@ -32,6 +32,11 @@ pub use mixed::MixedPrecision;
 
 use crate::estimate::OptimizerKind;
 
+/// Bytes a variable's tensor holds.
+pub(crate) fn var_bytes(var: &candle_core::Var) -> u64 {
+    (var.elem_count() * var.dtype().size_in_bytes()) as u64
+}
+
 /// An optimizer whose update can be computed without being applied: what a
 /// probe step runs, so that it measures the update's memory and changes no
 /// variable, no state and no step count.
