@@ -48,6 +48,9 @@ fn comparisons(report: &mut String) {
     let transformer = |checkpointing, dtype| TransformerConfig { checkpointing, dtype, ..Default::default() };
     let build = |config: TransformerConfig| move || config.build(&Device::Cpu);
     let mlp = |dtype| move || MlpConfig { dtype, ..Default::default() }.build(&Device::Cpu);
+    let mixed_mlp =
+        || MlpConfig { dtype: DType::BF16, ..Default::default() }.build(&Device::Cpu)?.into_mixed_precision();
+    let mixed_transformer = || transformer(false, DType::BF16).build(&Device::Cpu)?.into_mixed_precision();
     let cases = [
         (
             "autobatch probe --compare",
@@ -55,6 +58,7 @@ fn comparisons(report: &mut String) {
             vec![
                 Variant::lazy("as it is", build(transformer(false, DType::F32))),
                 Variant::lazy("bf16", build(transformer(false, DType::BF16))),
+                Variant::lazy("mixed precision", mixed_transformer),
                 Variant::lazy("gradient checkpointing", build(transformer(true, DType::F32))),
                 Variant::lazy("checkpointing + bf16", build(transformer(true, DType::BF16))),
             ],
@@ -62,7 +66,11 @@ fn comparisons(report: &mut String) {
         (
             "autobatch probe --compare --model mlp --budget 32MiB",
             32 << 20,
-            vec![Variant::lazy("as it is", mlp(DType::F32)), Variant::lazy("bf16", mlp(DType::BF16))],
+            vec![
+                Variant::lazy("as it is", mlp(DType::F32)),
+                Variant::lazy("bf16", mlp(DType::BF16)),
+                Variant::lazy("mixed precision", mixed_mlp),
+            ],
         ),
     ];
     for (command, budget, variants) in cases {

@@ -17,6 +17,10 @@
 //! It prints a table and writes `gpu-results.md` and `gpu-results.json` into
 //! `$OUT` (or the current directory), after every size, so that a run cut
 //! short still leaves what it measured.
+//!
+//! `gpu_check remedies` instead tunes the small size as it is, with gradient
+//! checkpointing, in bf16 and with both (`Tuner::compare`, as `autobatch probe
+//! --compare`), and writes `gpu-remedies.md`: the remedies' effect measured on a GPU.
 
 use std::time::{Duration, Instant};
 
@@ -221,12 +225,42 @@ fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
     md
 }
 
+/// The small size as it is, checkpointed, in bf16 and both, tuned side by side.
+fn remedies(out: &str, device: &str, meter: &mut CudaMeter) -> Result<(), Box<dyn std::error::Error>> {
+    use autobatch::tuner::Variant;
+    let (_, small) = sizes().remove(0);
+    let cuda = meter.device().clone();
+    let variant = |name: &'static str, checkpointing: bool, dtype: DType| {
+        let config = TransformerConfig { checkpointing, dtype, ..small.clone() };
+        let cuda = cuda.clone();
+        Variant::lazy(name, move || config.build(&cuda))
+    };
+    let variants = vec![
+        variant("as it is", false, DType::F32),
+        variant("bf16", false, DType::BF16),
+        variant("gradient checkpointing", true, DType::F32),
+        variant("checkpointing + bf16", true, DType::BF16),
+    ];
+    let comparison = Tuner::new().ceiling(CEILING).compare(variants, meter)?;
+    let report = format!(
+        "# Remedies on {device}\n\n`gpu_check remedies`: the reference transformer (vocab {}, d_model {}, {} heads, \
+         {} layers, {} tokens) at a {CEILING} ceiling.\n\n```text\n{comparison}```\n",
+        small.vocab, small.d_model, small.heads, small.layers, small.seq_len
+    );
+    println!("{report}");
+    std::fs::write(format!("{out}/gpu-remedies.md"), report)?;
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::env::var("OUT").unwrap_or_else(|_| ".".to_owned());
     let only: Vec<String> = std::env::args().skip(1).collect();
     let mut meter = CudaMeter::new(0)?;
     let (device, capacity) = (meter.name().to_owned(), meter.capacity()?);
     println!("device: {device}, {}", format_bytes(capacity));
+    if only.iter().any(|o| o == "remedies") {
+        return remedies(&out, &device, &mut meter);
+    }
     let mut rows = Vec::new();
     for (name, config) in sizes() {
         if !only.is_empty() && !only.iter().any(|o| o == name) {

@@ -7,7 +7,9 @@
 #   scripts/gpu-check.sh run [SIZE…]  on the GPU machine (NVIDIA driver, a Python
 #                                     environment with the CUDA 13 libraries, no Rust,
 #                                     no network): runs it; SIZE is small, medium or
-#                                     large-bf16 (default: all three)
+#                                     large-bf16 (default: all three), or `remedies`:
+#                                     the small size as it is, checkpointed, in bf16
+#                                     and both, side by side (gpu-remedies.md)
 #
 # The run writes gpu-results.md, gpu-results.json and gpu-check.log into $OUT
 # (or ./gpu-check-out). With the project's device tool: carry target/gpu-check
@@ -40,7 +42,7 @@ run)
   OUT="$out" timeout "${GPU_CHECK_SECONDS:-480}" "$binary" "$@" 2>&1 | tee "$out/gpu-check.log"
   ;;
 *)
-  echo "usage: scripts/gpu-check.sh build | run [small|medium|large-bf16 ...]" >&2
+  echo "usage: scripts/gpu-check.sh build | run [small|medium|large-bf16 ... | remedies]" >&2
   exit 2
   ;;
 esac

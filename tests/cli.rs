@@ -249,7 +249,7 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["variant"].as_str().unwrap()).collect();
-    assert_eq!(names, ["as it is", "bf16"]);
+    assert_eq!(names, ["as it is", "bf16", "mixed precision"]);
     let largest = |i: usize| rows[i]["largest_batch"].as_u64().unwrap();
     let per_sample = |i: usize| rows[i]["bytes_per_sample"].as_f64().unwrap();
     // bf16 halves the activations (and the state): more fits
@@ -257,6 +257,9 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     assert!(rows[0]["estimated_bytes_per_sample"].is_null());
     assert!((rows[1]["estimated_bytes_per_sample"].as_f64().unwrap() - 0.5 * per_sample(0)).abs() < 1.0);
     assert!(rows.iter().all(|r| r["samples_per_second"].as_f64().unwrap() > 0.0));
+    // mixed precision: bf16 activations, but f32 masters and moments in the fixed bytes
+    let fixed = |i: usize| rows[i]["fixed_bytes"].as_f64().unwrap();
+    assert!(per_sample(2) < 0.75 * per_sample(0) && fixed(2) > fixed(1), "{rows:?}");
     let text_output = autobatch(&["probe", "--compare", "--model", "mlp", "--budget", "24MiB"]);
     let stdout = text(&text_output.stdout);
     assert!(stdout.contains("variant") && stdout.contains("samples/s") && stdout.contains("bf16"), "{stdout}");

@@ -287,6 +287,29 @@ fn checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak() {
     assert!(model.train_step_accumulated(8, 2).unwrap() < first / 2.0);
 }
 
+fn the_transformer_trains_in_mixed_precision() {
+    let config = TransformerConfig { dtype: DType::BF16, ..transformer(16, 32, 1) };
+    let mut model = config.build(&Device::Cpu).unwrap().into_mixed_precision().unwrap();
+    assert!(model.is_mixed_precision());
+    assert_eq!(model.profile().unwrap().precision, autobatch::estimate::Precision::Mixed);
+    // probing changes no weight, master or moment
+    let state = model.state_bits().unwrap();
+    let plan = Tuner::new().run(&mut model, &mut HeapMeter::new(16 * MIB).unwrap()).unwrap();
+    assert!(plan.proven_largest, "{plan}");
+    assert_eq!(model.state_bits().unwrap(), state);
+    // and the loss falls as training goes
+    let first = model.train_step(8).unwrap();
+    for _ in 0..30 {
+        model.train_step(8).unwrap();
+    }
+    let last = model.train_step(8).unwrap();
+    println!("  mixed precision transformer: loss {first:.3} -> {last:.3}");
+    assert!(last < first / 2.0, "{first} -> {last}");
+    // f32 models cannot: mixed precision keeps bf16 variables
+    let f32_model = transformer(16, 32, 1).build(&Device::Cpu).unwrap();
+    assert!(matches!(f32_model.into_mixed_precision(), Err(Error::UnsupportedDtype { .. })));
+}
+
 fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     let mut meter = HeapMeter::new(64 * MIB).unwrap();
     assert_eq!(meter.capacity().unwrap(), 64 * MIB);
@@ -333,6 +356,7 @@ fn main() {
             "checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak",
             checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak,
         ),
+        ("the_transformer_trains_in_mixed_precision", the_transformer_trains_in_mixed_precision),
         ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
     ];
     common::harness::run_sequentially(tests);

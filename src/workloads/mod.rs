@@ -88,7 +88,7 @@ pub(crate) fn detach_linear(layer: &candle_nn::Linear) -> candle_nn::Linear {
 pub struct Trainer<M> {
     model: M,
     vars: Vec<(String, Var)>,
-    optimizer: AdamW,
+    optimizer: TrainerOptimizer,
     dtype: DType,
     seed: u64,
     steps: u64,
@@ -103,7 +103,35 @@ impl<M: Model> Trainer<M> {
     fn new(model: M, params: Params, dtype: DType, seed: u64) -> Result<Self, Error> {
         let vars = params.into_vars();
         let optimizer = AdamW::new(vars.iter().map(|(_, var)| var.clone()).collect(), default_adamw())?;
-        Ok(Trainer { model, vars, optimizer, dtype, seed, steps: 0 })
+        Ok(Trainer { model, vars, optimizer: TrainerOptimizer::AdamW(optimizer), dtype, seed, steps: 0 })
+    }
+
+    /// The same model trained in mixed precision: the bf16 variables stay the
+    /// model's, and AdamW runs on f32 master copies with f32 moments
+    /// ([`MixedPrecision`](crate::optim::MixedPrecision): 2 + 2 + 12 bytes per
+    /// parameter). Fails unless the model was built in bf16 and has not trained yet.
+    pub fn into_mixed_precision(mut self) -> Result<Self, Error> {
+        if self.dtype != DType::BF16 {
+            return Err(Error::UnsupportedDtype {
+                dtype: format!("{:?}", self.dtype),
+                valid: "bf16 variables for mixed precision (f32 masters are added)",
+            });
+        }
+        if self.steps > 0 {
+            return Err(Error::InvalidModel {
+                setting: "steps",
+                value: self.steps as usize,
+                valid: "0: switch to mixed precision before training".to_owned(),
+            });
+        }
+        let vars = self.plain_vars();
+        self.optimizer = TrainerOptimizer::Mixed(crate::optim::MixedPrecision::new(vars, default_adamw())?);
+        Ok(self)
+    }
+
+    /// Whether AdamW runs on f32 master copies ([`into_mixed_precision`](Self::into_mixed_precision)).
+    pub fn is_mixed_precision(&self) -> bool {
+        matches!(self.optimizer, TrainerOptimizer::Mixed(_))
     }
 
     /// One real training step on `batch` fresh synthetic samples: forward,
@@ -168,9 +196,13 @@ impl<M: Model> Trainer<M> {
         &self.vars
     }
 
-    /// The optimizer, with its moments.
+    /// The AdamW optimizer, with its moments (over the f32 master copies in
+    /// mixed precision).
     pub fn optimizer(&self) -> &AdamW {
-        &self.optimizer
+        match &self.optimizer {
+            TrainerOptimizer::AdamW(adamw) => adamw,
+            TrainerOptimizer::Mixed(mixed) => mixed.inner(),
+        }
     }
 
     /// Number of trainable parameters.
@@ -189,8 +221,9 @@ impl<M: Model> Trainer<M> {
         4 * (self.parameter_count() * self.dtype.size_in_bytes()) as u64
     }
 
-    /// Every weight and both moments of every weight, as raw bit patterns: two
-    /// trainers are in the same state exactly when these are equal.
+    /// Every weight and both moments of every weight (and, in mixed precision,
+    /// the master copies), as raw bit patterns: two trainers are in the same
+    /// state exactly when these are equal.
     pub fn state_bits(&self) -> Result<Vec<Vec<u32>>, Error> {
         let bits = |var: &Var| -> candle_core::Result<Vec<u32>> {
             // bf16 → f32 is exact, so comparing f32 bits compares the original bits
@@ -198,7 +231,12 @@ impl<M: Model> Trainer<M> {
             Ok(values.into_iter().map(f32::to_bits).collect())
         };
         let mut state = Vec::new();
-        for s in self.optimizer.states() {
+        if self.is_mixed_precision() {
+            for (_, var) in &self.vars {
+                state.push(bits(var)?);
+            }
+        }
+        for s in self.optimizer().states() {
             for var in [&s.var, &s.first_moment, &s.second_moment] {
                 state.push(bits(var)?);
             }
@@ -210,11 +248,13 @@ impl<M: Model> Trainer<M> {
 impl<M: Model> Workload for Trainer<M> {
     fn cache_key(&self) -> Option<crate::CacheKey> {
         let vars = self.vars.iter().map(|(name, var)| (name.as_str(), var));
-        Some(crate::CacheKey::new().variables(vars).param("model", self.model.describe()))
+        let key = crate::CacheKey::new().variables(vars).param("model", self.model.describe());
+        Some(key.param("mixed_precision", self.is_mixed_precision()))
     }
 
     fn profile(&self) -> Option<crate::Profile> {
         let precision = match self.dtype {
+            DType::BF16 if self.is_mixed_precision() => crate::estimate::Precision::Mixed,
             DType::BF16 => crate::estimate::Precision::Bf16,
             _ => crate::estimate::Precision::Fp32,
         };
@@ -266,6 +306,30 @@ impl<M: Model> std::fmt::Debug for Trainer<M> {
             .field("dtype", &self.dtype)
             .field("steps", &self.steps)
             .finish()
+    }
+}
+
+/// The reference workloads' optimizer: AdamW in the variables' dtype, or
+/// AdamW on f32 master copies of bf16 variables.
+enum TrainerOptimizer {
+    AdamW(AdamW),
+    Mixed(crate::optim::MixedPrecision<AdamW>),
+}
+
+impl TrainerOptimizer {
+    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
+        match self {
+            TrainerOptimizer::AdamW(adamw) => adamw.step(grads),
+            TrainerOptimizer::Mixed(mixed) => mixed.step(grads),
+        }
+    }
+
+    fn dry_step(&self, grads: &GradStore) -> candle_core::Result<()> {
+        use crate::optim::DryStep;
+        match self {
+            TrainerOptimizer::AdamW(adamw) => adamw.dry_step(grads),
+            TrainerOptimizer::Mixed(mixed) => mixed.dry_step(grads),
+        }
     }
 }
 

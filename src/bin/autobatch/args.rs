@@ -50,8 +50,11 @@ pub enum DtypeArg {
     /// 32-bit floats (also `fp32`).
     #[value(alias = "fp32")]
     F32,
-    /// bfloat16.
+    /// bfloat16 weights, gradients, activations and AdamW moments.
     Bf16,
+    /// bf16 weights, gradients and activations; f32 master weights and AdamW
+    /// moments (2 + 2 + 12 bytes per parameter).
+    Mixed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -120,9 +123,10 @@ pub struct ProbeArgs {
     /// MLP or convnet: output classes [default: 10 for mlp, 3 for convnet].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub classes: Option<usize>,
-    /// Dtype of weights, gradients and optimizer state.
-    #[arg(long, value_enum, default_value_t = DtypeArg::F32, help_heading = "Model size")]
-    pub dtype: DtypeArg,
+    /// How weights, gradients, activations and optimizer state are stored
+    /// (`--dtype` is the same flag).
+    #[arg(long, alias = "dtype", value_enum, default_value_t = DtypeArg::F32, help_heading = "Model size")]
+    pub precision: DtypeArg,
     /// Transformer: gradient checkpointing over the blocks (keep each block's
     /// input, recompute the block in the backward pass).
     #[arg(long, help_heading = "Model size")]

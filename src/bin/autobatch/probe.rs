@@ -76,9 +76,9 @@ enum ModelConfig {
 
 impl ModelConfig {
     fn from_args(args: &ProbeArgs) -> Self {
-        let dtype = match args.dtype {
+        let dtype = match args.precision {
             DtypeArg::F32 => DType::F32,
-            DtypeArg::Bf16 => DType::BF16,
+            DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
         };
         let seed = args.seed;
         match args.model {
@@ -129,12 +129,20 @@ impl ModelConfig {
         }
     }
 
-    fn build(&self, device: &candle_core::Device) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
-        Ok(match self {
-            ModelConfig::Transformer(config) => Box::new(config.build(device)?),
-            ModelConfig::Mlp(config) => Box::new(config.build(device)?),
-            ModelConfig::ConvNet(config) => Box::new(config.build(device)?),
-        })
+    /// The model and its AdamW, in mixed precision when `mixed` (the config's
+    /// dtype is then bf16).
+    fn build(&self, device: &candle_core::Device, mixed: bool) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+        fn finish<M: autobatch::workloads::Model + 'static>(
+            trainer: autobatch::workloads::Trainer<M>,
+            mixed: bool,
+        ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+            Ok(Box::new(if mixed { trainer.into_mixed_precision()? } else { trainer }))
+        }
+        match self {
+            ModelConfig::Transformer(config) => finish(config.build(device)?, mixed),
+            ModelConfig::Mlp(config) => finish(config.build(device)?, mixed),
+            ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed),
+        }
     }
 }
 
@@ -229,7 +237,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 say(&format!("comparing remedies on the CPU under a {} budget ({why})", format_bytes(budget)));
                 return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter);
             }
-            let mut workload = model.build(&candle_core::Device::Cpu)?;
+            let mut workload = model.build(&candle_core::Device::Cpu, args.precision == DtypeArg::Mixed)?;
             say(&format!(
                 "probing {} ({} parameters) on the CPU under a {} budget ({why})",
                 workload.description(),
@@ -261,7 +269,9 @@ fn compare(
     // recomputation keeps 2 of a transformer layer's 34·s·b·h (Korthikanti et al.)
     const BF16: f64 = 0.5;
     const CHECKPOINTING: f64 = 2.0 / 34.0;
-    let mut configs: Vec<(String, ModelConfig, f64)> = vec![("as it is".to_owned(), model.clone(), 1.0)];
+    let as_is_mixed = args.precision == DtypeArg::Mixed;
+    let mut configs: Vec<(String, ModelConfig, f64, bool)> =
+        vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed)];
     let with_dtype = |dtype| match model {
         ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
         ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
@@ -275,29 +285,32 @@ fn compare(
     if let ModelConfig::Transformer(c) = model {
         if !c.checkpointing {
             let checkpointed = ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() });
-            configs.push(("gradient checkpointing".to_owned(), checkpointed, CHECKPOINTING));
+            configs.push(("gradient checkpointing".to_owned(), checkpointed, CHECKPOINTING, as_is_mixed));
             if is_f32 {
                 let both = ModelConfig::Transformer(TransformerConfig {
                     checkpointing: true,
                     dtype: DType::BF16,
                     ..c.clone()
                 });
-                configs.push(("checkpointing + bf16".to_owned(), both, CHECKPOINTING * BF16));
+                configs.push(("checkpointing + bf16".to_owned(), both, CHECKPOINTING * BF16, false));
             }
         }
     }
     // candle's CPU conv2d has no bf16: the convnet's bf16 runs on CUDA only
     let bf16_runs = !(matches!(model, ModelConfig::ConvNet(_)) && device.is_cpu());
     if is_f32 && bf16_runs {
-        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16));
+        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16, false));
+        configs.insert(2, ("mixed precision".to_owned(), with_dtype(DType::BF16), BF16, true));
     }
     let variants = configs
         .iter()
-        .map(|(name, config, _)| Variant::lazy(name.clone(), move || config.build(device).map(ReferenceStep)))
+        .map(|(name, config, _, mixed)| {
+            Variant::lazy(name.clone(), move || config.build(device, *mixed).map(ReferenceStep))
+        })
         .collect();
     let mut comparison = tuner.compare(variants, meter)?;
     let base = comparison.rows.first().and_then(|row| row.memory()).map(|(per_sample, _)| per_sample);
-    for (row, (_, _, factor)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
+    for (row, (_, _, factor, _)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
         row.predicted_bytes_per_sample = base.map(|base| base * factor);
     }
     if args.json {
@@ -395,7 +408,7 @@ fn cuda(
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
     footprint.check_within((args.ceiling * meter.capacity()? as f64).floor() as u64)?;
     let device = meter.device().clone();
-    let mut workload = model.build(&device)?;
+    let mut workload = model.build(&device, args.precision == DtypeArg::Mixed)?;
     say(&format!(
         "probing {} ({} parameters) on {} ({})",
         workload.description(),
