@@ -51,6 +51,9 @@ fn comparisons(report: &mut String) {
     let mixed_mlp =
         || MlpConfig { dtype: DType::BF16, ..Default::default() }.build(&Device::Cpu)?.into_mixed_precision();
     let mixed_transformer = || transformer(false, DType::BF16).build(&Device::Cpu)?.into_mixed_precision();
+    use autobatch::estimate::OptimizerKind;
+    let lean = |kind: OptimizerKind| move || transformer(false, DType::F32).build(&Device::Cpu)?.with_optimizer(kind);
+    let lean_mlp = |kind: OptimizerKind| move || MlpConfig::default().build(&Device::Cpu)?.with_optimizer(kind);
     let cases = [
         (
             "autobatch probe --compare",
@@ -61,6 +64,9 @@ fn comparisons(report: &mut String) {
                 Variant::lazy("mixed precision", mixed_transformer),
                 Variant::lazy("gradient checkpointing", build(transformer(true, DType::F32))),
                 Variant::lazy("checkpointing + bf16", build(transformer(true, DType::BF16))),
+                Variant::lazy("lion optimizer", lean(OptimizerKind::Lion)),
+                Variant::lazy("adafactor optimizer", lean(OptimizerKind::Adafactor)),
+                Variant::lazy("adam8bit optimizer", lean(OptimizerKind::Adam8bit)),
             ],
         ),
         (
@@ -70,6 +76,9 @@ fn comparisons(report: &mut String) {
                 Variant::lazy("as it is", mlp(DType::F32)),
                 Variant::lazy("bf16", mlp(DType::BF16)),
                 Variant::lazy("mixed precision", mixed_mlp),
+                Variant::lazy("lion optimizer", lean_mlp(OptimizerKind::Lion)),
+                Variant::lazy("adafactor optimizer", lean_mlp(OptimizerKind::Adafactor)),
+                Variant::lazy("adam8bit optimizer", lean_mlp(OptimizerKind::Adam8bit)),
             ],
         ),
     ];

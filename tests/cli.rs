@@ -249,7 +249,10 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["variant"].as_str().unwrap()).collect();
-    assert_eq!(names, ["as it is", "bf16", "mixed precision"]);
+    assert_eq!(
+        names,
+        ["as it is", "bf16", "mixed precision", "lion optimizer", "adafactor optimizer", "adam8bit optimizer"]
+    );
     let largest = |i: usize| rows[i]["largest_batch"].as_u64().unwrap();
     let per_sample = |i: usize| rows[i]["bytes_per_sample"].as_f64().unwrap();
     // bf16 halves the activations (and the state): more fits

@@ -91,7 +91,7 @@ fn assert_probing_changes_nothing<M: Model>(mut trainer: Trainer<M>, budget: u64
         trainer.train_step(4).unwrap();
     }
     let state = trainer.state_bits().unwrap();
-    let (steps, optimizer_steps) = (trainer.steps_done(), trainer.optimizer().step_count());
+    let (steps, optimizer_steps) = (trainer.steps_done(), trainer.optimizer().unwrap().step_count());
     let mut meter = HeapMeter::new(budget).unwrap();
     // runtime buffers that stay for good once used (gemm's per-thread scratch)
     // belong in the baseline: one step at a batch as large as the search will reach
@@ -104,7 +104,7 @@ fn assert_probing_changes_nothing<M: Model>(mut trainer: Trainer<M>, budget: u64
     assert!(after.abs_diff(before) <= TOLERANCE, "heap in use {before} before tuning, {after} after");
     assert!(largest >= 2);
     assert_eq!(trainer.state_bits().unwrap(), state, "weights or AdamW moments changed");
-    assert_eq!((trainer.steps_done(), trainer.optimizer().step_count()), (steps, optimizer_steps));
+    assert_eq!((trainer.steps_done(), trainer.optimizer().unwrap().step_count()), (steps, optimizer_steps));
 }
 
 fn probing_the_transformer_changes_nothing() {
@@ -310,6 +310,27 @@ fn the_transformer_trains_in_mixed_precision() {
     assert!(matches!(f32_model.into_mixed_precision(), Err(Error::UnsupportedDtype { .. })));
 }
 
+fn the_transformer_trains_with_each_lean_optimizer() {
+    use autobatch::estimate::OptimizerKind;
+    for kind in [OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit] {
+        let mut model = transformer(16, 32, 1).build(&Device::Cpu).unwrap().with_optimizer(kind).unwrap();
+        assert!(model.optimizer().is_none());
+        assert_eq!(model.profile().unwrap().optimizer, kind);
+        let state = model.state_bits().unwrap();
+        Tuner::new().run(&mut model, &mut HeapMeter::new(16 * MIB).unwrap()).unwrap();
+        assert_eq!(model.state_bits().unwrap(), state, "{kind:?}: probing changed a weight");
+        let first = model.train_step(8).unwrap();
+        for _ in 0..30 {
+            model.train_step(8).unwrap();
+        }
+        let last = model.train_step(8).unwrap();
+        println!("  {}: loss {first:.3} -> {last:.3}, {} bytes of state", kind.name(), model.optimizer_state_bytes());
+        assert!(last < first / 2.0, "{kind:?}: {first} -> {last}");
+    }
+    let sgd = transformer(16, 32, 1).build(&Device::Cpu).unwrap().with_optimizer(OptimizerKind::Sgd);
+    assert!(sgd.is_err(), "candle-nn's SGD has no dry step here");
+}
+
 fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     let mut meter = HeapMeter::new(64 * MIB).unwrap();
     assert_eq!(meter.capacity().unwrap(), 64 * MIB);
@@ -357,6 +378,7 @@ fn main() {
             checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak,
         ),
         ("the_transformer_trains_in_mixed_precision", the_transformer_trains_in_mixed_precision),
+        ("the_transformer_trains_with_each_lean_optimizer", the_transformer_trains_with_each_lean_optimizer),
         ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
     ];
     common::harness::run_sequentially(tests);

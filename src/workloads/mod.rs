@@ -129,6 +129,41 @@ impl<M: Model> Trainer<M> {
         Ok(self)
     }
 
+    /// The same model trained with another optimizer of this crate (its
+    /// hyper-parameters at their defaults, the learning rate the reference
+    /// AdamW's scaled as each paper advises): `Lion` (lr / 3), `Adafactor`
+    /// (relative step) or `AdamW8bit`, or `AdamW` again. Before training only.
+    pub fn with_optimizer(mut self, kind: crate::estimate::OptimizerKind) -> Result<Self, Error> {
+        use crate::estimate::OptimizerKind;
+        use crate::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+        if self.steps > 0 {
+            return Err(Error::InvalidModel {
+                setting: "steps",
+                value: self.steps as usize,
+                valid: "0: choose the optimizer before training".to_owned(),
+            });
+        }
+        let vars = self.plain_vars();
+        let lr = default_adamw().lr;
+        self.optimizer = match kind {
+            OptimizerKind::AdamW => TrainerOptimizer::AdamW(AdamW::new(vars, default_adamw())?),
+            OptimizerKind::Lion => {
+                TrainerOptimizer::Lion(Lion::new(vars, ParamsLion { lr: lr / 3.0, ..ParamsLion::default() })?)
+            }
+            OptimizerKind::Adafactor => TrainerOptimizer::Adafactor(Adafactor::new(vars, ParamsAdafactor::default())?),
+            OptimizerKind::Adam8bit => {
+                TrainerOptimizer::AdamW8bit(AdamW8bit::new(vars, ParamsAdamW8bit { lr, ..ParamsAdamW8bit::default() })?)
+            }
+            other => {
+                return Err(Error::UnsupportedDtype {
+                    dtype: format!("optimizer {}", other.name()),
+                    valid: "adamw, lion, adafactor or adam8bit (the optimizers with a dry step)",
+                })
+            }
+        };
+        Ok(self)
+    }
+
     /// Whether AdamW runs on f32 master copies ([`into_mixed_precision`](Self::into_mixed_precision)).
     pub fn is_mixed_precision(&self) -> bool {
         matches!(self.optimizer, TrainerOptimizer::Mixed(_))
@@ -197,12 +232,19 @@ impl<M: Model> Trainer<M> {
     }
 
     /// The AdamW optimizer, with its moments (over the f32 master copies in
-    /// mixed precision).
-    pub fn optimizer(&self) -> &AdamW {
+    /// mixed precision); `None` after [`with_optimizer`](Self::with_optimizer)
+    /// chose another.
+    pub fn optimizer(&self) -> Option<&AdamW> {
         match &self.optimizer {
-            TrainerOptimizer::AdamW(adamw) => adamw,
-            TrainerOptimizer::Mixed(mixed) => mixed.inner(),
+            TrainerOptimizer::AdamW(adamw) => Some(adamw),
+            TrainerOptimizer::Mixed(mixed) => Some(mixed.inner()),
+            _ => None,
         }
+    }
+
+    /// Bytes of optimizer state (and master copies, in mixed precision).
+    pub fn optimizer_state_bytes(&self) -> u64 {
+        self.optimizer.as_dry().state_bytes()
     }
 
     /// Number of trainable parameters.
@@ -223,7 +265,8 @@ impl<M: Model> Trainer<M> {
 
     /// Every weight and both moments of every weight (and, in mixed precision,
     /// the master copies), as raw bit patterns: two trainers are in the same
-    /// state exactly when these are equal.
+    /// state exactly when these are equal. With an optimizer other than AdamW
+    /// ([`with_optimizer`](Self::with_optimizer)), the weights only.
     pub fn state_bits(&self) -> Result<Vec<Vec<u32>>, Error> {
         let bits = |var: &Var| -> candle_core::Result<Vec<u32>> {
             // bf16 → f32 is exact, so comparing f32 bits compares the original bits
@@ -231,12 +274,12 @@ impl<M: Model> Trainer<M> {
             Ok(values.into_iter().map(f32::to_bits).collect())
         };
         let mut state = Vec::new();
-        if self.is_mixed_precision() {
+        if self.is_mixed_precision() || self.optimizer().is_none() {
             for (_, var) in &self.vars {
                 state.push(bits(var)?);
             }
         }
-        for s in self.optimizer().states() {
+        for s in self.optimizer().map_or(&[][..], |adamw| adamw.states()) {
             for var in [&s.var, &s.first_moment, &s.second_moment] {
                 state.push(bits(var)?);
             }
@@ -249,7 +292,8 @@ impl<M: Model> Workload for Trainer<M> {
     fn cache_key(&self) -> Option<crate::CacheKey> {
         let vars = self.vars.iter().map(|(name, var)| (name.as_str(), var));
         let key = crate::CacheKey::new().variables(vars).param("model", self.model.describe());
-        Some(key.param("mixed_precision", self.is_mixed_precision()))
+        let optimizer = self.optimizer.as_dry().kind().map_or("other", |kind| kind.name());
+        Some(key.param("mixed_precision", self.is_mixed_precision()).param("optimizer", optimizer))
     }
 
     fn profile(&self) -> Option<crate::Profile> {
@@ -258,7 +302,7 @@ impl<M: Model> Workload for Trainer<M> {
             DType::BF16 => crate::estimate::Precision::Bf16,
             _ => crate::estimate::Precision::Fp32,
         };
-        let optimizer = crate::estimate::OptimizerKind::AdamW;
+        let optimizer = self.optimizer.as_dry().kind()?;
         Some(crate::Profile { parameters: self.parameter_count() as u64, precision, optimizer })
     }
 
@@ -314,22 +358,34 @@ impl<M: Model> std::fmt::Debug for Trainer<M> {
 enum TrainerOptimizer {
     AdamW(AdamW),
     Mixed(crate::optim::MixedPrecision<AdamW>),
+    Lion(crate::optim::Lion),
+    Adafactor(crate::optim::Adafactor),
+    AdamW8bit(crate::optim::AdamW8bit),
 }
 
 impl TrainerOptimizer {
+    fn as_dry(&self) -> &dyn crate::optim::DryStep {
+        match self {
+            TrainerOptimizer::AdamW(o) => o,
+            TrainerOptimizer::Mixed(o) => o,
+            TrainerOptimizer::Lion(o) => o,
+            TrainerOptimizer::Adafactor(o) => o,
+            TrainerOptimizer::AdamW8bit(o) => o,
+        }
+    }
+
     fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
         match self {
-            TrainerOptimizer::AdamW(adamw) => adamw.step(grads),
-            TrainerOptimizer::Mixed(mixed) => mixed.step(grads),
+            TrainerOptimizer::AdamW(o) => o.step(grads),
+            TrainerOptimizer::Mixed(o) => o.step(grads),
+            TrainerOptimizer::Lion(o) => o.step(grads),
+            TrainerOptimizer::Adafactor(o) => o.step(grads),
+            TrainerOptimizer::AdamW8bit(o) => o.step(grads),
         }
     }
 
     fn dry_step(&self, grads: &GradStore) -> candle_core::Result<()> {
-        use crate::optim::DryStep;
-        match self {
-            TrainerOptimizer::AdamW(adamw) => adamw.dry_step(grads),
-            TrainerOptimizer::Mixed(mixed) => mixed.dry_step(grads),
-        }
+        self.as_dry().dry_step(grads)
     }
 }
 

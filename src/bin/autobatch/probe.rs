@@ -1,5 +1,6 @@
 //! `autobatch probe`: tune a built-in reference model on a device.
 
+use autobatch::estimate::OptimizerKind;
 use autobatch::workloads::{ConvNetConfig, Footprint, MlpConfig, ReferenceWorkload, TransformerConfig};
 use autobatch::{format_bytes, HeapMeter, MemoryMeter, Strategy, Tuner};
 use candle_core::DType;
@@ -132,16 +133,29 @@ impl ModelConfig {
     /// The model and its AdamW, in mixed precision when `mixed` (the config's
     /// dtype is then bf16).
     fn build(&self, device: &candle_core::Device, mixed: bool) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+        self.build_with(device, mixed, OptimizerKind::AdamW)
+    }
+
+    /// [`build`](Self::build) with another of the crate's optimizers.
+    fn build_with(
+        &self,
+        device: &candle_core::Device,
+        mixed: bool,
+        optimizer: OptimizerKind,
+    ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
         fn finish<M: autobatch::workloads::Model + 'static>(
             trainer: autobatch::workloads::Trainer<M>,
             mixed: bool,
+            optimizer: OptimizerKind,
         ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+            let trainer =
+                if optimizer == OptimizerKind::AdamW { trainer } else { trainer.with_optimizer(optimizer)? };
             Ok(Box::new(if mixed { trainer.into_mixed_precision()? } else { trainer }))
         }
         match self {
-            ModelConfig::Transformer(config) => finish(config.build(device)?, mixed),
-            ModelConfig::Mlp(config) => finish(config.build(device)?, mixed),
-            ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed),
+            ModelConfig::Transformer(config) => finish(config.build(device)?, mixed, optimizer),
+            ModelConfig::Mlp(config) => finish(config.build(device)?, mixed, optimizer),
+            ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed, optimizer),
         }
     }
 }
@@ -270,8 +284,8 @@ fn compare(
     const BF16: f64 = 0.5;
     const CHECKPOINTING: f64 = 2.0 / 34.0;
     let as_is_mixed = args.precision == DtypeArg::Mixed;
-    let mut configs: Vec<(String, ModelConfig, f64, bool)> =
-        vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed)];
+    let mut configs: Vec<(String, ModelConfig, f64, bool, OptimizerKind)> =
+        vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed, OptimizerKind::AdamW)];
     let with_dtype = |dtype| match model {
         ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
         ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
@@ -285,32 +299,50 @@ fn compare(
     if let ModelConfig::Transformer(c) = model {
         if !c.checkpointing {
             let checkpointed = ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() });
-            configs.push(("gradient checkpointing".to_owned(), checkpointed, CHECKPOINTING, as_is_mixed));
+            configs.push((
+                "gradient checkpointing".to_owned(),
+                checkpointed,
+                CHECKPOINTING,
+                as_is_mixed,
+                OptimizerKind::AdamW,
+            ));
             if is_f32 {
                 let both = ModelConfig::Transformer(TransformerConfig {
                     checkpointing: true,
                     dtype: DType::BF16,
                     ..c.clone()
                 });
-                configs.push(("checkpointing + bf16".to_owned(), both, CHECKPOINTING * BF16, false));
+                configs.push((
+                    "checkpointing + bf16".to_owned(),
+                    both,
+                    CHECKPOINTING * BF16,
+                    false,
+                    OptimizerKind::AdamW,
+                ));
             }
         }
     }
     // candle's CPU conv2d has no bf16: the convnet's bf16 runs on CUDA only
     let bf16_runs = !(matches!(model, ModelConfig::ConvNet(_)) && device.is_cpu());
     if is_f32 && bf16_runs {
-        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16, false));
-        configs.insert(2, ("mixed precision".to_owned(), with_dtype(DType::BF16), BF16, true));
+        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16, false, OptimizerKind::AdamW));
+        configs.insert(2, ("mixed precision".to_owned(), with_dtype(DType::BF16), BF16, true, OptimizerKind::AdamW));
+    }
+    // the lean optimizers change the state, not the bytes per sample
+    if !as_is_mixed {
+        for kind in [OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit] {
+            configs.push((format!("{} optimizer", kind.name()), model.clone(), 1.0, false, kind));
+        }
     }
     let variants = configs
         .iter()
-        .map(|(name, config, _, mixed)| {
-            Variant::lazy(name.clone(), move || config.build(device, *mixed).map(ReferenceStep))
+        .map(|(name, config, _, mixed, optimizer)| {
+            Variant::lazy(name.clone(), move || config.build_with(device, *mixed, *optimizer).map(ReferenceStep))
         })
         .collect();
     let mut comparison = tuner.compare(variants, meter)?;
     let base = comparison.rows.first().and_then(|row| row.memory()).map(|(per_sample, _)| per_sample);
-    for (row, (_, _, factor, _)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
+    for (row, (_, _, factor, _, _)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
         row.predicted_bytes_per_sample = base.map(|base| base * factor);
     }
     if args.json {
