@@ -417,3 +417,53 @@ fn a_step_that_ignores_its_batch_stops_the_search_with_a_warning() {
     let plan = run(&Tuner::new(), sim).unwrap();
     assert!(plan.proven_largest && plan.warnings.is_empty(), "{plan}");
 }
+
+/// A simulated device whose steps take `time(batch)`: throughput measured for real.
+fn timed(
+    sim: Simulation,
+    time: fn(usize) -> std::time::Duration,
+) -> (impl autobatch::Workload, autobatch::memory::simulated::SimulatedMeter) {
+    let (mut workload, meter) = sim.build();
+    let step = move |batch: usize| -> candle_core::Result<()> {
+        autobatch::Workload::step(&mut workload, batch)?;
+        std::thread::sleep(time(batch));
+        Ok(())
+    };
+    (step, meter)
+}
+
+#[test]
+fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
+    use autobatch::Objective;
+    // 100 fits; above 60 samples each step costs twice as much per sample
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 137 * MIB));
+    let slow_above_60 = |b: usize| std::time::Duration::from_micros(if b <= 60 { 50 } else { 100 } * b as u64);
+    let (mut step, mut meter) = timed(sim.clone(), slow_above_60);
+    let tuner = Tuner::new().strategy(Strategy::Binary).objective(Objective::Throughput).target_effective_batch(400);
+    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    let choice = plan.throughput.as_ref().expect("the throughput was measured");
+    assert_eq!(plan.largest_batch, 100, "{plan}");
+    assert_eq!(choice.candidates.iter().map(|p| p.batch).collect::<Vec<_>>(), [50, 75, 100]);
+    assert_eq!(choice.chosen_batch, 50, "{plan}");
+    assert_eq!(choice.deepspeed_batch, 50, "the next candidate is not 5% faster");
+    assert!(plan.micro_batch <= 50 && plan.micro_batch * plan.accumulation_steps >= 400, "{plan}");
+    assert_eq!(choice.extra_steps, 9, "3 candidates × 3 timed runs");
+    assert_eq!(plan.trials.iter().filter(|t| t.kind == TrialKind::Timing).count(), 9);
+    assert!(plan.to_string().contains("throughput: batch 50 is the fastest"), "{plan}");
+
+    // when bigger is faster, the choice is the largest, or within the noise it measured
+    let fixed_cost = |b: usize| std::time::Duration::from_micros(3000 + 20 * b as u64);
+    let (mut step, mut meter) = timed(sim, fixed_cost);
+    let plan = Tuner::new().objective(Objective::Throughput).run(&mut step, &mut meter).unwrap();
+    let choice = plan.throughput.as_ref().unwrap();
+    let rate = |batch: usize| choice.candidates.iter().find(|p| p.batch == batch).unwrap();
+    let (chosen, largest) = (rate(choice.chosen_batch), rate(plan.largest_batch));
+    assert!(
+        chosen.samples_per_second >= largest.samples_per_second * (1.0 - largest.spread.max(chosen.spread)),
+        "{plan}"
+    );
+    assert_eq!(plan.micro_batch, choice.chosen_batch);
+    // every fitting trial reports its samples per second
+    assert!(plan.trials.iter().filter(|t| t.outcome.fits()).all(|t| t.samples_per_second().is_some_and(|r| r > 0.0)));
+    assert!(matches!(Tuner::new().timing_repeats(0).check(), Err(Error::Zero { setting: "timing_repeats" })));
+}

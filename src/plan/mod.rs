@@ -21,6 +21,8 @@ pub enum TrialKind {
     /// The chosen batch run again because memory in use rose after it was first
     /// measured: the answer must fit in memory as it is when training starts.
     Recheck,
+    /// A timed run of a fitting batch, for [`Objective::Throughput`].
+    Timing,
     /// A micro-step of gradient accumulation, the accumulator held: verifies
     /// the plan's micro-batch when it accumulates
     /// ([`Workload::accumulating_step`](crate::Workload::accumulating_step)).
@@ -45,6 +47,60 @@ pub struct Trial {
     /// Why the trial was run.
     #[serde(default)]
     pub kind: TrialKind,
+    /// Workload steps the trial ran (the tuner's `steps_per_trial`).
+    #[serde(default = "one")]
+    pub steps: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Trial {
+    /// Samples per second of the trial's steps, when it ran to the end.
+    pub fn samples_per_second(&self) -> Option<f64> {
+        let seconds = self.duration.as_secs_f64();
+        (self.outcome.fits() && seconds > 0.0).then(|| (self.batch * self.steps) as f64 / seconds)
+    }
+}
+
+/// Which micro-batch the tuner plans from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Objective {
+    /// The largest batch that fits (the default).
+    #[default]
+    LargestBatch,
+    /// The fitting batch with the best measured samples per second, among
+    /// candidates near the top (the largest, ¾ and ½ of it), each timed
+    /// `Tuner::timing_repeats` times and compared by the median.
+    Throughput,
+}
+
+/// One candidate of a throughput choice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThroughputPoint {
+    /// The batch.
+    pub batch: usize,
+    /// Median samples per second over its timed trials.
+    pub samples_per_second: f64,
+    /// Relative spread of its timings: (slowest − fastest) / median.
+    pub spread: f64,
+}
+
+/// What [`Objective::Throughput`] measured and chose.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThroughputChoice {
+    /// The candidates, smallest batch first.
+    pub candidates: Vec<ThroughputPoint>,
+    /// The batch with the best median throughput: the plan's micro-batch cap.
+    pub chosen_batch: usize,
+    /// What DeepSpeed's autotuner rule picks on the same measurements: walk up
+    /// from the smallest candidate while the next is at least 5% faster.
+    pub deepspeed_batch: usize,
+    /// Workload steps the timing took beyond the search.
+    pub extra_steps: usize,
 }
 
 /// Something the caller should know about a plan that is still valid.
@@ -170,6 +226,9 @@ pub struct Plan {
     pub target_effective_batch: Option<usize>,
     /// Measured device-wide peak at `largest_batch`.
     pub peak_bytes: u64,
+    /// With [`Objective::Throughput`]: the candidates timed and the choice.
+    #[serde(default)]
+    pub throughput: Option<ThroughputChoice>,
     /// Device capacity: what 100% utilization means.
     pub capacity_bytes: u64,
     /// The utilization ceiling, a fraction of `capacity_bytes`.
@@ -253,7 +312,7 @@ impl MemoryModel {
         let mut latest: Vec<(usize, u64)> = Vec::new();
         for trial in trials.iter().rev() {
             if trial.batch == chosen
-                || trial.kind == TrialKind::Accumulation
+                || matches!(trial.kind, TrialKind::Accumulation | TrialKind::Timing)
                 || trial.outcome == Outcome::OutOfMemory
                 || latest.iter().any(|&(b, _)| b == trial.batch)
             {

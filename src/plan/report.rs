@@ -33,8 +33,8 @@ impl Trial {
     /// The header of the trial table, with a batch column `batch_width` wide.
     pub fn table_header_with_width(batch_width: usize) -> String {
         format!(
-            "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}",
-            "trial", "batch", "outcome", "peak", "util", "time"
+            "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}  {:>9}",
+            "trial", "batch", "outcome", "peak", "util", "time", "samples/s"
         )
     }
 
@@ -48,15 +48,18 @@ impl Trial {
             TrialKind::Search => "",
             TrialKind::Recheck => "  (re-check)",
             TrialKind::Accumulation => "  (accumulating)",
+            TrialKind::Timing => "  (timing)",
         };
+        let rate = self.samples_per_second().map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
         format!(
-            "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}{recheck}",
+            "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}  {:>9}{recheck}",
             number,
             self.batch,
             self.outcome,
             peak,
             util,
-            format_duration(self.duration)
+            format_duration(self.duration),
+            rate
         )
     }
 }
@@ -87,6 +90,18 @@ impl Plan {
         );
         if let Some(split) = &self.accumulation {
             out += &accumulation_note(split);
+        }
+        if let Some(choice) = &self.throughput {
+            let points: Vec<String> =
+                choice.candidates.iter().map(|p| format!("{} → {:.0}/s", p.batch, p.samples_per_second)).collect();
+            out += &format!(
+                "\nthroughput: batch {} is the fastest ({}; median of timed runs; {} extra steps); DeepSpeed's 5% rule \
+                 would pick {}",
+                choice.chosen_batch,
+                points.join(", "),
+                choice.extra_steps,
+                choice.deepspeed_batch
+            );
         }
         if let Some(peak) = self.accumulation_peak_bytes {
             out += &format!(
@@ -183,6 +198,7 @@ mod tests {
             duration: Duration::from_millis(1),
             baseline_bytes: 0,
             kind: TrialKind::Search,
+            steps: 1,
         };
         let width = usize::MAX.to_string().len();
         let header = Trial::table_header_with_width(width);

@@ -10,7 +10,7 @@ mod trial_loop;
 
 use log::{info, warn};
 
-use crate::plan::{limit_bytes, plan_accumulation_aligned, Plan};
+use crate::plan::{limit_bytes, plan_accumulation_aligned, Objective, Plan};
 use crate::search::{SearchSpace, Strategy};
 use crate::units::format_bytes;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
@@ -60,6 +60,8 @@ pub struct Tuner {
     profile: Option<crate::Profile>,
     cache_path: Option<std::path::PathBuf>,
     cache_key: Option<CacheKey>,
+    objective: Objective,
+    timing_repeats: usize,
 }
 
 impl Default for Tuner {
@@ -79,6 +81,8 @@ impl Default for Tuner {
             profile: None,
             cache_path: None,
             cache_key: None,
+            objective: Objective::LargestBatch,
+            timing_repeats: 3,
         }
     }
 }
@@ -176,6 +180,21 @@ impl Tuner {
         self
     }
 
+    /// Which micro-batch to plan from: the largest that fits (the default), or
+    /// the one with the best measured throughput ([`Objective::Throughput`]:
+    /// a few extra timed steps near the top, reported in `plan.throughput`).
+    pub fn objective(mut self, objective: Objective) -> Self {
+        self.objective = objective;
+        self
+    }
+
+    /// Timed runs per candidate for [`Objective::Throughput`] (the median
+    /// decides). Default 3.
+    pub fn timing_repeats(mut self, repeats: usize) -> Self {
+        self.timing_repeats = repeats;
+        self
+    }
+
     /// Keeps plans in a JSON file at `path`: a run whose model, device and
     /// search settings match a stored plan returns it without probing (logged),
     /// any change misses and probes. The model's part of the key comes from
@@ -214,6 +233,7 @@ impl Tuner {
             ("steps_per_trial", Some(self.steps_per_trial)),
             ("world_size", Some(self.world_size)),
             ("max_trials", self.max_trials),
+            ("timing_repeats", Some(self.timing_repeats)),
             ("target_effective_batch", self.target_effective_batch),
         ] {
             if value == Some(0) {
@@ -360,7 +380,8 @@ impl Tuner {
             .param("autobatch.start", self.start)
             .param("autobatch.max_batch", self.max_batch.map_or("none".to_owned(), |b| b.to_string()))
             .param("autobatch.steps_per_trial", self.steps_per_trial)
-            .param("autobatch.strategy", self.strategy))
+            .param("autobatch.strategy", self.strategy)
+            .param("autobatch.objective", format!("{:?}", self.objective)))
     }
 
     /// A cached plan brought up to this tuner's accumulation settings.
@@ -373,7 +394,8 @@ impl Tuner {
     /// Plans `plan`'s accumulation anew from its largest batch, with this
     /// tuner's target and world size.
     fn replan(&self, plan: &mut Plan) -> Result<(), Error> {
-        let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(plan.largest_batch)?;
+        let cap = plan.throughput.as_ref().map_or(plan.largest_batch, |choice| choice.chosen_batch);
+        let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(cap)?;
         (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
             (micro_batch, accumulation_steps, effective_batch, accumulation);
         plan.world_size = self.world_size;

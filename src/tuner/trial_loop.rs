@@ -4,7 +4,9 @@ use log::{debug, info, warn};
 
 use super::{Observer, Split, Tuner};
 use crate::memory::measure::measure;
-use crate::plan::{utilization, MemoryModel, Plan, Trial, TrialKind, Warning};
+use crate::plan::{
+    utilization, MemoryModel, Objective, Plan, ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
+};
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
 use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
@@ -171,7 +173,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         let workload = &mut *self.workload;
         let measured = measure(self.meter, self.tuner.steps_per_trial, || match kind {
             TrialKind::Accumulation => workload.accumulating_step(batch),
-            TrialKind::Search | TrialKind::Recheck => workload.step(batch),
+            TrialKind::Search | TrialKind::Recheck | TrialKind::Timing => workload.step(batch),
         })?;
         let (peak, duration, baseline_bytes) = (measured.peak, measured.duration, measured.baseline_bytes);
         let outcome = match measured.result {
@@ -199,7 +201,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             }
             (Err(err), _) => return Err(err),
         };
-        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind };
+        let steps = self.tuner.steps_per_trial;
+        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind, steps };
         self.log_trial(&trial);
         self.observer.trial_finished(&trial, self.capacity_bytes);
         if !outcome.fits() {
@@ -275,6 +278,58 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         }
     }
 
+    /// [`Objective::Throughput`]: times the largest batch, ¾ and ½ of it (at the
+    /// granularity, fitting candidates only) `timing_repeats` times each, in
+    /// rounds so that a slow spell of the machine hits every candidate, and
+    /// picks the best median throughput (the larger batch on a tie).
+    fn time_candidates(&mut self, space: &SearchSpace, largest: usize) -> Result<ThroughputChoice, Error> {
+        let granule = space.multiple_of();
+        let mut batches: Vec<usize> = [largest, largest * 3 / 4, largest / 2]
+            .into_iter()
+            .map(|b| b - b % granule)
+            .filter(|&b| b >= space.first())
+            .collect();
+        batches.sort_unstable();
+        batches.dedup();
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); batches.len()];
+        let mut extra_steps = 0;
+        for _ in 0..self.tuner.timing_repeats {
+            for (index, &batch) in batches.iter().enumerate() {
+                let trial = self.trial(batch, TrialKind::Timing)?;
+                extra_steps += trial.steps;
+                if let Some(rate) = trial.samples_per_second() {
+                    times[index].push(rate);
+                }
+            }
+        }
+        let candidates: Vec<ThroughputPoint> = batches
+            .iter()
+            .zip(times)
+            .filter(|(_, rates)| !rates.is_empty())
+            .map(|(&batch, mut rates)| {
+                rates.sort_by(f64::total_cmp);
+                let median = rates[rates.len() / 2];
+                let spread = (rates[rates.len() - 1] - rates[0]) / median;
+                ThroughputPoint { batch, samples_per_second: median, spread }
+            })
+            .collect();
+        let chosen_batch = candidates
+            .iter()
+            .max_by(|a, b| a.samples_per_second.total_cmp(&b.samples_per_second).then(a.batch.cmp(&b.batch)))
+            .map_or(largest, |p| p.batch);
+        // DeepSpeed: from the smallest, move up while the next is ≥ 5% faster
+        let mut deepspeed = candidates.first().map_or(largest, |p| p.batch);
+        for pair in candidates.windows(2) {
+            if pair[1].samples_per_second >= 1.05 * pair[0].samples_per_second {
+                deepspeed = pair[1].batch;
+            } else {
+                break;
+            }
+        }
+        info!("throughput: batch {chosen_batch} is the fastest; {extra_steps} extra steps");
+        Ok(ThroughputChoice { candidates, chosen_batch, deepspeed_batch: deepspeed, extra_steps })
+    }
+
     fn into_plan(
         mut self,
         space: &SearchSpace,
@@ -302,8 +357,13 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         };
         let largest_batch = found.batch;
         let world_size = tuner.world_size;
+        let throughput = match tuner.objective {
+            Objective::Throughput => Some(self.time_candidates(space, largest_batch)?),
+            Objective::LargestBatch => None,
+        };
+        let cap = throughput.as_ref().map_or(largest_batch, |choice| choice.chosen_batch);
         let ((micro_batch, accumulation_steps, effective_batch, accumulation), accumulation_peak_bytes) =
-            self.verified_split(space, largest_batch)?;
+            self.verified_split(space, cap)?;
         let peak_bytes = found.peak_bytes.expect("a fitting trial always has a peak");
         let memory_model = MemoryModel::fit(&self.trials, largest_batch, peak_bytes);
         Ok(Plan {
@@ -327,6 +387,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             cached: false,
             rank_largest_batch: None,
             accumulation_peak_bytes,
+            throughput,
         })
     }
 

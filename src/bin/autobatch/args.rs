@@ -68,6 +68,14 @@ pub enum StrategyArg {
     Power,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ObjectiveArg {
+    /// The largest batch that fits.
+    Largest,
+    /// The best measured samples per second near the top.
+    Throughput,
+}
+
 /// The CPU budget of `autobatch probe` when none is given: small enough that
 /// the default transformer tunes in seconds, and far from any machine's RAM.
 pub const DEFAULT_BUDGET: &str = "256MiB";
@@ -165,6 +173,10 @@ pub struct ProbeArgs {
     /// Search strategy.
     #[arg(long, value_enum, default_value_t = StrategyArg::Predictive)]
     pub strategy: StrategyArg,
+    /// Plan from the largest batch that fits, or from the fastest in samples
+    /// per second among the largest, ¾ and ½ of it (a few extra timed steps).
+    #[arg(long, value_enum, default_value_t = ObjectiveArg::Largest)]
+    pub objective: ObjectiveArg,
     /// Effective (global) batch to reach with micro-batch × accumulation × ranks.
     #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub target_effective_batch: Option<usize>,

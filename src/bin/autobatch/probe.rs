@@ -5,7 +5,7 @@ use autobatch::workloads::{ConvNetConfig, Footprint, MlpConfig, ReferenceWorkloa
 use autobatch::{format_bytes, HeapMeter, MemoryMeter, Strategy, Tuner};
 use candle_core::DType;
 
-use crate::args::{DtypeArg, ModelKind, ProbeArgs, StrategyArg, DEFAULT_BUDGET};
+use crate::args::{DtypeArg, ModelKind, ObjectiveArg, ProbeArgs, StrategyArg, DEFAULT_BUDGET};
 use crate::failure::Failure;
 use crate::parse::parse_bytes;
 use crate::progress::Progress;
@@ -172,6 +172,10 @@ fn tuner(args: &ProbeArgs) -> Tuner {
             StrategyArg::Predictive => Strategy::Predictive,
             StrategyArg::Binary => Strategy::Binary,
             StrategyArg::Power => Strategy::Power,
+        })
+        .objective(match args.objective {
+            ObjectiveArg::Largest => autobatch::Objective::LargestBatch,
+            ObjectiveArg::Throughput => autobatch::Objective::Throughput,
         });
     if let Some(max_batch) = args.max_batch {
         tuner = tuner.max_batch(max_batch);
