@@ -394,7 +394,9 @@ impl Tuner {
     /// Plans `plan`'s accumulation anew from its largest batch, with this
     /// tuner's target and world size.
     fn replan(&self, plan: &mut Plan) -> Result<(), Error> {
-        let cap = plan.throughput.as_ref().map_or(plan.largest_batch, |choice| choice.chosen_batch);
+        // never above the largest batch: with several ranks it is the one all agreed on
+        let cap =
+            plan.throughput.as_ref().map_or(plan.largest_batch, |choice| choice.chosen_batch.min(plan.largest_batch));
         let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(cap)?;
         (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
             (micro_batch, accumulation_steps, effective_batch, accumulation);
