@@ -38,7 +38,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Module, Result, Tensor, Var};
 
-use super::grads::keep_variables;
+use super::grads::Accumulator;
 
 /// The loss and the variables' gradients of `head(blocks(input))`, with
 /// gradient checkpointing over `blocks`.
@@ -89,7 +89,10 @@ pub fn checkpointed<B: Module>(
     // run through it and count the later blocks' weights again
     let mut upstream = grads.remove(last.as_tensor()).map(|g| g.detach());
     drop(last);
-    let mut total = keep_variables(grads, vars);
+    // one gradient per variable, summed where a variable is used in several
+    // places (as one backward pass sums it)
+    let mut total = Accumulator::default();
+    total.add(grads, vars)?;
     let loss = loss.detach();
     // backward: each block again, last first, from its saved input
     for block in blocks.iter().rev() {
@@ -100,27 +103,12 @@ pub fn checkpointed<B: Module>(
         let output = block.forward(start.as_tensor())?;
         let mut grads = (output * gradient)?.sum_all()?.backward()?;
         upstream = grads.remove(start.as_tensor()).map(|g| g.detach());
-        add(&mut total, keep_variables(grads, vars), vars)?;
+        total.add(grads, vars)?;
     }
     // and whatever computed the input
     if let Some(gradient) = upstream {
         let grads = (input * gradient)?.sum_all()?.backward()?;
-        add(&mut total, keep_variables(grads, vars), vars)?;
+        total.add(grads, vars)?;
     }
-    Ok((loss, total))
-}
-
-/// `total += part`, variable by variable (a variable used in several places
-/// gets the sum of its gradients, as in one backward pass).
-fn add(total: &mut GradStore, mut part: GradStore, vars: &[Var]) -> Result<()> {
-    for var in vars {
-        if let Some(grad) = part.remove(var.as_tensor()) {
-            let sum = match total.remove(var.as_tensor()) {
-                Some(previous) => (previous + grad)?,
-                None => grad,
-            };
-            total.insert(var.as_tensor(), sum);
-        }
-    }
-    Ok(())
+    Ok((loss, total.take()?))
 }

@@ -74,6 +74,19 @@ impl Accumulator {
         Ok(())
     }
 
+    /// An accumulator as a micro-step after the first finds it: one
+    /// gradient-sized tensor (zeros) per float variable. What the tuner's
+    /// accumulating probe steps hold.
+    pub(crate) fn holding_zeros(vars: &[Var]) -> Result<Accumulator> {
+        let mut earlier = GradStore::default();
+        for var in vars.iter().filter(|var| var.dtype().is_float()) {
+            earlier.insert(var.as_tensor(), var.as_tensor().zeros_like()?);
+        }
+        let mut accumulator = Accumulator::default();
+        accumulator.add(earlier, vars)?;
+        Ok(accumulator)
+    }
+
     /// Whether an add failed part way.
     pub(crate) fn is_broken(&self) -> bool {
         self.broken

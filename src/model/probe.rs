@@ -304,12 +304,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     /// micro-step's gradients added to it, and the update computed from the sum.
     fn accumulating_step(&mut self, batch: usize) -> Result<()> {
         let vars = self.plain_vars();
-        let mut accumulator = Accumulator::default();
-        let mut earlier = GradStore::default();
-        for var in vars.iter().filter(|var| var.dtype().is_float()) {
-            earlier.insert(var.as_tensor(), var.as_tensor().zeros_like()?);
-        }
-        accumulator.add(earlier, &vars)?;
+        let mut accumulator = Accumulator::holding_zeros(&vars)?;
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
         self.check_gradients(&grads);
         accumulator.add(grads, &vars)?;

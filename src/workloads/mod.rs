@@ -66,9 +66,7 @@ pub trait Model {
         vars: &[Var],
     ) -> candle_core::Result<(Tensor, GradStore)> {
         let _ = vars;
-        let loss = self.loss(batch, data_seed)?;
-        let grads = if scale == 1.0 { loss.backward()? } else { (&loss * scale)?.backward()? };
-        Ok((loss, grads))
+        backward(self.loss(batch, data_seed)?, scale)
     }
 
     /// The same model over the same weights, detached from the variables: its
@@ -324,12 +322,7 @@ impl<M: Model> Workload for Trainer<M> {
     /// computed dry from the sum.
     fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
         let vars = self.plain_vars();
-        let mut accumulated = Accumulator::default();
-        let mut earlier = candle_core::backprop::GradStore::default();
-        for var in &vars {
-            earlier.insert(var.as_tensor(), var.as_tensor().zeros_like()?);
-        }
-        accumulated.add(earlier, &vars)?;
+        let mut accumulated = Accumulator::holding_zeros(&vars)?;
         let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
         accumulated.add(grads, &vars)?;
         self.optimizer.dry_step(&accumulated.take()?)?;
@@ -402,6 +395,12 @@ pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
         DType::F32 | DType::BF16 => Ok(()),
         other => Err(Error::UnsupportedDtype { dtype: format!("{other:?}"), valid: "f32 or bf16" }),
     }
+}
+
+/// The loss and the gradients of `loss × scale`: a plain backward pass.
+pub(crate) fn backward(loss: Tensor, scale: f64) -> candle_core::Result<(Tensor, GradStore)> {
+    let grads = if scale == 1.0 { loss.backward()? } else { (&loss * scale)?.backward()? };
+    Ok((loss, grads))
 }
 
 /// Cross-entropy in f32, whatever the model's dtype.

@@ -311,9 +311,7 @@ impl Model for Transformer {
         vars: &[candle_core::Var],
     ) -> candle_core::Result<(Tensor, GradStore)> {
         let Some(frozen) = &self.frozen else {
-            let loss = self.loss(batch, data_seed)?;
-            let grads = if scale == 1.0 { loss.backward()? } else { (&loss * scale)?.backward()? };
-            return Ok((loss, grads));
+            return super::backward(self.loss(batch, data_seed)?, scale);
         };
         let (input, targets) = self.data(batch, data_seed)?;
         let steps: Vec<BlockStep> = self.blocks.iter().map(|block| BlockStep { model: self, block }).collect();
