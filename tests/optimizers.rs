@@ -11,7 +11,7 @@ mod common;
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
-use autobatch::{HeapMeter, ModelProbe, TrackingAllocator, Tuner};
+use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, Tuner};
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use candle_nn::{linear, loss, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 
@@ -319,6 +319,28 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
     assert_eq!(before, bits(&varmap), "probing changed a weight");
     let per_sample = plan.memory_model.as_ref().map_or(0.0, |m| m.line.bytes_per_sample);
     println!("  bf16 MLP: largest batch {} under 16 MiB, {per_sample:.0} bytes per sample", plan.largest_batch);
+
+    // and the plan's ceiling holds when training in mixed precision through TrainLoop
+    let mut meter = HeapMeter::new(16 << 20).unwrap();
+    let plan = {
+        let mut probe = ModelProbe::new(&varmap, loss)
+            .dry(MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap());
+        Tuner::new().target_effective_batch(2 * plan.largest_batch).run(&mut probe, &mut meter).unwrap()
+    };
+    assert!(plan.accumulation_peak_bytes.is_some(), "{plan}");
+    let optimizer = MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let mut training = autobatch::TrainLoop::new(&plan, &varmap, optimizer).unwrap();
+    for step in 0..2 {
+        meter.reset_peak().unwrap();
+        training
+            .step(&mut meter, |micro| {
+                let (x, y) = task.batch(micro.len, 100 + step * 10 + micro.offset);
+                model.loss(&x, &y)
+            })
+            .unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= plan.limit_bytes(), "step {step} peaked at {peak}:\n{plan}");
+    }
 }
 
 /// Mixed precision's gradients against f32's on the same weights: bf16 keeps

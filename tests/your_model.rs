@@ -416,6 +416,46 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     assert!(losses[2] < losses[0], "{losses:?}");
 }
 
+/// The plan's ceiling holds in training with each lean optimizer, probed with
+/// its dry step and trained with the real one through `TrainLoop`.
+fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
+    use autobatch::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+    fn check<O: Optimizer>(
+        name: &str,
+        probe_with: impl Fn(ModelProbe<&dyn Fn(usize) -> Result<Tensor>>) -> ModelProbe<&dyn Fn(usize) -> Result<Tensor>>,
+        make: impl Fn(Vec<candle_core::Var>) -> O,
+    ) {
+        let (varmap, model) = gpt(false);
+        let loss = |b: usize| model.loss(b, 0);
+        let loss: &dyn Fn(usize) -> Result<Tensor> = &loss;
+        let mut meter = HeapMeter::new(24 * MIB).unwrap();
+        let plan = {
+            let mut probe = probe_with(ModelProbe::new(&varmap, loss));
+            let largest = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch;
+            Tuner::new().target_effective_batch(2 * largest).run(&mut probe, &mut meter).unwrap()
+        };
+        assert!(plan.accumulation_steps > 1 && plan.accumulation_peak_bytes.is_some(), "{name}:\n{plan}");
+        let mut training = TrainLoop::new(&plan, &varmap, make(varmap.all_vars())).unwrap();
+        for step in 0..2 {
+            meter.reset_peak().unwrap();
+            training.step(&mut meter, |micro| model.loss(micro.len, step * 1000 + micro.offset)).unwrap();
+            let peak = meter.peak().unwrap();
+            assert!(peak <= plan.limit_bytes(), "{name}: step {step} peaked at {peak}:\n{plan}");
+        }
+    }
+    check("lion", |p| p.lion(ParamsLion::default()).unwrap(), |v| Lion::new(v, ParamsLion::default()).unwrap());
+    check(
+        "adafactor",
+        |p| p.adafactor(ParamsAdafactor::default()).unwrap(),
+        |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap(),
+    );
+    check(
+        "adamw8bit",
+        |p| p.adamw8bit(ParamsAdamW8bit::default()).unwrap(),
+        |v| AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap(),
+    );
+}
+
 fn sgd_and_any_optimizer_change_nothing_either() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
@@ -497,6 +537,10 @@ fn main() {
         (
             "checkpointing_keeps_the_gradients_and_lowers_the_peak",
             checkpointing_keeps_the_gradients_and_lowers_the_peak,
+        ),
+        (
+            "training_with_each_lean_optimizer_stays_under_the_ceiling",
+            training_with_each_lean_optimizer_stays_under_the_ceiling,
         ),
         ("sgd_and_any_optimizer_change_nothing_either", sgd_and_any_optimizer_change_nothing_either),
         (
