@@ -179,15 +179,21 @@ pub enum Error {
         valid: &'static str,
     },
 
-    /// A reference model too large to build: not even batch 1 could stay
-    /// under the limit, or its sizes do not fit in this machine's numbers.
-    /// Refused before anything is allocated.
-    #[error("{}{model} needs {needs}{}", if .limit_bytes.is_some() { "nothing fits: " } else { "" }, describe_limit(*.limit_bytes))]
+    /// A reference model too large to build: not even the smallest batch
+    /// could stay under the limit, or its sizes do not fit in this machine's
+    /// numbers. Refused before anything is allocated.
+    #[error(
+        "{}{model} needs {needs}{}",
+        if .limit_bytes.is_some() { "nothing fits: " } else { "" },
+        describe_limit(*.limit_bytes, *.batch)
+    )]
     ModelTooLarge {
         /// The model and its size.
         model: String,
         /// What it needs, in words.
         needs: String,
+        /// The smallest batch the check was for.
+        batch: usize,
         /// The limit (ceiling × capacity) it was checked against; `None` when
         /// no machine could hold it.
         limit_bytes: Option<u64>,
@@ -285,11 +291,11 @@ fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
     }
 }
 
-fn describe_limit(limit_bytes: Option<u64>) -> String {
+fn describe_limit(limit_bytes: Option<u64>, batch: usize) -> String {
     match limit_bytes {
         Some(limit) => format!(
-            ", more than the limit of {} (ceiling × capacity): not even batch 1 can fit; \
-             make the model smaller or raise the capacity",
+            ", more than the limit of {} (ceiling × capacity): not even batch {batch} can fit; \
+             make the model or the smallest batch smaller, or raise the capacity",
             format_bytes(limit)
         ),
         None => ": more than this machine can address; make the model smaller".to_owned(),

@@ -30,7 +30,7 @@ pub struct Footprint {
     pub fixed_bytes: u64,
     /// Bytes one sample adds at least: its inputs and the activations the
     /// training step surely keeps (attention scores, logits). The real figure is
-    /// larger; this one only decides when not even batch 1 can fit.
+    /// larger; this one only decides when not even the smallest batch can fit.
     pub min_bytes_per_sample: u64,
 }
 
@@ -43,16 +43,29 @@ impl Footprint {
     /// [`Error::ModelTooLarge`] when not even batch 1 can stay within
     /// `limit_bytes` (the ceiling × the capacity).
     pub fn check_within(&self, limit_bytes: u64) -> Result<(), Error> {
-        if self.min_step_bytes() <= limit_bytes {
+        self.check_batch_within(1, limit_bytes)
+    }
+
+    /// [`Error::ModelTooLarge`] when a step at `batch` (the smallest batch the
+    /// search will try) surely goes over `limit_bytes`: refused before the
+    /// first step allocates what the machine may not have.
+    pub fn check_batch_within(&self, batch: usize, limit_bytes: u64) -> Result<(), Error> {
+        let samples = self.min_bytes_per_sample.checked_mul(batch as u64);
+        if samples.and_then(|bytes| bytes.checked_add(self.fixed_bytes)).is_some_and(|total| total <= limit_bytes) {
             return Ok(());
         }
+        let per_samples = match samples {
+            Some(bytes) => format_bytes(bytes),
+            None => "more than 16 EiB".to_owned(),
+        };
         Err(Error::ModelTooLarge {
             model: self.model.clone(),
             needs: format!(
-                "{} of fixed tensors and at least {} for one sample",
+                "{} of fixed tensors and at least {per_samples} for {batch} {}",
                 format_bytes(self.fixed_bytes),
-                format_bytes(self.min_bytes_per_sample)
+                if batch == 1 { "sample" } else { "samples" }
             ),
+            batch,
             limit_bytes: Some(limit_bytes),
         })
     }
@@ -66,7 +79,12 @@ pub(crate) struct Sizes {
 
 impl Sizes {
     fn too_large(&self) -> Error {
-        Error::ModelTooLarge { model: self.model.clone(), needs: "more than 2^64 bytes".to_owned(), limit_bytes: None }
+        Error::ModelTooLarge {
+            model: self.model.clone(),
+            needs: "more than 2^64 bytes".to_owned(),
+            batch: 1,
+            limit_bytes: None,
+        }
     }
 
     /// The product of `factors`, checked.
@@ -91,6 +109,7 @@ impl Sizes {
             return Err(Error::ModelTooLarge {
                 needs: format!("at least {}", format_bytes(footprint.min_step_bytes())),
                 model: footprint.model,
+                batch: 1,
                 limit_bytes: None,
             });
         }

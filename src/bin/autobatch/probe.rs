@@ -192,6 +192,12 @@ fn tuner(args: &ProbeArgs) -> Tuner {
     tuner
 }
 
+/// The first batch the search will run (the warm-up's): `--start` rounded up
+/// to `--multiple-of`.
+fn smallest_batch(args: &ProbeArgs) -> Result<usize, autobatch::Error> {
+    Ok(autobatch::search::SearchSpace::new(args.start, args.max_batch, args.multiple_of)?.first())
+}
+
 /// The machine's memory as `/proc/meminfo` tells it: (available, available + free swap).
 fn available_memory() -> Option<(u64, u64)> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -249,7 +255,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     match parse_device(&args.device)? {
         DeviceSpec::Cpu => {
             let (budget, why) = cpu_budget(args)?;
-            footprint.check_within((args.ceiling * budget as f64).floor() as u64)?;
+            footprint.check_batch_within(smallest_batch(args)?, (args.ceiling * budget as f64).floor() as u64)?;
             let mut meter = HeapMeter::new(budget)?;
             if args.compare {
                 say(&format!("comparing remedies on the CPU under a {} budget ({why})", format_bytes(budget)));
@@ -442,7 +448,7 @@ fn cuda(
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
-    footprint.check_within((args.ceiling * meter.capacity()? as f64).floor() as u64)?;
+    footprint.check_batch_within(smallest_batch(args)?, (args.ceiling * meter.capacity()? as f64).floor() as u64)?;
     let device = meter.device().clone();
     let mut workload = model.build(&device, args.precision == DtypeArg::Mixed)?;
     say(&format!(
