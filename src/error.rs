@@ -103,6 +103,21 @@ pub enum Error {
         unit: usize,
     },
 
+    /// Exactness was demanded of uneven ranks and the global batch is not a
+    /// whole number of granules.
+    #[error(
+        "global batch {target} cannot be shared exactly in micro-batches that are multiples of {multiple_of}; \
+         the nearest above is {nearest}: accept it or use a global batch divisible by {multiple_of}"
+    )]
+    InexactGlobalBatch {
+        /// The global batch asked for.
+        target: usize,
+        /// The micro-batch granularity.
+        multiple_of: usize,
+        /// The nearest global batch above the target that is possible.
+        nearest: usize,
+    },
+
     /// Not even the smallest candidate batch fits under the ceiling.
     #[error(
         "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}{}",
@@ -150,6 +165,16 @@ pub enum Error {
          to the binary or test crate"
     )]
     AllocatorNotInstalled,
+
+    /// A plan for uneven ranks names a rank its split does not have (a plan
+    /// edited by hand, or from another job).
+    #[error("the plan is for rank {rank}, but its split has ranks 0..{world_size}")]
+    RankOutOfRange {
+        /// The plan's rank.
+        rank: usize,
+        /// The ranks in its split.
+        world_size: usize,
+    },
 
     /// A reference model's size setting is out of range.
     #[error("model setting {setting} = {value} is invalid: it must be {valid}")]
@@ -336,6 +361,8 @@ impl Error {
                 | Error::InvalidSharding { .. }
                 | Error::TargetBelowWorldSize { .. }
                 | Error::InexactEffectiveBatch { .. }
+                | Error::InexactGlobalBatch { .. }
+                | Error::RankOutOfRange { .. }
                 | Error::InvalidModel { .. }
                 | Error::UnsupportedDtype { .. }
                 | Error::InvalidHeadroom { .. }

@@ -43,6 +43,8 @@ use crate::{is_oom, Error, MemoryMeter, Plan};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Guard {
     batch: usize,
+    /// This rank's samples over the global batch with uneven ranks, else 1.
+    share_of_global: f64,
     micro_batch: usize,
     max_micro_batch: usize,
     grow_after: Option<usize>,
@@ -56,7 +58,8 @@ pub struct MicroBatch {
     pub offset: usize,
     /// Number of samples.
     pub len: usize,
-    /// `len / step samples`: multiply the micro-batch's mean loss by this.
+    /// `len / step samples`: multiply the micro-batch's mean loss by this
+    /// (with uneven ranks, `len / global batch`: see [`Guard::new`]).
     pub loss_scale: f64,
 }
 
@@ -79,7 +82,19 @@ pub struct StepReport {
 impl Guard {
     /// A guard for a plan: each step has `micro_batch × accumulation_steps`
     /// samples per rank, run `micro_batch` at a time.
+    ///
+    /// With uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks))
+    /// each step has this rank's share of the global batch, and a
+    /// micro-batch's `loss_scale` is its samples over the *global* batch: sum
+    /// the ranks' gradients (not average) and the result is the gradient of
+    /// the global mean loss.
     pub fn new(plan: &Plan) -> Result<Self, Error> {
+        if let (Some(split), Some(rank)) = (&plan.ranks, plan.rank) {
+            let share = split.shares.get(rank).ok_or(Error::RankOutOfRange { rank, world_size: split.world_size() })?;
+            let mut guard = Self::with_batch(share.samples, share.micro_batch())?;
+            guard.share_of_global = share.samples as f64 / split.global_batch as f64;
+            return Ok(guard);
+        }
         let batch =
             plan.micro_batch.checked_mul(plan.accumulation_steps).ok_or(Error::Overflow { value: plan.micro_batch })?;
         Self::with_batch(batch, plan.micro_batch)
@@ -95,6 +110,7 @@ impl Guard {
         }
         Ok(Guard {
             batch,
+            share_of_global: 1.0,
             micro_batch: micro_batch.min(batch),
             max_micro_batch: micro_batch.min(batch),
             grow_after: None,
@@ -138,7 +154,8 @@ impl Guard {
         let (mut offset, mut micro_steps, mut out_of_memory) = (0, 0, 0);
         while offset < self.batch {
             let len = self.micro_batch.min(self.batch - offset);
-            let micro = MicroBatch { offset, len, loss_scale: len as f64 / self.batch as f64 };
+            let loss_scale = len as f64 / self.batch as f64 * self.share_of_global;
+            let micro = MicroBatch { offset, len, loss_scale };
             match micro_step(micro) {
                 Ok(()) => {
                     offset += len;

@@ -134,8 +134,8 @@ pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use model::{ModelProbe, TrainLoop};
 pub use oom::is_oom;
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, Accumulation, EvaluationPlan, MemoryModel, Objective, Plan,
-    ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
+    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, EvaluationPlan, MemoryModel, Objective,
+    Plan, RankShare, RankSplit, ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
 };
 pub use search::{LinearFit, Outcome, Strategy};
 pub use tuner::{Observer, Tuner};

@@ -118,3 +118,221 @@ fn a_world_size_that_disagrees_with_the_collective_is_an_error() {
     let err = Tuner::new().world_size(4).run_distributed(&mut workload, &mut meter, &ranks[0]).unwrap_err();
     assert!(matches!(err, Error::WorldSizeMismatch { tuner: 4, collective: 1 }), "{err}");
 }
+
+/// Runs `tuner` (with uneven ranks) on every rank, each with its own workload.
+fn on_uneven_ranks<W: autobatch::Workload + Send>(
+    tuner: &Tuner,
+    ranks: Vec<(W, autobatch::memory::simulated::SimulatedMeter)>,
+) -> Vec<Result<Plan, Error>> {
+    let collective = ThreadCollective::group(ranks.len()).unwrap();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = collective
+            .iter()
+            .zip(ranks)
+            .map(|(rank, (mut workload, mut meter))| {
+                s.spawn(move || tuner.clone().uneven_ranks(true).run_distributed(&mut workload, &mut meter, rank))
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Uneven ranks: every rank keeps its own largest batch, the shares add up
+    /// to the global batch, each micro-step fits its rank, the shares follow
+    /// the capacities, and the loss weights add up to one.
+    #[test]
+    fn uneven_ranks_share_the_global_batch_by_capacity(
+        capacities in prop::collection::vec(16u64..=141, 1..=8),
+        target in prop::option::of(1usize..20_000),
+        multiple_of in prop_oneof![Just(1usize), Just(8)],
+    ) {
+        let world = capacities.len();
+        prop_assume!(target.is_none_or(|t| t.div_ceil(multiple_of) >= world));
+        let sims: Vec<Simulation> = capacities.iter().map(|&c| device(c)).collect();
+        let space = SearchSpace::new(1, None, multiple_of).unwrap();
+        let truths: Vec<usize> = sims.iter().map(|s| s.true_largest(0.9, &space, 1 << 20).unwrap()).collect();
+        let mut tuner = Tuner::new().multiple_of(multiple_of);
+        if let Some(target) = target {
+            tuner = tuner.target_effective_batch(target);
+        }
+        let plans: Vec<Plan> =
+            on_uneven_ranks(&tuner, sims.into_iter().map(Simulation::build).collect()).into_iter().map(Result::unwrap).collect();
+        let split = plans[0].ranks.clone().unwrap();
+        let global = target.map_or(truths.iter().sum(), |t| t.next_multiple_of(multiple_of));
+        prop_assert_eq!(split.global_batch, global);
+        prop_assert_eq!(split.exact, target.is_none_or(|t| t % multiple_of == 0));
+        prop_assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), global);
+        let total: usize = truths.iter().sum();
+        prop_assert_eq!(split.accumulation_steps, global.div_ceil(total / multiple_of * multiple_of).max(1));
+        let mut weights = 0.0;
+        for (rank, (plan, share)) in plans.iter().zip(&split.shares).enumerate() {
+            prop_assert_eq!(plan.ranks.as_ref(), Some(&split));
+            prop_assert_eq!(plan.rank, Some(rank));
+            prop_assert_eq!(plan.largest_batch, truths[rank]);
+            prop_assert_eq!(share.largest_micro_batch, truths[rank]);
+            prop_assert_eq!(plan.micro_batch, share.micro_batch());
+            prop_assert_eq!(plan.effective_batch, global);
+            prop_assert_eq!(share.micro_batches.len(), split.accumulation_steps);
+            prop_assert_eq!(share.micro_batches.iter().sum::<usize>(), share.samples);
+            prop_assert!(share.samples >= multiple_of);
+            for &micro in &share.micro_batches {
+                prop_assert!(micro <= truths[rank] && micro % multiple_of == 0);
+                prop_assert!(share.micro_batch() - micro <= multiple_of);
+            }
+            // within two granules of the proportional quota global × mine / Σ
+            let quota = global as f64 * truths[rank] as f64 / total as f64;
+            prop_assert!((share.samples as f64 - quota).abs() < 2.0 * multiple_of as f64 + 1e-6 * quota,
+                "rank {} gets {} for a quota of {}", rank, share.samples, quota);
+            weights += (0..split.accumulation_steps).map(|step| split.loss_weight(rank, step)).sum::<f64>();
+        }
+        prop_assert!((weights - 1.0).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn uneven_ranks_demanding_an_exact_global_batch_refuse_a_partial_granule() {
+    let sims = vec![device(80).build(), device(40).build()];
+    let results =
+        on_uneven_ranks(&Tuner::new().multiple_of(8).target_effective_batch(1001).exact_effective_batch(true), sims);
+    for result in results {
+        assert!(
+            matches!(result, Err(Error::InexactGlobalBatch { target: 1001, multiple_of: 8, nearest: 1008 })),
+            "{result:?}"
+        );
+    }
+}
+
+#[test]
+fn uneven_ranks_when_one_rank_fails_no_rank_trains() {
+    let sims = vec![device(80).build(), device(4).build(), device(40).build()];
+    let results = on_uneven_ranks(&Tuner::new().target_effective_batch(4096), sims);
+    assert!(matches!(results[1], Err(Error::NothingFits { .. })), "{:?}", results[1]);
+    assert!(matches!(results[0], Err(Error::RankFailed)) && matches!(results[2], Err(Error::RankFailed)));
+}
+
+/// A simulated step whose accumulating micro-step holds a quarter more: as
+/// when the accumulator (a copy of the gradients) is large beside the activations.
+struct Accumulating(autobatch::memory::simulated::SimulatedWorkload);
+
+impl autobatch::Workload for Accumulating {
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        self.0.step(batch)
+    }
+    fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
+        self.0.step(batch + batch / 4)
+    }
+    fn can_accumulate(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
+    let space = SearchSpace::new(1, None, 1).unwrap();
+    let capacities = [80, 40, 24];
+    let sims = capacities.map(device);
+    // the largest b with b + b/4 under the ceiling
+    let accumulating: Vec<usize> = sims
+        .iter()
+        .zip(capacities)
+        .map(|(sim, capacity)| {
+            let plain = sim.true_largest(0.9, &space, 1 << 20).unwrap();
+            let limit = (0.9 * (capacity * GIB) as f64) as u64;
+            (1..=plain).rev().find(|&b| sim.device_peak(b + b / 4) <= limit).unwrap()
+        })
+        .collect();
+    let target = 10_000; // several micro-steps on every rank
+    let ranks = sims
+        .into_iter()
+        .map(|sim| {
+            let (workload, meter) = sim.build();
+            (Accumulating(workload), meter)
+        })
+        .collect();
+    let plans: Vec<Plan> =
+        on_uneven_ranks(&Tuner::new().target_effective_batch(target), ranks).into_iter().map(Result::unwrap).collect();
+    let split = plans[0].ranks.clone().unwrap();
+    assert!(split.accumulation_steps > 1 && split.exact);
+    // the first share (from the plain largest batches) did not fit: some rank shared again lower
+    let truths: Vec<usize> = plans.iter().map(|p| p.largest_batch).collect();
+    let first = autobatch::plan_ranks(target, &truths, 1).unwrap();
+    assert!(first.shares.iter().zip(&split.shares).any(|(a, b)| b.micro_batch() < a.micro_batch()));
+    assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), target);
+    for (rank, plan) in plans.iter().enumerate() {
+        assert!(plan.micro_batch <= accumulating[rank], "rank {rank}: {} > {}", plan.micro_batch, accumulating[rank]);
+        let checked = plan.trials.iter().rev().find(|t| t.kind == autobatch::TrialKind::Accumulation).unwrap();
+        assert_eq!((checked.batch, checked.outcome), (plan.micro_batch, autobatch::Outcome::Fits), "{plan}");
+        assert!(plan.accumulation_peak_bytes.unwrap() <= plan.limit_bytes());
+    }
+}
+
+/// Uneven micro-batches with the plan's loss weights give exactly the gradient
+/// of the mean loss over the whole global batch, summed (or averaged, with
+/// `loss_scale_for_average`) over ranks: a global batch of 1001 that no
+/// rank count or micro-batch divides.
+#[test]
+fn uneven_ranks_loss_weights_give_the_global_mean_gradient() -> candle_core::Result<()> {
+    use candle_core::{Device, Tensor, Var};
+    let target = 1001;
+    let sims = [80, 40, 24].map(|c| device(c).build());
+    let plans: Vec<Plan> = on_uneven_ranks(&Tuner::new().target_effective_batch(target), sims.into())
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let dev = Device::Cpu;
+    let (features, outputs) = (5, 3);
+    let x = Tensor::randn(0f32, 1., (target, features), &dev)?;
+    let y = Tensor::randn(0f32, 1., (target, outputs), &dev)?;
+    let w = Var::from_tensor(&Tensor::randn(0f32, 1., (features, outputs), &dev)?)?;
+    let mean_loss = |rows: std::ops::Range<usize>| -> candle_core::Result<Tensor> {
+        let (xs, ys) = (x.narrow(0, rows.start, rows.len())?, y.narrow(0, rows.start, rows.len())?);
+        (xs.matmul(w.as_tensor())? - ys)?.sqr()?.mean_all()
+    };
+    let full = mean_loss(0..target)?.backward()?.get(&w).unwrap().clone();
+
+    let world = plans.len() as f64;
+    let (mut summed, mut averaged) = (full.zeros_like()?, full.zeros_like()?);
+    let mut seen = 0;
+    for plan in &plans {
+        let (rank, split) = (plan.rank.unwrap(), plan.ranks.as_ref().unwrap());
+        let share = &split.shares[rank];
+        for step in 0..plan.accumulation_steps {
+            let rows = share.micro_range(step);
+            if rows.is_empty() {
+                continue;
+            }
+            seen += rows.len();
+            let loss = mean_loss(rows)?;
+            let weighted = (&loss * split.loss_weight(rank, step))?.backward()?.get(&w).unwrap().clone();
+            summed = (summed + weighted)?;
+            let scaled = (&loss * split.loss_scale_for_average(rank, step))?.backward()?.get(&w).unwrap().clone();
+            averaged = (averaged + (scaled / world)?)?;
+        }
+    }
+    assert_eq!(seen, target);
+    // the guard of each rank's plan: its micro-batches, scaled to the global batch
+    let mut guarded = full.zeros_like()?;
+    let (_, mut meter) = device(80).build();
+    for plan in &plans {
+        let share = &plan.ranks.as_ref().unwrap().shares[plan.rank.unwrap()];
+        let mut guard = autobatch::Guard::new(plan).unwrap();
+        let report = guard
+            .step(&mut meter, |micro| {
+                let rows = share.offset + micro.offset..share.offset + micro.offset + micro.len;
+                let grads = (mean_loss(rows)? * micro.loss_scale)?.backward()?;
+                guarded = (&guarded + grads.get(&w).unwrap())?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((report.samples, report.micro_steps), (share.samples, plan.accumulation_steps));
+    }
+    for gradient in [summed, averaged, guarded] {
+        let error = (gradient - &full)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = full.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(error <= 1e-5 * scale, "gradient off by {error} (scale {scale})");
+    }
+    Ok(())
+}

@@ -2,7 +2,7 @@
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
 use autobatch::search::{best, next_batch, Next, Observation, SearchSpace};
-use autobatch::{plan_accumulation_aligned, Error, Outcome, Strategy, Tuner};
+use autobatch::{plan_accumulation_aligned, plan_ranks, Error, Outcome, Strategy, Tuner};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 
@@ -301,6 +301,54 @@ proptest! {
                 prop_assert!((split.lr_scale - split.effective_batch as f64 / target as f64).abs() < 1e-12);
             }
         }
+    }
+
+    /// Uneven ranks: the shares add up to the global batch (the target rounded
+    /// up to a granule), every micro-step fits its rank and is a multiple of
+    /// the granule, the steps are the fewest that hold the global batch, the
+    /// shares are proportional to within two granules, the ranks' samples lie
+    /// side by side, and the loss weights add up to 1.
+    #[test]
+    fn uneven_rank_arithmetic(
+        target in 1usize..1_000_000,
+        largest in prop::collection::vec(1usize..5_000, 1..=8),
+        g in prop_oneof![Just(1usize), Just(8), 1usize..16],
+    ) {
+        let result = plan_ranks(target, &largest, g);
+        if largest.iter().any(|&l| l < g) {
+            prop_assert!(matches!(result, Err(Error::NoCandidate { .. })), "{result:?}");
+            return Ok(());
+        }
+        let granules = target.div_ceil(g);
+        if granules < largest.len() {
+            prop_assert!(matches!(result, Err(Error::TargetBelowWorldSize { .. })), "{result:?}");
+            return Ok(());
+        }
+        let split = result.unwrap();
+        prop_assert_eq!(split.global_batch, granules * g);
+        prop_assert_eq!(split.exact, target % g == 0);
+        let capacity: usize = largest.iter().map(|l| l / g).sum();
+        let k = split.accumulation_steps;
+        prop_assert!(k * capacity >= granules && (k - 1) * capacity < granules, "k is the fewest steps");
+        let mut offset = 0;
+        let mut weights = 0.0;
+        for (rank, share) in split.shares.iter().enumerate() {
+            prop_assert_eq!(share.offset, offset);
+            offset += share.samples;
+            prop_assert_eq!(share.micro_batches.len(), k);
+            prop_assert_eq!(share.micro_batches.iter().sum::<usize>(), share.samples);
+            prop_assert!(share.samples >= g);
+            for (step, &micro) in share.micro_batches.iter().enumerate() {
+                prop_assert!(micro <= largest[rank] && micro % g == 0);
+                prop_assert!(share.micro_batch() - micro <= g);
+                prop_assert_eq!(share.micro_range(step).len(), micro);
+            }
+            let quota = split.global_batch as f64 * (largest[rank] / g) as f64 / capacity as f64;
+            prop_assert!((share.samples as f64 - quota).abs() < 2.0 * g as f64 + 1e-9 * quota);
+            weights += (0..k).map(|step| split.loss_weight(rank, step)).sum::<f64>();
+        }
+        prop_assert_eq!(offset, split.global_batch);
+        prop_assert!((weights - 1.0).abs() < 1e-9);
     }
 
     /// Every invalid configuration is an error, and every valid one is accepted.

@@ -22,6 +22,13 @@ pub trait Collective {
     fn all_reduce_min(&self, value: u64) -> Result<u64, Error>;
     /// The maximum of `value` over all ranks.
     fn all_reduce_max(&self, value: u64) -> Result<u64, Error>;
+    /// Every rank's `value`, by rank. The default takes one
+    /// [`all_reduce_max`](Self::all_reduce_max) per rank (each rank contributes
+    /// its value in its own round, 0 in the others); a backend with a real
+    /// all-gather should use it.
+    fn all_gather(&self, value: u64) -> Result<Vec<u64>, Error> {
+        (0..self.world_size()).map(|rank| self.all_reduce_max(if rank == self.rank() { value } else { 0 })).collect()
+    }
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<(), Error> {
         self.all_reduce_max(0).map(|_| ())

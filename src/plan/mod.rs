@@ -1,6 +1,7 @@
 //! What a tuning run produces: the trials it ran and the plan it derived.
 
 mod accumulation;
+mod ranks;
 mod report;
 
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulation};
+pub use ranks::{plan_ranks, RankShare, RankSplit};
 
 use crate::search::{LinearFit, Outcome, Strategy};
 
@@ -208,13 +210,17 @@ impl std::fmt::Display for Warning {
 /// The result of a tuning run: the largest batch seen to fit and the training
 /// split derived from it.
 ///
-/// `micro_batch × accumulation_steps × world_size = effective_batch` always holds.
+/// `micro_batch × accumulation_steps × world_size = effective_batch` holds,
+/// except for uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks)):
+/// there `ranks` says what each rank runs, and their samples add up to
+/// `effective_batch`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Plan {
     /// The search result: the largest batch that was run and seen to fit.
     pub largest_batch: usize,
-    /// The batch to train with on each rank: `≤ largest_batch`, equal to it without a target.
+    /// The batch to train with on each rank: `≤ largest_batch`, equal to it
+    /// without a target. With uneven ranks: this rank's largest micro-step.
     pub micro_batch: usize,
     /// Micro-batches accumulated per optimizer step.
     pub accumulation_steps: usize,
@@ -265,6 +271,13 @@ pub struct Plan {
     /// the accumulator held. `micro_batch` was stepped down until it fit.
     #[serde(default)]
     pub accumulation_peak_bytes: Option<u64>,
+    /// With [`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks): every rank's
+    /// share of the global batch, its micro-steps and loss weights.
+    #[serde(default)]
+    pub ranks: Option<RankSplit>,
+    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the rank this plan is for.
+    #[serde(default)]
+    pub rank: Option<usize>,
 }
 
 /// The largest batch of an evaluation step (forward only, no gradients): bigger

@@ -84,10 +84,15 @@ impl Plan {
         );
         let ranks = if self.world_size == 1 { "rank" } else { "ranks" };
         let steps = if self.accumulation_steps == 1 { "step" } else { "steps" };
-        out += &format!(
-            "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
-            self.micro_batch, self.accumulation_steps, self.world_size, self.effective_batch
-        );
+        match (&self.ranks, self.rank) {
+            (Some(split), Some(rank)) => out += &uneven_note(split, rank),
+            _ => {
+                out += &format!(
+                    "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
+                    self.micro_batch, self.accumulation_steps, self.world_size, self.effective_batch
+                )
+            }
+        }
         if let Some(split) = &self.accumulation {
             out += &accumulation_note(split);
         }
@@ -140,6 +145,32 @@ impl Plan {
 }
 
 /// ` (target 268, exact)` or ` (target 257, +1: scale the learning rate …)`.
+/// `plan (rank 1 of 2): micro-steps 78, 78, 77, 77 (loss weights 0.078, …); ranks' samples 690 + 310 = global batch 1000 (target 1000, exact)`
+fn uneven_note(split: &super::RankSplit, rank: usize) -> String {
+    let Some(share) = split.shares.get(rank) else {
+        return format!("plan: rank {rank} is not among the {} ranks of the split", split.world_size());
+    };
+    let micro: Vec<String> = share.micro_batches.iter().map(usize::to_string).collect();
+    let weights: Vec<String> =
+        (0..share.micro_batches.len()).map(|step| format!("{:.4}", split.loss_weight(rank, step))).collect();
+    let samples: Vec<String> = split.shares.iter().map(|s| s.samples.to_string()).collect();
+    let exactness = if split.exact {
+        "exact".to_owned()
+    } else {
+        format!("{} above", split.global_batch - split.target_global_batch)
+    };
+    format!(
+        "plan (rank {rank} of {}, uneven): micro-steps {} (mean-loss weights {} when gradients are summed over ranks); \
+         ranks' samples {} = global batch {} (target {}, {exactness})",
+        split.world_size(),
+        micro.join(", "),
+        weights.join(", "),
+        samples.join(" + "),
+        split.global_batch,
+        split.target_global_batch
+    )
+}
+
 pub(crate) fn accumulation_note(split: &Accumulation) -> String {
     if split.exact {
         format!(" (target {}, exact)", split.target_effective_batch)

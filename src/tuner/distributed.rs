@@ -1,6 +1,8 @@
 //! Several data-parallel ranks agree on one batch.
 
 use super::Tuner;
+use crate::collective::Collective;
+use crate::plan::plan_ranks;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
 /// What each rank reports about the agreed batch; the all-reduced minimum is
@@ -20,6 +22,13 @@ impl Tuner {
     /// that has not run it, and the accumulation is planned for the
     /// collective's world size. When any rank cannot tune, every rank fails
     /// ([`Error::RankFailed`] on the others), so that no rank trains alone.
+    ///
+    /// With [`uneven_ranks`](Tuner::uneven_ranks) each rank keeps its own
+    /// largest batch instead, and the global batch is shared in proportion to
+    /// them ([`plan_ranks`](crate::plan_ranks)); a rank whose share
+    /// accumulates verifies its micro-batch with the accumulator held, and
+    /// when it does not fit there every rank shares again with that rank's
+    /// smaller capacity.
     ///
     /// ```
     /// use autobatch::collective::ThreadCollective;
@@ -57,6 +66,9 @@ impl Tuner {
         }
         let local = Tuner { world_size: 1, target_effective_batch: None, exact_effective_batch: false, ..self.clone() };
         let mut result = local.run(workload, meter);
+        if self.uneven_ranks {
+            return self.share_unevenly(&local, result, workload, meter, collective);
+        }
         // A few rounds: agree on the smallest answer; every rank that has not
         // seen it fit runs it; when one fails there, all search below it.
         for _ in 0..AGREEMENT_ROUNDS {
@@ -105,6 +117,7 @@ impl Tuner {
                     plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
                 }
                 plan.rank_largest_batch = Some(plan.largest_batch);
+                plan.rank = Some(collective.rank());
                 plan.largest_batch = agreed;
                 let with_ranks = Tuner { world_size, ..self.clone() };
                 with_ranks.replan(&mut plan)?;
@@ -119,5 +132,135 @@ impl Tuner {
             };
         }
         Err(Error::Collective(format!("the ranks did not agree on a batch in {AGREEMENT_ROUNDS} rounds")))
+    }
+
+    /// The uneven form of [`run_distributed`](Tuner::run_distributed), after
+    /// the local run: share, verify the accumulating micro-steps, share again
+    /// while some rank's does not fit.
+    fn share_unevenly<W, M, C>(
+        &self,
+        local: &Tuner,
+        result: Result<Plan, Error>,
+        workload: &mut W,
+        meter: &mut M,
+        collective: &C,
+    ) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        C: Collective + ?Sized,
+    {
+        let mine = result.as_ref().map_or(0, |plan| plan.micro_batch as u64);
+        let everyone_tuned = collective.all_reduce_min(mine)? != 0;
+        let mut plan = result?;
+        if !everyone_tuned {
+            return Err(Error::RankFailed);
+        }
+        let rank = collective.rank();
+        // with the throughput objective the local micro-batch is the chosen one
+        let mut capacity = plan.micro_batch;
+        for _ in 0..AGREEMENT_ROUNDS {
+            let capacities: Vec<usize> =
+                collective.all_gather(capacity as u64)?.into_iter().map(|c| c as usize).collect();
+            let target = match self.target_effective_batch {
+                Some(target) => target,
+                None => capacities
+                    .iter()
+                    .try_fold(0usize, |sum, &c| sum.checked_add(c))
+                    .ok_or(Error::Overflow { value: capacity })?,
+            };
+            // every rank computes the same split from the same numbers: an error is everyone's
+            let split = plan_ranks(target, &capacities, self.multiple_of)?;
+            if self.exact_effective_batch && !split.exact {
+                return Err(Error::InexactGlobalBatch {
+                    target,
+                    multiple_of: self.multiple_of,
+                    nearest: split.global_batch,
+                });
+            }
+            let micro = split.shares[rank].micro_batch();
+            let verified = if split.accumulation_steps > 1 && workload.can_accumulate() {
+                self.accumulating_capacity(local, workload, meter, &mut plan, micro)
+            } else {
+                Ok(micro)
+            };
+            let status = match verified {
+                Ok(fits) if fits == micro => FITS_HERE,
+                Ok(_) => DOES_NOT_FIT_HERE,
+                Err(_) => FAILED_HERE,
+            };
+            let everywhere = collective.all_reduce_min(status)?;
+            capacity = verified?;
+            if everywhere == FAILED_HERE {
+                return Err(Error::RankFailed);
+            }
+            if everywhere == FITS_HERE {
+                plan.rank_largest_batch = Some(plan.largest_batch);
+                plan.rank = Some(rank);
+                plan.micro_batch = micro;
+                plan.accumulation_steps = split.accumulation_steps;
+                plan.world_size = split.world_size();
+                plan.effective_batch = split.global_batch;
+                plan.target_effective_batch = self.target_effective_batch;
+                plan.accumulation = None;
+                if split.accumulation_steps == 1 {
+                    plan.accumulation_peak_bytes = None;
+                }
+                plan.ranks = Some(split);
+                return Ok(plan);
+            }
+        }
+        Err(Error::Collective(format!("the ranks did not share the global batch in {AGREEMENT_ROUNDS} rounds")))
+    }
+
+    /// Runs the accumulating micro-step at `micro` (a plan of two micro-steps:
+    /// the tuner runs the plain step, then the one with the accumulator held):
+    /// `micro` when it fits, else a smaller capacity from how far over the
+    /// ceiling it went and the plan's bytes per sample.
+    fn accumulating_capacity<W, M>(
+        &self,
+        local: &Tuner,
+        workload: &mut W,
+        meter: &mut M,
+        plan: &mut Plan,
+        micro: usize,
+    ) -> Result<usize, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let check = Tuner {
+            start: micro,
+            max_batch: Some(micro),
+            max_trials: Some(1),
+            warmup: false,
+            cache_path: None,
+            target_effective_batch: Some(micro.saturating_mul(2)),
+            objective: super::Objective::LargestBatch,
+            ..local.clone()
+        };
+        let failure = match check.run(workload, meter) {
+            Ok(checked) => {
+                plan.trials.extend(checked.trials);
+                plan.accumulation_peak_bytes = checked.accumulation_peak_bytes;
+                return Ok(micro);
+            }
+            Err(err) => err,
+        };
+        let (peak_bytes, limit_bytes) = match &failure {
+            Error::NothingFits { peak_bytes, limit_bytes, .. } => (*peak_bytes, *limit_bytes),
+            _ => return Err(failure),
+        };
+        let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
+        let over = peak_bytes.map_or(0, |peak| peak.saturating_sub(limit_bytes)) as f64;
+        let samples = if per_sample > 0.0 { (over / per_sample).ceil() as usize } else { 0 };
+        let step = samples.div_ceil(self.multiple_of).max(1) * self.multiple_of;
+        match micro.checked_sub(step).filter(|&lower| lower >= self.start.max(self.multiple_of)) {
+            Some(lower) => {
+                log::info!("accumulating at micro-batch {micro} does not fit: sharing again with at most {lower}");
+                Ok(lower)
+            }
+            None => Err(failure),
+        }
     }
 }

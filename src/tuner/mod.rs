@@ -62,6 +62,7 @@ pub struct Tuner {
     cache_key: Option<CacheKey>,
     objective: Objective,
     timing_repeats: usize,
+    uneven_ranks: bool,
 }
 
 impl Default for Tuner {
@@ -83,6 +84,7 @@ impl Default for Tuner {
             cache_key: None,
             objective: Objective::LargestBatch,
             timing_repeats: 3,
+            uneven_ranks: false,
         }
     }
 }
@@ -192,6 +194,18 @@ impl Tuner {
     /// decides). Default 3.
     pub fn timing_repeats(mut self, repeats: usize) -> Self {
         self.timing_repeats = repeats;
+        self
+    }
+
+    /// With [`run_distributed`](Tuner::run_distributed): give each rank a
+    /// micro-batch in proportion to what fits on it, instead of every rank the
+    /// batch of the smallest device. The global batch (the target effective
+    /// batch; without one, the sum of the ranks' largest batches) stays exact,
+    /// and `plan.ranks` ([`RankSplit`](crate::RankSplit)) has every rank's
+    /// micro-steps and the loss weights that keep the gradient the global mean.
+    /// Default false.
+    pub fn uneven_ranks(mut self, uneven: bool) -> Self {
+        self.uneven_ranks = uneven;
         self
     }
 

@@ -388,6 +388,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             rank_largest_batch: None,
             accumulation_peak_bytes,
             throughput,
+            ranks: None,
+            rank: None,
         })
     }
 

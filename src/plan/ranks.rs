@@ -1,0 +1,270 @@
+//! One global batch over ranks of uneven capacity: each rank's share in
+//! proportion to what fits on it, the global batch exact, and the loss weights
+//! that keep the gradient the global mean.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// How one optimizer step's global batch is shared by data-parallel ranks
+/// whose devices hold different batches (an 80 GB card beside a 40 GB one).
+///
+/// Every rank runs the same number of micro-steps, `accumulation_steps`, so
+/// that the gradients are all-reduced once per optimizer step as usual; the
+/// sizes of the micro-steps differ by rank (and by at most one granule within a
+/// rank). The shares add up to `global_batch` exactly.
+///
+/// **Loss scaling.** With unequal micro-batches the mean of the ranks' mean
+/// losses is not the global mean. Scale each micro-step's mean loss by
+/// [`loss_weight`](Self::loss_weight) (its samples over the global batch) and
+/// *sum* the gradients over ranks: the result is the gradient of the mean loss
+/// over the whole global batch. Frameworks that *average* over ranks (DDP's
+/// all-reduce divides by the world size) need
+/// [`loss_scale_for_average`](Self::loss_scale_for_average) instead.
+///
+/// ```
+/// use autobatch::plan_ranks;
+///
+/// // an 80 GB rank fits 200, a 40 GB one fits 90: 1000 samples per optimizer step
+/// let split = plan_ranks(1000, &[200, 90], 1)?;
+/// assert_eq!(split.accumulation_steps, 4); // ⌈1000 / 290⌉
+/// assert_eq!(split.shares[0].samples + split.shares[1].samples, 1000);
+/// assert_eq!(split.shares[0].samples, 690); // 1000 × 200/290 = 689.7
+/// assert_eq!(split.shares[0].micro_batches, [173, 173, 172, 172]);
+/// assert_eq!(split.shares[1].micro_batches, [78, 78, 77, 77]);
+/// let weights: f64 = (0..2).flat_map(|r| (0..4).map(move |s| (r, s))).map(|(r, s)| split.loss_weight(r, s)).sum();
+/// assert!((weights - 1.0).abs() < 1e-12);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankSplit {
+    /// The global batch asked for.
+    pub target_global_batch: usize,
+    /// Samples per optimizer step over all ranks: the target, or the nearest
+    /// multiple of `multiple_of` above it.
+    pub global_batch: usize,
+    /// Micro-steps every rank runs per optimizer step.
+    pub accumulation_steps: usize,
+    /// The granularity every micro-step is kept to.
+    pub multiple_of: usize,
+    /// Whether `global_batch == target_global_batch`.
+    pub exact: bool,
+    /// Each rank's share, by rank.
+    pub shares: Vec<RankShare>,
+}
+
+/// One rank's part of a [`RankSplit`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankShare {
+    /// The rank.
+    pub rank: usize,
+    /// The largest micro-batch that fits on it.
+    pub largest_micro_batch: usize,
+    /// Its samples per optimizer step: the sum of `micro_batches`.
+    pub samples: usize,
+    /// Where its samples start in the global batch: the ranks' samples lie in
+    /// rank order, `offset..offset + samples`.
+    pub offset: usize,
+    /// The size of each of its micro-steps, largest first; each at most
+    /// `largest_micro_batch`. A rank with fewer samples than micro-steps has
+    /// micro-steps of 0, which it skips (its gradient weight there is 0).
+    pub micro_batches: Vec<usize>,
+}
+
+impl RankShare {
+    /// Its largest micro-step: the batch its device must hold.
+    pub fn micro_batch(&self) -> usize {
+        self.micro_batches.first().copied().unwrap_or(0)
+    }
+
+    /// The global indices of micro-step `step`'s samples (empty past the last step).
+    pub fn micro_range(&self, step: usize) -> std::ops::Range<usize> {
+        let before: usize = self.micro_batches.iter().take(step).sum();
+        let len = self.micro_batches.get(step).copied().unwrap_or(0);
+        self.offset + before..self.offset + before + len
+    }
+}
+
+impl RankSplit {
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.shares.len()
+    }
+
+    /// The weight of rank `rank`'s micro-step `step` when gradients are summed
+    /// over ranks: its samples over the global batch (0 for a rank or step that
+    /// does not exist). Multiply that micro-step's *mean* loss by it; the
+    /// weights of all micro-steps of all ranks add up to 1.
+    pub fn loss_weight(&self, rank: usize, step: usize) -> f64 {
+        let samples = self.shares.get(rank).and_then(|share| share.micro_batches.get(step)).copied().unwrap_or(0);
+        samples as f64 / self.global_batch as f64
+    }
+
+    /// [`loss_weight`](Self::loss_weight) × world size: the factor for a mean
+    /// loss when the all-reduce *averages* gradients over ranks (as DDP does).
+    pub fn loss_scale_for_average(&self, rank: usize, step: usize) -> f64 {
+        self.loss_weight(rank, step) * self.world_size() as f64
+    }
+}
+
+/// Shares a global batch of `target_global_batch` samples per optimizer step
+/// among ranks whose largest micro-batches are `largest_micro_batches` (one per
+/// rank), in proportion to them.
+///
+/// Works in granules of `multiple_of` samples: `G` granules of the global batch
+/// (the target rounded up; exact when `multiple_of` divides it), `Lᵣ` of rank
+/// `r`. The fewest accumulation steps is `k = ⌈G / ΣL⌉`. Rank `r` gets its
+/// proportional quota `G·Lᵣ/ΣL` rounded by largest remainder, at least one
+/// granule and at most `k·Lᵣ`, spread over its `k` micro-steps as evenly as
+/// granules allow: every micro-step fits on its rank.
+///
+/// Errors: a zero target, granularity or rank list; a rank that cannot hold one
+/// granule ([`Error::NoCandidate`]); fewer granules than ranks
+/// ([`Error::TargetBelowWorldSize`]).
+pub fn plan_ranks(
+    target_global_batch: usize,
+    largest_micro_batches: &[usize],
+    multiple_of: usize,
+) -> Result<RankSplit, Error> {
+    let target = target_global_batch;
+    for (setting, value) in
+        [("target_global_batch", target), ("multiple_of", multiple_of), ("ranks", largest_micro_batches.len())]
+    {
+        if value == 0 {
+            return Err(Error::Zero { setting });
+        }
+    }
+    let world_size = largest_micro_batches.len();
+    let capacity: Vec<u128> = largest_micro_batches.iter().map(|&l| (l / multiple_of) as u128).collect();
+    if let Some(rank) = capacity.iter().position(|&c| c == 0) {
+        return Err(Error::NoCandidate { start: 1, max_batch: largest_micro_batches[rank], multiple_of });
+    }
+    let granules = target.div_ceil(multiple_of) as u128;
+    if granules < world_size as u128 {
+        let smallest = world_size.checked_mul(multiple_of).ok_or(Error::Overflow { value: world_size })?;
+        return Err(Error::TargetBelowWorldSize { target, world_size, multiple_of, smallest });
+    }
+    let total: u128 = capacity.iter().sum();
+    let steps = granules.div_ceil(total);
+    let samples = apportion(granules, &capacity, steps);
+
+    let mut offset = 0;
+    let mut shares = Vec::with_capacity(world_size);
+    for (rank, (&granted, &largest)) in samples.iter().zip(largest_micro_batches).enumerate() {
+        let (base, extra) = (granted / steps, granted % steps);
+        // each micro-step ≤ ⌈granted / steps⌉ ≤ capacity: granted ≤ steps·capacity
+        let micro_batches: Vec<usize> =
+            (0..steps).map(|step| ((base + u128::from(step < extra)) as usize).saturating_mul(multiple_of)).collect();
+        // granted ≤ ⌈target / multiple_of⌉: only a target within a granule of usize::MAX overflows
+        let rank_samples = (granted as usize).checked_mul(multiple_of).ok_or(Error::Overflow { value: target })?;
+        shares.push(RankShare { rank, largest_micro_batch: largest, samples: rank_samples, offset, micro_batches });
+        offset = offset.checked_add(rank_samples).ok_or(Error::Overflow { value: target })?;
+    }
+    Ok(RankSplit {
+        target_global_batch: target,
+        global_batch: offset,
+        accumulation_steps: steps as usize,
+        multiple_of,
+        exact: offset == target,
+        shares,
+    })
+}
+
+/// `granules` shared in proportion to `capacity` (largest remainder), each
+/// share in `[1, steps·capacity]`. Needs `ranks ≤ granules ≤ steps·Σcapacity`.
+fn apportion(granules: u128, capacity: &[u128], steps: u128) -> Vec<u128> {
+    let total: u128 = capacity.iter().sum();
+    let cap = |rank: usize| steps * capacity[rank];
+    let mut shares: Vec<u128> = capacity.iter().map(|&c| (granules * c / total).clamp(1, steps * c)).collect();
+    // surplus of a share over its quota, in units of 1/total (positive: above)
+    let surplus = |rank: usize, share: u128| share as i128 * total as i128 - (granules * capacity[rank]) as i128;
+    let mut granted: u128 = shares.iter().sum();
+    // the floors leave fewer than `ranks` granules over, the clamp to 1 at most
+    // `ranks` too many: a few passes of one granule each
+    while granted < granules {
+        let rank = (0..shares.len())
+            .filter(|&r| shares[r] < cap(r))
+            .min_by_key(|&r| surplus(r, shares[r]))
+            .expect("Σ steps·capacity ≥ granules leaves room");
+        shares[rank] += 1;
+        granted += 1;
+    }
+    while granted > granules {
+        let rank = (0..shares.len())
+            .filter(|&r| shares[r] > 1)
+            .max_by_key(|&r| (surplus(r, shares[r]), std::cmp::Reverse(r)))
+            .expect("granules ≥ ranks leaves a share above 1");
+        shares[rank] -= 1;
+        granted -= 1;
+    }
+    shares
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_ranks_split_evenly() {
+        let split = plan_ranks(512, &[100, 100, 100, 100], 1).unwrap();
+        assert_eq!(split.accumulation_steps, 2);
+        for share in &split.shares {
+            assert_eq!(share.micro_batches, [64, 64]);
+        }
+        assert!(split.exact);
+    }
+
+    #[test]
+    fn a_global_batch_that_does_not_divide_is_still_exact() {
+        // 1001 over capacities 3:1 → quotas 750.75 and 250.25
+        let split = plan_ranks(1001, &[300, 100], 1).unwrap();
+        assert_eq!(split.accumulation_steps, 3);
+        assert_eq!((split.shares[0].samples, split.shares[1].samples), (751, 250));
+        assert_eq!(split.shares[0].micro_batches, [251, 250, 250]);
+        assert_eq!(split.shares[1].micro_batches, [84, 83, 83]);
+        assert_eq!((split.shares[1].offset, split.shares[1].micro_range(1)), (751, 835..918));
+        assert_eq!(split.global_batch, 1001);
+    }
+
+    #[test]
+    fn granules_round_the_global_batch_up_and_say_so() {
+        let split = plan_ranks(100, &[64, 32], 8).unwrap();
+        assert_eq!(split.global_batch, 104);
+        assert!(!split.exact);
+        for share in &split.shares {
+            assert!(share.micro_batches.iter().all(|m| m % 8 == 0 && *m <= share.largest_micro_batch));
+        }
+    }
+
+    #[test]
+    fn a_tiny_rank_still_gets_a_granule() {
+        let split = plan_ranks(10, &[1000, 1], 1).unwrap();
+        assert_eq!((split.shares[0].samples, split.shares[1].samples), (9, 1));
+    }
+
+    #[test]
+    fn more_micro_steps_than_samples_leaves_empty_steps() {
+        let split = plan_ranks(3, &[1, 1], 1).unwrap();
+        assert_eq!(split.accumulation_steps, 2);
+        assert_eq!(split.shares[0].micro_batches, [1, 1]);
+        assert_eq!(split.shares[1].micro_batches, [1, 0]);
+        assert_eq!(split.loss_weight(1, 1), 0.0);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        assert!(matches!(plan_ranks(0, &[1], 1), Err(Error::Zero { setting: "target_global_batch" })));
+        assert!(matches!(plan_ranks(8, &[], 1), Err(Error::Zero { setting: "ranks" })));
+        assert!(matches!(plan_ranks(8, &[8], 0), Err(Error::Zero { setting: "multiple_of" })));
+        assert!(matches!(plan_ranks(64, &[16, 4], 8), Err(Error::NoCandidate { max_batch: 4, .. })));
+        assert!(matches!(plan_ranks(2, &[8, 8, 8], 1), Err(Error::TargetBelowWorldSize { smallest: 3, .. })));
+    }
+
+    #[test]
+    fn huge_batches_do_not_overflow() {
+        let split = plan_ranks(usize::MAX / 2, &[usize::MAX / 8, 1 << 40], 1).unwrap();
+        assert_eq!(split.shares.iter().map(|s| s.samples as u128).sum::<u128>(), (usize::MAX / 2) as u128);
+    }
+}
