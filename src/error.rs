@@ -176,6 +176,26 @@ pub enum Error {
         world_size: usize,
     },
 
+    /// A batch was asked for an input size past the longest one probed.
+    #[error(
+        "size {size} is past the longest size probed, {longest}: probe it (or a longer one) to get a batch for it"
+    )]
+    SizeOutOfRange {
+        /// The size asked about.
+        size: usize,
+        /// The longest size probed.
+        longest: usize,
+    },
+
+    /// Tuning at one of several input sizes failed.
+    #[error("at size {size}: {source}")]
+    AtSize {
+        /// The input size.
+        size: usize,
+        /// What went wrong there.
+        source: Box<Error>,
+    },
+
     /// A reference model's size setting is out of range.
     #[error("model setting {setting} = {value} is invalid: it must be {valid}")]
     InvalidModel {
@@ -350,6 +370,9 @@ impl Error {
     /// configuration) rather than in what happened while running: the command
     /// line reports these as usage errors.
     pub fn is_configuration(&self) -> bool {
+        if let Error::AtSize { source, .. } = self {
+            return source.is_configuration();
+        }
         matches!(
             self,
             Error::InvalidCeiling { .. }
@@ -363,6 +386,7 @@ impl Error {
                 | Error::InexactEffectiveBatch { .. }
                 | Error::InexactGlobalBatch { .. }
                 | Error::RankOutOfRange { .. }
+                | Error::SizeOutOfRange { .. }
                 | Error::InvalidModel { .. }
                 | Error::UnsupportedDtype { .. }
                 | Error::InvalidHeadroom { .. }

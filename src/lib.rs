@@ -134,10 +134,11 @@ pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use model::{ModelProbe, TrainLoop};
 pub use oom::is_oom;
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, EvaluationPlan, MemoryModel, Objective,
-    Plan, RankShare, RankSplit, ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
+    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, EvaluationPlan, MemoryModel,
+    Objective, Plan, RankShare, RankSplit, SizeBatch, SizeModel, SizePlan, SizedPlan, ThroughputChoice,
+    ThroughputPoint, Trial, TrialKind, Warning,
 };
 pub use search::{LinearFit, Outcome, Strategy};
 pub use tuner::{Observer, Tuner};
 pub use units::{format_bytes, format_bytes_decimal};
-pub use workload::{Profile, Workload};
+pub use workload::{by_size, BySize, Profile, Resizable, Workload};

@@ -70,6 +70,72 @@ pub trait Workload {
     }
 }
 
+/// A workload whose memory depends on an input size (a sequence length, an
+/// image side) as well as on the batch: what
+/// [`Tuner::run_sizes`](crate::Tuner::run_sizes) tunes at several sizes.
+///
+/// [`resize`](Self::resize) sets the size the following steps run at; the
+/// workload's [`cache_key`](Workload::cache_key) should tell sizes apart (the
+/// tuner adds the size to the key too). Closures `|batch, size|` become one
+/// with [`by_size`].
+pub trait Resizable: Workload {
+    /// Runs the following steps at `size`; an error when the workload cannot.
+    fn resize(&mut self, size: usize) -> crate::Result<()>;
+
+    /// The size steps run at now.
+    fn size(&self) -> usize;
+}
+
+/// A closure `|batch, size|` as a [`Resizable`] workload, starting at `size`.
+///
+/// ```
+/// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+/// use autobatch::{by_size, Resizable, Tuner, Workload};
+///
+/// let mut steps = Vec::new();
+/// let mut workload = by_size(8, |batch, len| {
+///     steps.push((batch, len));
+///     Ok(())
+/// });
+/// workload.resize(32)?;
+/// workload.step(4)?;
+/// drop(workload);
+/// assert_eq!(steps, [(4, 32)]);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub fn by_size<F: FnMut(usize, usize) -> candle_core::Result<()>>(size: usize, step: F) -> BySize<F> {
+    BySize { step, size }
+}
+
+/// A closure of the batch and the size: see [`by_size`].
+pub struct BySize<F> {
+    step: F,
+    size: usize,
+}
+
+impl<F: FnMut(usize, usize) -> candle_core::Result<()>> Workload for BySize<F> {
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        (self.step)(batch, self.size)
+    }
+}
+
+impl<F: FnMut(usize, usize) -> candle_core::Result<()>> Resizable for BySize<F> {
+    fn resize(&mut self, size: usize) -> crate::Result<()> {
+        self.size = size;
+        Ok(())
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl<F> std::fmt::Debug for BySize<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BySize").field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
 /// The parameters of a model and how they are trained: what the analytical
 /// memory model ([`estimate`](crate::estimate)) needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

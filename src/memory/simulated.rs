@@ -388,3 +388,101 @@ impl fmt::Display for SimulatedOutOfMemory {
 }
 
 impl std::error::Error for SimulatedOutOfMemory {}
+
+/// A simulated device whose step memory depends on an input size (a sequence
+/// length, an image side) as well as on the batch: the workload half is
+/// [`Resizable`](crate::Resizable), for [`Tuner::run_sizes`](crate::Tuner::run_sizes).
+///
+/// ```
+/// use autobatch::memory::simulated::SizedSimulation;
+/// use autobatch::search::SearchSpace;
+/// use autobatch::{Resizable, Tuner};
+///
+/// let sim = SizedSimulation::new(8 << 30, 256, |batch, len| (1 << 30) + (batch * len * len) as u64 * 1024);
+/// let space = SearchSpace::new(1, None, 1)?;
+/// let truth = sim.true_largest(0.9, 128, &space, 1 << 20);
+/// let (mut workload, mut meter) = sim.build();
+/// workload.resize(128)?;
+/// assert_eq!(Some(Tuner::new().run(&mut workload, &mut meter)?.largest_batch), truth);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub struct SizedSimulation {
+    simulation: Simulation,
+    size: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SizedSimulation {
+    /// A device of `capacity` bytes whose step at `batch` samples of size `size`
+    /// uses `curve(batch, size)` bytes; steps start at size `size`.
+    pub fn new(capacity: u64, size: usize, curve: impl Fn(usize, usize) -> u64 + Send + Sync + 'static) -> Self {
+        let shared = Arc::new(std::sync::atomic::AtomicUsize::new(size));
+        let current = Arc::clone(&shared);
+        let curve = MemoryCurve::custom(move |batch| curve(batch, current.load(std::sync::atomic::Ordering::Relaxed)));
+        SizedSimulation { simulation: Simulation::new(capacity, curve), size: shared }
+    }
+
+    /// Changes the underlying [`Simulation`] (noise, rounding, another process…).
+    pub fn with(mut self, change: impl FnOnce(Simulation) -> Simulation) -> Self {
+        self.simulation = change(self.simulation);
+        self
+    }
+
+    /// The largest batch of size `size` that fits under `ceiling` (see
+    /// [`Simulation::true_largest`]).
+    pub fn true_largest(
+        &self,
+        ceiling: f64,
+        size: usize,
+        space: &crate::search::SearchSpace,
+        scan_limit: usize,
+    ) -> Option<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let before = self.size.swap(size, Relaxed);
+        let largest = self.simulation.true_largest(ceiling, space, scan_limit);
+        self.size.store(before, Relaxed);
+        largest
+    }
+
+    /// Splits the device into the workload and the meter.
+    pub fn build(self) -> (SizedWorkload, SimulatedMeter) {
+        let (workload, meter) = self.simulation.build();
+        (SizedWorkload { workload, size: self.size }, meter)
+    }
+}
+
+impl fmt::Debug for SizedSimulation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SizedSimulation").field("simulation", &self.simulation).field("size", &self.size).finish()
+    }
+}
+
+/// The workload half of a [`SizedSimulation`].
+#[derive(Debug)]
+pub struct SizedWorkload {
+    workload: SimulatedWorkload,
+    size: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SizedWorkload {
+    /// How many steps have been run (warm-up included).
+    pub fn steps(&self) -> usize {
+        self.workload.steps()
+    }
+}
+
+impl Workload for SizedWorkload {
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        self.workload.step(batch)
+    }
+}
+
+impl crate::Resizable for SizedWorkload {
+    fn resize(&mut self, size: usize) -> Result<(), Error> {
+        self.size.store(size, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn size(&self) -> usize {
+        self.size.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}

@@ -3,6 +3,7 @@
 mod accumulation;
 mod ranks;
 mod report;
+mod sizes;
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulation};
 pub use ranks::{plan_ranks, RankShare, RankSplit};
+pub use sizes::{Basis, SizeBatch, SizeModel, SizePlan, SizedPlan};
 
 use crate::search::{LinearFit, Outcome, Strategy};
 

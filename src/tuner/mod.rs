@@ -1,11 +1,12 @@
 //! The tuner: its builder and `run`. The trial loop is in `trial_loop`, the
 //! evaluation step's search in `evaluation`, multi-rank agreement in
-//! `distributed`, live progress in `observer`.
+//! `distributed`, several input sizes in `sizes`, live progress in `observer`.
 
 mod compare;
 mod distributed;
 mod evaluation;
 mod observer;
+mod sizes;
 mod trial_loop;
 
 use log::{info, warn};

@@ -20,6 +20,12 @@ pub trait Observer {
     fn evaluation_started(&mut self, start: usize) {
         let _ = start;
     }
+    /// The search at input size `size` is about to start (see
+    /// [`Tuner::run_sizes_observed`](crate::Tuner::run_sizes_observed)); its
+    /// trials follow.
+    fn size_started(&mut self, size: usize) {
+        let _ = size;
+    }
     /// A trial at `batch` is about to run.
     fn trial_started(&mut self, batch: usize, kind: TrialKind) {
         let _ = (batch, kind);

@@ -224,6 +224,10 @@ impl<M: Model> Trainer<M> {
         &self.model
     }
 
+    pub(crate) fn model_mut(&mut self) -> &mut M {
+        &mut self.model
+    }
+
     /// Named trainable variables, in creation order.
     pub fn vars(&self) -> &[(String, Var)] {
         &self.vars

@@ -22,8 +22,11 @@ pub struct TransformerConfig {
     pub heads: usize,
     /// Transformer blocks.
     pub layers: usize,
-    /// Tokens per sample. Memory per sample grows with it, quadratically in
-    /// attention: tune at the longest sequence training will see.
+    /// Tokens per sample: the longest sequence the model takes (its learned
+    /// positions). Memory per sample grows with it, quadratically in
+    /// attention: tune at the longest sequence training will see, or at
+    /// several with [`Tuner::run_sizes`](crate::Tuner::run_sizes) (the built
+    /// model steps at any length up to this one, see [`Resizable`](crate::Resizable)).
     pub seq_len: usize,
     /// Dtype of weights, gradients and optimizer state: f32 or bf16.
     pub dtype: DType,
@@ -76,14 +79,18 @@ impl TransformerConfig {
     }
 
     /// The model's name and size, as its [`Model::describe`] says it.
-    fn describe(&self) -> String {
+    fn describe(&self, active_len: usize) -> String {
+        let seq_len = if active_len == self.seq_len {
+            self.seq_len.to_string()
+        } else {
+            format!("{active_len} of {}", self.seq_len)
+        };
         format!(
-            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={}, {:?}{})",
+            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={seq_len}, {:?}{})",
             self.vocab,
             self.d_model,
             self.heads,
             self.layers,
-            self.seq_len,
             self.dtype,
             if self.checkpointing { ", checkpointing" } else { "" }
         )
@@ -93,7 +100,7 @@ impl TransformerConfig {
     /// sizes too large for 64-bit byte counts are an error).
     pub fn footprint(&self) -> Result<Footprint, Error> {
         self.check()?;
-        let n = Sizes { model: self.describe() };
+        let n = Sizes { model: self.describe(self.seq_len) };
         let [v, d, h, l, s] = [self.vocab, self.d_model, self.heads, self.layers, self.seq_len].map(|x| x as u64);
         let dtype = self.dtype.size_in_bytes() as u64;
         // per block: qkv 3d² + 3d, proj d² + d, fc1 4d² + 4d, fc2 4d² + d, two norms 4d
@@ -137,6 +144,8 @@ struct Block {
 /// The language model. Built by [`TransformerConfig::build`].
 pub struct Transformer {
     config: TransformerConfig,
+    /// The length steps run at: `config.seq_len` unless resized.
+    seq_len: usize,
     tokens: Embedding,
     positions: Tensor,
     blocks: Vec<Block>,
@@ -196,6 +205,7 @@ impl Transformer {
         let successor = (0..config.vocab).map(|_| rng.below(config.vocab) as u32).collect();
         let mut model = Transformer {
             config: config.clone(),
+            seq_len: s,
             tokens,
             positions,
             blocks,
@@ -218,7 +228,7 @@ impl Transformer {
     }
 
     fn embed(&self, input: &Tensor) -> candle_core::Result<Tensor> {
-        self.tokens.forward(input)?.broadcast_add(&self.positions)
+        self.tokens.forward(input)?.broadcast_add(&self.positions.narrow(0, 0, input.dim(1)?)?)
     }
 
     fn logits(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -227,7 +237,7 @@ impl Transformer {
 
     /// Inputs and flattened targets of `batch` synthetic sequences.
     fn data(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
-        let s = self.config.seq_len;
+        let s = self.seq_len;
         let tokens = Tensor::from_vec(self.sample(batch, data_seed), (batch, s + 1), self.positions.device())?;
         Ok((tokens.narrow(1, 0, s)?.contiguous()?, tokens.narrow(1, 1, s)?.flatten_all()?))
     }
@@ -240,7 +250,9 @@ impl Transformer {
         let q = qkv.get(0)?.contiguous()?;
         let k = qkv.get(1)?.contiguous()?;
         let v = qkv.get(2)?.contiguous()?;
-        let scores = (q.matmul(&k.t()?)? / (head_dim as f64).sqrt())?.broadcast_add(&self.mask)?;
+        let mask =
+            if s == self.config.seq_len { self.mask.clone() } else { self.mask.narrow(0, 0, s)?.narrow(1, 0, s)? };
+        let scores = (q.matmul(&k.t()?)? / (head_dim as f64).sqrt())?.broadcast_add(&mask)?;
         let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
         let y = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
         block.proj.forward(&y)
@@ -258,7 +270,7 @@ impl Transformer {
     /// `batch` sequences of `seq_len + 1` tokens following the successor table.
     fn sample(&self, batch: usize, data_seed: u64) -> Vec<u32> {
         let mut rng = Rng::new(data_seed);
-        let len = self.config.seq_len + 1;
+        let len = self.seq_len + 1;
         let mut tokens = Vec::with_capacity(batch * len);
         for _ in 0..batch {
             let mut token = rng.below(self.config.vocab) as u32;
@@ -290,6 +302,7 @@ impl Model for Transformer {
     fn detached(&self) -> Self {
         Transformer {
             config: TransformerConfig { checkpointing: false, ..self.config.clone() },
+            seq_len: self.seq_len,
             tokens: Embedding::new(self.tokens.embeddings().detach(), self.config.d_model),
             positions: self.positions.detach(),
             blocks: self.blocks.iter().map(Block::detached).collect(),
@@ -319,7 +332,7 @@ impl Model for Transformer {
         let vocab = self.config.vocab;
         let mut unscaled = None;
         let (_, grads) = checkpointed(vars, &self.embed(&input)?, &steps, &frozen, |h| {
-            let logits = self.logits(h)?.reshape((batch * self.config.seq_len, vocab))?;
+            let logits = self.logits(h)?.reshape((batch * self.seq_len, vocab))?;
             let loss = cross_entropy(&logits, &targets)?;
             unscaled = Some(loss.detach());
             &loss * scale
@@ -328,12 +341,40 @@ impl Model for Transformer {
     }
 
     fn describe(&self) -> String {
-        self.config.describe()
+        self.config.describe(self.seq_len)
     }
 
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
         let (input, targets) = self.data(batch, data_seed)?;
-        let logits = self.forward(&input)?.reshape((batch * self.config.seq_len, self.config.vocab))?;
+        let logits = self.forward(&input)?.reshape((batch * self.seq_len, self.config.vocab))?;
         cross_entropy(&logits, &targets)
+    }
+}
+
+impl Transformer {
+    /// The sequence length steps run at.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+}
+
+/// Steps at any sequence length from 1 to the configured `seq_len` (the
+/// learned positions and the causal mask cut to it).
+impl crate::Resizable for Trainer<Transformer> {
+    fn resize(&mut self, size: usize) -> Result<(), Error> {
+        let longest = self.model().config.seq_len;
+        if size == 0 || size > longest {
+            return Err(Error::InvalidModel {
+                setting: "seq_len",
+                value: size,
+                valid: format!("from 1 to the model's seq_len = {longest}"),
+            });
+        }
+        self.model_mut().seq_len = size;
+        Ok(())
+    }
+
+    fn size(&self) -> usize {
+        self.model().seq_len
     }
 }

@@ -1,0 +1,340 @@
+//! Plans across input sizes: each probed size's largest batch, a memory model
+//! in batch and size, a token budget, and batches for sizes in between.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Outcome, Plan, TrialKind};
+use crate::Error;
+
+/// `peak(b, s) ≈ fixed + per_token·b·s + per_token_length·b·s²`: weights,
+/// gradients and optimizer state; activations that grow with the tokens
+/// (b·s); attention scores that grow with tokens × length (b·s²). Fitted by
+/// least squares to every full measurement at every probed size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SizeModel {
+    /// Bytes at batch 0.
+    pub fixed_bytes: f64,
+    /// Bytes per token (per sample per unit of size).
+    pub bytes_per_token: f64,
+    /// Bytes per token per unit of size (attention's quadratic term).
+    pub bytes_per_token_length: f64,
+    /// The measurements it was fitted to.
+    pub fitted_points: usize,
+    /// The largest `|predicted − measured| / measured` over them.
+    pub max_error: f64,
+}
+
+impl SizeModel {
+    /// The predicted peak of a step of `batch` samples of size `size`, in bytes.
+    pub fn predict(&self, batch: usize, size: usize) -> f64 {
+        let (b, s) = (batch as f64, size as f64);
+        self.fixed_bytes + self.bytes_per_token * b * s + self.bytes_per_token_length * b * s * s
+    }
+
+    /// The largest batch of size `size` whose predicted peak, raised by the
+    /// model's worst error on its own measurements, is at most `limit_bytes`
+    /// (0 when not even the fixed part fits).
+    pub fn largest_batch(&self, size: usize, limit_bytes: u64) -> usize {
+        let s = size as f64;
+        let margin = 1.0 + self.max_error + 1e-9;
+        let per_sample = (self.bytes_per_token * s + self.bytes_per_token_length * s * s) * margin;
+        let room = limit_bytes as f64 - self.fixed_bytes * margin;
+        if room <= 0.0 || per_sample <= 0.0 {
+            return 0;
+        }
+        // a float past usize::MAX saturates in the cast
+        (room / per_sample).floor() as usize
+    }
+
+    /// Fits the model to `(batch, size, peak)` points; `None` when they do not
+    /// determine it (fewer points than terms, or every point the same size
+    /// and no term can be told apart). Tries the three terms, then the
+    /// per-token term alone, then the quadratic one alone, and keeps the first
+    /// fit with no negative coefficient.
+    pub(crate) fn fit(points: &[(usize, usize, u64)]) -> Option<SizeModel> {
+        let columns: [&[usize]; 3] = [&[1, 2], &[1], &[2]];
+        columns.iter().find_map(|terms| Self::fit_terms(points, terms))
+    }
+
+    /// Least squares over the constant and the given terms (1: b·s, 2: b·s²).
+    fn fit_terms(points: &[(usize, usize, u64)], terms: &[usize]) -> Option<SizeModel> {
+        let n = terms.len() + 1;
+        if points.len() < n {
+            return None;
+        }
+        let feature = |&(b, s, _): &(usize, usize, u64), term: usize| (b as f64) * (s as f64).powi(term as i32);
+        // scale each column to at most 1 so that the normal equations stay well conditioned
+        let scale: Vec<f64> = std::iter::once(1.0)
+            .chain(terms.iter().map(|&t| points.iter().map(|p| feature(p, t)).fold(0.0, f64::max)))
+            .collect();
+        if scale.iter().any(|&s| s <= 0.0) {
+            return None;
+        }
+        let row = |p: &(usize, usize, u64)| -> Vec<f64> {
+            std::iter::once(1.0).chain(terms.iter().enumerate().map(|(i, &t)| feature(p, t) / scale[i + 1])).collect()
+        };
+        let mut gram = vec![vec![0.0; n + 1]; n];
+        for point in points {
+            let x = row(point);
+            for i in 0..n {
+                for j in 0..n {
+                    gram[i][j] += x[i] * x[j];
+                }
+                gram[i][n] += x[i] * point.2 as f64;
+            }
+        }
+        let solution = solve(gram)?;
+        let coefficient =
+            |term: usize| terms.iter().position(|&t| t == term).map_or(0.0, |i| solution[i + 1] / scale[i + 1]);
+        let model = SizeModel {
+            fixed_bytes: solution[0],
+            bytes_per_token: coefficient(1),
+            bytes_per_token_length: coefficient(2),
+            fitted_points: points.len(),
+            max_error: 0.0,
+        };
+        let terms_ok = terms.iter().all(|&t| coefficient(t) >= 0.0) && coefficient(1) + coefficient(2) > 0.0;
+        if !terms_ok || !model.fixed_bytes.is_finite() {
+            return None;
+        }
+        let max_error = points
+            .iter()
+            .map(|&(b, s, peak)| ((model.predict(b, s) - peak as f64) / peak.max(1) as f64).abs())
+            .fold(0.0, f64::max);
+        max_error.is_finite().then_some(SizeModel { max_error, ..model })
+    }
+}
+
+/// Gauss–Jordan elimination with partial pivoting on an augmented `n × (n+1)`
+/// matrix; `None` when it is singular.
+fn solve(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
+    let n = m.len();
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        // relative to the column's scale (≤ 1 after scaling, times the point count)
+        if m[pivot][col].abs() < 1e-9 * m.iter().map(|r| r[col].abs()).fold(0.0, f64::max).max(f64::MIN_POSITIVE) {
+            return None;
+        }
+        m.swap(col, pivot);
+        for row in 0..n {
+            if row != col {
+                let factor = m[row][col] / m[col][col];
+                for k in col..=n {
+                    m[row][k] -= factor * m[col][k];
+                }
+            }
+        }
+    }
+    Some((0..n).map(|i| m[i][n] / m[i][i]).collect())
+}
+
+/// How a batch for a size was arrived at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// A probed size: the batch was run and seen to fit, and the next did not.
+    Verified,
+    /// Between two probed sizes: the memory model's answer, kept between what
+    /// the two verified neighbours allow (at most the shorter one's batch, at
+    /// least the longer one's), never run.
+    Predicted,
+    /// Shorter than every probed size: the shortest one's verified batch,
+    /// which fits (a shorter input needs no more memory) but may not be the largest.
+    Bound,
+}
+
+impl std::fmt::Display for Basis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Basis::Verified => "verified",
+            Basis::Predicted => "predicted",
+            Basis::Bound => "bound",
+        })
+    }
+}
+
+/// A batch for one input size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeBatch {
+    /// The size asked about (for [`SizePlan::bucket_for`], the bucket's size).
+    pub size: usize,
+    /// The batch.
+    pub batch: usize,
+    /// How it was arrived at.
+    pub basis: Basis,
+}
+
+/// One probed size and its plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SizedPlan {
+    /// The input size (sequence length, image side).
+    pub size: usize,
+    /// The tuning run at that size: its largest batch is verified.
+    pub plan: Plan,
+}
+
+/// What [`Tuner::run_sizes`](crate::Tuner::run_sizes) found: the largest batch
+/// at each probed input size, a memory model in batch and size, and a token
+/// budget per micro-batch.
+///
+/// ```
+/// use autobatch::memory::simulated::SizedSimulation;
+/// use autobatch::{Basis, Tuner};
+///
+/// // fixed 1 GiB; 64 KiB per token; 256 B per token per unit of length
+/// let peak = |batch: usize, len: usize| (1u64 << 30) + (batch * len) as u64 * ((64 << 10) + 256 * len as u64);
+/// let (mut workload, mut meter) = SizedSimulation::new(16 << 30, 512, peak).build();
+/// let plan = Tuner::new().run_sizes(&mut workload, &mut meter, &[128, 256, 512])?;
+///
+/// let at_256 = plan.batch_for(256)?;
+/// assert_eq!(at_256.basis, Basis::Verified);
+/// let at_200 = plan.batch_for(200)?;
+/// assert_eq!(at_200.basis, Basis::Predicted);
+/// assert!(at_200.batch <= plan.batch_for(128)?.batch && at_200.batch >= at_256.batch);
+/// // any micro-batch padded to at most 512 tokens with ≤ token_budget tokens fits
+/// assert_eq!(plan.token_budget, plan.sizes.iter().map(|s| s.size * s.plan.largest_batch).min().unwrap());
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SizePlan {
+    /// The probed sizes, shortest first, each with its plan.
+    pub sizes: Vec<SizedPlan>,
+    /// The memory model fitted to all of them, when the points determine it.
+    pub model: Option<SizeModel>,
+    /// Tokens (padded samples × size) per micro-batch that fit at every
+    /// probed size: the smallest of `size × largest_batch`. A micro-batch of
+    /// any samples padded to a length `L` up to the longest probed size fits
+    /// when `batch × L` stays within it, because memory per token grows with
+    /// the length.
+    pub token_budget: usize,
+    /// The most a fitting step may use, in bytes (ceiling × capacity).
+    pub limit_bytes: u64,
+    /// The granularity batches are kept to.
+    pub multiple_of: usize,
+}
+
+impl SizePlan {
+    pub(crate) fn new(mut sizes: Vec<SizedPlan>) -> Result<SizePlan, Error> {
+        sizes.sort_by_key(|entry| entry.size);
+        let Some(first) = sizes.first() else { return Err(Error::Zero { setting: "sizes" }) };
+        let (limit_bytes, multiple_of) = (first.plan.limit_bytes(), first.plan.multiple_of);
+        let token_budget =
+            sizes.iter().map(|entry| entry.size.saturating_mul(entry.plan.largest_batch)).min().unwrap_or(0);
+        let mut points: Vec<(usize, usize, u64)> = Vec::new();
+        for entry in &sizes {
+            for trial in entry.plan.trials.iter().rev() {
+                let full = matches!(trial.outcome, Outcome::Fits | Outcome::OverCeiling);
+                let plain = matches!(trial.kind, TrialKind::Search | TrialKind::Recheck);
+                if let (true, true, Some(peak)) = (full, plain, trial.peak_bytes) {
+                    if !points.iter().any(|&(b, s, _)| (b, s) == (trial.batch, entry.size)) {
+                        points.push((trial.batch, entry.size, peak));
+                    }
+                }
+            }
+        }
+        let model = SizeModel::fit(&points);
+        Ok(SizePlan { sizes, model, token_budget, limit_bytes, multiple_of })
+    }
+
+    /// The plan of a probed size.
+    pub fn plan_for(&self, size: usize) -> Option<&Plan> {
+        self.sizes.iter().find(|entry| entry.size == size).map(|entry| &entry.plan)
+    }
+
+    /// Whether every size's plan came from the plan cache.
+    pub fn cached(&self) -> bool {
+        self.sizes.iter().all(|entry| entry.plan.cached)
+    }
+
+    /// The largest batch for inputs of `size`: verified at a probed size;
+    /// between two, the memory model's prediction kept within what the
+    /// verified neighbours allow; below the shortest, the shortest's batch.
+    /// Past the longest probed size nothing is known: [`Error::SizeOutOfRange`].
+    pub fn batch_for(&self, size: usize) -> Result<SizeBatch, Error> {
+        let longest = self.sizes.last().map_or(0, |entry| entry.size);
+        let above =
+            self.sizes.iter().find(|entry| entry.size >= size).ok_or(Error::SizeOutOfRange { size, longest })?;
+        if above.size == size {
+            return Ok(SizeBatch { size, batch: above.plan.largest_batch, basis: Basis::Verified });
+        }
+        let Some(below) = self.sizes.iter().rev().find(|entry| entry.size < size) else {
+            return Ok(SizeBatch { size, batch: above.plan.largest_batch, basis: Basis::Bound });
+        };
+        // the shorter neighbour allows at most its batch, the longer at least its own
+        let upper = below.plan.largest_batch;
+        let lower = above.plan.largest_batch.min(upper);
+        let predicted = self.model.as_ref().map_or(lower, |model| model.largest_batch(size, self.limit_bytes));
+        let predicted = predicted - predicted % self.multiple_of;
+        Ok(SizeBatch { size, batch: predicted.clamp(lower, upper), basis: Basis::Predicted })
+    }
+
+    /// The bucket an input of length `len` goes to when batches are padded to
+    /// the probed sizes: the shortest probed size at least `len`, with its
+    /// verified batch. [`Error::SizeOutOfRange`] past the longest.
+    pub fn bucket_for(&self, len: usize) -> Result<SizeBatch, Error> {
+        let longest = self.sizes.last().map_or(0, |entry| entry.size);
+        let bucket =
+            self.sizes.iter().find(|entry| entry.size >= len).ok_or(Error::SizeOutOfRange { size: len, longest })?;
+        Ok(SizeBatch { size: bucket.size, batch: bucket.plan.largest_batch, basis: Basis::Verified })
+    }
+
+    /// Serializes the plan as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan always serializes: it holds no maps with non-string keys")
+    }
+}
+
+impl std::fmt::Display for SizePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::units::format_bytes;
+        writeln!(
+            f,
+            "{:>8}  {:>8}  {:>9}  {:>10}  {:>6}  {:>6}  {:>10}",
+            "size", "batch", "tokens", "peak", "util", "trials", "model"
+        )?;
+        for entry in &self.sizes {
+            let plan = &entry.plan;
+            let model = self
+                .model
+                .as_ref()
+                .map_or("-".to_owned(), |m| m.largest_batch(entry.size, self.limit_bytes).to_string());
+            writeln!(
+                f,
+                "{:>8}  {:>8}  {:>9}  {:>10}  {:>5.1}%  {:>6}  {:>10}{}",
+                entry.size,
+                plan.largest_batch,
+                entry.size.saturating_mul(plan.largest_batch),
+                format_bytes(plan.peak_bytes),
+                100.0 * plan.utilization(),
+                plan.trials.len(),
+                model,
+                if plan.proven_largest { "" } else { "  (not proven largest)" }
+            )?;
+        }
+        match &self.model {
+            Some(model) => writeln!(
+                f,
+                "memory: {} + {} per token + {} per token per unit of size (fitted to {} steps, worst error {:.1}%)",
+                format_bytes(model.fixed_bytes.max(0.0) as u64),
+                format_bytes(model.bytes_per_token.round() as u64),
+                format_bytes(model.bytes_per_token_length.round() as u64),
+                model.fitted_points,
+                100.0 * model.max_error
+            )?,
+            None => writeln!(f, "memory: too few measurements for a model in batch and size")?,
+        }
+        write!(
+            f,
+            "token budget: {} tokens per micro-batch (padded length × batch) at any length up to {}",
+            self.token_budget,
+            self.sizes.last().map_or(0, |entry| entry.size)
+        )?;
+        for entry in &self.sizes {
+            for warning in &entry.plan.warnings {
+                write!(f, "\nwarning (size {}): {warning}", entry.size)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! Tuning at several input sizes: one verified search per size, and the
+//! plan across them.
+
+use log::info;
+
+use super::{Observer, Tuner};
+use crate::plan::{SizePlan, SizedPlan};
+use crate::{Error, MemoryMeter, Resizable};
+
+impl Tuner {
+    /// Tunes `workload` at each input size in `sizes` (sequence lengths, image
+    /// sides) and returns the [`SizePlan`]: every size's largest batch, found
+    /// and verified by its own search (longest size first), a memory model in
+    /// batch and size fitted to all the measurements, the token budget per
+    /// micro-batch, and [`SizePlan::batch_for`] for sizes in between.
+    ///
+    /// Each size is a full [`run`](Tuner::run) with this tuner's settings
+    /// (target, accumulation check, objective); with a [`cache`](Tuner::cache)
+    /// each size is stored under the model's key plus the size. The workload
+    /// is left at the size it had. The sizes must be non-zero; duplicates
+    /// count once. A failure at one size is [`Error::AtSize`].
+    pub fn run_sizes<W, M>(&self, workload: &mut W, meter: &mut M, sizes: &[usize]) -> Result<SizePlan, Error>
+    where
+        W: Resizable + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        self.run_sizes_observed(workload, meter, sizes, &mut ())
+    }
+
+    /// [`run_sizes`](Tuner::run_sizes), telling `observer` when each size
+    /// starts ([`Observer::size_started`]) and about every trial.
+    pub fn run_sizes_observed<W, M, O>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        sizes: &[usize],
+        observer: &mut O,
+    ) -> Result<SizePlan, Error>
+    where
+        W: Resizable + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
+        self.check()?;
+        if sizes.is_empty() {
+            return Err(Error::Zero { setting: "sizes" });
+        }
+        if sizes.contains(&0) {
+            return Err(Error::Zero { setting: "size" });
+        }
+        let mut sizes = sizes.to_vec();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let key = match &self.cache_path {
+            Some(_) => Some(self.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)?),
+            None => None,
+        };
+        let original = workload.size();
+        let mut plans = Vec::with_capacity(sizes.len());
+        // the longest first: the worst case fails fast
+        for &size in sizes.iter().rev() {
+            observer.size_started(size);
+            let at_size = Tuner { cache_key: key.clone().map(|k| k.param("autobatch.size", size)), ..self.clone() };
+            let result = workload.resize(size).and_then(|()| at_size.run_observed(workload, meter, observer));
+            match result {
+                Ok(plan) => {
+                    info!("size {size}: largest batch {}", plan.largest_batch);
+                    plans.push(SizedPlan { size, plan });
+                }
+                Err(err) => {
+                    // put the workload back, but report the size's failure, not this
+                    let _ = workload.resize(original);
+                    return Err(Error::AtSize { size, source: Box::new(err) });
+                }
+            }
+        }
+        workload.resize(original)?;
+        let plan = SizePlan::new(plans)?;
+        for pair in plan.sizes.windows(2) {
+            if pair[1].plan.largest_batch > pair[0].plan.largest_batch {
+                log::warn!(
+                    "size {} fits batch {} but the shorter size {} only {}: memory does not grow with size here",
+                    pair[1].size,
+                    pair[1].plan.largest_batch,
+                    pair[0].size,
+                    pair[0].plan.largest_batch
+                );
+            }
+        }
+        Ok(plan)
+    }
+}
