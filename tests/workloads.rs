@@ -348,6 +348,49 @@ fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     assert!(matches!(HeapMeter::new(0), Err(Error::Zero { setting: "budget_bytes" })));
 }
 
+/// The reference transformer tuned at three sequence lengths: each length's
+/// batch fits and the next does not (brute force at that length), predicted
+/// lengths in between fit and stay within their neighbours, and a resized
+/// model trains at the length it was set to.
+fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
+    use autobatch::{Basis, Resizable};
+    let mut trainer = transformer(64, 32, 1).build(&Device::Cpu).unwrap();
+    let mut meter = HeapMeter::new(48 * MIB).unwrap();
+    let plan = Tuner::new().run_sizes(&mut trainer, &mut meter, &[16, 32, 64]).unwrap();
+    let report = plan.to_string();
+    eprintln!("{report}");
+    assert_eq!(trainer.size(), 64, "put back at its length");
+    let limit = plan.limit_bytes;
+    let entries: Vec<(usize, usize)> = plan.sizes.iter().map(|e| (e.size, e.plan.largest_batch)).collect();
+    let between: Vec<_> = [24, 48].into_iter().map(|len| plan.batch_for(len).unwrap()).collect();
+    let model = plan.model.clone().unwrap();
+    drop(plan);
+    assert!(entries[0].1 > entries[1].1 && entries[1].1 > entries[2].1, "{report}");
+    for (len, batch) in entries {
+        trainer.resize(len).unwrap();
+        let fits = peak_of(&mut trainer, batch);
+        let next = peak_of(&mut trainer, batch + 1);
+        assert!(fits <= limit + TOLERANCE, "length {len}: batch {batch} peaks at {fits} > {limit}\n{report}");
+        assert!(next > limit - TOLERANCE, "length {len}: batch {} peaks at {next} <= {limit}\n{report}", batch + 1);
+    }
+    for predicted in between {
+        assert_eq!(predicted.basis, Basis::Predicted);
+        trainer.resize(predicted.size).unwrap();
+        let peak = peak_of(&mut trainer, predicted.batch);
+        assert!(peak <= limit + TOLERANCE, "predicted {predicted:?} peaks at {peak} > {limit}\n{report}");
+    }
+    assert!(model.bytes_per_token_length > 0.0, "attention grows with length: {model:?}");
+    assert!(model.max_error < 0.05, "{model:?}");
+    trainer.resize(16).unwrap();
+    let first = trainer.train_step(8).unwrap();
+    for _ in 0..10 {
+        trainer.train_step(8).unwrap();
+    }
+    assert!(trainer.train_step(8).unwrap() < first);
+    assert!(matches!(trainer.resize(65), Err(Error::InvalidModel { setting: "seq_len", value: 65, .. })));
+    assert!(matches!(trainer.resize(0), Err(Error::InvalidModel { .. })));
+}
+
 fn main() {
     let tests: &[(&str, fn())] = &[
         ("transformer_largest_batch_is_exact_at_two_sizes", transformer_largest_batch_is_exact_at_two_sizes),
@@ -380,6 +423,10 @@ fn main() {
         ("the_transformer_trains_in_mixed_precision", the_transformer_trains_in_mixed_precision),
         ("the_transformer_trains_with_each_lean_optimizer", the_transformer_trains_with_each_lean_optimizer),
         ("heap_meter_measures_live_bytes_and_a_resettable_peak", heap_meter_measures_live_bytes_and_a_resettable_peak),
+        (
+            "the_transformer_tuned_at_several_lengths_is_exact_at_each",
+            the_transformer_tuned_at_several_lengths_is_exact_at_each,
+        ),
     ];
     common::harness::run_sequentially(tests);
 }

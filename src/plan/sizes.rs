@@ -38,7 +38,7 @@ impl SizeModel {
         let s = size as f64;
         let margin = 1.0 + self.max_error + 1e-9;
         let per_sample = (self.bytes_per_token * s + self.bytes_per_token_length * s * s) * margin;
-        let room = limit_bytes as f64 - self.fixed_bytes * margin;
+        let room = limit_bytes as f64 - (self.fixed_bytes + self.fixed_bytes.abs() * (margin - 1.0));
         if room <= 0.0 || per_sample <= 0.0 {
             return 0;
         }

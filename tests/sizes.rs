@@ -1,0 +1,204 @@
+//! Plans across input sizes on simulated devices whose memory grows with the
+//! batch, the tokens and tokens × length: every probed size's batch fits and
+//! the next does not, predicted batches stay within their verified
+//! neighbours (and under the ceiling), the token budget holds at every
+//! length, and the plan cache keeps sizes apart.
+
+use autobatch::memory::simulated::SizedSimulation;
+use autobatch::search::SearchSpace;
+use autobatch::{Basis, Error, Resizable, SizePlan, Tuner, Workload};
+use proptest::prelude::*;
+
+const GIB: u64 = 1 << 30;
+
+/// fixed + per_token·b·s + per_token_length·b·s² bytes, on `capacity_gib`.
+#[derive(Clone, Copy, Debug)]
+struct Curve {
+    capacity_gib: u64,
+    fixed: u64,
+    per_token: u64,
+    per_token_length: u64,
+}
+
+impl Curve {
+    fn bytes(self, batch: usize, len: usize) -> u64 {
+        let (b, s) = (batch as u64, len as u64);
+        self.fixed + self.per_token * b * s + self.per_token_length * b * s * s
+    }
+
+    fn simulation(self, start_len: usize) -> SizedSimulation {
+        SizedSimulation::new(self.capacity_gib * GIB, start_len, move |b, s| self.bytes(b, s))
+    }
+
+    fn limit(self, ceiling: f64) -> u64 {
+        (ceiling * (self.capacity_gib * GIB) as f64).floor() as u64
+    }
+}
+
+fn curve_strategy() -> impl Strategy<Value = Curve> {
+    (8u64..=141, 0u64..4 * GIB, 1u64..=64 << 10, 0u64..=512).prop_map(
+        |(capacity_gib, fixed, per_token, per_token_length)| Curve { capacity_gib, fixed, per_token, per_token_length },
+    )
+}
+
+fn run(tuner: &Tuner, curve: Curve, sizes: &[usize]) -> Result<SizePlan, Error> {
+    let (mut workload, mut meter) = curve.simulation(sizes[0]).build();
+    let plan = tuner.run_sizes(&mut workload, &mut meter, sizes);
+    assert_eq!(workload.size(), sizes[0], "the workload is put back at its size");
+    plan
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn every_probed_size_fits_and_the_next_batch_does_not(
+        curve in curve_strategy(),
+        sizes in prop::collection::btree_set(16usize..=4096, 1..=4),
+        multiple_of in prop_oneof![Just(1usize), Just(8)],
+    ) {
+        let sizes: Vec<usize> = sizes.into_iter().collect();
+        let longest = *sizes.last().unwrap();
+        prop_assume!(curve.bytes(multiple_of, longest) <= curve.limit(0.9));
+        let tuner = Tuner::new().multiple_of(multiple_of);
+        let plan = run(&tuner, curve, &sizes).unwrap();
+        let limit = curve.limit(0.9);
+        prop_assert_eq!(plan.sizes.iter().map(|s| s.size).collect::<Vec<_>>(), sizes.clone());
+        for entry in &plan.sizes {
+            let b = entry.plan.largest_batch;
+            prop_assert!(entry.plan.proven_largest);
+            prop_assert!(b % multiple_of == 0);
+            prop_assert!(curve.bytes(b, entry.size) <= limit, "size {} batch {} does not fit", entry.size, b);
+            prop_assert!(curve.bytes(b + multiple_of, entry.size) > limit, "size {} batch {} is not the largest", entry.size, b);
+            prop_assert!(entry.plan.trials.iter().any(|t| t.batch == b && t.outcome.fits()));
+            prop_assert_eq!(plan.batch_for(entry.size).unwrap().basis, Basis::Verified);
+        }
+        // the token budget: any batch padded to any length up to the longest fits
+        for len in [1, 2, 7, sizes[0], (sizes[0] + longest) / 2, longest] {
+            let batch = plan.token_budget / len;
+            prop_assert!(batch == 0 || curve.bytes(batch, len) <= limit, "{} tokens at length {} do not fit", plan.token_budget, len);
+        }
+        let past = plan.batch_for(longest + 1);
+        prop_assert!(matches!(past, Err(Error::SizeOutOfRange { .. })), "{:?}", past);
+    }
+
+    #[test]
+    fn predicted_sizes_stay_within_their_verified_neighbours(
+        curve in curve_strategy(),
+        sizes in prop::collection::btree_set(16usize..=4096, 2..=4),
+        multiple_of in prop_oneof![Just(1usize), Just(8)],
+    ) {
+        let sizes: Vec<usize> = sizes.into_iter().collect();
+        prop_assume!(curve.bytes(multiple_of, *sizes.last().unwrap()) <= curve.limit(0.9));
+        let plan = run(&Tuner::new().multiple_of(multiple_of), curve, &sizes).unwrap();
+        let model = plan.model.clone().expect("several sizes determine the model");
+        prop_assert!(model.max_error < 1e-6, "the model is exact on these curves: {:?}", model);
+        let limit = curve.limit(0.9);
+        for pair in plan.sizes.windows(2) {
+            let (short, long) = (&pair[0], &pair[1]);
+            let step = ((long.size - short.size) / 7).max(1);
+            for len in (short.size + 1..long.size).step_by(step) {
+                let predicted = plan.batch_for(len).unwrap();
+                prop_assert_eq!(predicted.basis, Basis::Predicted);
+                prop_assert!(predicted.batch <= short.plan.largest_batch, "len {}: {} above the shorter neighbour's {}", len, predicted.batch, short.plan.largest_batch);
+                prop_assert!(predicted.batch >= long.plan.largest_batch);
+                prop_assert!(predicted.batch % multiple_of == 0);
+                // an exact model predicts a batch that fits
+                prop_assert!(curve.bytes(predicted.batch, len) <= limit, "len {} batch {} does not fit", len, predicted.batch);
+            }
+        }
+        let below = plan.batch_for(sizes[0] - 1).unwrap();
+        prop_assert_eq!((below.basis, below.batch), (Basis::Bound, plan.sizes[0].plan.largest_batch));
+    }
+}
+
+#[test]
+fn the_model_recovers_the_curve_from_the_trials() {
+    let curve = Curve { capacity_gib: 80, fixed: 3 * GIB, per_token: 24 << 10, per_token_length: 96 };
+    let plan = run(&Tuner::new(), curve, &[512, 1024, 2048, 4096]).unwrap();
+    let model = plan.model.clone().unwrap();
+    let close = |fitted: f64, truth: u64| (fitted - truth as f64).abs() <= 1e-6 * truth as f64 + 1.0;
+    assert!(close(model.fixed_bytes, curve.fixed), "{model:?}");
+    assert!(close(model.bytes_per_token, curve.per_token), "{model:?}");
+    assert!(close(model.bytes_per_token_length, curve.per_token_length), "{model:?}");
+    // a length between probes gets the model's answer, close to the truth
+    let space = SearchSpace::new(1, None, 1).unwrap();
+    let truth = curve.simulation(3000).true_largest(0.9, 3000, &space, 1 << 20).unwrap();
+    let predicted = plan.batch_for(3000).unwrap();
+    assert!(predicted.batch <= truth && predicted.batch + 1 >= truth, "{predicted:?} vs {truth}");
+}
+
+#[test]
+fn bucketing_pads_to_the_next_probed_size() {
+    let curve = Curve { capacity_gib: 24, fixed: GIB, per_token: 16 << 10, per_token_length: 64 };
+    let plan = run(&Tuner::new(), curve, &[64, 128, 256]).unwrap();
+    let bucket = plan.bucket_for(100).unwrap();
+    assert_eq!((bucket.size, bucket.batch), (128, plan.plan_for(128).unwrap().largest_batch));
+    assert_eq!(plan.bucket_for(64).unwrap().size, 64);
+    assert!(matches!(plan.bucket_for(257), Err(Error::SizeOutOfRange { size: 257, longest: 256 })));
+    let text = plan.to_string();
+    assert!(text.contains("token budget") && text.contains("per token"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+    assert_eq!(json["sizes"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn bad_sizes_are_errors() {
+    let curve = Curve { capacity_gib: 24, fixed: GIB, per_token: 16 << 10, per_token_length: 64 };
+    let (mut workload, mut meter) = curve.simulation(64).build();
+    let tuner = Tuner::new();
+    assert!(matches!(tuner.run_sizes(&mut workload, &mut meter, &[]), Err(Error::Zero { setting: "sizes" })));
+    assert!(matches!(tuner.run_sizes(&mut workload, &mut meter, &[64, 0]), Err(Error::Zero { setting: "size" })));
+    assert_eq!(workload.steps(), 0, "nothing ran");
+    // a size where nothing fits says which
+    let err = tuner.run_sizes(&mut workload, &mut meter, &[64, 1 << 20]).unwrap_err();
+    assert!(
+        matches!(&err, Error::AtSize { size, source } if *size == 1 << 20 && matches!(**source, Error::NothingFits { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().starts_with("at size 1048576: nothing fits"), "{err}");
+}
+
+#[test]
+fn the_plan_cache_keeps_sizes_apart() {
+    let dir = std::env::temp_dir().join(format!("autobatch-sizes-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plans.json");
+    let _ = std::fs::remove_file(&path);
+    let curve = Curve { capacity_gib: 40, fixed: 2 * GIB, per_token: 32 << 10, per_token_length: 128 };
+    let key = autobatch::CacheKey::new().param("model", "simulated lm");
+    let tuner = Tuner::new().cache(&path).cache_key(key);
+    let (mut workload, mut meter) = curve.simulation(128).build();
+    let first = tuner.run_sizes(&mut workload, &mut meter, &[128, 512]).unwrap();
+    let steps = workload.steps();
+    assert!(!first.cached());
+    let second = tuner.run_sizes(&mut workload, &mut meter, &[128, 512]).unwrap();
+    assert_eq!(workload.steps(), steps, "a cached size runs no step");
+    assert!(second.cached());
+    for (a, b) in first.sizes.iter().zip(&second.sizes) {
+        assert_eq!((a.size, a.plan.largest_batch), (b.size, b.plan.largest_batch));
+    }
+    assert_ne!(first.sizes[0].plan.largest_batch, first.sizes[1].plan.largest_batch);
+    // a new size probes only itself
+    let third = tuner.run_sizes(&mut workload, &mut meter, &[128, 256, 512]).unwrap();
+    assert!(workload.steps() > steps);
+    assert!(third.sizes[0].plan.cached && !third.sizes[1].plan.cached && third.sizes[2].plan.cached);
+    // the cache needs a key
+    let (mut workload, mut meter) = curve.simulation(128).build();
+    let err = Tuner::new().cache(&path).run_sizes(&mut workload, &mut meter, &[128]).unwrap_err();
+    assert!(matches!(err, Error::CacheKeyMissing), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_closure_workload_runs_at_each_size() {
+    let mut seen = Vec::new();
+    let mut workload = autobatch::by_size(32, |batch, len| {
+        seen.push((batch, len));
+        Ok(())
+    });
+    workload.resize(8).unwrap();
+    workload.step(3).unwrap();
+    drop(workload);
+    assert_eq!(seen, [(3, 8)]);
+}
