@@ -267,3 +267,55 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     let stdout = text(&text_output.stdout);
     assert!(stdout.contains("variant") && stdout.contains("samples/s") && stdout.contains("bf16"), "{stdout}");
 }
+
+#[test]
+fn probe_at_several_sequence_lengths_prints_a_plan_across_them_and_caches_each() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-lengths-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = dir.join("plans.json");
+    let args = [
+        "probe",
+        "--seq-lens",
+        "16,64,32",
+        "--d-model",
+        "32",
+        "--layers",
+        "1",
+        "--budget",
+        "48MiB",
+        "--json",
+        "--cache",
+        cache.to_str().unwrap(),
+    ];
+    let first = autobatch(&args);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let stderr = text(&first.stderr);
+    assert!(stderr.contains("length 64:") && stderr.contains("length 16:"), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    let sizes = plan["sizes"].as_array().unwrap();
+    let lengths: Vec<u64> = sizes.iter().map(|s| s["size"].as_u64().unwrap()).collect();
+    assert_eq!(lengths, [16, 32, 64]);
+    let batches: Vec<u64> = sizes.iter().map(|s| s["plan"]["largest_batch"].as_u64().unwrap()).collect();
+    assert!(batches[0] > batches[1] && batches[1] > batches[2], "{batches:?}");
+    let budget = plan["token_budget"].as_u64().unwrap();
+    assert_eq!(budget, lengths.iter().zip(&batches).map(|(l, b)| l * b).min().unwrap());
+    assert!(plan["model"]["bytes_per_token"].as_f64().unwrap() > 0.0, "{plan}");
+
+    let again = autobatch(&args);
+    let cached: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert!(cached["sizes"].as_array().unwrap().iter().all(|s| s["plan"]["cached"] == true), "{cached}");
+    assert!(!text(&again.stderr).contains("fits"), "no trial runs on a hit: {}", text(&again.stderr));
+
+    let report = autobatch(&["probe", "--seq-lens", "16,32", "--d-model", "32", "--layers", "1", "--budget", "48MiB"]);
+    let stdout = text(&report.stdout);
+    assert!(report.status.success(), "{stdout}");
+    assert!(stdout.contains("token budget:") && stdout.contains("between probed lengths: 24 →"), "{stdout}");
+}
+
+#[test]
+fn sequence_lengths_that_cannot_be_probed_are_usage_errors() {
+    assert_usage_error(&["probe", "--model", "mlp", "--seq-lens", "16,32"], "--seq-lens does not apply to --model mlp");
+    assert_usage_error(&["probe", "--seq-lens", "16,128", "--seq-len", "64"], "--seq-len 64 is shorter");
+    assert_usage_error(&["probe", "--seq-lens", "16,0"], "--seq-lens");
+    assert_usage_error(&["probe", "--seq-lens", "16,32", "--eval"], "--eval does not go with --seq-lens");
+}

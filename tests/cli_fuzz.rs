@@ -93,6 +93,11 @@ fn probe() -> impl Strategy<Value = Vec<String>> {
     let flags = prop::collection::vec(
         prop_oneof![
             flag("--seq-len", counts()),
+            flag(
+                "--seq-lens",
+                prop_oneof![Just("8,16"), Just("4,0"), Just("2,x"), Just(""), Just("16,16,4"), Just("99999999999")]
+                    .prop_map(str::to_owned)
+            ),
             flag("--d-model", counts()),
             flag("--heads", counts()),
             flag("--layers", counts()),

@@ -73,14 +73,18 @@ impl SizeModel {
         let row = |p: &(usize, usize, u64)| -> Vec<f64> {
             std::iter::once(1.0).chain(terms.iter().enumerate().map(|(i, &t)| feature(p, t) / scale[i + 1])).collect()
         };
+        // relative least squares (each row over its peak): a step of 10 MiB
+        // counts as much as one of 10 GiB, so the small trials do not
+        // dominate and the error near the ceiling stays small
         let mut gram = vec![vec![0.0; n + 1]; n];
         for point in points {
-            let x = row(point);
+            let weight = 1.0 / (point.2.max(1) as f64);
+            let x: Vec<f64> = row(point).into_iter().map(|v| v * weight).collect();
             for i in 0..n {
                 for j in 0..n {
                     gram[i][j] += x[i] * x[j];
                 }
-                gram[i][n] += x[i] * point.2 as f64;
+                gram[i][n] += x[i] * point.2 as f64 * weight;
             }
         }
         let solution = solve(gram)?;

@@ -113,6 +113,12 @@ pub struct ProbeArgs {
     /// Transformer: tokens per sample; probe at the longest training will see [default: 64].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub seq_len: Option<usize>,
+    /// Transformer: tune at each of these sequence lengths (comma-separated,
+    /// e.g. 64,128,256) and print a plan across them: each length's largest
+    /// batch, a memory model in batch and length, the token budget per
+    /// micro-batch. The model takes sequences up to the longest (or --seq-len).
+    #[arg(long, value_delimiter = ',', value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
+    pub seq_lens: Vec<usize>,
     /// MLP: input features [default: 64].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub inputs: Option<usize>,

@@ -32,7 +32,8 @@ fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
 /// Size flags and the models they apply to.
 fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
     use ModelKind::*;
-    let flags: [(&str, bool, &[ModelKind]); 12] = [
+    let flags: [(&str, bool, &[ModelKind]); 13] = [
+        ("--seq-lens", !args.seq_lens.is_empty(), &[Transformer]),
         ("--vocab", args.vocab.is_some(), &[Transformer]),
         ("--d-model", args.d_model.is_some(), &[Transformer]),
         ("--heads", args.heads.is_some(), &[Transformer]),
@@ -90,7 +91,7 @@ impl ModelConfig {
                     d_model: args.d_model.unwrap_or(d.d_model),
                     heads: args.heads.unwrap_or(d.heads),
                     layers: args.layers.unwrap_or(d.layers),
-                    seq_len: args.seq_len.unwrap_or(d.seq_len),
+                    seq_len: args.seq_len.or(args.seq_lens.iter().max().copied()).unwrap_or(d.seq_len),
                     dtype,
                     seed,
                     checkpointing: args.checkpointing,
@@ -118,6 +119,14 @@ impl ModelConfig {
                     ..d
                 })
             }
+        }
+    }
+
+    /// The transformer, when `--seq-lens` asks for several lengths.
+    fn at_lengths(&self, args: &ProbeArgs) -> Option<&TransformerConfig> {
+        match self {
+            ModelConfig::Transformer(config) if !args.seq_lens.is_empty() => Some(config),
+            _ => None,
         }
     }
 
@@ -244,8 +253,26 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
     Ok((budget, why))
 }
 
+/// `--seq-lens` goes with a plain probe of a transformer that takes the longest.
+fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
+    let Some(&longest) = args.seq_lens.iter().max() else { return Ok(()) };
+    for (flag, given) in [("--eval", args.eval), ("--compare", args.compare)] {
+        if given {
+            return Err(Failure::usage(format!("{flag} does not go with --seq-lens: probe one length at a time")));
+        }
+    }
+    match args.seq_len {
+        Some(seq_len) if seq_len < longest => Err(Failure::usage(format!(
+            "--seq-len {seq_len} is shorter than the longest of --seq-lens, {longest}: the model must take every \
+             length probed; drop --seq-len or make it at least {longest}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     check_size_flags(args)?;
+    check_seq_lens(args)?;
     let tuner = tuner(args);
     tuner.check()?;
     let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };
@@ -261,13 +288,12 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 say(&format!("comparing remedies on the CPU under a {} budget ({why})", format_bytes(budget)));
                 return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter);
             }
+            let on = format!("the CPU under a {} budget ({why})", format_bytes(budget));
+            if let Some(config) = model.at_lengths(args) {
+                return tune_lengths(args, &tuner, config, &candle_core::Device::Cpu, &mut meter, &on, &say);
+            }
             let mut workload = model.build(&candle_core::Device::Cpu, args.precision == DtypeArg::Mixed)?;
-            say(&format!(
-                "probing {} ({} parameters) on the CPU under a {} budget ({why})",
-                workload.description(),
-                workload.parameter_count(),
-                format_bytes(budget)
-            ));
+            say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
             tune(args, &tuner, &mut *workload, &mut meter)
         }
         DeviceSpec::Cuda(ordinal) => {
@@ -424,6 +450,53 @@ fn tune(
     Ok(())
 }
 
+/// `--seq-lens`: the transformer tuned at each length, and the plan across them.
+fn tune_lengths(
+    args: &ProbeArgs,
+    tuner: &Tuner,
+    config: &TransformerConfig,
+    device: &candle_core::Device,
+    meter: &mut dyn MemoryMeter,
+    on: &str,
+    say: &dyn Fn(&str),
+) -> Result<(), Failure> {
+    let trainer = config.build(device)?;
+    let mut trainer = if args.precision == DtypeArg::Mixed { trainer.into_mixed_precision()? } else { trainer };
+    say(&format!(
+        "probing {} ({} parameters) at sequence lengths {:?} on {on}",
+        ReferenceWorkload::description(&trainer),
+        trainer.parameter_count(),
+        args.seq_lens
+    ));
+    let mut progress = Progress::new(args.json);
+    let result = tuner.run_sizes_observed(&mut trainer, meter, &args.seq_lens, &mut progress);
+    drop(progress);
+    let plan = result?;
+    if args.json {
+        println!("{}", plan.to_json());
+        return Ok(());
+    }
+    println!("{plan}");
+    let lengths: Vec<usize> = plan.sizes.iter().map(|entry| entry.size).collect();
+    let mut between: Vec<String> = Vec::new();
+    for pair in lengths.windows(2) {
+        let middle = (pair[0] + pair[1]) / 2;
+        if middle > pair[0] {
+            let predicted = plan.batch_for(middle)?;
+            between.push(format!("{} → {} ({})", middle, predicted.batch, predicted.basis));
+        }
+    }
+    if !between.is_empty() {
+        println!("between probed lengths: {}", between.join(", "));
+    }
+    for entry in &plan.sizes {
+        if entry.plan.accumulation_steps > 1 || entry.plan.target_effective_batch.is_some() {
+            println!("length {}: {}", entry.size, entry.plan.summary().lines().nth(1).unwrap_or_default());
+        }
+    }
+    Ok(())
+}
+
 #[cfg(not(feature = "cuda"))]
 fn cuda(
     _: &ProbeArgs,
@@ -450,14 +523,12 @@ fn cuda(
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
     footprint.check_batch_within(smallest_batch(args)?, (args.ceiling * meter.capacity()? as f64).floor() as u64)?;
     let device = meter.device().clone();
+    let on = format!("{} ({})", meter.name(), format_bytes(meter.capacity()?));
+    if let Some(config) = model.at_lengths(args) {
+        return tune_lengths(args, tuner, config, &device, &mut meter, &on, say);
+    }
     let mut workload = model.build(&device, args.precision == DtypeArg::Mixed)?;
-    say(&format!(
-        "probing {} ({} parameters) on {} ({})",
-        workload.description(),
-        workload.parameter_count(),
-        meter.name(),
-        format_bytes(meter.capacity()?)
-    ));
+    say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
     tune(args, tuner, &mut *workload, &mut meter)
 }
 

@@ -78,6 +78,14 @@ impl Observer for Progress {
         self.rows = 0;
     }
 
+    fn size_started(&mut self, size: usize) {
+        if let Some(spinner) = &self.spinner {
+            spinner.hide();
+        }
+        self.print_row(&format!("length {size}:"));
+        self.rows = 0;
+    }
+
     fn trial_started(&mut self, batch: usize, _kind: TrialKind) {
         let width = batch.to_string().len();
         if self.rows == 0 || width > self.batch_width {
