@@ -67,7 +67,7 @@ proptest! {
         for entry in &plan.sizes {
             let b = entry.plan.largest_batch;
             prop_assert!(entry.plan.proven_largest);
-            prop_assert!(b % multiple_of == 0);
+            prop_assert!(b.is_multiple_of(multiple_of));
             prop_assert!(curve.bytes(b, entry.size) <= limit, "size {} batch {} does not fit", entry.size, b);
             prop_assert!(curve.bytes(b + multiple_of, entry.size) > limit, "size {} batch {} is not the largest", entry.size, b);
             prop_assert!(entry.plan.trials.iter().any(|t| t.batch == b && t.outcome.fits()));
@@ -102,7 +102,7 @@ proptest! {
                 prop_assert_eq!(predicted.basis, Basis::Predicted);
                 prop_assert!(predicted.batch <= short.plan.largest_batch, "len {}: {} above the shorter neighbour's {}", len, predicted.batch, short.plan.largest_batch);
                 prop_assert!(predicted.batch >= long.plan.largest_batch);
-                prop_assert!(predicted.batch % multiple_of == 0);
+                prop_assert!(predicted.batch.is_multiple_of(multiple_of));
                 // an exact model predicts a batch that fits
                 prop_assert!(curve.bytes(predicted.batch, len) <= limit, "len {} batch {} does not fit", len, predicted.batch);
             }
@@ -199,6 +199,6 @@ fn a_closure_workload_runs_at_each_size() {
     });
     workload.resize(8).unwrap();
     workload.step(3).unwrap();
-    drop(workload);
+    assert_eq!(workload.size(), 8);
     assert_eq!(seen, [(3, 8)]);
 }

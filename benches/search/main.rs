@@ -416,6 +416,9 @@ fn real(report: &mut String) {
     );
 }
 
+#[path = "../shared/docs.rs"]
+mod docs;
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` runs this too: keep that quick
     if std::env::args().any(|a| a == "--test" || a == "--list") {
@@ -442,8 +445,10 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     print!("{report}");
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/benchmarks.md");
-    std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/docs")).unwrap();
-    std::fs::write(path, &report).unwrap();
-    eprintln!("wrote {path}");
+    // the sections other benches own (benches/lengths.rs) stay
+    report += &docs::owned_sections();
+    let path = docs::benchmarks_md();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, &report).unwrap();
+    eprintln!("wrote {}", path.display());
 }

@@ -120,11 +120,12 @@ fn solve(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
             return None;
         }
         m.swap(col, pivot);
-        for row in 0..n {
-            if row != col {
-                let factor = m[row][col] / m[col][col];
-                for k in col..=n {
-                    m[row][k] -= factor * m[col][k];
+        let pivot_row = m[col].clone();
+        for (index, row) in m.iter_mut().enumerate() {
+            if index != col {
+                let factor = row[col] / pivot_row[col];
+                for (value, pivot_value) in row.iter_mut().zip(&pivot_row).skip(col) {
+                    *value -= factor * pivot_value;
                 }
             }
         }
