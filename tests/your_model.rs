@@ -114,14 +114,15 @@ impl Gpt {
         let qkv = block.qkv.forward(&block.ln1.forward(x)?)?.reshape((b, s, 3, self.heads, hd))?;
         let qkv = qkv.permute((2, 0, 3, 1, 4))?;
         let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
-        let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&self.mask)?;
+        let mask = self.mask.narrow(0, 0, s)?.narrow(1, 0, s)?;
+        let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&mask)?;
         let y = ops::softmax(&scores, D::Minus1)?.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
         let x = (x + block.proj.forward(&y)?)?;
         &x + block.fc2.forward(&block.fc1.forward(&block.ln2.forward(&x)?)?.gelu()?)?
     }
 
     fn embed(&self, input: &Tensor) -> Result<Tensor> {
-        self.tokens.forward(input)?.broadcast_add(&self.positions)
+        self.tokens.forward(input)?.broadcast_add(&self.positions.narrow(0, 0, input.dim(1)?)?)
     }
 
     fn forward(&self, input: &Tensor) -> Result<Tensor> {
@@ -138,14 +139,19 @@ impl Gpt {
 
     /// The inputs and targets of `batch` sequences from sample `offset`.
     fn data(&self, batch: usize, offset: usize) -> Result<(Tensor, Tensor)> {
-        let tokens: Vec<u32> = (0..batch * (SEQ + 1))
+        self.data_of_length(batch, offset, SEQ)
+    }
+
+    /// [`data`] with sequences of `len` tokens (at most `SEQ`).
+    fn data_of_length(&self, batch: usize, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let tokens: Vec<u32> = (0..batch * (len + 1))
             .map(|i| {
-                let (sample, position) = (offset + i / (SEQ + 1), i % (SEQ + 1));
+                let (sample, position) = (offset + i / (len + 1), i % (len + 1));
                 ((sample * 7 + position * 3) % VOCAB) as u32
             })
             .collect();
-        let tokens = Tensor::from_vec(tokens, (batch, SEQ + 1), self.mask.device())?;
-        Ok((tokens.narrow(1, 0, SEQ)?.contiguous()?, tokens.narrow(1, 1, SEQ)?.flatten_all()?))
+        let tokens = Tensor::from_vec(tokens, (batch, len + 1), self.mask.device())?;
+        Ok((tokens.narrow(1, 0, len)?.contiguous()?, tokens.narrow(1, 1, len)?.flatten_all()?))
     }
 
     /// Loss and gradients with gradient checkpointing over the blocks, the
@@ -169,9 +175,14 @@ impl Gpt {
     /// The mean next-token loss of `batch` sequences of a fixed synthetic
     /// language, starting at sample `offset` of the step.
     fn loss(&self, batch: usize, offset: usize) -> Result<Tensor> {
-        let (input, targets) = self.data(batch, offset)?;
+        self.loss_of_length(batch, offset, SEQ)
+    }
+
+    /// [`loss`] of sequences of `len` tokens.
+    fn loss_of_length(&self, batch: usize, offset: usize, len: usize) -> Result<Tensor> {
+        let (input, targets) = self.data_of_length(batch, offset, len)?;
         let logits = self.forward(&input)?;
-        loss::cross_entropy(&logits.reshape((batch * SEQ, VOCAB))?, &targets)
+        loss::cross_entropy(&logits.reshape((batch * len, VOCAB))?, &targets)
     }
 }
 
@@ -521,6 +532,53 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Your model at several sequence lengths (`ModelProbe::by_size`): each
+/// length's plan trains under the ceiling with `TrainLoop` and candle-nn's
+/// AdamW, a length in between fits at its predicted batch, and the plan
+/// cache keeps the lengths apart.
+fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
+    use autobatch::Basis;
+    let (varmap, model) = gpt(false);
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let dir = std::env::temp_dir().join(format!("autobatch-your-model-lengths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("plans.json");
+    let tuner = Tuner::new().cache(&cache);
+    let plan = {
+        let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
+        let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
+        let plan = tuner.run_sizes(&mut probe, &mut meter, &[8, 16, SEQ]).unwrap();
+        let again = tuner.run_sizes(&mut probe, &mut meter, &[8, 16, SEQ]).unwrap();
+        assert!(again.cached(), "{again}");
+        plan
+    };
+    eprintln!("{plan}");
+    let batches: Vec<usize> = plan.sizes.iter().map(|s| s.plan.largest_batch).collect();
+    assert!(batches[0] > batches[1] && batches[1] > batches[2], "{plan}");
+    let predicted = plan.batch_for(24).unwrap();
+    assert_eq!(predicted.basis, Basis::Predicted);
+    assert!(predicted.batch <= batches[1] && predicted.batch >= batches[2], "{predicted:?}\n{plan}");
+    {
+        let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
+        let mut probe = ModelProbe::by_size(&varmap, 24, loss).adamw(ParamsAdamW::default()).unwrap();
+        let peak = peak_of(&mut probe, predicted.batch);
+        assert!(peak <= plan.limit_bytes + TOLERANCE, "predicted {predicted:?} peaks at {peak}\n{plan}");
+    }
+    for entry in &plan.sizes {
+        let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+        let mut training = TrainLoop::new(&entry.plan, &varmap, optimizer).unwrap();
+        for step in 0..2 {
+            meter.reset_peak().unwrap();
+            training
+                .step(&mut meter, |micro| model.loss_of_length(micro.len, step * 1000 + micro.offset, entry.size))
+                .unwrap();
+            let peak = meter.peak().unwrap();
+            assert!(peak <= plan.limit_bytes, "length {} step {step} peaked at {peak}\n{plan}", entry.size);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn main() {
     let tests: &[(&str, fn())] = &[
         ("the_answer_is_exact_and_probing_changes_no_weight", the_answer_is_exact_and_probing_changes_no_weight),
@@ -548,6 +606,10 @@ fn main() {
             the_evaluation_step_of_your_model_gets_its_own_larger_batch,
         ),
         ("the_cache_key_and_the_advice_come_from_the_variables", the_cache_key_and_the_advice_come_from_the_variables),
+        (
+            "your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each",
+            your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each,
+        ),
     ];
     common::harness::run_sequentially(tests);
 }

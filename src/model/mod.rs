@@ -20,7 +20,7 @@ mod train;
 
 pub use checkpoint::checkpointed;
 pub use detached::detached;
-pub use probe::{ModelProbe, ProbeLoss, WithBackward};
+pub use probe::{BySizeLoss, ModelProbe, ProbeLoss, WithBackward};
 pub use train::TrainLoop;
 
 use candle_core::Var;

@@ -36,6 +36,20 @@ impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ProbeLoss for WithBackward<
     }
 }
 
+/// A loss closure of the batch and an input size: see [`ModelProbe::by_size`].
+pub struct BySizeLoss<F> {
+    loss: F,
+    size: usize,
+}
+
+impl<F: FnMut(usize, usize) -> Result<Tensor>> ProbeLoss for BySizeLoss<F> {
+    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
+        let loss = (self.loss)(batch, self.size)?;
+        let grads = loss.backward()?;
+        Ok((loss, grads))
+    }
+}
+
 /// A throwaway optimizer's step over the variables.
 type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
 
@@ -138,6 +152,50 @@ impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ModelProbe<WithBackward<F>>
     /// returns (the loss and the store) through the optimizer's update.
     pub fn with_backward(varmap: &VarMap, loss_and_gradients: F) -> Self {
         ModelProbe::with_loss(super::named_vars(varmap), WithBackward(loss_and_gradients))
+    }
+}
+
+impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySizeLoss<F>> {
+    /// A probe whose loss depends on an input size as well as the batch:
+    /// `loss(batch, size)` is the scalar loss of `batch` samples of `size`
+    /// (tokens, pixels per side), starting at `size`. It is
+    /// [`Resizable`](crate::Resizable), for
+    /// [`Tuner::run_sizes`](crate::Tuner::run_sizes).
+    ///
+    /// ```
+    /// #[global_allocator]
+    /// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+    ///
+    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
+    /// use candle_core::{DType, Device, Module, Tensor};
+    /// use candle_nn::{embedding, linear, loss, ParamsAdamW, VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    /// let (embed, head) = (embedding(32, 16, vb.pp("embed"))?, linear(16, 32, vb.pp("head"))?);
+    /// let loss = |batch: usize, len: usize| {
+    ///     let tokens = Tensor::zeros((batch, len), DType::U32, &Device::Cpu)?;
+    ///     let logits = head.forward(&embed.forward(&tokens)?)?.reshape((batch * len, 32))?;
+    ///     loss::cross_entropy(&logits, &tokens.flatten_all()?)
+    /// };
+    /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).adamw(ParamsAdamW::default())?;
+    /// let plan = Tuner::new().max_batch(4096).run_sizes(&mut probe, &mut HeapMeter::new(8 << 20)?, &[16, 64])?;
+    /// assert!(plan.sizes[0].plan.largest_batch > plan.sizes[1].plan.largest_batch);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn by_size(varmap: &VarMap, size: usize, loss: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), BySizeLoss { loss, size })
+    }
+}
+
+impl<F: FnMut(usize, usize) -> Result<Tensor>> crate::Resizable for ModelProbe<BySizeLoss<F>> {
+    fn resize(&mut self, size: usize) -> std::result::Result<(), Error> {
+        self.loss.size = size;
+        Ok(())
+    }
+
+    fn size(&self) -> usize {
+        self.loss.size
     }
 }
 
