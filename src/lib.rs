@@ -48,7 +48,11 @@
 //! ```
 //!
 //! Probe at the longest sequence (largest image) training will see: activation
-//! memory per sample grows with it, quadratically in attention.
+//! memory per sample grows with it, quadratically in attention. Or probe at
+//! several ([`Tuner::run_sizes`] with [`ModelProbe::by_size`]) and get a batch
+//! per length bucket, a token budget and a memory model in batch and length
+//! ([`SizePlan`]). With mixed GPUs, [`Tuner::uneven_ranks`] gives each rank a
+//! share of one exact global batch in proportion to what fits on it.
 //!
 //! ## From the command line
 //!
@@ -59,6 +63,7 @@
 //! ```text
 //! cargo run --release                    # probe a small transformer under a 256 MiB budget
 //! autobatch probe --model transformer --seq-len 256 --budget 1GiB --target-effective-batch 1024
+//! autobatch probe --seq-lens 64,128,256   # a batch per sequence length, a token budget
 //! autobatch estimate --params 7B --optimizer adamw --mixed-precision --capacity 80GB
 //! autobatch plan --target 268 --largest 133
 //! ```
