@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::format_bytes;
 
-/// What a [`Headroom`] check measured.
+/// What a [`Headroom`](crate::Headroom) check measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HeadroomReport {
     /// The batch run.

@@ -69,7 +69,9 @@ struct State {
     first: Option<Var>,
 }
 
-/// Adafactor: see the [module docs](self) for the algorithm and its state.
+/// Adafactor (Shazeer & Stern 2018): factored second moment, no first moment, relative step size
+/// `min(1e-2, 1/√t)` scaled by the parameter's RMS, update clipping at 1.0, decay `1 − t^−0.8`;
+/// state `4·(rows + cols)` bytes per matrix, 4 per value of a vector (see [`crate::optim`]).
 ///
 /// ```
 /// use autobatch::optim::{Adafactor, DryStep, ParamsAdafactor};

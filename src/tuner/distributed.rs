@@ -25,7 +25,7 @@ impl Tuner {
     ///
     /// With [`uneven_ranks`](Tuner::uneven_ranks) each rank keeps its own
     /// largest batch instead, and the global batch is shared in proportion to
-    /// them ([`plan_ranks`](crate::plan_ranks)); a rank whose share
+    /// them ([`plan_ranks`]); a rank whose share
     /// accumulates verifies its micro-batch with the accumulator held, and
     /// when it does not fit there every rank shares again with that rank's
     /// smaller capacity.

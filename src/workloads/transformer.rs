@@ -32,7 +32,7 @@ pub struct TransformerConfig {
     pub dtype: DType,
     /// Seed of the weights and the synthetic data.
     pub seed: u64,
-    /// Gradient checkpointing over the blocks ([`checkpointed`](crate::model::checkpointed)):
+    /// Gradient checkpointing over the blocks ([`checkpointed`]):
     /// each block's input kept instead of its activations, each block run again
     /// in the backward pass.
     pub checkpointing: bool,
@@ -315,7 +315,7 @@ impl Model for Transformer {
     }
 
     /// With checkpointing: the boundaries of the blocks kept, each block run
-    /// again in the backward pass ([`checkpointed`](crate::model::checkpointed)).
+    /// again in the backward pass ([`checkpointed`]).
     fn loss_and_gradients(
         &self,
         batch: usize,
