@@ -16,6 +16,12 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 /// constants such as an attention mask), then runs the optimizer's step. This
 /// is the accumulation the tuner verified the plan with.
 ///
+/// It runs one process's share: it has no all-reduce. With a plan for
+/// uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks)) the
+/// micro-batch losses are scaled to the *global* batch, so the gradients must
+/// be summed over ranks before the update: drive the ranks with a
+/// [`Guard`] and your own all-reduce instead.
+///
 /// ```
 /// # #[global_allocator]
 /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
