@@ -176,6 +176,19 @@ pub enum Error {
         world_size: usize,
     },
 
+    /// [`TrainLoop`](crate::TrainLoop) was given a plan for uneven ranks: its
+    /// losses are scaled to the global batch, which only an all-reduce over the
+    /// ranks makes whole, and the loop has none.
+    #[error(
+        "this plan shares a global batch over {world_size} uneven ranks: its micro-batch losses are scaled to the \
+         global batch and need the gradients summed over ranks before the update; TrainLoop has no all-reduce: \
+         drive each rank with Guard::new(&plan) and your collective"
+    )]
+    UnevenPlanNeedsAllReduce {
+        /// The ranks of the plan's split.
+        world_size: usize,
+    },
+
     /// A batch was asked for an input size past the longest one probed.
     #[error(
         "size {size} is past the longest size probed, {longest}: probe it (or a longer one) to get a batch for it"
@@ -387,6 +400,7 @@ impl Error {
                 | Error::InexactGlobalBatch { .. }
                 | Error::RankOutOfRange { .. }
                 | Error::SizeOutOfRange { .. }
+                | Error::UnevenPlanNeedsAllReduce { .. }
                 | Error::InvalidModel { .. }
                 | Error::UnsupportedDtype { .. }
                 | Error::InvalidHeadroom { .. }

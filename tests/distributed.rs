@@ -336,3 +336,14 @@ fn uneven_ranks_loss_weights_give_the_global_mean_gradient() -> candle_core::Res
     }
     Ok(())
 }
+
+#[test]
+fn train_loop_refuses_a_plan_for_uneven_ranks() {
+    let sims = vec![device(80).build(), device(40).build()];
+    let plans = on_uneven_ranks(&Tuner::new().target_effective_batch(1000), sims);
+    let plan = plans[0].as_ref().unwrap();
+    let varmap = candle_nn::VarMap::new();
+    let optimizer = <candle_nn::SGD as candle_nn::Optimizer>::new(varmap.all_vars(), 0.1).unwrap();
+    let err = autobatch::TrainLoop::new(plan, &varmap, optimizer).unwrap_err();
+    assert!(matches!(err, Error::UnevenPlanNeedsAllReduce { world_size: 2 }), "{err}");
+}

@@ -19,8 +19,9 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 /// It runs one process's share: it has no all-reduce. With a plan for
 /// uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks)) the
 /// micro-batch losses are scaled to the *global* batch, so the gradients must
-/// be summed over ranks before the update: drive the ranks with a
-/// [`Guard`] and your own all-reduce instead.
+/// be summed over ranks before the update: `new` refuses such a plan
+/// ([`Error::UnevenPlanNeedsAllReduce`]); drive the ranks with a [`Guard`] and
+/// your own all-reduce instead.
 ///
 /// ```
 /// # #[global_allocator]
@@ -62,6 +63,9 @@ impl<O: Optimizer> TrainLoop<O> {
 
     /// A loop over variables held elsewhere than in a `VarMap`.
     pub fn from_vars(plan: &Plan, vars: impl IntoIterator<Item = Var>, optimizer: O) -> Result<Self, Error> {
+        if let Some(split) = plan.ranks.as_ref().filter(|split| split.world_size() > 1) {
+            return Err(Error::UnevenPlanNeedsAllReduce { world_size: split.world_size() });
+        }
         Ok(TrainLoop { guard: Guard::new(plan)?, vars: vars.into_iter().collect(), optimizer })
     }
 
