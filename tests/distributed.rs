@@ -11,16 +11,21 @@ const MIB: u64 = 1 << 20;
 
 /// Runs `tuner` on every rank, each on its own simulated device.
 fn on_ranks(tuner: &Tuner, sims: Vec<Simulation>) -> Vec<Result<Plan, Error>> {
-    let ranks = ThreadCollective::group(sims.len()).unwrap();
+    on_ranks_with(tuner, sims.into_iter().map(Simulation::build).collect())
+}
+
+/// Runs `tuner` on every rank, each with its own workload and meter.
+fn on_ranks_with<W: autobatch::Workload + Send>(
+    tuner: &Tuner,
+    ranks: Vec<(W, autobatch::memory::simulated::SimulatedMeter)>,
+) -> Vec<Result<Plan, Error>> {
+    let collective = ThreadCollective::group(ranks.len()).unwrap();
     std::thread::scope(|s| {
-        let runs: Vec<_> = ranks
+        let runs: Vec<_> = collective
             .iter()
-            .zip(sims)
-            .map(|(rank, sim)| {
-                s.spawn(move || {
-                    let (mut workload, mut meter) = sim.build();
-                    tuner.run_distributed(&mut workload, &mut meter, rank)
-                })
+            .zip(ranks)
+            .map(|(rank, (mut workload, mut meter))| {
+                s.spawn(move || tuner.run_distributed(&mut workload, &mut meter, rank))
             })
             .collect();
         runs.into_iter().map(|run| run.join().unwrap()).collect()
@@ -119,22 +124,12 @@ fn a_world_size_that_disagrees_with_the_collective_is_an_error() {
     assert!(matches!(err, Error::WorldSizeMismatch { tuner: 4, collective: 1 }), "{err}");
 }
 
-/// Runs `tuner` (with uneven ranks) on every rank, each with its own workload.
+/// Runs `tuner` with uneven ranks on every rank, each with its own workload.
 fn on_uneven_ranks<W: autobatch::Workload + Send>(
     tuner: &Tuner,
     ranks: Vec<(W, autobatch::memory::simulated::SimulatedMeter)>,
 ) -> Vec<Result<Plan, Error>> {
-    let collective = ThreadCollective::group(ranks.len()).unwrap();
-    std::thread::scope(|s| {
-        let runs: Vec<_> = collective
-            .iter()
-            .zip(ranks)
-            .map(|(rank, (mut workload, mut meter))| {
-                s.spawn(move || tuner.clone().uneven_ranks(true).run_distributed(&mut workload, &mut meter, rank))
-            })
-            .collect();
-        runs.into_iter().map(|run| run.join().unwrap()).collect()
-    })
+    on_ranks_with(&tuner.clone().uneven_ranks(true), ranks)
 }
 
 proptest! {
