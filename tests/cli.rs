@@ -319,3 +319,20 @@ fn sequence_lengths_that_cannot_be_probed_are_usage_errors() {
     assert_usage_error(&["probe", "--seq-lens", "16,0"], "--seq-lens");
     assert_usage_error(&["probe", "--seq-lens", "16,32", "--eval"], "--eval does not go with --seq-lens");
 }
+
+#[test]
+fn plan_shares_a_global_batch_among_uneven_ranks() {
+    let output = autobatch(&["plan", "--target", "1000", "--uneven", "200,90"]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", text(&output.stderr));
+    assert!(stdout.contains("global batch 1000 (target 1000, exact) over 2 ranks, 4 accumulation steps"), "{stdout}");
+    assert!(stdout.contains("rank 1 (fits 90): 310 samples (690..1000) in micro-steps 78, 78, 77, 77"), "{stdout}");
+    let json = autobatch(&["plan", "--target", "1001", "--uneven", "64,32,16", "--json"]);
+    let split: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let samples: u64 = split["shares"].as_array().unwrap().iter().map(|s| s["samples"].as_u64().unwrap()).sum();
+    assert_eq!((samples, split["exact"].as_bool()), (1001, Some(true)));
+    assert_usage_error(&["plan", "--target", "1001", "--uneven", "64,32", "--multiple-of", "8", "--exact"], "1008");
+    assert_usage_error(&["plan", "--target", "1000", "--uneven", "64,4", "--multiple-of", "8"], "rank 1");
+    assert_usage_error(&["plan", "--target", "1000", "--uneven", "64,32", "--largest", "8"], "--largest");
+    assert_usage_error(&["plan", "--target", "1", "--uneven", "64,32"], "every rank needs");
+}

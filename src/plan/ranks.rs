@@ -109,6 +109,58 @@ impl RankSplit {
     }
 }
 
+impl std::fmt::Display for RankSplit {
+    /// ```text
+    /// global batch 1000 (target 1000, exact) over 2 ranks, 4 accumulation steps each
+    /// rank 0 (fits 200): 690 samples (0..690) in micro-steps 173, 173, 172, 172; loss weights 0.1730, 0.1730, 0.1720, 0.1720
+    /// rank 1 (fits 90): 310 samples (690..1000) in micro-steps 78, 78, 77, 77; loss weights 0.0780, 0.0780, 0.0770, 0.0770
+    /// scale each micro-step's mean loss by its weight and sum the gradients over ranks (× 2 when the all-reduce averages)
+    /// ```
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let exactness = if self.exact {
+            "exact".to_owned()
+        } else {
+            format!(
+                "{} above, the nearest multiple of {}",
+                self.global_batch - self.target_global_batch,
+                self.multiple_of
+            )
+        };
+        writeln!(
+            f,
+            "global batch {} (target {}, {exactness}) over {} ranks, {} accumulation step{} each",
+            self.global_batch,
+            self.target_global_batch,
+            self.world_size(),
+            self.accumulation_steps,
+            if self.accumulation_steps == 1 { "" } else { "s" }
+        )?;
+        for share in &self.shares {
+            let micro: Vec<String> = share.micro_batches.iter().map(usize::to_string).collect();
+            let weights: Vec<String> = (0..share.micro_batches.len())
+                .map(|step| format!("{:.4}", self.loss_weight(share.rank, step)))
+                .collect();
+            writeln!(
+                f,
+                "rank {} (fits {}): {} samples ({}..{}) in micro-steps {}; loss weights {}",
+                share.rank,
+                share.largest_micro_batch,
+                share.samples,
+                share.offset,
+                share.offset + share.samples,
+                micro.join(", "),
+                weights.join(", ")
+            )?;
+        }
+        write!(
+            f,
+            "scale each micro-step's mean loss by its weight and sum the gradients over ranks (× {} when the \
+             all-reduce averages)",
+            self.world_size()
+        )
+    }
+}
+
 /// Shares a global batch of `target_global_batch` samples per optimizer step
 /// among ranks whose largest micro-batches are `largest_micro_batches` (one per
 /// rank), in proportion to them.

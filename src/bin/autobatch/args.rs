@@ -298,8 +298,13 @@ pub struct PlanArgs {
     #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub target: usize,
     /// Largest micro-batch that fits on one rank.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
-    pub largest: usize,
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, required_unless_present = "uneven")]
+    pub largest: Option<usize>,
+    /// Mixed GPUs: the largest micro-batch of each rank, comma-separated
+    /// (e.g. 200,90); the target is shared in proportion, exactly, with
+    /// each rank's micro-steps and loss weights.
+    #[arg(long, value_delimiter = ',', value_parser = positive, allow_negative_numbers = true, conflicts_with_all = ["largest", "world_size"])]
+    pub uneven: Vec<usize>,
     /// Data-parallel ranks.
     #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub world_size: usize,

@@ -168,16 +168,42 @@ fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<(u64, Op
 }
 
 pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
-    if args.largest < args.multiple_of {
+    let Some(largest) = args.largest else { return plan_uneven(args) };
+    if largest < args.multiple_of {
         return Err(Failure::usage(format!(
             "--largest {} is below --multiple-of {}: no micro-batch that is a multiple of {} fits; \
              lower --multiple-of to at most {}",
-            args.largest, args.multiple_of, args.multiple_of, args.largest
+            largest, args.multiple_of, args.multiple_of, largest
         )));
     }
-    let mut split = plan_accumulation_aligned(args.target, args.world_size, args.largest, args.multiple_of)?;
+    let mut split = plan_accumulation_aligned(args.target, args.world_size, largest, args.multiple_of)?;
     if args.exact {
         split = split.require_exact()?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&split).expect("plain values serialize"));
+    } else {
+        println!("{split}");
+    }
+    Ok(())
+}
+
+/// `plan --uneven 200,90`: the target shared among ranks of uneven capacity.
+fn plan_uneven(args: &PlanArgs) -> Result<(), Failure> {
+    if let Some(rank) = args.uneven.iter().position(|&largest| largest < args.multiple_of) {
+        return Err(Failure::usage(format!(
+            "--uneven: rank {rank}'s largest micro-batch {} is below --multiple-of {}: it cannot take one",
+            args.uneven[rank], args.multiple_of
+        )));
+    }
+    let split = autobatch::plan_ranks(args.target, &args.uneven, args.multiple_of)?;
+    if args.exact && !split.exact {
+        return Err(autobatch::Error::InexactGlobalBatch {
+            target: args.target,
+            multiple_of: args.multiple_of,
+            nearest: split.global_batch,
+        }
+        .into());
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&split).expect("plain values serialize"));
