@@ -564,9 +564,12 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
         let peak = peak_of(&mut probe, predicted.batch);
         assert!(peak <= plan.limit_bytes + TOLERANCE, "predicted {predicted:?} peaks at {peak}\n{plan}");
     }
-    for entry in &plan.sizes {
-        let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
-        let mut training = TrainLoop::new(&entry.plan, &varmap, optimizer).unwrap();
+    // one optimizer throughout, each step at its bucket's plan
+    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let mut training = TrainLoop::new(&plan.sizes[0].plan, &varmap, optimizer).unwrap();
+    for entry in plan.sizes.iter().rev() {
+        training.switch_plan(&entry.plan).unwrap();
+        assert_eq!(training.guard().micro_batch(), entry.plan.micro_batch);
         for step in 0..2 {
             meter.reset_peak().unwrap();
             training

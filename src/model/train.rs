@@ -50,6 +50,7 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 /// ```
 pub struct TrainLoop<O> {
     guard: Guard,
+    grow_back_after: Option<usize>,
     vars: Vec<Var>,
     optimizer: O,
 }
@@ -63,17 +64,40 @@ impl<O: Optimizer> TrainLoop<O> {
 
     /// A loop over variables held elsewhere than in a `VarMap`.
     pub fn from_vars(plan: &Plan, vars: impl IntoIterator<Item = Var>, optimizer: O) -> Result<Self, Error> {
-        if let Some(split) = plan.ranks.as_ref().filter(|split| split.world_size() > 1) {
-            return Err(Error::UnevenPlanNeedsAllReduce { world_size: split.world_size() });
-        }
-        Ok(TrainLoop { guard: Guard::new(plan)?, vars: vars.into_iter().collect(), optimizer })
+        Ok(TrainLoop {
+            guard: Self::guard_for(plan)?,
+            grow_back_after: None,
+            vars: vars.into_iter().collect(),
+            optimizer,
+        })
     }
 
     /// Doubles the micro-batch back after `steps` optimizer steps without an
     /// out-of-memory error (see [`Guard::grow_back_after`]).
     pub fn grow_back_after(mut self, steps: usize) -> Self {
         self.guard = self.guard.grow_back_after(steps);
+        self.grow_back_after = Some(steps);
         self
+    }
+
+    /// Trains the following steps with `plan`'s micro-batches and
+    /// accumulation, keeping the optimizer and its state: for length-bucketed
+    /// training, the plan of the bucket the next batch comes from
+    /// ([`SizePlan::plan_for`](crate::SizePlan::plan_for)).
+    pub fn switch_plan(&mut self, plan: &Plan) -> Result<(), Error> {
+        let guard = Self::guard_for(plan)?;
+        self.guard = match self.grow_back_after {
+            Some(steps) => guard.grow_back_after(steps),
+            None => guard,
+        };
+        Ok(())
+    }
+
+    fn guard_for(plan: &Plan) -> Result<Guard, Error> {
+        if let Some(split) = plan.ranks.as_ref().filter(|split| split.world_size() > 1) {
+            return Err(Error::UnevenPlanNeedsAllReduce { world_size: split.world_size() });
+        }
+        Guard::new(plan)
     }
 
     /// One optimizer step. `micro_step(micro)` returns the mean loss of the
