@@ -27,6 +27,11 @@ fn env_number(name: &str) -> Result<usize, Error> {
     text.parse().map_err(|_| Error::Collective(format!("{name}={text:?} is not a number")))
 }
 
+/// A failure moving a collective's values to or from the GPU.
+fn staging(what: &str, values: &str, err: cudarc::driver::DriverError) -> Error {
+    Error::Collective(format!("{what} {values} on the GPU: {err}"))
+}
+
 fn nccl(err: cudarc::nccl::result::NcclError) -> Error {
     Error::Collective(format!("NCCL: {err:?}"))
 }
@@ -82,9 +87,7 @@ impl NcclCollective {
 
     fn all_reduce(&self, value: u64, op: ReduceOp) -> Result<u64, Error> {
         let stream = self.comm.stream();
-        let copy = |what: &str, err: cudarc::driver::DriverError| {
-            Error::Collective(format!("{what} the all-reduce value on the GPU: {err}"))
-        };
+        let copy = |what: &str, err| staging(what, "the all-reduce value", err);
         let send = stream.clone_htod(&[value]).map_err(|e| copy("copying", e))?;
         let mut receive = stream.alloc_zeros::<u64>(1).map_err(|e| copy("allocating", e))?;
         self.comm.all_reduce(&send, &mut receive, &op).map_err(nccl)?;
@@ -108,5 +111,15 @@ impl Collective for NcclCollective {
 
     fn all_reduce_max(&self, value: u64) -> Result<u64, Error> {
         self.all_reduce(value, ReduceOp::Max)
+    }
+
+    /// One NCCL all-gather (not one all-reduce per rank).
+    fn all_gather(&self, value: u64) -> Result<Vec<u64>, Error> {
+        let stream = self.comm.stream();
+        let copy = |what: &str, err| staging(what, "the all-gather values", err);
+        let send = stream.clone_htod(&[value]).map_err(|e| copy("copying", e))?;
+        let mut receive = stream.alloc_zeros::<u64>(self.comm.world_size()).map_err(|e| copy("allocating", e))?;
+        self.comm.all_gather(&send, &mut receive).map_err(nccl)?;
+        stream.clone_dtoh(&receive).map_err(|e| copy("reading back", e))
     }
 }
