@@ -261,7 +261,12 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
         let checked = plan.trials.iter().rev().find(|t| t.kind == autobatch::TrialKind::Accumulation).unwrap();
         assert_eq!((checked.batch, checked.outcome), (plan.micro_batch, autobatch::Outcome::Fits), "{plan}");
         assert!(plan.accumulation_peak_bytes.unwrap() <= plan.limit_bytes());
+        let summary = plan.summary();
+        assert!(summary.contains(&format!("plan (rank {rank} of 3, uneven): micro-steps ")), "{summary}");
+        assert!(summary.contains(&format!(" × {}", plan.micro_batch)), "{summary}");
+        assert!(summary.contains("= global batch 10000 (target 10000, exact)"), "{summary}");
     }
+    eprintln!("{}", plans[2].summary());
 }
 
 /// Uneven micro-batches with the plan's loss weights give exactly the gradient

@@ -79,6 +79,18 @@ impl RankShare {
         self.micro_batches.first().copied().unwrap_or(0)
     }
 
+    /// Its micro-steps in short: `2 × 173 + 2 × 172`.
+    pub fn micro_steps_summary(&self) -> String {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for &micro in &self.micro_batches {
+            match runs.last_mut() {
+                Some((size, count)) if *size == micro => *count += 1,
+                _ => runs.push((micro, 1)),
+            }
+        }
+        runs.iter().map(|(size, count)| format!("{count} × {size}")).collect::<Vec<_>>().join(" + ")
+    }
+
     /// The global indices of micro-step `step`'s samples (empty past the last step).
     pub fn micro_range(&self, step: usize) -> std::ops::Range<usize> {
         let before: usize = self.micro_batches.iter().take(step).sum();
@@ -112,9 +124,9 @@ impl RankSplit {
 impl std::fmt::Display for RankSplit {
     /// ```text
     /// global batch 1000 (target 1000, exact) over 2 ranks, 4 accumulation steps each
-    /// rank 0 (fits 200): 690 samples (0..690) in micro-steps 173, 173, 172, 172; loss weights 0.1730, 0.1730, 0.1720, 0.1720
-    /// rank 1 (fits 90): 310 samples (690..1000) in micro-steps 78, 78, 77, 77; loss weights 0.0780, 0.0780, 0.0770, 0.0770
-    /// scale each micro-step's mean loss by its weight and sum the gradients over ranks (× 2 when the all-reduce averages)
+    /// rank 0 (fits 200): 690 samples (0..690) in micro-steps 2 × 173 + 2 × 172
+    /// rank 1 (fits 90): 310 samples (690..1000) in micro-steps 2 × 78 + 2 × 77
+    /// loss weights: scale each micro-step's mean loss by its samples / 1000 and sum the gradients over ranks (× 2 when the all-reduce averages)
     /// ```
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let exactness = if self.exact {
@@ -136,26 +148,22 @@ impl std::fmt::Display for RankSplit {
             if self.accumulation_steps == 1 { "" } else { "s" }
         )?;
         for share in &self.shares {
-            let micro: Vec<String> = share.micro_batches.iter().map(usize::to_string).collect();
-            let weights: Vec<String> = (0..share.micro_batches.len())
-                .map(|step| format!("{:.4}", self.loss_weight(share.rank, step)))
-                .collect();
             writeln!(
                 f,
-                "rank {} (fits {}): {} samples ({}..{}) in micro-steps {}; loss weights {}",
+                "rank {} (fits {}): {} samples ({}..{}) in micro-steps {}",
                 share.rank,
                 share.largest_micro_batch,
                 share.samples,
                 share.offset,
                 share.offset + share.samples,
-                micro.join(", "),
-                weights.join(", ")
+                share.micro_steps_summary()
             )?;
         }
         write!(
             f,
-            "scale each micro-step's mean loss by its weight and sum the gradients over ranks (× {} when the \
-             all-reduce averages)",
+            "loss weights: scale each micro-step's mean loss by its samples / {} and sum the gradients over ranks \
+             (× {} when the all-reduce averages)",
+            self.global_batch,
             self.world_size()
         )
     }

@@ -145,14 +145,11 @@ impl Plan {
 }
 
 /// ` (target 268, exact)` or ` (target 257, +1: scale the learning rate …)`.
-/// `plan (rank 1 of 2): micro-steps 78, 78, 77, 77 (loss weights 0.078, …); ranks' samples 690 + 310 = global batch 1000 (target 1000, exact)`
+/// `plan (rank 1 of 2, uneven): micro-steps 2 × 78 + 2 × 77 (…); ranks' samples 690 + 310 = global batch 1000 (target 1000, exact)`
 fn uneven_note(split: &super::RankSplit, rank: usize) -> String {
     let Some(share) = split.shares.get(rank) else {
         return format!("plan: rank {rank} is not among the {} ranks of the split", split.world_size());
     };
-    let micro: Vec<String> = share.micro_batches.iter().map(usize::to_string).collect();
-    let weights: Vec<String> =
-        (0..share.micro_batches.len()).map(|step| format!("{:.4}", split.loss_weight(rank, step))).collect();
     let samples: Vec<String> = split.shares.iter().map(|s| s.samples.to_string()).collect();
     let exactness = if split.exact {
         "exact".to_owned()
@@ -160,11 +157,11 @@ fn uneven_note(split: &super::RankSplit, rank: usize) -> String {
         format!("{} above", split.global_batch - split.target_global_batch)
     };
     format!(
-        "plan (rank {rank} of {}, uneven): micro-steps {} (mean-loss weights {} when gradients are summed over ranks); \
-         ranks' samples {} = global batch {} (target {}, {exactness})",
+        "plan (rank {rank} of {}, uneven): micro-steps {} (each mean loss × its samples / {} when gradients are \
+         summed over ranks); ranks' samples {} = global batch {} (target {}, {exactness})",
         split.world_size(),
-        micro.join(", "),
-        weights.join(", "),
+        share.micro_steps_summary(),
+        split.global_batch,
         samples.join(" + "),
         split.global_batch,
         split.target_global_batch
