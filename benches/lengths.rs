@@ -21,7 +21,9 @@
 //!   bucket (the probed length at or above its longest sample);
 //! - **per-bucket batches**: each bucket at its own verified largest batch
 //!   (`SizePlan::bucket_for`);
-//! - **token budget**: each bucket at `token_budget / length` samples.
+//! - **token budget**: each bucket at `token_budget / length` samples;
+//! - **throughput choice**: each bucket at the batch `Objective::Throughput`
+//!   picked at its size (the fastest of the largest, ¾ and ½ of it).
 //!
 //! Samples per second over the distribution is the number of samples over the
 //! time their batches take: Σ over buckets of (samples in the bucket / batch)
@@ -34,7 +36,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use autobatch::workloads::TransformerConfig;
-use autobatch::{format_bytes, HeapMeter, MemoryMeter, Resizable, Tuner, Workload};
+use autobatch::{format_bytes, HeapMeter, MemoryMeter, Objective, Resizable, Tuner, Workload};
 use candle_core::Device;
 
 const BUDGET: u64 = 256 << 20;
@@ -106,6 +108,12 @@ fn section() -> String {
         counts[BUCKETS.iter().position(|&b| b == bucket).unwrap()] += 1;
     }
     let longest = plan.batch_for(256).unwrap().batch;
+    // the same sizes with the throughput objective: each size's fastest batch near its largest
+    let started = Instant::now();
+    let fastest = Tuner::new().objective(Objective::Throughput).run_sizes(&mut trainer, &mut meter, &BUCKETS).unwrap();
+    let throughput_s = started.elapsed().as_secs_f64();
+    let throughput_steps: usize = fastest.sizes.iter().flat_map(|s| &s.plan.trials).map(|t| t.steps).sum();
+    let chosen = |size: usize| fastest.plan_for(size).unwrap().micro_batch;
     let policies = [
         Policy { name: "one batch tuned at 256, padded to 256", batches: BUCKETS.map(|b| (b, longest, 256)).to_vec() },
         Policy {
@@ -117,6 +125,7 @@ fn section() -> String {
             batches: BUCKETS.map(|b| (b, plan.bucket_for(b).unwrap().batch, b)).to_vec(),
         },
         Policy { name: "token budget / length", batches: BUCKETS.map(|b| (b, plan.token_budget / b, b)).to_vec() },
+        Policy { name: "each bucket at its throughput choice", batches: BUCKETS.map(|b| (b, chosen(b), b)).to_vec() },
     ];
     let mut measured: Vec<((usize, usize), (f64, u64))> = Vec::new();
     let mut rows = String::new();
@@ -215,6 +224,13 @@ fn section() -> String {
         } else {
             ""
         }
+    );
+    let _ = writeln!(
+        out,
+        "\nThe throughput choice (`Tuner::objective(Objective::Throughput)` with `run_sizes`: the largest, ¾ and ½ \
+         of each size's largest batch timed three times) took {:.1} s and {throughput_steps} steps for the four \
+         sizes, search included.",
+        throughput_s
     );
     let _ = writeln!(
         out,
