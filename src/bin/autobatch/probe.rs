@@ -489,11 +489,6 @@ fn tune_lengths(
     if !between.is_empty() {
         println!("between probed lengths: {}", between.join(", "));
     }
-    for entry in &plan.sizes {
-        if entry.plan.accumulation_steps > 1 || entry.plan.target_effective_batch.is_some() {
-            println!("length {}: {}", entry.size, entry.plan.summary().lines().nth(1).unwrap_or_default());
-        }
-    }
     Ok(())
 }
 
