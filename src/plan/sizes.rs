@@ -276,7 +276,10 @@ impl SizePlan {
 
     /// The bucket an input of length `len` goes to when batches are padded to
     /// the probed sizes: the shortest probed size at least `len`, with its
-    /// verified batch. [`Error::SizeOutOfRange`] past the longest.
+    /// verified largest batch. [`Error::SizeOutOfRange`] past the longest.
+    /// With a target or [`Objective::Throughput`](crate::Objective::Throughput),
+    /// train with that size's plan ([`plan_for`](Self::plan_for)): its
+    /// micro-batch and accumulation steps.
     pub fn bucket_for(&self, len: usize) -> Result<SizeBatch, Error> {
         let longest = self.sizes.last().map_or(0, |entry| entry.size);
         let bucket =
