@@ -159,6 +159,8 @@ impl Tuner {
         let rank = collective.rank();
         // with the throughput objective the local micro-batch is the chosen one
         let mut capacity = plan.micro_batch;
+        // the largest micro-batch seen to fit with the accumulator held: smaller ones need no new check
+        let mut accumulating_fits = 0;
         for _ in 0..AGREEMENT_ROUNDS {
             let capacities: Vec<usize> =
                 collective.all_gather(capacity as u64)?.into_iter().map(|c| c as usize).collect();
@@ -179,11 +181,16 @@ impl Tuner {
                 });
             }
             let micro = split.shares[rank].micro_batch();
-            let verified = if split.accumulation_steps > 1 && workload.can_accumulate() {
+            let verified = if split.accumulation_steps > 1 && workload.can_accumulate() && micro > accumulating_fits {
                 self.accumulating_capacity(local, workload, meter, &mut plan, micro)
             } else {
                 Ok(micro)
             };
+            if let Ok(fits) = verified {
+                if fits == micro && split.accumulation_steps > 1 {
+                    accumulating_fits = accumulating_fits.max(micro);
+                }
+            }
             let status = match verified {
                 Ok(fits) if fits == micro => FITS_HERE,
                 Ok(_) => DOES_NOT_FIT_HERE,
