@@ -7,6 +7,9 @@ use autobatch::memory::simulated::{MemoryCurve, SimulatedMeter, SimulatedWorkloa
 use autobatch::{CacheKey, Error, Plan, Tuner};
 use candle_core::{DType, Device, Var};
 
+mod common;
+use common::accumulating::Accumulating;
+
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
@@ -240,4 +243,40 @@ fn a_linked_cache_is_updated_where_it_lives_and_keeps_its_permissions() {
     // and a hit through the link skips probing
     let (_, steps) = run(&tuner, 16 * GIB);
     assert_eq!(steps, 0);
+}
+
+/// A cached plan asked for a target whose split accumulates at a micro-batch
+/// the stored run never checked with the accumulator held: that one step runs
+/// on the hit, and the micro-batch comes down until it fits.
+#[test]
+fn a_hit_that_now_accumulates_checks_the_accumulator_once() {
+    let path = scratch("accumulating-hit");
+    let sim = || Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).name("sim-A");
+    let tuner = Tuner::new().cache(&path).cache_key(model_key(64, 512));
+    let (workload, mut meter) = sim().build();
+    let mut workload = Accumulating(workload);
+    let stored = tuner.run(&mut workload, &mut meter).unwrap();
+    assert_eq!(stored.accumulation_steps, 1);
+    let limit = stored.limit_bytes();
+    let fits = Accumulating::largest(&sim(), stored.largest_batch, limit);
+    assert!(fits < stored.largest_batch);
+
+    let steps = workload.0.steps();
+    let hit = tuner.clone().target_effective_batch(10 * stored.largest_batch).run(&mut workload, &mut meter).unwrap();
+    assert!(hit.cached);
+    assert!(hit.accumulation_steps > 1 && hit.micro_batch <= fits, "{} > {fits}\n{hit}", hit.micro_batch);
+    assert!(hit.accumulation_peak_bytes.is_some_and(|peak| peak <= limit), "{hit}");
+    assert!(workload.0.steps() > steps, "the accumulator was checked");
+
+    // what the check showed is stored: the same target again runs nothing
+    let steps = workload.0.steps();
+    let again = tuner.clone().target_effective_batch(10 * stored.largest_batch).run(&mut workload, &mut meter).unwrap();
+    assert_eq!((again.micro_batch, again.accumulation_steps), (hit.micro_batch, hit.accumulation_steps));
+    assert!(again.cached && again.accumulation_peak_bytes.is_some());
+    assert_eq!(workload.0.steps(), steps);
+    // and the stored answer is unchanged: without a target, the largest batch
+    let plain = tuner.run(&mut workload, &mut meter).unwrap();
+    assert_eq!((plain.micro_batch, plain.accumulation_steps), (stored.largest_batch, 1));
+    assert_eq!(workload.0.steps(), steps);
+    let _ = std::fs::remove_file(&path);
 }

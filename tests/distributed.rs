@@ -6,6 +6,9 @@ use autobatch::search::SearchSpace;
 use autobatch::{Error, Plan, Tuner};
 use proptest::prelude::*;
 
+mod common;
+use common::accumulating::Accumulating;
+
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
@@ -208,22 +211,6 @@ fn uneven_ranks_when_one_rank_fails_no_rank_trains() {
     assert!(matches!(results[0], Err(Error::RankFailed)) && matches!(results[2], Err(Error::RankFailed)));
 }
 
-/// A simulated step whose accumulating micro-step holds a quarter more: as
-/// when the accumulator (a copy of the gradients) is large beside the activations.
-struct Accumulating(autobatch::memory::simulated::SimulatedWorkload);
-
-impl autobatch::Workload for Accumulating {
-    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
-        self.0.step(batch)
-    }
-    fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
-        self.0.step(batch + batch / 4)
-    }
-    fn can_accumulate(&self) -> bool {
-        true
-    }
-}
-
 #[test]
 fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
     let space = SearchSpace::new(1, None, 1).unwrap();
@@ -235,8 +222,7 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
         .zip(capacities)
         .map(|(sim, capacity)| {
             let plain = sim.true_largest(0.9, &space, 1 << 20).unwrap();
-            let limit = (0.9 * (capacity * GIB) as f64) as u64;
-            (1..=plain).rev().find(|&b| sim.device_peak(b + b / 4) <= limit).unwrap()
+            Accumulating::largest(sim, plain, (0.9 * (capacity * GIB) as f64) as u64)
         })
         .collect();
     let target = 10_000; // several micro-steps on every rank
@@ -346,4 +332,34 @@ fn train_loop_refuses_a_plan_for_uneven_ranks() {
     let optimizer = <candle_nn::SGD as candle_nn::Optimizer>::new(varmap.all_vars(), 0.1).unwrap();
     let err = autobatch::TrainLoop::new(plan, &varmap, optimizer).unwrap_err();
     assert!(matches!(err, Error::UnevenPlanNeedsAllReduce { world_size: 2 }), "{err}");
+}
+
+#[test]
+fn the_agreed_batch_accumulates_only_where_every_rank_holds_the_accumulator() {
+    let space = SearchSpace::new(1, None, 1).unwrap();
+    let capacities = [80, 40, 24];
+    let sims = capacities.map(device);
+    let accumulating = sims
+        .iter()
+        .zip(capacities)
+        .map(|(sim, capacity)| {
+            let plain = sim.true_largest(0.9, &space, 1 << 20).unwrap();
+            Accumulating::largest(sim, plain, (0.9 * (capacity * GIB) as f64) as u64)
+        })
+        .min()
+        .unwrap();
+    let ranks = sims.into_iter().map(|sim| sim.build()).map(|(w, m)| (Accumulating(w), m)).collect();
+    let plans: Vec<Plan> =
+        on_ranks_with(&Tuner::new().target_effective_batch(6000), ranks).into_iter().map(Result::unwrap).collect();
+    let first = &plans[0];
+    assert!(first.accumulation_steps > 1, "{first}");
+    assert!(first.micro_batch <= accumulating, "{} > {accumulating}\n{first}", first.micro_batch);
+    for plan in &plans {
+        assert_eq!((plan.micro_batch, plan.accumulation_steps), (first.micro_batch, first.accumulation_steps));
+        assert_eq!(plan.micro_batch * plan.accumulation_steps * 3, plan.effective_batch);
+        assert!(plan.effective_batch >= 6000);
+        assert!(plan.accumulation_peak_bytes.is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
+    }
+    // the smallest rank's agreed batch did not fit with the accumulator: it was lowered
+    assert!(first.micro_batch < first.largest_batch, "{first}");
 }

@@ -67,7 +67,7 @@ impl Tuner {
         let local = Tuner { world_size: 1, target_effective_batch: None, exact_effective_batch: false, ..self.clone() };
         let mut result = local.run(workload, meter);
         if self.uneven_ranks {
-            return self.share_unevenly(&local, result, workload, meter, collective);
+            return self.share_unevenly(result, workload, meter, collective);
         }
         // A few rounds: agree on the smallest answer; every rank that has not
         // seen it fit runs it; when one fails there, all search below it.
@@ -120,7 +120,7 @@ impl Tuner {
                 plan.rank = Some(collective.rank());
                 plan.largest_batch = agreed;
                 let with_ranks = Tuner { world_size, ..self.clone() };
-                with_ranks.replan(&mut plan)?;
+                with_ranks.agree_on_accumulation(&mut plan, workload, meter, collective)?;
                 return Ok(plan);
             }
             // some rank cannot run the agreed batch: everyone searches below it
@@ -139,7 +139,6 @@ impl Tuner {
     /// while some rank's does not fit.
     fn share_unevenly<W, M, C>(
         &self,
-        local: &Tuner,
         result: Result<Plan, Error>,
         workload: &mut W,
         meter: &mut M,
@@ -182,7 +181,7 @@ impl Tuner {
             }
             let micro = split.shares[rank].micro_batch();
             let verified = if split.accumulation_steps > 1 && workload.can_accumulate() && micro > accumulating_fits {
-                self.accumulating_capacity(local, workload, meter, &mut plan, micro)
+                self.accumulating_capacity(workload, meter, &mut plan, micro)
             } else {
                 Ok(micro)
             };
@@ -220,54 +219,54 @@ impl Tuner {
         Err(Error::Collective(format!("the ranks did not share the global batch in {AGREEMENT_ROUNDS} rounds")))
     }
 
-    /// Runs the accumulating micro-step at `micro` (a plan of two micro-steps:
-    /// the tuner runs the plain step, then the one with the accumulator held):
-    /// `micro` when it fits, else a smaller capacity from how far over the
-    /// ceiling it went and the plan's bytes per sample.
-    fn accumulating_capacity<W, M>(
+    /// The agreed batch's accumulation: every rank plans the same split from
+    /// the same cap; when it accumulates, every rank checks the micro-step with
+    /// the accumulator held, and when one does not fit, all plan again from
+    /// the smallest capacity any rank found.
+    fn agree_on_accumulation<W, M, C>(
         &self,
-        local: &Tuner,
+        plan: &mut Plan,
         workload: &mut W,
         meter: &mut M,
-        plan: &mut Plan,
-        micro: usize,
-    ) -> Result<usize, Error>
+        collective: &C,
+    ) -> Result<(), Error>
     where
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
+        C: Collective + ?Sized,
     {
-        let check = Tuner {
-            start: micro,
-            max_batch: Some(micro),
-            max_trials: Some(1),
-            warmup: false,
-            cache_path: None,
-            target_effective_batch: Some(micro.saturating_mul(2)),
-            objective: super::Objective::LargestBatch,
-            ..local.clone()
-        };
-        let failure = match check.run(workload, meter) {
-            Ok(checked) => {
-                plan.trials.extend(checked.trials);
-                plan.accumulation_peak_bytes = checked.accumulation_peak_bytes;
-                return Ok(micro);
+        let mut cap = Self::cap(plan);
+        let mut accumulating_fits = 0;
+        for _ in 0..AGREEMENT_ROUNDS {
+            self.apply_split(plan, cap)?;
+            let micro = plan.micro_batch;
+            let verified = if plan.accumulation_steps > 1 && workload.can_accumulate() && micro > accumulating_fits {
+                self.accumulating_capacity(workload, meter, plan, micro)
+            } else {
+                Ok(micro)
+            };
+            let status = match verified {
+                Ok(fits) if fits == micro => FITS_HERE,
+                Ok(_) => DOES_NOT_FIT_HERE,
+                Err(_) => FAILED_HERE,
+            };
+            let everywhere = collective.all_reduce_min(status)?;
+            let fits = verified?;
+            if everywhere == FAILED_HERE {
+                return Err(Error::RankFailed);
             }
-            Err(err) => err,
-        };
-        let (peak_bytes, limit_bytes) = match &failure {
-            Error::NothingFits { peak_bytes, limit_bytes, .. } => (*peak_bytes, *limit_bytes),
-            _ => return Err(failure),
-        };
-        let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
-        let over = peak_bytes.map_or(0, |peak| peak.saturating_sub(limit_bytes)) as f64;
-        let samples = if per_sample > 0.0 { (over / per_sample).ceil() as usize } else { 0 };
-        let step = samples.div_ceil(self.multiple_of).max(1) * self.multiple_of;
-        match micro.checked_sub(step).filter(|&lower| lower >= self.start.max(self.multiple_of)) {
-            Some(lower) => {
-                log::info!("accumulating at micro-batch {micro} does not fit: sharing again with at most {lower}");
-                Ok(lower)
+            if fits == micro && plan.accumulation_steps > 1 {
+                accumulating_fits = accumulating_fits.max(micro);
             }
-            None => Err(failure),
+            if everywhere == FITS_HERE {
+                return Ok(());
+            }
+            // a rank that fits keeps the cap; one that does not offers what it found
+            let mine = if fits == micro { cap } else { fits };
+            cap = collective.all_reduce_min(mine as u64)? as usize;
         }
+        Err(Error::Collective(format!(
+            "the ranks did not agree on an accumulating micro-batch in {AGREEMENT_ROUNDS} rounds"
+        )))
     }
 }

@@ -2,6 +2,7 @@
 //! evaluation step's search in `evaluation`, multi-rank agreement in
 //! `distributed`, several input sizes in `sizes`, live progress in `observer`.
 
+mod accumulation;
 mod compare;
 mod distributed;
 mod evaluation;
@@ -212,7 +213,11 @@ impl Tuner {
 
     /// Keeps plans in a JSON file at `path`: a run whose model, device and
     /// search settings match a stored plan returns it without probing (logged),
-    /// any change misses and probes. The model's part of the key comes from
+    /// any change misses and probes. The target and world size are not part of
+    /// the key: the accumulation is planned anew from the stored largest batch,
+    /// and when that split accumulates at a micro-batch the stored trials never
+    /// showed fitting with the accumulator held, that one micro-step is run
+    /// (lowered until it fits) and what it showed is stored. The model's part of the key comes from
     /// [`cache_key`](Tuner::cache_key) or the workload's
     /// [`Workload::cache_key`]; without either, `run` fails with
     /// [`Error::CacheKeyMissing`]. A corrupt, unreadable or foreign file is
@@ -329,7 +334,13 @@ impl Tuner {
         };
         if let Some((path, key)) = &cache {
             if let Some(plan) = crate::cache::lookup(path, key) {
-                return self.replan_cached(plan);
+                let trials = plan.trials.len();
+                let plan = self.replan_cached(plan, workload, meter)?;
+                if plan.trials.len() > trials {
+                    // the accumulator was checked: keep what it showed for the next start
+                    crate::cache::store(path, key, &Plan { cached: false, ..plan.clone() });
+                }
+                return Ok(plan);
             }
         }
         info!(
@@ -399,24 +410,39 @@ impl Tuner {
             .param("autobatch.objective", format!("{:?}", self.objective)))
     }
 
-    /// A cached plan brought up to this tuner's accumulation settings.
-    fn replan_cached(&self, mut plan: Plan) -> Result<Plan, Error> {
-        self.replan(&mut plan)?;
+    /// A cached plan brought up to this tuner's accumulation settings. When
+    /// the new split accumulates at a micro-batch larger than the stored plan
+    /// verified with the accumulator held, that micro-step is checked (and
+    /// the micro-batch lowered until it fits): the one case where a cache hit
+    /// runs a step.
+    fn replan_cached<W, M>(&self, mut plan: Plan, workload: &mut W, meter: &mut M) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let cap = Self::cap(&plan);
+        self.verified_replan(&mut plan, cap, workload, meter)?;
         plan.cached = true;
         Ok(plan)
     }
 
-    /// Plans `plan`'s accumulation anew from its largest batch, with this
-    /// tuner's target and world size.
-    fn replan(&self, plan: &mut Plan) -> Result<(), Error> {
-        // never above the largest batch: with several ranks it is the one all agreed on
-        let cap =
-            plan.throughput.as_ref().map_or(plan.largest_batch, |choice| choice.chosen_batch.min(plan.largest_batch));
+    /// The most a re-plan may give a micro-step: the largest batch, or the
+    /// throughput choice below it (with several ranks, the agreed batch).
+    fn cap(plan: &Plan) -> usize {
+        plan.throughput.as_ref().map_or(plan.largest_batch, |choice| choice.chosen_batch.min(plan.largest_batch))
+    }
+
+    /// Sets `plan`'s micro-batch, steps and effective batch from `cap` with
+    /// this tuner's target and world size.
+    fn apply_split(&self, plan: &mut Plan, cap: usize) -> Result<(), Error> {
         let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(cap)?;
         (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
             (micro_batch, accumulation_steps, effective_batch, accumulation);
         plan.world_size = self.world_size;
         plan.target_effective_batch = self.target_effective_batch;
+        if accumulation_steps <= 1 {
+            plan.accumulation_peak_bytes = None;
+        }
         Ok(())
     }
 }

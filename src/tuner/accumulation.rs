@@ -1,0 +1,145 @@
+//! Plans that accumulate, checked with the accumulator held when the plan was
+//! not derived by a search that checked it: a cached plan asked for another
+//! target, the batch several ranks agreed on, an uneven rank's share.
+
+use log::info;
+
+use super::{Observer, Tuner};
+use crate::plan::{Objective, Trial, TrialKind};
+use crate::{Error, MemoryMeter, Plan, Workload};
+
+/// Rounds of split → check → lower before giving up: each failed check lowers
+/// the cap by what the measured overshoot says, so one or two settle it.
+const CHECK_ROUNDS: usize = 6;
+
+/// Collects the trials of a run, which an error would otherwise take with it.
+struct Trials(Vec<Trial>);
+
+impl Observer for Trials {
+    fn trial_finished(&mut self, trial: &Trial, _capacity_bytes: u64) {
+        self.0.push(trial.clone());
+    }
+}
+
+/// What `plan`'s trials showed of the accumulating micro-step: the largest
+/// micro-batch seen to fit with the accumulator held, and the smallest seen
+/// not to.
+fn accumulation_seen(plan: &Plan) -> (usize, Option<usize>) {
+    let checks = plan.trials.iter().filter(|t| t.kind == TrialKind::Accumulation);
+    let fits = checks.clone().filter(|t| t.outcome.fits()).map(|t| t.batch).max().unwrap_or(0);
+    let fails = checks.filter(|t| !t.outcome.fits()).map(|t| t.batch).min();
+    (fits, fails)
+}
+
+impl Tuner {
+    /// Runs the accumulating micro-step at `micro` (a plan of two micro-steps:
+    /// the tuner runs the plain step, then the one with the accumulator held):
+    /// `micro` when it fits, else a smaller capacity from how far over the
+    /// ceiling it went and the plan's bytes per sample.
+    pub(super) fn accumulating_capacity<W, M>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        plan: &mut Plan,
+        micro: usize,
+    ) -> Result<usize, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let check = Tuner {
+            start: micro,
+            max_batch: Some(micro),
+            max_trials: Some(1),
+            warmup: false,
+            cache_path: None,
+            target_effective_batch: Some(micro.saturating_mul(2)),
+            world_size: 1,
+            exact_effective_batch: false,
+            objective: Objective::LargestBatch,
+            uneven_ranks: false,
+            ..self.clone()
+        };
+        // the trials go into the plan whether the check passes or not: a
+        // re-plan later knows what fit with the accumulator and what did not
+        let mut ran = Trials(Vec::new());
+        let result = check.run_observed(workload, meter, &mut ran);
+        plan.trials.extend(ran.0);
+        let failure = match result {
+            Ok(checked) => {
+                plan.accumulation_peak_bytes = checked.accumulation_peak_bytes;
+                return Ok(micro);
+            }
+            Err(err) => err,
+        };
+        let (peak_bytes, limit_bytes) = match &failure {
+            Error::NothingFits { peak_bytes, limit_bytes, .. } => (*peak_bytes, *limit_bytes),
+            _ => return Err(failure),
+        };
+        let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
+        let over = peak_bytes.map_or(0, |peak| peak.saturating_sub(limit_bytes)) as f64;
+        let samples = if per_sample > 0.0 { (over / per_sample).ceil() as usize } else { 0 };
+        let step = samples.div_ceil(self.multiple_of).max(1) * self.multiple_of;
+        match micro.checked_sub(step).filter(|&lower| lower >= self.start.max(self.multiple_of)) {
+            Some(lower) => {
+                info!("accumulating at micro-batch {micro} does not fit: sharing again with at most {lower}");
+                Ok(lower)
+            }
+            None => Err(failure),
+        }
+    }
+
+    /// Sets `plan`'s split from `cap` (this tuner's target and world size),
+    /// lowering the cap until the accumulating micro-step fits, when the split
+    /// accumulates and the workload can run that step. What the plan's trials
+    /// already showed is not run again: a micro-batch no larger than one that
+    /// fit with the accumulator passes, one no smaller than one that did not
+    /// lowers the cap at once.
+    pub(super) fn verified_replan<W, M>(
+        &self,
+        plan: &mut Plan,
+        mut cap: usize,
+        workload: &mut W,
+        meter: &mut M,
+    ) -> Result<(), Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let too_small = |plan: &Plan, batch: usize| Error::NothingFits {
+            batch,
+            outcome: crate::Outcome::OverCeiling,
+            peak_bytes: None,
+            capacity_bytes: plan.capacity_bytes,
+            limit_bytes: plan.limit_bytes(),
+            ceiling: plan.ceiling,
+            remedies: Vec::new(),
+        };
+        for _ in 0..CHECK_ROUNDS {
+            self.apply_split(plan, cap)?;
+            let micro = plan.micro_batch;
+            if plan.accumulation_steps <= 1 || !workload.can_accumulate() {
+                return Ok(());
+            }
+            let (fits, fails) = accumulation_seen(plan);
+            if micro <= fits {
+                return Ok(());
+            }
+            if let Some(failed) = fails.filter(|&failed| micro >= failed) {
+                let below = failed - failed % self.multiple_of;
+                let below = if below == failed { below.saturating_sub(self.multiple_of) } else { below };
+                if below < self.start.max(self.multiple_of) {
+                    return Err(too_small(plan, micro));
+                }
+                cap = below;
+                continue;
+            }
+            let fits = self.accumulating_capacity(workload, meter, plan, micro)?;
+            if fits == micro {
+                return Ok(());
+            }
+            cap = fits;
+        }
+        Err(too_small(plan, plan.micro_batch))
+    }
+}
