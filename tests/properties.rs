@@ -351,6 +351,31 @@ proptest! {
         prop_assert!((weights - 1.0).abs() < 1e-9);
     }
 
+    /// On affine curves (a step's peak grows at most in proportion to its
+    /// batch) Predictive never runs a trial that needs more than twice the
+    /// limit, as a doubling search never does: on the CPU such a trial
+    /// allocates in full before it is classified.
+    #[test]
+    fn predictive_never_asks_for_more_than_twice_the_limit(
+        fixed in 0u64..(8 << 30),
+        per_sample in 1u64..(1 << 30),
+        limit_samples in 1u64..100_000,
+        (start, max, g) in space_strategy(),
+    ) {
+        let limit = fixed + per_sample * limit_samples + per_sample / 2;
+        let space = SearchSpace::new(start, max, g).unwrap().with_limit(limit);
+        let peak = |b: usize| fixed + per_sample * b as u64;
+        let history = search_with_peaks(Strategy::Predictive, &space, |b| {
+            let p = peak(b);
+            (if p <= limit { Outcome::Fits } else { Outcome::OverCeiling }, Some(p))
+        });
+        // the first trial is the caller's start; every later one is the search's choice
+        for o in history.iter().skip(1) {
+            prop_assert!(peak(o.batch) <= 2 * limit, "batch {} needs {} of a {} limit: {:?}", o.batch, peak(o.batch), limit,
+                history.iter().map(|o| o.batch).collect::<Vec<_>>());
+        }
+    }
+
     /// Every invalid configuration is an error, and every valid one is accepted.
     #[test]
     fn invalid_configurations_are_errors(

@@ -13,7 +13,11 @@ const FAR_JUMP_SHARE: f64 = 0.25;
 /// trusted for a jump only then.
 const LINEARITY_TOLERANCE: f64 = 0.10;
 
-/// Small trials grow by this factor until three fit.
+/// Small trials grow by this factor until three fit, while the last fit's
+/// peak is at most half the limit: a step's peak grows at most in proportion
+/// to its batch (the fixed part does not grow), so the next trial needs at
+/// most twice the limit, as a doubling search's does. Above half the limit
+/// they double.
 const PROBE_GROWTH: usize = 4;
 
 pub(super) fn next(space: &SearchSpace, bracket: &Bracket, history: &[Observation]) -> Next {
@@ -96,7 +100,9 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
     let points = fitting_points(history);
     let step_up = |factor: usize| Next::Try(fitting.checked_mul(factor).map_or(space.last, |b| b.min(space.last)));
     if points.len() < 3 {
-        return step_up(PROBE_GROWTH);
+        let last_peak = points.last().map_or(u64::MAX, |&(_, peak)| peak);
+        let factor = if last_peak <= limit / 2 { PROBE_GROWTH } else { 2 };
+        return step_up(factor);
     }
     let predicted = match forecast(&points, limit) {
         Forecast::Unknown => return step_up(2),
@@ -197,6 +203,18 @@ mod tests {
         // fixed 1 GiB, 1 MiB per sample, limit 1 GiB + 4096.5 MiB: b* = 4096
         let tried = run(space, |b| (1 << 30) + (b as u64) * (1 << 20), (1 << 30) + 4096 * (1 << 20) + (1 << 19));
         assert_eq!(tried, [1, 4, 16, 1024, 4096, 4097]);
+    }
+
+    #[test]
+    fn small_trials_grow_fourfold_only_while_the_next_stays_within_twice_the_limit() {
+        let space = SearchSpace::new(1, None, 1).unwrap();
+        // 15 MiB per sample, nothing fixed, a 100 MiB limit: 4 fits at 60 MiB, over half
+        // the limit, so the next is 8 (120 MiB), not 16 (240 MiB, more than twice the limit)
+        let peak = |b: usize| (b as u64) * (15 << 20);
+        let limit = 100 << 20;
+        let tried = run(space, peak, limit);
+        assert_eq!(tried[..3], [1, 4, 8]);
+        assert!(tried.iter().all(|&b| peak(b) <= 2 * limit), "{tried:?}");
     }
 
     #[test]
