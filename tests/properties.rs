@@ -359,7 +359,7 @@ proptest! {
     fn predictive_never_asks_for_more_than_twice_the_limit(
         fixed in 0u64..(8 << 30),
         per_sample in 1u64..(1 << 30),
-        limit_samples in 1u64..100_000,
+        limit_samples in prop_oneof![1u64..64, 64u64..100_000],
         (start, max, g) in space_strategy(),
     ) {
         let limit = fixed + per_sample * limit_samples + per_sample / 2;
