@@ -194,9 +194,10 @@ fn section() -> String {
     if let Some(model) = &plan.model {
         let _ = writeln!(
             out,
-            "\nMemory model: {} + {} per token + {} per token per unit of length (worst error {:.1}% over {} \
-             steps). Token budget: {} tokens per micro-batch. Predicted between probes: {}.\n",
+            "\nMemory model: {} + {} per sample + {} per token + {} per token per unit of length (worst error \
+             {:.1}% over {} steps). Token budget: {} tokens per micro-batch. Predicted between probes: {}.\n",
             format_bytes(model.fixed_bytes.max(0.0) as u64),
+            format_bytes(model.bytes_per_sample.round() as u64),
             format_bytes(model.bytes_per_token.round() as u64),
             format_bytes(model.bytes_per_token_length.round() as u64),
             100.0 * model.max_error,

@@ -202,3 +202,48 @@ fn a_closure_workload_runs_at_each_size() {
     assert_eq!(workload.size(), 8);
     assert_eq!(seen, [(3, 8)]);
 }
+
+/// With memory per sample that does not depend on the length (a
+/// classification head, per-sample buffers), memory per token falls with the
+/// length before attention makes it rise: the token budget still holds at
+/// every length between the shortest and the longest probed.
+#[test]
+fn the_token_budget_holds_between_probed_sizes_with_a_per_sample_term() {
+    let per_sample = 24u64 << 20;
+    let curve = move |b: usize, s: usize| {
+        let (b, s) = (b as u64, s as u64);
+        (2u64 << 30) + b * per_sample + b * s * (16 << 10) + b * s * s * 96
+    };
+    let (mut workload, mut meter) = SizedSimulation::new(40 * GIB, 64, curve).build();
+    let sizes = [64, 256, 1024, 2048];
+    let plan = Tuner::new().run_sizes(&mut workload, &mut meter, &sizes).unwrap();
+    let limit = plan.limit_bytes;
+    for len in 64..=2048 {
+        let batch = plan.token_budget / len;
+        assert!(
+            batch == 0 || curve(batch, len) <= limit,
+            "{} tokens at length {len}: batch {batch}",
+            plan.token_budget
+        );
+    }
+    // every predicted batch between probes fits too (the model's margin covers the term it lacks)
+    for len in (65..2048).step_by(37) {
+        let predicted = plan.batch_for(len).unwrap();
+        assert!(curve(predicted.batch, len) <= limit, "{predicted:?}\n{plan}");
+    }
+}
+/// Two probed sizes fit any two of the model's terms exactly, and the forms
+/// differ between them: here `per_sample + per_token_length` fits as well as
+/// the true `per_token + per_token_length` and would put too many samples
+/// between the sizes. Predictions there take the chord, which is safe for any
+/// curve convex in the size. (Found by the property test above.)
+#[test]
+fn with_two_sizes_predictions_are_safe_whatever_form_the_fit_took() {
+    let curve = Curve { capacity_gib: 69, fixed: 566_607_442, per_token: 56_054, per_token_length: 12 };
+    let plan = run(&Tuner::new().multiple_of(8), curve, &[1017, 1697]).unwrap();
+    let limit = curve.limit(0.9);
+    for len in (1018..1697).step_by(7) {
+        let predicted = plan.batch_for(len).unwrap();
+        assert!(curve.bytes(predicted.batch, len) <= limit, "{predicted:?} does not fit\n{plan}");
+    }
+}

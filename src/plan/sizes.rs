@@ -6,14 +6,19 @@ use serde::{Deserialize, Serialize};
 use super::{Outcome, Plan, TrialKind};
 use crate::Error;
 
-/// `peak(b, s) ≈ fixed + per_token·b·s + per_token_length·b·s²`: weights,
-/// gradients and optimizer state; activations that grow with the tokens
-/// (b·s); attention scores that grow with tokens × length (b·s²). Fitted by
-/// least squares to every full measurement at every probed size.
+/// `peak(b, s) ≈ fixed + per_sample·b + per_token·b·s + per_token_length·b·s²`:
+/// weights, gradients and optimizer state; what each sample needs whatever its
+/// size (a classification head, per-sample buffers); activations that grow
+/// with the tokens (b·s); attention scores that grow with tokens × length
+/// (b·s²). Fitted by relative least squares to every full measurement at
+/// every probed size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SizeModel {
     /// Bytes at batch 0.
     pub fixed_bytes: f64,
+    /// Bytes per sample whatever its size (0 when the fit does without it).
+    #[serde(default)]
+    pub bytes_per_sample: f64,
     /// Bytes per token (per sample per unit of size).
     pub bytes_per_token: f64,
     /// Bytes per token per unit of size (attention's quadratic term).
@@ -25,19 +30,23 @@ pub struct SizeModel {
 }
 
 impl SizeModel {
+    /// Bytes one sample of size `size` adds.
+    pub fn bytes_per_sample_at(&self, size: usize) -> f64 {
+        let s = size as f64;
+        self.bytes_per_sample + self.bytes_per_token * s + self.bytes_per_token_length * s * s
+    }
+
     /// The predicted peak of a step of `batch` samples of size `size`, in bytes.
     pub fn predict(&self, batch: usize, size: usize) -> f64 {
-        let (b, s) = (batch as f64, size as f64);
-        self.fixed_bytes + self.bytes_per_token * b * s + self.bytes_per_token_length * b * s * s
+        self.fixed_bytes + batch as f64 * self.bytes_per_sample_at(size)
     }
 
     /// The largest batch of size `size` whose predicted peak, raised by the
     /// model's worst error on its own measurements, is at most `limit_bytes`
     /// (0 when not even the fixed part fits).
     pub fn largest_batch(&self, size: usize, limit_bytes: u64) -> usize {
-        let s = size as f64;
         let margin = 1.0 + self.max_error + 1e-9;
-        let per_sample = (self.bytes_per_token * s + self.bytes_per_token_length * s * s) * margin;
+        let per_sample = self.bytes_per_sample_at(size) * margin;
         let room = limit_bytes as f64 - (self.fixed_bytes + self.fixed_bytes.abs() * (margin - 1.0));
         if room <= 0.0 || per_sample <= 0.0 {
             return 0;
@@ -48,15 +57,27 @@ impl SizeModel {
 
     /// Fits the model to `(batch, size, peak)` points; `None` when they do not
     /// determine it (fewer points than terms, or every point the same size
-    /// and no term can be told apart). Tries the three terms, then the
-    /// per-token term alone, then the quadratic one alone, and keeps the first
-    /// fit with no negative coefficient.
+    /// and no term can be told apart). Fits each subset of the terms that the
+    /// points determine with no negative coefficient, smallest subsets first,
+    /// and keeps a larger one only when it halves the worst error: a term
+    /// that only follows the noise does not get in.
     pub(crate) fn fit(points: &[(usize, usize, u64)]) -> Option<SizeModel> {
-        let columns: [&[usize]; 3] = [&[1, 2], &[1], &[2]];
-        columns.iter().find_map(|terms| Self::fit_terms(points, terms))
+        // per token and per token × length first: the form attention has
+        const SUBSETS: [&[usize]; 7] = [&[1], &[2], &[0], &[1, 2], &[0, 1], &[0, 2], &[0, 1, 2]];
+        let mut best: Option<SizeModel> = None;
+        for terms in SUBSETS {
+            let Some(model) = Self::fit_terms(points, terms) else { continue };
+            let better = |incumbent: &SizeModel| {
+                model.max_error < incumbent.max_error / 2.0 && incumbent.max_error - model.max_error > 1e-6
+            };
+            if best.as_ref().is_none_or(better) {
+                best = Some(model);
+            }
+        }
+        best
     }
 
-    /// Least squares over the constant and the given terms (1: b·s, 2: b·s²).
+    /// Least squares over the constant and the given terms (0: b, 1: b·s, 2: b·s²).
     fn fit_terms(points: &[(usize, usize, u64)], terms: &[usize]) -> Option<SizeModel> {
         let n = terms.len() + 1;
         if points.len() < n {
@@ -92,12 +113,13 @@ impl SizeModel {
             |term: usize| terms.iter().position(|&t| t == term).map_or(0.0, |i| solution[i + 1] / scale[i + 1]);
         let model = SizeModel {
             fixed_bytes: solution[0],
+            bytes_per_sample: coefficient(0),
             bytes_per_token: coefficient(1),
             bytes_per_token_length: coefficient(2),
             fitted_points: points.len(),
             max_error: 0.0,
         };
-        let terms_ok = terms.iter().all(|&t| coefficient(t) >= 0.0) && coefficient(1) + coefficient(2) > 0.0;
+        let terms_ok = terms.iter().all(|&t| coefficient(t) >= 0.0) && terms.iter().any(|&t| coefficient(t) > 0.0);
         if !terms_ok || !model.fixed_bytes.is_finite() {
             return None;
         }
@@ -196,7 +218,7 @@ pub struct SizedPlan {
 /// let at_200 = plan.batch_for(200)?;
 /// assert_eq!(at_200.basis, Basis::Predicted);
 /// assert!(at_200.batch <= plan.batch_for(128)?.batch && at_200.batch >= at_256.batch);
-/// // any micro-batch padded to at most 512 tokens with ≤ token_budget tokens fits
+/// // any micro-batch padded to 128..=512 tokens with ≤ token_budget tokens fits
 /// assert_eq!(plan.token_budget, plan.sizes.iter().map(|s| s.size * s.plan.largest_batch).min().unwrap());
 /// # Ok::<(), autobatch::Error>(())
 /// ```
@@ -208,10 +230,13 @@ pub struct SizePlan {
     /// The memory model fitted to all of them, when the points determine it.
     pub model: Option<SizeModel>,
     /// Tokens (padded samples × size) per micro-batch that fit at every
-    /// probed size: the smallest of `size × largest_batch`. A micro-batch of
-    /// any samples padded to a length `L` up to the longest probed size fits
-    /// when `batch × L` stays within it, because memory per token grows with
-    /// the length.
+    /// probed size: the smallest of `size × largest_batch`. A micro-batch
+    /// padded to any length `L` between the shortest and the longest probed
+    /// size fits when `batch × L` stays within it: memory per token,
+    /// `per_token + per_token_length·L + per_sample/L`, is convex in `L`, so
+    /// between two probed sizes it is at most what it is at one of them.
+    /// Below the shortest size that holds too unless each sample has a
+    /// sizeable part independent of its length.
     pub token_budget: usize,
     /// The most a fitting step may use, in bytes (ceiling × capacity).
     pub limit_bytes: u64,
@@ -253,8 +278,13 @@ impl SizePlan {
     }
 
     /// The largest batch for inputs of `size`: verified at a probed size;
-    /// between two, the memory model's prediction kept within what the
-    /// verified neighbours allow; below the shortest, the shortest's batch.
+    /// between two, the smallest of the memory model's answer (lowered by its
+    /// worst error), the shorter neighbour's verified batch scaled by the
+    /// model's growth in bytes per sample, and, when only two sizes were
+    /// probed (which cannot tell the model's form), the answer with bytes per
+    /// sample on the chord between them (safe for any curve convex in the
+    /// size); kept within what the verified neighbours allow. Below the
+    /// shortest, the shortest's batch.
     /// Past the longest probed size nothing is known: [`Error::SizeOutOfRange`].
     pub fn batch_for(&self, size: usize) -> Result<SizeBatch, Error> {
         let longest = self.sizes.last().map_or(0, |entry| entry.size);
@@ -269,7 +299,30 @@ impl SizePlan {
         // the shorter neighbour allows at most its batch, the longer at least its own
         let upper = below.plan.largest_batch;
         let lower = above.plan.largest_batch.min(upper);
-        let predicted = self.model.as_ref().map_or(lower, |model| model.largest_batch(size, self.limit_bytes));
+        let predicted = self.model.as_ref().map_or(lower, |model| {
+            let (short, long) = (model.bytes_per_sample_at(below.size), model.bytes_per_sample_at(above.size));
+            // the shorter neighbour's verified batch, scaled by how much more a
+            // sample needs here: what the model gets wrong in absolute terms
+            // (a fixed part off) largely cancels in the ratio
+            let anchored = (upper as f64 * short / model.bytes_per_sample_at(size)).floor() as usize;
+            let by_model = model.largest_batch(size, self.limit_bytes).min(anchored);
+            if self.sizes.len() >= 3 {
+                // a third size checked the model's form: its worst error says how far to trust it
+                return by_model;
+            }
+            // Two sizes fit any two of the terms exactly, and the forms differ
+            // in between. Bytes per sample on the chord between the neighbours
+            // lie above the curve whatever its form, as long as it is convex in
+            // the size (constant, linear and quadratic terms are): safe.
+            let along = (size - below.size) as f64 / (above.size - below.size) as f64;
+            let chord = SizeModel {
+                bytes_per_sample: short + (long - short) * along,
+                bytes_per_token: 0.0,
+                bytes_per_token_length: 0.0,
+                ..model.clone()
+            };
+            by_model.min(chord.largest_batch(size, self.limit_bytes))
+        });
         let predicted = predicted - predicted % self.multiple_of;
         Ok(SizeBatch { size, batch: predicted.clamp(lower, upper), basis: Basis::Predicted })
     }
@@ -299,7 +352,7 @@ impl std::fmt::Display for SizePlan {
     ///       64        59       3776     229 MiB   89.5%       5          58
     ///    ...
     /// memory: 5.43 MiB + 38.1 KiB per token + 331 B per token per unit of size (fitted to 15 steps, worst error 4.8%)
-    /// token budget: 1792 tokens per micro-batch (padded length × batch) at any length up to 256
+    /// token budget: 1792 tokens per micro-batch (padded length × batch) at any length from 64 to 256
     /// ```
     ///
     /// With a target or the throughput objective, a last column gives each
@@ -346,8 +399,13 @@ impl std::fmt::Display for SizePlan {
         match &self.model {
             Some(model) => writeln!(
                 f,
-                "memory: {} + {} per token + {} per token per unit of size (fitted to {} steps, worst error {:.1}%)",
+                "memory: {}{} + {} per token + {} per token per unit of size (fitted to {} steps, worst error {:.1}%)",
                 format_bytes(model.fixed_bytes.max(0.0) as u64),
+                if model.bytes_per_sample > 0.0 {
+                    format!(" + {} per sample", format_bytes(model.bytes_per_sample.round() as u64))
+                } else {
+                    String::new()
+                },
                 format_bytes(model.bytes_per_token.round() as u64),
                 format_bytes(model.bytes_per_token_length.round() as u64),
                 model.fitted_points,
@@ -357,8 +415,9 @@ impl std::fmt::Display for SizePlan {
         }
         write!(
             f,
-            "token budget: {} tokens per micro-batch (padded length × batch) at any length up to {}",
+            "token budget: {} tokens per micro-batch (padded length × batch) at any length from {} to {}",
             self.token_budget,
+            self.sizes.first().map_or(0, |entry| entry.size),
             self.sizes.last().map_or(0, |entry| entry.size)
         )?;
         for entry in &self.sizes {
