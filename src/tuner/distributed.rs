@@ -196,7 +196,11 @@ impl Tuner {
                 Err(_) => FAILED_HERE,
             };
             let everywhere = collective.all_reduce_min(status)?;
-            capacity = verified?;
+            let fits = verified?;
+            if fits != micro {
+                // only what did not fit lowers the capacity: a share that fit says nothing of the rest
+                capacity = fits;
+            }
             if everywhere == FAILED_HERE {
                 return Err(Error::RankFailed);
             }
