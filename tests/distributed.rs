@@ -363,3 +363,33 @@ fn the_agreed_batch_accumulates_only_where_every_rank_holds_the_accumulator() {
     // the smallest rank's agreed batch did not fit with the accumulator: it was lowered
     assert!(first.micro_batch < first.largest_batch, "{first}");
 }
+
+/// A rank whose share fits keeps offering its whole largest batch when
+/// another rank's accumulating share does not fit and all share again.
+#[test]
+fn uneven_ranks_that_fit_keep_their_capacity_when_another_shares_again() {
+    struct Either(autobatch::memory::simulated::SimulatedWorkload, bool);
+    impl autobatch::Workload for Either {
+        fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+            self.0.step(batch)
+        }
+        fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
+            self.0.step(if self.1 { Accumulating::cost_of(batch) } else { batch })
+        }
+        fn can_accumulate(&self) -> bool {
+            true
+        }
+    }
+    let space = SearchSpace::new(1, None, 1).unwrap();
+    let truth = device(80).true_largest(0.9, &space, 1 << 20).unwrap();
+    let (plain, plain_meter) = device(80).build();
+    let (heavy, heavy_meter) = device(40).build();
+    let ranks = vec![(Either(plain, false), plain_meter), (Either(heavy, true), heavy_meter)];
+    let plans: Vec<Plan> =
+        on_uneven_ranks(&Tuner::new().target_effective_batch(5000), ranks).into_iter().map(Result::unwrap).collect();
+    let split = plans[0].ranks.as_ref().unwrap();
+    // rank 1 shared again with less; rank 0 still offered everything it fits
+    assert!(split.shares[1].largest_micro_batch < plans[1].largest_batch, "{split}");
+    assert_eq!(split.shares[0].largest_micro_batch, truth, "{split}");
+    assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), 5000);
+}
