@@ -335,4 +335,8 @@ fn plan_shares_a_global_batch_among_uneven_ranks() {
     assert_usage_error(&["plan", "--target", "1000", "--uneven", "64,4", "--multiple-of", "8"], "rank 1");
     assert_usage_error(&["plan", "--target", "1000", "--uneven", "64,32", "--largest", "8"], "--largest");
     assert_usage_error(&["plan", "--target", "1", "--uneven", "64,32"], "every rank needs");
+    // 2^63 micro-steps per rank: said in a line, not listed (it used to abort on a 2^63-entry list)
+    let huge = autobatch(&["plan", "--target", "18446744073709551615", "--uneven", "1,1"]);
+    assert!(huge.status.success(), "{}", text(&huge.stderr));
+    assert!(text(&huge.stdout).contains("9223372036854775807 × 1 + 1 × 0"), "{}", text(&huge.stdout));
 }

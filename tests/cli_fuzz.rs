@@ -229,6 +229,24 @@ fn plan() -> impl Strategy<Value = Vec<String>> {
         })
 }
 
+fn plan_uneven() -> impl Strategy<Value = Vec<String>> {
+    (
+        counts(),
+        prop::collection::vec(counts(), 1..5),
+        prop::option::of(flag("--multiple-of", counts())),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(target, largest, granule, exact, json)| {
+            let mut args =
+                vec!["plan".to_owned(), "--target".to_owned(), target, "--uneven".to_owned(), largest.join(",")];
+            args.extend(granule.into_iter().flatten());
+            args.extend(exact.then(|| "--exact".to_owned()));
+            args.extend(json.then(|| "--json".to_owned()));
+            args
+        })
+}
+
 fn number(value: &serde_json::Value, key: &str) -> u128 {
     u128::from(value[key].as_u64().unwrap_or_else(|| panic!("{key} in {value}")))
 }
@@ -254,6 +272,23 @@ fn check_numbers(args: &[String], stdout: &str) {
             }
             if !args.iter().any(|a| a == "--json") {
                 assert!(stdout.contains("total"), "{stdout}");
+            }
+        }
+        "plan" if args.iter().any(|a| a == "--json") && args.iter().any(|a| a == "--uneven") => {
+            let split: serde_json::Value = serde_json::from_str(stdout).unwrap();
+            let global = number(&split, "global_batch");
+            assert!(global >= number(&split, "target_global_batch"), "{split}");
+            let shares = split["shares"].as_array().unwrap();
+            assert_eq!(shares.iter().map(|s| number(s, "samples")).sum::<u128>(), global, "{split}");
+            for share in shares {
+                let (steps, larger_steps) = (number(share, "steps"), number(share, "larger_steps"));
+                let (larger, smaller) = (number(share, "larger"), number(share, "smaller"));
+                assert_eq!(
+                    larger_steps * larger + (steps - larger_steps) * smaller,
+                    number(share, "samples"),
+                    "{share}"
+                );
+                assert!(larger <= number(share, "largest_micro_batch"), "{share}");
             }
         }
         "plan" if args.iter().any(|a| a == "--json") => {
@@ -287,7 +322,7 @@ proptest! {
 
     #[test]
     fn any_command_line_exits_cleanly_with_consistent_numbers(
-        args in prop_oneof![3 => probe(), 2 => runnable_probe(), 2 => estimate(), 1 => plan()]
+        args in prop_oneof![3 => probe(), 2 => runnable_probe(), 2 => estimate(), 1 => plan(), 1 => plan_uneven()]
     ) {
         let (output, took) = autobatch(&args);
         let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));

@@ -173,10 +173,10 @@ proptest! {
             prop_assert_eq!(share.largest_micro_batch, truths[rank]);
             prop_assert_eq!(plan.micro_batch, share.micro_batch());
             prop_assert_eq!(plan.effective_batch, global);
-            prop_assert_eq!(share.micro_batches.len(), split.accumulation_steps);
-            prop_assert_eq!(share.micro_batches.iter().sum::<usize>(), share.samples);
+            prop_assert_eq!(share.steps, split.accumulation_steps);
+            prop_assert_eq!(share.micro_batches().sum::<usize>(), share.samples);
             prop_assert!(share.samples >= multiple_of);
-            for &micro in &share.micro_batches {
+            for micro in share.micro_batches() {
                 prop_assert!(micro <= truths[rank] && micro % multiple_of == 0);
                 prop_assert!(share.micro_batch() - micro <= multiple_of);
             }

@@ -335,10 +335,10 @@ proptest! {
         for (rank, share) in split.shares.iter().enumerate() {
             prop_assert_eq!(share.offset, offset);
             offset += share.samples;
-            prop_assert_eq!(share.micro_batches.len(), k);
-            prop_assert_eq!(share.micro_batches.iter().sum::<usize>(), share.samples);
+            prop_assert_eq!(share.steps, k);
+            prop_assert_eq!(share.micro_batches().sum::<usize>(), share.samples);
             prop_assert!(share.samples >= g);
-            for (step, &micro) in share.micro_batches.iter().enumerate() {
+            for (step, micro) in share.micro_batches().enumerate() {
                 prop_assert!(micro <= largest[rank] && micro % g == 0);
                 prop_assert!(share.micro_batch() - micro <= g);
                 prop_assert_eq!(share.micro_range(step).len(), micro);

@@ -30,8 +30,8 @@ use crate::Error;
 /// assert_eq!(split.accumulation_steps, 4); // ⌈1000 / 290⌉
 /// assert_eq!(split.shares[0].samples + split.shares[1].samples, 1000);
 /// assert_eq!(split.shares[0].samples, 690); // 1000 × 200/290 = 689.7
-/// assert_eq!(split.shares[0].micro_batches, [173, 173, 172, 172]);
-/// assert_eq!(split.shares[1].micro_batches, [78, 78, 77, 77]);
+/// assert_eq!(split.shares[0].micro_batches().collect::<Vec<_>>(), [173, 173, 172, 172]);
+/// assert_eq!(split.shares[1].micro_steps_summary(), "2 × 78 + 2 × 77");
 /// let weights: f64 = (0..2).flat_map(|r| (0..4).map(move |s| (r, s))).map(|(r, s)| split.loss_weight(r, s)).sum();
 /// assert!((weights - 1.0).abs() < 1e-12);
 /// # Ok::<(), autobatch::Error>(())
@@ -54,7 +54,9 @@ pub struct RankSplit {
     pub shares: Vec<RankShare>,
 }
 
-/// One rank's part of a [`RankSplit`].
+/// One rank's part of a [`RankSplit`]: `larger_steps` micro-steps of
+/// `larger` samples, then `steps − larger_steps` of `smaller` (one granule
+/// less), `samples` in all.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RankShare {
@@ -62,39 +64,59 @@ pub struct RankShare {
     pub rank: usize,
     /// The largest micro-batch that fits on it.
     pub largest_micro_batch: usize,
-    /// Its samples per optimizer step: the sum of `micro_batches`.
+    /// Its samples per optimizer step.
     pub samples: usize,
     /// Where its samples start in the global batch: the ranks' samples lie in
     /// rank order, `offset..offset + samples`.
     pub offset: usize,
-    /// The size of each of its micro-steps, largest first; each at most
-    /// `largest_micro_batch`. A rank with fewer samples than micro-steps has
-    /// micro-steps of 0, which it skips (its gradient weight there is 0).
-    pub micro_batches: Vec<usize>,
+    /// Its micro-steps per optimizer step (the split's accumulation steps).
+    pub steps: usize,
+    /// How many of them, the first ones, take `larger` samples.
+    pub larger_steps: usize,
+    /// The larger micro-step size (`smaller` when `larger_steps` is 0): at
+    /// most `largest_micro_batch`.
+    pub larger: usize,
+    /// The size of the other micro-steps. A rank with fewer granules than
+    /// micro-steps has micro-steps of 0, which it skips (its gradient weight
+    /// there is 0).
+    pub smaller: usize,
 }
 
 impl RankShare {
     /// Its largest micro-step: the batch its device must hold.
     pub fn micro_batch(&self) -> usize {
-        self.micro_batches.first().copied().unwrap_or(0)
+        self.larger
+    }
+
+    /// The size of micro-step `step` (0 past the last).
+    pub fn micro_batch_at(&self, step: usize) -> usize {
+        match step {
+            step if step < self.larger_steps => self.larger,
+            step if step < self.steps => self.smaller,
+            _ => 0,
+        }
+    }
+
+    /// The sizes of its micro-steps, in order.
+    pub fn micro_batches(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.steps).map(|step| self.micro_batch_at(step))
     }
 
     /// Its micro-steps in short: `2 × 173 + 2 × 172`.
     pub fn micro_steps_summary(&self) -> String {
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for &micro in &self.micro_batches {
-            match runs.last_mut() {
-                Some((size, count)) if *size == micro => *count += 1,
-                _ => runs.push((micro, 1)),
-            }
-        }
-        runs.iter().map(|(size, count)| format!("{count} × {size}")).collect::<Vec<_>>().join(" + ")
+        let runs = [(self.larger_steps, self.larger), (self.steps - self.larger_steps, self.smaller)];
+        let parts: Vec<String> =
+            runs.iter().filter(|(count, _)| *count > 0).map(|(count, size)| format!("{count} × {size}")).collect();
+        parts.join(" + ")
     }
 
     /// The global indices of micro-step `step`'s samples (empty past the last step).
     pub fn micro_range(&self, step: usize) -> std::ops::Range<usize> {
-        let before: usize = self.micro_batches.iter().take(step).sum();
-        let len = self.micro_batches.get(step).copied().unwrap_or(0);
+        let step = step.min(self.steps);
+        let larger = step.min(self.larger_steps);
+        // within the rank's samples: no overflow
+        let before = larger * self.larger + (step - larger) * self.smaller;
+        let len = self.micro_batch_at(step);
         self.offset + before..self.offset + before + len
     }
 }
@@ -110,7 +132,7 @@ impl RankSplit {
     /// does not exist). Multiply that micro-step's *mean* loss by it; the
     /// weights of all micro-steps of all ranks add up to 1.
     pub fn loss_weight(&self, rank: usize, step: usize) -> f64 {
-        let samples = self.shares.get(rank).and_then(|share| share.micro_batches.get(step)).copied().unwrap_or(0);
+        let samples = self.shares.get(rank).map_or(0, |share| share.micro_batch_at(step));
         samples as f64 / self.global_batch as f64
     }
 
@@ -214,13 +236,23 @@ pub fn plan_ranks(
     let mut shares = Vec::with_capacity(world_size);
     for (rank, (&granted, &largest)) in samples.iter().zip(largest_micro_batches).enumerate() {
         let (base, extra) = (granted / steps, granted % steps);
-        // each micro-step ≤ ⌈granted / steps⌉ ≤ capacity: granted ≤ steps·capacity
-        let micro_batches: Vec<usize> =
-            (0..steps).map(|step| ((base + u128::from(step < extra)) as usize).saturating_mul(multiple_of)).collect();
+        // each micro-step ≤ ⌈granted / steps⌉ ≤ capacity, since granted ≤ steps·capacity;
         // granted ≤ ⌈target / multiple_of⌉: only a target within a granule of usize::MAX overflows
-        let rank_samples = (granted as usize).checked_mul(multiple_of).ok_or(Error::Overflow { value: target })?;
-        shares.push(RankShare { rank, largest_micro_batch: largest, samples: rank_samples, offset, micro_batches });
-        offset = offset.checked_add(rank_samples).ok_or(Error::Overflow { value: target })?;
+        let overflow = Error::Overflow { value: target };
+        let granules = |count: u128| (count as usize).checked_mul(multiple_of).ok_or(Error::Overflow { value: target });
+        let rank_samples = granules(granted)?;
+        shares.push(RankShare {
+            rank,
+            largest_micro_batch: largest,
+            samples: rank_samples,
+            offset,
+            steps: steps as usize,
+            larger_steps: extra as usize,
+            // with no step larger than the rest, `larger` is their size too
+            larger: granules(base + u128::from(extra > 0))?,
+            smaller: granules(base)?,
+        });
+        offset = offset.checked_add(rank_samples).ok_or(overflow)?;
     }
     Ok(RankSplit {
         target_global_batch: target,
@@ -271,7 +303,7 @@ mod tests {
         let split = plan_ranks(512, &[100, 100, 100, 100], 1).unwrap();
         assert_eq!(split.accumulation_steps, 2);
         for share in &split.shares {
-            assert_eq!(share.micro_batches, [64, 64]);
+            assert_eq!(share.micro_batches().collect::<Vec<_>>(), [64, 64]);
         }
         assert!(split.exact);
     }
@@ -282,8 +314,8 @@ mod tests {
         let split = plan_ranks(1001, &[300, 100], 1).unwrap();
         assert_eq!(split.accumulation_steps, 3);
         assert_eq!((split.shares[0].samples, split.shares[1].samples), (751, 250));
-        assert_eq!(split.shares[0].micro_batches, [251, 250, 250]);
-        assert_eq!(split.shares[1].micro_batches, [84, 83, 83]);
+        assert_eq!(split.shares[0].micro_batches().collect::<Vec<_>>(), [251, 250, 250]);
+        assert_eq!(split.shares[1].micro_batches().collect::<Vec<_>>(), [84, 83, 83]);
         assert_eq!((split.shares[1].offset, split.shares[1].micro_range(1)), (751, 835..918));
         assert_eq!(split.global_batch, 1001);
     }
@@ -294,7 +326,7 @@ mod tests {
         assert_eq!(split.global_batch, 104);
         assert!(!split.exact);
         for share in &split.shares {
-            assert!(share.micro_batches.iter().all(|m| m % 8 == 0 && *m <= share.largest_micro_batch));
+            assert!(share.micro_batches().all(|m| m % 8 == 0 && m <= share.largest_micro_batch));
         }
     }
 
@@ -308,8 +340,9 @@ mod tests {
     fn more_micro_steps_than_samples_leaves_empty_steps() {
         let split = plan_ranks(3, &[1, 1], 1).unwrap();
         assert_eq!(split.accumulation_steps, 2);
-        assert_eq!(split.shares[0].micro_batches, [1, 1]);
-        assert_eq!(split.shares[1].micro_batches, [1, 0]);
+        assert_eq!(split.shares[0].micro_batches().collect::<Vec<_>>(), [1, 1]);
+        assert_eq!(split.shares[1].micro_batches().collect::<Vec<_>>(), [1, 0]);
+        assert_eq!(split.shares[1].micro_steps_summary(), "1 × 1 + 1 × 0");
         assert_eq!(split.loss_weight(1, 1), 0.0);
     }
 
@@ -320,6 +353,15 @@ mod tests {
         assert!(matches!(plan_ranks(8, &[8], 0), Err(Error::Zero { setting: "multiple_of" })));
         assert!(matches!(plan_ranks(64, &[16, 4], 8), Err(Error::NoCandidate { max_batch: 4, .. })));
         assert!(matches!(plan_ranks(2, &[8, 8, 8], 1), Err(Error::TargetBelowWorldSize { smallest: 3, .. })));
+    }
+
+    #[test]
+    fn a_huge_number_of_micro_steps_costs_nothing() {
+        let split = plan_ranks(usize::MAX, &[1, 1], 1).unwrap();
+        assert_eq!(split.accumulation_steps, usize::MAX / 2 + 1);
+        assert_eq!(split.shares[1].micro_steps_summary(), format!("{} × 1 + 1 × 0", usize::MAX / 2));
+        assert_eq!(split.shares[1].micro_range(usize::MAX / 2), usize::MAX..usize::MAX);
+        assert_eq!((split.shares[0].larger, split.shares[0].smaller, split.shares[0].larger_steps), (1, 1, 0));
     }
 
     #[test]
