@@ -180,29 +180,12 @@ impl Tuner {
                 });
             }
             let micro = split.shares[rank].micro_batch();
-            let verified = if split.accumulation_steps > 1 && workload.can_accumulate() && micro > accumulating_fits {
-                self.accumulating_capacity(workload, meter, &mut plan, micro)
-            } else {
-                Ok(micro)
-            };
-            if let Ok(fits) = verified {
-                if fits == micro && split.accumulation_steps > 1 {
-                    accumulating_fits = accumulating_fits.max(micro);
-                }
-            }
-            let status = match verified {
-                Ok(fits) if fits == micro => FITS_HERE,
-                Ok(_) => DOES_NOT_FIT_HERE,
-                Err(_) => FAILED_HERE,
-            };
-            let everywhere = collective.all_reduce_min(status)?;
-            let fits = verified?;
+            let steps = split.accumulation_steps;
+            let (fits, everywhere) =
+                self.check_everywhere(workload, meter, collective, &mut plan, (micro, steps), &mut accumulating_fits)?;
             if fits != micro {
                 // only what did not fit lowers the capacity: a share that fit says nothing of the rest
                 capacity = fits;
-            }
-            if everywhere == FAILED_HERE {
-                return Err(Error::RankFailed);
             }
             if everywhere == FITS_HERE {
                 plan.rank_largest_batch = Some(plan.largest_batch);
@@ -243,25 +226,9 @@ impl Tuner {
         let mut accumulating_fits = 0;
         for _ in 0..AGREEMENT_ROUNDS {
             self.apply_split(plan, cap)?;
-            let micro = plan.micro_batch;
-            let verified = if plan.accumulation_steps > 1 && workload.can_accumulate() && micro > accumulating_fits {
-                self.accumulating_capacity(workload, meter, plan, micro)
-            } else {
-                Ok(micro)
-            };
-            let status = match verified {
-                Ok(fits) if fits == micro => FITS_HERE,
-                Ok(_) => DOES_NOT_FIT_HERE,
-                Err(_) => FAILED_HERE,
-            };
-            let everywhere = collective.all_reduce_min(status)?;
-            let fits = verified?;
-            if everywhere == FAILED_HERE {
-                return Err(Error::RankFailed);
-            }
-            if fits == micro && plan.accumulation_steps > 1 {
-                accumulating_fits = accumulating_fits.max(micro);
-            }
+            let (micro, steps) = (plan.micro_batch, plan.accumulation_steps);
+            let (fits, everywhere) =
+                self.check_everywhere(workload, meter, collective, plan, (micro, steps), &mut accumulating_fits)?;
             if everywhere == FITS_HERE {
                 return Ok(());
             }
@@ -272,5 +239,46 @@ impl Tuner {
         Err(Error::Collective(format!(
             "the ranks did not agree on an accumulating micro-batch in {AGREEMENT_ROUNDS} rounds"
         )))
+    }
+
+    /// Checks this rank's accumulating micro-step at `micro` when the plan
+    /// takes `steps` > 1 of them and the workload can (a micro-batch up to
+    /// `seen_fit`, already seen to fit, passes unchecked), and tells every
+    /// rank how it went. Returns what fits here (`micro`, or the lower
+    /// capacity the check found) and the worst status over the ranks; when
+    /// any rank failed, this rank's own error or [`Error::RankFailed`].
+    fn check_everywhere<W, M, C>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        collective: &C,
+        plan: &mut Plan,
+        (micro, steps): (usize, usize),
+        seen_fit: &mut usize,
+    ) -> Result<(usize, u64), Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        C: Collective + ?Sized,
+    {
+        let verified = if steps > 1 && workload.can_accumulate() && micro > *seen_fit {
+            self.accumulating_capacity(workload, meter, plan, micro)
+        } else {
+            Ok(micro)
+        };
+        let status = match verified {
+            Ok(fits) if fits == micro => FITS_HERE,
+            Ok(_) => DOES_NOT_FIT_HERE,
+            Err(_) => FAILED_HERE,
+        };
+        let everywhere = collective.all_reduce_min(status)?;
+        let fits = verified?;
+        if everywhere == FAILED_HERE {
+            return Err(Error::RankFailed);
+        }
+        if fits == micro && steps > 1 {
+            *seen_fit = (*seen_fit).max(micro);
+        }
+        Ok((fits, everywhere))
     }
 }
