@@ -376,8 +376,157 @@ fn mixed_precision_gradients_match_f32_within_tolerance() {
     println!("  largest relative L2 error of a bf16 gradient: {worst:.4}");
 }
 
+/// Peak heap bytes above the baseline, per parameter, of one optimizer step
+/// (real, or dry) on a 1024×1024 matrix, with the gradient straight from
+/// `backward` (it carries its graph, as a training loop's does), after a
+/// first real step so that every moment is in its steady state.
+fn step_temporaries_per_parameter<O: Optimizer + ?Sized>(
+    make: impl FnOnce(Vec<Var>) -> Box<O>,
+    step: impl Fn(&mut O, &candle_core::backprop::GradStore),
+) -> f64 {
+    const N: usize = 1024;
+    let values: Vec<f32> = (0..N * N).map(|i| ((i * 7919 % 2003) as f32 / 1000.0) - 1.0).collect();
+    let var = Var::from_tensor(&Tensor::from_vec(values, (N, N), &Device::Cpu).unwrap()).unwrap();
+    let x = Tensor::ones((8, N), DType::F32, &Device::Cpu).unwrap();
+    let grads = || x.matmul(var.as_tensor()).unwrap().sqr().unwrap().mean_all().unwrap().backward().unwrap();
+    let mut optimizer = make(vec![var.clone()]);
+    let first = grads();
+    step(&mut optimizer, &first);
+    drop(first);
+    let grads = grads();
+    let before = TrackingAllocator::live_bytes();
+    TrackingAllocator::reset_peak();
+    step(&mut optimizer, &grads);
+    let peak = TrackingAllocator::peak_bytes();
+    (peak - before) as f64 / (N * N) as f64
+}
+
+/// Every lean optimizer's step holds no more temporaries per parameter than
+/// `candle_nn::AdamW`'s, and its dry step exactly what its real step holds.
+fn each_step_holds_no_more_than_candle_adamws() {
+    let candle = step_temporaries_per_parameter(
+        |vars| Box::new(candle_nn::AdamW::new(vars, ParamsAdamW::default()).unwrap()),
+        |o, g| o.step(g).unwrap(),
+    );
+    println!("  candle_nn::AdamW: {candle:.1} bytes per parameter");
+    fn both<O: Optimizer + DryStep + 'static>(name: &str, make: impl Fn(Vec<Var>) -> O) -> (f64, f64) {
+        let real = step_temporaries_per_parameter(|v| Box::new(make(v)), |o: &mut O, g| o.step(g).unwrap());
+        let dry = step_temporaries_per_parameter(|v| Box::new(make(v)), |o: &mut O, g| o.dry_step(g).unwrap());
+        println!("  {name}: real {real:.1}, dry {dry:.1} bytes per parameter");
+        (real, dry)
+    }
+    let results = [
+        ("adamw", both("adamw", |v| AdamW::new(v, ParamsAdamW::default()).unwrap())),
+        ("lion", both("lion", |v| Lion::new(v, ParamsLion::default()).unwrap())),
+        ("adafactor", both("adafactor", |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap())),
+        ("adamw8bit", both("adamw8bit", |v| AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap())),
+    ];
+    for (name, (real, dry)) in results {
+        assert!(real <= candle + 0.01, "{name}: {real} bytes per parameter against candle_nn::AdamW's {candle}");
+        assert!((real - dry).abs() < 0.01, "{name}: the dry step holds {dry}, the real one {real}");
+    }
+}
+
+/// A weight-heavy decoder (1.6M parameters, 16 tokens a sample): embedding,
+/// two linear layers and a head over the vocabulary.
+struct Decoder {
+    embed: candle_nn::Embedding,
+    up: Linear,
+    down: Linear,
+    head: Linear,
+}
+
+const VOCAB: usize = 2048;
+const TOKENS: usize = 16;
+
+impl Decoder {
+    fn new(varmap: &VarMap) -> Decoder {
+        let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+        Decoder {
+            embed: candle_nn::embedding(VOCAB, 256, vb.pp("embed")).unwrap(),
+            up: linear(256, 512, vb.pp("up")).unwrap(),
+            down: linear(512, 256, vb.pp("down")).unwrap(),
+            head: linear(256, VOCAB, vb.pp("head")).unwrap(),
+        }
+    }
+
+    fn loss(&self, batch: usize) -> Result<Tensor> {
+        let ids: Vec<u32> = (0..batch * TOKENS).map(|i| (i * 7919 % VOCAB) as u32).collect();
+        let tokens = Tensor::from_vec(ids, (batch, TOKENS), &Device::Cpu)?;
+        let h = self.embed.forward(&tokens)?;
+        let h = self.down.forward(&self.up.forward(&h)?.relu()?)?;
+        let logits = self.head.forward(&h)?.reshape((batch * TOKENS, VOCAB))?;
+        loss::cross_entropy(&logits, &tokens.flatten_all()?)
+    }
+}
+
+/// On a weight-heavy model the optimizers' largest batches order as their
+/// state sizes say: AdamW8bit and Adafactor above AdamW, Lion at least
+/// AdamW's. Each answer checked by brute force: the probe's step at the
+/// answer fits, at one more it does not; and a real training step with the
+/// optimizer at the answer stays under the ceiling.
+fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
+    let varmap = VarMap::new();
+    let model = Decoder::new(&varmap);
+    let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
+    let budget = 64u64 << 20;
+    let limit = (0.9 * budget as f64).floor() as u64;
+    let loss = |batch: usize| model.loss(batch);
+    fn peak(meter: &mut HeapMeter, mut step: impl FnMut() -> Result<()>) -> u64 {
+        meter.reset_peak().unwrap();
+        step().unwrap();
+        meter.peak().unwrap()
+    }
+    let mut largest = Vec::new();
+    for name in ["adamw", "lion", "adafactor", "adamw8bit"] {
+        let mut meter = HeapMeter::new(budget).unwrap();
+        let probe = ModelProbe::new(&varmap, loss);
+        let mut probe = match name {
+            "adamw" => probe.adamw(ParamsAdamW::default()),
+            "lion" => probe.lion(ParamsLion::default()),
+            "adafactor" => probe.adafactor(ParamsAdafactor::default()),
+            _ => probe.adamw8bit(ParamsAdamW8bit::default()),
+        }
+        .unwrap();
+        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let b = plan.largest_batch;
+        assert!(plan.proven_largest, "{name}:\n{plan}");
+        let at = peak(&mut meter, || autobatch::Workload::step(&mut probe, b));
+        let above = peak(&mut meter, || autobatch::Workload::step(&mut probe, b + 1));
+        assert!(at <= limit && above > limit, "{name}: batch {b} peaks at {at}, {} at {above}, limit {limit}", b + 1);
+        drop(probe);
+        // the real step at the answer, the optimizer's state held as training holds it
+        fn train_peak<O: Optimizer>(meter: &mut HeapMeter, mut optimizer: O, loss: impl Fn() -> Result<Tensor>) -> u64 {
+            optimizer.backward_step(&loss().unwrap()).unwrap(); // warm state: the moments exist and are nonzero
+            peak(meter, || optimizer.backward_step(&loss()?))
+        }
+        // (the weights train on: their values do not change the memory)
+        let vars = varmap.all_vars();
+        let trained = match name {
+            "adamw" => train_peak(&mut meter, candle_nn::AdamW::new(vars, ParamsAdamW::default()).unwrap(), || loss(b)),
+            "lion" => train_peak(&mut meter, Lion::new(vars, ParamsLion::default()).unwrap(), || loss(b)),
+            "adafactor" => {
+                train_peak(&mut meter, Adafactor::new(vars, ParamsAdafactor::default()).unwrap(), || loss(b))
+            }
+            _ => train_peak(&mut meter, AdamW8bit::new(vars, ParamsAdamW8bit::default()).unwrap(), || loss(b)),
+        };
+        assert!(trained <= limit, "{name}: training at batch {b} peaked at {trained}, over the limit {limit}");
+        println!(
+            "  {name}: largest batch {b} ({parameters} parameters, 64 MiB); probe peak {at}, training peak {trained}"
+        );
+        largest.push(b);
+    }
+    let [adamw, lion, adafactor, adamw8bit] = largest[..] else { unreachable!() };
+    assert!(adamw8bit > adamw && adafactor > adamw && lion >= adamw, "{largest:?}");
+}
+
 fn main() {
     common::harness::run_sequentially(&[
+        ("each_step_holds_no_more_than_candle_adamws", each_step_holds_no_more_than_candle_adamws),
+        (
+            "a_weight_heavy_models_largest_batch_orders_by_state_size",
+            a_weight_heavy_models_largest_batch_orders_by_state_size,
+        ),
         ("each_learns_the_task_about_as_well_as_adamw", each_learns_the_task_about_as_well_as_adamw),
         ("each_holds_the_state_its_docs_say", each_holds_the_state_its_docs_say),
         ("a_dry_step_changes_nothing", a_dry_step_changes_nothing),

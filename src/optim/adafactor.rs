@@ -111,23 +111,24 @@ impl Adafactor {
     /// The next weights, second moment(s) and first moment of `state` at step `t`.
     fn update(&self, state: &State, grad: &Tensor, t: u64) -> Result<(Tensor, Vec<Tensor>, Option<Tensor>)> {
         let p = &self.params;
-        let theta = state.var.as_tensor().to_dtype(DType::F32)?;
-        let grad = grad.to_dtype(DType::F32)?;
+        // detached: a chain of ops on tensors with a graph keeps every intermediate alive
+        let theta = state.var.as_tensor().detach().to_dtype(DType::F32)?;
+        let grad = grad.detach().to_dtype(DType::F32)?;
         let relative = p.lr.unwrap_or_else(|| (1e-2f64).min(1.0 / (t as f64).sqrt()));
         let lr = if p.scale_parameter { relative * p.eps2.max(rms(&theta)?) } else { relative };
         let beta2t = 1.0 - (t as f64).powf(p.decay_rate);
         let squared = (grad.sqr()? + p.eps1)?;
         let (update, second) = match &state.second {
             SecondMoment::Factored { row, col } => {
-                let next_row = ((row.as_tensor() * beta2t)? + (squared.mean(D::Minus1)? * (1.0 - beta2t))?)?;
-                let next_col = ((col.as_tensor() * beta2t)? + (squared.mean(D::Minus2)? * (1.0 - beta2t))?)?;
+                let next_row = ((row.as_tensor().detach() * beta2t)? + (squared.mean(D::Minus1)? * (1.0 - beta2t))?)?;
+                let next_col = ((col.as_tensor().detach() * beta2t)? + (squared.mean(D::Minus2)? * (1.0 - beta2t))?)?;
                 let row_factor = next_row.broadcast_div(&next_row.mean_keepdim(D::Minus1)?)?.sqrt()?.recip()?;
                 let col_factor = next_col.sqrt()?.recip()?;
                 let update = row_factor.unsqueeze(D::Minus1)?.broadcast_mul(&col_factor.unsqueeze(D::Minus2)?)?;
                 ((update * &grad)?, vec![next_row, next_col])
             }
             SecondMoment::Full(v) => {
-                let next_v = ((v.as_tensor() * beta2t)? + (squared * (1.0 - beta2t))?)?;
+                let next_v = ((v.as_tensor().detach() * beta2t)? + (squared * (1.0 - beta2t))?)?;
                 ((next_v.sqrt()?.recip()? * &grad)?, vec![next_v])
             }
         };
@@ -135,7 +136,7 @@ impl Adafactor {
         let mut update = (update * (lr / clip))?;
         let first = match (&state.first, p.beta1) {
             (Some(m), Some(beta1)) => {
-                let next_m = ((m.as_tensor() * beta1)? + (update * (1.0 - beta1))?)?;
+                let next_m = ((m.as_tensor().detach() * beta1)? + (update * (1.0 - beta1))?)?;
                 update = next_m.clone();
                 Some(next_m)
             }

@@ -116,25 +116,49 @@ fn scales_of(blocks: &Tensor) -> Result<Tensor> {
     blocks.abs()?.max_keepdim(D::Minus1)?.clamp(f32::MIN_POSITIVE, f32::MAX)
 }
 
+// The codecs below take detached tensors and replace each intermediate as soon
+// as the next exists (`x = x.op()?` frees the old `x`), so that quantizing a
+// moment holds two f32 copies of it at most: a chain of ops on a tensor with a
+// graph would keep every intermediate alive until the result is dropped.
+
 /// Signed linear code of the first moment: q = round(127 · m / scale) + 127, as u8.
 fn encode_linear(blocks: &Tensor, scales: &Tensor) -> Result<Tensor> {
-    ((blocks.broadcast_div(scales)? * 127.0)?.round()? + 127.0)?.clamp(0f32, 254f32)?.to_dtype(DType::U8)
+    let mut q = blocks.broadcast_div(scales)?;
+    q = q.affine(127.0, 127.0)?;
+    q = q.round()?;
+    q = q.clamp(0f32, 254f32)?;
+    q.to_dtype(DType::U8)
 }
 
 fn decode_linear(codes: &Tensor, scales: &Tensor) -> Result<Tensor> {
-    ((codes.to_dtype(DType::F32)? - 127.0)? / 127.0)?.broadcast_mul(scales)
+    let mut m = codes.to_dtype(DType::F32)?;
+    m = m.affine(1.0 / 127.0, -1.0)?;
+    m.broadcast_mul(scales)
 }
 
 /// Logarithmic code of a non-negative block (√v): q = 255 + 8·log2(x / scale).
 fn encode_log(blocks: &Tensor, scales: &Tensor) -> Result<Tensor> {
-    let ratio = blocks.broadcast_div(scales)?.clamp(f32::MIN_POSITIVE, 1f32)?;
-    let q = ((ratio.log()? * (STEPS_PER_OCTAVE / std::f64::consts::LN_2))? + 255.0)?;
-    q.round()?.clamp(0f32, 255f32)?.to_dtype(DType::U8)
+    let mut q = blocks.broadcast_div(scales)?;
+    q = q.clamp(f32::MIN_POSITIVE, 1f32)?;
+    q = q.log()?;
+    q = q.affine(STEPS_PER_OCTAVE / std::f64::consts::LN_2, 255.0)?;
+    q = q.round()?;
+    q = q.clamp(0f32, 255f32)?;
+    q.to_dtype(DType::U8)
 }
 
 fn decode_log(codes: &Tensor, scales: &Tensor) -> Result<Tensor> {
-    let exponent = ((codes.to_dtype(DType::F32)? - 255.0)? * (std::f64::consts::LN_2 / STEPS_PER_OCTAVE))?;
-    exponent.exp()?.broadcast_mul(scales)
+    let mut x = codes.to_dtype(DType::F32)?;
+    x = x.affine(std::f64::consts::LN_2 / STEPS_PER_OCTAVE, -255.0 * std::f64::consts::LN_2 / STEPS_PER_OCTAVE)?;
+    x = x.exp()?;
+    x.broadcast_mul(scales)
+}
+
+/// `x` quantized: its codes and per-block scales.
+fn quantize(x: &Tensor, encode: fn(&Tensor, &Tensor) -> Result<Tensor>) -> Result<(Tensor, Tensor)> {
+    let blocks = blocks(x)?;
+    let scales = scales_of(&blocks)?;
+    Ok((encode(&blocks, &scales)?, scales))
 }
 
 impl Quantized {
@@ -152,9 +176,15 @@ impl Quantized {
 }
 
 /// A step's results for one variable: the weights and the moments' new form.
-enum Next {
-    Full { theta: Tensor, m: Tensor, v: Tensor },
-    Quantized { theta: Tensor, m: (Tensor, Tensor), v: (Tensor, Tensor) },
+struct Next {
+    theta: Tensor,
+    moments: NextMoments,
+}
+
+/// The moments after a step: in f32, or as (codes, scales).
+enum NextMoments {
+    Full { m: Tensor, v: Tensor },
+    Quantized { m: (Tensor, Tensor), v: (Tensor, Tensor) },
 }
 
 impl AdamW8bit {
@@ -163,41 +193,63 @@ impl AdamW8bit {
         self.step_t
     }
 
-    /// The moments of a quantized state, decoded to f32 in the variable's shape.
-    fn decoded(&self, var: &Var, m: &Quantized, v: &Quantized) -> Result<(Tensor, Tensor)> {
-        let m = unblocks(&decode_linear(m.codes.as_tensor(), m.scales.as_tensor())?, var.as_tensor())?;
-        let sqrt_v = unblocks(&decode_log(v.codes.as_tensor(), v.scales.as_tensor())?, var.as_tensor())?;
-        Ok((m, sqrt_v.sqr()?))
+    /// The first and second moments of `state`, in f32, detached.
+    fn moments(&self, state: &State) -> Result<(Tensor, Tensor)> {
+        match &state.moments {
+            Moments::Full { m, v } => Ok((m.as_tensor().detach(), v.as_tensor().detach())),
+            Moments::Quantized { m, v } => {
+                let like = state.var.as_tensor();
+                let m = unblocks(&decode_linear(&m.codes.as_tensor().detach(), &m.scales.as_tensor().detach())?, like)?;
+                let sqrt_v =
+                    unblocks(&decode_log(&v.codes.as_tensor().detach(), &v.scales.as_tensor().detach())?, like)?;
+                Ok((m, sqrt_v.sqr()?))
+            }
+        }
     }
 
+    /// The step's results for `state`. Every input is detached, so no op
+    /// records a graph, and each intermediate is replaced as soon as the next
+    /// one exists: the update's temporaries stay at a few f32 copies of the
+    /// variable (measured in `tests/optimizers.rs` and docs/optimizers.md;
+    /// `candle_nn::AdamW`'s take fourteen), for real and dry steps alike.
     fn update(&self, state: &State, grad: &Tensor, t: usize) -> Result<Next> {
         let ParamsAdamW8bit { lr, beta1, beta2, eps, weight_decay } = self.params;
-        let theta = state.var.as_tensor().to_dtype(DType::F32)?;
-        let g = grad.to_dtype(DType::F32)?;
-        let (m, v) = match &state.moments {
-            Moments::Full { m, v } => (m.as_tensor().clone(), v.as_tensor().clone()),
-            Moments::Quantized { m, v } => self.decoded(&state.var, m, v)?,
-        };
-        let next_m = ((m * beta1)? + (&g * (1.0 - beta1))?)?;
-        let next_v = ((v * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
-        let m_hat = (&next_m * (1.0 / (1.0 - beta1.powi(t as i32))))?;
-        let v_hat = (&next_v * (1.0 / (1.0 - beta2.powi(t as i32))))?;
-        let step = (m_hat / (v_hat.sqrt()? + eps)?)?;
-        let next_theta = ((theta * (1.0 - lr * weight_decay))? - (step * lr)?)?.to_dtype(state.var.dtype())?;
-        Ok(match &state.moments {
-            Moments::Full { .. } => Next::Full { theta: next_theta, m: next_m, v: next_v },
+        let g = grad.detach().to_dtype(DType::F32)?;
+        let (m, v) = self.moments(state)?;
+        // m ← β₁·m + (1 − β₁)·g
+        let mut next_m = m.affine(beta1, 0.0)?;
+        drop(m);
+        next_m = (next_m + g.affine(1.0 - beta1, 0.0)?)?;
+        // v ← β₂·v + (1 − β₂)·g²
+        let mut next_v = v.affine(beta2, 0.0)?;
+        drop(v);
+        let mut g2 = g.sqr()?;
+        g2 = g2.affine(1.0 - beta2, 0.0)?;
+        next_v = (next_v + g2)?;
+        drop(g);
+        let sqrt_v = next_v.sqrt()?;
+        // a quantized state keeps √v (its code is logarithmic in it), a full one v
+        let moments = match &state.moments {
+            Moments::Full { .. } => NextMoments::Full { m: next_m.clone(), v: next_v },
             Moments::Quantized { .. } => {
-                let m_blocks = blocks(&next_m)?;
-                let m_scales = scales_of(&m_blocks)?;
-                let sqrt_v_blocks = blocks(&next_v.sqrt()?)?;
-                let v_scales = scales_of(&sqrt_v_blocks)?;
-                Next::Quantized {
-                    theta: next_theta,
-                    m: (encode_linear(&m_blocks, &m_scales)?, m_scales),
-                    v: (encode_log(&sqrt_v_blocks, &v_scales)?, v_scales),
-                }
+                drop(next_v);
+                NextMoments::Quantized { m: quantize(&next_m, encode_linear)?, v: quantize(&sqrt_v, encode_log)? }
             }
-        })
+        };
+        // θ ← θ·(1 − lr·λ) − lr · m̂ / (√v̂ + ε), with m̂ = m / (1 − β₁ᵗ), √v̂ = √v / √(1 − β₂ᵗ)
+        let bias_m = 1.0 / (1.0 - beta1.powi(t as i32));
+        let bias_v = 1.0 / (1.0 - beta2.powi(t as i32));
+        let mut step = next_m.affine(lr * bias_m, 0.0)?;
+        drop(next_m);
+        let denominator = sqrt_v.affine(bias_v.sqrt(), eps)?;
+        drop(sqrt_v);
+        step = (step / denominator)?;
+        let theta = state.var.as_tensor().detach().to_dtype(DType::F32)?;
+        let mut next_theta = theta.affine(1.0 - lr * weight_decay, 0.0)?;
+        drop(theta);
+        next_theta = (next_theta - step)?;
+        let theta = next_theta.to_dtype(state.var.dtype())?;
+        Ok(Next { theta, moments })
     }
 }
 
@@ -232,21 +284,21 @@ impl Optimizer for AdamW8bit {
         self.step_t += 1;
         for state in &self.states {
             if let Some(grad) = grads.get(state.var.as_tensor()) {
-                match (self.update(state, grad, self.step_t)?, &state.moments) {
-                    (Next::Full { theta, m, v }, Moments::Full { m: m_var, v: v_var }) => {
+                let Next { theta, moments } = self.update(state, grad, self.step_t)?;
+                match (moments, &state.moments) {
+                    (NextMoments::Full { m, v }, Moments::Full { m: m_var, v: v_var }) => {
                         m_var.set(&m)?;
                         v_var.set(&v)?;
-                        state.var.set(&theta)?;
                     }
-                    (Next::Quantized { theta, m, v }, Moments::Quantized { m: m_q, v: v_q }) => {
+                    (NextMoments::Quantized { m, v }, Moments::Quantized { m: m_q, v: v_q }) => {
                         m_q.codes.set(&m.0)?;
                         m_q.scales.set(&m.1)?;
                         v_q.codes.set(&v.0)?;
                         v_q.scales.set(&v.1)?;
-                        state.var.set(&theta)?;
                     }
                     _ => unreachable!("update returns the moments of the state's kind"),
                 }
+                state.var.set(&theta)?;
             }
         }
         Ok(())

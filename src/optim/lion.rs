@@ -55,12 +55,24 @@ impl Lion {
     }
 
     /// The next weights and moment of `var` (moment `m`) for gradient `g`.
+    /// Every input is detached, so no op records a graph, and each
+    /// intermediate is replaced as soon as the next exists (`x = x.op()?`
+    /// frees the old `x`): the step's temporaries stay at a few copies of the
+    /// variable, for real and dry steps alike.
     fn update(&self, var: &Var, m: &Var, g: &Tensor) -> Result<(Tensor, Tensor)> {
         let ParamsLion { lr, beta1, beta2, weight_decay } = self.params;
-        let c = ((m.as_tensor() * beta1)? + (g * (1.0 - beta1))?)?;
-        let decayed = (var.as_tensor() * (1.0 - lr * weight_decay))?;
-        let next_theta = (decayed - (c.sign()? * lr)?)?;
-        let next_m = ((m.as_tensor() * beta2)? + (g * (1.0 - beta2))?)?;
+        let (theta, m, g) = (var.as_tensor().detach(), m.as_tensor().detach(), g.detach());
+        let mut next_m = m.affine(beta2, 0.0)?;
+        next_m = (next_m + g.affine(1.0 - beta2, 0.0)?)?;
+        let mut c = m.affine(beta1, 0.0)?;
+        drop(m);
+        c = (c + g.affine(1.0 - beta1, 0.0)?)?;
+        drop(g);
+        c = c.sign()?;
+        c = c.affine(lr, 0.0)?;
+        let mut next_theta = theta.affine(1.0 - lr * weight_decay, 0.0)?;
+        drop(theta);
+        next_theta = (next_theta - c)?;
         Ok((next_theta, next_m))
     }
 }
