@@ -380,8 +380,8 @@ fn mixed_precision_gradients_match_f32_within_tolerance() {
 /// (real, or dry) on a 1024×1024 matrix, with the gradient straight from
 /// `backward` (it carries its graph, as a training loop's does), after a
 /// first real step so that every moment is in its steady state.
-fn step_temporaries_per_parameter<O: Optimizer + ?Sized>(
-    make: impl FnOnce(Vec<Var>) -> Box<O>,
+fn step_temporaries_per_parameter<O: Optimizer>(
+    make: impl FnOnce(Vec<Var>) -> O,
     step: impl Fn(&mut O, &candle_core::backprop::GradStore),
 ) -> f64 {
     const N: usize = 1024;
@@ -405,13 +405,13 @@ fn step_temporaries_per_parameter<O: Optimizer + ?Sized>(
 /// `candle_nn::AdamW`'s, and its dry step exactly what its real step holds.
 fn each_step_holds_no_more_than_candle_adamws() {
     let candle = step_temporaries_per_parameter(
-        |vars| Box::new(candle_nn::AdamW::new(vars, ParamsAdamW::default()).unwrap()),
+        |vars| candle_nn::AdamW::new(vars, ParamsAdamW::default()).unwrap(),
         |o, g| o.step(g).unwrap(),
     );
     println!("  candle_nn::AdamW: {candle:.1} bytes per parameter");
     fn both<O: Optimizer + DryStep + 'static>(name: &str, make: impl Fn(Vec<Var>) -> O) -> (f64, f64) {
-        let real = step_temporaries_per_parameter(|v| Box::new(make(v)), |o: &mut O, g| o.step(g).unwrap());
-        let dry = step_temporaries_per_parameter(|v| Box::new(make(v)), |o: &mut O, g| o.dry_step(g).unwrap());
+        let real = step_temporaries_per_parameter(&make, |o: &mut O, g| o.step(g).unwrap());
+        let dry = step_temporaries_per_parameter(&make, |o: &mut O, g| o.dry_step(g).unwrap());
         println!("  {name}: real {real:.1}, dry {dry:.1} bytes per parameter");
         (real, dry)
     }
