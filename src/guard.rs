@@ -3,7 +3,7 @@
 
 use log::{info, warn};
 
-use crate::{is_oom, Error, MemoryMeter, Plan};
+use crate::{is_oom, Error, MemoryMeter, Plan, RankShare};
 
 /// Runs each optimizer step's samples as micro-batches; when a micro-step runs
 /// out of memory, releases what it can, halves the micro-batch (so the
@@ -43,8 +43,12 @@ use crate::{is_oom, Error, MemoryMeter, Plan};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Guard {
     batch: usize,
-    /// This rank's samples over the global batch with uneven ranks, else 1.
-    share_of_global: f64,
+    /// The batch a micro-step's loss scale divides by: `batch`, or the global
+    /// batch with uneven ranks.
+    denominator: usize,
+    /// With uneven ranks: this rank's micro-steps as the plan splits them,
+    /// followed while the micro-batch is the plan's.
+    schedule: Option<RankShare>,
     micro_batch: usize,
     max_micro_batch: usize,
     grow_after: Option<usize>,
@@ -56,11 +60,20 @@ pub struct Guard {
 pub struct MicroBatch {
     /// Index of the first sample, within the step's samples.
     pub offset: usize,
-    /// Number of samples.
+    /// Number of samples: 0 for an empty micro-step (see [`Guard::new`]).
     pub len: usize,
     /// `len / step samples`: multiply the micro-batch's mean loss by this
-    /// (with uneven ranks, `len / global batch`: see [`Guard::new`]).
+    /// (with uneven ranks, `len / global batch`, the split's
+    /// [`loss_weight`](crate::RankSplit::loss_weight): see [`Guard::new`]).
     pub loss_scale: f64,
+}
+
+impl MicroBatch {
+    /// Whether it takes no sample (an uneven rank's micro-step past its
+    /// samples): there is nothing to compute, and its loss scale is 0.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// What one guarded optimizer step did.
@@ -68,7 +81,7 @@ pub struct MicroBatch {
 pub struct StepReport {
     /// Samples processed: always the step's whole batch.
     pub samples: usize,
-    /// Micro-steps that succeeded.
+    /// Micro-steps that succeeded, empty ones included.
     pub micro_steps: usize,
     /// Micro-steps that ran out of memory and were run again smaller.
     pub out_of_memory: usize,
@@ -84,16 +97,35 @@ impl Guard {
     /// samples per rank, run `micro_batch` at a time.
     ///
     /// With uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks))
-    /// each step has this rank's share of the global batch, and a
-    /// micro-batch's `loss_scale` is its samples over the *global* batch: sum
-    /// the ranks' gradients (not average) and the result is the gradient of
-    /// the global mean loss.
+    /// each step runs exactly this rank's share of the plan's split
+    /// ([`RankShare`]): the same micro-steps, in the same order and sizes
+    /// (`share.micro_batches()`), each with `loss_scale` =
+    /// [`split.loss_weight(rank, step)`](crate::RankSplit::loss_weight), its
+    /// samples over the *global* batch: sum the ranks' gradients (not
+    /// average) and the result is the gradient of the global mean loss. Every
+    /// rank then runs the same number of micro-steps. A rank with fewer
+    /// samples than micro-steps has empty ones at the end: the guard still
+    /// calls the micro-step with `len` 0 and `loss_scale` 0 so that the count
+    /// matches, and the micro-step should do nothing
+    /// ([`MicroBatch::is_empty`]), or, where the all-reduce runs inside the
+    /// backward pass, a step whose loss is multiplied by 0, so that this rank
+    /// joins it. After an out-of-memory error the rest of the step runs in
+    /// micro-batches of half the size (more micro-steps on this rank only);
+    /// the plan's split is followed again once the micro-batch grows back.
     pub fn new(plan: &Plan) -> Result<Self, Error> {
         if let (Some(split), Some(rank)) = (&plan.ranks, plan.rank) {
             let share = split.shares.get(rank).ok_or(Error::RankOutOfRange { rank, world_size: split.world_size() })?;
-            let mut guard = Self::with_batch(share.samples, share.micro_batch())?;
-            guard.share_of_global = share.samples as f64 / split.global_batch as f64;
-            return Ok(guard);
+            // (a rank may have no sample at all: then every micro-step is empty)
+            let micro_batch = share.micro_batch().max(1);
+            return Ok(Guard {
+                batch: share.samples,
+                denominator: split.global_batch,
+                schedule: Some(share.clone()),
+                micro_batch,
+                max_micro_batch: micro_batch,
+                grow_after: None,
+                stable_steps: 0,
+            });
         }
         let batch =
             plan.micro_batch.checked_mul(plan.accumulation_steps).ok_or(Error::Overflow { value: plan.micro_batch })?;
@@ -110,7 +142,8 @@ impl Guard {
         }
         Ok(Guard {
             batch,
-            share_of_global: 1.0,
+            denominator: batch,
+            schedule: None,
             micro_batch: micro_batch.min(batch),
             max_micro_batch: micro_batch.min(batch),
             grow_after: None,
@@ -136,9 +169,19 @@ impl Guard {
         self.micro_batch
     }
 
-    /// Micro-steps per optimizer step now: `⌈batch / micro_batch⌉`.
+    /// Micro-steps per optimizer step now: the plan's (with uneven ranks,
+    /// empty ones included), or `⌈batch / micro_batch⌉` after an
+    /// out-of-memory error lowered the micro-batch.
     pub fn accumulation_steps(&self) -> usize {
-        self.batch.div_ceil(self.micro_batch)
+        match self.following() {
+            Some(share) => share.steps,
+            None => self.batch.div_ceil(self.micro_batch),
+        }
+    }
+
+    /// The plan's micro-steps for this rank, while the micro-batch is the plan's.
+    fn following(&self) -> Option<&RankShare> {
+        self.schedule.as_ref().filter(|_| self.micro_batch >= self.max_micro_batch)
     }
 
     /// Runs one optimizer step's micro-steps (the caller then applies the
@@ -152,9 +195,17 @@ impl Guard {
         F: FnMut(MicroBatch) -> candle_core::Result<()>,
     {
         let (mut offset, mut micro_steps, mut out_of_memory) = (0, 0, 0);
-        while offset < self.batch {
-            let len = self.micro_batch.min(self.batch - offset);
-            let loss_scale = len as f64 / self.batch as f64 * self.share_of_global;
+        // the plan's micro-steps while none has run out of memory, else
+        // chunks of the (lowered) micro-batch
+        let mut schedule = self.following().cloned();
+        loop {
+            let len = match &schedule {
+                Some(share) if micro_steps < share.steps => share.micro_batch_at(micro_steps),
+                Some(_) => break,
+                None if offset < self.batch => self.micro_batch.min(self.batch - offset),
+                None => break,
+            };
+            let loss_scale = len as f64 / self.denominator as f64;
             let micro = MicroBatch { offset, len, loss_scale };
             match micro_step(micro) {
                 Ok(()) => {
@@ -167,10 +218,11 @@ impl Guard {
                     if let Err(release) = meter.synchronize().and_then(|()| meter.release_cached()) {
                         warn!("after an out-of-memory micro-step: {release}");
                     }
-                    if len == 1 {
+                    if len <= 1 {
                         return Err(Error::GuardExhausted { offset });
                     }
                     self.micro_batch = len / 2;
+                    schedule = None;
                     warn!(
                         "out of memory at micro-batch {len}: running samples {offset}.. again at {}, {} micro-steps per step",
                         self.micro_batch,

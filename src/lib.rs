@@ -140,7 +140,7 @@ pub use model::{ModelProbe, TrainLoop};
 pub use oom::is_oom;
 pub use plan::{
     plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, EvaluationPlan, MemoryModel,
-    Objective, Plan, RankShare, RankSplit, SizeBatch, SizeModel, SizePlan, SizedPlan, ThroughputChoice,
+    Objective, Plan, RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizedPlan, ThroughputChoice,
     ThroughputPoint, Trial, TrialKind, Warning,
 };
 pub use search::{LinearFit, Outcome, Strategy};

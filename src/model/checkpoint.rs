@@ -49,8 +49,9 @@ use super::grads::Accumulator;
 /// - `blocks`: the blocks over the variables; `detached_blocks`: the same blocks
 ///   built over detached weights ([`detached`](super::detached)), run in the
 ///   forward pass so that it records no graph;
-/// - `head`: from the last block's output to the scalar loss (scale it here
-///   when training accumulates: [`TrainLoop::step_with_backward`](crate::TrainLoop::step_with_backward)).
+/// - `head`: from the last block's output to the scalar loss (the mean loss:
+///   [`TrainLoop::step_with_backward`](crate::TrainLoop::step_with_backward)
+///   scales it and its gradients for accumulation).
 ///
 /// Returns the loss (detached) and the gradients of `vars`. The gradients
 /// are those of `loss.backward()`: the same operations run in the same order

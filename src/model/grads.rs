@@ -26,14 +26,6 @@ pub(crate) fn keep_variables(mut grads: GradStore, vars: &[Var]) -> GradStore {
     kept
 }
 
-/// The float variables that `grads` has no gradient for.
-pub(crate) fn missing<'a>(grads: &GradStore, vars: &'a [(String, Var)]) -> Vec<&'a str> {
-    vars.iter()
-        .filter(|(_, var)| var.dtype().is_float() && grads.get(var.as_tensor()).is_none())
-        .map(|(name, _)| name.as_str())
-        .collect()
-}
-
 /// Gradients summed over the micro-steps of one optimizer step: one tensor per
 /// variable, added to one variable at a time, so that accumulating holds one
 /// gradient copy and, while adding, one variable's more.
@@ -49,10 +41,23 @@ impl Accumulator {
     /// A failure part way leaves the accumulator unusable: [`take`](Self::take)
     /// then fails rather than hand over a partial sum.
     pub(crate) fn add(&mut self, grads: GradStore, vars: &[Var]) -> Result<()> {
+        self.add_scaled(grads, vars, 1.0)
+    }
+
+    /// Adds the variables' gradients of `grads` multiplied by `scale` (each
+    /// variable's scaled in turn: one more gradient of one variable at a time).
+    pub(crate) fn add_scaled(&mut self, grads: GradStore, vars: &[Var], scale: f64) -> Result<()> {
         if self.broken {
             return Err(candle_core::Error::Msg("the gradient accumulator is incomplete".to_owned()));
         }
         let mut grads = keep_variables(grads, vars);
+        if scale != 1.0 {
+            for var in vars {
+                if let Some(grad) = grads.remove(var.as_tensor()) {
+                    grads.insert(var.as_tensor(), grad.affine(scale, 0.0)?);
+                }
+            }
+        }
         let Some(sum) = &mut self.sum else {
             self.sum = Some(grads);
             return Ok(());

@@ -12,6 +12,7 @@
 //! - [`checkpointed`] is gradient checkpointing for a model built as a sequence
 //!   of blocks: boundaries kept, each block recomputed in the backward pass.
 
+mod buffers;
 mod checkpoint;
 mod detached;
 pub(crate) mod grads;
@@ -19,8 +20,8 @@ mod probe;
 mod train;
 
 pub use checkpoint::checkpointed;
-pub use detached::detached;
-pub use probe::{BySizeLoss, ModelProbe, ProbeLoss, WithBackward};
+pub use detached::{detached, detached_sharing};
+pub use probe::{BySizeLoss, BySizeWithBackward, ModelProbe, ProbeLoss, WithBackward};
 pub use train::TrainLoop;
 
 use candle_core::Var;

@@ -1,11 +1,12 @@
 //! `ModelProbe`: a user's model as a probe workload that changes nothing.
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW, VarMap};
 use log::warn;
 
-use super::grads::{missing, Accumulator};
+use super::buffers::{host_copy, Buffers};
+use super::grads::Accumulator;
 use crate::estimate::{OptimizerKind, Precision};
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
 use crate::{CacheKey, Error, Profile, Warning, Workload};
@@ -16,6 +17,15 @@ use crate::{CacheKey, Error, Profile, Warning, Workload};
 pub trait ProbeLoss {
     /// The loss of `batch` samples and the gradients of the variables.
     fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)>;
+
+    /// Whether training multiplies this loss's gradients by the micro-step's
+    /// loss scale after its backward pass
+    /// ([`TrainLoop::step_with_backward`](crate::TrainLoop::step_with_backward)
+    /// does, one variable at a time), so that the accumulating probe step does
+    /// too. False by default: a loss closure's scale goes into the graph.
+    fn scales_gradients(&self) -> bool {
+        false
+    }
 }
 
 impl<F: FnMut(usize) -> Result<Tensor>> ProbeLoss for F {
@@ -33,6 +43,27 @@ pub struct WithBackward<F>(F);
 impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ProbeLoss for WithBackward<F> {
     fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
         (self.0)(batch)
+    }
+
+    fn scales_gradients(&self) -> bool {
+        true
+    }
+}
+
+/// A closure of the batch and an input size that computes the loss and the
+/// gradients itself: see [`ModelProbe::by_size_with_backward`].
+pub struct BySizeWithBackward<F> {
+    loss_and_gradients: F,
+    size: usize,
+}
+
+impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ProbeLoss for BySizeWithBackward<F> {
+    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
+        (self.loss_and_gradients)(batch, self.size)
+    }
+
+    fn scales_gradients(&self) -> bool {
+        true
     }
 }
 
@@ -127,8 +158,14 @@ pub struct ModelProbe<L> {
     loss: L,
     update: Update,
     key: CacheKey,
-    /// Variables with no gradient, once a step has run to the end.
+    /// For each variable, whether it got a gradient in the first step that
+    /// ran to the end.
+    gradients: Option<Vec<bool>>,
+    /// Float variables with no gradient that were not seen written (not
+    /// buffers), once a step has run to the end.
     missing: Option<Vec<String>>,
+    /// Variables the forward pass writes, put back after every step.
+    buffers: Buffers,
 }
 
 impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
@@ -199,10 +236,41 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> crate::Resizable for ModelProbe<B
     }
 }
 
+impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ModelProbe<BySizeWithBackward<F>> {
+    /// [`by_size`](ModelProbe::by_size) for a step that computes the loss and
+    /// the gradients itself ([`with_backward`](ModelProbe::with_backward), e.g.
+    /// gradient checkpointing with [`checkpointed`](super::checkpointed)):
+    /// `loss_and_gradients(batch, size)` returns the loss of `batch` samples
+    /// of `size` and the variables' gradients. It is
+    /// [`Resizable`](crate::Resizable), for [`Tuner::run_sizes`](crate::Tuner::run_sizes).
+    pub fn by_size_with_backward(varmap: &VarMap, size: usize, loss_and_gradients: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), BySizeWithBackward { loss_and_gradients, size })
+    }
+}
+
+impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> crate::Resizable for ModelProbe<BySizeWithBackward<F>> {
+    fn resize(&mut self, size: usize) -> std::result::Result<(), Error> {
+        self.loss.size = size;
+        Ok(())
+    }
+
+    fn size(&self) -> usize {
+        self.loss.size
+    }
+}
+
 impl<L: ProbeLoss> ModelProbe<L> {
     fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
         let key = CacheKey::new().variables(vars.iter().map(|(name, var)| (name.as_str(), var)));
-        ModelProbe { vars, loss, update: Update::None, key, missing: None }
+        ModelProbe {
+            vars,
+            loss,
+            update: Update::None,
+            key,
+            gradients: None,
+            missing: None,
+            buffers: Buffers::default(),
+        }
     }
 
     /// Measures candle-nn's AdamW with `params`: its two moments are allocated
@@ -282,9 +350,20 @@ impl<L: ProbeLoss> ModelProbe<L> {
     }
 
     /// The float variables that received no gradient in the first probe step
-    /// that ran to the end; `None` before one has.
+    /// that ran to the end and that the forward pass did not write (a cut
+    /// graph, not a buffer); `None` before a step has run to the end.
     pub fn variables_without_gradient(&self) -> Option<&[String]> {
         self.missing.as_deref()
+    }
+
+    /// The variables the forward pass writes (candle-nn's BatchNorm running
+    /// statistics in training mode, a buffer of your own kept as a `Var`),
+    /// by name: those a probe step was seen to change, all of them put back
+    /// after every step. `None` before a step has run to the end.
+    /// Build an evaluation model that shares them with
+    /// [`detached_sharing`](super::detached_sharing).
+    pub fn buffers(&self) -> Option<Vec<&str>> {
+        Some(self.buffers.written()?.map(|index| self.vars[index].0.as_str()).collect())
     }
 
     fn plain_vars(&self) -> Vec<Var> {
@@ -309,9 +388,14 @@ impl<L: ProbeLoss> ModelProbe<L> {
             Update::General { step, host, .. } => {
                 let vars: Vec<Var> = self.vars.iter().map(|(_, var)| var.clone()).collect();
                 let stepped = step(&vars, grads);
-                // write the variables back even when the step failed part way
+                // write back what the optimizer can have changed (a variable
+                // with a gradient), even when the step failed part way; what the
+                // forward pass wrote is put back by `restoring`, which must
+                // see it changed to know it for a buffer
                 for (var, saved) in vars.iter().zip(host.iter()) {
-                    var.set(&saved.to_device(var.device())?)?;
+                    if grads.get(var.as_tensor()).is_some() {
+                        var.set(&saved.to_device(var.device())?)?;
+                    }
                 }
                 stepped
             }
@@ -319,8 +403,8 @@ impl<L: ProbeLoss> ModelProbe<L> {
     }
 
     fn check_gradients(&mut self, grads: &GradStore) {
-        if self.missing.is_none() {
-            self.missing = Some(missing(grads, &self.vars).into_iter().map(str::to_owned).collect());
+        if self.gradients.is_none() {
+            self.gradients = Some(self.vars.iter().map(|(_, var)| grads.get(var.as_tensor()).is_some()).collect());
         }
     }
 
@@ -334,21 +418,28 @@ impl<L: ProbeLoss> ModelProbe<L> {
     }
 }
 
-/// A copy of `tensor` in host memory that does not share its storage.
-fn host_copy(tensor: &Tensor) -> Result<Tensor> {
-    if tensor.device().is_cpu() {
-        tensor.copy()
-    } else {
-        tensor.to_device(&Device::Cpu)
+impl<L: ProbeLoss> ModelProbe<L> {
+    /// Runs `step` with the variables the forward pass writes put back after
+    /// it, whether it succeeded or not; the first step that runs to the end
+    /// tells which they are (and they are no missing gradients).
+    fn restoring(&mut self, step: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let saved = self.buffers.save(&self.vars)?;
+        let result = step(self);
+        let gradients = self.gradients.as_deref().filter(|_| result.is_ok());
+        self.buffers.restore(&self.vars, saved, gradients)?;
+        if let (Some(gradients), Some(written)) = (&self.gradients, self.buffers.written()) {
+            let written: Vec<usize> = written.collect();
+            let missing =
+                self.vars.iter().enumerate().filter(|(index, (_, var))| {
+                    var.dtype().is_float() && !gradients[*index] && !written.contains(index)
+                });
+            self.missing = Some(missing.map(|(_, (name, _))| name.clone()).collect());
+        }
+        result
     }
-}
 
-impl<L: ProbeLoss> Workload for ModelProbe<L> {
-    /// Forward, backward and the update computed dry. The loss (and with it
-    /// the forward graph) and the whole gradient store stay alive through the
-    /// update, as in `optimizer.backward_step(&loss)`: the most a training
-    /// step holds.
-    fn step(&mut self, batch: usize) -> Result<()> {
+    /// Forward, backward and the update computed dry.
+    fn plain_step(&mut self, batch: usize) -> Result<()> {
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
         self.check_gradients(&grads);
         self.update(&grads)?;
@@ -357,20 +448,37 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         Ok(())
     }
 
-    /// A micro-step after the first of an accumulating optimizer step: the
-    /// accumulator (one gradient per variable) held throughout, this
-    /// micro-step's gradients added to it, and the update computed from the sum.
-    fn accumulating_step(&mut self, batch: usize) -> Result<()> {
+    /// A micro-step after the first, with the accumulator held.
+    fn accumulating_micro_step(&mut self, batch: usize) -> Result<()> {
         let vars = self.plain_vars();
         let mut accumulator = Accumulator::holding_zeros(&vars)?;
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
         self.check_gradients(&grads);
-        accumulator.add(grads, &vars)?;
+        // any scale but 1 allocates what training's does (the value is never used)
+        let scale = if self.loss.scales_gradients() { 0.5 } else { 1.0 };
+        accumulator.add_scaled(grads, &vars, scale)?;
         let sum = accumulator.take()?;
         self.update(&sum)?;
         drop(sum);
         drop(loss);
         Ok(())
+    }
+}
+
+impl<L: ProbeLoss> Workload for ModelProbe<L> {
+    /// Forward, backward and the update computed dry. The loss (and with it
+    /// the forward graph) and the whole gradient store stay alive through the
+    /// update, as in `optimizer.backward_step(&loss)`: the most a training
+    /// step holds. Variables the forward pass writes are put back after it.
+    fn step(&mut self, batch: usize) -> Result<()> {
+        self.restoring(|probe| probe.plain_step(batch))
+    }
+
+    /// A micro-step after the first of an accumulating optimizer step: the
+    /// accumulator (one gradient per variable) held throughout, this
+    /// micro-step's gradients added to it, and the update computed from the sum.
+    fn accumulating_step(&mut self, batch: usize) -> Result<()> {
+        self.restoring(|probe| probe.accumulating_micro_step(batch))
     }
 
     fn can_accumulate(&self) -> bool {

@@ -118,32 +118,37 @@ impl<O: Optimizer> TrainLoop<O> {
             let loss = micro_step(micro)?;
             let value = f64::from(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
             let grads = (loss * micro.loss_scale)?.backward()?;
-            Ok((value * micro.loss_scale, grads))
+            Ok((value * micro.loss_scale, grads, 1.0))
         })
     }
 
     /// [`step`](Self::step) for a micro-step that runs its own backward pass
     /// (gradient checkpointing, [`checkpointed`](super::checkpointed)):
-    /// `micro_step(micro)` returns the loss **already scaled by
-    /// `micro.loss_scale`** and the variables' gradients of that scaled loss.
-    /// The report's `loss` is the sum of the scaled losses: the step's mean loss.
+    /// `micro_step(micro)` returns the mean loss of its samples and the
+    /// variables' gradients of that loss, as [`step`](Self::step)'s closure
+    /// returns the loss: the loop scales both by `micro.loss_scale` (the
+    /// gradients as it adds them up, one variable at a time), so the step's
+    /// gradient is the gradient of its mean loss whatever the split. The
+    /// report's `loss` is the step's mean loss.
     pub fn step_with_backward<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
     where
         M: MemoryMeter + ?Sized,
         F: FnMut(MicroBatch) -> candle_core::Result<(Tensor, GradStore)>,
     {
         self.run(meter, |micro| {
-            let (scaled_loss, grads) = micro_step(micro)?;
-            Ok((f64::from(scaled_loss.to_dtype(DType::F32)?.to_scalar::<f32>()?), grads))
+            let (loss, grads) = micro_step(micro)?;
+            let value = f64::from(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+            Ok((value * micro.loss_scale, grads, micro.loss_scale))
         })
     }
 
-    /// The guarded micro-steps, each giving its (scaled) loss value and
-    /// gradients, accumulated, then the optimizer's step.
+    /// The guarded micro-steps, each giving its scaled loss value, its
+    /// gradients and the factor they still need, accumulated, then the
+    /// optimizer's step.
     fn run<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
     where
         M: MemoryMeter + ?Sized,
-        F: FnMut(MicroBatch) -> candle_core::Result<(f64, GradStore)>,
+        F: FnMut(MicroBatch) -> candle_core::Result<(f64, GradStore, f64)>,
     {
         let mut accumulator = Accumulator::default();
         let mut mean_loss = 0f64;
@@ -152,8 +157,8 @@ impl<O: Optimizer> TrainLoop<O> {
             if accumulator.is_broken() {
                 return Err(candle_core::Error::Msg("the gradient accumulator is incomplete".to_owned()));
             }
-            let (scaled_loss, grads) = micro_step(micro)?;
-            match accumulator.add(grads, vars) {
+            let (scaled_loss, grads, gradient_scale) = micro_step(micro)?;
+            match accumulator.add_scaled(grads, vars, gradient_scale) {
                 Ok(()) => {
                     mean_loss += scaled_loss;
                     Ok(())

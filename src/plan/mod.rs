@@ -107,6 +107,57 @@ pub struct ThroughputChoice {
     pub extra_steps: usize,
 }
 
+/// Why a search's answer is not proven the largest: what stopped the search
+/// before a trial of the next batch up (the answer + one granule) was seen not
+/// to fit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SearchLimit {
+    /// The answer is the largest batch the search may try
+    /// ([`Tuner::max_batch`](crate::Tuner::max_batch), rounded down to the
+    /// granularity): larger ones were not tried, and may fit.
+    MaxBatch {
+        /// The largest candidate.
+        max_batch: usize,
+    },
+    /// The search ran [`Tuner::max_trials`](crate::Tuner::max_trials) trials.
+    MaxTrials {
+        /// The limit.
+        max_trials: usize,
+    },
+    /// The strategy does not bisect ([`Strategy::Power`]): it stops at the
+    /// first failure after doubling, and batches between were not tried.
+    Strategy {
+        /// The strategy.
+        strategy: Strategy,
+    },
+    /// The step did not seem to use its batch ([`Warning::BatchIgnored`]).
+    BatchIgnored,
+    /// The next batch up was not tried for another reason (a re-check that
+    /// failed moved the answer down).
+    NextBatchNotTried {
+        /// The batch that was not tried.
+        batch: usize,
+    },
+}
+
+impl std::fmt::Display for SearchLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SearchLimit::MaxBatch { max_batch } => {
+                write!(f, "stopped at the largest batch allowed, {max_batch}: larger ones were not tried")
+            }
+            SearchLimit::MaxTrials { max_trials } => write!(f, "stopped after {max_trials} search trials"),
+            SearchLimit::Strategy { strategy } => {
+                write!(f, "the {strategy} strategy stops at the first failure without bisecting")
+            }
+            SearchLimit::BatchIgnored => f.write_str("the step seems not to use its batch"),
+            SearchLimit::NextBatchNotTried { batch } => write!(f, "batch {batch} was not tried"),
+        }
+    }
+}
+
 /// Something the caller should know about a plan that is still valid.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -245,9 +296,14 @@ pub struct Plan {
     pub multiple_of: usize,
     /// The search strategy used.
     pub strategy: Strategy,
-    /// Whether the search proved `largest_batch` is the largest fitting candidate
-    /// (false when `max_trials` cut it short).
+    /// Whether the search proved `largest_batch` is the largest fitting
+    /// candidate: a trial of the next batch up (`largest_batch + multiple_of`)
+    /// was seen not to fit. When not, `stopped_by` says why.
     pub proven_largest: bool,
+    /// What stopped the search before it proved its answer the largest
+    /// (`None` when `proven_largest`).
+    #[serde(default)]
+    pub stopped_by: Option<SearchLimit>,
     /// Every trial, in the order run.
     pub trials: Vec<Trial>,
     /// The accumulation split, when a target effective batch was set.
@@ -291,8 +347,12 @@ pub struct EvaluationPlan {
     pub largest_batch: usize,
     /// Its measured device-wide peak.
     pub peak_bytes: u64,
-    /// Whether the search proved it the largest.
+    /// Whether the search proved it the largest (the next batch up was seen
+    /// not to fit).
     pub proven_largest: bool,
+    /// What stopped the search before it proved its answer the largest.
+    #[serde(default)]
+    pub stopped_by: Option<SearchLimit>,
     /// The evaluation trials, in the order run.
     pub trials: Vec<Trial>,
 }

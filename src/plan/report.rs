@@ -64,6 +64,15 @@ impl Trial {
     }
 }
 
+/// "proven largest", or "not proven largest: " and what stopped the search.
+fn proof(proven: bool, stopped_by: Option<&super::SearchLimit>) -> String {
+    match (proven, stopped_by) {
+        (true, _) => "proven largest".to_owned(),
+        (false, Some(limit)) => format!("not proven largest: {limit}"),
+        (false, None) => "not proven largest".to_owned(),
+    }
+}
+
 impl Plan {
     /// The report without the trial table: the search result, the plan and any warnings.
     pub fn summary(&self) -> String {
@@ -71,11 +80,11 @@ impl Plan {
         if self.cached {
             out += "cached plan: stored by an earlier run with the same model, device and settings; no step ran\n";
         }
-        let proof = if self.proven_largest { "proven largest" } else { "not proven largest" };
+        let proven = proof(self.proven_largest, self.stopped_by.as_ref());
         let granularity =
             if self.multiple_of > 1 { format!(", multiples of {}", self.multiple_of) } else { String::new() };
         out += &format!(
-            "largest batch {} ({proof}{granularity}), peak {} = {:.1}% of {} (ceiling {:.0}%)\n",
+            "largest batch {} ({proven}{granularity}), peak {} = {:.1}% of {} (ceiling {:.0}%)\n",
             self.largest_batch,
             format_bytes(self.peak_bytes),
             100.0 * self.utilization(),
@@ -131,7 +140,7 @@ impl Plan {
             out += &format!(
                 "\nevaluation: largest batch {} ({}), peak {} = {:.1}% of {}",
                 evaluation.largest_batch,
-                if evaluation.proven_largest { "proven largest" } else { "not proven largest" },
+                proof(evaluation.proven_largest, evaluation.stopped_by.as_ref()),
                 format_bytes(evaluation.peak_bytes),
                 100.0 * utilization(evaluation.peak_bytes, self.capacity_bytes),
                 format_bytes(self.capacity_bytes)

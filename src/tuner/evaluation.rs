@@ -76,6 +76,7 @@ impl Tuner {
             largest_batch: evaluated.largest_batch,
             peak_bytes: evaluated.peak_bytes,
             proven_largest: evaluated.proven_largest,
+            stopped_by: evaluated.stopped_by,
             trials: evaluated.trials,
         });
         Ok(plan)

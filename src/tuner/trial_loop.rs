@@ -5,11 +5,12 @@ use log::{debug, info, warn};
 use super::{Observer, Split, Tuner};
 use crate::memory::measure::measure;
 use crate::plan::{
-    utilization, MemoryModel, Objective, Plan, ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
+    utilization, MemoryModel, Objective, Plan, SearchLimit, ThroughputChoice, ThroughputPoint, Trial, TrialKind,
+    Warning,
 };
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
-use crate::{is_oom, Error, MemoryMeter, Outcome, Workload};
+use crate::{is_oom, Error, MemoryMeter, Outcome, Strategy, Workload};
 
 /// A step whose peak grew by less than a byte per sample while the batch grew
 /// this many times over is not using its batch: the search stops there.
@@ -64,12 +65,13 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         if self.tuner.warmup {
             self.warm_up(space.first())?;
         }
-        let proven_largest = self.search(space)?;
+        let stopped = self.search(space)?;
+        let stopped_by = self.stopped_by(space, stopped);
         for warning in self.workload.diagnose() {
             self.warn(warning);
         }
         let profile = self.tuner.profile.or_else(|| self.workload.profile());
-        self.into_plan(space, proven_largest, profile)
+        self.into_plan(space, stopped_by, profile)
     }
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
@@ -107,36 +109,38 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         )
     }
 
-    /// Runs the search to the end; returns whether the answer is proven largest.
-    fn search(&mut self, space: &SearchSpace) -> Result<bool, Error> {
+    /// Runs the search to the end; returns what cut it short, if anything
+    /// (`max_trials`, a step that ignores its batch).
+    fn search(&mut self, space: &SearchSpace) -> Result<Option<SearchLimit>, Error> {
         let strategy = self.tuner.strategy;
         let mut rechecked = Vec::new();
         loop {
-            let proven = loop {
+            let stopped = loop {
                 let batch = match next_batch(strategy, space, &self.history()) {
-                    Next::Done => break true,
+                    Next::Done => break None,
                     Next::Try(batch) => batch,
                 };
                 let searched = self.trials.iter().filter(|t| t.kind == TrialKind::Search).count();
                 if let Some(max_trials) = self.tuner.max_trials.filter(|&max| searched >= max) {
                     self.warn(Warning::TrialLimit { max_trials });
-                    break false;
+                    break Some(SearchLimit::MaxTrials { max_trials });
                 }
                 let trial = self.trial(batch, TrialKind::Search)?;
                 let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
                 self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes });
                 if let Some(warning) = trial.outcome.fits().then(|| self.batch_ignored()).flatten() {
                     self.warn(warning);
-                    break false;
+                    break Some(SearchLimit::BatchIgnored);
                 }
             };
+            let proven = stopped.is_none();
             // Re-check the answer once if memory in use rose since it was measured.
-            let Some(index) = self.best_index() else { return Ok(proven) };
+            let Some(index) = self.best_index() else { return Ok(stopped) };
             let batch = self.records[index].observation.batch;
             let first_baseline = self.records[index].baseline_bytes;
             let now = self.meter.in_use()?;
             if rechecked.contains(&batch) || now <= first_baseline.saturating_add(self.meter.slack_bytes()) {
-                return Ok(proven);
+                return Ok(stopped);
             }
             info!(
                 "memory in use rose from {} to {} since batch {batch} was measured: re-checking it",
@@ -148,7 +152,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
             self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes };
             if trial.outcome.fits() {
-                return Ok(proven);
+                return Ok(stopped);
             }
             self.warn(Warning::RecheckFailed {
                 batch,
@@ -157,9 +161,28 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             });
             if !proven {
                 // Out of trials: fall back to the next best verified batch, if any.
-                return Ok(false);
+                return Ok(stopped);
             }
         }
+    }
+
+    /// Why the answer is not proven the largest, or `None` when it is: a
+    /// trial of the next batch up was seen not to fit. Otherwise the limit
+    /// that cut the search short, the largest candidate, or a strategy that
+    /// does not bisect.
+    fn stopped_by(&self, space: &SearchSpace, stopped: Option<SearchLimit>) -> Option<SearchLimit> {
+        let history = self.history();
+        let answer = best(&history)?.batch;
+        let Some(next) = answer.checked_add(space.multiple_of()).filter(|_| answer < space.last()) else {
+            return Some(stopped.unwrap_or(SearchLimit::MaxBatch { max_batch: space.last() }));
+        };
+        if history.iter().any(|o| o.batch == next && !o.outcome.fits()) {
+            return None;
+        }
+        Some(stopped.unwrap_or(match self.tuner.strategy {
+            Strategy::Power => SearchLimit::Strategy { strategy: Strategy::Power },
+            _ => SearchLimit::NextBatchNotTried { batch: next },
+        }))
     }
 
     fn best_index(&self) -> Option<usize> {
@@ -333,7 +356,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     fn into_plan(
         mut self,
         space: &SearchSpace,
-        proven_largest: bool,
+        stopped_by: Option<SearchLimit>,
         profile: Option<crate::Profile>,
     ) -> Result<Plan, Error> {
         let tuner = self.tuner;
@@ -378,7 +401,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             ceiling: tuner.ceiling,
             multiple_of: tuner.multiple_of,
             strategy: tuner.strategy,
-            proven_largest,
+            proven_largest: stopped_by.is_none(),
+            stopped_by,
             trials: self.trials,
             accumulation,
             warnings: self.warnings,
