@@ -340,3 +340,39 @@ fn plan_shares_a_global_batch_among_uneven_ranks() {
     assert!(huge.status.success(), "{}", text(&huge.stderr));
     assert!(text(&huge.stdout).contains("9223372036854775807 × 1 + 1 × 0"), "{}", text(&huge.stdout));
 }
+
+/// "Proven largest" only when the next batch up was seen not to fit: a cap, a
+/// strategy that does not bisect, or the evaluation search stopped by the cap
+/// says what stopped it instead, in text and JSON; batch 5 fits where 4 is the cap.
+#[test]
+fn a_capped_or_unbisected_answer_is_not_called_proven() {
+    let output = autobatch(&["probe", "--model", "mlp", "--max-batch", "4", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(plan["largest_batch"], 4);
+    assert_eq!(plan["proven_largest"], false);
+    assert_eq!(plan["stopped_by"]["reason"], "max_batch", "{plan}");
+    assert_eq!(plan["stopped_by"]["max_batch"], 4);
+    let uncapped = autobatch(&["probe", "--model", "mlp", "--json"]);
+    let uncapped: serde_json::Value = serde_json::from_slice(&uncapped.stdout).unwrap();
+    assert!(uncapped["largest_batch"].as_u64().unwrap() > 4 && uncapped["proven_largest"] == true, "{uncapped}");
+    assert!(uncapped["stopped_by"].is_null());
+
+    let output = autobatch(&["probe", "--model", "mlp", "--max-batch", "4"]);
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("largest batch 4 (not proven largest: stopped at the largest batch allowed, 4"),
+        "{stdout}"
+    );
+
+    let output = autobatch(&["probe", "--model", "mlp", "--strategy", "power", "--json"]);
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(plan["proven_largest"], false);
+    assert_eq!(plan["stopped_by"]["reason"], "strategy", "{plan}");
+
+    let output = autobatch(&["probe", "--model", "mlp", "--eval", "--max-batch", "20", "--json"]);
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(plan["evaluation"]["largest_batch"], 20, "{plan}");
+    assert_eq!(plan["evaluation"]["proven_largest"], false);
+    assert_eq!(plan["evaluation"]["stopped_by"]["reason"], "max_batch");
+}

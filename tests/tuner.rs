@@ -142,7 +142,9 @@ fn max_batch_caps_the_search_and_is_tried_once() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, MIB));
     let plan = run(&Tuner::new().max_batch(1000), sim.clone()).unwrap();
     assert_eq!(plan.largest_batch, 1000);
-    assert!(plan.proven_largest);
+    // batch 1001 would fit: the cap is not proven the largest
+    assert!(!plan.proven_largest);
+    assert_eq!(plan.stopped_by, Some(autobatch::SearchLimit::MaxBatch { max_batch: 1000 }));
     assert_eq!(plan.trials.iter().filter(|t| t.batch == 1000).count(), 1);
     let plan = run(&Tuner::new().max_batch(1000).multiple_of(64), sim).unwrap();
     assert_eq!(plan.largest_batch, 960);

@@ -122,10 +122,19 @@ enum Update {
 ///   weights), and a copy back after each step.
 /// - none: forward and backward only, which measures less than training.
 ///
+/// Variables the forward pass writes are put back too, bit for bit:
+/// candle-nn's BatchNorm running statistics in training mode, a buffer of
+/// your own kept as a `Var`. The first step that runs to the end starts from a
+/// host copy of every variable (on the CPU that is heap in that step's peak:
+/// it falls on the tuner's warm-up step) and compares after it; from then on
+/// the probe keeps host copies only of the variables it saw written and of
+/// those that got no gradient, compares those after each step and writes back
+/// what changed ([`buffers`](Self::buffers) names them).
+///
 /// After its first successful step the probe knows which float variables got
-/// no gradient (candle's fused LayerNorm, RmsNorm and `softmax_last_dim` have no
-/// backward and cut the graph silently): the plan says so in a
-/// [`Warning::MissingGradients`]. Its cache key (variables' names, shapes and
+/// no gradient and were not written by the forward pass (candle's fused
+/// LayerNorm, RmsNorm and `softmax_last_dim` have no backward and cut the graph
+/// silently): the plan says so in a [`Warning::MissingGradients`]. Its cache key (variables' names, shapes and
 /// dtypes, the optimizer, and the parameters you add with
 /// [`key_param`](Self::key_param)) and memory profile come from the variables,
 /// so [`Tuner::cache`](crate::Tuner::cache) and the advice of

@@ -194,12 +194,14 @@ pub enum Warning {
         /// How much the peak grew between them.
         growth_bytes: u64,
     },
-    /// Float variables that received no gradient in the probe step. In
-    /// candle that is most often a fused op without a backward pass
+    /// Float variables that received no gradient in the probe step and that
+    /// the forward pass did not write (a variable it writes, such as
+    /// BatchNorm's running statistics, is a buffer, not a missing gradient).
+    /// In candle that is most often a fused op without a backward pass
     /// (`candle_nn::LayerNorm` on a contiguous input, `RmsNorm`,
-    /// `ops::softmax_last_dim`), which cuts the graph silently: the probe then
-    /// measured a smaller graph than training needs, and the variables before
-    /// the cut do not learn.
+    /// `ops::softmax_last_dim`), which cuts the graph silently: the variables
+    /// before the cut will not learn, and the peak measured is that of the cut
+    /// graph; the model written with differentiable ops needs more.
     MissingGradients {
         /// The variables, by name.
         variables: Vec<String>,
@@ -240,13 +242,18 @@ impl std::fmt::Display for Warning {
                 b(*growth_bytes)
             ),
             Warning::MissingGradients { variables, of } => {
-                let names = variables.join(", ");
+                const SHOWN: usize = 8;
+                let mut names = variables.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
+                if variables.len() > SHOWN {
+                    names += &format!(" and {} more", variables.len() - SHOWN);
+                }
                 write!(
                     f,
-                    "no gradient reached {} of {of} variables ({names}): likely a candle fused op without a \
-                     backward pass (candle_nn::LayerNorm or RmsNorm on a contiguous input, ops::softmax_last_dim) \
-                     cut the graph; the measured peak understates training, and those variables will not learn \
-                     (use ops::softmax, or write the norm out)",
+                    "no gradient reached {} of {of} variables ({names}), and the forward pass does not write \
+                     them: likely a candle fused op without a backward pass (candle_nn::LayerNorm or RmsNorm on a \
+                     contiguous input, ops::softmax_last_dim) cut the graph, so they will not learn; the peak \
+                     measured is that of the cut graph, and the model written with differentiable ops \
+                     (ops::softmax, the norm written out) needs more",
                     variables.len()
                 )
             }
