@@ -76,12 +76,26 @@ fn row<O: Optimizer + DryStep>(name: &'static str, dtype: DType, make: impl Fn(V
 fn main() {
     let (state, real) =
         measure(DType::F32, |v| candle_nn::AdamW::new(v, ParamsAdamW::default()).unwrap(), |o, g| o.step(g).unwrap());
+    let (sgd_state, sgd_real) =
+        measure(DType::F32, |v| candle_nn::SGD::new(v, 0.01).unwrap(), |o, g| o.step(g).unwrap());
+    let (bf16_sgd_state, bf16_sgd_real) =
+        measure(DType::BF16, |v| candle_nn::SGD::new(v, 0.01).unwrap(), |o, g| o.step(g).unwrap());
     let rows = [
+        Row { name: "`candle_nn::SGD`", state: sgd_state, real: sgd_real, dry: None },
         Row { name: "`candle_nn::AdamW`", state, real, dry: None },
         row("`optim::AdamW` (its twin)", DType::F32, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
         row("`optim::Lion`", DType::F32, |v| Lion::new(v, ParamsLion::default()).unwrap()),
         row("`optim::Adafactor`", DType::F32, |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap()),
         row("`optim::AdamW8bit`", DType::F32, |v| AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap()),
+        Row { name: "`candle_nn::SGD` (bf16 variable)", state: bf16_sgd_state, real: bf16_sgd_real, dry: None },
+        row("`optim::AdamW` (bf16 variable)", DType::BF16, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
+        row("`optim::Lion` (bf16 variable)", DType::BF16, |v| Lion::new(v, ParamsLion::default()).unwrap()),
+        row("`optim::Adafactor` (bf16 variable)", DType::BF16, |v| {
+            Adafactor::new(v, ParamsAdafactor::default()).unwrap()
+        }),
+        row("`optim::AdamW8bit` (bf16 variable)", DType::BF16, |v| {
+            AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap()
+        }),
         row("`MixedPrecision<AdamW>` (bf16 variable)", DType::BF16, |v| {
             MixedPrecision::<AdamW>::new(v, ParamsAdamW::default()).unwrap()
         }),

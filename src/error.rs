@@ -120,11 +120,12 @@ pub enum Error {
 
     /// Not even the smallest candidate batch fits under the ceiling.
     #[error(
-        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}{}",
+        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}{}{}",
         describe_failure(*.outcome, *.peak_bytes),
         .ceiling * 100.0,
         format_bytes(*.capacity_bytes),
         format_bytes(*.limit_bytes),
+        describe_smaller_batch(*.smaller_batch),
         describe_remedies(.remedies)
     )]
     NothingFits {
@@ -140,9 +141,15 @@ pub enum Error {
         limit_bytes: u64,
         /// The utilization ceiling.
         ceiling: f64,
-        /// What would make batch 1 fit, largest saving first, from the
-        /// analytical memory model; empty when the workload has no
-        /// [`Profile`](crate::Profile).
+        /// A batch below the smallest candidate that the failed trial's
+        /// measurement says would fit (the step's memory above the fixed
+        /// bytes taken as proportional to the batch), when there is one: a
+        /// lower `start` finds it.
+        smaller_batch: Option<usize>,
+        /// What would make the smallest candidate fit, largest saving first:
+        /// the analytical model ([`Setup`](crate::estimate::Setup)) started
+        /// from what the failed trial measured, each total the whole
+        /// device's; empty when the workload has no [`Profile`](crate::Profile).
         remedies: Vec<Remedy>,
     },
 
@@ -357,6 +364,13 @@ fn describe_limit(limit_bytes: Option<u64>, batch: usize) -> String {
             format_bytes(limit)
         ),
         None => ": more than this machine can address; make the model smaller".to_owned(),
+    }
+}
+
+fn describe_smaller_batch(smaller_batch: Option<usize>) -> String {
+    match smaller_batch {
+        Some(batch) => format!("; batch {batch} would fit by the measured bytes per sample (lower the start)"),
+        None => String::new(),
     }
 }
 

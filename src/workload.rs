@@ -137,8 +137,19 @@ impl<F> std::fmt::Debug for BySize<F> {
 }
 
 /// The parameters of a model and how they are trained: what the analytical
-/// memory model ([`estimate`](crate::estimate)) needs.
+/// memory model ([`estimate`](crate::estimate)) needs to advise from a
+/// measurement.
+///
+/// ```
+/// use autobatch::estimate::{OptimizerKind, Precision, Recompute, TransformerShape};
+/// use autobatch::Profile;
+///
+/// let shape = TransformerShape { layers: 12, hidden: 768, heads: 12, seq_len: 1024, batch: 1 };
+/// let profile = Profile::new(124_000_000, Precision::Fp32, OptimizerKind::AdamW).transformer(shape, Recompute::None);
+/// assert!(profile.transformer.is_some());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Profile {
     /// Trainable parameters.
     pub parameters: u64,
@@ -146,6 +157,40 @@ pub struct Profile {
     pub precision: crate::estimate::Precision,
     /// The optimizer.
     pub optimizer: crate::estimate::OptimizerKind,
+    /// The transformer the model is, when it is one: the advice can then
+    /// weigh gradient checkpointing and shorter sequences (the shape's batch
+    /// does not matter).
+    pub transformer: Option<crate::estimate::TransformerActivations>,
+    /// Parameters of the largest variable (0 when unknown): the optimizer
+    /// step's temporaries are for one variable at a time.
+    pub largest_variable: u64,
+}
+
+impl Profile {
+    /// `parameters` parameters at `precision` with `optimizer`.
+    pub fn new(
+        parameters: u64,
+        precision: crate::estimate::Precision,
+        optimizer: crate::estimate::OptimizerKind,
+    ) -> Profile {
+        Profile { parameters, precision, optimizer, transformer: None, largest_variable: 0 }
+    }
+
+    /// The largest variable has `parameters` parameters.
+    pub fn largest_variable(mut self, parameters: u64) -> Self {
+        self.largest_variable = parameters;
+        self
+    }
+
+    /// The model is a transformer of `shape`, its backward pass recomputing `recompute`.
+    pub fn transformer(
+        mut self,
+        shape: crate::estimate::TransformerShape,
+        recompute: crate::estimate::Recompute,
+    ) -> Self {
+        self.transformer = Some(crate::estimate::TransformerActivations { shape, recompute });
+        self
+    }
 }
 
 impl<F: FnMut(usize) -> candle_core::Result<()>> Workload for F {

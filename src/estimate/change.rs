@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::format_bytes_decimal;
+use crate::units::format_bytes;
 
 /// Byte counts per parameter are exact multiples of 1/32 byte (8-bit Adam's
 /// 2 + 2·4/256 = 65/32): counted in 32nds, in integers, so that no count is a
@@ -64,6 +64,7 @@ pub enum OptimizerKind {
     /// SGD with momentum: one state.
     Momentum,
     /// Adam or AdamW: two moments.
+    #[serde(rename = "adamw")]
     AdamW,
     /// Adafactor with a factored second moment and no first moment.
     Adafactor,
@@ -99,6 +100,55 @@ impl OptimizerKind {
             // two 8-bit moments plus one fp32 absmax per 256-element block each:
             // 2 · (1 + 4/256) = 65/32
             OptimizerKind::Adam8bit => 65,
+        }
+    }
+
+    /// Bytes per parameter of one variable that a step holds at its peak
+    /// above the state, the variable stored at `precision`: the optimizers
+    /// step one variable at a time, so a step holds this much for the largest
+    /// variable (and, in mixed precision, an f32 copy of every gradient).
+    /// Measured on candle-nn's SGD and AdamW and this crate's optimizers
+    /// (docs/optimizers.md, `cargo bench --bench optimizers`); for momentum
+    /// SGD, which neither implements, three copies of the variable.
+    pub fn step_bytes_per_parameter(self, precision: Precision) -> u64 {
+        let fp32 = precision != Precision::Bf16;
+        match self {
+            OptimizerKind::Sgd => {
+                if fp32 {
+                    8
+                } else {
+                    4
+                }
+            }
+            OptimizerKind::Momentum => {
+                if fp32 {
+                    12
+                } else {
+                    6
+                }
+            }
+            OptimizerKind::AdamW => {
+                if fp32 {
+                    56
+                } else {
+                    28
+                }
+            }
+            OptimizerKind::Lion => {
+                if fp32 {
+                    16
+                } else {
+                    8
+                }
+            }
+            OptimizerKind::Adafactor => {
+                if fp32 {
+                    12
+                } else {
+                    20
+                }
+            }
+            OptimizerKind::Adam8bit => 21,
         }
     }
 
@@ -144,12 +194,13 @@ pub enum Change {
         to: OptimizerKind,
     },
     /// Recompute activations in the backward pass instead of keeping them
-    /// (keeps about `2·s·b·h` bytes per transformer layer instead of `34·s·b·h`).
+    /// (full recomputation: each transformer layer keeps its input, `2·s·b·h`
+    /// bytes at 16 bits, instead of `s·b·h·(34 + 5·a·s/h)`).
     GradientCheckpointing,
-    /// Train on shorter sequences or smaller images.
-    ShorterInputs {
-        /// The factor the input length is divided by.
-        factor: u32,
+    /// Train on sequences of this many tokens.
+    SequenceLength {
+        /// Tokens per sample.
+        seq_len: u64,
     },
     /// Partition the training state across the data-parallel ranks (ZeRO).
     Zero {
@@ -166,9 +217,9 @@ impl std::fmt::Display for Change {
             Change::Precision { to: Precision::Bf16 } => f.write_str("bf16 weights, gradients and optimizer states"),
             Change::Precision { to: Precision::Mixed } => f.write_str("mixed precision (bf16 weights and gradients)"),
             Change::Precision { to: Precision::Fp32 } => f.write_str("fp32 everywhere"),
-            Change::Optimizer { to } => write!(f, "{} optimizer ({})", to.name(), to.implementation()),
+            Change::Optimizer { to } => write!(f, "{} optimizer", to.name()),
             Change::GradientCheckpointing => f.write_str("gradient checkpointing"),
-            Change::ShorterInputs { factor } => write!(f, "inputs {factor}× shorter (sequence length or image side)"),
+            Change::SequenceLength { seq_len } => write!(f, "sequences of {seq_len} tokens"),
             Change::Zero { stage, ranks } => {
                 let what = [
                     "",
@@ -195,15 +246,25 @@ pub struct Remedy {
     pub fits: bool,
 }
 
-impl std::fmt::Display for Remedy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
+impl Remedy {
+    /// `change: saves ~X, total ~Y (fits)`, with byte counts written by `bytes`
+    /// (one unit family on the line: [`format_bytes`](crate::format_bytes)
+    /// or [`format_bytes_decimal`](crate::format_bytes_decimal)).
+    pub fn describe(&self, bytes: fn(u64) -> String) -> String {
+        format!(
             "{}: saves ~{}, total ~{}{}",
             self.change,
-            format_bytes_decimal(self.saves_bytes),
-            format_bytes_decimal(self.total_bytes),
+            bytes(self.saves_bytes),
+            bytes(self.total_bytes),
             if self.fits { " (fits)" } else { "" }
         )
+    }
+}
+
+impl std::fmt::Display for Remedy {
+    /// [`describe`](Self::describe) in binary units (MiB, GiB), as the tuner's
+    /// limits are written.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe(format_bytes))
     }
 }

@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 mod activations;
 pub(crate) mod change;
+mod setup;
 mod sharding;
 
 use crate::Error;
@@ -45,6 +46,7 @@ use crate::Error;
 pub use activations::{Recompute, TransformerShape, CANDLE_F32_ACTIVATION_RATIO};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};
+pub use setup::{Setup, TransformerActivations};
 pub use sharding::Sharding;
 
 /// The training state of a model before any activation, in bytes.
@@ -128,107 +130,6 @@ impl StaticMemory {
     }
 }
 
-/// What would lower the memory of training `state` with `activation_bytes` of
-/// activations at the smallest batch, against `available_bytes`: each change
-/// alone, largest saving first. Changes that save nothing are left out.
-///
-/// Activations are scaled as the literature has it: checkpointing keeps about
-/// 2/34 of a transformer's activations (Korthikanti et al.), halving the input
-/// length at least halves them, bf16 halves them.
-///
-/// ```
-/// use autobatch::estimate::{remedies, Change, OptimizerKind, Precision, StaticMemory};
-///
-/// let state = StaticMemory::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW)?;
-/// let advice = remedies(&state, 0, 12_000_000_000)?;
-/// // Adafactor drops the 8 GB of moments: 8 GB in all, which fits in 12 GB.
-/// let adafactor = advice.iter().find(|r| r.change == Change::Optimizer { to: OptimizerKind::Adafactor }).unwrap();
-/// assert_eq!((adafactor.saves_bytes, adafactor.fits), (8_000_000_000, true));
-/// assert!(advice.iter().all(|r| r.saves_bytes <= advice[0].saves_bytes));
-/// # Ok::<(), autobatch::Error>(())
-/// ```
-///
-/// Fails with [`Error::ByteOverflow`] when the state and the activations
-/// together come to 2^64 bytes or more.
-pub fn remedies(state: &StaticMemory, activation_bytes: u64, available_bytes: u64) -> Result<Vec<Remedy>, Error> {
-    remedies_sharded(state, &Sharding::NONE, activation_bytes, available_bytes)
-}
-
-/// [`remedies`] for one device of a sharded run: every total is what one
-/// device holds under `sharding` (plus `activation_bytes`, already per
-/// device), and with more than one data-parallel rank the higher ZeRO stages
-/// are options too.
-///
-/// ```
-/// use autobatch::estimate::{remedies_sharded, Change, OptimizerKind, Precision, Sharding, StaticMemory};
-///
-/// let model = StaticMemory::new(7_500_000_000, Precision::Mixed, OptimizerKind::AdamW)?;
-/// let advice = remedies_sharded(&model, &Sharding::zero(1, 64)?, 0, 20_000_000_000)?;
-/// let stage2 = advice.iter().find(|r| r.change == Change::Zero { stage: 2, ranks: 64 }).unwrap();
-/// assert_eq!((stage2.total_bytes, stage2.fits), (16_640_625_000, true));
-/// # Ok::<(), autobatch::Error>(())
-/// ```
-pub fn remedies_sharded(
-    state: &StaticMemory,
-    sharding: &Sharding,
-    activation_bytes: u64,
-    available_bytes: u64,
-) -> Result<Vec<Remedy>, Error> {
-    let now = state.per_device(sharding).total_with(activation_bytes)?;
-    let mut options: Vec<(Change, u64)> = Vec::new();
-    // each alternative is at most `now` when it helps, so an alternative
-    // that does not fit in a u64 is one that does not help
-    let mut consider_on = |change: Change, changed: Result<StaticMemory, Error>, on: Sharding, activations: u64| {
-        if let Ok(total) = changed.and_then(|state| state.per_device(&on).total_with(activations)) {
-            options.push((change, total));
-        }
-    };
-    if sharding.data_parallel > 1 {
-        for stage in sharding.zero_stage + 1..=3 {
-            let on = Sharding { zero_stage: stage, ..*sharding };
-            consider_on(Change::Zero { stage, ranks: sharding.data_parallel }, Ok(state.clone()), on, activation_bytes);
-        }
-    }
-    let mut consider = |change: Change, changed: Result<StaticMemory, Error>, activations: u64| {
-        consider_on(change, changed, *sharding, activations)
-    };
-    for precision in [Precision::Bf16, Precision::Mixed] {
-        if precision != state.precision {
-            let activations = if state.precision == Precision::Fp32 { activation_bytes / 2 } else { activation_bytes };
-            let changed = StaticMemory::new(state.parameters, precision, state.optimizer);
-            consider(Change::Precision { to: precision }, changed, activations);
-        }
-    }
-    // the optimizers a candle user can switch to: this crate's lean ones
-    for optimizer in [OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Lion] {
-        if optimizer != state.optimizer {
-            let changed = StaticMemory::new(state.parameters, state.precision, optimizer);
-            consider(Change::Optimizer { to: optimizer }, changed, activation_bytes);
-        }
-    }
-    if activation_bytes > 0 {
-        // 2 of 34 bytes per token and hidden unit stay (Korthikanti et al. 2022)
-        consider(
-            Change::GradientCheckpointing,
-            Ok(state.clone()),
-            activation_bytes / 34 * 2 + activation_bytes % 34 * 2 / 34,
-        );
-        consider(Change::ShorterInputs { factor: 2 }, Ok(state.clone()), activation_bytes / 2);
-    }
-    let mut advice: Vec<Remedy> = options
-        .into_iter()
-        .filter(|(_, total)| *total < now)
-        .map(|(change, total)| Remedy {
-            change,
-            saves_bytes: now - total,
-            total_bytes: total,
-            fits: total <= available_bytes,
-        })
-        .collect();
-    advice.sort_by_key(|remedy| std::cmp::Reverse(remedy.saves_bytes));
-    Ok(advice)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,25 +160,6 @@ mod tests {
     }
 
     #[test]
-    fn remedies_are_sorted_and_say_whether_they_fit() {
-        let state = StaticMemory::new(BILLION, Precision::Fp32, OptimizerKind::AdamW).unwrap();
-        let advice = remedies(&state, 4 * BILLION, 12 * BILLION).unwrap();
-        assert!(advice.windows(2).all(|w| w[0].saves_bytes >= w[1].saves_bytes));
-        let find = |change: Change| advice.iter().find(|r| r.change == change).cloned().unwrap();
-        let bf16 = find(Change::Precision { to: Precision::Bf16 });
-        assert_eq!(bf16.total_bytes, 8 * BILLION + 2 * BILLION);
-        assert!(bf16.fits);
-        let checkpointing = find(Change::GradientCheckpointing);
-        assert_eq!(checkpointing.saves_bytes, 4 * BILLION - 4 * BILLION * 2 / 34);
-        assert!(!checkpointing.fits);
-        // mixed precision costs as much as fp32 for the state: it only halves activations
-        let mixed = find(Change::Precision { to: Precision::Mixed });
-        assert_eq!(mixed.saves_bytes, 2 * BILLION);
-        let lean = StaticMemory::new(BILLION, Precision::Bf16, OptimizerKind::Sgd).unwrap();
-        assert!(remedies(&lean, 0, 0).unwrap().is_empty());
-    }
-
-    #[test]
     fn byte_counts_never_wrap() {
         // 16 bytes per parameter: the largest count whose state fits in a u64
         let most = u64::MAX / 16;
@@ -301,7 +183,7 @@ mod tests {
             }
         }
         assert!(state.total_with(u64::MAX).is_err());
-        assert!(remedies(&state, u64::MAX, 0).is_err());
+        assert!(Setup::new(most, Precision::Fp32, OptimizerKind::AdamW).activations(u64::MAX).total().is_err());
     }
 
     #[test]

@@ -521,7 +521,8 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             Some(DType::BF16 | DType::F16) => Precision::Bf16,
             _ => Precision::Fp32,
         };
-        Some(Profile { parameters, precision, optimizer })
+        let largest = floats().map(|var| var.elem_count() as u64).max().unwrap_or(0);
+        Some(Profile::new(parameters, precision, optimizer).largest_variable(largest))
     }
 }
 

@@ -113,6 +113,7 @@ impl Tuner {
             capacity_bytes: plan.capacity_bytes,
             limit_bytes: plan.limit_bytes(),
             ceiling: plan.ceiling,
+            smaller_batch: None,
             remedies: Vec::new(),
         };
         for _ in 0..CHECK_ROUNDS {

@@ -3,6 +3,7 @@
 use log::{debug, info, warn};
 
 use super::{Observer, Split, Tuner};
+use crate::estimate::{Setup, TransformerShape};
 use crate::memory::measure::measure;
 use crate::plan::{
     utilization, MemoryModel, Objective, Plan, SearchLimit, ThroughputChoice, ThroughputPoint, Trial, TrialKind,
@@ -294,6 +295,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                         capacity_bytes: self.capacity_bytes,
                         limit_bytes: self.limit,
                         ceiling: self.tuner.ceiling,
+                        smaller_batch: None,
                         remedies: Vec::new(),
                     })
                 }
@@ -364,10 +366,15 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         let Some(found) = best(&history).copied() else {
             let smallest = history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
             let trial = self.trials.iter().rev().find(|t| t.batch == smallest.batch);
-            let remedies = match (profile, trial) {
-                (Some(profile), Some(trial)) => self.remedies(profile, trial)?,
-                _ => Vec::new(),
+            let setup = match (profile, trial) {
+                (Some(profile), Some(trial)) => Some(self.measured_setup(&profile, trial)?),
+                _ => None,
             };
+            let remedies = match &setup {
+                Some(setup) => setup.remedies(self.limit)?,
+                None => Vec::new(),
+            };
+            let smaller_batch = trial.and_then(|trial| self.smaller_batch(space, trial, setup.as_ref()));
             return Err(Error::NothingFits {
                 batch: smallest.batch,
                 outcome: smallest.outcome,
@@ -375,6 +382,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 capacity_bytes: self.capacity_bytes,
                 limit_bytes: self.limit,
                 ceiling: tuner.ceiling,
+                smaller_batch,
                 remedies,
             });
         };
@@ -417,15 +425,43 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         })
     }
 
-    /// What would make the smallest batch fit, from the analytical model: the
-    /// failed trial's baseline holds the weights and optimizer state (and
-    /// whatever else is on the device); its peak adds gradients and activations.
-    fn remedies(&self, profile: crate::Profile, trial: &Trial) -> Result<Vec<crate::estimate::Remedy>, Error> {
-        let state = crate::estimate::StaticMemory::new(profile.parameters, profile.precision, profile.optimizer)?;
+    /// The failed trial as the analytical model sees it: its baseline holds
+    /// the weights and optimizer state (the rest of it is memory outside the
+    /// model), its peak adds the gradients and the activations. The setup's
+    /// total is the measured peak.
+    fn measured_setup(&self, profile: &crate::Profile, trial: &Trial) -> Result<Setup, Error> {
+        let setup = Setup::new(profile.parameters, profile.precision, profile.optimizer)
+            .largest_variable(profile.largest_variable);
+        let state = setup.state()?;
         let resident = state.weights + state.optimizer_states + state.master_weights;
-        let elsewhere = trial.baseline_bytes.saturating_sub(resident);
-        let peak = trial.peak_bytes.unwrap_or(self.capacity_bytes);
-        let activations = peak.saturating_sub(trial.baseline_bytes).saturating_sub(state.gradients);
-        crate::estimate::remedies(&state, activations, self.limit.saturating_sub(elsewhere))
+        let other = trial.baseline_bytes.saturating_sub(resident);
+        let transient = state.gradients + setup.step_bytes()?;
+        let peak = trial.peak_bytes.unwrap_or(self.capacity_bytes).max(trial.baseline_bytes + transient);
+        let activations = peak - trial.baseline_bytes - transient;
+        let setup = match profile.transformer {
+            Some(transformer) => {
+                let shape = TransformerShape { batch: trial.batch as u64, ..transformer.shape };
+                setup.measured_transformer(activations, shape, transformer.recompute)?
+            }
+            None => setup.activations(activations),
+        };
+        Ok(setup.other(other + resident.saturating_sub(trial.baseline_bytes)))
+    }
+
+    /// A batch below the failed smallest candidate that its measurement says
+    /// fits: the memory above the fixed bytes (the baseline, and the
+    /// gradients when the model is known) taken as proportional to the batch.
+    /// An over-estimate per sample when part of it does not grow with the
+    /// batch, so the batch found is on the safe side.
+    fn smaller_batch(&self, space: &SearchSpace, trial: &Trial, setup: Option<&Setup>) -> Option<usize> {
+        let peak = trial.peak_bytes?;
+        let transient = setup.map_or(Ok(0), |setup| Ok::<_, Error>(setup.state()?.gradients + setup.step_bytes()?));
+        let fixed = trial.baseline_bytes + transient.unwrap_or(0);
+        let per_sample = peak.checked_sub(fixed)? as f64 / trial.batch as f64;
+        let room = self.limit.checked_sub(fixed)? as f64;
+        let batch = if per_sample > 0.0 { (room / per_sample).floor() as usize } else { trial.batch };
+        let granule = space.multiple_of();
+        let batch = batch.min(trial.batch - 1) / granule * granule;
+        (batch >= granule).then_some(batch)
     }
 }

@@ -69,6 +69,12 @@ pub trait Model {
         backward(self.loss(batch, data_seed)?, scale)
     }
 
+    /// The transformer this model is, when it is one: what the advice weighs
+    /// checkpointing and shorter sequences by. `None` by default.
+    fn transformer(&self) -> Option<crate::estimate::TransformerActivations> {
+        None
+    }
+
     /// The same model over the same weights, detached from the variables: its
     /// forward pass records no graph, so each activation is freed as soon as
     /// the next layer has used it (candle has no `no_grad`; this is its form).
@@ -305,7 +311,13 @@ impl<M: Model> Workload for Trainer<M> {
             _ => crate::estimate::Precision::Fp32,
         };
         let optimizer = self.optimizer.as_dry().kind()?;
-        Some(crate::Profile { parameters: self.parameter_count() as u64, precision, optimizer })
+        let largest = self.vars.iter().map(|(_, var)| var.elem_count() as u64).max().unwrap_or(0);
+        let profile =
+            crate::Profile::new(self.parameter_count() as u64, precision, optimizer).largest_variable(largest);
+        Some(match self.model.transformer() {
+            Some(transformer) => profile.transformer(transformer.shape, transformer.recompute),
+            None => profile,
+        })
     }
 
     /// A probe step: forward, loss, backward and the full AdamW update

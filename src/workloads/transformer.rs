@@ -299,6 +299,20 @@ impl Block {
 }
 
 impl Model for Transformer {
+    fn transformer(&self) -> Option<crate::estimate::TransformerActivations> {
+        let c = &self.config;
+        let shape = crate::estimate::TransformerShape {
+            layers: c.layers as u64,
+            hidden: c.d_model as u64,
+            heads: c.heads as u64,
+            seq_len: self.seq_len as u64,
+            batch: 1,
+        };
+        let recompute =
+            if c.checkpointing { crate::estimate::Recompute::Full } else { crate::estimate::Recompute::None };
+        Some(crate::estimate::TransformerActivations { shape, recompute })
+    }
+
     fn detached(&self) -> Self {
         Transformer {
             config: TransformerConfig { checkpointing: false, ..self.config.clone() },

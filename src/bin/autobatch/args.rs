@@ -145,6 +145,10 @@ pub struct ProbeArgs {
     /// input, recompute the block in the backward pass).
     #[arg(long, help_heading = "Model size")]
     pub checkpointing: bool,
+    /// The optimizer the model trains with (its state and step are measured;
+    /// --precision mixed runs AdamW on f32 masters).
+    #[arg(long, value_enum, default_value_t = ProbeOptimizerArg::Adamw, help_heading = "Model size")]
+    pub optimizer: ProbeOptimizerArg,
     /// Seed of the weights and synthetic data.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, help_heading = "Model size")]
     pub seed: u64,
@@ -216,6 +220,15 @@ pub enum PrecisionArg {
     F32,
     /// bfloat16.
     Bf16,
+}
+
+/// The optimizers a reference model can be probed with (each has a dry step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProbeOptimizerArg {
+    Adamw,
+    Lion,
+    Adafactor,
+    Adam8bit,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -1,8 +1,7 @@
 //! `autobatch estimate` and `autobatch plan`: arithmetic, no device.
 
 use autobatch::estimate::{
-    remedies_sharded, OptimizerKind, Precision, Recompute, Sharding, StaticMemory, TransformerShape,
-    CANDLE_F32_ACTIVATION_RATIO,
+    Change, OptimizerKind, Precision, Recompute, Setup, Sharding, TransformerShape, CANDLE_F32_ACTIVATION_RATIO,
 };
 use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
 
@@ -32,16 +31,20 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         text.as_deref().map(parse_bytes).transpose().map_err(|err| Failure::usage(format!("{flag}: {err}")))
     };
     let capacity = size("--capacity", &args.capacity)?;
+    if capacity == Some(0) {
+        return Err(Failure::usage("--capacity is 0: give the device's memory, e.g. 80GB or 24GiB"));
+    }
     let sharding = Sharding::new(args.zero, args.ranks as u64, args.tensor_parallel as u64)?;
     if args.zero > 0 && args.ranks == 1 {
         return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
     }
-    let (activations, candle) = activation_bytes(args, &sharding)?;
-    let model = StaticMemory::new(parameters, precision, optimizer)?;
-    let state = model.per_device(&sharding);
-    let total = state.total_with(activations)?;
+    let setup = Setup::new(parameters, precision, optimizer).sharded(sharding);
+    let (setup, candle) = with_activations(args, setup)?;
+    let state = setup.state()?;
+    let activations = setup.all_activation_bytes()?;
+    let total = setup.total()?;
     let advice = match capacity {
-        Some(capacity) => remedies_sharded(&model, &sharding, activations, capacity)?,
+        Some(capacity) => setup.remedies(capacity)?,
         None => Vec::new(),
     };
 
@@ -54,7 +57,11 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             "total_bytes": total,
             "capacity_bytes": capacity,
             "fits": capacity.map(|c| total <= c),
-            "remedies": advice,
+            "remedies": advice.iter().map(|remedy| {
+                let mut row = serde_json::to_value(remedy).expect("plain values serialize");
+                row["flag"] = change_flag(&remedy.change).into();
+                row
+            }).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&json).expect("plain values serialize"));
         return Ok(());
@@ -97,9 +104,9 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             if advice.is_empty() {
                 println!("no single change considered here makes it fit");
             } else {
-                println!("changes, each alone:");
+                println!("changes, each alone (the flag that applies it):");
                 for remedy in &advice {
-                    println!("  {remedy}");
+                    println!("  {} ({})", remedy.describe(format_bytes_decimal), change_flag(&remedy.change));
                 }
             }
         }
@@ -123,10 +130,23 @@ fn describe_sharding(sharding: &Sharding) -> String {
     }
 }
 
+/// The `estimate` flag that makes `change`.
+fn change_flag(change: &Change) -> String {
+    match change {
+        Change::Precision { to: Precision::Mixed } => "--mixed-precision".to_owned(),
+        Change::Precision { to } => format!("--dtype {}", if *to == Precision::Fp32 { "f32" } else { "bf16" }),
+        Change::Optimizer { to } => format!("--optimizer {}", to.name()),
+        Change::GradientCheckpointing => "--recompute full".to_owned(),
+        Change::SequenceLength { seq_len } => format!("--seq-len {seq_len}"),
+        Change::Zero { stage, .. } => format!("--zero {stage}"),
+        other => other.to_string(),
+    }
+}
+
 /// `--activations`, or the transformer activation model when its five sizes
-/// are given (never both); with the model, also what a candle f32 step keeps
-/// by the measured ratio.
-fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<(u64, Option<u64>), Failure> {
+/// are given (never both), at the precision training uses; with the model, also
+/// what a candle f32 step keeps by the measured ratio.
+fn with_activations(args: &EstimateArgs, setup: Setup) -> Result<(Setup, Option<u64>), Failure> {
     let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch];
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
@@ -137,7 +157,8 @@ fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<(u64, Op
             ));
         }
         let given = args.activations.as_deref().map(crate::parse::parse_bytes).transpose();
-        return Ok((given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0), None));
+        let bytes = given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0);
+        return Ok((setup.activations(bytes), None));
     }
     if args.activations.is_some() {
         return Err(Failure::usage(
@@ -148,6 +169,17 @@ fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<(u64, Op
         let missing: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
         return Err(Failure::usage(format!("the activation model needs {} too", missing.join(", "))));
     };
+    if hidden % heads != 0 {
+        return Err(Failure::usage(format!(
+            "--heads {heads} does not divide --hidden {hidden}: each head takes hidden / heads dimensions"
+        )));
+    }
+    let tensor_parallel = args.tensor_parallel;
+    if heads % tensor_parallel != 0 {
+        return Err(Failure::usage(format!(
+            "--tensor-parallel {tensor_parallel} does not divide --heads {heads}: each device takes whole heads"
+        )));
+    }
     let shape = TransformerShape {
         layers: layers as u64,
         hidden: hidden as u64,
@@ -160,11 +192,11 @@ fn activation_bytes(args: &EstimateArgs, sharding: &Sharding) -> Result<(u64, Op
         RecomputeArg::Selective => Recompute::Selective,
         RecomputeArg::Full => Recompute::Full,
     };
-    let candle = match (recompute, sharding.tensor_parallel) {
+    let candle = match (recompute, tensor_parallel) {
         (Recompute::None, 1) => Some(shape.candle_f32_activation_bytes()?),
         _ => None, // measured without recomputation or tensor parallelism only
     };
-    Ok((shape.activation_bytes(sharding.tensor_parallel, recompute)?, candle))
+    Ok((setup.transformer(shape, recompute)?, candle))
 }
 
 pub fn plan(args: &PlanArgs) -> Result<(), Failure> {

@@ -21,6 +21,10 @@ impl Failure {
         Failure { message: message.into(), kind: Kind::Usage }
     }
 
+    pub fn nothing_fits(message: impl Into<String>) -> Self {
+        Failure { message: message.into(), kind: Kind::NothingFits }
+    }
+
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self.kind {
             Kind::Runtime => 1,
@@ -33,6 +37,11 @@ impl Failure {
 impl From<autobatch::Error> for Failure {
     fn from(err: autobatch::Error) -> Self {
         use autobatch::Error;
+        if let Error::AtSize { size, source } = err {
+            // one length of --seq-lens: what went wrong there, as for one length
+            let inner = Failure::from(*source);
+            return Failure { message: format!("at sequence length {size}: {}", inner.message), kind: inner.kind };
+        }
         let kind = match &err {
             Error::NothingFits { .. } | Error::ModelTooLarge { limit_bytes: Some(_), .. } => Kind::NothingFits,
             Error::ModelTooLarge { limit_bytes: None, .. } => Kind::Usage,
@@ -57,6 +66,23 @@ impl From<autobatch::Error> for Failure {
                 "no multiple of --multiple-of {multiple_of} lies in [--start {start}, --max-batch {max_batch}]: \
                  lower --multiple-of, lower --start or raise --max-batch"
             ),
+            Error::NothingFits {
+                batch,
+                outcome,
+                peak_bytes,
+                capacity_bytes,
+                limit_bytes,
+                ceiling,
+                smaller_batch,
+                remedies,
+            } => nothing_fits(
+                *batch,
+                *outcome,
+                *peak_bytes,
+                (*capacity_bytes, *limit_bytes, *ceiling),
+                *smaller_batch,
+                remedies,
+            ),
             Error::InvalidCeiling { ceiling } => {
                 format!("--ceiling {ceiling} is not a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory")
             }
@@ -64,6 +90,66 @@ impl From<autobatch::Error> for Failure {
         };
         Failure { message: one_line(&message), kind }
     }
+}
+
+/// `probe`'s nothing-fits message: what was measured, a smaller `--start`
+/// when the measurement says one fits, and the advice with the flag that
+/// applies each change, in binary units throughout.
+fn nothing_fits(
+    batch: usize,
+    outcome: autobatch::Outcome,
+    peak_bytes: Option<u64>,
+    (capacity_bytes, limit_bytes, ceiling): (u64, u64, f64),
+    smaller_batch: Option<usize>,
+    remedies: &[autobatch::estimate::Remedy],
+) -> String {
+    use autobatch::format_bytes;
+    let failure = match (outcome, peak_bytes) {
+        (autobatch::Outcome::OutOfMemory, Some(peak)) => {
+            format!("ran out of memory (peak seen {})", format_bytes(peak))
+        }
+        (autobatch::Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
+        (_, Some(peak)) => format!("peaked at {}", format_bytes(peak)),
+        (_, None) => "went over the ceiling".to_owned(),
+    };
+    let mut message = format!(
+        "nothing fits: batch {batch} (the smallest --start and --multiple-of allow) {failure}; the ceiling is \
+         {:.0}% of {} = {}",
+        ceiling * 100.0,
+        format_bytes(capacity_bytes),
+        format_bytes(limit_bytes)
+    );
+    if let Some(smaller) = smaller_batch {
+        message += &format!("; batch {smaller} would fit by the measured bytes per sample: use --start {smaller}");
+    }
+    if !remedies.is_empty() {
+        let advice: Vec<String> = remedies
+            .iter()
+            .map(|remedy| {
+                let described = remedy.describe(format_bytes);
+                match change_flag(&remedy.change) {
+                    Some(flag) => format!("{flag}: {described}"),
+                    None => described,
+                }
+            })
+            .collect();
+        message += &format!("; what would help, each alone (estimated from the measurement): {}", advice.join("; "));
+    }
+    message
+}
+
+/// The `probe` flag that makes `change`, when there is one.
+fn change_flag(change: &autobatch::estimate::Change) -> Option<String> {
+    use autobatch::estimate::{Change, Precision};
+    Some(match change {
+        Change::Precision { to: Precision::Mixed } => "--precision mixed".to_owned(),
+        Change::Precision { to: Precision::Bf16 } => "--precision bf16".to_owned(),
+        Change::Precision { to: Precision::Fp32 } => "--precision f32".to_owned(),
+        Change::Optimizer { to } => format!("--optimizer {}", to.name()),
+        Change::GradientCheckpointing => "--checkpointing".to_owned(),
+        Change::SequenceLength { seq_len } => format!("--seq-len {seq_len}"),
+        _ => return None,
+    })
 }
 
 /// The command-line flag of a library setting: `multiple_of` → `--multiple-of`.

@@ -5,7 +5,7 @@ use autobatch::workloads::{ConvNetConfig, Footprint, MlpConfig, ReferenceWorkloa
 use autobatch::{format_bytes, HeapMeter, MemoryMeter, Strategy, Tuner};
 use candle_core::DType;
 
-use crate::args::{DtypeArg, ModelKind, ObjectiveArg, ProbeArgs, StrategyArg, DEFAULT_BUDGET};
+use crate::args::{DtypeArg, ModelKind, ObjectiveArg, ProbeArgs, ProbeOptimizerArg, StrategyArg, DEFAULT_BUDGET};
 use crate::failure::Failure;
 use crate::parse::parse_bytes;
 use crate::progress::Progress;
@@ -139,10 +139,14 @@ impl ModelConfig {
         }
     }
 
-    /// The model and its AdamW, in mixed precision when `mixed` (the config's
-    /// dtype is then bf16).
-    fn build(&self, device: &candle_core::Device, mixed: bool) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
-        self.build_with(device, mixed, OptimizerKind::AdamW)
+    /// The model and the optimizer `--optimizer` names, in mixed precision
+    /// when `--precision mixed` (the config's dtype is then bf16).
+    fn build(
+        &self,
+        device: &candle_core::Device,
+        args: &ProbeArgs,
+    ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+        self.build_with(device, args.precision == DtypeArg::Mixed, optimizer_kind(args.optimizer))
     }
 
     /// [`build`](Self::build) with another of the crate's optimizers.
@@ -166,6 +170,15 @@ impl ModelConfig {
             ModelConfig::Mlp(config) => finish(config.build(device)?, mixed, optimizer),
             ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed, optimizer),
         }
+    }
+}
+
+fn optimizer_kind(optimizer: ProbeOptimizerArg) -> OptimizerKind {
+    match optimizer {
+        ProbeOptimizerArg::Adamw => OptimizerKind::AdamW,
+        ProbeOptimizerArg::Lion => OptimizerKind::Lion,
+        ProbeOptimizerArg::Adafactor => OptimizerKind::Adafactor,
+        ProbeOptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
     }
 }
 
@@ -272,6 +285,11 @@ fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
 
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     check_size_flags(args)?;
+    if args.precision == DtypeArg::Mixed && args.optimizer != ProbeOptimizerArg::Adamw {
+        return Err(Failure::usage(
+            "--precision mixed runs AdamW on f32 master weights: drop --optimizer, or use --precision f32 or bf16",
+        ));
+    }
     check_seq_lens(args)?;
     let tuner = tuner(args);
     tuner.check()?;
@@ -292,7 +310,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
             if let Some(config) = model.at_lengths(args) {
                 return tune_lengths(args, &tuner, config, &candle_core::Device::Cpu, &mut meter, &on, &say);
             }
-            let mut workload = model.build(&candle_core::Device::Cpu, args.precision == DtypeArg::Mixed)?;
+            let mut workload = model.build(&candle_core::Device::Cpu, args)?;
             say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
             tune(args, &tuner, &mut *workload, &mut meter)
         }
@@ -320,8 +338,9 @@ fn compare(
     const BF16: f64 = 0.5;
     const CHECKPOINTING: f64 = 2.0 / 34.0;
     let as_is_mixed = args.precision == DtypeArg::Mixed;
+    let optimizer = optimizer_kind(args.optimizer);
     let mut configs: Vec<(String, ModelConfig, f64, bool, OptimizerKind)> =
-        vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed, OptimizerKind::AdamW)];
+        vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed, optimizer)];
     let with_dtype = |dtype| match model {
         ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
         ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
@@ -335,38 +354,29 @@ fn compare(
     if let ModelConfig::Transformer(c) = model {
         if !c.checkpointing {
             let checkpointed = ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() });
-            configs.push((
-                "gradient checkpointing".to_owned(),
-                checkpointed,
-                CHECKPOINTING,
-                as_is_mixed,
-                OptimizerKind::AdamW,
-            ));
+            configs.push(("gradient checkpointing".to_owned(), checkpointed, CHECKPOINTING, as_is_mixed, optimizer));
             if is_f32 {
                 let both = ModelConfig::Transformer(TransformerConfig {
                     checkpointing: true,
                     dtype: DType::BF16,
                     ..c.clone()
                 });
-                configs.push((
-                    "checkpointing + bf16".to_owned(),
-                    both,
-                    CHECKPOINTING * BF16,
-                    false,
-                    OptimizerKind::AdamW,
-                ));
+                configs.push(("checkpointing + bf16".to_owned(), both, CHECKPOINTING * BF16, false, optimizer));
             }
         }
     }
     // candle's CPU conv2d has no bf16: the convnet's bf16 runs on CUDA only
     let bf16_runs = !(matches!(model, ModelConfig::ConvNet(_)) && device.is_cpu());
     if is_f32 && bf16_runs {
-        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16, false, OptimizerKind::AdamW));
+        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16, false, optimizer));
         configs.insert(2, ("mixed precision".to_owned(), with_dtype(DType::BF16), BF16, true, OptimizerKind::AdamW));
     }
     // the lean optimizers change the state, not the bytes per sample
     if !as_is_mixed {
-        for kind in [OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit] {
+        for kind in [OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit]
+            .into_iter()
+            .filter(|&k| k != optimizer)
+        {
             configs.push((format!("{} optimizer", kind.name()), model.clone(), 1.0, false, kind));
         }
     }
@@ -381,6 +391,7 @@ fn compare(
     for (row, (_, _, factor, _, _)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
         row.predicted_bytes_per_sample = base.map(|base| base * factor);
     }
+    let nothing_fits = comparison.rows.iter().all(|row| row.plan.is_none());
     if args.json {
         let rows: Vec<serde_json::Value> = comparison
             .rows
@@ -400,6 +411,13 @@ fn compare(
         println!("{}", serde_json::to_string_pretty(&rows).expect("plain values serialize"));
     } else {
         print!("{comparison}");
+    }
+    if nothing_fits {
+        return Err(Failure::nothing_fits(format!(
+            "nothing fits: not even the smallest batch of any variant stays under the ceiling of {:.0}% of {}",
+            args.ceiling * 100.0,
+            format_bytes(meter.capacity()?)
+        )));
     }
     Ok(())
 }
@@ -461,6 +479,10 @@ fn tune_lengths(
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
     let trainer = config.build(device)?;
+    let trainer = match optimizer_kind(args.optimizer) {
+        OptimizerKind::AdamW => trainer,
+        other => trainer.with_optimizer(other)?,
+    };
     let mut trainer = if args.precision == DtypeArg::Mixed { trainer.into_mixed_precision()? } else { trainer };
     say(&format!(
         "probing {} ({} parameters) at sequence lengths {:?} on {on}",
@@ -522,7 +544,7 @@ fn cuda(
     if let Some(config) = model.at_lengths(args) {
         return tune_lengths(args, tuner, config, &device, &mut meter, &on, say);
     }
-    let mut workload = model.build(&device, args.precision == DtypeArg::Mixed)?;
+    let mut workload = model.build(&device, args)?;
     say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
     tune(args, tuner, &mut *workload, &mut meter)
 }
