@@ -67,6 +67,14 @@ impl HeapMeter {
     pub fn budget_bytes(&self) -> u64 {
         self.budget_bytes
     }
+
+    /// Heap bytes candle's matmul keeps for good on this thread and on each
+    /// worker of the pool its CPU kernels run on (about 2 MiB a thread,
+    /// measured when the first meter engaged them): part of every baseline,
+    /// and more of it with more threads (`RAYON_NUM_THREADS`).
+    pub fn thread_scratch_bytes(&self) -> u64 {
+        THREAD_SCRATCH.get().copied().unwrap_or(0)
+    }
 }
 
 /// Runs a small matmul on this thread and on every worker of the rayon pool
@@ -80,10 +88,16 @@ fn engage_thread_scratch() -> Result<(), Error> {
         let a = candle_core::Tensor::ones((64, 64), candle_core::DType::F32, &candle_core::Device::Cpu)?;
         a.matmul(&a).map(drop)
     };
+    let before = TrackingAllocator::live_bytes();
     matmul()?;
     rayon::broadcast(|_| matmul()).into_iter().collect::<candle_core::Result<()>>()?;
+    // the first engagement is the one that allocates (later ones find the scratch there)
+    let _ = THREAD_SCRATCH.set(TrackingAllocator::live_bytes().saturating_sub(before));
     Ok(())
 }
+
+/// Heap bytes the first engagement of the worker threads' matmul scratch kept.
+static THREAD_SCRATCH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 impl MemoryMeter for HeapMeter {
     fn capacity(&self) -> Result<u64, Error> {

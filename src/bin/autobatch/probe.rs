@@ -220,21 +220,16 @@ fn smallest_batch(args: &ProbeArgs) -> Result<usize, autobatch::Error> {
     Ok(autobatch::search::SearchSpace::new(args.start, args.max_batch, args.multiple_of)?.first())
 }
 
-/// The machine's memory as `/proc/meminfo` tells it: (available, available + free swap).
-fn available_memory() -> Option<(u64, u64)> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        let rest = meminfo.lines().find_map(|line| line.strip_prefix(name))?;
-        rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()?.checked_mul(1024)
-    };
-    let available = field("MemAvailable:")?;
-    Some((available, available.saturating_add(field("SwapFree:").unwrap_or(0))))
-}
+/// Address space each worker thread may reserve beyond what it allocates (an
+/// allocator arena and a stack): counted against `ulimit -v` and `ulimit -d`.
+const PER_THREAD_RESERVE: u64 = 66 << 20;
 
-/// The CPU budget: `--budget`, or the default. A budget that the machine
-/// could not allocate even once is refused (the step would abort the process
-/// instead of failing); one whose over-budget trial could exhaust the memory
-/// (it allocates up to about twice the budget) is allowed with a warning.
+/// The CPU budget: `--budget`, or the default, checked against every limit
+/// the process lives under ([`crate::limits`]). A search can allocate up to
+/// about twice the budget (its one over-budget trial): a budget whose search
+/// could pass a limit that ends the process (RAM and swap, the cgroup's
+/// limit, `ulimit -v` or `-d`) is refused before any trial runs, and one whose
+/// search could pass the RAM available is allowed with a warning.
 fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
     let (text, why) = match &args.budget {
         Some(text) => (text.as_str(), "--budget"),
@@ -244,26 +239,55 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
     if budget == 0 {
         return Err(Failure::usage("--budget is 0: give the memory the step may use, e.g. 256MiB"));
     }
-    if let Some((available, with_swap)) = available_memory() {
-        if budget > with_swap {
+    let search = budget.saturating_mul(2);
+    let threads = rayon::current_num_threads() as u64 + 1;
+    for room in crate::limits::rooms() {
+        let reserve = if room.what.contains("ulimit") { threads * PER_THREAD_RESERVE } else { 0 };
+        let needed = search.saturating_add(reserve);
+        if needed <= room.bytes {
+            continue;
+        }
+        let most = room.bytes.saturating_sub(reserve) / 2;
+        if room.hard {
             return Err(Failure::usage(format!(
-                "--budget {} is more than the {} this machine has available (RAM and swap): the steps could not \
-                 allocate it; use at most {} (half the available RAM is safe)",
+                "--budget {}: a search can allocate about twice the budget ({}), and this process may use only {} \
+                 more under {}; use at most --budget {}",
                 format_bytes(budget),
-                format_bytes(with_swap),
-                format_bytes(available / 2)
+                format_bytes(search),
+                format_bytes(room.bytes),
+                room.what,
+                format_bytes(most)
             )));
         }
-        if budget.saturating_mul(2) > available {
-            log::warn!(
-                "--budget {} is more than half of the {} of RAM available: the over-budget trial allocates up to \
-                 about twice the budget and may exhaust the memory",
-                format_bytes(budget),
-                format_bytes(available)
-            );
-        }
+        log::warn!(
+            "--budget {}: a search can allocate about twice the budget ({}), more than the {} of {}: it may swap",
+            format_bytes(budget),
+            format_bytes(search),
+            format_bytes(room.bytes),
+            room.what
+        );
     }
     Ok((budget, why))
+}
+
+/// Worker threads past this many (or 8 per core, if more) are refused: each
+/// keeps candle's matmul scratch for good, and starting them takes longer
+/// than any probe.
+const MOST_THREADS: usize = 256;
+
+/// `RAYON_NUM_THREADS`, when it asks for more threads than make sense here.
+fn check_threads() -> Result<(), Failure> {
+    let Ok(text) = std::env::var("RAYON_NUM_THREADS") else { return Ok(()) };
+    let Ok(threads) = text.trim().parse::<usize>() else { return Ok(()) };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = MOST_THREADS.max(8 * cores);
+    if threads > most {
+        return Err(Failure::usage(format!(
+            "RAYON_NUM_THREADS={threads} asks for more worker threads than this machine can use ({cores} cores): \
+             each keeps about 2 MiB of matmul scratch on the CPU; use at most {most}"
+        )));
+    }
+    Ok(())
 }
 
 /// `--seq-lens` goes with a plain probe of a transformer that takes the longest.
@@ -299,20 +323,38 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let footprint = model.footprint()?;
     match parse_device(&args.device)? {
         DeviceSpec::Cpu => {
+            check_threads()?;
             let (budget, why) = cpu_budget(args)?;
             footprint.check_batch_within(smallest_batch(args)?, (args.ceiling * budget as f64).floor() as u64)?;
             let mut meter = HeapMeter::new(budget)?;
+            let scratch = meter.thread_scratch_bytes();
+            let limit = (args.ceiling * budget as f64).floor() as u64;
+            let blame_scratch = |failure: Failure| match failure.kind {
+                // per-thread scratch that takes much of the limit is named as what does not fit
+                crate::failure::Kind::NothingFits if scratch > limit / 4 => Failure {
+                    message: format!(
+                        "{}; {} of the memory in use before each step is the matmul scratch candle keeps for each \
+                         of {} worker threads: fewer threads (RAYON_NUM_THREADS) leave more room",
+                        failure.message,
+                        format_bytes(scratch),
+                        rayon::current_num_threads()
+                    ),
+                    ..failure
+                },
+                _ => failure,
+            };
             if args.compare {
                 say(&format!("comparing remedies on the CPU under a {} budget ({why})", format_bytes(budget)));
-                return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter);
+                return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter).map_err(blame_scratch);
             }
             let on = format!("the CPU under a {} budget ({why})", format_bytes(budget));
             if let Some(config) = model.at_lengths(args) {
-                return tune_lengths(args, &tuner, config, &candle_core::Device::Cpu, &mut meter, &on, &say);
+                return tune_lengths(args, &tuner, config, &candle_core::Device::Cpu, &mut meter, &on, &say)
+                    .map_err(blame_scratch);
             }
             let mut workload = model.build(&candle_core::Device::Cpu, args)?;
             say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
-            tune(args, &tuner, &mut *workload, &mut meter)
+            tune(args, &tuner, &mut *workload, &mut meter).map_err(blame_scratch)
         }
         DeviceSpec::Cuda(ordinal) => {
             if args.budget.is_some() {
