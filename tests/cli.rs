@@ -460,3 +460,51 @@ fn a_capped_or_unbisected_answer_is_not_called_proven() {
     assert_eq!(plan["evaluation"]["proven_largest"], false);
     assert_eq!(plan["evaluation"]["stopped_by"]["reason"], "max_batch");
 }
+
+/// Exit 3 whenever nothing fits, in every mode, the JSON modes included.
+#[test]
+fn nothing_fits_is_exit_3_in_every_mode() {
+    // the model itself fits in 6 MiB (no refusal before the first trial), its batch 1 does not
+    let tiny = ["probe", "--model", "mlp"];
+    let modes: [&[&str]; 8] = [
+        &["--budget", "6MiB"],
+        &["--budget", "6MiB", "--json"],
+        &["--budget", "6MiB", "--eval"],
+        // no variant fits in 3 MiB (in 6, bf16 does)
+        &["--budget", "3MiB", "--compare"],
+        &["--budget", "3MiB", "--compare", "--json"],
+        &["--budget", "6MiB", "--objective", "throughput"],
+        &["--budget", "6MiB", "--target-effective-batch", "64", "--world-size", "2"],
+        &["--budget", "6MiB", "--start", "4", "--multiple-of", "4", "--strategy", "binary"],
+    ];
+    for mode in modes {
+        let args = [&tiny[..], mode].concat();
+        let output = autobatch(&args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(stderr.lines().last().unwrap_or("").starts_with("error: nothing fits"), "{args:?}: {stderr}");
+    }
+    let lengths = ["probe", "--seq-lens", "32,64", "--budget", "6MiB"];
+    for mode in [&[][..], &["--json"][..]] {
+        let args = [&lengths[..], mode].concat();
+        let output = autobatch(&args);
+        assert_eq!(output.status.code(), Some(3), "{args:?}: {}", text(&output.stderr));
+    }
+}
+
+/// A budget whose search could pass the process's address-space limit is
+/// refused before any trial, naming the limit and a budget that is safe.
+#[test]
+fn a_budget_past_the_address_space_limit_is_refused() {
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 8000000; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_autobatch"))
+        .args(["probe", "--model", "mlp", "--budget", "5GiB", "--strategy", "binary"])
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("ulimit -v") && stderr.contains("use at most --budget"), "{stderr}");
+    assert!(!text(&output.stdout).contains("fits"), "no trial ran");
+}

@@ -19,10 +19,15 @@ const ADDRESS_SPACE_KIB: u64 = 6 << 20;
 const TIME_LIMIT: Duration = Duration::from_secs(120);
 
 fn autobatch(args: &[String]) -> (Output, Duration) {
+    autobatch_under(ADDRESS_SPACE_KIB, args)
+}
+
+/// A run with `kib` KiB of address space (`ulimit -v`).
+fn autobatch_under(kib: u64, args: &[String]) -> (Output, Duration) {
     let started = Instant::now();
     let output = Command::new("sh")
         .arg("-c")
-        .arg(format!("ulimit -v {ADDRESS_SPACE_KIB}; exec timeout {} \"$0\" \"$@\"", TIME_LIMIT.as_secs()))
+        .arg(format!("ulimit -v {kib}; exec timeout {} \"$0\" \"$@\"", TIME_LIMIT.as_secs()))
         .arg(env!("CARGO_BIN_EXE_autobatch"))
         .args(args)
         .env_remove("RUST_LOG")
@@ -117,6 +122,12 @@ fn probe() -> impl Strategy<Value = Vec<String>> {
                 "--strategy",
                 prop_oneof![Just("predictive"), Just("binary"), Just("power"), Just("best")].prop_map(str::to_owned)
             ),
+            flag(
+                "--optimizer",
+                prop_oneof![Just("adamw"), Just("lion"), Just("adafactor"), Just("adam8bit"), Just("sgd")]
+                    .prop_map(str::to_owned)
+            ),
+            flag("--precision", prop_oneof![Just("f32"), Just("bf16"), Just("mixed")].prop_map(str::to_owned)),
             Just(vec!["--json".to_owned()]),
             Just(vec!["--exact".to_owned()]),
             Just(vec!["--eval".to_owned()]),
@@ -338,6 +349,31 @@ proptest! {
             prop_assert_eq!(errors.len(), 1, "{:?}: one error line, got {}", args, stderr);
         } else {
             check_numbers(&args, &stdout);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Under a tight address-space limit a budget that could pass it is
+    /// refused before any trial (exit 2, naming `ulimit -v`), and one that is
+    /// allowed runs to the end: no abort whatever the limit and budget.
+    #[test]
+    fn a_memory_limited_process_is_refused_or_runs_but_never_aborts(
+        kib in prop::sample::select(vec![250_000u64, 400_000, 700_000, 1_500_000]),
+        budget in prop::sample::select(vec!["4MiB", "16MiB", "64MiB", "200MiB", "600MiB", "5GiB"]),
+        model in prop::sample::select(vec!["mlp", "transformer"]),
+    ) {
+        let args: Vec<String> = ["probe", "--model", model, "--budget", budget, "--max-batch", "64", "--json"]
+            .iter().map(|s| (*s).to_owned()).collect();
+        let (output, _) = autobatch_under(kib, &args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let code = output.status.code();
+        prop_assert!(matches!(code, Some(0 | 2 | 3)), "{args:?} under {kib} KiB: exit {code:?}\n{stderr}");
+        prop_assert!(!stderr.contains("memory allocation of") && !stderr.contains("panicked"), "{stderr}");
+        if code == Some(2) {
+            prop_assert!(stderr.contains("ulimit -v") || stderr.contains("available"), "{stderr}");
         }
     }
 }

@@ -111,15 +111,32 @@ impl Tuner {
         variants: Vec<Variant<'_>>,
         meter: &mut M,
     ) -> Result<Comparison, Error> {
+        self.compare_observed(variants, meter, &mut ())
+    }
+
+    /// [`compare`](Tuner::compare), telling `observer` as each variant starts
+    /// and ends, and about each of its trials.
+    pub fn compare_observed<M, O>(
+        &self,
+        variants: Vec<Variant<'_>>,
+        meter: &mut M,
+        observer: &mut O,
+    ) -> Result<Comparison, Error>
+    where
+        M: MemoryMeter + ?Sized,
+        O: super::Observer + ?Sized,
+    {
         let mut rows = Vec::with_capacity(variants.len());
         for variant in variants {
+            observer.variant_started(&variant.name);
             let mut workload = (variant.build)()?;
-            let plan = match self.run(&mut *workload, meter) {
+            let plan = match self.run_observed(&mut *workload, meter, observer) {
                 Ok(plan) => Some(plan),
                 Err(Error::NothingFits { .. }) => None,
                 Err(err) => return Err(err),
             };
             drop(workload);
+            observer.variant_finished(&variant.name, plan.as_ref().map(|plan| plan.largest_batch));
             rows.push(Compared {
                 name: variant.name,
                 plan,

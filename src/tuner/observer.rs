@@ -26,6 +26,16 @@ pub trait Observer {
     fn size_started(&mut self, size: usize) {
         let _ = size;
     }
+    /// The variant `name` of a comparison is about to be tuned (see
+    /// [`Tuner::compare_observed`](crate::Tuner::compare_observed)); its trials follow.
+    fn variant_started(&mut self, name: &str) {
+        let _ = name;
+    }
+    /// The variant `name` of a comparison was tuned: its largest batch, or
+    /// `None` when nothing fit.
+    fn variant_finished(&mut self, name: &str, largest_batch: Option<usize>) {
+        let _ = (name, largest_batch);
+    }
     /// A trial at `batch` is about to run.
     fn trial_started(&mut self, batch: usize, kind: TrialKind) {
         let _ = (batch, kind);

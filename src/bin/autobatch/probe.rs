@@ -249,14 +249,18 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
         }
         let most = room.bytes.saturating_sub(reserve) / 2;
         if room.hard {
+            let advice = if most >= 1 << 20 {
+                format!("use at most --budget {}", format_bytes(most))
+            } else {
+                format!("that leaves no room for a probe beside its {threads} threads: raise the limit")
+            };
             return Err(Failure::usage(format!(
                 "--budget {}: a search can allocate about twice the budget ({}), and this process may use only {} \
-                 more under {}; use at most --budget {}",
+                 more under {}; {advice}",
                 format_bytes(budget),
                 format_bytes(search),
                 format_bytes(room.bytes),
                 room.what,
-                format_bytes(most)
             )));
         }
         log::warn!(
@@ -290,6 +294,28 @@ fn check_threads() -> Result<(), Failure> {
     Ok(())
 }
 
+/// `--compare` tunes each variant for its largest batch: flags that ask for
+/// something else of the search are refused rather than ignored.
+fn check_compare(args: &ProbeArgs) -> Result<(), Failure> {
+    if !args.compare {
+        return Ok(());
+    }
+    let refused = [
+        ("--eval", args.eval),
+        ("--objective throughput", args.objective == ObjectiveArg::Throughput),
+        ("--target-effective-batch", args.target_effective_batch.is_some()),
+        ("--world-size", args.world_size > 1),
+        ("--exact", args.exact),
+        ("--cache", args.cache.is_some()),
+    ];
+    match refused.iter().find(|(_, given)| *given) {
+        Some((flag, _)) => Err(Failure::usage(format!(
+            "{flag} does not go with --compare, which compares each variant's largest batch: run it without --compare"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// `--seq-lens` goes with a plain probe of a transformer that takes the longest.
 fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
     let Some(&longest) = args.seq_lens.iter().max() else { return Ok(()) };
@@ -309,6 +335,7 @@ fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
 
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     check_size_flags(args)?;
+    check_compare(args)?;
     if args.precision == DtypeArg::Mixed && args.optimizer != ProbeOptimizerArg::Adamw {
         return Err(Failure::usage(
             "--precision mixed runs AdamW on f32 master weights: drop --optimizer, or use --precision f32 or bf16",
@@ -428,7 +455,10 @@ fn compare(
             Variant::lazy(name.clone(), move || config.build_with(device, *mixed, *optimizer).map(ReferenceStep))
         })
         .collect();
-    let mut comparison = tuner.compare(variants, meter)?;
+    let mut progress = Progress::new(args.json);
+    let compared = tuner.compare_observed(variants, meter, &mut progress);
+    drop(progress);
+    let mut comparison = compared?;
     let base = comparison.rows.first().and_then(|row| row.memory()).map(|(per_sample, _)| per_sample);
     for (row, (_, _, factor, _, _)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
         row.predicted_bytes_per_sample = base.map(|base| base * factor);

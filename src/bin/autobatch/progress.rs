@@ -86,6 +86,24 @@ impl Observer for Progress {
         self.rows = 0;
     }
 
+    fn variant_started(&mut self, name: &str) {
+        if let Some(spinner) = &self.spinner {
+            spinner.hide();
+        }
+        self.print_row(&format!("variant: {name}"));
+        self.rows = 0;
+    }
+
+    fn variant_finished(&mut self, name: &str, largest_batch: Option<usize>) {
+        if let Some(spinner) = &self.spinner {
+            spinner.hide();
+        }
+        match largest_batch {
+            Some(batch) => self.print_row(&format!("{name}: largest batch {batch}\n")),
+            None => self.print_row(&format!("{name}: nothing fits\n")),
+        }
+    }
+
     fn trial_started(&mut self, batch: usize, _kind: TrialKind) {
         let width = batch.to_string().len();
         if self.rows == 0 || width > self.batch_width {
