@@ -56,7 +56,7 @@ pub enum Error {
     },
 
     /// A batch size too large to double or multiply without overflowing `usize`.
-    #[error("batch arithmetic overflows at {value}: use a smaller start, multiple_of or target")]
+    #[error("batch arithmetic overflows at {value}: use a smaller start, granularity or target")]
     Overflow {
         /// The value whose next step would overflow.
         value: usize,
@@ -65,7 +65,7 @@ pub enum Error {
     /// The target effective batch cannot give every rank at least one
     /// micro-batch of the required granularity.
     #[error(
-        "target effective batch {target} is below world_size {world_size} x multiple_of {multiple_of} = {smallest}: \
+        "target effective batch {target} is below {world_size} ranks x a granularity of {multiple_of} = {smallest}: \
          every rank needs at least one micro-batch; use a target of at least {smallest}"
     )]
     TargetBelowWorldSize {
@@ -81,10 +81,10 @@ pub enum Error {
 
     /// Exactness was demanded and no micro-batch/accumulation split hits the target.
     #[error(
-        "no split hits target effective batch {target} exactly with world_size {world_size}, \
+        "no split hits target effective batch {target} exactly with {world_size} ranks, \
          micro-batches that are multiples of {multiple_of} and at most {largest_micro_batch}, and at most \
          {max_steps} accumulation steps; the nearest above is {nearest}: accept it or use a target divisible by \
-         world_size x multiple_of = {unit}"
+         ranks x granularity = {unit}"
     )]
     InexactEffectiveBatch {
         /// The target effective batch.
@@ -265,7 +265,7 @@ pub enum Error {
     },
 
     /// A reference model was asked for a dtype it does not train in.
-    #[error("dtype {dtype} is not supported here: use {valid}")]
+    #[error("{dtype} is not supported here: use {valid}")]
     UnsupportedDtype {
         /// The dtype asked for.
         dtype: String,

@@ -2,6 +2,9 @@
 
 use std::process::{Command, Output};
 
+mod common;
+use common::names_no_internals;
+
 fn autobatch(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_autobatch"))
         .args(args)
@@ -102,12 +105,15 @@ fn bad_flags_and_impossible_configurations_are_one_line_usage_errors() {
     assert_usage_error(&["probe", "--model", "resnet"], "possible values: transformer, mlp, convnet");
     assert_usage_error(&["probe", "--bogus"], "unexpected argument '--bogus'");
     assert_usage_error(&["probe", "--width", "64"], "--width does not apply to --model transformer");
-    assert_usage_error(&["probe", "--heads", "3"], "divisor of d_model = 64");
+    assert_usage_error(&["probe", "--heads", "3"], "--heads 3 is invalid: it must be a divisor of the model width, 64");
     assert_usage_error(&["probe", "--budget", "12 gigs"], "unknown unit");
     assert_usage_error(&["probe", "--device", "tpu"], "use cpu, cuda or cuda:N");
     assert_usage_error(&["probe", "--max-batch", "4", "--start", "8"], "--max-batch 4 is below --start 8");
     assert_usage_error(&["probe", "--multiple-of", "0"], "'--multiple-of <MULTIPLE_OF>': must be at least 1");
-    assert_usage_error(&["probe", "--target-effective-batch", "3", "--world-size", "4"], "at least 4");
+    assert_usage_error(
+        &["probe", "--target-effective-batch", "3", "--world-size", "4"],
+        "--target-effective-batch 4 or more",
+    );
     assert_usage_error(&["probe", "--model", "convnet", "--resolution", "30"], "multiple of 4");
     assert_usage_error(&["estimate", "--params", "7X"], "unknown suffix");
     assert_usage_error(&["estimate"], "--params");
@@ -507,4 +513,45 @@ fn a_budget_past_the_address_space_limit_is_refused() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("ulimit -v") && stderr.contains("use at most --budget"), "{stderr}");
     assert!(!text(&output.stdout).contains("fits"), "no trial ran");
+}
+
+/// The messages seen naming library internals name the flags typed instead.
+#[test]
+fn messages_name_flags_not_internals() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["plan", "--target", "3", "--uneven", "1,1,1,1"], "--target 3 is below the 4 ranks of --uneven"),
+        (&["plan", "--target", "257", "--largest", "133", "--exact"], "--exact: no split hits --target 257"),
+        (&["probe", "--exact", "--target-effective-batch", "257", "--max-batch", "133"], "drop --exact"),
+        (&["plan", "--target", "18446744073709551615", "--largest", "2", "--world-size", "2"], "--largest"),
+        (
+            &[
+                "estimate",
+                "--params",
+                "1e9",
+                "--layers",
+                "18446744073709551615",
+                "--hidden",
+                "64",
+                "--heads",
+                "4",
+                "--seq-len",
+                "64",
+                "--batch",
+                "1",
+            ],
+            "the activations of 18446744073709551615 layers",
+        ),
+        (&["probe", "--heads", "3"], "--heads 3"),
+        (&["probe", "--model", "convnet", "--precision", "mixed"], "--precision"),
+        (&["probe", "--compare", "--cache", "x.json"], "--cache does not go with --compare"),
+        (&["probe", "--model", "mlp", "--max-trials", "2"], "stopped after 2 search trials"),
+    ];
+    for (args, says) in cases {
+        let output = autobatch(args);
+        let all = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert!(all.contains(says), "{args:?}: want {says:?} in {all}");
+        for line in all.lines() {
+            assert!(names_no_internals(line), "{args:?}: a library identifier in {line:?}");
+        }
+    }
 }

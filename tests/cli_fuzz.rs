@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
+mod common;
+use common::names_no_internals;
+
 /// Address space a run may take: far above what a 32 MiB probe needs (threads'
 /// stacks and the over-budget trial included), far below a runaway allocation.
 const ADDRESS_SPACE_KIB: u64 = 6 << 20;
@@ -344,6 +347,9 @@ proptest! {
             prop_assert!(!stderr.contains(bad), "{args:?}: {bad} in {stderr}");
         }
         eprintln!("exit {code:?} in {took:.1?}: {}", args.join(" "));
+        for line in stderr.lines().chain(stdout.lines()).filter(|l| !l.trim_start().starts_with('{') && !l.trim_start().starts_with('"')) {
+            prop_assert!(names_no_internals(line), "{:?}: a library identifier in {:?}", args, line);
+        }
         if code != Some(0) {
             let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
             prop_assert_eq!(errors.len(), 1, "{:?}: one error line, got {}", args, stderr);

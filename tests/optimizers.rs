@@ -202,6 +202,17 @@ fn a_dry_step_changes_nothing() {
     check("adamw8bit", |vars| AdamW8bit::new(vars, ParamsAdamW8bit::default()).unwrap());
 }
 
+/// `probe` with the optimizer `name` (adamw, lion, adafactor, adamw8bit) at its defaults.
+fn with_optimizer<L: autobatch::model::ProbeLoss>(probe: ModelProbe<L>, name: &str) -> ModelProbe<L> {
+    match name {
+        "adamw" => probe.adamw(ParamsAdamW::default()),
+        "lion" => probe.lion(ParamsLion::default()),
+        "adafactor" => probe.adafactor(ParamsAdafactor::default()),
+        _ => probe.adamw8bit(ParamsAdamW8bit::default()),
+    }
+    .unwrap()
+}
+
 /// `ModelProbe` tunes a model with each optimizer: the weights are
 /// bit-identical afterwards, and leaner state lets a larger batch fit.
 fn model_probe_tunes_with_each_and_changes_nothing() {
@@ -224,14 +235,7 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
     };
     let mut largest = Vec::new();
     for name in ["adamw", "lion", "adafactor", "adamw8bit"] {
-        let probe = ModelProbe::new(&varmap, loss);
-        let mut probe = match name {
-            "adamw" => probe.adamw(ParamsAdamW::default()),
-            "lion" => probe.lion(ParamsLion::default()),
-            "adafactor" => probe.adafactor(ParamsAdafactor::default()),
-            _ => probe.adamw8bit(ParamsAdamW8bit::default()),
-        }
-        .unwrap();
+        let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name);
         let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::new(16 << 20).unwrap()).unwrap();
         assert!(plan.warnings.is_empty(), "{name}:\n{plan}");
         assert_eq!(weights(), before, "{name}: probing changed a weight");
@@ -480,14 +484,7 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
     let mut largest = Vec::new();
     for name in ["adamw", "lion", "adafactor", "adamw8bit"] {
         let mut meter = HeapMeter::new(budget).unwrap();
-        let probe = ModelProbe::new(&varmap, loss);
-        let mut probe = match name {
-            "adamw" => probe.adamw(ParamsAdamW::default()),
-            "lion" => probe.lion(ParamsLion::default()),
-            "adafactor" => probe.adafactor(ParamsAdafactor::default()),
-            _ => probe.adamw8bit(ParamsAdamW8bit::default()),
-        }
-        .unwrap();
+        let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name);
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         let b = plan.largest_batch;
         assert!(plan.proven_largest, "{name}:\n{plan}");

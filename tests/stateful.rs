@@ -10,6 +10,7 @@
 //! Heap measurements: its own sequential harness (see tests/common/harness.rs).
 
 mod common;
+use common::bits;
 
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
@@ -97,20 +98,6 @@ fn data(batch: usize, side: usize, seed: usize) -> Result<(Tensor, Tensor)> {
     let images = Tensor::from_vec(values, (batch, 3, side, side), &Device::Cpu)?;
     let labels: Vec<u32> = (0..batch).map(|i| ((seed + i) % CLASSES) as u32).collect();
     Ok((images, Tensor::from_vec(labels, batch, &Device::Cpu)?))
-}
-
-/// Every variable of `varmap`, by name, as bits.
-fn bits(varmap: &VarMap) -> Vec<(String, Vec<u32>)> {
-    let data = varmap.data().lock().unwrap();
-    let mut all: Vec<_> = data
-        .iter()
-        .map(|(name, var)| {
-            let values = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            (name.clone(), values.into_iter().map(f32::to_bits).collect())
-        })
-        .collect();
-    all.sort();
-    all
 }
 
 /// The names of the variables whose bits differ.

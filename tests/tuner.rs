@@ -287,7 +287,7 @@ fn every_invalid_configuration_is_an_error_before_any_step() {
         (Tuner::new().target_effective_batch(0), "target_effective_batch is 0"),
         (Tuner::new().max_trials(0), "max_trials is 0"),
         (Tuner::new().steps_per_trial(0), "steps_per_trial is 0"),
-        (Tuner::new().target_effective_batch(6).world_size(8), "target effective batch 6 is below world_size 8"),
+        (Tuner::new().target_effective_batch(6).world_size(8), "target effective batch 6 is below 8 ranks"),
         (Tuner::new().target_effective_batch(60).world_size(8).multiple_of(8), "use a target of at least 64"),
     ];
     for (tuner, message) in cases {

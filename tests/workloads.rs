@@ -201,7 +201,7 @@ fn invalid_model_settings_are_errors() {
     let cases: Vec<(Result<(), Error>, &str)> = vec![
         (TransformerConfig { heads: 3, ..TransformerConfig::default() }.check(), "heads = 3"),
         (TransformerConfig { seq_len: 0, ..TransformerConfig::default() }.check(), "seq_len = 0"),
-        (TransformerConfig { dtype: DType::U8, ..TransformerConfig::default() }.check(), "dtype U8"),
+        (TransformerConfig { dtype: DType::U8, ..TransformerConfig::default() }.check(), "dtype u8"),
         (MlpConfig { depth: 0, ..MlpConfig::default() }.check(), "depth = 0"),
         (MlpConfig { classes: 1, ..MlpConfig::default() }.check(), "classes = 1"),
         (ConvNetConfig { resolution: 30, ..ConvNetConfig::default() }.check(), "resolution = 30"),

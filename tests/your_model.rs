@@ -8,6 +8,7 @@
 //! has its own harness and runs its checks one after another on one thread.
 
 mod common;
+use common::bits;
 
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
@@ -188,19 +189,6 @@ fn gpt(fused: bool) -> (VarMap, Gpt) {
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let model = Gpt::new(32, 4, 2, fused, vb).unwrap();
     (varmap, model)
-}
-
-fn bits(varmap: &VarMap) -> Vec<(String, Vec<u32>)> {
-    let data = varmap.data().lock().unwrap();
-    let mut all: Vec<(String, Vec<u32>)> = data
-        .iter()
-        .map(|(name, var)| {
-            let values = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            (name.clone(), values.into_iter().map(f32::to_bits).collect())
-        })
-        .collect();
-    all.sort();
-    all
 }
 
 fn peak_of<W: Workload>(workload: &mut W, batch: usize) -> u64 {

@@ -74,7 +74,12 @@ impl TransformerShape {
     /// parallelism `tensor_parallel` (1 for none) and `recompute`; checked,
     /// never wrapped ([`Error::ByteOverflow`] past 2^64 − 1).
     pub fn activation_bytes(&self, tensor_parallel: u64, recompute: Recompute) -> Result<u64, Error> {
-        let overflow = || Error::ByteOverflow { what: format!("the activations of {self:?}") };
+        let overflow = || Error::ByteOverflow {
+            what: format!(
+                "the activations of {} layers of width {} with {} heads at {} tokens and batch {}",
+                self.layers, self.hidden, self.heads, self.seq_len, self.batch
+            ),
+        };
         if tensor_parallel == 0 {
             return Err(Error::InvalidSharding { what: "tensor-parallel degree 0".to_owned(), valid: "at least 1" });
         }
@@ -96,7 +101,9 @@ impl TransformerShape {
         let formula = self.activation_bytes(1, Recompute::None)?;
         let bytes = 2.0 * formula as f64 * CANDLE_F32_ACTIVATION_RATIO;
         if bytes >= u64::MAX as f64 {
-            return Err(Error::ByteOverflow { what: format!("candle's activations of {self:?}") });
+            return Err(Error::ByteOverflow {
+                what: format!("candle's activations of {} layers of width {}", self.layers, self.hidden),
+            });
         }
         Ok(bytes.ceil() as u64)
     }

@@ -233,7 +233,8 @@ impl std::fmt::Display for Warning {
             ),
             Warning::TrialLimit { max_trials } => write!(
                 f,
-                "stopped at max_trials = {max_trials}: the batch is verified to fit but not proven the largest"
+                "stopped after {max_trials} search trials (the trial limit): the batch is verified to fit but not \
+                 proven the largest"
             ),
             Warning::BatchIgnored { smallest_batch, largest_batch, growth_bytes } => write!(
                 f,
@@ -327,6 +328,11 @@ pub struct Plan {
     /// trials are those of the run that stored it).
     #[serde(default)]
     pub cached: bool,
+    /// On a cache hit: the trials run now, accumulating micro-steps that
+    /// check a split the stored trials never verified (they are the last of
+    /// `trials`); 0 when no step ran.
+    #[serde(default)]
+    pub cache_checks: usize,
     /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): this
     /// rank's own largest batch; `largest_batch` is then the one all ranks agreed on.
     #[serde(default)]

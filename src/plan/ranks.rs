@@ -160,25 +160,37 @@ impl std::fmt::Display for RankSplit {
                 self.multiple_of
             )
         };
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
         writeln!(
             f,
-            "global batch {} (target {}, {exactness}) over {} ranks, {} accumulation step{} each",
+            "global batch {} (target {}, {exactness}) over {} rank{}, {} accumulation step{} each",
             self.global_batch,
             self.target_global_batch,
             self.world_size(),
+            plural(self.world_size()),
             self.accumulation_steps,
-            if self.accumulation_steps == 1 { "" } else { "s" }
+            plural(self.accumulation_steps)
         )?;
         for share in &self.shares {
+            // counted, not iterated: a rank can have 2^63 micro-steps
+            let empty = if share.smaller == 0 { share.steps - share.larger_steps } else { 0 };
             writeln!(
                 f,
-                "rank {} (fits {}): {} samples ({}..{}) in micro-steps {}",
+                "rank {} (fits {}): {} sample{} ({}..{}) in micro-steps {}{}",
                 share.rank,
                 share.largest_micro_batch,
                 share.samples,
+                plural(share.samples),
                 share.offset,
                 share.offset + share.samples,
-                share.micro_steps_summary()
+                share.micro_steps_summary(),
+                match empty {
+                    0 => String::new(),
+                    n => format!(
+                        " ({n} empty micro-step{}: fewer samples than steps; nothing to run, loss weight 0)",
+                        plural(n)
+                    ),
+                }
             )?;
         }
         write!(

@@ -78,7 +78,12 @@ impl Plan {
     pub fn summary(&self) -> String {
         let mut out = String::new();
         if self.cached {
-            out += "cached plan: stored by an earlier run with the same model, device and settings; no step ran\n";
+            out += "cached plan: stored by an earlier run with the same model, device and settings; ";
+            out += &match self.cache_checks {
+                0 => "no step ran\n".to_owned(),
+                1 => "one accumulating micro-step ran to check the new split (the last trial)\n".to_owned(),
+                n => format!("{n} accumulating micro-steps ran to check the new split (the last trials)\n"),
+            };
         }
         let proven = proof(self.proven_largest, self.stopped_by.as_ref());
         let granularity =
@@ -116,6 +121,13 @@ impl Plan {
                 choice.extra_steps,
                 choice.deepspeed_batch
             );
+            if self.micro_batch != choice.chosen_batch {
+                out += &format!(
+                    "; the plan trains at micro-batch {}, the largest up to {} that splits the target exactly or \
+                     fits beside the accumulator",
+                    self.micro_batch, choice.chosen_batch
+                );
+            }
         }
         if let Some(peak) = self.accumulation_peak_bytes {
             out += &format!(

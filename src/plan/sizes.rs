@@ -391,7 +391,7 @@ impl std::fmt::Display for SizePlan {
                 entry.size.saturating_mul(plan.largest_batch),
                 format_bytes(plan.peak_bytes),
                 100.0 * plan.utilization(),
-                plan.trials.len(),
+                if plan.cached { format!("{} now", plan.cache_checks) } else { plan.trials.len().to_string() },
                 model,
                 if plan.proven_largest { "" } else { "  (not proven largest)" }
             )?;

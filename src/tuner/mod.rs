@@ -338,7 +338,7 @@ impl Tuner {
                 let plan = self.replan_cached(plan, workload, meter)?;
                 if plan.trials.len() > trials {
                     // the accumulator was checked: keep what it showed for the next start
-                    crate::cache::store(path, key, &Plan { cached: false, ..plan.clone() });
+                    crate::cache::store(path, key, &Plan { cached: false, cache_checks: 0, ..plan.clone() });
                 }
                 return Ok(plan);
             }
@@ -421,8 +421,10 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
     {
         let cap = Self::cap(&plan);
+        let stored = plan.trials.len();
         self.verified_replan(&mut plan, cap, workload, meter)?;
         plan.cached = true;
+        plan.cache_checks = plan.trials.len() - stored;
         Ok(plan)
     }
 

@@ -417,6 +417,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             memory_model,
             evaluation: None,
             cached: false,
+            cache_checks: 0,
             rank_largest_batch: None,
             accumulation_peak_bytes,
             throughput,

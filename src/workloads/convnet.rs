@@ -51,7 +51,7 @@ impl ConvNetConfig {
             return Err(Error::InvalidModel {
                 setting: "classes",
                 value: self.classes,
-                valid: format!("between 2 and in_channels = {}", self.in_channels),
+                valid: format!("between 2 and the input channels, {}", self.in_channels),
             });
         }
         check_dtype(self.dtype)
@@ -61,8 +61,12 @@ impl ConvNetConfig {
     fn describe(&self) -> String {
         let c = self;
         format!(
-            "convnet(in_channels={}, channels={}, resolution={}, classes={}, {:?})",
-            c.in_channels, c.channels, c.resolution, c.classes, c.dtype
+            "convnet(in-channels {}, channels {}, resolution {}, classes {}, {})",
+            c.in_channels,
+            c.channels,
+            c.resolution,
+            c.classes,
+            c.dtype.as_str()
         )
     }
 
@@ -93,7 +97,7 @@ impl ConvNetConfig {
         self.footprint()?;
         if device.is_cpu() && self.dtype == DType::BF16 {
             return Err(Error::UnsupportedDtype {
-                dtype: "BF16".to_owned(),
+                dtype: "dtype bf16".to_owned(),
                 valid: "f32 on the CPU (candle 0.11's CPU conv2d has no bf16 matmul); bf16 works on CUDA",
             });
         }

@@ -45,7 +45,14 @@ impl MlpConfig {
     /// The model's name and size, as its [`Model::describe`] says it.
     fn describe(&self) -> String {
         let c = self;
-        format!("mlp(inputs={}, width={}, depth={}, classes={}, {:?})", c.inputs, c.width, c.depth, c.classes, c.dtype)
+        format!(
+            "mlp(inputs {}, width {}, depth {}, classes {}, {})",
+            c.inputs,
+            c.width,
+            c.depth,
+            c.classes,
+            c.dtype.as_str()
+        )
     }
 
     /// What the model needs before a step, from its sizes alone (checked:

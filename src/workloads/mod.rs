@@ -47,7 +47,7 @@ use params::{data_seed, Params};
 
 /// A model that can compute its loss on a synthetic batch.
 pub trait Model {
-    /// A short name with the size, e.g. `transformer(d_model=64, layers=2, ...)`.
+    /// A short name with the size, e.g. `transformer(vocab 256, d-model 64, heads 4, layers 2, seq-len 64, f32)`.
     fn describe(&self) -> String;
 
     /// The scalar f32 loss of `batch` synthetic samples drawn from `data_seed`;
@@ -117,7 +117,7 @@ impl<M: Model> Trainer<M> {
     pub fn into_mixed_precision(mut self) -> Result<Self, Error> {
         if self.dtype != DType::BF16 {
             return Err(Error::UnsupportedDtype {
-                dtype: format!("{:?}", self.dtype),
+                dtype: format!("dtype {}", self.dtype.as_str()),
                 valid: "bf16 variables for mixed precision (f32 masters are added)",
             });
         }
@@ -409,7 +409,7 @@ pub(crate) fn at_least(setting: &'static str, value: usize, min: usize) -> Resul
 pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
     match dtype {
         DType::F32 | DType::BF16 => Ok(()),
-        other => Err(Error::UnsupportedDtype { dtype: format!("{other:?}"), valid: "f32 or bf16" }),
+        other => Err(Error::UnsupportedDtype { dtype: format!("dtype {}", other.as_str()), valid: "f32 or bf16" }),
     }
 }
 
@@ -443,7 +443,7 @@ impl<M: Model> Workload for Evaluation<M> {
 /// the benchmarks; hidden from the docs.
 #[doc(hidden)]
 pub trait ReferenceWorkload: Workload {
-    /// The model and its size, e.g. `transformer(vocab=256, d_model=64, …)`.
+    /// The model and its size, e.g. `transformer(vocab 256, d-model 64, …)`.
     fn description(&self) -> String;
     /// Number of trainable parameters.
     fn parameter_count(&self) -> usize;

@@ -72,7 +72,7 @@ impl TransformerConfig {
             return Err(Error::InvalidModel {
                 setting: "heads",
                 value: self.heads,
-                valid: format!("a divisor of d_model = {}", self.d_model),
+                valid: format!("a divisor of the model width, {}", self.d_model),
             });
         }
         check_dtype(self.dtype)
@@ -86,12 +86,12 @@ impl TransformerConfig {
             format!("{active_len} of {}", self.seq_len)
         };
         format!(
-            "transformer(vocab={}, d_model={}, heads={}, layers={}, seq_len={seq_len}, {:?}{})",
+            "transformer(vocab {}, d-model {}, heads {}, layers {}, seq-len {seq_len}, {}{})",
             self.vocab,
             self.d_model,
             self.heads,
             self.layers,
-            self.dtype,
+            self.dtype.as_str(),
             if self.checkpointing { ", checkpointing" } else { "" }
         )
     }
@@ -381,7 +381,7 @@ impl crate::Resizable for Trainer<Transformer> {
             return Err(Error::InvalidModel {
                 setting: "seq_len",
                 value: size,
-                valid: format!("from 1 to the model's seq_len = {longest}"),
+                valid: format!("from 1 to the model's sequence length, {longest}"),
             });
         }
         self.model_mut().seq_len = size;

@@ -203,9 +203,11 @@ pub struct ProbeArgs {
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,
-    /// Tune the model as it is and with each remedy that applies to it
-    /// (gradient checkpointing, bf16), side by side, with the estimate's
-    /// bytes per sample beside the measured.
+    /// Tune the model as it is and with each remedy that applies to it, side
+    /// by side: bf16, mixed precision, the lean optimizers (lion, adafactor,
+    /// adam8bit) and, for the transformer, gradient checkpointing (alone and
+    /// with bf16); the estimate's bytes per sample beside the measured. Each
+    /// variant's largest batch: no --eval, --objective, target, ranks or cache.
     #[arg(long)]
     pub compare: bool,
     /// Print the plan as JSON on stdout (trials and logs go to stderr).

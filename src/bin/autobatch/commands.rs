@@ -6,7 +6,7 @@ use autobatch::estimate::{
 use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
 
 use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg, RecomputeArg};
-use crate::failure::Failure;
+use crate::failure::{split_error, Failure, SplitFlags};
 use crate::parse::{parse_bytes, parse_count};
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
@@ -208,9 +208,10 @@ pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
             largest, args.multiple_of, args.multiple_of, largest
         )));
     }
-    let mut split = plan_accumulation_aligned(args.target, args.world_size, largest, args.multiple_of)?;
+    let planned = plan_accumulation_aligned(args.target, args.world_size, largest, args.multiple_of);
+    let mut split = planned.map_err(|err| plan_error(err, "--world-size"))?;
     if args.exact {
-        split = split.require_exact()?;
+        split = split.require_exact().map_err(|err| plan_error(err, "--world-size"))?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&split).expect("plain values serialize"));
@@ -218,6 +219,24 @@ pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
         println!("{split}");
     }
     Ok(())
+}
+
+/// `plan`'s errors in its own flags (`ranks`: `--world-size`, or `--uneven`
+/// with one number per rank); the rest as every command says them.
+fn plan_error(err: autobatch::Error, ranks: &'static str) -> Failure {
+    use autobatch::Error;
+    match &err {
+        Error::Overflow { .. } | Error::TargetBelowWorldSize { .. } | Error::InexactEffectiveBatch { .. } => {
+            let overflow = if ranks == "--uneven" {
+                "--target, --uneven or --multiple-of"
+            } else {
+                "--target, --largest or --world-size"
+            };
+            let flags = SplitFlags { target: "--target", ranks, largest: Some("--largest"), overflow };
+            Failure::usage(split_error(&err, &flags))
+        }
+        _ => Failure::from(err),
+    }
 }
 
 /// `plan --uneven 200,90`: the target shared among ranks of uneven capacity.
@@ -228,7 +247,8 @@ fn plan_uneven(args: &PlanArgs) -> Result<(), Failure> {
             args.uneven[rank], args.multiple_of
         )));
     }
-    let split = autobatch::plan_ranks(args.target, &args.uneven, args.multiple_of)?;
+    let split = autobatch::plan_ranks(args.target, &args.uneven, args.multiple_of)
+        .map_err(|err| plan_error(err, "--uneven"))?;
     if args.exact && !split.exact {
         return Err(autobatch::Error::InexactGlobalBatch {
             target: args.target,

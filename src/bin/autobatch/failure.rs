@@ -83,12 +83,88 @@ impl From<autobatch::Error> for Failure {
                 *smaller_batch,
                 remedies,
             ),
+            err @ (Error::Overflow { .. }
+            | Error::TargetBelowWorldSize { .. }
+            | Error::InexactEffectiveBatch { .. }) => split_error(err, &SplitFlags::PROBE),
+            Error::UnsupportedDtype { dtype, valid } => {
+                format!("--precision: {dtype} is not supported here: use {valid}")
+            }
             Error::InvalidCeiling { ceiling } => {
                 format!("--ceiling {ceiling} is not a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory")
             }
             other => other.to_string(),
         };
         Failure { message: one_line(&message), kind }
+    }
+}
+
+/// The flags a command takes the split's numbers from.
+pub struct SplitFlags {
+    /// The target: `--target-effective-batch`, `--target`.
+    pub target: &'static str,
+    /// The number of ranks: `--world-size`, or `--uneven` (a number per rank).
+    pub ranks: &'static str,
+    /// The largest micro-batch, when a flag gives it (`--largest`).
+    pub largest: Option<&'static str>,
+    /// The flags whose size makes the arithmetic overflow.
+    pub overflow: &'static str,
+}
+
+impl SplitFlags {
+    pub const PROBE: SplitFlags = SplitFlags {
+        target: "--target-effective-batch",
+        ranks: "--world-size",
+        largest: None,
+        overflow: "--start, --multiple-of or --target-effective-batch",
+    };
+}
+
+/// A split's error (overflow, a target below the ranks, no exact split) in
+/// the flags of the command that asked for it.
+pub fn split_error(err: &autobatch::Error, flags: &SplitFlags) -> String {
+    use autobatch::Error;
+    let ranks = |world_size: usize| match flags.ranks {
+        "--uneven" => format!("the {world_size} ranks of --uneven"),
+        flag => format!("{flag} {world_size}"),
+    };
+    let target = flags.target;
+    match err {
+        Error::Overflow { value } => {
+            format!("batch arithmetic overflows at {value}: use a smaller {}", flags.overflow)
+        }
+        Error::TargetBelowWorldSize { target: asked, world_size, multiple_of, smallest } => format!(
+            "{target} {asked} is below {} × --multiple-of {multiple_of} = {smallest}: every rank needs at least \
+             one micro-batch; use {target} {smallest} or more",
+            ranks(*world_size)
+        ),
+        Error::InexactEffectiveBatch {
+            target: asked,
+            world_size,
+            multiple_of,
+            largest_micro_batch,
+            max_steps,
+            nearest,
+            unit,
+        } => {
+            let largest = flags.largest.map_or(String::new(), |flag| format!("{flag} "));
+            format!(
+                "--exact: no split hits {target} {asked} exactly with {}, micro-batches that are multiples of \
+                 --multiple-of {multiple_of} and at most {largest}{largest_micro_batch}, and at most {max_steps} \
+                 accumulation steps; the nearest above is {nearest}: drop --exact to accept it{}",
+                ranks(*world_size),
+                divisible_by(*unit)
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+/// `, or use a target divisible by N`, when that helps (N > 1).
+pub fn divisible_by(unit: usize) -> String {
+    if unit > 1 {
+        format!(", or use a target divisible by {unit}")
+    } else {
+        String::new()
     }
 }
 
