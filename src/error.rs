@@ -155,13 +155,52 @@ pub enum Error {
 
     /// The workload failed with an error that is not an out-of-memory error.
     /// The search stops at once; the workload's error is `source`, untouched.
-    #[error("the workload failed at batch {batch} with an error that is not out-of-memory: {source}")]
+    #[error(
+        "the workload failed at batch {batch} with an error that is not out-of-memory: {}",
+        candle_message(.source)
+    )]
     Workload {
         /// The batch being tried.
         batch: usize,
         /// The workload's own error.
         #[source]
         source: candle_core::Error,
+    },
+
+    /// [`Tuner::strict`](crate::Tuner::strict) and the measured step did not
+    /// reach every variable: a cut graph (a fused op without a backward pass)
+    /// measured less than training a model that reaches them needs.
+    #[error(
+        "the measured step did not reach the gradients of {} of {of} variables ({}): its largest batch \
+         understates training; make the graph whole (differentiable forms of candle's fused ops: ops::softmax, \
+         the norm written out) or drop strict",
+        .variables.len(),
+        first_names(.variables)
+    )]
+    PartialGraph {
+        /// The variables with no gradient that the forward pass does not write.
+        variables: Vec<String>,
+        /// The float variables in all.
+        of: usize,
+    },
+
+    /// The workload's backward pass reached an op candle cannot
+    /// differentiate (a max-pool whose kernel is not its stride, a custom op
+    /// without a backward, ...): no batch can be measured for training.
+    #[error(
+        "the backward pass failed at batch {batch}: candle cannot differentiate {op} ({}); probe the forward \
+         pass alone (ModelProbe::forward_only) for serving or evaluation, or replace the op with one candle \
+         can differentiate",
+        candle_message(.source)
+    )]
+    BackwardUnsupported {
+        /// The batch being tried.
+        batch: usize,
+        /// The op, as candle names it.
+        op: String,
+        /// candle's error, untouched.
+        #[source]
+        source: Box<candle_core::Error>,
     },
 
     /// [`HeapMeter`](crate::HeapMeter) needs [`TrackingAllocator`](crate::TrackingAllocator)
@@ -274,7 +313,7 @@ pub enum Error {
     },
 
     /// candle failed outside a probed step (building a model, a training step).
-    #[error("candle: {0}")]
+    #[error("candle: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
 
     /// A plan cache was asked for without a way to fingerprint the model.
@@ -344,6 +383,47 @@ pub enum Error {
     /// A memory meter could not measure.
     #[error("memory meter: {0}")]
     Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// The first few of `names` and how many more: a line people can read.
+pub(crate) fn first_names(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut text = names.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
+    if names.len() > SHOWN {
+        text += &format!(" and {} more", names.len() - SHOWN);
+    }
+    text
+}
+
+/// The op candle says it cannot differentiate, when that is `err`:
+/// `Error::BackwardNotSupported` (custom ops, `ceil`, transposed 1-d
+/// convolutions) or the text `backward not supported for OP ...` (pooling whose
+/// kernel is not its stride, non-integer upsampling).
+fn unsupported_backward(err: &candle_core::Error) -> Option<String> {
+    match err {
+        candle_core::Error::WithBacktrace { inner, .. } | candle_core::Error::Context { inner, .. } => {
+            unsupported_backward(inner)
+        }
+        candle_core::Error::BackwardNotSupported { op } => Some((*op).to_owned()),
+        candle_core::Error::Msg(text) => {
+            let rest = text.strip_prefix("backward not supported for ")?;
+            Some(rest.split_whitespace().next().unwrap_or(rest).to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// A candle error's text without the backtrace candle captures when
+/// `RUST_BACKTRACE` is set: formatting a backtrace resolves its symbols, which
+/// loads the binary's debug info and keeps it on the heap for good (30 MiB
+/// measured), where every later heap measurement would count it.
+#[doc(hidden)]
+pub fn candle_message(err: &candle_core::Error) -> String {
+    match err {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        candle_core::Error::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
+        other => other.to_string(),
+    }
 }
 
 fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
@@ -423,10 +503,21 @@ impl Error {
         )
     }
 
+    /// The error of a workload step at `batch` that is not out of memory:
+    /// [`Error::BackwardUnsupported`] when candle cannot differentiate an op
+    /// the step uses, else [`Error::Workload`].
+    pub(crate) fn workload(batch: usize, source: candle_core::Error) -> Error {
+        match unsupported_backward(&source) {
+            Some(op) => Error::BackwardUnsupported { batch, op, source: Box::new(source) },
+            None => Error::Workload { batch, source },
+        }
+    }
+
     /// The workload's own error, when this is [`Error::Workload`].
     pub fn workload_error(&self) -> Option<&candle_core::Error> {
         match self {
             Error::Workload { source, .. } => Some(source),
+            Error::BackwardUnsupported { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

@@ -229,7 +229,7 @@ impl Guard {
                         self.accumulation_steps()
                     );
                 }
-                Err(source) => return Err(Error::Workload { batch: len, source }),
+                Err(source) => return Err(Error::workload(len, source)),
             }
         }
         if out_of_memory == 0 {

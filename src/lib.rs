@@ -130,7 +130,7 @@ mod workload;
 pub mod workloads;
 
 pub use cache::CacheKey;
-pub use error::{Error, Result};
+pub use error::{candle_message, Error, Result};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
@@ -139,9 +139,9 @@ pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use model::{ModelProbe, TrainLoop};
 pub use oom::is_oom;
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, EvaluationPlan, MemoryModel,
-    Objective, Plan, RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizedPlan, ThroughputChoice,
-    ThroughputPoint, Trial, TrialKind, Warning,
+    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, EvaluationPlan, MeasuredGraph,
+    MemoryModel, Objective, Plan, RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizedPlan,
+    ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
 };
 pub use search::{LinearFit, Outcome, Strategy};
 pub use tuner::{Observer, Tuner};

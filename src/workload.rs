@@ -68,6 +68,10 @@ pub trait Workload {
     fn diagnose(&mut self) -> Vec<crate::Warning> {
         Vec::new()
     }
+
+    /// Tuning is over (the tuner's last call, whatever the outcome): release
+    /// state kept between steps. Nothing by default.
+    fn tuning_finished(&mut self) {}
 }
 
 /// A workload whose memory depends on an input size (a sequence length, an

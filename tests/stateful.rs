@@ -277,8 +277,34 @@ fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
     assert_eq!(bits_of(&evaluated), bits_of(&model_stale_centre), "BatchNorm's statistics are the trained ones");
 }
 
+/// A workload error displayed with `RUST_BACKTRACE=1` leaves nothing on the
+/// heap: formatting candle's backtrace would load the binary's debug info for
+/// good (30 MiB measured), and every later heap baseline would count it. (Runs
+/// first: the backtrace setting is read once per process.)
+fn a_displayed_error_leaves_the_heap_as_it_was() {
+    // SAFETY (edition 2021: safe): set before any thread reads the environment for a backtrace
+    std::env::set_var("RUST_BACKTRACE", "1");
+    let (varmap, model) = model();
+    let wrong = |batch: usize| -> Result<Tensor> {
+        let (images, labels) = data(batch, SIDE, 0)?;
+        // a shape mismatch: the labels of one sample more than the images
+        let labels = Tensor::cat(&[&labels, &labels.narrow(0, 0, 1)?], 0)?;
+        loss::cross_entropy(&model.logits(&images, true)?, &labels)
+    };
+    let mut probe = ModelProbe::new(&varmap, wrong).adamw(ParamsAdamW::default()).unwrap();
+    let err = Tuner::new().run(&mut probe, &mut HeapMeter::new(BUDGET).unwrap()).unwrap_err();
+    assert!(err.workload_error().is_some(), "{err}");
+    let before = autobatch::TrackingAllocator::live_bytes();
+    let text = err.to_string();
+    drop(text);
+    let after = autobatch::TrackingAllocator::live_bytes();
+    assert!(after < before + (256 << 10), "displaying the error kept {} bytes", after.saturating_sub(before));
+    assert!(!err.to_string().contains("stack backtrace") && !err.to_string().contains("backtrace:"), "{err}");
+}
+
 fn main() {
     common::harness::run_sequentially(&[
+        ("a_displayed_error_leaves_the_heap_as_it_was", a_displayed_error_leaves_the_heap_as_it_was),
         ("the_forward_pass_writes_the_state", the_forward_pass_writes_the_state),
         ("every_probe_path_changes_no_bit", every_probe_path_changes_no_bit),
         ("every_other_path_changes_no_bit", every_other_path_changes_no_bit),

@@ -232,6 +232,117 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert!(text.contains("gradient") && text.contains(&variables[0]) && text.contains("fused"), "{text}");
     // a long list is cut short on its line, the count of the rest said
     assert!(text.contains(&format!("and {} more", variables.len() - 8)), "{text}");
+    // the number understates training: the plan says so where the number is
+    assert_eq!(plan.measured_graph, autobatch::MeasuredGraph::Partial);
+    assert!(!plan.proven_largest, "{plan}");
+    assert_eq!(
+        plan.stopped_by,
+        Some(autobatch::SearchLimit::PartialGraph { variables: variables.len(), of: varmap.all_vars().len() })
+    );
+    let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+    assert_eq!(json["measured_graph"], "partial");
+    assert!(text.contains("not proven largest: the measured step reached the gradients of"), "{text}");
+    // and a strict tuner refuses it
+    match Tuner::new().strict(true).run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()) {
+        Err(Error::PartialGraph { variables: cut, of }) => {
+            assert_eq!((cut.len(), of), (variables.len(), varmap.all_vars().len()))
+        }
+        other => panic!("{other:?}"),
+    }
+    // the whole graph is complete and proven
+    let (varmap, model) = gpt(false);
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().strict(true).run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    assert_eq!(plan.measured_graph, autobatch::MeasuredGraph::Complete);
+    assert!(plan.proven_largest, "{plan}");
+}
+
+/// A forward-only probe over the detached model holds no optimizer state,
+/// records no graph and fits a larger batch than training; run over the
+/// variables themselves it says the graph was recorded.
+fn a_forward_only_probe_measures_serving() {
+    let (varmap, model) = gpt(false);
+    let serving = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let training = {
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+        Tuner::new().run(&mut probe, &mut meter).unwrap()
+    };
+    let forward = |b: usize| -> Result<Tensor> {
+        let (input, _) = serving.data_of_length(b, 0, SEQ)?;
+        serving.forward(&input)
+    };
+    let mut probe = ModelProbe::forward_only(&varmap, forward);
+    let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    assert!(plan.warnings.is_empty() && plan.proven_largest, "{plan}");
+    assert!(plan.largest_batch > 2 * training.largest_batch, "{plan}\n{training}");
+    assert!(!probe.can_accumulate() && probe.profile().is_none());
+    // brute force: the forward pass at the answer fits, one more does not
+    let limit = plan.limit_bytes();
+    assert!(peak_of(&mut probe, plan.largest_batch) <= limit + TOLERANCE);
+    assert!(peak_of(&mut probe, plan.largest_batch + 1) > limit.saturating_sub(TOLERANCE));
+    drop(probe);
+    // the same forward pass over the variables records a graph: said
+    let recorded = |b: usize| -> Result<Tensor> {
+        let (input, _) = model.data_of_length(b, 0, SEQ)?;
+        model.forward(&input)
+    };
+    let mut probe = ModelProbe::forward_only(&varmap, recorded);
+    let plan = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
+    assert!(plan.warnings.iter().any(|w| matches!(w, Warning::GraphRecorded)), "{plan}");
+}
+
+/// A model that keeps state between calls (a cache that grows with every
+/// forward pass, as a KV cache does): without a reset the plan warns and the
+/// state stays held; with `with_reset` each trial starts clean and nothing is
+/// left after tuning.
+fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let (varmap, model) = gpt(false);
+    let cache: Rc<RefCell<Vec<Tensor>>> = Rc::default();
+    let kept = Rc::clone(&cache);
+    let loss = move |b: usize| -> Result<Tensor> {
+        let (input, targets) = model.data_of_length(b, 0, SEQ)?;
+        // the model keeps what it saw: 64 KiB a sample, as a larger model's KV cache would
+        kept.borrow_mut().push(Tensor::zeros((b, 16 << 10), DType::F32, &Device::Cpu)?);
+        let logits = model.forward(&input)?;
+        loss::cross_entropy(&logits.reshape((b * SEQ, VOCAB))?, &targets)
+    };
+    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    assert!(plan.warnings.iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
+    assert!(!cache.borrow().is_empty());
+    let clear = Rc::clone(&cache);
+    let mut probe = probe.with_reset(move || {
+        clear.borrow_mut().clear();
+        Ok(())
+    });
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    assert!(!plan.warnings.iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
+    assert!(cache.borrow().is_empty(), "the reset ran after tuning");
+}
+
+/// An op candle cannot differentiate (a max-pool whose kernel is not its
+/// stride) is named, with what to do, instead of a bare workload error.
+fn an_op_without_a_backward_pass_is_named() {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let layer = linear(16, 16, vb.pp("fc")).unwrap();
+    let loss = |b: usize| -> Result<Tensor> {
+        let x = layer.forward(&Tensor::ones((b, 16), DType::F32, &Device::Cpu)?)?.reshape((b, 1, 4, 4))?;
+        x.max_pool2d_with_stride(3, 1)?.sum_all()
+    };
+    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    match Tuner::new().run(&mut probe, &mut HeapMeter::new(8 * MIB).unwrap()) {
+        Err(err @ Error::BackwardUnsupported { .. }) => {
+            let Error::BackwardUnsupported { batch, op, .. } = &err else { unreachable!() };
+            assert_eq!((*batch, op.as_str()), (1, "maxpool2d"));
+            let text = err.to_string();
+            assert!(text.contains("forward_only") && text.contains("cannot differentiate maxpool2d"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
@@ -666,6 +777,12 @@ fn main() {
             "checkpointing_needs_no_hand_applied_scale_and_tunes_by_length",
             checkpointing_needs_no_hand_applied_scale_and_tunes_by_length,
         ),
+        ("a_forward_only_probe_measures_serving", a_forward_only_probe_measures_serving),
+        (
+            "state_kept_between_steps_is_named_and_a_reset_clears_it",
+            state_kept_between_steps_is_named_and_a_reset_clears_it,
+        ),
+        ("an_op_without_a_backward_pass_is_named", an_op_without_a_backward_pass_is_named),
     ];
     common::harness::run_sequentially(tests);
 }

@@ -81,7 +81,7 @@ impl Headroom {
         let ran = |result: candle_core::Result<()>| match result {
             Ok(()) => Ok(true),
             Err(err) if is_oom(&err) => Ok(false),
-            Err(source) => Err(Error::Workload { batch, source }),
+            Err(source) => Err(Error::workload(batch, source)),
         };
         if self.warmup {
             let warm = measure(meter, 1, || workload.step(batch))?;

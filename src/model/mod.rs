@@ -21,7 +21,7 @@ mod train;
 
 pub use checkpoint::checkpointed;
 pub use detached::{detached, detached_sharing};
-pub use probe::{BySizeLoss, BySizeWithBackward, ModelProbe, ProbeLoss, WithBackward};
+pub use probe::{BySizeLoss, BySizeWithBackward, ForwardOnly, ModelProbe, ProbeLoss, WithBackward};
 pub use train::TrainLoop;
 
 use candle_core::Var;

@@ -3,7 +3,6 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW, VarMap};
-use log::warn;
 
 use super::buffers::{host_copy, Buffers};
 use super::grads::Accumulator;
@@ -24,6 +23,25 @@ pub trait ProbeLoss {
     /// does, one variable at a time), so that the accumulating probe step does
     /// too. False by default: a loss closure's scale goes into the graph.
     fn scales_gradients(&self) -> bool {
+        false
+    }
+
+    /// Whether the step runs a backward pass at all (false for
+    /// [`ModelProbe::forward_only`]: no gradient check, no update).
+    fn computes_gradients(&self) -> bool {
+        true
+    }
+}
+
+/// A forward pass closure: see [`ModelProbe::forward_only`].
+pub struct ForwardOnly<F>(F);
+
+impl<F: FnMut(usize) -> Result<Tensor>> ProbeLoss for ForwardOnly<F> {
+    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
+        Ok(((self.0)(batch)?, GradStore::default()))
+    }
+
+    fn computes_gradients(&self) -> bool {
         false
     }
 }
@@ -175,6 +193,11 @@ pub struct ModelProbe<L> {
     missing: Option<Vec<String>>,
     /// Variables the forward pass writes, put back after every step.
     buffers: Buffers,
+    /// Run before each step and when tuning ends: clears state the model
+    /// keeps between calls (a KV cache).
+    reset: Option<Box<dyn FnMut() -> Result<()>>>,
+    /// A forward-only step's output recorded a graph.
+    graph_recorded: bool,
 }
 
 impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
@@ -187,6 +210,40 @@ impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
     /// A probe of named variables held elsewhere than in a `VarMap`.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>, loss: L) -> Self {
         ModelProbe::with_loss(vars.into_iter().collect(), loss)
+    }
+}
+
+impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<ForwardOnly<F>> {
+    /// A probe of a model's forward pass alone, for serving and evaluation:
+    /// `forward(batch)` runs the model on `batch` samples and returns its
+    /// output (or an evaluation loss). No optimizer state is held, no backward
+    /// pass runs and no gradient is checked. Build the model it runs from
+    /// [`detached`](super::detached)`(&varmap)` so that its forward pass
+    /// records no graph and frees each activation once used: an output that
+    /// recorded one (computed from the variables themselves) is a
+    /// [`Warning::GraphRecorded`], since it held every activation as training
+    /// does. Variables the forward pass writes are put back as for training.
+    ///
+    /// ```
+    /// #[global_allocator]
+    /// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+    ///
+    /// use autobatch::model::detached;
+    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
+    /// use candle_core::{DType, Device, Module, Tensor};
+    /// use candle_nn::{linear, VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let _training = linear(64, 10, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    /// let serving = linear(64, 10, detached(&varmap))?;
+    /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
+    /// let mut probe = ModelProbe::forward_only(&varmap, forward);
+    /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::new(4 << 20)?)?;
+    /// assert!(plan.largest_batch > 0 && plan.warnings.is_empty());
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn forward_only(varmap: &VarMap, forward: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), ForwardOnly(forward))
     }
 }
 
@@ -279,6 +336,8 @@ impl<L: ProbeLoss> ModelProbe<L> {
             gradients: None,
             missing: None,
             buffers: Buffers::default(),
+            reset: None,
+            graph_recorded: false,
         }
     }
 
@@ -344,6 +403,16 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let name = std::any::type_name::<O>().to_owned();
         self.update = Update::General { name, step: Box::new(step), host };
         Ok(self)
+    }
+
+    /// Runs `reset` before and after each probe step and when tuning ends:
+    /// for a model that keeps state between calls (a KV cache that grows with
+    /// every forward pass, `model.clear_kv_cache()`), so that each trial starts
+    /// as training does, its baseline holds no earlier step's state, and
+    /// nothing is left held after tuning.
+    pub fn with_reset(mut self, reset: impl FnMut() -> Result<()> + 'static) -> Self {
+        self.reset = Some(Box::new(reset));
+        self
     }
 
     /// Adds a parameter that decides memory to the cache key (a sequence
@@ -432,8 +501,19 @@ impl<L: ProbeLoss> ModelProbe<L> {
     /// it, whether it succeeded or not; the first step that runs to the end
     /// tells which they are (and they are no missing gradients).
     fn restoring(&mut self, step: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        if let Some(reset) = &mut self.reset {
+            reset()?;
+        }
         let saved = self.buffers.save(&self.vars)?;
-        let result = step(self);
+        let mut result = step(self);
+        if let Some(reset) = &mut self.reset {
+            // what the step left in the model is not the next trial's baseline
+            result = result.and_then(|()| reset());
+        }
+        if !self.loss.computes_gradients() && self.gradients.is_none() {
+            // forward only: no gradient to tell a weight from a buffer; only a write does
+            self.gradients = Some(vec![true; self.vars.len()]);
+        }
         let gradients = self.gradients.as_deref().filter(|_| result.is_ok());
         self.buffers.restore(&self.vars, saved, gradients)?;
         if let (Some(gradients), Some(written)) = (&self.gradients, self.buffers.written()) {
@@ -450,6 +530,10 @@ impl<L: ProbeLoss> ModelProbe<L> {
     /// Forward, backward and the update computed dry.
     fn plain_step(&mut self, batch: usize) -> Result<()> {
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
+        if !self.loss.computes_gradients() {
+            self.graph_recorded |= loss.track_op();
+            return Ok(());
+        }
         self.check_gradients(&grads);
         self.update(&grads)?;
         drop(grads);
@@ -491,22 +575,36 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     }
 
     fn can_accumulate(&self) -> bool {
-        true
+        self.loss.computes_gradients()
     }
 
     fn diagnose(&mut self) -> Vec<Warning> {
+        if self.graph_recorded {
+            return vec![Warning::GraphRecorded];
+        }
         let Some(missing) = self.missing.as_ref().filter(|m| !m.is_empty()) else { return Vec::new() };
         let of = self.vars.iter().filter(|(_, var)| var.dtype().is_float()).count();
-        let warning = Warning::MissingGradients { variables: missing.clone(), of };
-        warn!("{warning}");
-        vec![warning]
+        vec![Warning::MissingGradients { variables: missing.clone(), of }]
+    }
+
+    fn tuning_finished(&mut self) {
+        if let Some(reset) = &mut self.reset {
+            if let Err(err) = reset() {
+                log::warn!("the reset after tuning failed: {}", crate::candle_message(&err));
+            }
+        }
     }
 
     fn cache_key(&self) -> Option<CacheKey> {
-        Some(self.key.clone().param("optimizer", self.optimizer_name()))
+        let step = if self.loss.computes_gradients() { self.optimizer_name() } else { "none (forward only)" };
+        Some(self.key.clone().param("optimizer", step))
     }
 
     fn profile(&self) -> Option<Profile> {
+        if !self.loss.computes_gradients() {
+            // no training state to advise on
+            return None;
+        }
         let optimizer = match &self.update {
             Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
             Update::Dry { optimizer, .. } => optimizer.kind()?,

@@ -134,6 +134,15 @@ pub enum SearchLimit {
     },
     /// The step did not seem to use its batch ([`Warning::BatchIgnored`]).
     BatchIgnored,
+    /// The measured step did not reach the gradients of `variables` of `of`
+    /// variables ([`Warning::MissingGradients`]): a cut graph, so the batch
+    /// that fits it understates what training a whole graph needs.
+    PartialGraph {
+        /// Variables cut off.
+        variables: usize,
+        /// Float variables in all.
+        of: usize,
+    },
     /// The next batch up was not tried for another reason (a re-check that
     /// failed moved the answer down).
     NextBatchNotTried {
@@ -153,9 +162,27 @@ impl std::fmt::Display for SearchLimit {
                 write!(f, "the {strategy} strategy stops at the first failure without bisecting")
             }
             SearchLimit::BatchIgnored => f.write_str("the step seems not to use its batch"),
+            SearchLimit::PartialGraph { variables, of } => write!(
+                f,
+                "the measured step reached the gradients of {} of {of} variables (a cut graph): training the \
+                 whole model needs more",
+                of - variables
+            ),
             SearchLimit::NextBatchNotTried { batch } => write!(f, "batch {batch} was not tried"),
         }
     }
+}
+
+/// How much of the training graph the probe's step measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MeasuredGraph {
+    /// Every float variable got a gradient (or the workload does not say).
+    #[default]
+    Complete,
+    /// Some variables got none and the forward pass does not write them: a
+    /// fused op without a backward pass cut the graph.
+    Partial,
 }
 
 /// Something the caller should know about a plan that is still valid.
@@ -208,6 +235,24 @@ pub enum Warning {
         /// How many float variables there are in all.
         of: usize,
     },
+    /// A forward-only probe's output recorded a graph: the forward pass ran
+    /// on the variables themselves and held every activation, as training's
+    /// does, so the batch found is smaller than evaluation needs. Build the
+    /// evaluation model from [`detached`](crate::model::detached).
+    GraphRecorded,
+    /// Memory in use stayed above the baseline after a step that fit and
+    /// returned: the model keeps state between steps (a KV cache is the usual
+    /// cause). Later trials ran with less room, and the state stays held
+    /// after tuning unless it is cleared
+    /// ([`ModelProbe::with_reset`](crate::ModelProbe::with_reset)).
+    StateKept {
+        /// The batch whose step left memory held.
+        batch: usize,
+        /// Bytes in use before the first trial.
+        baseline_bytes: u64,
+        /// Bytes in use after this step.
+        after_bytes: u64,
+    },
     /// The chosen batch no longer fit when re-checked after memory in use rose;
     /// the search went on below it.
     RecheckFailed {
@@ -243,11 +288,7 @@ impl std::fmt::Display for Warning {
                 b(*growth_bytes)
             ),
             Warning::MissingGradients { variables, of } => {
-                const SHOWN: usize = 8;
-                let mut names = variables.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
-                if variables.len() > SHOWN {
-                    names += &format!(" and {} more", variables.len() - SHOWN);
-                }
+                let names = crate::error::first_names(variables);
                 write!(
                     f,
                     "no gradient reached {} of {of} variables ({names}), and the forward pass does not write \
@@ -258,6 +299,20 @@ impl std::fmt::Display for Warning {
                     variables.len()
                 )
             }
+            Warning::GraphRecorded => f.write_str(
+                "the forward-only step recorded a graph (its output was computed from the variables): it held \
+                 every activation as training does, so the batch found is below what evaluation needs; build the \
+                 evaluation model from model::detached",
+            ),
+            Warning::StateKept { batch, baseline_bytes, after_bytes } => write!(
+                f,
+                "steps kept memory held after they returned, {} by the step at batch {batch} ({} in use before \
+                 the first trial, {} after it): the model likely keeps state between calls (a KV cache); clear it before each step (a reset hook) \
+                 or the answer shrinks with each trial and the state stays held after tuning",
+                b(after_bytes - baseline_bytes),
+                b(*baseline_bytes),
+                b(*after_bytes)
+            ),
             Warning::RecheckFailed { batch, first_baseline_bytes, recheck_baseline_bytes } => write!(
                 f,
                 "batch {batch} fit with {} in use but not when re-checked with {} in use",
@@ -312,6 +367,11 @@ pub struct Plan {
     /// (`None` when `proven_largest`).
     #[serde(default)]
     pub stopped_by: Option<SearchLimit>,
+    /// Whether the measured step computed every variable's gradient
+    /// (`complete`), or a cut graph left some out (`partial`: the answer
+    /// understates training the whole model; see [`Warning::MissingGradients`]).
+    #[serde(default)]
+    pub measured_graph: MeasuredGraph,
     /// Every trial, in the order run.
     pub trials: Vec<Trial>,
     /// The accumulation split, when a target effective batch was set.

@@ -65,6 +65,7 @@ pub struct Tuner {
     objective: Objective,
     timing_repeats: usize,
     uneven_ranks: bool,
+    strict: bool,
 }
 
 impl Default for Tuner {
@@ -87,6 +88,7 @@ impl Default for Tuner {
             objective: Objective::LargestBatch,
             timing_repeats: 3,
             uneven_ranks: false,
+            strict: false,
         }
     }
 }
@@ -208,6 +210,15 @@ impl Tuner {
     /// Default false.
     pub fn uneven_ranks(mut self, uneven: bool) -> Self {
         self.uneven_ranks = uneven;
+        self
+    }
+
+    /// Refuse a plan whose measured step did not reach every variable's
+    /// gradient (a cut graph: [`Error::PartialGraph`]) instead of returning it
+    /// demoted (`proven_largest: false`,
+    /// [`MeasuredGraph::Partial`](crate::MeasuredGraph::Partial)). Default false.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
         self
     }
 
@@ -334,6 +345,14 @@ impl Tuner {
         };
         if let Some((path, key)) = &cache {
             if let Some(plan) = crate::cache::lookup(path, key) {
+                if self.strict && plan.measured_graph == crate::MeasuredGraph::Partial {
+                    let cut = plan.warnings.iter().find_map(|warning| match warning {
+                        crate::Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
+                        _ => None,
+                    });
+                    let (variables, of) = cut.unwrap_or_default();
+                    return Err(Error::PartialGraph { variables, of });
+                }
                 let trials = plan.trials.len();
                 let plan = self.replan_cached(plan, workload, meter)?;
                 if plan.trials.len() > trials {

@@ -6,8 +6,8 @@ use super::{Observer, Split, Tuner};
 use crate::estimate::{Setup, TransformerShape};
 use crate::memory::measure::measure;
 use crate::plan::{
-    utilization, MemoryModel, Objective, Plan, SearchLimit, ThroughputChoice, ThroughputPoint, Trial, TrialKind,
-    Warning,
+    utilization, MeasuredGraph, MemoryModel, Objective, Plan, SearchLimit, ThroughputChoice, ThroughputPoint, Trial,
+    TrialKind, Warning,
 };
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
@@ -37,6 +37,10 @@ pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     /// One record per batch tried, the latest measurement of each.
     records: Vec<Record>,
     warnings: Vec<Warning>,
+    /// Fitting trials in a row that left memory held after they returned.
+    held_in_a_row: usize,
+    /// Bytes in use before the first trial.
+    first_baseline: Option<u64>,
 }
 
 impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<'a, W, M, O> {
@@ -58,21 +62,39 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             trials: Vec::new(),
             records: Vec::new(),
             warnings: Vec::new(),
+            held_in_a_row: 0,
+            first_baseline: None,
         }
     }
 
-    /// Warm-up, search, re-check, what the workload noticed, plan.
+    /// Warm-up, search, re-check, what the workload noticed, plan; then the
+    /// workload hears that tuning is over, whatever the outcome.
     pub(super) fn run(mut self, space: &SearchSpace) -> Result<Plan, Error> {
+        let result = self.tune(space);
+        self.workload.tuning_finished();
+        result
+    }
+
+    fn tune(&mut self, space: &SearchSpace) -> Result<Plan, Error> {
         if self.tuner.warmup {
             self.warm_up(space.first())?;
         }
         let stopped = self.search(space)?;
-        let stopped_by = self.stopped_by(space, stopped);
+        let mut stopped_by = self.stopped_by(space, stopped);
+        let mut measured_graph = MeasuredGraph::Complete;
         for warning in self.workload.diagnose() {
+            if let Warning::MissingGradients { variables, of } = &warning {
+                if self.tuner.strict {
+                    return Err(Error::PartialGraph { variables: variables.clone(), of: *of });
+                }
+                // the number understates training: say so where the number is
+                measured_graph = MeasuredGraph::Partial;
+                stopped_by = Some(SearchLimit::PartialGraph { variables: variables.len(), of: *of });
+            }
             self.warn(warning);
         }
         let profile = self.tuner.profile.or_else(|| self.workload.profile());
-        self.into_plan(space, stopped_by, profile)
+        self.make_plan(space, stopped_by, measured_graph, profile)
     }
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
@@ -82,7 +104,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         match warm.result {
             Ok(()) => warm.settled?,
             Err(err) if is_oom(&err) => debug!("warm-up at batch {batch} ran out of memory; the first trial will tell"),
-            Err(source) => return Err(Error::Workload { batch, source }),
+            Err(source) => return Err(Error::workload(batch, source)),
         }
         debug!("warm-up at batch {batch} took {:?}", warm.duration);
         Ok(())
@@ -215,7 +237,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 }
                 Outcome::OutOfMemory
             }
-            Err(source) => return Err(Error::Workload { batch, source }),
+            Err(source) => return Err(Error::workload(batch, source)),
         };
         let peak_bytes = match (peak, outcome) {
             (Ok(peak), _) => Some(peak),
@@ -229,11 +251,35 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind, steps };
         self.log_trial(&trial);
         self.observer.trial_finished(&trial, self.capacity_bytes);
-        if !outcome.fits() {
+        if outcome.fits() {
+            self.check_for_state(batch, baseline_bytes)?;
+        } else {
             self.check_for_leak(batch, baseline_bytes)?;
         }
         self.trials.push(trial.clone());
         Ok(trial)
+    }
+
+    /// A model that keeps state between steps (a KV cache) leaves memory
+    /// held after every step that fits; a runtime's one-off workspace, after
+    /// one. Fitting trials that each left memory held (more than a step's
+    /// noise), two in a row, and together more than the meter's slack since
+    /// the first trial, are a warning.
+    fn check_for_state(&mut self, batch: usize, baseline_bytes: u64) -> Result<(), Error> {
+        /// Heap peaks of a warm step repeat to within about a kilobyte.
+        const NOISE: u64 = 4 << 10;
+        let after_bytes = self.meter.in_use()?;
+        let first = *self.first_baseline.get_or_insert(baseline_bytes);
+        if after_bytes <= baseline_bytes.saturating_add(NOISE) {
+            self.held_in_a_row = 0;
+            return Ok(());
+        }
+        self.held_in_a_row += 1;
+        let risen = after_bytes.saturating_sub(first) > self.meter.slack_bytes();
+        if self.held_in_a_row >= 2 && risen && !self.warnings.iter().any(|w| matches!(w, Warning::StateKept { .. })) {
+            self.warn(Warning::StateKept { batch, baseline_bytes: first, after_bytes });
+        }
+        Ok(())
     }
 
     fn check_for_leak(&mut self, batch: usize, baseline_bytes: u64) -> Result<(), Error> {
@@ -355,10 +401,11 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         Ok(ThroughputChoice { candidates, chosen_batch, deepspeed_batch: deepspeed, extra_steps })
     }
 
-    fn into_plan(
-        mut self,
+    fn make_plan(
+        &mut self,
         space: &SearchSpace,
         stopped_by: Option<SearchLimit>,
+        measured_graph: MeasuredGraph,
         profile: Option<crate::Profile>,
     ) -> Result<Plan, Error> {
         let tuner = self.tuner;
@@ -411,9 +458,10 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             strategy: tuner.strategy,
             proven_largest: stopped_by.is_none(),
             stopped_by,
-            trials: self.trials,
+            measured_graph,
+            trials: std::mem::take(&mut self.trials),
             accumulation,
-            warnings: self.warnings,
+            warnings: std::mem::take(&mut self.warnings),
             memory_model,
             evaluation: None,
             cached: false,

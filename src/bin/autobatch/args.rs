@@ -203,6 +203,10 @@ pub struct ProbeArgs {
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,
+    /// Refuse a plan whose measured step did not reach every variable's
+    /// gradient (a cut graph understates training) instead of marking it.
+    #[arg(long)]
+    pub strict: bool,
     /// Tune the model as it is and with each remedy that applies to it, side
     /// by side: bf16, mixed precision, the lean optimizers (lion, adafactor,
     /// adam8bit) and, for the transformer, gradient checkpointing (alone and

@@ -50,9 +50,9 @@ impl From<autobatch::Error> for Failure {
         };
         let message = match &err {
             Error::Workload { batch, source } => {
-                format!("the workload failed at batch {batch}: {}", candle_message(source))
+                format!("the workload failed at batch {batch}: {}", autobatch::candle_message(source))
             }
-            Error::Candle(source) => format!("candle: {}", candle_message(source)),
+            Error::Candle(source) => format!("candle: {}", autobatch::candle_message(source)),
             // the library names its settings; the user typed flags
             Error::Zero { setting } => format!("{} is 0: it must be at least 1", flag(setting)),
             Error::InvalidModel { setting, value, valid } => {
@@ -234,16 +234,6 @@ fn flag(setting: &str) -> String {
         "budget_bytes" => "--budget".to_owned(),
         "largest_micro_batch" => "--largest".to_owned(),
         other => format!("--{}", other.replace('_', "-")),
-    }
-}
-
-/// A candle error's text without the backtraces candle attaches when
-/// RUST_BACKTRACE is set.
-fn candle_message(err: &candle_core::Error) -> String {
-    match err {
-        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
-        candle_core::Error::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
-        other => other.to_string(),
     }
 }
 

@@ -190,6 +190,7 @@ fn tuner(args: &ProbeArgs) -> Tuner {
         .steps_per_trial(args.steps_per_trial)
         .world_size(args.world_size)
         .exact_effective_batch(args.exact)
+        .strict(args.strict)
         .strategy(match args.strategy {
             StrategyArg::Predictive => Strategy::Predictive,
             StrategyArg::Binary => Strategy::Binary,
