@@ -172,8 +172,8 @@ pub enum Error {
     /// measured less than training a model that reaches them needs.
     #[error(
         "the measured step did not reach the gradients of {} of {of} variables ({}): its largest batch \
-         understates training; make the graph whole (differentiable forms of candle's fused ops: ops::softmax, \
-         the norm written out) or drop strict",
+         understates training; make the graph whole (autobatch's ops module has differentiable forms of candle's \
+         fused ops) or drop strict",
         .variables.len(),
         first_names(.variables)
     )]

@@ -120,6 +120,7 @@ mod headroom;
 pub mod memory;
 pub mod model;
 mod oom;
+pub mod ops;
 pub mod optim;
 mod plan;
 pub mod search;

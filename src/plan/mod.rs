@@ -295,7 +295,7 @@ impl std::fmt::Display for Warning {
                      them: likely a candle fused op without a backward pass (candle_nn::LayerNorm or RmsNorm on a \
                      contiguous input, ops::softmax_last_dim) cut the graph, so they will not learn; the peak \
                      measured is that of the cut graph, and the model written with differentiable ops \
-                     (ops::softmax, the norm written out) needs more",
+                     (autobatch's ops module has forms of each) needs more",
                     variables.len()
                 )
             }

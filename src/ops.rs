@@ -1,0 +1,201 @@
+//! Differentiable forms of the candle 0.11 ops that cut the graph.
+//!
+//! candle's fused `layer_norm`, `rms_norm`, `softmax_last_dim` and rotary
+//! embeddings (`rope`, `rope_i`, `rope_thd`) run one kernel with no backward
+//! pass: the variables before them get no gradient and do not learn, and a
+//! probe measures a graph smaller than training needs (the gradient check
+//! says so: [`Warning::MissingGradients`](crate::Warning::MissingGradients)).
+//! These are the same computations written with ops candle differentiates,
+//! with the fused ops' signatures, so that a model file (yours, or a fork of a
+//! candle-transformers model) switches by changing an import:
+//!
+//! ```text
+//! - use candle_nn::ops::softmax_last_dim;
+//! - use candle_nn::rotary_emb::rope;
+//! + use autobatch::ops::{softmax_last_dim, rope};
+//! ```
+//!
+//! and `candle_nn::LayerNorm` / `RmsNorm` become [`LayerNorm`] / [`RmsNorm`]
+//! (built from the same `VarBuilder`). Forward results agree with the fused
+//! ops to within 1e-5 relative in f32 (tested); they hold more memory, as
+//! training a model written with differentiable ops does.
+
+use candle_core::{Module, Result, Tensor, D};
+use candle_nn::VarBuilder;
+
+/// Softmax over the last dimension, differentiable: `candle_nn::ops::softmax(xs, D::Minus1)`.
+pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
+    candle_nn::ops::softmax(xs, D::Minus1)
+}
+
+/// Layer norm over the last dimension, differentiable (`candle_nn::ops::layer_norm`'s signature).
+pub fn layer_norm(xs: &Tensor, alpha: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+    candle_nn::ops::layer_norm_slow(xs, alpha, beta, eps)
+}
+
+/// RMS norm over the last dimension, differentiable (`candle_nn::ops::rms_norm`'s signature).
+pub fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
+    candle_nn::ops::rms_norm_slow(xs, alpha, eps)
+}
+
+/// Rotary embedding of `xs` (batch, heads, time, dim), halves rotated,
+/// differentiable (`candle_nn::rotary_emb::rope`'s signature).
+pub fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    candle_nn::rotary_emb::rope_slow(xs, cos, sin)
+}
+
+/// Rotary embedding of `xs` (batch, heads, time, dim), pairs interleaved,
+/// differentiable (`candle_nn::rotary_emb::rope_i`'s signature).
+pub fn rope_i(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    candle_nn::rotary_emb::rope_i_slow(xs, cos, sin)
+}
+
+/// Rotary embedding of `xs` (batch, time, heads, dim), halves rotated,
+/// differentiable (`candle_nn::rotary_emb::rope_thd`'s signature).
+pub fn rope_thd(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    rope(&xs.transpose(1, 2)?, cos, sin)?.transpose(1, 2)?.contiguous()
+}
+
+/// `candle_nn::LayerNorm` (weight and bias, mean removed), differentiable.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+    eps: f32,
+}
+
+impl LayerNorm {
+    /// A layer norm of `weight` and `bias`.
+    pub fn new(weight: Tensor, bias: Tensor, eps: f32) -> LayerNorm {
+        LayerNorm { weight, bias, eps }
+    }
+}
+
+/// [`LayerNorm`] of `size` features from `vb` (`weight` initialized to 1,
+/// `bias` to 0), as `candle_nn::layer_norm(size, eps, vb)` builds it.
+pub fn layer_norm_module(size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
+    let weight = vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.))?;
+    let bias = vb.get_with_hints(size, "bias", candle_nn::Init::Const(0.))?;
+    Ok(LayerNorm::new(weight, bias, eps as f32))
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        layer_norm(xs, &self.weight, &self.bias, self.eps)
+    }
+}
+
+/// `candle_nn::RmsNorm`, differentiable.
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// An RMS norm of `weight`.
+    pub fn new(weight: Tensor, eps: f32) -> RmsNorm {
+        RmsNorm { weight, eps }
+    }
+}
+
+/// [`RmsNorm`] of `size` features from `vb` (`weight` initialized to 1), as
+/// `candle_nn::rms_norm(size, eps, vb)` builds it.
+pub fn rms_norm_module(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
+    let weight = vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.))?;
+    Ok(RmsNorm::new(weight, eps as f32))
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        rms_norm(xs, &self.weight, self.eps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Var};
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n).map(|i| (((seed * 7919 + i * 104_729) % 2003) as f32 / 1001.0) - 1.0).collect()
+    }
+
+    fn var(shape: &[usize], seed: usize) -> Var {
+        let n = shape.iter().product();
+        Var::from_tensor(&Tensor::from_vec(values(n, seed), shape, &Device::Cpu).unwrap()).unwrap()
+    }
+
+    /// Largest difference relative to the largest magnitude.
+    fn relative(a: &Tensor, b: &Tensor) -> f32 {
+        let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        diff / b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(f32::MIN_POSITIVE)
+    }
+
+    /// The forward agrees with the fused op; the fused op gives `x` no
+    /// gradient, ours does, and ours matches central differences.
+    fn check(name: &str, x: &Var, fused: impl Fn(&Tensor) -> Result<Tensor>, ours: impl Fn(&Tensor) -> Result<Tensor>) {
+        let (a, b) = (ours(x.as_tensor()).unwrap(), fused(x.as_tensor()).unwrap());
+        assert!(relative(&a, &b) < 1e-5, "{name}: forward differs by {}", relative(&a, &b));
+        // a weighted sum makes every output count differently
+        let weights = Tensor::from_vec(values(a.elem_count(), 3), a.shape(), &Device::Cpu).unwrap();
+        let loss =
+            |f: &dyn Fn(&Tensor) -> Result<Tensor>, x: &Tensor| (f(x).unwrap() * &weights).unwrap().sum_all().unwrap();
+        assert!(
+            loss(&fused, x.as_tensor()).backward().unwrap().get(x).is_none(),
+            "{name}: the fused op cuts the graph"
+        );
+        let grads = loss(&ours, x.as_tensor()).backward().unwrap();
+        let grad = grads.get(x).unwrap_or_else(|| panic!("{name}: no gradient")).flatten_all().unwrap();
+        let grad = grad.to_vec1::<f32>().unwrap();
+        let base = x.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let h = 1e-2f32;
+        for index in [0, base.len() / 3, base.len() - 1] {
+            let at = |delta: f32| {
+                let mut moved = base.clone();
+                moved[index] += delta;
+                let moved = Tensor::from_vec(moved, x.shape(), &Device::Cpu).unwrap();
+                f64::from(loss(&ours, &moved).to_scalar::<f32>().unwrap())
+            };
+            let numeric = ((at(h) - at(-h)) / (2.0 * f64::from(h))) as f32;
+            assert!(
+                (numeric - grad[index]).abs() <= 2e-2 * numeric.abs().max(1.0),
+                "{name}[{index}]: {numeric} vs {}",
+                grad[index]
+            );
+        }
+    }
+
+    #[test]
+    fn each_agrees_with_the_fused_op_and_has_a_gradient() {
+        let x = var(&[2, 3, 8], 1);
+        let (alpha, beta) = (var(&[8], 2), var(&[8], 4));
+        check("softmax_last_dim", &x, candle_nn::ops::softmax_last_dim, softmax_last_dim);
+        let (a, b) = (alpha.as_tensor().clone(), beta.as_tensor().clone());
+        check("layer_norm", &x, |t| candle_nn::ops::layer_norm(t, &a, &b, 1e-5), |t| layer_norm(t, &a, &b, 1e-5));
+        check("rms_norm", &x, |t| candle_nn::ops::rms_norm(t, &a, 1e-5), |t| rms_norm(t, &a, 1e-5));
+        let (cos, sin) = (var(&[5, 4], 5).as_tensor().cos().unwrap(), var(&[5, 4], 6).as_tensor().sin().unwrap());
+        let bhtd = var(&[2, 3, 5, 8], 7);
+        check("rope", &bhtd, |t| candle_nn::rotary_emb::rope(t, &cos, &sin), |t| rope(t, &cos, &sin));
+        check("rope_i", &bhtd, |t| candle_nn::rotary_emb::rope_i(t, &cos, &sin), |t| rope_i(t, &cos, &sin));
+        let bthd = var(&[2, 5, 3, 8], 8);
+        check("rope_thd", &bthd, |t| candle_nn::rotary_emb::rope_thd(t, &cos, &sin), |t| rope_thd(t, &cos, &sin));
+    }
+
+    #[test]
+    fn the_modules_match_candle_nns() {
+        let varmap = candle_nn::VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let ours = layer_norm_module(8, 1e-5, vb.pp("ln")).unwrap();
+        let theirs = candle_nn::layer_norm(8, 1e-5, vb.pp("ln")).unwrap();
+        let x = var(&[4, 8], 9);
+        assert!(relative(&ours.forward(x.as_tensor()).unwrap(), &theirs.forward(x.as_tensor()).unwrap()) < 1e-5);
+        let ours = rms_norm_module(8, 1e-5, vb.pp("rms")).unwrap();
+        let theirs = candle_nn::rms_norm(8, 1e-5, vb.pp("rms")).unwrap();
+        assert!(relative(&ours.forward(x.as_tensor()).unwrap(), &theirs.forward(x.as_tensor()).unwrap()) < 1e-5);
+        // every variable gets a gradient through ours
+        let loss = ours.forward(x.as_tensor()).unwrap().sqr().unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        assert!(grads.get(&varmap.data().lock().unwrap()["rms.weight"]).is_some());
+    }
+}
