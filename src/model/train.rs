@@ -116,9 +116,9 @@ impl<O: Optimizer> TrainLoop<O> {
     {
         self.run(meter, |micro| {
             let loss = micro_step(micro)?;
-            let value = f64::from(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
-            let grads = (loss * micro.loss_scale)?.backward()?;
-            Ok((value * micro.loss_scale, grads, 1.0))
+            let scaled = (loss * micro.loss_scale)?;
+            let grads = scaled.backward()?;
+            Ok((scaled.detach(), grads, 1.0))
         })
     }
 
@@ -137,21 +137,22 @@ impl<O: Optimizer> TrainLoop<O> {
     {
         self.run(meter, |micro| {
             let (loss, grads) = micro_step(micro)?;
-            let value = f64::from(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
-            Ok((value * micro.loss_scale, grads, micro.loss_scale))
+            Ok(((loss.detach() * micro.loss_scale)?, grads, micro.loss_scale))
         })
     }
 
-    /// The guarded micro-steps, each giving its scaled loss value, its
-    /// gradients and the factor they still need, accumulated, then the
-    /// optimizer's step.
+    /// The guarded micro-steps, each giving its scaled loss (a scalar on the
+    /// device, no graph), its gradients and the factor they still need,
+    /// accumulated, then the optimizer's step. The losses are summed on the
+    /// device and read back once per optimizer step: on a GPU a read is a
+    /// synchronisation, which per micro-step would stall the queue.
     fn run<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
     where
         M: MemoryMeter + ?Sized,
-        F: FnMut(MicroBatch) -> candle_core::Result<(f64, GradStore, f64)>,
+        F: FnMut(MicroBatch) -> candle_core::Result<(Tensor, GradStore, f64)>,
     {
         let mut accumulator = Accumulator::default();
-        let mut mean_loss = 0f64;
+        let mut mean_loss: Option<Tensor> = None;
         let vars = &self.vars;
         let report = self.guard.step(meter, |micro| {
             if accumulator.is_broken() {
@@ -160,16 +161,33 @@ impl<O: Optimizer> TrainLoop<O> {
             let (scaled_loss, grads, gradient_scale) = micro_step(micro)?;
             match accumulator.add_scaled(grads, vars, gradient_scale) {
                 Ok(()) => {
-                    mean_loss += scaled_loss;
-                    Ok(())
+                    // the gradients are in: a failure now must not be retried as out of memory
+                    let added = scaled_loss.to_dtype(DType::F32).and_then(|loss| match mean_loss.take() {
+                        Some(sum) => sum + loss,
+                        None => Ok(loss),
+                    });
+                    match added {
+                        Ok(sum) => {
+                            mean_loss = Some(sum);
+                            Ok(())
+                        }
+                        Err(err) => Err(candle_core::Error::Msg(format!(
+                            "adding the micro-step's loss failed: {}",
+                            crate::candle_message(&err)
+                        ))),
+                    }
                 }
                 // not an out-of-memory error: the guard must not retry a partial sum
-                Err(err) => Err(candle_core::Error::Msg(format!("adding the micro-step's gradients failed: {err}"))),
+                Err(err) => Err(candle_core::Error::Msg(format!(
+                    "adding the micro-step's gradients failed: {}",
+                    crate::candle_message(&err)
+                ))),
             }
         })?;
         let sum = accumulator.take()?;
         self.optimizer.step(&sum)?;
-        Ok(StepReport { loss: Some(mean_loss), ..report })
+        let loss = mean_loss.map(|sum| sum.to_scalar::<f32>()).transpose()?.map(f64::from);
+        Ok(StepReport { loss, ..report })
     }
 
     /// The optimizer.
