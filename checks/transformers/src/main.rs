@@ -1,0 +1,197 @@
+//! candle-transformers models with tiny configurations, probed as a user
+//! would (a `VarMap`, random weights, `ModelProbe`, the CPU heap meter):
+//!
+//! - BERT as candle-transformers ships it: its fused LayerNorm cuts the graph,
+//!   so the plan is demoted (partial graph, not proven) and a strict tuner
+//!   refuses it; no variable changes;
+//! - the same BERT forked with `autobatch::ops::LayerNorm` (three lines): the
+//!   whole graph, an exact answer by brute force, below the demoted one;
+//! - its forward pass alone (`ModelProbe::forward_only` over `detached`);
+//! - Qwen2, whose KV cache grows with every forward pass, probed twice in a
+//!   row with a reset hook.
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+#[allow(dead_code, clippy::all)]
+mod bert_fork;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use autobatch::model::detached;
+use autobatch::{Error, HeapMeter, MeasuredGraph, MemoryMeter, ModelProbe, Plan, Tuner, Workload};
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
+
+const BUDGET: u64 = 64 << 20;
+const SEQ: usize = 64;
+const VOCAB: usize = 1000;
+
+fn bert_config() -> String {
+    format!(
+        r#"{{"vocab_size": {VOCAB}, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 512, "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "max_position_embeddings": 128,
+        "type_vocab_size": 2, "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+        "classifier_dropout": null, "model_type": "bert"}}"#
+    )
+}
+
+fn tokens(batch: usize) -> Result<Tensor> {
+    let ids: Vec<u32> = (0..batch * SEQ).map(|i| ((i * 7919) % VOCAB) as u32).collect();
+    Tensor::from_vec(ids, (batch, SEQ), &Device::Cpu)
+}
+
+/// Every variable's bits, by name.
+fn bits(varmap: &VarMap) -> Vec<(String, Vec<u32>)> {
+    let data = varmap.data().lock().unwrap();
+    let mut all: Vec<_> = data
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .map(|(n, v)| (n, v.into_iter().map(f32::to_bits).collect::<Vec<_>>()))
+        .collect();
+    all.sort();
+    all
+}
+
+/// The probe's step peak at `batch`.
+fn peak<W: Workload>(probe: &mut W, meter: &mut HeapMeter, batch: usize) -> u64 {
+    meter.reset_peak().unwrap();
+    probe.step(batch).unwrap();
+    meter.peak().unwrap()
+}
+
+/// Brute force: the answer fits, the next batch does not.
+fn exact<W: Workload>(name: &str, probe: &mut W, meter: &mut HeapMeter, plan: &Plan) {
+    let b = plan.largest_batch;
+    let (at, above) = (peak(probe, meter, b), peak(probe, meter, b + 1));
+    let limit = plan.limit_bytes();
+    assert!(at <= limit && above > limit, "{name}: batch {b} peaks at {at}, {} at {above}, limit {limit}", b + 1);
+}
+
+/// A BERT encoder and a token head, as candle-transformers ships it or forked.
+enum Bert {
+    Original(candle_transformers::models::bert::BertModel),
+    Fork(bert_fork::BertModel),
+}
+
+impl Bert {
+    fn load(vb: VarBuilder, forked: bool) -> Bert {
+        if forked {
+            let config: bert_fork::Config = serde_json::from_str(&bert_config()).unwrap();
+            Bert::Fork(bert_fork::BertModel::load(vb, &config).unwrap())
+        } else {
+            let config: candle_transformers::models::bert::Config = serde_json::from_str(&bert_config()).unwrap();
+            Bert::Original(candle_transformers::models::bert::BertModel::load(vb, &config).unwrap())
+        }
+    }
+
+    fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
+        let types = ids.zeros_like()?;
+        match self {
+            Bert::Original(model) => model.forward(ids, &types, None),
+            Bert::Fork(model) => model.forward(ids, &types, None),
+        }
+    }
+}
+
+/// Tunes BERT (`forked` or not) with AdamW under 64 MiB; returns the plan.
+fn bert(forked: bool) -> Plan {
+    let name = if forked { "BERT fork" } else { "BERT" };
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let head = linear(128, VOCAB, vb.pp("head")).unwrap();
+    let model = Bert::load(vb.pp("bert"), forked);
+    let loss = |batch: usize| -> Result<Tensor> {
+        let ids = tokens(batch)?;
+        let logits = head.forward(&model.hidden(&ids)?)?.reshape((batch * SEQ, VOCAB))?;
+        loss::cross_entropy(&logits, &ids.flatten_all()?)
+    };
+    let before = bits(&varmap);
+    let mut meter = HeapMeter::new(BUDGET).unwrap();
+    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    assert!(bits(&varmap) == before, "{name}: tuning changed a variable");
+    let of = varmap.all_vars().len();
+    let cut = probe.variables_without_gradient().unwrap().len();
+    println!(
+        "{name}: largest batch {} ({}), measured graph {:?}: {cut} of {of} variables without a gradient",
+        plan.largest_batch,
+        if plan.proven_largest { "proven" } else { "not proven" },
+        plan.measured_graph
+    );
+    if forked {
+        assert_eq!((plan.measured_graph, cut), (MeasuredGraph::Complete, 0), "{plan}");
+        assert!(plan.proven_largest, "{plan}");
+        exact(name, &mut probe, &mut meter, &plan);
+        // its forward pass alone, over the same weights detached
+        let serving = Bert::load(detached(&varmap).pp("bert"), true);
+        let forward = |batch: usize| serving.hidden(&tokens(batch)?);
+        let mut forward_only = ModelProbe::forward_only(&varmap, forward);
+        let served = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
+        assert!(served.warnings.is_empty() && served.largest_batch > plan.largest_batch, "{served}");
+        exact("BERT fork, forward only", &mut forward_only, &mut meter, &served);
+        println!("{name}, forward only: largest batch {} (proven)", served.largest_batch);
+    } else {
+        assert_eq!(plan.measured_graph, MeasuredGraph::Partial, "{plan}");
+        assert!(!plan.proven_largest && cut > 0, "{plan}");
+        match Tuner::new().strict(true).run(&mut probe, &mut meter) {
+            Err(Error::PartialGraph { variables, .. }) => assert_eq!(variables.len(), cut),
+            other => panic!("a strict tuner took the partial graph: {other:?}"),
+        }
+    }
+    plan
+}
+
+/// Qwen2 keeps a KV cache that grows with every forward pass: probed twice in
+/// a row with `clear_kv_cache` as the reset hook, the answers agree, nothing
+/// is left held, and the model runs from position 0 afterwards.
+fn qwen2() {
+    use candle_transformers::models::qwen2::{Config, Model};
+    let config: Config = serde_json::from_str(&format!(
+        r#"{{"vocab_size": {VOCAB}, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "sliding_window": 256,
+        "max_window_layers": 2, "tie_word_embeddings": false, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+        "use_sliding_window": false, "hidden_act": "silu"}}"#
+    ))
+    .unwrap();
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let head = linear(64, VOCAB, vb.pp("head")).unwrap();
+    let model = Rc::new(RefCell::new(Model::new(&config, vb.pp("model")).unwrap()));
+    let forward = Rc::clone(&model);
+    let loss = move |batch: usize| -> Result<Tensor> {
+        let ids = tokens(batch)?;
+        let hidden = forward.borrow_mut().forward(&ids, 0, None)?;
+        let logits = head.forward(&hidden)?.reshape((batch * SEQ, VOCAB))?;
+        loss::cross_entropy(&logits, &ids.flatten_all()?)
+    };
+    let reset = Rc::clone(&model);
+    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap().with_reset(move || {
+        reset.borrow_mut().clear_kv_cache();
+        Ok(())
+    });
+    let mut meter = HeapMeter::new(BUDGET).unwrap();
+    let first = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    let second = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    assert_eq!(first.largest_batch, second.largest_batch, "{first}\n{second}");
+    for plan in [&first, &second] {
+        assert!(!plan.warnings.iter().any(|w| matches!(w, autobatch::Warning::StateKept { .. })), "{plan}");
+    }
+    // the cache was cleared after tuning: a forward pass from position 0 runs
+    model.borrow_mut().forward(&tokens(2).unwrap(), 0, None).unwrap();
+    println!(
+        "Qwen2 with a reset hook: largest batch {} twice, measured graph {:?} ({} variables without a gradient)",
+        first.largest_batch,
+        first.measured_graph,
+        probe.variables_without_gradient().map_or(0, <[String]>::len)
+    );
+}
+
+fn main() {
+    let demoted = bert(false);
+    let whole = bert(true);
+    assert!(whole.largest_batch < demoted.largest_batch, "the cut graph's answer overstates training");
+    qwen2();
+    println!("all checks passed");
+}
