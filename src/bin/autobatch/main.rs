@@ -70,5 +70,16 @@ fn init_logging(verbose: u8) {
         builder.filter_module("autobatch::tuner", log::LevelFilter::Error);
         builder.filter_module("autobatch::model", log::LevelFilter::Error);
     }
+    // `warning: ...`, as the error line reads `error: ...`: no module paths
+    builder.format(|out, record| {
+        use std::io::Write;
+        let level = match record.level() {
+            log::Level::Error => "error",
+            log::Level::Warn => "warning",
+            log::Level::Info => "info",
+            log::Level::Debug | log::Level::Trace => "debug",
+        };
+        writeln!(out, "{level}: {}", record.args())
+    });
     builder.parse_default_env().target(env_logger::Target::Stderr).init();
 }

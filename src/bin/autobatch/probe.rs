@@ -242,7 +242,10 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
     }
     let search = budget.saturating_mul(2);
     let threads = rayon::current_num_threads() as u64 + 1;
-    for room in crate::limits::rooms() {
+    // the limits that end the process first: a budget refused is not also warned about
+    let mut rooms = crate::limits::rooms();
+    rooms.sort_by_key(|room| !room.hard);
+    for room in rooms {
         let reserve = if room.what.contains("ulimit") { threads * PER_THREAD_RESERVE } else { 0 };
         let needed = search.saturating_add(reserve);
         if needed <= room.bytes {
