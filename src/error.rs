@@ -426,7 +426,9 @@ pub fn candle_message(err: &candle_core::Error) -> String {
     }
 }
 
-fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
+/// How a failed trial failed, for people: `peaked at 9.4 MiB`, `ran out of memory`.
+#[doc(hidden)]
+pub fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
     let peak = peak_bytes.map(format_bytes);
     match (outcome, peak) {
         (Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),

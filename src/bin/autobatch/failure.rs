@@ -180,14 +180,7 @@ fn nothing_fits(
     remedies: &[autobatch::estimate::Remedy],
 ) -> String {
     use autobatch::format_bytes;
-    let failure = match (outcome, peak_bytes) {
-        (autobatch::Outcome::OutOfMemory, Some(peak)) => {
-            format!("ran out of memory (peak seen {})", format_bytes(peak))
-        }
-        (autobatch::Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
-        (_, Some(peak)) => format!("peaked at {}", format_bytes(peak)),
-        (_, None) => "went over the ceiling".to_owned(),
-    };
+    let failure = autobatch::describe_failure(outcome, peak_bytes);
     let mut message = format!(
         "nothing fits: batch {batch} (the smallest --start and --multiple-of allow) {failure}; the ceiling is \
          {:.0}% of {} = {}",
