@@ -555,3 +555,35 @@ fn messages_name_flags_not_internals() {
         }
     }
 }
+
+/// The nothing-fits advice, applied: every change marked "(fits)" fits when
+/// its flag is added, and the smaller `--start` it names fits too.
+#[test]
+fn nothing_fits_advice_marked_fits_does_fit() {
+    let model = ["probe", "--model", "mlp"];
+    let cases: [&[&str]; 2] = [&["--budget", "8MiB"], &["--budget", "64MiB", "--start", "4000"]];
+    let mut applied = 0;
+    for case in cases {
+        let base = [&model[..], case].concat();
+        let output = autobatch(&base);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(3), "{base:?}: {stderr}");
+        let line = stderr.lines().last().unwrap();
+        if let Some(rest) = line.split("use --start ").nth(1) {
+            let start = rest.split(';').next().unwrap().trim();
+            let args = [&model[..], &case[..2], &["--start", start]].concat();
+            let output = autobatch(&args);
+            assert_eq!(output.status.code(), Some(0), "{args:?}: {}", text(&output.stderr));
+            applied += 1;
+        }
+        let advice = line.split("(estimated from the measurement): ").nth(1).unwrap_or("");
+        for item in advice.split("; ").filter(|item| item.ends_with("(fits)")) {
+            let flag: Vec<&str> = item.split(": ").next().unwrap().split(' ').collect();
+            let args = [&base[..], &flag[..]].concat();
+            let output = autobatch(&args);
+            assert_eq!(output.status.code(), Some(0), "{args:?} was advised to fit: {}", text(&output.stderr));
+            applied += 1;
+        }
+    }
+    assert!(applied >= 3, "{applied} pieces of advice applied");
+}
