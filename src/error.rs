@@ -312,6 +312,15 @@ pub enum Error {
         valid: &'static str,
     },
 
+    /// An accelerator name [`estimate::accelerator`](crate::estimate::accelerator) does not know.
+    #[error("unknown accelerator '{name}': known names are {known} (or give its memory, e.g. 80GB)")]
+    UnknownAccelerator {
+        /// The name asked for.
+        name: String,
+        /// The names that are known, comma-separated.
+        known: String,
+    },
+
     /// candle failed outside a probed step (building a model, a training step).
     #[error("candle: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
@@ -499,6 +508,7 @@ impl Error {
                 | Error::UnevenPlanNeedsAllReduce { .. }
                 | Error::InvalidModel { .. }
                 | Error::UnsupportedDtype { .. }
+                | Error::UnknownAccelerator { .. }
                 | Error::InvalidHeadroom { .. }
                 | Error::CacheKeyMissing
                 | Error::WorldSizeMismatch { .. }

@@ -587,3 +587,52 @@ fn nothing_fits_advice_marked_fits_does_fit() {
     }
     assert!(applied >= 3, "{applied} pieces of advice applied");
 }
+
+/// `--capacity h100` is the memory an H100 reports: the same verdict and the
+/// same advice as that size in bytes; an unknown name lists the known ones.
+#[test]
+fn estimate_takes_a_card_by_name() {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let output = autobatch(args);
+        assert!(output.status.success(), "{args:?}: {}", text(&output.stderr));
+        serde_json::from_str(&text(&output.stdout)).unwrap()
+    };
+    let named = json(&["estimate", "--params", "7B", "--mixed-precision", "--capacity", "h100", "--json"]);
+    let sized = json(&["estimate", "--params", "7B", "--mixed-precision", "--capacity", "81559MiB", "--json"]);
+    assert_eq!(named["capacity_bytes"], 81559u64 << 20);
+    assert_eq!(named["capacity_name"], "h100");
+    assert_eq!((&named["fits"], &named["remedies"]), (&sized["fits"], &sized["remedies"]));
+    let output = autobatch(&["estimate", "--params", "7B", "--capacity", "H100"]);
+    assert!(text(&output.stdout).contains("does not fit in h100 (reports 79.6 GiB"), "{}", text(&output.stdout));
+
+    assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "unknown accelerator 'h1000'");
+    assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "a100-40gb, l40s, h100, a100-80gb");
+}
+
+/// `--which-gpus` lists exactly the cards whose `--capacity NAME` says it fits,
+/// per device under ZeRO.
+#[test]
+fn which_gpus_agrees_with_each_card_by_name() {
+    for config in [
+        &["--params", "7B", "--dtype", "bf16", "--optimizer", "adam8bit"][..],
+        &["--params", "13B", "--mixed-precision", "--zero", "3", "--ranks", "8"][..],
+    ] {
+        let args = [&["estimate", "--which-gpus", "--json"][..], config].concat();
+        let output = autobatch(&args);
+        let listed: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+        let cards = listed["which_gpus"].as_array().unwrap();
+        assert!(cards.len() >= 12, "{listed}");
+        assert!(cards.iter().any(|c| c["fits"] == true) && cards.iter().any(|c| c["fits"] == false), "{listed}");
+        for card in cards {
+            let name = card["name"].as_str().unwrap();
+            let args = [&["estimate", "--capacity", name, "--json"][..], config].concat();
+            let alone: serde_json::Value = serde_json::from_str(&text(&autobatch(&args).stdout)).unwrap();
+            assert_eq!(alone["fits"], card["fits"], "{name}: {config:?}");
+            assert_eq!(alone["capacity_bytes"], card["memory_bytes"], "{name}");
+        }
+        let output = autobatch(&[&["estimate", "--which-gpus"][..], config].concat());
+        let fitting: Vec<&str> =
+            cards.iter().filter(|c| c["fits"] == true).map(|c| c["name"].as_str().unwrap()).collect();
+        assert!(text(&output.stdout).contains(&format!("fits on: {}", fitting.join(", "))), "{}", text(&output.stdout));
+    }
+}

@@ -36,6 +36,7 @@
 
 use serde::{Deserialize, Serialize};
 
+mod accelerators;
 mod activations;
 pub(crate) mod change;
 mod setup;
@@ -43,6 +44,7 @@ mod sharding;
 
 use crate::Error;
 
+pub use accelerators::{accelerator, known_names, Accelerator, ACCELERATORS};
 pub use activations::{Recompute, TransformerShape, CANDLE_F32_ACTIVATION_RATIO};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};

@@ -271,9 +271,16 @@ pub struct EstimateArgs {
     /// Mixed precision: bf16 weights and gradients, fp32 master weights and optimizer state.
     #[arg(long)]
     pub mixed_precision: bool,
-    /// Device capacity, e.g. 12GiB or 80GB: says whether it fits, and what would make it.
+    /// Device capacity, e.g. 12GiB or 80GB, or a card by name (h100, a100-40gb,
+    /// a100-80gb, h200, l4, l40s, rtx4090, rtx3090, v100-16gb, v100-32gb,
+    /// mi300x, ...: the memory it reports): says whether it fits, and what
+    /// would make it.
     #[arg(long, allow_hyphen_values = true)]
     pub capacity: Option<String>,
+    /// List the named cards this configuration fits on (per device, under
+    /// --zero, --ranks and --tensor-parallel), with the memory each reports.
+    #[arg(long)]
+    pub which_gpus: bool,
     /// Activation memory at the batch you want, e.g. 6GiB (from a probe); counted in the total.
     #[arg(long, allow_hyphen_values = true)]
     pub activations: Option<String>,

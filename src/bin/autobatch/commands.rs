@@ -1,7 +1,8 @@
 //! `autobatch estimate` and `autobatch plan`: arithmetic, no device.
 
 use autobatch::estimate::{
-    Change, OptimizerKind, Precision, Recompute, Setup, Sharding, TransformerShape, CANDLE_F32_ACTIVATION_RATIO,
+    accelerator, Accelerator, Change, OptimizerKind, Precision, Recompute, Setup, Sharding, TransformerShape,
+    ACCELERATORS, CANDLE_F32_ACTIVATION_RATIO,
 };
 use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
 
@@ -27,10 +28,8 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         OptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
         OptimizerArg::Lion => OptimizerKind::Lion,
     };
-    let size = |flag: &str, text: &Option<String>| {
-        text.as_deref().map(parse_bytes).transpose().map_err(|err| Failure::usage(format!("{flag}: {err}")))
-    };
-    let capacity = size("--capacity", &args.capacity)?;
+    let capacity = args.capacity.as_deref().map(parse_capacity).transpose()?;
+    let (capacity, card) = (capacity.map(|(bytes, _)| bytes), capacity.and_then(|(_, card)| card));
     if capacity == Some(0) {
         return Err(Failure::usage("--capacity is 0: give the device's memory, e.g. 80GB or 24GiB"));
     }
@@ -63,6 +62,24 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
                 row
             }).collect::<Vec<_>>(),
         });
+        let mut json = json;
+        if let Some(card) = card {
+            json["capacity_name"] = card.name.into();
+        }
+        if args.which_gpus {
+            json["which_gpus"] = ACCELERATORS
+                .iter()
+                .map(|card| {
+                    serde_json::json!({
+                        "name": card.name,
+                        "description": card.description,
+                        "memory_bytes": card.memory_bytes,
+                        "fits": total <= card.memory_bytes,
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into();
+        }
         println!("{}", serde_json::to_string_pretty(&json).expect("plain values serialize"));
         return Ok(());
     }
@@ -95,8 +112,17 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             format_bytes_decimal(candle)
         );
     }
+    if args.which_gpus {
+        print_which_gpus(total);
+    }
     if let Some(capacity) = capacity {
-        let device = format!("{} ({})", format_bytes(capacity), format_bytes_decimal(capacity));
+        let bytes = format!("{} ({})", format_bytes(capacity), format_bytes_decimal(capacity));
+        let device = match card {
+            Some(card) => {
+                format!("{} (reports {}, {})", card.name, format_bytes(capacity), format_bytes_decimal(capacity))
+            }
+            None => bytes,
+        };
         if total <= capacity {
             println!("fits in {device}, with {} to spare", format_bytes_decimal(capacity - total));
         } else {
@@ -112,6 +138,38 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// `--capacity`: a size (`80GB`, `24GiB`) or a card's name (`h100`), with the card.
+fn parse_capacity(text: &str) -> Result<(u64, Option<&'static Accelerator>), Failure> {
+    if text.trim_start().starts_with(|c: char| c.is_ascii_digit() || c == '.' || c == '-' || c == '+') {
+        let bytes = parse_bytes(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
+        return Ok((bytes, None));
+    }
+    let card = accelerator(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
+    Ok((card.memory_bytes, Some(card)))
+}
+
+/// `--which-gpus`: every named card, whether `total` bytes per device fit on it.
+fn print_which_gpus(total: u64) {
+    let fitting: Vec<&str> =
+        ACCELERATORS.iter().filter(|card| total <= card.memory_bytes).map(|card| card.name).collect();
+    if fitting.is_empty() {
+        println!(
+            "fits on none of the named cards (the largest reports {})",
+            format_bytes(ACCELERATORS.last().map_or(0, |c| c.memory_bytes))
+        );
+    } else {
+        println!("fits on: {}", fitting.join(", "));
+    }
+    for card in ACCELERATORS {
+        let verdict = if total <= card.memory_bytes {
+            format!("fits, {} to spare", format_bytes_decimal(card.memory_bytes - total))
+        } else {
+            format!("{} over", format_bytes_decimal(total - card.memory_bytes))
+        };
+        println!("  {:<10} {:>10}  {:<30} {verdict}", card.name, format_bytes(card.memory_bytes), card.description);
+    }
 }
 
 /// `, per device: ZeRO stage 1 over 64 ranks, tensor parallel 2`, or nothing.
