@@ -312,6 +312,19 @@ pub enum Error {
         valid: &'static str,
     },
 
+    /// [`Tuner::time_limit`](crate::Tuner::time_limit) passed before any
+    /// batch was seen to fit.
+    #[error(
+        "the {limit_ms} ms time limit passed after {trials} trials with no batch seen to fit: \
+         allow more time (the first trials include the warm-up)"
+    )]
+    TimeLimit {
+        /// The limit, in milliseconds.
+        limit_ms: u64,
+        /// Trials run before it passed.
+        trials: usize,
+    },
+
     /// An accelerator name [`estimate::accelerator`](crate::estimate::accelerator) does not know.
     #[error("unknown accelerator '{name}': known names are {known} (or give its memory, e.g. 80GB)")]
     UnknownAccelerator {

@@ -636,3 +636,26 @@ fn which_gpus_agrees_with_each_card_by_name() {
         assert!(text(&output.stdout).contains(&format!("fits on: {}", fitting.join(", "))), "{}", text(&output.stdout));
     }
 }
+
+/// `--time-limit`: a long search stops with a verified batch, not proven, and
+/// the open batches in the JSON; a limit too short to verify anything is exit 3.
+#[test]
+fn a_time_limit_returns_a_verified_unproven_plan() {
+    let output = autobatch(&["probe", "--budget", "2GiB", "--time-limit", "1s", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let plan: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    assert_eq!(plan["proven_largest"], false, "{plan}");
+    assert_eq!(plan["stopped_by"]["reason"], "time_limit", "{plan}");
+    assert_eq!(plan["stopped_by"]["limit_ms"], 1000);
+    let largest = plan["largest_batch"].as_u64().unwrap();
+    assert_eq!(plan["stopped_by"]["largest_fit"], largest);
+    let trials = plan["trials"].as_array().unwrap();
+    assert!(trials.iter().any(|t| t["batch"] == largest && t["outcome"] == "fits"), "{plan}");
+
+    let output = autobatch(&["probe", "--time-limit", "1ms"]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("--time-limit 1ms passed after 0 trials with no batch seen to fit"), "{stderr}");
+    assert_usage_error(&["probe", "--time-limit", "0s"], "must be at least 1ms");
+    assert_usage_error(&["probe", "--time-limit", "3 days"], "unknown unit");
+}

@@ -473,3 +473,73 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
     assert!(plan.trials.iter().filter(|t| t.outcome.fits()).all(|t| t.samples_per_second().is_some_and(|r| r > 0.0)));
     assert!(matches!(Tuner::new().timing_repeats(0).check(), Err(Error::Zero { setting: "timing_repeats" })));
 }
+
+/// A simulated device whose step at `slow_batch` takes `pause`: the time
+/// limit passes there, whatever the machine's speed.
+fn run_with_pause(
+    tuner: &Tuner,
+    sim: Simulation,
+    slow_batch: usize,
+    pause: std::time::Duration,
+) -> Result<Plan, Error> {
+    let (mut workload, mut meter) = sim.build();
+    let mut step = |batch: usize| {
+        if batch == slow_batch {
+            std::thread::sleep(pause);
+        }
+        autobatch::Workload::step(&mut workload, batch)
+    };
+    tuner.run(&mut step, &mut meter)
+}
+
+#[test]
+fn a_time_limit_stops_with_the_largest_batch_seen_to_fit_and_says_what_is_open() {
+    use autobatch::SearchLimit;
+    use std::time::Duration;
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // answer 126
+    let tuner = Tuner::new().strategy(Strategy::Binary).time_limit(Duration::from_millis(200));
+
+    // no failure seen yet: everything above the largest fit is open
+    let plan = run_with_pause(&tuner, sim.clone(), 4, Duration::from_millis(300)).unwrap();
+    assert_eq!(plan.trials.iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4]);
+    assert_eq!(plan.largest_batch, 4);
+    assert!(!plan.proven_largest);
+    let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: None };
+    assert_eq!(plan.stopped_by, Some(limit));
+    assert!(
+        plan.summary()
+            .contains("not proven largest: stopped at the 0.200 s time limit: batches above 4 were not tried"),
+        "{}",
+        plan.summary()
+    );
+    let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+    assert_eq!(json["stopped_by"]["reason"], "time_limit");
+    assert_eq!(json["stopped_by"]["largest_fit"], 4);
+
+    // after a failure: the bracket between the largest fit and it is open
+    let small = Simulation::new(16 * GIB, MemoryCurve::affine(0, 2 * GIB)); // 0.9 × 16 / 2: answer 7
+    let plan = run_with_pause(&tuner, small, 8, Duration::from_millis(300)).unwrap();
+    assert_eq!(plan.trials.iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4, 8]);
+    let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: Some(8) };
+    assert_eq!(plan.stopped_by, Some(limit));
+    assert!(plan.summary().contains("batches 5..=7 are open (batch 8 does not fit)"), "{}", plan.summary());
+
+    // too short to see anything fit: an error, not a guess
+    let err = run_with_pause(&tuner, sim.clone(), 1, Duration::from_millis(300)).unwrap_err();
+    assert!(matches!(err, Error::TimeLimit { limit_ms: 200, .. }), "{err}");
+}
+
+#[test]
+fn a_search_that_finishes_within_its_time_limit_is_unchanged() {
+    for sim in [
+        Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)),
+        Simulation::new(80 * GIB, MemoryCurve::quadratic(3 * GIB, 40 * MIB, 3 * MIB)).oom_from(150),
+    ] {
+        let unlimited = run(&Tuner::new(), sim.clone()).unwrap();
+        let limited = run(&Tuner::new().time_limit(std::time::Duration::from_secs(3600)), sim).unwrap();
+        let batches = |plan: &Plan| plan.trials.iter().map(|t| (t.batch, t.outcome)).collect::<Vec<_>>();
+        assert_eq!(batches(&limited), batches(&unlimited));
+        assert_eq!((limited.largest_batch, limited.proven_largest), (unlimited.largest_batch, true));
+        assert_eq!(limited.stopped_by, None);
+    }
+}

@@ -143,6 +143,18 @@ pub enum SearchLimit {
         /// Float variables in all.
         of: usize,
     },
+    /// The search reached [`Tuner::time_limit`](crate::Tuner::time_limit):
+    /// the batches between the answer and the smallest seen not to fit (or,
+    /// with none seen, every batch above the answer) were not tried.
+    TimeLimit {
+        /// The limit, in milliseconds.
+        limit_ms: u64,
+        /// The largest batch seen to fit: the answer.
+        largest_fit: usize,
+        /// The smallest batch seen not to fit above it, if any: the top of
+        /// what remains open.
+        smallest_failure: Option<usize>,
+    },
     /// The next batch up was not tried for another reason (a re-check that
     /// failed moved the answer down).
     NextBatchNotTried {
@@ -168,6 +180,22 @@ impl std::fmt::Display for SearchLimit {
                  whole model needs more",
                 of - variables
             ),
+            SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure } => {
+                let limit = if limit_ms % 1000 == 0 {
+                    format!("{} s", limit_ms / 1000)
+                } else {
+                    format!("{:.3} s", *limit_ms as f64 / 1000.0)
+                };
+                match smallest_failure {
+                    Some(failure) => write!(
+                        f,
+                        "stopped at the {limit} time limit: batches {}..={} are open (batch {failure} does not fit)",
+                        largest_fit + 1,
+                        failure - 1
+                    ),
+                    None => write!(f, "stopped at the {limit} time limit: batches above {largest_fit} were not tried"),
+                }
+            }
             SearchLimit::NextBatchNotTried { batch } => write!(f, "batch {batch} was not tried"),
         }
     }

@@ -66,6 +66,7 @@ pub struct Tuner {
     timing_repeats: usize,
     uneven_ranks: bool,
     strict: bool,
+    time_limit: Option<std::time::Duration>,
 }
 
 impl Default for Tuner {
@@ -89,6 +90,7 @@ impl Default for Tuner {
             timing_repeats: 3,
             uneven_ranks: false,
             strict: false,
+            time_limit: None,
         }
     }
 }
@@ -219,6 +221,31 @@ impl Tuner {
     /// [`MeasuredGraph::Partial`](crate::MeasuredGraph::Partial)). Default false.
     pub fn strict(mut self, strict: bool) -> Self {
         self.strict = strict;
+        self
+    }
+
+    /// Stops the search once `limit` has passed since [`run`](Tuner::run)
+    /// began (warm-up included), with the largest batch seen to fit: the
+    /// plan is not proven largest, and
+    /// [`SearchLimit::TimeLimit`](crate::SearchLimit::TimeLimit) says which
+    /// batches remain open. The limit is checked between trials (a trial in
+    /// progress finishes); the re-check of the answer and the accumulation
+    /// check still run, as they keep the answer safe. When no batch was seen
+    /// to fit by then, `run` fails with [`Error::TimeLimit`]. A search that
+    /// finishes in time is unchanged. Default: no limit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+    /// use autobatch::{SearchLimit, Tuner};
+    ///
+    /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 1 << 20)).build();
+    /// let plan = Tuner::new().time_limit(Duration::ZERO).warmup(false).run(&mut workload, &mut meter);
+    /// assert!(matches!(plan, Err(autobatch::Error::TimeLimit { .. })));
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn time_limit(mut self, limit: std::time::Duration) -> Self {
+        self.time_limit = Some(limit);
         self
     }
 

@@ -41,6 +41,8 @@ pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     held_in_a_row: usize,
     /// Bytes in use before the first trial.
     first_baseline: Option<u64>,
+    /// When the run began: what the time limit counts from.
+    started: std::time::Instant,
 }
 
 impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<'a, W, M, O> {
@@ -64,6 +66,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             warnings: Vec::new(),
             held_in_a_row: 0,
             first_baseline: None,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -143,6 +146,15 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                     Next::Done => break None,
                     Next::Try(batch) => batch,
                 };
+                if let Some(limit) = self.tuner.time_limit.filter(|&limit| self.started.elapsed() >= limit) {
+                    let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+                    let bracket = crate::search::Bracket::of(space, &self.history());
+                    let Some(largest_fit) = bracket.fitting else {
+                        return Err(Error::TimeLimit { limit_ms, trials: self.trials.len() });
+                    };
+                    info!("time limit reached after {} trials", self.trials.len());
+                    break Some(SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure: bracket.failing });
+                }
                 let searched = self.trials.iter().filter(|t| t.kind == TrialKind::Search).count();
                 if let Some(max_trials) = self.tuner.max_trials.filter(|&max| searched >= max) {
                     self.warn(Warning::TrialLimit { max_trials });

@@ -7,7 +7,8 @@ Exit codes:
   0  a plan (or estimate) was produced
   1  runtime failure: the workload or the device failed
   2  usage error: a bad flag or an impossible configuration
-  3  nothing fits: not even the smallest batch fits under the ceiling
+  3  nothing fits: not even the smallest batch fits under the ceiling (or
+     the --time-limit passed before any batch was seen to fit)
 
 With no command, runs `autobatch probe`: the default small transformer on the
 CPU under a 256 MiB budget.";
@@ -174,6 +175,11 @@ pub struct ProbeArgs {
     /// Largest batch to try.
     #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub max_batch: Option<usize>,
+    /// Stop searching after this long (e.g. 30s, 2m, 500ms; warm-up
+    /// included) with the largest batch seen to fit, not proven largest, and
+    /// the batches that remain open. A trial running at the limit finishes.
+    #[arg(long, value_parser = crate::parse::parse_duration)]
+    pub time_limit: Option<std::time::Duration>,
     /// Stop after this many trials with the best batch so far.
     #[arg(long, value_parser = positive, allow_negative_numbers = true)]
     pub max_trials: Option<usize>,

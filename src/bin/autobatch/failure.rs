@@ -43,7 +43,9 @@ impl From<autobatch::Error> for Failure {
             return Failure { message: format!("at sequence length {size}: {}", inner.message), kind: inner.kind };
         }
         let kind = match &err {
-            Error::NothingFits { .. } | Error::ModelTooLarge { limit_bytes: Some(_), .. } => Kind::NothingFits,
+            Error::NothingFits { .. } | Error::ModelTooLarge { limit_bytes: Some(_), .. } | Error::TimeLimit { .. } => {
+                Kind::NothingFits
+            }
             Error::ModelTooLarge { limit_bytes: None, .. } => Kind::Usage,
             err if err.is_configuration() => Kind::Usage,
             _ => Kind::Runtime,
@@ -54,6 +56,11 @@ impl From<autobatch::Error> for Failure {
             }
             Error::Candle(source) => format!("candle: {}", autobatch::candle_message(source)),
             // the library names its settings; the user typed flags
+            Error::TimeLimit { limit_ms, trials } => format!(
+                "--time-limit {} passed after {trials} trials with no batch seen to fit: nothing is verified; \
+                 allow more time",
+                crate::parse::format_millis(*limit_ms)
+            ),
             Error::Zero { setting } => format!("{} is 0: it must be at least 1", flag(setting)),
             Error::InvalidModel { setting, value, valid } => {
                 format!("{} {value} is invalid: it must be {valid}", flag(setting))

@@ -66,6 +66,36 @@ pub fn parse_count(input: &str) -> Result<u64, ParseError> {
     exact(number, scale, "a whole count").map_err(invalid)
 }
 
+/// Parses a duration as people type it: `30s`, `1.5s`, `500ms`, `2m`, `1h`
+/// (a bare number is seconds), exact to the millisecond; at least 1 ms.
+pub fn parse_duration(input: &str) -> Result<std::time::Duration, String> {
+    let (number, unit) = split_number(input.trim());
+    let scale: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(format!("invalid duration {input:?}: unknown unit {unit:?}; use ms, s, m or h, e.g. 30s")),
+    };
+    let millis = exact(number, scale, "a whole number of milliseconds")
+        .map_err(|reason| format!("invalid duration {input:?}: {reason}; e.g. 30s, 500ms or 2m"))?;
+    if millis == 0 {
+        return Err(format!("invalid duration {input:?}: must be at least 1ms"));
+    }
+    Ok(std::time::Duration::from_millis(millis))
+}
+
+/// `3s`, `1.5s` or `500ms`: a duration as `--time-limit` takes it.
+pub fn format_millis(millis: u64) -> String {
+    if millis % 1000 == 0 {
+        format!("{}s", millis / 1000)
+    } else if millis > 1000 {
+        format!("{}s", millis as f64 / 1000.0)
+    } else {
+        format!("{millis}ms")
+    }
+}
+
 /// Splits `"1.5 GiB"` into `("1.5", "GiB")`; exponents stay with the number.
 fn split_number(input: &str) -> (&str, &str) {
     let bytes = input.as_bytes();
@@ -137,6 +167,25 @@ fn exact(number: &str, scale: u64, whole: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations() {
+        use std::time::Duration;
+        for (text, millis) in [
+            ("30s", 30_000),
+            ("1.5s", 1_500),
+            ("500ms", 500),
+            ("2m", 120_000),
+            ("1h", 3_600_000),
+            ("3", 3_000),
+            ("0.001", 1),
+        ] {
+            assert_eq!(parse_duration(text), Ok(Duration::from_millis(millis)), "{text}");
+        }
+        for bad in ["", "s", "-3s", "0s", "1.0005s", "3 days", "1e30s", "abc"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parses_sizes_and_counts() {

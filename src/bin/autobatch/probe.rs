@@ -206,6 +206,9 @@ fn tuner(args: &ProbeArgs) -> Tuner {
     if let Some(max_trials) = args.max_trials {
         tuner = tuner.max_trials(max_trials);
     }
+    if let Some(limit) = args.time_limit {
+        tuner = tuner.time_limit(limit);
+    }
     if let Some(target) = args.target_effective_batch {
         tuner = tuner.target_effective_batch(target);
     }
