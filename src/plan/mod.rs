@@ -181,7 +181,7 @@ impl std::fmt::Display for SearchLimit {
                 of - variables
             ),
             SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure } => {
-                let limit = if limit_ms % 1000 == 0 {
+                let limit = if limit_ms.is_multiple_of(1000) {
                     format!("{} s", limit_ms / 1000)
                 } else {
                     format!("{:.3} s", *limit_ms as f64 / 1000.0)

@@ -87,7 +87,7 @@ pub fn parse_duration(input: &str) -> Result<std::time::Duration, String> {
 
 /// `3s`, `1.5s` or `500ms`: a duration as `--time-limit` takes it.
 pub fn format_millis(millis: u64) -> String {
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         format!("{}s", millis / 1000)
     } else if millis > 1000 {
         format!("{}s", millis as f64 / 1000.0)
