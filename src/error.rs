@@ -325,6 +325,43 @@ pub enum Error {
         trials: usize,
     },
 
+    /// A batch-search setting given to a search over the input size
+    /// ([`Tuner::run_longest`](crate::Tuner::run_longest)), where it means nothing.
+    #[error(
+        "{setting} is a setting of the batch search and does not apply to the search over the input size \
+         (the batch is fixed; the sizes come from the size range): leave it unset"
+    )]
+    NotForSizeSearch {
+        /// The builder method that was set, e.g. `target_effective_batch`.
+        setting: &'static str,
+    },
+
+    /// Even the shortest input size does not fit at the batch asked for
+    /// ([`Tuner::run_longest`](crate::Tuner::run_longest)).
+    #[error(
+        "nothing fits at batch {batch}: the shortest size, {size}, {} ({}); the limit is {} ({:.0}% of {}): \
+         use a smaller batch",
+        match outcome { Outcome::OutOfMemory => "ran out of memory", _ => "went over the ceiling" },
+        peak_bytes.map_or_else(|| "no peak read".to_owned(), |p| format!("peak {}", format_bytes(p))),
+        format_bytes(*limit_bytes),
+        100.0 * (*limit_bytes as f64) / (*capacity_bytes).max(1) as f64,
+        format_bytes(*capacity_bytes)
+    )]
+    NoSizeFits {
+        /// The batch every step ran at.
+        batch: usize,
+        /// The shortest size tried.
+        size: usize,
+        /// How its step ended.
+        outcome: Outcome,
+        /// Its peak, when read.
+        peak_bytes: Option<u64>,
+        /// The device's capacity.
+        capacity_bytes: u64,
+        /// The limit (ceiling × capacity).
+        limit_bytes: u64,
+    },
+
     /// An accelerator name [`estimate::accelerator`](crate::estimate::accelerator) does not know.
     #[error("unknown accelerator '{name}': known names are {known} (or give its memory, e.g. 80GB)")]
     UnknownAccelerator {
@@ -522,6 +559,7 @@ impl Error {
                 | Error::InvalidModel { .. }
                 | Error::UnsupportedDtype { .. }
                 | Error::UnknownAccelerator { .. }
+                | Error::NotForSizeSearch { .. }
                 | Error::InvalidHeadroom { .. }
                 | Error::CacheKeyMissing
                 | Error::WorldSizeMismatch { .. }

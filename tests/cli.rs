@@ -659,3 +659,51 @@ fn a_time_limit_returns_a_verified_unproven_plan() {
     assert_usage_error(&["probe", "--time-limit", "0s"], "must be at least 1ms");
     assert_usage_error(&["probe", "--time-limit", "3 days"], "unknown unit");
 }
+
+/// `--find seq-len`: the answer, run through the CLI itself at batch 4, fits,
+/// and one token longer does not (exit 3).
+#[test]
+fn find_seq_len_is_verified_by_running_the_answer_and_the_next_length() {
+    let budget = ["--budget", "96MiB", "--seq-len", "2048"];
+    let output = autobatch(&[&["probe", "--find", "seq-len", "--batch", "4", "--json"][..], &budget].concat());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let found: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    let longest = found["largest_seq_len"].as_u64().unwrap();
+    assert_eq!(found["batch"], 4);
+    assert_eq!(found["proven_longest"], true, "{found}");
+    assert!((16..2048).contains(&longest), "{found}");
+    assert!(text(&output.stderr).contains("seq-len  outcome"), "progress per trial: {}", text(&output.stderr));
+
+    let at = |len: u64| {
+        let len = len.to_string();
+        autobatch(&[&["probe", "--seq-lens", &len, "--start", "4", "--max-batch", "4", "--json"][..], &budget].concat())
+    };
+    let fits = at(longest);
+    assert!(fits.status.success(), "{longest}: {}", text(&fits.stderr));
+    let plan: serde_json::Value = serde_json::from_str(&text(&fits.stdout)).unwrap();
+    assert_eq!(plan["sizes"][0]["plan"]["largest_batch"], 4);
+    let next = at(longest + 1);
+    assert_eq!(next.status.code(), Some(3), "{}: {}", longest + 1, text(&next.stderr));
+
+    // nothing fits at that batch: exit 3, said so
+    let output = autobatch(&["probe", "--find", "seq-len", "--batch", "3000", "--seq-len", "256", "--budget", "48MiB"]);
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("nothing fits at --batch 3000"), "{}", text(&output.stderr));
+}
+
+#[test]
+fn find_flags_that_do_not_apply_are_refused() {
+    assert_usage_error(&["probe", "--find", "seq-len"], "--batch");
+    assert_usage_error(&["probe", "--batch", "4"], "--batch goes with --find");
+    assert_usage_error(&["probe", "--model", "mlp", "--find", "seq-len", "--batch", "4"], "add --model transformer");
+    assert_usage_error(&["probe", "--find", "resolution", "--batch", "4"], "add --model convnet");
+    assert_usage_error(
+        &["probe", "--find", "seq-len", "--batch", "4", "--target-effective-batch", "64"],
+        "--target-effective-batch does not go with --find seq-len",
+    );
+    assert_usage_error(
+        &["probe", "--model", "convnet", "--find", "resolution", "--batch", "4", "--multiple-of", "6"],
+        "not a multiple of 4",
+    );
+    assert_usage_error(&["probe", "--find", "seq-len", "--batch", "4", "--multiple-of", "128"], "no size to try");
+}

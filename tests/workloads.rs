@@ -21,7 +21,7 @@ mod common;
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 use autobatch::workloads::{ConvNetConfig, MlpConfig, Model, Trainer, TransformerConfig};
-use autobatch::{Error, HeapMeter, MemoryMeter, TrackingAllocator, Tuner, Workload};
+use autobatch::{Error, HeapMeter, MemoryMeter, Resizable, SizeRange, TrackingAllocator, Tuner, Workload};
 use candle_core::{DType, Device};
 
 const MIB: u64 = 1 << 20;
@@ -391,8 +391,55 @@ fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
     assert!(matches!(trainer.resize(0), Err(Error::InvalidModel { .. })));
 }
 
+/// The longest input at a fixed batch, by the tuner's size search, checked
+/// by brute force: the answer's step fits, one granule longer does not; the
+/// trainer is left at its size and trains as before.
+fn longest_input_at_a_batch_is_exact<M: Model>(mut trainer: Trainer<M>, budget: u64, batch: usize, range: SizeRange)
+where
+    Trainer<M>: Resizable,
+{
+    let original = trainer.size();
+    let state = trainer.state_bits().unwrap();
+    let mut meter = HeapMeter::new(budget).unwrap();
+    let longest = Tuner::new().run_longest(&mut trainer, &mut meter, batch, range).unwrap();
+    let (size, limit, granule) = (longest.largest_size, longest.limit_bytes(), range.multiple_of);
+    let report = longest.summary("size");
+    eprint!("{report}");
+    assert!(longest.proven_longest, "{report}");
+    assert!(longest.peak_bytes <= limit, "{report}");
+    assert_eq!(trainer.size(), original);
+    assert_eq!(trainer.state_bits().unwrap(), state, "probing changed the model");
+    drop(longest);
+
+    trainer.resize(size).unwrap();
+    let fits = peak_of(&mut trainer, batch);
+    trainer.resize(size + granule).unwrap();
+    let next = peak_of(&mut trainer, batch);
+    assert!(fits <= limit + TOLERANCE, "size {size} peaks at {fits} > limit {limit}\n{report}");
+    assert!(next > limit - TOLERANCE, "size {} peaks at {next} <= limit {limit}\n{report}", size + granule);
+}
+
+fn the_longest_sequence_length_at_a_batch_is_exact() {
+    let trainer = transformer(1024, 32, 1).build(&Device::Cpu).unwrap();
+    longest_input_at_a_batch_is_exact(trainer, 64 * MIB, 4, SizeRange::up_to(1024));
+    let trainer = transformer(1024, 32, 2).build(&Device::Cpu).unwrap();
+    longest_input_at_a_batch_is_exact(trainer, 96 * MIB, 2, SizeRange::up_to(1024).multiple_of(16));
+}
+
+fn the_largest_resolution_at_a_batch_is_exact() {
+    let config = ConvNetConfig { channels: 8, resolution: 128, ..ConvNetConfig::default() };
+    longest_input_at_a_batch_is_exact(
+        config.build(&Device::Cpu).unwrap(),
+        32 * MIB,
+        4,
+        SizeRange::up_to(128).multiple_of(4),
+    );
+}
+
 fn main() {
     let tests: &[(&str, fn())] = &[
+        ("the_longest_sequence_length_at_a_batch_is_exact", the_longest_sequence_length_at_a_batch_is_exact),
+        ("the_largest_resolution_at_a_batch_is_exact", the_largest_resolution_at_a_batch_is_exact),
         ("transformer_largest_batch_is_exact_at_two_sizes", transformer_largest_batch_is_exact_at_two_sizes),
         ("mlp_largest_batch_is_exact_at_two_sizes", mlp_largest_batch_is_exact_at_two_sizes),
         ("convnet_largest_batch_is_exact_at_two_sizes", convnet_largest_batch_is_exact_at_two_sizes),

@@ -1,6 +1,7 @@
 //! What a tuning run produces: the trials it ran and the plan it derived.
 
 mod accumulation;
+mod longest;
 mod ranks;
 mod report;
 mod sizes;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulation};
+pub use longest::{LongestSize, SizeRange, SizeTrial};
 pub use ranks::{plan_ranks, RankShare, RankSplit};
 pub use sizes::{Basis, SizeBatch, SizeModel, SizePlan, SizedPlan};
 

@@ -6,6 +6,7 @@ mod accumulation;
 mod compare;
 mod distributed;
 mod evaluation;
+mod longest;
 mod observer;
 mod sizes;
 mod trial_loop;

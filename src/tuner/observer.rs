@@ -26,6 +26,12 @@ pub trait Observer {
     fn size_started(&mut self, size: usize) {
         let _ = size;
     }
+    /// A search over the input size at `batch` is about to start (see
+    /// [`Tuner::run_longest_observed`](crate::Tuner::run_longest_observed)):
+    /// in the trials that follow, `batch` is the input size tried.
+    fn size_search_started(&mut self, batch: usize) {
+        let _ = batch;
+    }
     /// The variant `name` of a comparison is about to be tuned (see
     /// [`Tuner::compare_observed`](crate::Tuner::compare_observed)); its trials follow.
     fn variant_started(&mut self, name: &str) {

@@ -114,9 +114,17 @@ pub struct ConvNet {
     conv2: Conv2d,
     head: Linear,
     device: Device,
+    /// The image side steps run at: up to the configured resolution, which
+    /// the head is sized for (a smaller image reads the head's first features).
+    resolution: usize,
 }
 
 impl ConvNet {
+    /// The image side steps run at.
+    pub fn resolution(&self) -> usize {
+        self.resolution
+    }
+
     fn new(config: &ConvNetConfig, params: &mut Params) -> candle_core::Result<Self> {
         let same = Conv2dConfig { padding: 1, ..Default::default() };
         let mut conv = |name: &str, inputs: usize, outputs: usize| -> candle_core::Result<Conv2d> {
@@ -129,14 +137,15 @@ impl ConvNet {
         let features = 2 * config.channels * (config.resolution / 4).pow(2);
         let head = params.linear("head", features, config.classes)?;
         let device = head.weight().device().clone();
-        Ok(ConvNet { config: config.clone(), conv1, conv2, head, device })
+        Ok(ConvNet { config: config.clone(), conv1, conv2, head, device, resolution: config.resolution })
     }
 
     /// Images with one channel (the label) brighter on average.
     fn sample(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
         let c = &self.config;
         let mut rng = Rng::new(data_seed);
-        let plane = c.resolution * c.resolution;
+        let side = self.resolution;
+        let plane = side * side;
         let mut pixels = Vec::with_capacity(batch * c.in_channels * plane);
         let mut labels = Vec::with_capacity(batch);
         for _ in 0..batch {
@@ -147,7 +156,7 @@ impl ConvNet {
                 pixels.extend((0..plane).map(|_| rng.normal() + shift));
             }
         }
-        let images = Tensor::from_vec(pixels, (batch, c.in_channels, c.resolution, c.resolution), &self.device)?;
+        let images = Tensor::from_vec(pixels, (batch, c.in_channels, side, side), &self.device)?;
         Ok((images.to_dtype(c.dtype)?, Tensor::from_vec(labels, batch, &self.device)?))
     }
 }
@@ -161,6 +170,7 @@ impl Model for ConvNet {
             conv2: conv(&self.conv2),
             head: detach_linear(&self.head),
             device: self.device.clone(),
+            resolution: self.resolution,
         }
     }
 
@@ -172,7 +182,40 @@ impl Model for ConvNet {
         let (images, labels) = self.sample(batch, data_seed)?;
         let x = self.conv1.forward(&images)?.relu()?.max_pool2d(2)?;
         let x = self.conv2.forward(&x)?.relu()?.max_pool2d(2)?;
-        let logits = self.head.forward(&x.flatten_from(1)?)?;
+        let features = x.flatten_from(1)?;
+        let logits = if self.resolution == self.config.resolution {
+            self.head.forward(&features)?
+        } else {
+            // a smaller image has fewer features: the head's first ones
+            let weight = self.head.weight().narrow(1, 0, features.dim(1)?)?;
+            let logits = features.matmul(&weight.t()?)?;
+            match self.head.bias() {
+                Some(bias) => logits.broadcast_add(bias)?,
+                None => logits,
+            }
+        };
         cross_entropy(&logits, &labels)
+    }
+}
+
+/// Steps at any image side that is a multiple of 4 from 4 to the configured
+/// `resolution` (the head, sized for the configured side, reads the features
+/// a smaller image has).
+impl crate::Resizable for Trainer<ConvNet> {
+    fn resize(&mut self, size: usize) -> Result<(), crate::Error> {
+        let largest = self.model().config.resolution;
+        if size < 4 || size > largest || !size.is_multiple_of(4) {
+            return Err(crate::Error::InvalidModel {
+                setting: "resolution",
+                value: size,
+                valid: format!("a multiple of 4 from 4 to the model's resolution, {largest}"),
+            });
+        }
+        self.model_mut().resolution = size;
+        Ok(())
+    }
+
+    fn size(&self) -> usize {
+        self.model().resolution
     }
 }

@@ -220,9 +220,27 @@ pub struct ProbeArgs {
     /// variant's largest batch: no --eval, --objective, target, ranks or cache.
     #[arg(long)]
     pub compare: bool,
+    /// Find the longest input at a fixed --batch instead of the largest
+    /// batch: seq-len (transformer: lengths up to --seq-len, the model's
+    /// positions) or resolution (convnet: image sides up to --resolution, in
+    /// multiples of 4). --multiple-of is then the size's granule.
+    #[arg(long, value_enum, requires = "batch", help_heading = "Longest input")]
+    pub find: Option<FindArg>,
+    /// The batch --find holds fixed.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Longest input")]
+    pub batch: Option<usize>,
     /// Print the plan as JSON on stdout (trials and logs go to stderr).
     #[arg(long)]
     pub json: bool,
+}
+
+/// The input size `probe --find` searches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FindArg {
+    /// The transformer's sequence length.
+    SeqLen,
+    /// The convnet's image side.
+    Resolution,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

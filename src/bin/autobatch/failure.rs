@@ -43,9 +43,10 @@ impl From<autobatch::Error> for Failure {
             return Failure { message: format!("at sequence length {size}: {}", inner.message), kind: inner.kind };
         }
         let kind = match &err {
-            Error::NothingFits { .. } | Error::ModelTooLarge { limit_bytes: Some(_), .. } | Error::TimeLimit { .. } => {
-                Kind::NothingFits
-            }
+            Error::NothingFits { .. }
+            | Error::NoSizeFits { .. }
+            | Error::ModelTooLarge { limit_bytes: Some(_), .. }
+            | Error::TimeLimit { .. } => Kind::NothingFits,
             Error::ModelTooLarge { limit_bytes: None, .. } => Kind::Usage,
             err if err.is_configuration() => Kind::Usage,
             _ => Kind::Runtime,
@@ -56,6 +57,16 @@ impl From<autobatch::Error> for Failure {
             }
             Error::Candle(source) => format!("candle: {}", autobatch::candle_message(source)),
             // the library names its settings; the user typed flags
+            Error::NoSizeFits { batch, size, outcome, peak_bytes, capacity_bytes, limit_bytes } => format!(
+                "nothing fits at --batch {batch}: the shortest size searched, {size}, {} ({}); the limit is {} \
+                 ({:.0}% of {}): use a smaller --batch",
+                if *outcome == autobatch::Outcome::OutOfMemory { "ran out of memory" } else { "went over the ceiling" },
+                peak_bytes
+                    .map_or_else(|| "no peak read".to_owned(), |p| format!("peak {}", autobatch::format_bytes(p))),
+                autobatch::format_bytes(*limit_bytes),
+                100.0 * *limit_bytes as f64 / (*capacity_bytes).max(1) as f64,
+                autobatch::format_bytes(*capacity_bytes)
+            ),
             Error::TimeLimit { limit_ms, trials } => format!(
                 "--time-limit {} passed after {trials} trials with no batch seen to fit: nothing is verified; \
                  allow more time",

@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod failure;
+mod find;
 mod limits;
 mod parse;
 mod probe;

@@ -70,7 +70,7 @@ fn model_name(model: ModelKind) -> &'static str {
 
 /// The reference model the flags describe, not yet built.
 #[derive(Clone)]
-enum ModelConfig {
+pub(crate) enum ModelConfig {
     Transformer(TransformerConfig),
     Mlp(MlpConfig),
     ConvNet(ConvNetConfig),
@@ -173,12 +173,20 @@ impl ModelConfig {
     }
 }
 
-fn optimizer_kind(optimizer: ProbeOptimizerArg) -> OptimizerKind {
+pub(crate) fn optimizer_kind(optimizer: ProbeOptimizerArg) -> OptimizerKind {
     match optimizer {
         ProbeOptimizerArg::Adamw => OptimizerKind::AdamW,
         ProbeOptimizerArg::Lion => OptimizerKind::Lion,
         ProbeOptimizerArg::Adafactor => OptimizerKind::Adafactor,
         ProbeOptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
+    }
+}
+
+pub(crate) fn strategy(strategy: StrategyArg) -> Strategy {
+    match strategy {
+        StrategyArg::Predictive => Strategy::Predictive,
+        StrategyArg::Binary => Strategy::Binary,
+        StrategyArg::Power => Strategy::Power,
     }
 }
 
@@ -191,11 +199,7 @@ fn tuner(args: &ProbeArgs) -> Tuner {
         .world_size(args.world_size)
         .exact_effective_batch(args.exact)
         .strict(args.strict)
-        .strategy(match args.strategy {
-            StrategyArg::Predictive => Strategy::Predictive,
-            StrategyArg::Binary => Strategy::Binary,
-            StrategyArg::Power => Strategy::Power,
-        })
+        .strategy(strategy(args.strategy))
         .objective(match args.objective {
             ObjectiveArg::Largest => autobatch::Objective::LargestBatch,
             ObjectiveArg::Throughput => autobatch::Objective::Throughput,
@@ -216,6 +220,28 @@ fn tuner(args: &ProbeArgs) -> Tuner {
         tuner = tuner.cache(path);
     }
     tuner
+}
+
+/// Refuses a model whose first step cannot fit under `limit` before anything
+/// is allocated: the smallest batch at the longest size probed (`--seq-lens`,
+/// else the configured size), or under `--find` `--batch` at the shortest
+/// size searched. A lower bound where the model is built for a longer size
+/// than a step runs at: the search measures the rest and says when nothing fits.
+fn check_footprint(args: &ProbeArgs, model: &ModelConfig, footprint: &Footprint, limit: u64) -> Result<(), Failure> {
+    let (batch, size) = match (args.find, args.batch) {
+        (Some(_), Some(batch)) => (batch, args.multiple_of),
+        _ => (smallest_batch(args)?, args.seq_lens.iter().max().copied().unwrap_or(usize::MAX)),
+    };
+    let at_size = match model {
+        ModelConfig::Transformer(c) if size < c.seq_len => {
+            ModelConfig::Transformer(TransformerConfig { seq_len: size, ..c.clone() })
+        }
+        ModelConfig::ConvNet(c) if args.find.is_some() => {
+            ModelConfig::ConvNet(ConvNetConfig { resolution: size.max(4).min(c.resolution), ..c.clone() })
+        }
+        _ => return Ok(footprint.check_batch_within(batch, limit)?),
+    };
+    Ok(at_size.footprint()?.check_batch_within(batch, limit)?)
 }
 
 /// The first batch the search will run (the warm-up's): `--start` rounded up
@@ -349,6 +375,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
         ));
     }
     check_seq_lens(args)?;
+    crate::find::check_flags(args)?;
     let tuner = tuner(args);
     tuner.check()?;
     let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };
@@ -359,7 +386,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
         DeviceSpec::Cpu => {
             check_threads()?;
             let (budget, why) = cpu_budget(args)?;
-            footprint.check_batch_within(smallest_batch(args)?, (args.ceiling * budget as f64).floor() as u64)?;
+            check_footprint(args, &model, &footprint, (args.ceiling * budget as f64).floor() as u64)?;
             let mut meter = HeapMeter::new(budget)?;
             let scratch = meter.thread_scratch_bytes();
             let limit = (args.ceiling * budget as f64).floor() as u64;
@@ -382,6 +409,10 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter).map_err(blame_scratch);
             }
             let on = format!("the CPU under a {} budget ({why})", format_bytes(budget));
+            if args.find.is_some() {
+                return crate::find::run(args, &model, &candle_core::Device::Cpu, &mut meter, &on, &say)
+                    .map_err(blame_scratch);
+            }
             if let Some(config) = model.at_lengths(args) {
                 return tune_lengths(args, &tuner, config, &candle_core::Device::Cpu, &mut meter, &on, &say)
                     .map_err(blame_scratch);
@@ -557,12 +588,7 @@ fn tune_lengths(
     on: &str,
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
-    let trainer = config.build(device)?;
-    let trainer = match optimizer_kind(args.optimizer) {
-        OptimizerKind::AdamW => trainer,
-        other => trainer.with_optimizer(other)?,
-    };
-    let mut trainer = if args.precision == DtypeArg::Mixed { trainer.into_mixed_precision()? } else { trainer };
+    let mut trainer = crate::find::with_optimizer(args, config.build(device)?)?;
     say(&format!(
         "probing {} ({} parameters) at sequence lengths {:?} on {on}",
         ReferenceWorkload::description(&trainer),
@@ -617,9 +643,12 @@ fn cuda(
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
-    footprint.check_batch_within(smallest_batch(args)?, (args.ceiling * meter.capacity()? as f64).floor() as u64)?;
+    check_footprint(args, model, footprint, (args.ceiling * meter.capacity()? as f64).floor() as u64)?;
     let device = meter.device().clone();
     let on = format!("{} ({})", meter.name(), format_bytes(meter.capacity()?));
+    if args.find.is_some() {
+        return crate::find::run(args, model, &device, &mut meter, &on, say);
+    }
     if let Some(config) = model.at_lengths(args) {
         return tune_lengths(args, tuner, config, &device, &mut meter, &on, say);
     }

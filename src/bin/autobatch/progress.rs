@@ -51,12 +51,24 @@ pub struct Progress {
     /// A heading (`length 64:`) printed before the next trial's row, so that
     /// a search that runs none (a cache hit) leaves no empty heading.
     heading: Option<String>,
+    /// What the trials' sizes are when the search is over the input size
+    /// (`seq-len`): the column's name, and no samples per second.
+    size_word: Option<&'static str>,
 }
 
 impl Progress {
     pub fn new(rows_to_stderr: bool) -> Self {
         let spinner = std::io::stderr().is_terminal().then(Spinner::start);
-        Progress { rows_to_stderr, rows: 0, batch_width: Trial::BATCH_WIDTH, spinner, heading: None }
+        Progress { rows_to_stderr, rows: 0, batch_width: Trial::BATCH_WIDTH, spinner, heading: None, size_word: None }
+    }
+
+    /// Trials are input sizes named `word` (a search over the size).
+    pub fn sizes(mut self, word: &'static str) -> Self {
+        self.size_word = Some(word);
+        if let Some(spinner) = &self.spinner {
+            spinner.state.sizes.store(true, Ordering::Relaxed);
+        }
+        self
     }
 
     /// Starts a new table under `heading`, printed with its first trial.
@@ -72,7 +84,17 @@ impl Progress {
         if let Some(spinner) = &self.spinner {
             spinner.hide();
         }
-        self.print_row(&Trial::table_header_with_width(self.batch_width));
+        let header = match self.size_word {
+            Some(word) => {
+                let width = self.batch_width.max(word.len());
+                format!(
+                    "{:>5}  {word:>width$}  {:<13}  {:>9}  {:>6}  {:>9}",
+                    "trial", "outcome", "peak", "util", "time"
+                )
+            }
+            None => Trial::table_header_with_width(self.batch_width),
+        };
+        self.print_row(&header);
     }
 
     fn print_row(&self, row: &str) {
@@ -97,6 +119,11 @@ impl Observer for Progress {
 
     fn size_started(&mut self, size: usize) {
         self.start_table(format!("length {size}:"));
+    }
+
+    fn size_search_started(&mut self, batch: usize) {
+        let word = self.size_word.unwrap_or("size");
+        self.start_table(format!("largest {word} at batch {batch}:"));
     }
 
     fn variant_started(&mut self, name: &str) {
@@ -135,7 +162,28 @@ impl Observer for Progress {
             spinner.hide();
         }
         self.rows += 1;
-        self.print_row(&trial.table_row_with_width(self.rows, capacity_bytes, self.batch_width));
+        let row = match self.size_word {
+            Some(word) => {
+                let width = self.batch_width.max(word.len());
+                let (peak, util) = match trial.peak_bytes {
+                    Some(peak) => {
+                        (autobatch::format_bytes(peak), format!("{:.1}%", 100.0 * peak as f64 / capacity_bytes as f64))
+                    }
+                    None => ("-".to_owned(), "-".to_owned()),
+                };
+                let seconds = trial.duration.as_secs_f64();
+                let time = if seconds >= 1.0 { format!("{seconds:.2} s") } else { format!("{:.1} ms", seconds * 1e3) };
+                let kind = if trial.kind == TrialKind::Recheck { "  (re-check)" } else { "" };
+                format!(
+                    "{:>5}  {:>width$}  {:<13}  {peak:>9}  {util:>6}  {time:>9}{kind}",
+                    self.rows,
+                    trial.batch,
+                    trial.outcome.to_string()
+                )
+            }
+            None => trial.table_row_with_width(self.rows, capacity_bytes, self.batch_width),
+        };
+        self.print_row(&row);
     }
 }
 
@@ -162,6 +210,8 @@ struct SpinnerState {
     number: AtomicUsize,
     batch: AtomicUsize,
     since_nanos: AtomicU64,
+    /// Trials are input sizes, not batches.
+    sizes: AtomicBool,
 }
 
 const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
@@ -175,6 +225,7 @@ impl Spinner {
             number: AtomicUsize::new(0),
             batch: AtomicUsize::new(0),
             since_nanos: AtomicU64::new(0),
+            sizes: AtomicBool::new(false),
         });
         let shared = Arc::clone(&state);
         let thread = std::thread::spawn(move || {
@@ -189,9 +240,10 @@ impl Spinner {
                 let since = Duration::from_nanos(shared.since_nanos.load(Ordering::Relaxed));
                 let elapsed = shared.epoch.elapsed().saturating_sub(since).as_secs_f64();
                 let batch = shared.batch.load(Ordering::Relaxed);
+                let what = if shared.sizes.load(Ordering::Relaxed) { "size" } else { "batch" };
                 let _ = match shared.number.load(Ordering::Relaxed) {
-                    0 => write!(stderr, "\r{} warm-up at batch {batch}  {elapsed:.1} s\x1b[K", FRAMES[frame]),
-                    n => write!(stderr, "\r{} trial {n}: batch {batch} running  {elapsed:.1} s\x1b[K", FRAMES[frame]),
+                    0 => write!(stderr, "\r{} warm-up at {what} {batch}  {elapsed:.1} s\x1b[K", FRAMES[frame]),
+                    n => write!(stderr, "\r{} trial {n}: {what} {batch} running  {elapsed:.1} s\x1b[K", FRAMES[frame]),
                 };
                 let _ = stderr.flush();
                 frame = (frame + 1) % FRAMES.len();

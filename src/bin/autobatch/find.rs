@@ -1,0 +1,155 @@
+//! `autobatch probe --find seq-len --batch 8`: the longest input that fits
+//! at a fixed batch, searched and verified like the batch.
+
+use autobatch::estimate::OptimizerKind;
+use autobatch::workloads::{Model, ReferenceWorkload, Trainer};
+use autobatch::{MemoryMeter, Resizable, SizeRange, Tuner};
+
+use crate::args::{DtypeArg, FindArg, ModelKind, ObjectiveArg, ProbeArgs};
+use crate::failure::Failure;
+use crate::probe::ModelConfig;
+use crate::progress::Progress;
+
+/// Flags that ask the batch search for something; under `--find` the batch is fixed.
+pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
+    let Some(find) = args.find else {
+        return match args.batch {
+            Some(_) => Err(Failure::usage("--batch goes with --find (the batch held fixed while the input grows)")),
+            None => Ok(()),
+        };
+    };
+    let (flag, model) = match find {
+        FindArg::SeqLen => ("--find seq-len", ModelKind::Transformer),
+        FindArg::Resolution => ("--find resolution", ModelKind::Convnet),
+    };
+    if args.model != model {
+        let name = if model == ModelKind::Transformer { "transformer" } else { "convnet" };
+        return Err(Failure::usage(format!("{flag} searches a --model {name}'s input: add --model {name}")));
+    }
+    let refused = [
+        ("--start", args.start != 1),
+        ("--max-batch", args.max_batch.is_some()),
+        ("--target-effective-batch", args.target_effective_batch.is_some()),
+        ("--world-size", args.world_size > 1),
+        ("--exact", args.exact),
+        ("--objective throughput", args.objective == ObjectiveArg::Throughput),
+        ("--cache", args.cache.is_some()),
+        ("--eval", args.eval),
+        ("--compare", args.compare),
+        ("--seq-lens", !args.seq_lens.is_empty()),
+    ];
+    if let Some((refused, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(Failure::usage(format!(
+            "{refused} does not go with {flag}, which holds --batch fixed and searches the input size: drop it"
+        )));
+    }
+    if find == FindArg::Resolution && args.multiple_of > 1 && !args.multiple_of.is_multiple_of(4) {
+        return Err(Failure::usage(format!(
+            "--multiple-of {} is not a multiple of 4: --find resolution tries image sides that are (4, 8, 12, ...)",
+            args.multiple_of
+        )));
+    }
+    Ok(())
+}
+
+/// The search's tuner: the settings that apply to a size search (the batch
+/// flags were refused in `check_flags`).
+fn size_tuner(args: &ProbeArgs) -> Tuner {
+    let mut tuner = Tuner::new()
+        .ceiling(args.ceiling)
+        .steps_per_trial(args.steps_per_trial)
+        .strict(args.strict)
+        .strategy(crate::probe::strategy(args.strategy));
+    if let Some(max_trials) = args.max_trials {
+        tuner = tuner.max_trials(max_trials);
+    }
+    if let Some(limit) = args.time_limit {
+        tuner = tuner.time_limit(limit);
+    }
+    tuner
+}
+
+/// Runs the search on `trainer` and prints the answer.
+fn search<W: Resizable + ?Sized>(
+    args: &ProbeArgs,
+    tuner: &Tuner,
+    trainer: &mut W,
+    meter: &mut dyn MemoryMeter,
+    range: SizeRange,
+    (word, key, what): (&'static str, &str, &str),
+) -> Result<(), Failure> {
+    let batch = args.batch.expect("clap requires --batch with --find");
+    let mut progress = Progress::new(args.json).sizes(word);
+    let result = tuner.run_longest_observed(trainer, meter, batch, range, &mut progress);
+    drop(progress);
+    let longest = result?;
+    if args.json {
+        println!("{}", longest.to_json_named(key));
+    } else {
+        print!("{}", longest.summary(what));
+    }
+    Ok(())
+}
+
+/// `--find`: the longest input of the model the flags describe, on `device`.
+pub fn run(
+    args: &ProbeArgs,
+    model: &ModelConfig,
+    device: &candle_core::Device,
+    meter: &mut dyn MemoryMeter,
+    on: &str,
+    say: &dyn Fn(&str),
+) -> Result<(), Failure> {
+    let tuner = size_tuner(args);
+    let batch = args.batch.expect("clap requires --batch with --find");
+    match model {
+        ModelConfig::Transformer(config) => {
+            let range = SizeRange::up_to(config.seq_len).multiple_of(args.multiple_of);
+            check_range(range, "--seq-len")?;
+            let mut trainer = with_optimizer(args, config.build(device)?)?;
+            say(&format!(
+                "probing {} ({} parameters) for the longest sequence length at batch {batch}, up to {}, on {on}",
+                ReferenceWorkload::description(&trainer),
+                trainer.parameter_count(),
+                range.largest
+            ));
+            search(args, &tuner, &mut trainer, meter, range, ("seq-len", "largest_seq_len", "sequence length"))
+        }
+        ModelConfig::ConvNet(config) => {
+            let range = SizeRange::up_to(config.resolution).multiple_of(args.multiple_of.max(4));
+            check_range(range, "--resolution")?;
+            let mut trainer = with_optimizer(args, config.build(device)?)?;
+            say(&format!(
+                "probing {} ({} parameters) for the largest resolution at batch {batch}, up to {}, on {on}",
+                ReferenceWorkload::description(&trainer),
+                trainer.parameter_count(),
+                range.largest
+            ));
+            search(args, &tuner, &mut trainer, meter, range, ("resolution", "largest_resolution", "resolution"))
+        }
+        ModelConfig::Mlp(_) => unreachable!("check_flags refuses --find for the MLP"),
+    }
+}
+
+/// The trainer with `--optimizer`, in mixed precision under `--precision mixed`.
+pub fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result<Trainer<M>, autobatch::Error> {
+    let trainer = match crate::probe::optimizer_kind(args.optimizer) {
+        OptimizerKind::AdamW => trainer,
+        other => trainer.with_optimizer(other)?,
+    };
+    if args.precision == DtypeArg::Mixed {
+        trainer.into_mixed_precision()
+    } else {
+        Ok(trainer)
+    }
+}
+
+fn check_range(range: SizeRange, flag: &str) -> Result<(), Failure> {
+    if range.multiple_of > range.largest {
+        return Err(Failure::usage(format!(
+            "--multiple-of {} is above {flag} {}: no size to try; lower --multiple-of or raise {flag}",
+            range.multiple_of, range.largest
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! The longest input size that fits at a given batch: what
+//! [`Tuner::run_longest`](crate::Tuner::run_longest) finds.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{MeasuredGraph, SearchLimit, TrialKind, Warning};
+use crate::units::format_bytes;
+use crate::Outcome;
+
+/// The sizes a search over the input size may try: multiples of
+/// `multiple_of` from `smallest` (rounded up) to `largest` (rounded down),
+/// `largest` being the longest the workload takes (a transformer's positions).
+///
+/// ```
+/// use autobatch::SizeRange;
+///
+/// let range = SizeRange::up_to(2048).multiple_of(64);
+/// assert_eq!((range.smallest, range.largest, range.multiple_of), (64, 2048, 64));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeRange {
+    /// The shortest size to try (rounded up to `multiple_of`).
+    pub smallest: usize,
+    /// The longest size the workload takes (rounded down to `multiple_of`).
+    pub largest: usize,
+    /// Only sizes that are multiples of this are tried.
+    pub multiple_of: usize,
+}
+
+impl SizeRange {
+    /// Sizes up to `largest`, from 1, every one of them.
+    pub fn up_to(largest: usize) -> Self {
+        SizeRange { smallest: 1, largest, multiple_of: 1 }
+    }
+
+    /// Only multiples of `granule` (the smallest size becomes one granule
+    /// when it was below it).
+    pub fn multiple_of(mut self, granule: usize) -> Self {
+        self.multiple_of = granule;
+        self.smallest = self.smallest.max(granule);
+        self
+    }
+
+    /// The shortest size to try.
+    pub fn from(mut self, smallest: usize) -> Self {
+        self.smallest = smallest;
+        self
+    }
+}
+
+/// One measured step at one input size (at the search's batch).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SizeTrial {
+    /// The input size tried.
+    pub size: usize,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The device-wide peak the meter read after the step, when it could be read.
+    pub peak_bytes: Option<u64>,
+    /// Wall-clock time of the trial's steps.
+    #[serde(rename = "duration_s", with = "super::seconds")]
+    pub duration: Duration,
+    /// Device-wide bytes in use just before the trial.
+    pub baseline_bytes: u64,
+    /// Why the trial was run.
+    pub kind: TrialKind,
+}
+
+/// The longest input size that fits at one batch, verified like a batch
+/// search: a step at `largest_size` fits under the ceiling, and (when
+/// `proven_longest`) a step one granule longer was seen not to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LongestSize {
+    /// The batch every step ran at.
+    pub batch: usize,
+    /// The longest size seen to fit.
+    pub largest_size: usize,
+    /// Whether `largest_size + multiple_of` was seen not to fit.
+    pub proven_longest: bool,
+    /// Why it is not proven, when it is not. [`SearchLimit::MaxBatch`] here
+    /// means the range's longest size (the workload takes no longer one).
+    pub stopped_by: Option<SearchLimit>,
+    /// The peak of the step at `largest_size`.
+    pub peak_bytes: u64,
+    /// The device's capacity.
+    pub capacity_bytes: u64,
+    /// The utilization ceiling.
+    pub ceiling: f64,
+    /// The sizes searched.
+    pub range: SizeRange,
+    /// Whether the measured step reached every variable's gradient.
+    pub measured_graph: MeasuredGraph,
+    /// Every measured step, in order.
+    pub trials: Vec<SizeTrial>,
+    /// What the tuner or the workload noticed.
+    pub warnings: Vec<Warning>,
+}
+
+impl LongestSize {
+    /// The most a fitting step may use: ceiling × capacity.
+    pub fn limit_bytes(&self) -> u64 {
+        super::limit_bytes(self.ceiling, self.capacity_bytes)
+    }
+
+    /// The result as pretty JSON, `largest_size` under the name `key`
+    /// (`largest_seq_len`, `largest_resolution`) as well.
+    pub fn to_json_named(&self, key: &str) -> String {
+        let mut json = serde_json::to_value(self).expect("plain values serialize");
+        json[key] = self.largest_size.into();
+        serde_json::to_string_pretty(&json).expect("plain values serialize")
+    }
+
+    /// What stopped the search, in words about sizes (`what`: "sequence
+    /// length", "resolution").
+    pub fn describe_limit(&self, what: &str) -> Option<String> {
+        Some(match self.stopped_by.as_ref()? {
+            SearchLimit::MaxBatch { max_batch } => {
+                format!("{max_batch} is the largest {what} searched (the model's range): larger ones were not tried")
+            }
+            SearchLimit::MaxTrials { max_trials } => format!("stopped after {max_trials} search trials"),
+            SearchLimit::NextBatchNotTried { batch } => format!("{what} {batch} was not tried"),
+            SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure } => match smallest_failure {
+                Some(failure) => format!(
+                    "stopped at the {limit_ms} ms time limit: {what}s {}..={} are open ({failure} does not fit)",
+                    largest_fit + 1,
+                    failure - 1
+                ),
+                None => format!("stopped at the {limit_ms} ms time limit: {what}s above {largest_fit} were not tried"),
+            },
+            other => other.to_string(),
+        })
+    }
+
+    /// The summary in words: `what` names the size ("sequence length").
+    pub fn summary(&self, what: &str) -> String {
+        let proof = match self.describe_limit(what) {
+            None => "proven largest".to_owned(),
+            Some(limit) => format!("not proven largest: {limit}"),
+        };
+        let granule = if self.range.multiple_of > 1 {
+            format!(", multiples of {}", self.range.multiple_of)
+        } else {
+            String::new()
+        };
+        let mut out = format!(
+            "largest {what} at batch {}: {} ({proof}{granule}), peak {} = {:.1}% of {} (ceiling {:.0}%)\n",
+            self.batch,
+            self.largest_size,
+            format_bytes(self.peak_bytes),
+            100.0 * super::utilization(self.peak_bytes, self.capacity_bytes),
+            format_bytes(self.capacity_bytes),
+            100.0 * self.ceiling
+        );
+        for warning in &self.warnings {
+            out += &format!("warning: {warning}\n");
+        }
+        out
+    }
+}

@@ -1,0 +1,178 @@
+//! The longest input size that fits at a given batch: the batch search's
+//! engine run over the size, the batch held fixed.
+
+use log::info;
+
+use super::{Observer, Tuner};
+use crate::plan::{LongestSize, Objective, SizeRange, SizeTrial};
+use crate::{Error, MemoryMeter, Resizable, Workload};
+
+impl Tuner {
+    /// Finds the longest input size in `range` (a sequence length, an image
+    /// side, at its granule) whose step at `batch` fits under the ceiling,
+    /// exact and verified like the batch search: the answer fits, and
+    /// `answer + range.multiple_of` was seen not to (else the range's
+    /// longest size is the answer, and the result says so).
+    ///
+    /// The search is the tuner's own, over the size: [`Strategy::Predictive`](crate::Strategy::Predictive)
+    /// fits the peaks it measured (memory grows linearly in the length, and
+    /// quadratically with attention: its parabola forecast meets both) and
+    /// jumps near the answer; warm-up, re-check, [`max_trials`](Tuner::max_trials),
+    /// [`time_limit`](Tuner::time_limit), [`steps_per_trial`](Tuner::steps_per_trial),
+    /// [`strict`](Tuner::strict) and the ceiling apply as they do to batches.
+    /// The batch-only settings (`start`, `max_batch`, `multiple_of`, a target
+    /// effective batch, several ranks, [`Objective::Throughput`], a cache) do
+    /// not: set one and this fails with [`Error::NotForSizeSearch`] rather
+    /// than ignore it. The workload is put back at the size it had.
+    ///
+    /// When even the shortest size does not fit at `batch`, the result is
+    /// [`Error::NoSizeFits`]; a size the workload refuses to take
+    /// ([`Resizable::resize`] fails) ends the search with that error.
+    ///
+    /// ```
+    /// use autobatch::memory::simulated::SizedSimulation;
+    /// use autobatch::{SizeRange, Tuner};
+    ///
+    /// // 1 GiB fixed, 4 KiB per token and 1 KiB per token squared, at batch 8
+    /// let sim = SizedSimulation::new(16 << 30, 64, |batch, len| {
+    ///     (1 << 30) + (batch * len * 4096) as u64 + (batch * len * len * 1024) as u64
+    /// });
+    /// let (mut workload, mut meter) = sim.build();
+    /// let longest = Tuner::new().run_longest(&mut workload, &mut meter, 8, SizeRange::up_to(4096).multiple_of(64))?;
+    /// assert!(longest.proven_longest);
+    /// let peak = |len: u64| (1u64 << 30) + 8 * len * 4096 + 8 * len * len * 1024;
+    /// let limit = longest.limit_bytes();
+    /// assert!(peak(longest.largest_size as u64) <= limit && peak(longest.largest_size as u64 + 64) > limit);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn run_longest<W, M>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        batch: usize,
+        range: SizeRange,
+    ) -> Result<LongestSize, Error>
+    where
+        W: Resizable + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        self.run_longest_observed(workload, meter, batch, range, &mut ())
+    }
+
+    /// [`run_longest`](Tuner::run_longest), telling `observer` when the
+    /// search starts ([`Observer::size_search_started`]) and about every
+    /// trial (whose `batch` is then the size).
+    pub fn run_longest_observed<W, M, O>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        batch: usize,
+        range: SizeRange,
+        observer: &mut O,
+    ) -> Result<LongestSize, Error>
+    where
+        W: Resizable + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
+        self.check()?;
+        if batch == 0 {
+            return Err(Error::Zero { setting: "batch" });
+        }
+        self.check_for_size_search()?;
+        let over_sizes = Tuner {
+            start: range.smallest,
+            max_batch: Some(range.largest),
+            multiple_of: range.multiple_of,
+            profile: None,
+            cache_key: None,
+            ..self.clone()
+        };
+        over_sizes.check()?;
+        let original = workload.size();
+        observer.size_search_started(batch);
+        let mut at_batch = AtBatch { workload: &mut *workload, batch, refused: None };
+        let result = over_sizes.run_observed(&mut at_batch, meter, observer);
+        let refused = at_batch.refused.take();
+        let restored = workload.resize(original);
+        let plan = match (result, refused) {
+            (_, Some(refused)) => return Err(refused),
+            (Err(Error::NothingFits { batch: size, outcome, peak_bytes, capacity_bytes, limit_bytes, .. }), None) => {
+                return Err(Error::NoSizeFits { batch, size, outcome, peak_bytes, capacity_bytes, limit_bytes })
+            }
+            (result, None) => result?,
+        };
+        restored?;
+        info!("longest size at batch {batch}: {}", plan.largest_batch);
+        Ok(LongestSize {
+            batch,
+            largest_size: plan.largest_batch,
+            proven_longest: plan.proven_largest,
+            stopped_by: plan.stopped_by,
+            peak_bytes: plan.peak_bytes,
+            capacity_bytes: plan.capacity_bytes,
+            ceiling: plan.ceiling,
+            range,
+            measured_graph: plan.measured_graph,
+            trials: plan
+                .trials
+                .into_iter()
+                .map(|trial| SizeTrial {
+                    size: trial.batch,
+                    outcome: trial.outcome,
+                    peak_bytes: trial.peak_bytes,
+                    duration: trial.duration,
+                    baseline_bytes: trial.baseline_bytes,
+                    kind: trial.kind,
+                })
+                .collect(),
+            warnings: plan.warnings,
+        })
+    }
+
+    /// The settings of a batch search that mean nothing over sizes.
+    fn check_for_size_search(&self) -> Result<(), Error> {
+        let default = Tuner::default();
+        let given = [
+            ("start", self.start != default.start),
+            ("max_batch", self.max_batch.is_some()),
+            ("multiple_of", self.multiple_of != default.multiple_of),
+            ("target_effective_batch", self.target_effective_batch.is_some()),
+            ("world_size", self.world_size != 1),
+            ("objective", self.objective != Objective::LargestBatch),
+            ("uneven_ranks", self.uneven_ranks),
+            ("cache", self.cache_path.is_some()),
+        ];
+        match given.into_iter().find(|&(_, set)| set) {
+            Some((setting, _)) => Err(Error::NotForSizeSearch { setting }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The workload at a fixed batch, stepped by size.
+struct AtBatch<'a, W: ?Sized> {
+    workload: &'a mut W,
+    batch: usize,
+    /// The workload's refusal of a size: ends the search as itself.
+    refused: Option<Error>,
+}
+
+impl<W: Resizable + ?Sized> Workload for AtBatch<'_, W> {
+    fn step(&mut self, size: usize) -> candle_core::Result<()> {
+        if let Err(err) = self.workload.resize(size) {
+            let message = format!("the workload refused size {size}: {err}");
+            self.refused = Some(err);
+            return Err(candle_core::Error::Msg(message));
+        }
+        self.workload.step(self.batch)
+    }
+
+    fn diagnose(&mut self) -> Vec<crate::Warning> {
+        self.workload.diagnose()
+    }
+
+    fn tuning_finished(&mut self) {
+        self.workload.tuning_finished();
+    }
+}

@@ -1,0 +1,162 @@
+//! The longest input size at a fixed batch on simulated devices whose memory
+//! grows with the tokens and tokens × length: the answer fits and one granule
+//! longer does not (brute force), or the range's end is the answer and the
+//! result says so; Predictive needs fewer trials than bisection; bad settings
+//! and refusals are errors.
+
+use autobatch::memory::simulated::SizedSimulation;
+use autobatch::search::SearchSpace;
+use autobatch::{Error, LongestSize, Outcome, Resizable, SearchLimit, SizeRange, Strategy as Search, Tuner};
+use proptest::prelude::*;
+
+const GIB: u64 = 1 << 30;
+
+/// fixed + per_token·b·s + per_token_length·b·s² bytes, on `capacity_gib`.
+#[derive(Clone, Copy, Debug)]
+struct Curve {
+    capacity_gib: u64,
+    fixed: u64,
+    per_token: u64,
+    per_token_length: u64,
+}
+
+impl Curve {
+    fn bytes(self, batch: usize, len: usize) -> u64 {
+        let (b, s) = (batch as u64, len as u64);
+        self.fixed + self.per_token * b * s + self.per_token_length * b * s * s
+    }
+
+    fn limit(self) -> u64 {
+        (0.9 * (self.capacity_gib * GIB) as f64).floor() as u64
+    }
+
+    /// The longest multiple of `granule` up to `largest` that fits at `batch`, by scanning.
+    fn brute_force(self, batch: usize, range: SizeRange) -> Option<usize> {
+        let space = SearchSpace::new(range.smallest, Some(range.largest), range.multiple_of).unwrap();
+        (space.first()..=space.last())
+            .step_by(range.multiple_of)
+            .take_while(|&len| self.bytes(batch, len) <= self.limit())
+            .last()
+    }
+}
+
+fn curve_strategy() -> impl Strategy<Value = Curve> {
+    (8u64..=141, 0u64..4 * GIB, 1u64..=64 << 10, 0u64..=4096).prop_map(
+        |(capacity_gib, fixed, per_token, per_token_length)| Curve { capacity_gib, fixed, per_token, per_token_length },
+    )
+}
+
+fn run(tuner: &Tuner, curve: Curve, batch: usize, range: SizeRange) -> Result<LongestSize, Error> {
+    let sim = SizedSimulation::new(curve.capacity_gib * GIB, 7, move |b, s| curve.bytes(b, s));
+    let (mut workload, mut meter) = sim.build();
+    let result = tuner.run_longest(&mut workload, &mut meter, batch, range);
+    assert_eq!(workload.size(), 7, "the workload is put back at its size");
+    result
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn the_longest_size_fits_and_one_granule_longer_does_not(
+        curve in curve_strategy(),
+        batch in 1usize..=64,
+        largest in 64usize..=1 << 17,
+        granule in prop_oneof![Just(1usize), Just(8), Just(64)],
+        strategy in prop_oneof![Just(Search::Predictive), Just(Search::Binary)],
+    ) {
+        let range = SizeRange::up_to(largest).multiple_of(granule);
+        let truth = curve.brute_force(batch, range);
+        let result = run(&Tuner::new().strategy(strategy), curve, batch, range);
+        let Some(truth) = truth else {
+            prop_assert!(matches!(result, Err(Error::NoSizeFits { batch: b, .. }) if b == batch), "{:?}", result);
+            return Ok(());
+        };
+        let longest = result.unwrap();
+        prop_assert_eq!(longest.largest_size, truth, "{:?}", longest.trials);
+        prop_assert_eq!(longest.peak_bytes, curve.bytes(batch, truth));
+        prop_assert!(longest.trials.iter().any(|t| t.size == truth && t.outcome == Outcome::Fits));
+        let last = largest / granule * granule;
+        if truth == last {
+            prop_assert!(!longest.proven_longest);
+            prop_assert_eq!(longest.stopped_by, Some(SearchLimit::MaxBatch { max_batch: last }));
+        } else {
+            prop_assert!(longest.proven_longest);
+            prop_assert!(longest.trials.iter().any(|t| t.size == truth + granule && !t.outcome.fits()));
+        }
+    }
+}
+
+/// Memory quadratic in the length (attention) with a long range: the
+/// predictive search reaches the same answer in fewer steps than bisection.
+#[test]
+fn predictive_finds_the_length_in_fewer_trials_than_bisection() {
+    let mut trials = [0usize; 2];
+    let cases =
+        [(80, GIB, 16 << 10, 2048), (24, 0, 4 << 10, 64), (141, 2 * GIB, 1 << 10, 512), (16, GIB / 2, 64 << 10, 0)];
+    for (capacity_gib, fixed, per_token, per_token_length) in cases {
+        let curve = Curve { capacity_gib, fixed, per_token, per_token_length };
+        let range = SizeRange::up_to(1 << 20).multiple_of(16);
+        for (index, strategy) in [Search::Predictive, Search::Binary].into_iter().enumerate() {
+            let longest = run(&Tuner::new().strategy(strategy), curve, 8, range).unwrap();
+            assert_eq!(Some(longest.largest_size), curve.brute_force(8, range));
+            trials[index] += longest.trials.len();
+        }
+    }
+    assert!(trials[0] * 2 <= trials[1], "predictive {} trials, binary {}", trials[0], trials[1]);
+}
+
+#[test]
+fn batch_search_settings_are_refused_not_ignored() {
+    let curve = Curve { capacity_gib: 16, fixed: 0, per_token: 1 << 10, per_token_length: 0 };
+    let range = SizeRange::up_to(4096);
+    for (tuner, setting) in [
+        (Tuner::new().target_effective_batch(64), "target_effective_batch"),
+        (Tuner::new().world_size(2), "world_size"),
+        (Tuner::new().max_batch(8), "max_batch"),
+        (Tuner::new().multiple_of(8), "multiple_of"),
+        (Tuner::new().objective(autobatch::Objective::Throughput), "objective"),
+        (Tuner::new().cache("/tmp/never-written.json"), "cache"),
+    ] {
+        let err = run(&tuner, curve, 4, range).unwrap_err();
+        assert!(matches!(err, Error::NotForSizeSearch { setting: s } if s == setting), "{err}");
+        assert!(err.is_configuration());
+    }
+    assert!(matches!(run(&Tuner::new(), curve, 0, range), Err(Error::Zero { setting: "batch" })));
+    let err = run(&Tuner::new(), curve, 4, SizeRange::up_to(100).from(200)).unwrap_err();
+    assert!(matches!(err, Error::MaxBatchBelowStart { .. }), "{err}");
+}
+
+/// A size the workload cannot take ends the search with the workload's own error.
+#[test]
+fn a_refused_size_is_the_workloads_error() {
+    struct Positions {
+        size: usize,
+        max: usize,
+    }
+    impl autobatch::Workload for Positions {
+        fn step(&mut self, _batch: usize) -> candle_core::Result<()> {
+            Ok(())
+        }
+    }
+    impl Resizable for Positions {
+        fn resize(&mut self, size: usize) -> autobatch::Result<()> {
+            if size > self.max {
+                return Err(Error::SizeOutOfRange { size, longest: self.max });
+            }
+            self.size = size;
+            Ok(())
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+    }
+    let mut workload = Positions { size: 32, max: 512 };
+    let mut meter =
+        autobatch::memory::simulated::Simulation::new(GIB, autobatch::memory::simulated::MemoryCurve::affine(0, 1))
+            .build()
+            .1;
+    let err = Tuner::new().run_longest(&mut workload, &mut meter, 4, SizeRange::up_to(4096)).unwrap_err();
+    assert!(matches!(err, Error::SizeOutOfRange { size, longest: 512 } if size > 512), "{err}");
+    assert_eq!(workload.size, 32);
+}
