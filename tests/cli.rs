@@ -707,3 +707,142 @@ fn find_flags_that_do_not_apply_are_refused() {
     );
     assert_usage_error(&["probe", "--find", "seq-len", "--batch", "4", "--multiple-of", "128"], "no size to try");
 }
+
+/// An SVG chart `probe --plot` wrote, read as XML: its texts, and the
+/// pixel height of a memory value by the y axis's tick labels.
+struct Chart {
+    texts: Vec<String>,
+    /// (pixel y, value) of the y axis's numeric tick labels.
+    y_ticks: Vec<(f64, f64)>,
+    /// Each polyline's stroke colour and points.
+    lines: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+impl Chart {
+    fn read(path: &std::path::Path) -> Chart {
+        let svg = std::fs::read_to_string(path).unwrap();
+        let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let mut chart = Chart { texts: Vec::new(), y_ticks: Vec::new(), lines: Vec::new() };
+        for node in doc.descendants().filter(|n| n.is_element()) {
+            match node.tag_name().name() {
+                "text" => {
+                    let text = node.text().unwrap_or("").trim().to_owned();
+                    if node.attribute("text-anchor") == Some("end") {
+                        if let (Ok(value), Some(y)) = (text.parse::<f64>(), node.attribute("y")) {
+                            chart.y_ticks.push((y.parse().unwrap(), value));
+                        }
+                    }
+                    chart.texts.push(text);
+                }
+                "polyline" => {
+                    let points = node.attribute("points").unwrap_or("").split_whitespace().map(|pair| {
+                        let (x, y) = pair.split_once(',').unwrap();
+                        (x.parse().unwrap(), y.parse().unwrap())
+                    });
+                    chart.lines.push((node.attribute("stroke").unwrap_or("").to_owned(), points.collect()));
+                }
+                _ => {}
+            }
+        }
+        chart
+    }
+
+    fn says(&self, part: &str) -> bool {
+        self.texts.iter().any(|t| t.contains(part))
+    }
+
+    /// The pixel y of `value` on the y axis, by its first and last tick.
+    fn y_of(&self, value: f64) -> f64 {
+        let (first, last) = (self.y_ticks[0], self.y_ticks[self.y_ticks.len() - 1]);
+        first.0 + (value - first.1) * (last.0 - first.0) / (last.1 - first.1)
+    }
+
+    /// The pixel y of the horizontal line drawn in `stroke` across the chart,
+    /// checking that every piece of it is at one height and that it spans
+    /// most of the width.
+    fn horizontal_line(&self, stroke: &str) -> f64 {
+        let pieces: Vec<&Vec<(f64, f64)>> = self
+            .lines
+            .iter()
+            .filter(|(s, points)| s == stroke && points.len() == 2 && points[0].1 == points[1].1)
+            .map(|(_, p)| p)
+            .collect();
+        assert!(!pieces.is_empty(), "no horizontal {stroke} line");
+        // the longest at one height (the legend has a short swatch of it too)
+        let span = |y: f64| pieces.iter().filter(|p| p[0].1 == y).map(|p| (p[1].0 - p[0].0).abs()).sum::<f64>();
+        let y = pieces.iter().map(|p| p[0].1).max_by(|a, b| span(*a).total_cmp(&span(*b))).unwrap();
+        assert!(span(y) > 400.0, "the {stroke} line at y {y} spans {} px", span(y));
+        y
+    }
+}
+
+/// `--plot` draws every trial, the ceiling at its height, the capacity and
+/// the chosen batch; for --find, --seq-lens and --compare, their own chart.
+#[test]
+fn plots_are_svg_with_the_ceiling_where_it_is() {
+    let folder = std::env::temp_dir().join(format!("autobatch-plots-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let path = |name: &str| folder.join(name);
+    let run = |args: &[&str]| {
+        let output = autobatch(args);
+        assert!(output.status.success(), "{args:?}: {}", text(&output.stderr));
+        serde_json::from_str::<serde_json::Value>(&text(&output.stdout)).unwrap()
+    };
+
+    let probe = path("probe.svg");
+    let plan = run(&["probe", "--budget", "128MiB", "--json", "--plot", probe.to_str().unwrap()]);
+    let chart = Chart::read(&probe);
+    assert!(chart.says("transformer(vocab 256") && chart.says("128 MiB budget"), "title: {:?}", chart.texts);
+    assert!(chart.says("ceiling 90%") && chart.says("capacity 128 MiB"), "{:?}", chart.texts);
+    assert!(chart.says(&format!("chosen: batch {}", plan["largest_batch"])), "{:?}", chart.texts);
+    assert!(chart.says("memory model:") && chart.says("fits") && chart.says("over the ceiling"), "{:?}", chart.texts);
+    let limit = 0.9 * 128.0;
+    assert!(
+        (chart.horizontal_line("#D62728") - chart.y_of(limit)).abs() <= 2.0,
+        "the ceiling line is not at {limit} MiB"
+    );
+    assert!((chart.horizontal_line("#000000") - chart.y_of(128.0)).abs() <= 2.0, "the capacity line is not at 128 MiB");
+    let fits = plan["trials"].as_array().unwrap().iter().filter(|t| t["outcome"] == "fits").count();
+    let circles = std::fs::read_to_string(&probe).unwrap().matches("<circle").count();
+    assert!(circles > fits, "a mark per fitting trial (+ the legend's): {circles} for {fits}");
+
+    let find = path("find.svg");
+    run(&[
+        "probe",
+        "--find",
+        "seq-len",
+        "--batch",
+        "4",
+        "--seq-len",
+        "512",
+        "--budget",
+        "96MiB",
+        "--json",
+        "--plot",
+        find.to_str().unwrap(),
+    ]);
+    let chart = Chart::read(&find);
+    assert!(chart.says("seq-len") && chart.says("at batch 4") && chart.says("chosen: seq-len"), "{:?}", chart.texts);
+    assert!((chart.horizontal_line("#D62728") - chart.y_of(0.9 * 96.0)).abs() <= 2.0);
+
+    let sizes = path("sizes.svg");
+    run(&["probe", "--seq-lens", "32,64", "--json", "--plot", sizes.to_str().unwrap()]);
+    let chart = Chart::read(&sizes);
+    assert!(
+        chart.says("token budget:") && chart.says("verified (probed)") && chart.says("sequence length"),
+        "{:?}",
+        chart.texts
+    );
+
+    let compare = path("compare.svg");
+    run(&["probe", "--model", "mlp", "--compare", "--budget", "32MiB", "--json", "--plot", compare.to_str().unwrap()]);
+    let chart = Chart::read(&compare);
+    for name in ["as it is", "bf16", "mixed precision", "lion optimizer", "largest batch", "bytes per sample"] {
+        assert!(chart.says(name), "{name}: {:?}", chart.texts);
+    }
+    std::fs::remove_dir_all(&folder).unwrap();
+
+    assert_usage_error(&["probe", "--plot", "chart.png"], "name a .svg file");
+    assert_usage_error(&["probe", "--plot", "/no/such/folder/chart.svg"], "does not exist");
+}

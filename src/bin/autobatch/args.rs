@@ -229,6 +229,14 @@ pub struct ProbeArgs {
     /// The batch --find holds fixed.
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Longest input")]
     pub batch: Option<usize>,
+    /// Draw what the search measured into this SVG file: peak memory against
+    /// the batch for every trial with the ceiling, the capacity, the fitted
+    /// memory model and the chosen batch (with --seq-lens: the largest batch
+    /// against the length and the token budget; with --compare: each
+    /// variant's largest batch and bytes per sample; with --find: peak
+    /// against the input size).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
     /// Print the plan as JSON on stdout (trials and logs go to stderr).
     #[arg(long)]
     pub json: bool,

@@ -21,6 +21,10 @@ impl Failure {
         Failure { message: message.into(), kind: Kind::Usage }
     }
 
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Failure { message: message.into(), kind: Kind::Runtime }
+    }
+
     pub fn nothing_fits(message: impl Into<String>) -> Self {
         Failure { message: message.into(), kind: Kind::NothingFits }
     }

@@ -77,12 +77,16 @@ fn search<W: Resizable + ?Sized>(
     meter: &mut dyn MemoryMeter,
     range: SizeRange,
     (word, key, what): (&'static str, &str, &str),
+    title: &str,
 ) -> Result<(), Failure> {
     let batch = args.batch.expect("clap requires --batch with --find");
     let mut progress = Progress::new(args.json).sizes(word);
     let result = tuner.run_longest_observed(trainer, meter, batch, range, &mut progress);
     drop(progress);
     let longest = result?;
+    if let Some(path) = &args.plot {
+        crate::plot::longest(path, title, word, &longest)?;
+    }
     if args.json {
         println!("{}", longest.to_json_named(key));
     } else {
@@ -113,7 +117,9 @@ pub fn run(
                 trainer.parameter_count(),
                 range.largest
             ));
-            search(args, &tuner, &mut trainer, meter, range, ("seq-len", "largest_seq_len", "sequence length"))
+            let title = format!("{} at batch {batch} on {on}", ReferenceWorkload::description(&trainer));
+            let names = ("seq-len", "largest_seq_len", "sequence length");
+            search(args, &tuner, &mut trainer, meter, range, names, &title)
         }
         ModelConfig::ConvNet(config) => {
             let range = SizeRange::up_to(config.resolution).multiple_of(args.multiple_of.max(4));
@@ -125,7 +131,9 @@ pub fn run(
                 trainer.parameter_count(),
                 range.largest
             ));
-            search(args, &tuner, &mut trainer, meter, range, ("resolution", "largest_resolution", "resolution"))
+            let title = format!("{} at batch {batch} on {on}", ReferenceWorkload::description(&trainer));
+            let names = ("resolution", "largest_resolution", "resolution");
+            search(args, &tuner, &mut trainer, meter, range, names, &title)
         }
         ModelConfig::Mlp(_) => unreachable!("check_flags refuses --find for the MLP"),
     }

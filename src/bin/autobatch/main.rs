@@ -7,6 +7,7 @@ mod failure;
 mod find;
 mod limits;
 mod parse;
+mod plot;
 mod probe;
 mod progress;
 

@@ -349,6 +349,24 @@ fn check_compare(args: &ProbeArgs) -> Result<(), Failure> {
     }
 }
 
+/// `--plot` names an SVG file in a folder that exists: said before the search
+/// runs, not after.
+fn check_plot(args: &ProbeArgs) -> Result<(), Failure> {
+    let Some(path) = &args.plot else { return Ok(()) };
+    if path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() != Some("svg") {
+        return Err(Failure::usage(format!("--plot {}: the chart is SVG; name a .svg file", path.display())));
+    }
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if !folder.is_dir() {
+        return Err(Failure::usage(format!(
+            "--plot {}: the folder {} does not exist",
+            path.display(),
+            folder.display()
+        )));
+    }
+    Ok(())
+}
+
 /// `--seq-lens` goes with a plain probe of a transformer that takes the longest.
 fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
     let Some(&longest) = args.seq_lens.iter().max() else { return Ok(()) };
@@ -376,6 +394,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     }
     check_seq_lens(args)?;
     crate::find::check_flags(args)?;
+    check_plot(args)?;
     let tuner = tuner(args);
     tuner.check()?;
     let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };
@@ -404,11 +423,12 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 },
                 _ => failure,
             };
+            let on = format!("the CPU under a {} budget", format_bytes(budget));
             if args.compare {
-                say(&format!("comparing remedies on the CPU under a {} budget ({why})", format_bytes(budget)));
-                return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter).map_err(blame_scratch);
+                say(&format!("comparing remedies on {on} ({why})"));
+                return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter, &on)
+                    .map_err(blame_scratch);
             }
-            let on = format!("the CPU under a {} budget ({why})", format_bytes(budget));
             if args.find.is_some() {
                 return crate::find::run(args, &model, &candle_core::Device::Cpu, &mut meter, &on, &say)
                     .map_err(blame_scratch);
@@ -418,8 +438,12 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
                     .map_err(blame_scratch);
             }
             let mut workload = model.build(&candle_core::Device::Cpu, args)?;
-            say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
-            tune(args, &tuner, &mut *workload, &mut meter).map_err(blame_scratch)
+            say(&format!(
+                "probing {} ({} parameters) on {on} ({why})",
+                workload.description(),
+                workload.parameter_count()
+            ));
+            tune(args, &tuner, &mut *workload, &mut meter, &on).map_err(blame_scratch)
         }
         DeviceSpec::Cuda(ordinal) => {
             if args.budget.is_some() {
@@ -437,6 +461,7 @@ fn compare(
     model: &ModelConfig,
     device: &candle_core::Device,
     meter: &mut dyn MemoryMeter,
+    on: &str,
 ) -> Result<(), Failure> {
     use autobatch::tuner::Variant;
     // what the analytical model expects of each remedy's bytes per sample,
@@ -502,6 +527,20 @@ fn compare(
         row.predicted_bytes_per_sample = base.map(|base| base * factor);
     }
     let nothing_fits = comparison.rows.iter().all(|row| row.plan.is_none());
+    if let Some(path) = &args.plot {
+        let bars: Vec<crate::plot::VariantBar> = comparison
+            .rows
+            .iter()
+            .map(|row| crate::plot::VariantBar {
+                name: row.name.clone(),
+                largest_batch: row.largest_batch(),
+                bytes_per_sample: row.memory().map(|m| m.0),
+                estimated_bytes_per_sample: row.predicted_bytes_per_sample,
+            })
+            .collect();
+        let title = format!("remedies for the {} on {on}", model_name(args.model));
+        crate::plot::compare(path, &title, &bars)?;
+    }
     if args.json {
         let rows: Vec<serde_json::Value> = comparison
             .rows
@@ -555,6 +594,7 @@ fn tune(
     tuner: &Tuner,
     workload: &mut dyn ReferenceWorkload,
     meter: &mut dyn MemoryMeter,
+    on: &str,
 ) -> Result<(), Failure> {
     let mut progress = Progress::new(args.json);
     let result = if args.eval {
@@ -574,6 +614,9 @@ fn tune(
         println!("{}", plan.to_json());
     } else {
         println!("{}", plan.summary());
+    }
+    if let Some(path) = &args.plot {
+        crate::plot::plan(path, &format!("{} on {on}", workload.description()), &plan)?;
     }
     Ok(())
 }
@@ -599,6 +642,10 @@ fn tune_lengths(
     let result = tuner.run_sizes_observed(&mut trainer, meter, &args.seq_lens, &mut progress);
     drop(progress);
     let plan = result?;
+    if let Some(path) = &args.plot {
+        let title = format!("{} on {on}", ReferenceWorkload::description(&trainer));
+        crate::plot::sizes(path, &title, &plan)?;
+    }
     if args.json {
         println!("{}", plan.to_json());
         return Ok(());
@@ -654,7 +701,7 @@ fn cuda(
     }
     let mut workload = model.build(&device, args)?;
     say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
-    tune(args, tuner, &mut *workload, &mut meter)
+    tune(args, tuner, &mut *workload, &mut meter, &on)
 }
 
 #[cfg(test)]
