@@ -681,6 +681,34 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The longest length of your model at a fixed batch (`Tuner::run_longest`
+/// over `ModelProbe::by_size`): the answer's step fits, one token longer
+/// does not, no weight changed, and the probe is left at its length.
+fn your_models_longest_length_at_a_batch_is_exact() {
+    use autobatch::{Resizable, SizeRange};
+    let (varmap, model) = gpt(false);
+    let before = bits(&varmap);
+    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
+    let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
+    // a batch that fits at the shortest lengths and not at SEQ
+    let at_seq = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch;
+    let batch = 2 * at_seq;
+    let longest = Tuner::new().run_longest(&mut probe, &mut meter, batch, SizeRange::up_to(SEQ)).unwrap();
+    eprint!("{}", longest.summary("sequence length"));
+    let (len, limit) = (longest.largest_size, longest.limit_bytes());
+    assert!(longest.proven_longest && len < SEQ, "{longest:?}");
+    assert_eq!(probe.size(), SEQ);
+    drop(longest);
+    assert!(bits(&varmap) == before, "probing changed a weight");
+    probe.resize(len).unwrap();
+    let fits = peak_of(&mut probe, batch);
+    probe.resize(len + 1).unwrap();
+    let next = peak_of(&mut probe, batch);
+    assert!(fits <= limit + TOLERANCE, "length {len} at batch {batch} peaks at {fits} > {limit}");
+    assert!(next > limit - TOLERANCE, "length {} at batch {batch} peaks at {next} <= {limit}", len + 1);
+}
+
 /// `TrainLoop::step_with_backward` scales the loss and the gradients itself:
 /// one accumulated step with checkpointing moves the weights as `step` does
 /// with the plain backward pass (no scale applied by hand). And a
@@ -744,6 +772,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
 
 fn main() {
     let tests: &[(&str, fn())] = &[
+        ("your_models_longest_length_at_a_batch_is_exact", your_models_longest_length_at_a_batch_is_exact),
         ("the_answer_is_exact_and_probing_changes_no_weight", the_answer_is_exact_and_probing_changes_no_weight),
         ("a_fused_op_that_cuts_gradients_is_named", a_fused_op_that_cuts_gradients_is_named),
         (
