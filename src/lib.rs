@@ -138,7 +138,7 @@ pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 pub use memory::CudaMeter;
 pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use model::{ModelProbe, TrainLoop};
-pub use oom::is_oom;
+pub use oom::{is_oom, may_be_oom};
 pub use plan::{
     plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, EvaluationPlan, LongestSize,
     MeasuredGraph, MemoryModel, Objective, Plan, RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan,

@@ -2,21 +2,30 @@
 
 use candle_core::Error as CandleError;
 
-/// The CUDA driver's out-of-memory code and cuBLAS's allocation failure, as
-/// they appear in the text of candle's errors (cudarc prints the enum names).
-const OOM_CODES: [&str; 2] = ["CUDA_ERROR_OUT_OF_MEMORY", "CUBLAS_STATUS_ALLOC_FAILED"];
+/// The CUDA driver's out-of-memory code, cuBLAS's and cuRAND's allocation
+/// failures, as they appear in the text of candle's errors (cudarc prints the
+/// enum names).
+const OOM_CODES: [&str; 3] =
+    ["CUDA_ERROR_OUT_OF_MEMORY", "CUBLAS_STATUS_ALLOC_FAILED", "CURAND_STATUS_ALLOCATION_FAILED"];
+
+/// cuBLAS's execution failure: what a kernel loaded lazily at a new shape
+/// reports when it cannot get its memory, and also what a real fault reports.
+const MAYBE_OOM_CODES: [&str; 1] = ["CUBLAS_STATUS_EXECUTION_FAILED"];
 
 /// Whether a workload's error means the device ran out of memory.
 ///
 /// Recognizes the CUDA driver's `CUDA_ERROR_OUT_OF_MEMORY` (also when raised
-/// while loading a kernel module) and cuBLAS's `CUBLAS_STATUS_ALLOC_FAILED`,
+/// while loading a kernel module), cuBLAS's `CUBLAS_STATUS_ALLOC_FAILED` and
+/// cuRAND's `CURAND_STATUS_ALLOCATION_FAILED` (a dropout mask's generator),
 /// however candle wraps them: `Error::Cuda`, `Context`, `WithBacktrace`,
 /// `WithPath`, `Wrapped`, `WrappedContext`, and errors turned into text
 /// (`Msg`). The typed value is looked at first (with the `cuda` feature), its
 /// text and source chain otherwise: some candle paths (`synchronize`) wrap the
 /// driver error in a way that only the text survives. Nothing else counts: a
 /// shape error, an illegal address, a cuBLAS execution failure or the word
-/// "memory" in a message are not out-of-memory.
+/// "memory" in a message are not out-of-memory. (The tuner counts a cuBLAS
+/// execution failure as out of memory only where the same step ran at a
+/// smaller batch: see [`may_be_oom`].)
 ///
 /// ```
 /// use autobatch::is_oom;
@@ -39,6 +48,48 @@ pub fn is_oom(err: &CandleError) -> bool {
     }
 }
 
+/// Whether a step's error may be the device running out of memory without
+/// saying so: cuBLAS's `CUBLAS_STATUS_EXECUTION_FAILED`, which a kernel
+/// loaded lazily at a new, larger shape reports when it cannot get memory
+/// (and which a real fault reports too). The tuner counts it as out of
+/// memory only at a batch above one the same step already ran at, where the
+/// kernels are the same and only the memory grew; anywhere else it is an error.
+///
+/// ```
+/// use autobatch::may_be_oom;
+/// use candle_core::Error;
+///
+/// assert!(may_be_oom(&Error::Msg("CublasError(CUBLAS_STATUS_EXECUTION_FAILED)".into())));
+/// assert!(!may_be_oom(&Error::Msg("shape mismatch".into())));
+/// ```
+pub fn may_be_oom(err: &CandleError) -> bool {
+    is_oom(err) || error_text_matches(err, &MAYBE_OOM_CODES)
+}
+
+/// Whether a meter's error (a synchronize after the step, a peak read) is
+/// the device running out of memory: an asynchronous failure can surface
+/// there after the step itself returned.
+pub(crate) fn meter_error_is_oom(err: &crate::Error) -> bool {
+    match err {
+        crate::Error::Meter(source) => source_is_oom(source.as_ref()),
+        crate::Error::Candle(source) => is_oom(source),
+        _ => false,
+    }
+}
+
+fn error_text_matches(err: &CandleError, codes: &[&str]) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if codes.iter().any(|code| text.contains(code)) {
+            return true;
+        }
+        next = err.source();
+    }
+    // candle's wrappers do not all chain their source: their text does
+    codes.iter().any(|code| format!("{err:?}").contains(code))
+}
+
 fn source_is_oom(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(err);
     while let Some(err) = next {
@@ -48,6 +99,10 @@ fn source_is_oom(err: &(dyn std::error::Error + 'static)) -> bool {
         #[cfg(feature = "cuda")]
         if let Some(cuda) = err.downcast_ref::<candle_core::cuda_backend::CudaError>() {
             return cuda_error_is_oom(cuda);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(driver) = err.downcast_ref::<cudarc::driver::DriverError>() {
+            return driver.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         }
         if text_is_oom(&err.to_string()) {
             return true;
@@ -68,6 +123,9 @@ fn cuda_error_is_oom(err: &candle_core::cuda_backend::CudaError) -> bool {
         }
         CudaError::Cublas(cublas::result::CublasError(status)) => {
             *status == cublas::sys::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED
+        }
+        CudaError::Curand(candle_core::cuda_backend::cudarc::curand::result::CurandError(status)) => {
+            *status == candle_core::cuda_backend::cudarc::curand::sys::curandStatus_t::CURAND_STATUS_ALLOCATION_FAILED
         }
         _ => false,
     }
@@ -122,6 +180,7 @@ mod tests {
         let cases: Vec<(&str, CandleError, bool)> = vec![
             ("driver oom", cuda(DRIVER_OOM), true),
             ("cublas alloc failed", cuda(CUBLAS_OOM), true),
+            ("curand allocation failed", cuda("CurandError(CURAND_STATUS_ALLOCATION_FAILED)"), true),
             (
                 "driver oom loading a module",
                 cuda("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\") when loading affine"),
@@ -167,11 +226,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_cublas_execution_failure_may_be_out_of_memory_and_nothing_else_new_is() {
+        let failed = || cuda("CublasError(CUBLAS_STATUS_EXECUTION_FAILED)");
+        assert!(!is_oom(&failed()) && may_be_oom(&failed()));
+        assert!(may_be_oom(&backtrace(failed()).context("gemm")));
+        assert!(may_be_oom(&CandleError::Msg("CublasError(CUBLAS_STATUS_EXECUTION_FAILED)".into())));
+        assert!(may_be_oom(&cuda(DRIVER_OOM)), "an out-of-memory error is one");
+        for other in
+            ["DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"illegal\")", "CublasError(CUBLAS_STATUS_NOT_SUPPORTED)"]
+        {
+            assert!(!may_be_oom(&cuda(other)), "{other}");
+        }
+    }
+
+    #[test]
+    fn an_out_of_memory_error_at_the_meters_synchronize_is_recognized() {
+        assert!(meter_error_is_oom(&crate::Error::meter(Text(DRIVER_OOM))));
+        assert!(meter_error_is_oom(&crate::Error::Candle(cuda(CUBLAS_OOM))));
+        assert!(!meter_error_is_oom(&crate::Error::meter(Text("DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"\")"))));
+        assert!(!meter_error_is_oom(&crate::Error::Zero { setting: "x" }));
+    }
+
     /// The real error types of candle's CUDA backend (no GPU needed to build them).
     #[cfg(feature = "cuda")]
     mod cuda {
         use super::*;
         use candle_core::cuda_backend::cudarc::cublas::{result::CublasError, sys::cublasStatus_t};
+        use candle_core::cuda_backend::cudarc::curand::{result::CurandError, sys::curandStatus_t};
         use candle_core::cuda_backend::cudarc::driver::{sys::CUresult, DriverError};
         use candle_core::cuda_backend::CudaError;
 
@@ -217,6 +299,21 @@ mod tests {
                     false,
                 ),
                 ("missing kernel", candle(CudaError::MissingKernel { module_name: "affine".into() }), false),
+                (
+                    "curand allocation failed",
+                    candle(CudaError::Curand(CurandError(curandStatus_t::CURAND_STATUS_ALLOCATION_FAILED))),
+                    true,
+                ),
+                (
+                    "curand other",
+                    candle(CudaError::Curand(CurandError(curandStatus_t::CURAND_STATUS_LAUNCH_FAILURE))),
+                    false,
+                ),
+                (
+                    "driver oom at the meter's synchronize",
+                    CandleError::Cuda(Box::new(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY))),
+                    true,
+                ),
                 ("internal", candle(CudaError::InternalError("out of memory")), false),
             ];
             for (name, err, want) in cases {

@@ -543,3 +543,87 @@ fn a_search_that_finishes_within_its_time_limit_is_unchanged() {
         assert_eq!(limited.stopped_by, None);
     }
 }
+
+/// A step that fails with cuBLAS's execution failure above batch `from`, the
+/// way a kernel loaded lazily at a larger shape reports a lack of memory.
+#[test]
+fn a_cublas_execution_failure_above_a_batch_that_ran_counts_as_out_of_memory() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // answer 126
+    let (mut workload, mut meter) = sim.build();
+    let mut step = |batch: usize| {
+        if batch > 100 {
+            return Err(candle_core::Error::Msg("CublasError(CUBLAS_STATUS_EXECUTION_FAILED)".into()));
+        }
+        autobatch::Workload::step(&mut workload, batch)
+    };
+    let plan = Tuner::new().run(&mut step, &mut meter).unwrap();
+    assert_eq!(plan.largest_batch, 100, "{plan}");
+    assert!(plan.proven_largest);
+    assert!(plan.trials.iter().any(|t| t.batch == 101 && t.outcome == Outcome::OutOfMemory), "{plan}");
+
+    // at the very first batch nothing ran before: it is the error it says
+    let (mut workload, mut meter) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).build();
+    let mut step = |batch: usize| {
+        let _ = autobatch::Workload::step(&mut workload, batch);
+        Err::<(), _>(candle_core::Error::Msg("CublasError(CUBLAS_STATUS_EXECUTION_FAILED)".into()))
+    };
+    let err = Tuner::new().warmup(false).run(&mut step, &mut meter).unwrap_err();
+    assert!(matches!(err, Error::Workload { batch: 1, .. }), "{err}");
+}
+
+/// A meter whose synchronize reports the device's out-of-memory error (an
+/// asynchronous failure surfacing after the step returned) when told to.
+struct SyncFails<M> {
+    meter: M,
+    fail_next_sync: std::rc::Rc<std::cell::Cell<Option<&'static str>>>,
+}
+
+impl<M: MemoryMeter> MemoryMeter for SyncFails<M> {
+    fn capacity(&self) -> Result<u64, Error> {
+        self.meter.capacity()
+    }
+    fn in_use(&self) -> Result<u64, Error> {
+        self.meter.in_use()
+    }
+    fn reset_peak(&mut self) -> Result<(), Error> {
+        self.meter.reset_peak()
+    }
+    fn peak(&self) -> Result<u64, Error> {
+        self.meter.peak()
+    }
+    fn synchronize(&mut self) -> Result<(), Error> {
+        match self.fail_next_sync.take() {
+            Some(text) => Err(Error::meter(text)),
+            None => self.meter.synchronize(),
+        }
+    }
+}
+
+#[test]
+fn an_out_of_memory_error_at_the_synchronize_after_a_step_is_a_failed_trial() {
+    let (mut workload, meter) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).build();
+    let flag = std::rc::Rc::new(std::cell::Cell::new(None));
+    let mut meter = SyncFails { meter, fail_next_sync: flag.clone() };
+    let mut step = |batch: usize| {
+        if batch > 90 {
+            flag.set(Some("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"));
+        }
+        autobatch::Workload::step(&mut workload, batch)
+    };
+    let plan = Tuner::new().run(&mut step, &mut meter).unwrap();
+    assert_eq!(plan.largest_batch, 90, "{plan}");
+    assert!(plan.trials.iter().any(|t| t.batch == 91 && t.outcome == Outcome::OutOfMemory), "{plan}");
+
+    // any other failure there is the device's, and ends the run
+    let (mut workload, meter) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).build();
+    let flag = std::rc::Rc::new(std::cell::Cell::new(None));
+    let mut meter = SyncFails { meter, fail_next_sync: flag.clone() };
+    let mut step = |batch: usize| {
+        if batch > 90 {
+            flag.set(Some("DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access\")"));
+        }
+        autobatch::Workload::step(&mut workload, batch)
+    };
+    let err = Tuner::new().run(&mut step, &mut meter).unwrap_err();
+    assert!(matches!(err, Error::Meter(_)) && err.to_string().contains("ILLEGAL_ADDRESS"), "{err}");
+}

@@ -5,13 +5,14 @@ use log::{debug, info, warn};
 use super::{Observer, Split, Tuner};
 use crate::estimate::{Setup, TransformerShape};
 use crate::memory::measure::measure;
+use crate::oom::meter_error_is_oom;
 use crate::plan::{
     utilization, MeasuredGraph, MemoryModel, Objective, Plan, SearchLimit, ThroughputChoice, ThroughputPoint, Trial,
     TrialKind, Warning,
 };
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
-use crate::{is_oom, Error, MemoryMeter, Outcome, Strategy, Workload};
+use crate::{is_oom, may_be_oom, Error, MemoryMeter, Outcome, Strategy, Workload};
 
 /// A step whose peak grew by less than a byte per sample while the batch grew
 /// this many times over is not using its batch: the search stops there.
@@ -105,7 +106,12 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         let workload = &mut *self.workload;
         let warm = measure(self.meter, 1, || workload.step(batch))?;
         match warm.result {
-            Ok(()) => warm.settled?,
+            Ok(()) => match warm.settled {
+                Err(err) if meter_error_is_oom(&err) => {
+                    debug!("warm-up at batch {batch} ran out of memory at synchronize; the first trial will tell")
+                }
+                settled => settled?,
+            },
             Err(err) if is_oom(&err) => debug!("warm-up at batch {batch} ran out of memory; the first trial will tell"),
             Err(source) => return Err(Error::workload(batch, source)),
         }
@@ -220,6 +226,12 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         }))
     }
 
+    /// Whether a step at a batch below `batch` ran to the end (fit or went
+    /// over the ceiling): the same kernels worked there.
+    fn ran_below(&self, batch: usize) -> bool {
+        self.trials.iter().any(|t| t.batch < batch && t.outcome != Outcome::OutOfMemory)
+    }
+
     fn best_index(&self) -> Option<usize> {
         let best = best(&self.history())?.batch;
         self.records.iter().position(|r| r.observation.batch == best)
@@ -235,17 +247,30 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         })?;
         let (peak, duration, baseline_bytes) = (measured.peak, measured.duration, measured.baseline_bytes);
         let outcome = match measured.result {
-            Ok(()) => {
-                measured.settled?;
-                if peak.as_ref().is_ok_and(|&peak| peak <= self.limit) {
-                    Outcome::Fits
-                } else {
-                    Outcome::OverCeiling
+            Ok(()) => match measured.settled {
+                // an asynchronous failure surfaces at the synchronize after the step
+                Err(err) if meter_error_is_oom(&err) => {
+                    warn!("batch {batch} ran out of memory at the synchronize after its step: {err}");
+                    Outcome::OutOfMemory
                 }
-            }
-            Err(err) if is_oom(&err) => {
-                if let Err(failed) = measured.settled {
-                    warn!("after the out-of-memory step at batch {batch}: {failed}");
+                Err(err) => return Err(err),
+                Ok(()) if peak.as_ref().is_ok_and(|&peak| peak <= self.limit) => Outcome::Fits,
+                Ok(()) => Outcome::OverCeiling,
+            },
+            Err(err) if is_oom(&err) || (may_be_oom(&err) && self.ran_below(batch)) => {
+                if !is_oom(&err) {
+                    warn!(
+                        "batch {batch}: {} where a smaller batch ran the same step: counted as out of memory \
+                         (a kernel loaded at the new shape found no memory)",
+                        crate::candle_message(&err)
+                    );
+                }
+                match measured.settled {
+                    Err(failed) if !meter_error_is_oom(&failed) => {
+                        // not the memory: the context may be broken; stop rather than go on measuring it
+                        return Err(failed);
+                    }
+                    _ => {}
                 }
                 Outcome::OutOfMemory
             }
