@@ -471,3 +471,63 @@ fn uneven_ranks_that_fit_keep_their_capacity_when_another_shares_again() {
     assert_eq!(split.shares[0].largest_micro_batch, truth, "{split}");
     assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), 5000);
 }
+
+/// The collective's gradient-sized warm-up runs once, before any rank's first
+/// step, so that buffers a backend allocates at its first collective (NCCL's)
+/// are in every measured baseline.
+#[test]
+fn the_collective_warms_up_with_the_gradients_size_before_any_step() {
+    use std::sync::{Arc, Mutex};
+    struct Recording<'a> {
+        inner: &'a ThreadCollective,
+        events: Arc<Mutex<Vec<String>>>,
+    }
+    impl Collective for Recording<'_> {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn all_reduce_min(&self, value: u64) -> Result<u64, Error> {
+            self.inner.all_reduce_min(value)
+        }
+        fn all_reduce_max(&self, value: u64) -> Result<u64, Error> {
+            self.inner.all_reduce_max(value)
+        }
+        fn warm_up(&self, bytes: u64) -> Result<(), Error> {
+            self.events.lock().unwrap().push(format!("warm-up {bytes}"));
+            self.inner.warm_up(bytes)
+        }
+    }
+    let group = ThreadCollective::group(2).unwrap();
+    let profile = autobatch::Profile::new(
+        1_000_000,
+        autobatch::estimate::Precision::Mixed,
+        autobatch::estimate::OptimizerKind::AdamW,
+    );
+    let tuner = Tuner::new().profile(profile);
+    let logs: Vec<Arc<Mutex<Vec<String>>>> = (0..2).map(|_| Arc::default()).collect();
+    std::thread::scope(|s| {
+        for (rank, events) in group.iter().zip(&logs) {
+            let tuner = &tuner;
+            s.spawn(move || {
+                let (mut workload, mut meter) = device(40).build();
+                let steps = Arc::clone(events);
+                let mut step = |batch: usize| {
+                    steps.lock().unwrap().push(format!("step {batch}"));
+                    autobatch::Workload::step(&mut workload, batch)
+                };
+                let collective = Recording { inner: rank, events: Arc::clone(events) };
+                tuner.run_distributed(&mut step, &mut meter, &collective).unwrap();
+            });
+        }
+    });
+    for events in logs {
+        let events = events.lock().unwrap();
+        // bf16 gradients of a million parameters
+        assert_eq!(events[0], "warm-up 2000000", "{events:?}");
+        assert_eq!(events.iter().filter(|e| e.starts_with("warm-up")).count(), 1);
+        assert!(events.len() > 3);
+    }
+}

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "nccl")]
 mod nccl;
+pub mod rendezvous;
 mod threads;
 
 #[cfg(feature = "nccl")]
@@ -32,5 +33,14 @@ pub trait Collective {
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<(), Error> {
         self.all_reduce_max(0).map(|_| ())
+    }
+    /// Runs a collective as large as training's (about `bytes`, the
+    /// gradients') once, before any rank measures: a backend that allocates
+    /// buffers at its first collective (NCCL: its channels' buffers) then
+    /// holds them in every measured step's baseline, as training will. The
+    /// default is a [`barrier`](Self::barrier).
+    fn warm_up(&self, bytes: u64) -> Result<(), Error> {
+        let _ = bytes;
+        self.barrier()
     }
 }

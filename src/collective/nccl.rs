@@ -2,13 +2,17 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{Comm, Id, ReduceOp};
 
+use super::rendezvous::{IdFile, RunToken};
 use super::Collective;
 use crate::Error;
+
+/// The size of NCCL's unique id.
+const ID_BYTES: usize = 128;
 
 /// A [`Collective`] over NCCL, for one process per GPU as `torchrun`-style
 /// launchers start them.
@@ -16,7 +20,11 @@ use crate::Error;
 /// [`from_env`](NcclCollective::from_env) reads `RANK`, `WORLD_SIZE` and
 /// `LOCAL_RANK`; the ranks meet through a file: rank 0 writes NCCL's unique id
 /// to `AUTOBATCH_NCCL_ID_FILE` (a path all ranks can read, e.g. on a shared
-/// disk for several hosts) and the others wait for it.
+/// disk for several hosts) and the others wait for it
+/// ([`rendezvous`](super::rendezvous): a file of an earlier run is never
+/// joined; set `AUTOBATCH_RUN_ID`, or let torchrun's `TORCHELASTIC_RUN_ID`
+/// name the run). Waiting ends after `AUTOBATCH_NCCL_TIMEOUT` seconds
+/// (default 300) with an error naming the file.
 pub struct NcclCollective {
     comm: Comm,
 }
@@ -53,34 +61,38 @@ impl NcclCollective {
             PathBuf::from(std::env::var("AUTOBATCH_NCCL_ID_FILE").map_err(|_| {
                 Error::Collective("AUTOBATCH_NCCL_ID_FILE is not set: a path every rank can read".into())
             })?);
+        // the GPU this rank was given must be the one its stream is on
+        let ordinal = stream.context().ordinal();
+        if let Ok(local_rank) = Self::local_rank() {
+            if local_rank != ordinal {
+                return Err(Error::Collective(format!(
+                    "LOCAL_RANK is {local_rank} but the stream is on GPU {ordinal}: build the device with \
+                     Device::new_cuda(LOCAL_RANK)"
+                )));
+            }
+        }
+        let timeout = match std::env::var("AUTOBATCH_NCCL_TIMEOUT") {
+            Ok(text) => Duration::from_secs(text.trim().parse().map_err(|_| {
+                Error::Collective(format!("AUTOBATCH_NCCL_TIMEOUT={text:?} is not a whole number of seconds"))
+            })?),
+            Err(_) => Duration::from_secs(300),
+        };
+        let file = IdFile::new(path, RunToken::from_env(), timeout, ID_BYTES);
         let id = if rank == 0 {
             let id = Id::new().map_err(nccl)?;
             let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
-            let temporary = path.with_extension("tmp");
-            std::fs::write(&temporary, &bytes)
-                .and_then(|()| std::fs::rename(&temporary, &path))
-                .map_err(|e| Error::Collective(format!("cannot write {}: {e}", path.display())))?;
+            file.publish(&bytes)?;
             id
         } else {
-            let started = Instant::now();
-            let bytes = loop {
-                match std::fs::read(&path) {
-                    Ok(bytes) if bytes.len() == 128 => break bytes,
-                    _ if started.elapsed() > Duration::from_secs(600) => {
-                        return Err(Error::Collective(format!(
-                            "rank 0 wrote no NCCL id to {} in 10 minutes",
-                            path.display()
-                        )))
-                    }
-                    _ => std::thread::sleep(Duration::from_millis(100)),
-                }
-            };
-            let mut internal = [0 as std::ffi::c_char; 128];
+            let bytes = file.wait()?;
+            let mut internal = [0 as std::ffi::c_char; ID_BYTES];
             for (slot, byte) in internal.iter_mut().zip(bytes) {
                 *slot = byte as std::ffi::c_char;
             }
             Id::uninit(internal)
         };
+        // NCCL creates the communicator in the current context: make it this GPU's
+        stream.context().bind_to_thread().map_err(|e| Error::Collective(format!("binding GPU {ordinal}: {e}")))?;
         let comm = Comm::from_rank(stream, rank, world_size, id).map_err(nccl)?;
         Ok(NcclCollective { comm })
     }
@@ -111,6 +123,21 @@ impl Collective for NcclCollective {
 
     fn all_reduce_max(&self, value: u64) -> Result<u64, Error> {
         self.all_reduce(value, ReduceOp::Max)
+    }
+
+    /// One all-reduce of a zeroed f32 buffer of `bytes` (at most 256 MiB:
+    /// NCCL's buffers are sized by its channels and protocols, which a
+    /// message that large already selects), freed after; NCCL's own buffers
+    /// stay allocated, in every later baseline.
+    fn warm_up(&self, bytes: u64) -> Result<(), Error> {
+        const MOST: u64 = 256 << 20;
+        let elements = (bytes.clamp(4, MOST) / 4) as usize;
+        let stream = self.comm.stream();
+        let copy = |what: &str, err| staging(what, "the warm-up all-reduce", err);
+        let send = stream.alloc_zeros::<f32>(elements).map_err(|e| copy("allocating", e))?;
+        let mut receive = stream.alloc_zeros::<f32>(elements).map_err(|e| copy("allocating", e))?;
+        self.comm.all_reduce(&send, &mut receive, &ReduceOp::Sum).map_err(nccl)?;
+        stream.synchronize().map_err(|e| copy("finishing", e))
     }
 
     /// One NCCL all-gather (not one all-reduce per rank).

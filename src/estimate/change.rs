@@ -24,7 +24,7 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub(super) fn weight_bytes(self) -> u64 {
+    pub(crate) fn weight_bytes(self) -> u64 {
         match self {
             Precision::Fp32 => 4,
             Precision::Bf16 | Precision::Mixed => 2,

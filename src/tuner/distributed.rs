@@ -65,6 +65,11 @@ impl Tuner {
             return Err(Error::WorldSizeMismatch { tuner: self.world_size, collective: world_size });
         }
         let local = Tuner { world_size: 1, target_effective_batch: None, exact_effective_batch: false, ..self.clone() };
+        // the collective's lazily allocated buffers are held from the first
+        // measured step on, as they will be in training
+        let profile = self.profile.or_else(|| workload.profile());
+        let gradient_bytes = profile.map_or(0, |p| p.parameters.saturating_mul(p.precision.weight_bytes()));
+        collective.warm_up(gradient_bytes)?;
         let mut result = local.run(workload, meter);
         if self.uneven_ranks {
             return self.share_unevenly(result, workload, meter, collective);
