@@ -12,9 +12,17 @@
 #                                     and both, side by side (gpu-remedies.md)
 #
 # The run writes gpu-results.md, gpu-results.json and gpu-check.log into $OUT
-# (or ./gpu-check-out). With the project's device tool: carry target/gpu-check
-# and run `bash scripts/gpu-check.sh run` with a timeout_s that leaves room for
-# a second try; copy gpu-results.md into docs/ with the date and the device.
+# (or ./gpu-check-out), after every size. Sizes run smallest first; the check
+# stops starting sizes when GPU_CHECK_SECONDS (default 300) is nearly spent,
+# so `small` decides within five minutes and the rest runs if time remains.
+#
+# With the project's device tool (a task gets 15 minutes of device time in
+# all, machine start included), after `scripts/gpu-check.sh build` here:
+#
+#   run(command="bash scripts/gpu-check.sh run small", carry=["target/gpu-check"], timeout_s=420)
+#
+# then, if time is left, the same with `medium large-bf16`. Copy
+# gpu-results.md into docs/gpu.md's results with the date and the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,11 +43,25 @@ run)
   binary=target/gpu-check/gpu_check
   [ -x "$binary" ] || { echo "no $binary: run 'scripts/gpu-check.sh build' on a CPU machine and carry target/gpu-check" >&2; exit 2; }
   # the CUDA 13 libraries of the PyTorch environment (cuBLAS, cuBLASLt, cuRAND, the runtime)
-  lib=$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))")
+  lib=$(python3 -c "import os, nvidia; print(os.path.join(nvidia.__path__[0], 'cu13', 'lib'))" 2>/dev/null) || lib=
+  if [ -z "$lib" ] || [ ! -d "$lib" ]; then
+    echo "no CUDA 13 library folder (python3 -c 'import nvidia' → ${lib:-nothing}/): the check needs the nvidia cu13 wheels" >&2
+    exit 2
+  fi
+  for needed in libcublas.so.13 libcublasLt.so.13 libcurand.so.10; do
+    ls "$lib"/$needed* >/dev/null 2>&1 || { echo "$lib has no $needed" >&2; exit 2; }
+  done
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/nvidia-smi.csv"
-  # stop well inside the device tool's 10-minute limit so that the results come back
-  OUT="$out" timeout "${GPU_CHECK_SECONDS:-480}" "$binary" "$@" 2>&1 | tee "$out/gpu-check.log"
+  # the driver must run CUDA 13 code: its CUDA version (nvidia-smi's header) at least 13.0
+  cuda=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\)\.\([0-9]*\).*/\1 \2/p' | head -n 1)
+  if [ -z "$cuda" ] || [ "${cuda%% *}" -lt 13 ]; then
+    echo "the driver supports CUDA ${cuda:-unknown} (nvidia-smi): the check is built for CUDA 13" >&2
+    exit 2
+  fi
+  seconds=${GPU_CHECK_SECONDS:-300}
+  # the binary stops starting sizes 20 s before the limit; timeout is the backstop
+  OUT="$out" GPU_CHECK_DEADLINE_S=$((seconds - 20)) timeout "$seconds" "$binary" "$@" 2>&1 | tee "$out/gpu-check.log"
   ;;
 *)
   echo "usage: scripts/gpu-check.sh build | run [small|medium|large-bf16 ... | remedies]" >&2

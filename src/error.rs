@@ -362,6 +362,17 @@ pub enum Error {
         limit_bytes: u64,
     },
 
+    /// A meter that cannot read a step's peak on this device (a CUDA device
+    /// whose memory pool does not see candle's allocations): refused, since a
+    /// peak that reads a constant would call every step a fit.
+    #[error("cannot measure peaks on {device}: {reason}")]
+    PeakUnreadable {
+        /// The device.
+        device: String,
+        /// Why, and what would work.
+        reason: String,
+    },
+
     /// An accelerator name [`estimate::accelerator`](crate::estimate::accelerator) does not know.
     #[error("unknown accelerator '{name}': known names are {known} (or give its memory, e.g. 80GB)")]
     UnknownAccelerator {

@@ -3,26 +3,35 @@
 use std::sync::Arc;
 
 use cudarc::driver::result::{device, mem_pool};
-use cudarc::driver::sys::{CUdeviceptr, CUmemPool_attribute, CUmemoryPool};
+use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUmemPool_attribute, CUmemoryPool};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
+use super::pool::{pool_sees_allocations, CudaPeaks, PoolCounters};
 use crate::{Error, MemoryMeter};
 
 /// A [`MemoryMeter`] for a candle CUDA device.
 ///
 /// - capacity: total device memory (`cuMemGetInfo`);
 /// - in use: `total − free`, device-wide (other processes included);
-/// - peak: `(total − free)` at [`reset_peak`](MemoryMeter::reset_peak) + the
-///   pool's `USED_MEM_HIGH` since then − the pool's use at that moment.
+/// - peak: the highest of three ([`CudaPeaks`](crate::memory::CudaPeaks),
+///   [`peaks`](CudaMeter::peaks)): `(total − free)` at
+///   [`reset_peak`](MemoryMeter::reset_peak) plus the pool's live-bytes
+///   high-water mark since then (`USED_MEM_HIGH`, PyTorch's
+///   `max_memory_allocated`), the same plus the pool's *reserved* high-water
+///   mark (what fragmentation held around the live bytes), and `total − free`
+///   after the step, which shows memory taken outside the pool and kept.
 ///
 /// candle allocates every tensor with `cuMemAllocAsync` from the device's
-/// current memory pool, whose high-water mark is an exact peak of live pool
-/// bytes (PyTorch's `max_memory_allocated`). Blind spots: memory allocated
-/// outside the pool *during* a step (cuBLAS workspaces and kernel modules
-/// loaded for the first time at a new shape, another process growing) is not
-/// in the peak. The tuner's warm-up step loads the modules and workspaces of
-/// the smallest batch before the first trial, and the chosen batch is run again
-/// when memory in use rose during the search; [`with_ballast`](CudaMeter::with_ballast)
+/// current memory pool. [`new`](CudaMeter::new) checks that the pool sees
+/// allocations (memory pools supported, and a test allocation grows its live
+/// bytes) and refuses with [`Error::PeakUnreadable`] where it does not (some
+/// virtual GPUs have no pools; candle then allocates with `cuMemAlloc`,
+/// which no counter records): a meter that read a constant would call every
+/// step that does not run out of memory a fit. Blind spot left: memory
+/// allocated outside the pool *during* a step and freed before it ends. The
+/// tuner's warm-up step loads the modules and workspaces of the smallest
+/// batch before the first trial, and the chosen batch is run again when memory
+/// in use rose during the search; [`with_ballast`](CudaMeter::with_ballast)
 /// closes the rest by making the device itself enforce the ceiling.
 ///
 /// The CUDA driver is linked dynamically (as candle links it): a binary built
@@ -36,8 +45,8 @@ pub struct CudaMeter {
     pool: CUmemoryPool,
     name: String,
     total: u64,
-    baseline_device_used: u64,
-    baseline_pool_used: u64,
+    /// The counters at the last reset.
+    at_reset: PoolCounters,
     ballast: Option<Ballast>,
 }
 
@@ -77,6 +86,12 @@ impl CudaMeter {
         // `context` for the meter's life); the call only reads its pool handle.
         let pool = unsafe { device::get_mem_pool(context.cu_device()) }.map_err(driver)?;
         let (_, total) = context.mem_get_info().map_err(driver)?;
+        // SAFETY: as above, a live context's device handle; the call reads one attribute.
+        let pools_supported = unsafe {
+            device::get_attribute(context.cu_device(), CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+        }
+        .map_err(driver)?
+            > 0;
         let mut meter = CudaMeter {
             device: device.clone(),
             context,
@@ -84,12 +99,50 @@ impl CudaMeter {
             pool,
             name,
             total: total as u64,
-            baseline_device_used: 0,
-            baseline_pool_used: 0,
+            at_reset: PoolCounters::default(),
             ballast: None,
         };
+        meter.check_pool_sees_allocations(pools_supported)?;
         meter.reset_peak()?;
         Ok(meter)
+    }
+
+    /// Refuses a pool whose counters do not move when candle allocates.
+    fn check_pool_sees_allocations(&mut self, pools_supported: bool) -> Result<(), Error> {
+        const TEST_BYTES: u64 = 4 << 20;
+        let refuse = |reason: String| Error::PeakUnreadable { device: self.name.clone(), reason };
+        if !pools_supported {
+            return Err(refuse(
+                pool_sees_allocations(false, PoolCounters::default(), PoolCounters::default(), 0)
+                    .expect_err("no pools is refused"),
+            ));
+        }
+        self.synchronize()?;
+        let before = self.counters()?;
+        let test = candle_core::Tensor::zeros((TEST_BYTES / 4) as usize, candle_core::DType::F32, &self.device)?;
+        self.synchronize()?;
+        let during = self.counters()?;
+        drop(test);
+        self.release_cached()?;
+        pool_sees_allocations(true, before, during, TEST_BYTES).map_err(refuse)
+    }
+
+    /// The peaks of the step since the last reset: used, reserved and
+    /// device-wide (the meter's [`peak`](MemoryMeter::peak) is the highest).
+    pub fn peaks(&self) -> Result<CudaPeaks, Error> {
+        let after = self.counters()?;
+        Ok(CudaPeaks::from_counters(self.at_reset, after, after.device))
+    }
+
+    /// The pool's counters and the device's use, now.
+    fn counters(&self) -> Result<PoolCounters, Error> {
+        Ok(PoolCounters {
+            device: self.device_used()?,
+            used: self.pool_attribute(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            reserved: self.pool_attribute(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            used_high: self.pool_attribute(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved_high: self.pool_attribute(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        })
     }
 
     /// Holds `(1 − ceiling) × capacity` bytes outside the memory pool for as
@@ -164,26 +217,29 @@ impl MemoryMeter for CudaMeter {
 
     fn reset_peak(&mut self) -> Result<(), Error> {
         self.synchronize()?;
-        let mut zero = 0u64;
-        // setting USED_MEM_HIGH to zero restarts it from the current use
-        // SAFETY: `self.pool` is the live default pool of the meter's device;
-        // USED_MEM_HIGH takes a u64, read from `zero` during the call only.
-        unsafe {
-            mem_pool::set_attribute(
-                self.pool,
-                CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                (&mut zero as *mut u64).cast(),
-            )
+        // setting a high-water mark to zero restarts it from the current value
+        for attribute in
+            [CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH]
+        {
+            let mut zero = 0u64;
+            // SAFETY: `self.pool` is the live default pool of the meter's device;
+            // both high-water marks take a u64, read from `zero` during the call only.
+            unsafe { mem_pool::set_attribute(self.pool, attribute, (&mut zero as *mut u64).cast()) }.map_err(driver)?;
         }
-        .map_err(driver)?;
-        self.baseline_pool_used = self.pool_attribute(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
-        self.baseline_device_used = self.device_used()?;
+        self.at_reset = self.counters()?;
         Ok(())
     }
 
     fn peak(&self) -> Result<u64, Error> {
-        let high = self.pool_attribute(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
-        Ok(self.baseline_device_used + high.saturating_sub(self.baseline_pool_used))
+        let peaks = self.peaks()?;
+        log::debug!(
+            "peaks: used {}, reserved {}, device-wide {} ({} binds)",
+            peaks.used,
+            peaks.reserved,
+            peaks.device,
+            peaks.binding_name()
+        );
+        Ok(peaks.binding())
     }
 
     fn synchronize(&mut self) -> Result<(), Error> {

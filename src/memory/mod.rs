@@ -4,12 +4,14 @@
 mod cuda;
 mod heap;
 pub(crate) mod measure;
+mod pool;
 pub mod simulated;
 mod tracking;
 
 #[cfg(feature = "cuda")]
 pub use cuda::CudaMeter;
 pub use heap::HeapMeter;
+pub use pool::CudaPeaks;
 pub use tracking::TrackingAllocator;
 
 use crate::Error;

@@ -5,18 +5,26 @@
 //! machine and run there by `scripts/gpu-check.sh run` (see the script). For
 //! each size it:
 //!
-//! 1. tunes with `CudaMeter` (ceiling 0.9), timing the whole tuning;
-//! 2. re-measures the found batch b (fits under the ceiling) and b + 1 (goes
-//!    over it, or runs out of memory) in fresh steps;
-//! 3. compares the pool-based peak with what `cuMemGetInfo` sees when the pool
-//!    keeps what it reserved (release threshold at its maximum);
+//! 1. tunes with `CudaMeter` (ceiling 0.9), timing the whole tuning (the
+//!    meter refuses to start when its pool does not see allocations);
+//! 2. re-measures the found batch b in a fresh step, by the pool's used and
+//!    reserved peaks and the device-wide use (`CudaMeter::peaks`), and b + 1
+//!    (goes over, or runs out of memory);
+//! 3. compares those with what `cuMemGetInfo` sees when the pool keeps what
+//!    it reserved (release threshold at its maximum);
 //! 4. forces a real out-of-memory error (doubling the batch until one comes),
 //!    then runs a step at b again: the context must still be healthy;
-//! 5. times one step at b.
+//! 5. times one step at b;
+//! 6. decides (`verdict.rs`, tested on the CPU by `tests/gpu_verdict.rs`): b
+//!    fits by every peak, b + 1 does not where the search proved b the
+//!    largest, the context survived, the pool was checked.
 //!
-//! It prints a table and writes `gpu-results.md` and `gpu-results.json` into
-//! `$OUT` (or the current directory), after every size, so that a run cut
-//! short still leaves what it measured.
+//! Sizes run smallest first; a size is skipped when the time left before
+//! `GPU_CHECK_DEADLINE_S` (set by `scripts/gpu-check.sh`) is under three times
+//! what the previous size took. It prints a table and writes
+//! `gpu-results.md` and `gpu-results.json` into `$OUT` (or the current
+//! directory) after every size, so that a run cut short still leaves what it
+//! measured.
 //!
 //! `gpu_check remedies` instead tunes the small size as it is, with gradient
 //! checkpointing, in bf16 and with both (`Tuner::compare`, as `autobatch probe
@@ -24,6 +32,10 @@
 
 use std::time::{Duration, Instant};
 
+mod verdict;
+use verdict::{verdict, Evidence, Next};
+
+use autobatch::memory::CudaPeaks;
 use autobatch::workloads::TransformerConfig;
 use autobatch::{format_bytes, is_oom, CudaMeter, MemoryMeter, Tuner, Workload};
 use candle_core::cuda_backend::cudarc::driver::result::{device, mem_pool};
@@ -38,22 +50,18 @@ struct Row {
     size: String,
     model: String,
     parameters: usize,
-    largest_batch: usize,
     trials: usize,
     tuning_s: f64,
     step_s: f64,
-    peak_bytes: u64,
-    limit_bytes: u64,
     capacity_bytes: u64,
-    next_batch: usize,
-    next_outcome: String,
-    next_peak_bytes: Option<u64>,
-    pool_peak_bytes: u64,
+    evidence: Evidence,
+    /// `total − free` after a step at b with the pool keeping all it reserved.
     mem_get_info_peak_bytes: u64,
     pool_reserved_high_bytes: u64,
     oom_batch: Option<usize>,
-    healthy_after_oom: bool,
-    verdict: &'static str,
+    warnings: Vec<String>,
+    pass: bool,
+    notes: Vec<String>,
 }
 
 fn sizes() -> Vec<(&'static str, TransformerConfig)> {
@@ -76,12 +84,12 @@ fn sizes() -> Vec<(&'static str, TransformerConfig)> {
     ]
 }
 
-/// One step at `batch`: its outcome, the pool-based peak, and the time.
+/// One step at `batch`: its outcome, the meter's peaks, and the time.
 fn measured_step<W: Workload>(
     workload: &mut W,
     meter: &mut CudaMeter,
     batch: usize,
-) -> Result<(candle_core::Result<()>, u64, Duration), autobatch::Error> {
+) -> Result<(candle_core::Result<()>, CudaPeaks, Duration), autobatch::Error> {
     meter.release_cached()?;
     meter.reset_peak()?;
     let started = Instant::now();
@@ -91,9 +99,9 @@ fn measured_step<W: Workload>(
     if result.is_ok() {
         synced?;
     }
-    let peak = meter.peak()?;
+    let peaks = meter.peaks()?;
     meter.release_cached()?;
-    Ok((result, peak, elapsed))
+    Ok((result, peaks, elapsed))
 }
 
 /// The step at `batch` run with the pool keeping everything it reserves, so
@@ -139,14 +147,14 @@ fn check(name: &str, config: &TransformerConfig, meter: &mut CudaMeter) -> Resul
     println!("{plan}\n(tuned in {tuning:.2?})");
     let (b, limit) = (plan.largest_batch, plan.limit_bytes());
 
-    let (fits, peak, step_time) = measured_step(&mut model, meter, b)?;
+    let (fits, peaks, step_time) = measured_step(&mut model, meter, b)?;
     fits?;
-    let (next, next_peak, _) = measured_step(&mut model, meter, b + 1)?;
-    let next_outcome = match &next {
-        Ok(()) if next_peak > limit => "over ceiling".to_owned(),
-        Ok(()) => "FITS".to_owned(),
-        Err(err) if is_oom(err) => "out of memory".to_owned(),
-        Err(err) => format!("error: {err}"),
+    let (next, next_peaks, _) = measured_step(&mut model, meter, b + 1)?;
+    let next = match next {
+        Ok(()) if next_peaks.binding() > limit => Next::OverCeiling { peak_bytes: next_peaks.binding() },
+        Ok(()) => Next::Fits { peak_bytes: next_peaks.binding() },
+        Err(err) if is_oom(&err) => Next::OutOfMemory,
+        Err(err) => Next::Error { message: autobatch::candle_message(&err) },
     };
     let (info_peak, reserved_high) = mem_get_info_peak(&mut model, meter, b)?;
 
@@ -164,59 +172,78 @@ fn check(name: &str, config: &TransformerConfig, meter: &mut CudaMeter) -> Resul
         }
     }
     let (after, _, _) = measured_step(&mut model, meter, b)?;
-    let healthy = after.is_ok();
-
-    let ok = peak <= limit && next_outcome != "FITS" && !next_outcome.starts_with("error") && healthy;
+    let evidence = Evidence {
+        largest_batch: b,
+        proven_largest: plan.proven_largest,
+        stopped_by: plan.stopped_by.as_ref().map(ToString::to_string),
+        limit_bytes: limit,
+        used_bytes: peaks.used,
+        reserved_bytes: peaks.reserved,
+        device_bytes: peaks.device,
+        next,
+        oom_forced: oom_batch.is_some(),
+        healthy_after_oom: after.is_ok(),
+        // CudaMeter::new refuses a pool that does not see a test allocation
+        pool_checked: true,
+    };
+    let decided = verdict(&evidence);
     Ok(Row {
         size: name.to_owned(),
         model: description,
         parameters: model.parameter_count(),
-        largest_batch: b,
         trials: plan.trials.len(),
         tuning_s: tuning.as_secs_f64(),
         step_s: step_time.as_secs_f64(),
-        peak_bytes: peak,
-        limit_bytes: limit,
         capacity_bytes: plan.capacity_bytes,
-        next_batch: b + 1,
-        next_outcome,
-        next_peak_bytes: next.is_ok().then_some(next_peak),
-        pool_peak_bytes: peak,
+        evidence,
         mem_get_info_peak_bytes: info_peak,
         pool_reserved_high_bytes: reserved_high,
         oom_batch,
-        healthy_after_oom: healthy,
-        verdict: if ok { "pass" } else { "FAIL" },
+        // memory outside the pool at a new shape can look like a leak: reported, not judged
+        warnings: plan.warnings.iter().map(ToString::to_string).collect(),
+        pass: decided.pass,
+        notes: decided.notes,
     })
 }
 
 fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
     let mut md = format!(
         "# GPU check\n\n{device}, {} ({} bytes); ceiling {:.0}%; `scripts/gpu-check.sh`\n\n\
-         | size | largest batch | trials | tuning | step at b | peak at b / limit | b+1 | pool peak vs cuMemGetInfo (reserved high) | OOM at | healthy after OOM | verdict |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         | size | largest batch | proven | trials | tuning | step at b | used / reserved / device-wide at b | limit | b+1 | cuMemGetInfo (reserved high) | OOM at | healthy after OOM | verdict |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         format_bytes(capacity),
         capacity,
         CEILING * 100.0
     );
     for r in rows {
+        let e = &r.evidence;
+        let next = match &e.next {
+            Next::Fits { peak_bytes } => format!("FITS ({})", format_bytes(*peak_bytes)),
+            Next::OverCeiling { peak_bytes } => format!("over ({})", format_bytes(*peak_bytes)),
+            Next::OutOfMemory => "out of memory".to_owned(),
+            Next::Error { message } => format!("error: {message}"),
+        };
         md += &format!(
-            "| {} | {} | {} | {:.2} s | {:.3} s | {} / {} | {} | {} vs {} ({}) | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.2} s | {:.3} s | {} / {} / {} | {} | {next} | {} ({}) | {} | {} | {} |\n",
             r.size,
-            r.largest_batch,
+            e.largest_batch,
+            e.proven_largest,
             r.trials,
             r.tuning_s,
             r.step_s,
-            format_bytes(r.peak_bytes),
-            format_bytes(r.limit_bytes),
-            r.next_outcome,
-            format_bytes(r.pool_peak_bytes),
+            format_bytes(e.used_bytes),
+            format_bytes(e.reserved_bytes),
+            format_bytes(e.device_bytes),
+            format_bytes(e.limit_bytes),
             format_bytes(r.mem_get_info_peak_bytes),
             format_bytes(r.pool_reserved_high_bytes),
             r.oom_batch.map_or("none".to_owned(), |b| b.to_string()),
-            r.healthy_after_oom,
-            r.verdict
+            e.healthy_after_oom,
+            if r.pass { "pass" } else { "FAIL" }
         );
+    }
+    for r in rows.iter().filter(|r| !r.notes.is_empty() || !r.warnings.is_empty()) {
+        md += &format!("\n{}: {}\n", r.size, r.notes.iter().chain(&r.warnings).cloned().collect::<Vec<_>>().join("; "));
     }
     md += "\nModels:\n\n";
     for r in rows {
@@ -261,15 +288,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if only.iter().any(|o| o == "remedies") {
         return remedies(&out, &device, &mut meter);
     }
+    println!("the meter's pool sees allocations (checked by CudaMeter::new)");
+    let deadline = std::env::var("GPU_CHECK_DEADLINE_S")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|seconds| Instant::now() + Duration::from_secs(seconds));
     let mut rows = Vec::new();
+    let mut last: Option<Duration> = None;
     for (name, config) in sizes() {
         if !only.is_empty() && !only.iter().any(|o| o == name) {
             continue;
         }
+        if let (Some(deadline), Some(last)) = (deadline, last) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < 3 * last {
+                println!("{name}: skipped, {left:.0?} left and the previous size took {last:.0?}");
+                continue;
+            }
+        }
+        let started = Instant::now();
         match check(name, &config, &mut meter) {
             Ok(row) => rows.push(row),
             Err(err) => println!("{name}: FAILED: {err}"),
         }
+        last = Some(started.elapsed());
         std::fs::write(format!("{out}/gpu-results.md"), markdown(&device, capacity, &rows))?;
         std::fs::write(format!("{out}/gpu-results.json"), serde_json::to_string_pretty(&rows)?)?;
     }

@@ -1,0 +1,62 @@
+//! The GPU check's verdict logic (examples/gpu_check/verdict.rs), on the
+//! CPU: what passes and what fails, before a GPU ever runs it.
+
+#[path = "../examples/gpu_check/verdict.rs"]
+mod verdict;
+
+use verdict::{verdict, Evidence, Next};
+
+const MIB: u64 = 1 << 20;
+
+fn good() -> Evidence {
+    Evidence {
+        largest_batch: 100,
+        proven_largest: true,
+        stopped_by: None,
+        limit_bytes: 1000 * MIB,
+        used_bytes: 950 * MIB,
+        reserved_bytes: 960 * MIB,
+        device_bytes: 970 * MIB,
+        next: Next::OverCeiling { peak_bytes: 1005 * MIB },
+        oom_forced: true,
+        healthy_after_oom: true,
+        pool_checked: true,
+    }
+}
+
+#[test]
+fn a_clean_run_passes() {
+    let v = verdict(&good());
+    assert!(v.pass && v.notes.is_empty(), "{v:?}");
+    assert!(verdict(&Evidence { next: Next::OutOfMemory, ..good() }).pass);
+}
+
+#[test]
+fn an_under_count_by_reserved_or_device_wide_bytes_fails() {
+    // the pool's used bytes fit, but fragmentation or memory outside the pool did not
+    let v = verdict(&Evidence { reserved_bytes: 1010 * MIB, ..good() });
+    assert!(!v.pass && v.notes[0].contains("reserved"), "{v:?}");
+    let v = verdict(&Evidence { device_bytes: 1200 * MIB, ..good() });
+    assert!(!v.pass && v.notes[0].contains("device-wide"), "{v:?}");
+}
+
+#[test]
+fn the_next_batch_fitting_fails_only_a_proven_answer() {
+    let fits = Next::Fits { peak_bytes: 990 * MIB };
+    let v = verdict(&Evidence { next: fits.clone(), ..good() });
+    assert!(!v.pass && v.notes[0].contains("not the largest"), "{v:?}");
+    // a search stopped by a cap is not a false FAIL
+    let capped = Evidence { next: fits, proven_largest: false, stopped_by: Some("max batch 100".into()), ..good() };
+    let v = verdict(&capped);
+    assert!(v.pass && v.notes[0].contains("did not prove"), "{v:?}");
+    let v = verdict(&Evidence { next: Next::Error { message: "illegal address".into() }, ..good() });
+    assert!(!v.pass, "{v:?}");
+}
+
+#[test]
+fn a_broken_context_or_an_unchecked_pool_fails() {
+    assert!(!verdict(&Evidence { healthy_after_oom: false, ..good() }).pass);
+    assert!(!verdict(&Evidence { pool_checked: false, ..good() }).pass);
+    let v = verdict(&Evidence { oom_forced: false, healthy_after_oom: false, ..good() });
+    assert!(v.pass && v.notes[0].contains("not judged"), "{v:?}");
+}
