@@ -177,7 +177,8 @@ pub struct ProbeArgs {
     pub max_batch: Option<usize>,
     /// Stop searching after this long (e.g. 30s, 2m, 500ms; warm-up
     /// included) with the largest batch seen to fit, not proven largest, and
-    /// the batches that remain open. A trial running at the limit finishes.
+    /// the batches that remain open. A trial running at the limit finishes;
+    /// with --seq-lens or --compare each length or variant has the limit.
     #[arg(long, value_parser = crate::parse::parse_duration)]
     pub time_limit: Option<std::time::Duration>,
     /// Stop after this many trials with the best batch so far.
