@@ -4,40 +4,20 @@
 //! result says so; Predictive needs fewer trials than bisection; bad settings
 //! and refusals are errors.
 
-use autobatch::memory::simulated::SizedSimulation;
 use autobatch::search::SearchSpace;
 use autobatch::{Error, LongestSize, Outcome, Resizable, SearchLimit, SizeRange, Strategy as Search, Tuner};
 use proptest::prelude::*;
 
-const GIB: u64 = 1 << 30;
+mod common;
+use common::token_curve::{Curve, GIB};
 
-/// fixed + per_token·b·s + per_token_length·b·s² bytes, on `capacity_gib`.
-#[derive(Clone, Copy, Debug)]
-struct Curve {
-    capacity_gib: u64,
-    fixed: u64,
-    per_token: u64,
-    per_token_length: u64,
-}
-
-impl Curve {
-    fn bytes(self, batch: usize, len: usize) -> u64 {
-        let (b, s) = (batch as u64, len as u64);
-        self.fixed + self.per_token * b * s + self.per_token_length * b * s * s
-    }
-
-    fn limit(self) -> u64 {
-        (0.9 * (self.capacity_gib * GIB) as f64).floor() as u64
-    }
-
-    /// The longest multiple of `granule` up to `largest` that fits at `batch`, by scanning.
-    fn brute_force(self, batch: usize, range: SizeRange) -> Option<usize> {
-        let space = SearchSpace::new(range.smallest, Some(range.largest), range.multiple_of).unwrap();
-        (space.first()..=space.last())
-            .step_by(range.multiple_of)
-            .take_while(|&len| self.bytes(batch, len) <= self.limit())
-            .last()
-    }
+/// The longest multiple of the granule in `range` that fits at `batch`, by scanning.
+fn brute_force(curve: Curve, batch: usize, range: SizeRange) -> Option<usize> {
+    let space = SearchSpace::new(range.smallest, Some(range.largest), range.multiple_of).unwrap();
+    (space.first()..=space.last())
+        .step_by(range.multiple_of)
+        .take_while(|&len| curve.bytes(batch, len) <= curve.limit(0.9))
+        .last()
 }
 
 fn curve_strategy() -> impl Strategy<Value = Curve> {
@@ -47,8 +27,7 @@ fn curve_strategy() -> impl Strategy<Value = Curve> {
 }
 
 fn run(tuner: &Tuner, curve: Curve, batch: usize, range: SizeRange) -> Result<LongestSize, Error> {
-    let sim = SizedSimulation::new(curve.capacity_gib * GIB, 7, move |b, s| curve.bytes(b, s));
-    let (mut workload, mut meter) = sim.build();
+    let (mut workload, mut meter) = curve.simulation(7).build();
     let result = tuner.run_longest(&mut workload, &mut meter, batch, range);
     assert_eq!(workload.size(), 7, "the workload is put back at its size");
     result
@@ -66,7 +45,7 @@ proptest! {
         strategy in prop_oneof![Just(Search::Predictive), Just(Search::Binary)],
     ) {
         let range = SizeRange::up_to(largest).multiple_of(granule);
-        let truth = curve.brute_force(batch, range);
+        let truth = brute_force(curve, batch, range);
         let result = run(&Tuner::new().strategy(strategy), curve, batch, range);
         let Some(truth) = truth else {
             prop_assert!(matches!(result, Err(Error::NoSizeFits { batch: b, .. }) if b == batch), "{:?}", result);
@@ -99,7 +78,7 @@ fn predictive_finds_the_length_in_fewer_trials_than_bisection() {
         let range = SizeRange::up_to(1 << 20).multiple_of(16);
         for (index, strategy) in [Search::Predictive, Search::Binary].into_iter().enumerate() {
             let longest = run(&Tuner::new().strategy(strategy), curve, 8, range).unwrap();
-            assert_eq!(Some(longest.largest_size), curve.brute_force(8, range));
+            assert_eq!(Some(longest.largest_size), brute_force(curve, 8, range));
             trials[index] += longest.trials.len();
         }
     }

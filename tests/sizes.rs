@@ -9,31 +9,8 @@ use autobatch::search::SearchSpace;
 use autobatch::{Basis, Error, Resizable, SizePlan, Tuner, Workload};
 use proptest::prelude::*;
 
-const GIB: u64 = 1 << 30;
-
-/// fixed + per_token·b·s + per_token_length·b·s² bytes, on `capacity_gib`.
-#[derive(Clone, Copy, Debug)]
-struct Curve {
-    capacity_gib: u64,
-    fixed: u64,
-    per_token: u64,
-    per_token_length: u64,
-}
-
-impl Curve {
-    fn bytes(self, batch: usize, len: usize) -> u64 {
-        let (b, s) = (batch as u64, len as u64);
-        self.fixed + self.per_token * b * s + self.per_token_length * b * s * s
-    }
-
-    fn simulation(self, start_len: usize) -> SizedSimulation {
-        SizedSimulation::new(self.capacity_gib * GIB, start_len, move |b, s| self.bytes(b, s))
-    }
-
-    fn limit(self, ceiling: f64) -> u64 {
-        (ceiling * (self.capacity_gib * GIB) as f64).floor() as u64
-    }
-}
+mod common;
+use common::token_curve::{Curve, GIB};
 
 fn curve_strategy() -> impl Strategy<Value = Curve> {
     (8u64..=141, 0u64..4 * GIB, 1u64..=64 << 10, 0u64..=512).prop_map(

@@ -5,6 +5,7 @@
 
 pub mod accumulating;
 pub mod harness;
+pub mod token_curve;
 
 /// Every variable of `varmap` (f32), by name, as bits: equal bits, equal model.
 pub fn bits(varmap: &candle_nn::VarMap) -> Vec<(String, Vec<u32>)> {

@@ -69,32 +69,6 @@ fn size_tuner(args: &ProbeArgs) -> Tuner {
     tuner
 }
 
-/// Runs the search on `trainer` and prints the answer.
-fn search<W: Resizable + ?Sized>(
-    args: &ProbeArgs,
-    tuner: &Tuner,
-    trainer: &mut W,
-    meter: &mut dyn MemoryMeter,
-    range: SizeRange,
-    (word, key, what): (&'static str, &str, &str),
-    title: &str,
-) -> Result<(), Failure> {
-    let batch = args.batch.expect("clap requires --batch with --find");
-    let mut progress = Progress::new(args.json).sizes(word);
-    let result = tuner.run_longest_observed(trainer, meter, batch, range, &mut progress);
-    drop(progress);
-    let longest = result?;
-    if let Some(path) = &args.plot {
-        crate::plot::longest(path, title, word, &longest)?;
-    }
-    if args.json {
-        println!("{}", longest.to_json_named(key));
-    } else {
-        print!("{}", longest.summary(what));
-    }
-    Ok(())
-}
-
 /// `--find`: the longest input of the model the flags describe, on `device`.
 pub fn run(
     args: &ProbeArgs,
@@ -104,39 +78,68 @@ pub fn run(
     on: &str,
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
-    let tuner = size_tuner(args);
-    let batch = args.batch.expect("clap requires --batch with --find");
     match model {
         ModelConfig::Transformer(config) => {
             let range = SizeRange::up_to(config.seq_len).multiple_of(args.multiple_of);
             check_range(range, "--seq-len")?;
-            let mut trainer = with_optimizer(args, config.build(device)?)?;
-            say(&format!(
-                "probing {} ({} parameters) for the longest sequence length at batch {batch}, up to {}, on {on}",
-                ReferenceWorkload::description(&trainer),
-                trainer.parameter_count(),
-                range.largest
-            ));
-            let title = format!("{} at batch {batch} on {on}", ReferenceWorkload::description(&trainer));
-            let names = ("seq-len", "largest_seq_len", "sequence length");
-            search(args, &tuner, &mut trainer, meter, range, names, &title)
+            let trainer = with_optimizer(args, config.build(device)?)?;
+            let names = Names { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
+            find_in(args, trainer, meter, range, names, on, say)
         }
         ModelConfig::ConvNet(config) => {
             let range = SizeRange::up_to(config.resolution).multiple_of(args.multiple_of.max(4));
             check_range(range, "--resolution")?;
-            let mut trainer = with_optimizer(args, config.build(device)?)?;
-            say(&format!(
-                "probing {} ({} parameters) for the largest resolution at batch {batch}, up to {}, on {on}",
-                ReferenceWorkload::description(&trainer),
-                trainer.parameter_count(),
-                range.largest
-            ));
-            let title = format!("{} at batch {batch} on {on}", ReferenceWorkload::description(&trainer));
-            let names = ("resolution", "largest_resolution", "resolution");
-            search(args, &tuner, &mut trainer, meter, range, names, &title)
+            let trainer = with_optimizer(args, config.build(device)?)?;
+            let names = Names { word: "resolution", key: "largest_resolution", what: "resolution" };
+            find_in(args, trainer, meter, range, names, on, say)
         }
         ModelConfig::Mlp(_) => unreachable!("check_flags refuses --find for the MLP"),
     }
+}
+
+/// What the size is called: the progress column, the JSON key, in words.
+struct Names {
+    word: &'static str,
+    key: &'static str,
+    what: &'static str,
+}
+
+/// Says what runs, searches `trainer`'s sizes in `range` at `--batch` and
+/// prints (and plots) the answer.
+fn find_in<M: Model>(
+    args: &ProbeArgs,
+    mut trainer: Trainer<M>,
+    meter: &mut dyn MemoryMeter,
+    range: SizeRange,
+    names: Names,
+    on: &str,
+    say: &dyn Fn(&str),
+) -> Result<(), Failure>
+where
+    Trainer<M>: Resizable + ReferenceWorkload,
+{
+    let batch = args.batch.expect("clap requires --batch with --find");
+    let description = ReferenceWorkload::description(&trainer);
+    say(&format!(
+        "probing {description} ({} parameters) for the largest {} at batch {batch}, up to {}, on {on}",
+        trainer.parameter_count(),
+        names.what,
+        range.largest
+    ));
+    let mut progress = Progress::new(args.json).sizes(names.word);
+    let result = size_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
+    drop(progress);
+    let longest = result?;
+    if let Some(path) = &args.plot {
+        let title = format!("{description} at batch {batch} on {on}");
+        crate::plot::longest(path, &title, names.word, &longest)?;
+    }
+    if args.json {
+        println!("{}", longest.to_json_named(names.key));
+    } else {
+        print!("{}", longest.summary(names.what));
+    }
+    Ok(())
 }
 
 /// The trainer with `--optimizer`, in mixed precision under `--precision mixed`.

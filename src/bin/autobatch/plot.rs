@@ -234,8 +234,17 @@ fn draw_peaks(
             .label("out of memory (drawn at its peak, or at the capacity when none was read)")
             .legend(|(x, y)| Cross::new((x + 10, y), 6, OOM.stroke_width(3)));
     }
-    plot.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+    legend(&mut plot, SeriesLabelPosition::UpperLeft)
+}
+
+/// The legend of every labelled series, in a light box at `position`.
+fn legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> Result<(), Box<dyn std::error::Error>> {
+    chart
+        .configure_series_labels()
+        .position(position)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.4))
         .draw()?;
@@ -293,13 +302,7 @@ fn draw_sizes(
         )?
         .label("verified (probed)")
         .legend(|(x, y)| Circle::new((x + 10, y), 6, FITS.filled()));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.4))
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// One variant of `--compare`: its name, largest batch, measured and
@@ -382,11 +385,5 @@ fn draw_compare(
         }))?
         .label("estimated from the first row")
         .legend(|(x, y)| Cross::new((x + 8, y), 6, OOM.stroke_width(3)));
-    bytes
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.4))
-        .draw()?;
-    Ok(())
+    legend(&mut bytes, SeriesLabelPosition::UpperRight)
 }
