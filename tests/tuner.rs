@@ -627,3 +627,43 @@ fn an_out_of_memory_error_at_the_synchronize_after_a_step_is_a_failed_trial() {
     let err = Tuner::new().run(&mut step, &mut meter).unwrap_err();
     assert!(matches!(err, Error::Meter(_)) && err.to_string().contains("ILLEGAL_ADDRESS"), "{err}");
 }
+
+/// A meter that reads several kinds of peak (as a CUDA pool's used and
+/// reserved bytes and the device-wide use): each trial keeps them, and the
+/// plan says which binds.
+#[test]
+fn the_kinds_of_peak_a_meter_reads_are_kept_and_said() {
+    struct Kinds<M>(M);
+    impl<M: MemoryMeter> MemoryMeter for Kinds<M> {
+        fn capacity(&self) -> Result<u64, Error> {
+            self.0.capacity()
+        }
+        fn in_use(&self) -> Result<u64, Error> {
+            self.0.in_use()
+        }
+        fn reset_peak(&mut self) -> Result<(), Error> {
+            self.0.reset_peak()
+        }
+        fn peak(&self) -> Result<u64, Error> {
+            Ok(self.peak_kinds()?.unwrap().binding())
+        }
+        fn peak_kinds(&self) -> Result<Option<autobatch::memory::CudaPeaks>, Error> {
+            // fragmentation reserves 2% above the live bytes
+            let used = self.0.peak()?;
+            Ok(Some(autobatch::memory::CudaPeaks { used, reserved: used + used / 50, device: used / 2 }))
+        }
+    }
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
+    let (mut workload, meter) = sim.build();
+    let plan = Tuner::new().run(&mut workload, &mut Kinds(meter)).unwrap();
+    // the reserved bytes bind: (0.9 × 16 GiB) / 1.02 − 2 GiB, per 100 MiB
+    let limit = plan.limit_bytes() as f64;
+    let expected = ((limit / 1.02 - (2 * GIB) as f64) / (100 * MIB) as f64).floor() as usize;
+    assert!(plan.largest_batch.abs_diff(expected) <= 1, "{} vs {expected}", plan.largest_batch);
+    let answer = plan.trials.iter().rev().find(|t| t.batch == plan.largest_batch).unwrap();
+    let kinds = answer.peak_kinds.unwrap();
+    assert_eq!((answer.peak_bytes, kinds.binding_name()), (Some(kinds.reserved), "reserved"));
+    assert!(plan.summary().contains("(reserved binds)"), "{}", plan.summary());
+    let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+    assert!(json["trials"][0]["peak_kinds"]["reserved"].is_u64(), "{json}");
+}

@@ -258,6 +258,10 @@ impl MemoryMeter for CudaMeter {
         self.name.clone()
     }
 
+    fn peak_kinds(&self) -> Result<Option<CudaPeaks>, Error> {
+        self.peaks().map(Some)
+    }
+
     /// The pool hands out memory in 2 MiB granules.
     fn slack_bytes(&self) -> u64 {
         2 << 20

@@ -14,6 +14,8 @@ pub(crate) struct Measured {
     pub(crate) baseline_bytes: u64,
     /// The device-wide peak over the steps, as the meter read it.
     pub(crate) peak: Result<u64, Error>,
+    /// Its kinds, where the meter reads several.
+    pub(crate) peak_kinds: Option<crate::memory::CudaPeaks>,
     /// Wall-clock time of the steps, synchronization included.
     pub(crate) duration: Duration,
     /// Whether synchronizing and releasing cached memory afterwards worked
@@ -41,6 +43,7 @@ pub(crate) fn measure<M: MemoryMeter + ?Sized>(
     let synced = meter.synchronize();
     let duration = started.elapsed();
     let peak = meter.peak();
+    let peak_kinds = meter.peak_kinds().ok().flatten();
     let released = meter.release_cached();
-    Ok(Measured { result, baseline_bytes, peak, duration, settled: synced.and(released) })
+    Ok(Measured { result, baseline_bytes, peak, peak_kinds, duration, settled: synced.and(released) })
 }

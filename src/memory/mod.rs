@@ -55,6 +55,12 @@ pub trait MemoryMeter {
     fn device_name(&self) -> String {
         "unnamed device".to_owned()
     }
+    /// The kinds of peak since the last reset, where the meter reads
+    /// several (a CUDA pool's used and reserved bytes, the device-wide use):
+    /// [`peak`](Self::peak) is their highest. `None` by default.
+    fn peak_kinds(&self) -> Result<Option<CudaPeaks>, Error> {
+        Ok(None)
+    }
 }
 
 impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
@@ -81,5 +87,8 @@ impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
     }
     fn device_name(&self) -> String {
         (**self).device_name()
+    }
+    fn peak_kinds(&self) -> Result<Option<CudaPeaks>, Error> {
+        (**self).peak_kinds()
     }
 }

@@ -3,7 +3,7 @@
 //! all, and which peak binds.
 
 /// The three peaks of one measured step, device-wide bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct CudaPeaks {
     /// Bytes in use at the start plus the pool's live-bytes high-water mark
     /// since: what PyTorch calls `max_memory_allocated`.

@@ -56,6 +56,11 @@ pub struct Trial {
     /// Workload steps the trial ran (the tuner's `steps_per_trial`).
     #[serde(default = "one")]
     pub steps: usize,
+    /// The kinds of peak the meter read, where it reads several (CUDA: the
+    /// pool's used and reserved bytes and the device-wide use; `peak_bytes`
+    /// is their highest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_kinds: Option<crate::memory::CudaPeaks>,
 }
 
 fn one() -> usize {

@@ -96,6 +96,16 @@ impl Plan {
             format_bytes(self.capacity_bytes),
             100.0 * self.ceiling
         );
+        let answer = self.trials.iter().rev().find(|t| t.batch == self.largest_batch && t.outcome.fits());
+        if let Some(kinds) = answer.and_then(|t| t.peak_kinds) {
+            out += &format!(
+                "peak by kind: pool used {}, pool reserved {}, device-wide after the step {} ({} binds)\n",
+                format_bytes(kinds.used),
+                format_bytes(kinds.reserved),
+                format_bytes(kinds.device),
+                kinds.binding_name()
+            );
+        }
         let ranks = if self.world_size == 1 { "rank" } else { "ranks" };
         let steps = if self.accumulation_steps == 1 { "step" } else { "steps" };
         match (&self.ranks, self.rank) {
@@ -248,6 +258,7 @@ mod tests {
             baseline_bytes: 0,
             kind: TrialKind::Search,
             steps: 1,
+            peak_kinds: None,
         };
         let width = usize::MAX.to_string().len();
         let header = Trial::table_header_with_width(width);

@@ -246,6 +246,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             TrialKind::Search | TrialKind::Recheck | TrialKind::Timing => workload.step(batch),
         })?;
         let (peak, duration, baseline_bytes) = (measured.peak, measured.duration, measured.baseline_bytes);
+        let peak_kinds = measured.peak_kinds;
         let outcome = match measured.result {
             Ok(()) => match measured.settled {
                 // an asynchronous failure surfaces at the synchronize after the step
@@ -285,7 +286,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             (Err(err), _) => return Err(err),
         };
         let steps = self.tuner.steps_per_trial;
-        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind, steps };
+        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind, steps, peak_kinds };
         self.log_trial(&trial);
         self.observer.trial_finished(&trial, self.capacity_bytes);
         if outcome.fits() {
