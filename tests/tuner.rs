@@ -647,10 +647,10 @@ fn the_kinds_of_peak_a_meter_reads_are_kept_and_said() {
         fn peak(&self) -> Result<u64, Error> {
             Ok(self.peak_kinds()?.unwrap().binding())
         }
-        fn peak_kinds(&self) -> Result<Option<autobatch::memory::CudaPeaks>, Error> {
+        fn peak_kinds(&self) -> Result<Option<autobatch::PeakKinds>, Error> {
             // fragmentation reserves 2% above the live bytes
             let used = self.0.peak()?;
-            Ok(Some(autobatch::memory::CudaPeaks { used, reserved: used + used / 50, device: used / 2 }))
+            Ok(Some(autobatch::PeakKinds { used, reserved: used + used / 50, device: used / 2 }))
         }
     }
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));

@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 mod verdict;
 use verdict::{verdict, Evidence, Next};
 
-use autobatch::memory::CudaPeaks;
 use autobatch::workloads::TransformerConfig;
+use autobatch::PeakKinds;
 use autobatch::{format_bytes, is_oom, CudaMeter, MemoryMeter, Tuner, Workload};
 use candle_core::cuda_backend::cudarc::driver::result::{device, mem_pool};
 use candle_core::cuda_backend::cudarc::driver::sys::CUmemPool_attribute;
@@ -89,7 +89,7 @@ fn measured_step<W: Workload>(
     workload: &mut W,
     meter: &mut CudaMeter,
     batch: usize,
-) -> Result<(candle_core::Result<()>, CudaPeaks, Duration), autobatch::Error> {
+) -> Result<(candle_core::Result<()>, PeakKinds, Duration), autobatch::Error> {
     meter.release_cached()?;
     meter.reset_peak()?;
     let started = Instant::now();

@@ -6,14 +6,15 @@ use cudarc::driver::result::{device, mem_pool};
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUmemPool_attribute, CUmemoryPool};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
-use super::pool::{pool_sees_allocations, CudaPeaks, PoolCounters};
+use super::pool::{peaks_from_counters, pool_sees_allocations, PoolCounters};
+use crate::PeakKinds;
 use crate::{Error, MemoryMeter};
 
 /// A [`MemoryMeter`] for a candle CUDA device.
 ///
 /// - capacity: total device memory (`cuMemGetInfo`);
 /// - in use: `total − free`, device-wide (other processes included);
-/// - peak: the highest of three ([`CudaPeaks`](crate::memory::CudaPeaks),
+/// - peak: the highest of three ([`PeakKinds`](crate::PeakKinds),
 ///   [`peaks`](CudaMeter::peaks)): `(total − free)` at
 ///   [`reset_peak`](MemoryMeter::reset_peak) plus the pool's live-bytes
 ///   high-water mark since then (`USED_MEM_HIGH`, PyTorch's
@@ -110,7 +111,8 @@ impl CudaMeter {
     /// Refuses a pool whose counters do not move when candle allocates.
     fn check_pool_sees_allocations(&mut self, pools_supported: bool) -> Result<(), Error> {
         const TEST_BYTES: u64 = 4 << 20;
-        let refuse = |reason: String| Error::PeakUnreadable { device: self.name.clone(), reason };
+        let name = self.name.clone();
+        let refuse = |reason: String| Error::PeakUnreadable { device: name.clone(), reason };
         if !pools_supported {
             return Err(refuse(
                 pool_sees_allocations(false, PoolCounters::default(), PoolCounters::default(), 0)
@@ -129,9 +131,9 @@ impl CudaMeter {
 
     /// The peaks of the step since the last reset: used, reserved and
     /// device-wide (the meter's [`peak`](MemoryMeter::peak) is the highest).
-    pub fn peaks(&self) -> Result<CudaPeaks, Error> {
+    pub fn peaks(&self) -> Result<PeakKinds, Error> {
         let after = self.counters()?;
-        Ok(CudaPeaks::from_counters(self.at_reset, after, after.device))
+        Ok(peaks_from_counters(self.at_reset, after, after.device))
     }
 
     /// The pool's counters and the device's use, now.
@@ -258,7 +260,7 @@ impl MemoryMeter for CudaMeter {
         self.name.clone()
     }
 
-    fn peak_kinds(&self) -> Result<Option<CudaPeaks>, Error> {
+    fn peak_kinds(&self) -> Result<Option<PeakKinds>, Error> {
         self.peaks().map(Some)
     }
 

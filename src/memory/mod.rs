@@ -11,10 +11,9 @@ mod tracking;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaMeter;
 pub use heap::HeapMeter;
-pub use pool::CudaPeaks;
 pub use tracking::TrackingAllocator;
 
-use crate::Error;
+use crate::{Error, PeakKinds};
 
 /// How much memory a device has and how much a step used at its peak.
 ///
@@ -58,7 +57,7 @@ pub trait MemoryMeter {
     /// The kinds of peak since the last reset, where the meter reads
     /// several (a CUDA pool's used and reserved bytes, the device-wide use):
     /// [`peak`](Self::peak) is their highest. `None` by default.
-    fn peak_kinds(&self) -> Result<Option<CudaPeaks>, Error> {
+    fn peak_kinds(&self) -> Result<Option<PeakKinds>, Error> {
         Ok(None)
     }
 }
@@ -88,7 +87,7 @@ impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
     fn device_name(&self) -> String {
         (**self).device_name()
     }
-    fn peak_kinds(&self) -> Result<Option<CudaPeaks>, Error> {
+    fn peak_kinds(&self) -> Result<Option<PeakKinds>, Error> {
         (**self).peak_kinds()
     }
 }

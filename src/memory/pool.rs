@@ -2,50 +2,7 @@
 //! it can be tested without a GPU: whether the pool sees the allocations at
 //! all, and which peak binds.
 
-/// The three peaks of one measured step, device-wide bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct CudaPeaks {
-    /// Bytes in use at the start plus the pool's live-bytes high-water mark
-    /// since: what PyTorch calls `max_memory_allocated`.
-    pub used: u64,
-    /// Bytes in use at the start plus the pool's reserved high-water mark
-    /// since: live bytes plus what fragmentation kept reserved around them.
-    pub reserved: u64,
-    /// Bytes in use device-wide after the step (before the pool's cache is
-    /// released): memory taken outside the pool during the step and kept
-    /// (cuBLAS workspaces, kernel modules at a new shape) shows here.
-    pub device: u64,
-}
-
-impl CudaPeaks {
-    /// From the counters read at the reset and after the step.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn from_counters(at_reset: PoolCounters, after: PoolCounters, device_after: u64) -> CudaPeaks {
-        CudaPeaks {
-            used: at_reset.device.saturating_add(after.used_high.saturating_sub(at_reset.used)),
-            reserved: at_reset.device.saturating_add(after.reserved_high.saturating_sub(at_reset.reserved)),
-            device: device_after,
-        }
-    }
-
-    /// The peak the limit is checked against: the highest of the three, as
-    /// any of them can be what runs out.
-    pub fn binding(&self) -> u64 {
-        self.used.max(self.reserved).max(self.device)
-    }
-
-    /// Which of the three binds: `used`, `reserved` or `device`.
-    pub fn binding_name(&self) -> &'static str {
-        let binding = self.binding();
-        if binding == self.used {
-            "used"
-        } else if binding == self.reserved {
-            "reserved"
-        } else {
-            "device"
-        }
-    }
-}
+use crate::plan::PeakKinds;
 
 /// One reading of the pool's counters and the device's use.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -61,6 +18,16 @@ pub(crate) struct PoolCounters {
     pub(crate) used_high: u64,
     /// The pool's reserved high-water mark (`RESERVED_MEM_HIGH`).
     pub(crate) reserved_high: u64,
+}
+
+/// The peaks of a step from the counters read at the reset and after it.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn peaks_from_counters(at_reset: PoolCounters, after: PoolCounters, device_after: u64) -> PeakKinds {
+    PeakKinds {
+        used: at_reset.device.saturating_add(after.used_high.saturating_sub(at_reset.used)),
+        reserved: at_reset.device.saturating_add(after.reserved_high.saturating_sub(at_reset.reserved)),
+        device: device_after,
+    }
 }
 
 /// Whether the pool saw a test allocation of `bytes`: without memory pool
@@ -112,15 +79,15 @@ mod tests {
             PoolCounters { device: 1000 * MIB, used: 100 * MIB, reserved: 100 * MIB, ..PoolCounters::default() };
         // 300 MiB live at the peak, 340 MiB reserved around it (fragmentation)
         let after = PoolCounters { used_high: 400 * MIB, reserved_high: 440 * MIB, ..at_reset };
-        let peaks = CudaPeaks::from_counters(at_reset, after, 1100 * MIB);
+        let peaks = peaks_from_counters(at_reset, after, 1100 * MIB);
         assert_eq!((peaks.used, peaks.reserved, peaks.device), (1300 * MIB, 1340 * MIB, 1100 * MIB));
         assert_eq!((peaks.binding(), peaks.binding_name()), (1340 * MIB, "reserved"));
         // a workspace taken outside the pool and kept: device-wide binds
-        let peaks = CudaPeaks::from_counters(at_reset, after, 1400 * MIB);
+        let peaks = peaks_from_counters(at_reset, after, 1400 * MIB);
         assert_eq!((peaks.binding(), peaks.binding_name()), (1400 * MIB, "device"));
         // no fragmentation, nothing outside: the pool's used peak, as before
         let after = PoolCounters { used_high: 400 * MIB, reserved_high: 400 * MIB, ..at_reset };
-        let peaks = CudaPeaks::from_counters(at_reset, after, 1000 * MIB);
+        let peaks = peaks_from_counters(at_reset, after, 1000 * MIB);
         assert_eq!((peaks.binding(), peaks.binding_name()), (1300 * MIB, "used"));
     }
 }

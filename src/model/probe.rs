@@ -198,6 +198,9 @@ pub struct ModelProbe<L> {
     reset: Option<Box<dyn FnMut() -> Result<()>>>,
     /// A forward-only step's output recorded a graph.
     graph_recorded: bool,
+    /// The loss and its forward graph stay alive through the update
+    /// (training calls `optimizer.backward_step(&loss)`).
+    graph_through_update: bool,
 }
 
 impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
@@ -338,6 +341,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
             buffers: Buffers::default(),
             reset: None,
             graph_recorded: false,
+            graph_through_update: false,
         }
     }
 
@@ -412,6 +416,18 @@ impl<L: ProbeLoss> ModelProbe<L> {
     /// nothing is left held after tuning.
     pub fn with_reset(mut self, reset: impl FnMut() -> Result<()> + 'static) -> Self {
         self.reset = Some(Box::new(reset));
+        self
+    }
+
+    /// Measures training that keeps the loss, and with it the forward graph's
+    /// activations, alive through the optimizer's update: candle-nn's
+    /// `optimizer.backward_step(&loss)`. By default the probe frees the loss
+    /// after the backward pass, as [`TrainLoop`](crate::TrainLoop) and a loop
+    /// that calls `loss.backward()` then `optimizer.step(&grads)` in a scope
+    /// of their own do: the answer is then what that training holds, up to
+    /// one activation set larger than the `backward_step` idiom allows.
+    pub fn graph_through_update(mut self, held: bool) -> Self {
+        self.graph_through_update = held;
         self
     }
 
@@ -534,10 +550,11 @@ impl<L: ProbeLoss> ModelProbe<L> {
             self.graph_recorded |= loss.track_op();
             return Ok(());
         }
+        let held = self.graph_through_update.then_some(loss);
         self.check_gradients(&grads);
         self.update(&grads)?;
         drop(grads);
-        drop(loss);
+        drop(held);
         Ok(())
     }
 
@@ -546,6 +563,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let vars = self.plain_vars();
         let mut accumulator = Accumulator::holding_zeros(&vars)?;
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
+        let held = self.graph_through_update.then_some(loss);
         self.check_gradients(&grads);
         // any scale but 1 allocates what training's does (the value is never used)
         let scale = if self.loss.scales_gradients() { 0.5 } else { 1.0 };
@@ -553,16 +571,19 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let sum = accumulator.take()?;
         self.update(&sum)?;
         drop(sum);
-        drop(loss);
+        drop(held);
         Ok(())
     }
 }
 
 impl<L: ProbeLoss> Workload for ModelProbe<L> {
     /// Forward, backward and the update computed dry. The loss (and with it
-    /// the forward graph) and the whole gradient store stay alive through the
-    /// update, as in `optimizer.backward_step(&loss)`: the most a training
-    /// step holds. Variables the forward pass writes are put back after it.
+    /// the forward graph) is freed after the backward pass and the whole
+    /// gradient store stays alive through the update, as in
+    /// [`TrainLoop`](crate::TrainLoop) (with
+    /// [`graph_through_update`](ModelProbe::graph_through_update), the loss
+    /// too, as in `optimizer.backward_step(&loss)`). Variables the forward
+    /// pass writes are put back after it.
     fn step(&mut self, batch: usize) -> Result<()> {
         self.restoring(|probe| probe.plain_step(batch))
     }

@@ -35,6 +35,43 @@ pub enum TrialKind {
     Accumulation,
 }
 
+/// The kinds of peak a meter reads in one measured step, device-wide bytes
+/// (a CUDA pool's: [`CudaMeter::peaks`](crate::CudaMeter)); the trial's peak
+/// is the highest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PeakKinds {
+    /// Bytes in use at the start plus the pool's live-bytes high-water mark
+    /// since: what PyTorch calls `max_memory_allocated`.
+    pub used: u64,
+    /// Bytes in use at the start plus the pool's reserved high-water mark
+    /// since: live bytes plus what fragmentation kept reserved around them.
+    pub reserved: u64,
+    /// Bytes in use device-wide after the step (before the pool's cache is
+    /// released): memory taken outside the pool during the step and kept
+    /// (cuBLAS workspaces, kernel modules at a new shape) shows here.
+    pub device: u64,
+}
+
+impl PeakKinds {
+    /// The peak the limit is checked against: the highest of the three, as
+    /// any of them can be what runs out.
+    pub fn binding(&self) -> u64 {
+        self.used.max(self.reserved).max(self.device)
+    }
+
+    /// Which of the three binds: `used`, `reserved` or `device`.
+    pub fn binding_name(&self) -> &'static str {
+        let binding = self.binding();
+        if binding == self.used {
+            "used"
+        } else if binding == self.reserved {
+            "reserved"
+        } else {
+            "device"
+        }
+    }
+}
+
 /// One measured run of the workload at one batch size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Trial {
@@ -60,7 +97,7 @@ pub struct Trial {
     /// pool's used and reserved bytes and the device-wide use; `peak_bytes`
     /// is their highest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak_kinds: Option<crate::memory::CudaPeaks>,
+    pub peak_kinds: Option<PeakKinds>,
 }
 
 fn one() -> usize {

@@ -325,11 +325,10 @@ impl<M: Model> Workload for Trainer<M> {
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {
         let vars = self.plain_vars();
         let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
-        // The loss (and with it the forward graph) stays alive through the
-        // update, as in `optimizer.backward_step(&loss)`.
+        // the forward graph is freed before the update, as `train_step` does
+        drop(loss);
         self.optimizer.dry_step(&grads)?;
         drop(grads);
-        drop(loss);
         Ok(())
     }
 
@@ -340,9 +339,9 @@ impl<M: Model> Workload for Trainer<M> {
         let vars = self.plain_vars();
         let mut accumulated = Accumulator::holding_zeros(&vars)?;
         let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
+        drop(loss);
         accumulated.add(grads, &vars)?;
         self.optimizer.dry_step(&accumulated.take()?)?;
-        drop(loss);
         Ok(())
     }
 
