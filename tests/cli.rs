@@ -846,3 +846,17 @@ fn plots_are_svg_with_the_ceiling_where_it_is() {
     assert_usage_error(&["probe", "--plot", "chart.png"], "name a .svg file");
     assert_usage_error(&["probe", "--plot", "/no/such/folder/chart.svg"], "does not exist");
 }
+
+/// Under `--seq-lens` the advice names the list, not `--seq-len` (which must
+/// be at least the longest listed length), and following it fits.
+#[test]
+fn seq_lens_advice_names_the_list_and_applied_it_fits() {
+    let common = ["--seq-len", "2048", "--start", "4", "--max-batch", "4", "--budget", "96MiB"];
+    let output = autobatch(&[&["probe", "--seq-lens", "176"][..], &common].concat());
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("--seq-len 8"), "{stderr}");
+    let advised = stderr.split("--seq-lens up to ").nth(1).and_then(|rest| rest.split(':').next()).expect(&stderr);
+    let output = autobatch(&[&["probe", "--seq-lens", advised, "--json"][..], &common].concat());
+    assert!(output.status.success(), "--seq-lens {advised}: {}", text(&output.stderr));
+}

@@ -44,7 +44,12 @@ impl From<autobatch::Error> for Failure {
         if let Error::AtSize { size, source } = err {
             // one length of --seq-lens: what went wrong there, as for one length
             let inner = Failure::from(*source);
-            return Failure { message: format!("at sequence length {size}: {}", inner.message), kind: inner.kind };
+            // under --seq-lens the length is set by that list, not by --seq-len
+            let message = inner
+                .message
+                .replace(": --seq-len ", ": --seq-lens up to ")
+                .replace("; --seq-len ", "; --seq-lens up to ");
+            return Failure { message: format!("at sequence length {size}: {message}"), kind: inner.kind };
         }
         let kind = match &err {
             Error::NothingFits { .. }
