@@ -36,7 +36,7 @@ pub enum TrialKind {
 }
 
 /// The kinds of peak a meter reads in one measured step, device-wide bytes
-/// (a CUDA pool's: [`CudaMeter::peaks`](crate::CudaMeter)); the trial's peak
+/// (a CUDA pool's, read by `CudaMeter::peaks` with the `cuda` feature); the trial's peak
 /// is the highest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PeakKinds {
