@@ -373,6 +373,24 @@ pub enum Error {
         reason: String,
     },
 
+    /// An optimizer a reference model cannot be probed with (no dry step).
+    #[error("optimizer {optimizer} is not supported here: use {valid}")]
+    UnsupportedOptimizer {
+        /// The optimizer asked for.
+        optimizer: String,
+        /// The optimizers that work.
+        valid: &'static str,
+    },
+
+    /// A change that must come before training, asked for after it started.
+    #[error("the trainer already ran {steps} training steps: {change} before the first one")]
+    AlreadyTrained {
+        /// Training steps already run.
+        steps: u64,
+        /// What must come first, e.g. "choose the optimizer".
+        change: &'static str,
+    },
+
     /// An accelerator name [`estimate::accelerator`](crate::estimate::accelerator) does not know.
     #[error("unknown accelerator '{name}': known names are {known} (or give its memory, e.g. 80GB)")]
     UnknownAccelerator {
@@ -570,6 +588,8 @@ impl Error {
                 | Error::InvalidModel { .. }
                 | Error::UnsupportedDtype { .. }
                 | Error::UnknownAccelerator { .. }
+                | Error::UnsupportedOptimizer { .. }
+                | Error::AlreadyTrained { .. }
                 | Error::NotForSizeSearch { .. }
                 | Error::InvalidHeadroom { .. }
                 | Error::CacheKeyMissing

@@ -198,6 +198,16 @@ fn bf16_halves_the_model_state_where_the_cpu_supports_it() {
 }
 
 fn invalid_model_settings_are_errors() {
+    // what must come before training says so, and an optimizer without a dry step is named
+    let mut trainer = MlpConfig::default().build(&Device::Cpu).unwrap();
+    trainer.train_step(2).unwrap();
+    let err = trainer.with_optimizer(autobatch::estimate::OptimizerKind::Lion).unwrap_err();
+    assert!(matches!(err, Error::AlreadyTrained { steps: 1, .. }), "{err}");
+    assert!(err.to_string().contains("choose the optimizer before the first one"), "{err}");
+    let fresh = MlpConfig::default().build(&Device::Cpu).unwrap();
+    let err = fresh.with_optimizer(autobatch::estimate::OptimizerKind::Sgd).unwrap_err();
+    assert!(matches!(&err, Error::UnsupportedOptimizer { optimizer, .. } if optimizer == "sgd"), "{err}");
+    assert!(err.is_configuration());
     let cases: Vec<(Result<(), Error>, &str)> = vec![
         (TransformerConfig { heads: 3, ..TransformerConfig::default() }.check(), "heads = 3"),
         (TransformerConfig { seq_len: 0, ..TransformerConfig::default() }.check(), "seq_len = 0"),

@@ -122,6 +122,27 @@ impl RankShare {
 }
 
 impl RankSplit {
+    /// This split when its global batch is the target, else
+    /// [`Error::InexactGlobalBatch`] with the nearest global batch above, as
+    /// [`Accumulation::require_exact`](crate::Accumulation::require_exact) is for even ranks.
+    ///
+    /// ```
+    /// use autobatch::plan_ranks;
+    ///
+    /// assert!(plan_ranks(1000, &[200, 90], 1).unwrap().require_exact().is_ok());
+    /// assert!(plan_ranks(1001, &[200, 90], 8).unwrap().require_exact().is_err());
+    /// ```
+    pub fn require_exact(self) -> Result<Self, crate::Error> {
+        if self.exact {
+            return Ok(self);
+        }
+        Err(crate::Error::InexactGlobalBatch {
+            target: self.target_global_batch,
+            multiple_of: self.multiple_of,
+            nearest: self.global_batch,
+        })
+    }
+
     /// Number of ranks.
     pub fn world_size(&self) -> usize {
         self.shares.len()

@@ -176,13 +176,9 @@ impl Tuner {
                     .ok_or(Error::Overflow { value: capacity })?,
             };
             // every rank computes the same split from the same numbers: an error is everyone's
-            let split = plan_ranks(target, &capacities, self.multiple_of)?;
-            if self.exact_effective_batch && !split.exact {
-                return Err(Error::InexactGlobalBatch {
-                    target,
-                    multiple_of: self.multiple_of,
-                    nearest: split.global_batch,
-                });
+            let mut split = plan_ranks(target, &capacities, self.multiple_of)?;
+            if self.exact_effective_batch {
+                split = split.require_exact()?;
             }
             let micro = split.shares[rank].micro_batch();
             let steps = split.accumulation_steps;

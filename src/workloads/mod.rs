@@ -122,11 +122,7 @@ impl<M: Model> Trainer<M> {
             });
         }
         if self.steps > 0 {
-            return Err(Error::InvalidModel {
-                setting: "steps",
-                value: self.steps as usize,
-                valid: "0: switch to mixed precision before training".to_owned(),
-            });
+            return Err(Error::AlreadyTrained { steps: self.steps, change: "switch to mixed precision" });
         }
         let vars = self.plain_vars();
         self.optimizer = TrainerOptimizer::Mixed(crate::optim::MixedPrecision::new(vars, default_adamw())?);
@@ -141,11 +137,7 @@ impl<M: Model> Trainer<M> {
         use crate::estimate::OptimizerKind;
         use crate::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
         if self.steps > 0 {
-            return Err(Error::InvalidModel {
-                setting: "steps",
-                value: self.steps as usize,
-                valid: "0: choose the optimizer before training".to_owned(),
-            });
+            return Err(Error::AlreadyTrained { steps: self.steps, change: "choose the optimizer" });
         }
         let vars = self.plain_vars();
         let lr = default_adamw().lr;
@@ -159,8 +151,8 @@ impl<M: Model> Trainer<M> {
                 TrainerOptimizer::AdamW8bit(AdamW8bit::new(vars, ParamsAdamW8bit { lr, ..ParamsAdamW8bit::default() })?)
             }
             other => {
-                return Err(Error::UnsupportedDtype {
-                    dtype: format!("optimizer {}", other.name()),
+                return Err(Error::UnsupportedOptimizer {
+                    optimizer: other.name().to_owned(),
                     valid: "adamw, lion, adafactor or adam8bit (the optimizers with a dry step)",
                 })
             }

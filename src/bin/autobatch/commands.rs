@@ -305,15 +305,10 @@ fn plan_uneven(args: &PlanArgs) -> Result<(), Failure> {
             args.uneven[rank], args.multiple_of
         )));
     }
-    let split = autobatch::plan_ranks(args.target, &args.uneven, args.multiple_of)
+    let mut split = autobatch::plan_ranks(args.target, &args.uneven, args.multiple_of)
         .map_err(|err| plan_error(err, "--uneven"))?;
-    if args.exact && !split.exact {
-        return Err(autobatch::Error::InexactGlobalBatch {
-            target: args.target,
-            multiple_of: args.multiple_of,
-            nearest: split.global_batch,
-        }
-        .into());
+    if args.exact {
+        split = split.require_exact()?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&split).expect("plain values serialize"));

@@ -116,6 +116,9 @@ impl From<autobatch::Error> for Failure {
             Error::UnsupportedDtype { dtype, valid } => {
                 format!("--precision: {dtype} is not supported here: use {valid}")
             }
+            Error::UnsupportedOptimizer { optimizer, valid } => {
+                format!("--optimizer {optimizer} is not supported here: use {valid}")
+            }
             Error::InvalidCeiling { ceiling } => {
                 format!("--ceiling {ceiling} is not a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory")
             }
