@@ -597,6 +597,26 @@ impl Error {
         )
     }
 
+    /// [`Error::NothingFits`] at `batch` with no advice: what a check of an
+    /// accumulating micro-step reports when even the smallest one fails.
+    pub(crate) fn nothing_fits_at(
+        batch: usize,
+        outcome: Outcome,
+        peak_bytes: Option<u64>,
+        (capacity_bytes, limit_bytes, ceiling): (u64, u64, f64),
+    ) -> Error {
+        Error::NothingFits {
+            batch,
+            outcome,
+            peak_bytes,
+            capacity_bytes,
+            limit_bytes,
+            ceiling,
+            smaller_batch: None,
+            remedies: Vec::new(),
+        }
+    }
+
     /// The error of a workload step at `batch` that is not out of memory:
     /// [`Error::BackwardUnsupported`] when candle cannot differentiate an op
     /// the step uses, else [`Error::Workload`].

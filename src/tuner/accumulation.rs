@@ -106,15 +106,9 @@ impl Tuner {
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        let too_small = |plan: &Plan, batch: usize| Error::NothingFits {
-            batch,
-            outcome: crate::Outcome::OverCeiling,
-            peak_bytes: None,
-            capacity_bytes: plan.capacity_bytes,
-            limit_bytes: plan.limit_bytes(),
-            ceiling: plan.ceiling,
-            smaller_batch: None,
-            remedies: Vec::new(),
+        let too_small = |plan: &Plan, batch: usize| {
+            let device = (plan.capacity_bytes, plan.limit_bytes(), plan.ceiling);
+            Error::nothing_fits_at(batch, crate::Outcome::OverCeiling, None, device)
         };
         for _ in 0..CHECK_ROUNDS {
             self.apply_split(plan, cap)?;

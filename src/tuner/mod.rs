@@ -408,11 +408,18 @@ impl Tuner {
     }
 }
 
-/// micro-batch, accumulation steps, effective batch, and the split when there is a target.
-pub(super) type Split = (usize, usize, usize, Option<crate::Accumulation>);
+/// How the plan reaches its effective batch from a largest batch.
+#[derive(Clone, Debug)]
+pub(super) struct Split {
+    pub(super) micro_batch: usize,
+    pub(super) accumulation_steps: usize,
+    pub(super) effective_batch: usize,
+    /// The accumulation arithmetic, when there is a target.
+    pub(super) accumulation: Option<crate::Accumulation>,
+}
 
 impl Tuner {
-    /// micro-batch, accumulation steps, effective batch and the split, from the largest batch.
+    /// How to reach the target (or, without one, the largest batch on every rank) from `largest_batch`.
     fn split(&self, largest_batch: usize) -> Result<Split, Error> {
         match self.target_effective_batch {
             Some(target) => {
@@ -426,14 +433,29 @@ impl Tuner {
                         split.effective_batch, split.deviation, target
                     );
                 }
-                Ok((split.micro_batch, split.accumulation_steps, split.effective_batch, Some(split)))
+                Ok(Split {
+                    micro_batch: split.micro_batch,
+                    accumulation_steps: split.accumulation_steps,
+                    effective_batch: split.effective_batch,
+                    accumulation: Some(split),
+                })
             }
             None => {
                 let effective =
                     largest_batch.checked_mul(self.world_size).ok_or(Error::Overflow { value: largest_batch })?;
-                Ok((largest_batch, 1, effective, None))
+                Ok(Split {
+                    micro_batch: largest_batch,
+                    accumulation_steps: 1,
+                    effective_batch: effective,
+                    accumulation: None,
+                })
             }
         }
+    }
+
+    /// The model's part of the cache key: the one given, else the workload's.
+    fn model_key<W: Workload + ?Sized>(&self, workload: &W) -> Result<CacheKey, Error> {
+        self.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)
     }
 
     /// The whole cache key: the model's (given, or the workload's), the
@@ -443,8 +465,8 @@ impl Tuner {
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        let model = self.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)?;
-        Ok(model
+        Ok(self
+            .model_key(workload)?
             .param("autobatch.version", env!("CARGO_PKG_VERSION"))
             .param("autobatch.device", meter.device_name())
             .param("autobatch.capacity_bytes", capacity_bytes)
@@ -484,7 +506,7 @@ impl Tuner {
     /// Sets `plan`'s micro-batch, steps and effective batch from `cap` with
     /// this tuner's target and world size.
     fn apply_split(&self, plan: &mut Plan, cap: usize) -> Result<(), Error> {
-        let (micro_batch, accumulation_steps, effective_batch, accumulation) = self.split(cap)?;
+        let Split { micro_batch, accumulation_steps, effective_batch, accumulation } = self.split(cap)?;
         (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
             (micro_batch, accumulation_steps, effective_batch, accumulation);
         plan.world_size = self.world_size;

@@ -52,7 +52,7 @@ impl Tuner {
         sizes.sort_unstable();
         sizes.dedup();
         let key = match &self.cache_path {
-            Some(_) => Some(self.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)?),
+            Some(_) => Some(self.model_key(&*workload)?),
             None => None,
         };
         let original = workload.size();

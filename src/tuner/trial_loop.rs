@@ -352,10 +352,10 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         let mut cap = largest_batch;
         loop {
             let split = self.tuner.split(cap)?;
-            if split.1 <= 1 || !self.workload.can_accumulate() {
+            if split.accumulation_steps <= 1 || !self.workload.can_accumulate() {
                 return Ok((split, None));
             }
-            let micro = split.0;
+            let micro = split.micro_batch;
             let trial = self.trial(micro, TrialKind::Accumulation)?;
             if trial.outcome.fits() {
                 return Ok((split, trial.peak_bytes));
@@ -372,16 +372,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                     cap = next;
                 }
                 None => {
-                    return Err(Error::NothingFits {
-                        batch: micro,
-                        outcome: trial.outcome,
-                        peak_bytes: trial.peak_bytes,
-                        capacity_bytes: self.capacity_bytes,
-                        limit_bytes: self.limit,
-                        ceiling: self.tuner.ceiling,
-                        smaller_batch: None,
-                        remedies: Vec::new(),
-                    })
+                    let device = (self.capacity_bytes, self.limit, self.tuner.ceiling);
+                    return Err(Error::nothing_fits_at(micro, trial.outcome, trial.peak_bytes, device));
                 }
             }
         }
@@ -478,7 +470,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             Objective::LargestBatch => None,
         };
         let cap = throughput.as_ref().map_or(largest_batch, |choice| choice.chosen_batch);
-        let ((micro_batch, accumulation_steps, effective_batch, accumulation), accumulation_peak_bytes) =
+        let (Split { micro_batch, accumulation_steps, effective_batch, accumulation }, accumulation_peak_bytes) =
             self.verified_split(space, cap)?;
         let peak_bytes = found.peak_bytes.expect("a fitting trial always has a peak");
         let memory_model = MemoryModel::fit(&self.trials, largest_batch, peak_bytes);
