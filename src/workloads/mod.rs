@@ -5,7 +5,7 @@
 //!
 //! A [`Trainer`] holds a model, its variables and its optimizer. As a
 //! [`Workload`] its step is a *probe* step: forward, loss, backward and the
-//! AdamW update computed in full ([`AdamW::dry_step`]) but never written, so
+//! AdamW update computed in full ([`AdamW::dry_step`](crate::optim::AdamW::dry_step)) but never written, so
 //! tuning changes no weight, no moment and not the step count, at no extra
 //! memory. [`Trainer::train_step`] is the real thing.
 //!
@@ -35,7 +35,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-pub use crate::optim::{AdamW, AdamWState};
+use crate::optim::AdamW;
 pub use convnet::ConvNetConfig;
 pub use footprint::Footprint;
 pub use mlp::MlpConfig;
