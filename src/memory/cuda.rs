@@ -155,9 +155,7 @@ impl CudaMeter {
     /// must be freed (drop the meter, or [`release_ballast`](CudaMeter::release_ballast))
     /// before training. Use it for workloads that allocate outside the pool.
     pub fn with_ballast(mut self, ceiling: f64) -> Result<Self, Error> {
-        if !(ceiling > 0.0 && ceiling <= 1.0) {
-            return Err(Error::InvalidCeiling { ceiling });
-        }
+        crate::Ceiling::new(ceiling)?;
         self.release_ballast()?;
         let bytes = ((1.0 - ceiling) * self.total as f64) as u64;
         if bytes > 0 {

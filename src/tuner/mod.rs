@@ -285,9 +285,7 @@ impl Tuner {
     }
 
     fn search_space(&self) -> Result<SearchSpace, Error> {
-        if !(self.ceiling > 0.0 && self.ceiling <= 1.0) {
-            return Err(Error::InvalidCeiling { ceiling: self.ceiling });
-        }
+        crate::Ceiling::new(self.ceiling)?;
         for (setting, value) in [
             ("steps_per_trial", Some(self.steps_per_trial)),
             ("world_size", Some(self.world_size)),

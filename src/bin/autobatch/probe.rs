@@ -405,10 +405,11 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
         DeviceSpec::Cpu => {
             check_threads()?;
             let (budget, why) = cpu_budget(args)?;
-            check_footprint(args, &model, &footprint, (args.ceiling * budget as f64).floor() as u64)?;
+            let ceiling = autobatch::Ceiling::new(args.ceiling)?;
+            check_footprint(args, &model, &footprint, ceiling.limit_bytes(budget))?;
             let mut meter = HeapMeter::new(budget)?;
             let scratch = meter.thread_scratch_bytes();
-            let limit = (args.ceiling * budget as f64).floor() as u64;
+            let limit = ceiling.limit_bytes(budget);
             let blame_scratch = |failure: Failure| match failure.kind {
                 // per-thread scratch that takes much of the limit is named as what does not fit
                 crate::failure::Kind::NothingFits if scratch > limit / 4 => Failure {
@@ -690,7 +691,7 @@ fn cuda(
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
-    check_footprint(args, model, footprint, (args.ceiling * meter.capacity()? as f64).floor() as u64)?;
+    check_footprint(args, model, footprint, autobatch::Ceiling::new(args.ceiling)?.limit_bytes(meter.capacity()?))?;
     let device = meter.device().clone();
     let on = format!("{} ({})", meter.name(), format_bytes(meter.capacity()?));
     if args.find.is_some() {
