@@ -3,7 +3,7 @@
 
 use autobatch::estimate::OptimizerKind;
 use autobatch::workloads::{Model, ReferenceWorkload, Trainer};
-use autobatch::{MemoryMeter, Resizable, SizeRange, Tuner};
+use autobatch::{MemoryMeter, Resizable, SizeRange};
 
 use crate::args::{DtypeArg, FindArg, ModelKind, ObjectiveArg, ProbeArgs};
 use crate::failure::Failure;
@@ -50,23 +50,6 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
         )));
     }
     Ok(())
-}
-
-/// The search's tuner: the settings that apply to a size search (the batch
-/// flags were refused in `check_flags`).
-fn size_tuner(args: &ProbeArgs) -> Tuner {
-    let mut tuner = Tuner::new()
-        .ceiling(args.ceiling)
-        .steps_per_trial(args.steps_per_trial)
-        .strict(args.strict)
-        .strategy(crate::probe::strategy(args.strategy));
-    if let Some(max_trials) = args.max_trials {
-        tuner = tuner.max_trials(max_trials);
-    }
-    if let Some(limit) = args.time_limit {
-        tuner = tuner.time_limit(limit);
-    }
-    tuner
 }
 
 /// `--find`: the longest input of the model the flags describe, on `device`.
@@ -127,7 +110,8 @@ where
         range.largest
     ));
     let mut progress = Progress::new(args.json).sizes(names.word);
-    let result = size_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
+    let result =
+        crate::probe::search_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
     drop(progress);
     let longest = result?;
     if let Some(path) = &args.plot {

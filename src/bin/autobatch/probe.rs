@@ -190,28 +190,36 @@ pub(crate) fn strategy(strategy: StrategyArg) -> Strategy {
     }
 }
 
-fn tuner(args: &ProbeArgs) -> Tuner {
+/// The settings of any search, over batches or over sizes: the ceiling, how
+/// trials run, the strategy and when to stop.
+pub(crate) fn search_tuner(args: &ProbeArgs) -> Tuner {
     let mut tuner = Tuner::new()
         .ceiling(args.ceiling)
+        .steps_per_trial(args.steps_per_trial)
+        .strict(args.strict)
+        .strategy(strategy(args.strategy));
+    if let Some(max_trials) = args.max_trials {
+        tuner = tuner.max_trials(max_trials);
+    }
+    if let Some(limit) = args.time_limit {
+        tuner = tuner.time_limit(limit);
+    }
+    tuner
+}
+
+/// The batch search's tuner: [`search_tuner`] and the batch flags.
+fn tuner(args: &ProbeArgs) -> Tuner {
+    let mut tuner = search_tuner(args)
         .start(args.start)
         .multiple_of(args.multiple_of)
-        .steps_per_trial(args.steps_per_trial)
         .world_size(args.world_size)
         .exact_effective_batch(args.exact)
-        .strict(args.strict)
-        .strategy(strategy(args.strategy))
         .objective(match args.objective {
             ObjectiveArg::Largest => autobatch::Objective::LargestBatch,
             ObjectiveArg::Throughput => autobatch::Objective::Throughput,
         });
     if let Some(max_batch) = args.max_batch {
         tuner = tuner.max_batch(max_batch);
-    }
-    if let Some(max_trials) = args.max_trials {
-        tuner = tuner.max_trials(max_trials);
-    }
-    if let Some(limit) = args.time_limit {
-        tuner = tuner.time_limit(limit);
     }
     if let Some(target) = args.target_effective_batch {
         tuner = tuner.target_effective_batch(target);
