@@ -225,6 +225,47 @@ fn every_other_path_changes_no_bit() {
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "compare: tuning changed a variable");
 }
 
+/// The largest image side at a fixed batch (`Tuner::run_longest` over
+/// `ModelProbe::by_size`) on a model with BatchNorm: no bit changes, the
+/// answer's step fits and one granule more does not, and a real training step
+/// at the answer (backward, then candle-nn's AdamW) stays under the ceiling.
+fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
+    use autobatch::{Resizable, SizeRange};
+    use candle_nn::Optimizer;
+    let (varmap, model) = model();
+    let before = bits(&varmap);
+    let mut meter = HeapMeter::new(BUDGET).unwrap();
+    let batch = 64;
+    let mut probe = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
+        .adamw(ParamsAdamW::default())
+        .unwrap();
+    // the pooling takes sides that are multiples of 4
+    let longest =
+        Tuner::new().run_longest(&mut probe, &mut meter, batch, SizeRange::up_to(128).multiple_of(4)).unwrap();
+    let (side, limit) = (longest.largest_size, longest.limit_bytes());
+    assert!(longest.proven_longest && side < 128, "{}", longest.summary("image side"));
+    no_missing_gradients("run_longest", &longest.warnings);
+    assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "run_longest: tuning changed a variable");
+    let peak = |probe: &mut ModelProbe<_>, meter: &mut HeapMeter, side: usize| {
+        probe.resize(side).unwrap();
+        meter.reset_peak().unwrap();
+        probe.step(batch).unwrap();
+        meter.peak().unwrap()
+    };
+    let (at, above) = (peak(&mut probe, &mut meter, side), peak(&mut probe, &mut meter, side + 4));
+    assert!(at <= limit && above > limit, "side {side} peaks at {at}, {} at {above}, limit {limit}", side + 4);
+    drop(probe);
+    let mut optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    optimizer.step(&model.loss(batch, side, 1).unwrap().backward().unwrap()).unwrap(); // the moments exist
+    meter.reset_peak().unwrap();
+    let grads = model.loss(batch, side, 2).unwrap().backward().unwrap();
+    optimizer.step(&grads).unwrap();
+    drop(grads);
+    let trained = meter.peak().unwrap();
+    assert!(trained <= limit, "training at batch {batch}, side {side} peaked at {trained} > {limit}");
+    println!("  largest side at batch {batch}: {side} (probe peak {at}, training peak {trained}, limit {limit})");
+}
+
 /// The plan trains under the ceiling with `TrainLoop` and candle-nn's AdamW,
 /// with accumulation; an evaluation model built once from `detached` before
 /// training sees the statistics training moved (its outputs equal the
@@ -308,6 +349,10 @@ fn main() {
         ("the_forward_pass_writes_the_state", the_forward_pass_writes_the_state),
         ("every_probe_path_changes_no_bit", every_probe_path_changes_no_bit),
         ("every_other_path_changes_no_bit", every_other_path_changes_no_bit),
+        (
+            "the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit",
+            the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit,
+        ),
         (
             "training_stays_under_the_ceiling_and_evaluation_sees_its_statistics",
             training_stays_under_the_ceiling_and_evaluation_sees_its_statistics,

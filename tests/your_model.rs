@@ -686,7 +686,8 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
 
 /// The longest length of your model at a fixed batch (`Tuner::run_longest`
 /// over `ModelProbe::by_size`): the answer's step fits, one token longer
-/// does not, no weight changed, and the probe is left at its length.
+/// does not, no weight changed, the probe is left at its length, and a real
+/// training step at the answer stays under the ceiling.
 fn your_models_longest_length_at_a_batch_is_exact() {
     use autobatch::{Resizable, SizeRange};
     let (varmap, model) = gpt(false);
@@ -710,6 +711,16 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     let next = peak_of(&mut probe, batch);
     assert!(fits <= limit + TOLERANCE, "length {len} at batch {batch} peaks at {fits} > {limit}");
     assert!(next > limit - TOLERANCE, "length {} at batch {batch} peaks at {next} <= {limit}", len + 1);
+    drop(probe);
+    // training at that length and batch: backward, then candle-nn's AdamW
+    let mut optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    optimizer.step(&model.loss_of_length(batch, 1, len).unwrap().backward().unwrap()).unwrap(); // the moments exist
+    TrackingAllocator::reset_peak();
+    let grads = model.loss_of_length(batch, 2, len).unwrap().backward().unwrap();
+    optimizer.step(&grads).unwrap();
+    drop(grads);
+    let trained = TrackingAllocator::peak_bytes();
+    assert!(trained <= limit, "training at batch {batch}, length {len} peaked at {trained} > {limit}");
 }
 
 /// `TrainLoop::step_with_backward` scales the loss and the gradients itself:

@@ -7,6 +7,8 @@
 //! - the same BERT forked with `autobatch::ops::LayerNorm` (three lines): the
 //!   whole graph, an exact answer by brute force, below the demoted one;
 //! - its forward pass alone (`ModelProbe::forward_only` over `detached`);
+//! - its longest input at twice that batch (`Tuner::run_longest`), exact, and
+//!   a real training step there under the ceiling;
 //! - Qwen2, whose KV cache grows with every forward pass, probed twice in a
 //!   row with a reset hook.
 
@@ -38,8 +40,12 @@ fn bert_config() -> String {
 }
 
 fn tokens(batch: usize) -> Result<Tensor> {
-    let ids: Vec<u32> = (0..batch * SEQ).map(|i| ((i * 7919) % VOCAB) as u32).collect();
-    Tensor::from_vec(ids, (batch, SEQ), &Device::Cpu)
+    tokens_of_length(batch, SEQ)
+}
+
+fn tokens_of_length(batch: usize, len: usize) -> Result<Tensor> {
+    let ids: Vec<u32> = (0..batch * len).map(|i| ((i * 7919) % VOCAB) as u32).collect();
+    Tensor::from_vec(ids, (batch, len), &Device::Cpu)
 }
 
 /// Every variable's bits, by name.
@@ -143,6 +149,52 @@ fn bert(forked: bool) -> Plan {
     plan
 }
 
+/// The longest input the BERT fork trains on at a fixed batch
+/// (`Tuner::run_longest` over `ModelProbe::by_size`): the answer's step
+/// fits and one token longer does not, a real AdamW training step at the
+/// answer (backward, then `optimizer.step`) stays under the ceiling, and no
+/// variable changed.
+fn bert_fork_longest(batch: usize) {
+    use autobatch::{Resizable, SizeRange};
+    use candle_nn::Optimizer;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let head = linear(128, VOCAB, vb.pp("head")).unwrap();
+    let model = Bert::load(vb.pp("bert"), true);
+    let loss = |batch: usize, len: usize| -> Result<Tensor> {
+        let ids = tokens_of_length(batch, len)?;
+        let logits = head.forward(&model.hidden(&ids)?)?.reshape((batch * len, VOCAB))?;
+        loss::cross_entropy(&logits, &ids.flatten_all()?)
+    };
+    let before = bits(&varmap);
+    let mut meter = HeapMeter::new(BUDGET).unwrap();
+    let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
+    // the model's 128 positions are the range
+    let longest = Tuner::new().run_longest(&mut probe, &mut meter, batch, SizeRange::up_to(128)).unwrap();
+    assert!(bits(&varmap) == before, "BERT fork: the length search changed a variable");
+    let (len, limit) = (longest.largest_size, longest.limit_bytes());
+    assert!(longest.proven_longest && len < 128, "{}", longest.summary("sequence length"));
+    probe.resize(len).unwrap();
+    let at = peak(&mut probe, &mut meter, batch);
+    probe.resize(len + 1).unwrap();
+    let above = peak(&mut probe, &mut meter, batch);
+    assert!(at <= limit && above > limit, "length {len} peaks at {at}, {} at {above}, limit {limit}", len + 1);
+    drop(probe);
+    let mut optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    optimizer.step(&loss(batch, len).unwrap().backward().unwrap()).unwrap(); // the moments exist
+    meter.reset_peak().unwrap();
+    let grads = loss(batch, len).unwrap().backward().unwrap();
+    optimizer.step(&grads).unwrap();
+    drop(grads);
+    let trained = meter.peak().unwrap();
+    assert!(trained <= limit, "training at batch {batch}, length {len} peaked at {trained} > {limit}");
+    println!(
+        "BERT fork, longest length at batch {batch}: {len} (proven: peaks at {at}, {} at {above} over the limit \
+         {limit}; a training step at {len} peaks at {trained})",
+        len + 1
+    );
+}
+
 /// Qwen2 keeps a KV cache that grows with every forward pass: probed twice in
 /// a row with `clear_kv_cache` as the reset hook, the answers agree, nothing
 /// is left held, and the model runs from position 0 afterwards.
@@ -191,6 +243,7 @@ fn qwen2() {
 fn main() {
     let demoted = bert(false);
     let whole = bert(true);
+    bert_fork_longest(2 * whole.largest_batch);
     assert!(whole.largest_batch < demoted.largest_batch, "the cut graph's answer overstates training");
     qwen2();
     println!("all checks passed");
