@@ -667,3 +667,20 @@ fn the_kinds_of_peak_a_meter_reads_are_kept_and_said() {
     let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
     assert!(json["trials"][0]["peak_kinds"]["reserved"].is_u64(), "{json}");
 }
+
+/// Once a batch has fit, a trial expected to end past the time limit (by the
+/// largest trial's time per sample) is not started.
+#[test]
+fn a_trial_expected_to_end_past_the_time_limit_is_not_started() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // answer 126
+    let (mut workload, mut meter) = sim.build();
+    // a millisecond a sample: the jump near 126 would take over 100 ms
+    let mut step = |batch: usize| {
+        std::thread::sleep(std::time::Duration::from_millis(batch as u64));
+        autobatch::Workload::step(&mut workload, batch)
+    };
+    let tuner = Tuner::new().warmup(false).time_limit(std::time::Duration::from_millis(60));
+    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    assert!(plan.trials.iter().all(|t| t.batch <= 16), "{plan}");
+    assert!(matches!(plan.stopped_by, Some(autobatch::SearchLimit::TimeLimit { .. })), "{plan}");
+}

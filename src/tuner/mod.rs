@@ -229,9 +229,11 @@ impl Tuner {
     /// began (warm-up included), with the largest batch seen to fit: the
     /// plan is not proven largest, and
     /// [`SearchLimit::TimeLimit`](crate::SearchLimit::TimeLimit) says which
-    /// batches remain open. The limit is checked between trials (a trial in
-    /// progress finishes); the re-check of the answer and the accumulation
-    /// check still run, as they keep the answer safe. When no batch was seen
+    /// batches remain open. The limit is checked between trials: once a
+    /// batch has fit, a trial whose expected time (the largest trial's time
+    /// per sample, times its batch) would end past the limit is not started;
+    /// a trial in progress finishes. The re-check of the answer and the
+    /// accumulation check still run, as they keep the answer safe. When no batch was seen
     /// to fit by then, `run` fails with [`Error::TimeLimit`]. A search that
     /// finishes in time is unchanged. Default: no limit.
     ///

@@ -152,7 +152,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                     Next::Done => break None,
                     Next::Try(batch) => batch,
                 };
-                if let Some(limit) = self.tuner.time_limit.filter(|&limit| self.started.elapsed() >= limit) {
+                if let Some(limit) = self.tuner.time_limit.filter(|&limit| self.would_pass(limit, batch)) {
                     let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
                     let bracket = crate::search::Bracket::of(space, &self.history());
                     let Some(largest_fit) = bracket.fitting else {
@@ -224,6 +224,29 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             Strategy::Power => SearchLimit::Strategy { strategy: Strategy::Power },
             _ => SearchLimit::NextBatchNotTried { batch: next },
         }))
+    }
+
+    /// Whether `limit` has passed, or a trial at `batch` would end past it
+    /// once a batch has been seen to fit: by the time per sample of the
+    /// largest trial that ran to the end (a step's time grows at most in
+    /// proportion to its batch, so the estimate errs long, and the search
+    /// stops early rather than late).
+    fn would_pass(&self, limit: std::time::Duration, batch: usize) -> bool {
+        let elapsed = self.started.elapsed();
+        if elapsed >= limit {
+            return true;
+        }
+        if !self.trials.iter().any(|t| t.outcome.fits()) {
+            return false;
+        }
+        let per_sample = self
+            .trials
+            .iter()
+            .filter(|t| t.outcome != Outcome::OutOfMemory)
+            .max_by_key(|t| t.batch)
+            .map(|t| t.duration.as_secs_f64() / (t.batch * t.steps).max(1) as f64);
+        let expected = per_sample.map_or(0.0, |seconds| seconds * (batch * self.tuner.steps_per_trial) as f64);
+        elapsed.as_secs_f64() + expected > limit.as_secs_f64()
     }
 
     /// Whether a step at a batch below `batch` ran to the end (fit or went
