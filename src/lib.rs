@@ -142,7 +142,8 @@ pub use oom::{is_oom, may_be_oom};
 pub use plan::{
     plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, Ceiling, EvaluationPlan,
     LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan, RankShare, RankSplit, SearchLimit, SizeBatch,
-    SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
+    SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, ThroughputChoice, ThroughputPoint, Trial, TrialKind,
+    TuningCost, Warning,
 };
 pub use search::{LinearFit, Outcome, Strategy};
 pub use tuner::{Observer, Tuner};

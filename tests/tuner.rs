@@ -334,8 +334,9 @@ fn report_shows_each_trial_and_the_plan() {
     let report = plan.to_string();
     let lines: Vec<&str> = report.lines().collect();
     assert!(lines[0].contains("batch") && lines[0].contains("outcome") && lines[0].contains("util"));
-    assert_eq!(lines.len(), 1 + plan.trials.len() + 3, "{report}");
-    assert!(lines.last().unwrap().starts_with("memory: "), "{report}");
+    assert_eq!(lines.len(), 1 + plan.trials.len() + 4, "{report}");
+    assert!(lines[lines.len() - 2].starts_with("memory: "), "{report}");
+    assert!(lines.last().unwrap().starts_with(&format!("tuning took {} steps", plan.trials.len() + 1)), "{report}");
     assert!(lines[1].contains("fits") && lines[1].contains('%'));
     assert!(report.contains("over ceiling"));
     assert!(report.contains("largest batch 126 (proven largest)"), "{report}");
@@ -683,4 +684,34 @@ fn a_trial_expected_to_end_past_the_time_limit_is_not_started() {
     let plan = tuner.run(&mut step, &mut meter).unwrap();
     assert!(plan.trials.iter().all(|t| t.batch <= 16), "{plan}");
     assert!(matches!(plan.stopped_by, Some(autobatch::SearchLimit::TimeLimit { .. })), "{plan}");
+}
+
+#[test]
+fn the_plan_counts_every_step_tuning_ran() {
+    // warm-up, search, and the re-check memory that rose after the answer asks for
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).baseline_rise(6, 64 * MIB);
+    let (mut workload, mut meter) = sim.build();
+    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    assert!(plan.trials.iter().any(|t| t.kind == TrialKind::Recheck), "{plan}");
+    assert_eq!(plan.tuning.steps, workload.steps(), "{plan}");
+    assert_eq!(plan.tuning.steps, plan.trials.len() + 1, "the warm-up is a step too");
+    let seconds: f64 = plan.trials.iter().map(|t| t.duration.as_secs_f64()).sum();
+    assert!(plan.tuning.seconds >= seconds);
+    assert!(plan.to_string().contains(&format!("tuning took {} steps", workload.steps())), "{plan}");
+}
+
+#[test]
+fn a_cached_plan_costs_only_the_steps_it_ran_now() {
+    let dir = std::env::temp_dir().join(format!("autobatch-tuning-cost-{}", std::process::id()));
+    let cache = dir.join("plans.json");
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
+    let tuner = Tuner::new().cache(&cache).cache_key(autobatch::CacheKey::new().param("model", "simulated"));
+    let first = run(&tuner, sim.clone()).unwrap();
+    assert!(first.tuning.steps > 0 && !first.cached);
+    let (mut workload, mut meter) = sim.build();
+    let second = tuner.run(&mut workload, &mut meter).unwrap();
+    assert!(second.cached);
+    assert_eq!((second.tuning.steps, workload.steps()), (0, 0));
+    assert!(!second.to_string().contains("tuning took"), "{second}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -89,6 +89,10 @@ impl fmt::Debug for MemoryCurve {
     }
 }
 
+/// Pieces a simulated step allocates its own bytes in (see
+/// [`Simulation::allocations`]).
+const DEFAULT_ALLOCATIONS: u64 = 64;
+
 /// Builder of a simulated device: a curve plus the ways real devices deviate from it.
 #[derive(Clone, Debug)]
 pub struct Simulation {
@@ -99,6 +103,7 @@ pub struct Simulation {
     seed: u64,
     blips: BTreeMap<usize, u64>,
     oom_from: Option<usize>,
+    allocations: u64,
     error_at: Option<usize>,
     other_process: u64,
     resident: u64,
@@ -119,6 +124,7 @@ impl Simulation {
             seed: 0,
             blips: BTreeMap::new(),
             oom_from: None,
+            allocations: DEFAULT_ALLOCATIONS,
             error_at: None,
             other_process: 0,
             resident: 0,
@@ -160,6 +166,41 @@ impl Simulation {
     pub fn oom_from(mut self, batch: usize) -> Self {
         self.oom_from = Some(batch);
         self
+    }
+
+    /// A step allocates what it adds to the memory held between steps in
+    /// `count` equal pieces (default 64), so a step that runs out of memory
+    /// has handed out every piece that fit before the failing one: what the
+    /// meter reads as its peak, as a pool's high-water mark after a real
+    /// out-of-memory error. Zero is treated as one.
+    pub fn allocations(mut self, count: u64) -> Self {
+        self.allocations = count.max(1);
+        self
+    }
+
+    /// The peak a step at `batch` that fails with out-of-memory reaches before
+    /// its failing allocation (with nothing leaked), or `None` when the step
+    /// does not run out of memory.
+    pub fn peak_before_failure(&self, batch: usize) -> Option<u64> {
+        let idle = self.other_process.saturating_add(self.resident);
+        self.held_at_failure(batch, idle, 0, 0)
+    }
+
+    /// Where a step at `batch` stops when the device has no more room: the
+    /// pieces of its own bytes handed out before the one that would pass the
+    /// room (the capacity, or under [`oom_from`](Self::oom_from) just under
+    /// what the first failing batch needs).
+    fn held_at_failure(&self, batch: usize, idle: u64, leaked: u64, risen: u64) -> Option<u64> {
+        let peak = self.step_peak(batch, leaked, risen);
+        let below_oom = self.oom_from.filter(|&from| batch >= from);
+        let room = match below_oom {
+            Some(from) => self.step_peak(from, leaked, risen).saturating_sub(1).min(self.capacity),
+            None if peak > self.capacity => self.capacity,
+            None => return None,
+        };
+        let piece = (peak.saturating_sub(idle) / self.allocations).max(1);
+        let room = room.min(peak.saturating_sub(1)).max(idle);
+        Some(idle + (room - idle) / piece * piece)
     }
 
     /// The step at exactly `batch` fails with an error that is not out-of-memory.
@@ -313,9 +354,9 @@ impl Workload for SimulatedWorkload {
         if sim.error_at == Some(batch) {
             return Err(candle_core::Error::Msg(format!("simulated failure at batch {batch}: shape mismatch")).bt());
         }
-        let physical_oom = peak > sim.capacity;
-        if physical_oom || sim.oom_from.is_some_and(|b| batch >= b) {
-            state.peak = state.peak.max(peak.min(sim.capacity));
+        let idle = sim.idle_bytes(&state);
+        if let Some(held) = sim.held_at_failure(batch, idle, state.leaked, state.risen) {
+            state.peak = state.peak.max(held);
             state.leaked = state.leaked.saturating_add(sim.leak_on_failure);
             return Err(candle_core::Error::Cuda(Box::new(SimulatedOutOfMemory {
                 batch,
@@ -484,5 +525,42 @@ impl crate::Resizable for SizedWorkload {
 
     fn size(&self) -> usize {
         self.size.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_step_that_runs_out_of_memory_reads_the_pieces_handed_out_before_the_failing_one() {
+        // 1 GiB held between steps, 1 MiB per sample; room ends just under batch 3000's need
+        let sim = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, MIB)).resident(1 << 30).oom_from(3000);
+        let room = (1 << 30) + 3000 * MIB - 1;
+        assert_eq!(sim.peak_before_failure(2999), None);
+        for (batch, pieces) in [(3000, 64), (4000, 64)] {
+            let reading = sim.peak_before_failure(batch).unwrap();
+            let piece = batch as u64 * MIB / pieces;
+            assert!(reading <= room && reading + piece > room, "batch {batch}: {reading}");
+        }
+        // finer allocations, a closer reading; a step past the capacity reads under it
+        let fine = sim.clone().allocations(1024).peak_before_failure(4000).unwrap();
+        assert!(fine <= room && fine + 4000 * MIB / 1024 > room);
+        let small = Simulation::new(2 << 30, MemoryCurve::affine(1 << 30, MIB)).resident(1 << 30);
+        assert!(small.peak_before_failure(1024).is_none());
+        let over = small.peak_before_failure(1025).unwrap();
+        assert!(over <= 2 << 30 && over > (2 << 30) - 1025 * MIB / 64);
+    }
+
+    #[test]
+    fn the_meter_reads_what_a_failed_step_held() {
+        let sim = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, MIB)).resident(1 << 30).oom_from(3000);
+        let expected = sim.peak_before_failure(3500).unwrap();
+        let (mut workload, mut meter) = sim.build();
+        meter.reset_peak().unwrap();
+        assert!(crate::is_oom(&workload.step(3500).unwrap_err()));
+        assert_eq!(meter.peak().unwrap(), expected);
     }
 }

@@ -465,6 +465,12 @@ pub struct Plan {
     /// `trials`); 0 when no step ran.
     #[serde(default)]
     pub cache_checks: usize,
+    /// What finding this plan cost: every step the tuner ran for it (the
+    /// warm-up, the search, re-checks, accumulation checks, timings, an
+    /// evaluation search) and the time they took; on a cache hit, only the
+    /// checks run now.
+    #[serde(default)]
+    pub tuning: TuningCost,
     /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): this
     /// rank's own largest batch; `largest_batch` is then the one all ranks agreed on.
     #[serde(default)]
@@ -500,6 +506,36 @@ pub struct EvaluationPlan {
     pub stopped_by: Option<SearchLimit>,
     /// The evaluation trials, in the order run.
     pub trials: Vec<Trial>,
+}
+
+/// The steps a tuning run ran and the time they took (see [`Plan::tuning`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TuningCost {
+    /// Steps run, the warm-up included.
+    pub steps: usize,
+    /// Their time, in seconds.
+    pub seconds: f64,
+}
+
+impl TuningCost {
+    /// The steps of `trials` and their time.
+    pub(crate) fn of(trials: &[Trial]) -> Self {
+        let steps = trials.iter().map(|t| t.steps).sum();
+        TuningCost { steps, seconds: trials.iter().map(|t| t.duration.as_secs_f64()).sum() }
+    }
+
+    /// One step that took `duration`: a warm-up.
+    pub(crate) fn one_step(duration: Duration) -> Self {
+        TuningCost { steps: 1, seconds: duration.as_secs_f64() }
+    }
+}
+
+impl std::ops::Add for TuningCost {
+    type Output = TuningCost;
+
+    fn add(self, other: TuningCost) -> TuningCost {
+        TuningCost { steps: self.steps + other.steps, seconds: self.seconds + other.seconds }
+    }
 }
 
 /// `peak(b) ≈ fixed + per_sample·b`, fitted (least squares) to every trial that

@@ -168,10 +168,34 @@ impl Plan {
                 format_bytes(self.capacity_bytes)
             );
         }
+        if self.tuning.steps > 0 {
+            out += &format!("\n{}", self.tuning_note());
+        }
         for warning in &self.warnings {
             out += &format!("\nwarning: {warning}");
         }
         out
+    }
+
+    /// `tuning took 7 steps, 1.8 s: about 2.3 training steps at batch 133`
+    /// (the time over one step at the largest batch, as measured there).
+    fn tuning_note(&self) -> String {
+        let steps = if self.tuning.steps == 1 { "step" } else { "steps" };
+        let mut note = format!(
+            "tuning took {} {steps}, {}",
+            self.tuning.steps,
+            format_duration(std::time::Duration::from_secs_f64(self.tuning.seconds.max(0.0)))
+        );
+        let answer = self.trials.iter().rev().find(|t| t.batch == self.largest_batch && t.outcome.fits());
+        let step_seconds = answer.map(|t| t.duration.as_secs_f64() / t.steps.max(1) as f64).filter(|&s| s > 0.0);
+        if let Some(step_seconds) = step_seconds {
+            note += &format!(
+                ": about {:.1} training steps at batch {}",
+                self.tuning.seconds / step_seconds,
+                self.largest_batch
+            );
+        }
+        note
     }
 }
 

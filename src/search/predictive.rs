@@ -13,6 +13,10 @@ const FAR_JUMP_SHARE: f64 = 0.25;
 /// trusted for a jump only then.
 const LINEARITY_TOLERANCE: f64 = 0.10;
 
+/// Under an out-of-memory error below the ceiling, the gallop up from the
+/// largest fit starts with this share of its batch (at least a granule).
+const GALLOP_SHARE: usize = 256;
+
 /// Small trials grow by this factor until three fit, while the last fit's
 /// peak is at most half the limit: a step's peak grows at most in proportion
 /// to its batch (the fixed part does not grow), so the next trial needs at
@@ -60,7 +64,22 @@ enum Forecast {
     Concave(f64),
 }
 
+/// The points a forecast reads, largest first: each at least an eighth of
+/// its batch below the one above it, so that two neighbours (the jump and the
+/// batch after it) do not make a slope out of one allocator granule.
+fn spread(points: &[(usize, u64)]) -> Vec<(usize, u64)> {
+    let mut kept: Vec<(usize, u64)> = Vec::new();
+    for &point in points.iter().rev() {
+        if kept.last().is_none_or(|&(above, _)| point.0 + (above / 8).max(1) <= above) {
+            kept.push(point);
+        }
+    }
+    kept.reverse();
+    kept
+}
+
 fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
+    let points = spread(points);
     let Some(&[a, b, c]) = points.get(points.len().saturating_sub(3)..) else { return Forecast::Unknown };
     if points.len() < 3 {
         return Forecast::Unknown;
@@ -128,6 +147,9 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
     if (failing - floor) / g <= 1 {
         return Next::Done;
     }
+    if let Some(level) = reached_before_oom(history, failing) {
+        return close_under_oom(space, bracket, failing, history, level.min(limit));
+    }
     let last_two_same_side =
         history.len() >= 2 && history[history.len() - 2].outcome.fits() == history[history.len() - 1].outcome.fits();
     let estimate = if last_two_same_side { None } else { boundary_estimate(bracket, failing, history, limit) };
@@ -143,6 +165,66 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
             _ => super::bisect(space, floor, failing),
         },
     }
+}
+
+/// The most memory an out-of-memory trial was seen to hold before its failing
+/// allocation, when the bracket's failing end is such a trial and the reading
+/// is below what the fitting trials' line says that batch would have needed
+/// in full: the device, not the ceiling, is then the binding limit, and it has
+/// at least that much room (a failed step's high-water mark, as a pool reads
+/// it, is memory that was handed out).
+fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
+    let failed = history.iter().rev().find(|o| o.batch == failing)?;
+    if failed.outcome != Outcome::OutOfMemory {
+        return None;
+    }
+    let points = fitting_points(history);
+    let line = LinearFit::through(&points[points.len().saturating_sub(2)..])?;
+    if failed.peak_bytes? as f64 >= line.predict(failing) {
+        return None;
+    }
+    history.iter().filter(|o| o.outcome == Outcome::OutOfMemory).filter_map(|o| o.peak_bytes).max()
+}
+
+/// Closes a bracket whose failing end ran out of memory below the ceiling:
+/// jump to where the line through the largest fits reaches the level the
+/// failed steps were seen to hold (room the device has, so the jump fits on
+/// an accurate line), then gallop up from the largest fit in doubling steps
+/// of the granule (the device's end is within one failed allocation of that
+/// level), and bisect once a step up fails. Bisecting the whole bracket
+/// instead would spend a full-size trial on each halving of a gap that the
+/// failed allocation makes small.
+fn close_under_oom(
+    space: &SearchSpace,
+    bracket: &Bracket,
+    failing: usize,
+    history: &[Observation],
+    level: u64,
+) -> Next {
+    let g = space.multiple_of;
+    let floor = bracket.floor;
+    let fits_since_failure = history.iter().rev().take_while(|o| o.outcome.fits()).count();
+    if fits_since_failure == 0 {
+        let points = fitting_points(history);
+        let jump = LinearFit::through(&points[points.len().saturating_sub(2)..])
+            .and_then(|line| line.largest_under(level))
+            .map(|predicted| space.floor(predicted.max(0.0) as usize))
+            .filter(|&batch| batch > floor && batch < failing);
+        return match jump {
+            Some(batch) => Next::Try(batch),
+            None => super::bisect(space, floor, failing),
+        };
+    }
+    // a failure of the gallop itself has found the end: bisect what is left
+    if history.iter().filter(|o| !o.outcome.fits() && o.batch > floor).count() > 1 {
+        return super::bisect(space, floor, failing);
+    }
+    // the first step up is a granule, or 1/256 of the batch when that is more
+    // (a failed allocation is a share of the step's bytes, which grow with it)
+    let first_step = (floor / GALLOP_SHARE / g).max(1);
+    let doublings = 1usize.checked_shl((fits_since_failure - 1) as u32).unwrap_or(usize::MAX);
+    let gaps = (failing - floor) / g;
+    Next::Try(floor + g * first_step.saturating_mul(doublings).min(gaps / 2).max(1))
 }
 
 /// Where the peak crosses the limit: by interpolation between the bracket's
@@ -215,6 +297,59 @@ mod tests {
         let tried = run(space, peak, limit);
         assert_eq!(tried[..3], [1, 4, 8]);
         assert!(tried.iter().all(|&b| peak(b) <= 2 * limit), "{tried:?}");
+    }
+
+    /// A device whose room ends below the ceiling: a step that does not fit
+    /// fails with out-of-memory, its reading the pieces handed out before
+    /// the failing one (`pieces` per step of `fixed + per_sample·b`).
+    fn run_short_device(room: u64, fixed: u64, per_sample: u64, pieces: u64, limit: u64) -> Vec<Observation> {
+        let space = SearchSpace::new(1, None, 1).unwrap().with_limit(limit);
+        let mut history = Vec::new();
+        while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
+            let peak = fixed + per_sample * batch as u64;
+            let (outcome, reading) = if peak > room {
+                let piece = (peak - fixed) / pieces;
+                (Outcome::OutOfMemory, fixed + (room - fixed) / piece * piece)
+            } else if peak <= limit {
+                (Outcome::Fits, peak)
+            } else {
+                (Outcome::OverCeiling, peak)
+            };
+            history.push(Observation { batch, outcome, peak_bytes: Some(reading) });
+            assert!(history.len() < 100);
+        }
+        history
+    }
+
+    #[test]
+    fn an_out_of_memory_reading_below_the_ceiling_is_jumped_to_then_galloped_from() {
+        // the ceiling allows batch 4000, the device runs out above batch 2999
+        let (fixed, per_sample) = (1u64 << 30, 1u64 << 20);
+        let limit = fixed + 4000 * per_sample;
+        let room = fixed + 3000 * per_sample - 1;
+        let history = run_short_device(room, fixed, per_sample, 256, limit);
+        let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
+        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(2999), "{tried:?}");
+        // 1, 4, 16, a far jump, the failed jump, then trials within a few
+        // failed allocations of the end: bisecting (1000, 4000) would take 12
+        let after_failure = tried.iter().skip_while(|&&b| b < 3000).count() - 1;
+        assert!(after_failure <= 8, "{tried:?}");
+        assert!(tried.iter().filter(|&&b| b >= 3000).all(|&b| b <= 3000 + 3000 / 64 || b > 3900), "{tried:?}");
+    }
+
+    #[test]
+    fn a_reading_as_high_as_the_full_step_is_not_taken_for_room() {
+        // a meter that reports the would-be peak of a failed step says nothing
+        // about the device's end: the search bisects and stays exact
+        let space = SearchSpace::new(1, None, 1).unwrap().with_limit(10_000_000);
+        let peak = |b: usize| 1_000_000 + 1_000 * b as u64;
+        let mut history = Vec::new();
+        while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
+            let outcome = if batch > 6000 { Outcome::OutOfMemory } else { Outcome::Fits };
+            history.push(Observation { batch, outcome, peak_bytes: Some(peak(batch)) });
+            assert!(history.len() < 100);
+        }
+        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(6000));
     }
 
     #[test]

@@ -72,6 +72,7 @@ impl Tuner {
             other => other?,
         };
         plan.warnings.extend(evaluated.warnings);
+        plan.tuning = plan.tuning + evaluated.tuning;
         plan.evaluation = Some(EvaluationPlan {
             largest_batch: evaluated.largest_batch,
             peak_bytes: evaluated.peak_bytes,

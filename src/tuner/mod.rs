@@ -494,6 +494,7 @@ impl Tuner {
         self.verified_replan(&mut plan, cap, workload, meter)?;
         plan.cached = true;
         plan.cache_checks = plan.trials.len() - stored;
+        plan.tuning = crate::plan::TuningCost::of(&plan.trials[stored..]);
         Ok(plan)
     }
 

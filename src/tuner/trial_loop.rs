@@ -8,7 +8,7 @@ use crate::memory::measure::measure;
 use crate::oom::meter_error_is_oom;
 use crate::plan::{
     utilization, MeasuredGraph, MemoryModel, Objective, Plan, SearchLimit, ThroughputChoice, ThroughputPoint, Trial,
-    TrialKind, Warning,
+    TrialKind, TuningCost, Warning,
 };
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
@@ -44,6 +44,8 @@ pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     first_baseline: Option<u64>,
     /// When the run began: what the time limit counts from.
     started: std::time::Instant,
+    /// The warm-up step, once run.
+    warmup: TuningCost,
 }
 
 impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<'a, W, M, O> {
@@ -68,6 +70,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             held_in_a_row: 0,
             first_baseline: None,
             started: std::time::Instant::now(),
+            warmup: TuningCost::default(),
         }
     }
 
@@ -76,7 +79,9 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     pub(super) fn run(mut self, space: &SearchSpace) -> Result<Plan, Error> {
         let result = self.tune(space);
         self.workload.tuning_finished();
-        result
+        let mut plan = result?;
+        plan.tuning = self.warmup + TuningCost::of(&plan.trials);
+        Ok(plan)
     }
 
     fn tune(&mut self, space: &SearchSpace) -> Result<Plan, Error> {
@@ -116,6 +121,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             Err(source) => return Err(Error::workload(batch, source)),
         }
         debug!("warm-up at batch {batch} took {:?}", warm.duration);
+        self.warmup = TuningCost::one_step(warm.duration);
         Ok(())
     }
 
@@ -519,6 +525,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             evaluation: None,
             cached: false,
             cache_checks: 0,
+            tuning: TuningCost::default(),
             rank_largest_batch: None,
             accumulation_peak_bytes,
             throughput,
