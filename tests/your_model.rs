@@ -784,6 +784,70 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     }
 }
 
+/// The plan's peak is what a `TrainLoop` step holds at its batch, within 1%,
+/// single step and accumulating, on the GPT (an additive mask: candle gives it
+/// a gradient the size of the attention scores) and a wide MLP; the whole
+/// gradient store held through the update is measured on request (more, where
+/// the update is the step's peak).
+fn the_plan_peak_is_what_a_train_loop_step_holds() {
+    let (gpt_vars, gpt) = gpt(false);
+    let mlp_vars = VarMap::new();
+    let vb = VarBuilder::from_varmap(&mlp_vars, DType::F32, &Device::Cpu);
+    let layers: Vec<Linear> = [(256, 512, "fc1"), (512, 512, "fc2"), (512, 10, "head")]
+        .into_iter()
+        .map(|(i, o, name)| linear(i, o, vb.pp(name)).unwrap())
+        .collect();
+    type Loss<'a> = Box<dyn Fn(usize, usize) -> Result<Tensor> + 'a>;
+    let cases: [(&str, &VarMap, Loss, usize); 2] = [
+        ("gpt", &gpt_vars, Box::new(|b, offset| gpt.loss(b, offset)), 6),
+        ("mlp", &mlp_vars, Box::new(|b, offset| wide_mlp_loss(&layers, b, offset)), 96),
+    ];
+    let mut meter = HeapMeter::new(256 * MIB).unwrap();
+    for (name, varmap, loss, micro) in &cases {
+        let (micro, loss) = (*micro, loss);
+        for k in [1, 4] {
+            let plan = {
+                let mut probe = ModelProbe::new(varmap, |b| loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+                let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
+                tuner.run(&mut probe, &mut meter).unwrap()
+            };
+            assert_eq!((plan.micro_batch, plan.accumulation_steps), (micro, k), "{plan}");
+            let kind = if k == 1 { autobatch::TrialKind::Search } else { autobatch::TrialKind::Accumulation };
+            let trial = plan.trials.iter().rev().find(|t| t.kind == kind && t.batch == micro).unwrap();
+            let probed = trial.peak_bytes.unwrap() - trial.baseline_bytes;
+
+            let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+            let mut training = TrainLoop::new(&plan, varmap, optimizer).unwrap();
+            let mut step = |meter: &mut HeapMeter| {
+                let before = meter.in_use().unwrap();
+                meter.reset_peak().unwrap();
+                training.step(meter, |m| loss(m.len, m.offset)).unwrap();
+                meter.peak().unwrap() - before
+            };
+            step(&mut meter);
+            let trained = step(&mut meter);
+            let gap = probed.abs_diff(trained) as f64 / trained as f64;
+            assert!(gap <= 0.01, "{name}, k = {k}: the plan's step holds {probed}, TrainLoop's {trained}");
+        }
+        // the store `loss.backward()` returns, held through the update, holds more than the variables' gradients
+        let mut held = |whole: bool| {
+            let mut probe = ModelProbe::new(varmap, |b| loss(b, 0))
+                .adamw(ParamsAdamW::default())
+                .unwrap()
+                .grad_store_through_update(whole);
+            probe.step(micro).unwrap();
+            let before = meter.in_use().unwrap();
+            meter.reset_peak().unwrap();
+            probe.step(micro).unwrap();
+            meter.peak().unwrap() - before
+        };
+        let (lean, whole) = (held(false), held(true));
+        // the MLP peaks in its update, where the store is held; the GPT in its backward pass
+        let more = if *name == "mlp" { whole > lean } else { whole >= lean };
+        assert!(more, "{name}: {whole} holding the whole store, {lean} the variables' gradients");
+    }
+}
+
 fn main() {
     let tests: &[(&str, fn())] = &[
         ("your_models_longest_length_at_a_batch_is_exact", your_models_longest_length_at_a_batch_is_exact),
@@ -826,6 +890,7 @@ fn main() {
             state_kept_between_steps_is_named_and_a_reset_clears_it,
         ),
         ("an_op_without_a_backward_pass_is_named", an_op_without_a_backward_pass_is_named),
+        ("the_plan_peak_is_what_a_train_loop_step_holds", the_plan_peak_is_what_a_train_loop_step_holds),
     ];
     common::harness::run_sequentially(tests);
 }

@@ -201,6 +201,9 @@ pub struct ModelProbe<L> {
     /// The loss and its forward graph stay alive through the update
     /// (training calls `optimizer.backward_step(&loss)`).
     graph_through_update: bool,
+    /// The whole gradient store `loss.backward()` returns stays alive
+    /// through the update (training calls `optimizer.step(&grads)` on it).
+    grad_store_through_update: bool,
 }
 
 impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
@@ -342,6 +345,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
             reset: None,
             graph_recorded: false,
             graph_through_update: false,
+            grad_store_through_update: false,
         }
     }
 
@@ -421,13 +425,32 @@ impl<L: ProbeLoss> ModelProbe<L> {
 
     /// Measures training that keeps the loss, and with it the forward graph's
     /// activations, alive through the optimizer's update: candle-nn's
-    /// `optimizer.backward_step(&loss)`. By default the probe frees the loss
-    /// after the backward pass, as [`TrainLoop`](crate::TrainLoop) and a loop
-    /// that calls `loss.backward()` then `optimizer.step(&grads)` in a scope
-    /// of their own do: the answer is then what that training holds, up to
-    /// one activation set larger than the `backward_step` idiom allows.
+    /// `optimizer.backward_step(&loss)`, or `let grads = loss.backward()?;
+    /// optimizer.step(&grads)?;` with the loss still in scope (the whole
+    /// gradient store is then held too, as with
+    /// [`grad_store_through_update`](Self::grad_store_through_update)).
+    ///
+    /// By default the probe holds through the update what
+    /// [`TrainLoop`](crate::TrainLoop) holds: the variables' gradients, with
+    /// the loss, its graph and every other gradient freed after the backward
+    /// pass. The answer is then what that training holds; the idioms above
+    /// hold more (up to one activation set), and a plan probed without the
+    /// option can run out of memory there.
     pub fn graph_through_update(mut self, held: bool) -> Self {
         self.graph_through_update = held;
+        self
+    }
+
+    /// Measures training that frees the loss but steps the optimizer with the
+    /// whole store `loss.backward()` returned: `let grads = { let loss =
+    /// ..; loss.backward()? }; optimizer.step(&grads)?`. candle keeps in that
+    /// store, besides the variables' gradients, a gradient for each input
+    /// and constant the loss was computed from (the batch's inputs, an
+    /// attention mask): batch-sized tensors that [`TrainLoop`](crate::TrainLoop)
+    /// drops before the update (4% of a small MLP's step, `cargo bench
+    /// --bench train_loop`).
+    pub fn grad_store_through_update(mut self, held: bool) -> Self {
+        self.grad_store_through_update = held;
         self
     }
 
@@ -552,6 +575,13 @@ impl<L: ProbeLoss> ModelProbe<L> {
         }
         let held = self.graph_through_update.then_some(loss);
         self.check_gradients(&grads);
+        // what training steps with: the variables' gradients only (TrainLoop),
+        // or the whole store `loss.backward()` returned
+        let grads = if self.grad_store_through_update || self.graph_through_update {
+            grads
+        } else {
+            super::grads::keep_variables(grads, &self.plain_vars())
+        };
         self.update(&grads)?;
         drop(grads);
         drop(held);
@@ -618,7 +648,13 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
 
     fn cache_key(&self) -> Option<CacheKey> {
         let step = if self.loss.computes_gradients() { self.optimizer_name() } else { "none (forward only)" };
-        Some(self.key.clone().param("optimizer", step))
+        let key = self.key.clone().param("optimizer", step);
+        // what the update holds besides the variables' gradients, when more than TrainLoop does
+        Some(match (self.graph_through_update, self.grad_store_through_update) {
+            (true, _) => key.param("held through the update", "loss, graph and gradient store"),
+            (false, true) => key.param("held through the update", "gradient store"),
+            (false, false) => key,
+        })
     }
 
     fn profile(&self) -> Option<Profile> {

@@ -317,8 +317,10 @@ impl<M: Model> Workload for Trainer<M> {
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {
         let vars = self.plain_vars();
         let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
-        // the forward graph is freed before the update, as `train_step` does
+        // the forward graph and the gradients of anything but the variables
+        // are freed before the update, as `train_step` does
         drop(loss);
+        let grads = crate::model::grads::keep_variables(grads, &vars);
         self.optimizer.dry_step(&grads)?;
         drop(grads);
         Ok(())
