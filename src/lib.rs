@@ -140,10 +140,10 @@ pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use model::{ModelProbe, TrainLoop};
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, Ceiling, EvaluationPlan,
-    LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan, RankShare, RankSplit, SearchLimit, SizeBatch,
-    SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, ThroughputChoice, ThroughputPoint, Trial, TrialKind,
-    TuningCost, Warning,
+    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, Ceiling, DuringTraining,
+    EvaluationPlan, LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan, RankShare, RankSplit,
+    SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, ThroughputChoice, ThroughputPoint,
+    Trial, TrialKind, TuningCost, Warning,
 };
 pub use search::{LinearFit, Outcome, Strategy};
 pub use tuner::{Observer, Tuner};

@@ -72,6 +72,16 @@ pub trait Workload {
     /// Tuning is over (the tuner's last call, whatever the outcome): release
     /// state kept between steps. Nothing by default.
     fn tuning_finished(&mut self) {}
+
+    /// Frees the state the workload holds between steps for training only
+    /// (the optimizer's: AdamW's moments), building it again at its next
+    /// step; returns the bytes it expects to have freed, 0 when it holds none
+    /// it can free (the default). [`Tuner::run_with_eval`](crate::Tuner::run_with_eval)
+    /// calls it to measure evaluation alone, as a separate evaluation or
+    /// serving process runs it.
+    fn free_training_state(&mut self) -> u64 {
+        0
+    }
 }
 
 /// A workload whose memory depends on an input size (a sequence length, an

@@ -250,10 +250,19 @@ fn the_evaluation_step_gets_its_own_larger_batch() {
     // no gradients, no optimizer, no graph kept: much more fits
     assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
     assert!(eval.proven_largest && eval.peak_bytes <= plan.limit_bytes());
-    let limit = plan.limit_bytes();
+    let (limit, plan_batch) = (plan.limit_bytes(), plan.largest_batch);
     drop(plan);
+    // alone: the trainer freed its optimizer's state for that search
     assert!(peak_of(&mut evaluation, eval.largest_batch) <= limit + TOLERANCE);
     assert!(peak_of(&mut evaluation, eval.largest_batch + 1) > limit - TOLERANCE);
+    // between training steps: the state built again (a probe step does), held beside evaluation
+    let during = eval.during_training.clone().expect("the trainer frees its optimizer's state");
+    assert!(during.state_bytes > 0 && during.proven_largest);
+    assert!(during.largest_batch > 2 * plan_batch && during.largest_batch < eval.largest_batch, "{during:?}");
+    model.step(1).unwrap();
+    assert_eq!(model.optimizer_state_bytes(), during.state_bytes);
+    assert!(peak_of(&mut evaluation, during.largest_batch) <= limit + TOLERANCE);
+    assert!(peak_of(&mut evaluation, during.largest_batch + 1) > limit - TOLERANCE);
     assert_eq!(model.state_bits().unwrap(), state);
 }
 

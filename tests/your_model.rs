@@ -604,6 +604,14 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     let plan = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
     let eval = plan.evaluation.as_ref().unwrap();
     assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
+    // alone, the probe's AdamW moments freed: what a forward-only probe finds
+    let during = eval.during_training.as_ref().expect("the probe freed AdamW's moments");
+    let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
+    assert_eq!(during.state_bytes, 8 * parameters as u64);
+    assert!(during.largest_batch < eval.largest_batch, "{plan}");
+    let mut forward_only = ModelProbe::forward_only(&varmap, |b| evaluation_model.loss(b, 0));
+    let alone = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
+    assert_eq!(alone.largest_batch, eval.largest_batch, "{alone}\n{plan}");
     // same weights: the same loss
     let (train_loss, eval_loss) = (model.loss(4, 0).unwrap(), evaluation_model.loss(4, 0).unwrap());
     assert_eq!(train_loss.to_scalar::<f32>().unwrap(), eval_loss.to_scalar::<f32>().unwrap());

@@ -99,6 +99,9 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ProbeLoss for BySizeLoss<F> {
     }
 }
 
+/// Builds a dry optimizer over the probe's variables.
+type Rebuild = Box<dyn Fn() -> Result<Box<dyn DryStep>>>;
+
 /// A throwaway optimizer's step over the variables.
 type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
 
@@ -109,7 +112,15 @@ enum Update {
     /// An optimizer with a dry step (candle-nn's AdamW through its
     /// bit-identical twin, or one of [`crate::optim`]): its state held, its
     /// update computed and dropped.
-    Dry { name: String, optimizer: Box<dyn DryStep> },
+    Dry {
+        name: String,
+        /// `None` once freed ([`Workload::free_training_state`]) until the next step.
+        optimizer: Option<Box<dyn DryStep>>,
+        /// Builds it again over the same variables, when the probe built it.
+        rebuild: Option<Rebuild>,
+        kind: Option<OptimizerKind>,
+        master_weights: bool,
+    },
     /// candle-nn's SGD, computed dry.
     Sgd { lr: f64 },
     /// Any optimizer: a throwaway one per step, the variables restored after.
@@ -353,26 +364,22 @@ impl<L: ProbeLoss> ModelProbe<L> {
     /// now, as training holds them, and each probe step computes the whole
     /// update without writing it.
     pub fn adamw(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
-        let optimizer = AdamW::new(self.plain_vars(), params)?;
-        Ok(self.dry_named("candle_nn::AdamW", optimizer))
+        self.dry_rebuilt::<AdamW>("candle_nn::AdamW", params)
     }
 
     /// Measures [`Lion`](crate::optim::Lion) (one moment: 4 bytes per parameter).
     pub fn lion(self, params: ParamsLion) -> std::result::Result<Self, Error> {
-        let optimizer = Lion::new(self.plain_vars(), params)?;
-        Ok(self.dry(optimizer))
+        self.dry_rebuilt::<Lion>(std::any::type_name::<Lion>(), params)
     }
 
     /// Measures [`Adafactor`](crate::optim::Adafactor) (a factored second moment).
     pub fn adafactor(self, params: ParamsAdafactor) -> std::result::Result<Self, Error> {
-        let optimizer = Adafactor::new(self.plain_vars(), params)?;
-        Ok(self.dry(optimizer))
+        self.dry_rebuilt::<Adafactor>(std::any::type_name::<Adafactor>(), params)
     }
 
     /// Measures [`AdamW8bit`](crate::optim::AdamW8bit) (block-wise 8-bit moments).
     pub fn adamw8bit(self, params: ParamsAdamW8bit) -> std::result::Result<Self, Error> {
-        let optimizer = AdamW8bit::new(self.plain_vars(), params)?;
-        Ok(self.dry(optimizer))
+        self.dry_rebuilt::<AdamW8bit>(std::any::type_name::<AdamW8bit>(), params)
     }
 
     /// Measures an optimizer built over this probe's variables that can
@@ -384,8 +391,32 @@ impl<L: ProbeLoss> ModelProbe<L> {
     }
 
     fn dry_named<O: DryStep + 'static>(mut self, name: &str, optimizer: O) -> Self {
-        self.update = Update::Dry { name: name.to_owned(), optimizer: Box::new(optimizer) };
+        let (kind, master_weights) = (optimizer.kind(), optimizer.master_weights());
+        let optimizer: Option<Box<dyn DryStep>> = Some(Box::new(optimizer));
+        self.update = Update::Dry { name: name.to_owned(), optimizer, rebuild: None, kind, master_weights };
         self
+    }
+
+    /// One of this crate's optimizers, built here so that it can be built
+    /// again after [`Workload::free_training_state`].
+    fn dry_rebuilt<O>(self, name: &str, config: O::Config) -> std::result::Result<Self, Error>
+    where
+        O: Optimizer + DryStep + 'static,
+        O::Config: Clone + 'static,
+    {
+        let vars = self.plain_vars();
+        let rebuild: Rebuild = Box::new(move || Ok(Box::new(O::new(vars.clone(), config.clone())?)));
+        let optimizer = rebuild()?;
+        let (kind, master_weights) = (optimizer.kind(), optimizer.master_weights());
+        let mut probe = self;
+        probe.update = Update::Dry {
+            name: name.to_owned(),
+            optimizer: Some(optimizer),
+            rebuild: Some(rebuild),
+            kind,
+            master_weights,
+        };
+        Ok(probe)
     }
 
     /// Measures candle-nn's SGD with learning rate `lr`: no state, its update
@@ -492,7 +523,12 @@ impl<L: ProbeLoss> ModelProbe<L> {
     fn update(&mut self, grads: &GradStore) -> Result<()> {
         match &mut self.update {
             Update::None => Ok(()),
-            Update::Dry { optimizer, .. } => optimizer.dry_step(grads),
+            Update::Dry { optimizer, rebuild, .. } => {
+                if optimizer.is_none() {
+                    *optimizer = rebuild.as_ref().map(|rebuild| rebuild()).transpose()?;
+                }
+                optimizer.as_ref().map_or(Ok(()), |optimizer| optimizer.dry_step(grads))
+            }
             Update::Sgd { lr } => {
                 for (_, var) in &self.vars {
                     if let Some(grad) = grads.get(var.as_tensor()) {
@@ -638,6 +674,17 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         vec![Warning::MissingGradients { variables: missing.clone(), of }]
     }
 
+    /// Frees the optimizer's state (a dry optimizer this probe built: the
+    /// moments of [`adamw`](ModelProbe::adamw), [`lion`](ModelProbe::lion),
+    /// [`adafactor`](ModelProbe::adafactor), [`adamw8bit`](ModelProbe::adamw8bit));
+    /// the next step builds it again, as it was (a probe never steps it).
+    fn free_training_state(&mut self) -> u64 {
+        match &mut self.update {
+            Update::Dry { optimizer, rebuild: Some(_), .. } => optimizer.take().map_or(0, |o| o.state_bytes()),
+            _ => 0,
+        }
+    }
+
     fn tuning_finished(&mut self) {
         if let Some(reset) = &mut self.reset {
             if let Err(err) = reset() {
@@ -664,13 +711,13 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         }
         let optimizer = match &self.update {
             Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
-            Update::Dry { optimizer, .. } => optimizer.kind()?,
+            Update::Dry { kind, .. } => (*kind)?,
             // its state is not known from outside
             Update::General { .. } => return None,
         };
         let floats = || self.vars.iter().map(|(_, var)| var).filter(|var| var.dtype().is_float());
         let parameters = floats().map(|var| var.elem_count() as u64).sum();
-        let mixed = matches!(&self.update, Update::Dry { optimizer, .. } if optimizer.master_weights());
+        let mixed = matches!(&self.update, Update::Dry { master_weights: true, .. });
         let precision = match floats().next().map(|var| var.dtype()) {
             Some(DType::BF16 | DType::F16) if mixed => Precision::Mixed,
             Some(DType::BF16 | DType::F16) => Precision::Bf16,

@@ -506,6 +506,27 @@ pub struct EvaluationPlan {
     pub stopped_by: Option<SearchLimit>,
     /// The evaluation trials, in the order run.
     pub trials: Vec<Trial>,
+    /// When the training workload freed its optimizer's state for the
+    /// search above (evaluation alone, as a separate evaluation or serving
+    /// process runs it): the largest evaluation batch with that state held,
+    /// as in a training loop that evaluates between steps.
+    #[serde(default)]
+    pub during_training: Option<DuringTraining>,
+}
+
+/// The evaluation step's largest batch beside training's optimizer state
+/// (see [`EvaluationPlan::during_training`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DuringTraining {
+    /// The largest evaluation batch seen to fit with the state held.
+    pub largest_batch: usize,
+    /// Its measured peak.
+    pub peak_bytes: u64,
+    /// Whether the search proved it the largest.
+    pub proven_largest: bool,
+    /// Bytes of optimizer state the training workload held (and freed
+    /// after this search).
+    pub state_bytes: u64,
 }
 
 /// The steps a tuning run ran and the time they took (see [`Plan::tuning`]).

@@ -167,6 +167,15 @@ impl Plan {
                 100.0 * utilization(evaluation.peak_bytes, self.capacity_bytes),
                 format_bytes(self.capacity_bytes)
             );
+            if let Some(during) = &evaluation.during_training {
+                let proven = if during.proven_largest { "proven largest" } else { "not proven largest" };
+                out += &format!(
+                    " alone (a separate evaluation or serving process); {} ({proven}) between training steps, \
+                     beside the optimizer's {} of state",
+                    during.largest_batch,
+                    format_bytes(during.state_bytes)
+                );
+            }
         }
         if self.tuning.steps > 0 {
             out += &format!("\n{}", self.tuning_note());

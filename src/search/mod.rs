@@ -63,6 +63,7 @@ pub struct SearchSpace {
     last: usize,
     multiple_of: usize,
     limit_bytes: Option<u64>,
+    hint: Option<usize>,
 }
 
 impl SearchSpace {
@@ -94,7 +95,7 @@ impl SearchSpace {
         if first > last {
             return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
         }
-        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None })
+        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None, hint: None })
     }
 
     /// The most a fitting step may use (`ceiling × capacity`): what
@@ -102,6 +103,18 @@ impl SearchSpace {
     /// `Predictive` searches like `Binary`.
     pub fn with_limit(mut self, limit_bytes: u64) -> Self {
         self.limit_bytes = Some(limit_bytes);
+        self
+    }
+
+    /// Where the largest batch is expected (a measured neighbour's answer
+    /// moved by a known change of memory): [`Strategy::Predictive`] tries it
+    /// first (rounded into the space), then steps away from it, a granule and
+    /// then doubling, until the other side is seen, and closes the bracket
+    /// as usual. The answer is the same as without the hint; a good hint
+    /// takes two trials.
+    pub fn with_hint(mut self, batch: usize) -> Self {
+        let rounded = batch - batch % self.multiple_of;
+        self.hint = Some(rounded.clamp(self.first, self.last));
         self
     }
 

@@ -4,8 +4,11 @@ use super::{Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
 
 /// A forecast is trusted for a jump straight to the predicted batch only when
 /// the largest fit is within this factor of it; from further away the jump
-/// lands at a quarter of the way (cheap, and far enough to show curvature the
-/// small trials could not), and the forecast is made again from there.
+/// lands at a quarter of the way, and at most [`PROBE_GROWTH`] times the
+/// largest fit (cheap, and far enough to show curvature the small trials could not:
+/// a step whose small batches peak in the optimizer's update, flat, and whose
+/// large ones peak in the backward pass), and the forecast is made again
+/// from there.
 const ANCHOR_RATIO: f64 = 8.0;
 const FAR_JUMP_SHARE: f64 = 0.25;
 
@@ -112,9 +115,12 @@ fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
 
 /// No failure yet: small trials, then a jump just under the prediction.
 fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limit: u64) -> Next {
-    let Some(fitting) = bracket.fitting else { return Next::Try(space.first) };
+    let Some(fitting) = bracket.fitting else { return Next::Try(space.hint.unwrap_or(space.first)) };
     if fitting >= space.last {
         return Next::Done;
+    }
+    if let Some(hint) = space.hint {
+        return away_from_hint(space, history, |o| o.outcome.fits() && o.batch >= hint, fitting, true);
     }
     let points = fitting_points(history);
     let step_up = |factor: usize| Next::Try(fitting.checked_mul(factor).map_or(space.last, |b| b.min(space.last)));
@@ -129,7 +135,7 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
         Forecast::Concave(predicted) => predicted.min(fitting.saturating_mul(PROBE_GROWTH) as f64),
     };
     let anchored = fitting as f64 * ANCHOR_RATIO >= predicted;
-    let target = if anchored { predicted } else { predicted * FAR_JUMP_SHARE };
+    let target = if anchored { predicted } else { (predicted * FAR_JUMP_SHARE).min((fitting * PROBE_GROWTH) as f64) };
     if target >= space.last as f64 {
         return Next::Try(space.last);
     }
@@ -147,17 +153,32 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
     if (failing - floor) / g <= 1 {
         return Next::Done;
     }
+    if let (None, Some(hint)) = (bracket.fitting, space.hint) {
+        return away_from_hint(space, history, |o| !o.outcome.fits() && o.batch <= hint, failing, false);
+    }
     if let Some(level) = reached_before_oom(history, failing) {
         return close_under_oom(space, bracket, failing, history, level.min(limit));
     }
     let last_two_same_side =
         history.len() >= 2 && history[history.len() - 2].outcome.fits() == history[history.len() - 1].outcome.fits();
-    let estimate = if last_two_same_side { None } else { boundary_estimate(bracket, failing, history, limit) };
-    match estimate.filter(|&predicted| predicted > floor as f64 && predicted < failing as f64) {
-        Some(predicted) => {
-            let batch = space.floor(predicted as usize);
-            Next::Try(batch.clamp(floor + g, failing - g))
-        }
+    let estimate = boundary_estimate(bracket, failing, history, limit)
+        // at the largest fit itself: the next granule up proves it the answer
+        .filter(|&predicted| predicted >= floor as f64 && predicted < failing as f64)
+        .map(|predicted| space.floor(predicted as usize).clamp(floor + g, failing - g));
+    let estimate = if last_two_same_side {
+        // The model stopped narrowing from both sides: bisect, unless it puts
+        // the boundary a granule from the side it keeps landing on (the answer
+        // or the first failure is then one trial away), and the last step was
+        // not such a granule already.
+        let last = &history[history.len() - 1];
+        let granule_step = history[history.len() - 2].batch.abs_diff(last.batch) == g;
+        let next_to_side = if last.outcome.fits() { floor + g } else { failing - g };
+        estimate.filter(|&batch| batch == next_to_side && !granule_step)
+    } else {
+        estimate
+    };
+    match estimate {
+        Some(batch) => Next::Try(batch),
         // A failed jump can leave a bracket far wider than doubling would have:
         // gallop up from the largest fit, as Binary would, before bisecting.
         None => match bracket.fitting.and_then(|fit| fit.checked_mul(2)) {
@@ -165,6 +186,23 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
             _ => super::bisect(space, floor, failing),
         },
     }
+}
+
+/// From the hint, one side seen (`seen` picks its trials, `edge` the one
+/// nearest the other side): a granule further, then twice as far each time
+/// (up when the hint fit, down when it did not), never past the space.
+fn away_from_hint(
+    space: &SearchSpace,
+    history: &[Observation],
+    seen: impl Fn(&Observation) -> bool,
+    edge: usize,
+    up: bool,
+) -> Next {
+    let g = space.multiple_of;
+    let steps = history.iter().filter(|o| seen(o)).count().max(1);
+    let distance = g.saturating_mul(1usize.checked_shl((steps - 1) as u32).unwrap_or(usize::MAX));
+    let next = if up { edge.saturating_add(distance).min(space.last) } else { edge.saturating_sub(distance) };
+    Next::Try(space.floor(next).max(space.first))
 }
 
 /// The most memory an out-of-memory trial was seen to hold before its failing
@@ -280,11 +318,40 @@ mod tests {
     }
 
     #[test]
-    fn affine_curve_in_six_trials() {
+    fn affine_curve_in_eight_trials() {
         let space = SearchSpace::new(1, None, 1).unwrap();
-        // fixed 1 GiB, 1 MiB per sample, limit 1 GiB + 4096.5 MiB: b* = 4096
+        // fixed 1 GiB, 1 MiB per sample, limit 1 GiB + 4096.5 MiB: b* = 4096;
+        // far jumps go no further than 4× the largest fit
         let tried = run(space, |b| (1 << 30) + (b as u64) * (1 << 20), (1 << 30) + 4096 * (1 << 20) + (1 << 19));
-        assert_eq!(tried, [1, 4, 16, 1024, 4096, 4097]);
+        assert_eq!(tried, [1, 4, 16, 64, 256, 1024, 4096, 4097]);
+    }
+
+    #[test]
+    fn a_flat_start_does_not_send_the_far_jump_past_the_bend() {
+        // the optimizer's update peaks at small batches (flat), the backward pass
+        // at large ones (steep): the line through the flat part sees no growth
+        let peak = |b: usize| (23u64 << 20).max((16 << 20) + (b as u64) * (40 << 10));
+        let limit = 43 << 20;
+        let space = SearchSpace::new(1, None, 1).unwrap();
+        let tried = run(space, peak, limit);
+        let truth = (1..2000).filter(|&b| peak(b) <= limit).max().unwrap();
+        assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(truth));
+        let over: Vec<usize> = tried.iter().copied().filter(|&b| peak(b) > limit).collect();
+        assert!(over.iter().all(|&b| b <= truth + truth / 4), "{tried:?}");
+        assert!(tried.len() <= 13, "{tried:?}");
+    }
+
+    #[test]
+    fn a_hint_that_is_right_takes_two_trials_and_a_wrong_one_stays_exact() {
+        let peak = |b: usize| (1u64 << 30) + (b as u64) * (1 << 20);
+        let limit = (1 << 30) + 700 * (1 << 20);
+        for (hint, most) in [(700, 2), (690, 8), (720, 8), (5000, 16), (1, 14)] {
+            let space = SearchSpace::new(1, None, 1).unwrap().with_hint(hint);
+            let tried = run(space, peak, limit);
+            assert_eq!(tried[0], hint);
+            assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(700), "{tried:?}");
+            assert!(tried.len() <= most, "hint {hint}: {tried:?}");
+        }
     }
 
     #[test]

@@ -3,14 +3,22 @@
 use log::info;
 
 use super::{Observer, Tuner};
-use crate::plan::EvaluationPlan;
+use crate::plan::{DuringTraining, EvaluationPlan};
 use crate::{Error, MemoryMeter, Plan, Workload};
 
 impl Tuner {
-    /// [`run`](Tuner::run) for the training step, then a search for the
-    /// evaluation step's own largest batch (forward only: usually larger),
-    /// starting from the training answer. The plan's
-    /// [`evaluation`](Plan::evaluation) says it.
+    /// [`run`](Tuner::run) for the training step, then the evaluation
+    /// step's own largest batch (forward only: usually larger), searched from
+    /// the training answer: first with the training workload's state held, as
+    /// in a loop that evaluates between training steps, then, when the
+    /// workload can free its optimizer's state
+    /// ([`Workload::free_training_state`]: [`ModelProbe`](crate::ModelProbe)
+    /// with one of its optimizers, the reference models), alone, as a
+    /// separate evaluation or serving process runs it, starting where the
+    /// freed bytes say. The plan's [`evaluation`](Plan::evaluation) gives the
+    /// answer alone, and the one beside training's state in
+    /// [`during_training`](crate::EvaluationPlan::during_training). The
+    /// training workload builds its state again at its next step.
     ///
     /// ```
     /// # #[global_allocator]
@@ -22,7 +30,9 @@ impl Tuner {
     /// let mut evaluation = model.evaluation();
     /// let mut meter = HeapMeter::new(16 << 20)?;
     /// let plan = Tuner::new().run_with_eval(&mut model, &mut evaluation, &mut meter)?;
-    /// assert!(plan.evaluation.unwrap().largest_batch > plan.largest_batch);
+    /// let evaluation = plan.evaluation.unwrap();
+    /// let during = evaluation.during_training.unwrap();
+    /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn run_with_eval<W, E, M>(&self, train: &mut W, eval: &mut E, meter: &mut M) -> Result<Plan, Error>
@@ -34,7 +44,7 @@ impl Tuner {
         self.run_with_eval_observed(train, eval, meter, &mut ())
     }
 
-    /// [`run_with_eval`](Tuner::run_with_eval) with an [`Observer`] of both searches.
+    /// [`run_with_eval`](Tuner::run_with_eval) with an [`Observer`] of every search.
     pub fn run_with_eval_observed<W, E, M, O>(
         &self,
         train: &mut W,
@@ -50,35 +60,77 @@ impl Tuner {
     {
         let mut plan = self.run_observed(train, meter, observer)?;
         // cached under the training step's model key, marked as the evaluation step
-        let cache_key =
-            self.cache_key.clone().or_else(|| train.cache_key()).map(|key| key.param("autobatch.step", "evaluation"));
+        let key = self.cache_key.clone().or_else(|| train.cache_key());
         let from_training = Tuner {
             start: plan.largest_batch.max(self.start),
             target_effective_batch: None,
             world_size: 1,
             exact_effective_batch: false,
-            cache_path: self.cache_path.clone().filter(|_| cache_key.is_some()),
-            cache_key,
+            cache_path: self.cache_path.clone().filter(|_| key.is_some()),
+            cache_key: key.clone().map(|key| key.param("autobatch.step", "evaluation")),
             ..self.clone()
         };
         info!("evaluation step: searching from batch {}", from_training.start);
         observer.evaluation_started(from_training.start);
-        let evaluated = match from_training.run_observed(eval, meter, observer) {
+        let during = match from_training.run_observed(eval, meter, observer) {
             // an evaluation step bigger than the training step at the same batch
             Err(Error::NothingFits { .. }) => {
                 observer.evaluation_started(self.start);
-                Tuner { start: self.start, ..from_training }.run_observed(eval, meter, observer)?
+                Tuner { start: self.start, ..from_training.clone() }.run_observed(eval, meter, observer)?
             }
             other => other?,
         };
-        plan.warnings.extend(evaluated.warnings);
-        plan.tuning = plan.tuning + evaluated.tuning;
+        plan.warnings.extend(during.warnings.iter().cloned());
+        plan.tuning = plan.tuning + during.tuning;
+        let held = meter.in_use()?;
+        let state_bytes = train.free_training_state();
+        let alone = if state_bytes == 0 {
+            None
+        } else {
+            let freed = held.saturating_sub(meter.in_use()?);
+            let per_sample = during.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
+            let more = if per_sample > 0.0 { (freed as f64 / per_sample) as usize } else { 0 };
+            let alone = Tuner {
+                start: during.largest_batch,
+                hint: Some(during.largest_batch + more),
+                cache_key: key.map(|key| key.param("autobatch.step", "evaluation alone")),
+                ..from_training
+            };
+            info!("evaluation alone: {} of optimizer state freed, searching from batch {}", freed, alone.start);
+            observer.evaluation_alone_started(alone.start, freed);
+            let found = alone.run_observed(eval, meter, observer)?;
+            for warning in &found.warnings {
+                if !plan.warnings.contains(warning) {
+                    plan.warnings.push(warning.clone());
+                }
+            }
+            plan.tuning = plan.tuning + found.tuning;
+            Some(found)
+        };
+        let during_training = alone.is_some().then_some(DuringTraining {
+            largest_batch: during.largest_batch,
+            peak_bytes: during.peak_bytes,
+            proven_largest: during.proven_largest,
+            state_bytes,
+        });
+        // every evaluation trial, those beside training's state first
+        let (evaluated, trials) = match alone {
+            Some(alone) => {
+                let trials = during.trials.into_iter().chain(alone.trials.iter().cloned()).collect();
+                (alone, trials)
+            }
+            None => {
+                let trials = during.trials.clone();
+                (during, trials)
+            }
+        };
         plan.evaluation = Some(EvaluationPlan {
             largest_batch: evaluated.largest_batch,
             peak_bytes: evaluated.peak_bytes,
             proven_largest: evaluated.proven_largest,
             stopped_by: evaluated.stopped_by,
-            trials: evaluated.trials,
+            trials,
+            during_training,
         });
         Ok(plan)
     }

@@ -68,6 +68,8 @@ pub struct Tuner {
     uneven_ranks: bool,
     strict: bool,
     time_limit: Option<std::time::Duration>,
+    /// Where a sub-search expects its answer (see [`SearchSpace::with_hint`]).
+    hint: Option<usize>,
 }
 
 impl Default for Tuner {
@@ -92,6 +94,7 @@ impl Default for Tuner {
             uneven_ranks: false,
             strict: false,
             time_limit: None,
+            hint: None,
         }
     }
 }
@@ -299,7 +302,10 @@ impl Tuner {
                 return Err(Error::Zero { setting });
             }
         }
-        let space = SearchSpace::new(self.start, self.max_batch, self.multiple_of)?;
+        let mut space = SearchSpace::new(self.start, self.max_batch, self.multiple_of)?;
+        if let Some(hint) = self.hint {
+            space = space.with_hint(hint);
+        }
         if let Some(target) = self.target_effective_batch {
             let smallest =
                 self.world_size.checked_mul(self.multiple_of).ok_or(Error::Overflow { value: self.world_size })?;

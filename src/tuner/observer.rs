@@ -20,6 +20,13 @@ pub trait Observer {
     fn evaluation_started(&mut self, start: usize) {
         let _ = start;
     }
+    /// The evaluation step's search alone is about to start at `start`, the
+    /// training workload having freed `freed_bytes` of optimizer state (see
+    /// [`Tuner::run_with_eval_observed`](crate::Tuner::run_with_eval_observed));
+    /// its trials follow.
+    fn evaluation_alone_started(&mut self, start: usize, freed_bytes: u64) {
+        let _ = (start, freed_bytes);
+    }
     /// The search at input size `size` is about to start (see
     /// [`Tuner::run_sizes_observed`](crate::Tuner::run_sizes_observed)); its
     /// trials follow.

@@ -124,8 +124,7 @@ impl<M: Model> Trainer<M> {
         if self.steps > 0 {
             return Err(Error::AlreadyTrained { steps: self.steps, change: "switch to mixed precision" });
         }
-        let vars = self.plain_vars();
-        self.optimizer = TrainerOptimizer::Mixed(crate::optim::MixedPrecision::new(vars, default_adamw())?);
+        self.optimizer = TrainerOptimizer::build(crate::estimate::OptimizerKind::AdamW, true, self.plain_vars())?;
         Ok(self)
     }
 
@@ -134,29 +133,10 @@ impl<M: Model> Trainer<M> {
     /// AdamW's scaled as each paper advises): `Lion` (lr / 3), `Adafactor`
     /// (relative step) or `AdamW8bit`, or `AdamW` again. Before training only.
     pub fn with_optimizer(mut self, kind: crate::estimate::OptimizerKind) -> Result<Self, Error> {
-        use crate::estimate::OptimizerKind;
-        use crate::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
         if self.steps > 0 {
             return Err(Error::AlreadyTrained { steps: self.steps, change: "choose the optimizer" });
         }
-        let vars = self.plain_vars();
-        let lr = default_adamw().lr;
-        self.optimizer = match kind {
-            OptimizerKind::AdamW => TrainerOptimizer::AdamW(AdamW::new(vars, default_adamw())?),
-            OptimizerKind::Lion => {
-                TrainerOptimizer::Lion(Lion::new(vars, ParamsLion { lr: lr / 3.0, ..ParamsLion::default() })?)
-            }
-            OptimizerKind::Adafactor => TrainerOptimizer::Adafactor(Adafactor::new(vars, ParamsAdafactor::default())?),
-            OptimizerKind::Adam8bit => {
-                TrainerOptimizer::AdamW8bit(AdamW8bit::new(vars, ParamsAdamW8bit { lr, ..ParamsAdamW8bit::default() })?)
-            }
-            other => {
-                return Err(Error::UnsupportedOptimizer {
-                    optimizer: other.name().to_owned(),
-                    valid: "adamw, lion, adafactor or adam8bit (the optimizers with a dry step)",
-                })
-            }
-        };
+        self.optimizer = TrainerOptimizer::build(kind, false, self.plain_vars())?;
         Ok(self)
     }
 
@@ -195,7 +175,7 @@ impl<M: Model> Trainer<M> {
             drop(loss);
             accumulated.add(grads, &vars)?;
         }
-        self.optimizer.step(&accumulated.take()?)?;
+        self.optimizer.built(vars)?.step(&accumulated.take()?)?;
         self.steps += 1;
         Ok(total_loss / accumulation_steps as f32)
     }
@@ -235,16 +215,12 @@ impl<M: Model> Trainer<M> {
     /// mixed precision); `None` after [`with_optimizer`](Self::with_optimizer)
     /// chose another.
     pub fn optimizer(&self) -> Option<&AdamW> {
-        match &self.optimizer {
-            TrainerOptimizer::AdamW(adamw) => Some(adamw),
-            TrainerOptimizer::Mixed(mixed) => Some(mixed.inner()),
-            _ => None,
-        }
+        self.optimizer.adamw()
     }
 
     /// Bytes of optimizer state (and master copies, in mixed precision).
     pub fn optimizer_state_bytes(&self) -> u64 {
-        self.optimizer.as_dry().state_bytes()
+        self.optimizer.as_dry().map_or(0, |optimizer| optimizer.state_bytes())
     }
 
     /// Number of trainable parameters.
@@ -273,13 +249,22 @@ impl<M: Model> Trainer<M> {
             let values = var.as_tensor().flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
             Ok(values.into_iter().map(f32::to_bits).collect())
         };
+        // a freed optimizer as its next step builds it again
+        let rebuilt;
+        let optimizer = match &self.optimizer {
+            TrainerOptimizer::Freed { kind, mixed } => {
+                rebuilt = TrainerOptimizer::build(*kind, *mixed, self.plain_vars())?;
+                &rebuilt
+            }
+            built => built,
+        };
         let mut state = Vec::new();
-        if self.is_mixed_precision() || self.optimizer().is_none() {
+        if matches!(optimizer, TrainerOptimizer::Mixed(_)) || optimizer.adamw().is_none() {
             for (_, var) in &self.vars {
                 state.push(bits(var)?);
             }
         }
-        for s in self.optimizer().map_or(&[][..], |adamw| adamw.states()) {
+        for s in optimizer.adamw().map_or(&[][..], |adamw| adamw.states()) {
             for var in [&s.var, &s.first_moment, &s.second_moment] {
                 state.push(bits(var)?);
             }
@@ -292,7 +277,7 @@ impl<M: Model> Workload for Trainer<M> {
     fn cache_key(&self) -> Option<crate::CacheKey> {
         let vars = self.vars.iter().map(|(name, var)| (name.as_str(), var));
         let key = crate::CacheKey::new().variables(vars).param("model", self.model.describe());
-        let optimizer = self.optimizer.as_dry().kind().map_or("other", |kind| kind.name());
+        let optimizer = self.optimizer.kind().map_or("other", |kind| kind.name());
         Some(key.param("mixed_precision", self.is_mixed_precision()).param("optimizer", optimizer))
     }
 
@@ -302,7 +287,7 @@ impl<M: Model> Workload for Trainer<M> {
             DType::BF16 => crate::estimate::Precision::Bf16,
             _ => crate::estimate::Precision::Fp32,
         };
-        let optimizer = self.optimizer.as_dry().kind()?;
+        let optimizer = self.optimizer.kind()?;
         let largest = self.vars.iter().map(|(_, var)| var.elem_count() as u64).max().unwrap_or(0);
         let profile =
             crate::Profile::new(self.parameter_count() as u64, precision, optimizer).largest_variable(largest);
@@ -321,7 +306,7 @@ impl<M: Model> Workload for Trainer<M> {
         // are freed before the update, as `train_step` does
         drop(loss);
         let grads = crate::model::grads::keep_variables(grads, &vars);
-        self.optimizer.dry_step(&grads)?;
+        self.optimizer.built(vars)?.dry_step(&grads)?;
         drop(grads);
         Ok(())
     }
@@ -335,12 +320,22 @@ impl<M: Model> Workload for Trainer<M> {
         let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
         drop(loss);
         accumulated.add(grads, &vars)?;
-        self.optimizer.dry_step(&accumulated.take()?)?;
+        self.optimizer.built(vars)?.dry_step(&accumulated.take()?)?;
         Ok(())
     }
 
     fn can_accumulate(&self) -> bool {
         true
+    }
+
+    /// Frees the optimizer's state (and master copies, in mixed precision)
+    /// before the trainer has trained; the next step builds it again, with
+    /// zero moments as before. A trainer that has trained keeps its state.
+    fn free_training_state(&mut self) -> u64 {
+        let Some(kind) = self.optimizer.kind().filter(|_| self.steps == 0) else { return 0 };
+        let freed = self.optimizer_state_bytes();
+        self.optimizer = TrainerOptimizer::Freed { kind, mixed: self.is_mixed_precision() };
+        freed
     }
 }
 
@@ -363,16 +358,75 @@ enum TrainerOptimizer {
     Lion(crate::optim::Lion),
     Adafactor(crate::optim::Adafactor),
     AdamW8bit(crate::optim::AdamW8bit),
+    /// Freed after tuning ([`Workload::free_training_state`]): built again,
+    /// as it was before training, at the next step.
+    Freed {
+        kind: crate::estimate::OptimizerKind,
+        mixed: bool,
+    },
 }
 
 impl TrainerOptimizer {
-    fn as_dry(&self) -> &dyn crate::optim::DryStep {
+    /// The optimizer of `kind` over `vars` (on f32 master copies when
+    /// `mixed`), at the reference hyper-parameters: the learning rate the
+    /// reference AdamW's, scaled as each paper advises.
+    fn build(kind: crate::estimate::OptimizerKind, mixed: bool, vars: Vec<Var>) -> Result<Self, Error> {
+        use crate::estimate::OptimizerKind;
+        use crate::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+        let lr = default_adamw().lr;
+        Ok(match kind {
+            OptimizerKind::AdamW if mixed => {
+                TrainerOptimizer::Mixed(crate::optim::MixedPrecision::new(vars, default_adamw())?)
+            }
+            OptimizerKind::AdamW => TrainerOptimizer::AdamW(AdamW::new(vars, default_adamw())?),
+            OptimizerKind::Lion => {
+                TrainerOptimizer::Lion(Lion::new(vars, ParamsLion { lr: lr / 3.0, ..ParamsLion::default() })?)
+            }
+            OptimizerKind::Adafactor => TrainerOptimizer::Adafactor(Adafactor::new(vars, ParamsAdafactor::default())?),
+            OptimizerKind::Adam8bit => {
+                TrainerOptimizer::AdamW8bit(AdamW8bit::new(vars, ParamsAdamW8bit { lr, ..ParamsAdamW8bit::default() })?)
+            }
+            other => {
+                return Err(Error::UnsupportedOptimizer {
+                    optimizer: other.name().to_owned(),
+                    valid: "adamw, lion, adafactor or adam8bit (the optimizers with a dry step)",
+                })
+            }
+        })
+    }
+
+    /// The AdamW inside, if it is one (over master copies in mixed precision).
+    fn adamw(&self) -> Option<&AdamW> {
         match self {
+            TrainerOptimizer::AdamW(adamw) => Some(adamw),
+            TrainerOptimizer::Mixed(mixed) => Some(mixed.inner()),
+            _ => None,
+        }
+    }
+
+    /// Itself, built again first if it was freed.
+    fn built(&mut self, vars: Vec<Var>) -> candle_core::Result<&mut Self> {
+        if let TrainerOptimizer::Freed { kind, mixed } = *self {
+            *self = Self::build(kind, mixed, vars).map_err(|err| candle_core::Error::Msg(err.to_string()))?;
+        }
+        Ok(self)
+    }
+
+    fn as_dry(&self) -> Option<&dyn crate::optim::DryStep> {
+        Some(match self {
             TrainerOptimizer::AdamW(o) => o,
             TrainerOptimizer::Mixed(o) => o,
             TrainerOptimizer::Lion(o) => o,
             TrainerOptimizer::Adafactor(o) => o,
             TrainerOptimizer::AdamW8bit(o) => o,
+            TrainerOptimizer::Freed { .. } => return None,
+        })
+    }
+
+    fn kind(&self) -> Option<crate::estimate::OptimizerKind> {
+        match self {
+            TrainerOptimizer::Freed { kind, .. } => Some(*kind),
+            other => other.as_dry()?.kind(),
         }
     }
 
@@ -383,11 +437,12 @@ impl TrainerOptimizer {
             TrainerOptimizer::Lion(o) => o.step(grads),
             TrainerOptimizer::Adafactor(o) => o.step(grads),
             TrainerOptimizer::AdamW8bit(o) => o.step(grads),
+            TrainerOptimizer::Freed { .. } => Err(candle_core::Error::Msg("the optimizer was freed".to_owned())),
         }
     }
 
     fn dry_step(&self, grads: &GradStore) -> candle_core::Result<()> {
-        self.as_dry().dry_step(grads)
+        self.as_dry().map_or(Ok(()), |optimizer| optimizer.dry_step(grads))
     }
 }
 

@@ -137,7 +137,24 @@ fn bert(forked: bool) -> Plan {
         let served = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
         assert!(served.warnings.is_empty() && served.largest_batch > plan.largest_batch, "{served}");
         exact("BERT fork, forward only", &mut forward_only, &mut meter, &served);
-        println!("{name}, forward only: largest batch {} (proven)", served.largest_batch);
+        println!("{name}, forward only beside the probe's AdamW moments: largest batch {} (proven)", served.largest_batch);
+        // run_with_eval: evaluation between training steps, then alone with the probe's moments freed
+        let mut evaluation = |batch: usize| serving.hidden(&tokens(batch)?).map(drop);
+        let with_eval = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
+        let eval = with_eval.evaluation.as_ref().unwrap();
+        let during = eval.during_training.as_ref().expect("the probe frees AdamW's moments");
+        assert_eq!(during.largest_batch, served.largest_batch, "{with_eval}");
+        let alone = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
+        assert_eq!(alone.largest_batch, eval.largest_batch, "{alone}\n{with_eval}");
+        exact("BERT fork, forward only alone", &mut forward_only, &mut meter, &alone);
+        println!(
+            "{name}, run_with_eval: evaluation alone {} (a forward-only probe with the moments freed: {}), \
+             between training steps {} ({} of moments)",
+            eval.largest_batch,
+            alone.largest_batch,
+            during.largest_batch,
+            autobatch::format_bytes(during.state_bytes)
+        );
     } else {
         assert_eq!(plan.measured_graph, MeasuredGraph::Partial, "{plan}");
         assert!(!plan.proven_largest && cut > 0, "{plan}");

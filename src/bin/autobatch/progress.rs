@@ -113,8 +113,15 @@ impl Observer for Progress {
         }
     }
 
+    fn evaluation_alone_started(&mut self, start: usize, freed_bytes: u64) {
+        self.start_table(format!(
+            "evaluation step alone ({} of training's optimizer state freed), from batch {start}:",
+            autobatch::format_bytes(freed_bytes)
+        ));
+    }
+
     fn evaluation_started(&mut self, start: usize) {
-        self.start_table(format!("evaluation step (forward only), from batch {start}:"));
+        self.start_table(format!("evaluation step (forward only), beside training's state, from batch {start}:"));
     }
 
     fn size_started(&mut self, size: usize) {
