@@ -8,6 +8,25 @@ use crate::headroom::report::HeadroomReport;
 use crate::search::outcome::Outcome;
 use crate::units::format_bytes;
 
+/// The kinds of [`Error`] (see [`Error::kind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// What was asked is invalid (a setting, a size, a model configuration,
+    /// a combination): fix the request; nothing ran, or nothing that counts.
+    Configuration,
+    /// The request is valid but the model does not fit as asked (nothing
+    /// fits, time ran out before anything fit, a headroom check failed):
+    /// give it more memory or change the model; the error says how.
+    DoesNotFit,
+    /// The model's own step failed, or the probe cannot measure it whole
+    /// (a cut graph under `strict`, an op with no backward pass).
+    Model,
+    /// The machine: the allocator, the device, its memory meter, the
+    /// collective between ranks.
+    Device,
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -563,38 +582,67 @@ impl Error {
         Error::Meter(err.into())
     }
 
+    /// What kind of failure this is: what decides how to react (fix the
+    /// request, give the model more memory, fix the model, look at the
+    /// machine). An exhaustive match: a new variant must be given a kind.
+    ///
+    /// ```
+    /// use autobatch::search::SearchSpace;
+    /// use autobatch::ErrorKind;
+    ///
+    /// let err = SearchSpace::new(0, None, 1).unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::Configuration);
+    /// assert!(err.is_configuration());
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::AtSize { source, .. } => source.kind(),
+            Error::InvalidCeiling { .. }
+            | Error::Zero { .. }
+            | Error::MaxBatchBelowStart { .. }
+            | Error::NoCandidate { .. }
+            | Error::Overflow { .. }
+            | Error::ByteOverflow { .. }
+            | Error::InvalidSharding { .. }
+            | Error::TargetBelowWorldSize { .. }
+            | Error::InexactEffectiveBatch { .. }
+            | Error::InexactGlobalBatch { .. }
+            | Error::RankOutOfRange { .. }
+            | Error::SizeOutOfRange { .. }
+            | Error::UnevenPlanNeedsAllReduce { .. }
+            | Error::InvalidModel { .. }
+            | Error::UnsupportedDtype { .. }
+            | Error::UnknownAccelerator { .. }
+            | Error::UnsupportedOptimizer { .. }
+            | Error::AlreadyTrained { .. }
+            | Error::NotForSizeSearch { .. }
+            | Error::InvalidHeadroom { .. }
+            | Error::CacheKeyMissing
+            | Error::WorldSizeMismatch { .. }
+            | Error::ModelTooLarge { limit_bytes: None, .. } => ErrorKind::Configuration,
+            Error::NothingFits { .. }
+            | Error::NoSizeFits { .. }
+            | Error::ModelTooLarge { limit_bytes: Some(_), .. }
+            | Error::TimeLimit { .. }
+            | Error::GuardExhausted { .. }
+            | Error::InsufficientHeadroom(_) => ErrorKind::DoesNotFit,
+            Error::Workload { .. } | Error::PartialGraph { .. } | Error::BackwardUnsupported { .. } => ErrorKind::Model,
+            Error::AllocatorNotInstalled
+            | Error::PeakUnreadable { .. }
+            | Error::Candle(_)
+            | Error::Collective(_)
+            | Error::RankFailed
+            | Error::CudaUnavailable { .. }
+            | Error::NotCuda { .. }
+            | Error::Meter(_) => ErrorKind::Device,
+        }
+    }
+
     /// Whether the error is in what was asked (a setting, a size, a model
     /// configuration) rather than in what happened while running: the command
-    /// line reports these as usage errors.
+    /// line reports these as usage errors. `kind() == ErrorKind::Configuration`.
     pub fn is_configuration(&self) -> bool {
-        if let Error::AtSize { source, .. } = self {
-            return source.is_configuration();
-        }
-        matches!(
-            self,
-            Error::InvalidCeiling { .. }
-                | Error::Zero { .. }
-                | Error::MaxBatchBelowStart { .. }
-                | Error::NoCandidate { .. }
-                | Error::Overflow { .. }
-                | Error::ByteOverflow { .. }
-                | Error::InvalidSharding { .. }
-                | Error::TargetBelowWorldSize { .. }
-                | Error::InexactEffectiveBatch { .. }
-                | Error::InexactGlobalBatch { .. }
-                | Error::RankOutOfRange { .. }
-                | Error::SizeOutOfRange { .. }
-                | Error::UnevenPlanNeedsAllReduce { .. }
-                | Error::InvalidModel { .. }
-                | Error::UnsupportedDtype { .. }
-                | Error::UnknownAccelerator { .. }
-                | Error::UnsupportedOptimizer { .. }
-                | Error::AlreadyTrained { .. }
-                | Error::NotForSizeSearch { .. }
-                | Error::InvalidHeadroom { .. }
-                | Error::CacheKeyMissing
-                | Error::WorldSizeMismatch { .. }
-        )
+        self.kind() == ErrorKind::Configuration
     }
 
     /// [`Error::NothingFits`] at `batch` with no advice: what a check of an
@@ -633,6 +681,39 @@ impl Error {
             Error::Workload { source, .. } => Some(source),
             Error::BackwardUnsupported { source, .. } => Some(source.as_ref()),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_groups_what_the_caller_does_about_it() {
+        let at_size = |source: Error| Error::AtSize { size: 64, source: Box::new(source) };
+        let cases = [
+            (Error::Zero { setting: "start" }, ErrorKind::Configuration),
+            (Error::CacheKeyMissing, ErrorKind::Configuration),
+            (
+                Error::ModelTooLarge { model: "m".into(), needs: "1 TiB".into(), batch: 1, limit_bytes: None },
+                ErrorKind::Configuration,
+            ),
+            (
+                Error::ModelTooLarge { model: "m".into(), needs: "1 TiB".into(), batch: 1, limit_bytes: Some(1) },
+                ErrorKind::DoesNotFit,
+            ),
+            (Error::TimeLimit { limit_ms: 10, trials: 1 }, ErrorKind::DoesNotFit),
+            (Error::GuardExhausted { offset: 3 }, ErrorKind::DoesNotFit),
+            (Error::PartialGraph { variables: vec!["ln.weight".into()], of: 2 }, ErrorKind::Model),
+            (Error::AllocatorNotInstalled, ErrorKind::Device),
+            (Error::RankFailed, ErrorKind::Device),
+            (at_size(Error::Zero { setting: "start" }), ErrorKind::Configuration),
+            (at_size(Error::TimeLimit { limit_ms: 10, trials: 1 }), ErrorKind::DoesNotFit),
+        ];
+        for (err, kind) in cases {
+            assert_eq!(err.kind(), kind, "{err}");
+            assert_eq!(err.is_configuration(), kind == ErrorKind::Configuration, "{err}");
         }
     }
 }

@@ -131,7 +131,7 @@ mod workload;
 pub mod workloads;
 
 pub use cache::CacheKey;
-pub use error::{candle_message, describe_failure, Error, Result};
+pub use error::{candle_message, describe_failure, Error, ErrorKind, Result};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]

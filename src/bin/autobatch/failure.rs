@@ -51,13 +51,9 @@ impl From<autobatch::Error> for Failure {
                 .replace("; --seq-len ", "; --seq-lens up to ");
             return Failure { message: format!("at sequence length {size}: {message}"), kind: inner.kind };
         }
-        let kind = match &err {
-            Error::NothingFits { .. }
-            | Error::NoSizeFits { .. }
-            | Error::ModelTooLarge { limit_bytes: Some(_), .. }
-            | Error::TimeLimit { .. } => Kind::NothingFits,
-            Error::ModelTooLarge { limit_bytes: None, .. } => Kind::Usage,
-            err if err.is_configuration() => Kind::Usage,
+        let kind = match err.kind() {
+            autobatch::ErrorKind::Configuration => Kind::Usage,
+            autobatch::ErrorKind::DoesNotFit => Kind::NothingFits,
             _ => Kind::Runtime,
         };
         let message = match &err {
