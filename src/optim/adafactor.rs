@@ -63,7 +63,7 @@ enum SecondMoment {
 }
 
 #[derive(Debug)]
-struct State {
+pub(crate) struct State {
     var: Var,
     second: SecondMoment,
     first: Option<Var>,
@@ -181,25 +181,7 @@ impl Optimizer for Adafactor {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        self.step_t += 1;
-        for state in &self.states {
-            if let Some(grad) = grads.get(state.var.as_tensor()) {
-                let (theta, second, first) = self.update(state, grad, self.step_t)?;
-                match (&state.second, second.as_slice()) {
-                    (SecondMoment::Factored { row, col }, [next_row, next_col]) => {
-                        row.set(next_row)?;
-                        col.set(next_col)?;
-                    }
-                    (SecondMoment::Full(v), [next_v]) => v.set(next_v)?,
-                    _ => unreachable!("update returns the moments of the state's kind"),
-                }
-                if let (Some(m), Some(next_m)) = (&state.first, first) {
-                    m.set(&next_m)?;
-                }
-                state.var.set(&theta)?;
-            }
-        }
-        Ok(())
+        super::step(self, grads)
     }
 
     fn learning_rate(&self) -> f64 {
@@ -211,14 +193,50 @@ impl Optimizer for Adafactor {
     }
 }
 
+impl super::PerVariable for Adafactor {
+    type State = State;
+    /// The weights, the second moment's tensors (row and column, or full), the first moment.
+    type Next = (Tensor, Vec<Tensor>, Option<Tensor>);
+
+    fn states(&self) -> &[State] {
+        &self.states
+    }
+
+    fn variable(state: &State) -> &Var {
+        &state.var
+    }
+
+    fn steps_taken(&self) -> u64 {
+        self.step_t
+    }
+
+    fn count_step(&mut self) {
+        self.step_t += 1;
+    }
+
+    fn next(&self, state: &State, grad: &Tensor, step: u64) -> Result<Self::Next> {
+        self.update(state, grad, step)
+    }
+
+    fn write(state: &State, (theta, second, first): Self::Next) -> Result<()> {
+        match (&state.second, second.as_slice()) {
+            (SecondMoment::Factored { row, col }, [next_row, next_col]) => {
+                row.set(next_row)?;
+                col.set(next_col)?;
+            }
+            (SecondMoment::Full(v), [next_v]) => v.set(next_v)?,
+            _ => unreachable!("update returns the moments of the state's kind"),
+        }
+        if let (Some(m), Some(next_m)) = (&state.first, first) {
+            m.set(&next_m)?;
+        }
+        state.var.set(&theta)
+    }
+}
+
 impl DryStep for Adafactor {
     fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        for state in &self.states {
-            if let Some(grad) = grads.get(state.var.as_tensor()) {
-                drop(self.update(state, grad, self.step_t + 1)?);
-            }
-        }
-        Ok(())
+        super::dry_step(self, grads)
     }
 
     fn state_bytes(&self) -> u64 {

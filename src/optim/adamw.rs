@@ -65,13 +65,7 @@ impl AdamW {
 
 impl DryStep for AdamW {
     fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        for state in &self.states {
-            if let Some(grad) = grads.get(&state.var) {
-                let update = self.update(state, grad, self.step_t + 1)?;
-                drop(update);
-            }
-        }
-        Ok(())
+        super::dry_step(self, grads)
     }
 
     fn state_bytes(&self) -> u64 {
@@ -80,6 +74,37 @@ impl DryStep for AdamW {
 
     fn kind(&self) -> Option<OptimizerKind> {
         Some(OptimizerKind::AdamW)
+    }
+}
+
+impl super::PerVariable for AdamW {
+    type State = AdamWState;
+    type Next = (Tensor, Tensor, Tensor);
+
+    fn states(&self) -> &[AdamWState] {
+        &self.states
+    }
+
+    fn variable(state: &AdamWState) -> &Var {
+        &state.var
+    }
+
+    fn steps_taken(&self) -> u64 {
+        self.step_t as u64
+    }
+
+    fn count_step(&mut self) {
+        self.step_t += 1;
+    }
+
+    fn next(&self, state: &AdamWState, grad: &Tensor, step: u64) -> Result<Self::Next> {
+        self.update(state, grad, step as usize)
+    }
+
+    fn write(state: &AdamWState, (next_m, next_v, next_theta): Self::Next) -> Result<()> {
+        state.first_moment.set(&next_m)?;
+        state.second_moment.set(&next_v)?;
+        state.var.set(&next_theta)
     }
 }
 
@@ -116,16 +141,7 @@ impl Optimizer for AdamW {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        self.step_t += 1;
-        for state in &self.states {
-            if let Some(grad) = grads.get(&state.var) {
-                let (next_m, next_v, next_theta) = self.update(state, grad, self.step_t)?;
-                state.first_moment.set(&next_m)?;
-                state.second_moment.set(&next_v)?;
-                state.var.set(&next_theta)?;
-            }
-        }
-        Ok(())
+        super::step(self, grads)
     }
 
     fn learning_rate(&self) -> f64 {

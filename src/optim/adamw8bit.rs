@@ -67,7 +67,7 @@ enum Moments {
 }
 
 #[derive(Debug)]
-struct State {
+pub(crate) struct State {
     var: Var,
     moments: Moments,
 }
@@ -176,7 +176,7 @@ impl Quantized {
 }
 
 /// A step's results for one variable: the weights and the moments' new form.
-struct Next {
+pub(crate) struct Next {
     theta: Tensor,
     moments: NextMoments,
 }
@@ -281,27 +281,7 @@ impl Optimizer for AdamW8bit {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        self.step_t += 1;
-        for state in &self.states {
-            if let Some(grad) = grads.get(state.var.as_tensor()) {
-                let Next { theta, moments } = self.update(state, grad, self.step_t)?;
-                match (moments, &state.moments) {
-                    (NextMoments::Full { m, v }, Moments::Full { m: m_var, v: v_var }) => {
-                        m_var.set(&m)?;
-                        v_var.set(&v)?;
-                    }
-                    (NextMoments::Quantized { m, v }, Moments::Quantized { m: m_q, v: v_q }) => {
-                        m_q.codes.set(&m.0)?;
-                        m_q.scales.set(&m.1)?;
-                        v_q.codes.set(&v.0)?;
-                        v_q.scales.set(&v.1)?;
-                    }
-                    _ => unreachable!("update returns the moments of the state's kind"),
-                }
-                state.var.set(&theta)?;
-            }
-        }
-        Ok(())
+        super::step(self, grads)
     }
 
     fn learning_rate(&self) -> f64 {
@@ -313,14 +293,51 @@ impl Optimizer for AdamW8bit {
     }
 }
 
+impl super::PerVariable for AdamW8bit {
+    type State = State;
+    type Next = Next;
+
+    fn states(&self) -> &[State] {
+        &self.states
+    }
+
+    fn variable(state: &State) -> &Var {
+        &state.var
+    }
+
+    fn steps_taken(&self) -> u64 {
+        self.step_t as u64
+    }
+
+    fn count_step(&mut self) {
+        self.step_t += 1;
+    }
+
+    fn next(&self, state: &State, grad: &Tensor, step: u64) -> Result<Next> {
+        self.update(state, grad, step as usize)
+    }
+
+    fn write(state: &State, Next { theta, moments }: Next) -> Result<()> {
+        match (moments, &state.moments) {
+            (NextMoments::Full { m, v }, Moments::Full { m: m_var, v: v_var }) => {
+                m_var.set(&m)?;
+                v_var.set(&v)?;
+            }
+            (NextMoments::Quantized { m, v }, Moments::Quantized { m: m_q, v: v_q }) => {
+                m_q.codes.set(&m.0)?;
+                m_q.scales.set(&m.1)?;
+                v_q.codes.set(&v.0)?;
+                v_q.scales.set(&v.1)?;
+            }
+            _ => unreachable!("update returns the moments of the state's kind"),
+        }
+        state.var.set(&theta)
+    }
+}
+
 impl DryStep for AdamW8bit {
     fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        for state in &self.states {
-            if let Some(grad) = grads.get(state.var.as_tensor()) {
-                drop(self.update(state, grad, self.step_t + 1)?);
-            }
-        }
-        Ok(())
+        super::dry_step(self, grads)
     }
 
     fn state_bytes(&self) -> u64 {

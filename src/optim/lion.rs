@@ -93,14 +93,7 @@ impl Optimizer for Lion {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        for (var, m) in &self.states {
-            if let Some(g) = grads.get(var.as_tensor()) {
-                let (next_theta, next_m) = self.update(var, m, g)?;
-                var.set(&next_theta)?;
-                m.set(&next_m)?;
-            }
-        }
-        Ok(())
+        super::step(self, grads)
     }
 
     fn learning_rate(&self) -> f64 {
@@ -112,14 +105,39 @@ impl Optimizer for Lion {
     }
 }
 
+impl super::PerVariable for Lion {
+    /// A variable and its moment.
+    type State = (Var, Var);
+    type Next = (Tensor, Tensor);
+
+    fn states(&self) -> &[(Var, Var)] {
+        &self.states
+    }
+
+    fn variable((var, _): &(Var, Var)) -> &Var {
+        var
+    }
+
+    /// Lion's update does not depend on the step.
+    fn steps_taken(&self) -> u64 {
+        0
+    }
+
+    fn count_step(&mut self) {}
+
+    fn next(&self, (var, m): &(Var, Var), grad: &Tensor, _step: u64) -> Result<Self::Next> {
+        self.update(var, m, grad)
+    }
+
+    fn write((var, m): &(Var, Var), (next_theta, next_m): Self::Next) -> Result<()> {
+        var.set(&next_theta)?;
+        m.set(&next_m)
+    }
+}
+
 impl DryStep for Lion {
     fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        for (var, m) in &self.states {
-            if let Some(g) = grads.get(var.as_tensor()) {
-                drop(self.update(var, m, g)?);
-            }
-        }
-        Ok(())
+        super::dry_step(self, grads)
     }
 
     fn state_bytes(&self) -> u64 {

@@ -22,7 +22,7 @@ mod lion;
 mod mixed;
 
 use candle_core::backprop::GradStore;
-use candle_core::Result;
+use candle_core::{Result, Tensor, Var};
 
 pub use adafactor::{Adafactor, ParamsAdafactor};
 pub use adamw::{AdamW, AdamWState};
@@ -31,6 +31,59 @@ pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;
 
 use crate::estimate::OptimizerKind;
+
+/// What every optimizer here is made of: a state per float variable and an
+/// update that computes a variable's next values (weights and state) from
+/// its gradient. [`step`] writes them, [`dry_step`] computes and drops them,
+/// one variable at a time, so that both allocate the same temporaries.
+pub(crate) trait PerVariable {
+    /// A variable and its state.
+    type State;
+    /// A variable's next weights and state.
+    type Next;
+
+    /// The states, one per float variable.
+    fn states(&self) -> &[Self::State];
+
+    /// The variable a state belongs to.
+    fn variable(state: &Self::State) -> &Var;
+
+    /// Steps taken so far (0 for an optimizer that does not count them).
+    fn steps_taken(&self) -> u64;
+
+    /// Counts one more step, before its update is computed.
+    fn count_step(&mut self);
+
+    /// The next weights and state of `state`'s variable for `grad`, at step `step` (from 1).
+    fn next(&self, state: &Self::State, grad: &Tensor, step: u64) -> Result<Self::Next>;
+
+    /// Writes `next` into the variable and its state.
+    fn write(state: &Self::State, next: Self::Next) -> Result<()>;
+}
+
+/// One optimizer step: each variable with a gradient updated in turn.
+pub(crate) fn step<O: PerVariable>(optimizer: &mut O, grads: &GradStore) -> Result<()> {
+    optimizer.count_step();
+    let optimizer = &*optimizer;
+    let step = optimizer.steps_taken();
+    for state in optimizer.states() {
+        if let Some(grad) = grads.get(O::variable(state).as_tensor()) {
+            O::write(state, optimizer.next(state, grad, step)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// The next step's updates computed one variable at a time and dropped.
+pub(crate) fn dry_step<O: PerVariable>(optimizer: &O, grads: &GradStore) -> Result<()> {
+    let step = optimizer.steps_taken() + 1;
+    for state in optimizer.states() {
+        if let Some(grad) = grads.get(O::variable(state).as_tensor()) {
+            drop(optimizer.next(state, grad, step)?);
+        }
+    }
+    Ok(())
+}
 
 /// Bytes a variable's tensor holds.
 pub(crate) fn var_bytes(var: &candle_core::Var) -> u64 {

@@ -84,33 +84,18 @@ impl SizeModel {
             return None;
         }
         let feature = |&(b, s, _): &(usize, usize, u64), term: usize| (b as f64) * (s as f64).powi(term as i32);
-        // scale each column to at most 1 so that the normal equations stay well conditioned
-        let scale: Vec<f64> = std::iter::once(1.0)
-            .chain(terms.iter().map(|&t| points.iter().map(|p| feature(p, t)).fold(0.0, f64::max)))
-            .collect();
-        if scale.iter().any(|&s| s <= 0.0) {
-            return None;
-        }
-        let row = |p: &(usize, usize, u64)| -> Vec<f64> {
-            std::iter::once(1.0).chain(terms.iter().enumerate().map(|(i, &t)| feature(p, t) / scale[i + 1])).collect()
-        };
         // relative least squares (each row over its peak): a step of 10 MiB
         // counts as much as one of 10 GiB, so the small trials do not
         // dominate and the error near the ceiling stays small
-        let mut gram = vec![vec![0.0; n + 1]; n];
-        for point in points {
-            let weight = 1.0 / (point.2.max(1) as f64);
-            let x: Vec<f64> = row(point).into_iter().map(|v| v * weight).collect();
-            for i in 0..n {
-                for j in 0..n {
-                    gram[i][j] += x[i] * x[j];
-                }
-                gram[i][n] += x[i] * point.2 as f64 * weight;
-            }
-        }
-        let solution = solve(gram)?;
-        let coefficient =
-            |term: usize| terms.iter().position(|&t| t == term).map_or(0.0, |i| solution[i + 1] / scale[i + 1]);
+        let rows: Vec<(Vec<f64>, f64, f64)> = points
+            .iter()
+            .map(|point| {
+                let features = std::iter::once(1.0).chain(terms.iter().map(|&t| feature(point, t))).collect();
+                (features, point.2 as f64, 1.0 / (point.2.max(1) as f64).powi(2))
+            })
+            .collect();
+        let solution = crate::search::least_squares(&rows)?;
+        let coefficient = |term: usize| terms.iter().position(|&t| t == term).map_or(0.0, |i| solution[i + 1]);
         let model = SizeModel {
             fixed_bytes: solution[0],
             bytes_per_sample: coefficient(0),
@@ -129,30 +114,6 @@ impl SizeModel {
             .fold(0.0, f64::max);
         max_error.is_finite().then_some(SizeModel { max_error, ..model })
     }
-}
-
-/// Gauss–Jordan elimination with partial pivoting on an augmented `n × (n+1)`
-/// matrix; `None` when it is singular.
-fn solve(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
-    let n = m.len();
-    for col in 0..n {
-        let pivot = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
-        // relative to the column's scale (≤ 1 after scaling, times the point count)
-        if m[pivot][col].abs() < 1e-9 * m.iter().map(|r| r[col].abs()).fold(0.0, f64::max).max(f64::MIN_POSITIVE) {
-            return None;
-        }
-        m.swap(col, pivot);
-        let pivot_row = m[col].clone();
-        for (index, row) in m.iter_mut().enumerate() {
-            if index != col {
-                let factor = row[col] / pivot_row[col];
-                for (value, pivot_value) in row.iter_mut().zip(&pivot_row).skip(col) {
-                    *value -= factor * pivot_value;
-                }
-            }
-        }
-    }
-    Some((0..n).map(|i| m[i][n] / m[i][i]).collect())
 }
 
 /// How a batch for a size was arrived at.

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
+pub(crate) use fit::least_squares;
 pub use fit::LinearFit;
 #[doc(hidden)]
 pub use outcome::Observation;
