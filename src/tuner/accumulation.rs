@@ -4,22 +4,13 @@
 
 use log::info;
 
-use super::{Observer, Tuner};
-use crate::plan::{Objective, Trial, TrialKind};
+use super::Tuner;
+use crate::plan::TrialKind;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
 /// Rounds of split → check → lower before giving up: each failed check lowers
 /// the cap by what the measured overshoot says, so one or two settle it.
 const CHECK_ROUNDS: usize = 6;
-
-/// Collects the trials of a run, which an error would otherwise take with it.
-struct Trials(Vec<Trial>);
-
-impl Observer for Trials {
-    fn trial_finished(&mut self, trial: &Trial, _capacity_bytes: u64) {
-        self.0.push(trial.clone());
-    }
-}
 
 /// What `plan`'s trials showed of the accumulating micro-step: the largest
 /// micro-batch seen to fit with the accumulator held, and the smallest seen
@@ -32,10 +23,11 @@ fn accumulation_seen(plan: &Plan) -> (usize, Option<usize>) {
 }
 
 impl Tuner {
-    /// Runs the accumulating micro-step at `micro` (a plan of two micro-steps:
-    /// the tuner runs the plain step, then the one with the accumulator held):
-    /// `micro` when it fits, else a smaller capacity from how far over the
-    /// ceiling it went and the plan's bytes per sample.
+    /// Runs the accumulating micro-step at `micro` (one trial, the
+    /// accumulator held): `micro` when it fits, else a smaller capacity from
+    /// how far over the ceiling it went and the plan's bytes per sample. The
+    /// trial goes into the plan either way: a re-plan later knows what fit
+    /// with the accumulator and what did not.
     pub(super) fn accumulating_capacity<W, M>(
         &self,
         workload: &mut W,
@@ -47,45 +39,25 @@ impl Tuner {
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        let check = Tuner {
-            start: micro,
-            max_batch: Some(micro),
-            max_trials: Some(1),
-            warmup: false,
-            cache_path: None,
-            target_effective_batch: Some(micro.saturating_mul(2)),
-            world_size: 1,
-            exact_effective_batch: false,
-            objective: Objective::LargestBatch,
-            uneven_ranks: false,
-            ..self.clone()
-        };
-        // the trials go into the plan whether the check passes or not: a
-        // re-plan later knows what fit with the accumulator and what did not
-        let mut ran = Trials(Vec::new());
-        let result = check.run_observed(workload, meter, &mut ran);
-        plan.trials.extend(ran.0);
-        let failure = match result {
-            Ok(checked) => {
-                plan.accumulation_peak_bytes = checked.accumulation_peak_bytes;
-                return Ok(micro);
-            }
-            Err(err) => err,
-        };
-        let (peak_bytes, limit_bytes) = match &failure {
-            Error::NothingFits { peak_bytes, limit_bytes, .. } => (*peak_bytes, *limit_bytes),
-            _ => return Err(failure),
-        };
+        let trial = self.single_trial(workload, meter, micro, TrialKind::Accumulation)?;
+        plan.trials.push(trial.clone());
+        if trial.outcome.fits() {
+            plan.accumulation_peak_bytes = trial.peak_bytes;
+            return Ok(micro);
+        }
         let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
-        let over = peak_bytes.map_or(0, |peak| peak.saturating_sub(limit_bytes)) as f64;
-        let samples = if per_sample > 0.0 { (over / per_sample).ceil() as usize } else { 0 };
-        let step = samples.div_ceil(self.multiple_of).max(1) * self.multiple_of;
-        match micro.checked_sub(step).filter(|&lower| lower >= self.start.max(self.multiple_of)) {
+        let over = trial.peak_bytes.map_or(0, |peak| peak.saturating_sub(plan.limit_bytes()));
+        match super::step_down(micro, over, per_sample, self.multiple_of)
+            .filter(|&lower| lower >= self.start.max(self.multiple_of))
+        {
             Some(lower) => {
                 info!("accumulating at micro-batch {micro} does not fit: sharing again with at most {lower}");
                 Ok(lower)
             }
-            None => Err(failure),
+            None => {
+                let device = (plan.capacity_bytes, plan.limit_bytes(), plan.ceiling);
+                Err(Error::nothing_fits_at(micro, trial.outcome, trial.peak_bytes, device))
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 
 use super::Tuner;
 use crate::collective::Collective;
-use crate::plan::plan_ranks;
+use crate::plan::{plan_ranks, TrialKind};
 use crate::{Error, MemoryMeter, Plan, Workload};
 
 /// What each rank reports about the agreed batch; the all-reduced minimum is
@@ -64,7 +64,7 @@ impl Tuner {
         if self.world_size != 1 && self.world_size != world_size {
             return Err(Error::WorldSizeMismatch { tuner: self.world_size, collective: world_size });
         }
-        let local = Tuner { world_size: 1, target_effective_batch: None, exact_effective_batch: false, ..self.clone() };
+        let local = self.single_rank();
         // the collective's lazily allocated buffers are held from the first
         // measured step on, as they will be in training
         let profile = self.profile.or_else(|| workload.profile());
@@ -87,25 +87,14 @@ impl Tuner {
             let seen = plan.trials.iter().rev().find(|t| t.batch == agreed).map(|t| t.outcome.fits());
             let verified = match seen {
                 Some(fits) => Ok(fits),
-                None => {
-                    let check = Tuner {
-                        start: agreed,
-                        max_batch: Some(agreed),
-                        max_trials: Some(1),
-                        warmup: false,
-                        cache_path: None,
-                        ..local.clone()
-                    };
-                    match check.run(workload, meter) {
-                        Ok(checked) => {
-                            plan.trials.extend(checked.trials);
-                            plan.peak_bytes = checked.peak_bytes;
-                            Ok(true)
-                        }
-                        Err(Error::NothingFits { .. }) => Ok(false),
-                        Err(err) => Err(err),
+                None => local.single_trial(workload, meter, agreed, TrialKind::Search).map(|trial| {
+                    let fits = trial.outcome.fits();
+                    if fits {
+                        plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
                     }
-                }
+                    plan.trials.push(trial);
+                    fits
+                }),
             };
             let status = match verified {
                 Ok(true) => FITS_HERE,
@@ -124,17 +113,13 @@ impl Tuner {
                 plan.rank_largest_batch = Some(plan.largest_batch);
                 plan.rank = Some(collective.rank());
                 plan.largest_batch = agreed;
-                let with_ranks = Tuner { world_size, ..self.clone() };
+                let with_ranks = self.clone().world_size(world_size);
                 with_ranks.agree_on_accumulation(&mut plan, workload, meter, collective)?;
                 return Ok(plan);
             }
             // some rank cannot run the agreed batch: everyone searches below it
             let below = agreed.saturating_sub(self.multiple_of);
-            result = if below < self.start {
-                Err(Error::RankFailed)
-            } else {
-                Tuner { max_batch: Some(below), ..local.clone() }.run(workload, meter)
-            };
+            result = if below < self.start { Err(Error::RankFailed) } else { local.up_to(below).run(workload, meter) };
         }
         Err(Error::Collective(format!("the ranks did not agree on a batch in {AGREEMENT_ROUNDS} rounds")))
     }

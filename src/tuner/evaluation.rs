@@ -61,22 +61,17 @@ impl Tuner {
         let mut plan = self.run_observed(train, meter, observer)?;
         // cached under the training step's model key, marked as the evaluation step
         let key = self.cache_key.clone().or_else(|| train.cache_key());
-        let from_training = Tuner {
-            start: plan.largest_batch.max(self.start),
-            target_effective_batch: None,
-            world_size: 1,
-            exact_effective_batch: false,
-            cache_path: self.cache_path.clone().filter(|_| key.is_some()),
-            cache_key: key.clone().map(|key| key.param("autobatch.step", "evaluation")),
-            ..self.clone()
-        };
+        let from_training = self
+            .single_rank()
+            .starting_at(plan.largest_batch.max(self.start))
+            .keyed(key.clone().map(|key| key.param("autobatch.step", "evaluation")));
         info!("evaluation step: searching from batch {}", from_training.start);
         observer.evaluation_started(from_training.start);
         let during = match from_training.run_observed(eval, meter, observer) {
             // an evaluation step bigger than the training step at the same batch
             Err(Error::NothingFits { .. }) => {
                 observer.evaluation_started(self.start);
-                Tuner { start: self.start, ..from_training.clone() }.run_observed(eval, meter, observer)?
+                from_training.starting_at(self.start).run_observed(eval, meter, observer)?
             }
             other => other?,
         };
@@ -90,12 +85,10 @@ impl Tuner {
             let freed = held.saturating_sub(meter.in_use()?);
             let per_sample = during.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
             let more = if per_sample > 0.0 { (freed as f64 / per_sample) as usize } else { 0 };
-            let alone = Tuner {
-                start: during.largest_batch,
-                hint: Some(during.largest_batch + more),
-                cache_key: key.map(|key| key.param("autobatch.step", "evaluation alone")),
-                ..from_training
-            };
+            let alone = from_training
+                .starting_at(during.largest_batch)
+                .hinted(during.largest_batch + more)
+                .keyed(key.map(|key| key.param("autobatch.step", "evaluation alone")));
             info!("evaluation alone: {} of optimizer state freed, searching from batch {}", freed, alone.start);
             observer.evaluation_alone_started(alone.start, freed);
             let found = alone.run_observed(eval, meter, observer)?;

@@ -80,14 +80,7 @@ impl Tuner {
             return Err(Error::Zero { setting: "batch" });
         }
         self.check_for_size_search()?;
-        let over_sizes = Tuner {
-            start: range.smallest,
-            max_batch: Some(range.largest),
-            multiple_of: range.multiple_of,
-            profile: None,
-            cache_key: None,
-            ..self.clone()
-        };
+        let over_sizes = self.over_sizes(&range);
         over_sizes.check()?;
         let original = workload.size();
         observer.size_search_started(batch);

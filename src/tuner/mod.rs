@@ -13,7 +13,7 @@ mod trial_loop;
 
 use log::{info, warn};
 
-use crate::plan::{limit_bytes, plan_accumulation_aligned, Objective, Plan};
+use crate::plan::{limit_bytes, plan_accumulation_aligned, Objective, Plan, Trial, TrialKind};
 use crate::search::{SearchSpace, Strategy};
 use crate::units::format_bytes;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
@@ -424,7 +424,78 @@ pub(super) struct Split {
     pub(super) accumulation: Option<crate::Accumulation>,
 }
 
+/// The searches a run makes inside itself (on one rank, at another size, of
+/// the evaluation step, over the size), each this tuner's settings with what
+/// that search changes said by name.
 impl Tuner {
+    /// On one rank, for no target: each rank's own search before the ranks agree.
+    fn single_rank(&self) -> Tuner {
+        let mut tuner = self.clone();
+        (tuner.world_size, tuner.target_effective_batch, tuner.exact_effective_batch) = (1, None, false);
+        tuner
+    }
+
+    /// Cached under `key`, or not cached without one.
+    fn keyed(&self, key: Option<CacheKey>) -> Tuner {
+        let mut tuner = self.clone();
+        tuner.cache_path = tuner.cache_path.filter(|_| key.is_some());
+        tuner.cache_key = key;
+        tuner
+    }
+
+    /// From `start` instead.
+    fn starting_at(&self, start: usize) -> Tuner {
+        let mut tuner = self.clone();
+        tuner.start = start;
+        tuner
+    }
+
+    /// Expecting its answer near `hint` (see [`SearchSpace::with_hint`]).
+    fn hinted(&self, hint: usize) -> Tuner {
+        let mut tuner = self.clone();
+        tuner.hint = Some(hint);
+        tuner
+    }
+
+    /// Below `max_batch`.
+    fn up_to(&self, max_batch: usize) -> Tuner {
+        let mut tuner = self.clone();
+        tuner.max_batch = Some(max_batch);
+        tuner
+    }
+
+    /// Over the sizes of `range` at a fixed batch: the size is the searched
+    /// number, with no profile or model key of the batch search's.
+    fn over_sizes(&self, range: &crate::SizeRange) -> Tuner {
+        let mut tuner = self.up_to(range.largest).starting_at(range.smallest);
+        (tuner.multiple_of, tuner.profile, tuner.cache_key) = (range.multiple_of, None, None);
+        tuner
+    }
+}
+
+/// The micro-batch below `micro` that an accumulating step `over_bytes` over
+/// the limit should fit at, by the plan's bytes per sample: at least one
+/// granule lower, rounded to the granule; `None` below zero. What every check
+/// of an accumulating split steps down by.
+fn step_down(micro: usize, over_bytes: u64, per_sample: f64, granule: usize) -> Option<usize> {
+    let samples = if per_sample > 0.0 { (over_bytes as f64 / per_sample).ceil() as usize } else { 0 };
+    micro.checked_sub(samples.div_ceil(granule).max(1) * granule)
+}
+
+impl Tuner {
+    /// One measured trial of `kind` at `batch`, with this tuner's settings
+    /// (steps per trial, ceiling) and no search around it: the engine's own
+    /// trial, for checks of a split or of a batch the ranks agreed on.
+    fn single_trial<W, M>(&self, workload: &mut W, meter: &mut M, batch: usize, kind: TrialKind) -> Result<Trial, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        let capacity_bytes = meter.capacity()?;
+        let limit = limit_bytes(self.ceiling, capacity_bytes);
+        Probe::new(self, workload, meter, &mut (), capacity_bytes, limit).single(batch, kind)
+    }
+
     /// How to reach the target (or, without one, the largest batch on every rank) from `largest_batch`.
     fn split(&self, largest_batch: usize) -> Result<Split, Error> {
         match self.target_effective_batch {

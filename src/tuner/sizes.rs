@@ -60,7 +60,7 @@ impl Tuner {
         // the longest first: the worst case fails fast
         for &size in sizes.iter().rev() {
             observer.size_started(size);
-            let at_size = Tuner { cache_key: key.clone().map(|k| k.param("autobatch.size", size)), ..self.clone() };
+            let at_size = self.keyed(key.clone().map(|k| k.param("autobatch.size", size)));
             let result = workload.resize(size).and_then(|()| at_size.run_observed(workload, meter, observer));
             match result {
                 Ok(plan) => {

@@ -74,6 +74,15 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         }
     }
 
+    /// One trial of `kind` at `batch`, outside a search (the check of a
+    /// split a search did not verify); then the workload hears that tuning
+    /// is over.
+    pub(super) fn single(mut self, batch: usize, kind: TrialKind) -> Result<Trial, Error> {
+        let result = self.trial(batch, kind);
+        self.workload.tuning_finished();
+        result
+    }
+
     /// Warm-up, search, re-check, what the workload noticed, plan; then the
     /// workload hears that tuning is over, whatever the outcome.
     pub(super) fn run(mut self, space: &SearchSpace) -> Result<Plan, Error> {
@@ -389,13 +398,10 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             if trial.outcome.fits() {
                 return Ok((split, trial.peak_bytes));
             }
-            let granule = space.multiple_of();
             let per_sample = MemoryModel::fit(&self.trials, micro, trial.peak_bytes.unwrap_or(0))
                 .map_or(0.0, |model| model.line.bytes_per_sample);
-            let over = trial.peak_bytes.map_or(0, |peak| peak.saturating_sub(self.limit)) as f64;
-            let samples = if per_sample > 0.0 { (over / per_sample).ceil() as usize } else { 0 };
-            let step = samples.div_ceil(granule).max(1) * granule;
-            match micro.checked_sub(step).filter(|&next| next >= space.first()) {
+            let over = trial.peak_bytes.map_or(0, |peak| peak.saturating_sub(self.limit));
+            match super::step_down(micro, over, per_sample, space.multiple_of()).filter(|&next| next >= space.first()) {
                 Some(next) => {
                     info!("accumulating at micro-batch {micro} does not fit: trying at most {next}");
                     cap = next;
