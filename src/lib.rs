@@ -127,6 +127,7 @@ pub mod search;
 mod splitmix;
 pub mod tuner;
 mod units;
+mod vocabulary;
 mod workload;
 pub mod workloads;
 

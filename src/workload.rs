@@ -168,9 +168,9 @@ pub struct Profile {
     /// Trainable parameters.
     pub parameters: u64,
     /// How weights, gradients and optimizer state are stored.
-    pub precision: crate::estimate::Precision,
+    pub precision: crate::vocabulary::Precision,
     /// The optimizer.
-    pub optimizer: crate::estimate::OptimizerKind,
+    pub optimizer: crate::vocabulary::OptimizerKind,
     /// The transformer the model is, when it is one: the advice can then
     /// weigh gradient checkpointing and shorter sequences (the shape's batch
     /// does not matter).
@@ -184,8 +184,8 @@ impl Profile {
     /// `parameters` parameters at `precision` with `optimizer`.
     pub fn new(
         parameters: u64,
-        precision: crate::estimate::Precision,
-        optimizer: crate::estimate::OptimizerKind,
+        precision: crate::vocabulary::Precision,
+        optimizer: crate::vocabulary::OptimizerKind,
     ) -> Profile {
         Profile { parameters, precision, optimizer, transformer: None, largest_variable: 0 }
     }

@@ -6,8 +6,8 @@ use candle_nn::{Optimizer, ParamsAdamW, VarMap};
 
 use super::buffers::{host_copy, Buffers};
 use super::grads::Accumulator;
-use crate::estimate::{OptimizerKind, Precision};
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+use crate::vocabulary::{OptimizerKind, Precision};
 use crate::{CacheKey, Error, Profile, Warning, Workload};
 
 /// What a probe step runs to get the loss and the gradients: a loss closure

@@ -14,7 +14,7 @@ use candle_core::{DType, Result, Tensor, Var, D};
 use candle_nn::Optimizer;
 
 use super::DryStep;
-use crate::estimate::OptimizerKind;
+use crate::vocabulary::OptimizerKind;
 
 /// Adafactor's hyper-parameters; the defaults are the paper's as commonly used.
 #[derive(Clone, Debug, PartialEq)]

@@ -7,7 +7,7 @@ use candle_core::{Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
 use super::DryStep;
-use crate::estimate::OptimizerKind;
+use crate::vocabulary::OptimizerKind;
 
 /// One variable and its two moments.
 #[derive(Debug)]

@@ -22,7 +22,7 @@ use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::Optimizer;
 
 use super::DryStep;
-use crate::estimate::OptimizerKind;
+use crate::vocabulary::OptimizerKind;
 
 /// Values per quantization block.
 pub const BLOCK: usize = 256;

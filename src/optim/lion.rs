@@ -6,7 +6,7 @@ use candle_core::{Result, Tensor, Var};
 use candle_nn::Optimizer;
 
 use super::DryStep;
-use crate::estimate::OptimizerKind;
+use crate::vocabulary::OptimizerKind;
 
 /// Lion's hyper-parameters. The defaults are the paper's: β₁ 0.9, β₂ 0.99,
 /// and a learning rate 3–10× below AdamW's (1e-4 here).

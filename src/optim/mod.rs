@@ -30,7 +30,7 @@ pub use adamw8bit::{AdamW8bit, ParamsAdamW8bit};
 pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;
 
-use crate::estimate::OptimizerKind;
+use crate::vocabulary::OptimizerKind;
 
 /// What every optimizer here is made of: a state per float variable and an
 /// update that computes a variable's next values (weights and state) from

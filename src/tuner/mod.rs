@@ -1,6 +1,12 @@
-//! The tuner: its builder and `run`. The trial loop is in `trial_loop`, the
-//! evaluation step's search in `evaluation`, multi-rank agreement in
-//! `distributed`, several input sizes in `sizes`, live progress in `observer`.
+//! The tuner: its builder and `run`. One engine runs every trial:
+//! `trial_loop`'s `Probe`, a whole search (warm-up, trials, re-check, plan) or
+//! a single trial of a kind (the check of a split, of the batch ranks agreed
+//! on). The searches a run makes inside itself are this tuner's settings
+//! changed by name here (`single_rank`, `keyed`, `starting_at`, `hinted`,
+//! `up_to`, `over_sizes`): the evaluation step's search in `evaluation`,
+//! multi-rank agreement in `distributed`, several input sizes in `sizes`, the
+//! longest input in `longest`, accumulation checks in `accumulation`, live
+//! progress in `observer`.
 
 mod accumulation;
 mod compare;
@@ -335,7 +341,7 @@ impl Tuner {
     /// ran with less memory, so the answer stays safe, and the caller decides
     /// whether a leaking workload is acceptable. When memory in use rose after the
     /// chosen batch was measured, the batch is run again (a
-    /// [`TrialKind::Recheck`](crate::TrialKind::Recheck) trial) so that the answer fits the memory as it is now.
+    /// [`TrialKind::Recheck`] trial) so that the answer fits the memory as it is now.
     pub fn run<W, M>(&self, workload: &mut W, meter: &mut M) -> Result<Plan, Error>
     where
         W: Workload + ?Sized,

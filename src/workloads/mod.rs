@@ -124,7 +124,7 @@ impl<M: Model> Trainer<M> {
         if self.steps > 0 {
             return Err(Error::AlreadyTrained { steps: self.steps, change: "switch to mixed precision" });
         }
-        self.optimizer = TrainerOptimizer::build(crate::estimate::OptimizerKind::AdamW, true, self.plain_vars())?;
+        self.optimizer = TrainerOptimizer::build(crate::vocabulary::OptimizerKind::AdamW, true, self.plain_vars())?;
         Ok(self)
     }
 
@@ -132,7 +132,7 @@ impl<M: Model> Trainer<M> {
     /// hyper-parameters at their defaults, the learning rate the reference
     /// AdamW's scaled as each paper advises): `Lion` (lr / 3), `Adafactor`
     /// (relative step) or `AdamW8bit`, or `AdamW` again. Before training only.
-    pub fn with_optimizer(mut self, kind: crate::estimate::OptimizerKind) -> Result<Self, Error> {
+    pub fn with_optimizer(mut self, kind: crate::vocabulary::OptimizerKind) -> Result<Self, Error> {
         if self.steps > 0 {
             return Err(Error::AlreadyTrained { steps: self.steps, change: "choose the optimizer" });
         }
@@ -283,9 +283,9 @@ impl<M: Model> Workload for Trainer<M> {
 
     fn profile(&self) -> Option<crate::Profile> {
         let precision = match self.dtype {
-            DType::BF16 if self.is_mixed_precision() => crate::estimate::Precision::Mixed,
-            DType::BF16 => crate::estimate::Precision::Bf16,
-            _ => crate::estimate::Precision::Fp32,
+            DType::BF16 if self.is_mixed_precision() => crate::vocabulary::Precision::Mixed,
+            DType::BF16 => crate::vocabulary::Precision::Bf16,
+            _ => crate::vocabulary::Precision::Fp32,
         };
         let optimizer = self.optimizer.kind()?;
         let largest = self.vars.iter().map(|(_, var)| var.elem_count() as u64).max().unwrap_or(0);
@@ -361,7 +361,7 @@ enum TrainerOptimizer {
     /// Freed after tuning ([`Workload::free_training_state`]): built again,
     /// as it was before training, at the next step.
     Freed {
-        kind: crate::estimate::OptimizerKind,
+        kind: crate::vocabulary::OptimizerKind,
         mixed: bool,
     },
 }
@@ -370,9 +370,9 @@ impl TrainerOptimizer {
     /// The optimizer of `kind` over `vars` (on f32 master copies when
     /// `mixed`), at the reference hyper-parameters: the learning rate the
     /// reference AdamW's, scaled as each paper advises.
-    fn build(kind: crate::estimate::OptimizerKind, mixed: bool, vars: Vec<Var>) -> Result<Self, Error> {
-        use crate::estimate::OptimizerKind;
+    fn build(kind: crate::vocabulary::OptimizerKind, mixed: bool, vars: Vec<Var>) -> Result<Self, Error> {
         use crate::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+        use crate::vocabulary::OptimizerKind;
         let lr = default_adamw().lr;
         Ok(match kind {
             OptimizerKind::AdamW if mixed => {
@@ -423,7 +423,7 @@ impl TrainerOptimizer {
         })
     }
 
-    fn kind(&self) -> Option<crate::estimate::OptimizerKind> {
+    fn kind(&self) -> Option<crate::vocabulary::OptimizerKind> {
         match self {
             TrainerOptimizer::Freed { kind, .. } => Some(*kind),
             other => other.as_dry()?.kind(),
