@@ -358,6 +358,23 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     assert!(stdout.contains("variant") && stdout.contains("samples/s") && stdout.contains("bf16"), "{stdout}");
 }
 
+/// The estimate printed beside checkpointing's measured bytes per sample
+/// counts the layer the backward pass recomputes: within a factor of two of
+/// the measurement (it was 2/34 of the plain step's, 13× below).
+#[test]
+fn probe_compare_estimates_checkpointing_near_what_it_measures() {
+    let small = ["--layers", "2", "--d-model", "32", "--seq-len", "32", "--budget", "16MiB", "--json"];
+    let output = autobatch(&[&["probe", "--compare"][..], &small].concat());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    for name in ["gradient checkpointing", "checkpointing + bf16"] {
+        let row = rows.iter().find(|r| r["variant"] == name).unwrap_or_else(|| panic!("{rows:?}"));
+        let (measured, estimated) =
+            (row["bytes_per_sample"].as_f64().unwrap(), row["estimated_bytes_per_sample"].as_f64().unwrap());
+        assert!(estimated > measured / 2.0 && estimated < measured * 2.0, "{name}: {estimated} against {measured}");
+    }
+}
+
 #[test]
 fn probe_at_several_sequence_lengths_prints_a_plan_across_them_and_caches_each() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-lengths-{}", std::process::id()));

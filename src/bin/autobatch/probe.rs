@@ -475,9 +475,15 @@ fn compare(
     use autobatch::tuner::Variant;
     // what the analytical model expects of each remedy's bytes per sample,
     // relative to the model as it is: bf16 halves activations; full
-    // recomputation keeps 2 of a transformer layer's 34·s·b·h (Korthikanti et al.)
+    // recomputation keeps 2 of a transformer layer's 34·s·h + 5·a·s² bytes
+    // per sample (Korthikanti et al.) for every layer, and holds one layer's
+    // whole activations again while the backward pass recomputes it
     const BF16: f64 = 0.5;
-    const CHECKPOINTING: f64 = 2.0 / 34.0;
+    let checkpointing = |c: &TransformerConfig| {
+        let (l, h, a, s) = (c.layers as f64, c.d_model as f64, c.heads as f64, c.seq_len as f64);
+        let layer = 34.0 * s * h + 5.0 * a * s * s;
+        (2.0 * s * h * l + layer) / (layer * l)
+    };
     let as_is_mixed = args.precision == DtypeArg::Mixed;
     let optimizer = optimizer_kind(args.optimizer);
     let mut configs: Vec<(String, ModelConfig, f64, bool, OptimizerKind)> =
@@ -495,14 +501,14 @@ fn compare(
     if let ModelConfig::Transformer(c) = model {
         if !c.checkpointing {
             let checkpointed = ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() });
-            configs.push(("gradient checkpointing".to_owned(), checkpointed, CHECKPOINTING, as_is_mixed, optimizer));
+            configs.push(("gradient checkpointing".to_owned(), checkpointed, checkpointing(c), as_is_mixed, optimizer));
             if is_f32 {
                 let both = ModelConfig::Transformer(TransformerConfig {
                     checkpointing: true,
                     dtype: DType::BF16,
                     ..c.clone()
                 });
-                configs.push(("checkpointing + bf16".to_owned(), both, CHECKPOINTING * BF16, false, optimizer));
+                configs.push(("checkpointing + bf16".to_owned(), both, checkpointing(c) * BF16, false, optimizer));
             }
         }
     }
