@@ -12,6 +12,9 @@ use super::{Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
 const ANCHOR_RATIO: f64 = 8.0;
 const FAR_JUMP_SHARE: f64 = 0.25;
 
+/// A slope under this share of the next one is a bend, not a parabola.
+const BEND: f64 = 2.0;
+
 /// Two slopes agree when they differ by at most this share: the line is
 /// trusted for a jump only then.
 const LINEARITY_TOLERANCE: f64 = 0.10;
@@ -281,7 +284,12 @@ fn boundary_estimate(bracket: &Bracket, failing: usize, history: &[Observation],
             let (span, room) = (x2 - x1, limit as f64 - y1);
             let secant = (y2 - y1) / span;
             let below = points.iter().rev().find(|&&(b, _)| b < lo);
-            if let Some(&(x0, y0)) = below {
+            // a slope below that is under half the secant's is no parabola's (a
+            // parabola's slopes between doublings grow at most twofold): a bend,
+            // the peak elsewhere at small batches (the optimizer's update), and
+            // the parabola through it would pass the boundary: keep the chord
+            let bent = |&&(x0, y0): &&(usize, u64)| (y1 - y0 as f64) / (x1 - x0 as f64) * BEND < secant;
+            if let Some(&(x0, y0)) = below.filter(|point| !bent(point)) {
                 let (x0, y0) = (x0 as f64, y0 as f64);
                 // y = y1 + secant·d + k·d·(d − span), d = x − x1
                 let k = (secant - (y1 - y0) / (x1 - x0)) / (x2 - x0);
@@ -338,6 +346,21 @@ mod tests {
         assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(truth));
         let over: Vec<usize> = tried.iter().copied().filter(|&b| peak(b) > limit).collect();
         assert!(over.iter().all(|&b| b <= truth + truth / 4), "{tried:?}");
+        assert!(tried.len() <= 13, "{tried:?}");
+    }
+
+    #[test]
+    fn a_bend_is_closed_by_the_chord_not_a_parabola_through_the_flat() {
+        // an MLP's step: AdamW's update peaks at small batches (flat), the
+        // backward pass at large ones (steep), measured on the CPU heap
+        let mib = |x: f64| (x * (1 << 20) as f64) as u64;
+        let peak = |b: usize| mib(115.0).max(mib(57.0 + 0.132 * b as f64));
+        let limit = mib(172.8);
+        let truth = (1..5000).filter(|&b| peak(b) <= limit).max().unwrap();
+        let tried = run(SearchSpace::new(1, None, 1).unwrap(), peak, limit);
+        assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(truth), "{tried:?}");
+        // one jump over, then the chord through it and the last fit lands on the answer
+        assert_eq!(tried.iter().filter(|&&b| peak(b) > limit).count(), 2, "{tried:?}");
         assert!(tried.len() <= 13, "{tried:?}");
     }
 
