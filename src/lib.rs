@@ -102,7 +102,9 @@
 //!   out-of-memory error without changing the effective batch or the gradient;
 //! - [`Tuner::run_distributed`] makes every rank agree on one batch through a
 //!   [`collective::Collective`];
-//! - [`Tuner::run_with_eval`] plans the evaluation step's own batch;
+//! - [`Tuner::run_with_eval`] plans the evaluation step's own batch, between
+//!   training steps (the optimizer's state held) and alone (a separate
+//!   evaluation or serving process);
 //! - [`Headroom`] and [`assert_headroom`] turn memory regressions into failing tests;
 //! - [`estimate`] is the analytical model (bytes per parameter) behind
 //!   `autobatch estimate` and the advice that comes with [`Error::NothingFits`].
