@@ -111,44 +111,19 @@ impl OptimizerKind {
     /// (docs/optimizers.md, `cargo bench --bench optimizers`); for momentum
     /// SGD, which neither implements, three copies of the variable.
     pub fn step_bytes_per_parameter(self, precision: Precision) -> u64 {
-        let fp32 = precision != Precision::Bf16;
-        match self {
-            OptimizerKind::Sgd => {
-                if fp32 {
-                    8
-                } else {
-                    4
-                }
-            }
-            OptimizerKind::Momentum => {
-                if fp32 {
-                    12
-                } else {
-                    6
-                }
-            }
-            OptimizerKind::AdamW => {
-                if fp32 {
-                    56
-                } else {
-                    28
-                }
-            }
-            OptimizerKind::Lion => {
-                if fp32 {
-                    16
-                } else {
-                    8
-                }
-            }
-            OptimizerKind::Adafactor => {
-                if fp32 {
-                    12
-                } else {
-                    20
-                }
-            }
-            OptimizerKind::Adam8bit => 21,
+        // (f32 or mixed, bf16) variables
+        let (fp32, bf16) = match self {
+            OptimizerKind::Sgd => (8, 4),
+            OptimizerKind::Momentum => (12, 6),
+            OptimizerKind::AdamW => (56, 28),
+            OptimizerKind::Lion => (16, 8),
+            OptimizerKind::Adafactor => (12, 20),
+            OptimizerKind::Adam8bit => (21, 21),
+        };
+        if precision == Precision::Bf16 {
+            bf16
+        } else {
+            fp32
         }
     }
 
