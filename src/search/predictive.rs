@@ -70,6 +70,21 @@ enum Forecast {
     Concave(f64),
 }
 
+/// Where the line through the two largest fits reaches `limit`, when the
+/// fits below them all peaked alike (within a 1/1024 share): the step's peak
+/// was elsewhere at small batches (an MLP's optimizer update, whatever the
+/// batch) and only the fits past that flat start are the activations' own;
+/// a parabola through the flat start would bend too early and land short.
+fn past_a_flat_start(points: &[(usize, u64)], limit: u64) -> Option<f64> {
+    let flat = |&(_, peak): &(usize, u64)| peak.abs_diff(points[0].1) <= points[0].1 / 1024;
+    let flat_start = points.iter().take_while(|point| flat(point)).count();
+    let rising = spread(&points[flat_start..]);
+    if flat_start < 2 || rising.len() < 2 {
+        return None;
+    }
+    LinearFit::through(&rising[rising.len() - 2..])?.largest_under(limit)
+}
+
 /// The points a forecast reads, largest first: each at least an eighth of
 /// its batch below the one above it, so that two neighbours (the jump and the
 /// batch after it) do not make a slope out of one allocator granule.
@@ -85,6 +100,9 @@ fn spread(points: &[(usize, u64)]) -> Vec<(usize, u64)> {
 }
 
 fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
+    if let Some(predicted) = past_a_flat_start(points, limit) {
+        return Forecast::Linear(predicted);
+    }
     let points = spread(points);
     let Some(&[a, b, c]) = points.get(points.len().saturating_sub(3)..) else { return Forecast::Unknown };
     if points.len() < 3 {
@@ -362,6 +380,21 @@ mod tests {
         // one jump over, then the chord through it and the last fit lands on the answer
         assert_eq!(tried.iter().filter(|&&b| peak(b) > limit).count(), 2, "{tried:?}");
         assert!(tried.len() <= 13, "{tried:?}");
+    }
+
+    #[test]
+    fn the_line_past_a_flat_start_leaves_the_flat_start_out() {
+        // an MLP under 96 MiB: flat at 54.2 MiB (AdamW's update) up to batch ~360,
+        // then 0.0887 MiB per sample (the backward pass), as measured on the CPU heap
+        let mib = |x: f64| (x * (1 << 20) as f64) as u64;
+        let peak = |b: usize| mib(54.2).max(mib(54.2 + 0.0887 * (b as f64 - 360.0)));
+        let limit = mib(86.4);
+        let truth = (1..5000).filter(|&b| peak(b) <= limit).max().unwrap();
+        let tried = run(SearchSpace::new(1, None, 1).unwrap(), peak, limit);
+        assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(truth), "{tried:?}");
+        // two fits past the bend, then the answer and the batch above it
+        let past_the_bend = tried.iter().filter(|&&b| peak(b) > mib(54.2)).count();
+        assert!(past_the_bend <= 4, "{tried:?}");
     }
 
     #[test]
