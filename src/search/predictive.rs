@@ -76,22 +76,23 @@ enum Forecast {
 /// batch) and only the fits past that flat start are the activations' own;
 /// a parabola through the flat start would bend too early and land short.
 fn past_a_flat_start(points: &[(usize, u64)], limit: u64) -> Option<f64> {
-    let flat = |&(_, peak): &(usize, u64)| peak.abs_diff(points[0].1) <= points[0].1 / 1024;
+    let first = points.first()?.1;
+    let flat = |&(_, peak): &(usize, u64)| peak.abs_diff(first) <= first / 1024;
     let flat_start = points.iter().take_while(|point| flat(point)).count();
     let rising = spread(&points[flat_start..]);
     if flat_start < 2 || rising.len() < 2 {
         return None;
     }
-    LinearFit::through(&rising[rising.len() - 2..])?.largest_under(limit)
+    line_through_largest(&rising)?.largest_under(limit)
 }
 
-/// The points a forecast reads, largest first: each at least an eighth of
+/// The points a forecast reads, in batch order: each at least an eighth of
 /// its batch below the one above it, so that two neighbours (the jump and the
 /// batch after it) do not make a slope out of one allocator granule.
 fn spread(points: &[(usize, u64)]) -> Vec<(usize, u64)> {
     let mut kept: Vec<(usize, u64)> = Vec::new();
     for &point in points.iter().rev() {
-        if kept.last().is_none_or(|&(above, _)| point.0 + (above / 8).max(1) <= above) {
+        if kept.last().is_none_or(|&(above, _)| point.0.saturating_add((above / 8).max(1)) <= above) {
             kept.push(point);
         }
     }
@@ -156,7 +157,11 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
         Forecast::Concave(predicted) => predicted.min(fitting.saturating_mul(PROBE_GROWTH) as f64),
     };
     let anchored = fitting as f64 * ANCHOR_RATIO >= predicted;
-    let target = if anchored { predicted } else { (predicted * FAR_JUMP_SHARE).min((fitting * PROBE_GROWTH) as f64) };
+    let target = if anchored {
+        predicted
+    } else {
+        (predicted * FAR_JUMP_SHARE).min(fitting.saturating_mul(PROBE_GROWTH) as f64)
+    };
     if target >= space.last as f64 {
         return Next::Try(space.last);
     }
@@ -221,7 +226,7 @@ fn away_from_hint(
 ) -> Next {
     let g = space.multiple_of;
     let steps = history.iter().filter(|o| seen(o)).count().max(1);
-    let distance = g.saturating_mul(1usize.checked_shl((steps - 1) as u32).unwrap_or(usize::MAX));
+    let distance = doubling(g, steps);
     let next = if up { edge.saturating_add(distance).min(space.last) } else { edge.saturating_sub(distance) };
     Next::Try(space.floor(next).max(space.first))
 }
@@ -237,8 +242,7 @@ fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
     if failed.outcome != Outcome::OutOfMemory {
         return None;
     }
-    let points = fitting_points(history);
-    let line = LinearFit::through(&points[points.len().saturating_sub(2)..])?;
+    let line = line_through_largest(&fitting_points(history))?;
     if failed.peak_bytes? as f64 >= line.predict(failing) {
         return None;
     }
@@ -249,8 +253,8 @@ fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
 /// jump to where the line through the largest fits reaches the level the
 /// failed steps were seen to hold (room the device has, so the jump fits on
 /// an accurate line), then gallop up from the largest fit in doubling steps
-/// of the granule (the device's end is within one failed allocation of that
-/// level), and bisect once a step up fails. Bisecting the whole bracket
+/// from 1/256 of its batch or a granule (the device's end is within one
+/// failed allocation of that level), and bisect once a step up fails. Bisecting the whole bracket
 /// instead would spend a full-size trial on each halving of a gap that the
 /// failed allocation makes small.
 fn close_under_oom(
@@ -264,8 +268,7 @@ fn close_under_oom(
     let floor = bracket.floor;
     let fits_since_failure = history.iter().rev().take_while(|o| o.outcome.fits()).count();
     if fits_since_failure == 0 {
-        let points = fitting_points(history);
-        let jump = LinearFit::through(&points[points.len().saturating_sub(2)..])
+        let jump = line_through_largest(&fitting_points(history))
             .and_then(|line| line.largest_under(level))
             .map(|predicted| space.floor(predicted.max(0.0) as usize))
             .filter(|&batch| batch > floor && batch < failing);
@@ -281,9 +284,8 @@ fn close_under_oom(
     // the first step up is a granule, or 1/256 of the batch when that is more
     // (a failed allocation is a share of the step's bytes, which grow with it)
     let first_step = (floor / GALLOP_SHARE / g).max(1);
-    let doublings = 1usize.checked_shl((fits_since_failure - 1) as u32).unwrap_or(usize::MAX);
     let gaps = (failing - floor) / g;
-    Next::Try(floor + g * first_step.saturating_mul(doublings).min(gaps / 2).max(1))
+    Next::Try(floor + g * doubling(first_step, fits_since_failure).min(gaps / 2).max(1))
 }
 
 /// Where the peak crosses the limit: by interpolation between the bracket's
@@ -323,7 +325,18 @@ fn boundary_estimate(bracket: &Bracket, failing: usize, history: &[Observation],
             return Some(x1 + room / secant);
         }
     }
-    LinearFit::through(&points[points.len().saturating_sub(2)..])?.largest_under(limit)
+    line_through_largest(&points)?.largest_under(limit)
+}
+
+/// The line through the two largest of `points` (in batch order).
+fn line_through_largest(points: &[(usize, u64)]) -> Option<LinearFit> {
+    LinearFit::through(&points[points.len().saturating_sub(2)..])
+}
+
+/// `first × 2^(k − 1)`: the `k`-th step (from 1) of a gallop that doubles,
+/// saturating.
+fn doubling(first: usize, k: usize) -> usize {
+    first.saturating_mul(1usize.checked_shl(k.saturating_sub(1) as u32).unwrap_or(usize::MAX))
 }
 
 #[cfg(test)]
@@ -380,6 +393,13 @@ mod tests {
         // one jump over, then the chord through it and the last fit lands on the answer
         assert_eq!(tried.iter().filter(|&&b| peak(b) > limit).count(), 2, "{tried:?}");
         assert!(tried.len() <= 13, "{tried:?}");
+    }
+
+    #[test]
+    fn spreading_points_near_the_largest_batch_does_not_overflow() {
+        let top = usize::MAX - 1;
+        assert_eq!(spread(&[(top - 1, 10), (top, 11)]), [(top, 11)]);
+        assert_eq!(spread(&[(1, 1), (2, 2), (16, 3), (17, 4)]), [(1, 1), (2, 2), (17, 4)]);
     }
 
     #[test]

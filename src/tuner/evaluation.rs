@@ -87,7 +87,7 @@ impl Tuner {
             let more = if per_sample > 0.0 { (freed as f64 / per_sample) as usize } else { 0 };
             let alone = from_training
                 .starting_at(during.largest_batch)
-                .hinted(during.largest_batch + more)
+                .hinted(during.largest_batch.saturating_add(more))
                 .keyed(key.map(|key| key.param("autobatch.step", "evaluation alone")));
             info!("evaluation alone: {} of optimizer state freed, searching from batch {}", freed, alone.start);
             observer.evaluation_alone_started(alone.start, freed);
@@ -107,16 +107,11 @@ impl Tuner {
             state_bytes,
         });
         // every evaluation trial, those beside training's state first
-        let (evaluated, trials) = match alone {
-            Some(alone) => {
-                let trials = during.trials.into_iter().chain(alone.trials.iter().cloned()).collect();
-                (alone, trials)
-            }
-            None => {
-                let trials = during.trials.clone();
-                (during, trials)
-            }
+        let (mut evaluated, mut trials) = match alone {
+            Some(alone) => (alone, during.trials),
+            None => (during, Vec::new()),
         };
+        trials.append(&mut evaluated.trials);
         plan.evaluation = Some(EvaluationPlan {
             largest_batch: evaluated.largest_batch,
             peak_bytes: evaluated.peak_bytes,

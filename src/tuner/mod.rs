@@ -485,7 +485,7 @@ impl Tuner {
 /// of an accumulating split steps down by.
 fn step_down(micro: usize, over_bytes: u64, per_sample: f64, granule: usize) -> Option<usize> {
     let samples = if per_sample > 0.0 { (over_bytes as f64 / per_sample).ceil() as usize } else { 0 };
-    micro.checked_sub(samples.div_ceil(granule).max(1) * granule)
+    micro.checked_sub(samples.div_ceil(granule).max(1).saturating_mul(granule))
 }
 
 impl Tuner {
