@@ -14,19 +14,21 @@
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 mod baselines;
+#[path = "cases.rs"]
+mod cases;
+
+use cases::{real_cases, CEILING, MIB};
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
 use autobatch::search::SearchSpace;
-use autobatch::workloads::{ConvNetConfig, MlpConfig, ReferenceWorkload, TransformerConfig};
-use autobatch::{HeapMeter, LinearFit, MemoryMeter, Objective, Outcome, Strategy, TrackingAllocator, Tuner, Workload};
+use autobatch::workloads::ReferenceWorkload;
+use autobatch::{HeapMeter, LinearFit, MemoryMeter, Outcome, Strategy, TrackingAllocator, Tuner, Workload};
 use baselines::Algorithm;
 
-const CEILING: f64 = 0.9;
 const GIB: u64 = 1 << 30;
-const MIB: u64 = 1 << 20;
 const OOM_KIND: &str = "oom below ceiling";
 /// Allocations per simulated step (the simulation's default).
 const DEFAULT_PIECES: u64 = 64;
@@ -309,84 +311,11 @@ fn simulated(report: &mut String) {
     let _ = writeln!(report);
 }
 
-/// A real case: a reference model (built when its turn comes, so that only
-/// one model is in the heap at a time) under a CPU budget.
-type RealCase = (String, Box<dyn Fn() -> Box<dyn ReferenceWorkload>>, u64);
-
-fn real_cases() -> Vec<RealCase> {
-    let transformer = |seq_len, d_model, layers| TransformerConfig {
-        vocab: 64,
-        d_model,
-        heads: 4,
-        layers,
-        seq_len,
-        ..Default::default()
-    };
-    let mlp = |inputs, width, depth| MlpConfig { inputs, width, depth, ..Default::default() };
-    let convnet = |channels, resolution| ConvNetConfig { channels, resolution, ..Default::default() };
-    let mut cases: Vec<RealCase> = Vec::new();
-    for (config, budget) in
-        [(transformer(16, 32, 1), 40 * MIB), (transformer(32, 48, 2), 96 * MIB), (transformer(64, 64, 2), 160 * MIB)]
-    {
-        let name = format!("transformer s={} d={} L={}", config.seq_len, config.d_model, config.layers);
-        cases.push((name, Box::new(move || Box::new(config.build(&candle_core::Device::Cpu).unwrap())), budget));
-    }
-    for (config, budget) in [(mlp(256, 512, 2), 48 * MIB), (mlp(128, 768, 3), 96 * MIB), (mlp(512, 1024, 4), 192 * MIB)]
-    {
-        let name = format!("mlp in={} w={} d={}", config.inputs, config.width, config.depth);
-        cases.push((name, Box::new(move || Box::new(config.build(&candle_core::Device::Cpu).unwrap())), budget));
-    }
-    for (config, budget) in [(convnet(8, 16), 32 * MIB), (convnet(16, 32), 64 * MIB), (convnet(16, 48), 128 * MIB)] {
-        let name = format!("convnet c={} r={}", config.channels, config.resolution);
-        cases.push((name, Box::new(move || Box::new(config.build(&candle_core::Device::Cpu).unwrap())), budget));
-    }
-    cases
-}
-
 fn step_peak(workload: &mut dyn ReferenceWorkload, batch: usize) -> (u64, Duration) {
     TrackingAllocator::reset_peak();
     let started = Instant::now();
     workload.step(batch).expect("reference workloads do not fail on the CPU");
     (TrackingAllocator::peak_bytes(), started.elapsed())
-}
-
-/// `Objective::Throughput` on the reference models: samples per second at the
-/// largest batch and at the chosen one, the extra steps, and DeepSpeed's rule.
-fn throughput(report: &mut String) {
-    let _ = writeln!(
-        report,
-        "\n## Throughput-aware choice\n\n`Tuner::objective(Objective::Throughput)` times the largest batch, ¾ and ½ \
-         of it three times each (median) after the search. DeepSpeed's autotuner rule, run on the same timings, walks \
-         up from the smallest candidate while the next is at least 5% faster.\n\n\
-         | workload | largest | samples/s at largest | chosen | samples/s at chosen | DeepSpeed's pick | extra steps |\n\
-         |---|---|---|---|---|---|---|"
-    );
-    for (name, build, budget) in real_cases() {
-        let mut workload = build();
-        let mut meter = HeapMeter::new(budget).unwrap();
-        let plan =
-            Tuner::new().ceiling(CEILING).objective(Objective::Throughput).run(&mut *workload, &mut meter).unwrap();
-        let choice = plan.throughput.as_ref().expect("measured");
-        let rate =
-            |batch: usize| choice.candidates.iter().find(|p| p.batch == batch).map_or(0.0, |p| p.samples_per_second);
-        let _ = writeln!(
-            report,
-            "| {name} | {} | {:.0} | {} | {:.0} | {} | {} |",
-            plan.largest_batch,
-            rate(plan.largest_batch),
-            choice.chosen_batch,
-            rate(choice.chosen_batch),
-            choice.deepspeed_batch,
-            choice.extra_steps
-        );
-        eprintln!("throughput {name}: largest {} chosen {}", plan.largest_batch, choice.chosen_batch);
-    }
-    let _ = writeln!(
-        report,
-        "\nOn a CPU, throughput barely depends on the batch past a few samples, so the choice often falls below the \
-         largest batch by noise; on a GPU, small batches leave the device idle and the largest usually wins. The \
-         extra steps are the cost of asking."
-    );
 }
 
 fn real(report: &mut String) {
@@ -397,22 +326,31 @@ fn real(report: &mut String) {
         let mut workload = build();
         let limit = (CEILING * budget as f64) as u64;
         let mut meter = HeapMeter::new(budget).unwrap();
-        // the truth: Binary through the tuner (warm-up and re-check included), verified by brute force
-        let plan = Tuner::new().ceiling(CEILING).run(&mut *workload, &mut meter).unwrap();
-        let truth = plan.largest_batch;
-        let (fits_peak, _) = step_peak(&mut *workload, truth);
-        let (next_peak, _) = step_peak(&mut *workload, truth + 1);
+        // the truth: the default search through the tuner, verified by brute force
+        // (it fits, the next does not); the same run is Predictive's row below
+        let (predictive_plan, predictive_steps) = plan_through_tuner(Strategy::Predictive, &mut *workload, &mut meter);
+        let predictive_plan = predictive_plan.expect("the reference models fit under their budgets");
+        let truth = predictive_plan.largest_batch;
+        // three steps at the answer (its peak and T(b*), their median time) and one above it
+        let at_truth: Vec<(u64, Duration)> = (0..3).map(|_| step_peak(&mut *workload, truth)).collect();
+        let fits_peak = at_truth.iter().map(|&(peak, _)| peak).max().unwrap_or(0);
+        let (next_peak, next_time) = step_peak(&mut *workload, truth + 1);
         assert!(fits_peak <= limit + 4096 && next_peak > limit.saturating_sub(4096), "{name}: brute force disagrees");
-        let t_star = median((0..3).map(|_| step_peak(&mut *workload, truth).1.as_secs_f64()).collect());
-        let predictive_plan =
-            Tuner::new().ceiling(CEILING).strategy(Strategy::Predictive).run(&mut *workload, &mut meter).unwrap();
+        let t_star = median(at_truth.iter().map(|&(_, time)| time.as_secs_f64()).collect());
         let plan_error = predictive_plan.memory_model.as_ref().map(|m| m.prediction_error);
+        // the anchors' algorithms run each batch's step once, shared: a heap
+        // peak repeats to the byte, and its time is the first measured
+        let mut measured: std::collections::HashMap<usize, (u64, Duration)> =
+            [(truth, at_truth[0]), (truth + 1, (next_peak, next_time))].into_iter().collect();
         for (algorithm, summary) in algorithms().iter().zip(&mut summaries) {
             let mut durations = Vec::new();
             let mut peaks = Vec::new();
             let (answer, tried) = match *algorithm {
                 Algorithm::Ours(strategy) => {
-                    let (plan, steps) = plan_through_tuner(strategy, &mut *workload, &mut meter);
+                    let (plan, steps) = match strategy {
+                        Strategy::Predictive => (Some(predictive_plan.clone()), predictive_steps.clone()),
+                        _ => plan_through_tuner(strategy, &mut *workload, &mut meter),
+                    };
                     durations.extend(steps.iter().map(|&(_, seconds)| seconds));
                     let trials = plan.iter().flat_map(|plan| &plan.trials);
                     peaks.extend(trials.filter_map(|trial| Some((trial.batch, trial.peak_bytes?))));
@@ -420,7 +358,7 @@ fn real(report: &mut String) {
                 }
                 _ => {
                     let mut measure = |b: usize| -> (Outcome, Option<u64>) {
-                        let (peak, elapsed) = step_peak(&mut *workload, b);
+                        let (peak, elapsed) = *measured.entry(b).or_insert_with(|| step_peak(&mut *workload, b));
                         durations.push(elapsed.as_secs_f64());
                         peaks.push((b, peak));
                         (if peak <= limit { Outcome::Fits } else { Outcome::OverCeiling }, Some(peak))
@@ -428,7 +366,8 @@ fn real(report: &mut String) {
                     algorithm.run(limit, budget, &mut measure)
                 }
             };
-            let unsafe_pick = answer.is_some_and(|b| step_peak(&mut *workload, b).0 > limit);
+            let unsafe_pick =
+                answer.is_some_and(|b| measured.entry(b).or_insert_with(|| step_peak(&mut *workload, b)).0 > limit);
             let found = answer.unwrap_or(0);
             summary.results.push(Result {
                 trials: tried.len(),
@@ -463,8 +402,8 @@ fn real(report: &mut String) {
     let _ = writeln!(
         report,
         "The reference models, three sizes each, probed with real forward/backward/AdamW steps and measured by the \
-         tracking allocator under a budget (ceiling {:.0}%). The true largest batch is Binary's answer, checked by brute \
-         force (it fits, the next does not). Costs are measured step times over T(b*), the median of three steps at b*; ours run through the tuner, every step counted (the warm-up, re-checks).\n",
+         tracking allocator under a budget (ceiling {:.0}%). The true largest batch is the default search's answer, checked \
+         by brute force (it fits, the next does not). Costs are measured step times over T(b*), the median of three steps at b*; ours run through the tuner, every step counted (the warm-up, re-checks); the anchors' algorithms share one measured step per batch (its peak repeats to the byte).\n",
         CEILING * 100.0
     );
     let _ = writeln!(report, "{TABLE_HEAD}");
@@ -524,7 +463,6 @@ fn main() {
         return;
     }
     real(&mut report);
-    throughput(&mut report);
     let _ = writeln!(
         report,
         "Run on {} CPU threads in {:.0} s.",
