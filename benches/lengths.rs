@@ -113,7 +113,7 @@ fn section() -> String {
     let fastest = Tuner::new().objective(Objective::Throughput).run_sizes(&mut trainer, &mut meter, &BUCKETS).unwrap();
     let throughput_s = started.elapsed().as_secs_f64();
     let throughput_steps: usize = fastest.sizes.iter().flat_map(|s| &s.plan.trials).map(|t| t.steps).sum();
-    let chosen = |size: usize| fastest.plan_for(size).unwrap().micro_batch;
+    let chosen = |size: usize| fastest.plan_for(size).unwrap().micro_batch();
     let policies = [
         Policy { name: "one batch tuned at 256, padded to 256", batches: BUCKETS.map(|b| (b, longest, 256)).to_vec() },
         Policy {

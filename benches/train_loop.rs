@@ -92,7 +92,7 @@ fn plan(varmap: &VarMap, model: &Sequential, data: &Data, micro: usize, k: usize
     let mut probe = ModelProbe::new(varmap, |batch| data.loss(model, 0, batch)).adamw(ParamsAdamW::default()).unwrap();
     let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
     let plan = tuner.run(&mut probe, &mut HeapMeter::new(BUDGET).unwrap()).unwrap();
-    assert_eq!((plan.micro_batch, plan.accumulation_steps), (micro, k), "{plan}");
+    assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (micro, k), "{plan}");
     plan
 }
 

@@ -113,7 +113,7 @@ impl Guard {
     /// micro-batches of half the size (more micro-steps on this rank only);
     /// the plan's split is followed again once the micro-batch grows back.
     pub fn new(plan: &Plan) -> Result<Self, Error> {
-        if let (Some(split), Some(rank)) = (&plan.ranks, plan.rank) {
+        if let (Some(split), Some(rank)) = (&plan.ranks(), plan.rank()) {
             let share = split.shares.get(rank).ok_or(Error::RankOutOfRange { rank, world_size: split.world_size() })?;
             // (a rank may have no sample at all: then every micro-step is empty)
             let micro_batch = share.micro_batch().max(1);
@@ -127,9 +127,11 @@ impl Guard {
                 stable_steps: 0,
             });
         }
-        let batch =
-            plan.micro_batch.checked_mul(plan.accumulation_steps).ok_or(Error::Overflow { value: plan.micro_batch })?;
-        Self::with_batch(batch, plan.micro_batch)
+        let batch = plan
+            .micro_batch()
+            .checked_mul(plan.accumulation_steps())
+            .ok_or(Error::Overflow { value: plan.micro_batch() })?;
+        Self::with_batch(batch, plan.micro_batch())
     }
 
     /// A guard for steps of `batch` samples per rank, run `micro_batch` at a time.

@@ -43,7 +43,7 @@
 //! let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
 //! let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
 //! let report = training.step(&mut meter, |micro| batch_loss(micro.len))?;
-//! assert_eq!(report.samples, plan.micro_batch * plan.accumulation_steps);
+//! assert_eq!(report.samples, plan.micro_batch() * plan.accumulation_steps());
 //! # Ok::<(), autobatch::Error>(())
 //! ```
 //!
@@ -143,10 +143,10 @@ pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
 pub use model::{ModelProbe, TrainLoop};
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, Ceiling, DuringTraining,
-    EvaluationPlan, LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan, RankShare, RankSplit,
-    SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, ThroughputChoice, ThroughputPoint,
-    Trial, TrialKind, TuningCost, Warning,
+    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, CacheHit, Ceiling, Distributed,
+    DuringTraining, EvaluationPlan, LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan, RankShare,
+    RankSplit, SearchLimit, SearchSettings, SizeBatch, SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, Split,
+    ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
 };
 pub use search::{LinearFit, Outcome, Strategy};
 pub use tuner::{Observer, Tuner};

@@ -41,18 +41,18 @@ fn a_hit_skips_probing_and_keeps_the_answer() {
     let path = scratch("hit");
     let tuner = Tuner::new().cache(&path).cache_key(model_key(64, 512));
     let (first, steps) = run(&tuner, 16 * GIB);
-    assert!(!first.cached && steps > 0);
+    assert!(!first.cached() && steps > 0);
     let (second, steps) = run(&tuner, 16 * GIB);
     assert_eq!(steps, 0, "a hit runs no step");
-    assert!(second.cached);
+    assert!(second.cached());
     assert_eq!((second.largest_batch, second.peak_bytes), (first.largest_batch, first.peak_bytes));
     assert_eq!(second.trials, first.trials);
 
     // the accumulation is planned anew from the cached largest batch
     let (third, steps) = run(&tuner.clone().target_effective_batch(1000).world_size(4), 16 * GIB);
     assert_eq!(steps, 0);
-    assert_eq!(third.micro_batch * third.accumulation_steps * 4, third.effective_batch);
-    assert!(third.effective_batch >= 1000 && third.micro_batch <= first.largest_batch);
+    assert_eq!(third.micro_batch() * third.accumulation_steps() * 4, third.effective_batch());
+    assert!(third.effective_batch() >= 1000 && third.micro_batch() <= first.largest_batch);
 }
 
 #[test]
@@ -70,16 +70,16 @@ fn any_change_that_decides_memory_misses() {
     ];
     for (what, tuner, capacity) in changes {
         let (plan, steps) = run(&tuner, capacity);
-        assert!(!plan.cached && steps > 0, "changing {what} must miss");
+        assert!(!plan.cached() && steps > 0, "changing {what} must miss");
     }
     // another device of the same capacity
     let (mut workload, mut meter) =
         Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).name("sim-B").build();
     let plan = base.run(&mut workload, &mut meter).unwrap();
-    assert!(!plan.cached && workload.steps() > 0, "another device must miss");
+    assert!(!plan.cached() && workload.steps() > 0, "another device must miss");
     // and every one of them is now a hit
-    assert!(run(&base.clone().ceiling(0.8), 16 * GIB).0.cached);
-    assert!(run(&base, 16 * GIB).0.cached);
+    assert!(run(&base.clone().ceiling(0.8), 16 * GIB).0.cached());
+    assert!(run(&base, 16 * GIB).0.cached());
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn corrupt_unreadable_and_foreign_files_are_ignored_and_left_alone() {
         let path = scratch(name);
         std::fs::write(&path, contents).unwrap();
         let (plan, steps) = run(&Tuner::new().cache(&path).cache_key(model_key(64, 512)), 16 * GIB);
-        assert!(!plan.cached && steps > 0, "{name}");
+        assert!(!plan.cached() && steps > 0, "{name}");
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             contents,
@@ -118,7 +118,7 @@ fn corrupt_unreadable_and_foreign_files_are_ignored_and_left_alone() {
     let path = scratch("directory");
     std::fs::create_dir_all(&path).unwrap();
     let (plan, _) = run(&Tuner::new().cache(&path).cache_key(model_key(64, 512)), 16 * GIB);
-    assert!(!plan.cached);
+    assert!(!plan.cached());
 }
 
 #[test]
@@ -185,7 +185,7 @@ fn the_evaluation_step_is_cached_beside_the_training_step() {
     let first = tuner.run_with_eval(&mut train, &mut eval, &mut meter).unwrap();
     let (mut train, mut eval, mut meter) = sims();
     let second = tuner.run_with_eval(&mut train, &mut eval, &mut meter).unwrap();
-    assert!(second.cached, "{second}");
+    assert!(second.cached(), "{second}");
     assert_eq!((train.steps(), eval.steps()), (0, 0));
     assert_eq!(second.evaluation.unwrap().largest_batch, first.evaluation.unwrap().largest_batch);
 }
@@ -208,10 +208,10 @@ fn one_unreadable_entry_is_a_miss_not_the_loss_of_the_file() {
     entries.insert(b.clone(), serde_json::json!({ "key": 42 }));
     std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
 
-    assert!(run(&tuner_a, 16 * GIB).0.cached, "the other entries still hit");
+    assert!(run(&tuner_a, 16 * GIB).0.cached(), "the other entries still hit");
     let (plan, steps) = run(&tuner_b, 16 * GIB);
-    assert!(!plan.cached && steps > 0, "the broken entry is a miss");
-    assert!(run(&tuner_b, 16 * GIB).0.cached, "and it was stored again");
+    assert!(!plan.cached() && steps > 0, "the broken entry is a miss");
+    assert!(run(&tuner_b, 16 * GIB).0.cached(), "and it was stored again");
 }
 
 #[cfg(unix)]
@@ -256,27 +256,27 @@ fn a_hit_that_now_accumulates_checks_the_accumulator_once() {
     let (workload, mut meter) = sim().build();
     let mut workload = Accumulating(workload);
     let stored = tuner.run(&mut workload, &mut meter).unwrap();
-    assert_eq!(stored.accumulation_steps, 1);
+    assert_eq!(stored.accumulation_steps(), 1);
     let limit = stored.limit_bytes();
     let fits = Accumulating::largest(&sim(), stored.largest_batch, limit);
     assert!(fits < stored.largest_batch);
 
     let steps = workload.0.steps();
     let hit = tuner.clone().target_effective_batch(10 * stored.largest_batch).run(&mut workload, &mut meter).unwrap();
-    assert!(hit.cached);
-    assert!(hit.accumulation_steps > 1 && hit.micro_batch <= fits, "{} > {fits}\n{hit}", hit.micro_batch);
-    assert!(hit.accumulation_peak_bytes.is_some_and(|peak| peak <= limit), "{hit}");
+    assert!(hit.cached());
+    assert!(hit.accumulation_steps() > 1 && hit.micro_batch() <= fits, "{} > {fits}\n{hit}", hit.micro_batch());
+    assert!(hit.accumulation_peak_bytes().is_some_and(|peak| peak <= limit), "{hit}");
     assert!(workload.0.steps() > steps, "the accumulator was checked");
 
     // what the check showed is stored: the same target again runs nothing
     let steps = workload.0.steps();
     let again = tuner.clone().target_effective_batch(10 * stored.largest_batch).run(&mut workload, &mut meter).unwrap();
-    assert_eq!((again.micro_batch, again.accumulation_steps), (hit.micro_batch, hit.accumulation_steps));
-    assert!(again.cached && again.accumulation_peak_bytes.is_some());
+    assert_eq!((again.micro_batch(), again.accumulation_steps()), (hit.micro_batch(), hit.accumulation_steps()));
+    assert!(again.cached() && again.accumulation_peak_bytes().is_some());
     assert_eq!(workload.0.steps(), steps);
     // and the stored answer is unchanged: without a target, the largest batch
     let plain = tuner.run(&mut workload, &mut meter).unwrap();
-    assert_eq!((plain.micro_batch, plain.accumulation_steps), (stored.largest_batch, 1));
+    assert_eq!((plain.micro_batch(), plain.accumulation_steps()), (stored.largest_batch, 1));
     assert_eq!(workload.0.steps(), steps);
     let _ = std::fs::remove_file(&path);
 }

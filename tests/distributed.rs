@@ -61,17 +61,17 @@ proptest! {
         let plans: Vec<Plan> = on_ranks(&tuner, sims).into_iter().map(Result::unwrap).collect();
         for (plan, truth) in plans.iter().zip(&truths) {
             prop_assert_eq!(plan.largest_batch, agreed);
-            prop_assert_eq!(plan.rank_largest_batch, Some(*truth));
-            prop_assert_eq!(plan.world_size, world);
-            prop_assert_eq!(plan.micro_batch * plan.accumulation_steps * world, plan.effective_batch);
-            prop_assert!(plan.micro_batch <= agreed);
-            prop_assert!(target.is_none_or(|t| plan.effective_batch >= t));
+            prop_assert_eq!(plan.rank_largest_batch(), Some(*truth));
+            prop_assert_eq!(plan.world_size(), world);
+            prop_assert_eq!(plan.micro_batch() * plan.accumulation_steps() * world, plan.effective_batch());
+            prop_assert!(plan.micro_batch() <= agreed);
+            prop_assert!(target.is_none_or(|t| plan.effective_batch() >= t));
             // the agreed batch was run and seen to fit on every rank
             prop_assert!(plan.trials.iter().any(|t| t.batch == agreed && t.outcome.fits()));
             prop_assert!(plan.peak_bytes <= plan.limit_bytes());
         }
         let first = &plans[0];
-        prop_assert!(plans.iter().all(|p| (p.micro_batch, p.accumulation_steps) == (first.micro_batch, first.accumulation_steps)));
+        prop_assert!(plans.iter().all(|p| (p.micro_batch(), p.accumulation_steps()) == (first.micro_batch(), first.accumulation_steps())));
     }
 }
 
@@ -158,7 +158,7 @@ proptest! {
         }
         let plans: Vec<Plan> =
             on_uneven_ranks(&tuner, sims.into_iter().map(Simulation::build).collect()).into_iter().map(Result::unwrap).collect();
-        let split = plans[0].ranks.clone().unwrap();
+        let split = plans[0].ranks().cloned().unwrap();
         let global = target.map_or(truths.iter().sum(), |t| t.next_multiple_of(multiple_of));
         prop_assert_eq!(split.global_batch, global);
         prop_assert_eq!(split.exact, target.is_none_or(|t| t % multiple_of == 0));
@@ -167,12 +167,12 @@ proptest! {
         prop_assert_eq!(split.accumulation_steps, global.div_ceil(total / multiple_of * multiple_of).max(1));
         let mut weights = 0.0;
         for (rank, (plan, share)) in plans.iter().zip(&split.shares).enumerate() {
-            prop_assert_eq!(plan.ranks.as_ref(), Some(&split));
-            prop_assert_eq!(plan.rank, Some(rank));
+            prop_assert_eq!(plan.ranks(), Some(&split));
+            prop_assert_eq!(plan.rank(), Some(rank));
             prop_assert_eq!(plan.largest_batch, truths[rank]);
             prop_assert_eq!(share.largest_micro_batch, truths[rank]);
-            prop_assert_eq!(plan.micro_batch, share.micro_batch());
-            prop_assert_eq!(plan.effective_batch, global);
+            prop_assert_eq!(plan.micro_batch(), share.micro_batch());
+            prop_assert_eq!(plan.effective_batch(), global);
             prop_assert_eq!(share.steps, split.accumulation_steps);
             prop_assert_eq!(share.micro_batches().sum::<usize>(), share.samples);
             prop_assert!(share.samples >= multiple_of);
@@ -195,7 +195,7 @@ proptest! {
 /// split: the same micro-steps in the same sizes and order (empty ones
 /// included), at the split's offsets, each scaled by the split's loss weight.
 fn guard_runs_the_split(plan: &Plan) -> Result<(), TestCaseError> {
-    let (rank, split) = (plan.rank.unwrap(), plan.ranks.as_ref().unwrap());
+    let (rank, split) = (plan.rank().unwrap(), plan.ranks().unwrap());
     let share = &split.shares[rank];
     let mut guard = autobatch::Guard::new(plan).unwrap();
     let (_, mut meter) = device(80).build();
@@ -243,7 +243,7 @@ fn the_guard_runs_each_ranks_share_of_the_split() {
         .into_iter()
         .map(Result::unwrap)
         .collect();
-    let split = plans[1].ranks.as_ref().unwrap();
+    let split = plans[1].ranks().unwrap();
     let share = &split.shares[1];
     assert_eq!(share.largest_micro_batch, 1, "{split}");
     assert!(share.samples < share.steps, "{split}");
@@ -310,7 +310,7 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
         .collect();
     let plans: Vec<Plan> =
         on_uneven_ranks(&Tuner::new().target_effective_batch(target), ranks).into_iter().map(Result::unwrap).collect();
-    let split = plans[0].ranks.clone().unwrap();
+    let split = plans[0].ranks().cloned().unwrap();
     assert!(split.accumulation_steps > 1 && split.exact);
     // the first share (from the plain largest batches) did not fit: some rank shared again lower
     let truths: Vec<usize> = plans.iter().map(|p| p.largest_batch).collect();
@@ -318,13 +318,18 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
     assert!(first.shares.iter().zip(&split.shares).any(|(a, b)| b.micro_batch() < a.micro_batch()));
     assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), target);
     for (rank, plan) in plans.iter().enumerate() {
-        assert!(plan.micro_batch <= accumulating[rank], "rank {rank}: {} > {}", plan.micro_batch, accumulating[rank]);
+        assert!(
+            plan.micro_batch() <= accumulating[rank],
+            "rank {rank}: {} > {}",
+            plan.micro_batch(),
+            accumulating[rank]
+        );
         let checked = plan.trials.iter().rev().find(|t| t.kind == autobatch::TrialKind::Accumulation).unwrap();
-        assert_eq!((checked.batch, checked.outcome), (plan.micro_batch, autobatch::Outcome::Fits), "{plan}");
-        assert!(plan.accumulation_peak_bytes.unwrap() <= plan.limit_bytes());
+        assert_eq!((checked.batch, checked.outcome), (plan.micro_batch(), autobatch::Outcome::Fits), "{plan}");
+        assert!(plan.accumulation_peak_bytes().unwrap() <= plan.limit_bytes());
         let summary = plan.summary();
         assert!(summary.contains(&format!("plan (rank {rank} of 3, uneven): micro-steps ")), "{summary}");
-        assert!(summary.contains(&format!(" × {}", plan.micro_batch)), "{summary}");
+        assert!(summary.contains(&format!(" × {}", plan.micro_batch())), "{summary}");
         assert!(summary.contains("= global batch 10000 (target 10000, exact)"), "{summary}");
     }
     eprintln!("{}", plans[2].summary());
@@ -358,9 +363,9 @@ fn uneven_ranks_loss_weights_give_the_global_mean_gradient() -> candle_core::Res
     let (mut summed, mut averaged) = (full.zeros_like()?, full.zeros_like()?);
     let mut seen = 0;
     for plan in &plans {
-        let (rank, split) = (plan.rank.unwrap(), plan.ranks.as_ref().unwrap());
+        let (rank, split) = (plan.rank().unwrap(), plan.ranks().unwrap());
         let share = &split.shares[rank];
-        for step in 0..plan.accumulation_steps {
+        for step in 0..plan.accumulation_steps() {
             let rows = share.micro_range(step);
             if rows.is_empty() {
                 continue;
@@ -378,7 +383,7 @@ fn uneven_ranks_loss_weights_give_the_global_mean_gradient() -> candle_core::Res
     let mut guarded = full.zeros_like()?;
     let (_, mut meter) = device(80).build();
     for plan in &plans {
-        let share = &plan.ranks.as_ref().unwrap().shares[plan.rank.unwrap()];
+        let share = &plan.ranks().unwrap().shares[plan.rank().unwrap()];
         let mut guard = autobatch::Guard::new(plan).unwrap();
         let report = guard
             .step(&mut meter, |micro| {
@@ -391,7 +396,7 @@ fn uneven_ranks_loss_weights_give_the_global_mean_gradient() -> candle_core::Res
                 Ok(())
             })
             .unwrap();
-        assert_eq!((report.samples, report.micro_steps), (share.samples, plan.accumulation_steps));
+        assert_eq!((report.samples, report.micro_steps), (share.samples, plan.accumulation_steps()));
     }
     for gradient in [summed, averaged, guarded] {
         let error = (gradient - &full)?.abs()?.max_all()?.to_scalar::<f32>()?;
@@ -430,16 +435,16 @@ fn the_agreed_batch_accumulates_only_where_every_rank_holds_the_accumulator() {
     let plans: Vec<Plan> =
         on_ranks_with(&Tuner::new().target_effective_batch(6000), ranks).into_iter().map(Result::unwrap).collect();
     let first = &plans[0];
-    assert!(first.accumulation_steps > 1, "{first}");
-    assert!(first.micro_batch <= accumulating, "{} > {accumulating}\n{first}", first.micro_batch);
+    assert!(first.accumulation_steps() > 1, "{first}");
+    assert!(first.micro_batch() <= accumulating, "{} > {accumulating}\n{first}", first.micro_batch());
     for plan in &plans {
-        assert_eq!((plan.micro_batch, plan.accumulation_steps), (first.micro_batch, first.accumulation_steps));
-        assert_eq!(plan.micro_batch * plan.accumulation_steps * 3, plan.effective_batch);
-        assert!(plan.effective_batch >= 6000);
-        assert!(plan.accumulation_peak_bytes.is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
+        assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (first.micro_batch(), first.accumulation_steps()));
+        assert_eq!(plan.micro_batch() * plan.accumulation_steps() * 3, plan.effective_batch());
+        assert!(plan.effective_batch() >= 6000);
+        assert!(plan.accumulation_peak_bytes().is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
     }
     // the smallest rank's agreed batch did not fit with the accumulator: it was lowered
-    assert!(first.micro_batch < first.largest_batch, "{first}");
+    assert!(first.micro_batch() < first.largest_batch, "{first}");
 }
 
 /// A rank whose share fits keeps offering its whole largest batch when
@@ -465,7 +470,7 @@ fn uneven_ranks_that_fit_keep_their_capacity_when_another_shares_again() {
     let ranks = vec![(Either(plain, false), plain_meter), (Either(heavy, true), heavy_meter)];
     let plans: Vec<Plan> =
         on_uneven_ranks(&Tuner::new().target_effective_batch(5000), ranks).into_iter().map(Result::unwrap).collect();
-    let split = plans[0].ranks.as_ref().unwrap();
+    let split = plans[0].ranks().unwrap();
     // rank 1 shared again with less; rank 0 still offered everything it fits
     assert!(split.shares[1].largest_micro_batch < plans[1].largest_batch, "{split}");
     assert_eq!(split.shares[0].largest_micro_batch, truth, "{split}");
@@ -529,5 +534,30 @@ fn the_collective_warms_up_with_the_gradients_size_before_any_step() {
         assert_eq!(events[0], "warm-up 2000000", "{events:?}");
         assert_eq!(events.iter().filter(|e| e.starts_with("warm-up")).count(), 1);
         assert!(events.len() > 3);
+    }
+}
+
+/// An uneven rank's plan says its split once (`Split::Uneven`), writes the
+/// numbers a script reads beside it, and reads back as it was.
+#[test]
+fn an_uneven_ranks_plan_reads_back_from_json() {
+    let plans: Vec<Plan> =
+        on_uneven_ranks(&Tuner::new().target_effective_batch(1000), vec![device(80).build(), device(40).build()])
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    for (rank, plan) in plans.iter().enumerate() {
+        let autobatch::Split::Uneven { ranks, to_target: true, .. } = &plan.split else {
+            panic!("not an uneven split to a target:\n{plan}");
+        };
+        assert_eq!((plan.rank(), plan.micro_batch()), (Some(rank), ranks.shares[rank].micro_batch()));
+        let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+        assert_eq!(json["micro_batch"].as_u64(), Some(plan.micro_batch() as u64));
+        assert_eq!((json["rank"].as_u64(), json["effective_batch"].as_u64()), (Some(rank as u64), Some(1000)));
+        assert_eq!(json["rank_largest_batch"].as_u64(), Some(plan.largest_batch as u64));
+        let mut back = Plan::from_json(&plan.to_json()).unwrap();
+        let mut plan = plan.clone();
+        (back.trials, plan.trials) = (Vec::new(), Vec::new());
+        assert_eq!(back, plan);
     }
 }

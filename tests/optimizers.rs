@@ -331,7 +331,7 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
             .dry(MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap());
         Tuner::new().target_effective_batch(2 * plan.largest_batch).run(&mut probe, &mut meter).unwrap()
     };
-    assert!(plan.accumulation_peak_bytes.is_some(), "{plan}");
+    assert!(plan.accumulation_peak_bytes().is_some(), "{plan}");
     let optimizer = MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut training = autobatch::TrainLoop::new(&plan, &varmap, optimizer).unwrap();
     for step in 0..2 {
@@ -509,7 +509,7 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
             let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name).graph_through_update(held);
             let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
             let b = plan.largest_batch;
-            assert!(plan.proven_largest, "{name}:\n{plan}");
+            assert!(plan.proven_largest(), "{name}:\n{plan}");
             let at = peak(&mut meter, || autobatch::Workload::step(&mut probe, b));
             let above = peak(&mut meter, || autobatch::Workload::step(&mut probe, b + 1));
             assert!(

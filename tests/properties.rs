@@ -223,10 +223,10 @@ proptest! {
                 prop_assert!(plan.peak_bytes <= plan.limit_bytes());
                 prop_assert!(max.is_none_or(|m| plan.largest_batch <= m));
                 // proven exactly when the next batch up is a candidate (and was seen not to fit)
-                prop_assert_eq!(plan.proven_largest, truth < space.last());
+                prop_assert_eq!(plan.proven_largest(), truth < space.last());
                 let stopped = (truth == space.last()).then_some(autobatch::SearchLimit::MaxBatch { max_batch: space.last() });
-                prop_assert_eq!(plan.stopped_by, stopped);
-                if plan.proven_largest {
+                prop_assert_eq!(&plan.stopped_by, &stopped);
+                if plan.proven_largest() {
                     prop_assert!(plan.trials.iter().any(|t| t.batch == truth + g && !t.outcome.fits()));
                 }
                 prop_assert!(plan.warnings.is_empty());

@@ -43,7 +43,7 @@ proptest! {
         prop_assert_eq!(plan.sizes.iter().map(|s| s.size).collect::<Vec<_>>(), sizes.clone());
         for entry in &plan.sizes {
             let b = entry.plan.largest_batch;
-            prop_assert!(entry.plan.proven_largest);
+            prop_assert!(entry.plan.proven_largest());
             prop_assert!(b.is_multiple_of(multiple_of));
             prop_assert!(curve.bytes(b, entry.size) <= limit, "size {} batch {} does not fit", entry.size, b);
             prop_assert!(curve.bytes(b + multiple_of, entry.size) > limit, "size {} batch {} is not the largest", entry.size, b);
@@ -159,7 +159,7 @@ fn the_plan_cache_keeps_sizes_apart() {
     // a new size probes only itself
     let third = tuner.run_sizes(&mut workload, &mut meter, &[128, 256, 512]).unwrap();
     assert!(workload.steps() > steps);
-    assert!(third.sizes[0].plan.cached && !third.sizes[1].plan.cached && third.sizes[2].plan.cached);
+    assert!(third.sizes[0].plan.cached() && !third.sizes[1].plan.cached() && third.sizes[2].plan.cached());
     // the cache needs a key
     let (mut workload, mut meter) = curve.simulation(128).build();
     let err = Tuner::new().cache(&path).run_sizes(&mut workload, &mut meter, &[128]).unwrap_err();

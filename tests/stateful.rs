@@ -186,7 +186,7 @@ fn every_other_path_changes_no_bit() {
     .adamw(ParamsAdamW::default())
     .unwrap();
     let plan = Tuner::new().target_effective_batch(1000).run(&mut own_backward, &mut meter).unwrap();
-    assert!(plan.accumulation_steps > 1 && plan.accumulation_peak_bytes.is_some(), "{plan}");
+    assert!(plan.accumulation_steps() > 1 && plan.accumulation_peak_bytes().is_some(), "{plan}");
     no_missing_gradients("with_backward", &plan.warnings);
     drop(own_backward);
     assert_eq!(

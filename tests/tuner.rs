@@ -19,7 +19,7 @@ fn assert_exact(tuner: &Tuner, sim: Simulation, ceiling: f64, start: usize, mult
     let truth = sim.true_largest(ceiling, &space, 1 << 16).expect("the case has a fitting batch");
     let plan = run(tuner, sim.clone()).unwrap();
     assert_eq!(plan.largest_batch, truth, "{sim:?}\n{plan}");
-    assert!(plan.proven_largest);
+    assert!(plan.proven_largest());
     assert!(plan.peak_bytes <= plan.limit_bytes());
     assert_eq!(plan.peak_bytes, sim.device_peak(truth));
     let trial = plan.trials.iter().rev().find(|t| t.batch == truth).unwrap();
@@ -33,7 +33,7 @@ fn affine_curve_gives_the_exact_largest_batch() {
     let plan = assert_exact(&Tuner::new(), sim, 0.9, 1, 1);
     // (0.9 × 16 GiB − 2 GiB) / 100 MiB = 126.9
     assert_eq!(plan.largest_batch, 126);
-    assert_eq!((plan.micro_batch, plan.accumulation_steps, plan.effective_batch), (126, 1, 126));
+    assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (126, 1, 126));
 }
 
 #[test]
@@ -143,7 +143,7 @@ fn max_batch_caps_the_search_and_is_tried_once() {
     let plan = run(&Tuner::new().max_batch(1000), sim.clone()).unwrap();
     assert_eq!(plan.largest_batch, 1000);
     // batch 1001 would fit: the cap is not proven the largest
-    assert!(!plan.proven_largest);
+    assert!(!plan.proven_largest());
     assert_eq!(plan.stopped_by, Some(autobatch::SearchLimit::MaxBatch { max_batch: 1000 }));
     assert_eq!(plan.trials.iter().filter(|t| t.batch == 1000).count(), 1);
     let plan = run(&Tuner::new().max_batch(1000).multiple_of(64), sim).unwrap();
@@ -157,7 +157,7 @@ fn max_trials_returns_the_best_verified_batch_flagged_unproven() {
     let cut = run(&Tuner::new().strategy(Strategy::Binary).max_trials(5), sim).unwrap();
     assert_eq!(cut.trials.len(), 5);
     assert_eq!(cut.largest_batch, 16);
-    assert!(!cut.proven_largest && full.proven_largest);
+    assert!(!cut.proven_largest() && full.proven_largest());
     assert!(cut.warnings.contains(&Warning::TrialLimit { max_trials: 5 }));
     assert!(cut.to_string().contains("not proven largest"));
 }
@@ -167,7 +167,7 @@ fn max_trials_equal_to_what_the_search_needs_is_proven() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB));
     let full = run(&Tuner::new(), sim.clone()).unwrap();
     let exact = run(&Tuner::new().max_trials(full.trials.len()), sim).unwrap();
-    assert!(exact.proven_largest);
+    assert!(exact.proven_largest());
     assert_eq!(exact.largest_batch, full.largest_batch);
 }
 
@@ -244,21 +244,21 @@ fn accumulation_reaches_the_target_with_one_to_eight_ranks() {
             let tuner = Tuner::new().target_effective_batch(target).world_size(world_size);
             let plan = run(&tuner, sim.clone()).unwrap();
             assert_eq!(plan.largest_batch, 126);
-            assert_eq!(plan.micro_batch * plan.accumulation_steps * world_size, plan.effective_batch);
-            assert!(plan.micro_batch <= 126);
-            assert!(plan.effective_batch >= target);
-            let split = plan.accumulation.as_ref().unwrap();
-            assert_eq!(split.exact, plan.effective_batch == target);
+            assert_eq!(plan.micro_batch() * plan.accumulation_steps() * world_size, plan.effective_batch());
+            assert!(plan.micro_batch() <= 126);
+            assert!(plan.effective_batch() >= target);
+            let split = plan.accumulation().unwrap();
+            assert_eq!(split.exact, plan.effective_batch() == target);
             if target % world_size == 0 {
                 let k0 = target.div_ceil(world_size * 126);
-                assert!(plan.accumulation_steps >= k0 && plan.accumulation_steps <= 2 * k0);
+                assert!(plan.accumulation_steps() >= k0 && plan.accumulation_steps() <= 2 * k0);
             }
         }
     }
     let plan = run(&Tuner::new().target_effective_batch(268).max_batch(133), sim.clone()).unwrap();
-    assert_eq!((plan.largest_batch, plan.micro_batch, plan.accumulation_steps), (126, 67, 4));
+    assert_eq!((plan.largest_batch, plan.micro_batch(), plan.accumulation_steps()), (126, 67, 4));
     let plan = run(&Tuner::new().target_effective_batch(257), sim.clone()).unwrap();
-    assert_eq!((plan.micro_batch, plan.accumulation_steps, plan.effective_batch), (86, 3, 258));
+    assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (86, 3, 258));
     assert!(plan.to_string().contains("target 257, +1"), "{plan}");
 }
 
@@ -268,7 +268,7 @@ fn exactness_can_be_demanded() {
     let err = run(&Tuner::new().target_effective_batch(257).exact_effective_batch(true), sim.clone()).unwrap_err();
     assert!(matches!(err, Error::InexactEffectiveBatch { target: 257, nearest: 258, .. }), "{err:?}");
     let plan = run(&Tuner::new().target_effective_batch(256).exact_effective_batch(true), sim).unwrap();
-    assert_eq!(plan.effective_batch, 256);
+    assert_eq!(plan.effective_batch(), 256);
 }
 
 #[test]
@@ -321,10 +321,37 @@ fn plan_serializes_to_json_and_back() {
     assert!(value["trials"].as_array().unwrap().iter().any(|t| t["outcome"] == "out_of_memory"));
     assert!(value["trials"][0]["duration_s"].is_f64());
     assert_eq!(value["accumulation"]["target_effective_batch"], 1000);
+    // the split's numbers are written beside the split they come from
+    assert_eq!((value["micro_batch"].as_u64(), value["accumulation_steps"].as_u64()), (Some(100), Some(5)));
+    assert_eq!((value["effective_batch"].as_u64(), value["ceiling"].as_f64()), (Some(1000), Some(0.9)));
+    assert_eq!((value["proven_largest"].as_bool(), value["cached"].as_bool()), (Some(true), Some(false)));
+    assert!(value.get("split").is_none() && value.get("search").is_none(), "{json}");
     let back = Plan::from_json(&json).unwrap();
-    assert_eq!(back.largest_batch, plan.largest_batch);
     assert_eq!(back.trials.len(), plan.trials.len());
-    assert_eq!(back.accumulation, plan.accumulation);
+    assert_eq!(back.accumulation(), plan.accumulation());
+    // everything but the trials' durations (seconds as a float) reads back as it was
+    let (mut back, mut plan) = (back, plan);
+    (back.trials, plan.trials) = (Vec::new(), Vec::new());
+    assert_eq!(back, plan);
+}
+
+#[test]
+fn a_plan_whose_numbers_disagree_with_its_split_is_refused() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
+    let plan = run(&Tuner::new().target_effective_batch(1000).world_size(2), sim).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
+    let edited = |key: &str, value: serde_json::Value| {
+        let mut json = json.clone();
+        json[key] = value;
+        Plan::from_json(&json.to_string())
+    };
+    assert!(edited("micro_batch", 7.into()).unwrap_err().to_string().contains("disagree with its split"));
+    assert!(edited("proven_largest", false.into()).is_err());
+    assert!(
+        edited("ranks", serde_json::to_value(autobatch::plan_ranks(1000, &[200, 90], 1).unwrap()).unwrap()).is_err()
+    );
+    assert!(edited("rank", 1.into()).unwrap_err().to_string().contains("come together"));
+    assert_eq!(edited("micro_batch", plan.micro_batch().into()).unwrap(), Plan::from_json(&plan.to_json()).unwrap());
 }
 
 #[test]
@@ -364,7 +391,7 @@ fn predictive_finds_the_same_batch_in_fewer_trials() {
     let binary = run(&Tuner::new().strategy(Strategy::Binary), sim.clone()).unwrap();
     let predictive = run(&Tuner::new().strategy(Strategy::Predictive), sim).unwrap();
     assert_eq!(predictive.largest_batch, binary.largest_batch);
-    assert!(predictive.proven_largest);
+    assert!(predictive.proven_largest());
     assert!(predictive.trials.len() * 2 <= binary.trials.len(), "{predictive}\n{binary}");
 }
 
@@ -413,7 +440,7 @@ fn a_step_that_ignores_its_batch_stops_the_search_with_a_warning() {
     for strategy in [Strategy::Predictive, Strategy::Binary, Strategy::Power] {
         let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 0));
         let plan = run(&Tuner::new().strategy(strategy), sim).unwrap();
-        assert!(!plan.proven_largest, "{plan}");
+        assert!(!plan.proven_largest(), "{plan}");
         assert!(plan.largest_batch >= 1024 && plan.largest_batch <= 4096, "{plan}");
         assert!(plan.trials.len() <= 16, "{plan}");
         assert!(plan.warnings.iter().any(|w| matches!(w, Warning::BatchIgnored { smallest_batch: 1, .. })), "{plan}");
@@ -422,7 +449,7 @@ fn a_step_that_ignores_its_batch_stops_the_search_with_a_warning() {
     // a step that uses even a few bytes per sample is searched to the end
     let sim = Simulation::new(GIB, MemoryCurve::affine(GIB / 2, 64));
     let plan = run(&Tuner::new(), sim).unwrap();
-    assert!(plan.proven_largest && plan.warnings.is_empty(), "{plan}");
+    assert!(plan.proven_largest() && plan.warnings.is_empty(), "{plan}");
 }
 
 /// A simulated device whose steps take `time(batch)`: throughput measured for real.
@@ -453,7 +480,7 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
     assert_eq!(choice.candidates.iter().map(|p| p.batch).collect::<Vec<_>>(), [50, 75, 100]);
     assert_eq!(choice.chosen_batch, 50, "{plan}");
     assert_eq!(choice.deepspeed_batch, 50, "the next candidate is not 5% faster");
-    assert!(plan.micro_batch <= 50 && plan.micro_batch * plan.accumulation_steps >= 400, "{plan}");
+    assert!(plan.micro_batch() <= 50 && plan.micro_batch() * plan.accumulation_steps() >= 400, "{plan}");
     assert_eq!(choice.extra_steps, 9, "3 candidates × 3 timed runs");
     assert_eq!(plan.trials.iter().filter(|t| t.kind == TrialKind::Timing).count(), 9);
     assert!(plan.to_string().contains("throughput: batch 50 is the fastest"), "{plan}");
@@ -469,7 +496,7 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
         chosen.samples_per_second >= largest.samples_per_second * (1.0 - largest.spread.max(chosen.spread)),
         "{plan}"
     );
-    assert_eq!(plan.micro_batch, choice.chosen_batch);
+    assert_eq!(plan.micro_batch(), choice.chosen_batch);
     // every fitting trial reports its samples per second
     assert!(plan.trials.iter().filter(|t| t.outcome.fits()).all(|t| t.samples_per_second().is_some_and(|r| r > 0.0)));
     assert!(matches!(Tuner::new().timing_repeats(0).check(), Err(Error::Zero { setting: "timing_repeats" })));
@@ -504,7 +531,7 @@ fn a_time_limit_stops_with_the_largest_batch_seen_to_fit_and_says_what_is_open()
     let plan = run_with_pause(&tuner, sim.clone(), 4, Duration::from_millis(300)).unwrap();
     assert_eq!(plan.trials.iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4]);
     assert_eq!(plan.largest_batch, 4);
-    assert!(!plan.proven_largest);
+    assert!(!plan.proven_largest());
     let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: None };
     assert_eq!(plan.stopped_by, Some(limit));
     assert!(
@@ -540,7 +567,7 @@ fn a_search_that_finishes_within_its_time_limit_is_unchanged() {
         let limited = run(&Tuner::new().time_limit(std::time::Duration::from_secs(3600)), sim).unwrap();
         let batches = |plan: &Plan| plan.trials.iter().map(|t| (t.batch, t.outcome)).collect::<Vec<_>>();
         assert_eq!(batches(&limited), batches(&unlimited));
-        assert_eq!((limited.largest_batch, limited.proven_largest), (unlimited.largest_batch, true));
+        assert_eq!((limited.largest_batch, limited.proven_largest()), (unlimited.largest_batch, true));
         assert_eq!(limited.stopped_by, None);
     }
 }
@@ -559,7 +586,7 @@ fn a_cublas_execution_failure_above_a_batch_that_ran_counts_as_out_of_memory() {
     };
     let plan = Tuner::new().run(&mut step, &mut meter).unwrap();
     assert_eq!(plan.largest_batch, 100, "{plan}");
-    assert!(plan.proven_largest);
+    assert!(plan.proven_largest());
     assert!(plan.trials.iter().any(|t| t.batch == 101 && t.outcome == Outcome::OutOfMemory), "{plan}");
 
     // at the very first batch nothing ran before: it is the error it says
@@ -707,10 +734,10 @@ fn a_cached_plan_costs_only_the_steps_it_ran_now() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
     let tuner = Tuner::new().cache(&cache).cache_key(autobatch::CacheKey::new().param("model", "simulated"));
     let first = run(&tuner, sim.clone()).unwrap();
-    assert!(first.tuning.steps > 0 && !first.cached);
+    assert!(first.tuning.steps > 0 && !first.cached());
     let (mut workload, mut meter) = sim.build();
     let second = tuner.run(&mut workload, &mut meter).unwrap();
-    assert!(second.cached);
+    assert!(second.cached());
     assert_eq!((second.tuning.steps, workload.steps()), (0, 0));
     assert!(!second.to_string().contains("tuning took"), "{second}");
     std::fs::remove_dir_all(&dir).ok();

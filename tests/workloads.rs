@@ -42,7 +42,7 @@ fn tune_and_verify<M: Model>(mut trainer: Trainer<M>, budget: u64, ceiling: f64,
     let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
     let report = plan.to_string();
     eprintln!("{report}");
-    assert!(plan.proven_largest, "{report}");
+    assert!(plan.proven_largest(), "{report}");
     assert!(plan.peak_bytes <= limit, "{report}");
     drop(plan);
 
@@ -297,7 +297,7 @@ fn checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak() {
     let mut model = checkpointed;
     let state = model.state_bits().unwrap();
     let plan = Tuner::new().run(&mut model, &mut HeapMeter::new(16 * MIB).unwrap()).unwrap();
-    assert!(plan.proven_largest, "{plan}");
+    assert!(plan.proven_largest(), "{plan}");
     assert_eq!(model.state_bits().unwrap(), state);
     let first = model.train_step_accumulated(8, 2).unwrap();
     for _ in 0..30 {
@@ -314,7 +314,7 @@ fn the_transformer_trains_in_mixed_precision() {
     // probing changes no weight, master or moment
     let state = model.state_bits().unwrap();
     let plan = Tuner::new().run(&mut model, &mut HeapMeter::new(16 * MIB).unwrap()).unwrap();
-    assert!(plan.proven_largest, "{plan}");
+    assert!(plan.proven_largest(), "{plan}");
     assert_eq!(model.state_bits().unwrap(), state);
     // and the loss falls as training goes
     let first = model.train_step(8).unwrap();

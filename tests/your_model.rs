@@ -203,7 +203,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     let mut meter = HeapMeter::new(24 * MIB).unwrap();
     let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
-    assert!(plan.proven_largest && plan.warnings.is_empty(), "{plan}");
+    assert!(plan.proven_largest() && plan.warnings.is_empty(), "{plan}");
     let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
     drop(plan);
     // brute force: the answer fits, the next batch does not
@@ -233,8 +233,8 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     // a long list is cut short on its line, the count of the rest said
     assert!(text.contains(&format!("and {} more", variables.len() - 8)), "{text}");
     // the number understates training: the plan says so where the number is
-    assert_eq!(plan.measured_graph, autobatch::MeasuredGraph::Partial);
-    assert!(!plan.proven_largest, "{plan}");
+    assert_eq!(plan.measured_graph(), autobatch::MeasuredGraph::Partial);
+    assert!(!plan.proven_largest(), "{plan}");
     assert_eq!(
         plan.stopped_by,
         Some(autobatch::SearchLimit::PartialGraph { variables: variables.len(), of: varmap.all_vars().len() })
@@ -253,8 +253,8 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     let (varmap, model) = gpt(false);
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().strict(true).run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
-    assert_eq!(plan.measured_graph, autobatch::MeasuredGraph::Complete);
-    assert!(plan.proven_largest, "{plan}");
+    assert_eq!(plan.measured_graph(), autobatch::MeasuredGraph::Complete);
+    assert!(plan.proven_largest(), "{plan}");
 }
 
 /// A forward-only probe over the detached model holds no optimizer state,
@@ -274,7 +274,7 @@ fn a_forward_only_probe_measures_serving() {
     };
     let mut probe = ModelProbe::forward_only(&varmap, forward);
     let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
-    assert!(plan.warnings.is_empty() && plan.proven_largest, "{plan}");
+    assert!(plan.warnings.is_empty() && plan.proven_largest(), "{plan}");
     assert!(plan.largest_batch > 2 * training.largest_batch, "{plan}\n{training}");
     assert!(!probe.can_accumulate() && probe.profile().is_none());
     // brute force: the forward pass at the answer fits, one more does not
@@ -359,8 +359,8 @@ fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
             Tuner::new().target_effective_batch(target).run(&mut probe, &mut meter).unwrap()
         };
         assert_eq!(plan.largest_batch, largest, "{plan}");
-        assert!(plan.accumulation_steps > 1, "{plan}");
-        let verified = plan.accumulation_peak_bytes.unwrap_or_else(|| panic!("not verified:\n{plan}"));
+        assert!(plan.accumulation_steps() > 1, "{plan}");
+        let verified = plan.accumulation_peak_bytes().unwrap_or_else(|| panic!("not verified:\n{plan}"));
         assert!(verified <= plan.limit_bytes(), "{plan}");
         assert!(plan.trials.iter().any(|t| t.kind == autobatch::TrialKind::Accumulation && t.outcome.fits()));
 
@@ -372,7 +372,7 @@ fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
             let report = training.step(&mut meter, |micro| model.loss(micro.len, step * 1000 + micro.offset)).unwrap();
             let peak = meter.peak().unwrap();
             assert!(peak <= plan.limit_bytes(), "step {step} peaked at {peak} over {}:\n{plan}", plan.limit_bytes());
-            assert_eq!((report.samples, report.out_of_memory), (plan.micro_batch * plan.accumulation_steps, 0));
+            assert_eq!((report.samples, report.out_of_memory), (plan.micro_batch() * plan.accumulation_steps(), 0));
             losses.push(report.loss.unwrap());
         }
         assert!(losses[2] < losses[0], "{losses:?}");
@@ -417,11 +417,11 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     // the gradient copy does not fit beside the largest batch: the micro-batch
     // stepped down, and the split still reaches the target
     assert_eq!(plan.largest_batch, largest, "{plan}");
-    assert!(plan.micro_batch < largest && plan.micro_batch % 8 == 0, "{plan}");
-    assert!(plan.effective_batch >= 2 * largest, "{plan}");
+    assert!(plan.micro_batch() < largest && plan.micro_batch() % 8 == 0, "{plan}");
+    assert!(plan.effective_batch() >= 2 * largest, "{plan}");
     let failed = plan.trials.iter().filter(|t| t.kind == autobatch::TrialKind::Accumulation && !t.outcome.fits());
     assert!(failed.count() >= 1, "{plan}");
-    assert!(plan.accumulation_peak_bytes.is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
+    assert!(plan.accumulation_peak_bytes().is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
 
     let optimizer = candle_nn::SGD::new(varmap.all_vars(), 0.01).unwrap();
     let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
@@ -543,7 +543,7 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
             let largest = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch;
             Tuner::new().target_effective_batch(2 * largest).run(&mut probe, &mut meter).unwrap()
         };
-        assert!(plan.accumulation_steps > 1 && plan.accumulation_peak_bytes.is_some(), "{name}:\n{plan}");
+        assert!(plan.accumulation_steps() > 1 && plan.accumulation_peak_bytes().is_some(), "{name}:\n{plan}");
         let mut training = TrainLoop::new(&plan, &varmap, make(varmap.all_vars())).unwrap();
         for step in 0..2 {
             meter.reset_peak().unwrap();
@@ -638,7 +638,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let tuner = Tuner::new().cache(&path);
     let first = tuner.run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
     let second = tuner.run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
-    assert!(!first.cached && second.cached && first.largest_batch == second.largest_batch);
+    assert!(!first.cached() && second.cached() && first.largest_batch == second.largest_batch);
     let _ = std::fs::remove_file(&path);
 }
 
@@ -679,7 +679,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     let mut training = TrainLoop::new(&plan.sizes[0].plan, &varmap, optimizer).unwrap();
     for entry in plan.sizes.iter().rev() {
         training.switch_plan(&entry.plan).unwrap();
-        assert_eq!(training.guard().micro_batch(), entry.plan.micro_batch);
+        assert_eq!(training.guard().micro_batch(), entry.plan.micro_batch());
         for step in 0..2 {
             meter.reset_peak().unwrap();
             training
@@ -747,7 +747,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
             .unwrap();
         Tuner::new().max_batch(6).target_effective_batch(21).run(&mut probe, &mut meter).unwrap()
     };
-    assert!(plan.accumulation_steps > 1, "{plan}");
+    assert!(plan.accumulation_steps() > 1, "{plan}");
     let weights = || -> Vec<Tensor> { vars.iter().map(|v| v.as_tensor().copy().unwrap()).collect() };
     let start = weights();
     let sgd = || <candle_nn::SGD as Optimizer>::new(vars.clone(), 0.5).unwrap();
@@ -778,7 +778,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     assert!(sizes.sizes[0].plan.largest_batch > sizes.sizes[1].plan.largest_batch, "{sizes}");
     for sized in &sizes.sizes {
         let (len, plan) = (sized.size, &sized.plan);
-        assert!(plan.proven_largest, "{plan}");
+        assert!(plan.proven_largest(), "{plan}");
         let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
         let mut training = TrainLoop::new(plan, &varmap, optimizer).unwrap();
         meter.reset_peak().unwrap();
@@ -819,7 +819,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
                 let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
                 tuner.run(&mut probe, &mut meter).unwrap()
             };
-            assert_eq!((plan.micro_batch, plan.accumulation_steps), (micro, k), "{plan}");
+            assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (micro, k), "{plan}");
             let kind = if k == 1 { autobatch::TrialKind::Search } else { autobatch::TrialKind::Accumulation };
             let trial = plan.trials.iter().rev().find(|t| t.kind == kind && t.batch == micro).unwrap();
             let probed = trial.peak_bytes.unwrap() - trial.baseline_bytes;

@@ -174,7 +174,7 @@ fn check(name: &str, config: &TransformerConfig, meter: &mut CudaMeter) -> Resul
     let (after, _, _) = measured_step(&mut model, meter, b)?;
     let evidence = Evidence {
         largest_batch: b,
-        proven_largest: plan.proven_largest,
+        proven_largest: plan.proven_largest(),
         stopped_by: plan.stopped_by.as_ref().map(ToString::to_string),
         limit_bytes: limit,
         used_bytes: peaks.used,
@@ -194,7 +194,7 @@ fn check(name: &str, config: &TransformerConfig, meter: &mut CudaMeter) -> Resul
         trials: plan.trials.len(),
         tuning_s: tuning.as_secs_f64(),
         step_s: step_time.as_secs_f64(),
-        capacity_bytes: plan.capacity_bytes,
+        capacity_bytes: plan.capacity_bytes(),
         evidence,
         mem_get_info_peak_bytes: info_peak,
         pool_reserved_high_bytes: reserved_high,

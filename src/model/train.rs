@@ -94,7 +94,7 @@ impl<O: Optimizer> TrainLoop<O> {
     }
 
     fn guard_for(plan: &Plan) -> Result<Guard, Error> {
-        if let Some(split) = plan.ranks.as_ref().filter(|split| split.world_size() > 1) {
+        if let Some(split) = plan.ranks().filter(|split| split.world_size() > 1) {
             return Err(Error::UnevenPlanNeedsAllReduce { world_size: split.world_size() });
         }
         Guard::new(plan)

@@ -3,8 +3,10 @@
 mod accumulation;
 mod longest;
 mod ranks;
+mod record;
 mod report;
 mod sizes;
+mod split;
 
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulatio
 pub use longest::{LongestSize, SizeRange, SizeTrial};
 pub use ranks::{plan_ranks, RankShare, RankSplit};
 pub use sizes::{Basis, SizeBatch, SizeModel, SizePlan, SizedPlan};
+pub use split::Split;
 
 use crate::search::{LinearFit, Outcome, Strategy};
 
@@ -398,56 +401,34 @@ impl std::fmt::Display for Warning {
 /// The result of a tuning run: the largest batch seen to fit and the training
 /// split derived from it.
 ///
-/// `micro_batch × accumulation_steps × world_size = effective_batch` holds,
-/// except for uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks)):
-/// there `ranks` says what each rank runs, and their samples add up to
-/// `effective_batch`.
+/// `micro_batch() × accumulation_steps() × world_size() = effective_batch()`
+/// holds, except for uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks)):
+/// there [`ranks`](Plan::ranks) says what each rank runs, and their samples
+/// add up to `effective_batch()`. The split is one value, [`split`](Plan::split);
+/// the accessors read it. In JSON ([`to_json`](Plan::to_json)) a plan is one
+/// flat object whose keys are the accessors' names.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(into = "record::PlanRecord", try_from = "record::PlanRecord")]
 #[non_exhaustive]
 pub struct Plan {
     /// The search result: the largest batch that was run and seen to fit.
+    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the
+    /// one every rank agreed on.
     pub largest_batch: usize,
-    /// The batch to train with on each rank: `≤ largest_batch`, equal to it
-    /// without a target. With uneven ranks: this rank's largest micro-step.
-    pub micro_batch: usize,
-    /// Micro-batches accumulated per optimizer step.
-    pub accumulation_steps: usize,
-    /// Number of data-parallel ranks.
-    pub world_size: usize,
-    /// `micro_batch × accumulation_steps × world_size`.
-    pub effective_batch: usize,
-    /// The effective batch asked for, if any.
-    pub target_effective_batch: Option<usize>,
     /// Measured device-wide peak at `largest_batch`.
     pub peak_bytes: u64,
-    /// With [`Objective::Throughput`]: the candidates timed and the choice.
-    #[serde(default)]
-    pub throughput: Option<ThroughputChoice>,
-    /// Device capacity: what 100% utilization means.
-    pub capacity_bytes: u64,
-    /// The utilization ceiling, a fraction of `capacity_bytes`.
-    pub ceiling: f64,
-    /// The granularity batches were searched at.
-    pub multiple_of: usize,
-    /// The search strategy used.
-    pub strategy: Strategy,
-    /// Whether the search proved `largest_batch` is the largest fitting
-    /// candidate: a trial of the next batch up (`largest_batch + multiple_of`)
-    /// was seen not to fit. When not, `stopped_by` says why.
-    pub proven_largest: bool,
-    /// What stopped the search before it proved its answer the largest
-    /// (`None` when `proven_largest`).
-    #[serde(default)]
+    /// What stopped the search before it proved `largest_batch` the largest
+    /// fitting candidate (a trial of `largest_batch + multiple_of` seen not
+    /// to fit); `None` when it did ([`proven_largest`](Plan::proven_largest)).
     pub stopped_by: Option<SearchLimit>,
-    /// Whether the measured step computed every variable's gradient
-    /// (`complete`), or a cut graph left some out (`partial`: the answer
-    /// understates training the whole model; see [`Warning::MissingGradients`]).
-    #[serde(default)]
-    pub measured_graph: MeasuredGraph,
+    /// How training reaches its effective batch: one step, accumulated
+    /// micro-steps, or shares of uneven ranks.
+    pub split: Split,
+    /// What was searched: the device's capacity, the ceiling, the
+    /// granularity and the strategy.
+    pub search: SearchSettings,
     /// Every trial, in the order run.
     pub trials: Vec<Trial>,
-    /// The accumulation split, when a target effective batch was set.
-    pub accumulation: Option<Accumulation>,
     /// Things worth knowing; each was also logged.
     pub warnings: Vec<Warning>,
     /// A straight line through the measured peaks, when two or more batches
@@ -456,37 +437,54 @@ pub struct Plan {
     /// The evaluation step's own largest batch, when it was probed
     /// ([`Tuner::run_with_eval`](crate::Tuner::run_with_eval)).
     pub evaluation: Option<EvaluationPlan>,
-    /// Whether this plan came from the plan cache instead of probing (its
-    /// trials are those of the run that stored it).
-    #[serde(default)]
-    pub cached: bool,
-    /// On a cache hit: the trials run now, accumulating micro-steps that
-    /// check a split the stored trials never verified (they are the last of
-    /// `trials`); 0 when no step ran.
-    #[serde(default)]
-    pub cache_checks: usize,
+    /// With [`Objective::Throughput`]: the candidates timed and the choice.
+    pub throughput: Option<ThroughputChoice>,
     /// What finding this plan cost: every step the tuner ran for it (the
     /// warm-up, the search, re-checks, accumulation checks, timings, an
     /// evaluation search) and the time they took; on a cache hit, only the
     /// checks run now.
-    #[serde(default)]
     pub tuning: TuningCost,
-    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): this
-    /// rank's own largest batch; `largest_batch` is then the one all ranks agreed on.
-    #[serde(default)]
-    pub rank_largest_batch: Option<usize>,
-    /// When the plan accumulates (`accumulation_steps > 1`) and the workload
-    /// can run an accumulating micro-step: its measured peak at `micro_batch`,
-    /// the accumulator held. `micro_batch` was stepped down until it fit.
-    #[serde(default)]
-    pub accumulation_peak_bytes: Option<u64>,
-    /// With [`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks): every rank's
-    /// share of the global batch, its micro-steps and loss weights.
-    #[serde(default)]
-    pub ranks: Option<RankSplit>,
-    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the rank this plan is for.
-    #[serde(default)]
-    pub rank: Option<usize>,
+    /// When this plan came from the plan cache instead of probing (its
+    /// trials are those of the run that stored it): what was run now.
+    pub cache: Option<CacheHit>,
+    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the
+    /// rank this plan is for and its own largest batch.
+    pub distributed: Option<Distributed>,
+}
+
+/// What a search ran under (see [`Plan::search`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct SearchSettings {
+    /// Device capacity: what 100% utilization means.
+    pub capacity_bytes: u64,
+    /// The utilization ceiling, a fraction of `capacity_bytes`.
+    pub ceiling: f64,
+    /// The granularity batches were searched at.
+    pub multiple_of: usize,
+    /// The search strategy used.
+    pub strategy: Strategy,
+}
+
+/// A plan read from the plan cache (see [`Plan::cache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheHit {
+    /// The trials run now: accumulating micro-steps that check a split the
+    /// stored trials never verified (they are the last of the plan's
+    /// trials); 0 when no step ran.
+    pub checks: usize,
+}
+
+/// One rank's part of a distributed run (see [`Plan::distributed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Distributed {
+    /// The rank this plan is for.
+    pub rank: usize,
+    /// This rank's own largest batch; the plan's `largest_batch` is the one
+    /// all ranks agreed on (with uneven ranks, each rank keeps its own).
+    pub rank_largest_batch: usize,
 }
 
 /// The largest batch of an evaluation step (forward only, no gradients): bigger
@@ -616,14 +614,123 @@ impl MemoryModel {
 }
 
 impl Plan {
+    /// The batch to train with on each rank: `≤ largest_batch`, equal to it
+    /// without a target. With uneven ranks: this rank's largest micro-step.
+    pub fn micro_batch(&self) -> usize {
+        self.split.micro_batch_of(self.rank().unwrap_or(0))
+    }
+
+    /// Micro-batches accumulated per optimizer step.
+    pub fn accumulation_steps(&self) -> usize {
+        self.split.accumulation_steps()
+    }
+
+    /// Number of data-parallel ranks.
+    pub fn world_size(&self) -> usize {
+        self.split.world_size()
+    }
+
+    /// Samples per optimizer step over all ranks: `micro_batch ×
+    /// accumulation_steps × world_size` with even ranks.
+    pub fn effective_batch(&self) -> usize {
+        self.split.effective_batch()
+    }
+
+    /// The effective batch asked for, if any.
+    pub fn target_effective_batch(&self) -> Option<usize> {
+        self.split.target_effective_batch()
+    }
+
+    /// The accumulation arithmetic, when a target was set for even ranks.
+    pub fn accumulation(&self) -> Option<&Accumulation> {
+        match &self.split {
+            Split::Accumulated { accumulation, .. } => Some(accumulation),
+            _ => None,
+        }
+    }
+
+    /// When the plan accumulates and the workload can run an accumulating
+    /// micro-step: its measured peak at `micro_batch`, the accumulator held.
+    pub fn accumulation_peak_bytes(&self) -> Option<u64> {
+        self.split.accumulating_peak_bytes()
+    }
+
+    /// With [`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks): every rank's
+    /// share of the global batch, its micro-steps and loss weights.
+    pub fn ranks(&self) -> Option<&RankSplit> {
+        match &self.split {
+            Split::Uneven { ranks, .. } => Some(ranks),
+            _ => None,
+        }
+    }
+
+    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the rank this plan is for.
+    pub fn rank(&self) -> Option<usize> {
+        self.distributed.map(|distributed| distributed.rank)
+    }
+
+    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): this
+    /// rank's own largest batch.
+    pub fn rank_largest_batch(&self) -> Option<usize> {
+        self.distributed.map(|distributed| distributed.rank_largest_batch)
+    }
+
+    /// Device capacity: what 100% utilization means.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.search.capacity_bytes
+    }
+
+    /// The utilization ceiling, a fraction of `capacity_bytes`.
+    pub fn ceiling(&self) -> f64 {
+        self.search.ceiling
+    }
+
+    /// The granularity batches were searched at.
+    pub fn multiple_of(&self) -> usize {
+        self.search.multiple_of
+    }
+
+    /// The search strategy used.
+    pub fn strategy(&self) -> Strategy {
+        self.search.strategy
+    }
+
+    /// Whether the search proved `largest_batch` the largest fitting
+    /// candidate: a trial of the next batch up was seen not to fit. When
+    /// not, [`stopped_by`](Plan::stopped_by) says why.
+    pub fn proven_largest(&self) -> bool {
+        self.stopped_by.is_none()
+    }
+
+    /// Whether the measured step computed every variable's gradient
+    /// (`complete`), or a cut graph left some out (`partial`: the answer
+    /// understates training the whole model; a [`Warning::MissingGradients`] says which).
+    pub fn measured_graph(&self) -> MeasuredGraph {
+        if self.warnings.iter().any(|warning| matches!(warning, Warning::MissingGradients { .. })) {
+            MeasuredGraph::Partial
+        } else {
+            MeasuredGraph::Complete
+        }
+    }
+
+    /// Whether this plan came from the plan cache instead of probing.
+    pub fn cached(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// On a cache hit: the trials run now (see [`CacheHit::checks`]); 0 otherwise.
+    pub fn cache_checks(&self) -> usize {
+        self.cache.map_or(0, |hit| hit.checks)
+    }
+
     /// `ceiling × capacity` in bytes: the most a fitting step may use.
     pub fn limit_bytes(&self) -> u64 {
-        limit_bytes(self.ceiling, self.capacity_bytes)
+        limit_bytes(self.search.ceiling, self.search.capacity_bytes)
     }
 
     /// Peak at `largest_batch` as a fraction of capacity.
     pub fn utilization(&self) -> f64 {
-        utilization(self.peak_bytes, self.capacity_bytes)
+        utilization(self.peak_bytes, self.search.capacity_bytes)
     }
 
     /// Serializes the plan as pretty-printed JSON.

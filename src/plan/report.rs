@@ -17,7 +17,7 @@ impl fmt::Display for Plan {
         let width = self.trials.iter().map(|t| t.batch.to_string().len()).fold(Trial::BATCH_WIDTH, usize::max);
         writeln!(f, "{}", Trial::table_header_with_width(width))?;
         for (index, trial) in self.trials.iter().enumerate() {
-            writeln!(f, "{}", trial.table_row_with_width(index + 1, self.capacity_bytes, width))?;
+            writeln!(f, "{}", trial.table_row_with_width(index + 1, self.capacity_bytes(), width))?;
         }
         f.write_str(&self.summary())
     }
@@ -77,24 +77,24 @@ impl Plan {
     /// The report without the trial table: the search result, the plan and any warnings.
     pub fn summary(&self) -> String {
         let mut out = String::new();
-        if self.cached {
+        if self.cached() {
             out += "cached plan: stored by an earlier run with the same model, device and settings; ";
-            out += &match self.cache_checks {
+            out += &match self.cache_checks() {
                 0 => "no step ran\n".to_owned(),
                 1 => "one accumulating micro-step ran to check the new split (the last trial)\n".to_owned(),
                 n => format!("{n} accumulating micro-steps ran to check the new split (the last trials)\n"),
             };
         }
-        let proven = proof(self.proven_largest, self.stopped_by.as_ref());
+        let proven = proof(self.proven_largest(), self.stopped_by.as_ref());
         let granularity =
-            if self.multiple_of > 1 { format!(", multiples of {}", self.multiple_of) } else { String::new() };
+            if self.multiple_of() > 1 { format!(", multiples of {}", self.multiple_of()) } else { String::new() };
         out += &format!(
             "largest batch {} ({proven}{granularity}), peak {} = {:.1}% of {} (ceiling {:.0}%)\n",
             self.largest_batch,
             format_bytes(self.peak_bytes),
             100.0 * self.utilization(),
-            format_bytes(self.capacity_bytes),
-            100.0 * self.ceiling
+            format_bytes(self.capacity_bytes()),
+            100.0 * self.ceiling()
         );
         let answer = self.trials.iter().rev().find(|t| t.batch == self.largest_batch && t.outcome.fits());
         if let Some(kinds) = answer.and_then(|t| t.peak_kinds) {
@@ -106,18 +106,21 @@ impl Plan {
                 kinds.binding_name()
             );
         }
-        let ranks = if self.world_size == 1 { "rank" } else { "ranks" };
-        let steps = if self.accumulation_steps == 1 { "step" } else { "steps" };
-        match (&self.ranks, self.rank) {
+        let ranks = if self.world_size() == 1 { "rank" } else { "ranks" };
+        let steps = if self.accumulation_steps() == 1 { "step" } else { "steps" };
+        match (&self.ranks(), self.rank()) {
             (Some(split), Some(rank)) => out += &uneven_note(split, rank),
             _ => {
                 out += &format!(
                     "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
-                    self.micro_batch, self.accumulation_steps, self.world_size, self.effective_batch
+                    self.micro_batch(),
+                    self.accumulation_steps(),
+                    self.world_size(),
+                    self.effective_batch()
                 )
             }
         }
-        if let Some(split) = &self.accumulation {
+        if let Some(split) = &self.accumulation() {
             out += &accumulation_note(split);
         }
         if let Some(choice) = &self.throughput {
@@ -131,20 +134,21 @@ impl Plan {
                 choice.extra_steps,
                 choice.deepspeed_batch
             );
-            if self.micro_batch != choice.chosen_batch {
+            if self.micro_batch() != choice.chosen_batch {
                 out += &format!(
                     "; the plan trains at micro-batch {}, the largest up to {} that splits the target exactly or \
                      fits beside the accumulator",
-                    self.micro_batch, choice.chosen_batch
+                    self.micro_batch(),
+                    choice.chosen_batch
                 );
             }
         }
-        if let Some(peak) = self.accumulation_peak_bytes {
+        if let Some(peak) = self.accumulation_peak_bytes() {
             out += &format!(
                 "\naccumulating: micro-batch {} with the gradient accumulator held peaks at {} = {:.1}% (verified)",
-                self.micro_batch,
+                self.micro_batch(),
                 format_bytes(peak),
-                100.0 * utilization(peak, self.capacity_bytes)
+                100.0 * utilization(peak, self.capacity_bytes())
             );
         }
         if let Some(model) = &self.memory_model {
@@ -164,8 +168,8 @@ impl Plan {
                 evaluation.largest_batch,
                 proof(evaluation.proven_largest, evaluation.stopped_by.as_ref()),
                 format_bytes(evaluation.peak_bytes),
-                100.0 * utilization(evaluation.peak_bytes, self.capacity_bytes),
-                format_bytes(self.capacity_bytes)
+                100.0 * utilization(evaluation.peak_bytes, self.capacity_bytes()),
+                format_bytes(self.capacity_bytes())
             );
             if let Some(during) = &evaluation.during_training {
                 let proven = if during.proven_largest { "proven largest" } else { "not proven largest" };

@@ -209,7 +209,7 @@ impl SizePlan {
     pub(crate) fn new(mut sizes: Vec<SizedPlan>) -> Result<SizePlan, Error> {
         sizes.sort_by_key(|entry| entry.size);
         let Some(first) = sizes.first() else { return Err(Error::Zero { setting: "sizes" }) };
-        let (limit_bytes, multiple_of) = (first.plan.limit_bytes(), first.plan.multiple_of);
+        let (limit_bytes, multiple_of) = (first.plan.limit_bytes(), first.plan.multiple_of());
         let token_budget =
             sizes.iter().map(|entry| entry.size.saturating_mul(entry.plan.largest_batch)).min().unwrap_or(0);
         let mut points: Vec<(usize, usize, u64)> = Vec::new();
@@ -235,7 +235,7 @@ impl SizePlan {
 
     /// Whether every size's plan came from the plan cache.
     pub fn cached(&self) -> bool {
-        self.sizes.iter().all(|entry| entry.plan.cached)
+        self.sizes.iter().all(|entry| entry.plan.cached())
     }
 
     /// The largest batch for inputs of `size`: verified at a probed size;
@@ -322,7 +322,7 @@ impl std::fmt::Display for SizePlan {
         use crate::units::format_bytes;
         let splits = self.sizes.iter().any(|entry| {
             let plan = &entry.plan;
-            plan.micro_batch != plan.largest_batch || plan.accumulation_steps > 1 || plan.world_size > 1
+            plan.micro_batch() != plan.largest_batch || plan.accumulation_steps() > 1 || plan.world_size() > 1
         });
         write!(
             f,
@@ -339,7 +339,10 @@ impl std::fmt::Display for SizePlan {
             let split = if splits {
                 format!(
                     "  {} × {} × {} = {}",
-                    plan.micro_batch, plan.accumulation_steps, plan.world_size, plan.effective_batch
+                    plan.micro_batch(),
+                    plan.accumulation_steps(),
+                    plan.world_size(),
+                    plan.effective_batch()
                 )
             } else {
                 String::new()
@@ -352,9 +355,9 @@ impl std::fmt::Display for SizePlan {
                 entry.size.saturating_mul(plan.largest_batch),
                 format_bytes(plan.peak_bytes),
                 100.0 * plan.utilization(),
-                if plan.cached { format!("{} now", plan.cache_checks) } else { plan.trials.len().to_string() },
+                if plan.cached() { format!("{} now", plan.cache_checks()) } else { plan.trials.len().to_string() },
                 model,
-                if plan.proven_largest { "" } else { "  (not proven largest)" }
+                if plan.proven_largest() { "" } else { "  (not proven largest)" }
             )?;
         }
         match &self.model {

@@ -42,7 +42,7 @@ impl Tuner {
         let trial = self.single_trial(workload, meter, micro, TrialKind::Accumulation)?;
         plan.trials.push(trial.clone());
         if trial.outcome.fits() {
-            plan.accumulation_peak_bytes = trial.peak_bytes;
+            plan.split.set_accumulating_peak_bytes(trial.peak_bytes);
             return Ok(micro);
         }
         let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
@@ -55,7 +55,7 @@ impl Tuner {
                 Ok(lower)
             }
             None => {
-                let device = (plan.capacity_bytes, plan.limit_bytes(), plan.ceiling);
+                let device = (plan.capacity_bytes(), plan.limit_bytes(), plan.ceiling());
                 Err(Error::nothing_fits_at(micro, trial.outcome, trial.peak_bytes, device))
             }
         }
@@ -79,13 +79,13 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
     {
         let too_small = |plan: &Plan, batch: usize| {
-            let device = (plan.capacity_bytes, plan.limit_bytes(), plan.ceiling);
+            let device = (plan.capacity_bytes(), plan.limit_bytes(), plan.ceiling());
             Error::nothing_fits_at(batch, crate::Outcome::OverCeiling, None, device)
         };
         for _ in 0..CHECK_ROUNDS {
             self.apply_split(plan, cap)?;
-            let micro = plan.micro_batch;
-            if plan.accumulation_steps <= 1 || !workload.can_accumulate() {
+            let micro = plan.micro_batch();
+            if plan.accumulation_steps() <= 1 || !workload.can_accumulate() {
                 return Ok(());
             }
             let (fits, fails) = accumulation_seen(plan);
@@ -107,6 +107,6 @@ impl Tuner {
             }
             cap = fits;
         }
-        Err(too_small(plan, plan.micro_batch))
+        Err(too_small(plan, plan.micro_batch()))
     }
 }

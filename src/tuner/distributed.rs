@@ -3,7 +3,7 @@
 use super::Tuner;
 use crate::collective::Collective;
 use crate::plan::{plan_ranks, TrialKind};
-use crate::{Error, MemoryMeter, Plan, Workload};
+use crate::{Distributed, Error, MemoryMeter, Plan, Split, Workload};
 
 /// What each rank reports about the agreed batch; the all-reduced minimum is
 /// what every rank then acts on (one failure outranks everything).
@@ -51,7 +51,7 @@ impl Tuner {
     ///     runs.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
     /// })?;
     /// assert_eq!(plans[0].largest_batch, plans[1].largest_batch); // the 40 GiB rank decides
-    /// assert_eq!(plans[0].micro_batch * plans[0].accumulation_steps * 2, 512);
+    /// assert_eq!(plans[0].micro_batch() * plans[0].accumulation_steps() * 2, 512);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn run_distributed<W, M, C>(&self, workload: &mut W, meter: &mut M, collective: &C) -> Result<Plan, Error>
@@ -110,8 +110,8 @@ impl Tuner {
                 if let Some(trial) = plan.trials.iter().rev().find(|t| t.batch == agreed) {
                     plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
                 }
-                plan.rank_largest_batch = Some(plan.largest_batch);
-                plan.rank = Some(collective.rank());
+                plan.distributed =
+                    Some(Distributed { rank: collective.rank(), rank_largest_batch: plan.largest_batch });
                 plan.largest_batch = agreed;
                 let with_ranks = self.clone().world_size(world_size);
                 with_ranks.agree_on_accumulation(&mut plan, workload, meter, collective)?;
@@ -139,7 +139,7 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         C: Collective + ?Sized,
     {
-        let mine = result.as_ref().map_or(0, |plan| plan.micro_batch as u64);
+        let mine = result.as_ref().map_or(0, |plan| plan.micro_batch() as u64);
         let everyone_tuned = collective.all_reduce_min(mine)? != 0;
         let mut plan = result?;
         if !everyone_tuned {
@@ -147,7 +147,7 @@ impl Tuner {
         }
         let rank = collective.rank();
         // with the throughput objective the local micro-batch is the chosen one
-        let mut capacity = plan.micro_batch;
+        let mut capacity = plan.micro_batch();
         // the largest micro-batch seen to fit with the accumulator held: smaller ones need no new check
         let mut accumulating_fits = 0;
         for _ in 0..AGREEMENT_ROUNDS {
@@ -174,18 +174,13 @@ impl Tuner {
                 capacity = fits;
             }
             if everywhere == FITS_HERE {
-                plan.rank_largest_batch = Some(plan.largest_batch);
-                plan.rank = Some(rank);
-                plan.micro_batch = micro;
-                plan.accumulation_steps = split.accumulation_steps;
-                plan.world_size = split.world_size();
-                plan.effective_batch = split.global_batch;
-                plan.target_effective_batch = self.target_effective_batch;
-                plan.accumulation = None;
-                if split.accumulation_steps == 1 {
-                    plan.accumulation_peak_bytes = None;
-                }
-                plan.ranks = Some(split);
+                plan.distributed = Some(Distributed { rank, rank_largest_batch: plan.largest_batch });
+                // the last accumulating micro-step seen to fit here (this rank's share or a larger one)
+                let checked = plan.trials.iter().rev().find(|t| t.kind == TrialKind::Accumulation && t.outcome.fits());
+                let accumulating_peak_bytes =
+                    checked.and_then(|t| t.peak_bytes).filter(|_| split.accumulation_steps > 1);
+                let to_target = self.target_effective_batch.is_some();
+                plan.split = Split::Uneven { ranks: split, to_target, accumulating_peak_bytes };
                 return Ok(plan);
             }
         }
@@ -212,7 +207,7 @@ impl Tuner {
         let mut accumulating_fits = 0;
         for _ in 0..AGREEMENT_ROUNDS {
             self.apply_split(plan, cap)?;
-            let (micro, steps) = (plan.micro_batch, plan.accumulation_steps);
+            let (micro, steps) = (plan.micro_batch(), plan.accumulation_steps());
             let (fits, everywhere) =
                 self.check_everywhere(workload, meter, collective, plan, (micro, steps), &mut accumulating_fits)?;
             if everywhere == FITS_HERE {

@@ -103,7 +103,7 @@ impl Tuner {
         let during_training = alone.is_some().then_some(DuringTraining {
             largest_batch: during.largest_batch,
             peak_bytes: during.peak_bytes,
-            proven_largest: during.proven_largest,
+            proven_largest: during.proven_largest(),
             state_bytes,
         });
         // every evaluation trial, those beside training's state first
@@ -115,7 +115,7 @@ impl Tuner {
         plan.evaluation = Some(EvaluationPlan {
             largest_batch: evaluated.largest_batch,
             peak_bytes: evaluated.peak_bytes,
-            proven_largest: evaluated.proven_largest,
+            proven_largest: evaluated.proven_largest(),
             stopped_by: evaluated.stopped_by,
             trials,
             during_training,

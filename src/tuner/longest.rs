@@ -100,13 +100,13 @@ impl Tuner {
         Ok(LongestSize {
             batch,
             largest_size: plan.largest_batch,
-            proven_longest: plan.proven_largest,
+            proven_longest: plan.proven_largest(),
+            measured_graph: plan.measured_graph(),
+            capacity_bytes: plan.capacity_bytes(),
+            ceiling: plan.ceiling(),
             stopped_by: plan.stopped_by,
             peak_bytes: plan.peak_bytes,
-            capacity_bytes: plan.capacity_bytes,
-            ceiling: plan.ceiling,
             range,
-            measured_graph: plan.measured_graph,
             trials: plan
                 .trials
                 .into_iter()

@@ -50,7 +50,7 @@ use trial_loop::Probe;
 /// // (0.85 × 80 GiB − 10 GiB) / 300 MiB = 197.97, rounded down to a multiple of 8
 /// assert_eq!(plan.largest_batch, 192);
 /// // 1024 = 128 × 2 accumulation steps × 4 ranks
-/// assert_eq!((plan.micro_batch, plan.accumulation_steps, plan.effective_batch), (128, 2, 1024));
+/// assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (128, 2, 1024));
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -217,7 +217,7 @@ impl Tuner {
     /// micro-batch in proportion to what fits on it, instead of every rank the
     /// batch of the smallest device. The global batch (the target effective
     /// batch; without one, the sum of the ranks' largest batches) stays exact,
-    /// and `plan.ranks` ([`RankSplit`](crate::RankSplit)) has every rank's
+    /// and `plan.ranks()` ([`RankSplit`](crate::RankSplit)) has every rank's
     /// micro-steps and the loss weights that keep the gradient the global mean.
     /// Default false.
     pub fn uneven_ranks(mut self, uneven: bool) -> Self {
@@ -385,7 +385,7 @@ impl Tuner {
         };
         if let Some((path, key)) = &cache {
             if let Some(plan) = crate::cache::lookup(path, key) {
-                if self.strict && plan.measured_graph == crate::MeasuredGraph::Partial {
+                if self.strict && plan.measured_graph() == crate::MeasuredGraph::Partial {
                     let cut = plan.warnings.iter().find_map(|warning| match warning {
                         crate::Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
                         _ => None,
@@ -397,7 +397,7 @@ impl Tuner {
                 let plan = self.replan_cached(plan, workload, meter)?;
                 if plan.trials.len() > trials {
                     // the accumulator was checked: keep what it showed for the next start
-                    crate::cache::store(path, key, &Plan { cached: false, cache_checks: 0, ..plan.clone() });
+                    crate::cache::store(path, key, &Plan { cache: None, ..plan.clone() });
                 }
                 return Ok(plan);
             }
@@ -418,16 +418,6 @@ impl Tuner {
         }
         Ok(plan)
     }
-}
-
-/// How the plan reaches its effective batch from a largest batch.
-#[derive(Clone, Debug)]
-pub(super) struct Split {
-    pub(super) micro_batch: usize,
-    pub(super) accumulation_steps: usize,
-    pub(super) effective_batch: usize,
-    /// The accumulation arithmetic, when there is a target.
-    pub(super) accumulation: Option<crate::Accumulation>,
 }
 
 /// The searches a run makes inside itself (on one rank, at another size, of
@@ -503,7 +493,7 @@ impl Tuner {
     }
 
     /// How to reach the target (or, without one, the largest batch on every rank) from `largest_batch`.
-    fn split(&self, largest_batch: usize) -> Result<Split, Error> {
+    fn split(&self, largest_batch: usize) -> Result<crate::Split, Error> {
         match self.target_effective_batch {
             Some(target) => {
                 let mut split = plan_accumulation_aligned(target, self.world_size, largest_batch, self.multiple_of)?;
@@ -516,22 +506,12 @@ impl Tuner {
                         split.effective_batch, split.deviation, target
                     );
                 }
-                Ok(Split {
-                    micro_batch: split.micro_batch,
-                    accumulation_steps: split.accumulation_steps,
-                    effective_batch: split.effective_batch,
-                    accumulation: Some(split),
-                })
+                Ok(crate::Split::Accumulated { accumulation: split, accumulating_peak_bytes: None })
             }
             None => {
-                let effective =
-                    largest_batch.checked_mul(self.world_size).ok_or(Error::Overflow { value: largest_batch })?;
-                Ok(Split {
-                    micro_batch: largest_batch,
-                    accumulation_steps: 1,
-                    effective_batch: effective,
-                    accumulation: None,
-                })
+                // the effective batch must be a number: refuse a product that overflows
+                largest_batch.checked_mul(self.world_size).ok_or(Error::Overflow { value: largest_batch })?;
+                Ok(crate::Split::Single { micro_batch: largest_batch, world_size: self.world_size })
             }
         }
     }
@@ -575,8 +555,7 @@ impl Tuner {
         let cap = Self::cap(&plan);
         let stored = plan.trials.len();
         self.verified_replan(&mut plan, cap, workload, meter)?;
-        plan.cached = true;
-        plan.cache_checks = plan.trials.len() - stored;
+        plan.cache = Some(crate::CacheHit { checks: plan.trials.len() - stored });
         plan.tuning = crate::plan::TuningCost::of(&plan.trials[stored..]);
         Ok(plan)
     }
@@ -590,14 +569,12 @@ impl Tuner {
     /// Sets `plan`'s micro-batch, steps and effective batch from `cap` with
     /// this tuner's target and world size.
     fn apply_split(&self, plan: &mut Plan, cap: usize) -> Result<(), Error> {
-        let Split { micro_batch, accumulation_steps, effective_batch, accumulation } = self.split(cap)?;
-        (plan.micro_batch, plan.accumulation_steps, plan.effective_batch, plan.accumulation) =
-            (micro_batch, accumulation_steps, effective_batch, accumulation);
-        plan.world_size = self.world_size;
-        plan.target_effective_batch = self.target_effective_batch;
-        if accumulation_steps <= 1 {
-            plan.accumulation_peak_bytes = None;
+        let mut split = self.split(cap)?;
+        // an accumulating split keeps the peak its check measured until the check runs again
+        if split.accumulation_steps() > 1 {
+            split.set_accumulating_peak_bytes(plan.accumulation_peak_bytes());
         }
+        plan.split = split;
         Ok(())
     }
 }

@@ -2,13 +2,13 @@
 
 use log::{debug, info, warn};
 
-use super::{Observer, Split, Tuner};
+use super::{Observer, Tuner};
 use crate::estimate::{Setup, TransformerShape};
 use crate::memory::measure::measure;
 use crate::oom::meter_error_is_oom;
 use crate::plan::{
-    utilization, MeasuredGraph, MemoryModel, Objective, Plan, SearchLimit, ThroughputChoice, ThroughputPoint, Trial,
-    TrialKind, TuningCost, Warning,
+    utilization, MemoryModel, Objective, Plan, SearchLimit, SearchSettings, Split, ThroughputChoice, ThroughputPoint,
+    Trial, TrialKind, TuningCost, Warning,
 };
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
@@ -99,20 +99,19 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         }
         let stopped = self.search(space)?;
         let mut stopped_by = self.stopped_by(space, stopped);
-        let mut measured_graph = MeasuredGraph::Complete;
         for warning in self.workload.diagnose() {
             if let Warning::MissingGradients { variables, of } = &warning {
                 if self.tuner.strict {
                     return Err(Error::PartialGraph { variables: variables.clone(), of: *of });
                 }
-                // the number understates training: say so where the number is
-                measured_graph = MeasuredGraph::Partial;
+                // the number understates training: say so where the number is (the
+                // warning makes the plan's measured graph partial)
                 stopped_by = Some(SearchLimit::PartialGraph { variables: variables.len(), of: *of });
             }
             self.warn(warning);
         }
         let profile = self.tuner.profile.or_else(|| self.workload.profile());
-        self.make_plan(space, stopped_by, measured_graph, profile)
+        self.make_plan(space, stopped_by, profile)
     }
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
@@ -386,17 +385,18 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     /// micro-batch steps down (by what the overshoot says, at least one
     /// granule) until an accumulating micro-step fits. Returns the split and
     /// the verified peak.
-    fn verified_split(&mut self, space: &SearchSpace, largest_batch: usize) -> Result<(Split, Option<u64>), Error> {
+    fn verified_split(&mut self, space: &SearchSpace, largest_batch: usize) -> Result<Split, Error> {
         let mut cap = largest_batch;
         loop {
-            let split = self.tuner.split(cap)?;
-            if split.accumulation_steps <= 1 || !self.workload.can_accumulate() {
-                return Ok((split, None));
+            let mut split = self.tuner.split(cap)?;
+            if split.accumulation_steps() <= 1 || !self.workload.can_accumulate() {
+                return Ok(split);
             }
-            let micro = split.micro_batch;
+            let micro = split.micro_batch_of(0);
             let trial = self.trial(micro, TrialKind::Accumulation)?;
             if trial.outcome.fits() {
-                return Ok((split, trial.peak_bytes));
+                split.set_accumulating_peak_bytes(trial.peak_bytes);
+                return Ok(split);
             }
             let per_sample = MemoryModel::fit(&self.trials, micro, trial.peak_bytes.unwrap_or(0))
                 .map_or(0.0, |model| model.line.bytes_per_sample);
@@ -470,7 +470,6 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         &mut self,
         space: &SearchSpace,
         stopped_by: Option<SearchLimit>,
-        measured_graph: MeasuredGraph,
         profile: Option<crate::Profile>,
     ) -> Result<Plan, Error> {
         let tuner = self.tuner;
@@ -499,44 +498,33 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             });
         };
         let largest_batch = found.batch;
-        let world_size = tuner.world_size;
         let throughput = match tuner.objective {
             Objective::Throughput => Some(self.time_candidates(space, largest_batch)?),
             Objective::LargestBatch => None,
         };
         let cap = throughput.as_ref().map_or(largest_batch, |choice| choice.chosen_batch);
-        let (Split { micro_batch, accumulation_steps, effective_batch, accumulation }, accumulation_peak_bytes) =
-            self.verified_split(space, cap)?;
+        let split = self.verified_split(space, cap)?;
         let peak_bytes = found.peak_bytes.expect("a fitting trial always has a peak");
         let memory_model = MemoryModel::fit(&self.trials, largest_batch, peak_bytes);
         Ok(Plan {
             largest_batch,
-            micro_batch,
-            accumulation_steps,
-            world_size,
-            effective_batch,
-            target_effective_batch: tuner.target_effective_batch,
             peak_bytes,
-            capacity_bytes: self.capacity_bytes,
-            ceiling: tuner.ceiling,
-            multiple_of: tuner.multiple_of,
-            strategy: tuner.strategy,
-            proven_largest: stopped_by.is_none(),
             stopped_by,
-            measured_graph,
+            split,
+            search: SearchSettings {
+                capacity_bytes: self.capacity_bytes,
+                ceiling: tuner.ceiling,
+                multiple_of: tuner.multiple_of,
+                strategy: tuner.strategy,
+            },
             trials: std::mem::take(&mut self.trials),
-            accumulation,
             warnings: std::mem::take(&mut self.warnings),
             memory_model,
             evaluation: None,
-            cached: false,
-            cache_checks: 0,
-            tuning: TuningCost::default(),
-            rank_largest_batch: None,
-            accumulation_peak_bytes,
             throughput,
-            ranks: None,
-            rank: None,
+            tuning: TuningCost::default(),
+            cache: None,
+            distributed: None,
         })
     }
 

@@ -123,12 +123,12 @@ fn bert(forked: bool) -> Plan {
     println!(
         "{name}: largest batch {} ({}), measured graph {:?}: {cut} of {of} variables without a gradient",
         plan.largest_batch,
-        if plan.proven_largest { "proven" } else { "not proven" },
-        plan.measured_graph
+        if plan.proven_largest() { "proven" } else { "not proven" },
+        plan.measured_graph()
     );
     if forked {
-        assert_eq!((plan.measured_graph, cut), (MeasuredGraph::Complete, 0), "{plan}");
-        assert!(plan.proven_largest, "{plan}");
+        assert_eq!((plan.measured_graph(), cut), (MeasuredGraph::Complete, 0), "{plan}");
+        assert!(plan.proven_largest(), "{plan}");
         exact(name, &mut probe, &mut meter, &plan);
         // its forward pass alone, over the same weights detached
         let serving = Bert::load(detached(&varmap).pp("bert"), true);
@@ -156,8 +156,8 @@ fn bert(forked: bool) -> Plan {
             autobatch::format_bytes(during.state_bytes)
         );
     } else {
-        assert_eq!(plan.measured_graph, MeasuredGraph::Partial, "{plan}");
-        assert!(!plan.proven_largest && cut > 0, "{plan}");
+        assert_eq!(plan.measured_graph(), MeasuredGraph::Partial, "{plan}");
+        assert!(!plan.proven_largest() && cut > 0, "{plan}");
         match Tuner::new().strict(true).run(&mut probe, &mut meter) {
             Err(Error::PartialGraph { variables, .. }) => assert_eq!(variables.len(), cut),
             other => panic!("a strict tuner took the partial graph: {other:?}"),
@@ -252,7 +252,7 @@ fn qwen2() {
     println!(
         "Qwen2 with a reset hook: largest batch {} twice, measured graph {:?} ({} variables without a gradient)",
         first.largest_batch,
-        first.measured_graph,
+        first.measured_graph(),
         probe.variables_without_gradient().map_or(0, <[String]>::len)
     );
 }

@@ -620,7 +620,7 @@ fn tune(
     };
     drop(progress);
     let plan = result?;
-    if plan.cached {
+    if plan.cached() {
         if let Some(path) = &args.cache {
             log::info!("the plan came from the cache {}", path.display());
         }
