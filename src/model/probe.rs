@@ -121,6 +121,10 @@ enum Update {
         kind: Option<OptimizerKind>,
         master_weights: bool,
     },
+    /// An optimizer training steps too (the reference models'): the state
+    /// trained is the state measured; freed and built again only before it
+    /// has stepped.
+    Shared(crate::optim::Shared),
     /// candle-nn's SGD, computed dry.
     Sgd { lr: f64 },
     /// Any optimizer: a throwaway one per step, the variables restored after.
@@ -343,7 +347,7 @@ impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> crate::Resizable for
 }
 
 impl<L: ProbeLoss> ModelProbe<L> {
-    fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
+    pub(crate) fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
         let key = CacheKey::new().variables(vars.iter().map(|(name, var)| (name.as_str(), var)));
         ModelProbe {
             vars,
@@ -417,6 +421,13 @@ impl<L: ProbeLoss> ModelProbe<L> {
             master_weights,
         };
         Ok(probe)
+    }
+
+    /// Measures `optimizer`, which a training loop steps: its update computed
+    /// dry on the state training holds.
+    pub(crate) fn shared(mut self, optimizer: crate::optim::Shared) -> Self {
+        self.update = Update::Shared(optimizer);
+        self
     }
 
     /// Measures candle-nn's SGD with learning rate `lr`: no state, its update
@@ -529,6 +540,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
                 }
                 optimizer.as_ref().map_or(Ok(()), |optimizer| optimizer.dry_step(grads))
             }
+            Update::Shared(optimizer) => optimizer.dry_step(grads),
             Update::Sgd { lr } => {
                 for (_, var) in &self.vars {
                     if let Some(grad) = grads.get(var.as_tensor()) {
@@ -561,12 +573,16 @@ impl<L: ProbeLoss> ModelProbe<L> {
         }
     }
 
-    fn optimizer_name(&self) -> &str {
+    fn optimizer_name(&self) -> String {
         match &self.update {
-            Update::None => "none",
-            Update::Dry { name, .. } => name,
-            Update::Sgd { .. } => "candle_nn::SGD",
-            Update::General { name, .. } => name,
+            Update::None => "none".to_owned(),
+            Update::Dry { name, .. } => name.clone(),
+            Update::Shared(optimizer) => {
+                let by_kind = optimizer.by_kind();
+                format!("{}{}", by_kind.kind.name(), if by_kind.mixed { " (mixed precision)" } else { "" })
+            }
+            Update::Sgd { .. } => "candle_nn::SGD".to_owned(),
+            Update::General { name, .. } => name.clone(),
         }
     }
 }
@@ -681,6 +697,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     fn free_training_state(&mut self) -> u64 {
         match &mut self.update {
             Update::Dry { optimizer, rebuild: Some(_), .. } => optimizer.take().map_or(0, |o| o.state_bytes()),
+            Update::Shared(optimizer) => optimizer.free(),
             _ => 0,
         }
     }
@@ -694,7 +711,8 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     }
 
     fn cache_key(&self) -> Option<CacheKey> {
-        let step = if self.loss.computes_gradients() { self.optimizer_name() } else { "none (forward only)" };
+        let step =
+            if self.loss.computes_gradients() { self.optimizer_name() } else { "none (forward only)".to_owned() };
         let key = self.key.clone().param("optimizer", step);
         // what the update holds besides the variables' gradients, when more than TrainLoop does
         Some(match (self.graph_through_update, self.grad_store_through_update) {
@@ -712,12 +730,17 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         let optimizer = match &self.update {
             Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
             Update::Dry { kind, .. } => (*kind)?,
+            Update::Shared(optimizer) => optimizer.by_kind().kind,
             // its state is not known from outside
             Update::General { .. } => return None,
         };
         let floats = || self.vars.iter().map(|(_, var)| var).filter(|var| var.dtype().is_float());
         let parameters = floats().map(|var| var.elem_count() as u64).sum();
-        let mixed = matches!(&self.update, Update::Dry { master_weights: true, .. });
+        let mixed = match &self.update {
+            Update::Dry { master_weights, .. } => *master_weights,
+            Update::Shared(optimizer) => optimizer.by_kind().mixed,
+            _ => false,
+        };
         let precision = match floats().next().map(|var| var.dtype()) {
             Some(DType::BF16 | DType::F16) if mixed => Precision::Mixed,
             Some(DType::BF16 | DType::F16) => Precision::Bf16,

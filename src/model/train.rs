@@ -72,6 +72,11 @@ impl<O: Optimizer> TrainLoop<O> {
         })
     }
 
+    /// A loop over `vars` whose steps `guard` divides.
+    pub(crate) fn with_guard(guard: Guard, vars: Vec<Var>, optimizer: O) -> Self {
+        TrainLoop { guard, grow_back_after: None, vars, optimizer }
+    }
+
     /// Doubles the micro-batch back after `steps` optimizer steps without an
     /// out-of-memory error (see [`Guard::grow_back_after`]).
     pub fn grow_back_after(mut self, steps: usize) -> Self {

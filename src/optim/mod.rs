@@ -20,6 +20,7 @@ mod adamw;
 mod adamw8bit;
 mod lion;
 mod mixed;
+mod shared;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
@@ -29,6 +30,7 @@ pub use adamw::{AdamW, AdamWState};
 pub use adamw8bit::{AdamW8bit, ParamsAdamW8bit};
 pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;
+pub(crate) use shared::{ByKind, Shared};
 
 use crate::vocabulary::OptimizerKind;
 

@@ -3,11 +3,14 @@
 //! small [`convnet`] for images, each trained with AdamW on synthetic data (no
 //! downloads).
 //!
-//! A [`Trainer`] holds a model, its variables and its optimizer. As a
-//! [`Workload`] its step is a *probe* step: forward, loss, backward and the
-//! AdamW update computed in full ([`AdamW::dry_step`](crate::optim::AdamW::dry_step)) but never written, so
-//! tuning changes no weight, no moment and not the step count, at no extra
-//! memory. [`Trainer::train_step`] is the real thing.
+//! Each model is built as a user builds one: its variables in a `VarMap`, a
+//! loss of a synthetic batch. A [`Trainer`] puts it through the crate's own
+//! engine, as a user's model goes: a [`ModelProbe`] is its [`Workload`]
+//! (forward, loss, backward and the optimizer's update computed in full but
+//! never written, so tuning changes no weight, no moment and not the step
+//! count, at no extra memory) and a [`TrainLoop`] its training
+//! ([`Trainer::train_step`]), the two holding one optimizer. This module
+//! keeps the models and their configurations; nothing here steps.
 //!
 //! Tune at the longest sequence (largest image) training will see: activation
 //! memory per sample grows with sequence length, quadratically in attention.
@@ -31,17 +34,22 @@ pub mod mlp;
 mod params;
 pub mod transformer;
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
-use candle_nn::{Optimizer, ParamsAdamW};
+use candle_nn::{ParamsAdamW, VarMap};
 
-use crate::optim::AdamW;
+use crate::model::{ForwardOnly, ProbeLoss};
+use crate::optim::{AdamW, ByKind, DryStep, Shared};
+use crate::vocabulary::OptimizerKind;
+use crate::{Guard, MicroBatch, ModelProbe, TrainLoop};
 pub use convnet::ConvNetConfig;
 pub use footprint::Footprint;
 pub use mlp::MlpConfig;
 pub use transformer::TransformerConfig;
 
-use crate::model::grads::Accumulator;
 use crate::{Error, Workload};
 use params::{data_seed, Params};
 
@@ -54,19 +62,28 @@ pub trait Model {
     /// the same seed and batch give the same samples.
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor>;
 
-    /// The loss of `batch` samples, times `scale`, and the gradients of that
-    /// scaled loss: `loss.backward()` unless the model does its own backward
-    /// pass (the transformer with gradient checkpointing). The loss returned is
-    /// unscaled.
+    /// The loss of `batch` samples and the gradients of the variables:
+    /// `loss.backward()` unless the model does its own backward pass (the
+    /// transformer with gradient checkpointing, which says so in
+    /// [`computes_own_gradients`](Model::computes_own_gradients)).
     fn loss_and_gradients(
         &self,
         batch: usize,
         data_seed: u64,
-        scale: f64,
         vars: &[Var],
     ) -> candle_core::Result<(Tensor, GradStore)> {
         let _ = vars;
-        backward(self.loss(batch, data_seed)?, scale)
+        let loss = self.loss(batch, data_seed)?;
+        let grads = loss.backward()?;
+        Ok((loss, grads))
+    }
+
+    /// Whether [`loss_and_gradients`](Model::loss_and_gradients) runs its own
+    /// backward pass: training then scales its gradients, not its loss
+    /// ([`TrainLoop::step_with_backward`](crate::TrainLoop::step_with_backward)).
+    /// False by default.
+    fn computes_own_gradients(&self) -> bool {
+        false
     }
 
     /// The transformer this model is, when it is one: what the advice weighs
@@ -87,15 +104,37 @@ pub(crate) fn detach_linear(layer: &candle_nn::Linear) -> candle_nn::Linear {
     candle_nn::Linear::new(layer.weight().detach(), layer.bias().map(Tensor::detach))
 }
 
-/// A model with its variables and AdamW optimizer: a probe [`Workload`] and a
-/// real training loop in one.
+/// A reference model as a user's model: its variables in a `VarMap`, probed
+/// by a [`ModelProbe`] and trained by a [`TrainLoop`], the two holding one
+/// optimizer (AdamW by default), so that the state trained is the state
+/// measured. A [`Workload`] (the probe's steps: nothing changes) and a
+/// training loop in one.
 pub struct Trainer<M> {
-    model: M,
+    model: Rc<RefCell<M>>,
+    varmap: VarMap,
     vars: Vec<(String, Var)>,
-    optimizer: TrainerOptimizer,
+    optimizer: Shared,
+    probe: ModelProbe<ReferenceLoss<M>>,
     dtype: DType,
     seed: u64,
     steps: u64,
+}
+
+/// A reference model's loss on its probe batch: what its probe steps run.
+struct ReferenceLoss<M> {
+    model: Rc<RefCell<M>>,
+    vars: Vec<Var>,
+    seed: u64,
+}
+
+impl<M: Model> ProbeLoss for ReferenceLoss<M> {
+    fn loss_and_gradients(&mut self, batch: usize) -> candle_core::Result<(Tensor, GradStore)> {
+        self.model.borrow().loss_and_gradients(batch, data_seed(self.seed, None), &self.vars)
+    }
+
+    fn scales_gradients(&self) -> bool {
+        self.model.borrow().computes_own_gradients()
+    }
 }
 
 /// The default AdamW hyper-parameters of the reference workloads.
@@ -105,9 +144,34 @@ pub(crate) fn default_adamw() -> ParamsAdamW {
 
 impl<M: Model> Trainer<M> {
     fn new(model: M, params: Params, dtype: DType, seed: u64) -> Result<Self, Error> {
-        let vars = params.into_vars();
-        let optimizer = AdamW::new(vars.iter().map(|(_, var)| var.clone()).collect(), default_adamw())?;
-        Ok(Trainer { model, vars, optimizer: TrainerOptimizer::AdamW(optimizer), dtype, seed, steps: 0 })
+        let varmap = params.into_varmap();
+        let vars = crate::model::named_vars(&varmap);
+        let by_kind = ByKind { kind: OptimizerKind::AdamW, mixed: false, adamw: default_adamw() };
+        let optimizer = Shared::build(by_kind, vars.iter().map(|(_, var)| var.clone()).collect())?;
+        let model = Rc::new(RefCell::new(model));
+        let probe = Self::probe(&model, &vars, seed, optimizer.clone());
+        Ok(Trainer { model, varmap, vars, optimizer, probe, dtype, seed, steps: 0 })
+    }
+
+    fn probe(
+        model: &Rc<RefCell<M>>,
+        vars: &[(String, Var)],
+        seed: u64,
+        optimizer: Shared,
+    ) -> ModelProbe<ReferenceLoss<M>> {
+        let loss =
+            ReferenceLoss { model: model.clone(), vars: vars.iter().map(|(_, var)| var.clone()).collect(), seed };
+        ModelProbe::with_loss(vars.to_vec(), loss).shared(optimizer)
+    }
+
+    /// Probes and trains with the optimizer `by_kind` from now on.
+    fn set_optimizer(&mut self, by_kind: ByKind, change: &'static str) -> Result<(), Error> {
+        if self.steps > 0 {
+            return Err(Error::AlreadyTrained { steps: self.steps, change });
+        }
+        self.optimizer = Shared::build(by_kind, self.plain_vars())?;
+        self.probe = Self::probe(&self.model, &self.vars, self.seed, self.optimizer.clone());
+        Ok(())
     }
 
     /// The same model trained in mixed precision: the bf16 variables stay the
@@ -121,10 +185,8 @@ impl<M: Model> Trainer<M> {
                 valid: "bf16 variables for mixed precision (f32 masters are added)",
             });
         }
-        if self.steps > 0 {
-            return Err(Error::AlreadyTrained { steps: self.steps, change: "switch to mixed precision" });
-        }
-        self.optimizer = TrainerOptimizer::build(crate::vocabulary::OptimizerKind::AdamW, true, self.plain_vars())?;
+        let by_kind = ByKind { kind: OptimizerKind::AdamW, mixed: true, adamw: default_adamw() };
+        self.set_optimizer(by_kind, "switch to mixed precision")?;
         Ok(self)
     }
 
@@ -132,64 +194,66 @@ impl<M: Model> Trainer<M> {
     /// hyper-parameters at their defaults, the learning rate the reference
     /// AdamW's scaled as each paper advises): `Lion` (lr / 3), `Adafactor`
     /// (relative step) or `AdamW8bit`, or `AdamW` again. Before training only.
-    pub fn with_optimizer(mut self, kind: crate::vocabulary::OptimizerKind) -> Result<Self, Error> {
-        if self.steps > 0 {
-            return Err(Error::AlreadyTrained { steps: self.steps, change: "choose the optimizer" });
-        }
-        self.optimizer = TrainerOptimizer::build(kind, false, self.plain_vars())?;
+    pub fn with_optimizer(mut self, kind: OptimizerKind) -> Result<Self, Error> {
+        self.set_optimizer(ByKind { kind, mixed: false, adamw: default_adamw() }, "choose the optimizer")?;
         Ok(self)
     }
 
     /// Whether AdamW runs on f32 master copies ([`into_mixed_precision`](Self::into_mixed_precision)).
     pub fn is_mixed_precision(&self) -> bool {
-        matches!(self.optimizer, TrainerOptimizer::Mixed(_))
+        self.optimizer.by_kind().mixed
     }
 
     /// One real training step on `batch` fresh synthetic samples: forward,
-    /// loss, backward, AdamW update. Returns the loss before the update.
+    /// loss, backward, the optimizer's update. Returns the loss before the update.
     pub fn train_step(&mut self, batch: usize) -> Result<f32, Error> {
         self.train_step_accumulated(batch, 1)
     }
 
     /// One optimizer step over `accumulation_steps` micro-batches of
-    /// `micro_batch` samples each: gradients of the mean loss are summed
-    /// before the update, as for one batch of `micro_batch × accumulation_steps`.
-    /// Returns the mean loss. Only the variables' gradients are accumulated (one
-    /// more copy of the parameters than a single step holds), as
-    /// [`TrainLoop`](crate::TrainLoop) does and as the tuner verifies plans.
+    /// `micro_batch` fresh samples each, through a [`TrainLoop`]: the
+    /// variables' gradients of the mean loss summed before the update, as
+    /// for one batch of `micro_batch × accumulation_steps`, and as the tuner
+    /// verifies plans. Returns the mean loss.
     pub fn train_step_accumulated(&mut self, micro_batch: usize, accumulation_steps: usize) -> Result<f32, Error> {
-        if micro_batch == 0 {
-            return Err(Error::Zero { setting: "micro_batch" });
-        }
         if accumulation_steps == 0 {
             return Err(Error::Zero { setting: "accumulation_steps" });
         }
+        let batch = micro_batch.checked_mul(accumulation_steps).ok_or(Error::Overflow { value: micro_batch })?;
+        let guard = Guard::with_batch(batch, micro_batch)?;
         let vars = self.plain_vars();
-        let mut accumulated = Accumulator::default();
-        let mut total_loss = 0f32;
-        for micro_step in 0..accumulation_steps {
-            let seed = data_seed(self.seed, Some(self.steps * accumulation_steps as u64 + micro_step as u64));
-            let (loss, grads) =
-                self.model.loss_and_gradients(micro_batch, seed, 1.0 / accumulation_steps as f64, &vars)?;
-            total_loss += loss.to_scalar::<f32>()?;
-            drop(loss);
-            accumulated.add(grads, &vars)?;
-        }
-        self.optimizer.built(vars)?.step(&accumulated.take()?)?;
+        let mut training = TrainLoop::with_guard(guard, vars.clone(), self.optimizer.clone());
+        let model = self.model.borrow();
+        // every micro-batch its own samples: the micro-steps of all steps so far, then its index
+        let first = self.steps * accumulation_steps as u64;
+        let seed = |micro: MicroBatch| data_seed(self.seed, Some(first + (micro.offset / micro_batch) as u64));
+        let mut unmetered = crate::memory::Unmetered;
+        let report = if model.computes_own_gradients() {
+            training.step_with_backward(&mut unmetered, |micro| model.loss_and_gradients(micro.len, seed(micro), &vars))
+        } else {
+            training.step(&mut unmetered, |micro| model.loss(micro.len, seed(micro)))
+        }?;
+        drop(model);
         self.steps += 1;
-        Ok(total_loss / accumulation_steps as f32)
+        Ok(report.loss.map_or(f32::NAN, |loss| loss as f32))
     }
 
     fn plain_vars(&self) -> Vec<Var> {
         self.vars.iter().map(|(_, var)| var.clone()).collect()
     }
 
-    /// The evaluation step as a [`Workload`]: forward and loss over
-    /// detached weights, no backward, no optimizer: what
+    /// The evaluation step as a [`Workload`]: a forward-only [`ModelProbe`]
+    /// of the model detached from its variables (no graph, no backward, no
+    /// optimizer), the loss read back as an evaluation loop reads it: what
     /// [`Tuner::run_with_eval`](crate::Tuner::run_with_eval) probes for the
     /// evaluation batch.
-    pub fn evaluation(&self) -> Evaluation<M> {
-        Evaluation { model: self.model.detached(), seed: self.seed }
+    pub fn evaluation(&self) -> ModelProbe<ForwardOnly<impl FnMut(usize) -> candle_core::Result<Tensor>>> {
+        let (model, seed) = (self.model.borrow().detached(), self.seed);
+        ModelProbe::forward_only(&self.varmap, move |batch| {
+            let loss = model.loss(batch, data_seed(seed, None))?;
+            loss.to_scalar::<f32>()?;
+            Ok(loss)
+        })
     }
 
     /// Optimizer steps taken by training (probing takes none).
@@ -198,29 +262,33 @@ impl<M: Model> Trainer<M> {
     }
 
     /// The model.
-    pub fn model(&self) -> &M {
-        &self.model
+    pub fn model(&self) -> std::cell::Ref<'_, M> {
+        self.model.borrow()
     }
 
-    pub(crate) fn model_mut(&mut self) -> &mut M {
-        &mut self.model
+    pub(crate) fn model_mut(&mut self) -> std::cell::RefMut<'_, M> {
+        self.model.borrow_mut()
     }
 
-    /// Named trainable variables, in creation order.
+    /// The variables, as a user's model keeps them.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// Named trainable variables, by name.
     pub fn vars(&self) -> &[(String, Var)] {
         &self.vars
     }
 
-    /// The AdamW optimizer, with its moments (over the f32 master copies in
-    /// mixed precision); `None` after [`with_optimizer`](Self::with_optimizer)
-    /// chose another.
-    pub fn optimizer(&self) -> Option<&AdamW> {
-        self.optimizer.adamw()
+    /// The steps AdamW has counted (over master copies in mixed precision);
+    /// `None` after [`with_optimizer`](Self::with_optimizer) chose another.
+    pub fn adamw_steps(&self) -> Result<Option<usize>, Error> {
+        Ok(self.optimizer.with_adamw(AdamW::step_count)?)
     }
 
     /// Bytes of optimizer state (and master copies, in mixed precision).
     pub fn optimizer_state_bytes(&self) -> u64 {
-        self.optimizer.as_dry().map_or(0, |optimizer| optimizer.state_bytes())
+        self.optimizer.state_bytes()
     }
 
     /// Number of trainable parameters.
@@ -249,200 +317,73 @@ impl<M: Model> Trainer<M> {
             let values = var.as_tensor().flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
             Ok(values.into_iter().map(f32::to_bits).collect())
         };
-        // a freed optimizer as its next step builds it again
-        let rebuilt;
-        let optimizer = match &self.optimizer {
-            TrainerOptimizer::Freed { kind, mixed } => {
-                rebuilt = TrainerOptimizer::build(*kind, *mixed, self.plain_vars())?;
-                &rebuilt
-            }
-            built => built,
-        };
+        let moments = self.optimizer.with_adamw(|adamw| -> candle_core::Result<Vec<Vec<u32>>> {
+            let states = adamw.states().iter();
+            states.flat_map(|s| [&s.var, &s.first_moment, &s.second_moment]).map(bits).collect()
+        })?;
         let mut state = Vec::new();
-        if matches!(optimizer, TrainerOptimizer::Mixed(_)) || optimizer.adamw().is_none() {
+        if self.is_mixed_precision() || moments.is_none() {
             for (_, var) in &self.vars {
                 state.push(bits(var)?);
             }
         }
-        for s in optimizer.adamw().map_or(&[][..], |adamw| adamw.states()) {
-            for var in [&s.var, &s.first_moment, &s.second_moment] {
-                state.push(bits(var)?);
-            }
-        }
+        state.extend(moments.transpose()?.unwrap_or_default());
         Ok(state)
     }
 }
 
+/// The probe's steps (a [`ModelProbe`] of the model with its optimizer), its
+/// cache key with the model's description added and its profile with the
+/// transformer's shape.
 impl<M: Model> Workload for Trainer<M> {
-    fn cache_key(&self) -> Option<crate::CacheKey> {
-        let vars = self.vars.iter().map(|(name, var)| (name.as_str(), var));
-        let key = crate::CacheKey::new().variables(vars).param("model", self.model.describe());
-        let optimizer = self.optimizer.kind().map_or("other", |kind| kind.name());
-        Some(key.param("mixed_precision", self.is_mixed_precision()).param("optimizer", optimizer))
-    }
-
-    fn profile(&self) -> Option<crate::Profile> {
-        let precision = match self.dtype {
-            DType::BF16 if self.is_mixed_precision() => crate::vocabulary::Precision::Mixed,
-            DType::BF16 => crate::vocabulary::Precision::Bf16,
-            _ => crate::vocabulary::Precision::Fp32,
-        };
-        let optimizer = self.optimizer.kind()?;
-        let largest = self.vars.iter().map(|(_, var)| var.elem_count() as u64).max().unwrap_or(0);
-        let profile =
-            crate::Profile::new(self.parameter_count() as u64, precision, optimizer).largest_variable(largest);
-        Some(match self.model.transformer() {
-            Some(transformer) => profile.transformer(transformer.shape, transformer.recompute),
-            None => profile,
-        })
-    }
-
-    /// A probe step: forward, loss, backward and the full AdamW update
-    /// computed but not applied. Changes nothing; uses the memory of a real step.
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {
-        let vars = self.plain_vars();
-        let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
-        // the forward graph and the gradients of anything but the variables
-        // are freed before the update, as `train_step` does
-        drop(loss);
-        let grads = crate::model::grads::keep_variables(grads, &vars);
-        self.optimizer.built(vars)?.dry_step(&grads)?;
-        drop(grads);
-        Ok(())
+        self.probe.step(batch)
     }
 
-    /// A micro-step after the first of [`train_step_accumulated`](Trainer::train_step_accumulated):
-    /// the accumulator held, this micro-step's gradients added, the update
-    /// computed dry from the sum.
     fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
-        let vars = self.plain_vars();
-        let mut accumulated = Accumulator::holding_zeros(&vars)?;
-        let (loss, grads) = self.model.loss_and_gradients(batch, data_seed(self.seed, None), 1.0, &vars)?;
-        drop(loss);
-        accumulated.add(grads, &vars)?;
-        self.optimizer.built(vars)?.dry_step(&accumulated.take()?)?;
-        Ok(())
+        self.probe.accumulating_step(batch)
     }
 
     fn can_accumulate(&self) -> bool {
-        true
+        self.probe.can_accumulate()
+    }
+
+    fn diagnose(&mut self) -> Vec<crate::Warning> {
+        self.probe.diagnose()
+    }
+
+    fn tuning_finished(&mut self) {
+        self.probe.tuning_finished();
     }
 
     /// Frees the optimizer's state (and master copies, in mixed precision)
     /// before the trainer has trained; the next step builds it again, with
     /// zero moments as before. A trainer that has trained keeps its state.
     fn free_training_state(&mut self) -> u64 {
-        let Some(kind) = self.optimizer.kind().filter(|_| self.steps == 0) else { return 0 };
-        let freed = self.optimizer_state_bytes();
-        self.optimizer = TrainerOptimizer::Freed { kind, mixed: self.is_mixed_precision() };
-        freed
+        self.probe.free_training_state()
+    }
+
+    fn cache_key(&self) -> Option<crate::CacheKey> {
+        Some(self.probe.cache_key()?.param("model", self.model.borrow().describe()))
+    }
+
+    fn profile(&self) -> Option<crate::Profile> {
+        let profile = self.probe.profile()?;
+        Some(match self.model.borrow().transformer() {
+            Some(transformer) => profile.transformer(transformer.shape, transformer.recompute),
+            None => profile,
+        })
     }
 }
 
 impl<M: Model> std::fmt::Debug for Trainer<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
-            .field("model", &self.model.describe())
+            .field("model", &self.model.borrow().describe())
             .field("parameters", &self.parameter_count())
             .field("dtype", &self.dtype)
             .field("steps", &self.steps)
             .finish()
-    }
-}
-
-/// The reference workloads' optimizer: AdamW in the variables' dtype, or
-/// AdamW on f32 master copies of bf16 variables.
-enum TrainerOptimizer {
-    AdamW(AdamW),
-    Mixed(crate::optim::MixedPrecision<AdamW>),
-    Lion(crate::optim::Lion),
-    Adafactor(crate::optim::Adafactor),
-    AdamW8bit(crate::optim::AdamW8bit),
-    /// Freed after tuning ([`Workload::free_training_state`]): built again,
-    /// as it was before training, at the next step.
-    Freed {
-        kind: crate::vocabulary::OptimizerKind,
-        mixed: bool,
-    },
-}
-
-impl TrainerOptimizer {
-    /// The optimizer of `kind` over `vars` (on f32 master copies when
-    /// `mixed`), at the reference hyper-parameters: the learning rate the
-    /// reference AdamW's, scaled as each paper advises.
-    fn build(kind: crate::vocabulary::OptimizerKind, mixed: bool, vars: Vec<Var>) -> Result<Self, Error> {
-        use crate::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
-        use crate::vocabulary::OptimizerKind;
-        let lr = default_adamw().lr;
-        Ok(match kind {
-            OptimizerKind::AdamW if mixed => {
-                TrainerOptimizer::Mixed(crate::optim::MixedPrecision::new(vars, default_adamw())?)
-            }
-            OptimizerKind::AdamW => TrainerOptimizer::AdamW(AdamW::new(vars, default_adamw())?),
-            OptimizerKind::Lion => {
-                TrainerOptimizer::Lion(Lion::new(vars, ParamsLion { lr: lr / 3.0, ..ParamsLion::default() })?)
-            }
-            OptimizerKind::Adafactor => TrainerOptimizer::Adafactor(Adafactor::new(vars, ParamsAdafactor::default())?),
-            OptimizerKind::Adam8bit => {
-                TrainerOptimizer::AdamW8bit(AdamW8bit::new(vars, ParamsAdamW8bit { lr, ..ParamsAdamW8bit::default() })?)
-            }
-            other => {
-                return Err(Error::UnsupportedOptimizer {
-                    optimizer: other.name().to_owned(),
-                    valid: "adamw, lion, adafactor or adam8bit (the optimizers with a dry step)",
-                })
-            }
-        })
-    }
-
-    /// The AdamW inside, if it is one (over master copies in mixed precision).
-    fn adamw(&self) -> Option<&AdamW> {
-        match self {
-            TrainerOptimizer::AdamW(adamw) => Some(adamw),
-            TrainerOptimizer::Mixed(mixed) => Some(mixed.inner()),
-            _ => None,
-        }
-    }
-
-    /// Itself, built again first if it was freed.
-    fn built(&mut self, vars: Vec<Var>) -> candle_core::Result<&mut Self> {
-        if let TrainerOptimizer::Freed { kind, mixed } = *self {
-            *self = Self::build(kind, mixed, vars).map_err(|err| candle_core::Error::Msg(err.to_string()))?;
-        }
-        Ok(self)
-    }
-
-    fn as_dry(&self) -> Option<&dyn crate::optim::DryStep> {
-        Some(match self {
-            TrainerOptimizer::AdamW(o) => o,
-            TrainerOptimizer::Mixed(o) => o,
-            TrainerOptimizer::Lion(o) => o,
-            TrainerOptimizer::Adafactor(o) => o,
-            TrainerOptimizer::AdamW8bit(o) => o,
-            TrainerOptimizer::Freed { .. } => return None,
-        })
-    }
-
-    fn kind(&self) -> Option<crate::vocabulary::OptimizerKind> {
-        match self {
-            TrainerOptimizer::Freed { kind, .. } => Some(*kind),
-            other => other.as_dry()?.kind(),
-        }
-    }
-
-    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
-        match self {
-            TrainerOptimizer::AdamW(o) => o.step(grads),
-            TrainerOptimizer::Mixed(o) => o.step(grads),
-            TrainerOptimizer::Lion(o) => o.step(grads),
-            TrainerOptimizer::Adafactor(o) => o.step(grads),
-            TrainerOptimizer::AdamW8bit(o) => o.step(grads),
-            TrainerOptimizer::Freed { .. } => Err(candle_core::Error::Msg("the optimizer was freed".to_owned())),
-        }
-    }
-
-    fn dry_step(&self, grads: &GradStore) -> candle_core::Result<()> {
-        self.as_dry().map_or(Ok(()), |optimizer| optimizer.dry_step(grads))
     }
 }
 
@@ -461,29 +402,9 @@ pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
     }
 }
 
-/// The loss and the gradients of `loss × scale`: a plain backward pass.
-pub(crate) fn backward(loss: Tensor, scale: f64) -> candle_core::Result<(Tensor, GradStore)> {
-    let grads = if scale == 1.0 { loss.backward()? } else { (&loss * scale)?.backward()? };
-    Ok((loss, grads))
-}
-
 /// Cross-entropy in f32, whatever the model's dtype.
 pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
     candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
-}
-
-/// The evaluation step of a [`Trainer`]: see [`Trainer::evaluation`].
-pub struct Evaluation<M> {
-    model: M,
-    seed: u64,
-}
-
-impl<M: Model> Workload for Evaluation<M> {
-    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
-        let loss = self.model.loss(batch, data_seed(self.seed, None))?;
-        // read the value back, as an evaluation loop would
-        loss.to_scalar::<f32>().map(|_| ())
-    }
 }
 
 /// A reference workload whose model is chosen at run time (as the probe binary
@@ -507,7 +428,7 @@ impl<M: Model + 'static> ReferenceWorkload for Trainer<M> {
     }
 
     fn description(&self) -> String {
-        self.model.describe()
+        self.model.borrow().describe()
     }
 
     fn parameter_count(&self) -> usize {

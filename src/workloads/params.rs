@@ -99,7 +99,13 @@ impl Params {
         Ok(tensor)
     }
 
-    pub(crate) fn into_vars(self) -> Vec<(String, Var)> {
-        self.vars
+    /// The variables in a `VarMap`, as a model built with candle-nn keeps them.
+    pub(crate) fn into_varmap(self) -> candle_nn::VarMap {
+        let varmap = candle_nn::VarMap::new();
+        {
+            let mut data = varmap.data().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            data.extend(self.vars);
+        }
+        varmap
     }
 }

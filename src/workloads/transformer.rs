@@ -334,24 +334,29 @@ impl Model for Transformer {
         &self,
         batch: usize,
         data_seed: u64,
-        scale: f64,
         vars: &[candle_core::Var],
     ) -> candle_core::Result<(Tensor, GradStore)> {
         let Some(frozen) = &self.frozen else {
-            return super::backward(self.loss(batch, data_seed)?, scale);
+            let loss = self.loss(batch, data_seed)?;
+            let grads = loss.backward()?;
+            return Ok((loss, grads));
         };
         let (input, targets) = self.data(batch, data_seed)?;
         let steps: Vec<BlockStep> = self.blocks.iter().map(|block| BlockStep { model: self, block }).collect();
         let frozen: Vec<BlockStep> = frozen.iter().map(|block| BlockStep { model: self, block }).collect();
         let vocab = self.config.vocab;
-        let mut unscaled = None;
+        let mut loss = None;
         let (_, grads) = checkpointed(vars, &self.embed(&input)?, &steps, &frozen, |h| {
             let logits = self.logits(h)?.reshape((batch * self.seq_len, vocab))?;
-            let loss = cross_entropy(&logits, &targets)?;
-            unscaled = Some(loss.detach());
-            &loss * scale
+            let head = cross_entropy(&logits, &targets)?;
+            loss = Some(head.detach());
+            Ok(head)
         })?;
-        Ok((unscaled.expect("the head ran"), grads))
+        Ok((loss.expect("the head ran"), grads))
+    }
+
+    fn computes_own_gradients(&self) -> bool {
+        self.frozen.is_some()
     }
 
     fn describe(&self) -> String {
