@@ -17,7 +17,8 @@ const LEAVES: [&str; 7] =
 
 /// Every module in its layer, lowest first: each may use only the ones before
 /// it (the design's order: search below plan below tuner; the reference
-/// models at the top, built on the user-facing `model` layer like a user's).
+/// models built on the user-facing `model` layer like a user's, and so below
+/// the tuner that probes them, as it probes a user's).
 const ORDER: [&str; 23] = [
     "units",
     "vocabulary",
@@ -40,8 +41,8 @@ const ORDER: [&str; 23] = [
     "guard",
     "headroom",
     "model",
-    "tuner",
     "workloads",
+    "tuner",
 ];
 
 fn src() -> PathBuf {
