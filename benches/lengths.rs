@@ -65,7 +65,7 @@ fn lengths(seed: u64) -> Vec<usize> {
 
 /// Median seconds and peak bytes of a step at `batch` samples of `len` tokens.
 fn measure(
-    trainer: &mut autobatch::workloads::Trainer<autobatch::workloads::transformer::Transformer>,
+    trainer: &mut autobatch::workloads::Trainer<autobatch::workloads::Transformer>,
     meter: &mut HeapMeter,
     batch: usize,
     len: usize,

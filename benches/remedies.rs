@@ -42,8 +42,8 @@ fn step_time<W: Workload>(model: &mut W, batch: usize) -> Duration {
 /// `autobatch probe --compare` on the default transformer and MLP, through the
 /// library's `Tuner::compare`.
 fn comparisons(report: &mut String) {
-    use autobatch::tuner::Variant;
     use autobatch::workloads::MlpConfig;
+    use autobatch::Variant;
     use candle_core::DType;
     let transformer = |checkpointing, dtype| TransformerConfig { checkpointing, dtype, ..Default::default() };
     let build = |config: TransformerConfig| move || config.build(&Device::Cpu);

@@ -127,7 +127,7 @@ pub mod optim;
 mod plan;
 pub mod search;
 mod splitmix;
-pub mod tuner;
+mod tuner;
 mod units;
 mod vocabulary;
 mod workload;
@@ -138,9 +138,12 @@ pub use error::{candle_message, describe_failure, Error, ErrorKind, Result};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
-pub use memory::CudaMeter;
-pub use memory::{HeapMeter, MemoryMeter, TrackingAllocator};
-pub use model::{ModelProbe, TrainLoop};
+pub use memory::cuda::CudaMeter;
+pub use memory::heap::HeapMeter;
+pub use memory::meter::MemoryMeter;
+pub use memory::tracking::TrackingAllocator;
+pub use model::probe::ModelProbe;
+pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
     plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, CacheHit, Ceiling, Distributed,
@@ -148,7 +151,9 @@ pub use plan::{
     RankSplit, SearchLimit, SearchSettings, SizeBatch, SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, Split,
     ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
 };
-pub use search::{LinearFit, Outcome, Strategy};
-pub use tuner::{Observer, Tuner};
+pub use search::fit::LinearFit;
+pub use search::outcome::Outcome;
+pub use search::strategy::Strategy;
+pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
 pub use units::{format_bytes, format_bytes_decimal};
 pub use workload::{by_size, BySize, Profile, Resizable, Workload};

@@ -17,7 +17,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 use autobatch::model::{detached, detached_sharing};
 use autobatch::optim::{Adafactor, ParamsAdafactor, ParamsLion};
-use autobatch::tuner::Variant;
+use autobatch::Variant;
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Warning, Workload};
 use candle_core::{DType, Device, Module, ModuleT, Result, Tensor, Var};
 use candle_nn::{

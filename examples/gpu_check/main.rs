@@ -254,7 +254,7 @@ fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
 
 /// The small size as it is, checkpointed, in bf16 and both, tuned side by side.
 fn remedies(out: &str, device: &str, meter: &mut CudaMeter) -> Result<(), Box<dyn std::error::Error>> {
-    use autobatch::tuner::Variant;
+    use autobatch::Variant;
     let (_, small) = sizes().remove(0);
     let cuda = meter.device().clone();
     let variant = |name: &'static str, checkpointing: bool, dtype: DType| {

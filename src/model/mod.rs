@@ -1,10 +1,10 @@
 //! Your own candle model: probed as it is, trained with the plan.
 //!
-//! - [`ModelProbe`] turns a `VarMap` and a loss closure into a [`Workload`](crate::Workload)
+//! - [`ModelProbe`](crate::ModelProbe) turns a `VarMap` and a loss closure into a [`Workload`](crate::Workload)
 //!   that runs forward, backward and the optimizer's update without changing a
 //!   variable, names the variables that got no gradient, and gives the tuner its
 //!   cache key and memory profile;
-//! - [`TrainLoop`] trains with a plan: each optimizer step as guarded
+//! - [`TrainLoop`](crate::TrainLoop) trains with a plan: each optimizer step as guarded
 //!   micro-batches with scaled losses, the variables' gradients accumulated
 //!   (nothing else), then the optimizer's step;
 //! - [`detached`] builds a model a second time over the same weights with no
@@ -16,13 +16,12 @@ mod buffers;
 mod checkpoint;
 mod detached;
 pub(crate) mod grads;
-mod probe;
-mod train;
+pub(crate) mod probe;
+pub(crate) mod train;
 
 pub use checkpoint::checkpointed;
 pub use detached::{detached, detached_sharing};
-pub use probe::{BySizeLoss, BySizeWithBackward, ForwardOnly, ModelProbe, ProbeLoss, WithBackward};
-pub use train::TrainLoop;
+pub use probe::{BySizeLoss, BySizeWithBackward, ForwardOnly, ProbeLoss, WithBackward};
 
 use candle_core::Var;
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// A least-squares line through (batch, peak bytes) points.
 ///
 /// ```
-/// use autobatch::search::LinearFit;
+/// use autobatch::LinearFit;
 ///
 /// let fit = LinearFit::through(&[(1, 1_100), (4, 1_400), (16, 2_600)]).unwrap();
 /// assert!((fit.bytes_per_sample - 100.0).abs() < 1e-9);

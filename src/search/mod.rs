@@ -7,54 +7,19 @@
 //! public for the crate's property tests and benchmarks only, and hidden from
 //! the docs.
 
-mod fit;
+pub(crate) mod fit;
 pub(crate) mod outcome;
 mod predictive;
-
-use serde::{Deserialize, Serialize};
+pub(crate) mod strategy;
 
 use crate::Error;
 
 pub(crate) use fit::least_squares;
-pub use fit::LinearFit;
+pub(crate) use fit::LinearFit;
 #[doc(hidden)]
 pub use outcome::Observation;
-pub use outcome::Outcome;
-
-/// How the tuner chooses the next batch to try.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Strategy {
-    /// Double from the first candidate until the first failure (trying
-    /// `max_batch` once when the next doubling would pass it), then bisect the
-    /// bracket down to the exact largest fitting batch at the granularity.
-    /// About `2·log2(b*/g)` trials.
-    Binary,
-    /// Double until the first failure and stop: the largest fitting
-    /// `first_candidate × 2^j`. Fewer trials, up to half the batch lost.
-    Power,
-    /// Fit `peak(b) ≈ fixed + per_sample·b` to small trials (a third checks
-    /// linearity), jump just under the predicted largest batch, verify, and
-    /// close with a short model-guided bisection. The same answer as `Binary`
-    /// on any monotone curve, in a handful of trials, most of them cheap. When
-    /// the fit is poor it doubles like `Binary` until it is good, and bisects
-    /// when the model stops narrowing the bracket. The default: the same
-    /// answer as `Binary` (property-tested), measured at about 6 trials instead
-    /// of 16 and a quarter of the probe cost.
-    #[default]
-    Predictive,
-}
-
-impl std::fmt::Display for Strategy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
-            Strategy::Binary => "binary",
-            Strategy::Power => "power",
-            Strategy::Predictive => "predictive",
-        })
-    }
-}
+pub(crate) use outcome::Outcome;
+pub(crate) use strategy::Strategy;
 
 /// The batches a search may try: multiples of `multiple_of` from `start`
 /// (rounded up) to `max_batch` (rounded down).

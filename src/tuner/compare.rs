@@ -93,7 +93,7 @@ impl Tuner {
     ///
     /// ```
     /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-    /// use autobatch::tuner::Variant;
+    /// use autobatch::Variant;
     /// use autobatch::Tuner;
     ///
     /// let (plain, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 100 << 20)).build();

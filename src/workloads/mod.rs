@@ -1,6 +1,6 @@
 //! Reference candle models for the binary, tests, benchmarks and examples:
-//! a decoder-only [`transformer`] language model, an [`mlp`] classifier and a
-//! small [`convnet`] for images, each trained with AdamW on synthetic data (no
+//! a decoder-only [`Transformer`] language model, an [`Mlp`] classifier and a
+//! small [`ConvNet`] for images, each trained with AdamW on synthetic data (no
 //! downloads).
 //!
 //! Each model is built as a user builds one: its variables in a `VarMap`, a
@@ -28,11 +28,11 @@
 //! # Ok::<(), autobatch::Error>(())
 //! ```
 
-pub mod convnet;
+mod convnet;
 mod footprint;
-pub mod mlp;
+mod mlp;
 mod params;
-pub mod transformer;
+mod transformer;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -45,10 +45,10 @@ use crate::model::{ForwardOnly, ProbeLoss};
 use crate::optim::{AdamW, ByKind, DryStep, Shared};
 use crate::vocabulary::OptimizerKind;
 use crate::{Guard, MicroBatch, ModelProbe, TrainLoop};
-pub use convnet::ConvNetConfig;
+pub use convnet::{ConvNet, ConvNetConfig};
 pub use footprint::Footprint;
-pub use mlp::MlpConfig;
-pub use transformer::TransformerConfig;
+pub use mlp::{Mlp, MlpConfig};
+pub use transformer::{Transformer, TransformerConfig};
 
 use crate::{Error, Workload};
 use params::{data_seed, Params};

@@ -472,7 +472,7 @@ fn compare(
     meter: &mut dyn MemoryMeter,
     on: &str,
 ) -> Result<(), Failure> {
-    use autobatch::tuner::Variant;
+    use autobatch::Variant;
     // what the analytical model expects of each remedy's bytes per sample,
     // relative to the model as it is: bf16 halves activations; full
     // recomputation keeps 2 of a transformer layer's 34·s·h + 5·a·s² bytes

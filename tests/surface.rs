@@ -1,0 +1,105 @@
+//! The public surface is what a user calls, each item at one path: a module
+//! that is public exports only what is not exported elsewhere (the crate's
+//! root re-exports what most users need; `autobatch::search`, `model`,
+//! `optim`, `estimate`, … hold the rest). Read from the source, as
+//! `tests/layering.rs` reads the house.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The file of module `path` (`""` is the crate root).
+fn file_of(path: &str) -> Option<PathBuf> {
+    if path.is_empty() {
+        return Some(src().join("lib.rs"));
+    }
+    let relative = path.replace("::", "/");
+    [src().join(format!("{relative}.rs")), src().join(relative).join("mod.rs")].into_iter().find(|file| file.exists())
+}
+
+/// Top-level statements of `text`: its lines at column 0, a statement running
+/// on to its `;` or `{`, with comments and attributes left out.
+fn statements(text: &str) -> Vec<String> {
+    let mut statements = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if let Some(statement) = &mut current {
+            statement.push(' ');
+            statement.push_str(line.trim());
+        } else if line.starts_with("pub ") {
+            current = Some(line.to_owned());
+        }
+        if current.as_ref().is_some_and(|s| s.contains(';') || s.contains('{') && !s.starts_with("pub use")) {
+            statements.push(current.take().unwrap());
+        }
+    }
+    statements
+}
+
+/// The names a `pub use a::{b, c as d, e::f};` statement makes public.
+fn used_names(statement: &str) -> Vec<String> {
+    let body = statement.trim_start_matches("pub use ").trim_end_matches(';');
+    let inner = match (body.find('{'), body.rfind('}')) {
+        (Some(open), Some(close)) => &body[open + 1..close],
+        _ => body,
+    };
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty() && !part.ends_with('*'))
+        .map(|part| {
+            let part = part.rsplit(" as ").next().unwrap();
+            part.rsplit("::").next().unwrap().trim().to_owned()
+        })
+        .collect()
+}
+
+/// Every public item's name and the public modules it can be named from.
+fn public_paths() -> BTreeMap<String, Vec<String>> {
+    let mut paths: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut modules = vec![String::new()];
+    while let Some(module) = modules.pop() {
+        let text = std::fs::read_to_string(file_of(&module).unwrap()).unwrap();
+        for statement in statements(&text) {
+            let words: Vec<&str> = statement.split_whitespace().collect();
+            match words.get(1).copied() {
+                Some("mod") => {
+                    let name = words[2].trim_end_matches(';');
+                    modules.push(if module.is_empty() { name.to_owned() } else { format!("{module}::{name}") });
+                }
+                Some("use") => {
+                    for name in used_names(&statement) {
+                        paths.entry(name).or_default().push(module.clone());
+                    }
+                }
+                Some("struct" | "enum" | "trait" | "fn" | "type" | "const" | "static") => {
+                    let name: String = words[2].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    paths.entry(name).or_default().push(module.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    paths
+}
+
+#[test]
+fn every_public_item_has_one_path() {
+    let paths = public_paths();
+    assert!(paths.contains_key("Tuner") && paths.contains_key("Split"), "the walk found no items: {paths:?}");
+    let twice: Vec<String> = paths
+        .iter()
+        .filter(|(_, modules)| modules.len() > 1)
+        .map(|(name, modules)| {
+            let at: Vec<String> = modules
+                .iter()
+                .map(|m| if m.is_empty() { "autobatch".to_owned() } else { format!("autobatch::{m}") })
+                .collect();
+            format!("{name} at {}", at.join(" and "))
+        })
+        .collect();
+    assert!(twice.is_empty(), "items public at two paths:\n{}", twice.join("\n"));
+}
