@@ -665,6 +665,14 @@ impl Error {
         }
     }
 
+    /// [`Error::NothingFits`] with what would fit: a smaller batch, remedies.
+    pub(crate) fn with_advice(mut self, smaller: Option<usize>, advice: Vec<crate::estimate::Remedy>) -> Error {
+        if let Error::NothingFits { smaller_batch, remedies, .. } = &mut self {
+            (*smaller_batch, *remedies) = (smaller, advice);
+        }
+        self
+    }
+
     /// The error of a workload step at `batch` that is not out of memory:
     /// [`Error::BackwardUnsupported`] when candle cannot differentiate an op
     /// the step uses, else [`Error::Workload`].

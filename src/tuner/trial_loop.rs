@@ -486,16 +486,9 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 None => Vec::new(),
             };
             let smaller_batch = trial.and_then(|trial| self.smaller_batch(space, trial, setup.as_ref()));
-            return Err(Error::NothingFits {
-                batch: smallest.batch,
-                outcome: smallest.outcome,
-                peak_bytes: smallest.peak_bytes,
-                capacity_bytes: self.capacity_bytes,
-                limit_bytes: self.limit,
-                ceiling: tuner.ceiling,
-                smaller_batch,
-                remedies,
-            });
+            let device = (self.capacity_bytes, self.limit, tuner.ceiling);
+            let failure = Error::nothing_fits_at(smallest.batch, smallest.outcome, smallest.peak_bytes, device);
+            return Err(failure.with_advice(smaller_batch, remedies));
         };
         let largest_batch = found.batch;
         let throughput = match tuner.objective {
