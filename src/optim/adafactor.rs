@@ -13,7 +13,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var, D};
 use candle_nn::Optimizer;
 
-use super::DryStep;
+use super::{States, VariableState};
 use crate::vocabulary::OptimizerKind;
 
 /// Adafactor's hyper-parameters; the defaults are the paper's as commonly used.
@@ -87,9 +87,8 @@ pub(crate) struct State {
 /// ```
 #[derive(Debug)]
 pub struct Adafactor {
-    states: Vec<State>,
+    states: States<State>,
     params: ParamsAdafactor,
-    step_t: u64,
 }
 
 /// √(mean(x²)), as a number.
@@ -100,7 +99,7 @@ fn rms(x: &Tensor) -> Result<f64> {
 impl Adafactor {
     /// Optimizer steps taken.
     pub fn step_count(&self) -> u64 {
-        self.step_t
+        self.states.taken
     }
 
     /// The hyper-parameters.
@@ -152,32 +151,28 @@ impl Optimizer for Adafactor {
     type Config = ParamsAdafactor;
 
     fn new(vars: Vec<Var>, params: ParamsAdafactor) -> Result<Self> {
-        let states = vars
-            .into_iter()
-            .filter(|var| var.dtype().is_float())
-            .map(|var| {
-                let dims = var.dims().to_vec();
-                let device = var.device().clone();
-                let second = if dims.len() >= 2 {
-                    let (lead, last) = dims.split_at(dims.len() - 1);
-                    let row_shape = lead.to_vec();
-                    let mut col_shape = dims[..dims.len() - 2].to_vec();
-                    col_shape.push(last[0]);
-                    SecondMoment::Factored {
-                        row: Var::zeros(row_shape, DType::F32, &device)?,
-                        col: Var::zeros(col_shape, DType::F32, &device)?,
-                    }
-                } else {
-                    SecondMoment::Full(Var::zeros(var.shape(), DType::F32, &device)?)
-                };
-                let first = match params.beta1 {
-                    Some(_) => Some(Var::zeros(var.shape(), DType::F32, &device)?),
-                    None => None,
-                };
-                Ok(State { var, second, first })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Adafactor { states, params, step_t: 0 })
+        let states = States::new(vars, |var| {
+            let dims = var.dims().to_vec();
+            let device = var.device().clone();
+            let second = if dims.len() >= 2 {
+                let (lead, last) = dims.split_at(dims.len() - 1);
+                let row_shape = lead.to_vec();
+                let mut col_shape = dims[..dims.len() - 2].to_vec();
+                col_shape.push(last[0]);
+                SecondMoment::Factored {
+                    row: Var::zeros(row_shape, DType::F32, &device)?,
+                    col: Var::zeros(col_shape, DType::F32, &device)?,
+                }
+            } else {
+                SecondMoment::Full(Var::zeros(var.shape(), DType::F32, &device)?)
+            };
+            let first = match params.beta1 {
+                Some(_) => Some(Var::zeros(var.shape(), DType::F32, &device)?),
+                None => None,
+            };
+            Ok(State { var, second, first })
+        })?;
+        Ok(Adafactor { states, params })
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
@@ -185,7 +180,7 @@ impl Optimizer for Adafactor {
     }
 
     fn learning_rate(&self) -> f64 {
-        self.params.lr.unwrap_or_else(|| (1e-2f64).min(1.0 / ((self.step_t + 1) as f64).sqrt()))
+        self.params.lr.unwrap_or_else(|| (1e-2f64).min(1.0 / ((self.states.taken + 1) as f64).sqrt()))
     }
 
     fn set_learning_rate(&mut self, lr: f64) {
@@ -198,20 +193,12 @@ impl super::PerVariable for Adafactor {
     /// The weights, the second moment's tensors (row and column, or full), the first moment.
     type Next = (Tensor, Vec<Tensor>, Option<Tensor>);
 
-    fn states(&self) -> &[State] {
+    fn states(&self) -> &States<State> {
         &self.states
     }
 
-    fn variable(state: &State) -> &Var {
-        &state.var
-    }
-
-    fn steps_taken(&self) -> u64 {
-        self.step_t
-    }
-
-    fn count_step(&mut self) {
-        self.step_t += 1;
+    fn states_mut(&mut self) -> &mut States<State> {
+        &mut self.states
     }
 
     fn next(&self, state: &State, grad: &Tensor, step: u64) -> Result<Self::Next> {
@@ -232,28 +219,26 @@ impl super::PerVariable for Adafactor {
         }
         state.var.set(&theta)
     }
+
+    fn held_bytes(&self) -> u64 {
+        let bytes = super::var_bytes;
+        let held = |s: &State| {
+            let second = match &s.second {
+                SecondMoment::Factored { row, col } => bytes(row) + bytes(col),
+                SecondMoment::Full(v) => bytes(v),
+            };
+            second + s.first.as_ref().map_or(0, bytes)
+        };
+        self.states.each.iter().map(held).sum()
+    }
+
+    fn optimizer_kind(&self) -> OptimizerKind {
+        OptimizerKind::Adafactor
+    }
 }
 
-impl DryStep for Adafactor {
-    fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        super::dry_step(self, grads)
-    }
-
-    fn state_bytes(&self) -> u64 {
-        let bytes = super::var_bytes;
-        self.states
-            .iter()
-            .map(|s| {
-                let second = match &s.second {
-                    SecondMoment::Factored { row, col } => bytes(row) + bytes(col),
-                    SecondMoment::Full(v) => bytes(v),
-                };
-                second + s.first.as_ref().map_or(0, bytes)
-            })
-            .sum()
-    }
-
-    fn kind(&self) -> Option<OptimizerKind> {
-        Some(OptimizerKind::Adafactor)
+impl VariableState for State {
+    fn variable(&self) -> &Var {
+        &self.var
     }
 }

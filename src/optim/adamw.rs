@@ -6,7 +6,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-use super::DryStep;
+use super::{DryStep, States, VariableState};
 use crate::vocabulary::OptimizerKind;
 
 /// One variable and its two moments.
@@ -34,20 +34,19 @@ pub struct AdamWState {
 /// changes no allocation.
 #[derive(Debug)]
 pub struct AdamW {
-    states: Vec<AdamWState>,
+    states: States<AdamWState>,
     params: ParamsAdamW,
-    step_t: usize,
 }
 
 impl AdamW {
     /// The states of every float variable, in the order given.
     pub fn states(&self) -> &[AdamWState] {
-        &self.states
+        &self.states.each
     }
 
     /// Optimizer steps taken.
     pub fn step_count(&self) -> usize {
-        self.step_t
+        self.states.taken as usize
     }
 
     /// The hyper-parameters.
@@ -63,38 +62,16 @@ impl AdamW {
     }
 }
 
-impl DryStep for AdamW {
-    fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        super::dry_step(self, grads)
-    }
-
-    fn state_bytes(&self) -> u64 {
-        self.states.iter().map(|s| super::var_bytes(&s.first_moment) + super::var_bytes(&s.second_moment)).sum()
-    }
-
-    fn kind(&self) -> Option<OptimizerKind> {
-        Some(OptimizerKind::AdamW)
-    }
-}
-
 impl super::PerVariable for AdamW {
     type State = AdamWState;
     type Next = (Tensor, Tensor, Tensor);
 
-    fn states(&self) -> &[AdamWState] {
+    fn states(&self) -> &States<AdamWState> {
         &self.states
     }
 
-    fn variable(state: &AdamWState) -> &Var {
-        &state.var
-    }
-
-    fn steps_taken(&self) -> u64 {
-        self.step_t as u64
-    }
-
-    fn count_step(&mut self) {
-        self.step_t += 1;
+    fn states_mut(&mut self) -> &mut States<AdamWState> {
+        &mut self.states
     }
 
     fn next(&self, state: &AdamWState, grad: &Tensor, step: u64) -> Result<Self::Next> {
@@ -105,6 +82,21 @@ impl super::PerVariable for AdamW {
         state.first_moment.set(&next_m)?;
         state.second_moment.set(&next_v)?;
         state.var.set(&next_theta)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        let moments = |s: &AdamWState| super::var_bytes(&s.first_moment) + super::var_bytes(&s.second_moment);
+        self.states.each.iter().map(moments).sum()
+    }
+
+    fn optimizer_kind(&self) -> OptimizerKind {
+        OptimizerKind::AdamW
+    }
+}
+
+impl VariableState for AdamWState {
+    fn variable(&self) -> &Var {
+        &self.var
     }
 }
 
@@ -128,29 +120,15 @@ impl Optimizer for AdamW {
     type Config = ParamsAdamW;
 
     fn new(vars: Vec<Var>, params: ParamsAdamW) -> Result<Self> {
-        let states = vars
-            .into_iter()
-            .filter(|var| var.dtype().is_float())
-            .map(|var| {
-                let first_moment = Var::zeros(var.shape(), var.dtype(), var.device())?;
-                let second_moment = Var::zeros(var.shape(), var.dtype(), var.device())?;
-                Ok(AdamWState { var, first_moment, second_moment })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(AdamW { states, params, step_t: 0 })
+        let states = States::new(vars, |var| {
+            let first_moment = Var::zeros(var.shape(), var.dtype(), var.device())?;
+            let second_moment = Var::zeros(var.shape(), var.dtype(), var.device())?;
+            Ok(AdamWState { var, first_moment, second_moment })
+        })?;
+        Ok(AdamW { states, params })
     }
 
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        super::step(self, grads)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        self.params.lr
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.params.lr = lr;
-    }
+    shared_step_and_learning_rate!();
 }
 
 #[cfg(test)]

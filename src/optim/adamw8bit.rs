@@ -17,11 +17,10 @@
 //!   by `0 + ε` explodes; bitsandbytes' dynamic code avoids that the same way,
 //!   by spending its bits on exponents.
 
-use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::Optimizer;
 
-use super::DryStep;
+use super::{States, VariableState};
 use crate::vocabulary::OptimizerKind;
 
 /// Values per quantization block.
@@ -90,9 +89,8 @@ pub(crate) struct State {
 /// ```
 #[derive(Debug)]
 pub struct AdamW8bit {
-    states: Vec<State>,
+    states: States<State>,
     params: ParamsAdamW8bit,
-    step_t: usize,
 }
 
 /// `x` flattened, padded with zeros to whole blocks, as (blocks, BLOCK).
@@ -190,7 +188,7 @@ enum NextMoments {
 impl AdamW8bit {
     /// Optimizer steps taken.
     pub fn step_count(&self) -> usize {
-        self.step_t
+        self.states.taken as usize
     }
 
     /// The first and second moments of `state`, in f32, detached.
@@ -257,60 +255,38 @@ impl Optimizer for AdamW8bit {
     type Config = ParamsAdamW8bit;
 
     fn new(vars: Vec<Var>, params: ParamsAdamW8bit) -> Result<Self> {
-        let states = vars
-            .into_iter()
-            .filter(|var| var.dtype().is_float())
-            .map(|var| {
-                let n = var.elem_count();
-                let moments = if n < MIN_QUANTIZED {
-                    Moments::Full {
-                        m: Var::zeros(var.shape(), DType::F32, var.device())?,
-                        v: Var::zeros(var.shape(), DType::F32, var.device())?,
-                    }
-                } else {
-                    // zero codes: 127 is m = 0; 0 is √v = 2^-31.9 · the scale
-                    Moments::Quantized {
-                        m: Quantized::zeros(n, 127, var.device())?,
-                        v: Quantized::zeros(n, 0, var.device())?,
-                    }
-                };
-                Ok(State { var, moments })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(AdamW8bit { states, params, step_t: 0 })
+        let states = States::new(vars, |var| {
+            let n = var.elem_count();
+            let moments = if n < MIN_QUANTIZED {
+                Moments::Full {
+                    m: Var::zeros(var.shape(), DType::F32, var.device())?,
+                    v: Var::zeros(var.shape(), DType::F32, var.device())?,
+                }
+            } else {
+                // zero codes: 127 is m = 0; 0 is √v = 2^-31.9 · the scale
+                Moments::Quantized {
+                    m: Quantized::zeros(n, 127, var.device())?,
+                    v: Quantized::zeros(n, 0, var.device())?,
+                }
+            };
+            Ok(State { var, moments })
+        })?;
+        Ok(AdamW8bit { states, params })
     }
 
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        super::step(self, grads)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        self.params.lr
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.params.lr = lr;
-    }
+    shared_step_and_learning_rate!();
 }
 
 impl super::PerVariable for AdamW8bit {
     type State = State;
     type Next = Next;
 
-    fn states(&self) -> &[State] {
+    fn states(&self) -> &States<State> {
         &self.states
     }
 
-    fn variable(state: &State) -> &Var {
-        &state.var
-    }
-
-    fn steps_taken(&self) -> u64 {
-        self.step_t as u64
-    }
-
-    fn count_step(&mut self) {
-        self.step_t += 1;
+    fn states_mut(&mut self) -> &mut States<State> {
+        &mut self.states
     }
 
     fn next(&self, state: &State, grad: &Tensor, step: u64) -> Result<Next> {
@@ -333,26 +309,24 @@ impl super::PerVariable for AdamW8bit {
         }
         state.var.set(&theta)
     }
+
+    fn held_bytes(&self) -> u64 {
+        let bytes = super::var_bytes;
+        let held = |s: &State| match &s.moments {
+            Moments::Full { m, v } => bytes(m) + bytes(v),
+            Moments::Quantized { m, v } => m.bytes() + v.bytes(),
+        };
+        self.states.each.iter().map(held).sum()
+    }
+
+    fn optimizer_kind(&self) -> OptimizerKind {
+        OptimizerKind::Adam8bit
+    }
 }
 
-impl DryStep for AdamW8bit {
-    fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        super::dry_step(self, grads)
-    }
-
-    fn state_bytes(&self) -> u64 {
-        let bytes = super::var_bytes;
-        self.states
-            .iter()
-            .map(|s| match &s.moments {
-                Moments::Full { m, v } => bytes(m) + bytes(v),
-                Moments::Quantized { m, v } => m.bytes() + v.bytes(),
-            })
-            .sum()
-    }
-
-    fn kind(&self) -> Option<OptimizerKind> {
-        Some(OptimizerKind::Adam8bit)
+impl VariableState for State {
+    fn variable(&self) -> &Var {
+        &self.var
     }
 }
 

@@ -1,11 +1,10 @@
 //! Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"):
 //! one moment and a sign update. State: 4 bytes per parameter in f32.
 
-use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 use candle_nn::Optimizer;
 
-use super::DryStep;
+use super::States;
 use crate::vocabulary::OptimizerKind;
 
 /// Lion's hyper-parameters. The defaults are the paper's: β₁ 0.9, β₂ 0.99,
@@ -44,7 +43,7 @@ impl Default for ParamsLion {
 /// ```
 #[derive(Debug)]
 pub struct Lion {
-    states: Vec<(Var, Var)>,
+    states: States<(Var, Var)>,
     params: ParamsLion,
 }
 
@@ -81,28 +80,14 @@ impl Optimizer for Lion {
     type Config = ParamsLion;
 
     fn new(vars: Vec<Var>, params: ParamsLion) -> Result<Self> {
-        let states = vars
-            .into_iter()
-            .filter(|var| var.dtype().is_float())
-            .map(|var| {
-                let m = Var::zeros(var.shape(), var.dtype(), var.device())?;
-                Ok((var, m))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let states = States::new(vars, |var| {
+            let m = Var::zeros(var.shape(), var.dtype(), var.device())?;
+            Ok((var, m))
+        })?;
         Ok(Lion { states, params })
     }
 
-    fn step(&mut self, grads: &GradStore) -> Result<()> {
-        super::step(self, grads)
-    }
-
-    fn learning_rate(&self) -> f64 {
-        self.params.lr
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.params.lr = lr;
-    }
+    shared_step_and_learning_rate!();
 }
 
 impl super::PerVariable for Lion {
@@ -110,21 +95,15 @@ impl super::PerVariable for Lion {
     type State = (Var, Var);
     type Next = (Tensor, Tensor);
 
-    fn states(&self) -> &[(Var, Var)] {
+    fn states(&self) -> &States<(Var, Var)> {
         &self.states
     }
 
-    fn variable((var, _): &(Var, Var)) -> &Var {
-        var
+    fn states_mut(&mut self) -> &mut States<(Var, Var)> {
+        &mut self.states
     }
 
     /// Lion's update does not depend on the step.
-    fn steps_taken(&self) -> u64 {
-        0
-    }
-
-    fn count_step(&mut self) {}
-
     fn next(&self, (var, m): &(Var, Var), grad: &Tensor, _step: u64) -> Result<Self::Next> {
         self.update(var, m, grad)
     }
@@ -133,18 +112,12 @@ impl super::PerVariable for Lion {
         var.set(&next_theta)?;
         m.set(&next_m)
     }
-}
 
-impl DryStep for Lion {
-    fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        super::dry_step(self, grads)
+    fn held_bytes(&self) -> u64 {
+        self.states.each.iter().map(|(_, m)| super::var_bytes(m)).sum()
     }
 
-    fn state_bytes(&self) -> u64 {
-        self.states.iter().map(|(_, m)| super::var_bytes(m)).sum()
-    }
-
-    fn kind(&self) -> Option<OptimizerKind> {
-        Some(OptimizerKind::Lion)
+    fn optimizer_kind(&self) -> OptimizerKind {
+        OptimizerKind::Lion
     }
 }

@@ -15,6 +15,24 @@
 //! These are the optimizers the estimate's advice names
 //! ([`estimate::OptimizerKind`](crate::estimate::OptimizerKind)).
 
+/// The `candle_nn::Optimizer` methods the optimizers here write alike: the
+/// shared [`step`], and the learning rate kept in `self.params.lr`.
+macro_rules! shared_step_and_learning_rate {
+    () => {
+        fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
+            super::step(self, grads)
+        }
+
+        fn learning_rate(&self) -> f64 {
+            self.params.lr
+        }
+
+        fn set_learning_rate(&mut self, lr: f64) {
+            self.params.lr = lr;
+        }
+    };
+}
+
 mod adafactor;
 mod adamw;
 mod adamw8bit;
@@ -34,57 +52,95 @@ pub(crate) use shared::{ByKind, Shared};
 
 use crate::vocabulary::OptimizerKind;
 
+/// The state of each float variable an optimizer steps, in the order given,
+/// and the steps it has taken: what every optimizer here keeps besides its
+/// hyper-parameters.
+#[derive(Debug)]
+pub(crate) struct States<S> {
+    pub(crate) each: Vec<S>,
+    pub(crate) taken: u64,
+}
+
+impl<S> States<S> {
+    /// `state(var)` for each float variable of `vars` (the others are not stepped).
+    pub(crate) fn new(vars: Vec<Var>, state: impl FnMut(Var) -> Result<S>) -> Result<Self> {
+        let each = vars.into_iter().filter(|var| var.dtype().is_float()).map(state).collect::<Result<Vec<_>>>()?;
+        Ok(States { each, taken: 0 })
+    }
+}
+
+/// A variable's state, which knows its variable.
+pub(crate) trait VariableState {
+    fn variable(&self) -> &Var;
+}
+
+/// A variable and one moment (Lion's state).
+impl VariableState for (Var, Var) {
+    fn variable(&self) -> &Var {
+        &self.0
+    }
+}
+
 /// What every optimizer here is made of: a state per float variable and an
 /// update that computes a variable's next values (weights and state) from
 /// its gradient. [`step`] writes them, [`dry_step`] computes and drops them,
-/// one variable at a time, so that both allocate the same temporaries.
+/// one variable at a time, so that both allocate the same temporaries; every
+/// one of them is a [`DryStep`] through this.
 pub(crate) trait PerVariable {
     /// A variable and its state.
-    type State;
+    type State: VariableState;
     /// A variable's next weights and state.
     type Next;
 
-    /// The states, one per float variable.
-    fn states(&self) -> &[Self::State];
+    fn states(&self) -> &States<Self::State>;
 
-    /// The variable a state belongs to.
-    fn variable(state: &Self::State) -> &Var;
-
-    /// Steps taken so far (0 for an optimizer that does not count them).
-    fn steps_taken(&self) -> u64;
-
-    /// Counts one more step, before its update is computed.
-    fn count_step(&mut self);
+    fn states_mut(&mut self) -> &mut States<Self::State>;
 
     /// The next weights and state of `state`'s variable for `grad`, at step `step` (from 1).
     fn next(&self, state: &Self::State, grad: &Tensor, step: u64) -> Result<Self::Next>;
 
     /// Writes `next` into the variable and its state.
     fn write(state: &Self::State, next: Self::Next) -> Result<()>;
+
+    /// Bytes of state held between steps ([`DryStep::state_bytes`]).
+    fn held_bytes(&self) -> u64;
+
+    /// The kind the estimate knows it as ([`DryStep::kind`]).
+    fn optimizer_kind(&self) -> OptimizerKind;
 }
 
 /// One optimizer step: each variable with a gradient updated in turn.
 pub(crate) fn step<O: PerVariable>(optimizer: &mut O, grads: &GradStore) -> Result<()> {
-    optimizer.count_step();
+    optimizer.states_mut().taken += 1;
     let optimizer = &*optimizer;
-    let step = optimizer.steps_taken();
-    for state in optimizer.states() {
-        if let Some(grad) = grads.get(O::variable(state).as_tensor()) {
+    let step = optimizer.states().taken;
+    for state in &optimizer.states().each {
+        if let Some(grad) = grads.get(state.variable().as_tensor()) {
             O::write(state, optimizer.next(state, grad, step)?)?;
         }
     }
     Ok(())
 }
 
-/// The next step's updates computed one variable at a time and dropped.
-pub(crate) fn dry_step<O: PerVariable>(optimizer: &O, grads: &GradStore) -> Result<()> {
-    let step = optimizer.steps_taken() + 1;
-    for state in optimizer.states() {
-        if let Some(grad) = grads.get(O::variable(state).as_tensor()) {
-            drop(optimizer.next(state, grad, step)?);
+impl<O: PerVariable> DryStep for O {
+    /// The next step's updates computed one variable at a time and dropped.
+    fn dry_step(&self, grads: &GradStore) -> Result<()> {
+        let step = self.states().taken + 1;
+        for state in &self.states().each {
+            if let Some(grad) = grads.get(state.variable().as_tensor()) {
+                drop(self.next(state, grad, step)?);
+            }
         }
+        Ok(())
     }
-    Ok(())
+
+    fn state_bytes(&self) -> u64 {
+        self.held_bytes()
+    }
+
+    fn kind(&self) -> Option<OptimizerKind> {
+        Some(self.optimizer_kind())
+    }
 }
 
 /// Bytes a variable's tensor holds.
