@@ -412,7 +412,7 @@ impl Tuner {
             space.last(),
             space.multiple_of()
         );
-        let plan = Probe::new(self, workload, meter, observer, capacity_bytes, limit).run(&space)?;
+        let plan = Probe::new(self, workload, meter, observer, capacity_bytes).run(&space)?;
         if let Some((path, key)) = &cache {
             crate::cache::store(path, key, &plan);
         }
@@ -488,8 +488,7 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
     {
         let capacity_bytes = meter.capacity()?;
-        let limit = limit_bytes(self.ceiling, capacity_bytes);
-        Probe::new(self, workload, meter, &mut (), capacity_bytes, limit).single(batch, kind)
+        Probe::new(self, workload, meter, &mut (), capacity_bytes).single(batch, kind)
     }
 
     /// How to reach the target (or, without one, the largest batch on every rank) from `largest_batch`.

@@ -49,21 +49,22 @@ pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
 }
 
 impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<'a, W, M, O> {
+    /// A run of `tuner` on a device of `capacity_bytes` (the limit is the
+    /// tuner's ceiling of it).
     pub(super) fn new(
         tuner: &'a Tuner,
         workload: &'a mut W,
         meter: &'a mut M,
         observer: &'a mut O,
         capacity_bytes: u64,
-        limit: u64,
     ) -> Self {
         Probe {
+            limit: crate::plan::limit_bytes(tuner.ceiling, capacity_bytes),
+            capacity_bytes,
             tuner,
             observer,
             workload,
             meter,
-            capacity_bytes,
-            limit,
             trials: Vec::new(),
             records: Vec::new(),
             warnings: Vec::new(),
