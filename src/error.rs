@@ -666,7 +666,7 @@ impl Error {
     }
 
     /// [`Error::NothingFits`] with what would fit: a smaller batch, remedies.
-    pub(crate) fn with_advice(mut self, smaller: Option<usize>, advice: Vec<crate::estimate::Remedy>) -> Error {
+    pub(crate) fn with_advice(mut self, smaller: Option<usize>, advice: Vec<Remedy>) -> Error {
         if let Error::NothingFits { smaller_batch, remedies, .. } = &mut self {
             (*smaller_batch, *remedies) = (smaller, advice);
         }

@@ -110,6 +110,21 @@
 //!   `autobatch estimate` and the advice that comes with [`Error::NothingFits`].
 //!
 //! On a GPU (feature `cuda`), `CudaMeter` measures candle's CUDA memory pool.
+//!
+//! ## How it is arranged
+//!
+//! One engine runs every trial: the [`Tuner`]'s trial loop (warm-up, trials,
+//! re-check and plan, or one trial of a kind for the check of a split, of the
+//! batch ranks agreed on) over a pure search ([`search`]: a history in, the
+//! next batch out). A [`Plan`] says its split once ([`Split`]: one step,
+//! accumulated micro-steps, or uneven ranks' shares), and
+//! [`micro_batch`](Plan::micro_batch), [`accumulation_steps`](Plan::accumulation_steps),
+//! [`effective_batch`](Plan::effective_batch) read it. Your model and the
+//! reference models of [`workloads`] go through the same two pieces:
+//! [`ModelProbe`] measures, [`TrainLoop`] trains, with one optimizer between
+//! them ([`optim`]). Every public item has one path: the root has what most
+//! users call; [`search`], [`model`], [`optim`], [`estimate`],
+//! [`memory::simulated`], [`collective`], [`ops`] and [`workloads`] hold the rest.
 
 #![warn(missing_docs)]
 
