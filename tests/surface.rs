@@ -103,3 +103,15 @@ fn every_public_item_has_one_path() {
         .collect();
     assert!(twice.is_empty(), "items public at two paths:\n{}", twice.join("\n"));
 }
+
+/// A plan says its split once: its numbers are accessors over `Plan::split`,
+/// not fields that restate it (they were 27; at most 14 leave room to grow).
+#[test]
+fn a_plan_keeps_few_public_fields() {
+    let text = std::fs::read_to_string(src().join("plan/mod.rs")).unwrap();
+    let start = text.find("pub struct Plan {").expect("Plan is in plan/mod.rs");
+    let body = &text[start..start + text[start..].find("\n}\n").unwrap()];
+    let fields: Vec<&str> = body.lines().filter(|line| line.starts_with("    pub ")).collect();
+    assert!(fields.len() >= 10 && fields.iter().any(|f| f.contains("pub split: Split")), "{fields:?}");
+    assert!(fields.len() <= 14, "Plan has {} public fields:\n{}", fields.len(), fields.join("\n"));
+}

@@ -301,10 +301,17 @@ pub fn plan_ranks(
 /// share in `[1, steps·capacity]`. Needs `ranks ≤ granules ≤ steps·Σcapacity`.
 fn apportion(granules: u128, capacity: &[u128], steps: u128) -> Vec<u128> {
     let total: u128 = capacity.iter().sum();
-    let cap = |rank: usize| steps * capacity[rank];
-    let mut shares: Vec<u128> = capacity.iter().map(|&c| (granules * c / total).clamp(1, steps * c)).collect();
-    // surplus of a share over its quota, in units of 1/total (positive: above)
-    let surplus = |rank: usize, share: u128| share as i128 * total as i128 - (granules * capacity[rank]) as i128;
+    let cap = |rank: usize| steps.saturating_mul(capacity[rank]);
+    // (granules and capacities are at most usize::MAX: their product fits in 128 bits)
+    let mut shares: Vec<u128> =
+        capacity.iter().map(|&c| (granules * c / total).clamp(1, steps.saturating_mul(c))).collect();
+    // a share's surplus over its quota `granules·c / total` (positive: above),
+    // ordered exactly with no product of `total`: whole granules first, then
+    // the quota's fraction (a larger remainder, a smaller surplus)
+    let surplus = |rank: usize, share: u128| {
+        let quota = granules * capacity[rank];
+        (share as i128 - (quota / total) as i128, std::cmp::Reverse(quota % total))
+    };
     let mut granted: u128 = shares.iter().sum();
     // the floors leave fewer than `ranks` granules over, the clamp to 1 at most
     // `ranks` too many: a few passes of one granule each
@@ -330,6 +337,19 @@ fn apportion(granules: u128, capacity: &[u128], steps: u128) -> Vec<u128> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the command-line fuzz test: the largest-remainder comparison
+    /// once multiplied a share by the capacities' total past 128 bits.
+    #[test]
+    fn capacities_near_usize_max_share_without_overflow() {
+        let split = plan_ranks(usize::MAX, &[2, usize::MAX], 1).unwrap();
+        let samples: Vec<usize> = split.shares.iter().map(|share| share.samples).collect();
+        assert_eq!(samples, [2, usize::MAX - 2], "in proportion: rank 0's quota is just under 2 samples");
+        assert!(split.exact && split.global_batch == usize::MAX);
+        let split = plan_ranks(usize::MAX, &[usize::MAX, usize::MAX], 1).unwrap();
+        assert_eq!(split.shares[0].samples + split.shares[1].samples, usize::MAX);
+        assert!(split.shares[0].samples.abs_diff(split.shares[1].samples) <= 1);
+    }
 
     #[test]
     fn equal_ranks_split_evenly() {
