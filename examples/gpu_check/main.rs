@@ -139,7 +139,7 @@ fn mem_get_info_peak<W: Workload>(
 
 fn check(name: &str, config: &TransformerConfig, meter: &mut CudaMeter) -> Result<Row, Box<dyn std::error::Error>> {
     let mut model = config.build(meter.device())?;
-    let description = autobatch::workloads::Model::describe(model.model());
+    let description = autobatch::workloads::Model::describe(&*model.model());
     println!("== {name}: {description}, {} parameters", model.parameter_count());
     let started = Instant::now();
     let plan = Tuner::new().ceiling(CEILING).run(&mut model, meter)?;
