@@ -555,12 +555,6 @@ fn an_uneven_ranks_plan_reads_back_from_json() {
         assert_eq!(json["micro_batch"].as_u64(), Some(plan.micro_batch() as u64));
         assert_eq!((json["rank"].as_u64(), json["effective_batch"].as_u64()), (Some(rank as u64), Some(1000)));
         assert_eq!(json["rank_largest_batch"].as_u64(), Some(plan.largest_batch as u64));
-        let mut back = Plan::from_json(&plan.to_json()).unwrap();
-        let mut plan = plan.clone();
-        (back.trials, plan.trials) = (Vec::new(), Vec::new());
-        // seconds as JSON floats read back to within a rounding
-        assert!((back.tuning.seconds - plan.tuning.seconds).abs() <= 1e-12 * plan.tuning.seconds.max(1.0));
-        back.tuning.seconds = plan.tuning.seconds;
-        assert_eq!(back, plan);
+        assert_eq!(&Plan::from_json(&plan.to_json()).unwrap(), plan);
     }
 }

@@ -329,11 +329,7 @@ fn plan_serializes_to_json_and_back() {
     let back = Plan::from_json(&json).unwrap();
     assert_eq!(back.trials.len(), plan.trials.len());
     assert_eq!(back.accumulation(), plan.accumulation());
-    // everything but the seconds (floats) reads back as it was
-    let (mut back, mut plan) = (back, plan);
-    (back.trials, plan.trials) = (Vec::new(), Vec::new());
-    assert!((back.tuning.seconds - plan.tuning.seconds).abs() <= 1e-12 * plan.tuning.seconds.max(1.0));
-    back.tuning.seconds = plan.tuning.seconds;
+    // everything reads back as it was, the durations' nanoseconds through float seconds included
     assert_eq!(back, plan);
 }
 

@@ -810,3 +810,28 @@ mod seconds {
         Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// A plan read back from JSON is the plan written: trial durations to the
+    /// nanosecond and every float to the bit (serde_json's `float_roundtrip`).
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Timed(#[serde(with = "super::seconds")] Duration);
+
+    #[test]
+    fn seconds_read_back_from_json_to_the_bit() {
+        for nanos in [1, 999, 412_839_123, 59_999_999_999, 123_456_789_012, 3_600_000_000_001] {
+            let timed = Timed(Duration::from_nanos(nanos));
+            let json = serde_json::to_string(&timed).unwrap();
+            assert_eq!(serde_json::from_str::<Timed>(&json).unwrap(), timed, "{json}");
+        }
+        // a sum of simulated step times that serde_json's fast float parser read back one bit off
+        let tuning = super::TuningCost { steps: 7, seconds: 3.5099999999999995e-7 };
+        assert_eq!(
+            serde_json::from_str::<super::TuningCost>(&serde_json::to_string(&tuning).unwrap()).unwrap(),
+            tuning
+        );
+    }
+}
