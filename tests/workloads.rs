@@ -146,6 +146,32 @@ fn the_dry_optimizer_step_costs_what_the_real_one_costs() {
     assert!(real.abs_diff(dry) <= TOLERANCE, "dry step peaks at {dry}, real step at {real}");
 }
 
+/// The plan holds where the reference model trains: an accumulating plan's
+/// optimizer step, run by `train_step_accumulated` (a `TrainLoop` over the
+/// shared optimizer), peaks under the ceiling and where the plan's
+/// accumulating check measured; for a plain model and a checkpointed one
+/// (whose loop scales gradients, not the loss).
+fn an_accumulating_plan_holds_in_the_reference_models_training() {
+    fn check<M: Model>(name: &str, mut trainer: Trainer<M>, budget: u64, target: usize) {
+        let mut meter = HeapMeter::new(budget).unwrap();
+        let plan = Tuner::new().target_effective_batch(target).run(&mut trainer, &mut meter).unwrap();
+        assert!(plan.accumulation_steps() > 1, "{name}: the plan does not accumulate:\n{plan}");
+        let checked = plan.accumulation_peak_bytes().unwrap_or_else(|| panic!("{name}: unchecked:\n{plan}"));
+        let (micro, steps, limit) = (plan.micro_batch(), plan.accumulation_steps(), plan.limit_bytes());
+        trainer.train_step_accumulated(micro, steps).unwrap();
+        TrackingAllocator::reset_peak();
+        trainer.train_step_accumulated(micro, steps).unwrap();
+        let trained = TrackingAllocator::peak_bytes();
+        println!("  {name}: {micro} x {steps}: training peaks at {trained}, the check at {checked}, limit {limit}");
+        assert!(trained <= limit + TOLERANCE, "{name}: training peaks at {trained} > {limit}\n{plan}");
+        assert!(trained.abs_diff(checked) <= checked / 50, "{name}: training {trained}, the plan's check {checked}");
+    }
+    let mlp = MlpConfig { inputs: 256, width: 512, depth: 2, ..MlpConfig::default() };
+    check("mlp", mlp.build(&Device::Cpu).unwrap(), 26 * MIB, 1000);
+    let checkpointed = TransformerConfig { checkpointing: true, ..transformer(32, 32, 2) };
+    check("checkpointed transformer", checkpointed.build(&Device::Cpu).unwrap(), 28 * MIB, 250);
+}
+
 /// Bytes per sample of a probe step, from peaks at two batches.
 fn bytes_per_sample<W: Workload>(workload: &mut W) -> f64 {
     workload.step(16).unwrap();
@@ -467,6 +493,10 @@ fn main() {
         ("probing_the_convnet_changes_nothing", probing_the_convnet_changes_nothing),
         ("training_after_probing_is_training_without_it", training_after_probing_is_training_without_it),
         ("the_dry_optimizer_step_costs_what_the_real_one_costs", the_dry_optimizer_step_costs_what_the_real_one_costs),
+        (
+            "an_accumulating_plan_holds_in_the_reference_models_training",
+            an_accumulating_plan_holds_in_the_reference_models_training,
+        ),
         (
             "memory_per_sample_grows_with_sequence_length_faster_than_linearly",
             memory_per_sample_grows_with_sequence_length_faster_than_linearly,

@@ -138,10 +138,18 @@ impl Shared {
     }
 
     /// `f` of the AdamW inside (over the master copies in mixed precision),
-    /// when it is one; a freed one is built again first.
+    /// when it is one; a freed one is read as its next use builds it, and
+    /// stays freed (reading allocates nothing that stays).
     pub(crate) fn with_adamw<R>(&self, f: impl FnOnce(&AdamW) -> R) -> Result<Option<R>> {
-        let mut slot = self.0.borrow_mut();
-        Ok(slot.built()?.adamw().map(f))
+        let slot = self.0.borrow();
+        match &slot.built {
+            Some(built) => Ok(built.adamw().map(f)),
+            None => {
+                let rebuilt =
+                    slot.by_kind.build(slot.vars.clone()).map_err(|err| candle_core::Error::Msg(err.to_string()))?;
+                Ok(rebuilt.adamw().map(f))
+            }
+        }
     }
 }
 
@@ -215,6 +223,8 @@ mod tests {
         let bytes = probe.state_bytes();
         assert_eq!(bytes, 8 * 64 * 64);
         assert_eq!((probe.free(), probe.state_bytes(), training.state_bytes()), (bytes, 0, 0));
+        assert_eq!(probe.with_adamw(|adamw| adamw.step_count()).unwrap(), Some(0));
+        assert_eq!(probe.state_bytes(), 0, "reading a freed optimizer leaves it freed");
         let grads = w.as_tensor().sqr().unwrap().sum_all().unwrap().backward().unwrap();
         probe.dry_step(&grads).unwrap();
         assert_eq!(training.state_bytes(), bytes, "built again at the next use");
