@@ -239,6 +239,51 @@ proptest! {
         }
     }
 
+    /// A device that runs out of memory below the ceiling, read as a pool reads
+    /// it (a failed step holds the allocations before its failing one): the
+    /// tuner returns exactly the brute-force answer, proven by a failure at the
+    /// next candidate, in no more steps than Binary takes plus four.
+    #[test]
+    fn tuner_is_exact_when_the_device_runs_out_below_the_ceiling(
+        per_sample_kib in 1_024u64..50_000,
+        fixed_share in 0.0f64..0.5,
+        resident in any::<bool>(),
+        quadratic_bytes in prop_oneof![Just(0u64), 1u64..20_000],
+        allocations in prop_oneof![Just(64u64), 1u64..2_000],
+        oom_share in 0.05f64..1.0,
+        rounding in prop_oneof![Just(1u64), Just(2 << 20)],
+        g in prop_oneof![Just(1usize), Just(8), 1usize..17],
+    ) {
+        let capacity = 80u64 << 30;
+        let fixed = (capacity as f64 * fixed_share) as u64;
+        let curve = MemoryCurve::quadratic(fixed, per_sample_kib << 10, quadratic_bytes);
+        let space = SearchSpace::new(1, None, g).unwrap();
+        let Some(ceiling_batch) = Simulation::new(capacity, curve.clone()).true_largest(0.9, &space, 100_000) else {
+            return Ok(());
+        };
+        let oom_from = ((ceiling_batch as f64 * oom_share) as usize).max(1);
+        let mut sim = Simulation::new(capacity, curve).rounding(rounding).allocations(allocations).oom_from(oom_from);
+        if resident {
+            sim = sim.resident(fixed);
+        }
+        let truth = sim.true_largest(0.9, &space, 100_000);
+        let (mut workload, mut meter) = sim.clone().build();
+        let (mut binary_workload, mut binary_meter) = sim.build();
+        let tuner = Tuner::new().multiple_of(g);
+        let binary = tuner.clone().strategy(Strategy::Binary).run(&mut binary_workload, &mut binary_meter);
+        match (tuner.run(&mut workload, &mut meter), truth) {
+            (Ok(plan), Some(truth)) => {
+                prop_assert_eq!(plan.largest_batch, truth);
+                prop_assert!(plan.proven_largest());
+                prop_assert!(plan.trials.iter().any(|t| t.batch == truth + g && !t.outcome.fits()));
+                let binary_steps = binary.map(|p| p.trials.len()).unwrap_or(usize::MAX);
+                prop_assert!(plan.trials.len() <= binary_steps + 4, "{} vs Binary's {}: {:?}", plan.trials.len(), binary_steps, plan.trials.iter().map(|t| (t.batch, t.outcome)).collect::<Vec<_>>());
+            }
+            (Err(Error::NothingFits { .. }), None) => {}
+            (result, truth) => prop_assert!(false, "tuner {:?} but brute force {:?}", result.map(|p| p.largest_batch), truth),
+        }
+    }
+
     /// Noise and blips make curves non-monotone: the answer still fits as measured.
     #[test]
     fn tuner_is_safe_on_noisy_and_blipped_curves(

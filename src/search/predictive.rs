@@ -19,9 +19,14 @@ const BEND: f64 = 2.0;
 /// trusted for a jump only then.
 const LINEARITY_TOLERANCE: f64 = 0.10;
 
-/// Under an out-of-memory error below the ceiling, the gallop up from the
-/// largest fit starts with this share of its batch (at least a granule).
+/// Under an out-of-memory error, the gallop up from the largest fit starts
+/// with this share of its batch (at least a granule).
 const GALLOP_SHARE: usize = 256;
+
+/// The share of a step's batch that one failed allocation is presumed to
+/// stand for: the device's end is looked for first within this share of the
+/// batch above what a failed step was seen to hold.
+const ALLOCATION_SHARE: usize = 64;
 
 /// Small trials grow by this factor until three fit, while the last fit's
 /// peak is at most half the limit: a step's peak grows at most in proportion
@@ -183,7 +188,7 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
         return away_from_hint(space, history, |o| !o.outcome.fits() && o.batch <= hint, failing, false);
     }
     if let Some(level) = reached_before_oom(history, failing) {
-        return close_under_oom(space, bracket, failing, history, level.min(limit));
+        return close_under_oom(space, bracket, failing, history, level, limit);
     }
     let last_two_same_side =
         history.len() >= 2 && history[history.len() - 2].outcome.fits() == history[history.len() - 1].outcome.fits();
@@ -249,43 +254,97 @@ fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
     history.iter().filter(|o| o.outcome == Outcome::OutOfMemory).filter_map(|o| o.peak_bytes).max()
 }
 
-/// Closes a bracket whose failing end ran out of memory below the ceiling:
-/// jump to where the line through the largest fits reaches the level the
-/// failed steps were seen to hold (room the device has, so the jump fits on
-/// an accurate line), then gallop up from the largest fit in doubling steps
-/// from 1/256 of its batch or a granule (the device's end is within one
-/// failed allocation of that level), and bisect once a step up fails. Bisecting the whole bracket
-/// instead would spend a full-size trial on each halving of a gap that the
-/// failed allocation makes small.
+/// Closes a bracket whose failing end ran out of memory. Below the ceiling,
+/// the batch where the line through the largest fits reaches the level the
+/// failed steps were seen to hold (memory the device handed out) is taken to
+/// fit without being tried, and the device's end to lie within one failed
+/// allocation above it (presumed [`ALLOCATION_SHARE`] of the step): the search
+/// bisects that window, tries the level's batch only when everything above it
+/// failed, and gallops on in doubling windows when the whole window fits.
+/// Bisecting the whole bracket instead would spend a full-size trial on each
+/// halving of a gap that the failed allocation makes small. At or above the
+/// ceiling the level says no more than the limit: jump to the line's
+/// forecast, then gallop up from the largest fit and bisect.
 fn close_under_oom(
     space: &SearchSpace,
     bracket: &Bracket,
     failing: usize,
     history: &[Observation],
     level: u64,
+    limit: u64,
 ) -> Next {
     let g = space.multiple_of;
     let floor = bracket.floor;
-    let fits_since_failure = history.iter().rev().take_while(|o| o.outcome.fits()).count();
-    if fits_since_failure == 0 {
-        let jump = line_through_largest(&fitting_points(history))
-            .and_then(|line| line.largest_under(level))
-            .map(|predicted| space.floor(predicted.max(0.0) as usize))
-            .filter(|&batch| batch > floor && batch < failing);
-        return match jump {
-            Some(batch) => Next::Try(batch),
-            None => super::bisect(space, floor, failing),
-        };
+    let gaps = (failing - floor) / g;
+    let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory).unwrap_or(0);
+    let since_first_oom = &history[first_oom..];
+    let gallop_failed = since_first_oom.iter().filter(|o| !o.outcome.fits()).count() > 1;
+    // the k-th step up from the largest fit (from 1): a granule, or 1/256 of
+    // the batch when that is more (a failed allocation is a share of the
+    // step's bytes, which grow with it), then doubling
+    let gallop_from_floor = |k: usize| {
+        let first_step = (floor / GALLOP_SHARE / g).max(1);
+        Next::Try(floor + g * doubling(first_step, k).min(gaps / 2).max(1))
+    };
+    if let Some(anchor) = assumed_to_fit(space, &history[..=first_oom], limit)
+        .filter(|&anchor| anchor < failing && since_first_oom.iter().all(|o| o.outcome.fits() || o.batch > anchor))
+    {
+        let window = g * anchor.div_ceil(ALLOCATION_SHARE).div_ceil(g).max(1);
+        let window_top = anchor.saturating_add(window);
+        let (lo, assumed) = if anchor > floor { (anchor, true) } else { (floor, false) };
+        if gallop_failed || failing <= window_top {
+            // the end is bracketed by what was seen: bisect, the level's batch last
+            return match super::bisect(space, lo, failing) {
+                Next::Done if assumed => Next::Try(lo),
+                next => next,
+            };
+        }
+        if floor < window_top {
+            // bisect the window as if its top failed, then try the top
+            return match super::bisect(space, lo, window_top) {
+                Next::Done => Next::Try(window_top),
+                next => next,
+            };
+        }
+        // past the window, the end is most likely just past it
+        return gallop_from_floor(history.iter().filter(|o| o.outcome.fits() && o.batch >= window_top).count());
     }
-    // a failure of the gallop itself has found the end: bisect what is left
-    if history.iter().filter(|o| !o.outcome.fits() && o.batch > floor).count() > 1 {
+    if gallop_failed {
         return super::bisect(space, floor, failing);
     }
-    // the first step up is a granule, or 1/256 of the batch when that is more
-    // (a failed allocation is a share of the step's bytes, which grow with it)
-    let first_step = (floor / GALLOP_SHARE / g).max(1);
-    let gaps = (failing - floor) / g;
-    Next::Try(floor + g * doubling(first_step, fits_since_failure).min(gaps / 2).max(1))
+    // a forecast to try once, not to assume
+    let forecast = line_through_largest(&fitting_points(history))
+        .and_then(|line| line.largest_under(level.min(limit)))
+        .map(|predicted| space.floor(predicted.max(0.0) as usize))
+        .filter(|&batch| batch > floor && batch < failing);
+    match forecast {
+        Some(batch) if history.last().is_some_and(|o| !o.outcome.fits()) => Next::Try(batch),
+        _ => gallop_from_floor(history.iter().rev().take_while(|o| o.outcome.fits()).count()),
+    }
+}
+
+/// The batch the first out-of-memory failure below the ceiling (the last of
+/// `history`) shows to fit without trying it: where the line through the fits
+/// before it reaches what the failed step was seen to hold, when those fits
+/// lie on a line (a curve that bends would put it too high).
+fn assumed_to_fit(space: &SearchSpace, history: &[Observation], limit: u64) -> Option<usize> {
+    let level = history.last().filter(|o| o.outcome == Outcome::OutOfMemory)?.peak_bytes?;
+    let points = fitting_points(history);
+    if level >= limit || !on_a_line(&points) {
+        return None;
+    }
+    let predicted = line_through_largest(&points)?.largest_under(level)?;
+    Some(space.floor(predicted.max(0.0) as usize)).filter(|&batch| batch >= space.first)
+}
+
+/// Whether the three largest of `points`, spread apart, have slopes that
+/// agree (as a [`Forecast::Linear`] needs).
+fn on_a_line(points: &[(usize, u64)]) -> bool {
+    let points = spread(points);
+    let Some(&[a, b, c]) = points.get(points.len().saturating_sub(3)..) else { return false };
+    let slope = |(x0, y0): (usize, u64), (x1, y1): (usize, u64)| (y1 as f64 - y0 as f64) / (x1 as f64 - x0 as f64);
+    let (near, far) = (slope(a, b), slope(b, c));
+    far > 0.0 && (far - near).abs() <= LINEARITY_TOLERANCE * far.max(near)
 }
 
 /// Where the peak crosses the limit: by interpolation between the bracket's
@@ -465,7 +524,7 @@ mod tests {
     }
 
     #[test]
-    fn an_out_of_memory_reading_below_the_ceiling_is_jumped_to_then_galloped_from() {
+    fn an_out_of_memory_reading_below_the_ceiling_is_taken_to_fit_and_the_allocation_above_it_bisected() {
         // the ceiling allows batch 4000, the device runs out above batch 2999
         let (fixed, per_sample) = (1u64 << 30, 1u64 << 20);
         let limit = fixed + 4000 * per_sample;
@@ -473,11 +532,15 @@ mod tests {
         let history = run_short_device(room, fixed, per_sample, 256, limit);
         let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
         assert_eq!(super::super::best(&history).map(|o| o.batch), Some(2999), "{tried:?}");
-        // 1, 4, 16, a far jump, the failed jump, then trials within a few
-        // failed allocations of the end: bisecting (1000, 4000) would take 12
-        let after_failure = tried.iter().skip_while(|&&b| b < 3000).count() - 1;
-        assert!(after_failure <= 8, "{tried:?}");
-        assert!(tried.iter().filter(|&&b| b >= 3000).all(|&b| b <= 3000 + 3000 / 64 || b > 3900), "{tried:?}");
+        // 1, 4, 16, a far jump, the failed jump, then the window of one presumed
+        // allocation above where the line reaches the failed step's reading,
+        // bisected: bisecting (1000, 4000) would take 12
+        let failed = history.iter().find(|o| o.outcome == Outcome::OutOfMemory).unwrap();
+        let level = ((failed.peak_bytes.unwrap() - fixed) / per_sample) as usize;
+        assert!(level < 2999 && !tried.contains(&level), "{level} {tried:?}");
+        let after_failure = &tried[tried.iter().position(|&b| b == failed.batch).unwrap() + 1..];
+        assert!(after_failure.len() <= 6, "{tried:?}");
+        assert!(after_failure.iter().all(|&b| b > level && b <= level + level.div_ceil(64)), "{tried:?}");
     }
 
     #[test]
