@@ -15,6 +15,10 @@ const FAR_JUMP_SHARE: f64 = 0.25;
 /// A slope under this share of the next one is a bend, not a parabola.
 const BEND: f64 = 2.0;
 
+/// Slopes that agree this closely make a line trusted for a jump from any
+/// distance the proportional bound allows.
+const STRAIGHT_LINE: f64 = 0.01;
+
 /// Two slopes agree when they differ by at most this share: the line is
 /// trusted for a jump only then.
 const LINEARITY_TOLERANCE: f64 = 0.10;
@@ -161,7 +165,12 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
         Forecast::Linear(predicted) | Forecast::Convex(predicted) => predicted,
         Forecast::Concave(predicted) => predicted.min(fitting.saturating_mul(PROBE_GROWTH) as f64),
     };
-    let anchored = fitting as f64 * ANCHOR_RATIO >= predicted;
+    let last_peak = points.last().map_or(u64::MAX, |&(_, peak)| peak);
+    // a jump the proportional bound keeps within twice the limit, on a line
+    // its points agree on closely, is trusted from any distance
+    let safe = (last_peak as f64) * predicted / fitting as f64 <= 2.0 * limit as f64;
+    let anchored = fitting as f64 * ANCHOR_RATIO >= predicted
+        || (safe && on_a_line(&points, STRAIGHT_LINE) && past_a_flat_start(&points, limit).is_none());
     let target = if anchored {
         predicted
     } else {
@@ -330,7 +339,7 @@ fn close_under_oom(
 fn assumed_to_fit(space: &SearchSpace, history: &[Observation], limit: u64) -> Option<usize> {
     let level = history.last().filter(|o| o.outcome == Outcome::OutOfMemory)?.peak_bytes?;
     let points = fitting_points(history);
-    if level >= limit || !on_a_line(&points) {
+    if level >= limit || !on_a_line(&points, LINEARITY_TOLERANCE) {
         return None;
     }
     let predicted = line_through_largest(&points)?.largest_under(level)?;
@@ -339,12 +348,12 @@ fn assumed_to_fit(space: &SearchSpace, history: &[Observation], limit: u64) -> O
 
 /// Whether the three largest of `points`, spread apart, have slopes that
 /// agree (as a [`Forecast::Linear`] needs).
-fn on_a_line(points: &[(usize, u64)]) -> bool {
+fn on_a_line(points: &[(usize, u64)], tolerance: f64) -> bool {
     let points = spread(points);
     let Some(&[a, b, c]) = points.get(points.len().saturating_sub(3)..) else { return false };
     let slope = |(x0, y0): (usize, u64), (x1, y1): (usize, u64)| (y1 as f64 - y0 as f64) / (x1 as f64 - x0 as f64);
     let (near, far) = (slope(a, b), slope(b, c));
-    far > 0.0 && (far - near).abs() <= LINEARITY_TOLERANCE * far.max(near)
+    far > 0.0 && (far - near).abs() <= tolerance * far.max(near)
 }
 
 /// Where the peak crosses the limit: by interpolation between the bracket's
