@@ -457,6 +457,19 @@ pub enum Error {
         collective: usize,
     },
 
+    /// A comparison variant's expectation that cannot be used.
+    #[error("variant '{variant}' expects {what} = {value}: it must be {valid}")]
+    InvalidExpectation {
+        /// The variant's name.
+        variant: String,
+        /// Which part of the expectation.
+        what: &'static str,
+        /// The value given.
+        value: String,
+        /// What would be valid.
+        valid: String,
+    },
+
     /// A headroom minimum outside [0, 1).
     #[error(
         "minimum headroom {min_headroom} is not a fraction in [0, 1): pass e.g. 0.1 to keep 10% of the device free"
@@ -617,6 +630,7 @@ impl Error {
             | Error::AlreadyTrained { .. }
             | Error::NotForSizeSearch { .. }
             | Error::InvalidHeadroom { .. }
+            | Error::InvalidExpectation { .. }
             | Error::CacheKeyMissing
             | Error::WorldSizeMismatch { .. }
             | Error::ModelTooLarge { limit_bytes: None, .. } => ErrorKind::Configuration,

@@ -353,6 +353,20 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     // mixed precision: bf16 activations, but f32 masters and moments in the fixed bytes
     let fixed = |i: usize| rows[i]["fixed_bytes"].as_f64().unwrap();
     assert!(per_sample(2) < 0.75 * per_sample(0) && fixed(2) > fixed(1), "{rows:?}");
+    // the same activations as an earlier variant (mixed precision as bf16, each
+    // optimizer as the model as it is): the search starts where that one's
+    // line, moved by the state's change, reaches the limit, and finds what a
+    // probe from scratch finds
+    let started = |i: usize| rows[i]["started_at"].as_u64();
+    assert!([0, 1].iter().all(|&i| started(i).is_none()), "{rows:?}");
+    assert!((2..6).all(|i| started(i).is_some()), "{rows:?}");
+    for (i, flags) in [(2, ["--precision", "mixed"]), (3, ["--optimizer", "lion"])] {
+        let alone = autobatch(&[&["probe", "--model", "mlp", "--budget", "24MiB", "--json"][..], &flags].concat());
+        assert!(alone.status.success(), "{}", text(&alone.stderr));
+        let plan: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+        assert_eq!(plan["largest_batch"].as_u64(), Some(largest(i)), "{flags:?}: {rows:?}");
+        assert!(rows[i]["steps"].as_u64() < plan["trials"].as_array().map(|t| t.len() as u64), "{rows:?}");
+    }
     let text_output = autobatch(&["probe", "--compare", "--model", "mlp", "--budget", "24MiB"]);
     let stdout = text(&text_output.stdout);
     assert!(stdout.contains("variant") && stdout.contains("samples/s") && stdout.contains("bf16"), "{stdout}");

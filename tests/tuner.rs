@@ -740,3 +740,78 @@ fn a_cached_plan_costs_only_the_steps_it_ran_now() {
     assert!(!second.to_string().contains("tuning took"), "{second}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A variant whose change is known (an optimizer's state: the same
+/// activations, less held) starts its search where the earlier variant's
+/// measured peaks, moved by that change, reach the limit: two steps, the
+/// answer and the batch above it, where a search from scratch takes more;
+/// a wrong expectation costs steps, never the answer.
+#[test]
+fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
+    use autobatch::Variant;
+    let (per_sample, fixed, lean) = (40u64 << 20, 6u64 << 30, 4u64 << 30);
+    let curve = |fixed| MemoryCurve::affine(fixed, per_sample);
+    let scratch = {
+        let (mut workload, mut meter) = Simulation::new(16 << 30, curve(lean)).build();
+        Tuner::new().run(&mut workload, &mut meter).unwrap()
+    };
+    for (change, share, exact_start) in [(-2.0 * (1u64 << 30) as f64, 1.0, true), (0.0, 0.5, false)] {
+        let (plain, mut meter) = Simulation::new(16 << 30, curve(fixed)).build();
+        let leaner = Simulation::new(16 << 30, curve(lean)).build_on(&meter);
+        let variants =
+            vec![Variant::new("as it is", plain), Variant::new("leaner", leaner).expecting(0, share, change)];
+        let rows = Tuner::new().compare(variants, &mut meter).unwrap().rows;
+        let (row, plan) = (&rows[1], rows[1].plan.as_ref().unwrap());
+        assert_eq!(plan.largest_batch, scratch.largest_batch, "share {share}");
+        assert!(plan.proven_largest());
+        assert!(rows[0].started_at.is_none());
+        let started = row.started_at.unwrap();
+        assert_eq!(plan.trials[0].batch, started);
+        if exact_start {
+            assert_eq!(started, scratch.largest_batch);
+            assert_eq!(plan.trials.len(), 2, "{:?}", plan.trials);
+            assert!(plan.trials.len() < scratch.trials.len());
+            // the line carried from the first variant, through the peak measured here
+            let (bytes_per_sample, fixed_bytes) = row.memory().unwrap();
+            assert!((bytes_per_sample - per_sample as f64).abs() < 1.0, "{bytes_per_sample}");
+            assert!((fixed_bytes - lean as f64).abs() < per_sample as f64, "{fixed_bytes}");
+        } else {
+            assert!(started > 3 * scratch.largest_batch / 2, "{started}");
+        }
+    }
+}
+
+#[test]
+fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
+    use autobatch::Variant;
+    let variant = |share: f64, change: f64, like: usize| {
+        let (workload, _meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
+        Variant::new("lean", workload).expecting(like, share, change)
+    };
+    for (variants, what) in [
+        (vec![variant(1.0, 0.0, 0)], "like"),
+        (vec![variant(1.0, 0.0, 0), variant(1.0, 0.0, 1)], "like"),
+        (vec![variant(1.0, 0.0, 0).predicted(1.0), variant(0.0, 0.0, 0)], "like"),
+    ] {
+        let (_, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
+        match Tuner::new().compare(variants, &mut meter) {
+            Err(err @ Error::InvalidExpectation { what: found, .. }) => {
+                assert_eq!(found, what);
+                assert_eq!(err.kind(), autobatch::ErrorKind::Configuration);
+                assert_eq!(meter.peak().unwrap(), 0, "no trial ran");
+            }
+            other => panic!("{:?}", other.map(|c| c.rows.len())),
+        }
+    }
+    for (share, change, what) in [
+        (0.0, 0.0, "bytes_per_sample_share"),
+        (f64::NAN, 0.0, "bytes_per_sample_share"),
+        (1.0, f64::INFINITY, "fixed_bytes_change"),
+    ] {
+        let (first, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
+        let variants = vec![autobatch::Variant::new("as it is", first), variant(share, change, 0)];
+        let err = Tuner::new().compare(variants, &mut meter).unwrap_err();
+        assert!(matches!(err, Error::InvalidExpectation { what: found, .. } if found == what), "{err}");
+        assert!(err.to_string().contains("lean") && err.to_string().contains("must be"), "{err}");
+    }
+}

@@ -299,6 +299,36 @@ impl Simulation {
         let config = Arc::new(self);
         (SimulatedWorkload { config: Arc::clone(&config), state: Arc::clone(&state) }, SimulatedMeter { config, state })
     }
+
+    /// This simulation's step as a workload on the device `meter` watches
+    /// (another model on the same device, as [`Tuner::compare`](crate::Tuner::compare)
+    /// measures variants): the device's capacity, other processes, resident
+    /// bytes, slack and name are the meter's simulation's; the step's curve
+    /// and failures are this one's.
+    ///
+    /// ```
+    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+    /// use autobatch::Tuner;
+    ///
+    /// let (first, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 100 << 20)).build();
+    /// let mut second = Simulation::new(0, MemoryCurve::affine(2 << 30, 50 << 20)).build_on(&meter);
+    /// let plan = Tuner::new().run(&mut second, &mut meter)?;
+    /// assert_eq!(plan.largest_batch, ((0.9 * (16u64 << 30) as f64) as u64 - (2 << 30)) as usize / (50 << 20));
+    /// # drop(first);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn build_on(self, meter: &SimulatedMeter) -> SimulatedWorkload {
+        let device = &meter.config;
+        let config = Simulation {
+            capacity: device.capacity,
+            other_process: device.other_process,
+            resident: device.resident,
+            slack: device.slack,
+            name: device.name.clone(),
+            ..self
+        };
+        SimulatedWorkload { config: Arc::new(config), state: Arc::clone(&meter.state) }
+    }
 }
 
 #[derive(Debug)]

@@ -3,7 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use log::debug;
+
 use super::Tuner;
+use crate::search::LinearFit;
 use crate::units::format_bytes;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
@@ -18,6 +21,23 @@ pub struct Variant<'a> {
     build: Build<'a>,
     /// The estimate's bytes per sample for it, to print beside the measurement.
     pub predicted_bytes_per_sample: Option<f64>,
+    expected: Option<Expectation>,
+}
+
+/// What a variant is expected to need, against a variant tuned before it:
+/// its search starts where that variant's measured memory line, so changed,
+/// reaches the limit (and stays exact wherever it starts).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Expectation {
+    /// The earlier variant, by its place in the list given to
+    /// [`Tuner::compare`] (from 0).
+    pub like: usize,
+    /// Its bytes per sample times this: 1 for a change that leaves the
+    /// activations alone (an optimizer), 0.5 for halving them.
+    pub bytes_per_sample_share: f64,
+    /// Its fixed bytes plus this: the change of what is held whatever the
+    /// batch (negative for less), e.g. optimizer state or master weights.
+    pub fixed_bytes_change: f64,
 }
 
 impl<'a> Variant<'a> {
@@ -31,7 +51,7 @@ impl<'a> Variant<'a> {
     /// dropped after: each variant is measured with only itself on the device.
     pub fn lazy<W: Workload + 'a>(name: impl Into<String>, build: impl FnOnce() -> Result<W, Error> + 'a) -> Self {
         let build: Build<'a> = Box::new(move || build().map(|w| Box::new(w) as Box<dyn Workload + 'a>));
-        Variant { name: name.into(), build, predicted_bytes_per_sample: None }
+        Variant { name: name.into(), build, predicted_bytes_per_sample: None, expected: None }
     }
 
     /// Adds the estimate's prediction of its bytes per sample.
@@ -39,6 +59,70 @@ impl<'a> Variant<'a> {
         self.predicted_bytes_per_sample = Some(bytes_per_sample);
         self
     }
+
+    /// Starts its search from the variant at place `like` (an earlier one),
+    /// its bytes per sample times `bytes_per_sample_share`, its fixed bytes
+    /// plus `fixed_bytes_change` (see [`Expectation`]). Give it where the
+    /// change is known well (an optimizer's state, master weights): a good
+    /// start is the answer and the batch above it, two steps; a poor one
+    /// costs more steps than starting small, never a different answer.
+    pub fn expecting(mut self, like: usize, bytes_per_sample_share: f64, fixed_bytes_change: f64) -> Self {
+        self.expected = Some(Expectation { like, bytes_per_sample_share, fixed_bytes_change });
+        self
+    }
+
+    /// Checks the expectation of the variant at place `index`.
+    fn check_expectation(&self, index: usize) -> Result<(), Error> {
+        let Some(expected) = self.expected else { return Ok(()) };
+        let invalid = |what, value: String, valid: String| Error::InvalidExpectation {
+            variant: self.name.clone(),
+            what,
+            value,
+            valid,
+        };
+        if expected.like >= index {
+            let valid = match index {
+                0 => "given to a later variant: the first has none before it".to_owned(),
+                _ => format!("an earlier variant's place, 0 to {}", index - 1),
+            };
+            return Err(invalid("like", expected.like.to_string(), valid));
+        }
+        let share = expected.bytes_per_sample_share;
+        if !(share.is_finite() && share > 0.0) {
+            return Err(invalid("bytes_per_sample_share", share.to_string(), "a finite number above 0".to_owned()));
+        }
+        let change = expected.fixed_bytes_change;
+        if !change.is_finite() {
+            return Err(invalid("fixed_bytes_change", change.to_string(), "a finite number of bytes".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+/// Where `expected` puts the largest batch, from the earlier variant's plan:
+/// its peak at its largest batch, its activations (the peak above the fixed
+/// bytes) scaled and its fixed bytes moved as expected, extended along the
+/// slope it was measured to have there (to the nearest batch measured in
+/// full), solved for its limit.
+fn expected_batch(earlier: &Compared, expected: &Expectation) -> Option<usize> {
+    let plan = earlier.plan.as_ref()?;
+    let fixed = plan.memory_model.as_ref()?.line.fixed_bytes;
+    let (b0, p0) = (plan.largest_batch as f64, plan.peak_bytes as f64);
+    let nearest = plan
+        .trials
+        .iter()
+        .filter(|t| t.batch != plan.largest_batch && t.outcome != crate::Outcome::OutOfMemory)
+        .filter_map(|t| Some((t.batch as f64, t.peak_bytes? as f64)))
+        .min_by(|a, b| (a.0 - b0).abs().total_cmp(&(b.0 - b0).abs()))?;
+    let slope = (nearest.1 - p0) / (nearest.0 - b0);
+    if !(slope.is_finite() && slope > 0.0) {
+        return None;
+    }
+    // fixed + Δ + share·(p0 − fixed + slope·(b − b0)) = limit
+    let share = expected.bytes_per_sample_share;
+    let room = (plan.limit_bytes() as f64 - fixed - expected.fixed_bytes_change) / share - (p0 - fixed);
+    let batch = b0 + room / slope;
+    (batch.is_finite() && batch >= 1.0).then_some(batch as usize)
 }
 
 /// What tuning one variant found.
@@ -50,6 +134,14 @@ pub struct Compared {
     pub plan: Option<Plan>,
     /// The estimate's bytes per sample, when the variant came with one.
     pub predicted_bytes_per_sample: Option<f64>,
+    /// Where its search started, when an [`Expectation`] said (else it
+    /// started small, as a search does).
+    pub started_at: Option<usize>,
+    /// For a search that started where its expectation said (its few
+    /// trials near the answer make a poor line of their own): the earlier
+    /// variant's bytes per sample, changed as expected, through the peak
+    /// measured at the largest batch.
+    pub carried_line: Option<LinearFit>,
 }
 
 impl Compared {
@@ -58,10 +150,13 @@ impl Compared {
         self.plan.as_ref().map_or(0, |plan| plan.largest_batch)
     }
 
-    /// Measured bytes per sample and fixed bytes (the plan's memory model).
+    /// Bytes per sample and fixed bytes: the line carried from an earlier
+    /// variant when there is one (see [`carried_line`](Compared::carried_line)),
+    /// else the plan's memory model.
     pub fn memory(&self) -> Option<(f64, f64)> {
-        let model = self.plan.as_ref()?.memory_model.as_ref()?;
-        Some((model.line.bytes_per_sample, model.line.fixed_bytes))
+        let plan = self.plan.as_ref()?;
+        let line = self.carried_line.or_else(|| plan.memory_model.as_ref().map(|model| model.line))?;
+        Some((line.bytes_per_sample, line.fixed_bytes))
     }
 
     /// Wall time of one step at the largest batch (the fitting trial there).
@@ -97,7 +192,7 @@ impl Tuner {
     /// use autobatch::Tuner;
     ///
     /// let (plain, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 100 << 20)).build();
-    /// let (leaner, _) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 40 << 20)).build();
+    /// let leaner = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 40 << 20)).build_on(&meter);
     /// let comparison = Tuner::new().compare(
     ///     vec![Variant::new("as it is", plain), Variant::new("checkpointing", leaner).predicted(40.0 * 1048576.0)],
     ///     &mut meter,
@@ -126,21 +221,44 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         O: super::Observer + ?Sized,
     {
-        let mut rows = Vec::with_capacity(variants.len());
+        for (index, variant) in variants.iter().enumerate() {
+            variant.check_expectation(index)?;
+        }
+        let mut rows: Vec<Compared> = Vec::with_capacity(variants.len());
         for variant in variants {
             observer.variant_started(&variant.name);
+            let started_at = variant.expected.and_then(|expected| expected_batch(&rows[expected.like], &expected));
+            let tuner = match started_at {
+                Some(batch) => {
+                    debug!("{}: starting at batch {batch}, where the expectation puts it", variant.name);
+                    self.hinted(batch)
+                }
+                None => self.clone(),
+            };
             let mut workload = (variant.build)()?;
-            let plan = match self.run_observed(&mut *workload, meter, observer) {
+            let plan = match tuner.run_observed(&mut *workload, meter, observer) {
                 Ok(plan) => Some(plan),
                 Err(Error::NothingFits { .. }) => None,
                 Err(err) => return Err(err),
             };
             drop(workload);
             observer.variant_finished(&variant.name, plan.as_ref().map(|plan| plan.largest_batch));
+            let carried_line = match (&plan, variant.expected) {
+                (Some(plan), Some(expected)) if started_at.is_some() => {
+                    rows[expected.like].memory().map(|(per_sample, _)| {
+                        let bytes_per_sample = per_sample * expected.bytes_per_sample_share;
+                        let fixed_bytes = plan.peak_bytes as f64 - bytes_per_sample * plan.largest_batch as f64;
+                        LinearFit { fixed_bytes, bytes_per_sample }
+                    })
+                }
+                _ => None,
+            };
             rows.push(Compared {
                 name: variant.name,
                 plan,
                 predicted_bytes_per_sample: variant.predicted_bytes_per_sample,
+                started_at,
+                carried_line,
             });
         }
         Ok(Comparison { rows })

@@ -1,6 +1,6 @@
 //! `autobatch probe`: tune a built-in reference model on a device.
 
-use autobatch::estimate::OptimizerKind;
+use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
 use autobatch::workloads::{ConvNetConfig, Footprint, MlpConfig, ReferenceWorkload, TransformerConfig};
 use autobatch::{format_bytes, HeapMeter, MemoryMeter, Strategy, Tuner};
 use candle_core::DType;
@@ -527,12 +527,33 @@ fn compare(
             configs.push((format!("{} optimizer", kind.name()), model.clone(), 1.0, false, kind));
         }
     }
-    let variants = configs
-        .iter()
-        .map(|(name, config, _, mixed, optimizer)| {
-            Variant::lazy(name.clone(), move || config.build_with(device, *mixed, *optimizer).map(ReferenceStep))
-        })
-        .collect();
+    // where the change is known to the byte (an optimizer's state, master
+    // weights: the same activations, a state the estimate counts), a variant's
+    // search starts at the answer an earlier one's measured line predicts
+    let parameters = model.build_with(device, as_is_mixed, optimizer)?.parameter_count() as u64;
+    let precision = |mixed: bool, config: &ModelConfig| match (mixed, config) {
+        (true, _) => Precision::Mixed,
+        (false, ModelConfig::Transformer(TransformerConfig { dtype: DType::BF16, .. }))
+        | (false, ModelConfig::Mlp(MlpConfig { dtype: DType::BF16, .. }))
+        | (false, ModelConfig::ConvNet(ConvNetConfig { dtype: DType::BF16, .. })) => Precision::Bf16,
+        (false, _) => Precision::Fp32,
+    };
+    let state = |mixed: bool, config: &ModelConfig, kind: OptimizerKind| {
+        StaticMemory::new(parameters, precision(mixed, config), kind).map(|state| state.total() as f64)
+    };
+    let mut variants = Vec::with_capacity(configs.len());
+    for (index, (name, config, _, mixed, kind)) in configs.iter().enumerate() {
+        let same_activations_as =
+            configs[..index].iter().position(|(_, other, _, _, _)| same_activations(other, config));
+        let mut variant =
+            Variant::lazy(name.clone(), move || config.build_with(device, *mixed, *kind).map(ReferenceStep));
+        if let Some(like) = same_activations_as {
+            let (_, like_config, _, like_mixed, like_kind) = &configs[like];
+            let change = state(*mixed, config, *kind)? - state(*like_mixed, like_config, *like_kind)?;
+            variant = variant.expecting(like, 1.0, change);
+        }
+        variants.push(variant);
+    }
     let mut progress = Progress::new(args.json);
     let compared = tuner.compare_observed(variants, meter, &mut progress);
     drop(progress);
@@ -567,6 +588,8 @@ fn compare(
                     "bytes_per_sample": row.memory().map(|m| m.0),
                     "fixed_bytes": row.memory().map(|m| m.1),
                     "estimated_bytes_per_sample": row.predicted_bytes_per_sample,
+                    "started_at": row.started_at,
+                    "steps": row.plan.as_ref().map(|p| p.trials.len()),
                     "step_time_s": row.step_time().map(|t| t.as_secs_f64()),
                     "samples_per_second": row.samples_per_second(),
                 })
@@ -584,6 +607,17 @@ fn compare(
         )));
     }
     Ok(())
+}
+
+/// Whether two models run the same activations: the same shape, dtype and
+/// checkpointing (they may differ in optimizer or master weights).
+fn same_activations(a: &ModelConfig, b: &ModelConfig) -> bool {
+    match (a, b) {
+        (ModelConfig::Transformer(a), ModelConfig::Transformer(b)) => a == b,
+        (ModelConfig::Mlp(a), ModelConfig::Mlp(b)) => a == b,
+        (ModelConfig::ConvNet(a), ModelConfig::ConvNet(b)) => a == b,
+        _ => false,
+    }
 }
 
 /// A reference workload as a plain `Workload` for [`Tuner::compare`].
