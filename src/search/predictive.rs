@@ -27,9 +27,9 @@ const LINEARITY_TOLERANCE: f64 = 0.10;
 /// with this share of its batch (at least a granule).
 const GALLOP_SHARE: usize = 256;
 
-/// The share of a step's batch that one failed allocation is presumed to
-/// stand for: the device's end is looked for first within this share of the
-/// batch above what a failed step was seen to hold.
+/// The share of a failed step's batch that its failing allocation is
+/// presumed to stand for: the device's end is looked for first within this
+/// share of that batch above what the failed step was seen to hold.
 const ALLOCATION_SHARE: usize = 64;
 
 /// Small trials grow by this factor until three fit, while the last fit's
@@ -298,7 +298,9 @@ fn close_under_oom(
     if let Some(anchor) = assumed_to_fit(space, &history[..=first_oom], limit)
         .filter(|&anchor| anchor < failing && since_first_oom.iter().all(|o| o.outcome.fits() || o.batch > anchor))
     {
-        let window = g * anchor.div_ceil(ALLOCATION_SHARE).div_ceil(g).max(1);
+        // one allocation of the failed step: its share of that step's batch
+        let failed_batch = history[first_oom].batch;
+        let window = g * failed_batch.div_ceil(ALLOCATION_SHARE).div_ceil(g).max(1);
         let window_top = anchor.saturating_add(window);
         let (lo, assumed) = if anchor > floor { (anchor, true) } else { (floor, false) };
         if gallop_failed || failing <= window_top {
@@ -542,14 +544,15 @@ mod tests {
         let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
         assert_eq!(super::super::best(&history).map(|o| o.batch), Some(2999), "{tried:?}");
         // 1, 4, 16, a far jump, the failed jump, then the window of one presumed
-        // allocation above where the line reaches the failed step's reading,
+        // allocation of the failed step (1/64 of its batch) above where the line
+        // reaches its reading,
         // bisected: bisecting (1000, 4000) would take 12
         let failed = history.iter().find(|o| o.outcome == Outcome::OutOfMemory).unwrap();
         let level = ((failed.peak_bytes.unwrap() - fixed) / per_sample) as usize;
         assert!(level < 2999 && !tried.contains(&level), "{level} {tried:?}");
         let after_failure = &tried[tried.iter().position(|&b| b == failed.batch).unwrap() + 1..];
         assert!(after_failure.len() <= 6, "{tried:?}");
-        assert!(after_failure.iter().all(|&b| b > level && b <= level + level.div_ceil(64)), "{tried:?}");
+        assert!(after_failure.iter().all(|&b| b > level && b <= level + failed.batch.div_ceil(64)), "{tried:?}");
     }
 
     #[test]
