@@ -158,6 +158,15 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
     if points.len() < 3 {
         let last_peak = points.last().map_or(u64::MAX, |&(_, peak)| peak);
         let factor = if last_peak <= limit / 2 { PROBE_GROWTH } else { 2 };
+        // the line through two fits puts the answer below the next small
+        // trial: try it there (verified as any jump is) rather than overshoot
+        let short_of_next = LinearFit::through(&points)
+            .and_then(|line| line.largest_under(limit))
+            .filter(|&predicted| predicted < fitting.saturating_mul(factor) as f64);
+        if let Some(predicted) = short_of_next {
+            let jump = space.floor(predicted.max(0.0) as usize);
+            return Next::Try(jump.max(fitting + space.multiple_of).min(space.last));
+        }
         return step_up(factor);
     }
     let predicted = match forecast(&points, limit) {
@@ -311,14 +320,20 @@ fn close_under_oom(
             };
         }
         if floor < window_top {
-            // bisect the window as if its top failed, then try the top
+            // bisect the window as if its top failed, then try the top; after
+            // three fits in it (the end is in its top eighth, or past it: the
+            // reading was coarse), try the top before climbing further
+            let fits_in_window = since_first_oom.iter().filter(|o| o.outcome.fits() && o.batch > anchor).count();
             return match super::bisect(space, lo, window_top) {
+                Next::Try(_) if fits_in_window >= 3 => Next::Try(window_top),
                 Next::Done => Next::Try(window_top),
                 next => next,
             };
         }
-        // past the window, the end is most likely just past it
-        return gallop_from_floor(history.iter().filter(|o| o.outcome.fits() && o.batch >= window_top).count());
+        // the whole window fit: the reading was further below the end than one
+        // allocation; gallop on in steps of a window, doubling
+        let windows_past = history.iter().filter(|o| o.outcome.fits() && o.batch >= window_top).count();
+        return Next::Try(floor + g * doubling(window / g, windows_past).min(gaps / 2).max(1));
     }
     if gallop_failed {
         return super::bisect(space, floor, failing);
@@ -503,13 +518,28 @@ mod tests {
     #[test]
     fn small_trials_grow_fourfold_only_while_the_next_stays_within_twice_the_limit() {
         let space = SearchSpace::new(1, None, 1).unwrap();
-        // 15 MiB per sample, nothing fixed, a 100 MiB limit: 4 fits at 60 MiB, over half
-        // the limit, so the next is 8 (120 MiB), not 16 (240 MiB, more than twice the limit)
-        let peak = |b: usize| (b as u64) * (15 << 20);
+        // 40 MiB fixed, 5 MiB per sample, a 100 MiB limit: 4 fits at 60 MiB, over half
+        // the limit, so the next is 8 (80 MiB), not 16 (120 MiB)
+        let peak = |b: usize| (40 << 20) + (b as u64) * (5 << 20);
         let limit = 100 << 20;
         let tried = run(space, peak, limit);
         assert_eq!(tried[..3], [1, 4, 8]);
         assert!(tried.iter().all(|&b| peak(b) <= 2 * limit), "{tried:?}");
+    }
+
+    #[test]
+    fn two_fits_whose_line_ends_short_of_the_next_small_trial_are_followed_there() {
+        // 15 MiB per sample, a 100 MiB limit: the line through 1 and 4 ends at
+        // 6.7, short of the next small trial (8): 6, then 7 to prove it
+        let peak = |b: usize| (b as u64) * (15 << 20);
+        let tried = run(SearchSpace::new(1, None, 1).unwrap(), peak, 100 << 20);
+        assert_eq!(tried, [1, 4, 6, 7]);
+        // granules of 64 and an answer of 640: 64, 256, then the line's 640
+        // and 704, not 1024 (past the answer, a step and a half's cost)
+        let peak = |b: usize| (8u64 << 30) + (b as u64) * (100 << 20);
+        let limit = (8u64 << 30) + 700 * (100 << 20);
+        let tried = run(SearchSpace::new(1, None, 64).unwrap(), peak, limit);
+        assert_eq!(tried, [64, 256, 640, 704]);
     }
 
     /// A device whose room ends below the ceiling: a step that does not fit
