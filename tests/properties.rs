@@ -409,12 +409,17 @@ proptest! {
     #[test]
     fn predictive_never_asks_for_more_than_twice_the_limit(
         fixed in 0u64..(8 << 30),
+        held_share in prop_oneof![Just(None), (0.0f64..=1.0).prop_map(Some)],
         per_sample in 1u64..(1 << 30),
         limit_samples in prop_oneof![1u64..64, 64u64..100_000],
         (start, max, g) in space_strategy(),
     ) {
         let limit = fixed + per_sample * limit_samples + per_sample / 2;
-        let space = SearchSpace::new(start, max, g).unwrap().with_limit(limit);
+        let mut space = SearchSpace::new(start, max, g).unwrap().with_limit(limit);
+        // what the device held before each step: at most the fixed bytes
+        if let Some(share) = held_share {
+            space = space.with_held_bytes((fixed as f64 * share) as u64);
+        }
         let peak = |b: usize| fixed + per_sample * b as u64;
         let history = search_with_peaks(Strategy::Predictive, &space, |b| {
             let p = peak(b);

@@ -30,6 +30,7 @@ pub struct SearchSpace {
     multiple_of: usize,
     limit_bytes: Option<u64>,
     hint: Option<usize>,
+    held_bytes: Option<u64>,
 }
 
 impl SearchSpace {
@@ -61,7 +62,7 @@ impl SearchSpace {
         if first > last {
             return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
         }
-        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None, hint: None })
+        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None, hint: None, held_bytes: None })
     }
 
     /// The most a fitting step may use (`ceiling × capacity`): what
@@ -81,6 +82,17 @@ impl SearchSpace {
     pub fn with_hint(mut self, batch: usize) -> Self {
         let rounded = batch - batch % self.multiple_of;
         self.hint = Some(rounded.clamp(self.first, self.last));
+        self
+    }
+
+    /// What the device held before the steps (weights, optimizer state, other
+    /// processes: the least a trial's baseline read): memory that does not
+    /// grow with the batch, so that [`Strategy::Predictive`]'s small trials
+    /// may grow faster when the step's own bytes are a small part of its peak
+    /// (each trial still needs at most twice the limit, the step's own bytes
+    /// growing at most in proportion to the batch).
+    pub fn with_held_bytes(mut self, bytes: u64) -> Self {
+        self.held_bytes = Some(bytes);
         self
     }
 

@@ -32,11 +32,9 @@ const GALLOP_SHARE: usize = 256;
 /// share of that batch above what the failed step was seen to hold.
 const ALLOCATION_SHARE: usize = 64;
 
-/// Small trials grow by this factor until three fit, while the last fit's
-/// peak is at most half the limit: a step's peak grows at most in proportion
-/// to its batch (the fixed part does not grow), so the next trial needs at
-/// most twice the limit, as a doubling search's does. Above half the limit
-/// they double.
+/// Small trials grow by this factor until three fit, while the next trial
+/// needs at most twice the limit, as a doubling search's does (see
+/// [`growth`]); else they double.
 const PROBE_GROWTH: usize = 4;
 
 pub(super) fn next(space: &SearchSpace, bracket: &Bracket, history: &[Observation]) -> Next {
@@ -85,14 +83,21 @@ enum Forecast {
 /// batch) and only the fits past that flat start are the activations' own;
 /// a parabola through the flat start would bend too early and land short.
 fn past_a_flat_start(points: &[(usize, u64)], limit: u64) -> Option<f64> {
-    let first = points.first()?.1;
-    let flat = |&(_, peak): &(usize, u64)| peak.abs_diff(first) <= first / 1024;
-    let flat_start = points.iter().take_while(|point| flat(point)).count();
-    let rising = spread(&points[flat_start..]);
-    if flat_start < 2 || rising.len() < 2 {
+    let end = flat_start_end(points)?;
+    let rising = spread(&points[points.iter().take_while(|&&(batch, _)| batch <= end).count()..]);
+    if rising.len() < 2 {
         return None;
     }
     line_through_largest(&rising)?.largest_under(limit)
+}
+
+/// The largest batch of a flat start: two or more of the smallest fits that
+/// all peaked alike (within a 1/1024 share), the step's peak elsewhere than
+/// in what grows with the batch.
+fn flat_start_end(points: &[(usize, u64)]) -> Option<usize> {
+    let first = points.first()?.1;
+    let flat = points.iter().take_while(|&&(_, peak)| peak.abs_diff(first) <= first / 1024).count();
+    (flat >= 2).then(|| points[flat - 1].0)
 }
 
 /// The points a forecast reads, in batch order: each at least an eighth of
@@ -144,6 +149,22 @@ fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
     Forecast::Convex(xc + dx)
 }
 
+/// How far a trial without a forecast may grow past the largest fit, whose
+/// peak was `last_peak`: fourfold while the step's own bytes (the peak above
+/// what the device held before it) grown fourfold keep the peak within twice
+/// the limit, else doubling (the step's own bytes grow at most in proportion
+/// to the batch, the held bytes not at all).
+fn growth(space: &SearchSpace, last_peak: u64, limit: u64) -> usize {
+    let held = space.held_bytes.unwrap_or(0).min(last_peak);
+    let own = (last_peak - held) as u128;
+    let fourfold = u128::from(held) + own * PROBE_GROWTH as u128;
+    if fourfold <= 2 * u128::from(limit) {
+        PROBE_GROWTH
+    } else {
+        2
+    }
+}
+
 /// No failure yet: small trials, then a jump just under the prediction.
 fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limit: u64) -> Next {
     let Some(fitting) = bracket.fitting else { return Next::Try(space.hint.unwrap_or(space.first)) };
@@ -155,9 +176,9 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
     }
     let points = fitting_points(history);
     let step_up = |factor: usize| Next::Try(fitting.checked_mul(factor).map_or(space.last, |b| b.min(space.last)));
+    let last_peak = points.last().map_or(u64::MAX, |&(_, peak)| peak);
+    let factor = growth(space, last_peak, limit);
     if points.len() < 3 {
-        let last_peak = points.last().map_or(u64::MAX, |&(_, peak)| peak);
-        let factor = if last_peak <= limit / 2 { PROBE_GROWTH } else { 2 };
         // the line through two fits puts the answer below the next small
         // trial: try it there (verified as any jump is) rather than overshoot
         let short_of_next = LinearFit::through(&points)
@@ -170,11 +191,10 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
         return step_up(factor);
     }
     let predicted = match forecast(&points, limit) {
-        Forecast::Unknown => return step_up(2),
+        Forecast::Unknown => return step_up(factor),
         Forecast::Linear(predicted) | Forecast::Convex(predicted) => predicted,
         Forecast::Concave(predicted) => predicted.min(fitting.saturating_mul(PROBE_GROWTH) as f64),
     };
-    let last_peak = points.last().map_or(u64::MAX, |&(_, peak)| peak);
     // a jump the proportional bound keeps within twice the limit, on a line
     // its points agree on closely, is trusted from any distance
     let safe = (last_peak as f64) * predicted / fitting as f64 <= 2.0 * limit as f64;
@@ -394,7 +414,9 @@ fn boundary_estimate(bracket: &Bracket, failing: usize, history: &[Observation],
             // the peak elsewhere at small batches (the optimizer's update), and
             // the parabola through it would pass the boundary: keep the chord
             let bent = |&&(x0, y0): &&(usize, u64)| (y1 - y0 as f64) / (x1 - x0 as f64) * BEND < secant;
-            if let Some(&(x0, y0)) = below.filter(|point| !bent(point)) {
+            // nor is a point of a flat start on the curve the bracket's ends are on
+            let flat = |&&(x0, _): &&(usize, u64)| x0 <= flat_start_end(&points).unwrap_or(0);
+            if let Some(&(x0, y0)) = below.filter(|point| !bent(point) && !flat(point)) {
                 let (x0, y0) = (x0 as f64, y0 as f64);
                 // y = y1 + secant·d + k·d·(d − span), d = x − x1
                 let k = (secant - (y1 - y0) / (x1 - x0)) / (x2 - x0);
@@ -525,6 +547,32 @@ mod tests {
         let tried = run(space, peak, limit);
         assert_eq!(tried[..3], [1, 4, 8]);
         assert!(tried.iter().all(|&b| peak(b) <= 2 * limit), "{tried:?}");
+    }
+
+    #[test]
+    fn what_the_device_held_lets_small_trials_grow_fourfold_and_a_flat_start_is_no_parabola_point() {
+        // an MLP under 192 MiB, as measured on the CPU heap: 42 MiB of weights and
+        // AdamW moments held between steps, the update peaking at 115 MiB (60% of
+        // the budget) up to batch ~425, then the backward pass at 61 MiB + 0.127 MiB
+        // per sample
+        let mib = |x: f64| (x * (1 << 20) as f64) as u64;
+        let peak = |b: usize| mib(115.0).max(mib(61.0 + 0.127 * b as f64));
+        let limit = mib(172.8);
+        let truth = (1..5000).filter(|&b| peak(b) <= limit).max().unwrap();
+        let held = SearchSpace::new(1, None, 1).unwrap().with_held_bytes(mib(42.0));
+        let tried = run(held, peak, limit);
+        assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(truth), "{tried:?}");
+        // fourfold: the step's own 73 MiB grown fourfold and the held 42 MiB stay
+        // within twice the limit; without knowing what was held, 115 MiB is over
+        // half the limit and the trials double
+        assert_eq!(tried[..5], [1, 4, 16, 64, 256], "{tried:?}");
+        assert!(tried.iter().all(|&b| peak(b) <= 2 * limit), "{tried:?}");
+        // the chord from the flat start, then the chord along the rise: the
+        // answer and the batch above it
+        assert!(tried.len() <= 9, "{tried:?}");
+        let unknown = run(SearchSpace::new(1, None, 1).unwrap(), peak, limit);
+        assert_eq!(unknown[..3], [1, 2, 4], "{unknown:?}");
+        assert!(unknown.len() > tried.len(), "{unknown:?}");
     }
 
     #[test]

@@ -163,13 +163,16 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         let mut rechecked = Vec::new();
         loop {
             let stopped = loop {
-                let batch = match next_batch(strategy, space, &self.history()) {
+                // the least the device held before a trial: what no batch grows
+                let held = self.records.iter().map(|r| r.baseline_bytes).min();
+                let space = held.map_or(*space, |held| space.with_held_bytes(held));
+                let batch = match next_batch(strategy, &space, &self.history()) {
                     Next::Done => break None,
                     Next::Try(batch) => batch,
                 };
                 if let Some(limit) = self.tuner.time_limit.filter(|&limit| self.would_pass(limit, batch)) {
                     let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-                    let bracket = crate::search::Bracket::of(space, &self.history());
+                    let bracket = crate::search::Bracket::of(&space, &self.history());
                     let Some(largest_fit) = bracket.fitting else {
                         return Err(Error::TimeLimit { limit_ms, trials: self.trials.len() });
                     };
