@@ -225,7 +225,8 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
     if let (None, Some(hint)) = (bracket.fitting, space.hint) {
         return away_from_hint(space, history, |o| !o.outcome.fits() && o.batch <= hint, failing, false);
     }
-    if let Some(level) = reached_before_oom(history, failing) {
+    // at or above the ceiling a failed step's reading says no more than the limit
+    if let Some(level) = reached_before_oom(history, failing).filter(|&level| level < limit) {
         return close_under_oom(space, bracket, failing, history, level, limit);
     }
     let last_two_same_side =
@@ -292,17 +293,17 @@ fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
     history.iter().filter(|o| o.outcome == Outcome::OutOfMemory).filter_map(|o| o.peak_bytes).max()
 }
 
-/// Closes a bracket whose failing end ran out of memory. Below the ceiling,
-/// the batch where the line through the largest fits reaches the level the
-/// failed steps were seen to hold (memory the device handed out) is taken to
-/// fit without being tried, and the device's end to lie within one failed
-/// allocation above it (presumed [`ALLOCATION_SHARE`] of the step): the search
-/// bisects that window, tries the level's batch only when everything above it
-/// failed, and gallops on in doubling windows when the whole window fits.
-/// Bisecting the whole bracket instead would spend a full-size trial on each
-/// halving of a gap that the failed allocation makes small. At or above the
-/// ceiling the level says no more than the limit: jump to the line's
-/// forecast, then gallop up from the largest fit and bisect.
+/// Closes a bracket whose failing end ran out of memory below the ceiling
+/// (the `level` the failed steps were seen to hold, memory the device handed
+/// out, is under `limit`). When the fits lie on a line, the batch where it
+/// reaches the level is taken to fit without being tried, and the device's
+/// end to lie within one failed allocation above it (presumed
+/// [`ALLOCATION_SHARE`] of the failed step's batch): the search bisects that
+/// window, tries the level's batch only when everything above it failed, and
+/// gallops on in doubling windows when the whole window fits. Bisecting the
+/// whole bracket instead would spend a full-size trial on each halving of a
+/// gap that the failed allocation makes small. When they do not, the line's
+/// batch is tried once, then a gallop up from the largest fit and bisection.
 fn close_under_oom(
     space: &SearchSpace,
     bracket: &Bracket,
