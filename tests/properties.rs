@@ -252,6 +252,8 @@ proptest! {
         allocations in prop_oneof![Just(64u64), 1u64..2_000],
         oom_share in 0.05f64..1.0,
         rounding in prop_oneof![Just(1u64), Just(2 << 20)],
+        noise_share in prop_oneof![Just(0.0f64), 0.0f64..1.0],
+        seed in any::<u64>(),
         g in prop_oneof![Just(1usize), Just(8), 1usize..17],
     ) {
         let capacity = 80u64 << 30;
@@ -262,7 +264,12 @@ proptest! {
             return Ok(());
         };
         let oom_from = ((ceiling_batch as f64 * oom_share) as usize).max(1);
-        let mut sim = Simulation::new(capacity, curve).rounding(rounding).allocations(allocations).oom_from(oom_from);
+        let noise = ((per_sample_kib << 10) as f64 * noise_share) as u64;
+        let mut sim = Simulation::new(capacity, curve)
+            .rounding(rounding)
+            .noise(noise, seed)
+            .allocations(allocations)
+            .oom_from(oom_from);
         if resident {
             sim = sim.resident(fixed);
         }

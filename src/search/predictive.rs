@@ -280,17 +280,28 @@ fn away_from_hint(
 /// is below what the fitting trials' line says that batch would have needed
 /// in full: the device, not the ceiling, is then the binding limit, and it has
 /// at least that much room (a failed step's high-water mark, as a pool reads
-/// it, is memory that was handed out).
+/// it, is memory that was handed out), and higher than the peak of any fit
+/// before the first failure (else it says no more than that fit did).
 fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
     let failed = history.iter().rev().find(|o| o.batch == failing)?;
     if failed.outcome != Outcome::OutOfMemory {
         return None;
     }
-    let line = line_through_largest(&fitting_points(history))?;
+    let points = fitting_points(history);
+    let line = line_through_largest(&points)?;
     if failed.peak_bytes? as f64 >= line.predict(failing) {
         return None;
     }
-    history.iter().filter(|o| o.outcome == Outcome::OutOfMemory).filter_map(|o| o.peak_bytes).max()
+    // a reading no higher than the peak of a fit before it says no more than
+    // that fit did
+    let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory)?;
+    let highest_fit = fitting_points(&history[..first_oom]).iter().map(|&(_, peak)| peak).max()?;
+    history
+        .iter()
+        .filter(|o| o.outcome == Outcome::OutOfMemory)
+        .filter_map(|o| o.peak_bytes)
+        .max()
+        .filter(|&level| level > highest_fit)
 }
 
 /// Closes a bracket whose failing end ran out of memory below the ceiling
