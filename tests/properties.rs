@@ -177,6 +177,25 @@ proptest! {
         }
     }
 
+    /// Started from a hint, with or without the slope expected there (right or
+    /// off by up to threefold), Predictive returns what Binary returns.
+    #[test]
+    fn a_hinted_search_returns_what_binary_returns(
+        curve in curve_strategy(),
+        (start, max, g) in space_strategy(),
+        hint in 1usize..50_000,
+        slope_share in prop_oneof![Just(None), (0.33f64..3.0).prop_map(Some)],
+    ) {
+        let plain = SearchSpace::new(start, max, g).unwrap().with_limit(curve.limit);
+        let mut hinted = plain.with_hint(hint);
+        if let Some(share) = slope_share {
+            hinted = hinted.with_hint_slope(curve.per_sample as f64 * share);
+        }
+        let binary = search_with_peaks(Strategy::Binary, &plain, |b| curve.measure(b));
+        let predictive = search_with_peaks(Strategy::Predictive, &hinted, |b| curve.measure(b));
+        prop_assert_eq!(best(&predictive).map(|o| o.batch), best(&binary).map(|o| o.batch), "{:?}", curve);
+    }
+
     /// Power returns the largest fitting first·2^j (g·2^j from start 1).
     #[test]
     fn power_returns_the_largest_fitting_power_of_two(g in 1usize..64, max in prop::option::of(1usize..100_000), truth in 0usize..200_000) {

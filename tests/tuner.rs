@@ -776,7 +776,14 @@ fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
             assert!((bytes_per_sample - per_sample as f64).abs() < 1.0, "{bytes_per_sample}");
             assert!((fixed_bytes - lean as f64).abs() < per_sample as f64, "{fixed_bytes}");
         } else {
+            // twice too far (past the device: the failed steps read what the
+            // device held when they stopped, less than their peak), then along
+            // the slope it expected and along the failures' readings down to a
+            // fit, the chord to the answer and the batch above: no more steps
+            // than a search from scratch
             assert!(started > 3 * scratch.largest_batch / 2, "{started}");
+            let tried: Vec<usize> = plan.trials.iter().map(|t| t.batch).collect();
+            assert!(tried.len() <= scratch.trials.len(), "{tried:?} against {}", scratch.trials.len());
         }
     }
 }

@@ -30,6 +30,7 @@ pub struct SearchSpace {
     multiple_of: usize,
     limit_bytes: Option<u64>,
     hint: Option<usize>,
+    hint_slope: Option<u64>,
     held_bytes: Option<u64>,
 }
 
@@ -62,7 +63,7 @@ impl SearchSpace {
         if first > last {
             return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
         }
-        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None, hint: None, held_bytes: None })
+        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None, hint: None, hint_slope: None, held_bytes: None })
     }
 
     /// The most a fitting step may use (`ceiling × capacity`): what
@@ -82,6 +83,19 @@ impl SearchSpace {
     pub fn with_hint(mut self, batch: usize) -> Self {
         let rounded = batch - batch % self.multiple_of;
         self.hint = Some(rounded.clamp(self.first, self.last));
+        self
+    }
+
+    /// The bytes each sample is expected to add near the hint (see
+    /// [`with_hint`](SearchSpace::with_hint)): from the hint, the next trial
+    /// is where the hint's measured peak, moved along this slope, meets the
+    /// limit, rather than a granule away; a slope that is off costs steps,
+    /// never the answer.
+    pub fn with_hint_slope(mut self, bytes_per_sample: f64) -> Self {
+        // whole bytes: a space compares equal to itself, and a byte is the
+        // finest a meter reads
+        self.hint_slope =
+            Some(bytes_per_sample.round()).filter(|slope| slope.is_finite() && *slope >= 1.0).map(|slope| slope as u64);
         self
     }
 

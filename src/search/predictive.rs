@@ -260,7 +260,10 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
 
 /// From the hint, one side seen (`seen` picks its trials, `edge` the one
 /// nearest the other side): a granule further, then twice as far each time
-/// (up when the hint fit, down when it did not), never past the space.
+/// (up when the hint fit, down when it did not), never past the space. With
+/// a slope expected near the hint, the first three steps go where the edge's
+/// measured peak meets the limit along it (then along the secant through the
+/// side's two nearest measured points), at least a granule on.
 fn away_from_hint(
     space: &SearchSpace,
     history: &[Observation],
@@ -270,9 +273,45 @@ fn away_from_hint(
 ) -> Next {
     let g = space.multiple_of;
     let steps = history.iter().filter(|o| seen(o)).count().max(1);
-    let distance = doubling(g, steps);
-    let next = if up { edge.saturating_add(distance).min(space.last) } else { edge.saturating_sub(distance) };
-    Next::Try(space.floor(next).max(space.first))
+    let along_slope = || {
+        let limit = space.limit_bytes?;
+        let full = |o: &&Observation| o.outcome != Outcome::OutOfMemory;
+        let edge_trial = history.iter().rev().find(|o| o.batch == edge)?;
+        // a failed step's reading above the limit is a peak it reached at
+        // least: moved along the slope from there, the next trial lands short
+        // of where the whole peak would put it, on the side it came from
+        let y0 = edge_trial.peak_bytes.filter(|&peak| full(&edge_trial) || (!up && peak > limit))?;
+        // the secant through the side's two nearest peaks measured in full once
+        // there are two, else the slope expected near the hint
+        let nearest_other = history
+            .iter()
+            .filter(|o| seen(o) && o.batch != edge)
+            .filter(full)
+            .filter_map(|o| Some((o.batch, o.peak_bytes?)))
+            .min_by_key(|&(batch, _)| batch.abs_diff(edge));
+        let slope = match nearest_other {
+            Some((x1, y1)) if full(&edge_trial) && y1 != y0 => (y1 as f64 - y0 as f64) / (x1 as f64 - edge as f64),
+            _ => space.hint_slope? as f64,
+        };
+        if !(slope.is_finite() && slope > 0.0) {
+            return None;
+        }
+        let predicted = edge as f64 + (limit as f64 - y0 as f64) / slope;
+        let batch = space.floor(predicted.clamp(0.0, space.last as f64) as usize);
+        Some(if up { batch.max(edge.saturating_add(g)) } else { batch.min(edge.saturating_sub(g)) })
+    };
+    let next = match along_slope().filter(|_| space.hint_slope.is_some() && steps <= 3) {
+        Some(batch) => batch,
+        None => {
+            let distance = doubling(g, steps);
+            if up {
+                edge.saturating_add(distance)
+            } else {
+                edge.saturating_sub(distance)
+            }
+        }
+    };
+    Next::Try(space.floor(next.min(space.last)).max(space.first))
 }
 
 /// The most memory an out-of-memory trial was seen to hold before its failing
@@ -546,6 +585,24 @@ mod tests {
             assert_eq!(tried[0], hint);
             assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(700), "{tried:?}");
             assert!(tried.len() <= most, "hint {hint}: {tried:?}");
+        }
+    }
+
+    #[test]
+    fn a_hint_with_its_slope_goes_where_the_measured_peak_meets_the_limit() {
+        let peak = |b: usize| (1u64 << 30) + (b as u64) * (1 << 20);
+        let limit = (1 << 30) + 700 * (1 << 20) + (1 << 19);
+        for (slope_share, most) in [(1.0, 3), (0.8, 5), (1.25, 5)] {
+            for hint in [700, 690, 720, 5000, 1] {
+                let space = SearchSpace::new(1, None, 1)
+                    .unwrap()
+                    .with_hint(hint)
+                    .with_hint_slope(slope_share * (1u64 << 20) as f64);
+                let tried = run(space, peak, limit);
+                assert_eq!(tried[0], hint);
+                assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(700), "{tried:?}");
+                assert!(tried.len() <= most.max(2), "hint {hint}, slope x{slope_share}: {tried:?}");
+            }
         }
     }
 

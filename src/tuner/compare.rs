@@ -64,8 +64,10 @@ impl<'a> Variant<'a> {
     /// its bytes per sample times `bytes_per_sample_share`, its fixed bytes
     /// plus `fixed_bytes_change` (see [`Expectation`]). Give it where the
     /// change is known well (an optimizer's state, master weights): a good
-    /// start is the answer and the batch above it, two steps; a poor one
-    /// costs more steps than starting small, never a different answer.
+    /// start is the answer and the batch above it, two steps; from a poor one
+    /// the search moves along the slope it expects, then along what it
+    /// measured (about as many steps as starting small), never to a different
+    /// answer.
     pub fn expecting(mut self, like: usize, bytes_per_sample_share: f64, fixed_bytes_change: f64) -> Self {
         self.expected = Some(Expectation { like, bytes_per_sample_share, fixed_bytes_change });
         self
@@ -104,7 +106,7 @@ impl<'a> Variant<'a> {
 /// bytes) scaled and its fixed bytes moved as expected, extended along the
 /// slope it was measured to have there (to the nearest batch measured in
 /// full), solved for its limit.
-fn expected_batch(earlier: &Compared, expected: &Expectation) -> Option<usize> {
+fn expected_batch(earlier: &Compared, expected: &Expectation) -> Option<(usize, f64)> {
     let plan = earlier.plan.as_ref()?;
     let fixed = plan.memory_model.as_ref()?.line.fixed_bytes;
     let (b0, p0) = (plan.largest_batch as f64, plan.peak_bytes as f64);
@@ -122,7 +124,7 @@ fn expected_batch(earlier: &Compared, expected: &Expectation) -> Option<usize> {
     let share = expected.bytes_per_sample_share;
     let room = (plan.limit_bytes() as f64 - fixed - expected.fixed_bytes_change) / share - (p0 - fixed);
     let batch = b0 + room / slope;
-    (batch.is_finite() && batch >= 1.0).then_some(batch as usize)
+    (batch.is_finite() && batch >= 1.0).then_some((batch as usize, slope * share))
 }
 
 /// What tuning one variant found.
@@ -227,14 +229,15 @@ impl Tuner {
         let mut rows: Vec<Compared> = Vec::with_capacity(variants.len());
         for variant in variants {
             observer.variant_started(&variant.name);
-            let started_at = variant.expected.and_then(|expected| expected_batch(&rows[expected.like], &expected));
-            let tuner = match started_at {
-                Some(batch) => {
+            let expected = variant.expected.and_then(|expected| expected_batch(&rows[expected.like], &expected));
+            let tuner = match expected {
+                Some((batch, bytes_per_sample)) => {
                     debug!("{}: starting at batch {batch}, where the expectation puts it", variant.name);
-                    self.hinted(batch)
+                    self.hinted_along(batch, bytes_per_sample)
                 }
                 None => self.clone(),
             };
+            let started_at = expected.map(|(batch, _)| batch);
             let mut workload = (variant.build)()?;
             let plan = match tuner.run_observed(&mut *workload, meter, observer) {
                 Ok(plan) => Some(plan),

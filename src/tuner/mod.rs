@@ -76,6 +76,8 @@ pub struct Tuner {
     time_limit: Option<std::time::Duration>,
     /// Where a sub-search expects its answer (see [`SearchSpace::with_hint`]).
     hint: Option<usize>,
+    /// Bytes per sample expected near the hint (see [`SearchSpace::with_hint_slope`]).
+    hint_slope: Option<f64>,
 }
 
 impl Default for Tuner {
@@ -101,6 +103,7 @@ impl Default for Tuner {
             strict: false,
             time_limit: None,
             hint: None,
+            hint_slope: None,
         }
     }
 }
@@ -312,6 +315,9 @@ impl Tuner {
         if let Some(hint) = self.hint {
             space = space.with_hint(hint);
         }
+        if let Some(slope) = self.hint_slope {
+            space = space.with_hint_slope(slope);
+        }
         if let Some(target) = self.target_effective_batch {
             let smallest =
                 self.world_size.checked_mul(self.multiple_of).ok_or(Error::Overflow { value: self.world_size })?;
@@ -450,6 +456,14 @@ impl Tuner {
     fn hinted(&self, hint: usize) -> Tuner {
         let mut tuner = self.clone();
         tuner.hint = Some(hint);
+        tuner
+    }
+
+    /// Expecting its answer near `hint`, each sample there adding about
+    /// `bytes_per_sample` (see [`SearchSpace::with_hint_slope`]).
+    fn hinted_along(&self, hint: usize, bytes_per_sample: f64) -> Tuner {
+        let mut tuner = self.hinted(hint);
+        tuner.hint_slope = Some(bytes_per_sample);
         tuner
     }
 
