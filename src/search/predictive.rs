@@ -195,8 +195,9 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
         Forecast::Linear(predicted) | Forecast::Convex(predicted) => predicted,
         Forecast::Concave(predicted) => predicted.min(fitting.saturating_mul(PROBE_GROWTH) as f64),
     };
-    // a jump the proportional bound keeps within twice the limit, on a line
-    // its points agree on closely, is trusted from any distance
+    // a jump the proportional bound keeps within twice the limit (the whole
+    // peak's: a jump this far should not lean on what the device held), on a
+    // line its points agree on closely, is trusted from any distance
     let safe = (last_peak as f64) * predicted / fitting as f64 <= 2.0 * limit as f64;
     let anchored = fitting as f64 * ANCHOR_RATIO >= predicted
         || (safe && on_a_line(&points, STRAIGHT_LINE) && past_a_flat_start(&points, limit).is_none());
@@ -423,7 +424,8 @@ fn close_under_oom(
 /// The batch the first out-of-memory failure below the ceiling (the last of
 /// `history`) shows to fit without trying it: where the line through the fits
 /// before it reaches what the failed step was seen to hold, when those fits
-/// lie on a line (a curve that bends would put it too high).
+/// lie on a line (a curve that bends would put it too high) and it is within
+/// [`ANCHOR_RATIO`] times the largest of them.
 fn assumed_to_fit(space: &SearchSpace, history: &[Observation], limit: u64) -> Option<usize> {
     let level = history.last().filter(|o| o.outcome == Outcome::OutOfMemory)?.peak_bytes?;
     let points = fitting_points(history);
@@ -431,7 +433,10 @@ fn assumed_to_fit(space: &SearchSpace, history: &[Observation], limit: u64) -> O
         return None;
     }
     let predicted = line_through_largest(&points)?.largest_under(level)?;
-    Some(space.floor(predicted.max(0.0) as usize)).filter(|&batch| batch >= space.first)
+    // a line is trusted that far only near its points, as a jump is
+    let largest_fit = points.last()?.0;
+    Some(space.floor(predicted.max(0.0) as usize))
+        .filter(|&batch| batch >= space.first && batch as f64 <= largest_fit as f64 * ANCHOR_RATIO)
 }
 
 /// Whether the three largest of `points`, spread apart, have slopes that
