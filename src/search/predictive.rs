@@ -232,7 +232,12 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
     }
     let last_two_same_side =
         history.len() >= 2 && history[history.len() - 2].outcome.fits() == history[history.len() - 1].outcome.fits();
+    // a forecast that ran out of memory once is not sent there again: the
+    // device ends before the line says, by an amount no reading told
+    let forecast_failed = history.iter().filter(|o| o.outcome == Outcome::OutOfMemory).count() > 1
+        && history.iter().rev().find(|o| o.batch == failing).is_some_and(|o| o.outcome == Outcome::OutOfMemory);
     let estimate = boundary_estimate(bracket, failing, history, limit)
+        .filter(|_| !forecast_failed)
         // at the largest fit itself: the next granule up proves it the answer
         .filter(|&predicted| predicted >= floor as f64 && predicted < failing as f64)
         .map(|predicted| space.floor(predicted as usize).clamp(floor + g, failing - g));
@@ -403,9 +408,8 @@ fn close_under_oom(
             };
         }
         // the whole window fit: the reading was further below the end than one
-        // allocation; gallop on in steps of a window, doubling
-        let windows_past = history.iter().filter(|o| o.outcome.fits() && o.batch >= window_top).count();
-        return Next::Try(floor + g * doubling(window / g, windows_past).min(gaps / 2).max(1));
+        // allocation (a coarse one), and says nothing more: bisect what is left
+        return super::bisect(space, floor, failing);
     }
     if gallop_failed {
         return super::bisect(space, floor, failing);
@@ -705,6 +709,51 @@ mod tests {
         let after_failure = &tried[tried.iter().position(|&b| b == failed.batch).unwrap() + 1..];
         assert!(after_failure.len() <= 6, "{tried:?}");
         assert!(after_failure.iter().all(|&b| b > level && b <= level + failed.batch.div_ceil(64)), "{tried:?}");
+    }
+
+    #[test]
+    fn a_coarse_reading_is_bisected_past_once_its_window_fits() {
+        // the ceiling allows batch 4000, the device ends above batch 999, and a
+        // failed step of two allocations reads half of it: the window above
+        // what it read fits whole, and the rest is bisected, not galloped
+        // through (Binary: 1 … 512, 1024, then nine halvings)
+        let (fixed, per_sample) = (1u64 << 30, 1u64 << 20);
+        let limit = fixed + 4000 * per_sample;
+        let room = fixed + 1000 * per_sample - 1;
+        let history = run_short_device(room, fixed, per_sample, 2, limit);
+        let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
+        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(999), "{tried:?}");
+        assert!(tried.len() <= 20, "{tried:?}");
+        // a device that ends far below the ceiling and reads nothing of it
+        // (a failed step's reading no higher than what was held): one forecast
+        // past the end, then no other
+        let history = run_short_device(room, fixed, per_sample, 1, limit);
+        let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
+        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(999), "{tried:?}");
+        assert!(tried.iter().filter(|&&b| b > 1200).count() <= 2, "{tried:?}");
+        assert!(tried.len() <= 22, "{tried:?}");
+    }
+
+    #[test]
+    fn a_convex_curve_on_a_device_that_ends_far_below_the_ceiling_is_bisected_after_one_failure() {
+        // convex (each fit lowers the ceiling's forecast a little); the device
+        // ends at batch 600 and a failed step reads only what was held before
+        // it: one failure past the end, then doubling and bisection
+        let (fixed, per_sample, square) = (1u64 << 30, 1u64 << 20, 64u64 << 10);
+        let peak = |b: usize| fixed + per_sample * b as u64 + square * (b * b) as u64;
+        let limit = peak(4000);
+        let space = SearchSpace::new(1, None, 1).unwrap().with_limit(limit);
+        let mut history = Vec::new();
+        while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
+            let p = peak(batch);
+            let (outcome, reading) = if batch > 600 { (Outcome::OutOfMemory, fixed) } else { (Outcome::Fits, p) };
+            history.push(Observation { batch, outcome, peak_bytes: Some(reading) });
+            assert!(history.len() < 100);
+        }
+        let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
+        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(600), "{tried:?}");
+        assert!(tried.iter().filter(|&&b| b > 1200).count() <= 2, "{tried:?}");
+        assert!(tried.len() <= 22, "{tried:?}");
     }
 
     #[test]
