@@ -701,8 +701,7 @@ mod tests {
         assert_eq!(super::super::best(&history).map(|o| o.batch), Some(2999), "{tried:?}");
         // 1, 4, 16, a far jump, the failed jump, then the window of one presumed
         // allocation of the failed step (1/64 of its batch) above where the line
-        // reaches its reading,
-        // bisected: bisecting (1000, 4000) would take 12
+        // reaches its reading, bisected: bisecting (1000, 4000) would take 12
         let failed = history.iter().find(|o| o.outcome == Outcome::OutOfMemory).unwrap();
         let level = ((failed.peak_bytes.unwrap() - fixed) / per_sample) as usize;
         assert!(level < 2999 && !tried.contains(&level), "{level} {tried:?}");
