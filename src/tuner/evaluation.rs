@@ -85,11 +85,10 @@ impl Tuner {
             let freed = held.saturating_sub(meter.in_use()?);
             let per_sample = during.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
             let more = if per_sample > 0.0 { (freed as f64 / per_sample) as usize } else { 0 };
-            let hint = during.largest_batch.saturating_add(more);
-            // the same forward pass: each sample adds what it added beside the state
-            let starting = from_training.starting_at(during.largest_batch);
-            let hinted = if per_sample > 0.0 { starting.hinted_along(hint, per_sample) } else { starting.hinted(hint) };
-            let alone = hinted.keyed(key.map(|key| key.param("autobatch.step", "evaluation alone")));
+            let alone = from_training
+                .starting_at(during.largest_batch)
+                .hinted(during.largest_batch.saturating_add(more))
+                .keyed(key.map(|key| key.param("autobatch.step", "evaluation alone")));
             info!("evaluation alone: {} of optimizer state freed, searching from batch {}", freed, alone.start);
             observer.evaluation_alone_started(alone.start, freed);
             let found = alone.run_observed(eval, meter, observer)?;
