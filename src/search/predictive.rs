@@ -118,20 +118,15 @@ fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
     if let Some(predicted) = past_a_flat_start(points, limit) {
         return Forecast::Linear(predicted);
     }
-    let points = spread(points);
-    let Some(&[a, b, c]) = points.get(points.len().saturating_sub(3)..) else { return Forecast::Unknown };
-    if points.len() < 3 {
-        return Forecast::Unknown;
-    }
+    let Some(([a, b, c], near, far)) = largest_three(points) else { return Forecast::Unknown };
     let (xa, xb, xc) = (a.0 as f64, b.0 as f64, c.0 as f64);
-    let (ya, yb, yc) = (a.1 as f64, b.1 as f64, c.1 as f64);
-    let (near, far) = ((yb - ya) / (xb - xa), (yc - yb) / (xc - xb));
+    let yc = c.1 as f64;
     if far <= 0.0 || near < 0.0 {
         return Forecast::Unknown;
     }
     let secant = LinearFit { fixed_bytes: yc - far * xc, bytes_per_sample: far };
     let Some(on_secant) = secant.largest_under(limit) else { return Forecast::Unknown };
-    if (far - near).abs() <= LINEARITY_TOLERANCE * far.max(near) {
+    if slopes_agree(near, far, LINEARITY_TOLERANCE) {
         return Forecast::Linear(on_secant);
     }
     if far < near {
@@ -356,10 +351,11 @@ fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
 /// end to lie within one failed allocation above it (presumed
 /// [`ALLOCATION_SHARE`] of the failed step's batch): the search bisects that
 /// window, tries the level's batch only when everything above it failed, and
-/// gallops on in doubling windows when the whole window fits. Bisecting the
-/// whole bracket instead would spend a full-size trial on each halving of a
-/// gap that the failed allocation makes small. When they do not, the line's
-/// batch is tried once, then a gallop up from the largest fit and bisection.
+/// bisects the rest of the bracket when the whole window fits (the reading
+/// was coarse). Bisecting the whole bracket at once would spend a full-size
+/// trial on each halving of a gap that the failed allocation makes small.
+/// When they do not, the line's batch is tried once, then a gallop up from
+/// the largest fit and bisection.
 fn close_under_oom(
     space: &SearchSpace,
     bracket: &Bracket,
@@ -374,13 +370,6 @@ fn close_under_oom(
     let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory).unwrap_or(0);
     let since_first_oom = &history[first_oom..];
     let gallop_failed = since_first_oom.iter().filter(|o| !o.outcome.fits()).count() > 1;
-    // the k-th step up from the largest fit (from 1): a granule, or 1/256 of
-    // the batch when that is more (a failed allocation is a share of the
-    // step's bytes, which grow with it), then doubling
-    let gallop_from_floor = |k: usize| {
-        let first_step = (floor / GALLOP_SHARE / g).max(1);
-        Next::Try(floor + g * doubling(first_step, k).min(gaps / 2).max(1))
-    };
     if let Some(anchor) = assumed_to_fit(space, &history[..=first_oom], limit)
         .filter(|&anchor| anchor < failing && since_first_oom.iter().all(|o| o.outcome.fits() || o.batch > anchor))
     {
@@ -416,13 +405,18 @@ fn close_under_oom(
     }
     // a forecast to try once, not to assume
     let forecast = line_through_largest(&fitting_points(history))
-        .and_then(|line| line.largest_under(level.min(limit)))
+        .and_then(|line| line.largest_under(level))
         .map(|predicted| space.floor(predicted.max(0.0) as usize))
         .filter(|&batch| batch > floor && batch < failing);
-    match forecast {
-        Some(batch) if history.last().is_some_and(|o| !o.outcome.fits()) => Next::Try(batch),
-        _ => gallop_from_floor(history.iter().rev().take_while(|o| o.outcome.fits()).count()),
+    if let Some(batch) = forecast.filter(|_| history.last().is_some_and(|o| !o.outcome.fits())) {
+        return Next::Try(batch);
     }
+    // the k-th step up from the largest fit: a granule, or 1/256 of the batch
+    // when that is more (a failed allocation is a share of the step's bytes,
+    // which grow with it), then doubling
+    let first_step = (floor / GALLOP_SHARE / g).max(1);
+    let k = history.iter().rev().take_while(|o| o.outcome.fits()).count();
+    Next::Try(floor + g * doubling(first_step, k).min(gaps / 2).max(1))
 }
 
 /// The batch the first out-of-memory failure below the ceiling (the last of
@@ -443,14 +437,27 @@ fn assumed_to_fit(space: &SearchSpace, history: &[Observation], limit: u64) -> O
         .filter(|&batch| batch >= space.first && batch as f64 <= largest_fit as f64 * ANCHOR_RATIO)
 }
 
-/// Whether the three largest of `points`, spread apart, have slopes that
-/// agree (as a [`Forecast::Linear`] needs).
-fn on_a_line(points: &[(usize, u64)], tolerance: f64) -> bool {
+/// A fitting trial's batch and measured peak.
+type Point = (usize, u64);
+
+/// The three largest of `points`, spread apart (see [`spread`]), with the
+/// slope between the first two (near) and the last two (far).
+fn largest_three(points: &[Point]) -> Option<([Point; 3], f64, f64)> {
     let points = spread(points);
-    let Some(&[a, b, c]) = points.get(points.len().saturating_sub(3)..) else { return false };
+    let &[a, b, c] = points.get(points.len().checked_sub(3)?..)? else { return None };
     let slope = |(x0, y0): (usize, u64), (x1, y1): (usize, u64)| (y1 as f64 - y0 as f64) / (x1 as f64 - x0 as f64);
-    let (near, far) = (slope(a, b), slope(b, c));
-    far > 0.0 && (far - near).abs() <= tolerance * far.max(near)
+    Some(([a, b, c], slope(a, b), slope(b, c)))
+}
+
+/// Whether two slopes differ by at most `tolerance` of the larger.
+fn slopes_agree(near: f64, far: f64, tolerance: f64) -> bool {
+    (far - near).abs() <= tolerance * far.max(near)
+}
+
+/// Whether the three largest of `points`, spread apart, rise with slopes
+/// that agree within `tolerance`.
+fn on_a_line(points: &[(usize, u64)], tolerance: f64) -> bool {
+    largest_three(points).is_some_and(|(_, near, far)| far > 0.0 && slopes_agree(near, far, tolerance))
 }
 
 /// Where the peak crosses the limit: by interpolation between the bracket's
@@ -610,7 +617,7 @@ mod tests {
                 let tried = run(space, peak, limit);
                 assert_eq!(tried[0], hint);
                 assert_eq!(tried.iter().copied().filter(|&b| peak(b) <= limit).max(), Some(700), "{tried:?}");
-                assert!(tried.len() <= most.max(2), "hint {hint}, slope x{slope_share}: {tried:?}");
+                assert!(tried.len() <= most, "hint {hint}, slope x{slope_share}: {tried:?}");
             }
         }
     }
