@@ -169,6 +169,6 @@ pub use plan::{
 pub use search::fit::LinearFit;
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
-pub use tuner::{Compared, Comparison, Expectation, Observer, Tuner, Variant};
+pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
 pub use units::{format_bytes, format_bytes_decimal};
 pub use workload::{by_size, BySize, Profile, Resizable, Workload};

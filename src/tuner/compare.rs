@@ -24,20 +24,13 @@ pub struct Variant<'a> {
     expected: Option<Expectation>,
 }
 
-/// What a variant is expected to need, against a variant tuned before it:
-/// its search starts where that variant's measured memory line, so changed,
-/// reaches the limit (and stays exact wherever it starts).
+/// What a variant is expected to need against one tuned before it (see
+/// [`Variant::expecting`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Expectation {
-    /// The earlier variant, by its place in the list given to
-    /// [`Tuner::compare`] (from 0).
-    pub like: usize,
-    /// Its bytes per sample times this: 1 for a change that leaves the
-    /// activations alone (an optimizer), 0.5 for halving them.
-    pub bytes_per_sample_share: f64,
-    /// Its fixed bytes plus this: the change of what is held whatever the
-    /// batch (negative for less), e.g. optimizer state or master weights.
-    pub fixed_bytes_change: f64,
+struct Expectation {
+    like: usize,
+    bytes_per_sample_share: f64,
+    fixed_bytes_change: f64,
 }
 
 impl<'a> Variant<'a> {
@@ -60,9 +53,12 @@ impl<'a> Variant<'a> {
         self
     }
 
-    /// Starts its search from the variant at place `like` (an earlier one),
-    /// its bytes per sample times `bytes_per_sample_share`, its fixed bytes
-    /// plus `fixed_bytes_change` (see [`Expectation`]). Give it where the
+    /// Starts its search where the variant at place `like` (an earlier one
+    /// in the list given to [`Tuner::compare`], from 0) would reach the
+    /// limit with its bytes per sample times `bytes_per_sample_share` (1 for
+    /// a change that leaves the activations alone, 0.5 for halving them) and
+    /// its fixed bytes plus `fixed_bytes_change` (what is held whatever the
+    /// batch, negative for less: optimizer state, master weights). Give it where the
     /// change is known well (an optimizer's state, master weights): a good
     /// start is the answer and the batch above it, two steps; from a poor one
     /// the search moves along the slope it expects, then along what it
@@ -136,7 +132,7 @@ pub struct Compared {
     pub plan: Option<Plan>,
     /// The estimate's bytes per sample, when the variant came with one.
     pub predicted_bytes_per_sample: Option<f64>,
-    /// Where its search started, when an [`Expectation`] said (else it
+    /// Where its search started, when an expectation said (else it
     /// started small, as a search does).
     pub started_at: Option<usize>,
     /// For a search that started where its expectation said (its few

@@ -24,7 +24,7 @@ use crate::search::{SearchSpace, Strategy};
 use crate::units::format_bytes;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
 
-pub use compare::{Compared, Comparison, Expectation, Variant};
+pub use compare::{Compared, Comparison, Variant};
 pub use observer::Observer;
 use trial_loop::Probe;
 
