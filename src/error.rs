@@ -542,6 +542,7 @@ pub fn candle_message(err: &candle_core::Error) -> String {
     match err {
         candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
         candle_core::Error::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
+        candle_core::Error::WithPath { inner, path } => format!("{}: {}", path.display(), candle_message(inner)),
         other => other.to_string(),
     }
 }

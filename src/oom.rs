@@ -78,16 +78,43 @@ pub(crate) fn meter_error_is_oom(err: &crate::Error) -> bool {
 }
 
 fn error_text_matches(err: &CandleError, codes: &[&str]) -> bool {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(without_backtrace(err));
     while let Some(err) = next {
-        let text = err.to_string();
+        let text = match err.downcast_ref::<CandleError>() {
+            Some(candle) => text_without_backtraces(candle),
+            None => err.to_string(),
+        };
         if codes.iter().any(|code| text.contains(code)) {
             return true;
         }
         next = err.source();
     }
-    // candle's wrappers do not all chain their source: their text does
-    codes.iter().any(|code| format!("{err:?}").contains(code))
+    false
+}
+
+/// The error under its backtrace layers.
+fn without_backtrace(mut err: &CandleError) -> &CandleError {
+    while let CandleError::WithBacktrace { inner, .. } = err {
+        err = inner;
+    }
+    err
+}
+
+/// An error's text with every captured backtrace left out
+/// ([`candle_message`](crate::candle_message)), and the debug form of what lies
+/// under candle's wrappers (not every one chains its source). Printing a
+/// backtrace symbolizes it: with `RUST_BACKTRACE` set, that loads the binary's
+/// debug information onto the heap for the rest of the process (tens of MiB),
+/// which a heap meter would count in every later trial.
+fn text_without_backtraces(err: &CandleError) -> String {
+    let mut innermost = err;
+    while let CandleError::WithBacktrace { inner, .. }
+    | CandleError::Context { inner, .. }
+    | CandleError::WithPath { inner, .. } = innermost
+    {
+        innermost = inner;
+    }
+    format!("{}\n{innermost:?}", crate::candle_message(err))
 }
 
 fn source_is_oom(err: &(dyn std::error::Error + 'static)) -> bool {

@@ -1,7 +1,9 @@
 //! Measuring a CPU step: live heap bytes under a budget.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::memory::tracking::TrackingAllocator;
-use crate::{Error, MemoryMeter};
+use crate::{Ceiling, Error, MemoryMeter};
 
 /// A [`MemoryMeter`] for the CPU: capacity is a budget you set, in use and peak
 /// are live heap bytes counted by [`TrackingAllocator`], which must be the
@@ -28,9 +30,29 @@ use crate::{Error, MemoryMeter};
 /// };
 /// let plan = Tuner::new().ceiling(0.5).run(&mut step, &mut meter)?;
 /// assert!(plan.peak_bytes <= 32 << 20);
-/// assert!(plan.largest_batch > 16 && plan.largest_batch < 32);
+/// # let held = meter.in_use()?; // what the process held before the step: on any host, 1 MiB a sample from there
+/// # let room = (32u64 << 20).saturating_sub(held) >> 20;
+/// # assert!(plan.largest_batch as u64 == room || plan.largest_batch as u64 + 1 == room, "{plan}");
 /// # Ok::<(), autobatch::Error>(())
 /// ```
+///
+/// # The host's matmul buffers
+///
+/// candle's CPU matmul (the gemm crate) keeps a buffer the size of the host's
+/// L2 cache on every thread that has run a matmul, for the thread's life: 1 MiB
+/// on one host, 2 MiB on the next, times the threads. Appearing in the middle of
+/// a search, it would look like a leak; appearing after it (a larger matmul in
+/// training engages a worker the probe never used), it would break the plan.
+/// So the meter brings every worker of the thread pool it is used in, and the
+/// thread it is used on, to that buffer before each reading of the memory in
+/// use ([`in_use`](MemoryMeter::in_use), [`reset_peak`](MemoryMeter::reset_peak)):
+/// the answer does not depend on what ran before, between or after trials.
+/// [`thread_buffer_bytes`](Self::thread_buffer_bytes) says how large it is here.
+///
+/// Budgets written as fixed bytes therefore hold on one host only (and a
+/// process that has printed a backtrace keeps its debug information on the
+/// heap, tens of MiB). [`HeapMeter::with_room`] sizes the budget from what the
+/// process holds now: the same room for the step on any host.
 #[derive(Debug, Clone)]
 pub struct HeapMeter {
     budget_bytes: u64,
@@ -53,8 +75,46 @@ impl HeapMeter {
         if !TrackingAllocator::is_installed() {
             return Err(Error::AllocatorNotInstalled);
         }
-        engage_thread_scratch()?;
+        settle_thread_buffers();
         Ok(HeapMeter { budget_bytes, slack_bytes: Self::DEFAULT_SLACK_BYTES })
+    }
+
+    /// A meter whose budget leaves `room_bytes` under `ceiling` above the heap
+    /// the process holds now (its weights, other tests' leftovers, the threads'
+    /// matmul buffers, brought to size first): the smallest budget `b` with
+    /// `ceiling × b ≥ in use + room_bytes`. Tune with the same ceiling. The room
+    /// is what a test or an example means by "this much memory for the step",
+    /// on any host and after anything the process did before.
+    ///
+    /// ```
+    /// #[global_allocator]
+    /// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+    ///
+    /// use autobatch::{HeapMeter, MemoryMeter, Tuner};
+    ///
+    /// let kept = vec![7u8; 50 << 20]; // 50 MiB the process holds, as weights would be
+    /// let mut meter = HeapMeter::with_room(16 << 20, 0.9)?;
+    /// let mut step = |batch: usize| -> candle_core::Result<()> {
+    ///     std::hint::black_box(vec![1u8; batch << 20]); // 1 MiB a sample
+    ///     Ok(())
+    /// };
+    /// let plan = Tuner::new().ceiling(0.9).run(&mut step, &mut meter)?;
+    /// assert!(plan.largest_batch == 15 || plan.largest_batch == 16, "{plan}");
+    /// # drop(kept);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn with_room(room_bytes: u64, ceiling: f64) -> Result<Self, Error> {
+        let ceiling = Ceiling::new(ceiling)?;
+        let meter = HeapMeter::new(1)?;
+        let wanted = meter.in_use()?.saturating_add(room_bytes);
+        let mut budget = (wanted as f64 / ceiling.fraction()).ceil() as u64;
+        while ceiling.limit_bytes(budget) < wanted {
+            budget += 1;
+        }
+        while budget > 1 && ceiling.limit_bytes(budget - 1) >= wanted {
+            budget -= 1;
+        }
+        HeapMeter::new(budget)
     }
 
     /// Sets the bytes of drift in use that do not count as a leak.
@@ -68,36 +128,67 @@ impl HeapMeter {
         self.budget_bytes
     }
 
-    /// Heap bytes candle's matmul keeps for good on this thread and on each
-    /// worker of the pool its CPU kernels run on (about 2 MiB a thread,
-    /// measured when the first meter engaged them): part of every baseline,
-    /// and more of it with more threads (`RAYON_NUM_THREADS`).
+    /// Heap bytes candle's matmul keeps for good on each thread that has run
+    /// one: gemm's packing buffer, the size of this host's L2 cache per core
+    /// (as gemm reads it from the operating system). The meter brings every
+    /// thread it measures to it; part of every baseline.
+    pub fn thread_buffer_bytes(&self) -> u64 {
+        gemm_common::cache::CACHE_INFO[1].cache_bytes as u64
+    }
+
+    /// The threads that hold [`thread_buffer_bytes`](Self::thread_buffer_bytes)
+    /// because a meter brought them to it: this one and the workers of each
+    /// thread pool a meter was used in.
+    pub fn buffered_threads(&self) -> usize {
+        BUFFERED_THREADS.load(Ordering::Relaxed)
+    }
+
+    /// [`thread_buffer_bytes`](Self::thread_buffer_bytes) ×
+    /// [`buffered_threads`](Self::buffered_threads): what the matmul buffers
+    /// hold of every baseline.
     pub fn thread_scratch_bytes(&self) -> u64 {
-        THREAD_SCRATCH.get().copied().unwrap_or(0)
+        self.thread_buffer_bytes() * self.buffered_threads() as u64
     }
 }
 
-/// Runs a small matmul on this thread and on every worker of the rayon pool
-/// candle's CPU kernels use, so that the scratch buffer its matmul keeps per
-/// thread for good (gemm's packing slab, the size of the L2 cache: 1–2 MiB) is
-/// part of every baseline. Otherwise the first trial that brings a new worker
-/// into a matmul holds that much more memory after it than before, which
-/// looks exactly like a leak.
-fn engage_thread_scratch() -> Result<(), Error> {
-    let matmul = || -> candle_core::Result<()> {
-        let a = candle_core::Tensor::ones((64, 64), candle_core::DType::F32, &candle_core::Device::Cpu)?;
-        a.matmul(&a).map(drop)
-    };
-    let before = TrackingAllocator::live_bytes();
-    matmul()?;
-    rayon::broadcast(|_| matmul()).into_iter().collect::<candle_core::Result<()>>()?;
-    // the first engagement is the one that allocates (later ones find the scratch there)
-    let _ = THREAD_SCRATCH.set(TrackingAllocator::live_bytes().saturating_sub(before));
-    Ok(())
+/// Brings the calling thread and every worker of the rayon pool it is in (the
+/// global pool, or candle's own inside `Device::with_context`) to the matmul
+/// buffer gemm keeps per thread. gemm allocates it at a thread's first matmul
+/// that does not pack its left operand up front, which depends on the shapes
+/// and the host's caches: touching the thread-local itself is exact whatever
+/// the shapes, and costs nothing on a thread that has it.
+fn settle_thread_buffers() {
+    settle_this_thread();
+    rayon::broadcast(|_| settle_this_thread());
 }
 
-/// Heap bytes the first engagement of the worker threads' matmul scratch kept.
-static THREAD_SCRATCH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+fn settle_this_thread() {
+    thread_local! {
+        static SETTLED: Settled = Settled::new();
+    }
+    SETTLED.with(|_| ());
+}
+
+/// A thread's mark that its matmul buffer is there: it is counted in
+/// [`BUFFERED_THREADS`] while the thread (and so the buffer) lives.
+struct Settled;
+
+impl Settled {
+    fn new() -> Settled {
+        gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow()));
+        BUFFERED_THREADS.fetch_add(1, Ordering::Relaxed);
+        Settled
+    }
+}
+
+impl Drop for Settled {
+    fn drop(&mut self) {
+        BUFFERED_THREADS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Threads that a meter brought to their matmul buffer and that still live.
+static BUFFERED_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 impl MemoryMeter for HeapMeter {
     fn capacity(&self) -> Result<u64, Error> {
@@ -105,10 +196,12 @@ impl MemoryMeter for HeapMeter {
     }
 
     fn in_use(&self) -> Result<u64, Error> {
+        settle_thread_buffers();
         Ok(TrackingAllocator::live_bytes())
     }
 
     fn reset_peak(&mut self) -> Result<(), Error> {
+        settle_thread_buffers();
         TrackingAllocator::reset_peak();
         Ok(())
     }
@@ -122,6 +215,10 @@ impl MemoryMeter for HeapMeter {
     }
 
     fn device_name(&self) -> String {
-        format!("cpu heap ({} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()))
+        format!(
+            "cpu heap ({} threads, {} matmul buffer each)",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            crate::units::format_bytes(self.thread_buffer_bytes())
+        )
     }
 }

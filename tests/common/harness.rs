@@ -7,7 +7,13 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs `tests` in order, prints a libtest-like report, exits 1 on a failure.
+///
+/// A failing test's panic prints its message and place, never a backtrace:
+/// with `RUST_BACKTRACE` set, printing one loads the binary's debug
+/// information onto the heap for the rest of the process (about 100 MB in a
+/// test binary), under every later test's measurement.
 pub fn run_sequentially(tests: &[(&str, fn())]) {
+    std::panic::set_hook(Box::new(|info| eprintln!("{info}")));
     let filter: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
     let selected: Vec<_> = tests
         .iter()
