@@ -19,7 +19,9 @@ use autobatch::workloads::TransformerConfig;
 use autobatch::{format_bytes, HeapMeter, Tuner};
 use candle_core::Device;
 
-const BUDGET: u64 = 40 << 20;
+/// Memory for the steps under the ceiling, beside what the process holds (the
+/// model, the threads' matmul buffers): the heap plays device memory.
+const ROOM: u64 = 32 << 20;
 const TARGET_EFFECTIVE_BATCH: usize = 256;
 const OPTIMIZER_STEPS: usize = 100;
 
@@ -27,15 +29,15 @@ fn main() -> Result<(), autobatch::Error> {
     let config = TransformerConfig { vocab: 64, d_model: 32, heads: 4, layers: 1, seq_len: 16, ..Default::default() };
     let mut model = config.build(&Device::Cpu)?;
     println!(
-        "model: {} parameters, {:?}; memory budget {}",
+        "model: {} parameters, {:?}; {} of memory for the steps",
         model.parameter_count(),
         model.dtype(),
-        format_bytes(BUDGET)
+        format_bytes(ROOM)
     );
 
     // Tune at start-up: the probe runs real steps and changes no weight.
     let started = Instant::now();
-    let mut meter = HeapMeter::new(BUDGET)?;
+    let mut meter = HeapMeter::with_room(ROOM, 0.9)?;
     let plan = Tuner::new().ceiling(0.9).target_effective_batch(TARGET_EFFECTIVE_BATCH).run(&mut model, &mut meter)?;
     println!("{plan}\n(tuned in {:.2?})\n", started.elapsed());
 

@@ -34,7 +34,8 @@
 //!     let x = Tensor::ones((samples, 32), DType::F32, &Device::Cpu)?;
 //!     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
 //! };
-//! let mut meter = HeapMeter::new(4 << 20)?; // a 4 MiB budget plays device memory
+//! // device memory, played by the heap: 2 MiB under the (default) 90% ceiling beside what the process holds
+//! let mut meter = HeapMeter::with_room(2 << 20, 0.9)?;
 //! let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default())?;
 //! let plan = Tuner::new().max_batch(256).target_effective_batch(512).run(&mut probe, &mut meter)?;
 //! drop(probe);

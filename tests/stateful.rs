@@ -26,7 +26,9 @@ use candle_nn::{
 };
 
 const MIB: u64 = 1 << 20;
-const BUDGET: u64 = 48 * MIB;
+/// Room for the step under the default ceiling, above what the process holds
+/// (the model, the threads' matmul buffers: those differ by host).
+const ROOM: u64 = 40 * MIB;
 const CLASSES: usize = 10;
 const SIDE: usize = 16;
 
@@ -150,7 +152,7 @@ fn every_probe_path_changes_no_bit() {
             "candle_nn::AdamW (general)" => probe.optimizer::<candle_nn::AdamW>(ParamsAdamW::default()).unwrap(),
             _ => probe,
         };
-        let mut meter = HeapMeter::new(BUDGET).unwrap();
+        let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "{name}: tuning changed a variable");
         no_missing_gradients(name, &plan.warnings);
@@ -166,7 +168,7 @@ fn every_probe_path_changes_no_bit() {
         let (at, above) = (peak(&mut probe, b), peak(&mut probe, b + 1));
         assert!(at <= limit && above > limit, "{name}: batch {b} peaks at {at}, {} at {above}, limit {limit}", b + 1);
         assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "{name}: a step changed a variable");
-        println!("  {name}: largest batch {b} under 48 MiB, no variable changed");
+        println!("  {name}: largest batch {b} with 40 MiB of room, no variable changed");
     }
 }
 
@@ -176,7 +178,7 @@ fn every_probe_path_changes_no_bit() {
 fn every_other_path_changes_no_bit() {
     let (varmap, model) = model();
     let before = bits(&varmap);
-    let mut meter = HeapMeter::new(BUDGET).unwrap();
+    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
 
     let mut own_backward = ModelProbe::with_backward(&varmap, |batch| {
         let loss = model.loss(batch, SIDE, 0)?;
@@ -234,7 +236,7 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
     use candle_nn::Optimizer;
     let (varmap, model) = model();
     let before = bits(&varmap);
-    let mut meter = HeapMeter::new(BUDGET).unwrap();
+    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
     let batch = 64;
     let mut probe = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
         .adamw(ParamsAdamW::default())
@@ -274,7 +276,7 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
 fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
     let (varmap, model) = model();
     let evaluation_model = Cnn::new(detached(&varmap)).unwrap();
-    let mut meter = HeapMeter::new(BUDGET).unwrap();
+    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
     let plan = {
         let mut probe =
             ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0)).adamw(ParamsAdamW::default()).unwrap();
@@ -333,7 +335,7 @@ fn a_displayed_error_leaves_the_heap_as_it_was() {
         loss::cross_entropy(&model.logits(&images, true)?, &labels)
     };
     let mut probe = ModelProbe::new(&varmap, wrong).adamw(ParamsAdamW::default()).unwrap();
-    let err = Tuner::new().run(&mut probe, &mut HeapMeter::new(BUDGET).unwrap()).unwrap_err();
+    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap_err();
     assert!(err.workload_error().is_some(), "{err}");
     let before = autobatch::TrackingAllocator::live_bytes();
     let text = err.to_string();

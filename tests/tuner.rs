@@ -359,7 +359,8 @@ fn report_shows_each_trial_and_the_plan() {
     let report = plan.to_string();
     let lines: Vec<&str> = report.lines().collect();
     assert!(lines[0].contains("batch") && lines[0].contains("outcome") && lines[0].contains("util"));
-    assert_eq!(lines.len(), 1 + plan.trials.len() + 4, "{report}");
+    assert_eq!(lines.len(), 1 + plan.trials.len() + 5, "{report}");
+    assert!(report.contains("\nmeasured on simulated device\n"), "{report}");
     assert!(lines[lines.len() - 2].starts_with("memory: "), "{report}");
     assert!(lines.last().unwrap().starts_with(&format!("tuning took {} steps", plan.trials.len() + 1)), "{report}");
     assert!(lines[1].contains("fits") && lines[1].contains('%'));

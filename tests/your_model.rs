@@ -201,7 +201,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
     assert!(plan.proven_largest() && plan.warnings.is_empty(), "{plan}");
     let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
@@ -216,7 +216,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
 fn a_fused_op_that_cuts_gradients_is_named() {
     let (varmap, model) = gpt(true);
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
     let missing = plan.warnings.iter().find_map(|w| match w {
         Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
         _ => None,
@@ -243,7 +243,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert_eq!(json["measured_graph"], "partial");
     assert!(text.contains("not proven largest: the measured step reached the gradients of"), "{text}");
     // and a strict tuner refuses it
-    match Tuner::new().strict(true).run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()) {
+    match Tuner::new().strict(true).run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()) {
         Err(Error::PartialGraph { variables: cut, of }) => {
             assert_eq!((cut.len(), of), (variables.len(), varmap.all_vars().len()))
         }
@@ -252,7 +252,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     // the whole graph is complete and proven
     let (varmap, model) = gpt(false);
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().strict(true).run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().strict(true).run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
     assert_eq!(plan.measured_graph(), autobatch::MeasuredGraph::Complete);
     assert!(plan.proven_largest(), "{plan}");
 }
@@ -263,7 +263,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
 fn a_forward_only_probe_measures_serving() {
     let (varmap, model) = gpt(false);
     let serving = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let training = {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
         Tuner::new().run(&mut probe, &mut meter).unwrap()
@@ -310,7 +310,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
         loss::cross_entropy(&logits.reshape((b * SEQ, VOCAB))?, &targets)
     };
     let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
     assert!(plan.warnings.iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(!cache.borrow().is_empty());
     let clear = Rc::clone(&cache);
@@ -318,7 +318,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
         clear.borrow_mut().clear();
         Ok(())
     });
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
     assert!(!plan.warnings.iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(cache.borrow().is_empty(), "the reset ran after tuning");
 }
@@ -334,7 +334,7 @@ fn an_op_without_a_backward_pass_is_named() {
         x.max_pool2d_with_stride(3, 1)?.sum_all()
     };
     let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
-    match Tuner::new().run(&mut probe, &mut HeapMeter::new(8 * MIB).unwrap()) {
+    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(6 * MIB, 0.9).unwrap()) {
         Err(err @ Error::BackwardUnsupported { .. }) => {
             let Error::BackwardUnsupported { batch, op, .. } = &err else { unreachable!() };
             assert_eq!((*batch, op.as_str()), (1, "maxpool2d"));
@@ -347,7 +347,7 @@ fn an_op_without_a_backward_pass_is_named() {
 
 fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
     let (varmap, model) = gpt(false);
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let loss = |b: usize| model.loss(b, 0);
     let largest = {
         let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
@@ -404,7 +404,7 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     let loss = |b: usize| wide_mlp_loss(&layers, b, 0);
     // with SGD (no state, a small update) the backward pass is the peak, and
     // the accumulator held through it (5 MiB) is worth ~170 samples
-    let mut meter = HeapMeter::new(64 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(56 * MIB, 0.9).unwrap();
     let tuner = Tuner::new().multiple_of(8);
     let largest = {
         let mut probe = ModelProbe::new(&varmap, loss).sgd(0.01);
@@ -448,7 +448,7 @@ fn accumulated_gradients_hold_no_activations() {
         let labels: Vec<u32> = (0..batch).map(|i| ((offset + i) % 10) as u32).collect();
         loss::cross_entropy(&logits, &Tensor::from_vec(labels, batch, &Device::Cpu)?)
     };
-    let mut meter = HeapMeter::new(48 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(42 * MIB, 0.9).unwrap();
     let largest = {
         let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
         Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch
@@ -488,7 +488,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     println!("  largest relative gradient difference: {worst:e}");
     drop((plain, plain_grads, grads));
 
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let mut plain = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     let without = Tuner::new().run(&mut plain, &mut meter).unwrap();
     drop(plain);
@@ -537,7 +537,7 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
         let (varmap, model) = gpt(false);
         let loss = |b: usize| model.loss(b, 0);
         let loss: &dyn Fn(usize) -> Result<Tensor> = &loss;
-        let mut meter = HeapMeter::new(24 * MIB).unwrap();
+        let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
         let plan = {
             let mut probe = probe_with(ModelProbe::new(&varmap, loss));
             let largest = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch;
@@ -568,7 +568,7 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
 fn sgd_and_any_optimizer_change_nothing_either() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).sgd(0.5);
     let with_sgd = Tuner::new().run(&mut sgd, &mut meter).unwrap();
     drop(sgd);
@@ -600,7 +600,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     let evaluation_model = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
     let mut evaluation = |b: usize| evaluation_model.loss(b, 0)?.to_scalar::<f32>().map(drop);
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let plan = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
     let eval = plan.evaluation.as_ref().unwrap();
     assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
@@ -627,8 +627,8 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let profile = probe.profile().unwrap();
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     assert_eq!(profile.parameters, parameters as u64);
-    // nothing fits under 1 MiB: the advice is computed from the variables
-    match Tuner::new().run(&mut probe, &mut HeapMeter::new(MIB).unwrap()) {
+    // nothing fits without room above what the process holds: the advice is computed from the variables
+    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(0, 0.9).unwrap()) {
         Err(Error::NothingFits { remedies, .. }) => assert!(!remedies.is_empty()),
         other => panic!("{other:?}"),
     }
@@ -636,8 +636,10 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let path = std::env::temp_dir().join(format!("autobatch-your-model-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let tuner = Tuner::new().cache(&path);
-    let first = tuner.run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
-    let second = tuner.run(&mut probe, &mut HeapMeter::new(24 * MIB).unwrap()).unwrap();
+    // the same device twice: one budget
+    let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
+    let first = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
+    let second = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
     assert!(!first.cached() && second.cached() && first.largest_batch == second.largest_batch);
     let _ = std::fs::remove_file(&path);
 }
@@ -649,7 +651,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
 fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     use autobatch::Basis;
     let (varmap, model) = gpt(false);
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let dir = std::env::temp_dir().join(format!("autobatch-your-model-lengths-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cache = dir.join("plans.json");
@@ -700,7 +702,7 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     use autobatch::{Resizable, SizeRange};
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
     let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
     // a batch that fits at the shortest lengths and not at SEQ
@@ -740,7 +742,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     let (varmap, model) = gpt(false);
     let frozen = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
     let vars = varmap.all_vars();
-    let mut meter = HeapMeter::new(24 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let plan = {
         let mut probe = ModelProbe::with_backward(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
             .adamw(ParamsAdamW::default())
@@ -810,7 +812,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
         ("gpt", &gpt_vars, Box::new(|b, offset| gpt.loss(b, offset)), 6),
         ("mlp", &mlp_vars, Box::new(|b, offset| wide_mlp_loss(&layers, b, offset)), 96),
     ];
-    let mut meter = HeapMeter::new(256 * MIB).unwrap();
+    let mut meter = HeapMeter::with_room(230 * MIB, 0.9).unwrap();
     for (name, varmap, loss, micro) in &cases {
         let (micro, loss) = (*micro, loss);
         for k in [1, 4] {

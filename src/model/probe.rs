@@ -191,7 +191,7 @@ enum Update {
 ///     loss::cross_entropy(&model.forward(&x)?, &y)
 /// };
 /// let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default())?;
-/// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::new(8 << 20)?)?;
+/// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?)?;
 /// assert!(plan.largest_batch > 0);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
@@ -259,7 +259,7 @@ impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<ForwardOnly<F>> {
     /// let serving = linear(64, 10, detached(&varmap))?;
     /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
     /// let mut probe = ModelProbe::forward_only(&varmap, forward);
-    /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::new(4 << 20)?)?;
+    /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::with_room(2 << 20, 0.9)?)?;
     /// assert!(plan.largest_batch > 0 && plan.warnings.is_empty());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
@@ -303,7 +303,7 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySizeLoss<F>> {
     ///     loss::cross_entropy(&logits, &tokens.flatten_all()?)
     /// };
     /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).adamw(ParamsAdamW::default())?;
-    /// let plan = Tuner::new().max_batch(4096).run_sizes(&mut probe, &mut HeapMeter::new(8 << 20)?, &[16, 64])?;
+    /// let plan = Tuner::new().max_batch(4096).run_sizes(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?, &[16, 64])?;
     /// assert!(plan.sizes[0].plan.largest_batch > plan.sizes[1].plan.largest_batch);
     /// # Ok::<(), autobatch::Error>(())
     /// ```

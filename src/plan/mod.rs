@@ -450,6 +450,11 @@ pub struct Plan {
     /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the
     /// rank this plan is for and its own largest batch.
     pub distributed: Option<Distributed>,
+    /// The device the trials ran on, as its meter names it
+    /// ([`MemoryMeter::device_name`](crate::MemoryMeter::device_name)): a
+    /// GPU's name, or the CPU heap with the matmul buffer each of its threads
+    /// holds (the host's L2 cache per core, part of every baseline).
+    pub device: String,
 }
 
 /// What a search ran under (see [`Plan::search`]).

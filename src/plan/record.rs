@@ -53,6 +53,8 @@ pub(super) struct PlanRecord {
     ranks: Option<RankSplit>,
     #[serde(default)]
     rank: Option<usize>,
+    #[serde(default)]
+    device: String,
 }
 
 impl From<Plan> for PlanRecord {
@@ -85,6 +87,7 @@ impl From<Plan> for PlanRecord {
             memory_model: plan.memory_model,
             evaluation: plan.evaluation,
             tuning: plan.tuning,
+            device: plan.device,
         }
     }
 }
@@ -129,6 +132,7 @@ impl TryFrom<PlanRecord> for Plan {
             tuning: record.tuning,
             cache: record.cached.then_some(CacheHit { checks: record.cache_checks }),
             distributed,
+            device: record.device,
         };
         let read = (
             plan.micro_batch(),

@@ -96,6 +96,9 @@ impl Plan {
             format_bytes(self.capacity_bytes()),
             100.0 * self.ceiling()
         );
+        if !self.device.is_empty() {
+            out += &format!("measured on {}\n", self.device);
+        }
         let answer = self.trials.iter().rev().find(|t| t.batch == self.largest_batch && t.outcome.fits());
         if let Some(kinds) = answer.and_then(|t| t.peak_kinds) {
             out += &format!(

@@ -28,7 +28,7 @@ impl Tuner {
     ///
     /// let mut model = TransformerConfig::tiny().build(&candle_core::Device::Cpu)?;
     /// let mut evaluation = model.evaluation();
-    /// let mut meter = HeapMeter::new(16 << 20)?;
+    /// let mut meter = HeapMeter::with_room(12 << 20, 0.9)?;
     /// let plan = Tuner::new().run_with_eval(&mut model, &mut evaluation, &mut meter)?;
     /// let evaluation = plan.evaluation.unwrap();
     /// let during = evaluation.during_training.unwrap();

@@ -522,6 +522,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             tuning: TuningCost::default(),
             cache: None,
             distributed: None,
+            device: self.meter.device_name(),
         })
     }
 

@@ -316,8 +316,8 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
 }
 
 /// Worker threads past this many (or 8 per core, if more) are refused: each
-/// keeps candle's matmul scratch for good, and starting them takes longer
-/// than any probe.
+/// keeps candle's matmul buffer for good (the host's L2 cache per core), and
+/// starting them takes longer than any probe.
 const MOST_THREADS: usize = 256;
 
 /// `RAYON_NUM_THREADS`, when it asks for more threads than make sense here.
@@ -329,7 +329,7 @@ fn check_threads() -> Result<(), Failure> {
     if threads > most {
         return Err(Failure::usage(format!(
             "RAYON_NUM_THREADS={threads} asks for more worker threads than this machine can use ({cores} cores): \
-             each keeps about 2 MiB of matmul scratch on the CPU; use at most {most}"
+             each keeps a matmul buffer the size of the L2 cache per core; use at most {most}"
         )));
     }
     Ok(())
@@ -416,17 +416,19 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
             let ceiling = autobatch::Ceiling::new(args.ceiling)?;
             check_footprint(args, &model, &footprint, ceiling.limit_bytes(budget))?;
             let mut meter = HeapMeter::new(budget)?;
-            let scratch = meter.thread_scratch_bytes();
+            let (scratch, threads, each) =
+                (meter.thread_scratch_bytes(), meter.buffered_threads(), meter.thread_buffer_bytes());
             let limit = ceiling.limit_bytes(budget);
             let blame_scratch = |failure: Failure| match failure.kind {
-                // per-thread scratch that takes much of the limit is named as what does not fit
+                // per-thread buffers that take much of the limit are named as what does not fit
                 crate::failure::Kind::NothingFits if scratch > limit / 4 => Failure {
                     message: format!(
-                        "{}; {} of the memory in use before each step is the matmul scratch candle keeps for each \
-                         of {} worker threads: fewer threads (RAYON_NUM_THREADS) leave more room",
+                        "{}; {} of the memory in use before each step is the matmul buffer candle keeps on each \
+                         of {threads} threads ({} each, this host's L2 cache per core): fewer threads \
+                         (RAYON_NUM_THREADS) leave more room",
                         failure.message,
                         format_bytes(scratch),
-                        rayon::current_num_threads()
+                        format_bytes(each),
                     ),
                     ..failure
                 },
