@@ -358,13 +358,13 @@ pub enum Error {
     /// Even the shortest input size does not fit at the batch asked for
     /// ([`Tuner::run_longest`](crate::Tuner::run_longest)).
     #[error(
-        "nothing fits at batch {batch}: the shortest size, {size}, {} ({}); the limit is {} ({:.0}% of {}): \
-         use a smaller batch",
+        "nothing fits at batch {batch}: the shortest size, {size}, {} ({}); the limit is {} ({:.0}% of {}): {}",
         match outcome { Outcome::OutOfMemory => "ran out of memory", _ => "went over the ceiling" },
         peak_bytes.map_or_else(|| "no peak read".to_owned(), |p| format!("peak {}", format_bytes(p))),
         format_bytes(*limit_bytes),
         100.0 * (*limit_bytes as f64) / (*capacity_bytes).max(1) as f64,
-        format_bytes(*capacity_bytes)
+        format_bytes(*capacity_bytes),
+        if *batch > 1 { "use a smaller batch" } else { "make the model smaller or raise the capacity" }
     )]
     NoSizeFits {
         /// The batch every step ran at.

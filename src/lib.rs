@@ -163,9 +163,9 @@ pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
     plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, CacheHit, Ceiling, Distributed,
-    DuringTraining, EvaluationPlan, LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan, RankShare,
-    RankSplit, SearchLimit, SearchSettings, SizeBatch, SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan, Split,
-    ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
+    DuringTraining, EvaluationPlan, ExpectedEnd, LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan,
+    RankShare, RankSplit, SearchLimit, SearchSettings, SizeBatch, SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan,
+    Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
 };
 pub use search::fit::LinearFit;
 pub use search::outcome::Outcome;

@@ -1,5 +1,5 @@
-//! Byte counts for people: `1.50 GiB`, `16.0 GB`. A leaf: it imports nothing
-//! from the crate.
+//! Byte counts and times for people: `1.50 GiB`, `16.0 GB`, `0.200 s`. A
+//! leaf: it imports nothing from the crate.
 
 const BINARY: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 const DECIMAL: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
@@ -28,6 +28,15 @@ pub fn format_bytes(bytes: u64) -> String {
 /// ```
 pub fn format_bytes_decimal(bytes: u64) -> String {
     three_significant_digits(bytes, 1000.0, &DECIMAL)
+}
+
+/// A time in milliseconds in seconds: `3 s`, `0.200 s`.
+pub(crate) fn format_millis(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        format!("{} s", millis / 1000)
+    } else {
+        format!("{:.3} s", millis as f64 / 1000.0)
+    }
 }
 
 fn three_significant_digits(bytes: u64, base: f64, units: &[&str]) -> String {

@@ -531,7 +531,7 @@ fn a_time_limit_stops_with_the_largest_batch_seen_to_fit_and_says_what_is_open()
     assert_eq!(plan.trials.iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4]);
     assert_eq!(plan.largest_batch, 4);
     assert!(!plan.proven_largest());
-    let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: None };
+    let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: None, expected_end: None };
     assert_eq!(plan.stopped_by, Some(limit));
     assert!(
         plan.summary()
@@ -547,7 +547,7 @@ fn a_time_limit_stops_with_the_largest_batch_seen_to_fit_and_says_what_is_open()
     let small = Simulation::new(16 * GIB, MemoryCurve::affine(0, 2 * GIB)); // 0.9 × 16 / 2: answer 7
     let plan = run_with_pause(&tuner, small, 8, Duration::from_millis(300)).unwrap();
     assert_eq!(plan.trials.iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4, 8]);
-    let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: Some(8) };
+    let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: Some(8), expected_end: None };
     assert_eq!(plan.stopped_by, Some(limit));
     assert!(plan.summary().contains("batches 5..=7 are open (batch 8 does not fit)"), "{}", plan.summary());
 
@@ -708,7 +708,40 @@ fn a_trial_expected_to_end_past_the_time_limit_is_not_started() {
     };
     let tuner = Tuner::new().warmup(false).time_limit(std::time::Duration::from_millis(60));
     let plan = tuner.run(&mut step, &mut meter).unwrap();
-    assert!(plan.trials.iter().all(|t| t.batch <= 16), "{plan}");
+    // nothing started that could not end in time: at most 60 samples once one fit
+    assert!(plan.trials.iter().all(|t| t.batch <= 60), "{plan}");
+    let Some(autobatch::SearchLimit::TimeLimit { expected_end, largest_fit, .. }) = plan.stopped_by.clone() else {
+        panic!("{plan}")
+    };
+    assert_eq!(largest_fit, plan.largest_batch);
+    // the search stopped before the limit when the trial it wanted was expected to end past it, and said so
+    if let Some(expected) = expected_end {
+        assert!(expected.end_ms > 60 && expected.batch > largest_fit, "{expected:?}\n{plan}");
+        let text = plan.summary();
+        assert!(
+            text.contains(&format!(
+                "stopped before the 0.060 s time limit: a trial of batch {} was expected",
+                expected.batch
+            )),
+            "{text}"
+        );
+    }
+}
+
+/// A trial of many steps stops at the time limit after the step it is in,
+/// and says how many ran: the limit holds whatever `steps_per_trial` asks.
+#[test]
+fn a_time_limit_cuts_a_long_trial_after_the_step_it_is_in() {
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
+    let (mut workload, mut meter) = sim.build();
+    let mut step = |batch: usize| {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        autobatch::Workload::step(&mut workload, batch)
+    };
+    let tuner = Tuner::new().warmup(false).steps_per_trial(1_000_000).time_limit(std::time::Duration::from_millis(50));
+    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    assert_eq!(plan.trials.len(), 1, "{plan}");
+    assert!(plan.trials[0].steps < 1_000, "{plan}");
     assert!(matches!(plan.stopped_by, Some(autobatch::SearchLimit::TimeLimit { .. })), "{plan}");
 }
 
@@ -822,4 +855,34 @@ fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
         assert!(matches!(err, Error::InvalidExpectation { what: found, .. } if found == what), "{err}");
         assert!(err.to_string().contains("lean") && err.to_string().contains("must be"), "{err}");
     }
+}
+
+/// The throughput timing keeps to the time limit too: once it has passed no
+/// timing trial starts, the plan says so and trains at the largest batch.
+#[test]
+fn a_time_limit_stops_the_throughput_timing() {
+    use autobatch::{Objective, Warning};
+    let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // answer 126
+    let (mut workload, mut meter) = sim.build();
+    let mut step = |batch: usize| {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        autobatch::Workload::step(&mut workload, batch)
+    };
+    let tuner = Tuner::new()
+        .warmup(false)
+        .objective(Objective::Throughput)
+        .strategy(Strategy::Binary)
+        .time_limit(std::time::Duration::from_millis(20));
+    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    let timed = plan.trials.iter().filter(|t| t.kind == autobatch::TrialKind::Timing).count();
+    let cut = plan.warnings.iter().find_map(|w| match w {
+        Warning::TimingCut { timed, planned } => Some((*timed, *planned)),
+        _ => None,
+    });
+    let (said, planned) = cut.unwrap_or_else(|| panic!("no timing cut:\n{plan}"));
+    assert!(said == timed && timed < planned, "{plan}");
+    let throughput = plan.throughput.as_ref().unwrap();
+    let chosen = throughput.chosen_batch;
+    assert!(chosen == plan.largest_batch || throughput.candidates.iter().any(|c| c.batch == chosen), "{plan}");
+    assert!(plan.to_string().contains("the time limit"), "{plan}");
 }

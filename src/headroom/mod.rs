@@ -84,12 +84,12 @@ impl Headroom {
             Err(source) => Err(Error::workload(batch, source)),
         };
         if self.warmup {
-            let warm = measure(meter, 1, || workload.step(batch))?;
+            let warm = measure(meter, 1, None, || workload.step(batch))?;
             if ran(warm.result)? {
                 warm.settled?;
             }
         }
-        let measured = measure(meter, self.steps, || workload.step(batch))?;
+        let measured = measure(meter, self.steps, None, || workload.step(batch))?;
         let ran = ran(measured.result)?;
         if ran {
             measured.settled?;

@@ -18,25 +18,32 @@ pub(crate) struct Measured {
     pub(crate) peak_kinds: Option<crate::PeakKinds>,
     /// Wall-clock time of the steps, synchronization included.
     pub(crate) duration: Duration,
+    /// The steps that ran (fewer than asked when the deadline passed, or a
+    /// step failed: the failed one counts).
+    pub(crate) steps: usize,
     /// Whether synchronizing and releasing cached memory afterwards worked
     /// (the first failure, if any).
     pub(crate) settled: Result<(), Error>,
 }
 
-/// Runs `step` up to `steps` times (stopping at its first error) between a
-/// peak reset and a peak read, and releases cached memory after.
+/// Runs `step` up to `steps` times (stopping at its first error, or after any
+/// step once `deadline` has passed: at least one runs) between a peak reset
+/// and a peak read, and releases cached memory after.
 pub(crate) fn measure<M: MemoryMeter + ?Sized>(
     meter: &mut M,
     steps: usize,
+    deadline: Option<Instant>,
     mut step: impl FnMut() -> candle_core::Result<()>,
 ) -> Result<Measured, Error> {
     let baseline_bytes = meter.in_use()?;
     meter.reset_peak()?;
     let started = Instant::now();
     let mut result = Ok(());
-    for _ in 0..steps {
+    let mut ran = 0;
+    while ran < steps {
         result = step();
-        if result.is_err() {
+        ran += 1;
+        if result.is_err() || deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             break;
         }
     }
@@ -49,5 +56,5 @@ pub(crate) fn measure<M: MemoryMeter + ?Sized>(
         None => meter.peak(),
     };
     let released = meter.release_cached();
-    Ok(Measured { result, baseline_bytes, peak, peak_kinds, duration, settled: synced.and(released) })
+    Ok(Measured { result, baseline_bytes, peak, peak_kinds, duration, steps: ran, settled: synced.and(released) })
 }

@@ -122,14 +122,25 @@ impl LongestSize {
             }
             SearchLimit::MaxTrials { max_trials } => format!("stopped after {max_trials} search trials"),
             SearchLimit::NextBatchNotTried { batch } => format!("{what} {batch} was not tried"),
-            SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure } => match smallest_failure {
-                Some(failure) => format!(
-                    "stopped at the {limit_ms} ms time limit: {what}s {}..={} are open ({failure} does not fit)",
-                    largest_fit + 1,
-                    failure - 1
-                ),
-                None => format!("stopped at the {limit_ms} ms time limit: {what}s above {largest_fit} were not tried"),
-            },
+            SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure, expected_end } => {
+                let limit = crate::units::format_millis(*limit_ms);
+                let stopped = match expected_end {
+                    Some(expected) => format!(
+                        "stopped before the {limit} time limit: a trial at {what} {} was expected to end at {}",
+                        expected.batch,
+                        crate::units::format_millis(expected.end_ms)
+                    ),
+                    None => format!("stopped at the {limit} time limit"),
+                };
+                match smallest_failure {
+                    Some(failure) => format!(
+                        "{stopped}: {what}s {}..={} are open ({failure} does not fit)",
+                        largest_fit + 1,
+                        failure - 1
+                    ),
+                    None => format!("{stopped}: {what}s above {largest_fit} were not tried"),
+                }
+            }
             other => other.to_string(),
         })
     }

@@ -201,6 +201,11 @@ pub enum SearchLimit {
         /// The smallest batch seen not to fit above it, if any: the top of
         /// what remains open.
         smallest_failure: Option<usize>,
+        /// When the search stopped before the limit because its next trial
+        /// was expected to end past it: that trial's batch and the time since
+        /// the search began at which it was expected to end, in milliseconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expected_end: Option<ExpectedEnd>,
     },
     /// The next batch up was not tried for another reason (a re-check that
     /// failed moved the answer down).
@@ -208,6 +213,16 @@ pub enum SearchLimit {
         /// The batch that was not tried.
         batch: usize,
     },
+}
+
+/// The trial a search under a time limit did not start because it was
+/// expected to end past the limit (see [`SearchLimit::TimeLimit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectedEnd {
+    /// The batch of the trial not started.
+    pub batch: usize,
+    /// When it was expected to end, in milliseconds since the search began.
+    pub end_ms: u64,
 }
 
 impl std::fmt::Display for SearchLimit {
@@ -227,20 +242,24 @@ impl std::fmt::Display for SearchLimit {
                  whole model needs more",
                 of - variables
             ),
-            SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure } => {
-                let limit = if limit_ms.is_multiple_of(1000) {
-                    format!("{} s", limit_ms / 1000)
-                } else {
-                    format!("{:.3} s", *limit_ms as f64 / 1000.0)
-                };
+            SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure, expected_end } => {
+                let limit = crate::units::format_millis(*limit_ms);
+                match expected_end {
+                    Some(ExpectedEnd { batch, end_ms }) => write!(
+                        f,
+                        "stopped before the {limit} time limit: a trial of batch {batch} was expected to end at {}",
+                        crate::units::format_millis(*end_ms)
+                    )?,
+                    None => write!(f, "stopped at the {limit} time limit")?,
+                }
                 match smallest_failure {
                     Some(failure) => write!(
                         f,
-                        "stopped at the {limit} time limit: batches {}..={} are open (batch {failure} does not fit)",
+                        ": batches {}..={} are open (batch {failure} does not fit)",
                         largest_fit + 1,
                         failure - 1
                     ),
-                    None => write!(f, "stopped at the {limit} time limit: batches above {largest_fit} were not tried"),
+                    None => write!(f, ": batches above {largest_fit} were not tried"),
                 }
             }
             SearchLimit::NextBatchNotTried { batch } => write!(f, "batch {batch} was not tried"),
@@ -338,6 +357,15 @@ pub enum Warning {
         /// Bytes in use at the re-check.
         recheck_baseline_bytes: u64,
     },
+    /// The time limit ([`Tuner::time_limit`](crate::Tuner::time_limit))
+    /// stopped the throughput timing ([`Objective::Throughput`]) before every
+    /// candidate was timed: the choice is among those that were.
+    TimingCut {
+        /// Timing trials that ran.
+        timed: usize,
+        /// Timing trials planned: candidates × repeats.
+        planned: usize,
+    },
 }
 
 impl std::fmt::Display for Warning {
@@ -393,6 +421,16 @@ impl std::fmt::Display for Warning {
                 "batch {batch} fit with {} in use but not when re-checked with {} in use",
                 b(*first_baseline_bytes),
                 b(*recheck_baseline_bytes)
+            ),
+            Warning::TimingCut { timed: 0, planned } => write!(
+                f,
+                "the time limit came before the throughput timing ({planned} timing trials): the plan trains at \
+                 the largest batch"
+            ),
+            Warning::TimingCut { timed, planned } => write!(
+                f,
+                "the time limit stopped the throughput timing after {timed} of {planned} timing trials: \
+                 the choice is among the batches timed"
             ),
         }
     }

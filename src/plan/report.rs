@@ -126,7 +126,12 @@ impl Plan {
         if let Some(split) = &self.accumulation() {
             out += &accumulation_note(split);
         }
-        if let Some(choice) = &self.throughput {
+        if let Some(choice) = self.throughput.as_ref().filter(|choice| choice.candidates.is_empty()) {
+            out += &format!(
+                "\nthroughput: nothing was timed before the time limit: the plan trains at the largest batch, {}",
+                choice.chosen_batch
+            );
+        } else if let Some(choice) = &self.throughput {
             let points: Vec<String> =
                 choice.candidates.iter().map(|p| format!("{} → {:.0}/s", p.batch, p.samples_per_second)).collect();
             out += &format!(

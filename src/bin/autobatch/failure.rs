@@ -64,13 +64,18 @@ impl From<autobatch::Error> for Failure {
             // the library names its settings; the user typed flags
             Error::NoSizeFits { batch, size, outcome, peak_bytes, capacity_bytes, limit_bytes } => format!(
                 "nothing fits at --batch {batch}: the shortest size searched, {size}, {} ({}); the limit is {} \
-                 ({:.0}% of {}): use a smaller --batch",
+                 ({:.0}% of {}): {}",
                 if *outcome == autobatch::Outcome::OutOfMemory { "ran out of memory" } else { "went over the ceiling" },
                 peak_bytes
                     .map_or_else(|| "no peak read".to_owned(), |p| format!("peak {}", autobatch::format_bytes(p))),
                 autobatch::format_bytes(*limit_bytes),
                 100.0 * *limit_bytes as f64 / (*capacity_bytes).max(1) as f64,
-                autobatch::format_bytes(*capacity_bytes)
+                autobatch::format_bytes(*capacity_bytes),
+                if *batch > 1 {
+                    "use a smaller --batch"
+                } else {
+                    "raise --budget, or make the model smaller (--d-model, --layers, --channels)"
+                }
             ),
             Error::TimeLimit { limit_ms, trials } => format!(
                 "--time-limit {} passed after {trials} trials with no batch seen to fit: nothing is verified; \

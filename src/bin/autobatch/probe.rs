@@ -249,7 +249,14 @@ fn check_footprint(args: &ProbeArgs, model: &ModelConfig, footprint: &Footprint,
         }
         _ => return Ok(footprint.check_batch_within(batch, limit)?),
     };
-    Ok(at_size.footprint()?.check_batch_within(batch, limit)?)
+    let at_size = at_size.footprint()?;
+    let first_step = match args.find {
+        // the model is built at its largest size (its positions, its causal mask,
+        // a head over the largest image) and its first step runs at the smallest
+        Some(_) => Footprint { min_bytes_per_sample: at_size.min_bytes_per_sample, ..footprint.clone() },
+        None => at_size,
+    };
+    Ok(first_step.check_batch_within(batch, limit)?)
 }
 
 /// The first batch the search will run (the warm-up's): `--start` rounded up
