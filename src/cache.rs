@@ -111,6 +111,13 @@ enum Contents {
 }
 
 fn read(path: &Path) -> Contents {
+    // reading a FIFO or a device would block or never end: only a file is read
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => {
+            return Contents::Unusable(format!("it is not a regular file (a {})", file_kind(&meta.file_type())))
+        }
+        _ => {}
+    }
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Contents::Missing,
@@ -123,6 +130,36 @@ fn read(path: &Path) -> Contents {
             file.format, file.version
         )),
         Err(err) => Contents::Unusable(format!("it is not a plan cache ({err})")),
+    }
+}
+
+/// serde's message with its Rust type names in words.
+fn readable(message: &str) -> String {
+    message
+        .replace("expected usize", "expected a whole number, 0 or more")
+        .replace("expected u64", "expected a whole number, 0 or more")
+        .replace("expected f64", "expected a number")
+}
+
+/// What a path that is not a regular file is, in words.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "named pipe";
+        }
+        if kind.is_socket() {
+            return "socket";
+        }
+        if kind.is_block_device() || kind.is_char_device() {
+            return "device";
+        }
+    }
+    if kind.is_dir() {
+        "directory"
+    } else {
+        "special file"
     }
 }
 
@@ -144,7 +181,11 @@ pub(crate) fn lookup(path: &Path, key: &CacheKey) -> Option<Plan> {
                     Some(entry.plan)
                 }
                 Some(Err(err)) => {
-                    warn!("ignoring the unreadable entry {fingerprint} of the plan cache {}: {err}", path.display());
+                    warn!(
+                        "ignoring entry {fingerprint} of the plan cache {} (probing instead): {}",
+                        path.display(),
+                        readable(&err.to_string())
+                    );
                     None
                 }
                 _ => {

@@ -33,8 +33,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong while configuring or running a tuning.
 ///
 /// Each configuration variant names the offending value and what would be valid;
-/// [`Error::Workload`] hands the workload's own error back untouched.
-#[derive(Debug, thiserror::Error)]
+/// [`Error::Workload`] hands the workload's own error back untouched. Its
+/// `Debug` form is its message, as with `anyhow`: a `main` that returns
+/// `Result<(), autobatch::Error>` prints `Error: the tracking allocator is not
+/// installed ...`, not a variant's name; match on the variants for the facts.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The utilization ceiling is not a fraction in (0, 1].
@@ -530,6 +533,28 @@ fn unsupported_backward(err: &candle_core::Error) -> Option<String> {
             Some(rest.split_whitespace().next().unwrap_or(rest).to_owned())
         }
         _ => None,
+    }
+}
+
+impl std::fmt::Debug for Error {
+    /// The message, then what caused it, one cause a line; candle's errors
+    /// without their backtraces (see [`candle_message`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let message = self.to_string();
+        f.write_str(&message)?;
+        let mut cause = std::error::Error::source(self);
+        while let Some(err) = cause {
+            let text = match err.downcast_ref::<candle_core::Error>() {
+                Some(candle) => candle_message(candle),
+                None => err.to_string(),
+            };
+            // most messages already end with their cause's
+            if !message.contains(&text) {
+                write!(f, "\ncaused by: {text}")?;
+            }
+            cause = err.source();
+        }
+        Ok(())
     }
 }
 

@@ -196,6 +196,7 @@ impl Setup {
 
     /// The training state one device holds.
     pub fn state(&self) -> Result<StaticMemory, Error> {
+        self.sharding.check_splits(self.parameters)?;
         Ok(StaticMemory::new(self.parameters, self.precision, self.optimizer)?.per_device(&self.sharding))
     }
 

@@ -63,6 +63,24 @@ impl Sharding {
         Ok(Sharding { zero_stage, data_parallel, tensor_parallel })
     }
 
+    /// [`Error::InvalidSharding`] when the devices outnumber the `parameters`
+    /// they share: past that, each would hold less than one parameter, and a
+    /// per-device figure would be a rounding artefact.
+    pub fn check_splits(&self, parameters: u64) -> Result<(), Error> {
+        let partitioned = if self.zero_stage > 0 { self.data_parallel } else { 1 };
+        let devices = self.tensor_parallel.checked_mul(partitioned);
+        if devices.is_none_or(|devices| devices > parameters) {
+            return Err(Error::InvalidSharding {
+                what: format!(
+                    "tensor-parallel degree {} × {} ZeRO ranks over {parameters} parameters",
+                    self.tensor_parallel, partitioned
+                ),
+                valid: "at most one device per parameter",
+            });
+        }
+        Ok(())
+    }
+
     /// Bytes of a state one device holds: split `tensor_parallel` ways, then
     /// `data_parallel` ways when `partitioned` (rounded up: a rank holds whole bytes).
     fn share(&self, bytes: u64, partitioned: bool) -> u64 {

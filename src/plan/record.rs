@@ -134,31 +134,73 @@ impl TryFrom<PlanRecord> for Plan {
             distributed,
             device: record.device,
         };
-        let read = (
-            plan.micro_batch(),
-            plan.accumulation_steps(),
-            plan.world_size(),
-            plan.effective_batch(),
-            plan.target_effective_batch(),
-            plan.proven_largest(),
-            plan.measured_graph(),
-        );
-        let written = (
-            record.micro_batch,
-            record.accumulation_steps,
-            record.world_size,
-            record.effective_batch,
-            record.target_effective_batch,
-            record.proven_largest,
-            record.measured_graph,
-        );
-        if read != written {
-            return Err(format!(
-                "the plan's numbers disagree with its split: (micro_batch, accumulation_steps, world_size, \
-                 effective_batch, target_effective_batch, proven_largest, measured_graph) are {written:?}, the split \
-                 and warnings say {read:?}"
-            ));
+        let read = [
+            ("micro-batch", plan.micro_batch().to_string()),
+            ("accumulation steps", plan.accumulation_steps().to_string()),
+            ("world size", plan.world_size().to_string()),
+            ("effective batch", plan.effective_batch().to_string()),
+            ("target effective batch", format!("{:?}", plan.target_effective_batch())),
+            ("proven largest", plan.proven_largest().to_string()),
+            ("measured graph", format!("{:?}", plan.measured_graph())),
+        ];
+        let written = [
+            record.micro_batch.to_string(),
+            record.accumulation_steps.to_string(),
+            record.world_size.to_string(),
+            record.effective_batch.to_string(),
+            format!("{:?}", record.target_effective_batch),
+            record.proven_largest.to_string(),
+            format!("{:?}", record.measured_graph),
+        ];
+        let disagreements: Vec<String> = read
+            .iter()
+            .zip(&written)
+            .filter(|((_, read), written)| read != *written)
+            .map(|((name, read), written)| format!("{name} {written} (the split says {read})"))
+            .collect();
+        if !disagreements.is_empty() {
+            return Err(format!("the plan's numbers disagree with its split: {}", disagreements.join(", ")));
         }
+        check_measured(&plan)?;
         Ok(plan)
     }
+}
+
+/// What a plan says it measured, checked against itself: a plan read back (a
+/// cache entry, a file edited by hand) is an input like any other, and one
+/// that claims what no run could have measured is refused, not served.
+fn check_measured(plan: &Plan) -> Result<(), String> {
+    let ceiling = plan.ceiling();
+    if !(ceiling > 0.0 && ceiling <= 1.0) {
+        return Err(format!("ceiling {ceiling} is not a fraction in (0, 1]"));
+    }
+    let capacity = plan.capacity_bytes();
+    if capacity == 0 {
+        return Err("capacity_bytes is 0: a device has some memory".to_owned());
+    }
+    if plan.largest_batch == 0 || plan.multiple_of() == 0 {
+        return Err(format!(
+            "largest_batch {} and multiple_of {} must be at least 1",
+            plan.largest_batch,
+            plan.multiple_of()
+        ));
+    }
+    let limit = super::limit_bytes(ceiling, capacity);
+    if plan.peak_bytes > limit {
+        return Err(format!(
+            "peak_bytes {} is over the limit it claims to fit under, {limit} ({} of {capacity} bytes)",
+            plan.peak_bytes, ceiling
+        ));
+    }
+    let measured = plan
+        .trials
+        .iter()
+        .any(|t| t.batch == plan.largest_batch && t.outcome.fits() && t.peak_bytes == Some(plan.peak_bytes));
+    if !measured {
+        return Err(format!(
+            "no trial of batch {} fits with the peak it claims ({} bytes): the plan was not measured",
+            plan.largest_batch, plan.peak_bytes
+        ));
+    }
+    Ok(())
 }

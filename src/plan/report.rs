@@ -50,7 +50,10 @@ impl Trial {
             TrialKind::Accumulation => "  (accumulating)",
             TrialKind::Timing => "  (timing)",
         };
-        let rate = self.samples_per_second().map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
+        let rate = self
+            .samples_per_second()
+            .filter(|_| timed(self.duration))
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
         format!(
             "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}  {:>9}{recheck}",
             number,
@@ -208,7 +211,9 @@ impl Plan {
             format_duration(std::time::Duration::from_secs_f64(self.tuning.seconds.max(0.0)))
         );
         let answer = self.trials.iter().rev().find(|t| t.batch == self.largest_batch && t.outcome.fits());
-        let step_seconds = answer.map(|t| t.duration.as_secs_f64() / t.steps.max(1) as f64).filter(|&s| s > 0.0);
+        let step_seconds = answer
+            .filter(|t| timed(t.duration / t.steps.max(1) as u32))
+            .map(|t| t.duration.as_secs_f64() / t.steps.max(1) as f64);
         if let Some(step_seconds) = step_seconds {
             note += &format!(
                 ": about {:.1} training steps at batch {}",
@@ -275,7 +280,18 @@ impl fmt::Display for Accumulation {
     }
 }
 
+/// Whether a measured time says anything about a training step: a real
+/// step takes microseconds at least (a kernel launch alone does); one under a
+/// microsecond ran on a simulated device, whose rate and cost in steps would
+/// be artefacts.
+fn timed(duration: std::time::Duration) -> bool {
+    duration >= std::time::Duration::from_micros(1)
+}
+
 fn format_duration(duration: std::time::Duration) -> String {
+    if !timed(duration) {
+        return "< 1 µs".to_owned();
+    }
     let secs = duration.as_secs_f64();
     if secs >= 100.0 {
         format!("{secs:.0} s")

@@ -367,20 +367,26 @@ impl std::fmt::Display for SizePlan {
             )?;
         }
         match &self.model {
-            Some(model) => writeln!(
-                f,
-                "memory: {}{} + {} per token + {} per token per unit of size (fitted to {} steps, worst error {:.1}%)",
-                format_bytes(model.fixed_bytes.max(0.0) as u64),
-                if model.bytes_per_sample > 0.0 {
-                    format!(" + {} per sample", format_bytes(model.bytes_per_sample.round() as u64))
-                } else {
-                    String::new()
-                },
-                format_bytes(model.bytes_per_token.round() as u64),
-                format_bytes(model.bytes_per_token_length.round() as u64),
-                model.fitted_points,
-                100.0 * model.max_error
-            )?,
+            Some(model) => {
+                // only the terms the fit kept: a term it did without is 0, not "0 B per token"
+                let terms: Vec<String> = [
+                    (model.bytes_per_sample, "per sample"),
+                    (model.bytes_per_token, "per token"),
+                    (model.bytes_per_token_length, "per token per unit of size"),
+                ]
+                .into_iter()
+                .filter(|(bytes, _)| bytes.round() >= 1.0)
+                .map(|(bytes, what)| format!(" + {} {what}", format_bytes(bytes.round() as u64)))
+                .collect();
+                writeln!(
+                    f,
+                    "memory: {}{} (fitted to {} steps, worst error {:.1}%)",
+                    format_bytes(model.fixed_bytes.max(0.0) as u64),
+                    terms.concat(),
+                    model.fitted_points,
+                    100.0 * model.max_error
+                )?
+            }
             None => writeln!(f, "memory: too few measurements for a model in batch and size")?,
         }
         write!(

@@ -55,13 +55,13 @@ impl Footprint {
             return Ok(());
         }
         let per_samples = match samples {
-            Some(bytes) => format_bytes(bytes),
+            Some(bytes) => format!("at least {}", format_bytes(bytes)),
             None => "more than 16 EiB".to_owned(),
         };
         Err(Error::ModelTooLarge {
             model: self.model.clone(),
             needs: format!(
-                "{} of fixed tensors and at least {per_samples} for {batch} {}",
+                "{} of fixed tensors and {per_samples} for {batch} {}",
                 format_bytes(self.fixed_bytes),
                 if batch == 1 { "sample" } else { "samples" }
             ),

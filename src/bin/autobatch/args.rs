@@ -86,10 +86,37 @@ fn positive(text: &str) -> Result<usize, String> {
     if text.trim_start().starts_with('-') {
         return Err("must not be negative: use a whole number of at least 1".to_owned());
     }
-    match text.trim().parse::<usize>() {
-        Ok(0) => Err("must be at least 1".to_owned()),
-        Ok(value) => Ok(value),
-        Err(_) => Err(format!("must be a whole number from 1 to {}", usize::MAX)),
+    let text = text.trim();
+    // a whole number, also with an exponent (1e6)
+    let exponent = text.contains(['e', 'E']) && text.bytes().all(|b| b.is_ascii_digit() || b".eE+".contains(&b));
+    let value = match text.parse::<usize>() {
+        Ok(value) => Some(value),
+        Err(_) if exponent => crate::parse::parse_count(text).ok().and_then(|v| usize::try_from(v).ok()),
+        Err(_) => None,
+    };
+    match value {
+        Some(0) => Err("must be at least 1".to_owned()),
+        Some(value) => Ok(value),
+        None => Err(format!("must be a whole number from 1 to {} (e.g. 8, 1024 or 1e6)", usize::MAX)),
+    }
+}
+
+/// A seed: any whole number that fits in 64 bits.
+fn seed(text: &str) -> Result<u64, String> {
+    text.trim().parse::<u64>().map_err(|_| format!("must be a whole number from 0 to {}", u64::MAX))
+}
+
+/// A fraction as a number (`0.9`) or a percentage (`90%`); whether it is in
+/// range is the tuner's to say.
+fn fraction(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    let (number, scale) = match text.strip_suffix('%') {
+        Some(percent) => (percent.trim_end(), 100.0),
+        None => (text, 1.0),
+    };
+    match number.parse::<f64>() {
+        Ok(value) if value.is_finite() => Ok(value / scale),
+        _ => Err("must be a fraction in (0, 1], e.g. 0.9 or 90%".to_owned()),
     }
 }
 
@@ -151,7 +178,7 @@ pub struct ProbeArgs {
     #[arg(long, value_enum, default_value_t = ProbeOptimizerArg::Adamw, help_heading = "Model size")]
     pub optimizer: ProbeOptimizerArg,
     /// Seed of the weights and synthetic data.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, help_heading = "Model size")]
+    #[arg(long, default_value_t = 0, value_parser = seed, allow_negative_numbers = true, help_heading = "Model size")]
     pub seed: u64,
 
     /// Device: cpu, cuda or cuda:N.
@@ -163,8 +190,9 @@ pub struct ProbeArgs {
     /// [default: 256MiB].
     #[arg(long, allow_hyphen_values = true)]
     pub budget: Option<String>,
-    /// Most a fitting step may use, as a fraction of capacity, in (0, 1].
-    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
+    /// Most a fitting step may use, as a fraction of capacity, in (0, 1]
+    /// (0.9, or 90%).
+    #[arg(long, default_value_t = 0.9, value_parser = fraction, allow_negative_numbers = true)]
     pub ceiling: f64,
     /// Smallest batch to try.
     #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
@@ -179,7 +207,7 @@ pub struct ProbeArgs {
     /// included) with the largest batch seen to fit, not proven largest, and
     /// the batches that remain open. A trial running at the limit finishes;
     /// with --seq-lens or --compare each length or variant has the limit.
-    #[arg(long, value_parser = crate::parse::parse_duration)]
+    #[arg(long, value_parser = crate::parse::parse_duration, allow_hyphen_values = true)]
     pub time_limit: Option<std::time::Duration>,
     /// Stop after this many trials with the best batch so far.
     #[arg(long, value_parser = positive, allow_negative_numbers = true)]
@@ -295,9 +323,10 @@ pub struct EstimateArgs {
     /// Trainable parameters, e.g. 1e9, 125M or 7B.
     #[arg(long, allow_hyphen_values = true)]
     pub params: String,
-    /// Dtype of weights and gradients (and of optimizer state, without --mixed-precision).
-    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
-    pub dtype: PrecisionArg,
+    /// Dtype of weights, gradients and optimizer state [default: f32]; not
+    /// with --mixed-precision, which has its own.
+    #[arg(long, value_enum)]
+    pub dtype: Option<PrecisionArg>,
     /// The optimizer whose state is counted.
     #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
     pub optimizer: OptimizerArg,

@@ -16,9 +16,16 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         return Err(Failure::usage("--params is 0: give the number of trainable parameters, e.g. 125M"));
     }
     let precision = match (args.mixed_precision, args.dtype) {
-        (true, _) => Precision::Mixed,
-        (false, PrecisionArg::F32) => Precision::Fp32,
-        (false, PrecisionArg::Bf16) => Precision::Bf16,
+        (true, Some(dtype)) => {
+            return Err(Failure::usage(format!(
+                "--mixed-precision keeps bf16 weights and gradients with f32 master weights: --dtype {} does not \
+                 apply; drop one of them",
+                if dtype == PrecisionArg::F32 { "f32" } else { "bf16" }
+            )))
+        }
+        (true, None) => Precision::Mixed,
+        (false, None | Some(PrecisionArg::F32)) => Precision::Fp32,
+        (false, Some(PrecisionArg::Bf16)) => Precision::Bf16,
     };
     let optimizer = match args.optimizer {
         OptimizerArg::Sgd => OptimizerKind::Sgd,

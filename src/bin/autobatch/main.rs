@@ -7,6 +7,7 @@ mod failure;
 mod find;
 mod limits;
 mod parse;
+mod paths;
 mod plot;
 mod probe;
 mod progress;
@@ -23,6 +24,7 @@ use failure::{clap_message, Failure};
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 fn main() -> ExitCode {
+    end_quietly_on_a_closed_pipe();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
@@ -50,6 +52,18 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => report(failure),
+    }
+}
+
+/// A reader that stops reading (`autobatch probe | head -1`) ends the process
+/// as it ends any Unix tool: by SIGPIPE, quietly. Rust ignores the signal, so
+/// a write to the closed pipe would fail, and `println!` panic.
+fn end_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: at the start of main, before any thread exists: setting a
+    // signal's disposition to its default is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -1,14 +1,18 @@
 //! Sizes and counts as people type them: `4GiB`, `512 MiB`, `1.5GB`, `7B`, `1e9`.
 //!
-//! Read exactly, in integers: `1.3B` is 1,300,000,000, not the nearest float,
-//! and a value that is not a whole number of bytes or parameters (`0.5`), that
-//! is negative, or that does not fit in 64 bits is an error, never rounded.
+//! Read exactly, in integers: `1.3B` is 1,300,000,000, not the nearest float.
+//! A size with a fraction of a byte (`11.2GiB` is 12,025,908,428.8 bytes) is
+//! rounded down to whole bytes, and says so; a count that is not whole
+//! (`0.5` parameters), a negative value, one that does not fit in 64 bits, or
+//! one that is not a finite number (`NaN`, `inf`) is an error.
 
 /// Why a size or a count could not be read.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
     /// A byte size could not be read.
-    #[error("invalid size {input:?}: {reason}; e.g. 4GiB, 512MiB or 1.5GB")]
+    #[error(
+        "invalid size {input:?}: {reason}; a size is a number and a unit ({SIZE_UNITS}), e.g. 4GiB, 512MiB or 1.5GB"
+    )]
     Size {
         /// The text given.
         input: String,
@@ -33,6 +37,9 @@ const SIZE_UNITS: &str = "B, kB/KB, MB, GB, TB, PB (powers of 1000) or KiB, MiB,
 pub fn parse_bytes(input: &str) -> Result<u64, ParseError> {
     let invalid = |reason: String| ParseError::Size { input: input.to_owned(), reason };
     let (number, unit) = split_number(input.trim());
+    if let Some(reason) = not_finite(number, unit) {
+        return Err(invalid(reason));
+    }
     let scale: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kb" => 1_000,
@@ -45,9 +52,25 @@ pub fn parse_bytes(input: &str) -> Result<u64, ParseError> {
         "gib" => 1 << 30,
         "tib" => 1 << 40,
         "pib" => 1 << 50,
-        _ => return Err(invalid(format!("unknown unit {unit:?}: use {SIZE_UNITS}"))),
+        _ => return Err(invalid(format!("unknown unit {unit:?}"))),
     };
-    exact(number, scale, "bytes").map_err(invalid)
+    let (bytes, rounded) = exact(number, scale, Rounding::Down).map_err(|why| invalid(why.say("16 EiB")))?;
+    if rounded {
+        log::warn!("{} is not a whole number of bytes: rounded down to {bytes} bytes", input.trim());
+    }
+    Ok(bytes)
+}
+
+/// Why text that starts like a number is not one: `NaN`, `inf`, `infinity`.
+fn not_finite(number: &str, unit: &str) -> Option<String> {
+    let word = unit.to_ascii_lowercase();
+    let infinite = ["inf", "infinity"].iter().any(|w| word.starts_with(w));
+    match (number.trim_start_matches(['+', '-']).is_empty(), word.starts_with("nan"), infinite) {
+        (true, true, _) => Some("NaN is not a number".to_owned()),
+        (true, _, true) => Some("an infinite value is not a size".to_owned()),
+        (true, _, _) => Some("no number".to_owned()),
+        _ => None,
+    }
 }
 
 /// Parses a count such as a number of parameters: `1e9`, `125M`, `7B`,
@@ -63,7 +86,12 @@ pub fn parse_count(input: &str) -> Result<u64, ParseError> {
         "T" | "t" => 1_000_000_000_000,
         _ => return Err(invalid(format!("unknown suffix {suffix:?}: use k, M, B (or G), T, or an exponent like 1e9"))),
     };
-    exact(number, scale, "a whole count").map_err(invalid)
+    if let Some(reason) = not_finite(number, suffix) {
+        return Err(invalid(reason));
+    }
+    exact(number, scale, Rounding::Refuse)
+        .map(|(count, _)| count)
+        .map_err(|why| invalid(why.say("18446744073709551615")))
 }
 
 /// Parses a duration as people type it: `30s`, `1.5s`, `500ms`, `2m`, `1h`
@@ -75,14 +103,49 @@ pub fn parse_duration(input: &str) -> Result<std::time::Duration, String> {
         "" | "s" => 1_000,
         "m" | "min" => 60_000,
         "h" => 3_600_000,
+        _ if not_finite(number, unit).is_some() => 1,
         _ => return Err(format!("invalid duration {input:?}: unknown unit {unit:?}; use ms, s, m or h, e.g. 30s")),
     };
-    let millis = exact(number, scale, "a whole number of milliseconds")
+    if let Some(reason) = not_finite(number, unit) {
+        return Err(format!("invalid duration {input:?}: {reason}; e.g. 30s, 500ms or 2m"));
+    }
+    let millis = exact(number, scale, Rounding::Refuse)
+        .map(|(millis, _)| millis)
+        .map_err(|why| why.say("18446744073709551615 ms (584 million years)"))
         .map_err(|reason| format!("invalid duration {input:?}: {reason}; e.g. 30s, 500ms or 2m"))?;
     if millis == 0 {
         return Err(format!("invalid duration {input:?}: must be at least 1ms"));
     }
     Ok(std::time::Duration::from_millis(millis))
+}
+
+/// A byte count as a flag takes it, never more than `bytes`: `11.4GiB`
+/// (three significant digits, rounded down, no space), so that advice such as
+/// "use at most --budget 11.4GiB" can be pasted as it is.
+pub fn flag_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{bytes}B");
+    }
+    let whole = bytes >> (10 * unit);
+    let decimals: u32 = if whole >= 100 {
+        0
+    } else if whole >= 10 {
+        1
+    } else {
+        2
+    };
+    // in integers: a float of a count near 2^64 rounds up
+    let scaled = (u128::from(bytes) * 10u128.pow(decimals)) >> (10 * unit);
+    let (integer, fraction) = (scaled / 10u128.pow(decimals), scaled % 10u128.pow(decimals));
+    match decimals {
+        0 => format!("{integer}{}", UNITS[unit]),
+        _ => format!("{integer}.{fraction:0width$}{}", UNITS[unit], width = decimals as usize),
+    }
 }
 
 /// `3s`, `1.5s` or `500ms`: a duration as `--time-limit` takes it.
@@ -115,17 +178,49 @@ fn split_number(input: &str) -> (&str, &str) {
     (&input[..end], input[end..].trim_start())
 }
 
-/// `number × scale` computed exactly, as a whole `u64`.
-fn exact(number: &str, scale: u64, whole: &str) -> Result<u64, String> {
+/// What to do with a value that is not whole in the unit it is counted in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rounding {
+    /// Round down (a size: the fraction of a byte goes).
+    Down,
+    /// An error (a count, milliseconds).
+    Refuse,
+}
+
+/// Why a number could not be read.
+enum Invalid {
+    NoNumber,
+    Negative,
+    NotANumber(String),
+    NotWhole,
+    TooLarge,
+}
+
+impl Invalid {
+    /// In words; `most` is the largest value there is.
+    fn say(&self, most: &str) -> String {
+        match self {
+            Invalid::NoNumber => "no number".to_owned(),
+            Invalid::Negative => "must not be negative".to_owned(),
+            Invalid::NotANumber(number) => format!("{number:?} is not a number"),
+            Invalid::NotWhole => "is not a whole number".to_owned(),
+            Invalid::TooLarge => format!("too large: at most {most}"),
+        }
+    }
+}
+
+/// `number × scale` computed exactly, as a whole `u64`, and whether a
+/// fraction was rounded off.
+fn exact(number: &str, scale: u64, rounding: Rounding) -> Result<(u64, bool), Invalid> {
     if number.is_empty() {
-        return Err("no number".to_owned());
+        return Err(Invalid::NoNumber);
     }
     let unsigned = match number.as_bytes()[0] {
-        b'-' => return Err("must not be negative".to_owned()),
+        b'-' => return Err(Invalid::Negative),
         b'+' => &number[1..],
         _ => number,
     };
-    let not_a_number = || format!("{number:?} is not a number");
+    let not_a_number = || Invalid::NotANumber(number.to_owned());
     let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
         Some((mantissa, exponent)) => (mantissa, exponent.parse::<i32>().map_err(|_| not_a_number())?),
         None => (unsigned, 0),
@@ -136,32 +231,35 @@ fn exact(number: &str, scale: u64, whole: &str) -> Result<u64, String> {
         return Err(not_a_number());
     }
     let digits = digits.trim_start_matches('0');
-    let too_large = || format!("too large: at most {} {whole}", u64::MAX);
     // more significant digits than u64 has means too large, unless they are
-    // all below the decimal point; 40 digits leave room for the fraction
+    // all below the decimal point; 38 digits leave room for the fraction
     let significant = digits.trim_end_matches('0');
     let trailing_zeros = (digits.len() - significant.len()) as i64;
     if significant.is_empty() {
-        return Ok(0);
+        return Ok((0, false));
     }
     if significant.len() > 38 {
-        return Err(too_large());
+        return Err(Invalid::TooLarge);
     }
     let mut value: u128 = significant.parse().map_err(|_| not_a_number())?;
     let mut power = i64::from(exponent) - fraction.len() as i64 + trailing_zeros;
-    value = value.checked_mul(u128::from(scale)).ok_or_else(too_large)?;
+    value = value.checked_mul(u128::from(scale)).ok_or(Invalid::TooLarge)?;
     while power > 0 {
-        value = value.checked_mul(10).ok_or_else(too_large)?;
+        value = value.checked_mul(10).ok_or(Invalid::TooLarge)?;
         power -= 1;
     }
+    let mut rounded = false;
     while power < 0 {
         if !value.is_multiple_of(10) {
-            return Err(format!("is not {whole}"));
+            if rounding == Rounding::Refuse {
+                return Err(Invalid::NotWhole);
+            }
+            rounded = true;
         }
         value /= 10;
         power += 1;
     }
-    u64::try_from(value).map_err(|_| too_large())
+    u64::try_from(value).map(|value| (value, rounded)).map_err(|_| Invalid::TooLarge)
 }
 
 #[cfg(test)]
@@ -203,12 +301,18 @@ mod tests {
             ("1024TiB", 1 << 50),
             ("0", 0),
             ("18446744073709551615", u64::MAX),
+            // a fraction of a byte is rounded down
+            ("11.2GiB", 12_025_908_428),
+            ("0.5", 0),
+            ("1.5", 1),
         ];
         for (input, want) in sizes {
             assert_eq!(parse_bytes(input).unwrap(), want, "{input}");
         }
-        for bad in ["", "GiB", "4 GiBs", "-1GB", "-5MiB", "1e400GB", "four GB", "nan GB", "inf", "0.5", "16EiB", "1e20"]
-        {
+        for bad in [
+            "", "GiB", "4 GiBs", "-1GB", "-5MiB", "1e400GB", "four GB", "nan GB", "inf", "NaN", "infGiB", "16EiB",
+            "1e20",
+        ] {
             let err = parse_bytes(bad).unwrap_err();
             assert!(matches!(err, ParseError::Size { .. }), "{bad}: {err}");
         }
@@ -232,9 +336,30 @@ mod tests {
 
     #[test]
     fn errors_say_what_is_wrong() {
-        assert!(parse_count("0.5").unwrap_err().to_string().contains("is not a whole count"));
+        assert!(parse_count("0.5").unwrap_err().to_string().contains("is not a whole number"));
         assert!(parse_bytes("-5MiB").unwrap_err().to_string().contains("must not be negative"));
         assert!(parse_count("1e20").unwrap_err().to_string().contains("too large"));
+        assert!(parse_bytes("NaN").unwrap_err().to_string().contains("NaN is not a number"));
+        assert!(parse_bytes("infGiB").unwrap_err().to_string().contains("an infinite value is not a size"));
+        assert!(parse_bytes("1e20").unwrap_err().to_string().contains("too large: at most 16 EiB"));
+        let too_long = parse_duration("99999999999999999999s").unwrap_err();
+        assert!(too_long.contains("too large: at most 18446744073709551615 ms (584 million years)"), "{too_long}");
+        // every size error names the accepted forms
+        for bad in ["12 gigs", "NaN", "-1GB", "1e400GB"] {
+            let err = parse_bytes(bad).unwrap_err().to_string();
+            assert!(err.contains("KiB, MiB, GiB") && err.contains("e.g. 4GiB"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn advice_in_bytes_pastes_as_a_flag_and_never_rounds_up() {
+        for bytes in [1u64, 1023, 1024, 12_240_000_000, 11 << 30, (1 << 30) - 1, 999 << 20, u64::MAX] {
+            let text = flag_bytes(bytes);
+            assert!(!text.contains(' '), "{text}");
+            let back = parse_bytes(&text).unwrap();
+            assert!(back <= bytes && back as f64 >= bytes as f64 * 0.99, "{bytes} -> {text} -> {back}");
+        }
+        assert_eq!(flag_bytes(12_240_000_000), "11.3GiB");
     }
 
     #[test]

@@ -285,6 +285,10 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
         return Err(Failure::usage("--budget is 0: give the memory the step may use, e.g. 256MiB"));
     }
     let search = budget.saturating_mul(2);
+    let twice = match budget.checked_mul(2) {
+        Some(bytes) => format_bytes(bytes),
+        None => "more than 16 EiB".to_owned(),
+    };
     let threads = rayon::current_num_threads() as u64 + 1;
     // the limits that end the process first: a budget refused is not also warned about
     let mut rooms = crate::limits::rooms();
@@ -298,23 +302,21 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
         let most = room.bytes.saturating_sub(reserve) / 2;
         if room.hard {
             let advice = if most >= 1 << 20 {
-                format!("use at most --budget {}", format_bytes(most))
+                format!("use at most --budget {}", crate::parse::flag_bytes(most))
             } else {
                 format!("that leaves no room for a probe beside its {threads} threads: raise the limit")
             };
             return Err(Failure::usage(format!(
-                "--budget {}: a search can allocate about twice the budget ({}), and this process may use only {} \
+                "--budget {}: a search can allocate about twice the budget ({twice}), and this process may use only {} \
                  more under {}; {advice}",
                 format_bytes(budget),
-                format_bytes(search),
                 format_bytes(room.bytes),
                 room.what,
             )));
         }
         log::warn!(
-            "--budget {}: a search can allocate about twice the budget ({}), more than the {} of {}: it may swap",
+            "--budget {}: a search can allocate about twice the budget ({twice}), more than the {} of {}: it may swap",
             format_bytes(budget),
-            format_bytes(search),
             format_bytes(room.bytes),
             room.what
         );
@@ -364,27 +366,14 @@ fn check_compare(args: &ProbeArgs) -> Result<(), Failure> {
     }
 }
 
-/// `--plot` names an SVG file in a folder that exists: said before the search
-/// runs, not after.
-fn check_plot(args: &ProbeArgs) -> Result<(), Failure> {
-    let Some(path) = &args.plot else { return Ok(()) };
-    if path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() != Some("svg") {
-        return Err(Failure::usage(format!("--plot {}: the chart is SVG; name a .svg file", path.display())));
-    }
-    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    if !folder.is_dir() {
-        return Err(Failure::usage(format!(
-            "--plot {}: the folder {} does not exist",
-            path.display(),
-            folder.display()
-        )));
-    }
-    Ok(())
-}
-
 /// `--seq-lens` goes with a plain probe of a transformer that takes the longest.
 fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
     let Some(&longest) = args.seq_lens.iter().max() else { return Ok(()) };
+    if let Some(twice) =
+        args.seq_lens.iter().enumerate().find_map(|(i, len)| args.seq_lens[..i].contains(len).then_some(len))
+    {
+        return Err(Failure::usage(format!("--seq-lens: {twice} is given twice; list each length once")));
+    }
     for (flag, given) in [("--eval", args.eval), ("--compare", args.compare)] {
         if given {
             return Err(Failure::usage(format!("{flag} does not go with --seq-lens: probe one length at a time")));
@@ -409,7 +398,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     }
     check_seq_lens(args)?;
     crate::find::check_flags(args)?;
-    check_plot(args)?;
+    crate::paths::check(args)?;
     let tuner = tuner(args);
     tuner.check()?;
     let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };

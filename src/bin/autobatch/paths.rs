@@ -1,0 +1,97 @@
+//! The files `probe` reads and writes (`--cache`, `--plot`), checked before
+//! the first trial: a probe that runs for minutes must not fail at its end
+//! because its chart cannot be written, block on a named pipe, or write its
+//! chart over its cache.
+
+use std::path::{Path, PathBuf};
+
+use crate::args::ProbeArgs;
+use crate::failure::Failure;
+
+/// Checks `--cache` and `--plot`: each names a regular file or a new one in a
+/// folder that can be written, and not the same file as the other.
+pub fn check(args: &ProbeArgs) -> Result<(), Failure> {
+    if let Some(path) = &args.plot {
+        let is_svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+        if !is_svg {
+            return Err(Failure::usage(format!("--plot {}: the chart is SVG; name a .svg file", path.display())));
+        }
+        writable("--plot", path, false)?;
+    }
+    if let Some(path) = &args.cache {
+        // the cache makes its folders
+        writable("--cache", path, true)?;
+    }
+    if let (Some(cache), Some(plot)) = (&args.cache, &args.plot) {
+        if same_file(cache, plot) {
+            return Err(Failure::usage(format!(
+                "--cache {} and --plot {} name the same file: the chart would be written over the cache; give \
+                 each its own file",
+                cache.display(),
+                plot.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `path` is a regular file this process may write, or a new file in an
+/// existing folder it may write in (tried with a file of its own, removed);
+/// with `makes_folders`, in a folder that can be made in the nearest one that
+/// exists.
+fn writable(flag: &str, path: &Path, makes_folders: bool) -> Result<(), Failure> {
+    let refuse = |why: String| Failure::usage(format!("{flag} {}: {why}", path.display()));
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => return Err(refuse("is a folder; name a file in it".to_owned())),
+        Ok(meta) if !meta.is_file() => {
+            return Err(refuse("is not a regular file (a pipe or a device); name a file".to_owned()))
+        }
+        Ok(meta) if meta.permissions().readonly() => return Err(refuse("is read-only".to_owned())),
+        Ok(_) => {
+            // opened for writing without truncating: the file stays as it is
+            return std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map(drop)
+                .map_err(|err| refuse(format!("cannot be written: {err}")));
+        }
+        Err(_) => {}
+    }
+    let mut folder = folder_of(path);
+    if makes_folders {
+        while !folder.exists() && folder_of(folder) != folder {
+            folder = folder_of(folder);
+        }
+    }
+    if !folder.is_dir() {
+        return Err(refuse(format!("the folder {} does not exist", folder.display())));
+    }
+    let trial = folder.join(format!(".autobatch-write-check-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&trial) {
+        Ok(file) => {
+            drop(file);
+            let _ = std::fs::remove_file(&trial);
+            Ok(())
+        }
+        Err(err) => Err(refuse(format!("no file can be written in {}: {err}", folder.display()))),
+    }
+}
+
+fn folder_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Whether two paths name one file: the same file where both exist, the same
+/// name in the same folder (links resolved) where either does not.
+fn same_file(a: &Path, b: &Path) -> bool {
+    let resolved = |path: &Path| -> Option<PathBuf> {
+        std::fs::canonicalize(path).ok().or_else(|| {
+            let folder = std::fs::canonicalize(folder_of(path)).ok()?;
+            Some(folder.join(path.file_name()?))
+        })
+    };
+    match (resolved(a), resolved(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => a == b,
+    }
+}
