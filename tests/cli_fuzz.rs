@@ -383,3 +383,270 @@ proptest! {
         }
     }
 }
+
+/// What the adversary of the portability issue tried, as classes: each case
+/// is one of them with a random member.
+#[derive(Clone, Debug)]
+enum Hostile {
+    /// The reader closes stdout at once (`| head -0`).
+    ClosedStdout(Vec<String>),
+    /// `--cache` or `--plot` names something that is not a file to write.
+    SpecialPath { flag: &'static str, path: &'static str },
+    /// `--cache` and `--plot` name one file, spelled two ways.
+    SamePath { plot: &'static str },
+    /// A budget with a fraction of a byte, or an extreme one.
+    Size(&'static str),
+    /// A plan cache whose entry was edited by hand.
+    EditedCache { key: &'static str, value: serde_json::Value },
+}
+
+fn hostile() -> impl Strategy<Value = Hostile> {
+    let quick = |extra: &[&str]| {
+        let mut args: Vec<String> = ["probe", "--model", "mlp", "--budget", "16MiB", "--max-batch", "4"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args
+    };
+    prop_oneof![
+        prop::sample::select(vec![
+            quick(&[]),
+            quick(&["--json"]),
+            vec!["probe".into(), "--seq-lens".into(), "8,16".into(), "--d-model".into(), "16".into()],
+            vec!["plan".into(), "--target".into(), "5000".into(), "--uneven".into(), vec!["3"; 2000].join(",")],
+            vec!["estimate".into(), "--params".into(), "7B".into(), "--capacity".into(), "80GB".into()],
+        ])
+        .prop_map(Hostile::ClosedStdout),
+        (
+            prop::sample::select(vec!["--cache", "--plot"]),
+            prop::sample::select(vec!["FIFO", "DIR", "DIR.svg", "/proc/x.svg", "/dev/null", "READONLY.svg"]),
+        )
+            .prop_map(|(flag, path)| Hostile::SpecialPath { flag, path }),
+        // the cache makes its folders; a chart goes into one that exists
+        Just(Hostile::SpecialPath { flag: "--plot", path: "NO-SUCH-DIR/x.svg" }),
+        prop::sample::select(vec!["same.svg", "./same.svg", "LINK.svg"]).prop_map(|plot| Hostile::SamePath { plot }),
+        prop::sample::select(vec![
+            "11.2MiB",
+            "12.75MiB",
+            "1.5e1MiB",
+            "0.1B",
+            "0.5KiB",
+            "18446744073709551615",
+            "18446744073709551616",
+            "1e400GB",
+            "NaN",
+            "infGiB",
+            "-0B",
+            "16EiB",
+        ])
+        .prop_map(Hostile::Size),
+        (
+            prop::sample::select(vec![
+                "largest_batch",
+                "peak_bytes",
+                "ceiling",
+                "capacity_bytes",
+                "micro_batch",
+                "trials"
+            ]),
+            prop::sample::select(vec![
+                serde_json::json!(-1),
+                serde_json::json!(0),
+                serde_json::json!(1e15),
+                serde_json::json!(100000),
+                serde_json::json!(0.5),
+                serde_json::json!(-5),
+                serde_json::json!("x"),
+                serde_json::Value::Null,
+                serde_json::json!([]),
+            ]),
+        )
+            .prop_map(|(key, value)| Hostile::EditedCache { key, value }),
+    ]
+}
+
+/// A folder of its own for each case, with the special files the cases name.
+fn scratch() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static CASE: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "hostile-{}-{}",
+        std::process::id(),
+        CASE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("DIR")).unwrap();
+    std::fs::create_dir_all(dir.join("DIR.svg")).unwrap();
+    let fifo = dir.join("FIFO");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::fs::write(dir.join("READONLY.svg"), "").unwrap();
+    let mut readonly = std::fs::metadata(dir.join("READONLY.svg")).unwrap().permissions();
+    readonly.set_readonly(true);
+    std::fs::set_permissions(dir.join("READONLY.svg"), readonly).unwrap();
+    std::os::unix::fs::symlink(dir.join("same.svg"), dir.join("LINK.svg")).unwrap();
+    dir
+}
+
+/// The binary in `dir`, under the same limits as every fuzz case.
+fn autobatch_in(dir: &std::path::Path, args: &[String]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {ADDRESS_SPACE_KIB}; exec timeout {} \"$0\" \"$@\"", TIME_LIMIT.as_secs()))
+        .arg(env!("CARGO_BIN_EXE_autobatch"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("sh runs")
+}
+
+/// A cache the edits start from: one entry, stored by a real probe.
+fn stored_cache(dir: &std::path::Path) -> serde_json::Value {
+    let args: Vec<String> =
+        ["probe", "--model", "mlp", "--budget", "16MiB", "--max-batch", "4", "--cache", "plans.json"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+    assert!(autobatch_in(dir, &args).status.success());
+    serde_json::from_str(&std::fs::read_to_string(dir.join("plans.json")).unwrap()).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Closed pipes, special files, path conflicts, fractional and extreme
+    /// sizes, edited cache files: the binary ends quietly or with one clear
+    /// error line, never panics, aborts or hangs, and loses nothing.
+    #[test]
+    fn hostile_inputs_end_quietly_or_with_one_clear_line(case in hostile()) {
+        use std::os::unix::process::ExitStatusExt;
+        let dir = scratch();
+        let one_error = |output: &Output, code: i32, says: &str| {
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            assert_eq!(output.status.code(), Some(code), "{case:?}: {stderr}");
+            let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+            assert_eq!(errors.len(), 1, "{case:?}: {stderr}");
+            assert!(errors[0].contains(says), "{case:?}: want {says:?} in {stderr}");
+        };
+        match &case {
+            Hostile::ClosedStdout(args) => {
+                let mut child = Command::new(env!("CARGO_BIN_EXE_autobatch"))
+                    .args(args)
+                    .current_dir(&dir)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                drop(child.stdout.take()); // the reader is gone before the first line
+                let output = child.wait_with_output().unwrap();
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                let quiet = output.status.success() || output.status.signal() == Some(libc_sigpipe());
+                prop_assert!(quiet, "{args:?}: {:?}\n{stderr}", output.status);
+                prop_assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+            }
+            Hostile::SpecialPath { flag, path } => {
+                let path = if path.starts_with('/') { (*path).to_owned() } else { dir.join(path).display().to_string() };
+                let plot = if *flag == "--plot" { path.clone() } else { "chart.svg".to_owned() };
+                let args: Vec<String> = ["probe", "--model", "mlp", "--budget", "16MiB", "--max-batch", "4", flag, &path]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect();
+                let started = Instant::now();
+                let output = autobatch_in(&dir, &args);
+                prop_assert!(started.elapsed() < Duration::from_secs(30), "{case:?} took {:?}", started.elapsed());
+                one_error(&output, 2, flag);
+                // refused before the first trial: nothing was probed, nothing written
+                prop_assert!(!String::from_utf8_lossy(&output.stdout).contains("largest batch"));
+                prop_assert!(!dir.join("chart.svg").exists() || plot != "chart.svg");
+                if path.ends_with("READONLY.svg") {
+                    prop_assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+                }
+            }
+            Hostile::SamePath { plot } => {
+                let args: Vec<String> =
+                    ["probe", "--model", "mlp", "--budget", "16MiB", "--max-batch", "4", "--cache", "same.svg", "--plot", plot]
+                        .iter()
+                        .map(|s| (*s).to_owned())
+                        .collect();
+                one_error(&autobatch_in(&dir, &args), 2, "name the same file");
+                prop_assert!(!dir.join("same.svg").exists(), "nothing written");
+            }
+            Hostile::Size(budget) => {
+                let args: Vec<String> = ["probe", "--model", "mlp", "--max-batch", "2", "--json", "--budget", budget]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect();
+                let output = autobatch_in(&dir, &args);
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                prop_assert!(!stderr.contains("panicked") && !stderr.contains("memory allocation of"), "{stderr}");
+                match output.status.code() {
+                    Some(0) => {
+                        let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+                        let capacity = plan["capacity_bytes"].as_u64().unwrap();
+                        // a fraction of a byte is rounded down, and said
+                        let said = stderr.contains(&format!("rounded down to {capacity} bytes"));
+                        let whole = parse_whole_bytes(budget).is_some_and(|bytes| bytes == capacity);
+                        prop_assert!(said || whole, "{}: capacity {} and {}", budget, capacity, stderr);
+                    }
+                    Some(code @ (2 | 3)) => {
+                        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+                        prop_assert_eq!(errors.len(), 1, "{}", stderr);
+                        let says = if code == 2 { "--budget" } else { "error: nothing fits" };
+                        prop_assert!(errors[0].contains(says), "{}", stderr);
+                        prop_assert!(names_no_internals(errors[0]), "{}", errors[0]);
+                        prop_assert!(!errors[0].contains("EiB (16.0 EiB)") && !errors[0].contains("at least more"), "{}", errors[0]);
+                    }
+                    other => prop_assert!(false, "{budget}: exit {other:?}\n{stderr}"),
+                }
+            }
+            Hostile::EditedCache { key, value } => {
+                let mut cache = stored_cache(&dir);
+                let entry = cache["entries"].as_object_mut().unwrap().values_mut().next().unwrap();
+                let original = entry["plan"][*key].clone();
+                entry["plan"][*key] = value.clone();
+                std::fs::write(dir.join("plans.json"), serde_json::to_string(&cache).unwrap()).unwrap();
+                let args: Vec<String> = ["probe", "--model", "mlp", "--budget", "16MiB", "--max-batch", "4", "--json", "--cache", "plans.json"]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect();
+                let output = autobatch_in(&dir, &args);
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                prop_assert_eq!(output.status.code(), Some(0), "{:?}: {}", case, stderr);
+                let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+                if original != *value {
+                    // the edited entry is not served: one line says so, and the probe ran
+                    prop_assert_eq!(&plan["cached"], &serde_json::json!(false), "{:?} was served: {}", case, plan);
+                    let said: Vec<&str> = stderr.lines().filter(|l| l.contains("plan cache")).collect();
+                    prop_assert_eq!(said.len(), 1, "{}", stderr);
+                    prop_assert!(names_no_internals(said[0]) || said[0].contains("largest_batch") || said[0].contains("peak_bytes")
+                        || said[0].contains("capacity_bytes") || said[0].contains("micro_batch"), "{}", said[0]);
+                }
+                check_numbers(&args, &String::from_utf8_lossy(&output.stdout));
+                // and the cache holds a good entry again
+                let again = autobatch_in(&dir, &args);
+                let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+                prop_assert_eq!(&again["cached"], &serde_json::json!(true), "{}", again);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The bytes a budget written without a fraction of a byte means (only the
+/// forms the cases use).
+fn parse_whole_bytes(budget: &str) -> Option<u64> {
+    let (number, scale) = match budget.strip_suffix("MiB") {
+        Some(number) => (number, 1u64 << 20),
+        None => (budget.strip_suffix('B').unwrap_or(budget), 1),
+    };
+    let value: f64 = number.parse().ok()?;
+    let bytes = value * scale as f64;
+    (bytes.fract() == 0.0).then_some(bytes as u64)
+}
+
+/// SIGPIPE's number, without a dependency on libc in the tests.
+fn libc_sigpipe() -> i32 {
+    13
+}

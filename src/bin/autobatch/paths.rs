@@ -85,8 +85,14 @@ fn folder_of(path: &Path) -> &Path {
 /// name in the same folder (links resolved) where either does not.
 fn same_file(a: &Path, b: &Path) -> bool {
     let resolved = |path: &Path| -> Option<PathBuf> {
-        std::fs::canonicalize(path).ok().or_else(|| {
-            let folder = std::fs::canonicalize(folder_of(path)).ok()?;
+        // a link to a file not written yet (the cache's first run) is followed by hand
+        let mut path = path.to_path_buf();
+        for _ in 0..40 {
+            let Ok(target) = std::fs::read_link(&path) else { break };
+            path = if target.is_relative() { folder_of(&path).join(target) } else { target };
+        }
+        std::fs::canonicalize(&path).ok().or_else(|| {
+            let folder = std::fs::canonicalize(folder_of(&path)).ok()?;
             Some(folder.join(path.file_name()?))
         })
     };
