@@ -252,6 +252,6 @@ fn main() {
     let started = Instant::now();
     let section = section();
     print!("{section}");
-    let path = docs::replace("lengths", &section).unwrap();
+    let path = docs::replace("lengths", &docs::with_host(&section)).unwrap();
     eprintln!("wrote the lengths section of {} in {:.0} s", path.display(), started.elapsed().as_secs_f64());
 }

@@ -128,5 +128,8 @@ fn main() {
          every gradient it makes before stepping the masters."
     )
     .unwrap();
-    std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/optimizers.md"), report).unwrap();
+    std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/optimizers.md"), docs::with_host(&report)).unwrap();
 }
+
+#[path = "shared/docs.rs"]
+mod docs;

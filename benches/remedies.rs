@@ -141,6 +141,10 @@ fn main() {
     );
     print!("{report}");
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/remedies.md");
+    let report = docs::with_host(&report);
     std::fs::write(path, &report).unwrap();
     eprintln!("wrote {path}");
 }
+
+#[path = "shared/docs.rs"]
+mod docs;

@@ -66,6 +66,6 @@ fn main() {
     let mut report = String::new();
     throughput(&mut report);
     print!("{report}");
-    let path = docs::replace("throughput", &report).unwrap();
+    let path = docs::replace("throughput", &docs::with_host(&report)).unwrap();
     eprintln!("wrote {}", path.display());
 }

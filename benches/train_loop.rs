@@ -191,6 +191,6 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     print!("{section}");
-    let path = docs::replace("train-loop", &section).unwrap();
+    let path = docs::replace("train-loop", &docs::with_host(&section)).unwrap();
     eprintln!("wrote {}", path.display());
 }

@@ -474,6 +474,7 @@ fn main() {
     report += &docs::owned_sections();
     let path = docs::benchmarks_md();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let report = docs::with_host(&report);
     std::fs::write(&path, &report).unwrap();
     eprintln!("wrote {}", path.display());
 }

@@ -47,3 +47,43 @@ pub fn owned_sections() -> String {
     }
     out
 }
+
+/// `text` with the [`host`] line after its title (its first paragraph).
+#[allow(dead_code)]
+pub fn with_host(text: &str) -> String {
+    text.replacen("\n\n", &format!("\n\n{}\n\n", host()), 1)
+}
+
+/// The host a figure was measured on, as a line for the docs: the CPU, its
+/// threads, and the caches candle's CPU matmul sizes its per-thread buffers
+/// from (a figure measured in bytes on the CPU depends on them), and the date.
+#[allow(dead_code)] // not every bench writes a section
+pub fn host() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())))
+        .unwrap_or_else(|| "an unnamed CPU".to_owned());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let caches = &*gemm_common::cache::CACHE_INFO;
+    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400);
+    format!(
+        "Measured on {cpu}, {threads} threads, L2 {} per core and L3 {} as candle's matmul reads them, on {}.",
+        autobatch::format_bytes(caches[1].cache_bytes as u64),
+        autobatch::format_bytes(caches[2].cache_bytes as u64),
+        civil_date(days as i64)
+    )
+}
+
+/// `YYYY-MM-DD` of a day counted from 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_date(days: i64) -> String {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
