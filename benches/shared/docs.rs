@@ -61,7 +61,10 @@ pub fn with_host(text: &str) -> String {
 pub fn host() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())))
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned()))
+        })
         .unwrap_or_else(|| "an unnamed CPU".to_owned());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let caches = &*gemm_common::cache::CACHE_INFO;
