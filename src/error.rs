@@ -277,6 +277,19 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// A model's `config.json` asks for something not computed here, or is
+    /// not one ([`models::Config`](crate::models::Config)): the field, what it
+    /// held, what would be valid.
+    #[error("config field {field} = {value} is not supported: use {valid}")]
+    UnsupportedConfig {
+        /// The field, e.g. `model_type` or `rope_scaling.rope_type`.
+        field: String,
+        /// What it held.
+        value: String,
+        /// What would be valid.
+        valid: String,
+    },
+
     /// A reference model's size setting is out of range.
     #[error("model setting {setting} = {value} is invalid: it must be {valid}")]
     InvalidModel {
@@ -650,6 +663,7 @@ impl Error {
             | Error::SizeOutOfRange { .. }
             | Error::UnevenPlanNeedsAllReduce { .. }
             | Error::InvalidModel { .. }
+            | Error::UnsupportedConfig { .. }
             | Error::UnsupportedDtype { .. }
             | Error::UnknownAccelerator { .. }
             | Error::UnsupportedOptimizer { .. }

@@ -137,6 +137,7 @@ mod guard;
 mod headroom;
 pub mod memory;
 pub mod model;
+pub mod models;
 mod oom;
 pub mod ops;
 pub mod optim;

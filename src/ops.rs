@@ -112,6 +112,128 @@ impl Module for RmsNorm {
     }
 }
 
+/// `x · weightᵀ (+ bias)` over a frozen weight (and bias): the backward pass
+/// gives `x` its gradient and the weight none.
+///
+/// candle's matmul backward computes both operands' gradients, and a weight
+/// that is not a variable is never taken out of the gradient store: every
+/// frozen weight of a LoRA model keeps a gradient of its full size until the
+/// store is dropped (as much as full fine-tuning's gradients), and the
+/// backward pass spends half its matrix work on them. This is the same
+/// product as `candle_nn::Linear` (to 1e-6 in f32, tested), computed by
+/// candle's own matmul in a custom op whose backward returns the input's
+/// gradient only. `x` is `(…, in)`, `weight` `(out, in)`, `bias` `(out)`.
+///
+/// ```
+/// use autobatch::ops::frozen_linear;
+/// use candle_core::{Device, Tensor, Var};
+///
+/// let weight = Tensor::ones((3, 4), candle_core::DType::F32, &Device::Cpu)?; // frozen: a plain tensor
+/// let x = Var::ones((2, 4), candle_core::DType::F32, &Device::Cpu)?;
+/// let y = frozen_linear(x.as_tensor(), &weight, None)?;
+/// let grads = y.sum_all()?.backward()?;
+/// assert!(grads.get(&x).is_some() && grads.get(&weight).is_none());
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn frozen_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (out_features, in_features) = weight.dims2()?;
+    let dims = x.dims();
+    let Some((&last, lead)) = dims.split_last() else {
+        candle_core::bail!("frozen_linear: the input is a scalar; it needs (…, {in_features})")
+    };
+    if last != in_features {
+        candle_core::bail!("frozen_linear: input of {last} features for a weight of {in_features} ({out_features} out)")
+    }
+    let rows = lead.iter().product::<usize>();
+    let flat = x.reshape((rows, in_features))?;
+    let product = flat.apply_op2(&weight.detach(), FrozenMatmul)?;
+    let mut shape = lead.to_vec();
+    shape.push(out_features);
+    let product = product.reshape(shape)?;
+    match bias {
+        Some(bias) => product.broadcast_add(&bias.detach()),
+        None => Ok(product),
+    }
+}
+
+/// `x · wᵀ` for `x` (rows, in) and a frozen `w` (out, in), by candle's matmul.
+struct FrozenMatmul;
+
+impl FrozenMatmul {
+    /// The product's arguments for candle's matmul: (batch, m, n, k) and the
+    /// layout of `wᵀ` (a transposed view: no copy).
+    fn arguments(l1: &candle_core::Layout, l2: &candle_core::Layout) -> Result<((usize, usize, usize, usize), candle_core::Layout)> {
+        let (rows, inner) = l1.shape().dims2()?;
+        let (out, inner2) = l2.shape().dims2()?;
+        if inner != inner2 {
+            candle_core::bail!("frozen_linear: inner dimensions {inner} and {inner2} differ")
+        }
+        Ok(((1, rows, out, inner), l2.transpose(0, 1)?))
+    }
+}
+
+impl candle_core::CustomOp2 for FrozenMatmul {
+    fn name(&self) -> &'static str {
+        "frozen-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::backend::BackendStorage;
+        let (bmnk, transposed) = Self::arguments(l1, l2)?;
+        Ok((s1.matmul(s2, bmnk, l1, &transposed)?, (bmnk.1, bmnk.2).into()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &candle_core::Layout,
+    ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        use candle_core::backend::BackendStorage;
+        let (bmnk, transposed) = Self::arguments(l1, l2)?;
+        Ok((s1.matmul(s2, bmnk, l1, &transposed)?, (bmnk.1, bmnk.2).into()))
+    }
+
+    /// The input's gradient, `grad · w`; none for the frozen weight.
+    fn bwd(&self, _x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(grad.matmul(w)?), None))
+    }
+}
+
+/// [`frozen_linear`] as a layer: a `candle_nn::Linear` whose weight and bias
+/// are frozen (read from a `VarBuilder` over checkpoint tensors, or detached).
+#[derive(Clone, Debug)]
+pub struct FrozenLinear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl FrozenLinear {
+    /// A frozen layer of `weight` (out, in) and `bias` (out); both are detached.
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> FrozenLinear {
+        FrozenLinear { weight: weight.detach(), bias: bias.map(|b| b.detach()) }
+    }
+
+    /// The frozen weight.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+}
+
+impl Module for FrozenLinear {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        frozen_linear(xs, &self.weight, self.bias.as_ref())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,5 +319,26 @@ mod tests {
         let loss = ours.forward(x.as_tensor()).unwrap().sqr().unwrap().sum_all().unwrap();
         let grads = loss.backward().unwrap();
         assert!(grads.get(&varmap.data().lock().unwrap()["rms.weight"]).is_some());
+    }
+
+    #[test]
+    fn a_frozen_linear_is_candles_linear_without_the_weights_gradient() {
+        for shape in [vec![5, 8], vec![2, 3, 8]] {
+            let x = var(&shape, 11);
+            let (weight, bias) = (var(&[6, 8], 12).as_tensor().detach(), var(&[6], 13).as_tensor().detach());
+            let plain = candle_nn::Linear::new(weight.clone(), Some(bias.clone()));
+            let frozen = FrozenLinear::new(weight.clone(), Some(bias.clone()));
+            let (a, b) = (frozen.forward(x.as_tensor()).unwrap(), plain.forward(x.as_tensor()).unwrap());
+            assert!(relative(&a, &b) < 1e-6, "{shape:?}: forward differs by {}", relative(&a, &b));
+            let weights = Tensor::from_vec(values(a.elem_count(), 14), a.shape(), &Device::Cpu).unwrap();
+            let ours = (a * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+            let theirs = (b * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+            assert!(relative(ours.get(&x).unwrap(), theirs.get(&x).unwrap()) < 1e-6, "{shape:?}: input gradients");
+            // candle's plain backward keeps the frozen weight's gradient; ours keeps none
+            assert!(theirs.get(&weight).is_some() && ours.get(&weight).is_none(), "{shape:?}");
+            assert!(ours.get(&bias).is_none());
+        }
+        let x = var(&[2, 7], 15);
+        assert!(frozen_linear(x.as_tensor(), &var(&[3, 8], 16).as_tensor().detach(), None).is_err());
     }
 }

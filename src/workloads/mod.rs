@@ -31,7 +31,7 @@
 mod convnet;
 mod footprint;
 mod mlp;
-mod params;
+pub(crate) mod params;
 mod transformer;
 
 use std::cell::RefCell;
@@ -144,7 +144,11 @@ pub(crate) fn default_adamw() -> ParamsAdamW {
 
 impl<M: Model> Trainer<M> {
     fn new(model: M, params: Params, dtype: DType, seed: u64) -> Result<Self, Error> {
-        let varmap = params.into_varmap();
+        Trainer::from_varmap(model, params.into_varmap(), dtype, seed)
+    }
+
+    /// A trainer of `model` whose trained variables are those of `varmap`.
+    pub(crate) fn from_varmap(model: M, varmap: VarMap, dtype: DType, seed: u64) -> Result<Self, Error> {
         let vars = crate::model::named_vars(&varmap);
         let by_kind = ByKind { kind: OptimizerKind::AdamW, mixed: false, adamw: default_adamw() };
         let optimizer = Shared::build(by_kind, vars.iter().map(|(_, var)| var.clone()).collect())?;

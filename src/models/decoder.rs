@@ -1,0 +1,179 @@
+//! The decoders of the Llama kind (`llama`, `mistral`, `qwen2`, `qwen3`): RMS
+//! norms, rotary positions, grouped-query attention, a SwiGLU MLP, the head
+//! tied to the embedding or not. Tensor names are the checkpoints'
+//! (`model.layers.0.self_attn.q_proj.weight`).
+
+use candle_core::{Module, Result, Tensor};
+
+use super::config::{AttentionBias, Config, Family};
+use super::layers::{attention, rotary_tables, rotate, split_heads, Layout, Norm, Proj};
+use super::lora::Lora;
+use super::weights::{Init, TensorSpec, Weights};
+
+const STD: f32 = 0.02;
+
+/// The checkpoint's tensors (the adapters' too, with `lora`).
+pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
+    let (h, q, kv, i) = (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
+    let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[config.vocab, h], Init::Normal(STD))];
+    for layer in 0..config.layers {
+        let at = |part: &str| format!("model.layers.{layer}.{part}");
+        let qkv_bias = config.attention_bias != AttentionBias::None;
+        for (name, out, input, bias) in [
+            ("self_attn.q_proj", q, h, qkv_bias),
+            ("self_attn.k_proj", kv, h, qkv_bias),
+            ("self_attn.v_proj", kv, h, qkv_bias),
+            ("self_attn.o_proj", h, q, config.attention_bias == AttentionBias::All),
+            ("mlp.gate_proj", i, h, config.mlp_bias),
+            ("mlp.up_proj", i, h, config.mlp_bias),
+            ("mlp.down_proj", h, i, config.mlp_bias),
+        ] {
+            specs.push(TensorSpec::new(at(&format!("{name}.weight")), &[out, input], Init::Normal(STD)));
+            if bias {
+                specs.push(TensorSpec::new(at(&format!("{name}.bias")), &[out], Init::Zeros));
+            }
+        }
+        if config.family == Family::Qwen3 {
+            specs.push(TensorSpec::new(at("self_attn.q_norm.weight"), &[config.head_dim], Init::Ones));
+            specs.push(TensorSpec::new(at("self_attn.k_norm.weight"), &[config.head_dim], Init::Ones));
+        }
+        specs.push(TensorSpec::new(at("input_layernorm.weight"), &[h], Init::Ones));
+        specs.push(TensorSpec::new(at("post_attention_layernorm.weight"), &[h], Init::Ones));
+    }
+    specs.push(TensorSpec::new("model.norm.weight", &[h], Init::Ones));
+    if !config.tie_embeddings {
+        specs.push(TensorSpec::new("lm_head.weight", &[config.vocab, h], Init::Normal(STD)));
+    }
+    specs
+}
+
+/// The modules LoRA can adapt, by checkpoint name, with their (out, in).
+pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
+    let (h, q, kv, i) = (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
+    (0..config.layers)
+        .flat_map(|layer| {
+            [
+                ("self_attn.q_proj", q, h),
+                ("self_attn.k_proj", kv, h),
+                ("self_attn.v_proj", kv, h),
+                ("self_attn.o_proj", h, q),
+                ("mlp.gate_proj", i, h),
+                ("mlp.up_proj", i, h),
+                ("mlp.down_proj", h, i),
+            ]
+            .into_iter()
+            .map(move |(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
+        })
+        .collect()
+}
+
+struct Block {
+    input_norm: Norm,
+    q: Proj,
+    k: Proj,
+    v: Proj,
+    o: Proj,
+    q_norm: Option<Norm>,
+    k_norm: Option<Norm>,
+    post_norm: Norm,
+    gate: Proj,
+    up: Proj,
+    down: Proj,
+}
+
+/// A decoder of the Llama kind over its weights.
+pub(crate) struct Decoder {
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Norm,
+    head: Proj,
+    inverse_frequencies: Vec<f64>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Decoder {
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>) -> Result<Decoder> {
+        let eps = config.norm_eps;
+        let mut blocks = Vec::with_capacity(config.layers);
+        for layer in 0..config.layers {
+            let at = |part: &str| format!("model.layers.{layer}.{part}");
+            let proj = |part: &str| Proj::new(weights, &at(part), Layout::OutIn, lora);
+            let qk_norm = config.family == Family::Qwen3;
+            blocks.push(Block {
+                input_norm: Norm::rms(weights, &at("input_layernorm"), eps)?,
+                q: proj("self_attn.q_proj")?,
+                k: proj("self_attn.k_proj")?,
+                v: proj("self_attn.v_proj")?,
+                o: proj("self_attn.o_proj")?,
+                q_norm: qk_norm.then(|| Norm::rms(weights, &at("self_attn.q_norm"), eps)).transpose()?,
+                k_norm: qk_norm.then(|| Norm::rms(weights, &at("self_attn.k_norm"), eps)).transpose()?,
+                post_norm: Norm::rms(weights, &at("post_attention_layernorm"), eps)?,
+                gate: proj("mlp.gate_proj")?,
+                up: proj("mlp.up_proj")?,
+                down: proj("mlp.down_proj")?,
+            });
+        }
+        let head_name = if config.tie_embeddings { "model.embed_tokens" } else { "lm_head" };
+        Ok(Decoder {
+            embed: weights.get("model.embed_tokens.weight")?,
+            blocks,
+            norm: Norm::rms(weights, "model.norm", eps)?,
+            head: Proj::new(weights, head_name, Layout::OutIn, None)?,
+            inverse_frequencies: inverse_frequencies(config),
+            heads: config.heads,
+            kv_heads: config.kv_heads,
+            head_dim: config.head_dim,
+        })
+    }
+
+    /// The logits `(b, s, vocab)` of token ids `(b, s)`.
+    pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, s) = ids.dims2()?;
+        let hidden = self.embed.dim(1)?;
+        let mut xs = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, hidden))?;
+        let (cos, sin) = rotary_tables(&self.inverse_frequencies, s, xs.dtype(), xs.device())?;
+        for block in &self.blocks {
+            let h = block.input_norm.forward(&xs)?;
+            let mut q = split_heads(&block.q.forward(&h)?, self.heads, self.head_dim)?;
+            let mut k = split_heads(&block.k.forward(&h)?, self.kv_heads, self.head_dim)?;
+            let v = split_heads(&block.v.forward(&h)?, self.kv_heads, self.head_dim)?;
+            if let (Some(q_norm), Some(k_norm)) = (&block.q_norm, &block.k_norm) {
+                q = q_norm.forward(&q)?;
+                k = k_norm.forward(&k)?;
+            }
+            let (q, k) = (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?);
+            xs = (xs + block.o.forward(&attention(&q, &k, &v, true)?)?)?;
+            let h = block.post_norm.forward(&xs)?;
+            let mlp = (block.gate.forward(&h)?.silu()? * block.up.forward(&h)?)?;
+            xs = (xs + block.down.forward(&mlp)?)?;
+        }
+        self.head.forward(&self.norm.forward(&xs)?)
+    }
+}
+
+/// `1 / θ^(2i/d)` for each pair of a head's dimensions, with Llama 3's
+/// scaling when the config has it (long wavelengths divided by `factor`,
+/// short ones kept, a smooth blend between).
+fn inverse_frequencies(config: &Config) -> Vec<f64> {
+    let d = config.head_dim;
+    let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / config.rope_theta.powf(2.0 * i as f64 / d as f64)).collect();
+    let Some(scaling) = config.rope_scaling else { return base };
+    let old = scaling.original_max_position_embeddings as f64;
+    let (low_wavelength, high_wavelength) = (old / scaling.low_freq_factor, old / scaling.high_freq_factor);
+    base.into_iter()
+        .map(|frequency| {
+            let wavelength = 2.0 * std::f64::consts::PI / frequency;
+            if wavelength < high_wavelength {
+                frequency
+            } else if wavelength > low_wavelength {
+                frequency / scaling.factor
+            } else {
+                let smooth = (old / wavelength - scaling.low_freq_factor)
+                    / (scaling.high_freq_factor - scaling.low_freq_factor);
+                (1.0 - smooth) * frequency / scaling.factor + smooth * frequency
+            }
+        })
+        .collect()
+}

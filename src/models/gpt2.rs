@@ -1,0 +1,111 @@
+//! GPT-2 (`gpt2`): learned positions, pre-norm blocks with layer norms and
+//! biases, `Conv1D` weights stored `(in, out)`, a `gelu_new` MLP, the head
+//! tied to the token embedding. Tensor names are the checkpoint's
+//! (`h.0.attn.c_attn.weight`).
+
+use candle_core::{Module, Result, Tensor};
+
+use super::config::Config;
+use super::layers::{attention, gelu_tanh, split_heads, Layout, Norm, Proj};
+use super::lora::Lora;
+use super::weights::{Init, TensorSpec, Weights};
+
+const STD: f32 = 0.02;
+
+pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
+    let (h, i) = (config.hidden, config.intermediate);
+    let mut specs = vec![
+        TensorSpec::new("wte.weight", &[config.vocab, h], Init::Normal(STD)),
+        TensorSpec::new("wpe.weight", &[config.max_positions, h], Init::Normal(STD)),
+    ];
+    for layer in 0..config.layers {
+        let at = |part: &str| format!("h.{layer}.{part}");
+        for norm in ["ln_1", "ln_2"] {
+            specs.push(TensorSpec::new(at(&format!("{norm}.weight")), &[h], Init::Ones));
+            specs.push(TensorSpec::new(at(&format!("{norm}.bias")), &[h], Init::Zeros));
+        }
+        for (name, input, out) in [("attn.c_attn", h, 3 * h), ("attn.c_proj", h, h), ("mlp.c_fc", h, i), ("mlp.c_proj", i, h)]
+        {
+            specs.push(TensorSpec::new(at(&format!("{name}.weight")), &[input, out], Init::Normal(STD)));
+            specs.push(TensorSpec::new(at(&format!("{name}.bias")), &[out], Init::Zeros));
+        }
+    }
+    specs.push(TensorSpec::new("ln_f.weight", &[h], Init::Ones));
+    specs.push(TensorSpec::new("ln_f.bias", &[h], Init::Zeros));
+    specs
+}
+
+/// The modules LoRA can adapt, with their (out, in).
+pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
+    let (h, i) = (config.hidden, config.intermediate);
+    (0..config.layers)
+        .flat_map(|layer| {
+            [("attn.c_attn", 3 * h, h), ("attn.c_proj", h, h), ("mlp.c_fc", i, h), ("mlp.c_proj", h, i)]
+                .into_iter()
+                .map(move |(name, out, input)| (format!("h.{layer}.{name}"), out, input))
+        })
+        .collect()
+}
+
+struct Block {
+    ln_1: Norm,
+    c_attn: Proj,
+    attn_proj: Proj,
+    ln_2: Norm,
+    c_fc: Proj,
+    mlp_proj: Proj,
+}
+
+pub(crate) struct Gpt2 {
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: Norm,
+    head: Proj,
+    heads: usize,
+}
+
+impl Gpt2 {
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>) -> Result<Gpt2> {
+        let eps = config.norm_eps;
+        let mut blocks = Vec::with_capacity(config.layers);
+        for layer in 0..config.layers {
+            let at = |part: &str| format!("h.{layer}.{part}");
+            let proj = |part: &str| Proj::new(weights, &at(part), Layout::InOut, lora);
+            blocks.push(Block {
+                ln_1: Norm::layer(weights, &at("ln_1"), eps)?,
+                c_attn: proj("attn.c_attn")?,
+                attn_proj: proj("attn.c_proj")?,
+                ln_2: Norm::layer(weights, &at("ln_2"), eps)?,
+                c_fc: proj("mlp.c_fc")?,
+                mlp_proj: proj("mlp.c_proj")?,
+            });
+        }
+        Ok(Gpt2 {
+            wte: weights.get("wte.weight")?,
+            wpe: weights.get("wpe.weight")?,
+            blocks,
+            ln_f: Norm::layer(weights, "ln_f", eps)?,
+            // the head is the token embedding, (vocab, hidden) as a Linear reads it
+            head: Proj::new(weights, "wte", Layout::OutIn, None)?,
+            heads: config.heads,
+        })
+    }
+
+    pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, s) = ids.dims2()?;
+        let hidden = self.wte.dim(1)?;
+        let tokens = self.wte.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, hidden))?;
+        let mut xs = tokens.broadcast_add(&self.wpe.narrow(0, 0, s)?)?;
+        let head_dim = hidden / self.heads;
+        for block in &self.blocks {
+            let qkv = block.c_attn.forward(&block.ln_1.forward(&xs)?)?;
+            let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
+            let attended = attention(&part(0)?, &part(1)?, &part(2)?, true)?;
+            xs = (xs + block.attn_proj.forward(&attended)?)?;
+            let mlp = gelu_tanh(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?)?;
+            xs = (xs + block.mlp_proj.forward(&mlp)?)?;
+        }
+        self.head.forward(&self.ln_f.forward(&xs)?)
+    }
+}

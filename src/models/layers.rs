@@ -1,0 +1,172 @@
+//! The pieces every family is made of, each differentiable: projections
+//! (trained, frozen or with LoRA adapters), norms, rotary tables and
+//! attention.
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+
+use super::lora::{Lora, LoraLinear};
+use super::weights::Weights;
+use crate::ops::{frozen_linear, layer_norm, rms_norm, rope, softmax_last_dim};
+
+/// A weight's layout in its checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// `(out, in)`: `nn.Linear`.
+    OutIn,
+    /// `(in, out)`: GPT-2's `Conv1D`.
+    InOut,
+}
+
+/// A projection `x · Wᵀ + b` over the weight of a checkpoint module.
+#[derive(Clone, Debug)]
+pub(crate) enum Proj {
+    /// Both trained (full fine-tuning).
+    Trained { weight: Tensor, bias: Option<Tensor> },
+    /// Frozen: the backward pass gives the input its gradient, the weight none.
+    Frozen { weight: Tensor, bias: Option<Tensor> },
+    /// Frozen, with LoRA adapters that train.
+    Lora(LoraLinear),
+}
+
+impl Proj {
+    /// The projection of module `name` (`{name}.weight`, `{name}.bias` if any):
+    /// trained when its weight is a variable, with adapters when `lora` targets it.
+    pub(crate) fn new(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>) -> Result<Proj> {
+        let stored = weights.get(&format!("{name}.weight"))?;
+        // as (out, in): a transposed view of a Conv1D weight, no copy
+        let weight = match layout {
+            Layout::OutIn => stored,
+            Layout::InOut => stored.t()?,
+        };
+        let bias = weights.maybe(&format!("{name}.bias"));
+        if weights.is_trained(&format!("{name}.weight")) {
+            return Ok(Proj::Trained { weight, bias });
+        }
+        match lora.filter(|lora| lora.targets(name)) {
+            Some(lora) => {
+                let a = weights.get(&format!("{name}.lora_A.weight"))?;
+                let b = weights.get(&format!("{name}.lora_B.weight"))?;
+                Ok(Proj::Lora(LoraLinear::new(weight, bias, a, b, lora.scale(), lora.dropout)))
+            }
+            None => Ok(Proj::Frozen { weight, bias }),
+        }
+    }
+}
+
+impl Module for Proj {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        match self {
+            Proj::Trained { weight, bias } => {
+                let (out, input) = weight.dims2()?;
+                let lead = &xs.dims()[..xs.rank() - 1];
+                let rows = lead.iter().product::<usize>();
+                let product = xs.reshape((rows, input))?.matmul(&weight.t()?)?;
+                let mut shape = lead.to_vec();
+                shape.push(out);
+                let product = product.reshape(shape)?;
+                match bias {
+                    Some(bias) => product.broadcast_add(bias),
+                    None => Ok(product),
+                }
+            }
+            Proj::Frozen { weight, bias } => frozen_linear(xs, weight, bias.as_ref()),
+            Proj::Lora(lora) => lora.forward(xs),
+        }
+    }
+}
+
+/// A norm over the last dimension: RMS (Llama) or layer norm (GPT-2, BERT).
+#[derive(Clone, Debug)]
+pub(crate) enum Norm {
+    Rms { weight: Tensor, eps: f32 },
+    Layer { weight: Tensor, bias: Tensor, eps: f32 },
+}
+
+impl Norm {
+    pub(crate) fn rms(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
+        Ok(Norm::Rms { weight: weights.get(&format!("{name}.weight"))?, eps: eps as f32 })
+    }
+
+    pub(crate) fn layer(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
+        let (weight, bias) = (weights.get(&format!("{name}.weight"))?, weights.get(&format!("{name}.bias"))?);
+        Ok(Norm::Layer { weight, bias, eps: eps as f32 })
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Rms { weight, eps } => rms_norm(xs, weight, *eps),
+            Norm::Layer { weight, bias, eps } => layer_norm(xs, weight, bias, *eps),
+        }
+    }
+}
+
+/// Rotary tables for positions `0..seq_len`: cos and sin of `(seq_len, head_dim / 2)`.
+pub(crate) fn rotary_tables(
+    inverse_frequencies: &[f64],
+    seq_len: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = inverse_frequencies.len();
+    let angles: Vec<f32> = (0..seq_len)
+        .flat_map(|position| inverse_frequencies.iter().map(move |f| (position as f64 * f) as f32))
+        .collect();
+    let angles = Tensor::from_vec(angles, (seq_len, half), device)?;
+    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+}
+
+/// Multi-head attention of `q` `(b, heads, s, d)` over `k`, `v` `(b, kv_heads,
+/// s, d)` (grouped: each kv head serves `heads / kv_heads` query heads),
+/// causal or not; returns `(b, s, heads · d)`.
+pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+    let (b, heads, s, d) = q.dims4()?;
+    let kv_heads = k.dim(1)?;
+    let (k, v) = (repeat_kv(k, heads / kv_heads)?, repeat_kv(v, heads / kv_heads)?);
+    let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
+    let scores = if causal { scores.broadcast_add(&causal_mask(s, q.dtype(), q.device())?)? } else { scores };
+    let weights = softmax_last_dim(&scores)?;
+    weights.matmul(&v)?.transpose(1, 2)?.reshape((b, s, heads * d))
+}
+
+/// `(b, kv_heads, s, d)` → `(b, kv_heads · n, s, d)`, each kv head repeated `n` times.
+fn repeat_kv(xs: &Tensor, n: usize) -> Result<Tensor> {
+    if n == 1 {
+        return Ok(xs.clone());
+    }
+    let (b, kv_heads, s, d) = xs.dims4()?;
+    xs.unsqueeze(2)?.expand((b, kv_heads, n, s, d))?.reshape((b, kv_heads * n, s, d))
+}
+
+/// 0 on and below the diagonal, −∞ above: what a causal score adds.
+fn causal_mask(s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+    Tensor::from_vec(mask, (s, s), device)?.to_dtype(dtype)
+}
+
+/// `(b, s, heads · d)` → `(b, heads, s, d)`.
+pub(crate) fn split_heads(xs: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
+    let (b, s, _) = xs.dims3()?;
+    xs.reshape((b, s, heads, head_dim))?.transpose(1, 2)?.contiguous()
+}
+
+/// Rotary positions on `(b, heads, s, d)`, the halves rotated (Hugging Face's `rotate_half`).
+pub(crate) fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    rope(xs, cos, sin)
+}
+
+/// Mean cross-entropy in f32 of `logits` `(n, classes)` against `targets` `(n)`.
+pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
+}
+
+/// GPT-2's `gelu_new`: the tanh approximation.
+pub(crate) fn gelu_tanh(xs: &Tensor) -> Result<Tensor> {
+    xs.gelu()
+}
+
+/// BERT's `gelu`: the exact, erf form.
+pub(crate) fn gelu_erf(xs: &Tensor) -> Result<Tensor> {
+    xs.gelu_erf()
+}

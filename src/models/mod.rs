@@ -1,0 +1,425 @@
+//! The architectures people fine-tune, built from a Hugging Face
+//! `config.json`: Llama (2, 3, 3.1, 3.2, TinyLlama, SmolLM), Mistral, Qwen2,
+//! Qwen3, GPT-2 and BERT, every op differentiable, their tensors named as in
+//! the checkpoint (`model.layers.0.self_attn.q_proj.weight`), filled with
+//! deterministic values (a step's memory does not depend on them).
+//!
+//! A [`Pretrained`] model is a user's model for the rest of the crate: a
+//! `VarMap` of what trains (every tensor, or with [`Lora`] the adapters
+//! alone, the base frozen and kept out of the gradients) and a loss over
+//! deterministic token ids, the loss people train it with (next-token cross
+//! entropy for the decoders, masked-LM or classification for BERT). Probe it
+//! with [`ModelProbe`](crate::ModelProbe), train it with
+//! [`TrainLoop`](crate::TrainLoop), or hand it to
+//! [`into_trainer`](Pretrained::into_trainer) for the reference models' engine
+//! (what `autobatch probe --config` runs).
+//!
+//! ```
+//! # #[global_allocator]
+//! # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+//! use autobatch::models::{Config, Pretrained, Training};
+//! use autobatch::{HeapMeter, ModelProbe, Tuner};
+//!
+//! let config = Config::from_json(r#"{
+//!     "model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+//!     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+//!     "tie_word_embeddings": true
+//! }"#)?;
+//! assert_eq!(config.parameter_count(), 256 * 64 + 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64);
+//! let model = Pretrained::build(&config, &Training::new(32), &candle_core::Device::Cpu)?;
+//! let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0)).adamw(Default::default())?;
+//! let plan = Tuner::new().max_batch(64).run(&mut probe, &mut HeapMeter::with_room(8 << 20, 0.9)?)?;
+//! assert!(plan.largest_batch >= 1);
+//! # Ok::<(), autobatch::Error>(())
+//! ```
+
+mod bert;
+mod config;
+mod decoder;
+mod gpt2;
+mod layers;
+mod lora;
+mod weights;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarMap;
+
+pub use config::{AttentionBias, BertHead, Config, Family, Llama3Rope};
+pub use lora::{Lora, LoraLinear};
+
+use crate::workloads::params::Rng;
+use crate::workloads::{Footprint, Model, Trainer};
+use crate::Error;
+use weights::{Init, TensorSpec, Weights};
+
+/// How a model is trained: the sequence length, the dtype, full fine-tuning
+/// or LoRA, the seed of its weights and data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Training {
+    /// Tokens per sample: probe at the longest training will see.
+    pub seq_len: usize,
+    /// The dtype of weights, gradients and activations; `None`: the config's
+    /// `torch_dtype` (f16 is trained in bf16).
+    pub dtype: Option<DType>,
+    /// LoRA adapters, the base frozen; `None`: every tensor trains.
+    pub lora: Option<Lora>,
+    /// The seed of the weights and the token ids.
+    pub seed: u64,
+}
+
+impl Training {
+    /// Full fine-tuning at `seq_len` tokens, in the config's dtype.
+    pub fn new(seq_len: usize) -> Training {
+        Training { seq_len, dtype: None, lora: None, seed: 0 }
+    }
+
+    /// With LoRA adapters.
+    pub fn lora(mut self, lora: Lora) -> Training {
+        self.lora = Some(lora);
+        self
+    }
+
+    /// In `dtype` (f32 or bf16).
+    pub fn dtype(mut self, dtype: DType) -> Training {
+        self.dtype = Some(dtype);
+        self
+    }
+}
+
+impl Config {
+    /// The checkpoint's tensors, names and shapes, as [`Pretrained::build`] makes them.
+    fn tensors(&self) -> Vec<TensorSpec> {
+        match self.family {
+            Family::Gpt2 => gpt2::tensors(self),
+            Family::Bert => bert::tensors(self),
+            _ => decoder::tensors(self),
+        }
+    }
+
+    /// The model's parameters, counted from the config without allocating:
+    /// every tensor of the checkpoint once (a tied head is the embedding).
+    ///
+    /// ```
+    /// let gpt2 = autobatch::models::Config::from_json(
+    ///     r#"{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024}"#,
+    /// )?;
+    /// assert_eq!(gpt2.parameter_count(), 124_439_808);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn parameter_count(&self) -> u64 {
+        self.tensors().iter().map(TensorSpec::elements).sum()
+    }
+
+    /// The projections LoRA can adapt: checkpoint names with (out, in).
+    fn projections(&self) -> Vec<(String, usize, usize)> {
+        match self.family {
+            Family::Gpt2 => gpt2::projections(self),
+            Family::Bert => bert::projections(self),
+            _ => decoder::projections(self),
+        }
+    }
+
+    /// The module names LoRA can target in this family.
+    pub fn lora_modules(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for (name, _, _) in self.projections() {
+            let module = name.rsplit('.').next().unwrap_or(&name).to_owned();
+            if !names.contains(&module) {
+                names.push(module);
+            }
+        }
+        names
+    }
+
+    /// The adapters `lora` adds: `{module}.lora_A.weight` `(r, in)` and
+    /// `{module}.lora_B.weight` `(out, r)` for each module it targets.
+    fn adapters(&self, lora: &Lora) -> Result<Vec<TensorSpec>, Error> {
+        if lora.rank == 0 {
+            return Err(Error::UnsupportedConfig {
+                field: "lora rank".into(),
+                value: "0".into(),
+                valid: "at least 1".into(),
+            });
+        }
+        let valid = self.lora_modules();
+        if let Some(unknown) = lora.targets.iter().find(|target| !valid.contains(target)) {
+            return Err(Error::UnsupportedConfig {
+                field: "lora targets".into(),
+                value: unknown.clone(),
+                valid: format!("modules of a {} layer: {}", self.family.model_type(), valid.join(", ")),
+            });
+        }
+        if lora.targets.is_empty() {
+            return Err(Error::UnsupportedConfig {
+                field: "lora targets".into(),
+                value: "none".into(),
+                valid: format!("one or more of {}", valid.join(", ")),
+            });
+        }
+        let mut specs = Vec::new();
+        for (name, out, input) in self.projections().into_iter().filter(|(name, _, _)| lora.targets(name)) {
+            let std = 1.0 / (input as f32).sqrt();
+            specs.push(TensorSpec::new(format!("{name}.lora_A.weight"), &[lora.rank, input], Init::Normal(std)));
+            specs.push(TensorSpec::new(format!("{name}.lora_B.weight"), &[out, lora.rank], Init::Zeros));
+        }
+        Ok(specs)
+    }
+
+    /// What a step of this model surely needs, from the config alone: the
+    /// weights, and for what trains its gradient and two AdamW moments; per
+    /// sample, one layer's attention scores and the logits in f32. What
+    /// decides, before anything is allocated, that not even batch 1 fits.
+    pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
+        let dtype = training.dtype.unwrap_or(self.dtype).size_in_bytes() as u64;
+        let base = self.parameter_count();
+        let trained = match &training.lora {
+            Some(lora) => self.adapters(lora)?.iter().map(TensorSpec::elements).sum(),
+            None => base,
+        };
+        // the base is frozen under LoRA: its weights alone, no gradient, no moments
+        let frozen = if training.lora.is_some() { base } else { 0 };
+        let overflow = || Error::ByteOverflow { what: format!("the tensors of {}", self.describe(training)) };
+        let fixed = frozen
+            .checked_mul(dtype)
+            .and_then(|bytes| trained.checked_mul(4 * dtype).and_then(|t| t.checked_add(bytes)))
+            .ok_or_else(overflow)?;
+        let s = training.seq_len as u64;
+        let outputs = match (self.family, self.bert_head) {
+            (Family::Bert, BertHead::Classification { labels }) => labels as u64,
+            _ => s * self.vocab as u64,
+        };
+        let per_sample = (2 * self.heads as u64 * s * s * dtype).checked_add(outputs * 4).ok_or_else(overflow)?;
+        Ok(Footprint {
+            model: self.describe(training),
+            parameters: trained,
+            fixed_bytes: fixed,
+            min_bytes_per_sample: per_sample,
+        })
+    }
+
+    /// `llama(vocab 128256, hidden 2048, layers 16, heads 32/8, seq-len 512, bf16, LoRA r 8 on q_proj,v_proj)`.
+    pub fn describe(&self, training: &Training) -> String {
+        let dtype = training.dtype.unwrap_or(self.dtype);
+        let heads = if self.kv_heads == self.heads {
+            self.heads.to_string()
+        } else {
+            format!("{}/{}", self.heads, self.kv_heads)
+        };
+        let lora = match &training.lora {
+            Some(lora) => format!(", LoRA r {} on {}", lora.rank, lora.targets.join(",")),
+            None => String::new(),
+        };
+        format!(
+            "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora})",
+            self.family.model_type(),
+            self.vocab,
+            self.hidden,
+            self.layers,
+            training.seq_len,
+            dtype.as_str()
+        )
+    }
+}
+
+/// The network of one family over its weights.
+enum Network {
+    Decoder(decoder::Decoder),
+    Gpt2(gpt2::Gpt2),
+    Bert(bert::Bert),
+}
+
+impl Network {
+    fn new(config: &Config, weights: &Weights, lora: Option<&Lora>) -> candle_core::Result<Network> {
+        Ok(match config.family {
+            Family::Gpt2 => Network::Gpt2(gpt2::Gpt2::new(config, weights, lora)?),
+            Family::Bert => Network::Bert(bert::Bert::new(config, weights, lora)?),
+            _ => Network::Decoder(decoder::Decoder::new(config, weights, lora)?),
+        })
+    }
+}
+
+/// A model built from its config, with deterministic weights: a `VarMap` of
+/// what trains and the loss it trains with (see the [module](self) docs).
+pub struct Pretrained {
+    config: Config,
+    training: Training,
+    weights: Weights,
+    network: Network,
+    dtype: DType,
+    device: Device,
+    /// The sequence length it was built for: the longest it steps at.
+    longest: usize,
+}
+
+impl Pretrained {
+    /// Builds `config` for `training` on `device`. Refused before anything
+    /// is allocated: a sequence past the model's positions or its sliding
+    /// window, an unknown LoRA target, a dtype other than f32 or bf16.
+    pub fn build(config: &Config, training: &Training, device: &Device) -> Result<Pretrained, Error> {
+        config.check_seq_len(training.seq_len)?;
+        let dtype = training.dtype.unwrap_or(config.dtype);
+        crate::workloads::check_dtype(dtype)?;
+        let mut specs = config.tensors();
+        let trains_everything = training.lora.is_none();
+        if let Some(lora) = &training.lora {
+            specs.extend(config.adapters(lora)?);
+        }
+        let weights = Weights::build(&specs, training.seed, dtype, device, |name| {
+            trains_everything || name.contains(".lora_")
+        })?;
+        let network = Network::new(config, &weights, training.lora.as_ref())?;
+        Ok(Pretrained {
+            config: config.clone(),
+            training: training.clone(),
+            weights,
+            network,
+            dtype,
+            device: device.clone(),
+            longest: training.seq_len,
+        })
+    }
+
+    /// What trains: every tensor, or the LoRA adapters alone.
+    pub fn varmap(&self) -> &VarMap {
+        &self.weights.varmap
+    }
+
+    /// The config it was built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The sequence length its steps run at.
+    pub fn seq_len(&self) -> usize {
+        self.training.seq_len
+    }
+
+    /// The logits of token ids `(b, s)`: `(b, s, vocab)`, or `(b, labels)`
+    /// for a BERT classifier.
+    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        match &self.network {
+            Network::Decoder(network) => network.forward(ids),
+            Network::Gpt2(network) => network.forward(ids),
+            Network::Bert(network) => network.forward(ids),
+        }
+    }
+
+    /// The mean loss of `batch` samples drawn from `data_seed` (the same seed,
+    /// the same samples): next-token cross entropy for a decoder, masked-LM
+    /// (15% of the tokens masked) or classification for BERT; in f32.
+    pub fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
+        let (s, vocab) = (self.training.seq_len, self.config.vocab);
+        let mut rng = Rng::new(data_seed);
+        let mut token = || rng.below(vocab) as u32;
+        match &self.network {
+            Network::Bert(network) => {
+                let ids: Vec<u32> = (0..batch * s).map(|_| token()).collect();
+                if !network.predicts_tokens() {
+                    let BertHead::Classification { labels } = self.config.bert_head else { unreachable!() };
+                    let logits = network.forward(&Tensor::from_vec(ids, (batch, s), &self.device)?)?;
+                    let classes: Vec<u32> = (0..batch).map(|i| (i % labels) as u32).collect();
+                    return layers::cross_entropy(&logits, &Tensor::from_vec(classes, batch, &self.device)?);
+                }
+                // every sample's first token and about 15% of the rest are masked
+                let mask_id = if vocab > 103 { 103 } else { vocab as u32 - 1 };
+                let mut rng = Rng::new(data_seed ^ 0x4d41_534b);
+                let masked: Vec<u32> =
+                    (0..batch * s).filter(|&i| i % s == 0 || rng.below(100) < 15).map(|i| i as u32).collect();
+                let targets: Vec<u32> = masked.iter().map(|&i| ids[i as usize]).collect();
+                let mut input = ids;
+                for &i in &masked {
+                    input[i as usize] = mask_id;
+                }
+                let logits = network.forward(&Tensor::from_vec(input, (batch, s), &self.device)?)?;
+                let count = masked.len();
+                bert::masked_lm_loss(
+                    &logits.reshape((batch * s, vocab))?,
+                    &Tensor::from_vec(masked, count, &self.device)?,
+                    &Tensor::from_vec(targets, count, &self.device)?,
+                )
+            }
+            _ => {
+                // s + 1 tokens a sample: the inputs, and the next token of each as its target
+                let tokens: Vec<u32> = (0..batch * (s + 1)).map(|_| token()).collect();
+                let tokens = Tensor::from_vec(tokens, (batch, s + 1), &self.device)?;
+                let (input, targets) = (tokens.narrow(1, 0, s)?, tokens.narrow(1, 1, s)?);
+                let logits = self.forward(&input.contiguous()?)?;
+                layers::cross_entropy(&logits.reshape((batch * s, vocab))?, &targets.flatten_all()?)
+            }
+        }
+    }
+
+    /// The model in the reference models' engine: a [`Workload`](crate::Workload)
+    /// whose probe changes nothing and a training loop with one optimizer
+    /// (AdamW by default), resizable to any sequence length up to the one it
+    /// was built for. What `autobatch probe --config` tunes.
+    pub fn into_trainer(self) -> Result<Trainer<Pretrained>, Error> {
+        let (varmap, dtype, seed) = (self.weights.varmap.clone(), self.dtype, self.training.seed);
+        Trainer::from_varmap(self, varmap, dtype, seed)
+    }
+
+    /// Steps at `seq_len` tokens from now on (at most the length built for).
+    pub fn set_seq_len(&mut self, seq_len: usize) -> Result<(), Error> {
+        if seq_len == 0 || seq_len > self.longest {
+            return Err(Error::InvalidModel {
+                setting: "seq_len",
+                value: seq_len,
+                valid: format!("from 1 to the sequence length the model was built for, {}", self.longest),
+            });
+        }
+        self.training.seq_len = seq_len;
+        Ok(())
+    }
+
+    /// The sequence length it was built for.
+    pub fn longest_seq_len(&self) -> usize {
+        self.longest
+    }
+}
+
+impl Model for Pretrained {
+    fn describe(&self) -> String {
+        self.config.describe(&self.training)
+    }
+
+    fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
+        Pretrained::loss(self, batch, data_seed)
+    }
+
+    fn transformer(&self) -> Option<crate::estimate::TransformerActivations> {
+        let shape = crate::estimate::TransformerShape {
+            layers: self.config.layers as u64,
+            hidden: self.config.hidden as u64,
+            heads: self.config.heads as u64,
+            seq_len: self.training.seq_len as u64,
+            batch: 1,
+        };
+        Some(crate::estimate::TransformerActivations { shape, recompute: crate::estimate::Recompute::None })
+    }
+
+    fn detached(&self) -> Pretrained {
+        let weights = self.weights.detached();
+        let network = Network::new(&self.config, &weights, self.training.lora.as_ref())
+            .expect("the same weights build the same network");
+        Pretrained {
+            config: self.config.clone(),
+            training: self.training.clone(),
+            weights,
+            network,
+            dtype: self.dtype,
+            device: self.device.clone(),
+            longest: self.longest,
+        }
+    }
+}
+
+/// Steps at any sequence length from 1 to the one the model was built for.
+impl crate::Resizable for Trainer<Pretrained> {
+    fn resize(&mut self, size: usize) -> Result<(), Error> {
+        self.model_mut().set_seq_len(size)
+    }
+
+    fn size(&self) -> usize {
+        self.model().seq_len()
+    }
+}

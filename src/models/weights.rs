@@ -1,0 +1,104 @@
+//! A model's tensors by their checkpoint names: listed once per family (the
+//! parameter count and the build read the same list), filled with
+//! deterministic values, and split into the variables that train and the
+//! frozen tensors that do not.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+
+use crate::workloads::params::Rng;
+
+/// How a tensor starts (memory does not depend on the values; training
+/// from them should still work).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Init {
+    /// N(0, std²).
+    Normal(f32),
+    /// All ones (norm weights).
+    Ones,
+    /// All zeros (biases, LoRA's B).
+    Zeros,
+}
+
+/// One tensor of a checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct TensorSpec {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) init: Init,
+}
+
+impl TensorSpec {
+    pub(crate) fn new(name: impl Into<String>, shape: &[usize], init: Init) -> TensorSpec {
+        TensorSpec { name: name.into(), shape: shape.to_vec(), init }
+    }
+
+    pub(crate) fn elements(&self) -> u64 {
+        self.shape.iter().map(|&d| d as u64).product()
+    }
+}
+
+/// The tensors of a built model by name: trained ones are variables (in the
+/// `VarMap` the probe and training see), frozen ones plain tensors.
+pub(crate) struct Weights {
+    tensors: HashMap<String, Tensor>,
+    pub(crate) varmap: VarMap,
+}
+
+impl Weights {
+    /// Fills `specs` from `seed` in `dtype` on `device`; those `trained` says
+    /// become variables of the `VarMap`.
+    pub(crate) fn build(
+        specs: &[TensorSpec],
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+        trained: impl Fn(&str) -> bool,
+    ) -> candle_core::Result<Weights> {
+        let mut rng = Rng::new(seed);
+        let varmap = VarMap::new();
+        let mut tensors = HashMap::with_capacity(specs.len());
+        for spec in specs {
+            let count = spec.shape.iter().product::<usize>();
+            let values = match spec.init {
+                Init::Normal(std) => Tensor::from_vec(rng.normals(count, std), spec.shape.as_slice(), device)?,
+                Init::Ones => Tensor::ones(spec.shape.as_slice(), DType::F32, device)?,
+                Init::Zeros => Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?,
+            }
+            .to_dtype(dtype)?;
+            let tensor = if trained(&spec.name) {
+                let var = Var::from_tensor(&values)?;
+                let tensor = var.as_tensor().clone();
+                varmap.data().lock().expect("a new VarMap is not poisoned").insert(spec.name.clone(), var);
+                tensor
+            } else {
+                values.detach()
+            };
+            tensors.insert(spec.name.clone(), tensor);
+        }
+        Ok(Weights { tensors, varmap })
+    }
+
+    /// The tensor `name`.
+    pub(crate) fn get(&self, name: &str) -> candle_core::Result<Tensor> {
+        self.tensors.get(name).cloned().ok_or_else(|| candle_core::Error::Msg(format!("no tensor {name}")))
+    }
+
+    /// The tensor `name`, if the model has one.
+    pub(crate) fn maybe(&self, name: &str) -> Option<Tensor> {
+        self.tensors.get(name).cloned()
+    }
+
+    /// Whether `name` trains (is a variable).
+    pub(crate) fn is_trained(&self, name: &str) -> bool {
+        self.varmap.data().lock().expect("the VarMap is not poisoned").contains_key(name)
+    }
+
+    /// The same weights detached from the variables (an evaluation copy).
+    pub(crate) fn detached(&self) -> Weights {
+        let tensors = self.tensors.iter().map(|(name, tensor)| (name.clone(), tensor.detach())).collect();
+        Weights { tensors, varmap: self.varmap.clone() }
+    }
+}
