@@ -19,7 +19,7 @@ const LEAVES: [&str; 7] =
 /// it (the design's order: search below plan below tuner; the reference
 /// models built on the user-facing `model` layer like a user's, and so below
 /// the tuner that probes them, as it probes a user's).
-const ORDER: [&str; 23] = [
+const ORDER: [&str; 24] = [
     "units",
     "vocabulary",
     "splitmix",
@@ -42,6 +42,7 @@ const ORDER: [&str; 23] = [
     "headroom",
     "model",
     "workloads",
+    "models",
     "tuner",
 ];
 

@@ -207,8 +207,8 @@ impl Config {
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn from_json(text: &str) -> Result<Config, Error> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|err| refuse("config", "not JSON", format!("a JSON object ({err})")))?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|err| refuse("config", "not JSON", format!("a JSON object ({err})")))?;
         let Some(object) = value.as_object() else {
             return Err(refuse("config", "not an object", "a JSON object of the model's settings"));
         };
@@ -248,7 +248,7 @@ impl Config {
         let kv_heads = fields.count(&["num_key_value_heads"])?.unwrap_or(heads);
         let head_dim = match fields.count(&["head_dim"])? {
             Some(head_dim) => head_dim,
-            None if hidden % heads == 0 => hidden / heads,
+            None if hidden.is_multiple_of(heads) => hidden / heads,
             None => return Err(refuse("num_attention_heads", heads, format!("a divisor of hidden_size {hidden}"))),
         };
         let act = fields.text("hidden_act").unwrap_or("silu");
@@ -302,9 +302,7 @@ impl Config {
                 factor: scaling.number("factor")?.unwrap_or(8.0),
                 low_freq_factor: scaling.number("low_freq_factor")?.unwrap_or(1.0),
                 high_freq_factor: scaling.number("high_freq_factor")?.unwrap_or(4.0),
-                original_max_position_embeddings: scaling
-                    .count(&["original_max_position_embeddings"])?
-                    .unwrap_or(8192),
+                original_max_position_embeddings: scaling.count(&["original_max_position_embeddings"])?.unwrap_or(8192),
             })),
             "default" => Ok(None),
             other => Err(refuse("rope_scaling.rope_type", other, "llama3 (or default, or no rope_scaling)")),
@@ -314,7 +312,7 @@ impl Config {
     fn gpt2(fields: &Fields) -> Result<Config, Error> {
         let hidden = fields.required(&["n_embd", "hidden_size"])?;
         let heads = fields.required(&["n_head", "num_attention_heads"])?;
-        if hidden % heads != 0 {
+        if !hidden.is_multiple_of(heads) {
             return Err(refuse("n_head", heads, format!("a divisor of n_embd {hidden}")));
         }
         let act = fields.text("activation_function").unwrap_or("gelu_new");
@@ -347,7 +345,7 @@ impl Config {
     fn bert(fields: &Fields) -> Result<Config, Error> {
         let hidden = fields.required(&["hidden_size"])?;
         let heads = fields.required(&["num_attention_heads"])?;
-        if hidden % heads != 0 {
+        if !hidden.is_multiple_of(heads) {
             return Err(refuse("num_attention_heads", heads, format!("a divisor of hidden_size {hidden}")));
         }
         let act = fields.text("hidden_act").unwrap_or("gelu");
@@ -406,14 +404,14 @@ impl Config {
 
     /// The shapes the forward pass needs to agree.
     fn check_shape(&self) -> Result<(), Error> {
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(refuse(
                 "num_key_value_heads",
                 self.kv_heads,
                 format!("a divisor of num_attention_heads {}", self.heads),
             ));
         }
-        if self.family.is_llama_like() && self.head_dim % 2 != 0 {
+        if self.family.is_llama_like() && !self.head_dim.is_multiple_of(2) {
             return Err(refuse("head_dim", self.head_dim, "an even number (rotary positions rotate pairs)"));
         }
         Ok(())

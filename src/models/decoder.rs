@@ -14,7 +14,8 @@ const STD: f32 = 0.02;
 
 /// The checkpoint's tensors (the adapters' too, with `lora`).
 pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
-    let (h, q, kv, i) = (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
+    let (h, q, kv, i) =
+        (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
     let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[config.vocab, h], Init::Normal(STD))];
     for layer in 0..config.layers {
         let at = |part: &str| format!("model.layers.{layer}.{part}");
@@ -49,7 +50,8 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
 
 /// The modules LoRA can adapt, by checkpoint name, with their (out, in).
 pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
-    let (h, q, kv, i) = (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
+    let (h, q, kv, i) =
+        (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
     (0..config.layers)
         .flat_map(|layer| {
             [
@@ -170,8 +172,8 @@ fn inverse_frequencies(config: &Config) -> Vec<f64> {
             } else if wavelength > low_wavelength {
                 frequency / scaling.factor
             } else {
-                let smooth = (old / wavelength - scaling.low_freq_factor)
-                    / (scaling.high_freq_factor - scaling.low_freq_factor);
+                let smooth =
+                    (old / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
                 (1.0 - smooth) * frequency / scaling.factor + smooth * frequency
             }
         })

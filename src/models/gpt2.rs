@@ -24,7 +24,8 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
             specs.push(TensorSpec::new(at(&format!("{norm}.weight")), &[h], Init::Ones));
             specs.push(TensorSpec::new(at(&format!("{norm}.bias")), &[h], Init::Zeros));
         }
-        for (name, input, out) in [("attn.c_attn", h, 3 * h), ("attn.c_proj", h, h), ("mlp.c_fc", h, i), ("mlp.c_proj", i, h)]
+        for (name, input, out) in
+            [("attn.c_attn", h, 3 * h), ("attn.c_proj", h, h), ("mlp.c_fc", h, i), ("mlp.c_proj", i, h)]
         {
             specs.push(TensorSpec::new(at(&format!("{name}.weight")), &[input, out], Init::Normal(STD)));
             specs.push(TensorSpec::new(at(&format!("{name}.bias")), &[out], Init::Zeros));

@@ -141,7 +141,8 @@ fn repeat_kv(xs: &Tensor, n: usize) -> Result<Tensor> {
 
 /// 0 on and below the diagonal, −∞ above: what a causal score adds.
 fn causal_mask(s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+    let mask: Vec<f32> =
+        (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
     Tensor::from_vec(mask, (s, s), device)?.to_dtype(dtype)
 }
 

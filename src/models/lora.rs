@@ -25,7 +25,12 @@ impl Lora {
     /// Rank `rank`, `α` = 2 × rank, on the family's query and value
     /// projections, no dropout (PEFT's usual settings).
     pub fn new(rank: usize, targets: &[&str]) -> Lora {
-        Lora { rank, alpha: 2.0 * rank as f64, targets: targets.iter().map(|t| (*t).to_owned()).collect(), dropout: 0.0 }
+        Lora {
+            rank,
+            alpha: 2.0 * rank as f64,
+            targets: targets.iter().map(|t| (*t).to_owned()).collect(),
+            dropout: 0.0,
+        }
     }
 
     /// Whether the module `name` (a checkpoint path) gets adapters.

@@ -264,9 +264,8 @@ impl Pretrained {
         if let Some(lora) = &training.lora {
             specs.extend(config.adapters(lora)?);
         }
-        let weights = Weights::build(&specs, training.seed, dtype, device, |name| {
-            trains_everything || name.contains(".lora_")
-        })?;
+        let weights =
+            Weights::build(&specs, training.seed, dtype, device, |name| trains_everything || name.contains(".lora_"))?;
         let network = Network::new(config, &weights, training.lora.as_ref())?;
         Ok(Pretrained {
             config: config.clone(),
@@ -309,15 +308,14 @@ impl Pretrained {
     /// (15% of the tokens masked) or classification for BERT; in f32.
     pub fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
         let (s, vocab) = (self.training.seq_len, self.config.vocab);
-        let mut rng = Rng::new(data_seed);
-        let mut token = || rng.below(vocab) as u32;
         match &self.network {
             Network::Bert(network) => {
-                let ids: Vec<u32> = (0..batch * s).map(|_| token()).collect();
+                let ids = sequences(data_seed, batch, s, vocab);
                 if !network.predicts_tokens() {
                     let BertHead::Classification { labels } = self.config.bert_head else { unreachable!() };
+                    // the class is the first token's, modulo the classes: something to learn
+                    let classes: Vec<u32> = ids.chunks(s).map(|sample| sample[0] % labels as u32).collect();
                     let logits = network.forward(&Tensor::from_vec(ids, (batch, s), &self.device)?)?;
-                    let classes: Vec<u32> = (0..batch).map(|i| (i % labels) as u32).collect();
                     return layers::cross_entropy(&logits, &Tensor::from_vec(classes, batch, &self.device)?);
                 }
                 // every sample's first token and about 15% of the rest are masked
@@ -340,8 +338,7 @@ impl Pretrained {
             }
             _ => {
                 // s + 1 tokens a sample: the inputs, and the next token of each as its target
-                let tokens: Vec<u32> = (0..batch * (s + 1)).map(|_| token()).collect();
-                let tokens = Tensor::from_vec(tokens, (batch, s + 1), &self.device)?;
+                let tokens = Tensor::from_vec(sequences(data_seed, batch, s + 1, vocab), (batch, s + 1), &self.device)?;
                 let (input, targets) = (tokens.narrow(1, 0, s)?, tokens.narrow(1, 1, s)?);
                 let logits = self.forward(&input.contiguous()?)?;
                 layers::cross_entropy(&logits.reshape((batch * s, vocab))?, &targets.flatten_all()?)
@@ -411,6 +408,23 @@ impl Model for Pretrained {
             longest: self.longest,
         }
     }
+}
+
+/// `batch` samples of `len` token ids below `vocab`: each starts at a random
+/// token and follows a fixed successor rule (`t → 5t + 3 mod vocab`) with a
+/// random token one time in eight: a language a model can learn, so that a
+/// loss falls as training goes.
+fn sequences(seed: u64, batch: usize, len: usize, vocab: usize) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    let mut ids = Vec::with_capacity(batch * len);
+    for _ in 0..batch {
+        let mut token = rng.below(vocab);
+        for _ in 0..len {
+            ids.push(token as u32);
+            token = if rng.below(8) == 0 { rng.below(vocab) } else { (5 * token + 3) % vocab };
+        }
+    }
+    ids
 }
 
 /// Steps at any sequence length from 1 to the one the model was built for.

@@ -1,0 +1,350 @@
+//! The architectures people fine-tune, from their config.json: parameter
+//! counts of published configs, computed without allocating, equal the
+//! published ones; tiny configs of every family build, differentiate (central
+//! differences), tune exactly by brute force without changing a variable and
+//! train under the plan's ceiling; bad configs are refused by field.
+//!
+//! Heap measurements: its own sequential harness (see tests/common/harness.rs).
+
+mod common;
+use common::bits;
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+use autobatch::models::{Config, Family, Lora, Pretrained, Training};
+use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Workload};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Optimizer, ParamsAdamW};
+
+const MIB: u64 = 1 << 20;
+/// What the harness allocates between two readings (see tests/workloads.rs).
+const TOLERANCE: u64 = 4 << 10;
+
+fn published(name: &str) -> Config {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs").join(name);
+    Config::from_file(&path).unwrap_or_else(|err| panic!("{name}: {err}"))
+}
+
+fn published_parameter_counts_are_computed_exactly() {
+    let counts = [
+        ("llama-3.2-1b.json", 1_235_814_400u64),
+        ("tinyllama-1.1b.json", 1_100_048_384),
+        ("qwen2.5-0.5b.json", 494_032_768),
+        ("mistral-7b-v0.1.json", 7_241_732_096),
+        ("gpt2.json", 124_439_808),
+        ("smollm2-135m.json", 134_515_008),
+        // BertForMaskedLM: the encoder without the pooler, the MLM head's transform, its norm and its bias
+        ("bert-base-uncased.json", 109_514_298),
+    ];
+    for (name, count) in counts {
+        let config = published(name);
+        assert_eq!(config.parameter_count(), count, "{name}: {config:?}");
+    }
+    // BertModel with the pooler, as bert-base-uncased's 109,482,240 counts it: the
+    // classification model less its classifier (768 × 2 + 2)
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/bert-base-uncased.json"),
+    )
+    .unwrap()
+    .replace("BertForMaskedLM", "BertForSequenceClassification");
+    let classifier = Config::from_json(&text).unwrap();
+    assert_eq!(classifier.parameter_count() - (768 * 2 + 2), 109_482_240);
+    let llama = published("llama-3.2-1b.json");
+    assert_eq!((llama.family, llama.kv_heads, llama.head_dim, llama.dtype), (Family::Llama, 8, 64, DType::BF16));
+    assert!(llama.rope_scaling.is_some() && llama.tie_embeddings);
+}
+
+/// Tiny configs of every family, with what each exercises.
+fn tiny(family: &str) -> Config {
+    let json = match family {
+        // grouped-query attention, Llama 3's rope scaling, a tied head
+        "llama" => {
+            r#"{"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 256, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 64}}"#
+        }
+        // an untied head, a sliding window longer than the sequence
+        "mistral" => {
+            r#"{"model_type": "mistral", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "sliding_window": 4096,
+            "max_position_embeddings": 256}"#
+        }
+        // q/k/v biases
+        "qwen2" => {
+            r#"{"model_type": "qwen2", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 256, "use_sliding_window": false, "sliding_window": 32}"#
+        }
+        // q/k norms, an explicit head_dim that is not hidden / heads
+        "qwen3" => {
+            r#"{"model_type": "qwen3", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+            "max_position_embeddings": 256}"#
+        }
+        "gpt2" => {
+            r#"{"model_type": "gpt2", "vocab_size": 96, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}"#
+        }
+        "bert" => {
+            r#"{"model_type": "bert", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256}"#
+        }
+        "bert-classifier" => {
+            r#"{"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+            "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 256, "id2label": {"0": "a", "1": "b", "2": "c"}}"#
+        }
+        other => panic!("no tiny {other}"),
+    };
+    Config::from_json(json).unwrap_or_else(|err| panic!("{family}: {err}"))
+}
+
+const FAMILIES: [&str; 7] = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "bert", "bert-classifier"];
+
+/// The LoRA targets people use in each family.
+fn lora_for(family: &str) -> Lora {
+    match family {
+        "gpt2" => Lora::new(4, &["c_attn"]),
+        "bert" | "bert-classifier" => Lora::new(4, &["query", "value"]),
+        _ => Lora::new(4, &["q_proj", "v_proj"]),
+    }
+}
+
+fn every_family_builds_with_the_checkpoints_names_and_every_variable_learns() {
+    for family in FAMILIES {
+        let config = tiny(family);
+        let model = Pretrained::build(&config, &Training::new(16), &Device::Cpu).unwrap();
+        let count: usize = model.varmap().all_vars().iter().map(|v| v.elem_count()).sum();
+        assert_eq!(count as u64, config.parameter_count(), "{family}");
+        let names: Vec<String> = model.varmap().data().lock().unwrap().keys().cloned().collect();
+        let expected = match family {
+            "gpt2" => "h.0.attn.c_attn.weight",
+            "bert" => "bert.encoder.layer.0.attention.self.query.weight",
+            "bert-classifier" => "classifier.weight",
+            _ => "model.layers.0.self_attn.q_proj.weight",
+        };
+        assert!(names.iter().any(|n| n == expected), "{family}: {names:?}");
+        // one backward pass reaches every variable
+        let loss = model.loss(3, 7).unwrap();
+        assert!(loss.to_scalar::<f32>().unwrap().is_finite(), "{family}");
+        let grads = loss.backward().unwrap();
+        let missing: Vec<&String> =
+            names.iter().filter(|name| grads.get(&model.varmap().data().lock().unwrap()[*name]).is_none()).collect();
+        assert!(missing.is_empty(), "{family}: no gradient for {missing:?}");
+    }
+}
+
+/// The analytic gradient of a few weights against central differences of
+/// the loss, each family in f64-free f32 at a tolerance of 2%.
+fn gradients_agree_with_central_differences() {
+    for family in FAMILIES {
+        let config = tiny(family);
+        let model = Pretrained::build(&config, &Training::new(8), &Device::Cpu).unwrap();
+        let loss = || f64::from(model.loss(2, 3).unwrap().to_scalar::<f32>().unwrap());
+        let grads = model.loss(2, 3).unwrap().backward().unwrap();
+        let data = model.varmap().data().lock().unwrap().clone();
+        let mut checked = 0;
+        let mut names: Vec<&String> = data.keys().collect();
+        names.sort();
+        for name in names.into_iter().filter(|n| n.ends_with("weight")).step_by(5).take(4) {
+            let var = &data[name];
+            let grad = grads.get(var).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let base = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            // the element with the largest gradient: a difference large enough to measure
+            let index = (0..grad.len()).max_by(|&a, &b| grad[a].abs().total_cmp(&grad[b].abs())).unwrap();
+            if grad[index].abs() < 1e-3 {
+                continue;
+            }
+            let h = 1e-2f32;
+            let at = |delta: f32| {
+                let mut moved = base.clone();
+                moved[index] += delta;
+                var.set(&Tensor::from_vec(moved, var.shape(), &Device::Cpu).unwrap()).unwrap();
+                let value = loss();
+                var.set(&Tensor::from_vec(base.clone(), var.shape(), &Device::Cpu).unwrap()).unwrap();
+                value
+            };
+            let numeric = ((at(h) - at(-h)) / (2.0 * f64::from(h))) as f32;
+            assert!(
+                (numeric - grad[index]).abs() <= 0.02 * numeric.abs().max(grad[index].abs()) + 1e-4,
+                "{family} {name}[{index}]: numeric {numeric}, analytic {}",
+                grad[index]
+            );
+            checked += 1;
+        }
+        assert!(checked >= 2, "{family}: only {checked} gradients large enough to check");
+    }
+}
+
+/// Heap peak of one probe step at `batch`.
+fn peak_of<W: Workload>(workload: &mut W, meter: &mut HeapMeter, batch: usize) -> u64 {
+    meter.reset_peak().unwrap();
+    workload.step(batch).unwrap();
+    meter.peak().unwrap()
+}
+
+/// Tuned through `ModelProbe` with candle-nn's AdamW: b fits, b + 1 does not,
+/// no variable changes, and a `TrainLoop` step with the plan peaks under the ceiling.
+fn tune_exactly_and_train_under_the_ceiling(family: &str, config: &Config, training: Training, room: u64) -> usize {
+    let model = Pretrained::build(config, &training, &Device::Cpu).unwrap();
+    let before = bits(model.varmap());
+    let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
+    let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+    assert!(plan.proven_largest() && plan.warnings.is_empty(), "{family}:\n{plan}");
+    assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE, "{family}: {largest} over\n{plan}");
+    assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{family}:\n{plan}");
+    drop(probe);
+    assert_eq!(bits(model.varmap()), before, "{family}: probing changed a variable");
+
+    let optimizer =
+        candle_nn::AdamW::new(model.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() }).unwrap();
+    let mut training = TrainLoop::new(&plan, model.varmap(), optimizer).unwrap();
+    let mut losses = Vec::new();
+    for step in 0..6 {
+        meter.reset_peak().unwrap();
+        let report =
+            training.step(&mut meter, |micro| model.loss(micro.len, step as u64 * 1000 + micro.offset as u64)).unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= limit + TOLERANCE, "{family}: training step {step} peaks at {peak} > {limit}\n{plan}");
+        losses.push(report.loss.unwrap());
+    }
+    println!(
+        "  {family}: largest batch {largest}, plan {} × {}, loss {:.3} -> {:.3}",
+        plan.micro_batch(),
+        plan.accumulation_steps(),
+        losses[0],
+        losses[5]
+    );
+    assert_ne!(bits(model.varmap()), before, "{family}: training changed nothing");
+    largest
+}
+
+fn every_family_tunes_exactly_and_trains_under_the_ceiling() {
+    for family in FAMILIES {
+        tune_exactly_and_train_under_the_ceiling(family, &tiny(family), Training::new(32), 6 * MIB);
+    }
+}
+
+/// A weight-heavy small config of `family`: its state, not its activations,
+/// decides what fits (as for a real model at a short length).
+fn heavy(family: &str) -> Config {
+    let json = match family {
+        "gpt2" => {
+            r#"{"model_type": "gpt2", "vocab_size": 1024, "n_embd": 256, "n_layer": 2, "n_head": 4, "n_positions": 64}"#
+                .to_owned()
+        }
+        "bert" => r#"{"model_type": "bert", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 1024,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}"#
+            .to_owned(),
+        llama_like => format!(
+            r#"{{"model_type": "{llama_like}", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 1024,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}}"#
+        ),
+    };
+    Config::from_json(&json).unwrap()
+}
+
+/// LoRA: the adapters are the only variables, the frozen base never gets a
+/// gradient, more fits than with full fine-tuning of the same model, and
+/// training moves only the adapters.
+fn lora_trains_the_adapters_alone_and_fits_more() {
+    for family in ["llama", "qwen3", "gpt2", "bert"] {
+        let config = heavy(family);
+        let lora = lora_for(family);
+        let model = Pretrained::build(&config, &Training::new(8).lora(lora.clone()), &Device::Cpu).unwrap();
+        let names: Vec<String> = model.varmap().data().lock().unwrap().keys().cloned().collect();
+        assert!(
+            !names.is_empty() && names.iter().all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")),
+            "{names:?}"
+        );
+        // the gradient store holds the adapters' gradients, no frozen weight's:
+        // its bytes are those of the adapters and of activation-sized tensors
+        let grads = model.loss(2, 1).unwrap().backward().unwrap();
+        assert!(
+            model.varmap().all_vars().iter().all(|v| grads.get(v).is_some()),
+            "{family}: an adapter without a gradient"
+        );
+        // the smallest frozen projection is 256 × 256; batch 2 × 8 tokens makes every
+        // activation's gradient smaller (the logits': 16 × 1024): a gradient this large is a frozen weight's
+        let largest = grads.get_ids().filter_map(|id| grads.get_id(*id)).map(|g| g.elem_count()).max().unwrap();
+        assert!(largest < 256 * 256, "{family}: a gradient of {largest} elements: a frozen weight's");
+        let full = tune_exactly_and_train_under_the_ceiling(family, &config, Training::new(8), 120 * MIB);
+        let adapted = tune_exactly_and_train_under_the_ceiling(family, &config, Training::new(8).lora(lora), 120 * MIB);
+        assert!(adapted > full, "{family}: LoRA fits {adapted}, full fine-tuning {full}");
+    }
+}
+
+fn bad_configs_are_refused_by_field() {
+    let refused = |json: &str, field: &str| match Config::from_json(json) {
+        Err(Error::UnsupportedConfig { field: got, .. }) => assert_eq!(got, field, "{json}"),
+        other => panic!("{json}: {other:?}"),
+    };
+    refused("{", "config");
+    refused("[1, 2]", "config");
+    refused(r#"{"model_type": "t5"}"#, "model_type");
+    refused(r#"{"vocab_size": 10}"#, "model_type");
+    let llama = |extra: &str| {
+        format!(
+            r#"{{"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+               "num_hidden_layers": 2, "num_attention_heads": 4 {extra}}}"#
+        )
+    };
+    refused(&llama(r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#), "rope_scaling.rope_type");
+    refused(&llama(r#", "hidden_act": "gelu""#), "hidden_act");
+    refused(&llama(r#", "num_key_value_heads": 3"#), "num_key_value_heads");
+    refused(&llama(r#", "torch_dtype": "int8""#), "torch_dtype");
+    refused(&llama(r#", "num_hidden_layers": 0"#), "num_hidden_layers");
+    refused(r#"{"model_type": "llama", "vocab_size": 96}"#, "hidden_size");
+    refused(
+        r#"{"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 8, "hidden_size": 8,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}"#,
+        "architectures",
+    );
+    // a sequence past the sliding window, or the positions, is refused before anything is built
+    let mistral = published("mistral-7b-v0.1.json");
+    assert!(
+        matches!(mistral.check_seq_len(8192), Err(Error::UnsupportedConfig { ref field, .. }) if field == "sliding_window")
+    );
+    assert!(mistral.check_seq_len(4096).is_ok());
+    assert!(matches!(tiny("gpt2").check_seq_len(257), Err(Error::UnsupportedConfig { .. })));
+    let unknown = Pretrained::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
+    let Err(Error::UnsupportedConfig { field, valid, .. }) = unknown else { panic!("an unknown target was taken") };
+    assert!(field == "lora targets" && valid.contains("q_proj"), "{valid}");
+}
+
+fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating() {
+    let llama = published("llama-3.2-1b.json");
+    let before = autobatch::TrackingAllocator::live_bytes();
+    let footprint = llama.footprint(&Training::new(512)).unwrap();
+    assert!(autobatch::TrackingAllocator::live_bytes() < before + MIB, "the footprint allocated");
+    // bf16: weights, gradients and two moments of 1.24 B parameters
+    assert_eq!(footprint.fixed_bytes, 1_235_814_400 * 2 * 4);
+    assert!(footprint.check_within(1 << 30).is_err());
+    let lora = llama.footprint(&Training::new(512).lora(Lora::new(8, &["q_proj", "v_proj"]))).unwrap();
+    assert!(lora.fixed_bytes < footprint.fixed_bytes / 3, "{lora:?}");
+}
+
+fn main() {
+    common::harness::run_sequentially(&[
+        ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
+        (
+            "every_family_builds_with_the_checkpoints_names_and_every_variable_learns",
+            every_family_builds_with_the_checkpoints_names_and_every_variable_learns,
+        ),
+        ("gradients_agree_with_central_differences", gradients_agree_with_central_differences),
+        (
+            "every_family_tunes_exactly_and_trains_under_the_ceiling",
+            every_family_tunes_exactly_and_trains_under_the_ceiling,
+        ),
+        ("lora_trains_the_adapters_alone_and_fits_more", lora_trains_the_adapters_alone_and_fits_more),
+        ("bad_configs_are_refused_by_field", bad_configs_are_refused_by_field),
+        (
+            "the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating",
+            the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating,
+        ),
+    ]);
+}
