@@ -908,3 +908,124 @@ fn seq_lens_advice_names_the_list_and_applied_it_fits() {
     let output = autobatch(&[&["probe", "--seq-lens", advised, "--json"][..], &common].concat());
     assert!(output.status.success(), "--seq-lens {advised}: {}", text(&output.stderr));
 }
+
+/// A published config's path under tests/configs.
+fn config(name: &str) -> String {
+    format!("{}/tests/configs/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The plan of a successful run in JSON.
+fn plan_of(args: &[&str]) -> serde_json::Value {
+    let output = autobatch(&[args, &["--json"]].concat());
+    assert!(output.status.success(), "{args:?}: {}", text(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|err| panic!("{args:?}: {err}"))
+}
+
+/// `--config` models are probed through the binary and checked as an
+/// outside test checks them: the answer b runs alone (`--start b --max-batch
+/// b`), b + 1 does not fit; LoRA fits more; every mode takes them.
+#[test]
+fn a_config_model_is_probed_exactly_in_every_mode() {
+    let llama = config("tiny-llama.json");
+    for (file, extra) in
+        [("tiny-llama.json", &[][..]), ("tiny-gpt2.json", &[][..]), ("tiny-bert.json", &["--lora", "4"][..])]
+    {
+        let path = config(file);
+        let base = [&["probe", "--config", &path, "--seq-len", "32", "--budget", "48MiB"][..], extra].concat();
+        let plan = plan_of(&base);
+        let largest = plan["largest_batch"].as_u64().unwrap();
+        assert_eq!(plan["proven_largest"], true, "{file}: {plan}");
+        let (at, next) = (largest.to_string(), (largest + 1).to_string());
+        let alone = plan_of(&[&base[..], &["--start", &at, "--max-batch", &at]].concat());
+        assert_eq!(alone["largest_batch"].as_u64(), Some(largest), "{file}: {alone}");
+        let over = autobatch(&[&base[..], &["--start", &next, "--max-batch", &next]].concat());
+        assert_eq!(over.status.code(), Some(3), "{file}: batch {next}: {}", text(&over.stderr));
+    }
+    // LoRA holds the base's weights alone (no gradients, no moments); on a model
+    // this small the adapters' activations weigh more than that, so the fixed
+    // bytes are what to compare (tests/models.rs compares batches on heavier ones)
+    let full = plan_of(&["probe", "--config", &llama, "--seq-len", "32", "--budget", "48MiB"]);
+    let lora = plan_of(&["probe", "--config", &llama, "--seq-len", "32", "--budget", "48MiB", "--lora", "8"]);
+    let fixed = |plan: &serde_json::Value| plan["memory_model"]["fixed_bytes"].as_f64().unwrap();
+    assert!(fixed(&lora) < fixed(&full), "{lora}\n{full}");
+    // the modes
+    let common = ["probe", "--config", &llama, "--budget", "48MiB"];
+    let lengths = plan_of(&[&common[..], &["--seq-lens", "16,32"]].concat());
+    assert_eq!(lengths["sizes"].as_array().unwrap().len(), 2, "{lengths}");
+    let longest = plan_of(&[&common[..], &["--find", "seq-len", "--batch", "4", "--seq-len", "256"]].concat());
+    assert!(longest["largest_seq_len"].as_u64().unwrap() > 32, "{longest}");
+    let compared = plan_of(&[&common[..], &["--seq-len", "32", "--compare"]].concat());
+    assert!(compared.as_array().unwrap().iter().any(|row| row["variant"] == "bf16"), "{compared}");
+    let evaluated = plan_of(&[&common[..], &["--seq-len", "32", "--eval"]].concat());
+    assert!(evaluated["evaluation"]["largest_batch"].as_u64() > evaluated["largest_batch"].as_u64(), "{evaluated}");
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("config-cache-{}", std::process::id()));
+    let cache = dir.join("plans.json").display().to_string();
+    let cached = [&common[..], &["--seq-len", "32", "--cache", &cache]].concat();
+    assert_eq!(plan_of(&cached)["cached"], false);
+    assert_eq!(plan_of(&cached)["cached"], true);
+    let _ = std::fs::remove_dir_all(&dir);
+    // estimate takes its shape from the config
+    let estimate = autobatch(&["estimate", "--config", &config("llama-3.2-1b.json"), "--json"]);
+    let estimate: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap();
+    assert_eq!(estimate["state"]["weights"].as_u64(), Some(1_235_814_400 * 2), "{estimate}");
+}
+
+/// A config that is not one, asks for what is not computed, or whose model
+/// is over the budget: one line, exit 2 or 3, before anything is allocated
+/// (under an address-space limit far below the model's size).
+#[test]
+fn bad_configs_are_one_line_before_any_allocation() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bad-configs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let cases = [
+        (write("not-json.json", "{ model_type: llama"), 2, "JSON"),
+        (write("t5.json", r#"{"model_type": "t5"}"#), 2, "model_type"),
+        (write("missing.json", r#"{"model_type": "llama", "vocab_size": 10}"#), 2, "hidden_size"),
+        (
+            write(
+                "yarn.json",
+                &std::fs::read_to_string(config("tiny-llama.json")).unwrap().replace("\"llama3\"", "\"yarn\""),
+            ),
+            2,
+            "rope_type",
+        ),
+        (config("nothing-here.json"), 2, "--config"),
+        (config("mistral-7b-v0.1.json"), 3, "nothing fits"),
+    ];
+    for (path, code, says) in cases {
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 2000000; exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_autobatch"))
+            .args(["probe", "--config", &path, "--seq-len", "64", "--budget", "256MiB"])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{path}: {stderr}");
+        assert_eq!(stderr.lines().filter(|l| l.starts_with("error: ")).count(), 1, "{path}: {stderr}");
+        assert!(stderr.contains(says) && !stderr.contains("panicked"), "{path}: want {says:?} in {stderr}");
+    }
+    // past the sliding window, past the positions, flags that do not apply
+    assert_usage_error(&["probe", "--config", &config("mistral-7b-v0.1.json"), "--seq-len", "8192"], "sliding_window");
+    assert_usage_error(
+        &["probe", "--config", &config("tiny-gpt2.json"), "--seq-len", "513"],
+        "max_position_embeddings",
+    );
+    assert_usage_error(
+        &["probe", "--config", &config("tiny-gpt2.json"), "--d-model", "32"],
+        "--d-model does not apply to --config",
+    );
+    assert_usage_error(
+        &["probe", "--config", &config("tiny-gpt2.json"), "--lora", "4", "--lora-targets", "q_proj"],
+        "c_attn",
+    );
+    assert_usage_error(&["probe", "--lora", "4"], "--config");
+    let _ = std::fs::remove_dir_all(&dir);
+}

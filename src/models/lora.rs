@@ -68,14 +68,15 @@ impl Module for LoraLinear {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let base = frozen_linear(xs, &self.weight, self.bias.as_ref())?;
         let input = if self.dropout > 0.0 { candle_nn::ops::dropout(xs, self.dropout)? } else { xs.clone() };
-        let (out, rank) = self.b.dims2()?;
+        let out = self.b.dim(0)?;
         let lead = &xs.dims()[..xs.rank() - 1];
         let rows = lead.iter().product::<usize>();
-        let down = input.reshape((rows, self.a.dim(1)?))?.matmul(&self.a.t()?)?;
+        // scaled at the rank (rows × r, small): the graph keeps every
+        // intermediate until the backward pass, and one of rows × out is enough
+        let down = (input.reshape((rows, self.a.dim(1)?))?.matmul(&self.a.t()?)? * self.scale)?;
         let up = down.matmul(&self.b.t()?)?;
         let mut shape = lead.to_vec();
         shape.push(out);
-        let _ = rank;
-        base + (up.reshape(shape)? * self.scale)?
+        base + up.reshape(shape)?
     }
 }

@@ -101,6 +101,21 @@ fn positive(text: &str) -> Result<usize, String> {
     }
 }
 
+impl ProbeArgs {
+    /// `--precision`, f32 when not given.
+    pub fn precision(&self) -> DtypeArg {
+        self.precision.unwrap_or(DtypeArg::F32)
+    }
+}
+
+/// LoRA's alpha: a positive number.
+fn lora_alpha(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(alpha) if alpha.is_finite() && alpha > 0.0 => Ok(alpha),
+        _ => Err("must be a positive number, e.g. 16".to_owned()),
+    }
+}
+
 /// A seed: any whole number that fits in 64 bits.
 fn seed(text: &str) -> Result<u64, String> {
     text.trim().parse::<u64>().map_err(|_| format!("must be a whole number from 0 to {}", u64::MAX))
@@ -125,6 +140,25 @@ pub struct ProbeArgs {
     /// The reference model to tune.
     #[arg(long, value_enum, default_value_t = ModelKind::Transformer)]
     pub model: ModelKind,
+
+    /// A Hugging Face config.json (model_type llama, mistral, qwen2, qwen3,
+    /// gpt2 or bert): that architecture, with random weights, instead of a
+    /// reference model. --seq-len [default: the shorter of 512 and the
+    /// model's positions], --seq-lens, --layers (a shallower copy) and
+    /// --precision apply to it.
+    #[arg(long, help_heading = "Model from a config")]
+    pub config: Option<std::path::PathBuf>,
+    /// With --config: LoRA adapters of this rank, the base frozen (its
+    /// projections keep no gradient).
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model from a config")]
+    pub lora: Option<usize>,
+    /// LoRA's alpha: the adapters' update is scaled by alpha / rank [default: 2 × rank].
+    #[arg(long, value_parser = lora_alpha, allow_negative_numbers = true, requires = "lora", help_heading = "Model from a config")]
+    pub lora_alpha: Option<f64>,
+    /// The modules LoRA adapts, by their checkpoint names, comma-separated
+    /// [default: q_proj,v_proj; c_attn for gpt2; query,value for bert].
+    #[arg(long, value_delimiter = ',', requires = "lora", help_heading = "Model from a config")]
+    pub lora_targets: Vec<String>,
 
     /// Transformer: vocabulary size [default: 256].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
@@ -166,9 +200,10 @@ pub struct ProbeArgs {
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub classes: Option<usize>,
     /// How weights, gradients, activations and optimizer state are stored
-    /// (`--dtype` is the same flag).
-    #[arg(long, alias = "dtype", value_enum, default_value_t = DtypeArg::F32, help_heading = "Model size")]
-    pub precision: DtypeArg,
+    /// (`--dtype` is the same flag) [default: f32; with --config, the
+    /// config's torch_dtype].
+    #[arg(long, alias = "dtype", value_enum, help_heading = "Model size")]
+    pub precision: Option<DtypeArg>,
     /// Transformer: gradient checkpointing over the blocks (keep each block's
     /// input, recompute the block in the backward pass).
     #[arg(long, help_heading = "Model size")]
@@ -321,8 +356,13 @@ pub enum RecomputeArg {
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
     /// Trainable parameters, e.g. 1e9, 125M or 7B.
-    #[arg(long, allow_hyphen_values = true)]
-    pub params: String,
+    #[arg(long, allow_hyphen_values = true, required_unless_present = "config", conflicts_with = "config")]
+    pub params: Option<String>,
+    /// A Hugging Face config.json: the parameters, and with --seq-len and
+    /// --batch the layers, hidden size and heads, come from it (and the dtype
+    /// from its torch_dtype, unless --dtype says otherwise).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
     /// Dtype of weights, gradients and optimizer state [default: f32]; not
     /// with --mixed-precision, which has its own.
     #[arg(long, value_enum)]

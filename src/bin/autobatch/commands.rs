@@ -11,11 +11,27 @@ use crate::failure::{split_error, Failure, SplitFlags};
 use crate::parse::{parse_bytes, parse_count};
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
-    let parameters = parse_count(&args.params).map_err(|err| Failure::usage(format!("--params: {err}")))?;
+    let config = match &args.config {
+        Some(path) => Some(
+            autobatch::models::Config::from_file(path)
+                .map_err(|err| Failure::usage(format!("--config {}: {err}", path.display())))?,
+        ),
+        None => None,
+    };
+    let parameters = match (&config, &args.params) {
+        (Some(config), _) => config.parameter_count(),
+        (None, Some(params)) => parse_count(params).map_err(|err| Failure::usage(format!("--params: {err}")))?,
+        (None, None) => return Err(Failure::usage("give --params N or --config path/to/config.json")),
+    };
     if parameters == 0 {
         return Err(Failure::usage("--params is 0: give the number of trainable parameters, e.g. 125M"));
     }
-    let precision = match (args.mixed_precision, args.dtype) {
+    // the config's torch_dtype, unless --dtype (or --mixed-precision) says otherwise
+    let from_config = config.as_ref().filter(|_| !args.mixed_precision).map(|config| match config.dtype {
+        candle_core::DType::BF16 => PrecisionArg::Bf16,
+        _ => PrecisionArg::F32,
+    });
+    let precision = match (args.mixed_precision, args.dtype.or(from_config)) {
         (true, Some(dtype)) => {
             return Err(Failure::usage(format!(
                 "--mixed-precision keeps bf16 weights and gradients with f32 master weights: --dtype {} does not \
@@ -45,7 +61,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
     }
     let setup = Setup::new(parameters, precision, optimizer).sharded(sharding);
-    let (setup, candle) = with_activations(args, setup)?;
+    let (setup, candle) = with_activations(args, config.as_ref(), setup)?;
     let state = setup.state()?;
     let activations = setup.all_activation_bytes()?;
     let total = setup.total()?;
@@ -211,8 +227,22 @@ fn change_flag(change: &Change) -> String {
 /// `--activations`, or the transformer activation model when its five sizes
 /// are given (never both), at the precision training uses; with the model, also
 /// what a candle f32 step keeps by the measured ratio.
-fn with_activations(args: &EstimateArgs, setup: Setup) -> Result<(Setup, Option<u64>), Failure> {
-    let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch];
+fn with_activations(
+    args: &EstimateArgs,
+    config: Option<&autobatch::models::Config>,
+    setup: Setup,
+) -> Result<(Setup, Option<u64>), Failure> {
+    // a config gives the transformer's shape; --seq-len and --batch say what it runs
+    let from_config = |given: Option<usize>, of: fn(&autobatch::models::Config) -> usize| {
+        given.or(config.filter(|_| args.seq_len.is_some() || args.batch.is_some()).map(of))
+    };
+    let sizes = [
+        from_config(args.layers, |c| c.layers),
+        from_config(args.hidden, |c| c.hidden),
+        from_config(args.heads, |c| c.heads),
+        args.seq_len,
+        args.batch,
+    ];
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
     if given.is_empty() {

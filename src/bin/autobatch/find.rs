@@ -2,6 +2,7 @@
 //! at a fixed batch, searched and verified like the batch.
 
 use autobatch::estimate::OptimizerKind;
+use autobatch::models::Pretrained;
 use autobatch::workloads::{Model, ReferenceWorkload, Trainer};
 use autobatch::{MemoryMeter, Resizable, SizeRange};
 
@@ -22,7 +23,12 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
         FindArg::SeqLen => ("--find seq-len", ModelKind::Transformer),
         FindArg::Resolution => ("--find resolution", ModelKind::Convnet),
     };
-    if args.model != model {
+    if args.config.is_some() && find == FindArg::Resolution {
+        return Err(Failure::usage(
+            "--find resolution searches the convnet's image side: a --config model takes --find seq-len",
+        ));
+    }
+    if args.model != model && args.config.is_none() {
         let name = if model == ModelKind::Transformer { "transformer" } else { "convnet" };
         return Err(Failure::usage(format!("{flag} searches a --model {name}'s input: add --model {name}")));
     }
@@ -74,6 +80,14 @@ pub fn run(
             check_range(range, "--resolution")?;
             let trainer = with_optimizer(args, config.build(device)?)?;
             let names = Names { word: "resolution", key: "largest_resolution", what: "resolution" };
+            find_in(args, trainer, meter, range, names, on, say)
+        }
+        ModelConfig::Pretrained(spec) => {
+            let (config, training) = spec.as_ref();
+            let range = SizeRange::up_to(training.seq_len).multiple_of(args.multiple_of);
+            check_range(range, "--seq-len")?;
+            let trainer = with_optimizer(args, Pretrained::build(config, training, device)?.into_trainer()?)?;
+            let names = Names { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
             find_in(args, trainer, meter, range, names, on, say)
         }
         ModelConfig::Mlp(_) => unreachable!("check_flags refuses --find for the MLP"),
@@ -132,7 +146,7 @@ pub fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result
         OptimizerKind::AdamW => trainer,
         other => trainer.with_optimizer(other)?,
     };
-    if args.precision == DtypeArg::Mixed {
+    if args.precision() == DtypeArg::Mixed {
         trainer.into_mixed_precision()
     } else {
         Ok(trainer)

@@ -1,6 +1,7 @@
 //! `autobatch probe`: tune a built-in reference model on a device.
 
 use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
+use autobatch::models;
 use autobatch::workloads::{ConvNetConfig, Footprint, MlpConfig, ReferenceWorkload, TransformerConfig};
 use autobatch::{format_bytes, HeapMeter, MemoryMeter, Strategy, Tuner};
 use candle_core::DType;
@@ -29,8 +30,53 @@ fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
     }
 }
 
+/// The flags of `--config`: the model's own size flags do not apply, the
+/// LoRA flags need it.
+fn check_config_flags(args: &ProbeArgs) -> Result<(), Failure> {
+    if args.config.is_none() {
+        return match args.lora {
+            Some(_) => Err(Failure::usage("--lora adapts a model from --config: add --config path/to/config.json")),
+            None => Ok(()),
+        };
+    }
+    if args.model != ModelKind::Transformer {
+        return Err(Failure::usage(format!(
+            "--config builds the model its config.json describes: drop --model {}",
+            model_name(args.model)
+        )));
+    }
+    let refused = [
+        ("--vocab", args.vocab.is_some()),
+        ("--d-model", args.d_model.is_some()),
+        ("--heads", args.heads.is_some()),
+        ("--inputs", args.inputs.is_some()),
+        ("--width", args.width.is_some()),
+        ("--depth", args.depth.is_some()),
+        ("--channels", args.channels.is_some()),
+        ("--resolution", args.resolution.is_some()),
+        ("--classes", args.classes.is_some()),
+    ];
+    if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(Failure::usage(format!(
+            "{flag} does not apply to --config: the config.json sizes the model (--layers, --seq-len and \
+             --seq-lens do apply)"
+        )));
+    }
+    if args.checkpointing {
+        return Err(Failure::usage(
+            "--checkpointing is not available for --config models yet: probe without it, or compare against \
+             the reference transformer with --model transformer --checkpointing",
+        ));
+    }
+    Ok(())
+}
+
 /// Size flags and the models they apply to.
 fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
+    check_config_flags(args)?;
+    if args.config.is_some() {
+        return Ok(());
+    }
     use ModelKind::*;
     let flags: [(&str, bool, &[ModelKind]); 13] = [
         ("--seq-lens", !args.seq_lens.is_empty(), &[Transformer]),
@@ -68,17 +114,64 @@ fn model_name(model: ModelKind) -> &'static str {
     }
 }
 
-/// The reference model the flags describe, not yet built.
+/// The model the flags describe, not yet built: a reference model, or a
+/// config.json's architecture.
 #[derive(Clone)]
 pub(crate) enum ModelConfig {
     Transformer(TransformerConfig),
     Mlp(MlpConfig),
     ConvNet(ConvNetConfig),
+    Pretrained(Box<(models::Config, models::Training)>),
 }
 
 impl ModelConfig {
-    fn from_args(args: &ProbeArgs) -> Self {
-        let dtype = match args.precision {
+    /// The model of `--config`: its config.json, `--layers`, `--seq-len`,
+    /// `--precision` and the LoRA flags.
+    fn pretrained(args: &ProbeArgs, path: &std::path::Path) -> Result<Self, Failure> {
+        let with_path = |err: autobatch::Error| Failure::usage(format!("--config {}: {err}", path.display()));
+        let mut config = models::Config::from_file(path).map_err(with_path)?;
+        if let Some(layers) = args.layers {
+            config = config.with_layers(layers).map_err(with_path)?;
+        }
+        let seq_len =
+            args.seq_len.or(args.seq_lens.iter().max().copied()).unwrap_or_else(|| config.max_positions.min(512));
+        let mut training = models::Training::new(seq_len);
+        training.seed = args.seed;
+        training.dtype = args.precision.map(|precision| match precision {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
+        });
+        if let Some(rank) = args.lora {
+            let defaults: &[&str] = match config.family {
+                models::Family::Gpt2 => &["c_attn"],
+                models::Family::Bert => &["query", "value"],
+                _ => &["q_proj", "v_proj"],
+            };
+            let mut lora = models::Lora::new(rank, defaults);
+            if !args.lora_targets.is_empty() {
+                lora.targets = args.lora_targets.clone();
+            }
+            if let Some(alpha) = args.lora_alpha {
+                lora.alpha = alpha;
+            }
+            training = training.lora(lora);
+        }
+        // refused here, before anything is allocated: a length past the
+        // positions or the window, an unknown target
+        config.check_seq_len(seq_len).map_err(with_path)?;
+        config.footprint(&training).map_err(with_path)?;
+        Ok(ModelConfig::Pretrained(Box::new((config, training))))
+    }
+
+    fn from_args(args: &ProbeArgs) -> Result<Self, Failure> {
+        if let Some(path) = &args.config {
+            return ModelConfig::pretrained(args, path);
+        }
+        Ok(ModelConfig::reference(args))
+    }
+
+    fn reference(args: &ProbeArgs) -> Self {
+        let dtype = match args.precision() {
             DtypeArg::F32 => DType::F32,
             DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
         };
@@ -122,12 +215,27 @@ impl ModelConfig {
         }
     }
 
-    /// The transformer, when `--seq-lens` asks for several lengths.
-    fn at_lengths(&self, args: &ProbeArgs) -> Option<&TransformerConfig> {
-        match self {
-            ModelConfig::Transformer(config) if !args.seq_lens.is_empty() => Some(config),
-            _ => None,
+    /// The model built to step at any length up to its own, when
+    /// `--seq-lens` asks for several lengths.
+    fn at_lengths(
+        &self,
+        args: &ProbeArgs,
+        device: &candle_core::Device,
+    ) -> Option<Result<Box<dyn LengthWorkload>, autobatch::Error>> {
+        if args.seq_lens.is_empty() {
+            return None;
         }
+        Some(match self {
+            ModelConfig::Transformer(config) => config
+                .build(device)
+                .and_then(|trainer| crate::find::with_optimizer(args, trainer))
+                .map(|t| Box::new(t) as _),
+            ModelConfig::Pretrained(spec) => models::Pretrained::build(&spec.0, &spec.1, device)
+                .and_then(models::Pretrained::into_trainer)
+                .and_then(|trainer| crate::find::with_optimizer(args, trainer))
+                .map(|t| Box::new(t) as _),
+            _ => return None,
+        })
     }
 
     /// What the model needs before a step: checked before anything is allocated.
@@ -136,6 +244,7 @@ impl ModelConfig {
             ModelConfig::Transformer(config) => config.footprint(),
             ModelConfig::Mlp(config) => config.footprint(),
             ModelConfig::ConvNet(config) => config.footprint(),
+            ModelConfig::Pretrained(spec) => spec.0.footprint(&spec.1),
         }
     }
 
@@ -146,7 +255,7 @@ impl ModelConfig {
         device: &candle_core::Device,
         args: &ProbeArgs,
     ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
-        self.build_with(device, args.precision == DtypeArg::Mixed, optimizer_kind(args.optimizer))
+        self.build_with(device, args.precision() == DtypeArg::Mixed, optimizer_kind(args.optimizer))
     }
 
     /// [`build`](Self::build) with another of the crate's optimizers.
@@ -169,9 +278,50 @@ impl ModelConfig {
             ModelConfig::Transformer(config) => finish(config.build(device)?, mixed, optimizer),
             ModelConfig::Mlp(config) => finish(config.build(device)?, mixed, optimizer),
             ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed, optimizer),
+            ModelConfig::Pretrained(spec) => {
+                finish(models::Pretrained::build(&spec.0, &spec.1, device)?.into_trainer()?, mixed, optimizer)
+            }
+        }
+    }
+
+    /// The model's dtype as it will be built.
+    fn dtype(&self) -> DType {
+        match self {
+            ModelConfig::Transformer(c) => c.dtype,
+            ModelConfig::Mlp(c) => c.dtype,
+            ModelConfig::ConvNet(c) => c.dtype,
+            ModelConfig::Pretrained(spec) => spec.1.dtype.unwrap_or(spec.0.dtype),
+        }
+    }
+
+    /// The same model in `dtype`.
+    fn with_dtype(&self, dtype: DType) -> ModelConfig {
+        match self {
+            ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
+            ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
+            ModelConfig::ConvNet(c) => ModelConfig::ConvNet(ConvNetConfig { dtype, ..c.clone() }),
+            ModelConfig::Pretrained(spec) => {
+                ModelConfig::Pretrained(Box::new((spec.0.clone(), spec.1.clone().dtype(dtype))))
+            }
+        }
+    }
+
+    /// What the model is called in titles: `transformer`, `llama`.
+    fn name(&self) -> &'static str {
+        match self {
+            ModelConfig::Transformer(_) => "transformer",
+            ModelConfig::Mlp(_) => "mlp",
+            ModelConfig::ConvNet(_) => "convnet",
+            ModelConfig::Pretrained(spec) => spec.0.family.model_type(),
         }
     }
 }
+
+/// A model that steps at any length up to its own: what `--seq-lens` and
+/// `--find seq-len` search.
+pub(crate) trait LengthWorkload: ReferenceWorkload + autobatch::Resizable {}
+
+impl<W: ReferenceWorkload + autobatch::Resizable> LengthWorkload for W {}
 
 pub(crate) fn optimizer_kind(optimizer: ProbeOptimizerArg) -> OptimizerKind {
     match optimizer {
@@ -246,6 +396,10 @@ fn check_footprint(args: &ProbeArgs, model: &ModelConfig, footprint: &Footprint,
         }
         ModelConfig::ConvNet(c) if args.find.is_some() => {
             ModelConfig::ConvNet(ConvNetConfig { resolution: size.max(4).min(c.resolution), ..c.clone() })
+        }
+        ModelConfig::Pretrained(spec) if size < spec.1.seq_len => {
+            let training = models::Training { seq_len: size, ..spec.1.clone() };
+            ModelConfig::Pretrained(Box::new((spec.0.clone(), training)))
         }
         _ => return Ok(footprint.check_batch_within(batch, limit)?),
     };
@@ -391,7 +545,7 @@ fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     check_size_flags(args)?;
     check_compare(args)?;
-    if args.precision == DtypeArg::Mixed && args.optimizer != ProbeOptimizerArg::Adamw {
+    if args.precision() == DtypeArg::Mixed && args.optimizer != ProbeOptimizerArg::Adamw {
         return Err(Failure::usage(
             "--precision mixed runs AdamW on f32 master weights: drop --optimizer, or use --precision f32 or bf16",
         ));
@@ -403,7 +557,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     tuner.check()?;
     let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };
 
-    let model = ModelConfig::from_args(args);
+    let model = ModelConfig::from_args(args)?;
     let footprint = model.footprint()?;
     match parse_device(&args.device)? {
         DeviceSpec::Cpu => {
@@ -440,9 +594,8 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 return crate::find::run(args, &model, &candle_core::Device::Cpu, &mut meter, &on, &say)
                     .map_err(blame_scratch);
             }
-            if let Some(config) = model.at_lengths(args) {
-                return tune_lengths(args, &tuner, config, &candle_core::Device::Cpu, &mut meter, &on, &say)
-                    .map_err(blame_scratch);
+            if let Some(workload) = model.at_lengths(args, &candle_core::Device::Cpu) {
+                return tune_lengths(args, &tuner, &mut *workload?, &mut meter, &on, &say).map_err(blame_scratch);
             }
             let mut workload = model.build(&candle_core::Device::Cpu, args)?;
             say(&format!(
@@ -482,20 +635,12 @@ fn compare(
         let layer = 34.0 * s * h + 5.0 * a * s * s;
         (2.0 * s * h * l + layer) / (layer * l)
     };
-    let as_is_mixed = args.precision == DtypeArg::Mixed;
+    let as_is_mixed = args.precision() == DtypeArg::Mixed;
     let optimizer = optimizer_kind(args.optimizer);
     let mut configs: Vec<(String, ModelConfig, f64, bool, OptimizerKind)> =
         vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed, optimizer)];
-    let with_dtype = |dtype| match model {
-        ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
-        ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
-        ModelConfig::ConvNet(c) => ModelConfig::ConvNet(ConvNetConfig { dtype, ..c.clone() }),
-    };
-    let is_f32 = match model {
-        ModelConfig::Transformer(c) => c.dtype == DType::F32,
-        ModelConfig::Mlp(c) => c.dtype == DType::F32,
-        ModelConfig::ConvNet(c) => c.dtype == DType::F32,
-    };
+    let with_dtype = |dtype| model.with_dtype(dtype);
+    let is_f32 = model.dtype() == DType::F32;
     if let ModelConfig::Transformer(c) = model {
         if !c.checkpointing {
             let checkpointed = ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() });
@@ -529,11 +674,9 @@ fn compare(
     // weights: the same activations, a state the estimate counts), a variant's
     // search starts at the answer an earlier one's measured line predicts
     let parameters = model.build_with(device, as_is_mixed, optimizer)?.parameter_count() as u64;
-    let precision = |mixed: bool, config: &ModelConfig| match (mixed, config) {
+    let precision = |mixed: bool, config: &ModelConfig| match (mixed, config.dtype()) {
         (true, _) => Precision::Mixed,
-        (false, ModelConfig::Transformer(TransformerConfig { dtype: DType::BF16, .. }))
-        | (false, ModelConfig::Mlp(MlpConfig { dtype: DType::BF16, .. }))
-        | (false, ModelConfig::ConvNet(ConvNetConfig { dtype: DType::BF16, .. })) => Precision::Bf16,
+        (false, DType::BF16) => Precision::Bf16,
         (false, _) => Precision::Fp32,
     };
     let state = |mixed: bool, config: &ModelConfig, kind: OptimizerKind| {
@@ -572,7 +715,7 @@ fn compare(
                 estimated_bytes_per_sample: row.predicted_bytes_per_sample,
             })
             .collect();
-        let title = format!("remedies for the {} on {on}", model_name(args.model));
+        let title = format!("remedies for the {} on {on}", model.name());
         crate::plot::compare(path, &title, &bars)?;
     }
     if args.json {
@@ -614,6 +757,7 @@ fn same_activations(a: &ModelConfig, b: &ModelConfig) -> bool {
         (ModelConfig::Transformer(a), ModelConfig::Transformer(b)) => a == b,
         (ModelConfig::Mlp(a), ModelConfig::Mlp(b)) => a == b,
         (ModelConfig::ConvNet(a), ModelConfig::ConvNet(b)) => a == b,
+        (ModelConfig::Pretrained(a), ModelConfig::Pretrained(b)) => a == b,
         _ => false,
     }
 }
@@ -668,29 +812,27 @@ fn tune(
     Ok(())
 }
 
-/// `--seq-lens`: the transformer tuned at each length, and the plan across them.
+/// `--seq-lens`: the model tuned at each length, and the plan across them.
 fn tune_lengths(
     args: &ProbeArgs,
     tuner: &Tuner,
-    config: &TransformerConfig,
-    device: &candle_core::Device,
+    trainer: &mut dyn LengthWorkload,
     meter: &mut dyn MemoryMeter,
     on: &str,
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
-    let mut trainer = crate::find::with_optimizer(args, config.build(device)?)?;
     say(&format!(
         "probing {} ({} parameters) at sequence lengths {:?} on {on}",
-        ReferenceWorkload::description(&trainer),
+        trainer.description(),
         trainer.parameter_count(),
         args.seq_lens
     ));
     let mut progress = Progress::new(args.json);
-    let result = tuner.run_sizes_observed(&mut trainer, meter, &args.seq_lens, &mut progress);
+    let result = tuner.run_sizes_observed(trainer, meter, &args.seq_lens, &mut progress);
     drop(progress);
     let plan = result?;
     if let Some(path) = &args.plot {
-        let title = format!("{} on {on}", ReferenceWorkload::description(&trainer));
+        let title = format!("{} on {on}", trainer.description());
         crate::plot::sizes(path, &title, &plan)?;
     }
     if args.json {
@@ -743,8 +885,8 @@ fn cuda(
     if args.find.is_some() {
         return crate::find::run(args, model, &device, &mut meter, &on, say);
     }
-    if let Some(config) = model.at_lengths(args) {
-        return tune_lengths(args, tuner, config, &device, &mut meter, &on, say);
+    if let Some(workload) = model.at_lengths(args, &device) {
+        return tune_lengths(args, tuner, &mut *workload?, &mut meter, &on, say);
     }
     let mut workload = model.build(&device, args)?;
     say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
