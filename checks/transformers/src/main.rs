@@ -10,13 +10,17 @@
 //! - its longest input at twice that batch (`Tuner::run_longest`), exact, and
 //!   a real training step there under the ceiling;
 //! - Qwen2, whose KV cache grows with every forward pass, probed twice in a
-//!   row with a reset hook.
+//!   row with a reset hook;
+//! - `autobatch::models` (llama, mistral, qwen2, qwen3, bert) against
+//!   candle-transformers' models on the same weights: the same logits
+//!   (`logits.rs`).
 
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 #[allow(dead_code, clippy::all)]
 mod bert_fork;
+mod logits;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -137,7 +141,10 @@ fn bert(forked: bool) -> Plan {
         let served = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
         assert!(served.warnings.is_empty() && served.largest_batch > plan.largest_batch, "{served}");
         exact("BERT fork, forward only", &mut forward_only, &mut meter, &served);
-        println!("{name}, forward only beside the probe's AdamW moments: largest batch {} (proven)", served.largest_batch);
+        println!(
+            "{name}, forward only beside the probe's AdamW moments: largest batch {} (proven)",
+            served.largest_batch
+        );
         // run_with_eval: evaluation between training steps, then alone with the probe's moments freed
         let mut evaluation = |batch: usize| serving.hidden(&tokens(batch)?).map(drop);
         let with_eval = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
@@ -258,6 +265,8 @@ fn qwen2() {
 }
 
 fn main() {
+    let failures = logits::check();
+    assert!(failures.is_empty(), "autobatch::models against candle-transformers: {failures:?}");
     let demoted = bert(false);
     let whole = bert(true);
     bert_fork_longest(2 * whole.largest_batch);

@@ -317,6 +317,15 @@ impl ModelConfig {
     }
 }
 
+/// The advice that fits a model the flags can change: a `--config` model
+/// has no `--checkpointing` (yet), so checkpointing is not offered for it.
+fn only_applicable_advice(args: &ProbeArgs, mut err: autobatch::Error) -> autobatch::Error {
+    if let (Some(_), autobatch::Error::NothingFits { remedies, .. }) = (&args.config, &mut err) {
+        remedies.retain(|remedy| remedy.change != autobatch::estimate::Change::GradientCheckpointing);
+    }
+    err
+}
+
 /// A model that steps at any length up to its own: what `--seq-lens` and
 /// `--find seq-len` search.
 pub(crate) trait LengthWorkload: ReferenceWorkload + autobatch::Resizable {}
@@ -795,7 +804,7 @@ fn tune(
         tuner.run_observed(workload, meter, &mut progress)
     };
     drop(progress);
-    let plan = result?;
+    let plan = result.map_err(|err| only_applicable_advice(args, err))?;
     if plan.cached() {
         if let Some(path) = &args.cache {
             log::info!("the plan came from the cache {}", path.display());
@@ -830,7 +839,7 @@ fn tune_lengths(
     let mut progress = Progress::new(args.json);
     let result = tuner.run_sizes_observed(trainer, meter, &args.seq_lens, &mut progress);
     drop(progress);
-    let plan = result?;
+    let plan = result.map_err(|err| only_applicable_advice(args, err))?;
     if let Some(path) = &args.plot {
         let title = format!("{} on {on}", trainer.description());
         crate::plot::sizes(path, &title, &plan)?;
