@@ -594,25 +594,9 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
                 _ => failure,
             };
             let on = format!("the CPU under a {} budget", format_bytes(budget));
-            if args.compare {
-                say(&format!("comparing remedies on {on} ({why})"));
-                return compare(args, &tuner, &model, &candle_core::Device::Cpu, &mut meter, &on)
-                    .map_err(blame_scratch);
-            }
-            if args.find.is_some() {
-                return crate::find::run(args, &model, &candle_core::Device::Cpu, &mut meter, &on, &say)
-                    .map_err(blame_scratch);
-            }
-            if let Some(workload) = model.at_lengths(args, &candle_core::Device::Cpu) {
-                return tune_lengths(args, &tuner, &mut *workload?, &mut meter, &on, &say).map_err(blame_scratch);
-            }
-            let mut workload = model.build(&candle_core::Device::Cpu, args)?;
-            say(&format!(
-                "probing {} ({} parameters) on {on} ({why})",
-                workload.description(),
-                workload.parameter_count()
-            ));
-            tune(args, &tuner, &mut *workload, &mut meter, &on).map_err(blame_scratch)
+            let run =
+                Run { args, tuner: &tuner, model: &model, device: &candle_core::Device::Cpu, on: &on, why, say: &say };
+            run.dispatch(&mut meter).map_err(blame_scratch)
         }
         DeviceSpec::Cuda(ordinal) => {
             if args.budget.is_some() {
@@ -891,15 +875,42 @@ fn cuda(
     check_footprint(args, model, footprint, autobatch::Ceiling::new(args.ceiling)?.limit_bytes(meter.capacity()?))?;
     let device = meter.device().clone();
     let on = format!("{} ({})", meter.name(), format_bytes(meter.capacity()?));
-    if args.find.is_some() {
-        return crate::find::run(args, model, &device, &mut meter, &on, say);
+    let why = "--device";
+    Run { args, tuner, model, device: &device, on: &on, why, say }.dispatch(&mut meter)
+}
+
+/// One probe command on a chosen device: the same modes on the CPU and a GPU.
+struct Run<'a> {
+    args: &'a ProbeArgs,
+    tuner: &'a Tuner,
+    model: &'a ModelConfig,
+    device: &'a candle_core::Device,
+    /// The device in words, for the header and the chart.
+    on: &'a str,
+    /// Where the device's size came from (`--budget`, the default).
+    why: &'a str,
+    say: &'a dyn Fn(&str),
+}
+
+impl Run<'_> {
+    /// The mode the flags ask for, on `meter`: `--compare`, `--find`,
+    /// `--seq-lens`, or one probe (with `--eval`, a target, ranks...).
+    fn dispatch(&self, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
+        let Run { args, tuner, model, device, on, why, say } = *self;
+        if args.compare {
+            say(&format!("comparing remedies on {on} ({why})"));
+            return compare(args, tuner, model, device, meter, on);
+        }
+        if args.find.is_some() {
+            return crate::find::run(args, model, device, meter, on, say);
+        }
+        if let Some(workload) = model.at_lengths(args, device) {
+            return tune_lengths(args, tuner, &mut *workload?, meter, on, say);
+        }
+        let mut workload = model.build(device, args)?;
+        say(&format!("probing {} ({} parameters) on {on} ({why})", workload.description(), workload.parameter_count()));
+        tune(args, tuner, &mut *workload, meter, on)
     }
-    if let Some(workload) = model.at_lengths(args, &device) {
-        return tune_lengths(args, tuner, &mut *workload?, &mut meter, &on, say);
-    }
-    let mut workload = model.build(&device, args)?;
-    say(&format!("probing {} ({} parameters) on {on}", workload.description(), workload.parameter_count()));
-    tune(args, tuner, &mut *workload, &mut meter, &on)
 }
 
 #[cfg(test)]
