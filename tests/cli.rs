@@ -956,6 +956,9 @@ fn a_config_model_is_probed_exactly_in_every_mode() {
     assert!(longest["largest_seq_len"].as_u64().unwrap() > 32, "{longest}");
     let compared = plan_of(&[&common[..], &["--seq-len", "32", "--compare"]].concat());
     assert!(compared.as_array().unwrap().iter().any(|row| row["variant"] == "bf16"), "{compared}");
+    let plain = plan_of(&[&common[..], &["--seq-len", "128"]].concat());
+    let checkpointed = plan_of(&[&common[..], &["--seq-len", "128", "--checkpointing"]].concat());
+    assert!(checkpointed["largest_batch"].as_u64() > plain["largest_batch"].as_u64(), "{checkpointed}\n{plain}");
     let evaluated = plan_of(&[&common[..], &["--seq-len", "32", "--eval"]].concat());
     assert!(evaluated["evaluation"]["largest_batch"].as_u64() > evaluated["largest_batch"].as_u64(), "{evaluated}");
     let dir =
@@ -1027,5 +1030,6 @@ fn bad_configs_are_one_line_before_any_allocation() {
         "c_attn",
     );
     assert_usage_error(&["probe", "--lora", "4"], "--config");
+    assert_usage_error(&["probe", "--config", &config("tiny-bert.json"), "--checkpointing"], "not BERT's");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -278,6 +278,60 @@ fn lora_trains_the_adapters_alone_and_fits_more() {
     }
 }
 
+/// Gradient checkpointing per layer: the same gradients as the plain
+/// backward pass, fewer bytes per sample, and through the reference engine
+/// (`into_trainer`) an exact answer and training under the ceiling.
+fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
+    use autobatch::workloads::Model;
+    for family in ["llama", "qwen3", "gpt2"] {
+        let config = tiny(family);
+        let plain = Pretrained::build(&config, &Training::new(64), &Device::Cpu).unwrap();
+        let checkpointed = Pretrained::build(&config, &Training::new(64).checkpointing(), &Device::Cpu).unwrap();
+        let (vars_a, vars_b) = (plain.varmap().all_vars(), checkpointed.varmap().all_vars());
+        let (loss_a, grads_a) = plain.loss_and_gradients(3, 5, &vars_a).unwrap();
+        let (loss_b, grads_b) = checkpointed.loss_and_gradients(3, 5, &vars_b).unwrap();
+        assert_eq!(loss_a.to_scalar::<f32>().unwrap(), loss_b.to_scalar::<f32>().unwrap(), "{family}");
+        let names = |model: &Pretrained| {
+            let mut all: Vec<(String, candle_core::Var)> =
+                model.varmap().data().lock().unwrap().clone().into_iter().collect();
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            all
+        };
+        for ((name, a), (_, b)) in names(&plain).iter().zip(names(&checkpointed).iter()) {
+            let (ga, gb) = (grads_a.get(a).unwrap(), grads_b.get(b).unwrap());
+            let largest = ga.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-12);
+            let diff = (ga - gb).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff <= 1e-5 * largest, "{family} {name}: gradients differ by {diff} (largest {largest})");
+        }
+        drop((loss_a, grads_a, loss_b, grads_b));
+        let mut trainers = [plain, checkpointed].map(|model| model.into_trainer().unwrap());
+        let per_sample = |trainer: &mut autobatch::workloads::Trainer<Pretrained>| {
+            let mut meter = HeapMeter::with_room(64 * MIB, 0.9).unwrap();
+            trainer.step(8).unwrap();
+            let (small, large) = (peak_of(trainer, &mut meter, 2), peak_of(trainer, &mut meter, 6));
+            (large - small) as f64 / 4.0
+        };
+        let (without, with) = (per_sample(&mut trainers[0]), per_sample(&mut trainers[1]));
+        println!("  {family}: {without:.0} -> {with:.0} bytes per sample checkpointed");
+        assert!(with < 0.8 * without, "{family}: {without} -> {with}");
+        let trainer = &mut trainers[1];
+        let mut meter = HeapMeter::with_room(6 * MIB, 0.9).unwrap();
+        let plan = Tuner::new().target_effective_batch(32).run(trainer, &mut meter).unwrap();
+        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        assert!(plan.proven_largest() && plan.warnings.is_empty(), "{family}:\n{plan}");
+        assert!(peak_of(trainer, &mut meter, largest) <= limit + TOLERANCE, "{family}:\n{plan}");
+        assert!(peak_of(trainer, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{family}:\n{plan}");
+        let first = trainer.train_step_accumulated(plan.micro_batch(), plan.accumulation_steps()).unwrap();
+        meter.reset_peak().unwrap();
+        let second = trainer.train_step_accumulated(plan.micro_batch(), plan.accumulation_steps()).unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= limit + TOLERANCE, "{family}: training peaks at {peak} > {limit}\n{plan}");
+        assert!(first.is_finite() && second.is_finite());
+    }
+    let bert = Pretrained::build(&tiny("bert"), &Training::new(8).checkpointing(), &Device::Cpu);
+    assert!(matches!(bert, Err(Error::UnsupportedConfig { .. })));
+}
+
 fn bad_configs_are_refused_by_field() {
     let refused = |json: &str, field: &str| match Config::from_json(json) {
         Err(Error::UnsupportedConfig { field: got, .. }) => assert_eq!(got, field, "{json}"),
@@ -341,6 +395,10 @@ fn main() {
             every_family_tunes_exactly_and_trains_under_the_ceiling,
         ),
         ("lora_trains_the_adapters_alone_and_fits_more", lora_trains_the_adapters_alone_and_fits_more),
+        (
+            "checkpointing_keeps_the_gradients_and_lowers_the_peak",
+            checkpointing_keeps_the_gradients_and_lowers_the_peak,
+        ),
         ("bad_configs_are_refused_by_field", bad_configs_are_refused_by_field),
         (
             "the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating",

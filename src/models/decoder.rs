@@ -132,26 +132,46 @@ impl Decoder {
 
     /// The logits `(b, s, vocab)` of token ids `(b, s)`.
     pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let (b, s) = ids.dims2()?;
-        let hidden = self.embed.dim(1)?;
-        let mut xs = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, hidden))?;
-        let (cos, sin) = rotary_tables(&self.inverse_frequencies, s, xs.dtype(), xs.device())?;
-        for block in &self.blocks {
-            let h = block.input_norm.forward(&xs)?;
-            let mut q = split_heads(&block.q.forward(&h)?, self.heads, self.head_dim)?;
-            let mut k = split_heads(&block.k.forward(&h)?, self.kv_heads, self.head_dim)?;
-            let v = split_heads(&block.v.forward(&h)?, self.kv_heads, self.head_dim)?;
-            if let (Some(q_norm), Some(k_norm)) = (&block.q_norm, &block.k_norm) {
-                q = q_norm.forward(&q)?;
-                k = k_norm.forward(&k)?;
-            }
-            let (q, k) = (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?);
-            xs = (xs + block.o.forward(&attention(&q, &k, &v, true)?)?)?;
-            let h = block.post_norm.forward(&xs)?;
-            let mlp = (block.gate.forward(&h)?.silu()? * block.up.forward(&h)?)?;
-            xs = (xs + block.down.forward(&mlp)?)?;
+        let mut xs = self.embed(ids)?;
+        let tables = self.tables(&xs)?;
+        for index in 0..self.blocks.len() {
+            xs = self.block(index, &xs, &tables)?;
         }
-        self.head.forward(&self.norm.forward(&xs)?)
+        self.head(&xs)
+    }
+
+    /// The token embeddings `(b, s, hidden)` of ids `(b, s)`.
+    pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, s) = ids.dims2()?;
+        self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, self.embed.dim(1)?))
+    }
+
+    /// The rotary tables for the sequence `xs` `(b, s, hidden)` holds.
+    pub(crate) fn tables(&self, xs: &Tensor) -> Result<(Tensor, Tensor)> {
+        rotary_tables(&self.inverse_frequencies, xs.dim(1)?, xs.dtype(), xs.device())
+    }
+
+    /// Block `index` of the decoder.
+    pub(crate) fn block(&self, index: usize, xs: &Tensor, (cos, sin): &(Tensor, Tensor)) -> Result<Tensor> {
+        let block = &self.blocks[index];
+        let h = block.input_norm.forward(xs)?;
+        let mut q = split_heads(&block.q.forward(&h)?, self.heads, self.head_dim)?;
+        let mut k = split_heads(&block.k.forward(&h)?, self.kv_heads, self.head_dim)?;
+        let v = split_heads(&block.v.forward(&h)?, self.kv_heads, self.head_dim)?;
+        if let (Some(q_norm), Some(k_norm)) = (&block.q_norm, &block.k_norm) {
+            q = q_norm.forward(&q)?;
+            k = k_norm.forward(&k)?;
+        }
+        let (q, k) = (rotate(&q, cos, sin)?, rotate(&k, cos, sin)?);
+        let xs = (xs + block.o.forward(&attention(&q, &k, &v, true)?)?)?;
+        let h = block.post_norm.forward(&xs)?;
+        let mlp = (block.gate.forward(&h)?.silu()? * block.up.forward(&h)?)?;
+        xs + block.down.forward(&mlp)?
+    }
+
+    /// The final norm and the head: logits of the last block's output.
+    pub(crate) fn head(&self, xs: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.norm.forward(xs)?)
     }
 }
 

@@ -94,19 +94,36 @@ impl Gpt2 {
     }
 
     pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let mut xs = self.embed(ids)?;
+        for index in 0..self.blocks.len() {
+            xs = self.block(index, &xs)?;
+        }
+        self.head(&xs)
+    }
+
+    /// Token and position embeddings `(b, s, hidden)` of ids `(b, s)`.
+    pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, s) = ids.dims2()?;
         let hidden = self.wte.dim(1)?;
         let tokens = self.wte.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, hidden))?;
-        let mut xs = tokens.broadcast_add(&self.wpe.narrow(0, 0, s)?)?;
+        tokens.broadcast_add(&self.wpe.narrow(0, 0, s)?)
+    }
+
+    /// Block `index`.
+    pub(crate) fn block(&self, index: usize, xs: &Tensor) -> Result<Tensor> {
+        let block = &self.blocks[index];
+        let hidden = xs.dim(2)?;
         let head_dim = hidden / self.heads;
-        for block in &self.blocks {
-            let qkv = block.c_attn.forward(&block.ln_1.forward(&xs)?)?;
-            let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
-            let attended = attention(&part(0)?, &part(1)?, &part(2)?, true)?;
-            xs = (xs + block.attn_proj.forward(&attended)?)?;
-            let mlp = gelu_tanh(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?)?;
-            xs = (xs + block.mlp_proj.forward(&mlp)?)?;
-        }
-        self.head.forward(&self.ln_f.forward(&xs)?)
+        let qkv = block.c_attn.forward(&block.ln_1.forward(xs)?)?;
+        let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
+        let attended = attention(&part(0)?, &part(1)?, &part(2)?, true)?;
+        let xs = (xs + block.attn_proj.forward(&attended)?)?;
+        let mlp = gelu_tanh(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?)?;
+        xs + block.mlp_proj.forward(&mlp)?
+    }
+
+    /// The final norm and the tied head.
+    pub(crate) fn head(&self, xs: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.ln_f.forward(xs)?)
     }
 }

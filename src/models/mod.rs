@@ -65,12 +65,15 @@ pub struct Training {
     pub lora: Option<Lora>,
     /// The seed of the weights and the token ids.
     pub seed: u64,
+    /// Gradient checkpointing per layer: only each layer's input is kept,
+    /// and each layer runs again in the backward pass (decoders and GPT-2).
+    pub checkpointing: bool,
 }
 
 impl Training {
     /// Full fine-tuning at `seq_len` tokens, in the config's dtype.
     pub fn new(seq_len: usize) -> Training {
-        Training { seq_len, dtype: None, lora: None, seed: 0 }
+        Training { seq_len, dtype: None, lora: None, seed: 0, checkpointing: false }
     }
 
     /// With LoRA adapters.
@@ -82,6 +85,12 @@ impl Training {
     /// In `dtype` (f32 or bf16).
     pub fn dtype(mut self, dtype: DType) -> Training {
         self.dtype = Some(dtype);
+        self
+    }
+
+    /// With gradient checkpointing per layer.
+    pub fn checkpointing(mut self) -> Training {
+        self.checkpointing = true;
         self
     }
 }
@@ -209,8 +218,9 @@ impl Config {
             Some(lora) => format!(", LoRA r {} on {}", lora.rank, lora.targets.join(",")),
             None => String::new(),
         };
+        let checkpointing = if training.checkpointing { ", checkpointed" } else { "" };
         format!(
-            "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora})",
+            "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora}{checkpointing})",
             self.family.model_type(),
             self.vocab,
             self.hidden,
@@ -245,6 +255,9 @@ pub struct Pretrained {
     training: Training,
     weights: Weights,
     network: Network,
+    /// With checkpointing: the same network over detached weights, whose
+    /// forward pass records no graph.
+    frozen: Option<Network>,
     dtype: DType,
     device: Device,
     /// The sequence length it was built for: the longest it steps at.
@@ -267,11 +280,23 @@ impl Pretrained {
         let weights =
             Weights::build(&specs, training.seed, dtype, device, |name| trains_everything || name.contains(".lora_"))?;
         let network = Network::new(config, &weights, training.lora.as_ref())?;
+        let frozen = match (training.checkpointing, config.family) {
+            (false, _) => None,
+            (true, Family::Bert) => {
+                return Err(Error::UnsupportedConfig {
+                    field: "model_type".into(),
+                    value: "bert".into(),
+                    valid: "a decoder (llama, mistral, qwen2, qwen3, gpt2) for gradient checkpointing".into(),
+                })
+            }
+            (true, _) => Some(Network::new(config, &weights.detached(), training.lora.as_ref())?),
+        };
         Ok(Pretrained {
             config: config.clone(),
             training: training.clone(),
             weights,
             network,
+            frozen,
             dtype,
             device: device.clone(),
             longest: training.seq_len,
@@ -337,13 +362,20 @@ impl Pretrained {
                 )
             }
             _ => {
-                // s + 1 tokens a sample: the inputs, and the next token of each as its target
-                let tokens = Tensor::from_vec(sequences(data_seed, batch, s + 1, vocab), (batch, s + 1), &self.device)?;
-                let (input, targets) = (tokens.narrow(1, 0, s)?, tokens.narrow(1, 1, s)?);
-                let logits = self.forward(&input.contiguous()?)?;
-                layers::cross_entropy(&logits.reshape((batch * s, vocab))?, &targets.flatten_all()?)
+                let (input, targets) = self.next_tokens(batch, data_seed)?;
+                let logits = self.forward(&input)?;
+                layers::cross_entropy(&logits.reshape((batch * s, vocab))?, &targets)
             }
         }
+    }
+
+    /// A decoder's batch: `s + 1` tokens a sample, the first `s` the input
+    /// `(b, s)`, each one's next token its target `(b · s)`.
+    fn next_tokens(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
+        let s = self.training.seq_len;
+        let tokens = sequences(data_seed, batch, s + 1, self.config.vocab);
+        let tokens = Tensor::from_vec(tokens, (batch, s + 1), &self.device)?;
+        Ok((tokens.narrow(1, 0, s)?.contiguous()?, tokens.narrow(1, 1, s)?.flatten_all()?))
     }
 
     /// The model in the reference models' engine: a [`Workload`](crate::Workload)
@@ -383,6 +415,52 @@ impl Model for Pretrained {
         Pretrained::loss(self, batch, data_seed)
     }
 
+    /// With checkpointing: each layer's input kept, each layer run again in
+    /// the backward pass ([`checkpointed`](crate::model::checkpointed)).
+    fn loss_and_gradients(
+        &self,
+        batch: usize,
+        data_seed: u64,
+        vars: &[candle_core::Var],
+    ) -> candle_core::Result<(Tensor, candle_core::backprop::GradStore)> {
+        let Some(frozen) = &self.frozen else {
+            let loss = self.loss(batch, data_seed)?;
+            let grads = loss.backward()?;
+            return Ok((loss, grads));
+        };
+        let (input, targets) = self.next_tokens(batch, data_seed)?;
+        let (embedded, tables) = match &self.network {
+            Network::Decoder(network) => {
+                let embedded = network.embed(&input)?;
+                let tables = network.tables(&embedded)?;
+                (embedded, Some(tables))
+            }
+            Network::Gpt2(network) => (network.embed(&input)?, None),
+            Network::Bert(_) => candle_core::bail!("BERT is not checkpointed"),
+        };
+        let steps = |network| -> Vec<Step<'_>> {
+            (0..self.config.layers).map(|index| Step { network, index, tables: tables.as_ref() }).collect()
+        };
+        let (blocks, detached) = (steps(&self.network), steps(frozen));
+        let vocab = self.config.vocab;
+        let mut loss = None;
+        let (_, grads) = crate::model::checkpointed(vars, &embedded, &blocks, &detached, |h| {
+            let logits = match &self.network {
+                Network::Decoder(network) => network.head(h)?,
+                Network::Gpt2(network) => network.head(h)?,
+                Network::Bert(_) => candle_core::bail!("BERT is not checkpointed"),
+            };
+            let head = layers::cross_entropy(&logits.reshape((batch * self.training.seq_len, vocab))?, &targets)?;
+            loss = Some(head.detach());
+            Ok(head)
+        })?;
+        Ok((loss.expect("the head ran"), grads))
+    }
+
+    fn computes_own_gradients(&self) -> bool {
+        self.frozen.is_some()
+    }
+
     fn transformer(&self) -> Option<crate::estimate::TransformerActivations> {
         let shape = crate::estimate::TransformerShape {
             layers: self.config.layers as u64,
@@ -391,7 +469,9 @@ impl Model for Pretrained {
             seq_len: self.training.seq_len as u64,
             batch: 1,
         };
-        Some(crate::estimate::TransformerActivations { shape, recompute: crate::estimate::Recompute::None })
+        let recompute =
+            if self.frozen.is_some() { crate::estimate::Recompute::Full } else { crate::estimate::Recompute::None };
+        Some(crate::estimate::TransformerActivations { shape, recompute })
     }
 
     fn detached(&self) -> Pretrained {
@@ -403,9 +483,27 @@ impl Model for Pretrained {
             training: self.training.clone(),
             weights,
             network,
+            frozen: None,
             dtype: self.dtype,
             device: self.device.clone(),
             longest: self.longest,
+        }
+    }
+}
+
+/// One layer of a network as a `Module`: what checkpointing runs twice.
+struct Step<'a> {
+    network: &'a Network,
+    index: usize,
+    tables: Option<&'a (Tensor, Tensor)>,
+}
+
+impl candle_core::Module for Step<'_> {
+    fn forward(&self, xs: &Tensor) -> candle_core::Result<Tensor> {
+        match (self.network, self.tables) {
+            (Network::Decoder(network), Some(tables)) => network.block(self.index, xs, tables),
+            (Network::Gpt2(network), _) => network.block(self.index, xs),
+            _ => candle_core::bail!("layer {} cannot be checkpointed", self.index),
         }
     }
 }

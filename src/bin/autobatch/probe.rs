@@ -62,12 +62,6 @@ fn check_config_flags(args: &ProbeArgs) -> Result<(), Failure> {
              --seq-lens do apply)"
         )));
     }
-    if args.checkpointing {
-        return Err(Failure::usage(
-            "--checkpointing is not available for --config models yet: probe without it, or compare against \
-             the reference transformer with --model transformer --checkpointing",
-        ));
-    }
     Ok(())
 }
 
@@ -137,6 +131,13 @@ impl ModelConfig {
             args.seq_len.or(args.seq_lens.iter().max().copied()).unwrap_or_else(|| config.max_positions.min(512));
         let mut training = models::Training::new(seq_len);
         training.seed = args.seed;
+        training.checkpointing = args.checkpointing;
+        if args.checkpointing && config.family == models::Family::Bert {
+            return Err(Failure::usage(format!(
+                "--config {}: --checkpointing checkpoints a decoder's layers (llama, mistral, qwen2, qwen3, gpt2), not BERT's",
+                path.display()
+            )));
+        }
         training.dtype = args.precision.map(|precision| match precision {
             DtypeArg::F32 => DType::F32,
             DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
@@ -306,6 +307,25 @@ impl ModelConfig {
         }
     }
 
+    /// The same model with gradient checkpointing and its (layers, hidden,
+    /// heads, seq_len), when it can checkpoint and does not yet.
+    fn checkpointed(&self) -> Option<(ModelConfig, (usize, usize, usize, usize))> {
+        match self {
+            ModelConfig::Transformer(c) if !c.checkpointing => Some((
+                ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() }),
+                (c.layers, c.d_model, c.heads, c.seq_len),
+            )),
+            ModelConfig::Pretrained(spec) if !spec.1.checkpointing && spec.0.family != models::Family::Bert => {
+                let (config, training) = spec.as_ref();
+                Some((
+                    ModelConfig::Pretrained(Box::new((config.clone(), training.clone().checkpointing()))),
+                    (config.layers, config.hidden, config.heads, training.seq_len),
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// What the model is called in titles: `transformer`, `llama`.
     fn name(&self) -> &'static str {
         match self {
@@ -317,10 +337,11 @@ impl ModelConfig {
     }
 }
 
-/// The advice that fits a model the flags can change: a `--config` model
-/// has no `--checkpointing` (yet), so checkpointing is not offered for it.
-fn only_applicable_advice(args: &ProbeArgs, mut err: autobatch::Error) -> autobatch::Error {
-    if let (Some(_), autobatch::Error::NothingFits { remedies, .. }) = (&args.config, &mut err) {
+/// The advice that fits a model the flags can change: BERT from `--config`
+/// has no `--checkpointing`, so checkpointing is not offered for it.
+fn only_applicable_advice(model: &ModelConfig, mut err: autobatch::Error) -> autobatch::Error {
+    let bert = matches!(model, ModelConfig::Pretrained(spec) if spec.0.family == models::Family::Bert);
+    if let (true, autobatch::Error::NothingFits { remedies, .. }) = (bert, &mut err) {
         remedies.retain(|remedy| remedy.change != autobatch::estimate::Change::GradientCheckpointing);
     }
     err
@@ -623,8 +644,8 @@ fn compare(
     // per sample (Korthikanti et al.) for every layer, and holds one layer's
     // whole activations again while the backward pass recomputes it
     const BF16: f64 = 0.5;
-    let checkpointing = |c: &TransformerConfig| {
-        let (l, h, a, s) = (c.layers as f64, c.d_model as f64, c.heads as f64, c.seq_len as f64);
+    let checkpointing = |(layers, hidden, heads, seq_len): (usize, usize, usize, usize)| {
+        let (l, h, a, s) = (layers as f64, hidden as f64, heads as f64, seq_len as f64);
         let layer = 34.0 * s * h + 5.0 * a * s * s;
         (2.0 * s * h * l + layer) / (layer * l)
     };
@@ -634,18 +655,12 @@ fn compare(
         vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed, optimizer)];
     let with_dtype = |dtype| model.with_dtype(dtype);
     let is_f32 = model.dtype() == DType::F32;
-    if let ModelConfig::Transformer(c) = model {
-        if !c.checkpointing {
-            let checkpointed = ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() });
-            configs.push(("gradient checkpointing".to_owned(), checkpointed, checkpointing(c), as_is_mixed, optimizer));
-            if is_f32 {
-                let both = ModelConfig::Transformer(TransformerConfig {
-                    checkpointing: true,
-                    dtype: DType::BF16,
-                    ..c.clone()
-                });
-                configs.push(("checkpointing + bf16".to_owned(), both, checkpointing(c) * BF16, false, optimizer));
-            }
+    if let Some((checkpointed, shape)) = model.checkpointed() {
+        let factor = checkpointing(shape);
+        configs.push(("gradient checkpointing".to_owned(), checkpointed.clone(), factor, as_is_mixed, optimizer));
+        if is_f32 {
+            let both = checkpointed.with_dtype(DType::BF16);
+            configs.push(("checkpointing + bf16".to_owned(), both, factor * BF16, false, optimizer));
         }
     }
     // candle's CPU conv2d has no bf16: the convnet's bf16 runs on CUDA only
@@ -776,6 +791,7 @@ impl autobatch::Workload for ReferenceStep {
 fn tune(
     args: &ProbeArgs,
     tuner: &Tuner,
+    model: &ModelConfig,
     workload: &mut dyn ReferenceWorkload,
     meter: &mut dyn MemoryMeter,
     on: &str,
@@ -788,7 +804,7 @@ fn tune(
         tuner.run_observed(workload, meter, &mut progress)
     };
     drop(progress);
-    let plan = result.map_err(|err| only_applicable_advice(args, err))?;
+    let plan = result.map_err(|err| only_applicable_advice(model, err))?;
     if plan.cached() {
         if let Some(path) = &args.cache {
             log::info!("the plan came from the cache {}", path.display());
@@ -809,6 +825,7 @@ fn tune(
 fn tune_lengths(
     args: &ProbeArgs,
     tuner: &Tuner,
+    model: &ModelConfig,
     trainer: &mut dyn LengthWorkload,
     meter: &mut dyn MemoryMeter,
     on: &str,
@@ -823,7 +840,7 @@ fn tune_lengths(
     let mut progress = Progress::new(args.json);
     let result = tuner.run_sizes_observed(trainer, meter, &args.seq_lens, &mut progress);
     drop(progress);
-    let plan = result.map_err(|err| only_applicable_advice(args, err))?;
+    let plan = result.map_err(|err| only_applicable_advice(model, err))?;
     if let Some(path) = &args.plot {
         let title = format!("{} on {on}", trainer.description());
         crate::plot::sizes(path, &title, &plan)?;
@@ -905,11 +922,11 @@ impl Run<'_> {
             return crate::find::run(args, model, device, meter, on, say);
         }
         if let Some(workload) = model.at_lengths(args, device) {
-            return tune_lengths(args, tuner, &mut *workload?, meter, on, say);
+            return tune_lengths(args, tuner, model, &mut *workload?, meter, on, say);
         }
         let mut workload = model.build(device, args)?;
         say(&format!("probing {} ({} parameters) on {on} ({why})", workload.description(), workload.parameter_count()));
-        tune(args, tuner, &mut *workload, meter, on)
+        tune(args, tuner, model, &mut *workload, meter, on)
     }
 }
 
