@@ -365,6 +365,25 @@ fn bad_configs_are_refused_by_field() {
     );
     assert!(mistral.check_seq_len(4096).is_ok());
     assert!(matches!(tiny("gpt2").check_seq_len(257), Err(Error::UnsupportedConfig { .. })));
+    // given weights: the same logits; a missing tensor or a wrong shape is named
+    let config = tiny("qwen2");
+    let random = Pretrained::build(&config, &Training::new(8), &Device::Cpu).unwrap();
+    let tensors: std::collections::HashMap<String, Tensor> =
+        random.varmap().data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
+    let ids = Tensor::new(&[[1u32, 5, 9, 2, 7, 3, 3, 8]], &Device::Cpu).unwrap();
+    let loaded = Pretrained::from_tensors(&config, &Training::new(8), tensors.clone(), &Device::Cpu).unwrap();
+    assert_eq!(
+        loaded.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        random.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
+    let mut missing = tensors.clone();
+    missing.remove("model.layers.1.self_attn.k_proj.bias");
+    let err = Pretrained::from_tensors(&config, &Training::new(8), missing, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("model.layers.1.self_attn.k_proj.bias"), "{err}");
+    let mut wrong = tensors;
+    wrong.insert("model.norm.weight".into(), Tensor::ones(63, DType::F32, &Device::Cpu).unwrap());
+    let err = Pretrained::from_tensors(&config, &Training::new(8), wrong, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("model.norm.weight"), "{err}");
     let unknown = Pretrained::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
     let Err(Error::UnsupportedConfig { field, valid, .. }) = unknown else { panic!("an unknown target was taken") };
     assert!(field == "lora targets" && valid.contains("q_proj"), "{valid}");

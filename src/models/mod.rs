@@ -269,6 +269,53 @@ impl Pretrained {
     /// is allocated: a sequence past the model's positions or its sliding
     /// window, an unknown LoRA target, a dtype other than f32 or bf16.
     pub fn build(config: &Config, training: &Training, device: &Device) -> Result<Pretrained, Error> {
+        Pretrained::assemble(config, training, device, None)
+    }
+
+    /// [`build`](Self::build) over given weights, by their checkpoint names
+    /// (what `candle_core::safetensors::load` of the model's files returns);
+    /// LoRA adapters not among them start as `build` starts them. A missing
+    /// tensor or a shape other than the config's is an error naming it.
+    ///
+    /// ```
+    /// use autobatch::models::{Config, Pretrained, Training};
+    /// let config = Config::from_json(r#"{"model_type": "gpt2", "vocab_size": 16, "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 8}"#)?;
+    /// let random = Pretrained::build(&config, &Training::new(4), &candle_core::Device::Cpu)?;
+    /// let tensors = random.varmap().data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
+    /// let loaded = Pretrained::from_tensors(&config, &Training::new(4), tensors, &candle_core::Device::Cpu)?;
+    /// let ids = candle_core::Tensor::new(&[[1u32, 2, 3, 4]], &candle_core::Device::Cpu)?;
+    /// assert_eq!(loaded.forward(&ids)?.to_vec3::<f32>()?, random.forward(&ids)?.to_vec3::<f32>()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_tensors(
+        config: &Config,
+        training: &Training,
+        tensors: std::collections::HashMap<String, Tensor>,
+        device: &Device,
+    ) -> Result<Pretrained, Error> {
+        Pretrained::assemble(config, training, device, Some(tensors))
+    }
+
+    /// [`from_tensors`](Self::from_tensors) of the model's safetensors files.
+    pub fn from_safetensors(
+        config: &Config,
+        training: &Training,
+        files: &[impl AsRef<std::path::Path>],
+        device: &Device,
+    ) -> Result<Pretrained, Error> {
+        let mut tensors = std::collections::HashMap::new();
+        for file in files {
+            tensors.extend(candle_core::safetensors::load(file.as_ref(), device)?);
+        }
+        Pretrained::from_tensors(config, training, tensors, device)
+    }
+
+    fn assemble(
+        config: &Config,
+        training: &Training,
+        device: &Device,
+        given: Option<std::collections::HashMap<String, Tensor>>,
+    ) -> Result<Pretrained, Error> {
         config.check_seq_len(training.seq_len)?;
         let dtype = training.dtype.unwrap_or(config.dtype);
         crate::workloads::check_dtype(dtype)?;
@@ -277,8 +324,22 @@ impl Pretrained {
         if let Some(lora) = &training.lora {
             specs.extend(config.adapters(lora)?);
         }
-        let weights =
-            Weights::build(&specs, training.seed, dtype, device, |name| trains_everything || name.contains(".lora_"))?;
+        let trained = |name: &str| trains_everything || name.contains(".lora_");
+        let weights = match given {
+            None => Weights::build(&specs, training.seed, dtype, device, trained)?,
+            Some(mut given) => {
+                let mut rng_specs = specs.clone();
+                rng_specs.retain(|spec| spec.name.contains(".lora_") && !given.contains_key(&spec.name));
+                // adapters a checkpoint does not hold start as a new adapter does
+                let fresh = Weights::build(&rng_specs, training.seed, dtype, device, |_| false)?;
+                let source = |spec: &TensorSpec| match given.remove(&spec.name) {
+                    Some(tensor) => Ok(tensor),
+                    None if spec.name.contains(".lora_") => fresh.get(&spec.name),
+                    None => Err(candle_core::Error::Msg(format!("the weights have no tensor {}", spec.name))),
+                };
+                Weights::from_source(&specs, dtype, source, trained)?
+            }
+        };
         let network = Network::new(config, &weights, training.lora.as_ref())?;
         let frozen = match (training.checkpointing, config.family) {
             (false, _) => None,

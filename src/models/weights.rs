@@ -58,16 +58,38 @@ impl Weights {
         trained: impl Fn(&str) -> bool,
     ) -> candle_core::Result<Weights> {
         let mut rng = Rng::new(seed);
+        let generated = |spec: &TensorSpec| -> candle_core::Result<Tensor> {
+            let count = spec.shape.iter().product::<usize>();
+            match spec.init {
+                Init::Normal(std) => Tensor::from_vec(rng.normals(count, std), spec.shape.as_slice(), device),
+                Init::Ones => Tensor::ones(spec.shape.as_slice(), DType::F32, device),
+                Init::Zeros => Tensor::zeros(spec.shape.as_slice(), DType::F32, device),
+            }
+        };
+        Weights::from_source(specs, dtype, generated, trained)
+    }
+
+    /// The tensors `source` gives for `specs` (checked against their shapes),
+    /// in `dtype`; those `trained` says become variables.
+    pub(crate) fn from_source(
+        specs: &[TensorSpec],
+        dtype: DType,
+        mut source: impl FnMut(&TensorSpec) -> candle_core::Result<Tensor>,
+        trained: impl Fn(&str) -> bool,
+    ) -> candle_core::Result<Weights> {
         let varmap = VarMap::new();
         let mut tensors = HashMap::with_capacity(specs.len());
         for spec in specs {
-            let count = spec.shape.iter().product::<usize>();
-            let values = match spec.init {
-                Init::Normal(std) => Tensor::from_vec(rng.normals(count, std), spec.shape.as_slice(), device)?,
-                Init::Ones => Tensor::ones(spec.shape.as_slice(), DType::F32, device)?,
-                Init::Zeros => Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?,
+            let values = source(spec)?;
+            if values.dims() != spec.shape.as_slice() {
+                candle_core::bail!(
+                    "tensor {} has shape {:?}; the config says {:?}",
+                    spec.name,
+                    values.dims(),
+                    spec.shape
+                )
             }
-            .to_dtype(dtype)?;
+            let values = values.to_dtype(dtype)?;
             let tensor = if trained(&spec.name) {
                 let var = Var::from_tensor(&values)?;
                 let tensor = var.as_tensor().clone();
