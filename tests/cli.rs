@@ -900,7 +900,10 @@ fn plots_are_svg_with_the_ceiling_where_it_is() {
 #[test]
 fn seq_lens_advice_names_the_list_and_applied_it_fits() {
     let common = ["--seq-len", "2048", "--start", "4", "--max-batch", "4", "--budget", "96MiB"];
-    let output = autobatch(&[&["probe", "--seq-lens", "176"][..], &common].concat());
+    // one token past the longest that fits at batch 4, found on this host
+    let found = plan_of(&["probe", "--find", "seq-len", "--batch", "4", "--seq-len", "2048", "--budget", "96MiB"]);
+    let past = (found["largest_seq_len"].as_u64().unwrap() + 1).to_string();
+    let output = autobatch(&[&["probe", "--seq-lens", &past][..], &common].concat());
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "{stderr}");
     assert!(!stderr.contains("--seq-len 8"), "{stderr}");

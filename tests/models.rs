@@ -332,6 +332,75 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     assert!(matches!(bert, Err(Error::UnsupportedConfig { .. })));
 }
 
+/// A LoRA model as a user writes it (a frozen base of plain tensors under
+/// candle-nn's `Linear`, adapters in a `VarMap`): the plan names the frozen
+/// weights' gradients candle keeps; with `FrozenLinear` they are gone, and
+/// more fits (both exact by brute force).
+fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
+    use autobatch::ops::FrozenLinear;
+    use autobatch::Warning;
+    use candle_core::Module;
+    let cpu = &Device::Cpu;
+    let frozen: Vec<Tensor> = (0..4)
+        .map(|i| Tensor::randn(0f32, 0.05, (256, 256), cpu).unwrap().affine(1.0, i as f64 * 1e-3).unwrap())
+        .collect();
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, cpu);
+    // the input as a model's is: an embedding lookup (a constant input would get a gradient of its own)
+    let table = vb.get_with_hints((16, 256), "embed", candle_nn::init::DEFAULT_KAIMING_NORMAL).unwrap();
+    let adapters: Vec<(Tensor, Tensor)> = (0..4)
+        .map(|i| {
+            let a =
+                vb.get_with_hints((4, 256), &format!("{i}.lora_A"), candle_nn::init::DEFAULT_KAIMING_NORMAL).unwrap();
+            let b = vb.get_with_hints((256, 4), &format!("{i}.lora_B"), candle_nn::Init::Const(0.01)).unwrap();
+            (a, b)
+        })
+        .collect();
+    let tune = |fixed: bool| {
+        let layers: Vec<Box<dyn Module>> = frozen
+            .iter()
+            .map(|w| -> Box<dyn Module> {
+                if fixed {
+                    Box::new(FrozenLinear::new(w.clone(), None))
+                } else {
+                    Box::new(candle_nn::Linear::new(w.clone(), None))
+                }
+            })
+            .collect();
+        let loss = |batch: usize| -> candle_core::Result<Tensor> {
+            let ids: Vec<u32> = (0..batch).map(|i| (i % 16) as u32).collect();
+            let mut x = table.index_select(&Tensor::from_vec(ids, batch, cpu)?, 0)?;
+            for (layer, (a, b)) in layers.iter().zip(&adapters) {
+                x = (layer.forward(&x)? + x.matmul(&a.t()?)?.matmul(&b.t()?)?)?.tanh()?;
+            }
+            x.sqr()?.mean_all()
+        };
+        let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+        let mut meter = HeapMeter::with_room(24 * MIB, 0.9).unwrap();
+        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        assert!(plan.proven_largest(), "{plan}");
+        assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE);
+        assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE));
+        plan
+    };
+    let plain = tune(false);
+    let held = plain.warnings.iter().find_map(|w| match w {
+        Warning::UntrainedGradients { tensors, bytes, .. } => Some((*tensors, *bytes)),
+        _ => None,
+    });
+    let (tensors, bytes) = held.unwrap_or_else(|| panic!("no warning of the frozen gradients:\n{plain}"));
+    assert!(tensors >= 4 && bytes >= 4 * 256 * 256 * 4, "{tensors} tensors, {bytes} bytes");
+    assert!(plain.to_string().contains("FrozenLinear"), "{plain}");
+    let fixed = tune(true);
+    assert!(!fixed.warnings.iter().any(|w| matches!(w, Warning::UntrainedGradients { .. })), "{fixed}");
+    println!(
+        "  frozen gradients {bytes} bytes in {tensors} tensors; largest batch {} -> {}",
+        plain.largest_batch, fixed.largest_batch
+    );
+    assert!(fixed.largest_batch > plain.largest_batch, "{plain}\n{fixed}");
+}
+
 fn bad_configs_are_refused_by_field() {
     let refused = |json: &str, field: &str| match Config::from_json(json) {
         Err(Error::UnsupportedConfig { field: got, .. }) => assert_eq!(got, field, "{json}"),
@@ -417,6 +486,10 @@ fn main() {
         (
             "checkpointing_keeps_the_gradients_and_lowers_the_peak",
             checkpointing_keeps_the_gradients_and_lowers_the_peak,
+        ),
+        (
+            "a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more",
+            a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more,
         ),
         ("bad_configs_are_refused_by_field", bad_configs_are_refused_by_field),
         (

@@ -213,6 +213,10 @@ pub struct ModelProbe<L> {
     reset: Option<Box<dyn FnMut() -> Result<()>>>,
     /// A forward-only step's output recorded a graph.
     graph_recorded: bool,
+    /// The most gradient bytes a backward pass kept for tensors that are not
+    /// the variables (frozen weights, constants), with their count, and the
+    /// variables' gradient bytes beside them.
+    untrained: Option<(usize, u64, u64)>,
     /// The loss and its forward graph stay alive through the update
     /// (training calls `optimizer.backward_step(&loss)`).
     graph_through_update: bool,
@@ -356,6 +360,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
             key,
             gradients: None,
             missing: None,
+            untrained: None,
             buffers: Buffers::default(),
             reset: None,
             graph_recorded: false,
@@ -571,6 +576,24 @@ impl<L: ProbeLoss> ModelProbe<L> {
         if self.gradients.is_none() {
             self.gradients = Some(self.vars.iter().map(|(_, var)| grads.get(var.as_tensor()).is_some()).collect());
         }
+        // after backward, the store holds the variables' gradients and those
+        // of the leaves that are not variables: a frozen weight under candle's
+        // matmul, a constant such as an attention mask (the nodes' own are gone)
+        let bytes = |tensor: &Tensor| (tensor.elem_count() * tensor.dtype().size_in_bytes()) as u64;
+        let trained: std::collections::HashSet<_> = self.vars.iter().map(|(_, var)| var.as_tensor().id()).collect();
+        let (mut count, mut held, mut kept) = (0, 0, 0);
+        for id in grads.get_ids() {
+            let Some(grad) = grads.get_id(*id) else { continue };
+            if trained.contains(id) {
+                kept += bytes(grad);
+            } else {
+                count += 1;
+                held += bytes(grad);
+            }
+        }
+        if self.untrained.is_none_or(|(_, most, _)| held > most) {
+            self.untrained = Some((count, held, kept));
+        }
     }
 
     fn optimizer_name(&self) -> String {
@@ -685,9 +708,18 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         if self.graph_recorded {
             return vec![Warning::GraphRecorded];
         }
-        let Some(missing) = self.missing.as_ref().filter(|m| !m.is_empty()) else { return Vec::new() };
-        let of = self.vars.iter().filter(|(_, var)| var.dtype().is_float()).count();
-        vec![Warning::MissingGradients { variables: missing.clone(), of }]
+        let mut warnings = Vec::new();
+        if let Some(missing) = self.missing.as_ref().filter(|m| !m.is_empty()) {
+            let of = self.vars.iter().filter(|(_, var)| var.dtype().is_float()).count();
+            warnings.push(Warning::MissingGradients { variables: missing.clone(), of });
+        }
+        // worth saying once it is a twentieth of what training needs the gradients for
+        if let Some((tensors, bytes, trained)) =
+            self.untrained.filter(|(_, held, kept)| *held > 0 && 20 * held >= *kept)
+        {
+            warnings.push(Warning::UntrainedGradients { tensors, bytes, trained_bytes: trained });
+        }
+        warnings
     }
 
     /// Frees the optimizer's state (a dry optimizer this probe built: the

@@ -7,7 +7,7 @@
 use candle_core::{Module, Result, Tensor, D};
 
 use super::config::{BertHead, Config};
-use super::layers::{attention, gelu_erf, split_heads, Layout, Norm, Proj};
+use super::layers::{attention, gelu_erf, residual, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 
@@ -153,9 +153,9 @@ impl Bert {
         for layer in &self.layers {
             let split = |proj: &Proj| split_heads(&proj.forward(&xs)?, self.heads, head_dim);
             let attended = attention(&split(&layer.query)?, &split(&layer.key)?, &split(&layer.value)?, false)?;
-            xs = layer.attention_norm.forward(&(layer.attention_out.forward(&attended)? + &xs)?)?;
+            xs = layer.attention_norm.forward(&residual(&layer.attention_out.forward(&attended)?, &xs)?)?;
             let intermediate = gelu_erf(&layer.intermediate.forward(&xs)?)?;
-            xs = layer.output_norm.forward(&(layer.output.forward(&intermediate)? + &xs)?)?;
+            xs = layer.output_norm.forward(&residual(&layer.output.forward(&intermediate)?, &xs)?)?;
         }
         Ok(xs)
     }
@@ -166,7 +166,12 @@ impl Bert {
         match &self.head {
             Head::MaskedLm { transform, norm, decoder, bias } => {
                 let transformed = norm.forward(&gelu_erf(&transform.forward(&xs)?)?)?;
-                decoder.forward(&transformed)?.broadcast_add(bias)
+                let logits = decoder.forward(&transformed)?;
+                if bias.track_op() {
+                    logits.broadcast_add(bias)
+                } else {
+                    crate::ops::add_constant(&logits, bias)
+                }
             }
             Head::Classification { pooler, classifier } => {
                 let first = xs.narrow(1, 0, 1)?.squeeze(1)?;

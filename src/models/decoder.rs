@@ -6,7 +6,7 @@
 use candle_core::{Module, Result, Tensor};
 
 use super::config::{AttentionBias, Config, Family};
-use super::layers::{attention, rotary_tables, rotate, split_heads, Layout, Norm, Proj};
+use super::layers::{attention, residual, rotary_tables, rotate, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 
@@ -163,10 +163,10 @@ impl Decoder {
             k = k_norm.forward(&k)?;
         }
         let (q, k) = (rotate(&q, cos, sin)?, rotate(&k, cos, sin)?);
-        let xs = (xs + block.o.forward(&attention(&q, &k, &v, true)?)?)?;
+        let xs = residual(xs, &block.o.forward(&attention(&q, &k, &v, true)?)?)?;
         let h = block.post_norm.forward(&xs)?;
         let mlp = (block.gate.forward(&h)?.silu()? * block.up.forward(&h)?)?;
-        xs + block.down.forward(&mlp)?
+        residual(&xs, &block.down.forward(&mlp)?)
     }
 
     /// The final norm and the head: logits of the last block's output.

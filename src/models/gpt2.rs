@@ -5,8 +5,10 @@
 
 use candle_core::{Module, Result, Tensor};
 
+use crate::ops::add_constant;
+
 use super::config::Config;
-use super::layers::{attention, gelu_tanh, split_heads, Layout, Norm, Proj};
+use super::layers::{attention, gelu_tanh, residual, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 
@@ -106,7 +108,12 @@ impl Gpt2 {
         let (b, s) = ids.dims2()?;
         let hidden = self.wte.dim(1)?;
         let tokens = self.wte.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, hidden))?;
-        tokens.broadcast_add(&self.wpe.narrow(0, 0, s)?)
+        // learned positions: a variable when it trains, a constant when frozen
+        if self.wpe.track_op() {
+            tokens.broadcast_add(&self.wpe.narrow(0, 0, s)?)
+        } else {
+            add_constant(&tokens, &self.wpe.narrow(0, 0, s)?)
+        }
     }
 
     /// Block `index`.
@@ -117,9 +124,9 @@ impl Gpt2 {
         let qkv = block.c_attn.forward(&block.ln_1.forward(xs)?)?;
         let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
         let attended = attention(&part(0)?, &part(1)?, &part(2)?, true)?;
-        let xs = (xs + block.attn_proj.forward(&attended)?)?;
+        let xs = residual(xs, &block.attn_proj.forward(&attended)?)?;
         let mlp = gelu_tanh(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?)?;
-        xs + block.mlp_proj.forward(&mlp)?
+        residual(&xs, &block.mlp_proj.forward(&mlp)?)
     }
 
     /// The final norm and the tied head.

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
-use crate::ops::{frozen_linear, layer_norm, rms_norm, rope, softmax_last_dim};
+use crate::ops::{add_constant, frozen_linear, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
 
 /// A weight's layout in its checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,30 +76,55 @@ impl Module for Proj {
 }
 
 /// A norm over the last dimension: RMS (Llama) or layer norm (GPT-2, BERT).
+/// A frozen norm (under LoRA) scales and shifts by constants: its weight gets
+/// no gradient, where `broadcast_mul` would keep one of the activations' size.
 #[derive(Clone, Debug)]
 pub(crate) enum Norm {
-    Rms { weight: Tensor, eps: f32 },
-    Layer { weight: Tensor, bias: Tensor, eps: f32 },
+    Rms { weight: Tensor, eps: f32, frozen: bool },
+    Layer { weight: Tensor, bias: Tensor, eps: f32, frozen: bool },
 }
 
 impl Norm {
     pub(crate) fn rms(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
-        Ok(Norm::Rms { weight: weights.get(&format!("{name}.weight"))?, eps: eps as f32 })
+        let weight_name = format!("{name}.weight");
+        let frozen = !weights.is_trained(&weight_name);
+        Ok(Norm::Rms { weight: weights.get(&weight_name)?, eps: eps as f32, frozen })
     }
 
     pub(crate) fn layer(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
-        let (weight, bias) = (weights.get(&format!("{name}.weight"))?, weights.get(&format!("{name}.bias"))?);
-        Ok(Norm::Layer { weight, bias, eps: eps as f32 })
+        let weight_name = format!("{name}.weight");
+        let frozen = !weights.is_trained(&weight_name);
+        let (weight, bias) = (weights.get(&weight_name)?, weights.get(&format!("{name}.bias"))?);
+        Ok(Norm::Layer { weight, bias, eps: eps as f32, frozen })
     }
 }
 
 impl Module for Norm {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         match self {
-            Norm::Rms { weight, eps } => rms_norm(xs, weight, *eps),
-            Norm::Layer { weight, bias, eps } => layer_norm(xs, weight, bias, *eps),
+            Norm::Rms { weight, eps, frozen: false } => rms_norm(xs, weight, *eps),
+            Norm::Layer { weight, bias, eps, frozen: false } => layer_norm(xs, weight, bias, *eps),
+            Norm::Rms { weight, eps, frozen: true } => mul_constant(&normalized(xs, *eps, false)?, weight),
+            Norm::Layer { weight, bias, eps, frozen: true } => {
+                add_constant(&mul_constant(&normalized(xs, *eps, true)?, weight)?, bias)
+            }
         }
     }
+}
+
+/// `xs` over its root mean square (the mean removed first for a layer norm),
+/// computed in f32 for a 16-bit input, as candle-nn's slow norms compute it.
+fn normalized(xs: &Tensor, eps: f32, centered: bool) -> Result<Tensor> {
+    let dtype = xs.dtype();
+    let internal = if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype };
+    let size = xs.dim(candle_core::D::Minus1)? as f64;
+    let mut x = xs.to_dtype(internal)?;
+    if centered {
+        let mean = (x.sum_keepdim(candle_core::D::Minus1)? / size)?;
+        x = x.broadcast_sub(&mean)?;
+    }
+    let norm = (x.sqr()?.sum_keepdim(candle_core::D::Minus1)? / size)?;
+    x.broadcast_div(&(norm + eps as f64)?.sqrt()?)?.to_dtype(dtype)
 }
 
 /// Rotary tables for positions `0..seq_len`: cos and sin of `(seq_len, head_dim / 2)`.
@@ -124,10 +149,22 @@ pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Res
     let (b, heads, s, d) = q.dims4()?;
     let kv_heads = k.dim(1)?;
     let (k, v) = (repeat_kv(k, heads / kv_heads)?, repeat_kv(v, heads / kv_heads)?);
-    let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
-    let scores = if causal { scores.broadcast_add(&causal_mask(s, q.dtype(), q.device())?)? } else { scores };
+    // keys and values from frozen layers are outside the graph: no gradient for them
+    let scores = (matmul(q, &k.t()?)? / (d as f64).sqrt())?;
+    // the mask is a constant: added without a gradient of the scores' size of its own
+    let scores = if causal { add_constant(&scores, &causal_mask(s, q.dtype(), q.device())?)? } else { scores };
     let weights = softmax_last_dim(&scores)?;
-    weights.matmul(&v)?.transpose(1, 2)?.reshape((b, s, heads * d))
+    matmul(&weights, &v)?.transpose(1, 2)?.reshape((b, s, heads * d))
+}
+
+/// `xs + ys`, a residual: a stream still outside the graph (the frozen
+/// embeddings of a LoRA model, before the first adapter) gets no gradient.
+pub(crate) fn residual(xs: &Tensor, ys: &Tensor) -> Result<Tensor> {
+    match (xs.track_op(), ys.track_op()) {
+        (false, true) => add_constant(ys, xs),
+        (true, false) => add_constant(xs, ys),
+        _ => xs + ys,
+    }
 }
 
 /// `(b, kv_heads, s, d)` → `(b, kv_heads · n, s, d)`, each kv head repeated `n` times.

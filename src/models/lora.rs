@@ -5,7 +5,7 @@
 
 use candle_core::{Module, Result, Tensor};
 
-use crate::ops::frozen_linear;
+use crate::ops::{frozen_linear, matmul};
 
 /// Which projections get adapters, and their rank, scale and dropout.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,10 +73,11 @@ impl Module for LoraLinear {
         let rows = lead.iter().product::<usize>();
         // scaled at the rank (rows × r, small): the graph keeps every
         // intermediate until the backward pass, and one of rows × out is enough
-        let down = (input.reshape((rows, self.a.dim(1)?))?.matmul(&self.a.t()?)? * self.scale)?;
-        let up = down.matmul(&self.b.t()?)?;
+        // the input may be outside the graph (after frozen layers only): no gradient for it then
+        let down = (matmul(&input.reshape((rows, self.a.dim(1)?))?, &self.a.t()?)? * self.scale)?;
+        let up = matmul(&down, &self.b.t()?)?;
         let mut shape = lead.to_vec();
         shape.push(out);
-        base + up.reshape(shape)?
+        super::layers::residual(&base, &up.reshape(shape)?)
     }
 }

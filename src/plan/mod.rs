@@ -357,6 +357,21 @@ pub enum Warning {
         /// Bytes in use at the re-check.
         recheck_baseline_bytes: u64,
     },
+    /// The backward pass kept gradients for tensors that are not trained
+    /// variables, held until the gradient store is dropped: candle computes a
+    /// gradient for every operand outside the graph (a frozen weight under
+    /// its matmul, an attention mask added with `broadcast_add`, the input
+    /// batch a first matmul reads). Memory the step needs only because candle
+    /// computes it; the largest seen in a trial, said once it reaches a
+    /// twentieth of the variables' gradients. [`crate::ops`] computes none.
+    UntrainedGradients {
+        /// Tensors with such a gradient.
+        tensors: usize,
+        /// Their gradients' bytes.
+        bytes: u64,
+        /// The trained variables' gradient bytes, beside them.
+        trained_bytes: u64,
+    },
     /// The time limit ([`Tuner::time_limit`](crate::Tuner::time_limit))
     /// stopped the throughput timing ([`Objective::Throughput`]) before every
     /// candidate was timed: the choice is among those that were.
@@ -421,6 +436,17 @@ impl std::fmt::Display for Warning {
                 "batch {batch} fit with {} in use but not when re-checked with {} in use",
                 b(*first_baseline_bytes),
                 b(*recheck_baseline_bytes)
+            ),
+            Warning::UntrainedGradients { tensors, bytes, trained_bytes } => write!(
+                f,
+                "the backward pass kept gradients for {tensors} tensors that are not trained variables, {} \
+                 beside the variables' {}, held until the gradient store is dropped (part of the backward \
+                 pass's peak, and of the update's where the store lives through it): candle computes one for \
+                 every operand outside the graph (a frozen weight, an attention mask, the input batch read by a \
+                 matmul); autobatch's ops compute none: FrozenLinear for a frozen projection, its matmul for a \
+                 product with the input batch, its add-constant op for a mask",
+                b(*bytes),
+                b(*trained_bytes)
             ),
             Warning::TimingCut { timed: 0, planned } => write!(
                 f,
