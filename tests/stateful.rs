@@ -345,8 +345,54 @@ fn a_displayed_error_leaves_the_heap_as_it_was() {
     assert!(!err.to_string().contains("stack backtrace") && !err.to_string().contains("backtrace:"), "{err}");
 }
 
+/// Fine-tuning with BatchNorm in evaluation mode (as candle-transformers'
+/// EfficientNet runs it): the running statistics are read without a graph,
+/// so they get no gradient, and are no cut graph: taken for buffers by their
+/// names; the user's own frozen mean is named until declared, then the
+/// answer is proven and exact and no bit changes.
+fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
+    let (varmap, model) = model();
+    let before = bits(&varmap);
+    let loss = |batch: usize| -> Result<Tensor> {
+        let (images, labels) = data(batch, SIDE, 0)?;
+        loss::cross_entropy(&model.logits(&images, false)?, &labels)
+    };
+    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap();
+    let mut buffers: Vec<&str> = probe.read_only_buffers().iter().map(String::as_str).collect();
+    buffers.sort();
+    assert_eq!(buffers, ["bn1d.running_mean", "bn1d.running_var", "bn2d.running_mean", "bn2d.running_var"]);
+    let missing = plan.warnings.iter().find_map(|w| match w {
+        Warning::MissingGradients { variables, .. } => Some(variables.clone()),
+        _ => None,
+    });
+    assert_eq!(missing, Some(vec!["centre.mean".to_owned()]), "{plan}");
+    assert!(plan.to_string().contains("buffers_named"), "the warning says which rule decided:\n{plan}");
+    drop(probe);
+
+    let mut probe = ModelProbe::new(&varmap, loss)
+        .adamw(ParamsAdamW::default())
+        .unwrap()
+        .buffers_named(|name| name.starts_with("centre."));
+    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    no_missing_gradients("declared", &plan.warnings);
+    assert!(plan.proven_largest(), "{plan}");
+    let (b, limit) = (plan.largest_batch, plan.limit_bytes());
+    let mut peak = |batch| {
+        meter.reset_peak().unwrap();
+        probe.step(batch).unwrap();
+        meter.peak().unwrap()
+    };
+    let (at, above) = (peak(b), peak(b + 1));
+    assert!(at <= limit && above > limit, "batch {b} peaks at {at}, {} at {above}, limit {limit}", b + 1);
+    assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0]);
+    println!("  evaluation-mode BatchNorm: largest batch {b}, 4 statistics taken for buffers by name, 1 declared");
+}
+
 fn main() {
     common::harness::run_sequentially(&[
+        ("buffers_read_in_evaluation_mode_are_no_cut_graph", buffers_read_in_evaluation_mode_are_no_cut_graph),
         ("a_displayed_error_leaves_the_heap_as_it_was", a_displayed_error_leaves_the_heap_as_it_was),
         ("the_forward_pass_writes_the_state", the_forward_pass_writes_the_state),
         ("every_probe_path_changes_no_bit", every_probe_path_changes_no_bit),

@@ -10,6 +10,9 @@ use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, 
 use crate::vocabulary::{OptimizerKind, Precision};
 use crate::{CacheKey, Error, Profile, Warning, Workload};
 
+/// A test on a variable's name.
+type NamePredicate = Box<dyn Fn(&str) -> bool>;
+
 /// What a probe step runs to get the loss and the gradients: a loss closure
 /// (then `loss.backward()`), or a closure that does its own backward pass
 /// ([`ModelProbe::with_backward`], e.g. with [`checkpointed`](super::checkpointed)).
@@ -211,6 +214,12 @@ pub struct ModelProbe<L> {
     /// Run before each step and when tuning ends: clears state the model
     /// keeps between calls (a KV cache).
     reset: Option<Box<dyn FnMut() -> Result<()>>>,
+    /// Variables without a gradient taken for buffers read without a graph
+    /// (BatchNorm's statistics in evaluation mode, a frozen tensor kept in the
+    /// `VarMap`), not for a cut graph: by their names, or as declared.
+    read_only: Vec<String>,
+    /// What the user declared to be buffers or frozen ([`ModelProbe::buffers_named`]).
+    declared: Option<NamePredicate>,
     /// A forward-only step's output recorded a graph.
     graph_recorded: bool,
     /// The most gradient bytes a backward pass kept for tensors that are not
@@ -361,6 +370,8 @@ impl<L: ProbeLoss> ModelProbe<L> {
             gradients: None,
             missing: None,
             untrained: None,
+            read_only: Vec::new(),
+            declared: None,
             buffers: Buffers::default(),
             reset: None,
             graph_recorded: false,
@@ -458,6 +469,40 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let name = std::any::type_name::<O>().to_owned();
         self.update = Update::General { name, step: Box::new(step), host };
         Ok(self)
+    }
+
+    /// Declares which variables are buffers or frozen tensors kept in the
+    /// `VarMap` (read without a gradient, as BatchNorm's statistics are in
+    /// evaluation mode), by name: without a gradient, they are no cut graph.
+    /// Names checkpoints give buffers (`running_mean`, `running_var`,
+    /// `num_batches_tracked`) are taken for buffers without it.
+    ///
+    /// ```
+    /// use autobatch::ModelProbe;
+    /// use candle_core::{DType, Device, Tensor};
+    /// use candle_nn::{VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    /// let frozen = vb.get((4, 4), "encoder.frozen")?; // kept in the VarMap, never trained
+    /// let weight = vb.get((4, 4), "head.weight")?;
+    /// let loss = |b: usize| Tensor::ones((b, 4), DType::F32, &Device::Cpu)?.matmul(&frozen.detach())?.matmul(&weight)?.sum_all();
+    /// let mut probe = ModelProbe::new(&varmap, loss).buffers_named(|name| name.starts_with("encoder."));
+    /// autobatch::Workload::step(&mut probe, 2)?;
+    /// assert_eq!(probe.read_only_buffers(), ["encoder.frozen"]);
+    /// assert_eq!(probe.variables_without_gradient(), Some(&[][..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn buffers_named(mut self, is_buffer: impl Fn(&str) -> bool + 'static) -> Self {
+        self.declared = Some(Box::new(is_buffer));
+        self
+    }
+
+    /// The variables that got no gradient and are taken for buffers read
+    /// without a graph (by their names, or [`buffers_named`](Self::buffers_named)),
+    /// not for a cut graph: no warning, no demotion. Empty before a step has run.
+    pub fn read_only_buffers(&self) -> &[String] {
+        &self.read_only
     }
 
     /// Runs `reset` before and after each probe step and when tuning ends:
@@ -636,9 +681,22 @@ impl<L: ProbeLoss> ModelProbe<L> {
                 self.vars.iter().enumerate().filter(|(index, (_, var))| {
                     var.dtype().is_float() && !gradients[*index] && !written.contains(index)
                 });
-            self.missing = Some(missing.map(|(_, (name, _))| name.clone()).collect());
+            let (read_only, cut): (Vec<String>, Vec<String>) =
+                missing.map(|(_, (name, _))| name.clone()).partition(|name| self.is_buffer(name));
+            self.read_only = read_only;
+            self.missing = Some(cut);
         }
         result
+    }
+
+    /// Whether a variable with no gradient is a buffer read without a graph
+    /// rather than a variable a cut graph left out: declared so, or named as
+    /// checkpoints name buffers (a cut graph takes every variable upstream of
+    /// the fused op with it, whatever their names).
+    fn is_buffer(&self, name: &str) -> bool {
+        const BUFFER_NAMES: [&str; 3] = ["running_mean", "running_var", "num_batches_tracked"];
+        let last = name.rsplit('.').next().unwrap_or(name);
+        BUFFER_NAMES.contains(&last) || self.declared.as_ref().is_some_and(|declared| declared(name))
     }
 
     /// Forward, backward and the update computed dry.

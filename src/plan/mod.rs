@@ -413,7 +413,9 @@ impl std::fmt::Display for Warning {
                      them: likely a candle fused op without a backward pass (candle_nn::LayerNorm or RmsNorm on a \
                      contiguous input, ops::softmax_last_dim) cut the graph, so they will not learn; the peak \
                      measured is that of the cut graph, and the model written with differentiable ops \
-                     (autobatch's ops module has forms of each) needs more",
+                     (autobatch's ops module has forms of each) needs more (variables named as checkpoints name \
+                     buffers, running_mean, running_var and num_batches_tracked, and those declared with \
+                     ModelProbe's buffers_named are read-only buffers, not counted here)",
                     variables.len()
                 )
             }
