@@ -200,6 +200,15 @@ impl Product {
         dims[rank - 1] = l2.dims()[rank - 1];
         dims.into()
     }
+
+    fn apply<S: candle_core::backend::BackendStorage>(
+        s1: &S,
+        l1: &candle_core::Layout,
+        s2: &S,
+        l2: &candle_core::Layout,
+    ) -> Result<(S, candle_core::Shape)> {
+        Ok((s1.matmul(s2, Self::bmnk(l1, l2)?, l1, l2)?, Self::shape(l1, l2)))
+    }
 }
 
 impl candle_core::CustomOp2 for Product {
@@ -214,8 +223,7 @@ impl candle_core::CustomOp2 for Product {
         s2: &candle_core::CpuStorage,
         l2: &candle_core::Layout,
     ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((s1.matmul(s2, Self::bmnk(l1, l2)?, l1, l2)?, Self::shape(l1, l2)))
+        Self::apply(s1, l1, s2, l2)
     }
 
     #[cfg(feature = "cuda")]
@@ -226,8 +234,7 @@ impl candle_core::CustomOp2 for Product {
         s2: &candle_core::CudaStorage,
         l2: &candle_core::Layout,
     ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((s1.matmul(s2, Self::bmnk(l1, l2)?, l1, l2)?, Self::shape(l1, l2)))
+        Self::apply(s1, l1, s2, l2)
     }
 
     fn bwd(&self, a: &Tensor, b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
