@@ -120,15 +120,15 @@ impl Bert {
         }
         let head = match config.bert_head {
             BertHead::MaskedLm => Head::MaskedLm {
-                transform: Proj::new(weights, "cls.predictions.transform.dense", Layout::OutIn, None)?,
+                transform: Proj::unadapted(weights, "cls.predictions.transform.dense", Layout::OutIn, lora)?,
                 norm: Norm::layer(weights, "cls.predictions.transform.LayerNorm", eps)?,
                 // tied: the word embeddings, as a projection (frozen ones keep no gradient)
-                decoder: Proj::new(weights, "bert.embeddings.word_embeddings", Layout::OutIn, None)?,
+                decoder: Proj::unadapted(weights, "bert.embeddings.word_embeddings", Layout::OutIn, lora)?,
                 bias: weights.get("cls.predictions.bias")?,
             },
             BertHead::Classification { .. } => Head::Classification {
-                pooler: Proj::new(weights, "bert.pooler.dense", Layout::OutIn, None)?,
-                classifier: Proj::new(weights, "classifier", Layout::OutIn, None)?,
+                pooler: Proj::unadapted(weights, "bert.pooler.dense", Layout::OutIn, lora)?,
+                classifier: Proj::unadapted(weights, "classifier", Layout::OutIn, lora)?,
             },
         };
         Ok(Bert {

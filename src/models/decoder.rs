@@ -122,7 +122,7 @@ impl Decoder {
             embed: weights.get("model.embed_tokens.weight")?,
             blocks,
             norm: Norm::rms(weights, "model.norm", eps)?,
-            head: Proj::new(weights, head_name, Layout::OutIn, None)?,
+            head: Proj::unadapted(weights, head_name, Layout::OutIn, lora)?,
             inverse_frequencies: inverse_frequencies(config),
             heads: config.heads,
             kv_heads: config.kv_heads,

@@ -90,7 +90,7 @@ impl Gpt2 {
             blocks,
             ln_f: Norm::layer(weights, "ln_f", eps)?,
             // the head is the token embedding, (vocab, hidden) as a Linear reads it
-            head: Proj::new(weights, "wte", Layout::OutIn, None)?,
+            head: Proj::unadapted(weights, "wte", Layout::OutIn, lora)?,
             heads: config.heads,
         })
     }

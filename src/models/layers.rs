@@ -6,7 +6,8 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
-use crate::ops::{add_constant, frozen_linear, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
+use crate::ops::FrozenLinear;
+use crate::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
 
 /// A weight's layout in its checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,10 +21,12 @@ pub(crate) enum Layout {
 /// A projection `x · Wᵀ + b` over the weight of a checkpoint module.
 #[derive(Clone, Debug)]
 pub(crate) enum Proj {
-    /// Both trained (full fine-tuning).
-    Trained { weight: Tensor, bias: Option<Tensor> },
-    /// Frozen: the backward pass gives the input its gradient, the weight none.
-    Frozen { weight: Tensor, bias: Option<Tensor> },
+    /// candle's own matmul: a trained weight (full fine-tuning), or a frozen
+    /// one whose gradient candle keeps (LoRA's `frozen_gradients`).
+    Plain { weight: Tensor, bias: Option<Tensor> },
+    /// Frozen, dense or quantized: the backward pass gives the input its
+    /// gradient, the weight none.
+    Frozen(FrozenLinear),
     /// Frozen, with LoRA adapters that train.
     Lora(LoraLinear),
 }
@@ -32,44 +35,73 @@ impl Proj {
     /// The projection of module `name` (`{name}.weight`, `{name}.bias` if any):
     /// trained when its weight is a variable, with adapters when `lora` targets it.
     pub(crate) fn new(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>) -> Result<Proj> {
-        let stored = weights.get(&format!("{name}.weight"))?;
-        // as (out, in): a transposed view of a Conv1D weight, no copy
-        let weight = match layout {
-            Layout::OutIn => stored,
-            Layout::InOut => stored.t()?,
-        };
+        Proj::build(weights, name, layout, lora, true)
+    }
+
+    /// A projection LoRA never adapts (a head, a pooler), frozen as `lora`
+    /// freezes the others.
+    pub(crate) fn unadapted(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>) -> Result<Proj> {
+        Proj::build(weights, name, layout, lora, false)
+    }
+
+    fn build(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>, adapt: bool) -> Result<Proj> {
+        let targeted = lora.filter(|lora| adapt && lora.targets(name));
+        let weight_name = format!("{name}.weight");
         let bias = weights.maybe(&format!("{name}.bias"));
-        if weights.is_trained(&format!("{name}.weight")) {
-            return Ok(Proj::Trained { weight, bias });
-        }
-        match lora.filter(|lora| lora.targets(name)) {
-            Some(lora) => {
-                let a = weights.get(&format!("{name}.lora_A.weight"))?;
-                let b = weights.get(&format!("{name}.lora_B.weight"))?;
-                Ok(Proj::Lora(LoraLinear::new(weight, bias, a, b, lora.scale(), lora.dropout)))
+        let frozen = match weights.quantized(&weight_name) {
+            Some(quantized) => FrozenLinear::quantized(quantized, bias.clone()),
+            None => {
+                let stored = weights.get(&weight_name)?;
+                // as (out, in): a transposed view of a Conv1D weight, no copy
+                let weight = match layout {
+                    Layout::OutIn => stored,
+                    Layout::InOut => stored.t()?,
+                };
+                if weights.is_trained(&weight_name) || lora.is_some_and(|lora| lora.frozen_gradients) {
+                    if let Some(lora) = targeted {
+                        return Ok(Proj::Lora(adapted(weights, name, FrozenLinear::new(weight, bias), lora)?));
+                    }
+                    return Ok(Proj::Plain { weight, bias });
+                }
+                FrozenLinear::new(weight, bias)
             }
-            None => Ok(Proj::Frozen { weight, bias }),
+        };
+        match targeted {
+            Some(lora) => Ok(Proj::Lora(adapted(weights, name, frozen, lora)?)),
+            None => Ok(Proj::Frozen(frozen)),
         }
+    }
+}
+
+/// The adapters of module `name` over its frozen projection.
+fn adapted(weights: &Weights, name: &str, base: FrozenLinear, lora: &Lora) -> Result<LoraLinear> {
+    let a = weights.get(&format!("{name}.lora_A.weight"))?;
+    let b = weights.get(&format!("{name}.lora_B.weight"))?;
+    let adapted = LoraLinear::over(base, a, b, lora.scale(), lora.dropout);
+    Ok(if lora.frozen_gradients { adapted.keeping_frozen_gradients() } else { adapted })
+}
+
+/// `x · weightᵀ (+ bias)` by candle's own matmul and broadcast add: both
+/// operands get a gradient.
+pub(crate) fn plain_linear(xs: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (out, input) = weight.dims2()?;
+    let lead = &xs.dims()[..xs.rank() - 1];
+    let rows = lead.iter().product::<usize>();
+    let product = xs.reshape((rows, input))?.matmul(&weight.t()?)?;
+    let mut shape = lead.to_vec();
+    shape.push(out);
+    let product = product.reshape(shape)?;
+    match bias {
+        Some(bias) => product.broadcast_add(bias),
+        None => Ok(product),
     }
 }
 
 impl Module for Proj {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         match self {
-            Proj::Trained { weight, bias } => {
-                let (out, input) = weight.dims2()?;
-                let lead = &xs.dims()[..xs.rank() - 1];
-                let rows = lead.iter().product::<usize>();
-                let product = xs.reshape((rows, input))?.matmul(&weight.t()?)?;
-                let mut shape = lead.to_vec();
-                shape.push(out);
-                let product = product.reshape(shape)?;
-                match bias {
-                    Some(bias) => product.broadcast_add(bias),
-                    None => Ok(product),
-                }
-            }
-            Proj::Frozen { weight, bias } => frozen_linear(xs, weight, bias.as_ref()),
+            Proj::Plain { weight, bias } => plain_linear(xs, weight, bias.as_ref()),
+            Proj::Frozen(frozen) => frozen.forward(xs),
             Proj::Lora(lora) => lora.forward(xs),
         }
     }

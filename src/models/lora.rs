@@ -3,9 +3,10 @@
 //! `(r, in)`, `B` of `(out, r)` starting at zero, so that the adapted model
 //! starts as the base.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Module, Result, Tensor};
 
-use crate::ops::{frozen_linear, matmul};
+use crate::ops::{matmul, FrozenLinear};
 
 /// Which projections get adapters, and their rank, scale and dropout.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +20,15 @@ pub struct Lora {
     pub targets: Vec<String>,
     /// Dropout on the adapter's input while training (0 for none).
     pub dropout: f32,
+    /// The frozen base's dtype, and with it f32 adapters; `None`: the base
+    /// and the adapters in the model's dtype (a model written with one
+    /// dtype). See [`BaseDtype`].
+    pub base: Option<BaseDtype>,
+    /// Run the frozen projections through candle's own matmul, which keeps
+    /// a gradient the size of every frozen weight in the gradient store (as
+    /// a model written with `candle_nn::Linear` does): what the fix saves,
+    /// measured. A dense base only.
+    pub frozen_gradients: bool,
 }
 
 impl Lora {
@@ -30,6 +40,24 @@ impl Lora {
             alpha: 2.0 * rank as f64,
             targets: targets.iter().map(|t| (*t).to_owned()).collect(),
             dropout: 0.0,
+            base: None,
+            frozen_gradients: false,
+        }
+    }
+
+    /// With the frozen base in `base` and the adapters in f32.
+    pub fn base(mut self, base: BaseDtype) -> Lora {
+        self.base = Some(base);
+        self
+    }
+
+    /// The adapters' dtype in a model of `model` dtype: f32 beside a base of
+    /// its own dtype (PEFT's default), else the model's.
+    pub fn adapter_dtype(&self, model: DType) -> DType {
+        if self.base.is_some() {
+            DType::F32
+        } else {
+            model
         }
     }
 
@@ -45,11 +73,94 @@ impl Lora {
     }
 }
 
+/// The dtype of a LoRA model's frozen base: what `--base-dtype` names.
+///
+/// A float base (`f32`, `bf16`) holds every frozen tensor, and the
+/// activations, in that dtype; a quantized one (`q8_0`, `q4_0`: QLoRA on
+/// candle) holds the layers' projections in candle's quantized blocks and
+/// the rest (embeddings, norms, the head) in the model's dtype. Either way
+/// the adapters are f32, the input cast at their boundary and their update
+/// cast back, and the loss is computed in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BaseDtype {
+    /// 4 bytes per parameter.
+    F32,
+    /// 2 bytes per parameter.
+    Bf16,
+    /// Blocks of 32 int8 values and an f16 scale: 34 / 32 = 1.0625 bytes per parameter.
+    Q8_0,
+    /// Blocks of 32 4-bit values and an f16 scale: 18 / 32 = 0.5625 bytes per parameter.
+    Q4_0,
+}
+
+impl BaseDtype {
+    /// Every base dtype, as `--base-dtype` lists them.
+    pub const ALL: [BaseDtype; 4] = [BaseDtype::F32, BaseDtype::Bf16, BaseDtype::Q8_0, BaseDtype::Q4_0];
+
+    /// `f32`, `bf16`, `q8_0`, `q4_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BaseDtype::F32 => "f32",
+            BaseDtype::Bf16 => "bf16",
+            BaseDtype::Q8_0 => "q8_0",
+            BaseDtype::Q4_0 => "q4_0",
+        }
+    }
+
+    /// The dtype of a float base.
+    pub fn float(self) -> Option<DType> {
+        match self {
+            BaseDtype::F32 => Some(DType::F32),
+            BaseDtype::Bf16 => Some(DType::BF16),
+            BaseDtype::Q8_0 | BaseDtype::Q4_0 => None,
+        }
+    }
+
+    /// candle's quantized type of a quantized base.
+    pub fn quantized(self) -> Option<GgmlDType> {
+        match self {
+            BaseDtype::Q8_0 => Some(GgmlDType::Q8_0),
+            BaseDtype::Q4_0 => Some(GgmlDType::Q4_0),
+            BaseDtype::F32 | BaseDtype::Bf16 => None,
+        }
+    }
+
+    /// Bytes per parameter of a projection's weight stored in this dtype.
+    pub fn bytes_per_parameter(self) -> f64 {
+        match self.quantized() {
+            Some(quantized) => quantized.type_size() as f64 / quantized.block_size() as f64,
+            None => self.float().map_or(4, |dtype| dtype.size_in_bytes()) as f64,
+        }
+    }
+}
+
+impl std::fmt::Display for BaseDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BaseDtype {
+    type Err = crate::Error;
+
+    /// `f32`, `bf16`, `q8_0` or `q4_0` (case-insensitive).
+    fn from_str(text: &str) -> std::result::Result<BaseDtype, crate::Error> {
+        BaseDtype::ALL.into_iter().find(|base| base.name().eq_ignore_ascii_case(text)).ok_or_else(|| {
+            crate::Error::UnsupportedConfig {
+                field: "base dtype".into(),
+                value: text.to_owned(),
+                valid: "f32, bf16, q8_0 or q4_0".into(),
+            }
+        })
+    }
+}
+
 /// A frozen projection with trained LoRA adapters.
 #[derive(Clone, Debug)]
 pub struct LoraLinear {
-    weight: Tensor,
-    bias: Option<Tensor>,
+    base: FrozenLinear,
+    /// candle's own matmul under the base (keeps the weight's gradient).
+    plain: bool,
     a: Tensor,
     b: Tensor,
     scale: f64,
@@ -60,14 +171,33 @@ impl LoraLinear {
     /// Adapters `a` `(r, in)` and `b` `(out, r)` beside the frozen `weight`
     /// `(out, in)` and `bias`, the update scaled by `scale`, `dropout` on its input.
     pub fn new(weight: Tensor, bias: Option<Tensor>, a: Tensor, b: Tensor, scale: f64, dropout: f32) -> LoraLinear {
-        LoraLinear { weight: weight.detach(), bias: bias.map(|b| b.detach()), a, b, scale, dropout }
+        LoraLinear::over(FrozenLinear::new(weight, bias), a, b, scale, dropout)
+    }
+
+    /// Adapters over any frozen projection (a quantized one too). The
+    /// adapters may have a dtype of their own: the input is cast to it and
+    /// their update back to the input's.
+    pub fn over(base: FrozenLinear, a: Tensor, b: Tensor, scale: f64, dropout: f32) -> LoraLinear {
+        LoraLinear { base, plain: false, a, b, scale, dropout }
+    }
+
+    /// The base through candle's own matmul, which keeps a gradient of the
+    /// frozen weight (a dense base only): what the fix saves, measured.
+    pub(crate) fn keeping_frozen_gradients(mut self) -> LoraLinear {
+        self.plain = self.base.weight().is_some();
+        self
     }
 }
 
 impl Module for LoraLinear {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        let base = frozen_linear(xs, &self.weight, self.bias.as_ref())?;
-        let input = if self.dropout > 0.0 { candle_nn::ops::dropout(xs, self.dropout)? } else { xs.clone() };
+        let base = match (self.plain, self.base.weight()) {
+            (true, Some(weight)) => super::layers::plain_linear(xs, weight, self.base.bias())?,
+            _ => self.base.forward(xs)?,
+        };
+        // the adapters' own dtype (f32 beside a bf16 or quantized base): cast at the boundary
+        let input = xs.to_dtype(self.a.dtype())?;
+        let input = if self.dropout > 0.0 { candle_nn::ops::dropout(&input, self.dropout)? } else { input };
         let out = self.b.dim(0)?;
         let lead = &xs.dims()[..xs.rank() - 1];
         let rows = lead.iter().product::<usize>();
@@ -78,6 +208,6 @@ impl Module for LoraLinear {
         let up = matmul(&down, &self.b.t()?)?;
         let mut shape = lead.to_vec();
         shape.push(out);
-        super::layers::residual(&base, &up.reshape(shape)?)
+        super::layers::residual(&base, &up.reshape(shape)?.to_dtype(base.dtype())?)
     }
 }

@@ -45,7 +45,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 
 pub use config::{AttentionBias, BertHead, Config, Family, Llama3Rope};
-pub use lora::{Lora, LoraLinear};
+pub use lora::{BaseDtype, Lora, LoraLinear};
 
 use crate::workloads::params::Rng;
 use crate::workloads::{Footprint, Model, Trainer};
@@ -179,19 +179,35 @@ impl Config {
     /// sample, one layer's attention scores and the logits in f32. What
     /// decides, before anything is allocated, that not even batch 1 fits.
     pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
-        let dtype = training.dtype.unwrap_or(self.dtype).size_in_bytes() as u64;
+        let model_dtype = self.model_dtype(training)?;
+        let dtype = model_dtype.size_in_bytes() as u64;
         let base = self.parameter_count();
-        let trained = match &training.lora {
-            Some(lora) => self.adapters(lora)?.iter().map(TensorSpec::elements).sum(),
-            None => base,
-        };
-        // the base is frozen under LoRA: its weights alone, no gradient, no moments
-        let frozen = if training.lora.is_some() { base } else { 0 };
         let overflow = || Error::ByteOverflow { what: format!("the tensors of {}", self.describe(training)) };
-        let fixed = frozen
-            .checked_mul(dtype)
-            .and_then(|bytes| trained.checked_mul(4 * dtype).and_then(|t| t.checked_add(bytes)))
-            .ok_or_else(overflow)?;
+        let (trained, fixed) = match &training.lora {
+            Some(lora) => {
+                let adapters: u64 = self.adapters(lora)?.iter().map(TensorSpec::elements).sum();
+                let adapter_bytes = lora.adapter_dtype(model_dtype).size_in_bytes() as u64;
+                // the base is frozen: its weights alone, no gradient, no moments;
+                // a quantized base's projections in whole blocks
+                let projections: u64 = self.projections().iter().map(|(_, out, input)| (out * input) as u64).sum();
+                // a quantized base's projections in whole blocks, and the one
+                // weight a product dequantizes at a time (f32, then the model's dtype)
+                let frozen = match lora.base.and_then(BaseDtype::quantized) {
+                    Some(quantized) => {
+                        let largest = self.projections().iter().map(|(_, out, input)| (out * input) as u64).max();
+                        let dequantized = if dtype == 4 { 4 } else { 4 + dtype };
+                        (projections / quantized.block_size() as u64)
+                            .checked_mul(quantized.type_size() as u64)
+                            .and_then(|bytes| (base - projections).checked_mul(dtype)?.checked_add(bytes))
+                            .and_then(|bytes| largest.unwrap_or(0).checked_mul(dequantized)?.checked_add(bytes))
+                    }
+                    None => base.checked_mul(dtype),
+                };
+                let fixed = frozen.and_then(|frozen| adapters.checked_mul(4 * adapter_bytes)?.checked_add(frozen));
+                (adapters, fixed.ok_or_else(overflow)?)
+            }
+            None => (base, base.checked_mul(4 * dtype).ok_or_else(overflow)?),
+        };
         let s = training.seq_len as u64;
         let outputs = match (self.family, self.bert_head) {
             (Family::Bert, BertHead::Classification { labels }) => labels as u64,
@@ -206,16 +222,59 @@ impl Config {
         })
     }
 
+    /// The dtype of the model's weights and activations: a float LoRA
+    /// base's, else `training.dtype`, else the config's `torch_dtype`.
+    /// Refused: a float base of another dtype than `training.dtype` asks
+    /// for, a quantized base over projections whose inputs are not whole
+    /// blocks, candle's frozen gradients kept over a quantized base.
+    fn model_dtype(&self, training: &Training) -> Result<DType, Error> {
+        let asked = training.dtype.unwrap_or(self.dtype);
+        let Some(lora) = &training.lora else { return Ok(asked) };
+        let Some(base) = lora.base else { return Ok(asked) };
+        let refused =
+            |valid: String| Error::UnsupportedConfig { field: "base dtype".into(), value: base.name().into(), valid };
+        if let Some(float) = base.float() {
+            return match training.dtype {
+                Some(dtype) if dtype != float => Err(refused(format!(
+                    "{} to match the model's dtype {} (a float base is the model's dtype), or q8_0 or q4_0",
+                    match dtype {
+                        DType::F32 => "f32",
+                        _ => "bf16",
+                    },
+                    dtype.as_str()
+                ))),
+                _ => Ok(float),
+            };
+        }
+        if lora.frozen_gradients {
+            return Err(refused("f32 or bf16 to keep candle's gradients of the frozen weights".into()));
+        }
+        let block = base.quantized().map_or(1, |quantized| quantized.block_size());
+        if let Some((name, _, input)) = self.projections().into_iter().find(|(_, _, input)| input % block != 0) {
+            return Err(refused(format!(
+                "f32 or bf16 here: {name} takes {input} features, not a multiple of {block}, the block of {base}"
+            )));
+        }
+        Ok(asked)
+    }
+
     /// `llama(vocab 128256, hidden 2048, layers 16, heads 32/8, seq-len 512, bf16, LoRA r 8 on q_proj,v_proj)`.
     pub fn describe(&self, training: &Training) -> String {
-        let dtype = training.dtype.unwrap_or(self.dtype);
+        let dtype = self.model_dtype(training).unwrap_or(training.dtype.unwrap_or(self.dtype));
         let heads = if self.kv_heads == self.heads {
             self.heads.to_string()
         } else {
             format!("{}/{}", self.heads, self.kv_heads)
         };
         let lora = match &training.lora {
-            Some(lora) => format!(", LoRA r {} on {}", lora.rank, lora.targets.join(",")),
+            Some(lora) => {
+                let base = match lora.base {
+                    Some(base) => format!(", {base} base"),
+                    None => String::new(),
+                };
+                let kept = if lora.frozen_gradients { ", frozen gradients kept" } else { "" };
+                format!(", LoRA r {} on {}{base}{kept}", lora.rank, lora.targets.join(","))
+            }
             None => String::new(),
         };
         let checkpointing = if training.checkpointing { ", checkpointed" } else { "" };
@@ -317,8 +376,10 @@ impl Pretrained {
         given: Option<std::collections::HashMap<String, Tensor>>,
     ) -> Result<Pretrained, Error> {
         config.check_seq_len(training.seq_len)?;
-        let dtype = training.dtype.unwrap_or(config.dtype);
+        let dtype = config.model_dtype(training)?;
         crate::workloads::check_dtype(dtype)?;
+        let adapter_dtype = training.lora.as_ref().map_or(dtype, |lora| lora.adapter_dtype(dtype));
+        let dtype_of = |name: &str| if name.contains(".lora_") { adapter_dtype } else { dtype };
         let mut specs = config.tensors();
         let trains_everything = training.lora.is_none();
         if let Some(lora) = &training.lora {
@@ -326,20 +387,26 @@ impl Pretrained {
         }
         let trained = |name: &str| trains_everything || name.contains(".lora_");
         let weights = match given {
-            None => Weights::build(&specs, training.seed, dtype, device, trained)?,
+            None => Weights::build(&specs, training.seed, dtype_of, device, trained)?,
             Some(mut given) => {
                 let mut rng_specs = specs.clone();
                 rng_specs.retain(|spec| spec.name.contains(".lora_") && !given.contains_key(&spec.name));
                 // adapters a checkpoint does not hold start as a new adapter does
-                let fresh = Weights::build(&rng_specs, training.seed, dtype, device, |_| false)?;
+                let fresh = Weights::build(&rng_specs, training.seed, dtype_of, device, |_| false)?;
                 let source = |spec: &TensorSpec| match given.remove(&spec.name) {
                     Some(tensor) => Ok(tensor),
                     None if spec.name.contains(".lora_") => fresh.get(&spec.name),
                     None => Err(candle_core::Error::Msg(format!("the weights have no tensor {}", spec.name))),
                 };
-                Weights::from_source(&specs, dtype, source, trained)?
+                Weights::from_source(&specs, dtype_of, source, trained)?
             }
         };
+        let mut weights = weights;
+        if let Some(quantized) = training.lora.as_ref().and_then(|lora| lora.base?.quantized()) {
+            for (name, _, _) in config.projections() {
+                weights.quantize(&format!("{name}.weight"), config.family == Family::Gpt2, quantized)?;
+            }
+        }
         let network = Network::new(config, &weights, training.lora.as_ref())?;
         let frozen = match (training.checkpointing, config.family) {
             (false, _) => None,
@@ -444,7 +511,9 @@ impl Pretrained {
     /// (AdamW by default), resizable to any sequence length up to the one it
     /// was built for. What `autobatch probe --config` tunes.
     pub fn into_trainer(self) -> Result<Trainer<Pretrained>, Error> {
-        let (varmap, dtype, seed) = (self.weights.varmap.clone(), self.dtype, self.training.seed);
+        // the variables' dtype: the adapters' under LoRA
+        let dtype = self.training.lora.as_ref().map_or(self.dtype, |lora| lora.adapter_dtype(self.dtype));
+        let (varmap, seed) = (self.weights.varmap.clone(), self.training.seed);
         Trainer::from_varmap(self, varmap, dtype, seed)
     }
 

@@ -4,7 +4,9 @@
 //! frozen tensors that do not.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
@@ -41,19 +43,21 @@ impl TensorSpec {
 }
 
 /// The tensors of a built model by name: trained ones are variables (in the
-/// `VarMap` the probe and training see), frozen ones plain tensors.
+/// `VarMap` the probe and training see), frozen ones plain tensors or
+/// quantized.
 pub(crate) struct Weights {
     tensors: HashMap<String, Tensor>,
+    quantized: HashMap<String, Arc<QTensor>>,
     pub(crate) varmap: VarMap,
 }
 
 impl Weights {
-    /// Fills `specs` from `seed` in `dtype` on `device`; those `trained` says
-    /// become variables of the `VarMap`.
+    /// Fills `specs` from `seed`, each in the dtype `dtype` gives it, on
+    /// `device`; those `trained` says become variables of the `VarMap`.
     pub(crate) fn build(
         specs: &[TensorSpec],
         seed: u64,
-        dtype: DType,
+        dtype: impl Fn(&str) -> DType,
         device: &Device,
         trained: impl Fn(&str) -> bool,
     ) -> candle_core::Result<Weights> {
@@ -70,10 +74,10 @@ impl Weights {
     }
 
     /// The tensors `source` gives for `specs` (checked against their shapes),
-    /// in `dtype`; those `trained` says become variables.
+    /// each in the dtype `dtype` gives it; those `trained` says become variables.
     pub(crate) fn from_source(
         specs: &[TensorSpec],
-        dtype: DType,
+        dtype: impl Fn(&str) -> DType,
         mut source: impl FnMut(&TensorSpec) -> candle_core::Result<Tensor>,
         trained: impl Fn(&str) -> bool,
     ) -> candle_core::Result<Weights> {
@@ -89,7 +93,7 @@ impl Weights {
                     spec.shape
                 )
             }
-            let values = values.to_dtype(dtype)?;
+            let values = values.to_dtype(dtype(&spec.name))?;
             let tensor = if trained(&spec.name) {
                 let var = Var::from_tensor(&values)?;
                 let tensor = var.as_tensor().clone();
@@ -100,7 +104,23 @@ impl Weights {
             };
             tensors.insert(spec.name.clone(), tensor);
         }
-        Ok(Weights { tensors, varmap })
+        Ok(Weights { tensors, quantized: HashMap::new(), varmap })
+    }
+
+    /// Replaces the frozen weight `name` by its quantization to `dtype`, as
+    /// `(out, in)` (`transposed`: stored `(in, out)`, GPT-2's `Conv1D`).
+    pub(crate) fn quantize(&mut self, name: &str, transposed: bool, dtype: GgmlDType) -> candle_core::Result<()> {
+        let stored = self.get(name)?;
+        let weight = if transposed { stored.t()?.contiguous()? } else { stored };
+        let quantized = Arc::new(QTensor::quantize(&weight, dtype)?);
+        self.tensors.remove(name);
+        self.quantized.insert(name.to_owned(), quantized);
+        Ok(())
+    }
+
+    /// The quantized weight `name`, if it is one.
+    pub(crate) fn quantized(&self, name: &str) -> Option<Arc<QTensor>> {
+        self.quantized.get(name).cloned()
     }
 
     /// The tensor `name`.
@@ -121,6 +141,6 @@ impl Weights {
     /// The same weights detached from the variables (an evaluation copy).
     pub(crate) fn detached(&self) -> Weights {
         let tensors = self.tensors.iter().map(|(name, tensor)| (name.clone(), tensor.detach())).collect();
-        Weights { tensors, varmap: self.varmap.clone() }
+        Weights { tensors, quantized: self.quantized.clone(), varmap: self.varmap.clone() }
     }
 }

@@ -116,6 +116,11 @@ fn lora_alpha(text: &str) -> Result<f64, String> {
     }
 }
 
+/// A LoRA base's dtype: f32, bf16, q8_0 or q4_0.
+fn base_dtype(text: &str) -> Result<autobatch::models::BaseDtype, String> {
+    text.trim().parse().map_err(|_| "must be f32, bf16, q8_0 or q4_0".to_owned())
+}
+
 /// A seed: any whole number that fits in 64 bits.
 fn seed(text: &str) -> Result<u64, String> {
     text.trim().parse::<u64>().map_err(|_| format!("must be a whole number from 0 to {}", u64::MAX))
@@ -159,6 +164,12 @@ pub struct ProbeArgs {
     /// [default: q_proj,v_proj; c_attn for gpt2; query,value for bert].
     #[arg(long, value_delimiter = ',', requires = "lora", help_heading = "Model from a config")]
     pub lora_targets: Vec<String>,
+    /// With --lora: the frozen base's dtype, the adapters in f32. f32 or
+    /// bf16: the whole base (and the activations) in it; q8_0 or q4_0
+    /// (QLoRA): the layers' projections quantized, the rest in the model's
+    /// dtype [default: the model's dtype, adapters in it too].
+    #[arg(long, value_parser = base_dtype, requires = "lora", help_heading = "Model from a config")]
+    pub base_dtype: Option<autobatch::models::BaseDtype>,
 
     /// Transformer: vocabulary size [default: 256].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]

@@ -155,6 +155,14 @@ impl ModelConfig {
             if let Some(alpha) = args.lora_alpha {
                 lora.alpha = alpha;
             }
+            if let Some(base) = args.base_dtype {
+                if args.precision == Some(DtypeArg::Mixed) {
+                    return Err(Failure::usage(format!(
+                        "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype {base} the adapters are f32 already: drop one of them"
+                    )));
+                }
+                lora = lora.base(base);
+            }
             training = training.lora(lora);
         }
         // refused here, before anything is allocated: a length past the
