@@ -977,6 +977,67 @@ fn a_config_model_is_probed_exactly_in_every_mode() {
     assert_eq!(estimate["state"]["weights"].as_u64(), Some(1_235_814_400 * 2), "{estimate}");
 }
 
+/// LoRA over a bf16 or quantized base through the binary: exact by brute
+/// force as an outside test checks it; `--compare` shows every base and the
+/// model without the frozen-gradient fix side by side, each measured; the
+/// estimate's state and frozen base are the config's footprint; and the
+/// flags that contradict each other are one line each.
+#[test]
+fn a_lora_base_is_probed_exactly_compared_and_estimated() {
+    let llama = config("tiny-llama.json");
+    let common = ["probe", "--config", &llama, "--seq-len", "32", "--budget", "48MiB", "--lora", "4"];
+    for base in ["bf16", "q8_0", "q4_0"] {
+        let flags = [&common[..], &["--base-dtype", base]].concat();
+        let plan = plan_of(&flags);
+        let largest = plan["largest_batch"].as_u64().unwrap();
+        assert_eq!(plan["proven_largest"], true, "{base}: {plan}");
+        let (at, next) = (largest.to_string(), (largest + 1).to_string());
+        let alone = plan_of(&[&flags[..], &["--start", &at, "--max-batch", &at]].concat());
+        assert_eq!(alone["largest_batch"].as_u64(), Some(largest), "{base}: {alone}");
+        let over = autobatch(&[&flags[..], &["--start", &next, "--max-batch", &next]].concat());
+        assert_eq!(over.status.code(), Some(3), "{base}: batch {next}: {}", text(&over.stderr));
+    }
+    let compared = plan_of(&[&common[..], &["--compare"]].concat());
+    let rows = compared.as_array().unwrap();
+    let row = |name: &str| {
+        rows.iter().find(|row| row["variant"] == name).unwrap_or_else(|| panic!("no {name:?} in {compared}"))
+    };
+    let fixed = |name: &str| row(name)["fixed_bytes"].as_f64().unwrap();
+    // the tiny llama's base is f32: a q4_0 base holds fewer fixed bytes, and
+    // candle's own matmul under the frozen weights more (their gradients)
+    assert!(fixed("q4_0 base, f32 adapters") < fixed("as it is"), "{compared}");
+    assert!(fixed("q8_0 base, f32 adapters") < fixed("as it is"), "{compared}");
+    let kept = "frozen gradients kept (candle's matmul)";
+    assert!(fixed(kept) > fixed("as it is"), "{compared}");
+    assert!(row(kept)["largest_batch"].as_u64() <= row("as it is")["largest_batch"].as_u64(), "{compared}");
+    assert!(rows.iter().all(|row| row["variant"] != "f32 base, f32 adapters"), "the model as it is: {compared}");
+    // the estimate counts what the footprint of the config counts
+    let heavy = config("smollm2-135m.json");
+    let estimate = autobatch(&["estimate", "--config", &heavy, "--lora", "8", "--base-dtype", "q4_0", "--json"]);
+    assert_eq!(estimate.status.code(), Some(0), "{}", text(&estimate.stderr));
+    let estimate: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap();
+    let footprint = autobatch::models::Config::from_file(std::path::Path::new(&heavy))
+        .unwrap()
+        .footprint(
+            &autobatch::models::Training::new(512)
+                .lora(autobatch::models::Lora::new(8, &["q_proj", "v_proj"]).base(autobatch::models::BaseDtype::Q4_0)),
+        )
+        .unwrap();
+    let state = &estimate["state"];
+    let counted: u64 = ["weights", "gradients", "optimizer_states", "master_weights"]
+        .iter()
+        .map(|k| state[k].as_u64().unwrap())
+        .sum::<u64>()
+        + estimate["frozen_bytes"].as_u64().unwrap();
+    assert_eq!(counted, footprint.fixed_bytes, "{estimate}");
+    assert_eq!(state["weights"].as_u64(), Some(footprint.parameters * 4), "f32 adapters: {estimate}");
+    // flags that contradict each other
+    assert_usage_error(&[&common[..], &["--base-dtype", "q5_k"]].concat(), "q4_0");
+    assert_usage_error(&[&common[..], &["--base-dtype", "bf16", "--precision", "f32"]].concat(), "base dtype");
+    assert_usage_error(&[&common[..], &["--base-dtype", "bf16", "--precision", "mixed"]].concat(), "drop one");
+    assert_usage_error(&["probe", "--config", &llama, "--base-dtype", "q4_0"], "--lora");
+}
+
 /// A config that is not one, asks for what is not computed, or whose model
 /// is over the budget: one line, exit 2 or 3, before anything is allocated
 /// (under an address-space limit far below the model's size).

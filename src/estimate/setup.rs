@@ -65,6 +65,10 @@ pub struct Setup {
     /// Bytes the device holds outside the model: runtime buffers, other
     /// processes. No change touches them.
     pub other_bytes: u64,
+    /// A frozen base's bytes (LoRA's): weights without a gradient or
+    /// optimizer state, in a dtype of their own. No change touches them.
+    #[serde(default)]
+    pub frozen_bytes: u64,
     /// Parameters of the largest variable: the optimizer's step holds its
     /// temporaries for one variable at a time
     /// ([`OptimizerKind::step_bytes_per_parameter`]). 0 when unknown: the
@@ -102,6 +106,7 @@ impl Setup {
             layer_bytes: 0,
             transformer: None,
             other_bytes: 0,
+            frozen_bytes: 0,
             largest_variable: 0,
         }
     }
@@ -162,6 +167,13 @@ impl Setup {
         self
     }
 
+    /// A frozen base of `bytes` beside the `parameters` that train (LoRA's
+    /// adapters): counted in the total, untouched by every change.
+    pub fn frozen(mut self, bytes: u64) -> Setup {
+        self.frozen_bytes = bytes;
+        self
+    }
+
     /// All activation bytes on one device: the layers' and the rest.
     pub fn all_activation_bytes(&self) -> Result<u64, Error> {
         self.activation_bytes
@@ -207,7 +219,10 @@ impl Setup {
         let overflow =
             || Error::ByteOverflow { what: format!("the memory of training {} parameters", self.parameters) };
         let total = self.state()?.total_with(self.all_activation_bytes()?)?;
-        [self.step_bytes()?, self.other_bytes].into_iter().try_fold(total, u64::checked_add).ok_or_else(overflow)
+        [self.step_bytes()?, self.other_bytes, self.frozen_bytes]
+            .into_iter()
+            .try_fold(total, u64::checked_add)
+            .ok_or_else(overflow)
     }
 
     /// The setup with `change` applied, or `None` when it does not apply (it
@@ -394,7 +409,8 @@ mod tests {
 
     #[test]
     fn other_bytes_count_in_every_total() {
-        let setup = Setup::new(BILLION, Precision::Fp32, OptimizerKind::AdamW).activations(BILLION).other(500);
+        let setup =
+            Setup::new(BILLION, Precision::Fp32, OptimizerKind::AdamW).activations(BILLION).other(300).frozen(200);
         assert_eq!(setup.total().unwrap(), 17 * BILLION + 500);
         let advice = setup.remedies(13 * BILLION).unwrap();
         let adafactor = advice.iter().find(|r| r.change == Change::Optimizer { to: OptimizerKind::Adafactor }).unwrap();

@@ -28,6 +28,16 @@ impl Family {
     /// The `model_type` values read.
     pub const MODEL_TYPES: &'static str = "llama, mistral, qwen2, qwen3, gpt2, bert";
 
+    /// The modules LoRA adapts by default, as PEFT does: the attention's
+    /// query and value projections (`c_attn`, which holds both, for GPT-2).
+    pub fn lora_targets(self) -> &'static [&'static str] {
+        match self {
+            Family::Gpt2 => &["c_attn"],
+            Family::Bert => &["query", "value"],
+            _ => &["q_proj", "v_proj"],
+        }
+    }
+
     /// Its `model_type`.
     pub fn model_type(self) -> &'static str {
         match self {

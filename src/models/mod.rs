@@ -187,23 +187,8 @@ impl Config {
             Some(lora) => {
                 let adapters: u64 = self.adapters(lora)?.iter().map(TensorSpec::elements).sum();
                 let adapter_bytes = lora.adapter_dtype(model_dtype).size_in_bytes() as u64;
-                // the base is frozen: its weights alone, no gradient, no moments;
-                // a quantized base's projections in whole blocks
-                let projections: u64 = self.projections().iter().map(|(_, out, input)| (out * input) as u64).sum();
-                // a quantized base's projections in whole blocks, and the one
-                // weight a product dequantizes at a time (f32, then the model's dtype)
-                let frozen = match lora.base.and_then(BaseDtype::quantized) {
-                    Some(quantized) => {
-                        let largest = self.projections().iter().map(|(_, out, input)| (out * input) as u64).max();
-                        let dequantized = if dtype == 4 { 4 } else { 4 + dtype };
-                        (projections / quantized.block_size() as u64)
-                            .checked_mul(quantized.type_size() as u64)
-                            .and_then(|bytes| (base - projections).checked_mul(dtype)?.checked_add(bytes))
-                            .and_then(|bytes| largest.unwrap_or(0).checked_mul(dequantized)?.checked_add(bytes))
-                    }
-                    None => base.checked_mul(dtype),
-                };
-                let fixed = frozen.and_then(|frozen| adapters.checked_mul(4 * adapter_bytes)?.checked_add(frozen));
+                let frozen = self.frozen_bytes(training)?;
+                let fixed = adapters.checked_mul(4 * adapter_bytes).and_then(|a| a.checked_add(frozen));
                 (adapters, fixed.ok_or_else(overflow)?)
             }
             None => (base, base.checked_mul(4 * dtype).ok_or_else(overflow)?),
@@ -222,12 +207,46 @@ impl Config {
         })
     }
 
+    /// The bytes of a LoRA model's frozen base, from the config alone: its
+    /// weights without gradients or moments, a quantized base's projections
+    /// in whole blocks plus the one weight a product dequantizes at a time;
+    /// 0 without LoRA (every weight trains).
+    ///
+    /// ```
+    /// use autobatch::models::{BaseDtype, Config, Lora, Training};
+    /// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+    ///     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}"#)?;
+    /// let lora = |base| Training::new(32).dtype(candle_core::DType::F32).lora(Lora::new(8, &["q_proj"]).base(base));
+    /// let f32_base = config.frozen_bytes(&lora(BaseDtype::F32))?;
+    /// assert_eq!(f32_base, config.parameter_count() * 4);
+    /// assert!(config.frozen_bytes(&lora(BaseDtype::Q4_0))? < f32_base / 2);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn frozen_bytes(&self, training: &Training) -> Result<u64, Error> {
+        let Some(lora) = &training.lora else { return Ok(0) };
+        let dtype = self.model_dtype(training)?.size_in_bytes() as u64;
+        let base = self.parameter_count();
+        let projections: u64 = self.projections().iter().map(|(_, out, input)| (out * input) as u64).sum();
+        let overflow = || Error::ByteOverflow { what: format!("the frozen base of {}", self.describe(training)) };
+        let Some(quantized) = lora.base.and_then(BaseDtype::quantized) else {
+            return base.checked_mul(dtype).ok_or_else(overflow);
+        };
+        // whole blocks, and the one weight a product dequantizes (f32, then the model's dtype)
+        let largest = self.projections().iter().map(|(_, out, input)| (out * input) as u64).max().unwrap_or(0);
+        let dequantized = if dtype == 4 { 4 } else { 4 + dtype };
+        (projections / quantized.block_size() as u64)
+            .checked_mul(quantized.type_size() as u64)
+            .and_then(|bytes| (base - projections).checked_mul(dtype)?.checked_add(bytes))
+            .and_then(|bytes| largest.checked_mul(dequantized)?.checked_add(bytes))
+            .ok_or_else(overflow)
+    }
+
     /// The dtype of the model's weights and activations: a float LoRA
     /// base's, else `training.dtype`, else the config's `torch_dtype`.
     /// Refused: a float base of another dtype than `training.dtype` asks
     /// for, a quantized base over projections whose inputs are not whole
     /// blocks, candle's frozen gradients kept over a quantized base.
-    fn model_dtype(&self, training: &Training) -> Result<DType, Error> {
+    pub fn model_dtype(&self, training: &Training) -> Result<DType, Error> {
         let asked = training.dtype.unwrap_or(self.dtype);
         let Some(lora) = &training.lora else { return Ok(asked) };
         let Some(base) = lora.base else { return Ok(asked) };

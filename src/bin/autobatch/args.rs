@@ -426,6 +426,18 @@ pub struct EstimateArgs {
     /// What the backward pass recomputes instead of keeping.
     #[arg(long, value_enum, default_value_t = RecomputeArg::None, help_heading = "Activations")]
     pub recompute: RecomputeArg,
+    /// With --config: LoRA adapters of this rank are what trains; the base is
+    /// frozen, its weights counted without gradients or optimizer state.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "config", help_heading = "LoRA")]
+    pub lora: Option<usize>,
+    /// The modules LoRA adapts, comma-separated [default: q_proj,v_proj;
+    /// c_attn for gpt2; query,value for bert].
+    #[arg(long, value_delimiter = ',', requires = "lora", help_heading = "LoRA")]
+    pub lora_targets: Vec<String>,
+    /// The frozen base's dtype (f32, bf16, q8_0, q4_0), the adapters in f32
+    /// [default: the model's dtype, adapters in it too].
+    #[arg(long, value_parser = base_dtype, requires = "lora", help_heading = "LoRA")]
+    pub base_dtype: Option<autobatch::models::BaseDtype>,
     /// Print the estimate as JSON on stdout.
     #[arg(long)]
     pub json: bool,

@@ -18,8 +18,15 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         ),
         None => None,
     };
+    let lora = match (&config, args.lora) {
+        (Some(config), Some(rank)) => Some(lora_training(args, config, rank)?),
+        _ => None,
+    };
     let parameters = match (&config, &args.params) {
-        (Some(config), _) => config.parameter_count(),
+        (Some(config), _) => match &lora {
+            Some((_, footprint, _)) => footprint.parameters,
+            None => config.parameter_count(),
+        },
         (None, Some(params)) => parse_count(params).map_err(|err| Failure::usage(format!("--params: {err}")))?,
         (None, None) => return Err(Failure::usage("give --params N or --config path/to/config.json")),
     };
@@ -31,7 +38,17 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         candle_core::DType::BF16 => PrecisionArg::Bf16,
         _ => PrecisionArg::F32,
     });
-    let precision = match (args.mixed_precision, args.dtype.or(from_config)) {
+    // adapters beside a base of its own dtype are f32
+    let from_config = match lora.as_ref().and_then(|(training, _, _)| training.lora.as_ref()?.base) {
+        Some(_) if args.mixed_precision => {
+            return Err(Failure::usage(
+                "--mixed-precision keeps f32 masters of bf16 variables; with --base-dtype the adapters are f32 already: drop one of them",
+            ))
+        }
+        Some(_) => Some(PrecisionArg::F32),
+        None => from_config,
+    };
+    let precision = match (args.mixed_precision, args.dtype.filter(|_| args.base_dtype.is_none()).or(from_config)) {
         (true, Some(dtype)) => {
             return Err(Failure::usage(format!(
                 "--mixed-precision keeps bf16 weights and gradients with f32 master weights: --dtype {} does not \
@@ -60,7 +77,8 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     if args.zero > 0 && args.ranks == 1 {
         return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
     }
-    let setup = Setup::new(parameters, precision, optimizer).sharded(sharding);
+    let frozen = lora.as_ref().map_or(0, |(_, _, frozen)| *frozen);
+    let setup = Setup::new(parameters, precision, optimizer).sharded(sharding).frozen(frozen);
     let (setup, candle) = with_activations(args, config.as_ref(), setup)?;
     let state = setup.state()?;
     let activations = setup.all_activation_bytes()?;
@@ -76,6 +94,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             "state": state,
             "activation_bytes": activations,
             "candle_f32_activation_bytes": candle,
+            "frozen_bytes": frozen,
             "total_bytes": total,
             "capacity_bytes": capacity,
             "fits": capacity.map(|c| total <= c),
@@ -114,6 +133,9 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         describe_sharding(&sharding),
         if activations > 0 { "" } else { ", before activations" }
     );
+    if let (Some(config), Some((training, _, _))) = (&config, &lora) {
+        println!("  {}: {} frozen parameters", config.describe(training), config.parameter_count());
+    }
     let per_parameter = |bytes: u64| bytes as f64 / parameters as f64;
     let mut rows = vec![
         ("weights", state.weights),
@@ -123,6 +145,11 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     ];
     if activations > 0 {
         rows.push(("activations", activations));
+    }
+    if let (Some(config), true) = (&config, frozen > 0) {
+        // per frozen parameter: the base's own dtype
+        let per_frozen = frozen as f64 / config.parameter_count() as f64;
+        println!("  {:<17} {:>10}  {per_frozen:>6.2} B/frozen param", "frozen base", format_bytes_decimal(frozen));
     }
     rows.push(("total", total));
     for (name, bytes) in rows {
@@ -161,6 +188,38 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// `--lora`: the LoRA training of the config the flags describe, its
+/// footprint (the adapters that train) and its frozen base's bytes.
+fn lora_training(
+    args: &EstimateArgs,
+    config: &autobatch::models::Config,
+    rank: usize,
+) -> Result<(autobatch::models::Training, autobatch::workloads::Footprint, u64), Failure> {
+    use autobatch::models::{Lora, Training};
+    let mut lora = Lora::new(rank, config.family.lora_targets());
+    if !args.lora_targets.is_empty() {
+        lora.targets = args.lora_targets.clone();
+    }
+    if let Some(base) = args.base_dtype {
+        lora = lora.base(base);
+    }
+    let mut training = Training::new(args.seq_len.unwrap_or_else(|| config.max_positions.min(512))).lora(lora);
+    training.dtype = match args.dtype {
+        Some(PrecisionArg::F32) => Some(candle_core::DType::F32),
+        Some(PrecisionArg::Bf16) => Some(candle_core::DType::BF16),
+        None => None,
+    };
+    let with_path = |err: autobatch::Error| {
+        Failure::usage(format!(
+            "--config {}: {err}",
+            args.config.as_deref().unwrap_or(std::path::Path::new("")).display()
+        ))
+    };
+    let footprint = config.footprint(&training).map_err(with_path)?;
+    let frozen = config.frozen_bytes(&training).map_err(with_path)?;
+    Ok((training, footprint, frozen))
 }
 
 /// `--capacity`: a size (`80GB`, `24GiB`) or a card's name (`h100`), with the card.

@@ -143,12 +143,7 @@ impl ModelConfig {
             DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
         });
         if let Some(rank) = args.lora {
-            let defaults: &[&str] = match config.family {
-                models::Family::Gpt2 => &["c_attn"],
-                models::Family::Bert => &["query", "value"],
-                _ => &["q_proj", "v_proj"],
-            };
-            let mut lora = models::Lora::new(rank, defaults);
+            let mut lora = models::Lora::new(rank, config.family.lora_targets());
             if !args.lora_targets.is_empty() {
                 lora.targets = args.lora_targets.clone();
             }
@@ -299,8 +294,28 @@ impl ModelConfig {
             ModelConfig::Transformer(c) => c.dtype,
             ModelConfig::Mlp(c) => c.dtype,
             ModelConfig::ConvNet(c) => c.dtype,
-            ModelConfig::Pretrained(spec) => spec.1.dtype.unwrap_or(spec.0.dtype),
+            ModelConfig::Pretrained(spec) => spec.0.model_dtype(&spec.1).unwrap_or(spec.0.dtype),
         }
+    }
+
+    /// A config model's LoRA adapters, if it has them.
+    fn lora(&self) -> Option<&models::Lora> {
+        match self {
+            ModelConfig::Pretrained(spec) => spec.1.lora.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The same LoRA model with `change` made to its adapters' settings.
+    fn with_lora(&self, change: impl FnOnce(&mut models::Lora)) -> Option<ModelConfig> {
+        let ModelConfig::Pretrained(spec) = self else { return None };
+        let (config, mut training) = spec.as_ref().clone();
+        change(training.lora.as_mut()?);
+        // a float base is the model's dtype: the dtype follows it
+        if let Some(float) = training.lora.as_ref().and_then(|lora| lora.base?.float()) {
+            training.dtype = Some(float);
+        }
+        Some(ModelConfig::Pretrained(Box::new((config, training))))
     }
 
     /// The same model in `dtype`.
@@ -310,7 +325,14 @@ impl ModelConfig {
             ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
             ModelConfig::ConvNet(c) => ModelConfig::ConvNet(ConvNetConfig { dtype, ..c.clone() }),
             ModelConfig::Pretrained(spec) => {
-                ModelConfig::Pretrained(Box::new((spec.0.clone(), spec.1.clone().dtype(dtype))))
+                let mut training = spec.1.clone().dtype(dtype);
+                // a float base is the model's dtype: it follows
+                if let Some(lora) = training.lora.as_mut().filter(|lora| lora.base.is_some_and(|b| b.float().is_some()))
+                {
+                    lora.base =
+                        Some(if dtype == DType::BF16 { models::BaseDtype::Bf16 } else { models::BaseDtype::F32 });
+                }
+                ModelConfig::Pretrained(Box::new((spec.0.clone(), training)))
             }
         }
     }
@@ -675,7 +697,34 @@ fn compare(
     let bf16_runs = !(matches!(model, ModelConfig::ConvNet(_)) && device.is_cpu());
     if is_f32 && bf16_runs {
         configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16, false, optimizer));
-        configs.insert(2, ("mixed precision".to_owned(), with_dtype(DType::BF16), BF16, true, OptimizerKind::AdamW));
+        // f32 adapters beside a base of its own dtype have no bf16 variables to keep masters of
+        if model.lora().is_none_or(|lora| lora.base.is_none()) {
+            let mixed = ("mixed precision".to_owned(), with_dtype(DType::BF16), BF16, true, OptimizerKind::AdamW);
+            configs.insert(2, mixed);
+        }
+    }
+    // a LoRA model: each other base, the adapters in f32; and without the
+    // frozen-gradient fix (candle's own matmul under a dense base)
+    if let Some(lora) = model.lora().cloned() {
+        for base in models::BaseDtype::ALL.into_iter().filter(|&base| Some(base) != lora.base) {
+            if lora.base.is_none() && base.float() == Some(model.dtype()) {
+                continue; // the model as it is, but for its adapters' dtype
+            }
+            let factor = if base == models::BaseDtype::Bf16 && is_f32 { BF16 } else { 1.0 };
+            let Some(variant) = model.with_lora(|lora| lora.base = Some(base)) else { continue };
+            configs.push((format!("{base} base, f32 adapters"), variant, factor, false, optimizer));
+        }
+        if lora.base.is_none_or(|base| base.float().is_some()) && !lora.frozen_gradients {
+            if let Some(variant) = model.with_lora(|lora| lora.frozen_gradients = true) {
+                configs.push((
+                    "frozen gradients kept (candle's matmul)".to_owned(),
+                    variant,
+                    1.0,
+                    as_is_mixed,
+                    optimizer,
+                ));
+            }
+        }
     }
     // the lean optimizers change the state, not the bytes per sample
     if !as_is_mixed {
