@@ -35,6 +35,14 @@ build)
   cp "${CARGO_TARGET_DIR:-target}/release/examples/gpu_check" target/gpu-check/gpu_check
   strip target/gpu-check/gpu_check
   ls -l target/gpu-check/gpu_check
+  # what the device tool carries: 64 MiB in all, and it must still run there
+  size=$(stat -c %s target/gpu-check/gpu_check)
+  limit=$((60 * 1024 * 1024))
+  if [ "$size" -gt "$limit" ]; then
+    echo "target/gpu-check/gpu_check is $size bytes: over the $limit the carry leaves room for (64 MiB in all)" >&2
+    exit 2
+  fi
+  [ -x target/gpu-check/gpu_check ] || { echo "target/gpu-check/gpu_check lost its run bit" >&2; exit 2; }
   ;;
 run)
   shift
@@ -52,6 +60,15 @@ run)
     ls "$lib"/$needed* >/dev/null 2>&1 || { echo "$lib has no $needed" >&2; exit 2; }
   done
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # every shared library the binary links (the CUDA runtime candle's kernels
+  # need too, the driver's libcuda), found before anything starts
+  if command -v ldd >/dev/null 2>&1; then
+    missing=$(ldd "$binary" | awk '/not found/ {print $1}' | tr '\n' ' ')
+    if [ -n "$missing" ]; then
+      echo "$binary needs libraries not found with $lib on the path: $missing" >&2
+      exit 2
+    fi
+  fi
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/nvidia-smi.csv"
   # the driver must run CUDA 13 code: its CUDA version (nvidia-smi's header) at least 13.0
   cuda=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\)\.\([0-9]*\).*/\1 \2/p' | head -n 1)

@@ -112,6 +112,17 @@
 //!
 //! On a GPU (feature `cuda`), `CudaMeter` measures candle's CUDA memory pool.
 //!
+//! ## Features
+//!
+//! - `cli` (default): the `autobatch` command-line tool; a library user can
+//!   leave it out with `default-features = false`.
+//! - `cuda`: candle's CUDA backend and `CudaMeter`. It needs a CUDA toolchain
+//!   to build (the repository's `scripts/cuda-toolchain.sh` installs CUDA 13
+//!   from NVIDIA's Python wheels), so these docs, built where there is none
+//!   (docs.rs), do not show its items.
+//! - `nccl`: `collective::NcclCollective`, ranks in separate processes
+//!   through NCCL (implies `cuda`; needs libnccl to link).
+//!
 //! ## How it is arranged
 //!
 //! One engine runs every trial: the [`Tuner`]'s trial loop (warm-up, trials,

@@ -376,7 +376,8 @@ impl candle_core::CustomOp2 for WithConstant {
 /// let y = quantized_linear(x.as_tensor(), &weight, None)?;
 /// assert_eq!(y.dims(), &[2, 3, 8]);
 /// let grads = y.sum_all()?.backward()?;
-/// assert_eq!(grads.get(&x).unwrap().to_vec3::<f32>()?[0][0][0], 8.0); // 8 outputs of weight 1
+/// let input_grad = grads.get(&x).unwrap().to_vec3::<f32>()?[0][0][0];
+/// assert!((input_grad - 8.0).abs() < 0.01); // 8 outputs of weight 1, as q8_0 holds it
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn quantized_linear(x: &Tensor, weight: &Arc<QTensor>, bias: Option<&Tensor>) -> Result<Tensor> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{Comm, Id, ReduceOp};
 
-use super::rendezvous::{IdFile, RunToken};
+use super::rendezvous::{expected_ordinal, IdFile, RunToken};
 use super::Collective;
 use crate::Error;
 
@@ -61,13 +61,17 @@ impl NcclCollective {
             PathBuf::from(std::env::var("AUTOBATCH_NCCL_ID_FILE").map_err(|_| {
                 Error::Collective("AUTOBATCH_NCCL_ID_FILE is not set: a path every rank can read".into())
             })?);
-        // the GPU this rank was given must be the one its stream is on
+        // the GPU this rank was given must be the one its stream is on, among
+        // those the process can see (one, under a launcher that masks each rank)
         let ordinal = stream.context().ordinal();
         if let Ok(local_rank) = Self::local_rank() {
-            if local_rank != ordinal {
+            let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+            let expected = expected_ordinal(local_rank, visible.as_deref())?;
+            if expected != ordinal {
                 return Err(Error::Collective(format!(
-                    "LOCAL_RANK is {local_rank} but the stream is on GPU {ordinal}: build the device with \
-                     Device::new_cuda(LOCAL_RANK)"
+                    "LOCAL_RANK is {local_rank} (CUDA_VISIBLE_DEVICES={}) but the stream is on GPU {ordinal}: build \
+                     the device with Device::new_cuda({expected})",
+                    visible.as_deref().unwrap_or("unset")
                 )));
             }
         }
@@ -79,10 +83,15 @@ impl NcclCollective {
         };
         let file = IdFile::new(path, RunToken::from_env(), timeout, ID_BYTES);
         let id = if rank == 0 {
-            let id = Id::new().map_err(nccl)?;
-            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
-            file.publish(&bytes)?;
-            id
+            let mut made = None;
+            // the stale file goes before the id is made: a rank starting meanwhile must not find it
+            file.publish_new(|| {
+                let id = Id::new().map_err(nccl)?;
+                let bytes = id.internal().iter().map(|&c| c as u8).collect();
+                made = Some(id);
+                Ok(bytes)
+            })?;
+            made.expect("publish_new made the id")
         } else {
             let bytes = file.wait()?;
             let mut internal = [0 as std::ffi::c_char; ID_BYTES];

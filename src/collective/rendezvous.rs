@@ -36,10 +36,20 @@ pub enum RunToken {
 impl RunToken {
     /// `AUTOBATCH_RUN_ID`, else `TORCHELASTIC_RUN_ID`, else this process's start.
     pub fn from_env() -> RunToken {
+        RunToken::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over the variables `lookup` gives. An
+    /// empty value is no token, nor is `none`: torchrun without
+    /// `--rdzv-id` gives every run the id "none", which tells no two runs
+    /// apart (a file of an earlier run would be joined, and hang).
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> RunToken {
         ["AUTOBATCH_RUN_ID", "TORCHELASTIC_RUN_ID"]
             .iter()
-            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
-            .map_or_else(|| RunToken::Started(now_ms()), |token| RunToken::Shared(token.trim().to_owned()))
+            .find_map(|name| {
+                lookup(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty() && !v.eq_ignore_ascii_case("none"))
+            })
+            .map_or_else(|| RunToken::Started(now_ms()), RunToken::Shared)
     }
 
     fn stamp(&self) -> String {
@@ -80,20 +90,33 @@ impl IdFile {
         IdFile { path: path.into(), token, timeout, id_len }
     }
 
-    /// Rank 0: removes whatever file is there, then writes `id` with this
-    /// run's token, atomically (a temporary name unique to this process and
-    /// call, renamed over the path).
+    /// Rank 0: removes whatever file is there, then makes the id with
+    /// `make_id` (NCCL's, which takes a while: the driver starts) and writes
+    /// it with this run's token, atomically (a temporary name unique to this
+    /// process and call, renamed over the path). The stale file goes first,
+    /// so that no rank that starts meanwhile finds it.
+    pub fn publish_new(&self, make_id: impl FnOnce() -> Result<Vec<u8>, Error>) -> Result<Vec<u8>, Error> {
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => log::info!("removed a stale rendezvous file {}", self.path.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(self.failed("remove the stale", e)),
+        }
+        let id = make_id()?;
+        self.publish(&id)?;
+        Ok(id)
+    }
+
+    fn failed(&self, what: &str, e: std::io::Error) -> Error {
+        Error::Collective(format!("cannot {what} {}: {e}", self.path.display()))
+    }
+
+    /// Rank 0: writes `id` with this run's token, atomically, over whatever
+    /// file is there ([`publish_new`](Self::publish_new) removes it first).
     pub fn publish(&self, id: &[u8]) -> Result<(), Error> {
         if id.len() != self.id_len {
             return Err(Error::Collective(format!("an id of {} bytes, not {}", id.len(), self.id_len)));
         }
-        let failed =
-            |what: &str, e: std::io::Error| Error::Collective(format!("cannot {what} {}: {e}", self.path.display()));
-        match std::fs::remove_file(&self.path) {
-            Ok(()) => log::info!("removed a stale rendezvous file {}", self.path.display()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(failed("remove the stale", e)),
-        }
+        let failed = |what: &str, e: std::io::Error| self.failed(what, e);
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let text = format!("{MAGIC}\n{}\n{hex}\n", self.token.stamp());
         let temporary = temporary_path(&self.path);
@@ -155,6 +178,25 @@ impl IdFile {
     }
 }
 
+/// The CUDA ordinal a rank of `local_rank` should be on, given what
+/// `CUDA_VISIBLE_DEVICES` (`visible`) lets the process see: with one device
+/// visible (a launcher that masks each rank to its GPU, as SLURM's
+/// `--gpus-per-task` does) it is 0 for every rank; with several, or none
+/// set, it is `local_rank`. A rank past the visible devices is an error
+/// that says so.
+pub fn expected_ordinal(local_rank: usize, visible: Option<&str>) -> Result<usize, Error> {
+    let Some(visible) = visible.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(local_rank) };
+    let count = visible.split(',').filter(|d| !d.trim().is_empty()).count();
+    match count {
+        1 => Ok(0),
+        n if local_rank < n => Ok(local_rank),
+        n => Err(Error::Collective(format!(
+            "LOCAL_RANK is {local_rank} but CUDA_VISIBLE_DEVICES={visible} shows {n} devices: give each rank one \
+             device, or all of them"
+        ))),
+    }
+}
+
 /// `path` with `.<pid>.<n>.tmp` added to its whole name: unique to this
 /// process and call, so that two id files sharing a stem never collide.
 fn temporary_path(path: &Path) -> PathBuf {
@@ -213,6 +255,55 @@ mod tests {
         let err = mine.wait().unwrap_err().to_string();
         assert!(err.contains("from another run") && err.contains("within"), "{err}");
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn none_is_no_run_token() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
+        };
+        // torchrun without --rdzv-id: every run is "none"
+        assert!(matches!(RunToken::from_vars(vars(&[("TORCHELASTIC_RUN_ID", "none")])), RunToken::Started(_)));
+        assert!(matches!(RunToken::from_vars(vars(&[("TORCHELASTIC_RUN_ID", " NONE ")])), RunToken::Started(_)));
+        assert!(matches!(RunToken::from_vars(vars(&[("AUTOBATCH_RUN_ID", "")])), RunToken::Started(_)));
+        assert_eq!(
+            RunToken::from_vars(vars(&[("AUTOBATCH_RUN_ID", "none"), ("TORCHELASTIC_RUN_ID", "job-3")])),
+            RunToken::Shared("job-3".into())
+        );
+        assert_eq!(
+            RunToken::from_vars(vars(&[("AUTOBATCH_RUN_ID", "a"), ("TORCHELASTIC_RUN_ID", "b")])),
+            RunToken::Shared("a".into())
+        );
+    }
+
+    #[test]
+    fn the_stale_file_is_gone_before_the_new_id_is_made() {
+        let path = folder("order").join("nccl.id");
+        let token = RunToken::Started(now_ms());
+        // an earlier run of the same start (within the clock skew allowance): a waiting rank would take it
+        IdFile::new(&path, token.clone(), Duration::from_secs(1), 128).publish(&id(1)).unwrap();
+        let file = IdFile::new(&path, token, Duration::from_secs(5), 128);
+        let made = file
+            .publish_new(|| {
+                assert!(!path.exists(), "the stale file was still there while the id was made");
+                Ok(id(2))
+            })
+            .unwrap();
+        assert_eq!(made, id(2));
+        assert_eq!(file.wait().unwrap(), id(2));
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn the_expected_gpu_follows_what_the_process_sees() {
+        assert_eq!(expected_ordinal(3, None).unwrap(), 3);
+        assert_eq!(expected_ordinal(3, Some("")).unwrap(), 3);
+        // SLURM or a launcher masking each rank to its own GPU
+        assert_eq!(expected_ordinal(3, Some("5")).unwrap(), 0);
+        assert_eq!(expected_ordinal(1, Some("GPU-8f2a")).unwrap(), 0);
+        assert_eq!(expected_ordinal(2, Some("0,1,2,3")).unwrap(), 2);
+        let err = expected_ordinal(5, Some("0,1")).unwrap_err().to_string();
+        assert!(err.contains("LOCAL_RANK is 5") && err.contains("2 devices"), "{err}");
     }
 
     #[test]
