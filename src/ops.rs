@@ -408,6 +408,23 @@ impl QuantizedProduct {
     fn dequantized(&self, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Tensor> {
         self.0.dequantize(device)?.to_dtype(dtype)
     }
+
+    /// `x · Wᵀ` on one backend: `W` dequantized on `device`, its storage
+    /// taken out by `backend`.
+    fn apply<S: candle_core::backend::BackendStorage>(
+        &self,
+        x: &S,
+        layout: &candle_core::Layout,
+        device: &candle_core::Device,
+        backend: impl Fn(&candle_core::Storage) -> Option<&S>,
+    ) -> Result<(S, candle_core::Shape)> {
+        let weight = self.dequantized(device, x.dtype())?;
+        let (storage, weight_layout) = weight.storage_and_layout();
+        let Some(weight_storage) = backend(&storage) else {
+            candle_core::bail!("a weight dequantized on {device:?} is on another device")
+        };
+        Product::apply(x, layout, weight_storage, &weight_layout.transpose(0, 1)?)
+    }
 }
 
 impl candle_core::CustomOp1 for QuantizedProduct {
@@ -420,13 +437,10 @@ impl candle_core::CustomOp1 for QuantizedProduct {
         storage: &candle_core::CpuStorage,
         layout: &candle_core::Layout,
     ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::backend::BackendStorage;
-        let weight = self.dequantized(&candle_core::Device::Cpu, storage.dtype())?;
-        let (weight_storage, weight_layout) = weight.storage_and_layout();
-        let candle_core::Storage::Cpu(weight_storage) = &*weight_storage else {
-            candle_core::bail!("a weight dequantized on the CPU is on the CPU")
-        };
-        Product::apply(storage, layout, weight_storage, &weight_layout.transpose(0, 1)?)
+        self.apply(storage, layout, &candle_core::Device::Cpu, |s| match s {
+            candle_core::Storage::Cpu(s) => Some(s),
+            _ => None,
+        })
     }
 
     #[cfg(feature = "cuda")]
@@ -437,12 +451,10 @@ impl candle_core::CustomOp1 for QuantizedProduct {
     ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
         use candle_core::backend::BackendStorage;
         let device = candle_core::Device::Cuda(storage.device().clone());
-        let weight = self.dequantized(&device, storage.dtype())?;
-        let (weight_storage, weight_layout) = weight.storage_and_layout();
-        let candle_core::Storage::Cuda(weight_storage) = &*weight_storage else {
-            candle_core::bail!("a weight dequantized on a CUDA device is on it")
-        };
-        Product::apply(storage, layout, weight_storage, &weight_layout.transpose(0, 1)?)
+        self.apply(storage, layout, &device, |s| match s {
+            candle_core::Storage::Cuda(s) => Some(s),
+            _ => None,
+        })
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

@@ -182,16 +182,19 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 };
                 if let Some(limit) = self.tuner.time_limit {
                     let bracket = crate::search::Bracket::of(&space, &self.history());
-                    match self.time_left(limit, batch) {
-                        TimeLeft::Enough => {}
-                        // a smaller batch above the largest fit that ends in time is worth verifying
-                        TimeLeft::Until { end }
-                            if let Some(smaller) = self.batch_in_time(limit, &space, &bracket, batch) =>
-                        {
+                    let left = self.time_left(limit, batch);
+                    // a smaller batch above the largest fit that ends in time is worth verifying
+                    let smaller = match left {
+                        TimeLeft::Until { .. } => self.batch_in_time(limit, &space, &bracket, batch),
+                        _ => None,
+                    };
+                    match (left, smaller) {
+                        (TimeLeft::Enough, _) => {}
+                        (TimeLeft::Until { end }, Some(smaller)) => {
                             info!("batch {batch} would end at {end:?}, past the time limit: trying {smaller}");
                             batch = smaller;
                         }
-                        left => {
+                        (left, _) => {
                             let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
                             let Some(largest_fit) = bracket.fitting else {
                                 return Err(Error::TimeLimit { limit_ms, trials: self.trials.len() });
