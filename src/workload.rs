@@ -69,6 +69,15 @@ pub trait Workload {
         Vec::new()
     }
 
+    /// The element counts of the tensors of the last step's graph, in the
+    /// order the graph sorts them (the same for every batch of one model):
+    /// what lets the tuner keep every tensor under a device's element limit
+    /// ([`Tuner::element_limit`](crate::Tuner::element_limit)). `None` by
+    /// default (a closure's graph is not seen).
+    fn graph_elements(&self) -> Option<Vec<u64>> {
+        None
+    }
+
     /// Tuning is over (the tuner's last call, whatever the outcome): release
     /// state kept between steps. Nothing by default.
     fn tuning_finished(&mut self) {}

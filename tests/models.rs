@@ -675,6 +675,36 @@ fn a_base_the_model_cannot_take_is_refused() {
     assert!("q5_k".parse::<BaseDtype>().is_err() && "Q4_0".parse::<BaseDtype>().ok() == Some(BaseDtype::Q4_0));
 }
 
+/// The element limit (forced here; on CUDA candle's 2^32 − 1): the search
+/// stops below the batch where a tensor of the step's graph would pass it,
+/// says so, and is exact by the graph: at the answer every tensor is within
+/// the limit, a batch more and one is past it.
+fn no_trial_runs_a_tensor_past_the_element_limit() {
+    let config = tiny("llama");
+    let model = Pretrained::build(&config, &Training::new(16), &Device::Cpu).unwrap();
+    let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    // the logits, 16 × 96 a sample, are the largest tensor: 20 samples and a bit
+    let limit = 16 * 96 * 20 + 100;
+    let plan = Tuner::new().element_limit(limit).run(&mut probe, &mut meter).unwrap();
+    let largest = |probe: &mut ModelProbe<_>, batch: usize| {
+        probe.step(batch).unwrap();
+        probe.graph_elements().unwrap().into_iter().max().unwrap()
+    };
+    let answer = plan.largest_batch;
+    println!("  stopped at {answer}: {}", plan.stopped_by.as_ref().unwrap());
+    assert!(
+        matches!(plan.stopped_by, Some(autobatch::SearchLimit::TensorElements { batch, limit: l, .. }) if batch == answer && l == limit),
+        "{plan}"
+    );
+    assert!(largest(&mut probe, answer) <= limit, "{plan}");
+    assert!(largest(&mut probe, answer + 1) > limit, "{plan}");
+    assert!(plan.utilization() < 0.9 && plan.to_string().contains("elements"), "{plan}");
+    // without the limit the memory decides, above it
+    let free = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    assert!(free.largest_batch > answer, "{free}");
+}
+
 fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating() {
     let llama = published("llama-3.2-1b.json");
     let before = autobatch::TrackingAllocator::live_bytes();
@@ -716,6 +746,7 @@ fn main() {
         ),
         ("lora_trains_over_every_base_under_the_ceiling", lora_trains_over_every_base_under_the_ceiling),
         ("a_base_the_model_cannot_take_is_refused", a_base_the_model_cannot_take_is_refused),
+        ("no_trial_runs_a_tensor_past_the_element_limit", no_trial_runs_a_tensor_past_the_element_limit),
         (
             "the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating",
             the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating,

@@ -207,6 +207,13 @@ impl CudaMeter {
 }
 
 impl MemoryMeter for CudaMeter {
+    /// candle 0.11.1 launches its element-wise kernels with a `u32` count and
+    /// loops over an `unsigned int` index: a tensor of 2^32 elements or more
+    /// never finishes, or fails to launch.
+    fn element_limit(&self) -> Option<u64> {
+        Some(u64::from(u32::MAX))
+    }
+
     fn capacity(&self) -> Result<u64, Error> {
         Ok(self.total)
     }

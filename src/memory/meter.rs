@@ -47,6 +47,13 @@ pub trait MemoryMeter {
     fn peak_kinds(&self) -> Result<Option<PeakKinds>, Error> {
         Ok(None)
     }
+    /// The most elements one tensor may have on this device, where its
+    /// kernels count them in fewer bits than memory holds: candle's CUDA
+    /// kernels count in 32 bits (`2^32 - 1`). `None` by default (the CPU's
+    /// kernels count in `usize`).
+    fn element_limit(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
@@ -76,6 +83,9 @@ impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
     }
     fn peak_kinds(&self) -> Result<Option<PeakKinds>, Error> {
         (**self).peak_kinds()
+    }
+    fn element_limit(&self) -> Option<u64> {
+        (**self).element_limit()
     }
 }
 

@@ -226,6 +226,8 @@ pub struct ModelProbe<L> {
     /// the variables (frozen weights, constants), with their count, and the
     /// variables' gradient bytes beside them.
     untrained: Option<(usize, u64, u64)>,
+    /// The element counts of the last step's graph, in its sorted order.
+    graph_elements: Option<Vec<u64>>,
     /// The loss and its forward graph stay alive through the update
     /// (training calls `optimizer.backward_step(&loss)`).
     graph_through_update: bool,
@@ -370,6 +372,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
             gradients: None,
             missing: None,
             untrained: None,
+            graph_elements: None,
             read_only: Vec::new(),
             declared: None,
             buffers: Buffers::default(),
@@ -702,6 +705,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
     /// Forward, backward and the update computed dry.
     fn plain_step(&mut self, batch: usize) -> Result<()> {
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
+        self.graph_elements = Some(graph_elements(&loss));
         if !self.loss.computes_gradients() {
             self.graph_recorded |= loss.track_op();
             return Ok(());
@@ -726,6 +730,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let vars = self.plain_vars();
         let mut accumulator = Accumulator::holding_zeros(&vars)?;
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
+        self.graph_elements = Some(graph_elements(&loss));
         let held = self.graph_through_update.then_some(loss);
         self.check_gradients(&grads);
         // any scale but 1 allocates what training's does (the value is never used)
@@ -737,6 +742,12 @@ impl<L: ProbeLoss> ModelProbe<L> {
         drop(held);
         Ok(())
     }
+}
+
+/// The element count of every tensor of `loss`'s graph, in candle's sorted
+/// order (a loss computed outside a graph has none).
+fn graph_elements(loss: &Tensor) -> Vec<u64> {
+    loss.sorted_nodes().iter().map(|node| node.elem_count() as u64).collect()
 }
 
 impl<L: ProbeLoss> Workload for ModelProbe<L> {
@@ -760,6 +771,10 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
 
     fn can_accumulate(&self) -> bool {
         self.loss.computes_gradients()
+    }
+
+    fn graph_elements(&self) -> Option<Vec<u64>> {
+        self.graph_elements.clone()
     }
 
     fn diagnose(&mut self) -> Vec<Warning> {

@@ -207,6 +207,19 @@ pub enum SearchLimit {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expected_end: Option<ExpectedEnd>,
     },
+    /// The next batch up would run a tensor of more elements than the
+    /// device's kernels count ([`Tuner::element_limit`](crate::Tuner::element_limit):
+    /// candle's CUDA kernels count elements in 32 bits, and past 2^32 a
+    /// launch loops for ever or fails): the search stopped below it.
+    TensorElements {
+        /// The largest batch whose every tensor stays under the limit: the answer.
+        batch: usize,
+        /// The most elements one tensor of the step was expected to have at
+        /// the next batch up, from the graphs the trials measured.
+        elements: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// The next batch up was not tried for another reason (a re-check that
     /// failed moved the answer down).
     NextBatchNotTried {
@@ -263,6 +276,11 @@ impl std::fmt::Display for SearchLimit {
                 }
             }
             SearchLimit::NextBatchNotTried { batch } => write!(f, "batch {batch} was not tried"),
+            SearchLimit::TensorElements { batch, elements, limit } => write!(
+                f,
+                "stopped at batch {batch}: the next batch up would run a tensor of {elements} elements, past the \
+                 {limit} the device's kernels count"
+            ),
         }
     }
 }

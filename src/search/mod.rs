@@ -110,6 +110,14 @@ impl SearchSpace {
         self
     }
 
+    /// The space with no candidate above `max_batch` (rounded down to the
+    /// granularity), but never below its first candidate.
+    pub fn capped(mut self, max_batch: usize) -> Self {
+        self.last = self.last.min(self.floor(max_batch).max(self.first));
+        self.hint = self.hint.map(|hint| hint.min(self.last));
+        self
+    }
+
     /// The limit given to [`with_limit`](SearchSpace::with_limit), if any.
     pub fn limit_bytes(&self) -> Option<u64> {
         self.limit_bytes

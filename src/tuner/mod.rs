@@ -74,6 +74,8 @@ pub struct Tuner {
     uneven_ranks: bool,
     strict: bool,
     time_limit: Option<std::time::Duration>,
+    /// The most elements one tensor may have; `None`: the meter's.
+    element_limit: Option<u64>,
     /// Where a sub-search expects its answer (see [`SearchSpace::with_hint`]).
     hint: Option<usize>,
     /// Bytes per sample expected near the hint (see [`SearchSpace::with_hint_slope`]).
@@ -102,6 +104,7 @@ impl Default for Tuner {
             uneven_ranks: false,
             strict: false,
             time_limit: None,
+            element_limit: None,
             hint: None,
             hint_slope: None,
         }
@@ -147,6 +150,24 @@ impl Tuner {
     /// flagged as not proven largest. Default: no limit.
     pub fn max_trials(mut self, max_trials: usize) -> Self {
         self.max_trials = Some(max_trials);
+        self
+    }
+
+    /// No trial runs a tensor of more than `elements` elements: from the
+    /// graphs the fitting trials measured ([`Workload::graph_elements`]),
+    /// each tensor's count is followed as a line in the batch, and the
+    /// search stops below the batch where one would pass the limit
+    /// ([`SearchLimit::TensorElements`](crate::SearchLimit::TensorElements)).
+    /// Default: the meter's ([`MemoryMeter::element_limit`]: 2^32 − 1 on
+    /// CUDA, where candle's kernels count elements in 32 bits; none on the
+    /// CPU). A workload that does not show its graph (a closure) is not capped.
+    ///
+    /// ```
+    /// let tuner = autobatch::Tuner::new().element_limit(1 << 20);
+    /// # let _ = tuner;
+    /// ```
+    pub fn element_limit(mut self, elements: u64) -> Self {
+        self.element_limit = Some(elements);
         self
     }
 

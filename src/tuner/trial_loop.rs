@@ -20,10 +20,12 @@ const IGNORED_BATCH_SPAN: usize = 1024;
 
 /// The latest measurement of one batch: what the search sees, and the memory
 /// in use when it was taken (to tell whether the answer needs a re-check).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Record {
     observation: Observation,
     baseline_bytes: u64,
+    /// The element counts of a fitting trial's graph, when the workload shows it.
+    graph: Option<Vec<u64>>,
 }
 
 /// The state of one tuning run.
@@ -46,6 +48,8 @@ pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     started: std::time::Instant,
     /// The warm-up step, once run.
     warmup: TuningCost,
+    /// The most elements one tensor may have: the tuner's, else the meter's.
+    element_limit: Option<u64>,
 }
 
 /// What a time limit leaves for the next trial.
@@ -68,6 +72,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         observer: &'a mut O,
         capacity_bytes: u64,
     ) -> Self {
+        let element_limit = tuner.element_limit.or_else(|| meter.element_limit());
         Probe {
             limit: crate::plan::limit_bytes(tuner.ceiling, capacity_bytes),
             capacity_bytes,
@@ -82,6 +87,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             first_baseline: None,
             started: std::time::Instant::now(),
             warmup: TuningCost::default(),
+            element_limit,
         }
     }
 
@@ -176,6 +182,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 // the least the device held before a trial: what no batch grows
                 let held = self.records.iter().map(|r| r.baseline_bytes).min();
                 let space = held.map_or(*space, |held| space.with_held_bytes(held));
+                // no candidate whose tensors would pass the device's element limit
+                let space = self.element_cap().map_or(space, |(cap, _)| space.capped(cap));
                 let mut batch = match next_batch(strategy, &space, &self.history()) {
                     Next::Done => break None,
                     Next::Try(batch) => batch,
@@ -225,7 +233,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 }
                 let trial = self.trial(batch, TrialKind::Search)?;
                 let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
-                self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes });
+                let graph = trial.outcome.fits().then(|| self.workload.graph_elements()).flatten();
+                self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes, graph });
                 if let Some(warning) = trial.outcome.fits().then(|| self.batch_ignored()).flatten() {
                     self.warn(warning);
                     break Some(SearchLimit::BatchIgnored);
@@ -248,7 +257,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             rechecked.push(batch);
             let trial = self.trial(batch, TrialKind::Recheck)?;
             let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
-            self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes };
+            let graph = trial.outcome.fits().then(|| self.workload.graph_elements()).flatten();
+            self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes, graph };
             if trial.outcome.fits() {
                 return Ok(stopped);
             }
@@ -271,6 +281,14 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     fn stopped_by(&self, space: &SearchSpace, stopped: Option<SearchLimit>) -> Option<SearchLimit> {
         let history = self.history();
         let answer = best(&history)?.batch;
+        let capped = self.element_cap().filter(|&(cap, _)| answer >= cap && cap < space.last());
+        let next_failed = |next: usize| history.iter().any(|o| o.batch == next && !o.outcome.fits());
+        if let (Some((_, elements)), Some(limit)) = (capped, self.element_limit) {
+            let next = answer.saturating_add(space.multiple_of());
+            if !next_failed(next) {
+                return Some(stopped.unwrap_or(SearchLimit::TensorElements { batch: answer, elements, limit }));
+            }
+        }
         let Some(next) = answer.checked_add(space.multiple_of()).filter(|_| answer < space.last()) else {
             return Some(stopped.unwrap_or(SearchLimit::MaxBatch { max_batch: space.last() }));
         };
@@ -281,6 +299,56 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             Strategy::Power => SearchLimit::Strategy { strategy: Strategy::Power },
             _ => SearchLimit::NextBatchNotTried { batch: next },
         }))
+    }
+
+    /// The largest batch whose graph keeps every tensor within the element
+    /// limit, and the most elements one tensor is expected to have a granule
+    /// above it (at `cap + 1`: the search space rounds the cap down): each
+    /// tensor's count followed as the line through the two largest fitting
+    /// batches whose graphs have the same shape. `None` without a limit or
+    /// two such graphs.
+    fn element_cap(&self) -> Option<(usize, u64)> {
+        let limit = self.element_limit?;
+        let mut graphs: Vec<(usize, &Vec<u64>)> = self
+            .records
+            .iter()
+            .filter(|r| r.observation.outcome.fits())
+            .filter_map(|r| Some((r.observation.batch, r.graph.as_ref()?)))
+            .collect();
+        graphs.sort_by_key(|&(batch, _)| batch);
+        let &(b2, g2) = graphs.last()?;
+        let &(b1, g1) = graphs.iter().rev().find(|&&(b, g)| b < b2 && g.len() == g2.len())?;
+        let (b1, b2, limit) = (b1 as i128, b2 as i128, i128::from(limit));
+        // per tensor: the largest batch at which its line stays within the limit
+        let mut cap = i128::MAX;
+        for (&c1, &c2) in g1.iter().zip(g2) {
+            let (c1, c2) = (i128::from(c1), i128::from(c2));
+            if c2 <= c1 {
+                continue; // it does not grow with the batch
+            }
+            let (rise, run) = (c2 - c1, b2 - b1);
+            let steps = (limit - c2).checked_mul(run).map_or(i128::MAX / 2, |reach| reach.div_euclid(rise));
+            cap = cap.min(b2.saturating_add(steps));
+        }
+        if cap == i128::MAX {
+            return None;
+        }
+        let at = |batch: i128| {
+            g1.iter()
+                .zip(g2)
+                .map(|(&c1, &c2)| {
+                    let (c1, c2) = (i128::from(c1), i128::from(c2));
+                    if c2 <= c1 {
+                        c2
+                    } else {
+                        ((batch - b2).saturating_mul(c2 - c1).div_euclid(b2 - b1)).saturating_add(c2)
+                    }
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let next = at(cap + 1).clamp(0, i128::from(u64::MAX)) as u64;
+        Some((cap.clamp(0, usize::MAX as i128) as usize, next))
     }
 
     /// Whether `limit` has passed, or a trial at `batch` would end past it

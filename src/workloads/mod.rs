@@ -356,6 +356,10 @@ impl<M: Model> Workload for Trainer<M> {
         self.probe.diagnose()
     }
 
+    fn graph_elements(&self) -> Option<Vec<u64>> {
+        self.probe.graph_elements()
+    }
+
     fn tuning_finished(&mut self) {
         self.probe.tuning_finished();
     }

@@ -843,6 +843,9 @@ impl autobatch::Workload for ReferenceStep {
     fn profile(&self) -> Option<autobatch::Profile> {
         self.0.profile()
     }
+    fn graph_elements(&self) -> Option<Vec<u64>> {
+        self.0.graph_elements()
+    }
 }
 
 fn tune(
