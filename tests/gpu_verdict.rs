@@ -60,3 +60,10 @@ fn a_broken_context_or_an_unchecked_pool_fails() {
     let v = verdict(&Evidence { oom_forced: false, healthy_after_oom: false, ..good() });
     assert!(v.pass && v.notes[0].contains("not judged"), "{v:?}");
 }
+
+#[test]
+fn a_next_batch_past_the_element_limit_is_not_run_and_not_a_failure() {
+    let stopped = Some("stopped at batch 2047: the next batch up would run a tensor of 4296015872 elements".into());
+    let v = verdict(&Evidence { next: Next::PastElementLimit, proven_largest: false, stopped_by: stopped, ..good() });
+    assert!(v.pass && v.notes[0].contains("not run"), "{v:?}");
+}

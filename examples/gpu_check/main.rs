@@ -12,12 +12,20 @@
 //!    (goes over, or runs out of memory);
 //! 3. compares those with what `cuMemGetInfo` sees when the pool keeps what
 //!    it reserved (release threshold at its maximum);
-//! 4. forces a real out-of-memory error (doubling the batch until one comes),
-//!    then runs a step at b again: the context must still be healthy;
+//! 4. forces a real out-of-memory error at b itself, a ballast holding all
+//!    but half of the step's own bytes (a larger batch could pass the 2^32
+//!    elements candle's kernels count), classified as the tuner classifies
+//!    (`may_be_oom`), then runs a step at b again: the context must still be
+//!    healthy;
 //! 5. times one step at b;
 //! 6. decides (`verdict.rs`, tested on the CPU by `tests/gpu_verdict.rs`): b
 //!    fits by every peak, b + 1 does not where the search proved b the
 //!    largest, the context survived, the pool was checked.
+//!
+//! The tuner's log (its trials, warnings and decisions) goes to stderr,
+//! which the script keeps in `gpu-check.log`; each phase appends its result
+//! to `gpu-phases.jsonl` as it ends, so that a run cut short in a phase still
+//! says what the phases before it measured.
 //!
 //! Sizes run smallest first; a size is skipped when the time left before
 //! `GPU_CHECK_DEADLINE_S` (set by `scripts/gpu-check.sh`) is under three times
@@ -37,7 +45,7 @@ use verdict::{verdict, Evidence, Next};
 
 use autobatch::workloads::TransformerConfig;
 use autobatch::PeakKinds;
-use autobatch::{format_bytes, is_oom, CudaMeter, MemoryMeter, Tuner, Workload};
+use autobatch::{format_bytes, may_be_oom, CudaMeter, MemoryMeter, Tuner, Workload};
 use candle_core::cuda_backend::cudarc::driver::result::{device, mem_pool};
 use candle_core::cuda_backend::cudarc::driver::sys::CUmemPool_attribute;
 use candle_core::DType;
@@ -137,7 +145,63 @@ fn mem_get_info_peak<W: Workload>(
     Ok(((total - free) as u64, reserved_high))
 }
 
-fn check(name: &str, config: &TransformerConfig, meter: &mut CudaMeter) -> Result<Row, Box<dyn std::error::Error>> {
+/// Appends `result` of `phase` of size `size` to `gpu-phases.jsonl` in
+/// `out`, as the phase ends.
+fn phase_done(out: &str, size: &str, phase: &str, started: Instant, result: serde_json::Value) {
+    use std::io::Write;
+    let line = serde_json::json!({
+        "size": size, "phase": phase, "seconds": started.elapsed().as_secs_f64(), "result": result,
+    });
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(format!("{out}/gpu-phases.jsonl"))
+        .and_then(|mut file| writeln!(file, "{line}"));
+    if let Err(err) = written {
+        eprintln!("cannot write {out}/gpu-phases.jsonl: {err}");
+    }
+}
+
+/// A real out-of-memory error in a step at `batch`: a ballast takes the
+/// free memory but half of the step's own bytes, so that the step fails
+/// partway (a smaller ballast each time the ballast itself does not fit).
+/// Returns the error's text when one came, classified as the tuner does.
+fn forced_oom<W: Workload>(
+    workload: &mut W,
+    meter: &mut CudaMeter,
+    batch: usize,
+    step_bytes: u64,
+) -> Result<Option<String>, Box<dyn std::error::Error>> {
+    let cuda = meter.device().as_cuda_device()?;
+    let context = cuda.cuda_stream().context().clone();
+    meter.release_cached()?;
+    let (free, _) = context.mem_get_info()?;
+    let mut ballast_bytes = (free as u64).saturating_sub(step_bytes / 2);
+    for _ in 0..8 {
+        match candle_core::Tensor::zeros(ballast_bytes as usize, DType::U8, meter.device()) {
+            Ok(ballast) => {
+                let (result, _, _) = measured_step(workload, meter, batch)?;
+                drop(ballast);
+                meter.release_cached()?;
+                return match result {
+                    Err(err) if may_be_oom(&err) => Ok(Some(autobatch::candle_message(&err))),
+                    Err(err) => Err(err.into()),
+                    Ok(()) => Ok(None),
+                };
+            }
+            Err(err) if may_be_oom(&err) => ballast_bytes = ballast_bytes / 10 * 9,
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(None)
+}
+
+fn check(
+    out: &str,
+    name: &str,
+    config: &TransformerConfig,
+    meter: &mut CudaMeter,
+) -> Result<Row, Box<dyn std::error::Error>> {
     let mut model = config.build(meter.device())?;
     let description = autobatch::workloads::Model::describe(&*model.model());
     println!("== {name}: {description}, {} parameters", model.parameter_count());
@@ -146,32 +210,44 @@ fn check(name: &str, config: &TransformerConfig, meter: &mut CudaMeter) -> Resul
     let tuning = started.elapsed();
     println!("{plan}\n(tuned in {tuning:.2?})");
     let (b, limit) = (plan.largest_batch, plan.limit_bytes());
+    phase_done(out, name, "tuned", started, serde_json::from_str(&plan.to_json())?);
 
+    let phase = Instant::now();
+    let before = meter.in_use()?;
     let (fits, peaks, step_time) = measured_step(&mut model, meter, b)?;
     fits?;
-    let (next, next_peaks, _) = measured_step(&mut model, meter, b + 1)?;
-    let next = match next {
-        Ok(()) if next_peaks.binding() > limit => Next::OverCeiling { peak_bytes: next_peaks.binding() },
-        Ok(()) => Next::Fits { peak_bytes: next_peaks.binding() },
-        Err(err) if is_oom(&err) => Next::OutOfMemory,
-        Err(err) => Next::Error { message: autobatch::candle_message(&err) },
-    };
-    let (info_peak, reserved_high) = mem_get_info_peak(&mut model, meter, b)?;
-
-    let mut oom_batch = None;
-    let mut batch = 2 * b;
-    for _ in 0..4 {
-        let (result, _, _) = measured_step(&mut model, meter, batch)?;
-        match result {
-            Err(err) if is_oom(&err) => {
-                oom_batch = Some(batch);
-                break;
-            }
-            Err(err) => return Err(err.into()),
-            Ok(()) => batch *= 2,
+    phase_done(out, name, "b re-measured", phase, serde_json::json!({"batch": b, "peaks": peaks}));
+    let phase = Instant::now();
+    // b + 1 past the element limit would never finish (or fail to launch): not run
+    let next = if matches!(plan.stopped_by, Some(autobatch::SearchLimit::TensorElements { .. })) {
+        Next::PastElementLimit
+    } else {
+        let (next, next_peaks, _) = measured_step(&mut model, meter, b + 1)?;
+        match next {
+            Ok(()) if next_peaks.binding() > limit => Next::OverCeiling { peak_bytes: next_peaks.binding() },
+            Ok(()) => Next::Fits { peak_bytes: next_peaks.binding() },
+            Err(err) if may_be_oom(&err) => Next::OutOfMemory,
+            Err(err) => Next::Error { message: autobatch::candle_message(&err) },
         }
-    }
+    };
+    phase_done(out, name, "b + 1", phase, serde_json::to_value(&next)?);
+    let phase = Instant::now();
+    let (info_peak, reserved_high) = mem_get_info_peak(&mut model, meter, b)?;
+    phase_done(
+        out,
+        name,
+        "cuMemGetInfo",
+        phase,
+        serde_json::json!({"peak": info_peak, "reserved_high": reserved_high}),
+    );
+
+    let phase = Instant::now();
+    let forced = forced_oom(&mut model, meter, b, peaks.used.saturating_sub(before))?;
+    let oom_batch = forced.as_ref().map(|_| b);
+    phase_done(out, name, "forced out of memory", phase, serde_json::json!({"error": forced}));
+    let phase = Instant::now();
     let (after, _, _) = measured_step(&mut model, meter, b)?;
+    phase_done(out, name, "healthy after", phase, serde_json::json!({"ok": after.is_ok()}));
     let evidence = Evidence {
         largest_batch: b,
         proven_largest: plan.proven_largest(),
@@ -222,6 +298,7 @@ fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
             Next::OverCeiling { peak_bytes } => format!("over ({})", format_bytes(*peak_bytes)),
             Next::OutOfMemory => "out of memory".to_owned(),
             Next::Error { message } => format!("error: {message}"),
+            Next::PastElementLimit => "not run (past 2^32 elements)".to_owned(),
         };
         md += &format!(
             "| {} | {} | {} | {} | {:.2} s | {:.3} s | {} / {} / {} | {} | {next} | {} ({}) | {} | {} | {} |\n",
@@ -280,6 +357,8 @@ fn remedies(out: &str, device: &str, meter: &mut CudaMeter) -> Result<(), Box<dy
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // the tuner's trials, warnings and decisions: stderr, kept in gpu-check.log
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let out = std::env::var("OUT").unwrap_or_else(|_| ".".to_owned());
     let only: Vec<String> = std::env::args().skip(1).collect();
     let mut meter = CudaMeter::new(0)?;
@@ -307,7 +386,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let started = Instant::now();
-        match check(name, &config, &mut meter) {
+        match check(&out, name, &config, &mut meter) {
             Ok(row) => rows.push(row),
             Err(err) => println!("{name}: FAILED: {err}"),
         }

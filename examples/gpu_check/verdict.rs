@@ -16,6 +16,9 @@ pub enum Next {
     OutOfMemory,
     /// Another error.
     Error { message: String },
+    /// Not run: it would run a tensor past the elements candle's kernels
+    /// count (the search stopped below it, `tensor_elements`).
+    PastElementLimit,
 }
 
 /// What one size's check measured.
@@ -79,6 +82,10 @@ pub fn verdict(e: &Evidence) -> Verdict {
             e.stopped_by.as_deref().unwrap_or("no reason given")
         )),
         (Next::OverCeiling { .. } | Next::OutOfMemory, _) => {}
+        (Next::PastElementLimit, _) => notes.push(format!(
+            "batch {next} not run: a tensor past the elements candle's kernels count ({})",
+            e.stopped_by.as_deref().unwrap_or("no reason given")
+        )),
     }
     match (e.oom_forced, e.healthy_after_oom) {
         (true, false) => failures.push("the context failed a step after the forced out-of-memory error".to_owned()),
