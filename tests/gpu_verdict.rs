@@ -67,3 +67,20 @@ fn a_next_batch_past_the_element_limit_is_not_run_and_not_a_failure() {
     let v = verdict(&Evidence { next: Next::PastElementLimit, proven_largest: false, stopped_by: stopped, ..good() });
     assert!(v.pass && v.notes[0].contains("not run"), "{v:?}");
 }
+
+#[test]
+fn a_peak_at_the_limit_within_the_tolerance_is_noted_not_judged() {
+    let limit = 1000 * MIB;
+    assert_eq!(verdict::tolerance(limit), 2 * MIB);
+    assert_eq!(verdict::tolerance(100_000 * MIB), 200 * MIB);
+    // the found batch's reserved bytes 1 MiB over: a fresh step's noise
+    let v = verdict(&Evidence { reserved_bytes: limit + MIB, ..good() });
+    assert!(v.pass && v.notes[0].contains("within the tolerance"), "{v:?}");
+    let v = verdict(&Evidence { reserved_bytes: limit + 3 * MIB, ..good() });
+    assert!(!v.pass, "{v:?}");
+    // the next batch 1 MiB under: not a proof that the answer is not the largest
+    let v = verdict(&Evidence { next: Next::Fits { peak_bytes: limit - MIB }, ..good() });
+    assert!(v.pass && v.notes[0].contains("not judged"), "{v:?}");
+    let v = verdict(&Evidence { next: Next::Fits { peak_bytes: limit - 3 * MIB }, ..good() });
+    assert!(!v.pass && v.notes[0].contains("not the largest"), "{v:?}");
+}

@@ -55,23 +55,45 @@ pub struct Verdict {
     pub notes: Vec<String>,
 }
 
+/// How far a re-measured peak may land from the limit and still be judged
+/// as the search judged it: the larger of 2 MiB (the CUDA pool reserves in
+/// 2 MiB granules, and a fresh step's reserved and device-wide bytes move by
+/// about one) and 0.2% of the limit. A found batch a little over it, or the
+/// next batch a little under it, is a note, not a failure.
+pub fn tolerance(limit_bytes: u64) -> u64 {
+    (2 << 20).max(limit_bytes / 500)
+}
+
 /// Passes when the found batch fits by every peak, the next one does not
 /// (judged only when the search proved it), the context survived a forced
-/// out-of-memory error, and the meter checked its pool.
+/// out-of-memory error, and the meter checked its pool; at the limit, within
+/// [`tolerance`], a peak is noted rather than judged.
 pub fn verdict(e: &Evidence) -> Verdict {
     let mut failures = Vec::new();
     let mut notes = Vec::new();
+    let slack = tolerance(e.limit_bytes);
     for (name, bytes) in [("used", e.used_bytes), ("reserved", e.reserved_bytes), ("device-wide", e.device_bytes)] {
-        if bytes > e.limit_bytes {
+        if bytes > e.limit_bytes.saturating_add(slack) {
             failures.push(format!(
                 "batch {} peaks at {bytes} {name} bytes, over the limit of {}",
                 e.largest_batch, e.limit_bytes
+            ));
+        } else if bytes > e.limit_bytes {
+            notes.push(format!(
+                "batch {} peaks at {bytes} {name} bytes, {} over the limit of {}: within the tolerance of {slack}",
+                e.largest_batch,
+                bytes - e.limit_bytes,
+                e.limit_bytes
             ));
         }
     }
     let next = e.largest_batch + 1;
     match (&e.next, e.proven_largest) {
         (Next::Error { message }, _) => failures.push(format!("batch {next} failed: {message}")),
+        (Next::Fits { peak_bytes }, true) if peak_bytes.saturating_add(slack) >= e.limit_bytes => notes.push(format!(
+            "batch {next} fits at {peak_bytes} bytes, within the tolerance of {slack} under the limit of {}: not judged",
+            e.limit_bytes
+        )),
         (Next::Fits { peak_bytes }, true) => failures.push(format!(
             "batch {next} fits ({peak_bytes} bytes under {}): the proven answer is not the largest",
             e.limit_bytes
