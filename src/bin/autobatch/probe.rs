@@ -670,14 +670,23 @@ fn compare(
     use autobatch::Variant;
     // what the analytical model expects of each remedy's bytes per sample,
     // relative to the model as it is: bf16 halves activations; full
-    // recomputation keeps 2 of a transformer layer's 34·s·h + 5·a·s² bytes
-    // per sample (Korthikanti et al.) for every layer, and holds one layer's
+    // recomputation keeps what the estimate's formula keeps (Korthikanti et
+    // al.: 2·s·h of a layer's 34·s·h + 5·a·s² bytes), and holds one layer's
     // whole activations again while the backward pass recomputes it
     const BF16: f64 = 0.5;
     let checkpointing = |(layers, hidden, heads, seq_len): (usize, usize, usize, usize)| {
-        let (l, h, a, s) = (layers as f64, hidden as f64, heads as f64, seq_len as f64);
-        let layer = 34.0 * s * h + 5.0 * a * s * s;
-        (2.0 * s * h * l + layer) / (layer * l)
+        let shape = autobatch::estimate::TransformerShape {
+            layers: layers as u64,
+            hidden: hidden as u64,
+            heads: heads as u64,
+            seq_len: seq_len as u64,
+            batch: 1,
+        };
+        let bytes = |recompute| shape.activation_bytes(1, recompute).map(|bytes| bytes as f64);
+        match (bytes(autobatch::estimate::Recompute::None), bytes(autobatch::estimate::Recompute::Full)) {
+            (Ok(kept), Ok(recomputed)) if kept > 0.0 => (recomputed + kept / layers as f64) / kept,
+            _ => 1.0,
+        }
     };
     let as_is_mixed = args.precision() == DtypeArg::Mixed;
     let optimizer = optimizer_kind(args.optimizer);
