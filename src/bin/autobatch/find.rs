@@ -1,14 +1,13 @@
 //! `autobatch probe --find seq-len --batch 8`: the longest input that fits
 //! at a fixed batch, searched and verified like the batch.
 
-use autobatch::estimate::OptimizerKind;
 use autobatch::models::Pretrained;
 use autobatch::workloads::{Model, ReferenceWorkload, Trainer};
 use autobatch::{MemoryMeter, Resizable, SizeRange};
 
-use crate::args::{DtypeArg, FindArg, ModelKind, ObjectiveArg, ProbeArgs};
+use crate::args::{FindArg, ModelKind, ObjectiveArg, ProbeArgs};
 use crate::failure::Failure;
-use crate::probe::ModelConfig;
+use crate::model::{with_optimizer, ModelConfig};
 use crate::progress::Progress;
 
 /// Flags that ask the batch search for something; under `--find` the batch is fixed.
@@ -125,7 +124,7 @@ where
     ));
     let mut progress = Progress::new(args.json).sizes(names.word);
     let result =
-        crate::probe::search_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
+        crate::model::search_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
     drop(progress);
     let longest = result?;
     if let Some(path) = &args.plot {
@@ -138,19 +137,6 @@ where
         print!("{}", longest.summary(names.what));
     }
     Ok(())
-}
-
-/// The trainer with `--optimizer`, in mixed precision under `--precision mixed`.
-pub fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result<Trainer<M>, autobatch::Error> {
-    let trainer = match crate::probe::optimizer_kind(args.optimizer) {
-        OptimizerKind::AdamW => trainer,
-        other => trainer.with_optimizer(other)?,
-    };
-    if args.precision() == DtypeArg::Mixed {
-        trainer.into_mixed_precision()
-    } else {
-        Ok(trainer)
-    }
 }
 
 fn check_range(range: SizeRange, flag: &str) -> Result<(), Failure> {

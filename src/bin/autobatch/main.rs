@@ -6,6 +6,7 @@ mod commands;
 mod failure;
 mod find;
 mod limits;
+mod model;
 mod parse;
 mod paths;
 mod plot;
