@@ -924,6 +924,19 @@ fn plan_of(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|err| panic!("{args:?}: {err}"))
 }
 
+/// The answer of `flags` checked as an outside test checks it: proven, the
+/// answer b runs alone (`--start b --max-batch b`), b + 1 does not fit (exit 3).
+fn assert_exact_through_the_binary(flags: &[&str], what: &str) {
+    let plan = plan_of(flags);
+    let largest = plan["largest_batch"].as_u64().unwrap();
+    assert_eq!(plan["proven_largest"], true, "{what}: {plan}");
+    let (at, next) = (largest.to_string(), (largest + 1).to_string());
+    let alone = plan_of(&[flags, &["--start", &at, "--max-batch", &at]].concat());
+    assert_eq!(alone["largest_batch"].as_u64(), Some(largest), "{what}: {alone}");
+    let over = autobatch(&[flags, &["--start", &next, "--max-batch", &next]].concat());
+    assert_eq!(over.status.code(), Some(3), "{what}: batch {next}: {}", text(&over.stderr));
+}
+
 /// `--config` models are probed through the binary and checked as an
 /// outside test checks them: the answer b runs alone (`--start b --max-batch
 /// b`), b + 1 does not fit; LoRA fits more; every mode takes them.
@@ -935,14 +948,7 @@ fn a_config_model_is_probed_exactly_in_every_mode() {
     {
         let path = config(file);
         let base = [&["probe", "--config", &path, "--seq-len", "32", "--budget", "48MiB"][..], extra].concat();
-        let plan = plan_of(&base);
-        let largest = plan["largest_batch"].as_u64().unwrap();
-        assert_eq!(plan["proven_largest"], true, "{file}: {plan}");
-        let (at, next) = (largest.to_string(), (largest + 1).to_string());
-        let alone = plan_of(&[&base[..], &["--start", &at, "--max-batch", &at]].concat());
-        assert_eq!(alone["largest_batch"].as_u64(), Some(largest), "{file}: {alone}");
-        let over = autobatch(&[&base[..], &["--start", &next, "--max-batch", &next]].concat());
-        assert_eq!(over.status.code(), Some(3), "{file}: batch {next}: {}", text(&over.stderr));
+        assert_exact_through_the_binary(&base, file);
     }
     // LoRA holds the base's weights alone (no gradients, no moments); on a model
     // this small the adapters' activations weigh more than that, so the fixed
@@ -987,15 +993,7 @@ fn a_lora_base_is_probed_exactly_compared_and_estimated() {
     let llama = config("tiny-llama.json");
     let common = ["probe", "--config", &llama, "--seq-len", "32", "--budget", "48MiB", "--lora", "4"];
     for base in ["bf16", "q8_0", "q4_0"] {
-        let flags = [&common[..], &["--base-dtype", base]].concat();
-        let plan = plan_of(&flags);
-        let largest = plan["largest_batch"].as_u64().unwrap();
-        assert_eq!(plan["proven_largest"], true, "{base}: {plan}");
-        let (at, next) = (largest.to_string(), (largest + 1).to_string());
-        let alone = plan_of(&[&flags[..], &["--start", &at, "--max-batch", &at]].concat());
-        assert_eq!(alone["largest_batch"].as_u64(), Some(largest), "{base}: {alone}");
-        let over = autobatch(&[&flags[..], &["--start", &next, "--max-batch", &next]].concat());
-        assert_eq!(over.status.code(), Some(3), "{base}: batch {next}: {}", text(&over.stderr));
+        assert_exact_through_the_binary(&[&common[..], &["--base-dtype", base]].concat(), base);
     }
     let compared = plan_of(&[&common[..], &["--compare"]].concat());
     let rows = compared.as_array().unwrap();

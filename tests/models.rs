@@ -536,7 +536,6 @@ fn gradient_difference(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f32 {
 /// the f32 base's by the quantization alone, within the tolerances
 /// docs/models.md states.
 fn adapter_gradients_agree_with_the_f32_base() {
-    use candle_core::quantized::GgmlDType;
     // (base, tolerance against the f32 base: bf16 rounds every activation,
     // q8_0 and q4_0 the weights to 256 and 16 levels a block)
     let bases = [(BaseDtype::Bf16, 0.05f32), (BaseDtype::Q8_0, 0.05), (BaseDtype::Q4_0, 0.5)];
@@ -563,7 +562,6 @@ fn adapter_gradients_agree_with_the_f32_base() {
                 assert!(exact <= 1e-4, "{family} {base}: {exact} from the dequantized f32 base");
             }
         }
-        let _ = GgmlDType::Q8_0;
     }
 }
 

@@ -226,13 +226,13 @@ impl Config {
         let Some(lora) = &training.lora else { return Ok(0) };
         let dtype = self.model_dtype(training)?.size_in_bytes() as u64;
         let base = self.parameter_count();
-        let projections: u64 = self.projections().iter().map(|(_, out, input)| (out * input) as u64).sum();
         let overflow = || Error::ByteOverflow { what: format!("the frozen base of {}", self.describe(training)) };
         let Some(quantized) = lora.base.and_then(BaseDtype::quantized) else {
             return base.checked_mul(dtype).ok_or_else(overflow);
         };
+        let sizes: Vec<u64> = self.projections().iter().map(|(_, out, input)| (out * input) as u64).collect();
+        let (projections, largest) = (sizes.iter().sum::<u64>(), sizes.iter().copied().max().unwrap_or(0));
         // whole blocks, and the one weight a product dequantizes (f32, then the model's dtype)
-        let largest = self.projections().iter().map(|(_, out, input)| (out * input) as u64).max().unwrap_or(0);
         let dequantized = if dtype == 4 { 4 } else { 4 + dtype };
         (projections / quantized.block_size() as u64)
             .checked_mul(quantized.type_size() as u64)
