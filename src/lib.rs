@@ -184,4 +184,4 @@ pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
 pub use units::{format_bytes, format_bytes_decimal};
-pub use workload::{by_size, BySize, Profile, Resizable, Workload};
+pub use workload::{by_size, BySize, Profile, Resizable, TensorSize, Workload};

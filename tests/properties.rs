@@ -488,3 +488,104 @@ proptest! {
         }
     }
 }
+
+/// A device that ends below the ceiling, whose step is made of allocations
+/// in the proportions `shares` (in that order) on top of what stays resident:
+/// a step that does not fit fails with out-of-memory, read as a pool reads it
+/// (the allocations handed out before the failing one) or not read at all.
+#[derive(Clone, Debug)]
+struct PiecewiseStep {
+    resident: u64,
+    step_fixed: u64,
+    per_sample: u64,
+    shares: Vec<u64>,
+    room: u64,
+    limit: u64,
+}
+
+impl PiecewiseStep {
+    fn step_bytes(&self, b: usize) -> u64 {
+        self.step_fixed + self.per_sample * b as u64
+    }
+
+    fn measure(&self, b: usize, read_failures: bool) -> (Outcome, Option<u64>) {
+        let peak = self.resident + self.step_bytes(b);
+        if peak > self.room {
+            let total: u64 = self.shares.iter().sum();
+            let mut handed_out = self.resident;
+            for &share in &self.shares {
+                let piece = (u128::from(self.step_bytes(b)) * u128::from(share) / u128::from(total)) as u64;
+                if handed_out + piece > self.room {
+                    break;
+                }
+                handed_out += piece;
+            }
+            (Outcome::OutOfMemory, read_failures.then_some(handed_out))
+        } else if peak <= self.limit {
+            (Outcome::Fits, Some(peak))
+        } else {
+            (Outcome::OverCeiling, Some(peak))
+        }
+    }
+
+    /// The step's largest allocation at `b` is at most `fixed + per_sample × b`.
+    fn largest_allocation(&self) -> (u64, u64) {
+        let total: u64 = self.shares.iter().sum();
+        let largest = *self.shares.iter().max().unwrap();
+        let share = |bytes: u64| (u128::from(bytes) * u128::from(largest)).div_ceil(u128::from(total)) as u64;
+        (share(self.step_fixed), share(self.per_sample))
+    }
+}
+
+/// Step time ∝ b + 4 (a fixed overhead worth four samples), as the search bench counts it.
+fn cost(history: &[Observation]) -> u64 {
+    history.iter().map(|o| o.batch as u64 + 4).sum()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The pool's reading at an out-of-memory failure, with the step's largest
+    /// allocation known, never makes the search cost more than the same search
+    /// told nothing at a failure, for steps of 2 to 2000 allocations, equal or
+    /// not: the device's end lies within one allocation above the reading.
+    /// Nor does a reading with the allocation unknown (it bounds the end from
+    /// below only). Every answer is the brute-force one, proven by a failure
+    /// at the next candidate.
+    #[test]
+    fn an_out_of_memory_reading_never_costs_more_than_none(
+        per_sample_kib in 64u64..50_000,
+        resident_share in 0.0f64..0.5,
+        step_fixed_share in 0.0f64..0.2,
+        (equal, shares) in (any::<bool>(), prop::collection::vec(1u64..1_000, 2..2_000)),
+        end_share in 0.05f64..0.95,
+        g in prop_oneof![Just(1usize), Just(8), 1usize..17],
+    ) {
+        let limit = 72u64 << 30;
+        let resident = (limit as f64 * resident_share) as u64;
+        let step_fixed = (limit as f64 * step_fixed_share) as u64;
+        let per_sample = per_sample_kib << 10;
+        let shares = if equal { vec![1; shares.len()] } else { shares };
+        let room = resident + step_fixed + ((limit - resident - step_fixed) as f64 * end_share) as u64;
+        let device = PiecewiseStep { resident, step_fixed, per_sample, shares, room, limit };
+        let space = SearchSpace::new(1, None, g).unwrap().with_limit(limit);
+        let truth = (g..=1 << 24).step_by(g).take_while(|&b| device.measure(b, false).0.fits()).last();
+        let (fixed, slope) = device.largest_allocation();
+        let told = space.with_largest_allocation(fixed, slope);
+        let read = search_with_peaks(Strategy::Predictive, &told, |b| device.measure(b, true));
+        let read_untold = search_with_peaks(Strategy::Predictive, &space, |b| device.measure(b, true));
+        let unread = search_with_peaks(Strategy::Predictive, &space, |b| device.measure(b, false));
+        let tried = |h: &[Observation]| h.iter().map(|o| (o.batch, o.outcome)).collect::<Vec<_>>();
+        for history in [&read, &read_untold, &unread] {
+            prop_assert_eq!(best(history).map(|o| o.batch), truth, "{:?}", tried(history));
+            // proven: the batch above the answer was run and failed
+            if let Some(truth) = truth {
+                prop_assert!(history.iter().any(|o| o.batch == truth + g && !o.outcome.fits()), "{:?}", tried(history));
+            }
+        }
+        // the largest allocation unknown, the reading still bounds the end from below
+        for with_reading in [&read, &read_untold] {
+            prop_assert!(cost(with_reading) <= cost(&unread), "read {} > unread {}:\n{:?}\n{:?}", cost(with_reading), cost(&unread), tried(with_reading), tried(&unread));
+        }
+    }
+}

@@ -886,3 +886,41 @@ fn a_time_limit_stops_the_throughput_timing() {
     assert!(chosen == plan.largest_batch || throughput.candidates.iter().any(|c| c.batch == chosen), "{plan}");
     assert!(plan.to_string().contains("the time limit"), "{plan}");
 }
+
+/// A workload that hides its graph: a closure's, as the tuner sees one.
+struct Unseen(autobatch::memory::simulated::SimulatedWorkload);
+
+impl autobatch::Workload for Unseen {
+    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
+        self.0.step(batch)
+    }
+}
+
+#[test]
+fn the_largest_tensor_bounds_the_search_above_an_out_of_memory_reading() {
+    // the ceiling allows ~4000, the device ends at 2999; a step of 256 equal
+    // allocations, which its graph shows
+    let sim = Simulation::new(80 * GIB, MemoryCurve::affine(8 * GIB, 16 * MIB)).resident(8 * GIB).allocations(256);
+    let sim = sim.oom_from(3000);
+    let tuner = Tuner::new();
+    let seen = assert_exact(&tuner, sim.clone(), 0.9, 1, 1);
+    let (workload, mut meter) = sim.build();
+    let unseen = tuner.run(&mut Unseen(workload), &mut meter).unwrap();
+    assert_eq!(unseen.largest_batch, seen.largest_batch);
+    assert!(seen.proven_largest() && unseen.proven_largest());
+    // past the first failure, the graph's largest tensor (a 256th of the step)
+    // keeps every trial within one allocation of the batch the reading reaches
+    let first_failure = seen.trials.iter().position(|t| t.outcome == Outcome::OutOfMemory).unwrap();
+    let window = seen.trials[first_failure].batch.div_ceil(256) + 1;
+    let after: Vec<usize> = seen.trials[first_failure + 1..].iter().map(|t| t.batch).collect();
+    assert!(after.iter().all(|&b| b + window >= 2999 && b <= 3000 + window), "{after:?}");
+    let cost = |plan: &Plan| plan.trials.iter().map(|t| t.batch + 4).sum::<usize>();
+    println!(
+        "graph seen: {} trials, cost {}; unseen: {} trials, cost {}",
+        seen.trials.len(),
+        cost(&seen),
+        unseen.trials.len(),
+        cost(&unseen)
+    );
+    assert!(cost(&seen) < cost(&unseen), "{} against {} without the graph", cost(&seen), cost(&unseen));
+}

@@ -112,6 +112,10 @@ impl<W: Workload + ?Sized> Workload for Recorded<'_, W> {
         self.steps.push((batch, started.elapsed().as_secs_f64()));
         result
     }
+
+    fn graph_tensors(&self) -> Option<Vec<autobatch::TensorSize>> {
+        self.inner.graph_tensors()
+    }
 }
 
 /// Our strategy through the tuner, as a user runs it: the answer and every

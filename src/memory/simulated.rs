@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{Error, MemoryMeter, Workload};
+use crate::{Error, MemoryMeter, TensorSize, Workload};
 
 /// Peak bytes of one training step of this process as a function of the batch,
 /// including what it holds between steps (weights, optimizer state).
@@ -295,7 +295,7 @@ impl Simulation {
 
     /// Splits the device into the workload that runs on it and the meter that watches it.
     pub fn build(self) -> (SimulatedWorkload, SimulatedMeter) {
-        let state = Arc::new(Mutex::new(State { peak: 0, leaked: 0, risen: 0, steps: 0 }));
+        let state = Arc::new(Mutex::new(State { peak: 0, leaked: 0, risen: 0, steps: 0, piece: None }));
         let config = Arc::new(self);
         (SimulatedWorkload { config: Arc::clone(&config), state: Arc::clone(&state) }, SimulatedMeter { config, state })
     }
@@ -337,6 +337,8 @@ struct State {
     leaked: u64,
     risen: u64,
     steps: usize,
+    /// The bytes of each allocation of the last step that fit.
+    piece: Option<u64>,
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -396,7 +398,16 @@ impl Workload for SimulatedWorkload {
             .bt());
         }
         state.peak = state.peak.max(peak);
+        state.piece = Some((peak.saturating_sub(idle) / sim.allocations).max(1));
         Ok(())
+    }
+
+    /// The last step that fit, as its allocations: so many equal pieces (an
+    /// element a byte).
+    fn graph_tensors(&self) -> Option<Vec<TensorSize>> {
+        let piece = lock(&self.state).piece?;
+        let count = usize::try_from(self.config.allocations).unwrap_or(usize::MAX);
+        Some(vec![TensorSize { elements: piece, bytes: piece }; count])
     }
 }
 

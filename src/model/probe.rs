@@ -8,7 +8,7 @@ use super::buffers::{host_copy, Buffers};
 use super::grads::Accumulator;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
 use crate::vocabulary::{OptimizerKind, Precision};
-use crate::{CacheKey, Error, Profile, Warning, Workload};
+use crate::{CacheKey, Error, Profile, TensorSize, Warning, Workload};
 
 /// A test on a variable's name.
 type NamePredicate = Box<dyn Fn(&str) -> bool>;
@@ -227,7 +227,7 @@ pub struct ModelProbe<L> {
     /// variables' gradient bytes beside them.
     untrained: Option<(usize, u64, u64)>,
     /// The element counts of the last step's graph, in its sorted order.
-    graph_elements: Option<Vec<u64>>,
+    graph_tensors: Option<Vec<TensorSize>>,
     /// The loss and its forward graph stay alive through the update
     /// (training calls `optimizer.backward_step(&loss)`).
     graph_through_update: bool,
@@ -372,7 +372,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
             gradients: None,
             missing: None,
             untrained: None,
-            graph_elements: None,
+            graph_tensors: None,
             read_only: Vec::new(),
             declared: None,
             buffers: Buffers::default(),
@@ -705,7 +705,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
     /// Forward, backward and the update computed dry.
     fn plain_step(&mut self, batch: usize) -> Result<()> {
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
-        self.graph_elements = Some(graph_elements(&loss));
+        self.graph_tensors = Some(graph_tensors(&loss));
         if !self.loss.computes_gradients() {
             self.graph_recorded |= loss.track_op();
             return Ok(());
@@ -730,7 +730,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let vars = self.plain_vars();
         let mut accumulator = Accumulator::holding_zeros(&vars)?;
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
-        self.graph_elements = Some(graph_elements(&loss));
+        self.graph_tensors = Some(graph_tensors(&loss));
         let held = self.graph_through_update.then_some(loss);
         self.check_gradients(&grads);
         // any scale but 1 allocates what training's does (the value is never used)
@@ -744,10 +744,14 @@ impl<L: ProbeLoss> ModelProbe<L> {
     }
 }
 
-/// The element count of every tensor of `loss`'s graph, in candle's sorted
-/// order (a loss computed outside a graph has none).
-fn graph_elements(loss: &Tensor) -> Vec<u64> {
-    loss.sorted_nodes().iter().map(|node| node.elem_count() as u64).collect()
+/// The size of every tensor of `loss`'s graph, in candle's sorted order (a
+/// loss computed outside a graph has none).
+fn graph_tensors(loss: &Tensor) -> Vec<TensorSize> {
+    let size = |node: &Tensor| {
+        let elements = node.elem_count() as u64;
+        TensorSize { elements, bytes: elements * node.dtype().size_in_bytes() as u64 }
+    };
+    loss.sorted_nodes().into_iter().map(size).collect()
 }
 
 impl<L: ProbeLoss> Workload for ModelProbe<L> {
@@ -773,8 +777,8 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         self.loss.computes_gradients()
     }
 
-    fn graph_elements(&self) -> Option<Vec<u64>> {
-        self.graph_elements.clone()
+    fn graph_tensors(&self) -> Option<Vec<TensorSize>> {
+        self.graph_tensors.clone()
     }
 
     fn diagnose(&mut self) -> Vec<Warning> {

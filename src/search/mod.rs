@@ -32,6 +32,22 @@ pub struct SearchSpace {
     hint: Option<usize>,
     hint_slope: Option<u64>,
     held_bytes: Option<u64>,
+    largest_allocation: Option<AllocationBound>,
+}
+
+/// The most bytes one allocation of a step may take at a batch: `fixed +
+/// per_sample × batch`, in whole bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AllocationBound {
+    fixed: u64,
+    per_sample: u64,
+}
+
+impl AllocationBound {
+    /// The bound at `batch`.
+    pub(crate) fn at(&self, batch: usize) -> u64 {
+        self.fixed.saturating_add(self.per_sample.saturating_mul(batch as u64))
+    }
 }
 
 impl SearchSpace {
@@ -63,7 +79,16 @@ impl SearchSpace {
         if first > last {
             return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
         }
-        Ok(SearchSpace { first, last, multiple_of, limit_bytes: None, hint: None, hint_slope: None, held_bytes: None })
+        Ok(SearchSpace {
+            first,
+            last,
+            multiple_of,
+            limit_bytes: None,
+            hint: None,
+            hint_slope: None,
+            held_bytes: None,
+            largest_allocation: None,
+        })
     }
 
     /// The most a fitting step may use (`ceiling × capacity`): what
@@ -107,6 +132,26 @@ impl SearchSpace {
     /// growing at most in proportion to the batch).
     pub fn with_held_bytes(mut self, bytes: u64) -> Self {
         self.held_bytes = Some(bytes);
+        self
+    }
+
+    /// The most bytes one allocation of a step may take at batch `b`, at most
+    /// `fixed + per_sample × b` (a step's largest tensor, as its graph shows):
+    /// what bounds the device's end above an out-of-memory reading. A step
+    /// that fails with out-of-memory has been handed what the reading says,
+    /// and the allocation that failed was at most this: the device's end lies
+    /// between the two, and [`Strategy::Predictive`] leaves out the trials
+    /// outside. Without it, a reading still says the batches under it fit.
+    ///
+    /// ```
+    /// use autobatch::search::SearchSpace;
+    ///
+    /// // logits of 2 MiB per sample are the step's largest tensor
+    /// let space = SearchSpace::new(1, None, 1)?.with_largest_allocation(0, 2 << 20);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn with_largest_allocation(mut self, fixed: u64, per_sample: u64) -> Self {
+        self.largest_allocation = Some(AllocationBound { fixed, per_sample });
         self
     }
 

@@ -1,6 +1,6 @@
 //! `Strategy::Predictive`: fit, jump, verify, close.
 
-use super::{Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
+use super::{best, Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
 
 /// A forecast is trusted for a jump straight to the predicted batch only when
 /// the largest fit is within this factor of it; from further away the jump
@@ -22,15 +22,6 @@ const STRAIGHT_LINE: f64 = 0.01;
 /// Two slopes agree when they differ by at most this share: the line is
 /// trusted for a jump only then.
 const LINEARITY_TOLERANCE: f64 = 0.10;
-
-/// Under an out-of-memory error, the gallop up from the largest fit starts
-/// with this share of its batch (at least a granule).
-const GALLOP_SHARE: usize = 256;
-
-/// The share of a failed step's batch that its failing allocation is
-/// presumed to stand for: the device's end is looked for first within this
-/// share of that batch above what the failed step was seen to hold.
-const ALLOCATION_SHARE: usize = 64;
 
 /// Small trials grow by this factor until three fit, while the next trial
 /// needs at most twice the limit, as a doubling search's does (see
@@ -119,8 +110,7 @@ fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
         return Forecast::Linear(predicted);
     }
     let Some(([a, b, c], near, far)) = largest_three(points) else { return Forecast::Unknown };
-    let (xa, xb, xc) = (a.0 as f64, b.0 as f64, c.0 as f64);
-    let yc = c.1 as f64;
+    let (xc, yc) = (c.0 as f64, c.1 as f64);
     if far <= 0.0 || near < 0.0 {
         return Forecast::Unknown;
     }
@@ -132,16 +122,48 @@ fn forecast(points: &[(usize, u64)], limit: u64) -> Forecast {
     if far < near {
         return Forecast::Concave(on_secant);
     }
-    // y = yc + far·(x − xc) + k·(x − xc)(x − xb), with k from the slopes' growth
-    let k = (far - near) / (xc - xa);
-    let (slope_at_c, room) = (far + k * (xc - xb), limit as f64 - yc);
-    let dx = if room <= 0.0 {
-        0.0
-    } else {
-        // k·dx² + slope_at_c·dx − room = 0, the positive root
-        2.0 * room / (slope_at_c + (slope_at_c * slope_at_c + 4.0 * k * room).sqrt())
+    if limit as f64 <= yc {
+        return Forecast::Convex(xc);
+    }
+    parabola_reach([a, b, c], limit).map_or(Forecast::Unknown, Forecast::Convex)
+}
+
+/// The lines above and below `line` (through the two largest of `points`)
+/// within which a fit past them is expected: twice the largest distance of a
+/// smaller fit from the line (its scatter: noise, allocator granules) at
+/// the largest fit, and the slope that error at both ends would give, beyond.
+fn noise_band(points: &[Point], line: &LinearFit) -> Option<(LinearFit, LinearFit)> {
+    let &[_, .., (b1, _), (b2, _)] = points else { return None };
+    let run = (b2 - b1) as f64;
+    let smaller = &points[..points.len() - 2];
+    let scatter = smaller.iter().map(|&(b, p)| (p as f64 - line.predict(b)).abs()).fold(0.0, f64::max);
+    // one smaller fit alone cannot tell noise from a curve: only one on the
+    // line (within 1/1024 of a sample's bytes) is taken to show a straight one
+    if smaller.len() == 1 && scatter > line.bytes_per_sample / 1024.0 {
+        return None;
+    }
+    let error = 2.0 * scatter;
+    let band = |sign: f64| LinearFit {
+        fixed_bytes: line.fixed_bytes + sign * (error - 2.0 * error * b2 as f64 / run),
+        bytes_per_sample: line.bytes_per_sample + sign * 2.0 * error / run,
     };
-    Forecast::Convex(xc + dx)
+    Some((band(1.0), band(-1.0)))
+}
+
+/// Where the parabola through three points (in batch order) reaches `bytes`
+/// past the first of them: `y = yc + far·(x − xc) + k·(x − xc)(x − xb)`, with
+/// `k` from the slopes' growth (a line when they agree); `None` when it
+/// never does (a parabola that bends down first).
+fn parabola_reach([a, b, c]: [Point; 3], bytes: u64) -> Option<f64> {
+    let (xa, xb, xc) = (a.0 as f64, b.0 as f64, c.0 as f64);
+    let slope = |(x0, y0): Point, (x1, y1): Point| (y1 as f64 - y0 as f64) / (x1 as f64 - x0 as f64);
+    let (near, far) = (slope(a, b), slope(b, c));
+    let k = (far - near) / (xc - xa);
+    let (slope_at_c, room) = (far + k * (xc - xb), bytes as f64 - c.1 as f64);
+    // k·dx² + slope_at_c·dx − room = 0: the root nearest c
+    let discriminant = slope_at_c * slope_at_c + 4.0 * k * room;
+    let dx = 2.0 * room / (slope_at_c + discriminant.sqrt());
+    Some(xc + dx).filter(|x| discriminant >= 0.0 && slope_at_c > 0.0 && x.is_finite() && *x >= xa)
 }
 
 /// How far a trial without a forecast may grow past the largest fit, whose
@@ -208,11 +230,235 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
     Next::Try(if jump > fitting { jump } else { fitting + space.multiple_of }.min(space.last))
 }
 
-/// A failure is known: propose the model's boundary inside the bracket; bisect
-/// when the model is contradicted by what was measured (it puts the boundary
-/// outside the bracket, as when a real out-of-memory error comes before the
-/// ceiling) or stops narrowing the bracket from both sides.
+/// A failure is known. Where failed steps read what the device handed out
+/// before their failing allocation ([`Window`]), the search is the one told
+/// nothing at a failure, with every trial whose outcome the readings settle
+/// left out: it never costs more than that search. Else [`close_unread`].
 fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Observation], limit: u64) -> Next {
+    let Some(window) = Window::read(space, history, limit) else {
+        return close_unread(space, bracket, failing, history, limit);
+    };
+    // decided on what the first failure showed, so that every call decides alike
+    let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory).unwrap_or(0);
+    let bisect = Window::read(space, &history[..=first_oom], limit)
+        .is_some_and(|first| first.bisecting_is_no_dearer(space, &history[..=first_oom], limit));
+    if bisect {
+        window.bisect(space, history)
+    } else {
+        window.replay(space, history, limit)
+    }
+}
+
+/// The most candidates a window may hold for [`Window::bisecting_is_no_dearer`]
+/// to try every place the device's end may be.
+const WINDOW_CANDIDATES: usize = 64;
+
+/// The step time of trials past `start` in a search of `next` against a
+/// device whose largest batch is `end` (a fit's peak read off `line`): `Σ (b + 4)`.
+fn simulated_cost(start: &[Observation], end: usize, line: &LinearFit, next: impl Fn(&[Observation]) -> Next) -> u64 {
+    let mut history = start.to_vec();
+    let mut cost = 0u64;
+    while let Next::Try(batch) = next(&history) {
+        if history.len() > start.len() + 200 {
+            return u64::MAX; // no search of a space runs this long: count it as dearest
+        }
+        let fits = batch <= end;
+        let outcome = if fits { Outcome::Fits } else { Outcome::OutOfMemory };
+        let peak_bytes = fits.then(|| line.predict(batch).round().max(0.0) as u64);
+        history.push(Observation { batch, outcome, peak_bytes });
+        cost = cost.saturating_add(batch as u64 + 4);
+    }
+    cost
+}
+
+/// The search told nothing at a failure: its next trial after `history`.
+fn unread_next(space: &SearchSpace, history: &[Observation], limit: u64) -> Next {
+    let bracket = Bracket::of(space, history);
+    match bracket.failing {
+        Some(failing) => close_unread(space, &bracket, failing, history, limit),
+        None => explore(space, &bracket, history, limit),
+    }
+}
+
+/// `history` as the search told nothing at a failure sees it.
+fn without_readings(history: &[Observation]) -> Vec<Observation> {
+    let unread = |o: &Observation| match o.outcome {
+        Outcome::OutOfMemory => Observation { peak_bytes: None, ..*o },
+        _ => *o,
+    };
+    history.iter().map(unread).collect()
+}
+
+/// Where out-of-memory readings below the ceiling put the device's end: a
+/// failed step was handed what it read (the device has at least that much
+/// room), and the allocation that failed was at most the step's largest
+/// ([`SearchSpace::with_largest_allocation`]), so the end lies under the
+/// reading plus that. Along the line through the fits, a batch at or below
+/// `fits_to` fits, and one at or above `fails_from` does not.
+#[derive(Debug)]
+struct Window {
+    line: LinearFit,
+    fits_to: usize,
+    fails_from: Option<usize>,
+}
+
+impl Window {
+    /// The window the failures of `history` show, when the fits before the
+    /// first failure lie on a line (slopes within 1%: a curve that bends
+    /// would move its ends; the scatter of the smaller fits widens them)
+    /// and a failure read more
+    /// than any fit before the first failure held, less than the line says it
+    /// needed in full, and less than the limit (at or above the ceiling a
+    /// reading says no more than the limit).
+    fn read(space: &SearchSpace, history: &[Observation], limit: u64) -> Option<Window> {
+        let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory)?;
+        // the fits before the first failure: the replay's line stays put as
+        // the trials after it run
+        let points = fitting_points(&history[..first_oom]);
+        let highest_fit = points.iter().map(|&(_, peak)| peak).max()?;
+        if !on_a_line(&points, STRAIGHT_LINE) {
+            return None;
+        }
+        let line = line_through_largest(&points)?;
+        let (three, near, far) = largest_three(&points)?;
+        let (upper, lower) = noise_band(&points, &line)?;
+        let at = |line: &LinearFit, batch: f64| line.fixed_bytes + line.bytes_per_sample * batch;
+        // the line through the two largest fits falls under a curve whose
+        // slopes grow past them and over one whose slopes shrink: where it
+        // does, the parabola through the three largest bounds that side; the
+        // band the smaller fits' scatter about the line puts round it, both
+        let fits_under = |bytes: u64| {
+            let on_band = upper.largest_under(bytes)?;
+            let margin = (at(&upper, on_band) - at(&line, on_band)).max(0.0) as u64;
+            Some(if far > near { parabola_reach(three, bytes.saturating_sub(margin))?.min(on_band) } else { on_band })
+        };
+        let fails_over = |bytes: u64| {
+            let on_band = lower.largest_under(bytes)?;
+            let margin = (at(&line, on_band) - at(&lower, on_band)).max(0.0) as u64;
+            Some(if far < near { parabola_reach(three, bytes.saturating_add(margin))?.max(on_band) } else { on_band })
+        };
+        let readings: Vec<(usize, u64)> = history
+            .iter()
+            .filter(|o| o.outcome == Outcome::OutOfMemory)
+            .filter_map(|o| Some((o.batch, o.peak_bytes?)))
+            .filter(|&(batch, read)| read > highest_fit && read < limit && (read as f64) < line.predict(batch))
+            .collect();
+        let room = readings.iter().map(|&(_, read)| read).max()?;
+        // a line is trusted that far only near its points, as a jump is
+        let largest_fit = points.last()?.0;
+        let fits_to = space.floor(fits_under(room)?.max(0.0) as usize);
+        if fits_to < space.first || fits_to as f64 > largest_fit as f64 * ANCHOR_RATIO {
+            return None;
+        }
+        let fails_from = space.largest_allocation.and_then(|bound| {
+            let end = readings.iter().map(|&(batch, read)| read.saturating_add(bound.at(batch))).min()?;
+            let batch = fails_over(end)?.max(0.0).ceil() as usize;
+            Some(batch.div_ceil(space.multiple_of).saturating_mul(space.multiple_of).max(fits_to + space.multiple_of))
+        });
+        let window = Window { line, fits_to, fails_from };
+        // a trial that contradicts it (a noisy step failing a granule under
+        // the line's batch, a curve bending more than the parabola) says the
+        // line is no guide here
+        let contradicted = history.iter().any(|o| window.settles(o.batch).is_some_and(|fits| fits != o.outcome.fits()));
+        (!contradicted).then_some(window)
+    }
+
+    /// Whether bisecting the window ([`bisect`](Window::bisect)) costs no
+    /// more than the search told nothing at a failure, wherever in the
+    /// window the device's end is (each place tried, when there are at most
+    /// [`WINDOW_CANDIDATES`]): bisecting goes straight to the window, the
+    /// other walks to it from the fits below.
+    fn bisecting_is_no_dearer(&self, space: &SearchSpace, start: &[Observation], limit: u64) -> bool {
+        let g = space.multiple_of;
+        let Some(top) = self.fails_from.filter(|&top| (top - self.fits_to) / g <= WINDOW_CANDIDATES) else {
+            return false;
+        };
+        let unread_start = without_readings(start);
+        (self.fits_to..top.min(space.last.saturating_add(1))).step_by(g).all(|end| {
+            let bisected = simulated_cost(start, end, &self.line, |h| self.bisect(space, h));
+            let unread = simulated_cost(&unread_start, end, &self.line, |h| unread_next(space, h, limit));
+            bisected <= unread
+        })
+    }
+
+    /// Bisects between the larger of the largest fit and the window's
+    /// bottom, and the smaller of the smallest failure above it and the
+    /// window's top; then runs the bottom and the top if only settled (a
+    /// plan's answer is measured and proven by a failure above it).
+    fn bisect(&self, space: &SearchSpace, history: &[Observation]) -> Next {
+        let g = space.multiple_of;
+        let ran = |batch: usize| history.iter().any(|o| o.batch == batch);
+        let largest_fit = best(history).map_or(0, |o| o.batch);
+        let lo = largest_fit.max(self.fits_to);
+        let smallest_failure = history.iter().filter(|o| !o.outcome.fits() && o.batch > lo).map(|o| o.batch).min();
+        let top = self.fails_from.unwrap_or(usize::MAX).min(space.last.saturating_add(g));
+        let hi = smallest_failure.map_or(top, |failure| failure.min(top));
+        if (hi - lo) / g > 1 {
+            return Next::Try(lo + g * ((hi - lo) / g / 2));
+        }
+        if !ran(lo) {
+            return Next::Try(lo);
+        }
+        if hi <= space.last && !ran(hi) {
+            return Next::Try(hi);
+        }
+        Next::Done
+    }
+
+    /// Whether `batch` fits, where the readings settle it.
+    fn settles(&self, batch: usize) -> Option<bool> {
+        if batch <= self.fits_to {
+            Some(true)
+        } else if self.fails_from.is_some_and(|from| batch >= from) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// The next trial of the search told nothing at a failure, replayed from
+    /// the first failure: where it would try a batch that was run, what was
+    /// measured; one the readings settle, that outcome (a fit's peak read off
+    /// the line); the first batch that is neither is the next trial. When it is done, the
+    /// answer and the batch above it are run if only settled, since a plan's
+    /// answer is measured and proven by a failure above it.
+    fn replay(&self, space: &SearchSpace, history: &[Observation], limit: u64) -> Next {
+        let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory).unwrap_or(history.len());
+        let unread = without_readings(history);
+        let mut seen: Vec<Observation> = unread[..=first_oom.min(history.len() - 1)].to_vec();
+        let ran = |batch: usize| unread.iter().rev().find(|o| o.batch == batch).copied();
+        while let Next::Try(batch) = unread_next(space, &seen, limit) {
+            if let Some(measured) = ran(batch) {
+                seen.push(measured);
+                continue;
+            }
+            let outcome = match self.settles(batch) {
+                Some(true) => Outcome::Fits,
+                Some(false) => Outcome::OutOfMemory,
+                None => return Next::Try(batch),
+            };
+            let peak = outcome.fits().then(|| self.line.predict(batch).round() as u64);
+            seen.push(Observation { batch, outcome, peak_bytes: peak });
+        }
+        // done: what only the readings settled is run, the answer, then the batch above it
+        let ran_here = |batch: usize| history.iter().any(|o| o.batch == batch);
+        let Some(answer) = best(&seen).map(|o| o.batch) else { return Next::Done };
+        if !ran_here(answer) {
+            return Next::Try(answer);
+        }
+        match answer.checked_add(space.multiple_of).filter(|&above| above <= space.last) {
+            Some(above) if !ran_here(above) && seen.iter().any(|o| o.batch == above) => Next::Try(above),
+            _ => Next::Done,
+        }
+    }
+}
+
+/// A failure is known and none read how far the device got: propose the
+/// model's boundary inside the bracket; bisect when the model is contradicted
+/// by what was measured (it puts the boundary outside the bracket, as when a
+/// real out-of-memory error comes before the ceiling) or stops narrowing the
+/// bracket from both sides.
+fn close_unread(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Observation], limit: u64) -> Next {
     let g = space.multiple_of;
     let floor = bracket.floor;
     if (failing - floor) / g <= 1 {
@@ -220,10 +466,6 @@ fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Obse
     }
     if let (None, Some(hint)) = (bracket.fitting, space.hint) {
         return away_from_hint(space, history, |o| !o.outcome.fits() && o.batch <= hint, failing, false);
-    }
-    // at or above the ceiling a failed step's reading says no more than the limit
-    if let Some(level) = reached_before_oom(history, failing).filter(|&level| level < limit) {
-        return close_under_oom(space, bracket, failing, history, level, limit);
     }
     let last_two_same_side =
         history.len() >= 2 && history[history.len() - 2].outcome.fits() == history[history.len() - 1].outcome.fits();
@@ -313,128 +555,6 @@ fn away_from_hint(
         }
     };
     Next::Try(space.floor(next.min(space.last)).max(space.first))
-}
-
-/// The most memory an out-of-memory trial was seen to hold before its failing
-/// allocation, when the bracket's failing end is such a trial and the reading
-/// is below what the fitting trials' line says that batch would have needed
-/// in full: the device, not the ceiling, is then the binding limit, and it has
-/// at least that much room (a failed step's high-water mark, as a pool reads
-/// it, is memory that was handed out), and higher than the peak of any fit
-/// before the first failure (else it says no more than that fit did).
-fn reached_before_oom(history: &[Observation], failing: usize) -> Option<u64> {
-    let failed = history.iter().rev().find(|o| o.batch == failing)?;
-    if failed.outcome != Outcome::OutOfMemory {
-        return None;
-    }
-    let points = fitting_points(history);
-    let line = line_through_largest(&points)?;
-    if failed.peak_bytes? as f64 >= line.predict(failing) {
-        return None;
-    }
-    // a reading no higher than the peak of a fit before it says no more than
-    // that fit did
-    let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory)?;
-    let highest_fit = fitting_points(&history[..first_oom]).iter().map(|&(_, peak)| peak).max()?;
-    history
-        .iter()
-        .filter(|o| o.outcome == Outcome::OutOfMemory)
-        .filter_map(|o| o.peak_bytes)
-        .max()
-        .filter(|&level| level > highest_fit)
-}
-
-/// Closes a bracket whose failing end ran out of memory below the ceiling
-/// (the `level` the failed steps were seen to hold, memory the device handed
-/// out, is under `limit`). When the fits lie on a line, the batch where it
-/// reaches the level is taken to fit without being tried, and the device's
-/// end to lie within one failed allocation above it (presumed
-/// [`ALLOCATION_SHARE`] of the failed step's batch): the search bisects that
-/// window, tries the level's batch only when everything above it failed, and
-/// bisects the rest of the bracket when the whole window fits (the reading
-/// was coarse). Bisecting the whole bracket at once would spend a full-size
-/// trial on each halving of a gap that the failed allocation makes small.
-/// When they do not, the line's batch is tried once, then a gallop up from
-/// the largest fit and bisection.
-fn close_under_oom(
-    space: &SearchSpace,
-    bracket: &Bracket,
-    failing: usize,
-    history: &[Observation],
-    level: u64,
-    limit: u64,
-) -> Next {
-    let g = space.multiple_of;
-    let floor = bracket.floor;
-    let gaps = (failing - floor) / g;
-    let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory).unwrap_or(0);
-    let since_first_oom = &history[first_oom..];
-    let gallop_failed = since_first_oom.iter().filter(|o| !o.outcome.fits()).count() > 1;
-    if let Some(anchor) = assumed_to_fit(space, &history[..=first_oom], limit)
-        .filter(|&anchor| anchor < failing && since_first_oom.iter().all(|o| o.outcome.fits() || o.batch > anchor))
-    {
-        // one allocation of the failed step: its share of that step's batch
-        let failed_batch = history[first_oom].batch;
-        let window = g * failed_batch.div_ceil(ALLOCATION_SHARE).div_ceil(g).max(1);
-        let window_top = anchor.saturating_add(window);
-        let (lo, assumed) = if anchor > floor { (anchor, true) } else { (floor, false) };
-        if gallop_failed || failing <= window_top {
-            // the end is bracketed by what was seen: bisect, the level's batch last
-            return match super::bisect(space, lo, failing) {
-                Next::Done if assumed => Next::Try(lo),
-                next => next,
-            };
-        }
-        if floor < window_top {
-            // bisect the window as if its top failed, then try the top; after
-            // three fits in it (the end is in its top eighth, or past it: the
-            // reading was coarse), try the top before climbing further
-            let fits_in_window = since_first_oom.iter().filter(|o| o.outcome.fits() && o.batch > anchor).count();
-            return match super::bisect(space, lo, window_top) {
-                Next::Try(_) if fits_in_window >= 3 => Next::Try(window_top),
-                Next::Done => Next::Try(window_top),
-                next => next,
-            };
-        }
-        // the whole window fit: the reading was further below the end than one
-        // allocation (a coarse one), and says nothing more: bisect what is left
-        return super::bisect(space, floor, failing);
-    }
-    if gallop_failed {
-        return super::bisect(space, floor, failing);
-    }
-    // a forecast to try once, not to assume
-    let forecast = line_through_largest(&fitting_points(history))
-        .and_then(|line| line.largest_under(level))
-        .map(|predicted| space.floor(predicted.max(0.0) as usize))
-        .filter(|&batch| batch > floor && batch < failing);
-    if let Some(batch) = forecast.filter(|_| history.last().is_some_and(|o| !o.outcome.fits())) {
-        return Next::Try(batch);
-    }
-    // the k-th step up from the largest fit: a granule, or 1/256 of the batch
-    // when that is more (a failed allocation is a share of the step's bytes,
-    // which grow with it), then doubling
-    let first_step = (floor / GALLOP_SHARE / g).max(1);
-    let k = history.iter().rev().take_while(|o| o.outcome.fits()).count();
-    Next::Try(floor + g * doubling(first_step, k).min(gaps / 2).max(1))
-}
-
-/// The batch the first out-of-memory failure below the ceiling (the last of
-/// `history`) shows to fit without trying it: where the line through the fits
-/// before it reaches what the failed step was seen to hold, when those fits
-/// lie on a line (a curve that bends would put it too high) and it is within
-/// [`ANCHOR_RATIO`] times the largest of them.
-fn assumed_to_fit(space: &SearchSpace, history: &[Observation], limit: u64) -> Option<usize> {
-    let level = history.last().filter(|o| o.outcome == Outcome::OutOfMemory)?.peak_bytes?;
-    let points = fitting_points(history);
-    if level >= limit || !on_a_line(&points, LINEARITY_TOLERANCE) {
-        return None;
-    }
-    let predicted = line_through_largest(&points)?.largest_under(level)?;
-    // a line is trusted that far only near its points, as a jump is
-    let largest_fit = points.last()?.0;
-    Some(space.floor(predicted.max(0.0) as usize))
-        .filter(|&batch| batch >= space.first && batch as f64 <= largest_fit as f64 * ANCHOR_RATIO)
 }
 
 /// A fitting trial's batch and measured peak.
@@ -679,7 +799,18 @@ mod tests {
     /// fails with out-of-memory, its reading the pieces handed out before
     /// the failing one (`pieces` per step of `fixed + per_sample·b`).
     fn run_short_device(room: u64, fixed: u64, per_sample: u64, pieces: u64, limit: u64) -> Vec<Observation> {
-        let space = SearchSpace::new(1, None, 1).unwrap().with_limit(limit);
+        run_short_device_in(SearchSpace::new(1, None, 1).unwrap(), room, fixed, per_sample, pieces, limit)
+    }
+
+    fn run_short_device_in(
+        space: SearchSpace,
+        room: u64,
+        fixed: u64,
+        per_sample: u64,
+        pieces: u64,
+        limit: u64,
+    ) -> Vec<Observation> {
+        let space = space.with_limit(limit);
         let mut history = Vec::new();
         while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
             let peak = fixed + per_sample * batch as u64;
@@ -698,30 +829,39 @@ mod tests {
     }
 
     #[test]
-    fn an_out_of_memory_reading_below_the_ceiling_is_taken_to_fit_and_the_allocation_above_it_bisected() {
+    fn an_out_of_memory_reading_below_the_ceiling_is_taken_to_fit_and_the_allocation_above_it_searched() {
         // the ceiling allows batch 4000, the device runs out above batch 2999
         let (fixed, per_sample) = (1u64 << 30, 1u64 << 20);
         let limit = fixed + 4000 * per_sample;
         let room = fixed + 3000 * per_sample - 1;
-        let history = run_short_device(room, fixed, per_sample, 256, limit);
+        // a step of 256 equal allocations: the largest, a 256th of the step's own bytes
+        let told = SearchSpace::new(1, None, 1).unwrap().with_largest_allocation(0, per_sample.div_ceil(256));
+        let history = run_short_device_in(told, room, fixed, per_sample, 256, limit);
+        let unread = run_short_device(room, fixed, per_sample, 1, limit);
         let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
         assert_eq!(super::super::best(&history).map(|o| o.batch), Some(2999), "{tried:?}");
-        // 1, 4, 16, a far jump, the failed jump, then the window of one presumed
-        // allocation of the failed step (1/64 of its batch) above where the line
-        // reaches its reading, bisected: bisecting (1000, 4000) would take 12
+        assert_eq!(super::super::best(&unread).map(|o| o.batch), Some(2999));
+        // 1, 4, 16, a far jump, the failed jump, then only batches within one
+        // allocation of the failed step above where the line reaches its
+        // reading (the rest the reading settles), fewer than told nothing
         let failed = history.iter().find(|o| o.outcome == Outcome::OutOfMemory).unwrap();
         let level = ((failed.peak_bytes.unwrap() - fixed) / per_sample) as usize;
         assert!(level < 2999 && !tried.contains(&level), "{level} {tried:?}");
         let after_failure = &tried[tried.iter().position(|&b| b == failed.batch).unwrap() + 1..];
         assert!(after_failure.len() <= 6, "{tried:?}");
-        assert!(after_failure.iter().all(|&b| b > level && b <= level + failed.batch.div_ceil(64)), "{tried:?}");
+        assert!(after_failure.iter().all(|&b| b > level && b <= level + failed.batch.div_ceil(256) + 1), "{tried:?}");
+        assert!(
+            history.len() < unread.len(),
+            "{tried:?} against {:?}",
+            unread.iter().map(|o| o.batch).collect::<Vec<_>>()
+        );
     }
 
     #[test]
-    fn a_coarse_reading_is_bisected_past_once_its_window_fits() {
+    fn a_coarse_reading_settles_what_it_can_and_the_rest_is_bisected() {
         // the ceiling allows batch 4000, the device ends above batch 999, and a
-        // failed step of two allocations reads half of it: the window above
-        // what it read fits whole, and the rest is bisected, not galloped
+        // failed step of two allocations reads half of it: what is under the
+        // reading is settled, the rest bisected as told nothing, not galloped
         // through (Binary: 1 … 512, 1024, then nine halvings)
         let (fixed, per_sample) = (1u64 << 30, 1u64 << 20);
         let limit = fixed + 4000 * per_sample;

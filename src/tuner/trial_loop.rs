@@ -12,7 +12,7 @@ use crate::plan::{
 };
 use crate::search::{best, next_batch, Next, Observation, SearchSpace};
 use crate::units::format_bytes;
-use crate::{is_oom, may_be_oom, Error, MemoryMeter, Outcome, Strategy, Workload};
+use crate::{is_oom, may_be_oom, Error, MemoryMeter, Outcome, Strategy, TensorSize, Workload};
 
 /// A step whose peak grew by less than a byte per sample while the batch grew
 /// this many times over is not using its batch: the search stops there.
@@ -24,8 +24,8 @@ const IGNORED_BATCH_SPAN: usize = 1024;
 struct Record {
     observation: Observation,
     baseline_bytes: u64,
-    /// The element counts of a fitting trial's graph, when the workload shows it.
-    graph: Option<Vec<u64>>,
+    /// The tensors of a fitting trial's graph, when the workload shows it.
+    graph: Option<Vec<TensorSize>>,
 }
 
 /// The state of one tuning run.
@@ -184,6 +184,10 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 let space = held.map_or(*space, |held| space.with_held_bytes(held));
                 // no candidate whose tensors would pass the device's element limit
                 let space = self.element_cap().map_or(space, |(cap, _)| space.capped(cap));
+                // an out-of-memory step failed at no more than its largest tensor
+                let space = self
+                    .largest_tensor()
+                    .map_or(space, |(fixed, per_sample)| space.with_largest_allocation(fixed, per_sample));
                 let mut batch = match next_batch(strategy, &space, &self.history()) {
                     Next::Done => break None,
                     Next::Try(batch) => batch,
@@ -233,7 +237,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 }
                 let trial = self.trial(batch, TrialKind::Search)?;
                 let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
-                let graph = trial.outcome.fits().then(|| self.workload.graph_elements()).flatten();
+                let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
                 self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes, graph });
                 if let Some(warning) = trial.outcome.fits().then(|| self.batch_ignored()).flatten() {
                     self.warn(warning);
@@ -257,7 +261,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             rechecked.push(batch);
             let trial = self.trial(batch, TrialKind::Recheck)?;
             let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
-            let graph = trial.outcome.fits().then(|| self.workload.graph_elements()).flatten();
+            let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
             self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes, graph };
             if trial.outcome.fits() {
                 return Ok(stopped);
@@ -309,15 +313,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     /// two such graphs.
     fn element_cap(&self) -> Option<(usize, u64)> {
         let limit = self.element_limit?;
-        let mut graphs: Vec<(usize, &Vec<u64>)> = self
-            .records
-            .iter()
-            .filter(|r| r.observation.outcome.fits())
-            .filter_map(|r| Some((r.observation.batch, r.graph.as_ref()?)))
-            .collect();
-        graphs.sort_by_key(|&(batch, _)| batch);
-        let &(b2, g2) = graphs.last()?;
-        let &(b1, g1) = graphs.iter().rev().find(|&&(b, g)| b < b2 && g.len() == g2.len())?;
+        let ((b1, g1), (b2, g2)) = self.two_largest_graphs(|tensor| tensor.elements)?;
+        let (g1, g2) = (&g1[..], &g2[..]);
         let (b1, b2, limit) = (b1 as i128, b2 as i128, i128::from(limit));
         // per tensor: the largest batch at which its line stays within the limit
         let mut cap = i128::MAX;
@@ -349,6 +346,54 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         };
         let next = at(cap + 1).clamp(0, i128::from(u64::MAX)) as u64;
         Some((cap.clamp(0, usize::MAX as i128) as usize, next))
+    }
+
+    /// The fitting trials' graphs (one measure of each tensor: `measure`), by
+    /// batch.
+    fn graphs(&self, measure: impl Fn(&TensorSize) -> u64) -> Vec<(usize, Vec<u64>)> {
+        let mut graphs: Vec<(usize, Vec<u64>)> = self
+            .records
+            .iter()
+            .filter(|r| r.observation.outcome.fits())
+            .filter_map(|r| Some((r.observation.batch, r.graph.as_ref()?.iter().map(&measure).collect())))
+            .collect();
+        graphs.sort_by_key(|&(batch, _)| batch);
+        graphs
+    }
+
+    /// The graphs of the two largest fitting batches whose graphs have the
+    /// same shape, smaller first.
+    #[allow(clippy::type_complexity)]
+    fn two_largest_graphs(
+        &self,
+        measure: impl Fn(&TensorSize) -> u64,
+    ) -> Option<((usize, Vec<u64>), (usize, Vec<u64>))> {
+        let mut graphs = self.graphs(measure);
+        let largest = graphs.pop()?;
+        let below = graphs.into_iter().rev().find(|(b, g)| *b < largest.0 && g.len() == largest.1.len())?;
+        Some((below, largest))
+    }
+
+    /// A bound on the step's largest tensor in bytes, `fixed + per_sample ×
+    /// batch` at and past the largest fit: through two graphs, each tensor's
+    /// line (the largest part that stays and the fastest growth, together);
+    /// from one, its largest tensor grown in proportion to the batch (a
+    /// tensor grows at most so). `None` when no fitting graph was seen.
+    fn largest_tensor(&self) -> Option<(u64, u64)> {
+        let bytes = |tensor: &TensorSize| tensor.bytes;
+        if let Some(((b1, g1), (b2, g2))) = self.two_largest_graphs(bytes) {
+            let run = (b2 - b1) as u64;
+            let (mut fixed, mut per_sample) = (0u64, 0u64);
+            for (&c1, &c2) in g1.iter().zip(&g2) {
+                let rise = c2.saturating_sub(c1).div_ceil(run);
+                per_sample = per_sample.max(rise);
+                fixed = fixed.max(c2.saturating_sub(rise.saturating_mul(b2 as u64)));
+            }
+            return Some((fixed, per_sample));
+        }
+        let (batch, graph) = self.graphs(bytes).pop()?;
+        let largest = graph.into_iter().max()?;
+        Some((0, largest.div_ceil(batch.max(1) as u64)))
     }
 
     /// Whether `limit` has passed, or a trial at `batch` would end past it

@@ -356,8 +356,8 @@ impl<M: Model> Workload for Trainer<M> {
         self.probe.diagnose()
     }
 
-    fn graph_elements(&self) -> Option<Vec<u64>> {
-        self.probe.graph_elements()
+    fn graph_tensors(&self) -> Option<Vec<crate::TensorSize>> {
+        self.probe.graph_tensors()
     }
 
     fn tuning_finished(&mut self) {

@@ -536,8 +536,8 @@ impl autobatch::Workload for ReferenceStep {
     fn profile(&self) -> Option<autobatch::Profile> {
         self.0.profile()
     }
-    fn graph_elements(&self) -> Option<Vec<u64>> {
-        self.0.graph_elements()
+    fn graph_tensors(&self) -> Option<Vec<autobatch::TensorSize>> {
+        self.0.graph_tensors()
     }
 }
 
