@@ -184,10 +184,12 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 let space = held.map_or(*space, |held| space.with_held_bytes(held));
                 // no candidate whose tensors would pass the device's element limit
                 let space = self.element_cap().map_or(space, |(cap, _)| space.capped(cap));
-                // an out-of-memory step failed at no more than its largest tensor
-                let space = self
-                    .largest_tensor()
-                    .map_or(space, |(fixed, per_sample)| space.with_largest_allocation(fixed, per_sample));
+                // an out-of-memory step failed at no more than its largest
+                // tensor, rounded up to the allocator's granule
+                let granule = self.meter.slack_bytes();
+                let space = self.largest_tensor().map_or(space, |(fixed, per_sample)| {
+                    space.with_largest_allocation(fixed.saturating_add(granule), per_sample)
+                });
                 let mut batch = match next_batch(strategy, &space, &self.history()) {
                     Next::Done => break None,
                     Next::Try(batch) => batch,
