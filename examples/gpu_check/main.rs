@@ -17,7 +17,9 @@
 //!    elements candle's kernels count), classified as the tuner classifies
 //!    (`may_be_oom`), then runs a step at b again: the context must still be
 //!    healthy;
-//! 5. times one step at b;
+//! 5. times one step at b, and three at b with the pool's release threshold
+//!    at 0 (as tuning runs) and at its maximum (does keeping what the pool
+//!    reserved make a trial faster?);
 //! 6. decides (`verdict.rs`, tested on the CPU by `tests/gpu_verdict.rs`): b
 //!    fits by every peak, b + 1 does not where the search proved b the
 //!    largest, the context survived, the pool was checked.
@@ -61,6 +63,10 @@ struct Row {
     trials: usize,
     tuning_s: f64,
     step_s: f64,
+    /// The median of three synchronized steps at b, the pool's release
+    /// threshold at 0 (as tuning runs) and at its maximum.
+    step_s_threshold_0: f64,
+    step_s_threshold_max: f64,
     capacity_bytes: u64,
     evidence: Evidence,
     /// `total − free` after a step at b with the pool keeping all it reserved.
@@ -143,6 +149,47 @@ fn mem_get_info_peak<W: Workload>(
     meter.release_cached()?;
     result?;
     Ok(((total - free) as u64, reserved_high))
+}
+
+/// The median time of three steps at `batch`, each synchronized (as a
+/// trial is), with the pool's release threshold at 0 (what tuning runs
+/// with: every synchronize returns the pool's free memory to the driver and
+/// the next step maps it again) and at its maximum (the pool keeps it):
+/// what decides whether tuning should raise it (issue 35 item 6).
+fn release_threshold_timing<W: Workload>(
+    workload: &mut W,
+    meter: &mut CudaMeter,
+    batch: usize,
+) -> Result<(Duration, Duration), Box<dyn std::error::Error>> {
+    let cuda = meter.device().as_cuda_device()?;
+    let context = cuda.cuda_stream().context().clone();
+    let pool = unsafe { device::get_mem_pool(context.cu_device()) }?;
+    let set_threshold = |mut value: u64| unsafe {
+        mem_pool::set_attribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    let median = |workload: &mut W, meter: &mut CudaMeter| -> Result<Duration, Box<dyn std::error::Error>> {
+        meter.release_cached()?;
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            let started = Instant::now();
+            workload.step(batch)?;
+            meter.synchronize()?;
+            times.push(started.elapsed());
+        }
+        times.sort();
+        Ok(times[1])
+    };
+    set_threshold(0)?;
+    let released = median(workload, meter)?;
+    set_threshold(u64::MAX)?;
+    let kept = median(workload, meter);
+    set_threshold(0)?;
+    meter.release_cached()?;
+    Ok((released, kept?))
 }
 
 /// Appends `result` of `phase` of size `size` to `gpu-phases.jsonl` in
@@ -242,6 +289,16 @@ fn check(
     );
 
     let phase = Instant::now();
+    let (released, kept) = release_threshold_timing(&mut model, meter, b)?;
+    phase_done(
+        out,
+        name,
+        "release threshold",
+        phase,
+        serde_json::json!({"step_s_threshold_0": released.as_secs_f64(), "step_s_threshold_max": kept.as_secs_f64()}),
+    );
+
+    let phase = Instant::now();
     let forced = forced_oom(&mut model, meter, b, peaks.used.saturating_sub(before))?;
     let oom_batch = forced.as_ref().map(|_| b);
     phase_done(out, name, "forced out of memory", phase, serde_json::json!({"error": forced}));
@@ -270,6 +327,8 @@ fn check(
         trials: plan.trials.len(),
         tuning_s: tuning.as_secs_f64(),
         step_s: step_time.as_secs_f64(),
+        step_s_threshold_0: released.as_secs_f64(),
+        step_s_threshold_max: kept.as_secs_f64(),
         capacity_bytes: plan.capacity_bytes(),
         evidence,
         mem_get_info_peak_bytes: info_peak,
@@ -321,6 +380,16 @@ fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
     }
     for r in rows.iter().filter(|r| !r.notes.is_empty() || !r.warnings.is_empty()) {
         md += &format!("\n{}: {}\n", r.size, r.notes.iter().chain(&r.warnings).cloned().collect::<Vec<_>>().join("; "));
+    }
+    md += "\nThe pool's release threshold (the median of three synchronized steps at b; tuning runs at 0):\n\n";
+    for r in rows {
+        md += &format!(
+            "- {}: {:.3} s at 0, {:.3} s kept (ratio {:.2})\n",
+            r.size,
+            r.step_s_threshold_0,
+            r.step_s_threshold_max,
+            r.step_s_threshold_0 / r.step_s_threshold_max.max(f64::MIN_POSITIVE)
+        );
     }
     md += "\nModels:\n\n";
     for r in rows {
