@@ -1,6 +1,7 @@
 //! Your own candle model: probed as it is, trained with the plan.
 //!
-//! - [`ModelProbe`](crate::ModelProbe) turns a `VarMap` and a loss closure into a [`Workload`](crate::Workload)
+//! - [`ModelProbe`](crate::ModelProbe) turns a `VarMap` and a loss closure (or
+//!   another [`ProbeLoss`]) into a [`Workload`](crate::Workload)
 //!   that runs forward, backward and the optimizer's update without changing a
 //!   variable, names the variables that got no gradient, and gives the tuner its
 //!   cache key and memory profile;
@@ -16,12 +17,13 @@ mod buffers;
 mod checkpoint;
 mod detached;
 pub(crate) mod grads;
+mod loss;
 pub(crate) mod probe;
 pub(crate) mod train;
 
 pub use checkpoint::checkpointed;
 pub use detached::{detached, detached_sharing};
-pub use probe::{BySizeLoss, BySizeWithBackward, ForwardOnly, ProbeLoss, WithBackward};
+pub use loss::{BySizeLoss, BySizeWithBackward, ForwardOnly, ProbeLoss, WithBackward};
 
 use candle_core::Var;
 

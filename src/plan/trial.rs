@@ -16,7 +16,7 @@ pub enum TrialKind {
     /// The chosen batch run again because memory in use rose after it was first
     /// measured: the answer must fit in memory as it is when training starts.
     Recheck,
-    /// A timed run of a fitting batch, for [`Objective::Throughput`].
+    /// A timed run of a fitting batch, for [`Objective::Throughput`](crate::Objective::Throughput).
     Timing,
     /// A micro-step of gradient accumulation, the accumulator held: verifies
     /// the plan's micro-batch when it accumulates

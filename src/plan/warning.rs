@@ -108,7 +108,7 @@ pub enum Warning {
         trained_bytes: u64,
     },
     /// The time limit ([`Tuner::time_limit`](crate::Tuner::time_limit))
-    /// stopped the throughput timing ([`Objective::Throughput`]) before every
+    /// stopped the throughput timing ([`Objective::Throughput`](crate::Objective::Throughput)) before every
     /// candidate was timed: the choice is among those that were.
     TimingCut {
         /// Timing trials that ran.

@@ -154,7 +154,7 @@ impl Tuner {
     }
 
     /// No trial runs a tensor of more than `elements` elements: from the
-    /// graphs the fitting trials measured ([`Workload::graph_elements`]),
+    /// graphs the fitting trials measured ([`Workload::graph_tensors`]),
     /// each tensor's count is followed as a line in the batch, and the
     /// search stops below the batch where one would pass the limit
     /// ([`SearchLimit::TensorElements`](crate::SearchLimit::TensorElements)).
