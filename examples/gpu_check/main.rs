@@ -48,8 +48,9 @@ use verdict::{verdict, Evidence, Next};
 use autobatch::workloads::TransformerConfig;
 use autobatch::PeakKinds;
 use autobatch::{format_bytes, may_be_oom, CudaMeter, MemoryMeter, Tuner, Workload};
+use candle_core::cuda_backend::cudarc::driver as cudarc;
 use candle_core::cuda_backend::cudarc::driver::result::{device, mem_pool};
-use candle_core::cuda_backend::cudarc::driver::sys::CUmemPool_attribute;
+use candle_core::cuda_backend::cudarc::driver::sys::{self, CUmemPool_attribute};
 use candle_core::DType;
 use serde::Serialize;
 
@@ -118,6 +119,25 @@ fn measured_step<W: Workload>(
     Ok((result, peaks, elapsed))
 }
 
+/// The meter's CUDA context and the device's default memory pool.
+fn device_pool(
+    meter: &CudaMeter,
+) -> Result<(std::sync::Arc<cudarc::CudaContext>, sys::CUmemoryPool), Box<dyn std::error::Error>> {
+    let cuda = meter.device().as_cuda_device()?;
+    let context = cuda.cuda_stream().context().clone();
+    let pool = unsafe { device::get_mem_pool(context.cu_device()) }?;
+    Ok((context, pool))
+}
+
+/// Sets one of the pool's `u64` attributes.
+fn set_pool_attribute(
+    pool: sys::CUmemoryPool,
+    attribute: CUmemPool_attribute,
+    mut value: u64,
+) -> Result<(), cudarc::DriverError> {
+    unsafe { mem_pool::set_attribute(pool, attribute, (&mut value as *mut u64).cast()) }
+}
+
 /// The step at `batch` run with the pool keeping everything it reserves, so
 /// that `total − free` afterwards shows the step's reservation high-water mark.
 fn mem_get_info_peak<W: Workload>(
@@ -125,12 +145,8 @@ fn mem_get_info_peak<W: Workload>(
     meter: &mut CudaMeter,
     batch: usize,
 ) -> Result<(u64, u64), Box<dyn std::error::Error>> {
-    let cuda = meter.device().as_cuda_device()?;
-    let context = cuda.cuda_stream().context().clone();
-    let pool = unsafe { device::get_mem_pool(context.cu_device()) }?;
-    let set = |attribute, mut value: u64| unsafe {
-        mem_pool::set_attribute(pool, attribute, (&mut value as *mut u64).cast())
-    };
+    let (context, pool) = device_pool(meter)?;
+    let set = |attribute, value| set_pool_attribute(pool, attribute, value);
     meter.release_cached()?;
     set(CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX)?;
     set(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0)?;
@@ -161,16 +177,8 @@ fn release_threshold_timing<W: Workload>(
     meter: &mut CudaMeter,
     batch: usize,
 ) -> Result<(Duration, Duration), Box<dyn std::error::Error>> {
-    let cuda = meter.device().as_cuda_device()?;
-    let context = cuda.cuda_stream().context().clone();
-    let pool = unsafe { device::get_mem_pool(context.cu_device()) }?;
-    let set_threshold = |mut value: u64| unsafe {
-        mem_pool::set_attribute(
-            pool,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut value as *mut u64).cast(),
-        )
-    };
+    let (_, pool) = device_pool(meter)?;
+    let set_threshold = |value| set_pool_attribute(pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, value);
     let median = |workload: &mut W, meter: &mut CudaMeter| -> Result<Duration, Box<dyn std::error::Error>> {
         meter.release_cached()?;
         let mut times = Vec::new();
