@@ -137,6 +137,12 @@
 //! them ([`optim`]). Every public item has one path: the root has what most
 //! users call; [`search`], [`model`], [`optim`], [`estimate`],
 //! [`memory::simulated`], [`collective`], [`ops`] and [`workloads`] hold the rest.
+//! [`memory::simulated`] is public on purpose, not test scaffolding: a
+//! simulated device (a memory curve, and the ways real devices stray from
+//! it: granules, noise, an out-of-memory error below the ceiling, memory
+//! another process holds) is how code that depends on the search, a
+//! trainer's start-up path or a headroom test as above, is tested without a
+//! GPU; this crate's own tests and benchmarks use the same API.
 
 #![warn(missing_docs)]
 

@@ -1,6 +1,7 @@
 //! Measuring memory: the [`MemoryMeter`](crate::MemoryMeter) trait and its
 //! implementations ([`HeapMeter`](crate::HeapMeter), `CudaMeter`, exported at
-//! the crate's root), and [`simulated`] devices for tests and benchmarks.
+//! the crate's root), and [`simulated`] devices for your tests (and ours, and
+//! the benchmarks).
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;

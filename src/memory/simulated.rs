@@ -1,4 +1,5 @@
-//! A simulated device for tests and benchmarks of the search: a memory curve in,
+//! A simulated device for tests of code that depends on the search (yours and
+//! this crate's) and for benchmarks: a memory curve in,
 //! a [`Workload`] and a [`MemoryMeter`] out.
 //!
 //! ```
