@@ -142,9 +142,9 @@ pub enum Error {
 
     /// Not even the smallest candidate batch fits under the ceiling.
     #[error(
-        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {:.0}% of {} = {}{}{}",
+        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {} of {} = {}{}{}",
         describe_failure(*.outcome, *.peak_bytes),
-        .ceiling * 100.0,
+        crate::units::format_percent(*.ceiling),
         format_bytes(*.capacity_bytes),
         format_bytes(*.limit_bytes),
         describe_smaller_batch(*.smaller_batch),

@@ -31,6 +31,17 @@ pub fn format_bytes_decimal(bytes: u64) -> String {
 }
 
 /// A time in milliseconds in seconds: `3 s`, `0.200 s`.
+/// A fraction as a percentage: whole where it is whole (`90%`), else to a
+/// tenth (`85.5%`).
+pub(crate) fn format_percent(fraction: f64) -> String {
+    let percent = 100.0 * fraction;
+    if (percent - percent.round()).abs() < 0.05 {
+        format!("{percent:.0}%")
+    } else {
+        format!("{percent:.1}%")
+    }
+}
+
 pub(crate) fn format_millis(millis: u64) -> String {
     if millis.is_multiple_of(1000) {
         format!("{} s", millis / 1000)

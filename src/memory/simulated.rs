@@ -268,7 +268,8 @@ impl Simulation {
     /// at or under `ceiling × capacity`, by brute force over every candidate
     /// (scanning stops at `scan_limit`).
     pub fn true_largest(&self, ceiling: f64, space: &crate::search::SearchSpace, scan_limit: usize) -> Option<usize> {
-        let limit = crate::plan::limit_bytes(ceiling, self.capacity);
+        // computed here on its own: the oracle does not share the tuner's code
+        let limit = (ceiling * self.capacity as f64).floor() as u64;
         (space.first()..=space.last().min(scan_limit))
             .step_by(space.multiple_of())
             .filter(|&b| !self.step_fails(b) && self.device_peak(b) <= limit)

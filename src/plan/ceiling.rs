@@ -11,8 +11,31 @@
 /// assert!(Ceiling::new(1.5).is_err() && Ceiling::new(0.0).is_err() && Ceiling::new(f64::NAN).is_err());
 /// # Ok::<(), autobatch::Error>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
 pub struct Ceiling(f64);
+
+/// 0.90: the tuner's default, room for what a trial does not see (a
+/// fragmented pool, another process's context).
+impl Default for Ceiling {
+    fn default() -> Ceiling {
+        Ceiling(0.90)
+    }
+}
+
+impl TryFrom<f64> for Ceiling {
+    type Error = crate::Error;
+
+    fn try_from(fraction: f64) -> Result<Ceiling, crate::Error> {
+        Ceiling::new(fraction)
+    }
+}
+
+impl From<Ceiling> for f64 {
+    fn from(ceiling: Ceiling) -> f64 {
+        ceiling.0
+    }
+}
 
 impl Ceiling {
     /// `fraction` as a ceiling, or [`Error::InvalidCeiling`](crate::Error::InvalidCeiling)
@@ -37,10 +60,18 @@ impl Ceiling {
     }
 }
 
-/// `ceiling × capacity`, rounded down to whole bytes, for a ceiling already
-/// checked (or read back from a plan).
-pub(crate) fn limit_bytes(ceiling: f64, capacity_bytes: u64) -> u64 {
-    Ceiling(ceiling).limit_bytes(capacity_bytes)
+/// As a percentage: whole where it is whole (`90%`), else to a tenth (`85.5%`).
+///
+/// ```
+/// use autobatch::Ceiling;
+/// assert_eq!(Ceiling::new(0.9)?.to_string(), "90%");
+/// assert_eq!(Ceiling::new(0.855)?.to_string(), "85.5%");
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+impl std::fmt::Display for Ceiling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::units::format_percent(self.0))
+    }
 }
 
 pub(crate) fn utilization(bytes: u64, capacity_bytes: u64) -> f64 {

@@ -88,7 +88,7 @@ pub struct LongestSize {
     /// The device's capacity.
     pub capacity_bytes: u64,
     /// The utilization ceiling.
-    pub ceiling: f64,
+    pub ceiling: crate::Ceiling,
     /// The sizes searched.
     pub range: SizeRange,
     /// Whether the measured step reached every variable's gradient.
@@ -102,7 +102,7 @@ pub struct LongestSize {
 impl LongestSize {
     /// The most a fitting step may use: ceiling × capacity.
     pub fn limit_bytes(&self) -> u64 {
-        super::limit_bytes(self.ceiling, self.capacity_bytes)
+        self.ceiling.limit_bytes(self.capacity_bytes)
     }
 
     /// The result as pretty JSON, `largest_size` under the name `key`
@@ -157,13 +157,13 @@ impl LongestSize {
             String::new()
         };
         let mut out = format!(
-            "largest {what} at batch {}: {} ({proof}{granule}), peak {} = {:.1}% of {} (ceiling {:.0}%)\n",
+            "largest {what} at batch {}: {} ({proof}{granule}), peak {} = {:.1}% of {} (ceiling {})\n",
             self.batch,
             self.largest_size,
             format_bytes(self.peak_bytes),
             100.0 * super::utilization(self.peak_bytes, self.capacity_bytes),
             format_bytes(self.capacity_bytes),
-            100.0 * self.ceiling
+            self.ceiling
         );
         for warning in &self.warnings {
             out += &format!("warning: {warning}\n");

@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulation};
+pub(crate) use ceiling::utilization;
 pub use ceiling::Ceiling;
-pub(crate) use ceiling::{limit_bytes, utilization};
 pub use longest::{LongestSize, SizeRange, SizeTrial};
 pub use memory_model::MemoryModel;
 pub use ranks::{plan_ranks, RankShare, RankSplit};
@@ -99,7 +99,7 @@ pub struct SearchSettings {
     /// Device capacity: what 100% utilization means.
     pub capacity_bytes: u64,
     /// The utilization ceiling, a fraction of `capacity_bytes`.
-    pub ceiling: f64,
+    pub ceiling: Ceiling,
     /// The granularity batches were searched at.
     pub multiple_of: usize,
     /// The search strategy used.
@@ -265,7 +265,7 @@ impl Plan {
     }
 
     /// The utilization ceiling, a fraction of `capacity_bytes`.
-    pub fn ceiling(&self) -> f64 {
+    pub fn ceiling(&self) -> Ceiling {
         self.search.ceiling
     }
 
@@ -309,7 +309,7 @@ impl Plan {
 
     /// `ceiling × capacity` in bytes: the most a fitting step may use.
     pub fn limit_bytes(&self) -> u64 {
-        limit_bytes(self.search.ceiling, self.search.capacity_bytes)
+        self.search.ceiling.limit_bytes(self.search.capacity_bytes)
     }
 
     /// Peak at `largest_batch` as a fraction of capacity.

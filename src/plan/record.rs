@@ -68,7 +68,7 @@ impl From<Plan> for PlanRecord {
             target_effective_batch: plan.target_effective_batch(),
             peak_bytes: plan.peak_bytes,
             capacity_bytes: plan.capacity_bytes(),
-            ceiling: plan.ceiling(),
+            ceiling: plan.ceiling().fraction(),
             multiple_of: plan.multiple_of(),
             strategy: plan.strategy(),
             proven_largest: plan.proven_largest(),
@@ -120,7 +120,7 @@ impl TryFrom<PlanRecord> for Plan {
             split,
             search: SearchSettings {
                 capacity_bytes: record.capacity_bytes,
-                ceiling: record.ceiling,
+                ceiling: crate::Ceiling::new(record.ceiling).map_err(|err| err.to_string())?,
                 multiple_of: record.multiple_of,
                 strategy: record.strategy,
             },
@@ -171,9 +171,6 @@ impl TryFrom<PlanRecord> for Plan {
 /// that claims what no run could have measured is refused, not served.
 fn check_measured(plan: &Plan) -> Result<(), String> {
     let ceiling = plan.ceiling();
-    if !(ceiling > 0.0 && ceiling <= 1.0) {
-        return Err(format!("ceiling {ceiling} is not a fraction in (0, 1]"));
-    }
     let capacity = plan.capacity_bytes();
     if capacity == 0 {
         return Err("capacity_bytes is 0: a device has some memory".to_owned());
@@ -185,7 +182,7 @@ fn check_measured(plan: &Plan) -> Result<(), String> {
             plan.multiple_of()
         ));
     }
-    let limit = super::limit_bytes(ceiling, capacity);
+    let limit = ceiling.limit_bytes(capacity);
     if plan.peak_bytes > limit {
         return Err(format!(
             "peak_bytes {} is over the limit it claims to fit under, {limit} ({} of {capacity} bytes)",

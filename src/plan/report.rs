@@ -92,12 +92,12 @@ impl Plan {
         let granularity =
             if self.multiple_of() > 1 { format!(", multiples of {}", self.multiple_of()) } else { String::new() };
         out += &format!(
-            "largest batch {} ({proven}{granularity}), peak {} = {:.1}% of {} (ceiling {:.0}%)\n",
+            "largest batch {} ({proven}{granularity}), peak {} = {:.1}% of {} (ceiling {})\n",
             self.largest_batch,
             format_bytes(self.peak_bytes),
             100.0 * self.utilization(),
             format_bytes(self.capacity_bytes()),
-            100.0 * self.ceiling()
+            self.ceiling()
         );
         if !self.device.is_empty() {
             out += &format!("measured on {}\n", self.device);

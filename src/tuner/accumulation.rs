@@ -4,7 +4,7 @@
 
 use log::info;
 
-use super::Tuner;
+use super::Settings;
 use crate::plan::TrialKind;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
@@ -22,7 +22,7 @@ fn accumulation_seen(plan: &Plan) -> (usize, Option<usize>) {
     (fits, fails)
 }
 
-impl Tuner {
+impl Settings {
     /// Runs the accumulating micro-step at `micro` (one trial, the
     /// accumulator held): `micro` when it fits, else a smaller capacity from
     /// how far over the ceiling it went and the plan's bytes per sample. The
@@ -47,15 +47,15 @@ impl Tuner {
         }
         let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
         let over = trial.peak_bytes.map_or(0, |peak| peak.saturating_sub(plan.limit_bytes()));
-        match super::step_down(micro, over, per_sample, self.multiple_of)
-            .filter(|&lower| lower >= self.start.max(self.multiple_of))
+        match super::step_down(micro, over, per_sample, self.options.multiple_of)
+            .filter(|&lower| lower >= self.options.start.max(self.options.multiple_of))
         {
             Some(lower) => {
                 info!("accumulating at micro-batch {micro} does not fit: sharing again with at most {lower}");
                 Ok(lower)
             }
             None => {
-                let device = (plan.capacity_bytes(), plan.limit_bytes(), plan.ceiling());
+                let device = (plan.capacity_bytes(), plan.limit_bytes(), plan.ceiling().fraction());
                 Err(Error::nothing_fits_at(micro, trial.outcome, trial.peak_bytes, device))
             }
         }
@@ -79,7 +79,7 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
     {
         let too_small = |plan: &Plan, batch: usize| {
-            let device = (plan.capacity_bytes(), plan.limit_bytes(), plan.ceiling());
+            let device = (plan.capacity_bytes(), plan.limit_bytes(), plan.ceiling().fraction());
             Error::nothing_fits_at(batch, crate::Outcome::OverCeiling, None, device)
         };
         for _ in 0..CHECK_ROUNDS {
@@ -93,9 +93,9 @@ impl Tuner {
                 return Ok(());
             }
             if let Some(failed) = fails.filter(|&failed| micro >= failed) {
-                let below = failed - failed % self.multiple_of;
-                let below = if below == failed { below.saturating_sub(self.multiple_of) } else { below };
-                if below < self.start.max(self.multiple_of) {
+                let below = failed - failed % self.options.multiple_of;
+                let below = if below == failed { below.saturating_sub(self.options.multiple_of) } else { below };
+                if below < self.options.start.max(self.options.multiple_of) {
                     return Err(too_small(plan, micro));
                 }
                 cap = below;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use log::debug;
 
-use super::Tuner;
+use super::{Settings, Tuner};
 use crate::search::LinearFit;
 use crate::units::format_bytes;
 use crate::{Error, MemoryMeter, Plan, Workload};
@@ -219,6 +219,22 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         O: super::Observer + ?Sized,
     {
+        self.settings()?.compare_observed(variants, meter, observer)
+    }
+}
+
+impl Settings {
+    /// [`Tuner::compare_observed`] with these settings.
+    pub(super) fn compare_observed<M, O>(
+        &self,
+        variants: Vec<Variant<'_>>,
+        meter: &mut M,
+        observer: &mut O,
+    ) -> Result<Comparison, Error>
+    where
+        M: MemoryMeter + ?Sized,
+        O: super::Observer + ?Sized,
+    {
         for (index, variant) in variants.iter().enumerate() {
             variant.check_expectation(index)?;
         }
@@ -226,16 +242,18 @@ impl Tuner {
         for variant in variants {
             observer.variant_started(&variant.name);
             let expected = variant.expected.and_then(|expected| expected_batch(&rows[expected.like], &expected));
-            let tuner = match expected {
+            let hinted;
+            let settings = match expected {
                 Some((batch, bytes_per_sample)) => {
                     debug!("{}: starting at batch {batch}, where the expectation puts it", variant.name);
-                    self.hinted_along(batch, bytes_per_sample)
+                    hinted = self.hinted_along(batch, bytes_per_sample);
+                    &hinted
                 }
-                None => self.clone(),
+                None => self,
             };
             let started_at = expected.map(|(batch, _)| batch);
             let mut workload = (variant.build)()?;
-            let plan = match tuner.run_observed(&mut *workload, meter, observer) {
+            let plan = match settings.search(&mut *workload, meter, observer) {
                 Ok(plan) => Some(plan),
                 Err(Error::NothingFits { .. }) => None,
                 Err(err) => return Err(err),

@@ -1,6 +1,6 @@
 //! Several data-parallel ranks agree on one batch.
 
-use super::Tuner;
+use super::{Settings, Tuner};
 use crate::collective::Collective;
 use crate::plan::{plan_ranks, TrialKind};
 use crate::{Distributed, Error, MemoryMeter, Plan, Split, Workload};
@@ -60,18 +60,35 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         C: crate::collective::Collective + ?Sized,
     {
+        self.settings()?.run_distributed(workload, meter, collective)
+    }
+}
+
+impl Settings {
+    /// [`Tuner::run_distributed`] with these settings.
+    pub(super) fn run_distributed<W, M, C>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        collective: &C,
+    ) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        C: crate::collective::Collective + ?Sized,
+    {
         let world_size = collective.world_size();
-        if self.world_size != 1 && self.world_size != world_size {
-            return Err(Error::WorldSizeMismatch { tuner: self.world_size, collective: world_size });
+        if self.options.world_size != 1 && self.options.world_size != world_size {
+            return Err(Error::WorldSizeMismatch { tuner: self.options.world_size, collective: world_size });
         }
         let local = self.single_rank();
         // the collective's lazily allocated buffers are held from the first
         // measured step on, as they will be in training
-        let profile = self.profile.or_else(|| workload.profile());
+        let profile = self.options.profile.or_else(|| workload.profile());
         let gradient_bytes = profile.map_or(0, |p| p.parameters.saturating_mul(p.precision.weight_bytes()));
         collective.warm_up(gradient_bytes)?;
-        let mut result = local.run(workload, meter);
-        if self.uneven_ranks {
+        let mut result = local.search(workload, meter, &mut ());
+        if self.options.uneven_ranks {
             return self.share_unevenly(result, workload, meter, collective);
         }
         // A few rounds: agree on the smallest answer; every rank that has not
@@ -113,13 +130,17 @@ impl Tuner {
                 plan.distributed =
                     Some(Distributed { rank: collective.rank(), rank_largest_batch: plan.largest_batch });
                 plan.largest_batch = agreed;
-                let with_ranks = self.clone().world_size(world_size);
+                let with_ranks = self.across(world_size);
                 with_ranks.agree_on_accumulation(&mut plan, workload, meter, collective)?;
                 return Ok(plan);
             }
             // some rank cannot run the agreed batch: everyone searches below it
-            let below = agreed.saturating_sub(self.multiple_of);
-            result = if below < self.start { Err(Error::RankFailed) } else { local.up_to(below).run(workload, meter) };
+            let below = agreed.saturating_sub(self.options.multiple_of);
+            result = if below < self.options.start {
+                Err(Error::RankFailed)
+            } else {
+                local.up_to(below).search(workload, meter, &mut ())
+            };
         }
         Err(Error::Collective(format!("the ranks did not agree on a batch in {AGREEMENT_ROUNDS} rounds")))
     }
@@ -153,7 +174,7 @@ impl Tuner {
         for _ in 0..AGREEMENT_ROUNDS {
             let capacities: Vec<usize> =
                 collective.all_gather(capacity as u64)?.into_iter().map(|c| c as usize).collect();
-            let target = match self.target_effective_batch {
+            let target = match self.options.target_effective_batch {
                 Some(target) => target,
                 None => capacities
                     .iter()
@@ -161,8 +182,8 @@ impl Tuner {
                     .ok_or(Error::Overflow { value: capacity })?,
             };
             // every rank computes the same split from the same numbers: an error is everyone's
-            let mut split = plan_ranks(target, &capacities, self.multiple_of)?;
-            if self.exact_effective_batch {
+            let mut split = plan_ranks(target, &capacities, self.options.multiple_of)?;
+            if self.options.exact_effective_batch {
                 split = split.require_exact()?;
             }
             let micro = split.shares[rank].micro_batch();
@@ -179,7 +200,7 @@ impl Tuner {
                 let checked = plan.trials.iter().rev().find(|t| t.kind == TrialKind::Accumulation && t.outcome.fits());
                 let accumulating_peak_bytes =
                     checked.and_then(|t| t.peak_bytes).filter(|_| split.accumulation_steps > 1);
-                let to_target = self.target_effective_batch.is_some();
+                let to_target = self.options.target_effective_batch.is_some();
                 plan.split = Split::Uneven { ranks: split, to_target, accumulating_peak_bytes };
                 return Ok(plan);
             }

@@ -2,7 +2,7 @@
 
 use log::info;
 
-use super::{Observer, Tuner};
+use super::{Observer, Settings, Tuner};
 use crate::plan::{DuringTraining, EvaluationPlan};
 use crate::{Error, MemoryMeter, Plan, Workload};
 
@@ -58,20 +58,39 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         O: Observer + ?Sized,
     {
-        let mut plan = self.run_observed(train, meter, observer)?;
+        self.settings()?.run_with_eval_observed(train, eval, meter, observer)
+    }
+}
+
+impl Settings {
+    /// [`Tuner::run_with_eval_observed`] with these settings.
+    pub(super) fn run_with_eval_observed<W, E, M, O>(
+        &self,
+        train: &mut W,
+        eval: &mut E,
+        meter: &mut M,
+        observer: &mut O,
+    ) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        E: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
+        let mut plan = self.search(train, meter, observer)?;
         // cached under the training step's model key, marked as the evaluation step
-        let key = self.cache_key.clone().or_else(|| train.cache_key());
+        let key = self.options.cache_key.clone().or_else(|| train.cache_key());
         let from_training = self
             .single_rank()
-            .starting_at(plan.largest_batch.max(self.start))
+            .starting_at(plan.largest_batch.max(self.options.start))
             .keyed(key.clone().map(|key| key.param("autobatch.step", "evaluation")));
-        info!("evaluation step: searching from batch {}", from_training.start);
-        observer.evaluation_started(from_training.start);
-        let during = match from_training.run_observed(eval, meter, observer) {
+        info!("evaluation step: searching from batch {}", from_training.options.start);
+        observer.evaluation_started(from_training.options.start);
+        let during = match from_training.search(eval, meter, observer) {
             // an evaluation step bigger than the training step at the same batch
             Err(Error::NothingFits { .. }) => {
-                observer.evaluation_started(self.start);
-                from_training.starting_at(self.start).run_observed(eval, meter, observer)?
+                observer.evaluation_started(self.options.start);
+                from_training.starting_at(self.options.start).search(eval, meter, observer)?
             }
             other => other?,
         };
@@ -89,9 +108,9 @@ impl Tuner {
                 .starting_at(during.largest_batch)
                 .hinted(during.largest_batch.saturating_add(more))
                 .keyed(key.map(|key| key.param("autobatch.step", "evaluation alone")));
-            info!("evaluation alone: {} of optimizer state freed, searching from batch {}", freed, alone.start);
-            observer.evaluation_alone_started(alone.start, freed);
-            let found = alone.run_observed(eval, meter, observer)?;
+            info!("evaluation alone: {} of optimizer state freed, searching from batch {}", freed, alone.options.start);
+            observer.evaluation_alone_started(alone.options.start, freed);
+            let found = alone.search(eval, meter, observer)?;
             for warning in &found.warnings {
                 if !plan.warnings.contains(warning) {
                     plan.warnings.push(warning.clone());

@@ -3,7 +3,7 @@
 
 use log::info;
 
-use super::{Observer, Tuner};
+use super::{Observer, Settings, Tuner};
 use crate::plan::{LongestSize, Objective, SizeRange, SizeTrial};
 use crate::{Error, MemoryMeter, Resizable, Workload};
 
@@ -75,17 +75,35 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         O: Observer + ?Sized,
     {
-        self.check()?;
+        self.settings()?.run_longest_observed(workload, meter, batch, range, observer)
+    }
+}
+
+impl Settings {
+    /// [`Tuner::run_longest_observed`] with these settings.
+    pub(super) fn run_longest_observed<W, M, O>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        batch: usize,
+        range: SizeRange,
+        observer: &mut O,
+    ) -> Result<LongestSize, Error>
+    where
+        W: Resizable + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
         if batch == 0 {
             return Err(Error::Zero { setting: "batch" });
         }
         self.check_for_size_search()?;
         let over_sizes = self.over_sizes(&range);
-        over_sizes.check()?;
+        over_sizes.space()?;
         let original = workload.size();
         observer.size_search_started(batch);
         let mut at_batch = AtBatch { workload: &mut *workload, batch, refused: None };
-        let result = over_sizes.run_observed(&mut at_batch, meter, observer);
+        let result = over_sizes.search(&mut at_batch, meter, observer);
         let refused = at_batch.refused.take();
         let restored = workload.resize(original);
         let plan = match (result, refused) {
@@ -125,16 +143,16 @@ impl Tuner {
 
     /// The settings of a batch search that mean nothing over sizes.
     fn check_for_size_search(&self) -> Result<(), Error> {
-        let default = Tuner::default();
+        let default = super::Options::default();
         let given = [
-            ("start", self.start != default.start),
-            ("max_batch", self.max_batch.is_some()),
-            ("multiple_of", self.multiple_of != default.multiple_of),
-            ("target_effective_batch", self.target_effective_batch.is_some()),
-            ("world_size", self.world_size != 1),
-            ("objective", self.objective != Objective::LargestBatch),
-            ("uneven_ranks", self.uneven_ranks),
-            ("cache", self.cache_path.is_some()),
+            ("start", self.options.start != default.start),
+            ("max_batch", self.options.max_batch.is_some()),
+            ("multiple_of", self.options.multiple_of != default.multiple_of),
+            ("target_effective_batch", self.options.target_effective_batch.is_some()),
+            ("world_size", self.options.world_size != 1),
+            ("objective", self.options.objective != Objective::LargestBatch),
+            ("uneven_ranks", self.options.uneven_ranks),
+            ("cache", self.options.cache_path.is_some()),
         ];
         match given.into_iter().find(|&(_, set)| set) {
             Some((setting, _)) => Err(Error::NotForSizeSearch { setting }),

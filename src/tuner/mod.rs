@@ -1,32 +1,33 @@
-//! The tuner: its builder and `run`. One engine runs every trial:
-//! `trial_loop`'s `Probe`, a whole search (warm-up, trials, re-check, plan) or
-//! a single trial of a kind (the check of a split, of the batch ranks agreed
-//! on). The searches a run makes inside itself are this tuner's settings
-//! changed by name here (`single_rank`, `keyed`, `starting_at`, `hinted`,
-//! `up_to`, `over_sizes`): the evaluation step's search in `evaluation`,
-//! multi-rank agreement in `distributed`, several input sizes in `sizes`, the
-//! longest input in `longest`, accumulation checks in `accumulation`, live
-//! progress in `observer`.
+//! The tuner: its builder, the settings it checks (`settings`) and the one
+//! engine that runs every trial (`engine`'s `Engine`: a whole search, or a
+//! single trial of a kind for the check of a split or of the batch ranks
+//! agreed on). The searches a run makes inside itself vary the checked
+//! settings and call the engine: the evaluation step's search in
+//! `evaluation`, multi-rank agreement in `distributed`, several input sizes
+//! in `sizes`, the longest input in `longest`, accumulation checks in
+//! `accumulation`, variants side by side in `compare`, live progress in
+//! `observer`.
 
 mod accumulation;
 mod compare;
 mod distributed;
+mod engine;
 mod evaluation;
 mod longest;
 mod observer;
+mod settings;
 mod sizes;
-mod trial_loop;
 
-use log::{info, warn};
+use log::warn;
 
-use crate::plan::{limit_bytes, plan_accumulation_aligned, Objective, Plan, Trial, TrialKind};
-use crate::search::{SearchSpace, Strategy};
-use crate::units::format_bytes;
+use crate::plan::{plan_accumulation_aligned, Objective, Plan, Trial, TrialKind};
+use crate::Strategy;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
 
 pub use compare::{Compared, Comparison, Variant};
+use engine::Engine;
 pub use observer::Observer;
-use trial_loop::Probe;
+use settings::{Options, Settings};
 
 /// Finds the largest batch that fits under a utilization ceiling and plans
 /// gradient accumulation from it.
@@ -56,58 +57,12 @@ use trial_loop::Probe;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tuner {
     ceiling: f64,
-    start: usize,
-    max_batch: Option<usize>,
-    multiple_of: usize,
-    max_trials: Option<usize>,
-    steps_per_trial: usize,
-    strategy: Strategy,
-    target_effective_batch: Option<usize>,
-    world_size: usize,
-    exact_effective_batch: bool,
-    warmup: bool,
-    profile: Option<crate::Profile>,
-    cache_path: Option<std::path::PathBuf>,
-    cache_key: Option<CacheKey>,
-    objective: Objective,
-    timing_repeats: usize,
-    uneven_ranks: bool,
-    strict: bool,
-    time_limit: Option<std::time::Duration>,
-    /// The most elements one tensor may have; `None`: the meter's.
-    element_limit: Option<u64>,
-    /// Where a sub-search expects its answer (see [`SearchSpace::with_hint`]).
-    hint: Option<usize>,
-    /// Bytes per sample expected near the hint (see [`SearchSpace::with_hint_slope`]).
-    hint_slope: Option<f64>,
+    options: Options,
 }
 
 impl Default for Tuner {
     fn default() -> Self {
-        Tuner {
-            ceiling: 0.90,
-            start: 1,
-            max_batch: None,
-            multiple_of: 1,
-            max_trials: None,
-            steps_per_trial: 1,
-            strategy: Strategy::Predictive,
-            target_effective_batch: None,
-            world_size: 1,
-            exact_effective_batch: false,
-            warmup: true,
-            profile: None,
-            cache_path: None,
-            cache_key: None,
-            objective: Objective::LargestBatch,
-            timing_repeats: 3,
-            uneven_ranks: false,
-            strict: false,
-            time_limit: None,
-            element_limit: None,
-            hint: None,
-            hint_slope: None,
-        }
+        Tuner { ceiling: crate::Ceiling::default().fraction(), options: Options::default() }
     }
 }
 
@@ -120,36 +75,37 @@ impl Tuner {
     }
 
     /// The most a fitting step may use, as a fraction in (0, 1] of the device's
-    /// capacity (device-wide, not of the memory free at start). Default 0.90.
-    pub fn ceiling(mut self, ceiling: f64) -> Self {
-        self.ceiling = ceiling;
+    /// capacity (device-wide, not of the memory free at start): a fraction
+    /// (`0.85`) or a [`Ceiling`](crate::Ceiling) already checked. Default 0.90.
+    pub fn ceiling(mut self, ceiling: impl Into<f64>) -> Self {
+        self.ceiling = ceiling.into();
         self
     }
 
     /// The smallest batch to consider (rounded up to `multiple_of`). Default 1.
     pub fn start(mut self, start: usize) -> Self {
-        self.start = start;
+        self.options.start = start;
         self
     }
 
     /// The largest batch to consider (rounded down to `multiple_of`): the search
     /// tries it once when the next doubling would pass it. Default: no limit.
     pub fn max_batch(mut self, max_batch: usize) -> Self {
-        self.max_batch = Some(max_batch);
+        self.options.max_batch = Some(max_batch);
         self
     }
 
     /// Only batches that are multiples of this are tried and returned (8 for
     /// tensor cores, say). Default 1.
     pub fn multiple_of(mut self, multiple_of: usize) -> Self {
-        self.multiple_of = multiple_of;
+        self.options.multiple_of = multiple_of;
         self
     }
 
     /// Stops after this many search trials with the best batch verified so far,
     /// flagged as not proven largest. Default: no limit.
     pub fn max_trials(mut self, max_trials: usize) -> Self {
-        self.max_trials = Some(max_trials);
+        self.options.max_trials = Some(max_trials);
         self
     }
 
@@ -167,34 +123,34 @@ impl Tuner {
     /// # let _ = tuner;
     /// ```
     pub fn element_limit(mut self, elements: u64) -> Self {
-        self.element_limit = Some(elements);
+        self.options.element_limit = Some(elements);
         self
     }
 
     /// Workload steps per trial; the trial's peak is the highest over them
     /// (use 2 or more when the first step allocates state lazily). Default 1.
     pub fn steps_per_trial(mut self, steps_per_trial: usize) -> Self {
-        self.steps_per_trial = steps_per_trial;
+        self.options.steps_per_trial = steps_per_trial;
         self
     }
 
     /// The search strategy. Default [`Strategy::Predictive`] (the same answer as
     /// [`Strategy::Binary`] in fewer, cheaper trials).
     pub fn strategy(mut self, strategy: Strategy) -> Self {
-        self.strategy = strategy;
+        self.options.strategy = strategy;
         self
     }
 
     /// The effective (global) batch to reach with micro-batches ×
     /// accumulation steps × ranks. Default: none (train at the largest batch).
     pub fn target_effective_batch(mut self, target: usize) -> Self {
-        self.target_effective_batch = Some(target);
+        self.options.target_effective_batch = Some(target);
         self
     }
 
     /// The number of data-parallel ranks. Default 1.
     pub fn world_size(mut self, world_size: usize) -> Self {
-        self.world_size = world_size;
+        self.options.world_size = world_size;
         self
     }
 
@@ -202,7 +158,7 @@ impl Tuner {
     /// hits it, [`run`](Tuner::run) fails with [`Error::InexactEffectiveBatch`]
     /// instead of returning the nearest batch above. Default false.
     pub fn exact_effective_batch(mut self, exact: bool) -> Self {
-        self.exact_effective_batch = exact;
+        self.options.exact_effective_batch = exact;
         self
     }
 
@@ -210,7 +166,7 @@ impl Tuner {
     /// so that memory a runtime keeps for good once used (cuBLAS workspaces,
     /// loaded kernels, per-thread scratch buffers) is in the baseline. Default true.
     pub fn warmup(mut self, warmup: bool) -> Self {
-        self.warmup = warmup;
+        self.options.warmup = warmup;
         self
     }
 
@@ -218,7 +174,7 @@ impl Tuner {
     /// with [`Error::NothingFits`]; overrides the workload's own
     /// [`Workload::profile`]. Default: the workload's, if any.
     pub fn profile(mut self, profile: crate::Profile) -> Self {
-        self.profile = Some(profile);
+        self.options.profile = Some(profile);
         self
     }
 
@@ -226,14 +182,14 @@ impl Tuner {
     /// the one with the best measured throughput ([`Objective::Throughput`]:
     /// a few extra timed steps near the top, reported in `plan.throughput`).
     pub fn objective(mut self, objective: Objective) -> Self {
-        self.objective = objective;
+        self.options.objective = objective;
         self
     }
 
     /// Timed runs per candidate for [`Objective::Throughput`] (the median
     /// decides). Default 3.
     pub fn timing_repeats(mut self, repeats: usize) -> Self {
-        self.timing_repeats = repeats;
+        self.options.timing_repeats = repeats;
         self
     }
 
@@ -245,7 +201,7 @@ impl Tuner {
     /// micro-steps and the loss weights that keep the gradient the global mean.
     /// Default false.
     pub fn uneven_ranks(mut self, uneven: bool) -> Self {
-        self.uneven_ranks = uneven;
+        self.options.uneven_ranks = uneven;
         self
     }
 
@@ -254,7 +210,7 @@ impl Tuner {
     /// demoted (`proven_largest: false`,
     /// [`MeasuredGraph::Partial`](crate::MeasuredGraph::Partial)). Default false.
     pub fn strict(mut self, strict: bool) -> Self {
-        self.strict = strict;
+        self.options.strict = strict;
         self
     }
 
@@ -281,7 +237,7 @@ impl Tuner {
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn time_limit(mut self, limit: std::time::Duration) -> Self {
-        self.time_limit = Some(limit);
+        self.options.time_limit = Some(limit);
         self
     }
 
@@ -297,14 +253,14 @@ impl Tuner {
     /// [`Error::CacheKeyMissing`]. A corrupt, unreadable or foreign file is
     /// ignored with a warning (and never written over); writes are atomic.
     pub fn cache(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.cache_path = Some(path.into());
+        self.options.cache_path = Some(path.into());
         self
     }
 
     /// The model's part of the cache key (its variables and the input shapes
     /// that decide memory); overrides the workload's own.
     pub fn cache_key(mut self, key: CacheKey) -> Self {
-        self.cache_key = Some(key);
+        self.options.cache_key = Some(key);
         self
     }
 
@@ -316,42 +272,12 @@ impl Tuner {
     /// assert!(matches!(Tuner::new().ceiling(1.5).check(), Err(Error::InvalidCeiling { .. })));
     /// ```
     pub fn check(&self) -> Result<(), Error> {
-        self.search_space().map(|_| ())
+        self.settings().map(|_| ())
     }
 
-    fn search_space(&self) -> Result<SearchSpace, Error> {
-        crate::Ceiling::new(self.ceiling)?;
-        for (setting, value) in [
-            ("steps_per_trial", Some(self.steps_per_trial)),
-            ("world_size", Some(self.world_size)),
-            ("max_trials", self.max_trials),
-            ("timing_repeats", Some(self.timing_repeats)),
-            ("target_effective_batch", self.target_effective_batch),
-        ] {
-            if value == Some(0) {
-                return Err(Error::Zero { setting });
-            }
-        }
-        let mut space = SearchSpace::new(self.start, self.max_batch, self.multiple_of)?;
-        if let Some(hint) = self.hint {
-            space = space.with_hint(hint);
-        }
-        if let Some(slope) = self.hint_slope {
-            space = space.with_hint_slope(slope);
-        }
-        if let Some(target) = self.target_effective_batch {
-            let smallest =
-                self.world_size.checked_mul(self.multiple_of).ok_or(Error::Overflow { value: self.world_size })?;
-            if target < smallest {
-                return Err(Error::TargetBelowWorldSize {
-                    target,
-                    world_size: self.world_size,
-                    multiple_of: self.multiple_of,
-                    smallest,
-                });
-            }
-        }
-        Ok(space)
+    /// These settings, checked: what every run hands the engine.
+    fn settings(&self) -> Result<Settings, Error> {
+        Settings::new(self.ceiling, &self.options)
     }
 
     /// Probes `workload` on the device `meter` watches and returns the plan.
@@ -402,17 +328,27 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         O: Observer + ?Sized,
     {
-        let space = self.search_space()?;
+        self.settings()?.search(workload, meter, observer)
+    }
+}
+
+impl Settings {
+    /// A whole search with these settings: the stored plan when the cache
+    /// has one for them, else the engine's run (stored when cached).
+    pub(super) fn search<W, M, O>(&self, workload: &mut W, meter: &mut M, observer: &mut O) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
         let capacity_bytes = meter.capacity()?;
-        let limit = limit_bytes(self.ceiling, capacity_bytes);
-        let space = space.with_limit(limit);
-        let cache = match &self.cache_path {
+        let cache = match &self.options.cache_path {
             Some(path) => Some((path.clone(), self.full_cache_key(&*workload, &*meter, capacity_bytes)?)),
             None => None,
         };
         if let Some((path, key)) = &cache {
             if let Some(plan) = crate::cache::lookup(path, key) {
-                if self.strict && plan.measured_graph() == crate::MeasuredGraph::Partial {
+                if self.options.strict && plan.measured_graph() == crate::MeasuredGraph::Partial {
                     let cut = plan.warnings.iter().find_map(|warning| match warning {
                         crate::Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
                         _ => None,
@@ -429,78 +365,11 @@ impl Tuner {
                 return Ok(plan);
             }
         }
-        info!(
-            "tuning: {} search, ceiling {:.0}% of {} = {}, batches {}..={} in multiples of {}",
-            self.strategy,
-            self.ceiling * 100.0,
-            format_bytes(capacity_bytes),
-            format_bytes(limit),
-            space.first(),
-            space.last(),
-            space.multiple_of()
-        );
-        let plan = Probe::new(self, workload, meter, observer, capacity_bytes).run(&space)?;
+        let plan = Engine::new(self, workload, meter, observer, capacity_bytes).run()?;
         if let Some((path, key)) = &cache {
             crate::cache::store(path, key, &plan);
         }
         Ok(plan)
-    }
-}
-
-/// The searches a run makes inside itself (on one rank, at another size, of
-/// the evaluation step, over the size), each this tuner's settings with what
-/// that search changes said by name.
-impl Tuner {
-    /// On one rank, for no target: each rank's own search before the ranks agree.
-    fn single_rank(&self) -> Tuner {
-        let mut tuner = self.clone();
-        (tuner.world_size, tuner.target_effective_batch, tuner.exact_effective_batch) = (1, None, false);
-        tuner
-    }
-
-    /// Cached under `key`, or not cached without one.
-    fn keyed(&self, key: Option<CacheKey>) -> Tuner {
-        let mut tuner = self.clone();
-        tuner.cache_path = tuner.cache_path.filter(|_| key.is_some());
-        tuner.cache_key = key;
-        tuner
-    }
-
-    /// From `start` instead.
-    fn starting_at(&self, start: usize) -> Tuner {
-        let mut tuner = self.clone();
-        tuner.start = start;
-        tuner
-    }
-
-    /// Expecting its answer near `hint` (see [`SearchSpace::with_hint`]).
-    fn hinted(&self, hint: usize) -> Tuner {
-        let mut tuner = self.clone();
-        tuner.hint = Some(hint);
-        tuner
-    }
-
-    /// Expecting its answer near `hint`, each sample there adding about
-    /// `bytes_per_sample` (see [`SearchSpace::with_hint_slope`]).
-    fn hinted_along(&self, hint: usize, bytes_per_sample: f64) -> Tuner {
-        let mut tuner = self.hinted(hint);
-        tuner.hint_slope = Some(bytes_per_sample);
-        tuner
-    }
-
-    /// Below `max_batch`.
-    fn up_to(&self, max_batch: usize) -> Tuner {
-        let mut tuner = self.clone();
-        tuner.max_batch = Some(max_batch);
-        tuner
-    }
-
-    /// Over the sizes of `range` at a fixed batch: the size is the searched
-    /// number, with no profile or model key of the batch search's.
-    fn over_sizes(&self, range: &crate::SizeRange) -> Tuner {
-        let mut tuner = self.up_to(range.largest).starting_at(range.smallest);
-        (tuner.multiple_of, tuner.profile, tuner.cache_key) = (range.multiple_of, None, None);
-        tuner
     }
 }
 
@@ -513,7 +382,7 @@ fn step_down(micro: usize, over_bytes: u64, per_sample: f64, granule: usize) -> 
     micro.checked_sub(samples.div_ceil(granule).max(1).saturating_mul(granule))
 }
 
-impl Tuner {
+impl Settings {
     /// One measured trial of `kind` at `batch`, with this tuner's settings
     /// (steps per trial, ceiling) and no search around it: the engine's own
     /// trial, for checks of a split or of a batch the ranks agreed on.
@@ -523,15 +392,20 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
     {
         let capacity_bytes = meter.capacity()?;
-        Probe::new(self, workload, meter, &mut (), capacity_bytes).single(batch, kind)
+        Engine::new(self, workload, meter, &mut (), capacity_bytes).single(batch, kind)
     }
 
     /// How to reach the target (or, without one, the largest batch on every rank) from `largest_batch`.
     fn split(&self, largest_batch: usize) -> Result<crate::Split, Error> {
-        match self.target_effective_batch {
+        match self.options.target_effective_batch {
             Some(target) => {
-                let mut split = plan_accumulation_aligned(target, self.world_size, largest_batch, self.multiple_of)?;
-                if self.exact_effective_batch {
+                let mut split = plan_accumulation_aligned(
+                    target,
+                    self.options.world_size,
+                    largest_batch,
+                    self.options.multiple_of,
+                )?;
+                if self.options.exact_effective_batch {
                     split = split.require_exact()?;
                 }
                 if !split.exact {
@@ -544,15 +418,15 @@ impl Tuner {
             }
             None => {
                 // the effective batch must be a number: refuse a product that overflows
-                largest_batch.checked_mul(self.world_size).ok_or(Error::Overflow { value: largest_batch })?;
-                Ok(crate::Split::Single { micro_batch: largest_batch, world_size: self.world_size })
+                largest_batch.checked_mul(self.options.world_size).ok_or(Error::Overflow { value: largest_batch })?;
+                Ok(crate::Split::Single { micro_batch: largest_batch, world_size: self.options.world_size })
             }
         }
     }
 
     /// The model's part of the cache key: the one given, else the workload's.
     fn model_key<W: Workload + ?Sized>(&self, workload: &W) -> Result<CacheKey, Error> {
-        self.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)
+        self.options.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)
     }
 
     /// The whole cache key: the model's (given, or the workload's), the
@@ -567,13 +441,13 @@ impl Tuner {
             .param("autobatch.version", env!("CARGO_PKG_VERSION"))
             .param("autobatch.device", meter.device_name())
             .param("autobatch.capacity_bytes", capacity_bytes)
-            .param("autobatch.ceiling", self.ceiling)
-            .param("autobatch.multiple_of", self.multiple_of)
-            .param("autobatch.start", self.start)
-            .param("autobatch.max_batch", self.max_batch.map_or("none".to_owned(), |b| b.to_string()))
-            .param("autobatch.steps_per_trial", self.steps_per_trial)
-            .param("autobatch.strategy", self.strategy)
-            .param("autobatch.objective", format!("{:?}", self.objective)))
+            .param("autobatch.ceiling", self.ceiling.fraction())
+            .param("autobatch.multiple_of", self.options.multiple_of)
+            .param("autobatch.start", self.options.start)
+            .param("autobatch.max_batch", self.options.max_batch.map_or("none".to_owned(), |b| b.to_string()))
+            .param("autobatch.steps_per_trial", self.options.steps_per_trial)
+            .param("autobatch.strategy", self.options.strategy)
+            .param("autobatch.objective", format!("{:?}", self.options.objective)))
     }
 
     /// A cached plan brought up to this tuner's accumulation settings. When

@@ -3,7 +3,7 @@
 
 use log::info;
 
-use super::{Observer, Tuner};
+use super::{Observer, Settings, Tuner};
 use crate::plan::{SizePlan, SizedPlan};
 use crate::{Error, MemoryMeter, Resizable};
 
@@ -41,7 +41,24 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         O: Observer + ?Sized,
     {
-        self.check()?;
+        self.settings()?.run_sizes_observed(workload, meter, sizes, observer)
+    }
+}
+
+impl Settings {
+    /// [`Tuner::run_sizes_observed`] with these settings.
+    pub(super) fn run_sizes_observed<W, M, O>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        sizes: &[usize],
+        observer: &mut O,
+    ) -> Result<SizePlan, Error>
+    where
+        W: Resizable + ?Sized,
+        M: MemoryMeter + ?Sized,
+        O: Observer + ?Sized,
+    {
         if sizes.is_empty() {
             return Err(Error::Zero { setting: "sizes" });
         }
@@ -51,7 +68,7 @@ impl Tuner {
         let mut sizes = sizes.to_vec();
         sizes.sort_unstable();
         sizes.dedup();
-        let key = match &self.cache_path {
+        let key = match &self.options.cache_path {
             Some(_) => Some(self.model_key(&*workload)?),
             None => None,
         };
@@ -61,7 +78,7 @@ impl Tuner {
         for &size in sizes.iter().rev() {
             observer.size_started(size);
             let at_size = self.keyed(key.clone().map(|k| k.param("autobatch.size", size)));
-            let result = workload.resize(size).and_then(|()| at_size.run_observed(workload, meter, observer));
+            let result = workload.resize(size).and_then(|()| at_size.search(workload, meter, observer));
             match result {
                 Ok(plan) => {
                     info!("size {size}: largest batch {}", plan.largest_batch);

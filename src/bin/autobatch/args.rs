@@ -128,14 +128,14 @@ fn seed(text: &str) -> Result<u64, String> {
 
 /// A fraction as a number (`0.9`) or a percentage (`90%`); whether it is in
 /// range is the tuner's to say.
-fn fraction(text: &str) -> Result<f64, String> {
+fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
     let text = text.trim();
     let (number, scale) = match text.strip_suffix('%') {
         Some(percent) => (percent.trim_end(), 100.0),
         None => (text, 1.0),
     };
     match number.parse::<f64>() {
-        Ok(value) if value.is_finite() => Ok(value / scale),
+        Ok(value) if value.is_finite() => autobatch::Ceiling::new(value / scale).map_err(|err| err.to_string()),
         _ => Err("must be a fraction in (0, 1], e.g. 0.9 or 90%".to_owned()),
     }
 }
@@ -238,8 +238,8 @@ pub struct ProbeArgs {
     pub budget: Option<String>,
     /// Most a fitting step may use, as a fraction of capacity, in (0, 1]
     /// (0.9, or 90%).
-    #[arg(long, default_value_t = 0.9, value_parser = fraction, allow_negative_numbers = true)]
-    pub ceiling: f64,
+    #[arg(long, default_value_t = autobatch::Ceiling::default(), value_parser = ceiling, allow_negative_numbers = true)]
+    pub ceiling: autobatch::Ceiling,
     /// Smallest batch to try.
     #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
     pub start: usize,

@@ -120,9 +120,6 @@ impl From<autobatch::Error> for Failure {
             Error::UnsupportedOptimizer { optimizer, valid } => {
                 format!("--optimizer {optimizer} is not supported here: use {valid}")
             }
-            Error::InvalidCeiling { ceiling } => {
-                format!("--ceiling {ceiling} is not a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory")
-            }
             other => other.to_string(),
         };
         Failure { message: one_line(&message), kind }
@@ -214,8 +211,8 @@ fn nothing_fits(
     let failure = autobatch::describe_failure(outcome, peak_bytes);
     let mut message = format!(
         "nothing fits: batch {batch} (the smallest --start and --multiple-of allow) {failure}; the ceiling is \
-         {:.0}% of {} = {}",
-        ceiling * 100.0,
+         {} of {} = {}",
+        autobatch::Ceiling::new(ceiling).map_or_else(|_| format!("{ceiling}"), |c| c.to_string()),
         format_bytes(capacity_bytes),
         format_bytes(limit_bytes)
     );

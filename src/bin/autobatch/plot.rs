@@ -57,7 +57,7 @@ struct PeakChart<'a> {
     points: Vec<Point>,
     limit_bytes: u64,
     capacity_bytes: u64,
-    ceiling: f64,
+    ceiling: autobatch::Ceiling,
     chosen: usize,
     /// The fitted line's bytes at 0 and per unit of x, when there is one.
     line: Option<(f64, f64)>,
@@ -193,7 +193,7 @@ fn draw_peaks(
         .label(format!("capacity {}", autobatch::format_bytes(chart.capacity_bytes)))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     plot.draw_series(DashedLineSeries::new(horizontal(limit), 8, 5, CEILING.stroke_width(2)))?
-        .label(format!("ceiling {:.0}% = {}", 100.0 * chart.ceiling, autobatch::format_bytes(chart.limit_bytes)))
+        .label(format!("ceiling {} = {}", chart.ceiling, autobatch::format_bytes(chart.limit_bytes)))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CEILING.stroke_width(2)));
     if let Some((fixed, per_unit)) = chart.line {
         let at = |x: f64| unit.of(fixed + per_unit * x);

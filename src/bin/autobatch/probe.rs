@@ -307,12 +307,11 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
         DeviceSpec::Cpu => {
             check_threads()?;
             let (budget, why) = cpu_budget(args)?;
-            let ceiling = autobatch::Ceiling::new(args.ceiling)?;
-            check_footprint(args, &model, &footprint, ceiling.limit_bytes(budget))?;
+            let limit = args.ceiling.limit_bytes(budget);
+            check_footprint(args, &model, &footprint, limit)?;
             let mut meter = HeapMeter::new(budget)?;
             let (scratch, threads, each) =
                 (meter.thread_scratch_bytes(), meter.buffered_threads(), meter.thread_buffer_bytes());
-            let limit = ceiling.limit_bytes(budget);
             let blame_scratch = |failure: Failure| match failure.kind {
                 // per-thread buffers that take much of the limit are named as what does not fit
                 crate::failure::Kind::NothingFits if scratch > limit / 4 => Failure {
@@ -500,8 +499,8 @@ fn compare(
     }
     if nothing_fits {
         return Err(Failure::nothing_fits(format!(
-            "nothing fits: not even the smallest batch of any variant stays under the ceiling of {:.0}% of {}",
-            args.ceiling * 100.0,
+            "nothing fits: not even the smallest batch of any variant stays under the ceiling of {} of {}",
+            args.ceiling,
             format_bytes(meter.capacity()?)
         )));
     }
@@ -642,7 +641,7 @@ fn cuda(
     say: &dyn Fn(&str),
 ) -> Result<(), Failure> {
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
-    check_footprint(args, model, footprint, autobatch::Ceiling::new(args.ceiling)?.limit_bytes(meter.capacity()?))?;
+    check_footprint(args, model, footprint, args.ceiling.limit_bytes(meter.capacity()?))?;
     let device = meter.device().clone();
     let on = format!("{} ({})", meter.name(), format_bytes(meter.capacity()?));
     let why = "--device";

@@ -1,8 +1,9 @@
-//! One tuning run: the warm-up, the trials, the re-check and the plan.
+//! The engine: one tuning run (the warm-up, the trials, the re-check and
+//! the plan) or one trial of a kind, with checked settings on one device.
 
 use log::{debug, info, warn};
 
-use super::{Observer, Tuner};
+use super::{Observer, Settings};
 use crate::estimate::{Setup, TransformerShape};
 use crate::memory::measure::measure;
 use crate::oom::meter_error_is_oom;
@@ -29,8 +30,8 @@ struct Record {
 }
 
 /// The state of one tuning run.
-pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
-    tuner: &'a Tuner,
+pub(super) struct Engine<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
+    settings: &'a Settings,
     observer: &'a mut O,
     workload: &'a mut W,
     meter: &'a mut M,
@@ -48,7 +49,7 @@ pub(super) struct Probe<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     started: std::time::Instant,
     /// The warm-up step, once run.
     warmup: TuningCost,
-    /// The most elements one tensor may have: the tuner's, else the meter's.
+    /// The most elements one tensor may have: the settings', else the meter's.
     element_limit: Option<u64>,
 }
 
@@ -62,21 +63,21 @@ enum TimeLeft {
     Passed,
 }
 
-impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Probe<'a, W, M, O> {
-    /// A run of `tuner` on a device of `capacity_bytes` (the limit is the
-    /// tuner's ceiling of it).
+impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Engine<'a, W, M, O> {
+    /// A run with `settings` on a device of `capacity_bytes`: the byte limit
+    /// is the ceiling's of it, computed here and nowhere else in a run.
     pub(super) fn new(
-        tuner: &'a Tuner,
+        settings: &'a Settings,
         workload: &'a mut W,
         meter: &'a mut M,
         observer: &'a mut O,
         capacity_bytes: u64,
     ) -> Self {
-        let element_limit = tuner.element_limit.or_else(|| meter.element_limit());
-        Probe {
-            limit: crate::plan::limit_bytes(tuner.ceiling, capacity_bytes),
+        let element_limit = settings.options.element_limit.or_else(|| meter.element_limit());
+        Engine {
+            limit: settings.ceiling.limit_bytes(capacity_bytes),
             capacity_bytes,
-            tuner,
+            settings,
             observer,
             workload,
             meter,
@@ -102,8 +103,21 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
 
     /// Warm-up, search, re-check, what the workload noticed, plan; then the
     /// workload hears that tuning is over, whatever the outcome.
-    pub(super) fn run(mut self, space: &SearchSpace) -> Result<Plan, Error> {
-        let result = self.tune(space);
+    pub(super) fn run(mut self) -> Result<Plan, Error> {
+        let result = self.settings.space().and_then(|space| {
+            let space = space.with_limit(self.limit);
+            info!(
+                "tuning: {} search, ceiling {} of {} = {}, batches {}..={} in multiples of {}",
+                self.settings.options.strategy,
+                self.settings.ceiling,
+                format_bytes(self.capacity_bytes),
+                format_bytes(self.limit),
+                space.first(),
+                space.last(),
+                space.multiple_of()
+            );
+            self.tune(&space)
+        });
         self.workload.tuning_finished();
         let mut plan = result?;
         plan.tuning = self.warmup + TuningCost::of(&plan.trials);
@@ -111,14 +125,14 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     }
 
     fn tune(&mut self, space: &SearchSpace) -> Result<Plan, Error> {
-        if self.tuner.warmup {
+        if self.settings.options.warmup {
             self.warm_up(space.first())?;
         }
         let stopped = self.search(space)?;
         let mut stopped_by = self.stopped_by(space, stopped);
         for warning in self.workload.diagnose() {
             if let Warning::MissingGradients { variables, of } = &warning {
-                if self.tuner.strict {
+                if self.settings.options.strict {
                     return Err(Error::PartialGraph { variables: variables.clone(), of: *of });
                 }
                 // the number understates training: say so where the number is (the
@@ -127,7 +141,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             }
             self.warn(warning);
         }
-        let profile = self.tuner.profile.or_else(|| self.workload.profile());
+        let profile = self.settings.options.profile.or_else(|| self.workload.profile());
         self.make_plan(space, stopped_by, profile)
     }
 
@@ -175,7 +189,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     /// Runs the search to the end; returns what cut it short, if anything
     /// (`max_trials`, a step that ignores its batch).
     fn search(&mut self, space: &SearchSpace) -> Result<Option<SearchLimit>, Error> {
-        let strategy = self.tuner.strategy;
+        let strategy = self.settings.options.strategy;
         let mut rechecked = Vec::new();
         loop {
             let stopped = loop {
@@ -194,7 +208,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                     Next::Done => break None,
                     Next::Try(batch) => batch,
                 };
-                if let Some(limit) = self.tuner.time_limit {
+                if let Some(limit) = self.settings.options.time_limit {
                     let bracket = crate::search::Bracket::of(&space, &self.history());
                     let left = self.time_left(limit, batch);
                     // a smaller batch above the largest fit that ends in time is worth verifying
@@ -233,7 +247,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                     }
                 }
                 let searched = self.trials.iter().filter(|t| t.kind == TrialKind::Search).count();
-                if let Some(max_trials) = self.tuner.max_trials.filter(|&max| searched >= max) {
+                if let Some(max_trials) = self.settings.options.max_trials.filter(|&max| searched >= max) {
                     self.warn(Warning::TrialLimit { max_trials });
                     break Some(SearchLimit::MaxTrials { max_trials });
                 }
@@ -301,7 +315,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         if history.iter().any(|o| o.batch == next && !o.outcome.fits()) {
             return None;
         }
-        Some(stopped.unwrap_or(match self.tuner.strategy {
+        Some(stopped.unwrap_or(match self.settings.options.strategy {
             Strategy::Power => SearchLimit::Strategy { strategy: Strategy::Power },
             _ => SearchLimit::NextBatchNotTried { batch: next },
         }))
@@ -423,7 +437,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
 
     /// The steps one trial runs.
     fn steps(&self) -> usize {
-        self.tuner.steps_per_trial
+        self.settings.options.steps_per_trial
     }
 
     /// The time per sample of the largest trial that ran to the end, once a
@@ -451,7 +465,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         bracket: &crate::search::Bracket,
         batch: usize,
     ) -> Option<usize> {
-        if self.tuner.strategy == Strategy::Power {
+        if self.settings.options.strategy == Strategy::Power {
             return None;
         }
         // half the time left: a step's time per sample grows with the batch
@@ -482,8 +496,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     fn trial(&mut self, batch: usize, kind: TrialKind) -> Result<Trial, Error> {
         self.observer.trial_started(batch, kind);
         let workload = &mut *self.workload;
-        let deadline = self.tuner.time_limit.map(|limit| self.started + limit);
-        let measured = measure(self.meter, self.tuner.steps_per_trial, deadline, || match kind {
+        let deadline = self.settings.options.time_limit.map(|limit| self.started + limit);
+        let measured = measure(self.meter, self.settings.options.steps_per_trial, deadline, || match kind {
             TrialKind::Accumulation => workload.accumulating_step(batch),
             TrialKind::Search | TrialKind::Recheck | TrialKind::Timing => workload.step(batch),
         })?;
@@ -528,8 +542,11 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             (Err(err), _) => return Err(err),
         };
         let steps = measured.steps;
-        if steps < self.tuner.steps_per_trial && outcome.fits() {
-            info!("batch {batch}: {steps} of {} steps ran before the time limit", self.tuner.steps_per_trial);
+        if steps < self.settings.options.steps_per_trial && outcome.fits() {
+            info!(
+                "batch {batch}: {steps} of {} steps ran before the time limit",
+                self.settings.options.steps_per_trial
+            );
         }
         let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind, steps, peak_kinds };
         self.log_trial(&trial);
@@ -596,7 +613,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
     fn verified_split(&mut self, space: &SearchSpace, largest_batch: usize) -> Result<Split, Error> {
         let mut cap = largest_batch;
         loop {
-            let mut split = self.tuner.split(cap)?;
+            let mut split = self.settings.split(cap)?;
             if split.accumulation_steps() <= 1 || !self.workload.can_accumulate() {
                 return Ok(split);
             }
@@ -615,7 +632,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                     cap = next;
                 }
                 None => {
-                    let device = (self.capacity_bytes, self.limit, self.tuner.ceiling);
+                    let device = (self.capacity_bytes, self.limit, self.settings.ceiling.fraction());
                     return Err(Error::nothing_fits_at(micro, trial.outcome, trial.peak_bytes, device));
                 }
             }
@@ -637,11 +654,12 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         batches.dedup();
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); batches.len()];
         let mut extra_steps = 0;
-        let (planned, mut timed) = (self.tuner.timing_repeats * batches.len(), 0);
-        'timing: for _ in 0..self.tuner.timing_repeats {
+        let (planned, mut timed) = (self.settings.options.timing_repeats * batches.len(), 0);
+        'timing: for _ in 0..self.settings.options.timing_repeats {
             for (index, &batch) in batches.iter().enumerate() {
                 let late = self
-                    .tuner
+                    .settings
+                    .options
                     .time_limit
                     .is_some_and(|limit| !matches!(self.time_left(limit, batch), TimeLeft::Enough));
                 if late {
@@ -690,7 +708,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
         stopped_by: Option<SearchLimit>,
         profile: Option<crate::Profile>,
     ) -> Result<Plan, Error> {
-        let tuner = self.tuner;
+        let settings = self.settings;
         let history = self.history();
         let Some(found) = best(&history).copied() else {
             let smallest = history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
@@ -704,12 +722,12 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
                 None => Vec::new(),
             };
             let smaller_batch = trial.and_then(|trial| self.smaller_batch(space, trial, setup.as_ref()));
-            let device = (self.capacity_bytes, self.limit, tuner.ceiling);
+            let device = (self.capacity_bytes, self.limit, settings.ceiling.fraction());
             let failure = Error::nothing_fits_at(smallest.batch, smallest.outcome, smallest.peak_bytes, device);
             return Err(failure.with_advice(smaller_batch, remedies));
         };
         let largest_batch = found.batch;
-        let throughput = match tuner.objective {
+        let throughput = match settings.options.objective {
             Objective::Throughput => Some(self.time_candidates(space, largest_batch)?),
             Objective::LargestBatch => None,
         };
@@ -724,9 +742,9 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> Pr
             split,
             search: SearchSettings {
                 capacity_bytes: self.capacity_bytes,
-                ceiling: tuner.ceiling,
-                multiple_of: tuner.multiple_of,
-                strategy: tuner.strategy,
+                ceiling: settings.ceiling,
+                multiple_of: settings.options.multiple_of,
+                strategy: settings.options.strategy,
             },
             trials: std::mem::take(&mut self.trials),
             warnings: std::mem::take(&mut self.warnings),
