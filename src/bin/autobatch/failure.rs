@@ -211,8 +211,8 @@ fn nothing_fits(
     let failure = autobatch::describe_failure(outcome, peak_bytes);
     let mut message = format!(
         "nothing fits: batch {batch} (the smallest --start and --multiple-of allow) {failure}; the ceiling is \
-         {} of {} = {}",
-        autobatch::Ceiling::new(ceiling).map_or_else(|_| format!("{ceiling}"), |c| c.to_string()),
+         {:.0}% of {} = {}",
+        ceiling * 100.0,
         format_bytes(capacity_bytes),
         format_bytes(limit_bytes)
     );
