@@ -125,10 +125,13 @@
 //!
 //! ## How it is arranged
 //!
-//! One engine runs every trial: the [`Tuner`]'s trial loop (warm-up, trials,
-//! re-check and plan, or one trial of a kind for the check of a split, of the
-//! batch ranks agreed on) over a pure search ([`search`]: a history in, the
-//! next batch out). A [`Plan`] says its split once ([`Split`]: one step,
+//! One engine runs every trial: the [`Tuner`] checks its settings once (the
+//! ceiling a [`Ceiling`], from `--ceiling` to [`Plan::ceiling`]) and hands
+//! them to its engine (warm-up, trials, re-check and plan, or one trial of a
+//! kind for the check of a split, of the batch ranks agreed on), which runs a
+//! pure search ([`search`]: a history in, the next batch out); the searches a
+//! run makes inside itself (ranks, lengths, evaluation) vary those settings
+//! and call the engine again, never the public `run`. A [`Plan`] says its split once ([`Split`]: one step,
 //! accumulated micro-steps, or uneven ranks' shares), and
 //! [`micro_batch`](Plan::micro_batch), [`accumulation_steps`](Plan::accumulation_steps),
 //! [`effective_batch`](Plan::effective_batch) read it. Your model and the
