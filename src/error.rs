@@ -1,14 +1,24 @@
 //! The one error type of the crate.
 //!
+//! An [`Error`] says what went wrong in the crate's own terms: a setting is
+//! named by its builder method or argument (`multiple_of`, `seq_len`). A
+//! caller that exposes the settings under other names (a command line's flags)
+//! renders the same message in its names with [`Error::render`] and a
+//! [`Names`]; it never needs to rewrite the text.
+//!
 //! It depends only on leaves: the outcome of a trial, the headroom report, the
-//! analytical model's remedies and the byte formatter.
+//! analytical model's remedies, the optimizer vocabulary and the formatters.
 
-use crate::estimate::change::Remedy;
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use crate::estimate::change::{Change, Remedy};
 use crate::headroom::report::HeadroomReport;
 use crate::search::outcome::Outcome;
-use crate::units::format_bytes;
+use crate::units::{format_bytes, format_millis, format_percent};
+use crate::vocabulary::OptimizerKind;
 
-/// The kinds of [`Error`] (see [`Error::kind`]).
+/// The kinds of [`Error`] (see [`Error::kind`]): what decides how to react.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -30,44 +40,206 @@ pub enum ErrorKind {
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A setting an [`Error::InvalidSetting`] is about.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Setting {
+    /// One of the crate's settings, by its builder method or argument:
+    /// `multiple_of`, `seq_len`, `ceiling`. A [`Names`] can rename it.
+    Named(&'static str),
+    /// A part of the caller's own input, by its place there: a
+    /// `config.json` field, a comparison variant's expectation.
+    Input(String),
+}
+
+impl Setting {
+    /// The setting as `names` call it.
+    fn render(&self, names: &dyn Names) -> String {
+        match self {
+            Setting::Named(name) => names.setting(name),
+            Setting::Input(place) => place.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render(&OwnNames))
+    }
+}
+
+impl PartialEq<str> for Setting {
+    /// Whether this is the named setting `name` (`setting == "start"`).
+    fn eq(&self, name: &str) -> bool {
+        matches!(self, Setting::Named(own) if *own == name)
+    }
+}
+
+/// The value an [`Error::InvalidSetting`] refused, as a type where it has one.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Value {
+    /// A count or size.
+    Count(usize),
+    /// A fraction, such as a ceiling.
+    Fraction(f64),
+    /// A dtype.
+    Dtype(candle_core::DType),
+    /// An optimizer.
+    Optimizer(OptimizerKind),
+    /// Text as given: a name, a `config.json` value.
+    Text(String),
+    /// The setting was given where it means nothing.
+    Set,
+    /// The setting was needed and not given.
+    Missing,
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::Count(count) => write!(f, "{count}"),
+            Value::Fraction(fraction) => write!(f, "{fraction}"),
+            Value::Dtype(dtype) => f.write_str(dtype.as_str()),
+            Value::Optimizer(kind) => f.write_str(kind.name()),
+            Value::Text(text) => f.write_str(text),
+            Value::Set => f.write_str("set"),
+            Value::Missing => f.write_str("missing"),
+        }
+    }
+}
+
+/// How an error's message names the crate's settings and changes.
+///
+/// The default names each setting by itself (`multiple_of`) and gives no
+/// way to apply a remedy: that is [`Error`]'s `Display`. A command line
+/// implements it to print the same messages in its flags:
+///
+/// ```
+/// use autobatch::search::SearchSpace;
+/// use autobatch::Names;
+///
+/// struct Flags;
+/// impl Names for Flags {
+///     fn setting(&self, name: &str) -> String {
+///         format!("--{}", name.replace('_', "-"))
+///     }
+/// }
+///
+/// let err = SearchSpace::new(8, Some(4), 1).unwrap_err();
+/// assert_eq!(err.to_string(), "max_batch is 4: it must be at least start, 8");
+/// assert_eq!(err.render(&Flags), "--max-batch is 4: it must be at least --start, 8");
+/// ```
+pub trait Names {
+    /// What to call the setting `name` (a builder method or argument, such
+    /// as `multiple_of`; `size` for the input size a search is over).
+    fn setting(&self, name: &str) -> String {
+        name.to_owned()
+    }
+
+    /// What applies `change`, such as a flag with its value, shown before a
+    /// remedy of [`Error::NothingFits`]; `None` shows the remedy alone.
+    fn change(&self, change: &Change) -> Option<String> {
+        let _ = change;
+        None
+    }
+}
+
+/// The crate's own names: what `Display` shows.
+struct OwnNames;
+
+impl Names for OwnNames {}
+
+/// The bounds of an even split that found no exact one (see [`Error::InexactTarget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EvenSplit {
+    /// The number of ranks.
+    pub world_size: usize,
+    /// The largest micro-batch that fits.
+    pub largest_micro_batch: usize,
+    /// Twice the fewest accumulation steps: the most the planner accepts for exactness.
+    pub max_steps: usize,
+}
+
+/// What is wrong with the machine (see [`Error::Device`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceProblem {
+    /// [`HeapMeter`](crate::HeapMeter) needs
+    /// [`TrackingAllocator`](crate::TrackingAllocator) as the global
+    /// allocator, and it is not.
+    AllocatorNotInstalled,
+    /// A meter cannot read a step's peak on this device (a CUDA device
+    /// whose memory pool does not see candle's allocations): refused, since a
+    /// peak that reads a constant would call every step a fit.
+    PeaksUnreadable {
+        /// The device.
+        device: String,
+        /// Why, and what would work.
+        reason: String,
+    },
+    /// A CUDA device could not be used.
+    CudaUnavailable {
+        /// The GPU ordinal asked for.
+        ordinal: usize,
+        /// Why, and what would be valid.
+        reason: String,
+    },
+    /// A CUDA meter was given a device that is not a CUDA device.
+    NotCuda {
+        /// The device given, as candle prints it.
+        device: String,
+    },
+}
+
+impl std::fmt::Display for DeviceProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceProblem::AllocatorNotInstalled => f.write_str(
+                "the tracking allocator is not installed: add \
+                 `#[global_allocator] static ALLOCATOR: autobatch::TrackingAllocator = \
+                 autobatch::TrackingAllocator::new();` to the binary or test crate",
+            ),
+            DeviceProblem::PeaksUnreadable { device, reason } => {
+                write!(f, "cannot measure peaks on {device}: {reason}")
+            }
+            DeviceProblem::CudaUnavailable { ordinal, reason } => {
+                write!(f, "CUDA device {ordinal} is not available: {reason}")
+            }
+            DeviceProblem::NotCuda { device } => write!(
+                f,
+                "{device} is not a CUDA device: CudaMeter measures CUDA devices; build the model on Device::new_cuda(n)"
+            ),
+        }
+    }
+}
+
 /// Everything that can go wrong while configuring or running a tuning.
 ///
-/// Each configuration variant names the offending value and what would be valid;
-/// [`Error::Workload`] hands the workload's own error back untouched. Its
-/// `Debug` form is its message, as with `anyhow`: a `main` that returns
+/// [`Error::kind`] is the way in: it says whether to fix the request, give
+/// the model more memory, fix the model or look at the machine; the variants
+/// hold the facts, typed. An invalid setting is one variant,
+/// [`Error::InvalidSetting`], naming the setting, the value and what would be
+/// valid; [`Error::Workload`] hands the workload's own error back untouched.
+/// Its `Debug` form is its message, as with `anyhow`: a `main` that returns
 /// `Result<(), autobatch::Error>` prints `Error: the tracking allocator is not
-/// installed ...`, not a variant's name; match on the variants for the facts.
-#[derive(thiserror::Error)]
+/// installed ...`, not a variant's name.
 #[non_exhaustive]
 pub enum Error {
-    /// The utilization ceiling is not a fraction in (0, 1].
-    #[error("ceiling {ceiling} is not a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory")]
-    InvalidCeiling {
-        /// The value given.
-        ceiling: f64,
-    },
-
-    /// A setting that counts something was zero.
-    #[error("{setting} is 0: it must be at least 1")]
-    Zero {
-        /// The builder method or argument that was zero, e.g. `multiple_of`.
-        setting: &'static str,
-    },
-
-    /// `max_batch` is below `start`.
-    #[error("max_batch {max_batch} is below start {start}: the search space is empty; use max_batch >= start")]
-    MaxBatchBelowStart {
-        /// The largest batch allowed.
-        max_batch: usize,
-        /// The smallest batch allowed.
-        start: usize,
+    /// A setting, size or model configuration has a value that is not
+    /// valid: zero where a count is needed, a ceiling outside (0, 1], a
+    /// dtype or optimizer not supported, a target below the ranks, a setting
+    /// given where it means nothing.
+    InvalidSetting {
+        /// What was set.
+        setting: Setting,
+        /// What it held.
+        value: Value,
+        /// What would be valid, in words; `{name}` in it names another
+        /// setting, rendered by the [`Names`] of [`Error::render`].
+        valid: Cow<'static, str>,
     },
 
     /// No multiple of the granularity lies between `start` and `max_batch`.
-    #[error(
-        "no multiple of {multiple_of} lies in [{start}, {max_batch}]: \
-         lower multiple_of, lower start or raise max_batch"
-    )]
     NoCandidate {
         /// The smallest batch allowed.
         start: usize,
@@ -77,82 +249,45 @@ pub enum Error {
         multiple_of: usize,
     },
 
-    /// A batch size too large to double or multiply without overflowing `usize`.
-    #[error("batch arithmetic overflows at {value}: use a smaller start, granularity or target")]
+    /// A number past what 64 bits hold: batch arithmetic, or a byte count of
+    /// 2^64 (16 EiB) or more. Refused, never wrapped or saturated.
     Overflow {
-        /// The value whose next step would overflow.
-        value: usize,
+        /// What was being counted, and at what value.
+        what: String,
+        /// What would not overflow, in words (`{name}` as in `InvalidSetting`).
+        valid: Cow<'static, str>,
     },
 
-    /// The target effective batch cannot give every rank at least one
-    /// micro-batch of the required granularity.
-    #[error(
-        "target effective batch {target} is below {world_size} ranks x a granularity of {multiple_of} = {smallest}: \
-         every rank needs at least one micro-batch; use a target of at least {smallest}"
-    )]
-    TargetBelowWorldSize {
-        /// The target effective batch.
+    /// Exactness was demanded and no micro-batch/accumulation split hits the
+    /// target (the effective batch of even ranks, the global batch of uneven ones).
+    InexactTarget {
+        /// The target.
         target: usize,
-        /// The number of ranks.
-        world_size: usize,
         /// The micro-batch granularity.
         multiple_of: usize,
-        /// The smallest effective batch that is possible.
-        smallest: usize,
-    },
-
-    /// Exactness was demanded and no micro-batch/accumulation split hits the target.
-    #[error(
-        "no split hits target effective batch {target} exactly with {world_size} ranks, \
-         micro-batches that are multiples of {multiple_of} and at most {largest_micro_batch}, and at most \
-         {max_steps} accumulation steps; the nearest above is {nearest}: accept it or use a target divisible by \
-         ranks x granularity = {unit}"
-    )]
-    InexactEffectiveBatch {
-        /// The target effective batch.
-        target: usize,
-        /// The number of ranks.
-        world_size: usize,
-        /// The micro-batch granularity.
-        multiple_of: usize,
-        /// The largest micro-batch that fits.
-        largest_micro_batch: usize,
-        /// Twice the fewest accumulation steps: the most the planner accepts for exactness.
-        max_steps: usize,
-        /// The nearest effective batch above the target that is possible.
+        /// The nearest batch above the target that is possible.
         nearest: usize,
-        /// world_size x multiple_of.
-        unit: usize,
+        /// The even split's bounds; `None` for uneven ranks, whose global
+        /// batch needs only to be a whole number of granules.
+        even: Option<EvenSplit>,
     },
 
-    /// Exactness was demanded of uneven ranks and the global batch is not a
-    /// whole number of granules.
-    #[error(
-        "global batch {target} cannot be shared exactly in micro-batches that are multiples of {multiple_of}; \
-         the nearest above is {nearest}: accept it or use a global batch divisible by {multiple_of}"
-    )]
-    InexactGlobalBatch {
-        /// The global batch asked for.
-        target: usize,
-        /// The micro-batch granularity.
-        multiple_of: usize,
-        /// The nearest global batch above the target that is possible.
-        nearest: usize,
+    /// A change that must come before training, asked for after it started.
+    AlreadyTrained {
+        /// Training steps already run.
+        steps: u64,
+        /// What must come first, e.g. "choose the optimizer".
+        change: &'static str,
     },
 
-    /// Not even the smallest candidate batch fits under the ceiling.
-    #[error(
-        "nothing fits: batch {batch} (the smallest candidate) {}; the ceiling is {} of {} = {}{}{}",
-        describe_failure(*.outcome, *.peak_bytes),
-        crate::units::format_percent(*.ceiling),
-        format_bytes(*.capacity_bytes),
-        format_bytes(*.limit_bytes),
-        describe_smaller_batch(*.smaller_batch),
-        describe_remedies(.remedies)
-    )]
+    /// Not even the smallest candidate fits under the ceiling: the smallest
+    /// batch, or, in a search over the input size at a fixed batch
+    /// ([`Tuner::run_longest`](crate::Tuner::run_longest)), the shortest size.
     NothingFits {
-        /// The smallest batch tried.
+        /// The smallest batch tried, or the fixed batch of a size search.
         batch: usize,
+        /// The shortest size tried, in a search over the input size.
+        size: Option<usize>,
         /// How it failed.
         outcome: Outcome,
         /// Its measured device-wide peak, where the meter could read one.
@@ -175,157 +310,9 @@ pub enum Error {
         remedies: Vec<Remedy>,
     },
 
-    /// The workload failed with an error that is not an out-of-memory error.
-    /// The search stops at once; the workload's error is `source`, untouched.
-    #[error(
-        "the workload failed at batch {batch} with an error that is not out-of-memory: {}",
-        candle_message(.source)
-    )]
-    Workload {
-        /// The batch being tried.
-        batch: usize,
-        /// The workload's own error.
-        #[source]
-        source: candle_core::Error,
-    },
-
-    /// [`Tuner::strict`](crate::Tuner::strict) and the measured step did not
-    /// reach every variable: a cut graph (a fused op without a backward pass)
-    /// measured less than training a model that reaches them needs.
-    #[error(
-        "the measured step did not reach the gradients of {} of {of} variables ({}): its largest batch \
-         understates training; make the graph whole (autobatch's ops module has differentiable forms of candle's \
-         fused ops) or drop strict",
-        .variables.len(),
-        first_names(.variables)
-    )]
-    PartialGraph {
-        /// The variables with no gradient that the forward pass does not write.
-        variables: Vec<String>,
-        /// The float variables in all.
-        of: usize,
-    },
-
-    /// The workload's backward pass reached an op candle cannot
-    /// differentiate (a max-pool whose kernel is not its stride, a custom op
-    /// without a backward, ...): no batch can be measured for training.
-    #[error(
-        "the backward pass failed at batch {batch}: candle cannot differentiate {op} ({}); probe the forward \
-         pass alone (ModelProbe::forward_only) for serving or evaluation, or replace the op with one candle \
-         can differentiate",
-        candle_message(.source)
-    )]
-    BackwardUnsupported {
-        /// The batch being tried.
-        batch: usize,
-        /// The op, as candle names it.
-        op: String,
-        /// candle's error, untouched.
-        #[source]
-        source: Box<candle_core::Error>,
-    },
-
-    /// [`HeapMeter`](crate::HeapMeter) needs [`TrackingAllocator`](crate::TrackingAllocator)
-    /// as the global allocator, and it is not.
-    #[error(
-        "the tracking allocator is not installed: add \
-         `#[global_allocator] static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();` \
-         to the binary or test crate"
-    )]
-    AllocatorNotInstalled,
-
-    /// A plan for uneven ranks names a rank its split does not have (a plan
-    /// edited by hand, or from another job).
-    #[error("the plan is for rank {rank}, but its split has ranks 0..{world_size}")]
-    RankOutOfRange {
-        /// The plan's rank.
-        rank: usize,
-        /// The ranks in its split.
-        world_size: usize,
-    },
-
-    /// [`TrainLoop`](crate::TrainLoop) was given a plan for uneven ranks: its
-    /// losses are scaled to the global batch, which only an all-reduce over the
-    /// ranks makes whole, and the loop has none.
-    #[error(
-        "this plan shares a global batch over {world_size} uneven ranks: its micro-batch losses are scaled to the \
-         global batch and need the gradients summed over ranks before the update; TrainLoop has no all-reduce: \
-         drive each rank with Guard::new(&plan) and your collective"
-    )]
-    UnevenPlanNeedsAllReduce {
-        /// The ranks of the plan's split.
-        world_size: usize,
-    },
-
-    /// A batch was asked for an input size past the longest one probed.
-    #[error(
-        "size {size} is past the longest size probed, {longest}: probe it (or a longer one) to get a batch for it"
-    )]
-    SizeOutOfRange {
-        /// The size asked about.
-        size: usize,
-        /// The longest size probed.
-        longest: usize,
-    },
-
-    /// Tuning at one of several input sizes failed.
-    #[error("at size {size}: {source}")]
-    AtSize {
-        /// The input size.
-        size: usize,
-        /// What went wrong there.
-        source: Box<Error>,
-    },
-
-    /// A model's `config.json` asks for something not computed here, or is
-    /// not one ([`models::Config`](crate::models::Config)): the field, what it
-    /// held, what would be valid.
-    #[error("config field {field} = {value} is not supported: use {valid}")]
-    UnsupportedConfig {
-        /// The field, e.g. `model_type` or `rope_scaling.rope_type`.
-        field: String,
-        /// What it held.
-        value: String,
-        /// What would be valid.
-        valid: String,
-    },
-
-    /// A reference model's size setting is out of range.
-    #[error("model setting {setting} = {value} is invalid: it must be {valid}")]
-    InvalidModel {
-        /// The setting, e.g. `heads`.
-        setting: &'static str,
-        /// The value given.
-        value: usize,
-        /// What would be valid.
-        valid: String,
-    },
-
-    /// A byte count past what 64 bits hold (16 EiB): an estimate of an absurd
-    /// model, never a wrapped number.
-    #[error("{what} comes to 2^64 bytes (16 EiB) or more, past what this tool counts")]
-    ByteOverflow {
-        /// What was being counted.
-        what: String,
-    },
-
-    /// A sharding of the training state that does not exist.
-    #[error("{what} is not a sharding: use {valid}")]
-    InvalidSharding {
-        /// What was asked for.
-        what: String,
-        /// What would be valid.
-        valid: &'static str,
-    },
-
     /// A reference model too large to build: not even the smallest batch
     /// could stay under the limit, or its sizes do not fit in this machine's
     /// numbers. Refused before anything is allocated.
-    #[error(
-        "{}{model} needs {needs}{}",
-        if .limit_bytes.is_some() { "nothing fits: " } else { "" },
-        describe_limit(*.limit_bytes, *.batch)
-    )]
     ModelTooLarge {
         /// The model and its size.
         model: String,
@@ -338,21 +325,8 @@ pub enum Error {
         limit_bytes: Option<u64>,
     },
 
-    /// A reference model was asked for a dtype it does not train in.
-    #[error("{dtype} is not supported here: use {valid}")]
-    UnsupportedDtype {
-        /// The dtype asked for.
-        dtype: String,
-        /// The dtypes that work.
-        valid: &'static str,
-    },
-
     /// [`Tuner::time_limit`](crate::Tuner::time_limit) passed before any
     /// batch was seen to fit.
-    #[error(
-        "the {limit_ms} ms time limit passed after {trials} trials with no batch seen to fit: \
-         allow more time (the first trials include the warm-up)"
-    )]
     TimeLimit {
         /// The limit, in milliseconds.
         limit_ms: u64,
@@ -360,165 +334,149 @@ pub enum Error {
         trials: usize,
     },
 
-    /// A batch-search setting given to a search over the input size
-    /// ([`Tuner::run_longest`](crate::Tuner::run_longest)), where it means nothing.
-    #[error(
-        "{setting} is a setting of the batch search and does not apply to the search over the input size \
-         (the batch is fixed; the sizes come from the size range): leave it unset"
-    )]
-    NotForSizeSearch {
-        /// The builder method that was set, e.g. `target_effective_batch`.
-        setting: &'static str,
-    },
-
-    /// Even the shortest input size does not fit at the batch asked for
-    /// ([`Tuner::run_longest`](crate::Tuner::run_longest)).
-    #[error(
-        "nothing fits at batch {batch}: the shortest size, {size}, {} ({}); the limit is {} ({:.0}% of {}): {}",
-        match outcome { Outcome::OutOfMemory => "ran out of memory", _ => "went over the ceiling" },
-        peak_bytes.map_or_else(|| "no peak read".to_owned(), |p| format!("peak {}", format_bytes(p))),
-        format_bytes(*limit_bytes),
-        100.0 * (*limit_bytes as f64) / (*capacity_bytes).max(1) as f64,
-        format_bytes(*capacity_bytes),
-        if *batch > 1 { "use a smaller batch" } else { "make the model smaller or raise the capacity" }
-    )]
-    NoSizeFits {
-        /// The batch every step ran at.
-        batch: usize,
-        /// The shortest size tried.
-        size: usize,
-        /// How its step ended.
-        outcome: Outcome,
-        /// Its peak, when read.
-        peak_bytes: Option<u64>,
-        /// The device's capacity.
-        capacity_bytes: u64,
-        /// The limit (ceiling × capacity).
-        limit_bytes: u64,
-    },
-
-    /// A meter that cannot read a step's peak on this device (a CUDA device
-    /// whose memory pool does not see candle's allocations): refused, since a
-    /// peak that reads a constant would call every step a fit.
-    #[error("cannot measure peaks on {device}: {reason}")]
-    PeakUnreadable {
-        /// The device.
-        device: String,
-        /// Why, and what would work.
-        reason: String,
-    },
-
-    /// An optimizer a reference model cannot be probed with (no dry step).
-    #[error("optimizer {optimizer} is not supported here: use {valid}")]
-    UnsupportedOptimizer {
-        /// The optimizer asked for.
-        optimizer: String,
-        /// The optimizers that work.
-        valid: &'static str,
-    },
-
-    /// A change that must come before training, asked for after it started.
-    #[error("the trainer already ran {steps} training steps: {change} before the first one")]
-    AlreadyTrained {
-        /// Training steps already run.
-        steps: u64,
-        /// What must come first, e.g. "choose the optimizer".
-        change: &'static str,
-    },
-
-    /// An accelerator name [`estimate::accelerator`](crate::estimate::accelerator) does not know.
-    #[error("unknown accelerator '{name}': known names are {known} (or give its memory, e.g. 80GB)")]
-    UnknownAccelerator {
-        /// The name asked for.
-        name: String,
-        /// The names that are known, comma-separated.
-        known: String,
-    },
-
-    /// candle failed outside a probed step (building a model, a training step).
-    #[error("candle: {}", candle_message(.0))]
-    Candle(#[from] candle_core::Error),
-
-    /// A plan cache was asked for without a way to fingerprint the model.
-    #[error(
-        "the plan cache needs to know what decides the model's memory: give Tuner::cache_key(CacheKey::new()\
-         .variables(..).param(\"seq_len\", ..)) or a workload whose cache_key() says it"
-    )]
-    CacheKeyMissing,
-
     /// The runtime guard ran out of memory with a micro-batch of one sample.
-    #[error("out of memory at a micro-batch of 1 (sample {offset} of the step): nothing smaller to try; lower the model's memory (see `autobatch estimate`)")]
     GuardExhausted {
         /// The sample that did not fit alone.
         offset: usize,
     },
 
+    /// A headroom check failed: the step ran out of memory or left less free
+    /// than the minimum.
+    InsufficientHeadroom(Box<HeadroomReport>),
+
+    /// The workload failed with an error that is not an out-of-memory error.
+    /// The search stops at once; the workload's error is `source`, untouched.
+    Workload {
+        /// The batch being tried.
+        batch: usize,
+        /// The workload's own error.
+        source: candle_core::Error,
+    },
+
+    /// The workload's backward pass reached an op candle cannot
+    /// differentiate (a max-pool whose kernel is not its stride, a custom op
+    /// without a backward, ...): no batch can be measured for training.
+    BackwardUnsupported {
+        /// The batch being tried.
+        batch: usize,
+        /// The op, as candle names it.
+        op: String,
+        /// candle's error, untouched.
+        source: Box<candle_core::Error>,
+    },
+
+    /// [`Tuner::strict`](crate::Tuner::strict) and the measured step did not
+    /// reach every variable: a cut graph (a fused op without a backward pass)
+    /// measured less than training a model that reaches them needs.
+    PartialGraph {
+        /// The variables with no gradient that the forward pass does not write.
+        variables: Vec<String>,
+        /// The float variables in all.
+        of: usize,
+    },
+
+    /// candle failed outside a probed step (building a model, a training step).
+    Candle(candle_core::Error),
+
+    /// Tuning at one of several input sizes failed.
+    AtSize {
+        /// The input size.
+        size: usize,
+        /// What went wrong there.
+        source: Box<Error>,
+    },
+
+    /// The machine cannot be used as asked: no tracking allocator, no CUDA
+    /// device, a pool whose peaks cannot be read.
+    Device(DeviceProblem),
+
     /// A collective operation between ranks failed.
-    #[error("collective: {0}")]
     Collective(String),
 
     /// Another rank could not tune (nothing fits there, or its workload failed):
     /// its own error is in its log. Every rank stops, so that none trains alone.
-    #[error("another rank could not find a batch that fits (see that rank's error); no rank will train")]
     RankFailed,
 
-    /// The tuner's world size differs from the collective's.
-    #[error(
-        "world_size {tuner} differs from the collective's {collective}: leave world_size unset for run_distributed"
-    )]
-    WorldSizeMismatch {
-        /// The tuner's setting.
-        tuner: usize,
-        /// The collective's world size.
-        collective: usize,
-    },
-
-    /// A comparison variant's expectation that cannot be used.
-    #[error("variant '{variant}' expects {what} = {value}: it must be {valid}")]
-    InvalidExpectation {
-        /// The variant's name.
-        variant: String,
-        /// Which part of the expectation.
-        what: &'static str,
-        /// The value given.
-        value: String,
-        /// What would be valid.
-        valid: String,
-    },
-
-    /// A headroom minimum outside [0, 1).
-    #[error(
-        "minimum headroom {min_headroom} is not a fraction in [0, 1): pass e.g. 0.1 to keep 10% of the device free"
-    )]
-    InvalidHeadroom {
-        /// The value given.
-        min_headroom: f64,
-    },
-
-    /// A headroom check failed: the step ran out of memory or left less free
-    /// than the minimum.
-    #[error("memory headroom regression: {0}")]
-    InsufficientHeadroom(Box<HeadroomReport>),
-
-    /// A CUDA device could not be used.
-    #[error("CUDA device {ordinal} is not available: {reason}")]
-    CudaUnavailable {
-        /// The GPU ordinal asked for.
-        ordinal: usize,
-        /// Why, and what would be valid.
-        reason: String,
-    },
-
-    /// A CUDA meter was given a device that is not a CUDA device.
-    #[error("{device} is not a CUDA device: CudaMeter measures CUDA devices; build the model on Device::new_cuda(n)")]
-    NotCuda {
-        /// The device given, as candle prints it.
-        device: String,
-    },
-
     /// A memory meter could not measure.
-    #[error("memory meter: {0}")]
-    Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Meter(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(err: candle_core::Error) -> Self {
+        Error::Candle(err)
+    }
+}
+
+impl From<&'static str> for Setting {
+    fn from(name: &'static str) -> Self {
+        Setting::Named(name)
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render(&OwnNames))
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Workload { source, .. } | Error::Candle(source) => Some(source),
+            Error::BackwardUnsupported { source, .. } => Some(source.as_ref()),
+            Error::AtSize { source, .. } => Some(source.as_ref()),
+            Error::Meter(source) => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Error {
+    /// The message, then what caused it, one cause a line; candle's errors
+    /// without the backtraces they may carry.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let message = self.to_string();
+        f.write_str(&message)?;
+        let mut cause = std::error::Error::source(self);
+        while let Some(err) = cause {
+            let text = match err.downcast_ref::<candle_core::Error>() {
+                Some(candle) => candle_message(candle),
+                None => err.to_string(),
+            };
+            // most messages already end with their cause's
+            if !message.contains(&text) {
+                write!(f, "\ncaused by: {text}")?;
+            }
+            cause = err.source();
+        }
+        Ok(())
+    }
+}
+
+/// `template` with each `{name}` in it (a setting's name: lower case, digits,
+/// underscores) as `names` call that setting; other braces stay as they are.
+fn fill(template: &str, names: &dyn Names) -> String {
+    let mut filled = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        filled.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let name_len = after.find('}').filter(|&end| {
+            end > 0 && after[..end].bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        });
+        match name_len {
+            Some(end) => {
+                filled.push_str(&names.setting(&after[..end]));
+                rest = &after[end + 1..];
+            }
+            None => {
+                filled.push('{');
+                rest = after;
+            }
+        }
+    }
+    filled.push_str(rest);
+    filled
 }
 
 /// The first few of `names` and how many more: a line people can read.
@@ -549,34 +507,11 @@ fn unsupported_backward(err: &candle_core::Error) -> Option<String> {
     }
 }
 
-impl std::fmt::Debug for Error {
-    /// The message, then what caused it, one cause a line; candle's errors
-    /// without their backtraces (see [`candle_message`]).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let message = self.to_string();
-        f.write_str(&message)?;
-        let mut cause = std::error::Error::source(self);
-        while let Some(err) = cause {
-            let text = match err.downcast_ref::<candle_core::Error>() {
-                Some(candle) => candle_message(candle),
-                None => err.to_string(),
-            };
-            // most messages already end with their cause's
-            if !message.contains(&text) {
-                write!(f, "\ncaused by: {text}")?;
-            }
-            cause = err.source();
-        }
-        Ok(())
-    }
-}
-
 /// A candle error's text without the backtrace candle captures when
 /// `RUST_BACKTRACE` is set: formatting a backtrace resolves its symbols, which
 /// loads the binary's debug info and keeps it on the heap for good (30 MiB
 /// measured), where every later heap measurement would count it.
-#[doc(hidden)]
-pub fn candle_message(err: &candle_core::Error) -> String {
+pub(crate) fn candle_message(err: &candle_core::Error) -> String {
     match err {
         candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
         candle_core::Error::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
@@ -586,8 +521,7 @@ pub fn candle_message(err: &candle_core::Error) -> String {
 }
 
 /// How a failed trial failed, for people: `peaked at 9.4 MiB`, `ran out of memory`.
-#[doc(hidden)]
-pub fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
+pub(crate) fn describe_failure(outcome: Outcome, peak_bytes: Option<u64>) -> String {
     let peak = peak_bytes.map(format_bytes);
     match (outcome, peak) {
         (Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
@@ -608,22 +542,168 @@ fn describe_limit(limit_bytes: Option<u64>, batch: usize) -> String {
     }
 }
 
-fn describe_smaller_batch(smaller_batch: Option<usize>) -> String {
-    match smaller_batch {
-        Some(batch) => format!("; batch {batch} would fit by the measured bytes per sample (lower the start)"),
-        None => String::new(),
-    }
-}
-
-fn describe_remedies(remedies: &[Remedy]) -> String {
-    if remedies.is_empty() {
-        return String::new();
-    }
-    let listed: Vec<String> = remedies.iter().map(|r| r.to_string()).collect();
-    format!("; what would help, each alone: {}", listed.join("; "))
-}
-
 impl Error {
+    /// The message with the settings as `names` call them: what `Display`
+    /// shows when `names` is the crate's own (each setting by its name).
+    /// See [`Names`].
+    pub fn render(&self, names: &dyn Names) -> String {
+        let name = |setting: &str| names.setting(setting);
+        match self {
+            Error::InvalidSetting { setting, value, valid } => {
+                format!("{} is {value}: {}", setting.render(names), fill(valid, names))
+            }
+            Error::NoCandidate { start, max_batch, multiple_of } => fill(
+                &format!(
+                    "no multiple of {{multiple_of}} {multiple_of} lies in [{{start}} {start}, {{max_batch}} \
+                     {max_batch}]: lower {{multiple_of}}, lower {{start}} or raise {{max_batch}}"
+                ),
+                names,
+            ),
+            Error::Overflow { what, valid } => format!("{what} is past what 64 bits count: {}", fill(valid, names)),
+            Error::InexactTarget { target, multiple_of, nearest, even: Some(even) } => {
+                let unit = even.world_size.saturating_mul(*multiple_of);
+                let divisible = if unit > 1 {
+                    format!(", or use a target divisible by ranks × granularity = {unit}")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "no split hits {} {target} exactly with {} ranks ({}), micro-batches that are multiples of {} \
+                     {multiple_of} and at most {} ({}), and at most {} accumulation steps; the nearest above is \
+                     {nearest}: accept it (drop {}){divisible}",
+                    name("target_effective_batch"),
+                    even.world_size,
+                    name("world_size"),
+                    name("multiple_of"),
+                    even.largest_micro_batch,
+                    name("largest_micro_batch"),
+                    even.max_steps,
+                    name("exact_effective_batch"),
+                )
+            }
+            Error::InexactTarget { target, multiple_of, nearest, even: None } => format!(
+                "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}; the \
+                 nearest above is {nearest}: accept it (drop {}) or use a global batch divisible by {multiple_of}",
+                name("target_global_batch"),
+                name("multiple_of"),
+                name("exact_effective_batch"),
+            ),
+            Error::AlreadyTrained { steps, change } => {
+                format!("the trainer already ran {steps} training steps: {change} before the first one")
+            }
+            Error::NothingFits {
+                size: Some(size),
+                batch,
+                outcome,
+                peak_bytes,
+                capacity_bytes,
+                limit_bytes,
+                ceiling,
+                ..
+            } => {
+                format!(
+                    "nothing fits at {} {batch}: the shortest {} searched, {size}, {}; the ceiling is {} of {} = {}: {}",
+                    name("batch"),
+                    name("size"),
+                    describe_failure(*outcome, *peak_bytes),
+                    format_percent(*ceiling),
+                    format_bytes(*capacity_bytes),
+                    format_bytes(*limit_bytes),
+                    if *batch > 1 {
+                        format!("use a smaller {}", name("batch"))
+                    } else {
+                        format!("make the model smaller or raise {}", name("capacity"))
+                    }
+                )
+            }
+            Error::NothingFits {
+                size: None,
+                batch,
+                outcome,
+                peak_bytes,
+                capacity_bytes,
+                limit_bytes,
+                ceiling,
+                smaller_batch,
+                remedies,
+            } => {
+                let mut message = format!(
+                    "nothing fits: batch {batch} (the smallest {} and {} allow) {}; the ceiling is {} of {} = {}",
+                    name("start"),
+                    name("multiple_of"),
+                    describe_failure(*outcome, *peak_bytes),
+                    format_percent(*ceiling),
+                    format_bytes(*capacity_bytes),
+                    format_bytes(*limit_bytes),
+                );
+                if let Some(smaller) = smaller_batch {
+                    let _ = write!(
+                        message,
+                        "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}",
+                        name("start")
+                    );
+                }
+                if !remedies.is_empty() {
+                    let advice: Vec<String> = remedies
+                        .iter()
+                        .map(|remedy| match names.change(&remedy.change) {
+                            Some(how) => format!("{how}: {remedy}"),
+                            None => remedy.to_string(),
+                        })
+                        .collect();
+                    let _ = write!(
+                        message,
+                        "; what would help, each alone (estimated from the measurement): {}",
+                        advice.join("; ")
+                    );
+                }
+                message
+            }
+            Error::ModelTooLarge { model, needs, batch, limit_bytes } => format!(
+                "{}{model} needs {needs}{}",
+                if limit_bytes.is_some() { "nothing fits: " } else { "" },
+                describe_limit(*limit_bytes, *batch)
+            ),
+            Error::TimeLimit { limit_ms, trials } => format!(
+                "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is \
+                 verified; allow more time (the first trials include the warm-up)",
+                name("time_limit"),
+                format_millis(*limit_ms),
+            ),
+            Error::GuardExhausted { offset } => format!(
+                "out of memory at a micro-batch of 1 (sample {offset} of the step): nothing smaller to try; lower \
+                 the model's memory (see `autobatch estimate`)"
+            ),
+            Error::InsufficientHeadroom(report) => format!("memory headroom regression: {report}"),
+            Error::Workload { batch, source } => format!(
+                "the workload failed at batch {batch} with an error that is not out-of-memory: {}",
+                candle_message(source)
+            ),
+            Error::BackwardUnsupported { batch, op, source } => format!(
+                "the backward pass failed at batch {batch}: candle cannot differentiate {op} ({}); probe the \
+                 forward pass alone (ModelProbe::forward_only) for serving or evaluation, or replace the op with \
+                 one candle can differentiate",
+                candle_message(source)
+            ),
+            Error::PartialGraph { variables, of } => format!(
+                "the measured step did not reach the gradients of {} of {of} variables ({}): its largest batch \
+                 understates training; make the graph whole (autobatch's ops module has differentiable forms of \
+                 candle's fused ops) or drop {}",
+                variables.len(),
+                first_names(variables),
+                name("strict"),
+            ),
+            Error::Candle(source) => format!("candle: {}", candle_message(source)),
+            Error::AtSize { size, source } => format!("at {} {size}: {}", name("size"), source.render(names)),
+            Error::Device(problem) => problem.to_string(),
+            Error::Collective(reason) => format!("collective: {reason}"),
+            Error::RankFailed => {
+                "another rank could not find a batch that fits (see that rank's error); no rank will train".to_owned()
+            }
+            Error::Meter(source) => format!("memory meter: {source}"),
+        }
+    }
+
     /// Wraps a meter's failure: for [`MemoryMeter`](crate::MemoryMeter) implementations.
     ///
     /// ```
@@ -649,46 +729,21 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::AtSize { source, .. } => source.kind(),
-            Error::InvalidCeiling { .. }
-            | Error::Zero { .. }
-            | Error::MaxBatchBelowStart { .. }
+            Error::InvalidSetting { .. }
             | Error::NoCandidate { .. }
             | Error::Overflow { .. }
-            | Error::ByteOverflow { .. }
-            | Error::InvalidSharding { .. }
-            | Error::TargetBelowWorldSize { .. }
-            | Error::InexactEffectiveBatch { .. }
-            | Error::InexactGlobalBatch { .. }
-            | Error::RankOutOfRange { .. }
-            | Error::SizeOutOfRange { .. }
-            | Error::UnevenPlanNeedsAllReduce { .. }
-            | Error::InvalidModel { .. }
-            | Error::UnsupportedConfig { .. }
-            | Error::UnsupportedDtype { .. }
-            | Error::UnknownAccelerator { .. }
-            | Error::UnsupportedOptimizer { .. }
+            | Error::InexactTarget { .. }
             | Error::AlreadyTrained { .. }
-            | Error::NotForSizeSearch { .. }
-            | Error::InvalidHeadroom { .. }
-            | Error::InvalidExpectation { .. }
-            | Error::CacheKeyMissing
-            | Error::WorldSizeMismatch { .. }
             | Error::ModelTooLarge { limit_bytes: None, .. } => ErrorKind::Configuration,
             Error::NothingFits { .. }
-            | Error::NoSizeFits { .. }
             | Error::ModelTooLarge { limit_bytes: Some(_), .. }
             | Error::TimeLimit { .. }
             | Error::GuardExhausted { .. }
             | Error::InsufficientHeadroom(_) => ErrorKind::DoesNotFit,
             Error::Workload { .. } | Error::PartialGraph { .. } | Error::BackwardUnsupported { .. } => ErrorKind::Model,
-            Error::AllocatorNotInstalled
-            | Error::PeakUnreadable { .. }
-            | Error::Candle(_)
-            | Error::Collective(_)
-            | Error::RankFailed
-            | Error::CudaUnavailable { .. }
-            | Error::NotCuda { .. }
-            | Error::Meter(_) => ErrorKind::Device,
+            Error::Device(_) | Error::Candle(_) | Error::Collective(_) | Error::RankFailed | Error::Meter(_) => {
+                ErrorKind::Device
+            }
         }
     }
 
@@ -697,6 +752,86 @@ impl Error {
     /// line reports these as usage errors. `kind() == ErrorKind::Configuration`.
     pub fn is_configuration(&self) -> bool {
         self.kind() == ErrorKind::Configuration
+    }
+
+    /// The setting an [`Error::InvalidSetting`] is about, at whatever size.
+    ///
+    /// ```
+    /// use autobatch::search::SearchSpace;
+    ///
+    /// let err = SearchSpace::new(1, None, 0).unwrap_err();
+    /// assert!(err.setting().is_some_and(|setting| *setting == *"multiple_of"));
+    /// ```
+    pub fn setting(&self) -> Option<&Setting> {
+        match self {
+            Error::InvalidSetting { setting, .. } => Some(setting),
+            Error::AtSize { source, .. } => source.setting(),
+            _ => None,
+        }
+    }
+
+    /// The workload's own error, when the workload failed.
+    pub fn workload_error(&self) -> Option<&candle_core::Error> {
+        match self {
+            Error::Workload { source, .. } => Some(source),
+            Error::BackwardUnsupported { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// [`Error::InvalidSetting`]: `setting` held `value`; `valid` says what
+    /// would be valid (`{name}` names another setting). For a workload's own
+    /// refusals, such as a [`Resizable`](crate::Resizable) size it cannot take.
+    ///
+    /// ```
+    /// use autobatch::{Error, Value};
+    ///
+    /// let err = Error::invalid("size", Value::Count(600), "it must be at most 512, the longest position");
+    /// assert_eq!(err.to_string(), "size is 600: it must be at most 512, the longest position");
+    /// ```
+    pub fn invalid(setting: impl Into<Setting>, value: Value, valid: impl Into<Cow<'static, str>>) -> Error {
+        Error::InvalidSetting { setting: setting.into(), value, valid: valid.into() }
+    }
+
+    /// A count that was zero and must be at least 1.
+    pub(crate) fn zero(setting: &'static str) -> Error {
+        Error::invalid(setting, Value::Count(0), "it must be at least 1")
+    }
+
+    /// A target (the setting `target`) below one micro-batch of `multiple_of`
+    /// on each of `world_size` ranks (the setting `ranks`).
+    pub(crate) fn target_below_ranks(
+        (target, ranks): (&'static str, &'static str),
+        value: usize,
+        world_size: usize,
+        multiple_of: usize,
+        smallest: usize,
+    ) -> Error {
+        Error::invalid(
+            target,
+            Value::Count(value),
+            format!(
+                "it must be at least {world_size} ranks ({{{ranks}}}) × {{multiple_of}} {multiple_of} = {smallest}: \
+                 every rank needs at least one micro-batch"
+            ),
+        )
+    }
+
+    /// Batch arithmetic that would overflow at `value`; `smaller` names the
+    /// settings to lower (`{start} or {multiple_of}`).
+    pub(crate) fn batch_overflow(value: usize, smaller: &'static str) -> Error {
+        Error::Overflow {
+            what: format!("batch arithmetic at {value}"),
+            valid: format!("use a smaller {smaller}").into(),
+        }
+    }
+
+    /// A byte count of `what` of 2^64 or more.
+    pub(crate) fn byte_overflow(what: impl Into<String>) -> Error {
+        Error::Overflow {
+            what: what.into(),
+            valid: "it comes to 2^64 bytes (16 EiB) or more; make the model smaller".into(),
+        }
     }
 
     /// [`Error::NothingFits`] at `batch` with no advice: what a check of an
@@ -709,6 +844,7 @@ impl Error {
     ) -> Error {
         Error::NothingFits {
             batch,
+            size: None,
             outcome,
             peak_bytes,
             capacity_bytes,
@@ -727,6 +863,17 @@ impl Error {
         self
     }
 
+    /// A search over the input size at `fixed_batch` that found nothing: its
+    /// smallest candidate was the shortest size.
+    pub(crate) fn at_fixed_batch(mut self, fixed_batch: usize) -> Error {
+        if let Error::NothingFits { batch, size, smaller_batch, remedies, .. } = &mut self {
+            *size = Some(*batch);
+            *batch = fixed_batch;
+            (*smaller_batch, *remedies) = (None, Vec::new());
+        }
+        self
+    }
+
     /// The error of a workload step at `batch` that is not out of memory:
     /// [`Error::BackwardUnsupported`] when candle cannot differentiate an op
     /// the step uses, else [`Error::Workload`].
@@ -734,15 +881,6 @@ impl Error {
         match unsupported_backward(&source) {
             Some(op) => Error::BackwardUnsupported { batch, op, source: Box::new(source) },
             None => Error::Workload { batch, source },
-        }
-    }
-
-    /// The workload's own error, when this is [`Error::Workload`].
-    pub fn workload_error(&self) -> Option<&candle_core::Error> {
-        match self {
-            Error::Workload { source, .. } => Some(source),
-            Error::BackwardUnsupported { source, .. } => Some(source.as_ref()),
-            _ => None,
         }
     }
 }
@@ -755,8 +893,8 @@ mod tests {
     fn each_kind_groups_what_the_caller_does_about_it() {
         let at_size = |source: Error| Error::AtSize { size: 64, source: Box::new(source) };
         let cases = [
-            (Error::Zero { setting: "start" }, ErrorKind::Configuration),
-            (Error::CacheKeyMissing, ErrorKind::Configuration),
+            (Error::zero("start"), ErrorKind::Configuration),
+            (Error::invalid("cache_key", Value::Missing, "give Tuner::cache_key"), ErrorKind::Configuration),
             (
                 Error::ModelTooLarge { model: "m".into(), needs: "1 TiB".into(), batch: 1, limit_bytes: None },
                 ErrorKind::Configuration,
@@ -768,14 +906,45 @@ mod tests {
             (Error::TimeLimit { limit_ms: 10, trials: 1 }, ErrorKind::DoesNotFit),
             (Error::GuardExhausted { offset: 3 }, ErrorKind::DoesNotFit),
             (Error::PartialGraph { variables: vec!["ln.weight".into()], of: 2 }, ErrorKind::Model),
-            (Error::AllocatorNotInstalled, ErrorKind::Device),
+            (Error::Device(DeviceProblem::AllocatorNotInstalled), ErrorKind::Device),
             (Error::RankFailed, ErrorKind::Device),
-            (at_size(Error::Zero { setting: "start" }), ErrorKind::Configuration),
+            (at_size(Error::zero("start")), ErrorKind::Configuration),
             (at_size(Error::TimeLimit { limit_ms: 10, trials: 1 }), ErrorKind::DoesNotFit),
         ];
         for (err, kind) in cases {
             assert_eq!(err.kind(), kind, "{err}");
             assert_eq!(err.is_configuration(), kind == ErrorKind::Configuration, "{err}");
         }
+    }
+
+    struct Flags;
+
+    impl Names for Flags {
+        fn setting(&self, name: &str) -> String {
+            format!("--{}", name.replace('_', "-"))
+        }
+    }
+
+    #[test]
+    fn a_message_names_settings_as_the_caller_does_and_leaves_other_braces() {
+        let err = Error::invalid("max_batch", Value::Count(4), "it must be at least {start}, 8 {not a name}");
+        assert_eq!(err.to_string(), "max_batch is 4: it must be at least start, 8 {not a name}");
+        assert_eq!(err.render(&Flags), "--max-batch is 4: it must be at least --start, 8 {not a name}");
+        let at_size = Error::AtSize { size: 64, source: Box::new(Error::zero("multiple_of")) };
+        assert_eq!(at_size.render(&Flags), "at --size 64: --multiple-of is 0: it must be at least 1");
+        assert_eq!(fill("{}{x{y}}", &Flags), "{}{x--y}");
+    }
+
+    #[test]
+    fn a_size_search_that_found_nothing_names_the_fixed_batch_and_the_shortest_size() {
+        let err = Error::nothing_fits_at(128, Outcome::OverCeiling, Some(3 << 20), (4 << 20, 2 << 20, 0.5))
+            .with_advice(Some(64), Vec::new())
+            .at_fixed_batch(8);
+        assert!(matches!(err, Error::NothingFits { batch: 8, size: Some(128), smaller_batch: None, .. }));
+        assert_eq!(
+            err.render(&Flags),
+            "nothing fits at --batch 8: the shortest --size searched, 128, peaked at 3.00 MiB; the ceiling is 50% \
+             of 4.00 MiB = 2.00 MiB: use a smaller --batch"
+        );
     }
 }

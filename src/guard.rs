@@ -114,7 +114,13 @@ impl Guard {
     /// the plan's split is followed again once the micro-batch grows back.
     pub fn new(plan: &Plan) -> Result<Self, Error> {
         if let (Some(split), Some(rank)) = (&plan.ranks(), plan.rank()) {
-            let share = split.shares.get(rank).ok_or(Error::RankOutOfRange { rank, world_size: split.world_size() })?;
+            let share = split.shares.get(rank).ok_or_else(|| {
+                Error::invalid(
+                    "rank",
+                    crate::Value::Count(rank),
+                    format!("the plan's split has ranks 0..{}", split.world_size()),
+                )
+            })?;
             // (a rank may have no sample at all: then every micro-step is empty)
             let micro_batch = share.micro_batch().max(1);
             return Ok(Guard {
@@ -130,17 +136,17 @@ impl Guard {
         let batch = plan
             .micro_batch()
             .checked_mul(plan.accumulation_steps())
-            .ok_or(Error::Overflow { value: plan.micro_batch() })?;
+            .ok_or_else(|| Error::batch_overflow(plan.micro_batch(), "micro-batch or accumulation steps"))?;
         Self::with_batch(batch, plan.micro_batch())
     }
 
     /// A guard for steps of `batch` samples per rank, run `micro_batch` at a time.
     pub fn with_batch(batch: usize, micro_batch: usize) -> Result<Self, Error> {
         if batch == 0 {
-            return Err(Error::Zero { setting: "batch" });
+            return Err(Error::zero("batch"));
         }
         if micro_batch == 0 {
-            return Err(Error::Zero { setting: "micro_batch" });
+            return Err(Error::zero("micro_batch"));
         }
         Ok(Guard {
             batch,

@@ -140,6 +140,11 @@
 //! them ([`optim`]). Every public item has one path: the root has what most
 //! users call; [`search`], [`model`], [`optim`], [`estimate`],
 //! [`memory::simulated`], [`collective`], [`ops`] and [`workloads`] hold the rest.
+//! An [`Error`] is read by its [`kind`](Error::kind) (fix the request, give
+//! it more memory, fix the model, look at the machine); every invalid setting
+//! is one variant, [`Error::InvalidSetting`] (the [`Setting`], its [`Value`],
+//! what would be valid), and a program that names the settings its own way
+//! (the command line's flags) prints the same messages through [`Names`].
 //! [`memory::simulated`] is public on purpose, not test scaffolding: a
 //! simulated device (a memory curve, and the ways real devices stray from
 //! it: granules, noise, an out-of-memory error below the ceiling, memory
@@ -171,7 +176,7 @@ mod workload;
 pub mod workloads;
 
 pub use cache::CacheKey;
-pub use error::{candle_message, describe_failure, Error, ErrorKind, Result};
+pub use error::{DeviceProblem, Error, ErrorKind, EvenSplit, Names, Result, Setting, Value};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{assert_headroom, Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]

@@ -101,7 +101,7 @@ fn without_backtrace(mut err: &CandleError) -> &CandleError {
 }
 
 /// An error's text with every captured backtrace left out
-/// ([`candle_message`](crate::candle_message)), and the debug form of what lies
+/// ([`candle_message`](crate::error::candle_message)), and the debug form of what lies
 /// under candle's wrappers (not every one chains its source). Printing a
 /// backtrace symbolizes it: with `RUST_BACKTRACE` set, that loads the binary's
 /// debug information onto the heap for the rest of the process (tens of MiB),
@@ -114,7 +114,7 @@ fn text_without_backtraces(err: &CandleError) -> String {
     {
         innermost = inner;
     }
-    format!("{}\n{innermost:?}", crate::candle_message(err))
+    format!("{}\n{innermost:?}", crate::error::candle_message(err))
 }
 
 fn source_is_oom(err: &(dyn std::error::Error + 'static)) -> bool {
@@ -272,7 +272,7 @@ mod tests {
         assert!(meter_error_is_oom(&crate::Error::meter(Text(DRIVER_OOM))));
         assert!(meter_error_is_oom(&crate::Error::Candle(cuda(CUBLAS_OOM))));
         assert!(!meter_error_is_oom(&crate::Error::meter(Text("DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"\")"))));
-        assert!(!meter_error_is_oom(&crate::Error::Zero { setting: "x" }));
+        assert!(!meter_error_is_oom(&crate::Error::zero("x")));
     }
 
     /// The real error types of candle's CUDA backend (no GPU needed to build them).

@@ -113,19 +113,22 @@ fn nothing_fits_has_its_own_exit_code() {
 
 #[test]
 fn bad_flags_and_impossible_configurations_are_one_line_usage_errors() {
-    assert_usage_error(&["probe", "--ceiling", "1.5"], "ceiling 1.5 is not a fraction in (0, 1]");
+    assert_usage_error(&["probe", "--ceiling", "1.5"], "ceiling is 1.5: it must be a fraction in (0, 1]");
     assert_usage_error(&["probe", "--ceiling", "lots"], "--ceiling");
     assert_usage_error(&["probe", "--model", "resnet"], "possible values: transformer, mlp, convnet");
     assert_usage_error(&["probe", "--bogus"], "unexpected argument '--bogus'");
     assert_usage_error(&["probe", "--width", "64"], "--width does not apply to --model transformer");
-    assert_usage_error(&["probe", "--heads", "3"], "--heads 3 is invalid: it must be a divisor of the model width, 64");
+    assert_usage_error(&["probe", "--heads", "3"], "--heads is 3: it must be a divisor of the model width, 64");
     assert_usage_error(&["probe", "--budget", "12 gigs"], "unknown unit");
     assert_usage_error(&["probe", "--device", "tpu"], "use cpu, cuda or cuda:N");
-    assert_usage_error(&["probe", "--max-batch", "4", "--start", "8"], "--max-batch 4 is below --start 8");
+    assert_usage_error(
+        &["probe", "--max-batch", "4", "--start", "8"],
+        "--max-batch is 4: it must be at least --start, 8",
+    );
     assert_usage_error(&["probe", "--multiple-of", "0"], "'--multiple-of <MULTIPLE_OF>': must be at least 1");
     assert_usage_error(
         &["probe", "--target-effective-batch", "3", "--world-size", "4"],
-        "--target-effective-batch 4 or more",
+        "--target-effective-batch is 3: it must be at least 4 ranks (--world-size) × --multiple-of 1 = 4",
     );
     assert_usage_error(&["probe", "--model", "convnet", "--resolution", "30"], "multiple of 4");
     assert_usage_error(&["estimate", "--params", "7X"], "unknown suffix");
@@ -563,8 +566,8 @@ fn a_budget_past_the_address_space_limit_is_refused() {
 #[test]
 fn messages_name_flags_not_internals() {
     let cases: [(&[&str], &str); 9] = [
-        (&["plan", "--target", "3", "--uneven", "1,1,1,1"], "--target 3 is below the 4 ranks of --uneven"),
-        (&["plan", "--target", "257", "--largest", "133", "--exact"], "--exact: no split hits --target 257"),
+        (&["plan", "--target", "3", "--uneven", "1,1,1,1"], "--target is 3: it must be at least 4 ranks (--uneven)"),
+        (&["plan", "--target", "257", "--largest", "133", "--exact"], "no split hits --target 257 exactly"),
         (&["probe", "--exact", "--target-effective-batch", "257", "--max-batch", "133"], "drop --exact"),
         (&["plan", "--target", "18446744073709551615", "--largest", "2", "--world-size", "2"], "--largest"),
         (
@@ -585,7 +588,7 @@ fn messages_name_flags_not_internals() {
             ],
             "the activations of 18446744073709551615 layers",
         ),
-        (&["probe", "--heads", "3"], "--heads 3"),
+        (&["probe", "--heads", "3"], "--heads is 3"),
         (&["probe", "--model", "convnet", "--precision", "mixed"], "--precision"),
         (&["probe", "--compare", "--cache", "x.json"], "--cache does not go with --compare"),
         (&["probe", "--model", "mlp", "--max-trials", "2"], "stopped after 2 search trials"),
@@ -653,7 +656,7 @@ fn estimate_takes_a_card_by_name() {
     let output = autobatch(&["estimate", "--params", "7B", "--capacity", "H100"]);
     assert!(text(&output.stdout).contains("does not fit in h100 (reports 79.6 GiB"), "{}", text(&output.stdout));
 
-    assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "unknown accelerator 'h1000'");
+    assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "--capacity is h1000: known names are");
     assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "a100-40gb, l40s, h100, a100-80gb");
 }
 
@@ -703,7 +706,7 @@ fn a_time_limit_returns_a_verified_unproven_plan() {
     let output = autobatch(&["probe", "--time-limit", "1ms"]);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("--time-limit 1ms passed after 0 trials with no batch seen to fit"), "{stderr}");
+    assert!(stderr.contains("(--time-limit 0.001 s) passed after 0 trials with no batch seen to fit"), "{stderr}");
     assert_usage_error(&["probe", "--time-limit", "0s"], "must be at least 1ms");
     assert_usage_error(&["probe", "--time-limit", "3 days"], "unknown unit");
 }
@@ -1031,7 +1034,10 @@ fn a_lora_base_is_probed_exactly_compared_and_estimated() {
     assert_eq!(state["weights"].as_u64(), Some(footprint.parameters * 4), "f32 adapters: {estimate}");
     // flags that contradict each other
     assert_usage_error(&[&common[..], &["--base-dtype", "q5_k"]].concat(), "q4_0");
-    assert_usage_error(&[&common[..], &["--base-dtype", "bf16", "--precision", "f32"]].concat(), "base dtype");
+    assert_usage_error(
+        &[&common[..], &["--base-dtype", "bf16", "--precision", "f32"]].concat(),
+        "--base-dtype is bf16",
+    );
     assert_usage_error(&[&common[..], &["--base-dtype", "bf16", "--precision", "mixed"]].concat(), "drop one");
     assert_usage_error(&["probe", "--config", &llama, "--base-dtype", "q4_0"], "--lora");
 }

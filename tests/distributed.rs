@@ -124,7 +124,11 @@ fn a_world_size_that_disagrees_with_the_collective_is_an_error() {
     let ranks = ThreadCollective::group(1).unwrap();
     let (mut workload, mut meter) = device(80).build();
     let err = Tuner::new().world_size(4).run_distributed(&mut workload, &mut meter, &ranks[0]).unwrap_err();
-    assert!(matches!(err, Error::WorldSizeMismatch { tuner: 4, collective: 1 }), "{err}");
+    assert!(
+        matches!(&err, Error::InvalidSetting { setting, value: autobatch::Value::Count(4), .. } if *setting == *"world_size"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("the collective has 1 ranks"), "{err}");
 }
 
 /// Runs `tuner` with uneven ranks on every rank, each with its own workload.
@@ -272,7 +276,7 @@ fn uneven_ranks_demanding_an_exact_global_batch_refuse_a_partial_granule() {
         on_uneven_ranks(&Tuner::new().multiple_of(8).target_effective_batch(1001).exact_effective_batch(true), sims);
     for result in results {
         assert!(
-            matches!(result, Err(Error::InexactGlobalBatch { target: 1001, multiple_of: 8, nearest: 1008 })),
+            matches!(result, Err(Error::InexactTarget { target: 1001, multiple_of: 8, nearest: 1008, even: None })),
             "{result:?}"
         );
     }
@@ -414,7 +418,8 @@ fn train_loop_refuses_a_plan_for_uneven_ranks() {
     let varmap = candle_nn::VarMap::new();
     let optimizer = <candle_nn::SGD as candle_nn::Optimizer>::new(varmap.all_vars(), 0.1).unwrap();
     let err = autobatch::TrainLoop::new(plan, &varmap, optimizer).unwrap_err();
-    assert!(matches!(err, Error::UnevenPlanNeedsAllReduce { world_size: 2 }), "{err}");
+    assert!(matches!(&err, Error::InvalidSetting { setting, .. } if *setting == *"plan"), "{err}");
+    assert!(err.to_string().contains("a global batch shared over 2 uneven ranks"), "{err}");
 }
 
 #[test]

@@ -133,6 +133,20 @@ fn a_single_sample_that_does_not_fit_and_other_errors_are_reported() {
     let mut guard = Guard::with_batch(8, 4).unwrap();
     let err = guard.step(&mut meter, |_| Err(candle_core::Error::Msg("shape mismatch".into()))).unwrap_err();
     assert!(matches!(&err, Error::Workload { .. }) && err.to_string().contains("shape mismatch"), "{err}");
-    assert!(matches!(Guard::with_batch(0, 4), Err(Error::Zero { setting: "batch" })));
-    assert!(matches!(Guard::with_batch(8, 0), Err(Error::Zero { setting: "micro_batch" })));
+    assert!(matches!(
+        Guard::with_batch(0, 4),
+        Err(Error::InvalidSetting {
+            setting: autobatch::Setting::Named("batch"),
+            value: autobatch::Value::Count(0),
+            ..
+        })
+    ));
+    assert!(matches!(
+        Guard::with_batch(8, 0),
+        Err(Error::InvalidSetting {
+            setting: autobatch::Setting::Named("micro_batch"),
+            value: autobatch::Value::Count(0),
+            ..
+        })
+    ));
 }

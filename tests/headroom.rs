@@ -50,6 +50,6 @@ fn the_reference_transformer_keeps_its_headroom_at_batch_32() {
     assert!(text.starts_with("memory headroom regression: batch 32: peak"), "{text}");
     assert!(matches!(
         Headroom::new(32).min_headroom(1.5).check(&mut model, &mut meter),
-        Err(Error::InvalidHeadroom { .. })
+        Err(Error::InvalidSetting { value: autobatch::Value::Fraction(_), .. })
     ));
 }

@@ -5,7 +5,9 @@
 //! and refusals are errors.
 
 use autobatch::search::SearchSpace;
-use autobatch::{Error, LongestSize, Outcome, Resizable, SearchLimit, SizeRange, Strategy as Search, Tuner};
+use autobatch::{
+    Error, LongestSize, Outcome, Resizable, SearchLimit, Setting, SizeRange, Strategy as Search, Tuner, Value,
+};
 use proptest::prelude::*;
 
 mod common;
@@ -48,7 +50,11 @@ proptest! {
         let truth = brute_force(curve, batch, range);
         let result = run(&Tuner::new().strategy(strategy), curve, batch, range);
         let Some(truth) = truth else {
-            prop_assert!(matches!(result, Err(Error::NoSizeFits { batch: b, .. }) if b == batch), "{:?}", result);
+            prop_assert!(
+                matches!(result, Err(Error::NothingFits { batch: b, size: Some(_), .. }) if b == batch),
+                "{:?}",
+                result
+            );
             return Ok(());
         };
         let longest = result.unwrap();
@@ -98,12 +104,15 @@ fn batch_search_settings_are_refused_not_ignored() {
         (Tuner::new().cache("/tmp/never-written.json"), "cache"),
     ] {
         let err = run(&tuner, curve, 4, range).unwrap_err();
-        assert!(matches!(err, Error::NotForSizeSearch { setting: s } if s == setting), "{err}");
+        assert!(matches!(&err, Error::InvalidSetting { setting: s, value: Value::Set, .. } if *s == *setting), "{err}");
         assert!(err.is_configuration());
     }
-    assert!(matches!(run(&Tuner::new(), curve, 0, range), Err(Error::Zero { setting: "batch" })));
+    assert!(matches!(
+        run(&Tuner::new(), curve, 0, range),
+        Err(Error::InvalidSetting { setting: Setting::Named("batch"), value: Value::Count(0), .. })
+    ));
     let err = run(&Tuner::new(), curve, 4, SizeRange::up_to(100).from(200)).unwrap_err();
-    assert!(matches!(err, Error::MaxBatchBelowStart { .. }), "{err}");
+    assert!(matches!(&err, Error::InvalidSetting { setting: Setting::Named("max_batch"), .. }), "{err}");
 }
 
 /// A size the workload cannot take ends the search with the workload's own error.
@@ -121,7 +130,7 @@ fn a_refused_size_is_the_workloads_error() {
     impl Resizable for Positions {
         fn resize(&mut self, size: usize) -> autobatch::Result<()> {
             if size > self.max {
-                return Err(Error::SizeOutOfRange { size, longest: self.max });
+                return Err(Error::invalid("size", Value::Count(size), format!("it must be at most {}", self.max)));
             }
             self.size = size;
             Ok(())
@@ -136,6 +145,7 @@ fn a_refused_size_is_the_workloads_error() {
             .build()
             .1;
     let err = Tuner::new().run_longest(&mut workload, &mut meter, 4, SizeRange::up_to(4096)).unwrap_err();
-    assert!(matches!(err, Error::SizeOutOfRange { size, longest: 512 } if size > 512), "{err}");
+    assert!(matches!(err, Error::InvalidSetting { value: Value::Count(size), .. } if size > 512), "{err}");
+    assert!(err.to_string().ends_with("it must be at most 512"), "{err}");
     assert_eq!(workload.size, 32);
 }

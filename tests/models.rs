@@ -13,7 +13,7 @@ use common::bits;
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 use autobatch::models::{BaseDtype, Config, Family, Lora, Pretrained, Training};
-use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Workload};
+use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW};
 
@@ -335,7 +335,9 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         assert!(first.is_finite() && second.is_finite());
     }
     let bert = Pretrained::build(&tiny("bert"), &Training::new(8).checkpointing(), &Device::Cpu);
-    assert!(matches!(bert, Err(Error::UnsupportedConfig { .. })));
+    assert!(
+        matches!(bert, Err(Error::InvalidSetting { setting: Setting::Input(ref field), .. }) if field == "config field model_type")
+    );
 }
 
 /// A LoRA model as a user writes it (a frozen base of plain tensors under
@@ -409,7 +411,9 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
 
 fn bad_configs_are_refused_by_field() {
     let refused = |json: &str, field: &str| match Config::from_json(json) {
-        Err(Error::UnsupportedConfig { field: got, .. }) => assert_eq!(got, field, "{json}"),
+        Err(Error::InvalidSetting { setting: Setting::Input(got), .. }) => {
+            assert_eq!(got, format!("config field {field}"), "{json}")
+        }
         other => panic!("{json}: {other:?}"),
     };
     refused("{", "config");
@@ -436,10 +440,10 @@ fn bad_configs_are_refused_by_field() {
     // a sequence past the sliding window, or the positions, is refused before anything is built
     let mistral = published("mistral-7b-v0.1.json");
     assert!(
-        matches!(mistral.check_seq_len(8192), Err(Error::UnsupportedConfig { ref field, .. }) if field == "sliding_window")
+        matches!(mistral.check_seq_len(8192), Err(Error::InvalidSetting { setting: Setting::Input(ref field), .. }) if field == "config field sliding_window")
     );
     assert!(mistral.check_seq_len(4096).is_ok());
-    assert!(matches!(tiny("gpt2").check_seq_len(257), Err(Error::UnsupportedConfig { .. })));
+    assert!(matches!(tiny("gpt2").check_seq_len(257), Err(Error::InvalidSetting { .. })));
     // given weights: the same logits; a missing tensor or a wrong shape is named
     let config = tiny("qwen2");
     let random = Pretrained::build(&config, &Training::new(8), &Device::Cpu).unwrap();
@@ -460,8 +464,8 @@ fn bad_configs_are_refused_by_field() {
     let err = Pretrained::from_tensors(&config, &Training::new(8), wrong, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("model.norm.weight"), "{err}");
     let unknown = Pretrained::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
-    let Err(Error::UnsupportedConfig { field, valid, .. }) = unknown else { panic!("an unknown target was taken") };
-    assert!(field == "lora targets" && valid.contains("q_proj"), "{valid}");
+    let Err(Error::InvalidSetting { setting, valid, .. }) = unknown else { panic!("an unknown target was taken") };
+    assert!(setting == *"lora_targets" && valid.contains("q_proj"), "{valid}");
 }
 
 /// Every projection of a LoRA model's layers, by checkpoint name (the
@@ -658,7 +662,7 @@ fn a_base_the_model_cannot_take_is_refused() {
     )
     .err()
     .unwrap();
-    assert!(matches!(&err, Error::UnsupportedConfig { field, .. } if field == "base dtype"), "{err}");
+    assert!(matches!(&err, Error::InvalidSetting { setting, .. } if *setting == *"base_dtype"), "{err}");
     // 48 features in: not whole blocks of 32
     let odd = Config::from_json(
         r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 48, "intermediate_size": 64,

@@ -56,7 +56,7 @@ proptest! {
             prop_assert!(batch == 0 || curve.bytes(batch, len) <= limit, "{} tokens at length {} do not fit", plan.token_budget, len);
         }
         let past = plan.batch_for(longest + 1);
-        prop_assert!(matches!(past, Err(Error::SizeOutOfRange { .. })), "{:?}", past);
+        prop_assert!(matches!(past, Err(Error::InvalidSetting { value: autobatch::Value::Count(_), .. })), "{:?}", past);
     }
 
     #[test]
@@ -112,7 +112,8 @@ fn bucketing_pads_to_the_next_probed_size() {
     let bucket = plan.bucket_for(100).unwrap();
     assert_eq!((bucket.size, bucket.batch), (128, plan.plan_for(128).unwrap().largest_batch));
     assert_eq!(plan.bucket_for(64).unwrap().size, 64);
-    assert!(matches!(plan.bucket_for(257), Err(Error::SizeOutOfRange { size: 257, longest: 256 })));
+    assert!(matches!(plan.bucket_for(257), Err(Error::InvalidSetting { value: autobatch::Value::Count(257), .. })));
+    assert!(plan.bucket_for(257).unwrap_err().to_string().contains("at most the longest size probed, 256"));
     let text = plan.to_string();
     assert!(text.contains("token budget") && text.contains("per token"), "{text}");
     let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
@@ -124,8 +125,22 @@ fn bad_sizes_are_errors() {
     let curve = Curve { capacity_gib: 24, fixed: GIB, per_token: 16 << 10, per_token_length: 64 };
     let (mut workload, mut meter) = curve.simulation(64).build();
     let tuner = Tuner::new();
-    assert!(matches!(tuner.run_sizes(&mut workload, &mut meter, &[]), Err(Error::Zero { setting: "sizes" })));
-    assert!(matches!(tuner.run_sizes(&mut workload, &mut meter, &[64, 0]), Err(Error::Zero { setting: "size" })));
+    assert!(matches!(
+        tuner.run_sizes(&mut workload, &mut meter, &[]),
+        Err(Error::InvalidSetting {
+            setting: autobatch::Setting::Named("sizes"),
+            value: autobatch::Value::Count(0),
+            ..
+        })
+    ));
+    assert!(matches!(
+        tuner.run_sizes(&mut workload, &mut meter, &[64, 0]),
+        Err(Error::InvalidSetting {
+            setting: autobatch::Setting::Named("size"),
+            value: autobatch::Value::Count(0),
+            ..
+        })
+    ));
     assert_eq!(workload.steps(), 0, "nothing ran");
     // a size where nothing fits says which
     let err = tuner.run_sizes(&mut workload, &mut meter, &[64, 1 << 20]).unwrap_err();
@@ -163,7 +178,8 @@ fn the_plan_cache_keeps_sizes_apart() {
     // the cache needs a key
     let (mut workload, mut meter) = curve.simulation(128).build();
     let err = Tuner::new().cache(&path).run_sizes(&mut workload, &mut meter, &[128]).unwrap_err();
-    assert!(matches!(err, Error::CacheKeyMissing), "{err}");
+    assert!(matches!(err, Error::InvalidSetting { value: autobatch::Value::Missing, .. }), "{err}");
+    assert!(err.to_string().starts_with("cache_key is missing: the plan cache needs"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -266,7 +266,7 @@ fn accumulation_reaches_the_target_with_one_to_eight_ranks() {
 fn exactness_can_be_demanded() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
     let err = run(&Tuner::new().target_effective_batch(257).exact_effective_batch(true), sim.clone()).unwrap_err();
-    assert!(matches!(err, Error::InexactEffectiveBatch { target: 257, nearest: 258, .. }), "{err:?}");
+    assert!(matches!(err, Error::InexactTarget { target: 257, nearest: 258, even: Some(_), .. }), "{err:?}");
     let plan = run(&Tuner::new().target_effective_batch(256).exact_effective_batch(true), sim).unwrap();
     assert_eq!(plan.effective_batch(), 256);
 }
@@ -274,21 +274,27 @@ fn exactness_can_be_demanded() {
 #[test]
 fn every_invalid_configuration_is_an_error_before_any_step() {
     let cases: Vec<(Tuner, &str)> = vec![
-        (Tuner::new().ceiling(0.0), "ceiling 0"),
-        (Tuner::new().ceiling(-0.5), "ceiling -0.5"),
-        (Tuner::new().ceiling(1.0001), "ceiling 1.0001"),
-        (Tuner::new().ceiling(f64::NAN), "ceiling NaN"),
-        (Tuner::new().ceiling(f64::INFINITY), "ceiling inf"),
+        (Tuner::new().ceiling(0.0), "ceiling is 0:"),
+        (Tuner::new().ceiling(-0.5), "ceiling is -0.5:"),
+        (Tuner::new().ceiling(1.0001), "ceiling is 1.0001:"),
+        (Tuner::new().ceiling(f64::NAN), "ceiling is NaN:"),
+        (Tuner::new().ceiling(f64::INFINITY), "ceiling is inf:"),
         (Tuner::new().start(0), "start is 0"),
         (Tuner::new().multiple_of(0), "multiple_of is 0"),
-        (Tuner::new().max_batch(4).start(8), "max_batch 4 is below start 8"),
-        (Tuner::new().max_batch(7).multiple_of(8), "no multiple of 8 lies in [1, 7]"),
+        (Tuner::new().max_batch(4).start(8), "max_batch is 4: it must be at least start, 8"),
+        (Tuner::new().max_batch(7).multiple_of(8), "no multiple of multiple_of 8 lies in [start 1, max_batch 7]"),
         (Tuner::new().world_size(0), "world_size is 0"),
         (Tuner::new().target_effective_batch(0), "target_effective_batch is 0"),
         (Tuner::new().max_trials(0), "max_trials is 0"),
         (Tuner::new().steps_per_trial(0), "steps_per_trial is 0"),
-        (Tuner::new().target_effective_batch(6).world_size(8), "target effective batch 6 is below 8 ranks"),
-        (Tuner::new().target_effective_batch(60).world_size(8).multiple_of(8), "use a target of at least 64"),
+        (
+            Tuner::new().target_effective_batch(6).world_size(8),
+            "target_effective_batch is 6: it must be at least 8 ranks (world_size)",
+        ),
+        (
+            Tuner::new().target_effective_batch(60).world_size(8).multiple_of(8),
+            "= 64: every rank needs at least one micro-batch",
+        ),
     ];
     for (tuner, message) in cases {
         let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, MIB)).build();
@@ -498,7 +504,14 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
     assert_eq!(plan.micro_batch(), choice.chosen_batch);
     // every fitting trial reports its samples per second
     assert!(plan.trials.iter().filter(|t| t.outcome.fits()).all(|t| t.samples_per_second().is_some_and(|r| r > 0.0)));
-    assert!(matches!(Tuner::new().timing_repeats(0).check(), Err(Error::Zero { setting: "timing_repeats" })));
+    assert!(matches!(
+        Tuner::new().timing_repeats(0).check(),
+        Err(Error::InvalidSetting {
+            setting: autobatch::Setting::Named("timing_repeats"),
+            value: autobatch::Value::Count(0),
+            ..
+        })
+    ));
 }
 
 /// A simulated device whose step at `slow_batch` takes `pause`: the time
@@ -836,8 +849,9 @@ fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
     ] {
         let (_, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
         match Tuner::new().compare(variants, &mut meter) {
-            Err(err @ Error::InvalidExpectation { what: found, .. }) => {
-                assert_eq!(found, what);
+            Err(err) if err.is_configuration() => {
+                let Some(autobatch::Setting::Input(found)) = err.setting() else { panic!("{err}") };
+                assert!(found.ends_with(&format!("expects {what}")), "{found}");
                 assert_eq!(err.kind(), autobatch::ErrorKind::Configuration);
                 assert_eq!(meter.peak().unwrap(), 0, "no trial ran");
             }
@@ -852,7 +866,10 @@ fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
         let (first, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
         let variants = vec![autobatch::Variant::new("as it is", first), variant(share, change, 0)];
         let err = Tuner::new().compare(variants, &mut meter).unwrap_err();
-        assert!(matches!(err, Error::InvalidExpectation { what: found, .. } if found == what), "{err}");
+        assert!(
+            matches!(&err, Error::InvalidSetting { setting: autobatch::Setting::Input(found), .. } if found.ends_with(what)),
+            "{err}"
+        );
         assert!(err.to_string().contains("lean") && err.to_string().contains("must be"), "{err}");
     }
 }

@@ -20,8 +20,11 @@ mod common;
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
+use autobatch::estimate::OptimizerKind;
 use autobatch::workloads::{ConvNetConfig, MlpConfig, Model, Trainer, TransformerConfig};
-use autobatch::{Error, HeapMeter, MemoryMeter, Resizable, SizeRange, TrackingAllocator, Tuner, Workload};
+use autobatch::{
+    Error, HeapMeter, MemoryMeter, Resizable, Setting, SizeRange, TrackingAllocator, Tuner, Value, Workload,
+};
 use candle_core::{DType, Device};
 
 const MIB: u64 = 1 << 20;
@@ -221,28 +224,31 @@ fn bf16_halves_the_model_state_where_the_cpu_supports_it() {
 
     // candle's CPU conv2d has no bf16 matmul: a clear error, not a failed step later
     let err = ConvNetConfig { dtype: DType::BF16, ..ConvNetConfig::default() }.build(&Device::Cpu).unwrap_err();
-    assert!(matches!(err, Error::UnsupportedDtype { .. }), "{err}");
+    assert!(matches!(err, Error::InvalidSetting { value: autobatch::Value::Dtype(DType::BF16), .. }), "{err}");
 }
 
 fn invalid_model_settings_are_errors() {
     // what must come before training says so, and an optimizer without a dry step is named
     let mut trainer = MlpConfig::default().build(&Device::Cpu).unwrap();
     trainer.train_step(2).unwrap();
-    let err = trainer.with_optimizer(autobatch::estimate::OptimizerKind::Lion).unwrap_err();
+    let err = trainer.with_optimizer(OptimizerKind::Lion).unwrap_err();
     assert!(matches!(err, Error::AlreadyTrained { steps: 1, .. }), "{err}");
     assert!(err.to_string().contains("choose the optimizer before the first one"), "{err}");
     let fresh = MlpConfig::default().build(&Device::Cpu).unwrap();
-    let err = fresh.with_optimizer(autobatch::estimate::OptimizerKind::Sgd).unwrap_err();
-    assert!(matches!(&err, Error::UnsupportedOptimizer { optimizer, .. } if optimizer == "sgd"), "{err}");
+    let err = fresh.with_optimizer(OptimizerKind::Sgd).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidSetting { value: autobatch::Value::Optimizer(OptimizerKind::Sgd), .. }),
+        "{err}"
+    );
     assert!(err.is_configuration());
     let cases: Vec<(Result<(), Error>, &str)> = vec![
-        (TransformerConfig { heads: 3, ..TransformerConfig::default() }.check(), "heads = 3"),
-        (TransformerConfig { seq_len: 0, ..TransformerConfig::default() }.check(), "seq_len = 0"),
-        (TransformerConfig { dtype: DType::U8, ..TransformerConfig::default() }.check(), "dtype u8"),
-        (MlpConfig { depth: 0, ..MlpConfig::default() }.check(), "depth = 0"),
-        (MlpConfig { classes: 1, ..MlpConfig::default() }.check(), "classes = 1"),
-        (ConvNetConfig { resolution: 30, ..ConvNetConfig::default() }.check(), "resolution = 30"),
-        (ConvNetConfig { classes: 4, ..ConvNetConfig::default() }.check(), "classes = 4"),
+        (TransformerConfig { heads: 3, ..TransformerConfig::default() }.check(), "heads is 3"),
+        (TransformerConfig { seq_len: 0, ..TransformerConfig::default() }.check(), "seq_len is 0"),
+        (TransformerConfig { dtype: DType::U8, ..TransformerConfig::default() }.check(), "dtype is u8"),
+        (MlpConfig { depth: 0, ..MlpConfig::default() }.check(), "depth is 0"),
+        (MlpConfig { classes: 1, ..MlpConfig::default() }.check(), "classes is 1"),
+        (ConvNetConfig { resolution: 30, ..ConvNetConfig::default() }.check(), "resolution is 30"),
+        (ConvNetConfig { classes: 4, ..ConvNetConfig::default() }.check(), "classes is 4"),
     ];
     for (result, message) in cases {
         let err = result.expect_err(message);
@@ -353,7 +359,10 @@ fn the_transformer_trains_in_mixed_precision() {
     assert!(last < first / 2.0, "{first} -> {last}");
     // f32 models cannot: mixed precision keeps bf16 variables
     let f32_model = transformer(16, 32, 1).build(&Device::Cpu).unwrap();
-    assert!(matches!(f32_model.into_mixed_precision(), Err(Error::UnsupportedDtype { .. })));
+    assert!(matches!(
+        f32_model.into_mixed_precision(),
+        Err(Error::InvalidSetting { value: autobatch::Value::Dtype(DType::F32), .. })
+    ));
 }
 
 fn the_transformer_trains_with_each_lean_optimizer() {
@@ -391,7 +400,14 @@ fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     assert!(peak >= before + 3 * MIB && peak < before + 3 * MIB + TOLERANCE, "{before} then peak {peak}");
     meter.reset_peak().unwrap();
     assert!(meter.peak().unwrap() < before + TOLERANCE);
-    assert!(matches!(HeapMeter::new(0), Err(Error::Zero { setting: "budget_bytes" })));
+    assert!(matches!(
+        HeapMeter::new(0),
+        Err(Error::InvalidSetting {
+            setting: autobatch::Setting::Named("budget_bytes"),
+            value: autobatch::Value::Count(0),
+            ..
+        })
+    ));
 }
 
 /// The reference transformer tuned at three sequence lengths: each length's
@@ -433,8 +449,11 @@ fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
         trainer.train_step(8).unwrap();
     }
     assert!(trainer.train_step(8).unwrap() < first);
-    assert!(matches!(trainer.resize(65), Err(Error::InvalidModel { setting: "seq_len", value: 65, .. })));
-    assert!(matches!(trainer.resize(0), Err(Error::InvalidModel { .. })));
+    assert!(matches!(
+        trainer.resize(65),
+        Err(Error::InvalidSetting { setting: Setting::Named("seq_len"), value: Value::Count(65), .. })
+    ));
+    assert!(matches!(trainer.resize(0), Err(Error::InvalidSetting { value: Value::Count(0), .. })));
 }
 
 /// The longest input at a fixed batch, by the tuner's size search, checked

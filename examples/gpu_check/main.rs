@@ -239,7 +239,7 @@ fn forced_oom<W: Workload>(
                 drop(ballast);
                 meter.release_cached()?;
                 return match result {
-                    Err(err) if may_be_oom(&err) => Ok(Some(autobatch::candle_message(&err))),
+                    Err(err) if may_be_oom(&err) => Ok(Some(autobatch::Error::from(err).to_string())),
                     Err(err) => Err(err.into()),
                     Ok(()) => Ok(None),
                 };
@@ -282,7 +282,7 @@ fn check(
             Ok(()) if next_peaks.binding() > limit => Next::OverCeiling { peak_bytes: next_peaks.binding() },
             Ok(()) => Next::Fits { peak_bytes: next_peaks.binding() },
             Err(err) if may_be_oom(&err) => Next::OutOfMemory,
-            Err(err) => Next::Error { message: autobatch::candle_message(&err) },
+            Err(err) => Next::Error { message: autobatch::Error::from(err).to_string() },
         }
     };
     phase_done(out, name, "b + 1", phase, serde_json::to_value(&next)?);

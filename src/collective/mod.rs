@@ -3,7 +3,9 @@
 
 #[cfg(feature = "nccl")]
 mod nccl;
-pub mod rendezvous;
+// how NCCL's ranks find each other: only the NCCL collective uses it
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+mod rendezvous;
 mod threads;
 
 #[cfg(feature = "nccl")]

@@ -171,11 +171,6 @@ impl IdFile {
             .flatten();
         id.ok_or_else(|| format!("not an id of {} bytes", self.id_len))
     }
-
-    /// The path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 /// The CUDA ordinal a rank of `local_rank` should be on, given what

@@ -91,14 +91,17 @@ pub const ACCELERATORS: &[Accelerator] = &[
 /// ```
 pub fn accelerator(name: &str) -> Result<&'static Accelerator, Error> {
     let wanted = name.trim().to_ascii_lowercase().replace('_', "-");
-    ACCELERATORS
-        .iter()
-        .find(|card| card.name == wanted || card.aliases.contains(&wanted.as_str()))
-        .ok_or_else(|| Error::UnknownAccelerator { name: name.to_owned(), known: known_names() })
+    ACCELERATORS.iter().find(|card| card.name == wanted || card.aliases.contains(&wanted.as_str())).ok_or_else(|| {
+        Error::invalid(
+            "accelerator",
+            crate::Value::Text(name.to_owned()),
+            format!("known names are {} (or give its memory, e.g. 80GB)", known_names()),
+        )
+    })
 }
 
 /// The names [`accelerator`] knows, comma-separated.
-pub fn known_names() -> String {
+pub(crate) fn known_names() -> String {
     ACCELERATORS.iter().map(|card| card.name).collect::<Vec<_>>().join(", ")
 }
 

@@ -72,16 +72,16 @@ pub struct TransformerShape {
 impl TransformerShape {
     /// Activation bytes of all layers at 16 bits, per device, with tensor
     /// parallelism `tensor_parallel` (1 for none) and `recompute`; checked,
-    /// never wrapped ([`Error::ByteOverflow`] past 2^64 − 1).
+    /// never wrapped ([`Error::Overflow`] past 2^64 − 1).
     pub fn activation_bytes(&self, tensor_parallel: u64, recompute: Recompute) -> Result<u64, Error> {
-        let overflow = || Error::ByteOverflow {
-            what: format!(
+        let overflow = || {
+            Error::byte_overflow(format!(
                 "the activations of {} layers of width {} with {} heads at {} tokens and batch {}",
                 self.layers, self.hidden, self.heads, self.seq_len, self.batch
-            ),
+            ))
         };
         if tensor_parallel == 0 {
-            return Err(Error::InvalidSharding { what: "tensor-parallel degree 0".to_owned(), valid: "at least 1" });
+            return Err(Error::zero("tensor_parallel"));
         }
         let [l, h, a, s, b, t] =
             [self.layers, self.hidden, self.heads, self.seq_len, self.batch, tensor_parallel].map(u128::from);
@@ -101,9 +101,10 @@ impl TransformerShape {
         let formula = self.activation_bytes(1, Recompute::None)?;
         let bytes = 2.0 * formula as f64 * CANDLE_F32_ACTIVATION_RATIO;
         if bytes >= u64::MAX as f64 {
-            return Err(Error::ByteOverflow {
-                what: format!("candle's activations of {} layers of width {}", self.layers, self.hidden),
-            });
+            return Err(Error::byte_overflow(format!(
+                "candle's activations of {} layers of width {}",
+                self.layers, self.hidden
+            )));
         }
         Ok(bytes.ceil() as u64)
     }
@@ -126,7 +127,7 @@ mod tests {
             2 * (10 * sbh + 6 * sbh + 5 * a * s * s * b / 4)
         );
         let huge = TransformerShape { layers: u64::MAX, ..shape };
-        assert!(matches!(huge.activation_bytes(1, Recompute::None), Err(Error::ByteOverflow { .. })));
+        assert!(matches!(huge.activation_bytes(1, Recompute::None), Err(Error::Overflow { .. })));
         assert!(shape.activation_bytes(0, Recompute::None).is_err());
     }
 }

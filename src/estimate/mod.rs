@@ -44,7 +44,7 @@ mod sharding;
 
 use crate::Error;
 
-pub use accelerators::{accelerator, known_names, Accelerator, ACCELERATORS};
+pub use accelerators::{accelerator, Accelerator, ACCELERATORS};
 pub use activations::{Recompute, TransformerShape, CANDLE_F32_ACTIVATION_RATIO};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};
@@ -74,10 +74,14 @@ impl StaticMemory {
     /// The state of `parameters` parameters trained at `precision` with
     /// `optimizer`. Every byte count is exact (rounded to the nearest byte only
     /// for 8-bit Adam's fractional bytes per parameter); a state of 2^64 bytes
-    /// or more is [`Error::ByteOverflow`], never a wrapped or saturated number.
+    /// or more is [`Error::Overflow`], never a wrapped or saturated number.
     pub fn new(parameters: u64, precision: Precision, optimizer: OptimizerKind) -> Result<Self, Error> {
-        let overflow = || Error::ByteOverflow {
-            what: format!("the training state of {parameters} parameters ({}, {})", precision.name(), optimizer.name()),
+        let overflow = || {
+            Error::byte_overflow(format!(
+                "the training state of {parameters} parameters ({}, {})",
+                precision.name(),
+                optimizer.name()
+            ))
         };
         let bytes = |thirty_seconds: u64| -> Result<u64, Error> {
             let exact = u128::from(parameters) * u128::from(thirty_seconds);
@@ -107,13 +111,13 @@ impl StaticMemory {
     }
 
     /// [`total`](Self::total) plus `activation_bytes`, or
-    /// [`Error::ByteOverflow`] past 2^64 − 1 bytes.
+    /// [`Error::Overflow`] past 2^64 − 1 bytes.
     pub fn total_with(&self, activation_bytes: u64) -> Result<u64, Error> {
-        self.total().checked_add(activation_bytes).ok_or_else(|| Error::ByteOverflow {
-            what: format!(
+        self.total().checked_add(activation_bytes).ok_or_else(|| {
+            Error::byte_overflow(format!(
                 "the training state of {} parameters plus {activation_bytes} bytes of activations",
                 self.parameters
-            ),
+            ))
         })
     }
 
@@ -169,7 +173,7 @@ mod tests {
         assert_eq!(state.total(), most * 16);
         assert!(matches!(
             StaticMemory::new(most + 1, Precision::Fp32, OptimizerKind::AdamW),
-            Err(Error::ByteOverflow { .. })
+            Err(Error::Overflow { .. })
         ));
         for parameters in [2_000_000_000_000_000_000u64, 10_000_000_000_000_000_000, u64::MAX] {
             for optimizer in OptimizerKind::ALL {

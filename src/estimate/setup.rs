@@ -90,7 +90,7 @@ fn scale(bytes: u64, numerator: u64, denominator: u64, what: &str) -> Result<u64
         return Ok(0);
     }
     let scaled = u128::from(bytes) * u128::from(numerator) / u128::from(denominator);
-    u64::try_from(scaled).map_err(|_| Error::ByteOverflow { what: what.to_owned() })
+    u64::try_from(scaled).map_err(|_| Error::byte_overflow(what.to_owned()))
 }
 
 impl Setup {
@@ -178,7 +178,7 @@ impl Setup {
     pub fn all_activation_bytes(&self) -> Result<u64, Error> {
         self.activation_bytes
             .checked_add(self.layer_bytes)
-            .ok_or_else(|| Error::ByteOverflow { what: "activations".to_owned() })
+            .ok_or_else(|| Error::byte_overflow("activations".to_owned()))
     }
 
     /// The largest variable has `parameters` parameters: the optimizer step's
@@ -192,7 +192,7 @@ impl Setup {
     /// device: its temporaries for the largest variable (split by tensor
     /// parallelism), and in mixed precision an f32 copy of every gradient.
     pub fn step_bytes(&self) -> Result<u64, Error> {
-        let overflow = || Error::ByteOverflow { what: "the optimizer step's temporaries".to_owned() };
+        let overflow = || Error::byte_overflow("the optimizer step's temporaries".to_owned());
         if self.largest_variable == 0 {
             return Ok(0);
         }
@@ -216,8 +216,7 @@ impl Setup {
     /// on one device: the peak of a step that keeps the loss graph alive
     /// through the update (`backward_step`).
     pub fn total(&self) -> Result<u64, Error> {
-        let overflow =
-            || Error::ByteOverflow { what: format!("the memory of training {} parameters", self.parameters) };
+        let overflow = || Error::byte_overflow(format!("the memory of training {} parameters", self.parameters));
         let total = self.state()?.total_with(self.all_activation_bytes()?)?;
         [self.step_bytes()?, self.other_bytes, self.frozen_bytes]
             .into_iter()

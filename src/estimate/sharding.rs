@@ -49,34 +49,36 @@ impl Sharding {
     /// and a tensor-parallel degree of at least 1.
     pub fn new(zero_stage: u8, data_parallel: u64, tensor_parallel: u64) -> Result<Sharding, Error> {
         if zero_stage > 3 {
-            return Err(Error::InvalidSharding {
-                what: format!("ZeRO stage {zero_stage}"),
-                valid: "0 (none), 1 (optimizer states), 2 (+ gradients) or 3 (+ weights)",
-            });
+            return Err(Error::invalid(
+                "zero_stage",
+                crate::Value::Count(usize::from(zero_stage)),
+                "use 0 (none), 1 (optimizer states), 2 (+ gradients) or 3 (+ weights)",
+            ));
         }
         if data_parallel == 0 {
-            return Err(Error::InvalidSharding { what: "0 data-parallel ranks".to_owned(), valid: "at least 1" });
+            return Err(Error::zero("data_parallel"));
         }
         if tensor_parallel == 0 {
-            return Err(Error::InvalidSharding { what: "tensor-parallel degree 0".to_owned(), valid: "at least 1" });
+            return Err(Error::zero("tensor_parallel"));
         }
         Ok(Sharding { zero_stage, data_parallel, tensor_parallel })
     }
 
-    /// [`Error::InvalidSharding`] when the devices outnumber the `parameters`
+    /// [`Error::InvalidSetting`] when the devices outnumber the `parameters`
     /// they share: past that, each would hold less than one parameter, and a
     /// per-device figure would be a rounding artefact.
     pub fn check_splits(&self, parameters: u64) -> Result<(), Error> {
         let partitioned = if self.zero_stage > 0 { self.data_parallel } else { 1 };
         let devices = self.tensor_parallel.checked_mul(partitioned);
         if devices.is_none_or(|devices| devices > parameters) {
-            return Err(Error::InvalidSharding {
-                what: format!(
-                    "tensor-parallel degree {} × {} ZeRO ranks over {parameters} parameters",
-                    self.tensor_parallel, partitioned
+            return Err(Error::invalid(
+                "tensor_parallel",
+                crate::Value::Count(usize::try_from(self.tensor_parallel).unwrap_or(usize::MAX)),
+                format!(
+                    "there must be at most one device per parameter: {{tensor_parallel}} × {partitioned} ZeRO ranks \
+                     ({{data_parallel}}) share {parameters} parameters"
                 ),
-                valid: "at most one device per parameter",
-            });
+            ));
         }
         Ok(())
     }
@@ -139,8 +141,8 @@ mod tests {
 
     #[test]
     fn bad_shardings_are_errors() {
-        assert!(matches!(Sharding::new(4, 8, 1), Err(Error::InvalidSharding { .. })));
-        assert!(matches!(Sharding::new(1, 0, 1), Err(Error::InvalidSharding { .. })));
-        assert!(matches!(Sharding::new(1, 8, 0), Err(Error::InvalidSharding { .. })));
+        assert!(matches!(Sharding::new(4, 8, 1), Err(Error::InvalidSetting { .. })));
+        assert!(matches!(Sharding::new(1, 0, 1), Err(Error::InvalidSetting { .. })));
+        assert!(matches!(Sharding::new(1, 8, 0), Err(Error::InvalidSetting { .. })));
     }
 }

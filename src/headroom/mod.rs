@@ -67,13 +67,17 @@ impl Headroom {
         M: MemoryMeter + ?Sized,
     {
         if self.batch == 0 {
-            return Err(Error::Zero { setting: "batch" });
+            return Err(Error::zero("batch"));
         }
         if self.steps == 0 {
-            return Err(Error::Zero { setting: "steps" });
+            return Err(Error::zero("steps"));
         }
         if !(0.0..1.0).contains(&self.min_headroom) {
-            return Err(Error::InvalidHeadroom { min_headroom: self.min_headroom });
+            return Err(Error::invalid(
+                "min_headroom",
+                crate::Value::Fraction(self.min_headroom),
+                "it must be a fraction in [0, 1): pass e.g. 0.1 to keep 10% of the device free",
+            ));
         }
         let batch = self.batch;
         let capacity_bytes = meter.capacity()?;

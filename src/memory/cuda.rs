@@ -25,7 +25,7 @@ use crate::{Error, MemoryMeter};
 /// candle allocates every tensor with `cuMemAllocAsync` from the device's
 /// current memory pool. [`new`](CudaMeter::new) checks that the pool sees
 /// allocations (memory pools supported, and a test allocation grows its live
-/// bytes) and refuses with [`Error::PeakUnreadable`] where it does not (some
+/// bytes) and refuses with [`DeviceProblem::PeaksUnreadable`](crate::DeviceProblem::PeaksUnreadable) where it does not (some
 /// virtual GPUs have no pools; candle then allocates with `cuMemAlloc`,
 /// which no counter records): a meter that read a constant would call every
 /// step that does not run out of memory a fit. Blind spot left: memory
@@ -38,7 +38,7 @@ use crate::{Error, MemoryMeter};
 /// The CUDA driver is linked dynamically (as candle links it): a binary built
 /// with the `cuda` feature cannot start on a machine without `libcuda.so.1`;
 /// ship a CPU build there. No device, or an ordinal out of range, is an
-/// [`Error::CudaUnavailable`].
+/// [`DeviceProblem::CudaUnavailable`](crate::DeviceProblem::CudaUnavailable).
 pub struct CudaMeter {
     device: candle_core::Device,
     context: Arc<CudaContext>,
@@ -60,25 +60,34 @@ struct Ballast {
 impl CudaMeter {
     /// A meter (and the candle device to build the workload on) for GPU `ordinal`.
     pub fn new(ordinal: usize) -> Result<Self, Error> {
-        let count = CudaContext::device_count()
-            .map_err(|err| Error::CudaUnavailable { ordinal, reason: format!("the driver reports {err}") })?;
+        let count = CudaContext::device_count().map_err(|err| {
+            Error::Device(crate::DeviceProblem::CudaUnavailable {
+                ordinal,
+                reason: format!("the driver reports {err}"),
+            })
+        })?;
         if count <= 0 {
-            return Err(Error::CudaUnavailable { ordinal, reason: "the driver sees no CUDA device".to_owned() });
+            return Err(Error::Device(crate::DeviceProblem::CudaUnavailable {
+                ordinal,
+                reason: "the driver sees no CUDA device".to_owned(),
+            }));
         }
         if ordinal >= count as usize {
-            return Err(Error::CudaUnavailable {
+            return Err(Error::Device(crate::DeviceProblem::CudaUnavailable {
                 ordinal,
                 reason: format!("there are {count} devices: use an ordinal from 0 to {}", count - 1),
-            });
+            }));
         }
         let device = candle_core::Device::new_cuda(ordinal)
-            .map_err(|err| Error::CudaUnavailable { ordinal, reason: err.to_string() })?;
+            .map_err(|err| Error::Device(crate::DeviceProblem::CudaUnavailable { ordinal, reason: err.to_string() }))?;
         Self::for_device(&device)
     }
 
     /// A meter for an existing candle CUDA device.
     pub fn for_device(device: &candle_core::Device) -> Result<Self, Error> {
-        let cuda = device.as_cuda_device().map_err(|_| Error::NotCuda { device: format!("{device:?}") })?;
+        let cuda = device
+            .as_cuda_device()
+            .map_err(|_| Error::Device(crate::DeviceProblem::NotCuda { device: format!("{device:?}") }))?;
         let stream = cuda.cuda_stream();
         let context = Arc::clone(stream.context());
         let name = context.name().map_err(driver)?;
@@ -112,7 +121,8 @@ impl CudaMeter {
     fn check_pool_sees_allocations(&mut self, pools_supported: bool) -> Result<(), Error> {
         const TEST_BYTES: u64 = 4 << 20;
         let name = self.name.clone();
-        let refuse = |reason: String| Error::PeakUnreadable { device: name.clone(), reason };
+        let refuse =
+            |reason: String| Error::Device(crate::DeviceProblem::PeaksUnreadable { device: name.clone(), reason });
         if !pools_supported {
             return Err(refuse(
                 pool_sees_allocations(false, PoolCounters::default(), PoolCounters::default(), 0)

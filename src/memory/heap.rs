@@ -70,10 +70,10 @@ impl HeapMeter {
     /// when [`TrackingAllocator`] is not the global allocator (checked, not assumed).
     pub fn new(budget_bytes: u64) -> Result<Self, Error> {
         if budget_bytes == 0 {
-            return Err(Error::Zero { setting: "budget_bytes" });
+            return Err(Error::zero("budget_bytes"));
         }
         if !TrackingAllocator::is_installed() {
-            return Err(Error::AllocatorNotInstalled);
+            return Err(Error::Device(crate::DeviceProblem::AllocatorNotInstalled));
         }
         settle_thread_buffers();
         Ok(HeapMeter { budget_bytes, slack_bytes: Self::DEFAULT_SLACK_BYTES })

@@ -726,7 +726,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     fn tuning_finished(&mut self) {
         if let Some(reset) = &mut self.reset {
             if let Err(err) = reset() {
-                log::warn!("the reset after tuning failed: {}", crate::candle_message(&err));
+                log::warn!("the reset after tuning failed: {}", crate::error::candle_message(&err));
             }
         }
     }

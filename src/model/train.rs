@@ -20,7 +20,7 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 /// uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks)) the
 /// micro-batch losses are scaled to the *global* batch, so the gradients must
 /// be summed over ranks before the update: `new` refuses such a plan
-/// ([`Error::UnevenPlanNeedsAllReduce`]); drive the ranks with a [`Guard`] and
+/// ([`Error::InvalidSetting`]); drive the ranks with a [`Guard`] and
 /// your own all-reduce instead.
 ///
 /// ```
@@ -100,7 +100,13 @@ impl<O: Optimizer> TrainLoop<O> {
 
     fn guard_for(plan: &Plan) -> Result<Guard, Error> {
         if let Some(split) = plan.ranks().filter(|split| split.world_size() > 1) {
-            return Err(Error::UnevenPlanNeedsAllReduce { world_size: split.world_size() });
+            return Err(Error::invalid(
+                "plan",
+                crate::Value::Text(format!("a global batch shared over {} uneven ranks", split.world_size())),
+                "its micro-batch losses are scaled to the global batch and need the gradients summed over ranks \
+                 before the update; TrainLoop has no all-reduce: drive each rank with Guard::new(&plan) and your \
+                 collective",
+            ));
         }
         Guard::new(plan)
     }
@@ -178,14 +184,14 @@ impl<O: Optimizer> TrainLoop<O> {
                         }
                         Err(err) => Err(candle_core::Error::Msg(format!(
                             "adding the micro-step's loss failed: {}",
-                            crate::candle_message(&err)
+                            crate::error::candle_message(&err)
                         ))),
                     }
                 }
                 // not an out-of-memory error: the guard must not retry a partial sum
                 Err(err) => Err(candle_core::Error::Msg(format!(
                     "adding the micro-step's gradients failed: {}",
-                    crate::candle_message(&err)
+                    crate::error::candle_message(&err)
                 ))),
             }
         })?;

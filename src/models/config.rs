@@ -143,7 +143,11 @@ pub enum AttentionBias {
 
 /// A refused config: the field, what it held, what would be valid.
 fn refuse(field: &str, value: impl std::fmt::Display, valid: impl Into<String>) -> Error {
-    Error::UnsupportedConfig { field: field.to_owned(), value: value.to_string(), valid: valid.into() }
+    Error::invalid(
+        crate::Setting::Input(format!("config field {field}")),
+        crate::Value::Text(value.to_string()),
+        format!("use {}", valid.into()),
+    )
 }
 
 /// A JSON object's fields, read with the config's own names in the errors.

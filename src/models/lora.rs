@@ -146,11 +146,7 @@ impl std::str::FromStr for BaseDtype {
     /// `f32`, `bf16`, `q8_0` or `q4_0` (case-insensitive).
     fn from_str(text: &str) -> std::result::Result<BaseDtype, crate::Error> {
         BaseDtype::ALL.into_iter().find(|base| base.name().eq_ignore_ascii_case(text)).ok_or_else(|| {
-            crate::Error::UnsupportedConfig {
-                field: "base dtype".into(),
-                value: text.to_owned(),
-                valid: "f32, bf16, q8_0 or q4_0".into(),
-            }
+            crate::Error::invalid("base_dtype", crate::Value::Text(text.to_owned()), "use f32, bf16, q8_0 or q4_0")
         })
     }
 }

@@ -144,26 +144,22 @@ impl Config {
     /// `{module}.lora_B.weight` `(out, r)` for each module it targets.
     fn adapters(&self, lora: &Lora) -> Result<Vec<TensorSpec>, Error> {
         if lora.rank == 0 {
-            return Err(Error::UnsupportedConfig {
-                field: "lora rank".into(),
-                value: "0".into(),
-                valid: "at least 1".into(),
-            });
+            return Err(Error::zero("lora_rank"));
         }
         let valid = self.lora_modules();
         if let Some(unknown) = lora.targets.iter().find(|target| !valid.contains(target)) {
-            return Err(Error::UnsupportedConfig {
-                field: "lora targets".into(),
-                value: unknown.clone(),
-                valid: format!("modules of a {} layer: {}", self.family.model_type(), valid.join(", ")),
-            });
+            return Err(Error::invalid(
+                "lora_targets",
+                crate::Value::Text(unknown.clone()),
+                format!("use modules of a {} layer: {}", self.family.model_type(), valid.join(", ")),
+            ));
         }
         if lora.targets.is_empty() {
-            return Err(Error::UnsupportedConfig {
-                field: "lora targets".into(),
-                value: "none".into(),
-                valid: format!("one or more of {}", valid.join(", ")),
-            });
+            return Err(Error::invalid(
+                "lora_targets",
+                crate::Value::Missing,
+                format!("use one or more of {}", valid.join(", ")),
+            ));
         }
         let mut specs = Vec::new();
         for (name, out, input) in self.projections().into_iter().filter(|(name, _, _)| lora.targets(name)) {
@@ -182,7 +178,7 @@ impl Config {
         let model_dtype = self.model_dtype(training)?;
         let dtype = model_dtype.size_in_bytes() as u64;
         let base = self.parameter_count();
-        let overflow = || Error::ByteOverflow { what: format!("the tensors of {}", self.describe(training)) };
+        let overflow = || Error::byte_overflow(format!("the tensors of {}", self.describe(training)));
         let (trained, fixed) = match &training.lora {
             Some(lora) => {
                 let adapters: u64 = self.adapters(lora)?.iter().map(TensorSpec::elements).sum();
@@ -226,7 +222,7 @@ impl Config {
         let Some(lora) = &training.lora else { return Ok(0) };
         let dtype = self.model_dtype(training)?.size_in_bytes() as u64;
         let base = self.parameter_count();
-        let overflow = || Error::ByteOverflow { what: format!("the frozen base of {}", self.describe(training)) };
+        let overflow = || Error::byte_overflow(format!("the frozen base of {}", self.describe(training)));
         let Some(quantized) = lora.base.and_then(BaseDtype::quantized) else {
             return base.checked_mul(dtype).ok_or_else(overflow);
         };
@@ -250,8 +246,9 @@ impl Config {
         let asked = training.dtype.unwrap_or(self.dtype);
         let Some(lora) = &training.lora else { return Ok(asked) };
         let Some(base) = lora.base else { return Ok(asked) };
-        let refused =
-            |valid: String| Error::UnsupportedConfig { field: "base dtype".into(), value: base.name().into(), valid };
+        let refused = |valid: String| {
+            Error::invalid("base_dtype", crate::Value::Text(base.name().into()), format!("use {valid}"))
+        };
         if let Some(float) = base.float() {
             return match training.dtype {
                 Some(dtype) if dtype != float => Err(refused(format!(
@@ -430,11 +427,11 @@ impl Pretrained {
         let frozen = match (training.checkpointing, config.family) {
             (false, _) => None,
             (true, Family::Bert) => {
-                return Err(Error::UnsupportedConfig {
-                    field: "model_type".into(),
-                    value: "bert".into(),
-                    valid: "a decoder (llama, mistral, qwen2, qwen3, gpt2) for gradient checkpointing".into(),
-                })
+                return Err(Error::invalid(
+                    crate::Setting::Input("config field model_type".to_owned()),
+                    crate::Value::Text("bert".to_owned()),
+                    "use a decoder (llama, mistral, qwen2, qwen3, gpt2) for gradient checkpointing",
+                ))
             }
             (true, _) => Some(Network::new(config, &weights.detached(), training.lora.as_ref())?),
         };
@@ -539,11 +536,11 @@ impl Pretrained {
     /// Steps at `seq_len` tokens from now on (at most the length built for).
     pub fn set_seq_len(&mut self, seq_len: usize) -> Result<(), Error> {
         if seq_len == 0 || seq_len > self.longest {
-            return Err(Error::InvalidModel {
-                setting: "seq_len",
-                value: seq_len,
-                valid: format!("from 1 to the sequence length the model was built for, {}", self.longest),
-            });
+            return Err(Error::invalid(
+                "seq_len",
+                crate::Value::Count(seq_len),
+                format!("it must be from 1 to the sequence length the model was built for, {}", self.longest),
+            ));
         }
         self.training.seq_len = seq_len;
         Ok(())

@@ -25,7 +25,7 @@ pub(crate) struct ByKind {
 }
 
 impl ByKind {
-    /// The optimizer over `vars`, or [`Error::UnsupportedOptimizer`] for a
+    /// The optimizer over `vars`, or [`Error::InvalidSetting`] for a
     /// kind with no dry step here (or mixed precision of another than AdamW).
     fn build(&self, vars: Vec<Var>) -> std::result::Result<Built, Error> {
         let lr = self.adamw.lr;
@@ -42,11 +42,12 @@ impl ByKind {
                 Built::AdamW8bit(AdamW8bit::new(vars, ParamsAdamW8bit { lr, ..ParamsAdamW8bit::default() })?)
             }
             other => {
-                return Err(Error::UnsupportedOptimizer {
-                    optimizer: format!("{}{}", other.name(), if self.mixed { " in mixed precision" } else { "" }),
-                    valid:
-                        "adamw (also in mixed precision), lion, adafactor or adam8bit (the optimizers with a dry step)",
-                })
+                let valid = if self.mixed {
+                    "use adamw in mixed precision (the one optimizer with f32 masters here)"
+                } else {
+                    "use adamw, lion, adafactor or adam8bit (the optimizers with a dry step)"
+                };
+                return Err(Error::invalid("optimizer", crate::Value::Optimizer(other), valid));
             }
         })
     }
@@ -237,9 +238,15 @@ mod tests {
     fn a_kind_without_a_dry_step_is_refused() {
         let w = Var::ones(4, DType::F32, &Device::Cpu).unwrap();
         let sgd = ByKind { kind: OptimizerKind::Sgd, mixed: false, adamw: ParamsAdamW::default() };
-        assert!(matches!(Shared::build(sgd, vec![w.clone()]), Err(Error::UnsupportedOptimizer { .. })));
+        assert!(matches!(
+            Shared::build(sgd, vec![w.clone()]),
+            Err(Error::InvalidSetting { value: crate::Value::Optimizer(_), .. })
+        ));
         let mixed_lion = ByKind { kind: OptimizerKind::Lion, mixed: true, adamw: ParamsAdamW::default() };
-        assert!(matches!(Shared::build(mixed_lion, vec![w]), Err(Error::UnsupportedOptimizer { .. })));
+        assert!(matches!(
+            Shared::build(mixed_lion, vec![w]),
+            Err(Error::InvalidSetting { value: crate::Value::Optimizer(_), .. })
+        ));
         assert_eq!(shared(OptimizerKind::Lion).1.state_bytes(), 4 * 64 * 64);
     }
 }

@@ -38,7 +38,7 @@ pub struct Accumulation {
 }
 
 impl Accumulation {
-    /// Turns an inexact split into [`Error::InexactEffectiveBatch`], for callers
+    /// Turns an inexact split into [`Error::InexactTarget`], for callers
     /// that must train at exactly the target.
     ///
     /// ```
@@ -50,14 +50,15 @@ impl Accumulation {
         if self.exact {
             return Ok(self);
         }
-        Err(Error::InexactEffectiveBatch {
+        Err(Error::InexactTarget {
             target: self.target_effective_batch,
-            world_size: self.world_size,
             multiple_of: self.multiple_of,
-            largest_micro_batch: self.largest_micro_batch,
-            max_steps: self.accumulation_steps.saturating_mul(2),
             nearest: self.effective_batch,
-            unit: self.world_size.saturating_mul(self.multiple_of),
+            even: Some(crate::EvenSplit {
+                world_size: self.world_size,
+                largest_micro_batch: self.largest_micro_batch,
+                max_steps: self.accumulation_steps.saturating_mul(2),
+            }),
         })
     }
 }
@@ -112,16 +113,24 @@ pub fn plan_accumulation_aligned(
         ("multiple_of", multiple_of),
     ] {
         if value == 0 {
-            return Err(Error::Zero { setting });
+            return Err(Error::zero(setting));
         }
     }
     let largest = largest_micro_batch - largest_micro_batch % multiple_of;
     if largest == 0 {
         return Err(Error::NoCandidate { start: 1, max_batch: largest_micro_batch, multiple_of });
     }
-    let unit = world_size.checked_mul(multiple_of).ok_or(Error::Overflow { value: world_size })?;
+    let unit = world_size.checked_mul(multiple_of).ok_or_else(|| {
+        Error::batch_overflow(world_size, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
+    })?;
     if target < unit {
-        return Err(Error::TargetBelowWorldSize { target, world_size, multiple_of, smallest: unit });
+        return Err(Error::target_below_ranks(
+            ("target_effective_batch", "world_size"),
+            target,
+            world_size,
+            multiple_of,
+            unit,
+        ));
     }
     // k₀ = ⌈E / (W·m*)⌉; W·m* may overflow only when one step already holds the target.
     let min_steps = match world_size.checked_mul(largest) {
@@ -132,15 +141,17 @@ pub fn plan_accumulation_aligned(
     let (micro_batch, accumulation_steps) = match fewest_exact_steps(target, unit, min_steps) {
         Some(steps) => (target / (world_size * steps), steps),
         None => {
-            let per_step = world_size.checked_mul(min_steps).ok_or(Error::Overflow { value: target })?;
+            let per_step = world_size.checked_mul(min_steps).ok_or_else(|| {
+                Error::batch_overflow(target, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
+            })?;
             let per_rank = target.div_ceil(per_step);
             (per_rank.next_multiple_of(multiple_of), min_steps)
         }
     };
-    let effective_batch = micro_batch
-        .checked_mul(accumulation_steps)
-        .and_then(|samples| samples.checked_mul(world_size))
-        .ok_or(Error::Overflow { value: target })?;
+    let effective_batch =
+        micro_batch.checked_mul(accumulation_steps).and_then(|samples| samples.checked_mul(world_size)).ok_or_else(
+            || Error::batch_overflow(target, "{target_effective_batch}, {largest_micro_batch} or {world_size}"),
+        )?;
     debug_assert!(micro_batch <= largest && effective_batch >= target);
     Ok(Accumulation {
         target_effective_batch: target,
@@ -227,14 +238,41 @@ mod tests {
 
     #[test]
     fn zero_and_inconsistent_inputs_are_errors() {
-        assert!(matches!(plan_accumulation(0, 1, 8), Err(Error::Zero { setting: "target_effective_batch" })));
-        assert!(matches!(plan_accumulation(8, 0, 8), Err(Error::Zero { setting: "world_size" })));
-        assert!(matches!(plan_accumulation(8, 1, 0), Err(Error::Zero { setting: "largest_micro_batch" })));
-        assert!(matches!(plan_accumulation_aligned(8, 1, 8, 0), Err(Error::Zero { setting: "multiple_of" })));
         assert!(matches!(
-            plan_accumulation(3, 4, 8),
-            Err(Error::TargetBelowWorldSize { target: 3, world_size: 4, smallest: 4, .. })
+            plan_accumulation(0, 1, 8),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("target_effective_batch"),
+                value: crate::Value::Count(0),
+                ..
+            })
         ));
+        assert!(matches!(
+            plan_accumulation(8, 0, 8),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("world_size"),
+                value: crate::Value::Count(0),
+                ..
+            })
+        ));
+        assert!(matches!(
+            plan_accumulation(8, 1, 0),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("largest_micro_batch"),
+                value: crate::Value::Count(0),
+                ..
+            })
+        ));
+        assert!(matches!(
+            plan_accumulation_aligned(8, 1, 8, 0),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("multiple_of"),
+                value: crate::Value::Count(0),
+                ..
+            })
+        ));
+        assert!(matches!(plan_accumulation(3, 4, 8), Err(Error::InvalidSetting { value: crate::Value::Count(3), .. })));
+        let below = plan_accumulation(3, 4, 8).unwrap_err().to_string();
+        assert!(below.starts_with("target_effective_batch is 3: it must be at least 4 ranks (world_size)"), "{below}");
         assert!(matches!(
             plan_accumulation_aligned(64, 1, 7, 8),
             Err(Error::NoCandidate { max_batch: 7, multiple_of: 8, .. })
@@ -244,7 +282,7 @@ mod tests {
     #[test]
     fn require_exact_reports_the_nearest_possible_batch() {
         let err = plan_accumulation(257, 1, 133).unwrap().require_exact().unwrap_err();
-        assert!(matches!(err, Error::InexactEffectiveBatch { target: 257, nearest: 258, .. }));
+        assert!(matches!(err, Error::InexactTarget { target: 257, nearest: 258, even: Some(_), .. }));
         assert!(err.to_string().contains("258"), "{err}");
     }
 

@@ -38,13 +38,17 @@ impl From<Ceiling> for f64 {
 }
 
 impl Ceiling {
-    /// `fraction` as a ceiling, or [`Error::InvalidCeiling`](crate::Error::InvalidCeiling)
+    /// `fraction` as a ceiling, or [`Error::InvalidSetting`](crate::Error::InvalidSetting)
     /// when it is not in (0, 1].
     pub fn new(fraction: f64) -> Result<Ceiling, crate::Error> {
         if fraction > 0.0 && fraction <= 1.0 {
             Ok(Ceiling(fraction))
         } else {
-            Err(crate::Error::InvalidCeiling { ceiling: fraction })
+            Err(crate::Error::invalid(
+                "ceiling",
+                crate::Value::Fraction(fraction),
+                "it must be a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory",
+            ))
         }
     }
 

@@ -123,7 +123,7 @@ impl RankShare {
 
 impl RankSplit {
     /// This split when its global batch is the target, else
-    /// [`Error::InexactGlobalBatch`] with the nearest global batch above, as
+    /// [`Error::InexactTarget`] with the nearest global batch above, as
     /// [`Accumulation::require_exact`](crate::Accumulation::require_exact) is for even ranks.
     ///
     /// ```
@@ -136,10 +136,11 @@ impl RankSplit {
         if self.exact {
             return Ok(self);
         }
-        Err(crate::Error::InexactGlobalBatch {
+        Err(crate::Error::InexactTarget {
             target: self.target_global_batch,
             multiple_of: self.multiple_of,
             nearest: self.global_batch,
+            even: None,
         })
     }
 
@@ -237,7 +238,7 @@ impl std::fmt::Display for RankSplit {
 ///
 /// Errors: a zero target, granularity or rank list; a rank that cannot hold one
 /// granule ([`Error::NoCandidate`]); fewer granules than ranks
-/// ([`Error::TargetBelowWorldSize`]).
+/// ([`Error::InvalidSetting`]).
 pub fn plan_ranks(
     target_global_batch: usize,
     largest_micro_batches: &[usize],
@@ -248,7 +249,7 @@ pub fn plan_ranks(
         [("target_global_batch", target), ("multiple_of", multiple_of), ("ranks", largest_micro_batches.len())]
     {
         if value == 0 {
-            return Err(Error::Zero { setting });
+            return Err(Error::zero(setting));
         }
     }
     let world_size = largest_micro_batches.len();
@@ -258,8 +259,16 @@ pub fn plan_ranks(
     }
     let granules = target.div_ceil(multiple_of) as u128;
     if granules < world_size as u128 {
-        let smallest = world_size.checked_mul(multiple_of).ok_or(Error::Overflow { value: world_size })?;
-        return Err(Error::TargetBelowWorldSize { target, world_size, multiple_of, smallest });
+        let smallest = world_size
+            .checked_mul(multiple_of)
+            .ok_or_else(|| Error::batch_overflow(world_size, "{target_global_batch}, {ranks} or {multiple_of}"))?;
+        return Err(Error::target_below_ranks(
+            ("target_global_batch", "ranks"),
+            target,
+            world_size,
+            multiple_of,
+            smallest,
+        ));
     }
     let total: u128 = capacity.iter().sum();
     let steps = granules.div_ceil(total);
@@ -271,8 +280,8 @@ pub fn plan_ranks(
         let (base, extra) = (granted / steps, granted % steps);
         // each micro-step ≤ ⌈granted / steps⌉ ≤ capacity, since granted ≤ steps·capacity;
         // granted ≤ ⌈target / multiple_of⌉: only a target within a granule of usize::MAX overflows
-        let overflow = Error::Overflow { value: target };
-        let granules = |count: u128| (count as usize).checked_mul(multiple_of).ok_or(Error::Overflow { value: target });
+        let overflow = || Error::batch_overflow(target, "{target_global_batch}, {ranks} or {multiple_of}");
+        let granules = |count: u128| (count as usize).checked_mul(multiple_of).ok_or_else(overflow);
         let rank_samples = granules(granted)?;
         shares.push(RankShare {
             rank,
@@ -285,7 +294,7 @@ pub fn plan_ranks(
             larger: granules(base + u128::from(extra > 0))?,
             smaller: granules(base)?,
         });
-        offset = offset.checked_add(rank_samples).ok_or(overflow)?;
+        offset = offset.checked_add(rank_samples).ok_or_else(overflow)?;
     }
     Ok(RankSplit {
         target_global_batch: target,
@@ -401,11 +410,29 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_errors() {
-        assert!(matches!(plan_ranks(0, &[1], 1), Err(Error::Zero { setting: "target_global_batch" })));
-        assert!(matches!(plan_ranks(8, &[], 1), Err(Error::Zero { setting: "ranks" })));
-        assert!(matches!(plan_ranks(8, &[8], 0), Err(Error::Zero { setting: "multiple_of" })));
+        assert!(matches!(
+            plan_ranks(0, &[1], 1),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("target_global_batch"),
+                value: crate::Value::Count(0),
+                ..
+            })
+        ));
+        assert!(matches!(
+            plan_ranks(8, &[], 1),
+            Err(Error::InvalidSetting { setting: crate::Setting::Named("ranks"), value: crate::Value::Count(0), .. })
+        ));
+        assert!(matches!(
+            plan_ranks(8, &[8], 0),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("multiple_of"),
+                value: crate::Value::Count(0),
+                ..
+            })
+        ));
         assert!(matches!(plan_ranks(64, &[16, 4], 8), Err(Error::NoCandidate { max_batch: 4, .. })));
-        assert!(matches!(plan_ranks(2, &[8, 8, 8], 1), Err(Error::TargetBelowWorldSize { smallest: 3, .. })));
+        let below = plan_ranks(2, &[8, 8, 8], 1).unwrap_err();
+        assert!(below.to_string().ends_with("= 3: every rank needs at least one micro-batch"), "{below}");
     }
 
     #[test]

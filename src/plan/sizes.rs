@@ -208,7 +208,7 @@ pub struct SizePlan {
 impl SizePlan {
     pub(crate) fn new(mut sizes: Vec<SizedPlan>) -> Result<SizePlan, Error> {
         sizes.sort_by_key(|entry| entry.size);
-        let Some(first) = sizes.first() else { return Err(Error::Zero { setting: "sizes" }) };
+        let Some(first) = sizes.first() else { return Err(Error::zero("sizes")) };
         let (limit_bytes, multiple_of) = (first.plan.limit_bytes(), first.plan.multiple_of());
         let token_budget =
             sizes.iter().map(|entry| entry.size.saturating_mul(entry.plan.largest_batch)).min().unwrap_or(0);
@@ -246,11 +246,10 @@ impl SizePlan {
     /// form), the answer with bytes per sample on the chord between them (safe
     /// for any curve convex in the size); kept within what the verified neighbours allow. Below the
     /// shortest, the shortest's batch.
-    /// Past the longest probed size nothing is known: [`Error::SizeOutOfRange`].
+    /// Past the longest probed size nothing is known: [`Error::InvalidSetting`].
     pub fn batch_for(&self, size: usize) -> Result<SizeBatch, Error> {
         let longest = self.sizes.last().map_or(0, |entry| entry.size);
-        let above =
-            self.sizes.iter().find(|entry| entry.size >= size).ok_or(Error::SizeOutOfRange { size, longest })?;
+        let above = self.sizes.iter().find(|entry| entry.size >= size).ok_or_else(|| out_of_range(size, longest))?;
         if above.size == size {
             return Ok(SizeBatch { size, batch: above.plan.largest_batch, basis: Basis::Verified });
         }
@@ -296,14 +295,13 @@ impl SizePlan {
 
     /// The bucket an input of length `len` goes to when batches are padded to
     /// the probed sizes: the shortest probed size at least `len`, with its
-    /// verified largest batch. [`Error::SizeOutOfRange`] past the longest.
+    /// verified largest batch. [`Error::InvalidSetting`] past the longest.
     /// With a target or [`Objective::Throughput`](crate::Objective::Throughput),
     /// train with that size's plan ([`plan_for`](Self::plan_for)): its
     /// micro-batch and accumulation steps.
     pub fn bucket_for(&self, len: usize) -> Result<SizeBatch, Error> {
         let longest = self.sizes.last().map_or(0, |entry| entry.size);
-        let bucket =
-            self.sizes.iter().find(|entry| entry.size >= len).ok_or(Error::SizeOutOfRange { size: len, longest })?;
+        let bucket = self.sizes.iter().find(|entry| entry.size >= len).ok_or_else(|| out_of_range(len, longest))?;
         Ok(SizeBatch { size: bucket.size, batch: bucket.plan.largest_batch, basis: Basis::Verified })
     }
 
@@ -403,4 +401,15 @@ impl std::fmt::Display for SizePlan {
         }
         Ok(())
     }
+}
+
+/// A size past the `longest` probed: nothing is known there.
+fn out_of_range(size: usize, longest: usize) -> Error {
+    Error::invalid(
+        "size",
+        crate::Value::Count(size),
+        format!(
+            "it must be at most the longest size probed, {longest}: probe it (or a longer one) to get a batch for it"
+        ),
+    )
 }

@@ -63,18 +63,24 @@ impl SearchSpace {
     /// ```
     pub fn new(start: usize, max_batch: Option<usize>, multiple_of: usize) -> Result<Self, Error> {
         if start == 0 {
-            return Err(Error::Zero { setting: "start" });
+            return Err(Error::zero("start"));
         }
         if multiple_of == 0 {
-            return Err(Error::Zero { setting: "multiple_of" });
+            return Err(Error::zero("multiple_of"));
         }
         if let Some(max_batch) = max_batch {
             if max_batch < start {
-                return Err(Error::MaxBatchBelowStart { max_batch, start });
+                return Err(Error::invalid(
+                    "max_batch",
+                    crate::Value::Count(max_batch),
+                    format!("it must be at least {{start}}, {start}"),
+                ));
             }
         }
         let ceiling = max_batch.unwrap_or(usize::MAX);
-        let first = start.checked_next_multiple_of(multiple_of).ok_or(Error::Overflow { value: start })?;
+        let first = start
+            .checked_next_multiple_of(multiple_of)
+            .ok_or_else(|| Error::batch_overflow(start, "{start} or {multiple_of}"))?;
         let last = ceiling - ceiling % multiple_of;
         if first > last {
             return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
@@ -350,9 +356,26 @@ mod tests {
         let space = SearchSpace::new(9, Some(31), 8).unwrap();
         assert_eq!((space.first(), space.last()), (16, 24));
         assert!(space.contains(24) && !space.contains(20) && !space.contains(8) && !space.contains(32));
-        assert!(matches!(SearchSpace::new(0, None, 1), Err(Error::Zero { setting: "start" })));
-        assert!(matches!(SearchSpace::new(1, None, 0), Err(Error::Zero { setting: "multiple_of" })));
-        assert!(matches!(SearchSpace::new(8, Some(4), 1), Err(Error::MaxBatchBelowStart { max_batch: 4, start: 8 })));
+        assert!(matches!(
+            SearchSpace::new(0, None, 1),
+            Err(Error::InvalidSetting { setting: crate::Setting::Named("start"), value: crate::Value::Count(0), .. })
+        ));
+        assert!(matches!(
+            SearchSpace::new(1, None, 0),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("multiple_of"),
+                value: crate::Value::Count(0),
+                ..
+            })
+        ));
+        assert!(matches!(
+            SearchSpace::new(8, Some(4), 1),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("max_batch"),
+                value: crate::Value::Count(4),
+                ..
+            })
+        ));
         assert!(matches!(SearchSpace::new(usize::MAX, None, 2), Err(Error::Overflow { .. })));
     }
 }

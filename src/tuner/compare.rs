@@ -72,11 +72,12 @@ impl<'a> Variant<'a> {
     /// Checks the expectation of the variant at place `index`.
     fn check_expectation(&self, index: usize) -> Result<(), Error> {
         let Some(expected) = self.expected else { return Ok(()) };
-        let invalid = |what, value: String, valid: String| Error::InvalidExpectation {
-            variant: self.name.clone(),
-            what,
-            value,
-            valid,
+        let invalid = |what: &str, value: String, valid: String| {
+            Error::invalid(
+                crate::Setting::Input(format!("variant '{}' expects {what}", self.name)),
+                crate::Value::Text(value),
+                format!("it must be {valid}"),
+            )
         };
         if expected.like >= index {
             let valid = match index {

@@ -79,7 +79,11 @@ impl Settings {
     {
         let world_size = collective.world_size();
         if self.options.world_size != 1 && self.options.world_size != world_size {
-            return Err(Error::WorldSizeMismatch { tuner: self.options.world_size, collective: world_size });
+            return Err(Error::invalid(
+                "world_size",
+                crate::Value::Count(self.options.world_size),
+                format!("the collective has {world_size} ranks: leave {{world_size}} unset for run_distributed"),
+            ));
         }
         let local = self.single_rank();
         // the collective's lazily allocated buffers are held from the first
@@ -179,7 +183,7 @@ impl Settings {
                 None => capacities
                     .iter()
                     .try_fold(0usize, |sum, &c| sum.checked_add(c))
-                    .ok_or(Error::Overflow { value: capacity })?,
+                    .ok_or_else(|| Error::batch_overflow(capacity, "{world_size} or {max_batch}"))?,
             };
             // every rank computes the same split from the same numbers: an error is everyone's
             let mut split = plan_ranks(target, &capacities, self.options.multiple_of)?;

@@ -519,7 +519,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
                     warn!(
                         "batch {batch}: {} where a smaller batch ran the same step: counted as out of memory \
                          (a kernel loaded at the new shape found no memory)",
-                        crate::candle_message(&err)
+                        crate::error::candle_message(&err)
                     );
                 }
                 match measured.settled {

@@ -22,11 +22,11 @@ impl Tuner {
     /// [`strict`](Tuner::strict) and the ceiling apply as they do to batches.
     /// The batch-only settings (`start`, `max_batch`, `multiple_of`, a target
     /// effective batch, several ranks, [`Objective::Throughput`], a cache) do
-    /// not: set one and this fails with [`Error::NotForSizeSearch`] rather
+    /// not: set one and this fails with [`Error::InvalidSetting`] (its value [`Value::Set`](crate::Value::Set)) rather
     /// than ignore it. The workload is put back at the size it had.
     ///
     /// When even the shortest size does not fit at `batch`, the result is
-    /// [`Error::NoSizeFits`]; a size the workload refuses to take
+    /// [`Error::NothingFits`] with the shortest size; a size the workload refuses to take
     /// ([`Resizable::resize`] fails) ends the search with that error.
     ///
     /// ```
@@ -95,7 +95,7 @@ impl Settings {
         O: Observer + ?Sized,
     {
         if batch == 0 {
-            return Err(Error::Zero { setting: "batch" });
+            return Err(Error::zero("batch"));
         }
         self.check_for_size_search()?;
         let over_sizes = self.over_sizes(&range);
@@ -108,9 +108,7 @@ impl Settings {
         let restored = workload.resize(original);
         let plan = match (result, refused) {
             (_, Some(refused)) => return Err(refused),
-            (Err(Error::NothingFits { batch: size, outcome, peak_bytes, capacity_bytes, limit_bytes, .. }), None) => {
-                return Err(Error::NoSizeFits { batch, size, outcome, peak_bytes, capacity_bytes, limit_bytes })
-            }
+            (Err(nothing @ Error::NothingFits { .. }), None) => return Err(nothing.at_fixed_batch(batch)),
             (result, None) => result?,
         };
         restored?;
@@ -155,7 +153,12 @@ impl Settings {
             ("cache", self.options.cache_path.is_some()),
         ];
         match given.into_iter().find(|&(_, set)| set) {
-            Some((setting, _)) => Err(Error::NotForSizeSearch { setting }),
+            Some((setting, _)) => Err(Error::invalid(
+                setting,
+                crate::Value::Set,
+                "it is a setting of the batch search and does not apply to the search over the input size (the \
+                 batch is fixed; the sizes come from the size range): leave it unset",
+            )),
             None => Ok(()),
         }
     }

@@ -155,7 +155,7 @@ impl Tuner {
     }
 
     /// Demand that the effective batch equals the target exactly: when no split
-    /// hits it, [`run`](Tuner::run) fails with [`Error::InexactEffectiveBatch`]
+    /// hits it, [`run`](Tuner::run) fails with [`Error::InexactTarget`]
     /// instead of returning the nearest batch above. Default false.
     pub fn exact_effective_batch(mut self, exact: bool) -> Self {
         self.options.exact_effective_batch = exact;
@@ -250,7 +250,7 @@ impl Tuner {
     /// (lowered until it fits) and what it showed is stored. The model's part of the key comes from
     /// [`cache_key`](Tuner::cache_key) or the workload's
     /// [`Workload::cache_key`]; without either, `run` fails with
-    /// [`Error::CacheKeyMissing`]. A corrupt, unreadable or foreign file is
+    /// [`Error::InvalidSetting`] (its value [`Value::Missing`](crate::Value::Missing)). A corrupt, unreadable or foreign file is
     /// ignored with a warning (and never written over); writes are atomic.
     pub fn cache(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.options.cache_path = Some(path.into());
@@ -267,9 +267,11 @@ impl Tuner {
     /// Checks every setting without running anything.
     ///
     /// ```
-    /// use autobatch::{Error, Tuner};
+    /// use autobatch::{Error, Tuner, Value};
     /// assert!(Tuner::new().check().is_ok());
-    /// assert!(matches!(Tuner::new().ceiling(1.5).check(), Err(Error::InvalidCeiling { .. })));
+    /// let err = Tuner::new().ceiling(1.5).check().unwrap_err();
+    /// assert!(matches!(err, Error::InvalidSetting { value: Value::Fraction(_), .. }));
+    /// assert_eq!(err.to_string(), "ceiling is 1.5: it must be a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory");
     /// ```
     pub fn check(&self) -> Result<(), Error> {
         self.settings().map(|_| ())
@@ -418,7 +420,9 @@ impl Settings {
             }
             None => {
                 // the effective batch must be a number: refuse a product that overflows
-                largest_batch.checked_mul(self.options.world_size).ok_or(Error::Overflow { value: largest_batch })?;
+                largest_batch
+                    .checked_mul(self.options.world_size)
+                    .ok_or_else(|| Error::batch_overflow(largest_batch, "{world_size} or {max_batch}"))?;
                 Ok(crate::Split::Single { micro_batch: largest_batch, world_size: self.options.world_size })
             }
         }
@@ -426,7 +430,15 @@ impl Settings {
 
     /// The model's part of the cache key: the one given, else the workload's.
     fn model_key<W: Workload + ?Sized>(&self, workload: &W) -> Result<CacheKey, Error> {
-        self.options.cache_key.clone().or_else(|| workload.cache_key()).ok_or(Error::CacheKeyMissing)
+        self.options.cache_key.clone().or_else(|| workload.cache_key()).ok_or_else(|| {
+            Error::invalid(
+                "cache_key",
+                crate::Value::Missing,
+                "the plan cache needs to know what decides the model's memory: give \
+                 Tuner::cache_key(CacheKey::new().variables(..).param(\"seq_len\", ..)) or a workload whose \
+                 cache_key() says it",
+            )
+        })
     }
 
     /// The whole cache key: the model's (given, or the workload's), the

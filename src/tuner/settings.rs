@@ -90,19 +90,23 @@ impl Settings {
             ("target_effective_batch", o.target_effective_batch),
         ] {
             if value == Some(0) {
-                return Err(Error::Zero { setting });
+                return Err(Error::zero(setting));
             }
         }
         settings.space()?;
         if let Some(target) = o.target_effective_batch {
-            let smallest = o.world_size.checked_mul(o.multiple_of).ok_or(Error::Overflow { value: o.world_size })?;
+            let smallest = o
+                .world_size
+                .checked_mul(o.multiple_of)
+                .ok_or_else(|| Error::batch_overflow(o.world_size, "{world_size} or {multiple_of}"))?;
             if target < smallest {
-                return Err(Error::TargetBelowWorldSize {
+                return Err(Error::target_below_ranks(
+                    ("target_effective_batch", "world_size"),
                     target,
-                    world_size: o.world_size,
-                    multiple_of: o.multiple_of,
+                    o.world_size,
+                    o.multiple_of,
                     smallest,
-                });
+                ));
             }
         }
         Ok(settings)
@@ -205,10 +209,21 @@ mod tests {
 
     #[test]
     fn checking_refuses_the_first_invalid_setting() {
-        assert!(matches!(Settings::new(1.5, &Options::default()), Err(Error::InvalidCeiling { .. })));
+        assert!(matches!(
+            Settings::new(1.5, &Options::default()),
+            Err(Error::InvalidSetting { setting: crate::Setting::Named("ceiling"), .. })
+        ));
         let zero_steps = Options { steps_per_trial: 0, ..Options::default() };
-        assert!(matches!(Settings::new(0.9, &zero_steps), Err(Error::Zero { setting: "steps_per_trial" })));
+        assert!(matches!(
+            Settings::new(0.9, &zero_steps),
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named("steps_per_trial"),
+                value: crate::Value::Count(0),
+                ..
+            })
+        ));
         let unreachable = Options { world_size: 4, target_effective_batch: Some(2), ..Options::default() };
-        assert!(matches!(Settings::new(0.9, &unreachable), Err(Error::TargetBelowWorldSize { smallest: 4, .. })));
+        let below = Settings::new(0.9, &unreachable).unwrap_err().to_string();
+        assert!(below.contains("= 4: every rank needs at least one micro-batch"), "{below}");
     }
 }

@@ -60,10 +60,10 @@ impl Settings {
         O: Observer + ?Sized,
     {
         if sizes.is_empty() {
-            return Err(Error::Zero { setting: "sizes" });
+            return Err(Error::zero("sizes"));
         }
         if sizes.contains(&0) {
-            return Err(Error::Zero { setting: "size" });
+            return Err(Error::zero("size"));
         }
         let mut sizes = sizes.to_vec();
         sizes.sort_unstable();

@@ -41,18 +41,18 @@ impl ConvNetConfig {
         at_least("channels", self.channels, 1)?;
         at_least("resolution", self.resolution, 4)?;
         if !self.resolution.is_multiple_of(4) {
-            return Err(Error::InvalidModel {
-                setting: "resolution",
-                value: self.resolution,
-                valid: "a multiple of 4 (two 2×2 poolings)".to_owned(),
-            });
+            return Err(Error::invalid(
+                "resolution",
+                crate::Value::Count(self.resolution),
+                "it must be a multiple of 4 (two 2×2 poolings)",
+            ));
         }
         if self.classes < 2 || self.classes > self.in_channels {
-            return Err(Error::InvalidModel {
-                setting: "classes",
-                value: self.classes,
-                valid: format!("between 2 and the input channels, {}", self.in_channels),
-            });
+            return Err(Error::invalid(
+                "classes",
+                crate::Value::Count(self.classes),
+                format!("it must be between 2 and the input channels, {}", self.in_channels),
+            ));
         }
         check_dtype(self.dtype)
     }
@@ -96,10 +96,11 @@ impl ConvNetConfig {
     pub fn build(&self, device: &Device) -> Result<Trainer<ConvNet>, Error> {
         self.footprint()?;
         if device.is_cpu() && self.dtype == DType::BF16 {
-            return Err(Error::UnsupportedDtype {
-                dtype: "dtype bf16".to_owned(),
-                valid: "f32 on the CPU (candle 0.11's CPU conv2d has no bf16 matmul); bf16 works on CUDA",
-            });
+            return Err(Error::invalid(
+                "dtype",
+                crate::Value::Dtype(DType::BF16),
+                "use f32 on the CPU (candle 0.11's CPU conv2d has no bf16 matmul); bf16 works on CUDA",
+            ));
         }
         let mut params = Params::new(self.seed, device, self.dtype);
         let model = ConvNet::new(self, &mut params)?;
@@ -205,11 +206,11 @@ impl crate::Resizable for Trainer<ConvNet> {
     fn resize(&mut self, size: usize) -> Result<(), crate::Error> {
         let largest = self.model().config.resolution;
         if size < 4 || size > largest || !size.is_multiple_of(4) {
-            return Err(crate::Error::InvalidModel {
-                setting: "resolution",
-                value: size,
-                valid: format!("a multiple of 4 from 4 to the model's resolution, {largest}"),
-            });
+            return Err(crate::Error::invalid(
+                "resolution",
+                crate::Value::Count(size),
+                format!("it must be a multiple of 4 from 4 to the model's resolution, {largest}"),
+            ));
         }
         self.model_mut().resolution = size;
         Ok(())

@@ -184,10 +184,11 @@ impl<M: Model> Trainer<M> {
     /// parameter). Fails unless the model was built in bf16 and has not trained yet.
     pub fn into_mixed_precision(mut self) -> Result<Self, Error> {
         if self.dtype != DType::BF16 {
-            return Err(Error::UnsupportedDtype {
-                dtype: format!("dtype {}", self.dtype.as_str()),
-                valid: "bf16 variables for mixed precision (f32 masters are added)",
-            });
+            return Err(Error::invalid(
+                "dtype",
+                crate::Value::Dtype(self.dtype),
+                "use bf16 variables for mixed precision (f32 masters are added)",
+            ));
         }
         let by_kind = ByKind { kind: OptimizerKind::AdamW, mixed: true, adamw: default_adamw() };
         self.set_optimizer(by_kind, "switch to mixed precision")?;
@@ -221,9 +222,11 @@ impl<M: Model> Trainer<M> {
     /// verifies plans. Returns the mean loss.
     pub fn train_step_accumulated(&mut self, micro_batch: usize, accumulation_steps: usize) -> Result<f32, Error> {
         if accumulation_steps == 0 {
-            return Err(Error::Zero { setting: "accumulation_steps" });
+            return Err(Error::zero("accumulation_steps"));
         }
-        let batch = micro_batch.checked_mul(accumulation_steps).ok_or(Error::Overflow { value: micro_batch })?;
+        let batch = micro_batch
+            .checked_mul(accumulation_steps)
+            .ok_or_else(|| Error::batch_overflow(micro_batch, "{micro_batch} or {accumulation_steps}"))?;
         let guard = Guard::with_batch(batch, micro_batch)?;
         let vars = self.plain_vars();
         let mut training = TrainLoop::with_guard(guard, vars.clone(), self.optimizer.clone());
@@ -398,7 +401,7 @@ impl<M: Model> std::fmt::Debug for Trainer<M> {
 /// Checks a model-size setting: at least `min`.
 pub(crate) fn at_least(setting: &'static str, value: usize, min: usize) -> Result<(), Error> {
     if value < min {
-        return Err(Error::InvalidModel { setting, value, valid: format!("at least {min}") });
+        return Err(Error::invalid(setting, crate::Value::Count(value), format!("it must be at least {min}")));
     }
     Ok(())
 }
@@ -406,7 +409,7 @@ pub(crate) fn at_least(setting: &'static str, value: usize, min: usize) -> Resul
 pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
     match dtype {
         DType::F32 | DType::BF16 => Ok(()),
-        other => Err(Error::UnsupportedDtype { dtype: format!("dtype {}", other.as_str()), valid: "f32 or bf16" }),
+        other => Err(Error::invalid("dtype", crate::Value::Dtype(other), "use f32 or bf16")),
     }
 }
 

@@ -69,11 +69,11 @@ impl TransformerConfig {
         at_least("layers", self.layers, 1)?;
         at_least("seq_len", self.seq_len, 1)?;
         if !self.d_model.is_multiple_of(self.heads) {
-            return Err(Error::InvalidModel {
-                setting: "heads",
-                value: self.heads,
-                valid: format!("a divisor of the model width, {}", self.d_model),
-            });
+            return Err(Error::invalid(
+                "heads",
+                crate::Value::Count(self.heads),
+                format!("it must be a divisor of the model width, {}", self.d_model),
+            ));
         }
         check_dtype(self.dtype)
     }
@@ -384,11 +384,11 @@ impl crate::Resizable for Trainer<Transformer> {
     fn resize(&mut self, size: usize) -> Result<(), Error> {
         let longest = self.model().config.seq_len;
         if size == 0 || size > longest {
-            return Err(Error::InvalidModel {
-                setting: "seq_len",
-                value: size,
-                valid: format!("from 1 to the model's sequence length, {longest}"),
-            });
+            return Err(Error::invalid(
+                "seq_len",
+                crate::Value::Count(size),
+                format!("it must be from 1 to the model's sequence length, {longest}"),
+            ));
         }
         self.model_mut().seq_len = size;
         Ok(())

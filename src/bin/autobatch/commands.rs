@@ -7,14 +7,14 @@ use autobatch::estimate::{
 use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
 
 use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg, RecomputeArg};
-use crate::failure::{split_error, Failure, SplitFlags};
+use crate::failure::{Failure, Flags};
 use crate::parse::{parse_bytes, parse_count};
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     let config = match &args.config {
         Some(path) => Some(
             autobatch::models::Config::from_file(path)
-                .map_err(|err| Failure::usage(format!("--config {}: {err}", path.display())))?,
+                .map_err(|err| Failure::from(err).about(format!("--config {}", path.display())))?,
         ),
         None => None,
     };
@@ -228,7 +228,7 @@ fn parse_capacity(text: &str) -> Result<(u64, Option<&'static Accelerator>), Fai
         let bytes = parse_bytes(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
         return Ok((bytes, None));
     }
-    let card = accelerator(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
+    let card = accelerator(text)?;
     Ok((card.memory_bytes, Some(card)))
 }
 
@@ -376,21 +376,9 @@ pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
 }
 
 /// `plan`'s errors in its own flags (`ranks`: `--world-size`, or `--uneven`
-/// with one number per rank); the rest as every command says them.
+/// with one number per rank).
 fn plan_error(err: autobatch::Error, ranks: &'static str) -> Failure {
-    use autobatch::Error;
-    match &err {
-        Error::Overflow { .. } | Error::TargetBelowWorldSize { .. } | Error::InexactEffectiveBatch { .. } => {
-            let overflow = if ranks == "--uneven" {
-                "--target, --uneven or --multiple-of"
-            } else {
-                "--target, --largest or --world-size"
-            };
-            let flags = SplitFlags { target: "--target", ranks, largest: Some("--largest"), overflow };
-            Failure::usage(split_error(&err, &flags))
-        }
-        _ => Failure::from(err),
-    }
+    Failure::in_flags(err, &Flags { target: "--target", ranks, largest: "--largest", sizes: false })
 }
 
 /// `plan --uneven 200,90`: the target shared among ranks of uneven capacity.
@@ -404,7 +392,7 @@ fn plan_uneven(args: &PlanArgs) -> Result<(), Failure> {
     let mut split = autobatch::plan_ranks(args.target, &args.uneven, args.multiple_of)
         .map_err(|err| plan_error(err, "--uneven"))?;
     if args.exact {
-        split = split.require_exact()?;
+        split = split.require_exact().map_err(|err| plan_error(err, "--uneven"))?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&split).expect("plain values serialize"));

@@ -33,7 +33,7 @@ impl ModelConfig {
     /// The model of `--config`: its config.json, `--layers`, `--seq-len`,
     /// `--precision` and the LoRA flags.
     pub(crate) fn pretrained(args: &ProbeArgs, path: &std::path::Path) -> Result<Self, Failure> {
-        let with_path = |err: autobatch::Error| Failure::usage(format!("--config {}: {err}", path.display()));
+        let with_path = |err: autobatch::Error| Failure::from(err).about(format!("--config {}", path.display()));
         let mut config = models::Config::from_file(path).map_err(with_path)?;
         if let Some(layers) = args.layers {
             config = config.with_layers(layers).map_err(with_path)?;

@@ -148,17 +148,6 @@ pub fn flag_bytes(bytes: u64) -> String {
     }
 }
 
-/// `3s`, `1.5s` or `500ms`: a duration as `--time-limit` takes it.
-pub fn format_millis(millis: u64) -> String {
-    if millis.is_multiple_of(1000) {
-        format!("{}s", millis / 1000)
-    } else if millis > 1000 {
-        format!("{}s", millis as f64 / 1000.0)
-    } else {
-        format!("{millis}ms")
-    }
-}
-
 /// Splits `"1.5 GiB"` into `("1.5", "GiB")`; exponents stay with the number.
 fn split_number(input: &str) -> (&str, &str) {
     let bytes = input.as_bytes();
