@@ -4,7 +4,6 @@
 mod args;
 mod commands;
 mod failure;
-mod find;
 mod limits;
 mod model;
 mod parse;

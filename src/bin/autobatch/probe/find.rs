@@ -10,6 +10,8 @@ use crate::failure::Failure;
 use crate::model::{with_optimizer, ModelConfig};
 use crate::progress::Progress;
 
+use super::context::Run;
+
 /// Flags that ask the batch search for something; under `--find` the batch is fixed.
 pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
     let Some(find) = args.find else {
@@ -58,14 +60,8 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
 }
 
 /// `--find`: the longest input of the model the flags describe, on `device`.
-pub fn run(
-    args: &ProbeArgs,
-    model: &ModelConfig,
-    device: &candle_core::Device,
-    meter: &mut dyn MemoryMeter,
-    on: &str,
-    say: &dyn Fn(&str),
-) -> Result<(), Failure> {
+pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
+    let Run { args, model, device, on, say, .. } = *run;
     match model {
         ModelConfig::Transformer(config) => {
             let range = SizeRange::up_to(config.seq_len).multiple_of(args.multiple_of);

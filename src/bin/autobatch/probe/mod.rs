@@ -1,0 +1,57 @@
+//! `autobatch probe`: tune a built-in reference model, or a model from its
+//! `config.json`, on a device.
+
+mod checks;
+mod compare;
+mod context;
+mod device;
+mod find;
+mod modes;
+
+use autobatch::{MemoryMeter, Tuner};
+
+use crate::args::{ObjectiveArg, ProbeArgs};
+use crate::failure::Failure;
+use crate::model::{search_tuner, ModelConfig};
+
+use context::Run;
+use device::DeviceSpec;
+
+pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
+    checks::check_flags(args)?;
+    let tuner = tuner(args);
+    tuner.check()?;
+    let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };
+    let model = ModelConfig::from_args(args)?;
+    let footprint = model.footprint()?;
+    let run = |meter: &mut dyn MemoryMeter, device: &candle_core::Device, on: &str, why: &str| {
+        Run { args, tuner: &tuner, model: &model, device, on, why, say: &say }.dispatch(meter)
+    };
+    match device::parse_device(&args.device)? {
+        DeviceSpec::Cpu => device::on_cpu(args, &model, &footprint, Box::new(run)),
+        DeviceSpec::Cuda(ordinal) => device::on_cuda(args, &model, &footprint, ordinal, Box::new(run)),
+    }
+}
+
+/// The batch search's tuner: [`search_tuner`] and the batch flags.
+fn tuner(args: &ProbeArgs) -> Tuner {
+    let mut tuner = search_tuner(args)
+        .start(args.start)
+        .multiple_of(args.multiple_of)
+        .world_size(args.world_size)
+        .exact_effective_batch(args.exact)
+        .objective(match args.objective {
+            ObjectiveArg::Largest => autobatch::Objective::LargestBatch,
+            ObjectiveArg::Throughput => autobatch::Objective::Throughput,
+        });
+    if let Some(max_batch) = args.max_batch {
+        tuner = tuner.max_batch(max_batch);
+    }
+    if let Some(target) = args.target_effective_batch {
+        tuner = tuner.target_effective_batch(target);
+    }
+    if let Some(path) = &args.cache {
+        tuner = tuner.cache(path);
+    }
+    tuner
+}
