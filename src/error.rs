@@ -592,33 +592,8 @@ impl Error {
                 format!("the trainer already ran {steps} training steps: {change} before the first one")
             }
             Error::NothingFits {
-                size: Some(size),
                 batch,
-                outcome,
-                peak_bytes,
-                capacity_bytes,
-                limit_bytes,
-                ceiling,
-                ..
-            } => {
-                format!(
-                    "nothing fits at {} {batch}: the shortest {} searched, {size}, {}; the ceiling is {} of {} = {}: {}",
-                    name("batch"),
-                    name("size"),
-                    describe_failure(*outcome, *peak_bytes),
-                    format_percent(*ceiling),
-                    format_bytes(*capacity_bytes),
-                    format_bytes(*limit_bytes),
-                    if *batch > 1 {
-                        format!("use a smaller {}", name("batch"))
-                    } else {
-                        format!("make the model smaller or raise {}", name("capacity"))
-                    }
-                )
-            }
-            Error::NothingFits {
-                size: None,
-                batch,
+                size,
                 outcome,
                 peak_bytes,
                 capacity_bytes,
@@ -627,14 +602,29 @@ impl Error {
                 smaller_batch,
                 remedies,
             } => {
-                let mut message = format!(
-                    "nothing fits: batch {batch} (the smallest {} and {} allow) {}; the ceiling is {} of {} = {}",
-                    name("start"),
-                    name("multiple_of"),
-                    describe_failure(*outcome, *peak_bytes),
+                let failed = describe_failure(*outcome, *peak_bytes);
+                let room = format!(
+                    "the ceiling is {} of {} = {}",
                     format_percent(*ceiling),
                     format_bytes(*capacity_bytes),
-                    format_bytes(*limit_bytes),
+                    format_bytes(*limit_bytes)
+                );
+                if let Some(size) = size {
+                    let advice = if *batch > 1 {
+                        format!("use a smaller {}", name("batch"))
+                    } else {
+                        format!("make the model smaller or raise {}", name("capacity"))
+                    };
+                    return format!(
+                        "nothing fits at {} {batch}: the shortest {} searched, {size}, {failed}; {room}: {advice}",
+                        name("batch"),
+                        name("size"),
+                    );
+                }
+                let mut message = format!(
+                    "nothing fits: batch {batch} (the smallest {} and {} allow) {failed}; {room}",
+                    name("start"),
+                    name("multiple_of"),
                 );
                 if let Some(smaller) = smaller_batch {
                     let _ = write!(
