@@ -223,12 +223,14 @@ impl std::fmt::Display for DeviceProblem {
 /// Its `Debug` form is its message, as with `anyhow`: a `main` that returns
 /// `Result<(), autobatch::Error>` prints `Error: the tracking allocator is not
 /// installed ...`, not a variant's name.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A setting, size or model configuration has a value that is not
     /// valid: zero where a count is needed, a ceiling outside (0, 1], a
     /// dtype or optimizer not supported, a target below the ranks, a setting
     /// given where it means nothing.
+    #[error("{}", self.render(&OwnNames))]
     InvalidSetting {
         /// What was set.
         setting: Setting,
@@ -240,6 +242,7 @@ pub enum Error {
     },
 
     /// No multiple of the granularity lies between `start` and `max_batch`.
+    #[error("{}", self.render(&OwnNames))]
     NoCandidate {
         /// The smallest batch allowed.
         start: usize,
@@ -251,6 +254,7 @@ pub enum Error {
 
     /// A number past what 64 bits hold: batch arithmetic, or a byte count of
     /// 2^64 (16 EiB) or more. Refused, never wrapped or saturated.
+    #[error("{}", self.render(&OwnNames))]
     Overflow {
         /// What was being counted, and at what value.
         what: String,
@@ -260,6 +264,7 @@ pub enum Error {
 
     /// Exactness was demanded and no micro-batch/accumulation split hits the
     /// target (the effective batch of even ranks, the global batch of uneven ones).
+    #[error("{}", self.render(&OwnNames))]
     InexactTarget {
         /// The target.
         target: usize,
@@ -273,6 +278,7 @@ pub enum Error {
     },
 
     /// A change that must come before training, asked for after it started.
+    #[error("{}", self.render(&OwnNames))]
     AlreadyTrained {
         /// Training steps already run.
         steps: u64,
@@ -283,6 +289,7 @@ pub enum Error {
     /// Not even the smallest candidate fits under the ceiling: the smallest
     /// batch, or, in a search over the input size at a fixed batch
     /// ([`Tuner::run_longest`](crate::Tuner::run_longest)), the shortest size.
+    #[error("{}", self.render(&OwnNames))]
     NothingFits {
         /// The smallest batch tried, or the fixed batch of a size search.
         batch: usize,
@@ -313,6 +320,7 @@ pub enum Error {
     /// A reference model too large to build: not even the smallest batch
     /// could stay under the limit, or its sizes do not fit in this machine's
     /// numbers. Refused before anything is allocated.
+    #[error("{}", self.render(&OwnNames))]
     ModelTooLarge {
         /// The model and its size.
         model: String,
@@ -327,6 +335,7 @@ pub enum Error {
 
     /// [`Tuner::time_limit`](crate::Tuner::time_limit) passed before any
     /// batch was seen to fit.
+    #[error("{}", self.render(&OwnNames))]
     TimeLimit {
         /// The limit, in milliseconds.
         limit_ms: u64,
@@ -335,6 +344,7 @@ pub enum Error {
     },
 
     /// The runtime guard ran out of memory with a micro-batch of one sample.
+    #[error("{}", self.render(&OwnNames))]
     GuardExhausted {
         /// The sample that did not fit alone.
         offset: usize,
@@ -342,10 +352,12 @@ pub enum Error {
 
     /// A headroom check failed: the step ran out of memory or left less free
     /// than the minimum.
+    #[error("{}", self.render(&OwnNames))]
     InsufficientHeadroom(Box<HeadroomReport>),
 
     /// The workload failed with an error that is not an out-of-memory error.
     /// The search stops at once; the workload's error is `source`, untouched.
+    #[error("{}", self.render(&OwnNames))]
     Workload {
         /// The batch being tried.
         batch: usize,
@@ -356,6 +368,7 @@ pub enum Error {
     /// The workload's backward pass reached an op candle cannot
     /// differentiate (a max-pool whose kernel is not its stride, a custom op
     /// without a backward, ...): no batch can be measured for training.
+    #[error("{}", self.render(&OwnNames))]
     BackwardUnsupported {
         /// The batch being tried.
         batch: usize,
@@ -368,6 +381,7 @@ pub enum Error {
     /// [`Tuner::strict`](crate::Tuner::strict) and the measured step did not
     /// reach every variable: a cut graph (a fused op without a backward pass)
     /// measured less than training a model that reaches them needs.
+    #[error("{}", self.render(&OwnNames))]
     PartialGraph {
         /// The variables with no gradient that the forward pass does not write.
         variables: Vec<String>,
@@ -376,9 +390,11 @@ pub enum Error {
     },
 
     /// candle failed outside a probed step (building a model, a training step).
-    Candle(candle_core::Error),
+    #[error("{}", self.render(&OwnNames))]
+    Candle(#[from] candle_core::Error),
 
     /// Tuning at one of several input sizes failed.
+    #[error("{}", self.render(&OwnNames))]
     AtSize {
         /// The input size.
         size: usize,
@@ -388,46 +404,26 @@ pub enum Error {
 
     /// The machine cannot be used as asked: no tracking allocator, no CUDA
     /// device, a pool whose peaks cannot be read.
+    #[error("{}", self.render(&OwnNames))]
     Device(DeviceProblem),
 
     /// A collective operation between ranks failed.
+    #[error("{}", self.render(&OwnNames))]
     Collective(String),
 
     /// Another rank could not tune (nothing fits there, or its workload failed):
     /// its own error is in its log. Every rank stops, so that none trains alone.
+    #[error("{}", self.render(&OwnNames))]
     RankFailed,
 
     /// A memory meter could not measure.
-    Meter(Box<dyn std::error::Error + Send + Sync>),
-}
-
-impl From<candle_core::Error> for Error {
-    fn from(err: candle_core::Error) -> Self {
-        Error::Candle(err)
-    }
+    #[error("{}", self.render(&OwnNames))]
+    Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl From<&'static str> for Setting {
     fn from(name: &'static str) -> Self {
         Setting::Named(name)
-    }
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.render(&OwnNames))
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Workload { source, .. } | Error::Candle(source) => Some(source),
-            Error::BackwardUnsupported { source, .. } => Some(source.as_ref()),
-            Error::AtSize { source, .. } => Some(source.as_ref()),
-            Error::Meter(source) => Some(source.as_ref()),
-            _ => None,
-        }
     }
 }
 
