@@ -378,7 +378,7 @@ pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
 /// `plan`'s errors in its own flags (`ranks`: `--world-size`, or `--uneven`
 /// with one number per rank).
 fn plan_error(err: autobatch::Error, ranks: &'static str) -> Failure {
-    Failure::in_flags(err, &Flags { target: "--target", ranks, largest: "--largest", sizes: false })
+    Failure::in_flags(err, &Flags { target: "--target", ranks, largest: "--largest", ..Flags::PROBE })
 }
 
 /// `plan --uneven 200,90`: the target shared among ranks of uneven capacity.

@@ -77,6 +77,8 @@ pub struct Flags {
     pub largest: &'static str,
     /// Whether the lengths come from `--seq-lens` rather than `--seq-len`.
     pub sizes: bool,
+    /// What the input size is, in words: a sequence length, a resolution.
+    pub size: &'static str,
 }
 
 impl Flags {
@@ -85,6 +87,7 @@ impl Flags {
         ranks: "--world-size",
         largest: "the largest that fits",
         sizes: false,
+        size: "sequence length",
     };
 
     fn seq_len(&self) -> &'static str {
@@ -109,7 +112,7 @@ impl autobatch::Names for Flags {
             "zero_stage" => "--zero".to_owned(),
             "data_parallel" => "--ranks".to_owned(),
             "accelerator" => "--capacity".to_owned(),
-            "size" => "sequence length".to_owned(),
+            "size" => self.size.to_owned(),
             "seq_len" => self.seq_len().to_owned(),
             other => format!("--{}", other.replace('_', "-")),
         }
@@ -144,4 +147,42 @@ pub fn clap_message(err: &clap::Error) -> String {
         .filter(|line| !line.is_empty() && !line.starts_with("Usage:") && !line.starts_with("For more information"))
         .collect();
     kept.join(" ").trim_start_matches("error: ").to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nothing_fits_at_a_size(size: usize) -> autobatch::Error {
+        autobatch::Error::NothingFits {
+            batch: 8,
+            size: Some(size),
+            outcome: autobatch::Outcome::OverCeiling,
+            peak_bytes: Some(3 << 20),
+            capacity_bytes: 4 << 20,
+            limit_bytes: 2 << 20,
+            ceiling: 0.5,
+            smaller_batch: None,
+            remedies: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_size_search_names_its_flags_and_the_size_as_the_model_does() {
+        let resolution = Failure::in_flags(nothing_fits_at_a_size(32), &Flags { size: "resolution", ..Flags::PROBE });
+        assert_eq!(resolution.kind, Kind::NothingFits);
+        assert!(
+            resolution.message.starts_with("nothing fits at --batch 8: the shortest resolution searched, 32,"),
+            "{}",
+            resolution.message
+        );
+        assert!(resolution.message.ends_with("use a smaller --batch"), "{}", resolution.message);
+        let lengths =
+            Failure::from(autobatch::Error::AtSize { size: 128, source: Box::new(nothing_fits_at_a_size(64)) });
+        assert!(
+            lengths.message.starts_with("at sequence length 128: nothing fits at --batch 8"),
+            "{}",
+            lengths.message
+        );
+    }
 }

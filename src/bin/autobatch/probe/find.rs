@@ -6,7 +6,7 @@ use autobatch::workloads::{Model, ReferenceWorkload, Trainer};
 use autobatch::{MemoryMeter, Resizable, SizeRange};
 
 use crate::args::{FindArg, ModelKind, ObjectiveArg, ProbeArgs};
-use crate::failure::Failure;
+use crate::failure::{Failure, Flags};
 use crate::model::{with_optimizer, ModelConfig};
 use crate::progress::Progress;
 
@@ -67,30 +67,30 @@ pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
             let range = SizeRange::up_to(config.seq_len).multiple_of(args.multiple_of);
             check_range(range, "--seq-len")?;
             let trainer = with_optimizer(args, config.build(device)?)?;
-            let names = Names { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
-            find_in(args, trainer, meter, range, names, on, say)
+            let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
+            find_in(args, trainer, meter, range, words, on, say)
         }
         ModelConfig::ConvNet(config) => {
             let range = SizeRange::up_to(config.resolution).multiple_of(args.multiple_of.max(4));
             check_range(range, "--resolution")?;
             let trainer = with_optimizer(args, config.build(device)?)?;
-            let names = Names { word: "resolution", key: "largest_resolution", what: "resolution" };
-            find_in(args, trainer, meter, range, names, on, say)
+            let words = SizeWords { word: "resolution", key: "largest_resolution", what: "resolution" };
+            find_in(args, trainer, meter, range, words, on, say)
         }
         ModelConfig::Pretrained(spec) => {
             let (config, training) = spec.as_ref();
             let range = SizeRange::up_to(training.seq_len).multiple_of(args.multiple_of);
             check_range(range, "--seq-len")?;
             let trainer = with_optimizer(args, Pretrained::build(config, training, device)?.into_trainer()?)?;
-            let names = Names { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
-            find_in(args, trainer, meter, range, names, on, say)
+            let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
+            find_in(args, trainer, meter, range, words, on, say)
         }
         ModelConfig::Mlp(_) => unreachable!("check_flags refuses --find for the MLP"),
     }
 }
 
 /// What the size is called: the progress column, the JSON key, in words.
-struct Names {
+struct SizeWords {
     word: &'static str,
     key: &'static str,
     what: &'static str,
@@ -103,7 +103,7 @@ fn find_in<M: Model>(
     mut trainer: Trainer<M>,
     meter: &mut dyn MemoryMeter,
     range: SizeRange,
-    names: Names,
+    words: SizeWords,
     on: &str,
     say: &dyn Fn(&str),
 ) -> Result<(), Failure>
@@ -115,22 +115,23 @@ where
     say(&format!(
         "probing {description} ({} parameters) for the largest {} at batch {batch}, up to {}, on {on}",
         trainer.parameter_count(),
-        names.what,
+        words.what,
         range.largest
     ));
-    let mut progress = Progress::new(args.json).sizes(names.word);
+    let mut progress = Progress::new(args.json).sizes(words.word);
     let result =
         crate::model::search_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
     drop(progress);
-    let longest = result?;
+    // the size is named as this model calls it: a sequence length, a resolution
+    let longest = result.map_err(|err| Failure::in_flags(err, &Flags { size: words.what, ..Flags::PROBE }))?;
     if let Some(path) = &args.plot {
         let title = format!("{description} at batch {batch} on {on}");
-        crate::plot::longest(path, &title, names.word, &longest)?;
+        crate::plot::longest(path, &title, words.word, &longest)?;
     }
     if args.json {
-        println!("{}", longest.to_json_named(names.key));
+        println!("{}", longest.to_json_named(words.key));
     } else {
-        print!("{}", longest.summary(names.what));
+        print!("{}", longest.summary(words.what));
     }
     Ok(())
 }
