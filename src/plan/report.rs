@@ -23,9 +23,9 @@ impl fmt::Display for Plan {
     }
 }
 
-// The table's pieces are public for the command-line tool's live rows, not
-// part of the library's surface.
-#[doc(hidden)]
+/// The trial table's pieces, for a live display of your own: an
+/// [`Observer`](crate::Observer) prints each row as its trial ends, as the
+/// command line does.
 impl Trial {
     /// The batch column's usual width: batches up to 9,999,999.
     pub const BATCH_WIDTH: usize = 7;

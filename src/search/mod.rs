@@ -3,9 +3,10 @@
 //! Nothing here touches a device or a clock, so every invariant can be checked
 //! exhaustively with simulated curves, and baseline algorithms can run side by
 //! side on the same workloads. What a user chooses is the [`Strategy`]; the
-//! step-by-step interface (`next_batch` over a history of observations) is
-//! public for the crate's property tests and benchmarks only, and hidden from
-//! the docs.
+//! step-by-step interface ([`next_batch`] over a history of [`Observation`]s,
+//! [`best`] of it) drives a search with trials run your own way: the crate's
+//! property tests and benchmarks run the strategies through it, beside other
+//! tools' algorithms.
 
 pub(crate) mod fit;
 pub(crate) mod outcome;
@@ -16,7 +17,6 @@ use crate::Error;
 
 pub(crate) use fit::least_squares;
 pub(crate) use fit::LinearFit;
-#[doc(hidden)]
 pub use outcome::Observation;
 pub(crate) use outcome::Outcome;
 pub(crate) use strategy::Strategy;
@@ -201,7 +201,6 @@ impl SearchSpace {
 }
 
 /// A strategy's answer to "what next?".
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
     /// Run this batch next; it has not been tried.
@@ -212,7 +211,6 @@ pub enum Next {
 
 /// The largest batch in `history` that fits, if any: the only kind of answer a
 /// search gives.
-#[doc(hidden)]
 pub fn best(history: &[Observation]) -> Option<&Observation> {
     history.iter().filter(|o| o.outcome.fits()).max_by_key(|o| o.batch)
 }
@@ -235,7 +233,6 @@ pub fn best(history: &[Observation]) -> Option<&Observation> {
 /// assert_eq!(tried, [1, 2, 4, 8, 6, 5]);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
-#[doc(hidden)]
 pub fn next_batch(strategy: Strategy, space: &SearchSpace, history: &[Observation]) -> Next {
     let bracket = Bracket::of(space, history);
     match strategy {

@@ -418,10 +418,19 @@ pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::R
     candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
 }
 
-/// A reference workload whose model is chosen at run time (as the probe binary
-/// does): a probe [`Workload`] that can describe itself. For the binary and
-/// the benchmarks; hidden from the docs.
-#[doc(hidden)]
+/// A reference model chosen at run time (as `autobatch probe --model` does):
+/// a [`Workload`] that says what it is and gives its evaluation step, behind
+/// one `Box<dyn ReferenceWorkload>` whichever model it is.
+///
+/// ```
+/// use autobatch::workloads::{MlpConfig, ReferenceWorkload};
+/// use candle_core::Device;
+///
+/// let chosen: Box<dyn ReferenceWorkload> = Box::new(MlpConfig::default().build(&Device::Cpu)?);
+/// assert!(chosen.description().starts_with("mlp("));
+/// assert!(chosen.parameter_count() > 0);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
 pub trait ReferenceWorkload: Workload {
     /// The model and its size, e.g. `transformer(vocab 256, d-model 64, …)`.
     fn description(&self) -> String;
