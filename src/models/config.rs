@@ -445,10 +445,10 @@ impl Config {
     /// within its sliding window.
     pub fn check_seq_len(&self, seq_len: usize) -> Result<(), Error> {
         if seq_len == 0 || seq_len > self.max_positions {
-            return Err(refuse(
+            return Err(Error::invalid(
                 "seq_len",
-                seq_len,
-                format!("from 1 to max_position_embeddings, {}", self.max_positions),
+                crate::Value::Count(seq_len),
+                format!("it must be from 1 to the config's max_position_embeddings, {}", self.max_positions),
             ));
         }
         if let Some(window) = self.sliding_window.filter(|&window| seq_len > window) {
