@@ -238,38 +238,16 @@ mod tests {
 
     #[test]
     fn zero_and_inconsistent_inputs_are_errors() {
-        assert!(matches!(
-            plan_accumulation(0, 1, 8),
+        let zero = |result: Result<Accumulation, Error>| match result {
             Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("target_effective_batch"),
-                value: crate::Value::Count(0),
-                ..
-            })
-        ));
-        assert!(matches!(
-            plan_accumulation(8, 0, 8),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("world_size"),
-                value: crate::Value::Count(0),
-                ..
-            })
-        ));
-        assert!(matches!(
-            plan_accumulation(8, 1, 0),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("largest_micro_batch"),
-                value: crate::Value::Count(0),
-                ..
-            })
-        ));
-        assert!(matches!(
-            plan_accumulation_aligned(8, 1, 8, 0),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("multiple_of"),
-                value: crate::Value::Count(0),
-                ..
-            })
-        ));
+                setting: crate::Setting::Named(name), value: crate::Value::Count(0), ..
+            }) => name,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(zero(plan_accumulation(0, 1, 8)), "target_effective_batch");
+        assert_eq!(zero(plan_accumulation(8, 0, 8)), "world_size");
+        assert_eq!(zero(plan_accumulation(8, 1, 0)), "largest_micro_batch");
+        assert_eq!(zero(plan_accumulation_aligned(8, 1, 8, 0)), "multiple_of");
         assert!(matches!(plan_accumulation(3, 4, 8), Err(Error::InvalidSetting { value: crate::Value::Count(3), .. })));
         let below = plan_accumulation(3, 4, 8).unwrap_err().to_string();
         assert!(below.starts_with("target_effective_batch is 3: it must be at least 4 ranks (world_size)"), "{below}");
