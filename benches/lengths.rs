@@ -35,7 +35,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use autobatch::workloads::TransformerConfig;
+use autobatch::models::reference::TransformerConfig;
 use autobatch::{format_bytes, HeapMeter, MemoryMeter, Objective, Resizable, Tuner, Workload};
 use candle_core::Device;
 
@@ -65,7 +65,7 @@ fn lengths(seed: u64) -> Vec<usize> {
 
 /// Median seconds and peak bytes of a step at `batch` samples of `len` tokens.
 fn measure(
-    trainer: &mut autobatch::workloads::Trainer<autobatch::workloads::Transformer>,
+    trainer: &mut autobatch::models::reference::Trainer<autobatch::models::reference::Transformer>,
     meter: &mut HeapMeter,
     batch: usize,
     len: usize,

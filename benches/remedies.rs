@@ -12,7 +12,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use autobatch::workloads::TransformerConfig;
+use autobatch::models::reference::TransformerConfig;
 use autobatch::{format_bytes, HeapMeter, TrackingAllocator, Tuner, Workload};
 use candle_core::Device;
 
@@ -42,7 +42,7 @@ fn step_time<W: Workload>(model: &mut W, batch: usize) -> Duration {
 /// `autobatch probe --compare` on the default transformer and MLP, through the
 /// library's `Tuner::compare`.
 fn comparisons(report: &mut String) {
-    use autobatch::workloads::MlpConfig;
+    use autobatch::models::reference::MlpConfig;
     use autobatch::Variant;
     use candle_core::DType;
     let transformer = |checkpointing, dtype| TransformerConfig { checkpointing, dtype, ..Default::default() };

@@ -15,7 +15,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 use std::time::Instant;
 
-use autobatch::workloads::TransformerConfig;
+use autobatch::models::reference::TransformerConfig;
 use autobatch::{format_bytes, HeapMeter, Tuner};
 use candle_core::Device;
 

@@ -92,7 +92,7 @@
 //! otherwise the nearest effective batch above, with the deviation and a
 //! learning-rate scaling hint.
 //!
-//! The reference models of [`workloads`] (a transformer, an MLP, a convnet)
+//! The reference models of [`models::reference`] (a transformer, an MLP, a convnet)
 //! are workloads too, and any closure `FnMut(usize) -> candle_core::Result<()>` is.
 //!
 //! ## In a training loop
@@ -135,11 +135,13 @@
 //! accumulated micro-steps, or uneven ranks' shares), and
 //! [`micro_batch`](Plan::micro_batch), [`accumulation_steps`](Plan::accumulation_steps),
 //! [`effective_batch`](Plan::effective_batch) read it. Your model and the
-//! reference models of [`workloads`] go through the same two pieces:
+//! reference models of [`models::reference`] go through the same two pieces:
 //! [`ModelProbe`] measures, [`TrainLoop`] trains, with one optimizer between
 //! them ([`optim`]). Every public item has one path: the root has what most
 //! users call; [`search`], [`model`], [`optim`], [`estimate`],
-//! [`memory::simulated`], [`collective`], [`ops`] and [`workloads`] hold the rest.
+//! [`memory::simulated`] and [`collective`] hold the rest, and [`models`] the
+//! architectures: those built from a `config.json`, the reference models of
+//! [`models::reference`] and the differentiable ops of [`models::ops`].
 //! An [`Error`] is read by its [`kind`](Error::kind) (fix the request, give
 //! it more memory, fix the model, look at the machine); every invalid setting
 //! is one variant, [`Error::InvalidSetting`] (the [`Setting`], its [`Value`],
@@ -164,7 +166,6 @@ pub mod memory;
 pub mod model;
 pub mod models;
 mod oom;
-pub mod ops;
 pub mod optim;
 mod plan;
 pub mod search;
@@ -173,7 +174,6 @@ mod tuner;
 mod units;
 mod vocabulary;
 mod workload;
-pub mod workloads;
 
 pub use cache::CacheKey;
 pub use error::{DeviceProblem, Error, ErrorKind, EvenSplit, Names, Result, Setting, Value};

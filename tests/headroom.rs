@@ -5,7 +5,7 @@
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::workloads::TransformerConfig;
+use autobatch::models::reference::TransformerConfig;
 use autobatch::{assert_headroom, Error, Headroom, HeadroomReport, HeapMeter};
 use candle_core::Device;
 

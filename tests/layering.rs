@@ -6,10 +6,16 @@
 //! Read from the source: every `crate::…` path and re-exported root name in a
 //! module's files (tests and comments left out) is an edge to the module that
 //! defines it. A module is a top-level folder or file of `src/`, except the
-//! leaves, which count on their own.
+//! leaves and the parts (`PARTS`), which count on their own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+/// Submodules placed in layers of their own, apart from the module that holds
+/// them: the architectures' ops sit low (they import nothing), the reference
+/// models above the user-facing `model` layer, the architectures from a
+/// `config.json` above both.
+const PARTS: [&str; 2] = ["models::ops", "models::reference"];
 
 /// Files that are modules of their own for this check.
 const LEAVES: [&str; 7] =
@@ -23,7 +29,7 @@ const ORDER: [&str; 24] = [
     "units",
     "vocabulary",
     "splitmix",
-    "ops",
+    "models::ops",
     "search::outcome",
     "search::fit",
     "estimate::change",
@@ -41,7 +47,7 @@ const ORDER: [&str; 24] = [
     "guard",
     "headroom",
     "model",
-    "workloads",
+    "models::reference",
     "models",
     "tuner",
 ];
@@ -60,9 +66,10 @@ fn module_path(file: &Path) -> String {
     parts.join("::")
 }
 
-/// The node a module path belongs to: its leaf, or its top-level module.
+/// The node a module path belongs to: its leaf or part, or its top-level module.
 fn node(path: &str) -> String {
-    let leaf = LEAVES.iter().filter(|leaf| path == **leaf || path.starts_with(&format!("{leaf}::"))).max();
+    let leaf =
+        LEAVES.iter().chain(&PARTS).filter(|leaf| path == **leaf || path.starts_with(&format!("{leaf}::"))).max();
     match leaf {
         Some(leaf) => (*leaf).to_owned(),
         None => path.split("::").next().unwrap_or("").to_owned(),

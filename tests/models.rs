@@ -288,7 +288,7 @@ fn lora_trains_the_adapters_alone_and_fits_more() {
 /// backward pass, fewer bytes per sample, and through the reference engine
 /// (`into_trainer`) an exact answer and training under the ceiling.
 fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
-    use autobatch::workloads::Model;
+    use autobatch::models::reference::Model;
     for family in ["llama", "qwen3", "gpt2"] {
         let config = tiny(family);
         let plain = Pretrained::build(&config, &Training::new(64), &Device::Cpu).unwrap();
@@ -311,7 +311,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         }
         drop((loss_a, grads_a, loss_b, grads_b));
         let mut trainers = [plain, checkpointed].map(|model| model.into_trainer().unwrap());
-        let per_sample = |trainer: &mut autobatch::workloads::Trainer<Pretrained>| {
+        let per_sample = |trainer: &mut autobatch::models::reference::Trainer<Pretrained>| {
             let mut meter = HeapMeter::with_room(64 * MIB, 0.9).unwrap();
             trainer.step(8).unwrap();
             let (small, large) = (peak_of(trainer, &mut meter, 2), peak_of(trainer, &mut meter, 6));
@@ -345,7 +345,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
 /// weights' gradients candle keeps; with `FrozenLinear` they are gone, and
 /// more fits (both exact by brute force).
 fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
-    use autobatch::ops::FrozenLinear;
+    use autobatch::models::ops::FrozenLinear;
     use autobatch::Warning;
     use candle_core::Module;
     let cpu = &Device::Cpu;

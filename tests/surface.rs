@@ -121,7 +121,7 @@ fn a_plan_keeps_few_public_fields() {
 /// leave it; an item added has to push another out, or raise it on purpose.
 #[test]
 fn the_public_surface_does_not_grow() {
-    const MOST: usize = 146;
+    const MOST: usize = 120;
     let items: Vec<String> = public_paths()
         .into_iter()
         .filter(|(_, modules)| modules.iter().any(|m| m != "models" && !m.starts_with("models::")))

@@ -21,7 +21,7 @@ mod common;
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 use autobatch::estimate::OptimizerKind;
-use autobatch::workloads::{ConvNetConfig, MlpConfig, Model, Trainer, TransformerConfig};
+use autobatch::models::reference::{ConvNetConfig, MlpConfig, Model, Trainer, TransformerConfig};
 use autobatch::{
     Error, HeapMeter, MemoryMeter, Resizable, Setting, SizeRange, TrackingAllocator, Tuner, Value, Workload,
 };

@@ -122,7 +122,7 @@ impl Gpt {
         let mask = self.mask.narrow(0, 0, s)?.narrow(1, 0, s)?;
         let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
         let scores = if self.constant_mask {
-            autobatch::ops::add_constant(&scores, &mask)?
+            autobatch::models::ops::add_constant(&scores, &mask)?
         } else {
             scores.broadcast_add(&mask)?
         };

@@ -1,7 +1,7 @@
 //! The reference models the benchmarks probe for real, three sizes each,
 //! with the CPU budgets they are probed under.
 
-use autobatch::workloads::{ConvNetConfig, MlpConfig, ReferenceWorkload, TransformerConfig};
+use autobatch::models::reference::{ConvNetConfig, MlpConfig, ReferenceWorkload, TransformerConfig};
 
 pub const CEILING: f64 = 0.9;
 pub const MIB: u64 = 1 << 20;

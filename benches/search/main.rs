@@ -23,8 +23,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
+use autobatch::models::reference::ReferenceWorkload;
 use autobatch::search::SearchSpace;
-use autobatch::workloads::ReferenceWorkload;
 use autobatch::{HeapMeter, LinearFit, MemoryMeter, Outcome, Strategy, TrackingAllocator, Tuner, Workload};
 use baselines::Algorithm;
 

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 mod verdict;
 use verdict::{verdict, Evidence, Next};
 
-use autobatch::workloads::TransformerConfig;
+use autobatch::models::reference::TransformerConfig;
 use autobatch::PeakKinds;
 use autobatch::{format_bytes, may_be_oom, CudaMeter, MemoryMeter, Tuner, Workload};
 use candle_core::cuda_backend::cudarc::driver as cudarc;
@@ -258,7 +258,7 @@ fn check(
     meter: &mut CudaMeter,
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let mut model = config.build(meter.device())?;
-    let description = autobatch::workloads::Model::describe(&*model.model());
+    let description = autobatch::models::reference::Model::describe(&*model.model());
     println!("== {name}: {description}, {} parameters", model.parameter_count());
     let started = Instant::now();
     let plan = Tuner::new().ceiling(CEILING).run(&mut model, meter)?;

@@ -170,7 +170,7 @@ impl Bert {
                 if bias.track_op() {
                     logits.broadcast_add(bias)
                 } else {
-                    crate::ops::add_constant(&logits, bias)
+                    crate::models::ops::add_constant(&logits, bias)
                 }
             }
             Head::Classification { pooler, classifier } => {

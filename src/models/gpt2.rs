@@ -5,7 +5,7 @@
 
 use candle_core::{Module, Result, Tensor};
 
-use crate::ops::add_constant;
+use crate::models::ops::add_constant;
 
 use super::config::Config;
 use super::layers::{attention, gelu_tanh, residual, split_heads, Layout, Norm, Proj};

@@ -6,8 +6,8 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
-use crate::ops::FrozenLinear;
-use crate::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
+use crate::models::ops::FrozenLinear;
+use crate::models::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
 
 /// A weight's layout in its checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

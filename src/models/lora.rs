@@ -6,7 +6,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Module, Result, Tensor};
 
-use crate::ops::{matmul, FrozenLinear};
+use crate::models::ops::{matmul, FrozenLinear};
 
 /// Which projections get adapters, and their rank, scale and dropout.
 #[derive(Clone, Debug, PartialEq)]

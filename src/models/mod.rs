@@ -14,6 +14,13 @@
 //! [`into_trainer`](Pretrained::into_trainer) for the reference models' engine
 //! (what `autobatch probe --config` runs).
 //!
+//! Beside them, in their own modules: the [`reference`](mod@reference) models (a small
+//! transformer, an MLP and a convnet trained on synthetic data, what the
+//! command line's toy sizes, the tests and the benchmarks run) and [`ops`],
+//! differentiable forms of the candle ops that cut the graph, and the ops of
+//! a frozen base, that these architectures are built from and that a user's
+//! own model file can switch to.
+//!
 //! ```
 //! # #[global_allocator]
 //! # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
@@ -39,6 +46,8 @@ mod decoder;
 mod gpt2;
 mod layers;
 mod lora;
+pub mod ops;
+pub mod reference;
 mod weights;
 
 use candle_core::{DType, Device, Tensor};
@@ -47,8 +56,8 @@ use candle_nn::VarMap;
 pub use config::{AttentionBias, BertHead, Config, Family, Llama3Rope};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 
-use crate::workloads::params::Rng;
-use crate::workloads::{Footprint, Model, Trainer};
+use crate::models::reference::params::Rng;
+use crate::models::reference::{Footprint, Model, Trainer};
 use crate::Error;
 use weights::{Init, TensorSpec, Weights};
 
@@ -393,7 +402,7 @@ impl Pretrained {
     ) -> Result<Pretrained, Error> {
         config.check_seq_len(training.seq_len)?;
         let dtype = config.model_dtype(training)?;
-        crate::workloads::check_dtype(dtype)?;
+        crate::models::reference::check_dtype(dtype)?;
         let adapter_dtype = training.lora.as_ref().map_or(dtype, |lora| lora.adapter_dtype(dtype));
         let dtype_of = |name: &str| if name.contains(".lora_") { adapter_dtype } else { dtype };
         let mut specs = config.tensors();

@@ -23,7 +23,7 @@ impl Tuner {
     /// ```
     /// # #[global_allocator]
     /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-    /// use autobatch::workloads::TransformerConfig;
+    /// use autobatch::models::reference::TransformerConfig;
     /// use autobatch::{HeapMeter, Tuner};
     ///
     /// let mut model = TransformerConfig::tiny().build(&candle_core::Device::Cpu)?;

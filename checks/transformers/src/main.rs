@@ -4,7 +4,7 @@
 //! - BERT as candle-transformers ships it: its fused LayerNorm cuts the graph,
 //!   so the plan is demoted (partial graph, not proven) and a strict tuner
 //!   refuses it; no variable changes;
-//! - the same BERT forked with `autobatch::ops::LayerNorm` (three lines): the
+//! - the same BERT forked with `autobatch::models::ops::LayerNorm` (three lines): the
 //!   whole graph, an exact answer by brute force, below the demoted one;
 //! - its forward pass alone (`ModelProbe::forward_only` over `detached`);
 //! - its longest input at twice that batch (`Tuner::run_longest`), exact, and

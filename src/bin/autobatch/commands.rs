@@ -196,7 +196,7 @@ fn lora_training(
     args: &EstimateArgs,
     config: &autobatch::models::Config,
     rank: usize,
-) -> Result<(autobatch::models::Training, autobatch::workloads::Footprint, u64), Failure> {
+) -> Result<(autobatch::models::Training, autobatch::models::reference::Footprint, u64), Failure> {
     use autobatch::models::{Lora, Training};
     let mut lora = Lora::new(rank, config.family.lora_targets());
     if !args.lora_targets.is_empty() {

@@ -4,7 +4,9 @@
 
 use autobatch::estimate::OptimizerKind;
 use autobatch::models;
-use autobatch::workloads::{ConvNetConfig, Footprint, MlpConfig, Model, ReferenceWorkload, Trainer, TransformerConfig};
+use autobatch::models::reference::{
+    ConvNetConfig, Footprint, MlpConfig, Model, ReferenceWorkload, Trainer, TransformerConfig,
+};
 use autobatch::{Strategy, Tuner};
 use candle_core::DType;
 
@@ -179,8 +181,8 @@ impl ModelConfig {
         mixed: bool,
         optimizer: OptimizerKind,
     ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
-        fn finish<M: autobatch::workloads::Model + 'static>(
-            trainer: autobatch::workloads::Trainer<M>,
+        fn finish<M: autobatch::models::reference::Model + 'static>(
+            trainer: autobatch::models::reference::Trainer<M>,
             mixed: bool,
             optimizer: OptimizerKind,
         ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {

@@ -1,7 +1,7 @@
 //! The probe's flags checked together, before anything is built.
 
 use autobatch::models;
-use autobatch::workloads::{ConvNetConfig, Footprint, TransformerConfig};
+use autobatch::models::reference::{ConvNetConfig, Footprint, TransformerConfig};
 
 use crate::args::{DtypeArg, ModelKind, ObjectiveArg, ProbeArgs, ProbeOptimizerArg};
 use crate::failure::Failure;

@@ -2,7 +2,7 @@
 
 use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
 use autobatch::models;
-use autobatch::workloads::ReferenceWorkload;
+use autobatch::models::reference::ReferenceWorkload;
 use autobatch::{format_bytes, MemoryMeter};
 use candle_core::DType;
 

@@ -1,6 +1,6 @@
 //! Where a probe runs: the CPU under a budget, or a CUDA device, and its meter.
 
-use autobatch::workloads::Footprint;
+use autobatch::models::reference::Footprint;
 use autobatch::{format_bytes, HeapMeter, MemoryMeter};
 
 use crate::args::{ProbeArgs, DEFAULT_BUDGET};

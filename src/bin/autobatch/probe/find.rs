@@ -1,8 +1,8 @@
 //! `autobatch probe --find seq-len --batch 8`: the longest input that fits
 //! at a fixed batch, searched and verified like the batch.
 
+use autobatch::models::reference::{Model, ReferenceWorkload, Trainer};
 use autobatch::models::Pretrained;
-use autobatch::workloads::{Model, ReferenceWorkload, Trainer};
 use autobatch::{MemoryMeter, Resizable, SizeRange};
 
 use crate::args::{FindArg, ModelKind, ObjectiveArg, ProbeArgs};

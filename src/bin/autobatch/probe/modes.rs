@@ -1,7 +1,7 @@
 //! One probe command on a chosen meter: the mode the flags ask for, the same
 //! on the CPU and on a GPU.
 
-use autobatch::workloads::ReferenceWorkload;
+use autobatch::models::reference::ReferenceWorkload;
 use autobatch::MemoryMeter;
 
 use crate::args::ProbeArgs;

@@ -16,7 +16,7 @@
 //! memory per sample grows with sequence length, quadratically in attention.
 //!
 //! ```
-//! use autobatch::workloads::TransformerConfig;
+//! use autobatch::models::reference::TransformerConfig;
 //! use candle_core::Device;
 //!
 //! let mut lm = TransformerConfig::tiny().build(&Device::Cpu)?;
@@ -423,7 +423,7 @@ pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::R
 /// one `Box<dyn ReferenceWorkload>` whichever model it is.
 ///
 /// ```
-/// use autobatch::workloads::{MlpConfig, ReferenceWorkload};
+/// use autobatch::models::reference::{MlpConfig, ReferenceWorkload};
 /// use candle_core::Device;
 ///
 /// let chosen: Box<dyn ReferenceWorkload> = Box::new(MlpConfig::default().build(&Device::Cpu)?);

@@ -12,7 +12,7 @@
 //! ```text
 //! - use candle_nn::ops::softmax_last_dim;
 //! - use candle_nn::rotary_emb::rope;
-//! + use autobatch::ops::{softmax_last_dim, rope};
+//! + use autobatch::models::ops::{softmax_last_dim, rope};
 //! ```
 //!
 //! and `candle_nn::LayerNorm` / `RmsNorm` become [`LayerNorm`] / [`RmsNorm`]
@@ -141,7 +141,7 @@ impl Module for RmsNorm {
 /// gradient only. `x` is `(…, in)`, `weight` `(out, in)`, `bias` `(out)`.
 ///
 /// ```
-/// use autobatch::ops::frozen_linear;
+/// use autobatch::models::ops::frozen_linear;
 /// use candle_core::{Device, Tensor, Var};
 ///
 /// let weight = Tensor::ones((3, 4), candle_core::DType::F32, &Device::Cpu)?; // frozen: a plain tensor
@@ -265,7 +265,7 @@ impl candle_core::CustomOp2 for Product {
 /// the same (tested).
 ///
 /// ```
-/// use autobatch::ops::add_constant;
+/// use autobatch::models::ops::add_constant;
 /// use candle_core::{Device, Tensor, Var};
 ///
 /// let scores = Var::ones((2, 3, 3), candle_core::DType::F32, &Device::Cpu)?;
@@ -366,7 +366,7 @@ impl candle_core::CustomOp2 for WithConstant {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use autobatch::ops::quantized_linear;
+/// use autobatch::models::ops::quantized_linear;
 /// use candle_core::quantized::{GgmlDType, QTensor};
 /// use candle_core::{DType, Device, Tensor, Var};
 ///

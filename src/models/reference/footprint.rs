@@ -9,7 +9,7 @@ use crate::Error;
 /// tensors, and a lower bound on what one sample adds to a training step.
 ///
 /// ```
-/// use autobatch::workloads::TransformerConfig;
+/// use autobatch::models::reference::TransformerConfig;
 ///
 /// let footprint = TransformerConfig::default().footprint()?;
 /// assert!(footprint.fixed_bytes > 4 * 4 * footprint.parameters);

@@ -253,7 +253,7 @@ impl Transformer {
         let mask =
             if s == self.config.seq_len { self.mask.clone() } else { self.mask.narrow(0, 0, s)?.narrow(1, 0, s)? };
         // the mask is a constant: added without a gradient of the scores' size of its own
-        let scores = crate::ops::add_constant(&(q.matmul(&k.t()?)? / (head_dim as f64).sqrt())?, &mask)?;
+        let scores = crate::models::ops::add_constant(&(q.matmul(&k.t()?)? / (head_dim as f64).sqrt())?, &mask)?;
         let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
         let y = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, s, d))?;
         block.proj.forward(&y)
