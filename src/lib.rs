@@ -72,7 +72,12 @@
 //! ## In a headroom regression test
 //!
 //! Assert that a model keeps its batch with memory to spare, so that a change
-//! that grows activations fails CI instead of a training run:
+//! that grows activations fails CI instead of a training run. On a real model
+//! that is [`assert_headroom`] with a [`HeapMeter`]; the code around the
+//! search (a trainer's start-up path, its fallbacks) is tested on a simulated
+//! device, [`memory::simulated`], with the `simulation` feature turned on
+//! where the tests build (`autobatch = { version = "0.1", features =
+//! ["simulation"] }` under `[dev-dependencies]`):
 //!
 //! ```
 //! use autobatch::memory::simulated::{MemoryCurve, Simulation};
@@ -122,6 +127,9 @@
 //!   (docs.rs), do not show its items.
 //! - `nccl`: `collective::NcclCollective`, ranks in separate processes
 //!   through NCCL (implies `cuda`; needs libnccl to link).
+//! - `simulation`: [`memory::simulated`], simulated devices for tests. Turn it
+//!   on in `[dev-dependencies]`, as tokio's `test-util` is: tests that build on
+//!   it need it, a trainer does not.
 //!
 //! ## How it is arranged
 //!
@@ -147,12 +155,14 @@
 //! is one variant, [`Error::InvalidSetting`] (the [`Setting`], its [`Value`],
 //! what would be valid), and a program that names the settings its own way
 //! (the command line's flags) prints the same messages through [`Names`].
-//! [`memory::simulated`] is public on purpose, not test scaffolding: a
-//! simulated device (a memory curve, and the ways real devices stray from
+//! [`memory::simulated`] is test support, behind the `simulation` feature:
+//! a simulated device (a memory curve, and the ways real devices stray from
 //! it: granules, noise, an out-of-memory error below the ceiling, memory
 //! another process holds) is how code that depends on the search, a
 //! trainer's start-up path or a headroom test as above, is tested without a
-//! GPU; this crate's own tests and benchmarks use the same API.
+//! GPU, and nothing a trainer calls. This crate's own tests and benchmarks
+//! use the same API, with the feature turned on by its dev-dependency on
+//! itself.
 
 #![warn(missing_docs)]
 

@@ -1,7 +1,7 @@
 //! Measuring memory: the [`MemoryMeter`](crate::MemoryMeter) trait and its
 //! implementations ([`HeapMeter`](crate::HeapMeter), `CudaMeter`, exported at
 //! the crate's root), and [`simulated`] devices for your tests (and ours, and
-//! the benchmarks).
+//! the benchmarks), with the `simulation` feature.
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
@@ -9,6 +9,7 @@ pub(crate) mod heap;
 pub(crate) mod measure;
 pub(crate) mod meter;
 mod pool;
+#[cfg(feature = "simulation")]
 pub mod simulated;
 pub(crate) mod tracking;
 

@@ -1,6 +1,12 @@
 //! A simulated device for tests of code that depends on the search (yours and
 //! this crate's) and for benchmarks: a memory curve in,
-//! a [`Workload`] and a [`MemoryMeter`] out.
+//! a [`Workload`] and a [`MemoryMeter`] out. Behind the `simulation`
+//! feature: turn it on where your tests build,
+//!
+//! ```toml
+//! [dev-dependencies]
+//! autobatch = { version = "0.1", features = ["simulation"] }
+//! ```
 //!
 //! ```
 //! use autobatch::memory::simulated::{MemoryCurve, Simulation};
