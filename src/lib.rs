@@ -92,7 +92,7 @@
 //!
 //! ## Gradient accumulation alone
 //!
-//! [`plan_accumulation`] is the arithmetic without a device: the fewest
+//! [`Accumulation::plan`] is the arithmetic without a device: the fewest
 //! accumulation steps that hit the target exactly (within twice the minimum),
 //! otherwise the nearest effective batch above, with the deviation and a
 //! learning-rate scaling hint.
@@ -198,14 +198,14 @@ pub use model::probe::ModelProbe;
 pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
-    plan_accumulation, plan_accumulation_aligned, plan_ranks, Accumulation, Basis, CacheHit, Ceiling, Distributed,
-    DuringTraining, EvaluationPlan, ExpectedEnd, LongestSize, MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan,
-    RankShare, RankSplit, SearchLimit, SearchSettings, SizeBatch, SizeModel, SizePlan, SizeRange, SizeTrial, SizedPlan,
-    Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
+    Accumulation, Basis, CacheHit, Ceiling, Distributed, DuringTraining, EvaluationPlan, ExpectedEnd, LongestSize,
+    MeasuredGraph, MemoryModel, Objective, PeakKinds, Plan, RankShare, RankSplit, SearchLimit, SearchSettings,
+    SizeBatch, SizeModel, SizePlan, SizeRange, SizedPlan, Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind,
+    TuningCost, Warning,
 };
 pub use search::fit::LinearFit;
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
 pub use units::{format_bytes, format_bytes_decimal};
-pub use workload::{by_size, BySize, Profile, Resizable, TensorSize, Workload};
+pub use workload::{BySize, Profile, Resizable, TensorSize, Workload};

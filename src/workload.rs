@@ -111,7 +111,7 @@ pub trait Workload {
 /// [`resize`](Self::resize) sets the size the following steps run at; the
 /// workload's [`cache_key`](Workload::cache_key) should tell sizes apart (the
 /// tuner adds the size to the key too). Closures `|batch, size|` become one
-/// with [`by_size`].
+/// with [`BySize::new`].
 pub trait Resizable: Workload {
     /// Runs the following steps at `size`; an error when the workload cannot.
     fn resize(&mut self, size: usize) -> crate::Result<()>;
@@ -120,31 +120,32 @@ pub trait Resizable: Workload {
     fn size(&self) -> usize;
 }
 
-/// A closure `|batch, size|` as a [`Resizable`] workload, starting at `size`.
-///
-/// ```
-/// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-/// use autobatch::{by_size, Resizable, Tuner, Workload};
-///
-/// let mut steps = Vec::new();
-/// let mut workload = by_size(8, |batch, len| {
-///     steps.push((batch, len));
-///     Ok(())
-/// });
-/// workload.resize(32)?;
-/// workload.step(4)?;
-/// drop(workload);
-/// assert_eq!(steps, [(4, 32)]);
-/// # Ok::<(), autobatch::Error>(())
-/// ```
-pub fn by_size<F: FnMut(usize, usize) -> candle_core::Result<()>>(size: usize, step: F) -> BySize<F> {
-    BySize { step, size }
-}
-
-/// A closure of the batch and the size: see [`by_size`].
+/// A closure of the batch and the size: see [`BySize::new`].
 pub struct BySize<F> {
     step: F,
     size: usize,
+}
+
+impl<F: FnMut(usize, usize) -> candle_core::Result<()>> BySize<F> {
+    /// A closure `|batch, size|` as a [`Resizable`] workload, starting at `size`.
+    ///
+    /// ```
+    /// use autobatch::{BySize, Resizable, Workload};
+    ///
+    /// let mut steps = Vec::new();
+    /// let mut workload = BySize::new(8, |batch, len| {
+    ///     steps.push((batch, len));
+    ///     Ok(())
+    /// });
+    /// workload.resize(32)?;
+    /// workload.step(4)?;
+    /// drop(workload);
+    /// assert_eq!(steps, [(4, 32)]);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn new(size: usize, step: F) -> BySize<F> {
+        BySize { step, size }
+    }
 }
 
 impl<F: FnMut(usize, usize) -> candle_core::Result<()>> Workload for BySize<F> {

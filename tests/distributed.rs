@@ -318,7 +318,7 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
     assert!(split.accumulation_steps > 1 && split.exact);
     // the first share (from the plain largest batches) did not fit: some rank shared again lower
     let truths: Vec<usize> = plans.iter().map(|p| p.largest_batch).collect();
-    let first = autobatch::plan_ranks(target, &truths, 1).unwrap();
+    let first = autobatch::RankSplit::plan(target, &truths, 1).unwrap();
     assert!(first.shares.iter().zip(&split.shares).any(|(a, b)| b.micro_batch() < a.micro_batch()));
     assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), target);
     for (rank, plan) in plans.iter().enumerate() {

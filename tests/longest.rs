@@ -60,14 +60,14 @@ proptest! {
         let longest = result.unwrap();
         prop_assert_eq!(longest.largest_size, truth, "{:?}", longest.trials);
         prop_assert_eq!(longest.peak_bytes, curve.bytes(batch, truth));
-        prop_assert!(longest.trials.iter().any(|t| t.size == truth && t.outcome == Outcome::Fits));
+        prop_assert!(longest.trials.iter().any(|t| t.size == Some(truth) && t.outcome == Outcome::Fits));
         let last = largest / granule * granule;
         if truth == last {
             prop_assert!(!longest.proven_longest);
             prop_assert_eq!(longest.stopped_by, Some(SearchLimit::MaxBatch { max_batch: last }));
         } else {
             prop_assert!(longest.proven_longest);
-            prop_assert!(longest.trials.iter().any(|t| t.size == truth + granule && !t.outcome.fits()));
+            prop_assert!(longest.trials.iter().any(|t| t.size == Some(truth + granule) && !t.outcome.fits()));
         }
     }
 }

@@ -1,15 +1,15 @@
 //! Property tests for every invariant of the search and the accumulation arithmetic.
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
-use autobatch::search::{best, next_batch, Next, Observation, SearchSpace};
-use autobatch::{plan_accumulation_aligned, plan_ranks, Error, Outcome, Strategy, Tuner};
+use autobatch::search::{Next, Observation, SearchSpace};
+use autobatch::{Accumulation, Error, Outcome, RankSplit, Strategy, Tuner};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 
 /// Runs a strategy to the end against an outcome function; panics on a repeat.
 fn search(strategy: Strategy, space: &SearchSpace, outcome: impl Fn(usize) -> Outcome) -> Vec<Observation> {
     let mut history: Vec<Observation> = Vec::new();
-    while let Next::Try(batch) = next_batch(strategy, space, &history) {
+    while let Next::Try(batch) = strategy.next_batch(space, &history) {
         assert!(history.iter().all(|o| o.batch != batch), "batch {batch} proposed twice");
         assert!(space.contains(batch), "batch {batch} is outside {space:?}");
         assert!(history.len() < 10_000, "search does not end");
@@ -24,7 +24,7 @@ fn search_with_peaks(
     measure: impl Fn(usize) -> (Outcome, Option<u64>),
 ) -> Vec<Observation> {
     let mut history: Vec<Observation> = Vec::new();
-    while let Next::Try(batch) = next_batch(strategy, space, &history) {
+    while let Next::Try(batch) = strategy.next_batch(space, &history) {
         assert!(history.iter().all(|o| o.batch != batch), "batch {batch} proposed twice");
         assert!(space.contains(batch), "batch {batch} is outside {space:?}");
         assert!(history.len() < 10_000, "search does not end");
@@ -120,7 +120,7 @@ proptest! {
         let space = SearchSpace::new(start, max, g).unwrap();
         let history = search(Strategy::Binary, &space, threshold(truth));
         let expected = (space.first()..=space.last().min(truth)).rev().find(|b| b % g == 0);
-        let found = best(&history).map(|o| o.batch);
+        let found = Observation::best(&history).map(|o| o.batch);
         prop_assert_eq!(found, expected);
         if let Some(found) = found {
             let bound = 2 * ceil_log2(found / g) as usize + 3;
@@ -152,7 +152,7 @@ proptest! {
         // peaks that agree with nothing in particular, to feed Predictive's model garbage
         let peak = |b: usize| Some((b as u64 ^ peak_seed).wrapping_mul(0x2545_F491_4F6C_DD1D) >> 23);
         let history = search_with_peaks(strategy, &space, |b| (outcome(b), peak(b)));
-        if let Some(found) = best(&history) {
+        if let Some(found) = Observation::best(&history) {
             prop_assert_eq!(found.outcome, Outcome::Fits);
             prop_assert!(history.iter().any(|o| o.batch == found.batch));
             prop_assert!(found.batch <= space.last());
@@ -168,9 +168,9 @@ proptest! {
         let space = SearchSpace::new(start, max, g).unwrap().with_limit(curve.limit);
         let binary = search_with_peaks(Strategy::Binary, &space, |b| curve.measure(b));
         let predictive = search_with_peaks(Strategy::Predictive, &space, |b| curve.measure(b));
-        let answer = |h: &[Observation]| best(h).map(|o| o.batch);
+        let answer = |h: &[Observation]| Observation::best(h).map(|o| o.batch);
         prop_assert_eq!(answer(&predictive), answer(&binary), "{:?}", curve);
-        if let Some(found) = best(&predictive) {
+        if let Some(found) = Observation::best(&predictive) {
             prop_assert!(curve.peak(found.batch) <= curve.limit);
             // bisection is the fallback: never much worse than Binary
             prop_assert!(predictive.len() <= binary.len() + 6, "{} vs {} trials", predictive.len(), binary.len());
@@ -193,7 +193,7 @@ proptest! {
         }
         let binary = search_with_peaks(Strategy::Binary, &plain, |b| curve.measure(b));
         let predictive = search_with_peaks(Strategy::Predictive, &hinted, |b| curve.measure(b));
-        prop_assert_eq!(best(&predictive).map(|o| o.batch), best(&binary).map(|o| o.batch), "{:?}", curve);
+        prop_assert_eq!(Observation::best(&predictive).map(|o| o.batch), Observation::best(&binary).map(|o| o.batch), "{:?}", curve);
     }
 
     /// Power returns the largest fitting first·2^j (g·2^j from start 1).
@@ -204,7 +204,7 @@ proptest! {
         let history = search(Strategy::Power, &space, threshold(truth));
         let limit = truth.min(space.last());
         let expected = (0..40).map(|j| g << j).take_while(|&b| b <= limit).last();
-        prop_assert_eq!(best(&history).map(|o| o.batch), expected);
+        prop_assert_eq!(Observation::best(&history).map(|o| o.batch), expected);
     }
 
     /// The whole tuner on simulated affine, quadratic and rounded curves with
@@ -344,7 +344,7 @@ proptest! {
     /// and k is the smallest exact one, or k₀ with the nearest batch above when no k is exact.
     #[test]
     fn accumulation_arithmetic(target in 1usize..1_000_000, world in 1usize..=8, largest in 1usize..5_000, g in prop_oneof![Just(1usize), Just(8), 1usize..16]) {
-        let result = plan_accumulation_aligned(target, world, largest, g);
+        let result = Accumulation::plan_aligned(target, world, largest, g);
         let usable = largest - largest % g;
         if usable == 0 {
             prop_assert!(matches!(result, Err(Error::NoCandidate { .. })), "{result:?}");
@@ -394,7 +394,7 @@ proptest! {
         largest in prop::collection::vec(1usize..5_000, 1..=8),
         g in prop_oneof![Just(1usize), Just(8), 1usize..16],
     ) {
-        let result = plan_ranks(target, &largest, g);
+        let result = RankSplit::plan(target, &largest, g);
         if largest.iter().any(|&l| l < g) {
             prop_assert!(matches!(result, Err(Error::NoCandidate { .. })), "{result:?}");
             return Ok(());
@@ -583,7 +583,7 @@ proptest! {
         let unread = search_with_peaks(Strategy::Predictive, &space, |b| device.measure(b, false));
         let tried = |h: &[Observation]| h.iter().map(|o| (o.batch, o.outcome)).collect::<Vec<_>>();
         for history in [&read, &read_untold, &unread] {
-            prop_assert_eq!(best(history).map(|o| o.batch), truth, "{:?}", tried(history));
+            prop_assert_eq!(Observation::best(history).map(|o| o.batch), truth, "{:?}", tried(history));
             // proven: the batch above the answer was run and failed
             if let Some(truth) = truth {
                 prop_assert!(history.iter().any(|o| o.batch == truth + g && !o.outcome.fits()), "{:?}", tried(history));

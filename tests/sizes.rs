@@ -186,7 +186,7 @@ fn the_plan_cache_keeps_sizes_apart() {
 #[test]
 fn a_closure_workload_runs_at_each_size() {
     let mut seen = Vec::new();
-    let mut workload = autobatch::by_size(32, |batch, len| {
+    let mut workload = autobatch::BySize::new(32, |batch, len| {
         seen.push((batch, len));
         Ok(())
     });

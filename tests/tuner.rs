@@ -351,9 +351,8 @@ fn a_plan_whose_numbers_disagree_with_its_split_is_refused() {
     };
     assert!(edited("micro_batch", 7.into()).unwrap_err().to_string().contains("disagree with its split"));
     assert!(edited("proven_largest", false.into()).is_err());
-    assert!(
-        edited("ranks", serde_json::to_value(autobatch::plan_ranks(1000, &[200, 90], 1).unwrap()).unwrap()).is_err()
-    );
+    assert!(edited("ranks", serde_json::to_value(autobatch::RankSplit::plan(1000, &[200, 90], 1).unwrap()).unwrap())
+        .is_err());
     assert!(edited("rank", 1.into()).unwrap_err().to_string().contains("come together"));
     assert_eq!(edited("micro_batch", plan.micro_batch().into()).unwrap(), Plan::from_json(&plan.to_json()).unwrap());
 }

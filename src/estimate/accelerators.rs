@@ -36,73 +36,97 @@ pub struct Accelerator {
 
 const MIB: u64 = 1 << 20;
 
-/// Every accelerator known by name, smallest memory first.
-pub const ACCELERATORS: &[Accelerator] = &[
-    Accelerator { name: "t4", aliases: &[], description: "NVIDIA T4 16GB", memory_bytes: 15360 * MIB },
-    Accelerator {
-        name: "v100-16gb",
-        aliases: &["v100"],
-        description: "NVIDIA Tesla V100 SXM2 16GB",
-        memory_bytes: 16160 * MIB,
-    },
-    Accelerator { name: "a10", aliases: &["a10g"], description: "NVIDIA A10 / A10G 24GB", memory_bytes: 23028 * MIB },
-    Accelerator { name: "l4", aliases: &[], description: "NVIDIA L4 24GB", memory_bytes: 23034 * MIB },
-    Accelerator {
-        name: "rtx4090",
-        aliases: &[],
-        description: "NVIDIA GeForce RTX 4090 24GB",
-        memory_bytes: 24564 * MIB,
-    },
-    Accelerator {
-        name: "rtx3090",
-        aliases: &[],
-        description: "NVIDIA GeForce RTX 3090 24GB",
-        memory_bytes: 24576 * MIB,
-    },
-    Accelerator { name: "v100-32gb", aliases: &[], description: "NVIDIA Tesla V100 32GB", memory_bytes: 32480 * MIB },
-    Accelerator { name: "a100-40gb", aliases: &[], description: "NVIDIA A100 40GB", memory_bytes: 40960 * MIB },
-    Accelerator { name: "l40s", aliases: &[], description: "NVIDIA L40S 48GB", memory_bytes: 46068 * MIB },
-    Accelerator {
-        name: "h100",
-        aliases: &["h100-80gb", "h100-sxm"],
-        description: "NVIDIA H100 80GB HBM3 (SXM)",
-        memory_bytes: 81559 * MIB,
-    },
-    Accelerator { name: "a100-80gb", aliases: &["a100"], description: "NVIDIA A100 80GB", memory_bytes: 81920 * MIB },
-    Accelerator { name: "h100-nvl", aliases: &[], description: "NVIDIA H100 NVL 94GB", memory_bytes: 99_961_274_368 },
-    Accelerator { name: "h200", aliases: &[], description: "NVIDIA H200 141GB HBM3e", memory_bytes: 143771 * MIB },
-    Accelerator {
-        name: "mi300x",
-        aliases: &[],
-        description: "AMD Instinct MI300X 192GB",
-        memory_bytes: 206_141_652_992,
-    },
-];
+impl Accelerator {
+    /// Every accelerator known by name, smallest memory first.
+    pub const ALL: &'static [Accelerator] = &[
+        Accelerator { name: "t4", aliases: &[], description: "NVIDIA T4 16GB", memory_bytes: 15360 * MIB },
+        Accelerator {
+            name: "v100-16gb",
+            aliases: &["v100"],
+            description: "NVIDIA Tesla V100 SXM2 16GB",
+            memory_bytes: 16160 * MIB,
+        },
+        Accelerator {
+            name: "a10",
+            aliases: &["a10g"],
+            description: "NVIDIA A10 / A10G 24GB",
+            memory_bytes: 23028 * MIB,
+        },
+        Accelerator { name: "l4", aliases: &[], description: "NVIDIA L4 24GB", memory_bytes: 23034 * MIB },
+        Accelerator {
+            name: "rtx4090",
+            aliases: &[],
+            description: "NVIDIA GeForce RTX 4090 24GB",
+            memory_bytes: 24564 * MIB,
+        },
+        Accelerator {
+            name: "rtx3090",
+            aliases: &[],
+            description: "NVIDIA GeForce RTX 3090 24GB",
+            memory_bytes: 24576 * MIB,
+        },
+        Accelerator {
+            name: "v100-32gb",
+            aliases: &[],
+            description: "NVIDIA Tesla V100 32GB",
+            memory_bytes: 32480 * MIB,
+        },
+        Accelerator { name: "a100-40gb", aliases: &[], description: "NVIDIA A100 40GB", memory_bytes: 40960 * MIB },
+        Accelerator { name: "l40s", aliases: &[], description: "NVIDIA L40S 48GB", memory_bytes: 46068 * MIB },
+        Accelerator {
+            name: "h100",
+            aliases: &["h100-80gb", "h100-sxm"],
+            description: "NVIDIA H100 80GB HBM3 (SXM)",
+            memory_bytes: 81559 * MIB,
+        },
+        Accelerator {
+            name: "a100-80gb",
+            aliases: &["a100"],
+            description: "NVIDIA A100 80GB",
+            memory_bytes: 81920 * MIB,
+        },
+        Accelerator {
+            name: "h100-nvl",
+            aliases: &[],
+            description: "NVIDIA H100 NVL 94GB",
+            memory_bytes: 99_961_274_368,
+        },
+        Accelerator { name: "h200", aliases: &[], description: "NVIDIA H200 141GB HBM3e", memory_bytes: 143771 * MIB },
+        Accelerator {
+            name: "mi300x",
+            aliases: &[],
+            description: "AMD Instinct MI300X 192GB",
+            memory_bytes: 206_141_652_992,
+        },
+    ];
 
-/// The accelerator called `name` (its name or an alias, any case, `_` or `-`).
-///
-/// ```
-/// use autobatch::estimate::accelerator;
-///
-/// assert_eq!(accelerator("H100")?.memory_bytes, 81559 << 20);
-/// assert_eq!(accelerator("a100_80gb")?.name, "a100-80gb");
-/// assert!(accelerator("h1000").is_err());
-/// # Ok::<(), autobatch::Error>(())
-/// ```
-pub fn accelerator(name: &str) -> Result<&'static Accelerator, Error> {
-    let wanted = name.trim().to_ascii_lowercase().replace('_', "-");
-    ACCELERATORS.iter().find(|card| card.name == wanted || card.aliases.contains(&wanted.as_str())).ok_or_else(|| {
-        Error::invalid(
-            "accelerator",
-            crate::Value::Text(name.to_owned()),
-            format!("known names are {} (or give its memory, e.g. 80GB)", known_names()),
+    /// The accelerator called `name` (its name or an alias, any case, `_` or `-`).
+    ///
+    /// ```
+    /// use autobatch::estimate::Accelerator;
+    ///
+    /// assert_eq!(Accelerator::named("H100")?.memory_bytes, 81559 << 20);
+    /// assert_eq!(Accelerator::named("a100_80gb")?.name, "a100-80gb");
+    /// assert!(Accelerator::named("h1000").is_err());
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn named(name: &str) -> Result<&'static Accelerator, Error> {
+        let wanted = name.trim().to_ascii_lowercase().replace('_', "-");
+        Accelerator::ALL.iter().find(|card| card.name == wanted || card.aliases.contains(&wanted.as_str())).ok_or_else(
+            || {
+                Error::invalid(
+                    "accelerator",
+                    crate::Value::Text(name.to_owned()),
+                    format!("known names are {} (or give its memory, e.g. 80GB)", known_names()),
+                )
+            },
         )
-    })
+    }
 }
 
-/// The names [`accelerator`] knows, comma-separated.
+/// The names [`Accelerator::named`] knows, comma-separated.
 pub(crate) fn known_names() -> String {
-    ACCELERATORS.iter().map(|card| card.name).collect::<Vec<_>>().join(", ")
+    Accelerator::ALL.iter().map(|card| card.name).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]
@@ -112,23 +136,23 @@ mod tests {
     #[test]
     fn names_and_aliases_are_unique_and_in_memory_order() {
         let mut names: Vec<&str> =
-            ACCELERATORS.iter().flat_map(|c| std::iter::once(c.name).chain(c.aliases.iter().copied())).collect();
+            Accelerator::ALL.iter().flat_map(|c| std::iter::once(c.name).chain(c.aliases.iter().copied())).collect();
         let count = names.len();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), count);
-        assert!(ACCELERATORS.windows(2).all(|pair| pair[0].memory_bytes <= pair[1].memory_bytes));
-        for card in ACCELERATORS {
-            assert_eq!(accelerator(card.name).unwrap(), card);
+        assert!(Accelerator::ALL.windows(2).all(|pair| pair[0].memory_bytes <= pair[1].memory_bytes));
+        for card in Accelerator::ALL {
+            assert_eq!(Accelerator::named(card.name).unwrap(), card);
             for alias in card.aliases {
-                assert_eq!(accelerator(alias).unwrap(), card);
+                assert_eq!(Accelerator::named(alias).unwrap(), card);
             }
         }
     }
 
     #[test]
     fn an_unknown_name_lists_the_known_ones() {
-        let err = accelerator("h1000").unwrap_err();
+        let err = Accelerator::named("h1000").unwrap_err();
         let text = err.to_string();
         assert!(text.contains("h1000") && text.contains("h100, ") && text.contains("mi300x"), "{text}");
         assert!(err.is_configuration());
@@ -138,7 +162,7 @@ mod tests {
     fn reported_memory_is_at_most_the_size_on_the_box_in_gib() {
         // "80GB" is 80 GiB of memory, of which the driver keeps a little
         for (name, gib) in [("h100", 80), ("a100-80gb", 80), ("h200", 141), ("l4", 24), ("mi300x", 192)] {
-            let reported = accelerator(name).unwrap().memory_bytes;
+            let reported = Accelerator::named(name).unwrap().memory_bytes;
             assert!(reported <= gib << 30 && reported >= (gib - 2) << 30, "{name} {reported}");
         }
     }

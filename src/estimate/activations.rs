@@ -21,16 +21,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
-/// How many times the formula's activations (at f32, so twice the 16-bit
-/// figure) a candle training step holds per sample, at most, measured on the
-/// reference transformer (`cargo bench --bench activations`, docs/activations.md:
-/// 3.35 to 4.50 over six sizes). candle has no fused attention or layer norm,
-/// computes the softmax in f32 and keeps both matmul operands' gradients; the
-/// logits and the loss are outside the formula too. For a candle model the
-/// probe's own measurement is the figure to plan with; this factor makes the
-/// formula usable for candle models too large to probe.
-pub const CANDLE_F32_ACTIVATION_RATIO: f64 = 4.5;
-
 /// Which activations the backward pass recomputes instead of keeping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -70,6 +60,16 @@ pub struct TransformerShape {
 }
 
 impl TransformerShape {
+    /// How many times the formula's activations (at f32, so twice the 16-bit
+    /// figure) a candle training step holds per sample, at most, measured on the
+    /// reference transformer (`cargo bench --bench activations`, docs/activations.md:
+    /// 3.35 to 4.50 over six sizes). candle has no fused attention or layer norm,
+    /// computes the softmax in f32 and keeps both matmul operands' gradients; the
+    /// logits and the loss are outside the formula too. For a candle model the
+    /// probe's own measurement is the figure to plan with; this factor makes the
+    /// formula usable for candle models too large to probe.
+    pub const CANDLE_F32_ACTIVATION_RATIO: f64 = 4.5;
+
     /// Activation bytes of all layers at 16 bits, per device, with tensor
     /// parallelism `tensor_parallel` (1 for none) and `recompute`; checked,
     /// never wrapped ([`Error::Overflow`] past 2^64 − 1).
@@ -96,10 +96,10 @@ impl TransformerShape {
     }
 
     /// What a candle f32 training step holds, by the measured ratio: the
-    /// formula at f32 (twice the 16-bit bytes) × [`CANDLE_F32_ACTIVATION_RATIO`].
+    /// formula at f32 (twice the 16-bit bytes) × [`Self::CANDLE_F32_ACTIVATION_RATIO`].
     pub fn candle_f32_activation_bytes(&self) -> Result<u64, Error> {
         let formula = self.activation_bytes(1, Recompute::None)?;
-        let bytes = 2.0 * formula as f64 * CANDLE_F32_ACTIVATION_RATIO;
+        let bytes = 2.0 * formula as f64 * Self::CANDLE_F32_ACTIVATION_RATIO;
         if bytes >= u64::MAX as f64 {
             return Err(Error::byte_overflow(format!(
                 "candle's activations of {} layers of width {}",

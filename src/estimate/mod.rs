@@ -44,8 +44,8 @@ mod sharding;
 
 use crate::Error;
 
-pub use accelerators::{accelerator, Accelerator, ACCELERATORS};
-pub use activations::{Recompute, TransformerShape, CANDLE_F32_ACTIVATION_RATIO};
+pub use accelerators::Accelerator;
+pub use activations::{Recompute, TransformerShape};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};
 pub use setup::{Setup, TransformerActivations};

@@ -42,9 +42,9 @@ impl Accumulation {
     /// that must train at exactly the target.
     ///
     /// ```
-    /// use autobatch::plan_accumulation;
-    /// assert!(plan_accumulation(268, 1, 133).unwrap().require_exact().is_ok());
-    /// assert!(plan_accumulation(257, 1, 133).unwrap().require_exact().is_err());
+    /// use autobatch::Accumulation;
+    /// assert!(Accumulation::plan(268, 1, 133).unwrap().require_exact().is_ok());
+    /// assert!(Accumulation::plan(257, 1, 133).unwrap().require_exact().is_err());
     /// ```
     pub fn require_exact(self) -> Result<Self, Error> {
         if self.exact {
@@ -63,108 +63,112 @@ impl Accumulation {
     }
 }
 
-/// Splits a target effective batch over `world_size` ranks with micro-batches of
-/// at most `largest_micro_batch`.
-///
-/// With `k₀ = ⌈E / (W·m*)⌉` the fewest accumulation steps, it hits `E` exactly with
-/// the smallest `k` in `[k₀, 2·k₀]` that `W·k` divides; when there is none it uses
-/// `k₀` steps and the nearest effective batch above `E`, and says so.
-///
-/// ```
-/// use autobatch::plan_accumulation;
-///
-/// let split = plan_accumulation(268, 1, 133)?;
-/// assert_eq!((split.micro_batch, split.accumulation_steps, split.exact), (67, 4, true));
-///
-/// let split = plan_accumulation(257, 1, 133)?; // 257 is prime
-/// assert_eq!((split.micro_batch, split.accumulation_steps), (129, 2));
-/// assert_eq!((split.effective_batch, split.deviation), (258, 1));
-/// # Ok::<(), autobatch::Error>(())
-/// ```
-pub fn plan_accumulation(
-    target_effective_batch: usize,
-    world_size: usize,
-    largest_micro_batch: usize,
-) -> Result<Accumulation, Error> {
-    plan_accumulation_aligned(target_effective_batch, world_size, largest_micro_batch, 1)
-}
+impl Accumulation {
+    /// Splits a target effective batch over `world_size` ranks with micro-batches of
+    /// at most `largest_micro_batch`.
+    ///
+    /// With `k₀ = ⌈E / (W·m*)⌉` the fewest accumulation steps, it hits `E` exactly with
+    /// the smallest `k` in `[k₀, 2·k₀]` that `W·k` divides; when there is none it uses
+    /// `k₀` steps and the nearest effective batch above `E`, and says so.
+    ///
+    /// ```
+    /// use autobatch::Accumulation;
+    ///
+    /// let split = Accumulation::plan(268, 1, 133)?;
+    /// assert_eq!((split.micro_batch, split.accumulation_steps, split.exact), (67, 4, true));
+    ///
+    /// let split = Accumulation::plan(257, 1, 133)?; // 257 is prime
+    /// assert_eq!((split.micro_batch, split.accumulation_steps), (129, 2));
+    /// assert_eq!((split.effective_batch, split.deviation), (258, 1));
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn plan(
+        target_effective_batch: usize,
+        world_size: usize,
+        largest_micro_batch: usize,
+    ) -> Result<Accumulation, Error> {
+        Accumulation::plan_aligned(target_effective_batch, world_size, largest_micro_batch, 1)
+    }
 
-/// [`plan_accumulation`] with micro-batches kept to multiples of `multiple_of`
-/// (e.g. 8 for tensor cores). Exactness then needs `W·multiple_of` to divide the target.
-///
-/// ```
-/// use autobatch::plan_accumulation_aligned;
-///
-/// let split = plan_accumulation_aligned(1024, 4, 100, 8)?;
-/// assert_eq!((split.micro_batch, split.accumulation_steps, split.world_size), (64, 4, 4));
-/// # Ok::<(), autobatch::Error>(())
-/// ```
-pub fn plan_accumulation_aligned(
-    target_effective_batch: usize,
-    world_size: usize,
-    largest_micro_batch: usize,
-    multiple_of: usize,
-) -> Result<Accumulation, Error> {
-    let target = target_effective_batch;
-    for (setting, value) in [
-        ("target_effective_batch", target),
-        ("world_size", world_size),
-        ("largest_micro_batch", largest_micro_batch),
-        ("multiple_of", multiple_of),
-    ] {
-        if value == 0 {
-            return Err(Error::zero(setting));
+    /// [`Accumulation::plan`] with micro-batches kept to multiples of `multiple_of`
+    /// (e.g. 8 for tensor cores). Exactness then needs `W·multiple_of` to divide the target.
+    ///
+    /// ```
+    /// use autobatch::Accumulation;
+    ///
+    /// let split = Accumulation::plan_aligned(1024, 4, 100, 8)?;
+    /// assert_eq!((split.micro_batch, split.accumulation_steps, split.world_size), (64, 4, 4));
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn plan_aligned(
+        target_effective_batch: usize,
+        world_size: usize,
+        largest_micro_batch: usize,
+        multiple_of: usize,
+    ) -> Result<Accumulation, Error> {
+        let target = target_effective_batch;
+        for (setting, value) in [
+            ("target_effective_batch", target),
+            ("world_size", world_size),
+            ("largest_micro_batch", largest_micro_batch),
+            ("multiple_of", multiple_of),
+        ] {
+            if value == 0 {
+                return Err(Error::zero(setting));
+            }
         }
-    }
-    let largest = largest_micro_batch - largest_micro_batch % multiple_of;
-    if largest == 0 {
-        return Err(Error::NoCandidate { start: 1, max_batch: largest_micro_batch, multiple_of });
-    }
-    let unit = world_size.checked_mul(multiple_of).ok_or_else(|| {
-        Error::batch_overflow(world_size, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
-    })?;
-    if target < unit {
-        return Err(Error::target_below_ranks(
-            ("target_effective_batch", "world_size"),
-            target,
-            world_size,
-            multiple_of,
-            unit,
-        ));
-    }
-    // k₀ = ⌈E / (W·m*)⌉; W·m* may overflow only when one step already holds the target.
-    let min_steps = match world_size.checked_mul(largest) {
-        Some(per_step) => target.div_ceil(per_step),
-        None => 1,
-    };
+        let largest = largest_micro_batch - largest_micro_batch % multiple_of;
+        if largest == 0 {
+            return Err(Error::NoCandidate { start: 1, max_batch: largest_micro_batch, multiple_of });
+        }
+        let unit = world_size.checked_mul(multiple_of).ok_or_else(|| {
+            Error::batch_overflow(world_size, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
+        })?;
+        if target < unit {
+            return Err(Error::target_below_ranks(
+                ("target_effective_batch", "world_size"),
+                target,
+                world_size,
+                multiple_of,
+                unit,
+            ));
+        }
+        // k₀ = ⌈E / (W·m*)⌉; W·m* may overflow only when one step already holds the target.
+        let min_steps = match world_size.checked_mul(largest) {
+            Some(per_step) => target.div_ceil(per_step),
+            None => 1,
+        };
 
-    let (micro_batch, accumulation_steps) = match fewest_exact_steps(target, unit, min_steps) {
-        Some(steps) => (target / (world_size * steps), steps),
-        None => {
-            let per_step = world_size.checked_mul(min_steps).ok_or_else(|| {
+        let (micro_batch, accumulation_steps) = match fewest_exact_steps(target, unit, min_steps) {
+            Some(steps) => (target / (world_size * steps), steps),
+            None => {
+                let per_step = world_size.checked_mul(min_steps).ok_or_else(|| {
+                    Error::batch_overflow(target, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
+                })?;
+                let per_rank = target.div_ceil(per_step);
+                (per_rank.next_multiple_of(multiple_of), min_steps)
+            }
+        };
+        let effective_batch = micro_batch
+            .checked_mul(accumulation_steps)
+            .and_then(|samples| samples.checked_mul(world_size))
+            .ok_or_else(|| {
                 Error::batch_overflow(target, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
             })?;
-            let per_rank = target.div_ceil(per_step);
-            (per_rank.next_multiple_of(multiple_of), min_steps)
-        }
-    };
-    let effective_batch =
-        micro_batch.checked_mul(accumulation_steps).and_then(|samples| samples.checked_mul(world_size)).ok_or_else(
-            || Error::batch_overflow(target, "{target_effective_batch}, {largest_micro_batch} or {world_size}"),
-        )?;
-    debug_assert!(micro_batch <= largest && effective_batch >= target);
-    Ok(Accumulation {
-        target_effective_batch: target,
-        micro_batch,
-        accumulation_steps,
-        world_size,
-        effective_batch,
-        largest_micro_batch,
-        multiple_of,
-        exact: effective_batch == target,
-        deviation: effective_batch - target,
-        lr_scale: effective_batch as f64 / target as f64,
-    })
+        debug_assert!(micro_batch <= largest && effective_batch >= target);
+        Ok(Accumulation {
+            target_effective_batch: target,
+            micro_batch,
+            accumulation_steps,
+            world_size,
+            effective_batch,
+            largest_micro_batch,
+            multiple_of,
+            exact: effective_batch == target,
+            deviation: effective_batch - target,
+            lr_scale: effective_batch as f64 / target as f64,
+        })
+    }
 }
 
 /// The smallest `k` in `[k₀, 2·k₀]` such that `unit·k` divides `target`, where
@@ -195,12 +199,12 @@ mod tests {
 
     #[test]
     fn design_examples() {
-        let split = plan_accumulation(268, 1, 133).unwrap();
+        let split = Accumulation::plan(268, 1, 133).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (67, 4, 268));
         assert!(split.exact);
         assert_eq!(split.lr_scale, 1.0);
 
-        let split = plan_accumulation(257, 1, 133).unwrap();
+        let split = Accumulation::plan(257, 1, 133).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (129, 2, 258));
         assert!(!split.exact);
         assert_eq!(split.deviation, 1);
@@ -209,25 +213,25 @@ mod tests {
 
     #[test]
     fn one_step_when_the_target_fits_in_one_micro_batch_per_rank() {
-        let split = plan_accumulation(256, 8, 64).unwrap();
+        let split = Accumulation::plan(256, 8, 64).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (32, 1, 256));
     }
 
     #[test]
     fn prefers_exactness_up_to_twice_the_fewest_steps() {
         // k₀ = ⌈96 / 40⌉ = 3 and 3 divides 96: 32 × 3.
-        assert_eq!(plan_accumulation(96, 1, 40).unwrap().accumulation_steps, 3);
+        assert_eq!(Accumulation::plan(96, 1, 40).unwrap().accumulation_steps, 3);
         // k₀ = ⌈98 / 40⌉ = 3; 98 = 2·7²: no divisor in [3, 6] → inexact with 3 steps.
-        let split = plan_accumulation(98, 1, 40).unwrap();
+        let split = Accumulation::plan(98, 1, 40).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (33, 3, 99));
         // k₀ = ⌈98 / 20⌉ = 5; 7 divides 98 and lies in [5, 10].
-        let split = plan_accumulation(98, 1, 20).unwrap();
+        let split = Accumulation::plan(98, 1, 20).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps), (14, 7));
     }
 
     #[test]
     fn aligned_micro_batches_are_multiples_of_the_granularity() {
-        let split = plan_accumulation_aligned(1000, 2, 100, 8).unwrap();
+        let split = Accumulation::plan_aligned(1000, 2, 100, 8).unwrap();
         assert_eq!(split.micro_batch % 8, 0);
         assert!(split.micro_batch <= 96);
         assert!(split.effective_batch >= 1000);
@@ -244,31 +248,34 @@ mod tests {
             }) => name,
             other => panic!("{other:?}"),
         };
-        assert_eq!(zero(plan_accumulation(0, 1, 8)), "target_effective_batch");
-        assert_eq!(zero(plan_accumulation(8, 0, 8)), "world_size");
-        assert_eq!(zero(plan_accumulation(8, 1, 0)), "largest_micro_batch");
-        assert_eq!(zero(plan_accumulation_aligned(8, 1, 8, 0)), "multiple_of");
-        assert!(matches!(plan_accumulation(3, 4, 8), Err(Error::InvalidSetting { value: crate::Value::Count(3), .. })));
-        let below = plan_accumulation(3, 4, 8).unwrap_err().to_string();
+        assert_eq!(zero(Accumulation::plan(0, 1, 8)), "target_effective_batch");
+        assert_eq!(zero(Accumulation::plan(8, 0, 8)), "world_size");
+        assert_eq!(zero(Accumulation::plan(8, 1, 0)), "largest_micro_batch");
+        assert_eq!(zero(Accumulation::plan_aligned(8, 1, 8, 0)), "multiple_of");
+        assert!(matches!(
+            Accumulation::plan(3, 4, 8),
+            Err(Error::InvalidSetting { value: crate::Value::Count(3), .. })
+        ));
+        let below = Accumulation::plan(3, 4, 8).unwrap_err().to_string();
         assert!(below.starts_with("target_effective_batch is 3: it must be at least 4 ranks (world_size)"), "{below}");
         assert!(matches!(
-            plan_accumulation_aligned(64, 1, 7, 8),
+            Accumulation::plan_aligned(64, 1, 7, 8),
             Err(Error::NoCandidate { max_batch: 7, multiple_of: 8, .. })
         ));
     }
 
     #[test]
     fn require_exact_reports_the_nearest_possible_batch() {
-        let err = plan_accumulation(257, 1, 133).unwrap().require_exact().unwrap_err();
+        let err = Accumulation::plan(257, 1, 133).unwrap().require_exact().unwrap_err();
         assert!(matches!(err, Error::InexactTarget { target: 257, nearest: 258, even: Some(_), .. }));
         assert!(err.to_string().contains("258"), "{err}");
     }
 
     #[test]
     fn huge_targets_do_not_overflow_or_hang() {
-        let split = plan_accumulation(usize::MAX / 2, 3, usize::MAX / 4).unwrap();
+        let split = Accumulation::plan(usize::MAX / 2, 3, usize::MAX / 4).unwrap();
         assert!(split.micro_batch <= usize::MAX / 4);
-        let split = plan_accumulation(1 << 60, 1, 1).unwrap();
+        let split = Accumulation::plan(1 << 60, 1, 1).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps), (1, 1 << 60));
     }
 }

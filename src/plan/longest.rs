@@ -1,13 +1,10 @@
 //! The longest input size that fits at a given batch: what
 //! [`Tuner::run_longest`](crate::Tuner::run_longest) finds.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
-use super::{MeasuredGraph, SearchLimit, TrialKind, Warning};
+use super::{MeasuredGraph, SearchLimit, Trial, Warning};
 use crate::units::format_bytes;
-use crate::Outcome;
 
 /// The sizes a search over the input size may try: multiples of
 /// `multiple_of` from `smallest` (rounded up) to `largest` (rounded down),
@@ -50,24 +47,6 @@ impl SizeRange {
     }
 }
 
-/// One measured step at one input size (at the search's batch).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SizeTrial {
-    /// The input size tried.
-    pub size: usize,
-    /// How it ended.
-    pub outcome: Outcome,
-    /// The device-wide peak the meter read after the step, when it could be read.
-    pub peak_bytes: Option<u64>,
-    /// Wall-clock time of the trial's steps.
-    #[serde(rename = "duration_s", with = "super::seconds")]
-    pub duration: Duration,
-    /// Device-wide bytes in use just before the trial.
-    pub baseline_bytes: u64,
-    /// Why the trial was run.
-    pub kind: TrialKind,
-}
-
 /// The longest input size that fits at one batch, verified like a batch
 /// search: a step at `largest_size` fits under the ceiling, and (when
 /// `proven_longest`) a step one granule longer was seen not to.
@@ -94,7 +73,7 @@ pub struct LongestSize {
     /// Whether the measured step reached every variable's gradient.
     pub measured_graph: MeasuredGraph,
     /// Every measured step, in order.
-    pub trials: Vec<SizeTrial>,
+    pub trials: Vec<Trial>,
     /// What the tuner or the workload noticed.
     pub warnings: Vec<Warning>,
 }

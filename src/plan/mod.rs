@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use accumulation::{plan_accumulation, plan_accumulation_aligned, Accumulation};
+pub use accumulation::Accumulation;
 pub(crate) use ceiling::utilization;
 pub use ceiling::Ceiling;
-pub use longest::{LongestSize, SizeRange, SizeTrial};
+pub use longest::{LongestSize, SizeRange};
 pub use memory_model::MemoryModel;
-pub use ranks::{plan_ranks, RankShare, RankSplit};
+pub use ranks::{RankShare, RankSplit};
 pub use search_limit::{ExpectedEnd, SearchLimit};
 pub use sizes::{Basis, SizeBatch, SizeModel, SizePlan, SizedPlan};
 pub use split::Split;

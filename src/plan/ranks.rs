@@ -23,10 +23,10 @@ use crate::Error;
 /// [`loss_scale_for_average`](Self::loss_scale_for_average) instead.
 ///
 /// ```
-/// use autobatch::plan_ranks;
+/// use autobatch::RankSplit;
 ///
 /// // an 80 GB rank fits 200, a 40 GB one fits 90: 1000 samples per optimizer step
-/// let split = plan_ranks(1000, &[200, 90], 1)?;
+/// let split = RankSplit::plan(1000, &[200, 90], 1)?;
 /// assert_eq!(split.accumulation_steps, 4); // ⌈1000 / 290⌉
 /// assert_eq!(split.shares[0].samples + split.shares[1].samples, 1000);
 /// assert_eq!(split.shares[0].samples, 690); // 1000 × 200/290 = 689.7
@@ -127,10 +127,10 @@ impl RankSplit {
     /// [`Accumulation::require_exact`](crate::Accumulation::require_exact) is for even ranks.
     ///
     /// ```
-    /// use autobatch::plan_ranks;
+    /// use autobatch::RankSplit;
     ///
-    /// assert!(plan_ranks(1000, &[200, 90], 1).unwrap().require_exact().is_ok());
-    /// assert!(plan_ranks(1001, &[200, 90], 8).unwrap().require_exact().is_err());
+    /// assert!(RankSplit::plan(1000, &[200, 90], 1).unwrap().require_exact().is_ok());
+    /// assert!(RankSplit::plan(1001, &[200, 90], 8).unwrap().require_exact().is_err());
     /// ```
     pub fn require_exact(self) -> Result<Self, crate::Error> {
         if self.exact {
@@ -225,85 +225,87 @@ impl std::fmt::Display for RankSplit {
     }
 }
 
-/// Shares a global batch of `target_global_batch` samples per optimizer step
-/// among ranks whose largest micro-batches are `largest_micro_batches` (one per
-/// rank), in proportion to them.
-///
-/// Works in granules of `multiple_of` samples: `G` granules of the global batch
-/// (the target rounded up; exact when `multiple_of` divides it), `Lᵣ` of rank
-/// `r`. The fewest accumulation steps is `k = ⌈G / ΣL⌉`. Rank `r` gets its
-/// proportional quota `G·Lᵣ/ΣL` rounded by largest remainder, at least one
-/// granule and at most `k·Lᵣ`, spread over its `k` micro-steps as evenly as
-/// granules allow: every micro-step fits on its rank.
-///
-/// Errors: a zero target, granularity or rank list; a rank that cannot hold one
-/// granule ([`Error::NoCandidate`]); fewer granules than ranks
-/// ([`Error::InvalidSetting`]).
-pub fn plan_ranks(
-    target_global_batch: usize,
-    largest_micro_batches: &[usize],
-    multiple_of: usize,
-) -> Result<RankSplit, Error> {
-    let target = target_global_batch;
-    for (setting, value) in
-        [("target_global_batch", target), ("multiple_of", multiple_of), ("ranks", largest_micro_batches.len())]
-    {
-        if value == 0 {
-            return Err(Error::zero(setting));
+impl RankSplit {
+    /// Shares a global batch of `target_global_batch` samples per optimizer step
+    /// among ranks whose largest micro-batches are `largest_micro_batches` (one per
+    /// rank), in proportion to them.
+    ///
+    /// Works in granules of `multiple_of` samples: `G` granules of the global batch
+    /// (the target rounded up; exact when `multiple_of` divides it), `Lᵣ` of rank
+    /// `r`. The fewest accumulation steps is `k = ⌈G / ΣL⌉`. Rank `r` gets its
+    /// proportional quota `G·Lᵣ/ΣL` rounded by largest remainder, at least one
+    /// granule and at most `k·Lᵣ`, spread over its `k` micro-steps as evenly as
+    /// granules allow: every micro-step fits on its rank.
+    ///
+    /// Errors: a zero target, granularity or rank list; a rank that cannot hold one
+    /// granule ([`Error::NoCandidate`]); fewer granules than ranks
+    /// ([`Error::InvalidSetting`]).
+    pub fn plan(
+        target_global_batch: usize,
+        largest_micro_batches: &[usize],
+        multiple_of: usize,
+    ) -> Result<RankSplit, Error> {
+        let target = target_global_batch;
+        for (setting, value) in
+            [("target_global_batch", target), ("multiple_of", multiple_of), ("ranks", largest_micro_batches.len())]
+        {
+            if value == 0 {
+                return Err(Error::zero(setting));
+            }
         }
-    }
-    let world_size = largest_micro_batches.len();
-    let capacity: Vec<u128> = largest_micro_batches.iter().map(|&l| (l / multiple_of) as u128).collect();
-    if let Some(rank) = capacity.iter().position(|&c| c == 0) {
-        return Err(Error::NoCandidate { start: 1, max_batch: largest_micro_batches[rank], multiple_of });
-    }
-    let granules = target.div_ceil(multiple_of) as u128;
-    if granules < world_size as u128 {
-        let smallest = world_size
-            .checked_mul(multiple_of)
-            .ok_or_else(|| Error::batch_overflow(world_size, "{target_global_batch}, {ranks} or {multiple_of}"))?;
-        return Err(Error::target_below_ranks(
-            ("target_global_batch", "ranks"),
-            target,
-            world_size,
-            multiple_of,
-            smallest,
-        ));
-    }
-    let total: u128 = capacity.iter().sum();
-    let steps = granules.div_ceil(total);
-    let samples = apportion(granules, &capacity, steps);
+        let world_size = largest_micro_batches.len();
+        let capacity: Vec<u128> = largest_micro_batches.iter().map(|&l| (l / multiple_of) as u128).collect();
+        if let Some(rank) = capacity.iter().position(|&c| c == 0) {
+            return Err(Error::NoCandidate { start: 1, max_batch: largest_micro_batches[rank], multiple_of });
+        }
+        let granules = target.div_ceil(multiple_of) as u128;
+        if granules < world_size as u128 {
+            let smallest = world_size
+                .checked_mul(multiple_of)
+                .ok_or_else(|| Error::batch_overflow(world_size, "{target_global_batch}, {ranks} or {multiple_of}"))?;
+            return Err(Error::target_below_ranks(
+                ("target_global_batch", "ranks"),
+                target,
+                world_size,
+                multiple_of,
+                smallest,
+            ));
+        }
+        let total: u128 = capacity.iter().sum();
+        let steps = granules.div_ceil(total);
+        let samples = apportion(granules, &capacity, steps);
 
-    let mut offset = 0;
-    let mut shares = Vec::with_capacity(world_size);
-    for (rank, (&granted, &largest)) in samples.iter().zip(largest_micro_batches).enumerate() {
-        let (base, extra) = (granted / steps, granted % steps);
-        // each micro-step ≤ ⌈granted / steps⌉ ≤ capacity, since granted ≤ steps·capacity;
-        // granted ≤ ⌈target / multiple_of⌉: only a target within a granule of usize::MAX overflows
-        let overflow = || Error::batch_overflow(target, "{target_global_batch}, {ranks} or {multiple_of}");
-        let granules = |count: u128| (count as usize).checked_mul(multiple_of).ok_or_else(overflow);
-        let rank_samples = granules(granted)?;
-        shares.push(RankShare {
-            rank,
-            largest_micro_batch: largest,
-            samples: rank_samples,
-            offset,
-            steps: steps as usize,
-            larger_steps: extra as usize,
-            // with no step larger than the rest, `larger` is their size too
-            larger: granules(base + u128::from(extra > 0))?,
-            smaller: granules(base)?,
-        });
-        offset = offset.checked_add(rank_samples).ok_or_else(overflow)?;
+        let mut offset = 0;
+        let mut shares = Vec::with_capacity(world_size);
+        for (rank, (&granted, &largest)) in samples.iter().zip(largest_micro_batches).enumerate() {
+            let (base, extra) = (granted / steps, granted % steps);
+            // each micro-step ≤ ⌈granted / steps⌉ ≤ capacity, since granted ≤ steps·capacity;
+            // granted ≤ ⌈target / multiple_of⌉: only a target within a granule of usize::MAX overflows
+            let overflow = || Error::batch_overflow(target, "{target_global_batch}, {ranks} or {multiple_of}");
+            let granules = |count: u128| (count as usize).checked_mul(multiple_of).ok_or_else(overflow);
+            let rank_samples = granules(granted)?;
+            shares.push(RankShare {
+                rank,
+                largest_micro_batch: largest,
+                samples: rank_samples,
+                offset,
+                steps: steps as usize,
+                larger_steps: extra as usize,
+                // with no step larger than the rest, `larger` is their size too
+                larger: granules(base + u128::from(extra > 0))?,
+                smaller: granules(base)?,
+            });
+            offset = offset.checked_add(rank_samples).ok_or_else(overflow)?;
+        }
+        Ok(RankSplit {
+            target_global_batch: target,
+            global_batch: offset,
+            accumulation_steps: steps as usize,
+            multiple_of,
+            exact: offset == target,
+            shares,
+        })
     }
-    Ok(RankSplit {
-        target_global_batch: target,
-        global_batch: offset,
-        accumulation_steps: steps as usize,
-        multiple_of,
-        exact: offset == target,
-        shares,
-    })
 }
 
 /// `granules` shared in proportion to `capacity` (largest remainder), each
@@ -351,18 +353,18 @@ mod tests {
     /// once multiplied a share by the capacities' total past 128 bits.
     #[test]
     fn capacities_near_usize_max_share_without_overflow() {
-        let split = plan_ranks(usize::MAX, &[2, usize::MAX], 1).unwrap();
+        let split = RankSplit::plan(usize::MAX, &[2, usize::MAX], 1).unwrap();
         let samples: Vec<usize> = split.shares.iter().map(|share| share.samples).collect();
         assert_eq!(samples, [2, usize::MAX - 2], "in proportion: rank 0's quota is just under 2 samples");
         assert!(split.exact && split.global_batch == usize::MAX);
-        let split = plan_ranks(usize::MAX, &[usize::MAX, usize::MAX], 1).unwrap();
+        let split = RankSplit::plan(usize::MAX, &[usize::MAX, usize::MAX], 1).unwrap();
         assert_eq!(split.shares[0].samples + split.shares[1].samples, usize::MAX);
         assert!(split.shares[0].samples.abs_diff(split.shares[1].samples) <= 1);
     }
 
     #[test]
     fn equal_ranks_split_evenly() {
-        let split = plan_ranks(512, &[100, 100, 100, 100], 1).unwrap();
+        let split = RankSplit::plan(512, &[100, 100, 100, 100], 1).unwrap();
         assert_eq!(split.accumulation_steps, 2);
         for share in &split.shares {
             assert_eq!(share.micro_batches().collect::<Vec<_>>(), [64, 64]);
@@ -373,7 +375,7 @@ mod tests {
     #[test]
     fn a_global_batch_that_does_not_divide_is_still_exact() {
         // 1001 over capacities 3:1 → quotas 750.75 and 250.25
-        let split = plan_ranks(1001, &[300, 100], 1).unwrap();
+        let split = RankSplit::plan(1001, &[300, 100], 1).unwrap();
         assert_eq!(split.accumulation_steps, 3);
         assert_eq!((split.shares[0].samples, split.shares[1].samples), (751, 250));
         assert_eq!(split.shares[0].micro_batches().collect::<Vec<_>>(), [251, 250, 250]);
@@ -384,7 +386,7 @@ mod tests {
 
     #[test]
     fn granules_round_the_global_batch_up_and_say_so() {
-        let split = plan_ranks(100, &[64, 32], 8).unwrap();
+        let split = RankSplit::plan(100, &[64, 32], 8).unwrap();
         assert_eq!(split.global_batch, 104);
         assert!(!split.exact);
         for share in &split.shares {
@@ -394,13 +396,13 @@ mod tests {
 
     #[test]
     fn a_tiny_rank_still_gets_a_granule() {
-        let split = plan_ranks(10, &[1000, 1], 1).unwrap();
+        let split = RankSplit::plan(10, &[1000, 1], 1).unwrap();
         assert_eq!((split.shares[0].samples, split.shares[1].samples), (9, 1));
     }
 
     #[test]
     fn more_micro_steps_than_samples_leaves_empty_steps() {
-        let split = plan_ranks(3, &[1, 1], 1).unwrap();
+        let split = RankSplit::plan(3, &[1, 1], 1).unwrap();
         assert_eq!(split.accumulation_steps, 2);
         assert_eq!(split.shares[0].micro_batches().collect::<Vec<_>>(), [1, 1]);
         assert_eq!(split.shares[1].micro_batches().collect::<Vec<_>>(), [1, 0]);
@@ -411,7 +413,7 @@ mod tests {
     #[test]
     fn bad_inputs_are_errors() {
         assert!(matches!(
-            plan_ranks(0, &[1], 1),
+            RankSplit::plan(0, &[1], 1),
             Err(Error::InvalidSetting {
                 setting: crate::Setting::Named("target_global_batch"),
                 value: crate::Value::Count(0),
@@ -419,25 +421,25 @@ mod tests {
             })
         ));
         assert!(matches!(
-            plan_ranks(8, &[], 1),
+            RankSplit::plan(8, &[], 1),
             Err(Error::InvalidSetting { setting: crate::Setting::Named("ranks"), value: crate::Value::Count(0), .. })
         ));
         assert!(matches!(
-            plan_ranks(8, &[8], 0),
+            RankSplit::plan(8, &[8], 0),
             Err(Error::InvalidSetting {
                 setting: crate::Setting::Named("multiple_of"),
                 value: crate::Value::Count(0),
                 ..
             })
         ));
-        assert!(matches!(plan_ranks(64, &[16, 4], 8), Err(Error::NoCandidate { max_batch: 4, .. })));
-        let below = plan_ranks(2, &[8, 8, 8], 1).unwrap_err();
+        assert!(matches!(RankSplit::plan(64, &[16, 4], 8), Err(Error::NoCandidate { max_batch: 4, .. })));
+        let below = RankSplit::plan(2, &[8, 8, 8], 1).unwrap_err();
         assert!(below.to_string().ends_with("= 3: every rank needs at least one micro-batch"), "{below}");
     }
 
     #[test]
     fn a_huge_number_of_micro_steps_costs_nothing() {
-        let split = plan_ranks(usize::MAX, &[1, 1], 1).unwrap();
+        let split = RankSplit::plan(usize::MAX, &[1, 1], 1).unwrap();
         assert_eq!(split.accumulation_steps, usize::MAX / 2 + 1);
         assert_eq!(split.shares[1].micro_steps_summary(), format!("{} × 1 + 1 × 0", usize::MAX / 2));
         assert_eq!(split.shares[1].micro_range(usize::MAX / 2), usize::MAX..usize::MAX);
@@ -446,7 +448,7 @@ mod tests {
 
     #[test]
     fn huge_batches_do_not_overflow() {
-        let split = plan_ranks(usize::MAX / 2, &[usize::MAX / 8, 1 << 40], 1).unwrap();
+        let split = RankSplit::plan(usize::MAX / 2, &[usize::MAX / 8, 1 << 40], 1).unwrap();
         assert_eq!(split.shares.iter().map(|s| s.samples as u128).sum::<u128>(), (usize::MAX / 2) as u128);
     }
 }

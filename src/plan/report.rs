@@ -320,6 +320,7 @@ mod tests {
             kind: TrialKind::Search,
             steps: 1,
             peak_kinds: None,
+            size: None,
         };
         let width = usize::MAX.to_string().len();
         let header = Trial::table_header_with_width(width);

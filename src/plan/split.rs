@@ -11,9 +11,9 @@ use super::{Accumulation, RankSplit};
 /// [`effective_batch`](super::Plan::effective_batch) are read from it.
 ///
 /// ```
-/// use autobatch::{plan_accumulation, Split};
+/// use autobatch::{Accumulation, Split};
 ///
-/// let split = Split::Accumulated { accumulation: plan_accumulation(268, 1, 133)?, accumulating_peak_bytes: None };
+/// let split = Split::Accumulated { accumulation: Accumulation::plan(268, 1, 133)?, accumulating_peak_bytes: None };
 /// assert_eq!((split.accumulation_steps(), split.effective_batch()), (4, 268));
 /// assert_eq!(Split::Single { micro_batch: 96, world_size: 2 }.effective_batch(), 192);
 /// # Ok::<(), autobatch::Error>(())
@@ -134,7 +134,7 @@ impl Split {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{plan_accumulation, plan_ranks};
+    use crate::{Accumulation, RankSplit};
 
     #[test]
     fn every_split_reads_its_own_arithmetic() {
@@ -142,7 +142,7 @@ mod tests {
         assert_eq!((single.accumulation_steps(), single.world_size(), single.effective_batch()), (1, 4, 384));
         assert_eq!((single.micro_batch_of(3), single.target_effective_batch(), single.exact()), (96, None, true));
 
-        let accumulation = plan_accumulation(257, 1, 133).unwrap();
+        let accumulation = Accumulation::plan(257, 1, 133).unwrap();
         let accumulated = Split::Accumulated { accumulation, accumulating_peak_bytes: Some(7) };
         assert_eq!(
             (accumulated.micro_batch_of(0), accumulated.accumulation_steps(), accumulated.effective_batch()),
@@ -153,7 +153,7 @@ mod tests {
         unchecked.set_accumulating_peak_bytes(None);
         assert_eq!((accumulated.accumulating_peak_bytes(), unchecked.accumulating_peak_bytes()), (Some(7), None));
 
-        let ranks = plan_ranks(1001, &[200, 90], 8).unwrap();
+        let ranks = RankSplit::plan(1001, &[200, 90], 8).unwrap();
         let given = Split::Uneven { ranks: ranks.clone(), to_target: true, accumulating_peak_bytes: None };
         assert_eq!((given.world_size(), given.target_effective_batch(), given.exact()), (2, Some(1001), false));
         assert_eq!((given.micro_batch_of(0), given.micro_batch_of(1), given.micro_batch_of(2)), (176, 80, 0));

@@ -61,7 +61,8 @@ impl PeakKinds {
     }
 }
 
-/// One measured run of the workload at one batch size.
+/// One measured run of the workload at one batch size (and, in a search over
+/// the input size, at one size).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Trial {
     /// The batch size tried.
@@ -87,6 +88,11 @@ pub struct Trial {
     /// is their highest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_kinds: Option<PeakKinds>,
+    /// The input size tried, in a search over the size at one batch
+    /// ([`LongestSize::trials`](crate::LongestSize::trials)); `None` in a
+    /// search over the batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<usize>,
 }
 
 fn one() -> usize {

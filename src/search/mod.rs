@@ -3,8 +3,8 @@
 //! Nothing here touches a device or a clock, so every invariant can be checked
 //! exhaustively with simulated curves, and baseline algorithms can run side by
 //! side on the same workloads. What a user chooses is the [`Strategy`]; the
-//! step-by-step interface ([`next_batch`] over a history of [`Observation`]s,
-//! [`best`] of it) drives a search with trials run your own way: the crate's
+//! step-by-step interface ([`Strategy::next_batch`] over a history of [`Observation`]s,
+//! [`Observation::best`] of it) drives a search with trials run your own way: the crate's
 //! property tests and benchmarks run the strategies through it, beside other
 //! tools' algorithms.
 
@@ -205,46 +205,42 @@ impl SearchSpace {
 pub enum Next {
     /// Run this batch next; it has not been tried.
     Try(usize),
-    /// The search is over; the answer is [`best`] of the history.
+    /// The search is over; the answer is [`Observation::best`] of the history.
     Done,
 }
 
-/// The largest batch in `history` that fits, if any: the only kind of answer a
-/// search gives.
-pub fn best(history: &[Observation]) -> Option<&Observation> {
-    history.iter().filter(|o| o.outcome.fits()).max_by_key(|o| o.batch)
-}
-
-/// Proposes the next batch to try after `history`, or says the search is done.
-///
-/// Never proposes a batch already in `history` nor one outside `space`.
-///
-/// ```
-/// use autobatch::search::{next_batch, Next, Observation, SearchSpace};
-/// use autobatch::{Outcome, Strategy};
-///
-/// let space = SearchSpace::new(1, None, 1)?;
-/// let fits = |b: usize| if b <= 5 { Outcome::Fits } else { Outcome::OverCeiling };
-/// let mut history = Vec::new();
-/// while let Next::Try(batch) = next_batch(Strategy::Binary, &space, &history) {
-///     history.push(Observation { batch, outcome: fits(batch), peak_bytes: None });
-/// }
-/// let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
-/// assert_eq!(tried, [1, 2, 4, 8, 6, 5]);
-/// # Ok::<(), autobatch::Error>(())
-/// ```
-pub fn next_batch(strategy: Strategy, space: &SearchSpace, history: &[Observation]) -> Next {
-    let bracket = Bracket::of(space, history);
-    match strategy {
-        Strategy::Binary => match bracket.failing {
-            None => bracket.double(space, true),
-            Some(failing) => bisect(space, bracket.floor, failing),
-        },
-        Strategy::Power => match bracket.failing {
-            None => bracket.double(space, false),
-            Some(_) => Next::Done,
-        },
-        Strategy::Predictive => predictive::next(space, &bracket, history),
+impl Strategy {
+    /// Proposes the next batch to try after `history`, or says the search is done.
+    ///
+    /// Never proposes a batch already in `history` nor one outside `space`.
+    ///
+    /// ```
+    /// use autobatch::search::{Next, Observation, SearchSpace};
+    /// use autobatch::{Outcome, Strategy};
+    ///
+    /// let space = SearchSpace::new(1, None, 1)?;
+    /// let fits = |b: usize| if b <= 5 { Outcome::Fits } else { Outcome::OverCeiling };
+    /// let mut history = Vec::new();
+    /// while let Next::Try(batch) = Strategy::Binary.next_batch(&space, &history) {
+    ///     history.push(Observation { batch, outcome: fits(batch), peak_bytes: None });
+    /// }
+    /// let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
+    /// assert_eq!(tried, [1, 2, 4, 8, 6, 5]);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn next_batch(self, space: &SearchSpace, history: &[Observation]) -> Next {
+        let bracket = Bracket::of(space, history);
+        match self {
+            Strategy::Binary => match bracket.failing {
+                None => bracket.double(space, true),
+                Some(failing) => bisect(space, bracket.floor, failing),
+            },
+            Strategy::Power => match bracket.failing {
+                None => bracket.double(space, false),
+                Some(_) => Next::Done,
+            },
+            Strategy::Predictive => predictive::next(space, &bracket, history),
+        }
     }
 }
 
@@ -261,7 +257,7 @@ pub(crate) struct Bracket {
 
 impl Bracket {
     pub(crate) fn of(space: &SearchSpace, history: &[Observation]) -> Bracket {
-        let fitting = best(history).map(|o| o.batch);
+        let fitting = Observation::best(history).map(|o| o.batch);
         let floor = fitting.unwrap_or(space.first - space.multiple_of);
         let failing = history.iter().filter(|o| !o.outcome.fits() && o.batch > floor).map(|o| o.batch).min();
         Bracket { fitting, floor, failing }
@@ -297,7 +293,7 @@ mod tests {
 
     fn run(strategy: Strategy, space: SearchSpace, largest_fit: usize) -> Vec<usize> {
         let mut history = Vec::new();
-        while let Next::Try(batch) = next_batch(strategy, &space, &history) {
+        while let Next::Try(batch) = strategy.next_batch(&space, &history) {
             let outcome = if batch <= largest_fit { Outcome::Fits } else { Outcome::OutOfMemory };
             history.push(Observation { batch, outcome, peak_bytes: None });
         }
@@ -345,7 +341,7 @@ mod tests {
             Observation { batch: 8, outcome: Outcome::OverCeiling, peak_bytes: None },
             Observation { batch: 16, outcome: Outcome::Fits, peak_bytes: None },
         ];
-        assert_eq!(next_batch(Strategy::Binary, &space, &history), Next::Try(32));
+        assert_eq!(Strategy::Binary.next_batch(&space, &history), Next::Try(32));
     }
 
     #[test]

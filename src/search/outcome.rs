@@ -48,6 +48,14 @@ pub struct Observation {
     pub peak_bytes: Option<u64>,
 }
 
+impl Observation {
+    /// The largest batch in `history` that fits, if any: the only kind of answer a
+    /// search gives.
+    pub fn best(history: &[Observation]) -> Option<&Observation> {
+        history.iter().filter(|o| o.outcome.fits()).max_by_key(|o| o.batch)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! `Strategy::Predictive`: fit, jump, verify, close.
 
-use super::{best, Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
+use super::{Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
 
 /// A forecast is trusted for a jump straight to the predicted batch only when
 /// the largest fit is within this factor of it; from further away the jump
@@ -388,7 +388,7 @@ impl Window {
     fn bisect(&self, space: &SearchSpace, history: &[Observation]) -> Next {
         let g = space.multiple_of;
         let ran = |batch: usize| history.iter().any(|o| o.batch == batch);
-        let largest_fit = best(history).map_or(0, |o| o.batch);
+        let largest_fit = Observation::best(history).map_or(0, |o| o.batch);
         let lo = largest_fit.max(self.fits_to);
         let smallest_failure = history.iter().filter(|o| !o.outcome.fits() && o.batch > lo).map(|o| o.batch).min();
         let top = self.fails_from.unwrap_or(usize::MAX).min(space.last.saturating_add(g));
@@ -442,7 +442,7 @@ impl Window {
         }
         // done: what only the readings settled is run, the answer, then the batch above it
         let ran_here = |batch: usize| history.iter().any(|o| o.batch == batch);
-        let Some(answer) = best(&seen).map(|o| o.batch) else { return Next::Done };
+        let Some(answer) = Observation::best(&seen).map(|o| o.batch) else { return Next::Done };
         if !ran_here(answer) {
             return Next::Try(answer);
         }
@@ -635,13 +635,13 @@ fn doubling(first: usize, k: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{next_batch, Strategy};
+    use super::super::Strategy;
     use super::*;
 
     fn run(space: SearchSpace, peak: impl Fn(usize) -> u64, limit: u64) -> Vec<usize> {
         let space = space.with_limit(limit);
         let mut history = Vec::new();
-        while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
+        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let p = peak(batch);
             let outcome = if p <= limit { Outcome::Fits } else { Outcome::OverCeiling };
             history.push(Observation { batch, outcome, peak_bytes: Some(p) });
@@ -812,7 +812,7 @@ mod tests {
     ) -> Vec<Observation> {
         let space = space.with_limit(limit);
         let mut history = Vec::new();
-        while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
+        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let peak = fixed + per_sample * batch as u64;
             let (outcome, reading) = if peak > room {
                 let piece = (peak - fixed) / pieces;
@@ -839,8 +839,8 @@ mod tests {
         let history = run_short_device_in(told, room, fixed, per_sample, 256, limit);
         let unread = run_short_device(room, fixed, per_sample, 1, limit);
         let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
-        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(2999), "{tried:?}");
-        assert_eq!(super::super::best(&unread).map(|o| o.batch), Some(2999));
+        assert_eq!(Observation::best(&history).map(|o| o.batch), Some(2999), "{tried:?}");
+        assert_eq!(Observation::best(&unread).map(|o| o.batch), Some(2999));
         // 1, 4, 16, a far jump, the failed jump, then only batches within one
         // allocation of the failed step above where the line reaches its
         // reading (the rest the reading settles), fewer than told nothing
@@ -868,14 +868,14 @@ mod tests {
         let room = fixed + 1000 * per_sample - 1;
         let history = run_short_device(room, fixed, per_sample, 2, limit);
         let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
-        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(999), "{tried:?}");
+        assert_eq!(Observation::best(&history).map(|o| o.batch), Some(999), "{tried:?}");
         assert!(tried.len() <= 20, "{tried:?}");
         // a device that ends far below the ceiling and reads nothing of it
         // (a failed step's reading no higher than what was held): one forecast
         // past the end, then no other
         let history = run_short_device(room, fixed, per_sample, 1, limit);
         let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
-        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(999), "{tried:?}");
+        assert_eq!(Observation::best(&history).map(|o| o.batch), Some(999), "{tried:?}");
         assert!(tried.iter().filter(|&&b| b > 1200).count() <= 2, "{tried:?}");
         assert!(tried.len() <= 22, "{tried:?}");
     }
@@ -890,14 +890,14 @@ mod tests {
         let limit = peak(4000);
         let space = SearchSpace::new(1, None, 1).unwrap().with_limit(limit);
         let mut history = Vec::new();
-        while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
+        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let p = peak(batch);
             let (outcome, reading) = if batch > 600 { (Outcome::OutOfMemory, fixed) } else { (Outcome::Fits, p) };
             history.push(Observation { batch, outcome, peak_bytes: Some(reading) });
             assert!(history.len() < 100);
         }
         let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
-        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(600), "{tried:?}");
+        assert_eq!(Observation::best(&history).map(|o| o.batch), Some(600), "{tried:?}");
         assert!(tried.iter().filter(|&&b| b > 1200).count() <= 2, "{tried:?}");
         assert!(tried.len() <= 22, "{tried:?}");
     }
@@ -909,12 +909,12 @@ mod tests {
         let space = SearchSpace::new(1, None, 1).unwrap().with_limit(10_000_000);
         let peak = |b: usize| 1_000_000 + 1_000 * b as u64;
         let mut history = Vec::new();
-        while let Next::Try(batch) = next_batch(Strategy::Predictive, &space, &history) {
+        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let outcome = if batch > 6000 { Outcome::OutOfMemory } else { Outcome::Fits };
             history.push(Observation { batch, outcome, peak_bytes: Some(peak(batch)) });
             assert!(history.len() < 100);
         }
-        assert_eq!(super::super::best(&history).map(|o| o.batch), Some(6000));
+        assert_eq!(Observation::best(&history).map(|o| o.batch), Some(6000));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use super::{Settings, Tuner};
 use crate::collective::Collective;
-use crate::plan::{plan_ranks, TrialKind};
+use crate::plan::{RankSplit, TrialKind};
 use crate::{Distributed, Error, MemoryMeter, Plan, Split, Workload};
 
 /// What each rank reports about the agreed batch; the all-reduced minimum is
@@ -25,7 +25,7 @@ impl Tuner {
     ///
     /// With [`uneven_ranks`](Tuner::uneven_ranks) each rank keeps its own
     /// largest batch instead, and the global batch is shared in proportion to
-    /// them ([`plan_ranks`]); a rank whose share
+    /// them ([`RankSplit::plan`]); a rank whose share
     /// accumulates verifies its micro-batch with the accumulator held, and
     /// when it does not fit there every rank shares again with that rank's
     /// smaller capacity.
@@ -186,7 +186,7 @@ impl Settings {
                     .ok_or_else(|| Error::batch_overflow(capacity, "{world_size} or {max_batch}"))?,
             };
             // every rank computes the same split from the same numbers: an error is everyone's
-            let mut split = plan_ranks(target, &capacities, self.options.multiple_of)?;
+            let mut split = RankSplit::plan(target, &capacities, self.options.multiple_of)?;
             if self.options.exact_effective_batch {
                 split = split.require_exact()?;
             }

@@ -11,7 +11,7 @@ use crate::plan::{
     utilization, MemoryModel, Objective, Plan, SearchLimit, SearchSettings, Split, ThroughputChoice, ThroughputPoint,
     Trial, TrialKind, TuningCost, Warning,
 };
-use crate::search::{best, next_batch, Next, Observation, SearchSpace};
+use crate::search::{Next, Observation, SearchSpace};
 use crate::units::format_bytes;
 use crate::{is_oom, may_be_oom, Error, MemoryMeter, Outcome, Strategy, TensorSize, Workload};
 
@@ -204,7 +204,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
                 let space = self.largest_tensor().map_or(space, |(fixed, per_sample)| {
                     space.with_largest_allocation(fixed.saturating_add(granule), per_sample)
                 });
-                let mut batch = match next_batch(strategy, &space, &self.history()) {
+                let mut batch = match strategy.next_batch(&space, &self.history()) {
                     Next::Done => break None,
                     Next::Try(batch) => batch,
                 };
@@ -300,7 +300,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     /// does not bisect.
     fn stopped_by(&self, space: &SearchSpace, stopped: Option<SearchLimit>) -> Option<SearchLimit> {
         let history = self.history();
-        let answer = best(&history)?.batch;
+        let answer = Observation::best(&history)?.batch;
         let capped = self.element_cap().filter(|&(cap, _)| answer >= cap && cap < space.last());
         let next_failed = |next: usize| history.iter().any(|o| o.batch == next && !o.outcome.fits());
         if let (Some((_, elements)), Some(limit)) = (capped, self.element_limit) {
@@ -488,7 +488,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     }
 
     fn best_index(&self) -> Option<usize> {
-        let best = best(&self.history())?.batch;
+        let best = Observation::best(&self.history())?.batch;
         self.records.iter().position(|r| r.observation.batch == best)
     }
 
@@ -548,7 +548,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
                 self.settings.options.steps_per_trial
             );
         }
-        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind, steps, peak_kinds };
+        let trial = Trial { batch, outcome, peak_bytes, duration, baseline_bytes, kind, steps, peak_kinds, size: None };
         self.log_trial(&trial);
         self.observer.trial_finished(&trial, self.capacity_bytes);
         if outcome.fits() {
@@ -710,7 +710,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     ) -> Result<Plan, Error> {
         let settings = self.settings;
         let history = self.history();
-        let Some(found) = best(&history).copied() else {
+        let Some(found) = Observation::best(&history).copied() else {
             let smallest = history.iter().min_by_key(|o| o.batch).expect("a search always runs at least one trial");
             let trial = self.trials.iter().rev().find(|t| t.batch == smallest.batch);
             let setup = match (profile, trial) {

@@ -4,7 +4,7 @@
 use log::info;
 
 use super::{Observer, Settings, Tuner};
-use crate::plan::{LongestSize, Objective, SizeRange, SizeTrial};
+use crate::plan::{LongestSize, Objective, SizeRange, Trial};
 use crate::{Error, MemoryMeter, Resizable, Workload};
 
 impl Tuner {
@@ -123,18 +123,7 @@ impl Settings {
             stopped_by: plan.stopped_by,
             peak_bytes: plan.peak_bytes,
             range,
-            trials: plan
-                .trials
-                .into_iter()
-                .map(|trial| SizeTrial {
-                    size: trial.batch,
-                    outcome: trial.outcome,
-                    peak_bytes: trial.peak_bytes,
-                    duration: trial.duration,
-                    baseline_bytes: trial.baseline_bytes,
-                    kind: trial.kind,
-                })
-                .collect(),
+            trials: plan.trials.into_iter().map(|trial| Trial { batch, size: Some(trial.batch), ..trial }).collect(),
             warnings: plan.warnings,
         })
     }

@@ -20,7 +20,7 @@ mod sizes;
 
 use log::warn;
 
-use crate::plan::{plan_accumulation_aligned, Objective, Plan, Trial, TrialKind};
+use crate::plan::{Accumulation, Objective, Plan, Trial, TrialKind};
 use crate::Strategy;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
 
@@ -401,7 +401,7 @@ impl Settings {
     fn split(&self, largest_batch: usize) -> Result<crate::Split, Error> {
         match self.options.target_effective_batch {
             Some(target) => {
-                let mut split = plan_accumulation_aligned(
+                let mut split = Accumulation::plan_aligned(
                     target,
                     self.options.world_size,
                     largest_batch,

@@ -1,10 +1,9 @@
 //! `autobatch estimate` and `autobatch plan`: arithmetic, no device.
 
 use autobatch::estimate::{
-    accelerator, Accelerator, Change, OptimizerKind, Precision, Recompute, Setup, Sharding, TransformerShape,
-    ACCELERATORS, CANDLE_F32_ACTIVATION_RATIO,
+    Accelerator, Change, OptimizerKind, Precision, Recompute, Setup, Sharding, TransformerShape,
 };
-use autobatch::{format_bytes, format_bytes_decimal, plan_accumulation_aligned};
+use autobatch::{format_bytes, format_bytes_decimal, Accumulation};
 
 use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg, RecomputeArg};
 use crate::failure::{Failure, Flags};
@@ -109,7 +108,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             json["capacity_name"] = card.name.into();
         }
         if args.which_gpus {
-            json["which_gpus"] = ACCELERATORS
+            json["which_gpus"] = Accelerator::ALL
                 .iter()
                 .map(|card| {
                     serde_json::json!({
@@ -157,8 +156,9 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     }
     if let Some(candle) = candle {
         println!(
-            "  (a candle f32 step keeps up to {CANDLE_F32_ACTIVATION_RATIO}× the f32 formula, measured: ~{} of activations; \
+            "  (a candle f32 step keeps up to {}× the f32 formula, measured: ~{} of activations; \
              docs/activations.md)",
+            TransformerShape::CANDLE_F32_ACTIVATION_RATIO,
             format_bytes_decimal(candle)
         );
     }
@@ -228,23 +228,23 @@ fn parse_capacity(text: &str) -> Result<(u64, Option<&'static Accelerator>), Fai
         let bytes = parse_bytes(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
         return Ok((bytes, None));
     }
-    let card = accelerator(text)?;
+    let card = Accelerator::named(text)?;
     Ok((card.memory_bytes, Some(card)))
 }
 
 /// `--which-gpus`: every named card, whether `total` bytes per device fit on it.
 fn print_which_gpus(total: u64) {
     let fitting: Vec<&str> =
-        ACCELERATORS.iter().filter(|card| total <= card.memory_bytes).map(|card| card.name).collect();
+        Accelerator::ALL.iter().filter(|card| total <= card.memory_bytes).map(|card| card.name).collect();
     if fitting.is_empty() {
         println!(
             "fits on none of the named cards (the largest reports {})",
-            format_bytes(ACCELERATORS.last().map_or(0, |c| c.memory_bytes))
+            format_bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
         );
     } else {
         println!("fits on: {}", fitting.join(", "));
     }
-    for card in ACCELERATORS {
+    for card in Accelerator::ALL {
         let verdict = if total <= card.memory_bytes {
             format!("fits, {} to spare", format_bytes_decimal(card.memory_bytes - total))
         } else {
@@ -362,7 +362,7 @@ pub fn plan(args: &PlanArgs) -> Result<(), Failure> {
             largest, args.multiple_of, args.multiple_of, largest
         )));
     }
-    let planned = plan_accumulation_aligned(args.target, args.world_size, largest, args.multiple_of);
+    let planned = Accumulation::plan_aligned(args.target, args.world_size, largest, args.multiple_of);
     let mut split = planned.map_err(|err| plan_error(err, "--world-size"))?;
     if args.exact {
         split = split.require_exact().map_err(|err| plan_error(err, "--world-size"))?;
@@ -389,7 +389,7 @@ fn plan_uneven(args: &PlanArgs) -> Result<(), Failure> {
             args.uneven[rank], args.multiple_of
         )));
     }
-    let mut split = autobatch::plan_ranks(args.target, &args.uneven, args.multiple_of)
+    let mut split = autobatch::RankSplit::plan(args.target, &args.uneven, args.multiple_of)
         .map_err(|err| plan_error(err, "--uneven"))?;
     if args.exact {
         split = split.require_exact().map_err(|err| plan_error(err, "--uneven"))?;

@@ -87,8 +87,11 @@ pub fn plan(path: &Path, title: &str, plan: &Plan) -> Result<(), Failure> {
 
 /// `probe --find --plot`: every trial's peak against its input size.
 pub fn longest(path: &Path, title: &str, what: &str, longest: &LongestSize) -> Result<(), Failure> {
-    let points =
-        longest.trials.iter().map(|t| Point { x: t.size, peak_bytes: t.peak_bytes, outcome: t.outcome }).collect();
+    let points = longest
+        .trials
+        .iter()
+        .filter_map(|t| Some(Point { x: t.size?, peak_bytes: t.peak_bytes, outcome: t.outcome }))
+        .collect();
     peaks(
         path,
         PeakChart {
