@@ -120,10 +120,14 @@ pub trait Resizable: Workload {
     fn size(&self) -> usize;
 }
 
-/// A closure of the batch and the size: see [`BySize::new`].
+/// A closure of the batch and an input size, run at a size that can change:
+/// a [`Resizable`] workload ([`BySize::new`]), or the loss of a probe
+/// ([`ModelProbe::by_size`](crate::ModelProbe::by_size),
+/// [`ModelProbe::by_size_with_backward`](crate::ModelProbe::by_size_with_backward)).
 pub struct BySize<F> {
-    step: F,
-    size: usize,
+    pub(crate) closure: F,
+    /// The size the closure runs at now.
+    pub(crate) size: usize,
 }
 
 impl<F: FnMut(usize, usize) -> candle_core::Result<()>> BySize<F> {
@@ -144,13 +148,13 @@ impl<F: FnMut(usize, usize) -> candle_core::Result<()>> BySize<F> {
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn new(size: usize, step: F) -> BySize<F> {
-        BySize { step, size }
+        BySize { closure: step, size }
     }
 }
 
 impl<F: FnMut(usize, usize) -> candle_core::Result<()>> Workload for BySize<F> {
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {
-        (self.step)(batch, self.size)
+        (self.closure)(batch, self.size)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Property tests for every invariant of the search and the accumulation arithmetic.
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
-use autobatch::search::{Next, Observation, SearchSpace};
+use autobatch::search::{Observation, SearchSpace};
 use autobatch::{Accumulation, Error, Outcome, RankSplit, Strategy, Tuner};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
@@ -9,7 +9,7 @@ use proptest::strategy::Strategy as _;
 /// Runs a strategy to the end against an outcome function; panics on a repeat.
 fn search(strategy: Strategy, space: &SearchSpace, outcome: impl Fn(usize) -> Outcome) -> Vec<Observation> {
     let mut history: Vec<Observation> = Vec::new();
-    while let Next::Try(batch) = strategy.next_batch(space, &history) {
+    while let Some(batch) = strategy.next_batch(space, &history) {
         assert!(history.iter().all(|o| o.batch != batch), "batch {batch} proposed twice");
         assert!(space.contains(batch), "batch {batch} is outside {space:?}");
         assert!(history.len() < 10_000, "search does not end");
@@ -24,7 +24,7 @@ fn search_with_peaks(
     measure: impl Fn(usize) -> (Outcome, Option<u64>),
 ) -> Vec<Observation> {
     let mut history: Vec<Observation> = Vec::new();
-    while let Next::Try(batch) = strategy.next_batch(space, &history) {
+    while let Some(batch) = strategy.next_batch(space, &history) {
         assert!(history.iter().all(|o| o.batch != batch), "batch {batch} proposed twice");
         assert!(space.contains(batch), "batch {batch} is outside {space:?}");
         assert!(history.len() < 10_000, "search does not end");

@@ -3,7 +3,7 @@
 //! out-of-memory error or a peak over the ceiling: the ceiling acts as the
 //! device's end for every algorithm alike (as a ballast would make it).
 
-use autobatch::search::{Next, Observation, SearchSpace};
+use autobatch::search::{Observation, SearchSpace};
 use autobatch::{Outcome, Strategy};
 
 /// One measured trial: the outcome and the peak, if it ran to the end.
@@ -62,7 +62,7 @@ impl Algorithm {
 fn ours(strategy: Strategy, limit: u64, trial: &mut Measure) -> Option<usize> {
     let space = SearchSpace::new(1, None, 1).expect("valid").with_limit(limit);
     let mut history = Vec::new();
-    while let Next::Try(batch) = strategy.next_batch(&space, &history) {
+    while let Some(batch) = strategy.next_batch(&space, &history) {
         let (outcome, peak_bytes) = trial(batch);
         history.push(Observation { batch, outcome, peak_bytes });
     }

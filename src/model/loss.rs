@@ -1,9 +1,12 @@
 //! The loss adapters: what a probe step runs to get the loss and the
 //! gradients (a loss closure, a forward pass alone, a closure with its own
-//! backward pass, each of a batch or of a batch and an input size).
+//! backward pass, each of a batch or, in a [`BySize`], of a batch and an
+//! input size).
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor};
+
+use crate::BySize;
 
 /// What a probe step runs to get the loss and the gradients: a loss closure
 /// (then `loss.backward()`), or a closure that does its own backward pass
@@ -50,7 +53,9 @@ impl<F: FnMut(usize) -> Result<Tensor>> ProbeLoss for F {
 }
 
 /// A closure that computes the loss and the gradients itself: see
-/// [`ModelProbe::with_backward`](crate::ModelProbe::with_backward).
+/// [`ModelProbe::with_backward`](crate::ModelProbe::with_backward) (and, of
+/// the batch and an input size in a [`BySize`],
+/// [`ModelProbe::by_size_with_backward`](crate::ModelProbe::by_size_with_backward)).
 pub struct WithBackward<F>(pub(super) F);
 
 impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ProbeLoss for WithBackward<F> {
@@ -63,33 +68,20 @@ impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ProbeLoss for WithBackward<
     }
 }
 
-/// A closure of the batch and an input size that computes the loss and the
-/// gradients itself: see [`ModelProbe::by_size_with_backward`](crate::ModelProbe::by_size_with_backward).
-pub struct BySizeWithBackward<F> {
-    pub(super) loss_and_gradients: F,
-    pub(super) size: usize,
+impl<F: FnMut(usize, usize) -> Result<Tensor>> ProbeLoss for BySize<F> {
+    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
+        let loss = (self.closure)(batch, self.size)?;
+        let grads = loss.backward()?;
+        Ok((loss, grads))
+    }
 }
 
-impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ProbeLoss for BySizeWithBackward<F> {
+impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ProbeLoss for BySize<WithBackward<F>> {
     fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
-        (self.loss_and_gradients)(batch, self.size)
+        (self.closure.0)(batch, self.size)
     }
 
     fn scales_gradients(&self) -> bool {
         true
-    }
-}
-
-/// A loss closure of the batch and an input size: see [`ModelProbe::by_size`](crate::ModelProbe::by_size).
-pub struct BySizeLoss<F> {
-    pub(super) loss: F,
-    pub(super) size: usize,
-}
-
-impl<F: FnMut(usize, usize) -> Result<Tensor>> ProbeLoss for BySizeLoss<F> {
-    fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
-        let loss = (self.loss)(batch, self.size)?;
-        let grads = loss.backward()?;
-        Ok((loss, grads))
     }
 }

@@ -23,7 +23,7 @@ pub(crate) mod train;
 
 pub use checkpoint::checkpointed;
 pub use detached::{detached, detached_sharing};
-pub use loss::{BySizeLoss, BySizeWithBackward, ForwardOnly, ProbeLoss, WithBackward};
+pub use loss::{ForwardOnly, ProbeLoss, WithBackward};
 
 use candle_core::Var;
 

@@ -6,10 +6,10 @@ use candle_nn::{Optimizer, ParamsAdamW, VarMap};
 
 use super::buffers::{host_copy, Buffers};
 use super::grads::Accumulator;
-use super::loss::{BySizeLoss, BySizeWithBackward, ForwardOnly, ProbeLoss, WithBackward};
+use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
 use crate::vocabulary::{OptimizerKind, Precision};
-use crate::{CacheKey, Error, Profile, TensorSize, Warning, Workload};
+use crate::{BySize, CacheKey, Error, Profile, TensorSize, Warning, Workload};
 
 /// A test on a variable's name.
 type NamePredicate = Box<dyn Fn(&str) -> bool>;
@@ -206,7 +206,7 @@ impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ModelProbe<WithBackward<F>>
     }
 }
 
-impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySizeLoss<F>> {
+impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     /// A probe whose loss depends on an input size as well as the batch:
     /// `loss(batch, size)` is the scalar loss of `batch` samples of `size`
     /// (tokens, pixels per side), starting at `size`. It is
@@ -235,22 +235,11 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySizeLoss<F>> {
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn by_size(varmap: &VarMap, size: usize, loss: F) -> Self {
-        ModelProbe::with_loss(super::named_vars(varmap), BySizeLoss { loss, size })
+        ModelProbe::with_loss(super::named_vars(varmap), BySize { closure: loss, size })
     }
 }
 
-impl<F: FnMut(usize, usize) -> Result<Tensor>> crate::Resizable for ModelProbe<BySizeLoss<F>> {
-    fn resize(&mut self, size: usize) -> std::result::Result<(), Error> {
-        self.loss.size = size;
-        Ok(())
-    }
-
-    fn size(&self) -> usize {
-        self.loss.size
-    }
-}
-
-impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ModelProbe<BySizeWithBackward<F>> {
+impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ModelProbe<BySize<WithBackward<F>>> {
     /// [`by_size`](ModelProbe::by_size) for a step that computes the loss and
     /// the gradients itself ([`with_backward`](ModelProbe::with_backward), e.g.
     /// gradient checkpointing with [`checkpointed`](super::checkpointed)):
@@ -258,11 +247,14 @@ impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ModelProbe<BySizeWit
     /// of `size` and the variables' gradients. It is
     /// [`Resizable`](crate::Resizable), for [`Tuner::run_sizes`](crate::Tuner::run_sizes).
     pub fn by_size_with_backward(varmap: &VarMap, size: usize, loss_and_gradients: F) -> Self {
-        ModelProbe::with_loss(super::named_vars(varmap), BySizeWithBackward { loss_and_gradients, size })
+        ModelProbe::with_loss(super::named_vars(varmap), BySize { closure: WithBackward(loss_and_gradients), size })
     }
 }
 
-impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> crate::Resizable for ModelProbe<BySizeWithBackward<F>> {
+impl<L> crate::Resizable for ModelProbe<BySize<L>>
+where
+    BySize<L>: ProbeLoss,
+{
     fn resize(&mut self, size: usize) -> std::result::Result<(), Error> {
         self.loss.size = size;
         Ok(())

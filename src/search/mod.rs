@@ -200,35 +200,27 @@ impl SearchSpace {
     }
 }
 
-/// A strategy's answer to "what next?".
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Next {
-    /// Run this batch next; it has not been tried.
-    Try(usize),
-    /// The search is over; the answer is [`Observation::best`] of the history.
-    Done,
-}
-
 impl Strategy {
-    /// Proposes the next batch to try after `history`, or says the search is done.
+    /// The next batch to try after `history`, or `None` when the search is
+    /// over (its answer is then [`Observation::best`] of the history).
     ///
     /// Never proposes a batch already in `history` nor one outside `space`.
     ///
     /// ```
-    /// use autobatch::search::{Next, Observation, SearchSpace};
+    /// use autobatch::search::{Observation, SearchSpace};
     /// use autobatch::{Outcome, Strategy};
     ///
     /// let space = SearchSpace::new(1, None, 1)?;
     /// let fits = |b: usize| if b <= 5 { Outcome::Fits } else { Outcome::OverCeiling };
     /// let mut history = Vec::new();
-    /// while let Next::Try(batch) = Strategy::Binary.next_batch(&space, &history) {
+    /// while let Some(batch) = Strategy::Binary.next_batch(&space, &history) {
     ///     history.push(Observation { batch, outcome: fits(batch), peak_bytes: None });
     /// }
     /// let tried: Vec<usize> = history.iter().map(|o| o.batch).collect();
     /// assert_eq!(tried, [1, 2, 4, 8, 6, 5]);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn next_batch(self, space: &SearchSpace, history: &[Observation]) -> Next {
+    pub fn next_batch(self, space: &SearchSpace, history: &[Observation]) -> Option<usize> {
         let bracket = Bracket::of(space, history);
         match self {
             Strategy::Binary => match bracket.failing {
@@ -237,7 +229,7 @@ impl Strategy {
             },
             Strategy::Power => match bracket.failing {
                 None => bracket.double(space, false),
-                Some(_) => Next::Done,
+                Some(_) => None,
             },
             Strategy::Predictive => predictive::next(space, &bracket, history),
         }
@@ -265,25 +257,25 @@ impl Bracket {
 
     /// The doubling phase: the first candidate, then twice the largest fit; past
     /// the last candidate, `last` itself once if `try_last`.
-    pub(crate) fn double(&self, space: &SearchSpace, try_last: bool) -> Next {
+    pub(crate) fn double(&self, space: &SearchSpace, try_last: bool) -> Option<usize> {
         let Some(fitting) = self.fitting else {
-            return Next::Try(space.first);
+            return Some(space.first);
         };
         match fitting.checked_mul(2) {
-            Some(next) if next <= space.last => Next::Try(next),
-            _ if try_last && fitting < space.last => Next::Try(space.last),
-            _ => Next::Done,
+            Some(next) if next <= space.last => Some(next),
+            _ if try_last && fitting < space.last => Some(space.last),
+            _ => None,
         }
     }
 }
 
 /// Halves the open bracket (floor, failing) at the granularity.
-pub(crate) fn bisect(space: &SearchSpace, floor: usize, failing: usize) -> Next {
+pub(crate) fn bisect(space: &SearchSpace, floor: usize, failing: usize) -> Option<usize> {
     let gaps = (failing - floor) / space.multiple_of;
     if gaps <= 1 {
-        Next::Done
+        None
     } else {
-        Next::Try(floor + space.multiple_of * (gaps / 2))
+        Some(floor + space.multiple_of * (gaps / 2))
     }
 }
 
@@ -293,7 +285,7 @@ mod tests {
 
     fn run(strategy: Strategy, space: SearchSpace, largest_fit: usize) -> Vec<usize> {
         let mut history = Vec::new();
-        while let Next::Try(batch) = strategy.next_batch(&space, &history) {
+        while let Some(batch) = strategy.next_batch(&space, &history) {
             let outcome = if batch <= largest_fit { Outcome::Fits } else { Outcome::OutOfMemory };
             history.push(Observation { batch, outcome, peak_bytes: None });
         }
@@ -341,7 +333,7 @@ mod tests {
             Observation { batch: 8, outcome: Outcome::OverCeiling, peak_bytes: None },
             Observation { batch: 16, outcome: Outcome::Fits, peak_bytes: None },
         ];
-        assert_eq!(Strategy::Binary.next_batch(&space, &history), Next::Try(32));
+        assert_eq!(Strategy::Binary.next_batch(&space, &history), Some(32));
     }
 
     #[test]

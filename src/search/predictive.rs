@@ -1,6 +1,6 @@
 //! `Strategy::Predictive`: fit, jump, verify, close.
 
-use super::{Bracket, LinearFit, Next, Observation, Outcome, SearchSpace};
+use super::{Bracket, LinearFit, Observation, Outcome, SearchSpace};
 
 /// A forecast is trusted for a jump straight to the predicted batch only when
 /// the largest fit is within this factor of it; from further away the jump
@@ -28,7 +28,7 @@ const LINEARITY_TOLERANCE: f64 = 0.10;
 /// [`growth`]); else they double.
 const PROBE_GROWTH: usize = 4;
 
-pub(super) fn next(space: &SearchSpace, bracket: &Bracket, history: &[Observation]) -> Next {
+pub(super) fn next(space: &SearchSpace, bracket: &Bracket, history: &[Observation]) -> Option<usize> {
     match (bracket.failing, space.limit_bytes()) {
         (_, None) => fallback(space, bracket),
         (None, Some(limit)) => explore(space, bracket, history, limit),
@@ -37,7 +37,7 @@ pub(super) fn next(space: &SearchSpace, bracket: &Bracket, history: &[Observatio
 }
 
 /// Binary's moves, for when there is nothing to predict with.
-fn fallback(space: &SearchSpace, bracket: &Bracket) -> Next {
+fn fallback(space: &SearchSpace, bracket: &Bracket) -> Option<usize> {
     match bracket.failing {
         None => bracket.double(space, true),
         Some(failing) => super::bisect(space, bracket.floor, failing),
@@ -183,16 +183,16 @@ fn growth(space: &SearchSpace, last_peak: u64, limit: u64) -> usize {
 }
 
 /// No failure yet: small trials, then a jump just under the prediction.
-fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limit: u64) -> Next {
-    let Some(fitting) = bracket.fitting else { return Next::Try(space.hint.unwrap_or(space.first)) };
+fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limit: u64) -> Option<usize> {
+    let Some(fitting) = bracket.fitting else { return Some(space.hint.unwrap_or(space.first)) };
     if fitting >= space.last {
-        return Next::Done;
+        return None;
     }
     if let Some(hint) = space.hint {
         return away_from_hint(space, history, |o| o.outcome.fits() && o.batch >= hint, fitting, true);
     }
     let points = fitting_points(history);
-    let step_up = |factor: usize| Next::Try(fitting.checked_mul(factor).map_or(space.last, |b| b.min(space.last)));
+    let step_up = |factor: usize| Some(fitting.checked_mul(factor).map_or(space.last, |b| b.min(space.last)));
     let last_peak = points.last().map_or(u64::MAX, |&(_, peak)| peak);
     let factor = growth(space, last_peak, limit);
     if points.len() < 3 {
@@ -203,7 +203,7 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
             .filter(|&predicted| predicted < fitting.saturating_mul(factor) as f64);
         if let Some(predicted) = short_of_next {
             let jump = space.floor(predicted.max(0.0) as usize);
-            return Next::Try(jump.max(fitting + space.multiple_of).min(space.last));
+            return Some(jump.max(fitting + space.multiple_of).min(space.last));
         }
         return step_up(factor);
     }
@@ -224,17 +224,17 @@ fn explore(space: &SearchSpace, bracket: &Bracket, history: &[Observation], limi
         (predicted * FAR_JUMP_SHARE).min(fitting.saturating_mul(PROBE_GROWTH) as f64)
     };
     if target >= space.last as f64 {
-        return Next::Try(space.last);
+        return Some(space.last);
     }
     let jump = space.floor(target.max(0.0) as usize);
-    Next::Try(if jump > fitting { jump } else { fitting + space.multiple_of }.min(space.last))
+    Some(if jump > fitting { jump } else { fitting + space.multiple_of }.min(space.last))
 }
 
 /// A failure is known. Where failed steps read what the device handed out
 /// before their failing allocation ([`Window`]), the search is the one told
 /// nothing at a failure, with every trial whose outcome the readings settle
 /// left out: it never costs more than that search. Else [`close_unread`].
-fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Observation], limit: u64) -> Next {
+fn close(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Observation], limit: u64) -> Option<usize> {
     let Some(window) = Window::read(space, history, limit) else {
         return close_unread(space, bracket, failing, history, limit);
     };
@@ -255,10 +255,15 @@ const WINDOW_CANDIDATES: usize = 64;
 
 /// The step time of trials past `start` in a search of `next` against a
 /// device whose largest batch is `end` (a fit's peak read off `line`): `Σ (b + 4)`.
-fn simulated_cost(start: &[Observation], end: usize, line: &LinearFit, next: impl Fn(&[Observation]) -> Next) -> u64 {
+fn simulated_cost(
+    start: &[Observation],
+    end: usize,
+    line: &LinearFit,
+    next: impl Fn(&[Observation]) -> Option<usize>,
+) -> u64 {
     let mut history = start.to_vec();
     let mut cost = 0u64;
-    while let Next::Try(batch) = next(&history) {
+    while let Some(batch) = next(&history) {
         if history.len() > start.len() + 200 {
             return u64::MAX; // no search of a space runs this long: count it as dearest
         }
@@ -272,7 +277,7 @@ fn simulated_cost(start: &[Observation], end: usize, line: &LinearFit, next: imp
 }
 
 /// The search told nothing at a failure: its next trial after `history`.
-fn unread_next(space: &SearchSpace, history: &[Observation], limit: u64) -> Next {
+fn unread_next(space: &SearchSpace, history: &[Observation], limit: u64) -> Option<usize> {
     let bracket = Bracket::of(space, history);
     match bracket.failing {
         Some(failing) => close_unread(space, &bracket, failing, history, limit),
@@ -385,7 +390,7 @@ impl Window {
     /// bottom, and the smaller of the smallest failure above it and the
     /// window's top; then runs the bottom and the top if only settled (a
     /// plan's answer is measured and proven by a failure above it).
-    fn bisect(&self, space: &SearchSpace, history: &[Observation]) -> Next {
+    fn bisect(&self, space: &SearchSpace, history: &[Observation]) -> Option<usize> {
         let g = space.multiple_of;
         let ran = |batch: usize| history.iter().any(|o| o.batch == batch);
         let largest_fit = Observation::best(history).map_or(0, |o| o.batch);
@@ -394,15 +399,15 @@ impl Window {
         let top = self.fails_from.unwrap_or(usize::MAX).min(space.last.saturating_add(g));
         let hi = smallest_failure.map_or(top, |failure| failure.min(top));
         if (hi - lo) / g > 1 {
-            return Next::Try(lo + g * ((hi - lo) / g / 2));
+            return Some(lo + g * ((hi - lo) / g / 2));
         }
         if !ran(lo) {
-            return Next::Try(lo);
+            return Some(lo);
         }
         if hi <= space.last && !ran(hi) {
-            return Next::Try(hi);
+            return Some(hi);
         }
-        Next::Done
+        None
     }
 
     /// Whether `batch` fits, where the readings settle it.
@@ -422,12 +427,12 @@ impl Window {
     /// the line); the first batch that is neither is the next trial. When it is done, the
     /// answer and the batch above it are run if only settled, since a plan's
     /// answer is measured and proven by a failure above it.
-    fn replay(&self, space: &SearchSpace, history: &[Observation], limit: u64) -> Next {
+    fn replay(&self, space: &SearchSpace, history: &[Observation], limit: u64) -> Option<usize> {
         let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory).unwrap_or(history.len());
         let unread = without_readings(history);
         let mut seen: Vec<Observation> = unread[..=first_oom.min(history.len() - 1)].to_vec();
         let ran = |batch: usize| unread.iter().rev().find(|o| o.batch == batch).copied();
-        while let Next::Try(batch) = unread_next(space, &seen, limit) {
+        while let Some(batch) = unread_next(space, &seen, limit) {
             if let Some(measured) = ran(batch) {
                 seen.push(measured);
                 continue;
@@ -435,20 +440,20 @@ impl Window {
             let outcome = match self.settles(batch) {
                 Some(true) => Outcome::Fits,
                 Some(false) => Outcome::OutOfMemory,
-                None => return Next::Try(batch),
+                None => return Some(batch),
             };
             let peak = outcome.fits().then(|| self.line.predict(batch).round() as u64);
             seen.push(Observation { batch, outcome, peak_bytes: peak });
         }
         // done: what only the readings settled is run, the answer, then the batch above it
         let ran_here = |batch: usize| history.iter().any(|o| o.batch == batch);
-        let Some(answer) = Observation::best(&seen).map(|o| o.batch) else { return Next::Done };
+        let answer = Observation::best(&seen)?.batch;
         if !ran_here(answer) {
-            return Next::Try(answer);
+            return Some(answer);
         }
         match answer.checked_add(space.multiple_of).filter(|&above| above <= space.last) {
-            Some(above) if !ran_here(above) && seen.iter().any(|o| o.batch == above) => Next::Try(above),
-            _ => Next::Done,
+            Some(above) if !ran_here(above) && seen.iter().any(|o| o.batch == above) => Some(above),
+            _ => None,
         }
     }
 }
@@ -458,11 +463,17 @@ impl Window {
 /// by what was measured (it puts the boundary outside the bracket, as when a
 /// real out-of-memory error comes before the ceiling) or stops narrowing the
 /// bracket from both sides.
-fn close_unread(space: &SearchSpace, bracket: &Bracket, failing: usize, history: &[Observation], limit: u64) -> Next {
+fn close_unread(
+    space: &SearchSpace,
+    bracket: &Bracket,
+    failing: usize,
+    history: &[Observation],
+    limit: u64,
+) -> Option<usize> {
     let g = space.multiple_of;
     let floor = bracket.floor;
     if (failing - floor) / g <= 1 {
-        return Next::Done;
+        return None;
     }
     if let (None, Some(hint)) = (bracket.fitting, space.hint) {
         return away_from_hint(space, history, |o| !o.outcome.fits() && o.batch <= hint, failing, false);
@@ -491,11 +502,11 @@ fn close_unread(space: &SearchSpace, bracket: &Bracket, failing: usize, history:
         estimate
     };
     match estimate {
-        Some(batch) => Next::Try(batch),
+        Some(batch) => Some(batch),
         // A failed jump can leave a bracket far wider than doubling would have:
         // gallop up from the largest fit, as Binary would, before bisecting.
         None => match bracket.fitting.and_then(|fit| fit.checked_mul(2)) {
-            Some(doubled) if doubled < failing => Next::Try(doubled),
+            Some(doubled) if doubled < failing => Some(doubled),
             _ => super::bisect(space, floor, failing),
         },
     }
@@ -513,7 +524,7 @@ fn away_from_hint(
     seen: impl Fn(&Observation) -> bool,
     edge: usize,
     up: bool,
-) -> Next {
+) -> Option<usize> {
     let g = space.multiple_of;
     let steps = history.iter().filter(|o| seen(o)).count().max(1);
     let along_slope = || {
@@ -554,7 +565,7 @@ fn away_from_hint(
             }
         }
     };
-    Next::Try(space.floor(next.min(space.last)).max(space.first))
+    Some(space.floor(next.min(space.last)).max(space.first))
 }
 
 /// A fitting trial's batch and measured peak.
@@ -641,7 +652,7 @@ mod tests {
     fn run(space: SearchSpace, peak: impl Fn(usize) -> u64, limit: u64) -> Vec<usize> {
         let space = space.with_limit(limit);
         let mut history = Vec::new();
-        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
+        while let Some(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let p = peak(batch);
             let outcome = if p <= limit { Outcome::Fits } else { Outcome::OverCeiling };
             history.push(Observation { batch, outcome, peak_bytes: Some(p) });
@@ -812,7 +823,7 @@ mod tests {
     ) -> Vec<Observation> {
         let space = space.with_limit(limit);
         let mut history = Vec::new();
-        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
+        while let Some(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let peak = fixed + per_sample * batch as u64;
             let (outcome, reading) = if peak > room {
                 let piece = (peak - fixed) / pieces;
@@ -890,7 +901,7 @@ mod tests {
         let limit = peak(4000);
         let space = SearchSpace::new(1, None, 1).unwrap().with_limit(limit);
         let mut history = Vec::new();
-        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
+        while let Some(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let p = peak(batch);
             let (outcome, reading) = if batch > 600 { (Outcome::OutOfMemory, fixed) } else { (Outcome::Fits, p) };
             history.push(Observation { batch, outcome, peak_bytes: Some(reading) });
@@ -909,7 +920,7 @@ mod tests {
         let space = SearchSpace::new(1, None, 1).unwrap().with_limit(10_000_000);
         let peak = |b: usize| 1_000_000 + 1_000 * b as u64;
         let mut history = Vec::new();
-        while let Next::Try(batch) = Strategy::Predictive.next_batch(&space, &history) {
+        while let Some(batch) = Strategy::Predictive.next_batch(&space, &history) {
             let outcome = if batch > 6000 { Outcome::OutOfMemory } else { Outcome::Fits };
             history.push(Observation { batch, outcome, peak_bytes: Some(peak(batch)) });
             assert!(history.len() < 100);

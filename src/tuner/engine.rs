@@ -11,7 +11,7 @@ use crate::plan::{
     utilization, MemoryModel, Objective, Plan, SearchLimit, SearchSettings, Split, ThroughputChoice, ThroughputPoint,
     Trial, TrialKind, TuningCost, Warning,
 };
-use crate::search::{Next, Observation, SearchSpace};
+use crate::search::{Observation, SearchSpace};
 use crate::units::format_bytes;
 use crate::{is_oom, may_be_oom, Error, MemoryMeter, Outcome, Strategy, TensorSize, Workload};
 
@@ -205,8 +205,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
                     space.with_largest_allocation(fixed.saturating_add(granule), per_sample)
                 });
                 let mut batch = match strategy.next_batch(&space, &self.history()) {
-                    Next::Done => break None,
-                    Next::Try(batch) => batch,
+                    None => break None,
+                    Some(batch) => batch,
                 };
                 if let Some(limit) = self.settings.options.time_limit {
                     let bracket = crate::search::Bracket::of(&space, &self.history());
