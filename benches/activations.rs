@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 
 use autobatch::estimate::{Recompute, TransformerShape};
 use autobatch::models::reference::TransformerConfig;
-use autobatch::{format_bytes, TrackingAllocator, Workload};
+use autobatch::{Bytes, TrackingAllocator, Workload};
 use candle_core::Device;
 
 /// The step's heap peak at `batch`, warm.
@@ -60,9 +60,9 @@ fn main() {
         let _ = writeln!(
             report,
             "| {s} | {h} | {a} | {l} | {} | {} | {ratio:.2} | {} |",
-            format_bytes(per_sample),
-            format_bytes(formula),
-            format_bytes(head)
+            Bytes(per_sample),
+            Bytes(formula),
+            Bytes(head)
         );
         eprintln!("s={s} h={h} a={a} L={l}: {per_sample} B/sample, formula {formula}, ratio {ratio:.2}");
     }

@@ -36,7 +36,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use autobatch::models::reference::TransformerConfig;
-use autobatch::{format_bytes, HeapMeter, MemoryMeter, Objective, Resizable, Tuner, Workload};
+use autobatch::{Bytes, HeapMeter, MemoryMeter, Objective, Resizable, Tuner, Workload};
 use candle_core::Device;
 
 const BUDGET: u64 = 256 << 20;
@@ -158,7 +158,7 @@ fn section() -> String {
             cells.join(", "),
             rate,
             speedup,
-            format_bytes(worst_peak),
+            Bytes(worst_peak),
             100.0 * worst_peak as f64 / BUDGET as f64,
             if worst_peak <= limit { "yes" } else { "**no**" }
         );
@@ -175,8 +175,8 @@ fn section() -> String {
          Sample lengths: log-normal, median 60 tokens, σ = 0.7, clipped to 8..=256, {SAMPLES} samples (seed 7): \
          by bucket {} (each bucket holds the lengths above the previous one).\n",
         BUCKETS,
-        format_bytes(BUDGET),
-        format_bytes(limit),
+        Bytes(BUDGET),
+        Bytes(limit),
         tuning_s,
         share.join(", ")
     );
@@ -188,7 +188,7 @@ fn section() -> String {
             entry.size,
             entry.plan.largest_batch,
             entry.size * entry.plan.largest_batch,
-            format_bytes(entry.plan.peak_bytes)
+            Bytes(entry.plan.peak_bytes)
         );
     }
     if let Some(model) = &plan.model {
@@ -196,10 +196,10 @@ fn section() -> String {
             out,
             "\nMemory model: {} + {} per sample + {} per token + {} per token per unit of length (worst error \
              {:.1}% over {} steps). Token budget: {} tokens per micro-batch. Predicted between probes: {}.\n",
-            format_bytes(model.fixed_bytes.max(0.0) as u64),
-            format_bytes(model.bytes_per_sample.round() as u64),
-            format_bytes(model.bytes_per_token.round() as u64),
-            format_bytes(model.bytes_per_token_length.round() as u64),
+            Bytes(model.fixed_bytes.max(0.0) as u64),
+            Bytes(model.bytes_per_sample.round() as u64),
+            Bytes(model.bytes_per_token.round() as u64),
+            Bytes(model.bytes_per_token_length.round() as u64),
             100.0 * model.max_error,
             model.fitted_points,
             plan.token_budget,

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use autobatch::models::reference::TransformerConfig;
-use autobatch::{format_bytes, HeapMeter, TrackingAllocator, Tuner, Workload};
+use autobatch::{Bytes, HeapMeter, TrackingAllocator, Tuner, Workload};
 use candle_core::Device;
 
 const BUDGET: u64 = 256 << 20;
@@ -116,7 +116,7 @@ fn main() {
             let _ = writeln!(
                 report,
                 "| {seq_len} | {remedy} | {} | {} | {:.1} ms |",
-                format_bytes(per_sample),
+                Bytes(per_sample),
                 plan.largest_batch,
                 time.as_secs_f64() * 1e3
             );

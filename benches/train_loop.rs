@@ -178,9 +178,9 @@ fn main() {
         let _ = writeln!(
             section,
             "| mlp {inputs}→{width}→{width}→10 | {micro} × {k} | {ratio:.3} | {} | {} | {} |",
-            autobatch::format_bytes(probed),
-            autobatch::format_bytes(loop_peak),
-            autobatch::format_bytes(hand_peak)
+            autobatch::Bytes(probed),
+            autobatch::Bytes(loop_peak),
+            autobatch::Bytes(hand_peak)
         );
         eprintln!("mlp {inputs} {width} {micro}x{k}: ratio {ratio:.3}, peaks {probed} / {loop_peak} / {hand_peak}");
     }

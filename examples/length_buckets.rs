@@ -16,7 +16,7 @@
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::{format_bytes, HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner};
+use autobatch::{Bytes, HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{embedding, linear, loss, ops, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 
@@ -112,14 +112,14 @@ fn main() -> std::result::Result<(), autobatch::Error> {
         let report =
             training.step(&mut meter, |micro| model.loss(micro.len, bucket.size, step * 997 + micro.offset))?;
         let peak = meter.peak()?;
-        assert!(peak <= plan.limit_bytes, "step {step} peaked at {} over the ceiling", format_bytes(peak));
+        assert!(peak <= plan.limit_bytes, "step {step} peaked at {} over the ceiling", Bytes(peak));
         if step % 4 == 0 || step == 1 {
             println!(
                 "step {step:>3}  bucket {:>2} tokens × batch {:>3}  loss {:.4}  peak {}",
                 bucket.size,
                 report.samples,
                 report.loss.unwrap_or(f64::NAN),
-                format_bytes(peak)
+                Bytes(peak)
             );
         }
     }

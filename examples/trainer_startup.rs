@@ -16,7 +16,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 use std::time::Instant;
 
 use autobatch::models::reference::TransformerConfig;
-use autobatch::{format_bytes, HeapMeter, Tuner};
+use autobatch::{Bytes, HeapMeter, Tuner};
 use candle_core::Device;
 
 /// Memory for the steps under the ceiling, beside what the process holds (the
@@ -32,7 +32,7 @@ fn main() -> Result<(), autobatch::Error> {
         "model: {} parameters, {:?}; {} of memory for the steps",
         model.parameter_count(),
         model.dtype(),
-        format_bytes(ROOM)
+        Bytes(ROOM)
     );
 
     // Tune at start-up: the probe runs real steps and changes no weight.

@@ -13,7 +13,7 @@
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::{format_bytes, HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner};
+use autobatch::{Bytes, HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{embedding, linear, loss, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 
@@ -74,7 +74,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
         meter.reset_peak()?;
         let report = training.step(&mut meter, |micro| model.loss(micro.len, step * 4096 + micro.offset))?;
         if step % 5 == 0 || step == 1 {
-            let peak = format_bytes(meter.peak()?);
+            let peak = Bytes(meter.peak()?);
             println!("step {step:>3}  loss {:.4}  peak {peak}", report.loss.unwrap_or(f64::NAN));
         }
     }

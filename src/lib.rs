@@ -207,5 +207,5 @@ pub use search::fit::LinearFit;
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
-pub use units::{format_bytes, format_bytes_decimal};
+pub use units::Bytes;
 pub use workload::{BySize, Profile, Resizable, TensorSize, Workload};

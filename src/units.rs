@@ -4,33 +4,51 @@
 const BINARY: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 const DECIMAL: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
 
-/// Formats a byte count with binary units and three significant digits.
+/// A byte count for people: binary units and three significant digits
+/// (`1.50 GiB`) as its `Display`, decimal units (`16.0 GB`, as model-memory
+/// rules of thumb are quoted: "16 GB for 1e9 parameters with Adam") through
+/// [`decimal`](Bytes::decimal).
 ///
 /// ```
-/// use autobatch::format_bytes;
-/// assert_eq!(format_bytes(730), "730 B");
-/// assert_eq!(format_bytes(1536), "1.50 KiB");
-/// assert_eq!(format_bytes(16 << 30), "16.0 GiB");
-/// assert_eq!(format_bytes(150 << 20), "150 MiB");
+/// use autobatch::Bytes;
+/// assert_eq!(Bytes(730).to_string(), "730 B");
+/// assert_eq!(Bytes(1536).to_string(), "1.50 KiB");
+/// assert_eq!(Bytes(16 << 30).to_string(), "16.0 GiB");
+/// assert_eq!(format!("peak {}", Bytes(150 << 20)), "peak 150 MiB");
+/// assert_eq!(Bytes(16_000_000_000).decimal().to_string(), "16.0 GB");
+/// assert_eq!(Bytes(2_030_000_000).decimal().to_string(), "2.03 GB");
+/// assert_eq!(Bytes(999).decimal().to_string(), "999 B");
 /// ```
-pub fn format_bytes(bytes: u64) -> String {
-    three_significant_digits(bytes, 1024.0, &BINARY)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Bytes(pub u64);
+
+impl Bytes {
+    /// The count in decimal units: `16.0 GB`.
+    pub fn decimal(self) -> impl std::fmt::Display {
+        Decimal(self.0)
+    }
 }
 
-/// Formats a byte count with decimal units (as model-memory rules of thumb
-/// are quoted: "16 GB for 1e9 parameters with Adam") and three significant digits.
-///
-/// ```
-/// use autobatch::format_bytes_decimal;
-/// assert_eq!(format_bytes_decimal(16_000_000_000), "16.0 GB");
-/// assert_eq!(format_bytes_decimal(2_030_000_000), "2.03 GB");
-/// assert_eq!(format_bytes_decimal(999), "999 B");
-/// ```
-pub fn format_bytes_decimal(bytes: u64) -> String {
-    three_significant_digits(bytes, 1000.0, &DECIMAL)
+impl std::fmt::Display for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&three_significant_digits(self.0, 1024.0, &BINARY))
+    }
 }
 
-/// A time in milliseconds in seconds: `3 s`, `0.200 s`.
+/// [`Bytes::decimal`].
+struct Decimal(u64);
+
+impl std::fmt::Display for Decimal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&three_significant_digits(self.0, 1000.0, &DECIMAL))
+    }
+}
+
+/// [`Bytes`] as text.
+pub(crate) fn format_bytes(bytes: u64) -> String {
+    Bytes(bytes).to_string()
+}
+
 /// A fraction as a percentage: whole where it is whole (`90%`), else to a
 /// tenth (`85.5%`).
 pub(crate) fn format_percent(fraction: f64) -> String {
@@ -42,6 +60,7 @@ pub(crate) fn format_percent(fraction: f64) -> String {
     }
 }
 
+/// A time in milliseconds in seconds: `3 s`, `0.200 s`.
 pub(crate) fn format_millis(millis: u64) -> String {
     if millis.is_multiple_of(1000) {
         format!("{} s", millis / 1000)

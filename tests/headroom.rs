@@ -39,7 +39,7 @@ fn the_reference_transformer_keeps_its_headroom_at_batch_32() {
     let message = failed.to_string();
     assert!(
         message.contains("peak")
-            && message.contains(&format!("of {}", autobatch::format_bytes(capacity)))
+            && message.contains(&format!("of {}", autobatch::Bytes(capacity)))
             && message.contains("minimum 90.0%"),
         "{message}"
     );

@@ -391,7 +391,7 @@ fn real(report: &mut String) {
                 let _ = writeln!(
                     rows,
                     "| {name} | {} | {truth} | {:.1} ms | {} | {:.2} | {} | {} |",
-                    autobatch::format_bytes(budget),
+                    autobatch::Bytes(budget),
                     t_star * 1e3,
                     tried.len(),
                     durations.iter().sum::<f64>() / t_star,

@@ -71,8 +71,8 @@ pub fn host() -> String {
     let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400);
     format!(
         "Measured on {cpu}, {threads} threads, L2 {} per core and L3 {} as candle's matmul reads them, on {}.",
-        autobatch::format_bytes(caches[1].cache_bytes as u64),
-        autobatch::format_bytes(caches[2].cache_bytes as u64),
+        autobatch::Bytes(caches[1].cache_bytes as u64),
+        autobatch::Bytes(caches[2].cache_bytes as u64),
         civil_date(days as i64)
     )
 }

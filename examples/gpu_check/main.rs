@@ -47,7 +47,7 @@ use verdict::{verdict, Evidence, Next};
 
 use autobatch::models::reference::TransformerConfig;
 use autobatch::PeakKinds;
-use autobatch::{format_bytes, may_be_oom, CudaMeter, MemoryMeter, Tuner, Workload};
+use autobatch::{may_be_oom, Bytes, CudaMeter, MemoryMeter, Tuner, Workload};
 use candle_core::cuda_backend::cudarc::driver as cudarc;
 use candle_core::cuda_backend::cudarc::driver::result::{device, mem_pool};
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUmemPool_attribute};
@@ -354,15 +354,15 @@ fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
         "# GPU check\n\n{device}, {} ({} bytes); ceiling {:.0}%; `scripts/gpu-check.sh`\n\n\
          | size | largest batch | proven | trials | tuning | step at b | used / reserved / device-wide at b | limit | b+1 | cuMemGetInfo (reserved high) | OOM at | healthy after OOM | verdict |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        format_bytes(capacity),
+        Bytes(capacity),
         capacity,
         CEILING * 100.0
     );
     for r in rows {
         let e = &r.evidence;
         let next = match &e.next {
-            Next::Fits { peak_bytes } => format!("FITS ({})", format_bytes(*peak_bytes)),
-            Next::OverCeiling { peak_bytes } => format!("over ({})", format_bytes(*peak_bytes)),
+            Next::Fits { peak_bytes } => format!("FITS ({})", Bytes(*peak_bytes)),
+            Next::OverCeiling { peak_bytes } => format!("over ({})", Bytes(*peak_bytes)),
             Next::OutOfMemory => "out of memory".to_owned(),
             Next::Error { message } => format!("error: {message}"),
             Next::PastElementLimit => "not run (past 2^32 elements)".to_owned(),
@@ -375,12 +375,12 @@ fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
             r.trials,
             r.tuning_s,
             r.step_s,
-            format_bytes(e.used_bytes),
-            format_bytes(e.reserved_bytes),
-            format_bytes(e.device_bytes),
-            format_bytes(e.limit_bytes),
-            format_bytes(r.mem_get_info_peak_bytes),
-            format_bytes(r.pool_reserved_high_bytes),
+            Bytes(e.used_bytes),
+            Bytes(e.reserved_bytes),
+            Bytes(e.device_bytes),
+            Bytes(e.limit_bytes),
+            Bytes(r.mem_get_info_peak_bytes),
+            Bytes(r.pool_reserved_high_bytes),
             r.oom_batch.map_or("none".to_owned(), |b| b.to_string()),
             e.healthy_after_oom,
             if r.pass { "pass" } else { "FAIL" }
@@ -440,7 +440,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only: Vec<String> = std::env::args().skip(1).collect();
     let mut meter = CudaMeter::new(0)?;
     let (device, capacity) = (meter.name().to_owned(), meter.capacity()?);
-    println!("device: {device}, {}", format_bytes(capacity));
+    println!("device: {device}, {}", Bytes(capacity));
     if only.iter().any(|o| o == "remedies") {
         return remedies(&out, &device, &mut meter);
     }

@@ -3,7 +3,7 @@
 use autobatch::estimate::{
     Accelerator, Change, OptimizerKind, Precision, Recompute, Setup, Sharding, TransformerShape,
 };
-use autobatch::{format_bytes, format_bytes_decimal, Accumulation};
+use autobatch::{Accumulation, Bytes};
 
 use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg, RecomputeArg};
 use crate::failure::{Failure, Flags};
@@ -148,41 +148,45 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     if let (Some(config), true) = (&config, frozen > 0) {
         // per frozen parameter: the base's own dtype
         let per_frozen = frozen as f64 / config.parameter_count() as f64;
-        println!("  {:<17} {:>10}  {per_frozen:>6.2} B/frozen param", "frozen base", format_bytes_decimal(frozen));
+        println!("  {:<17} {:>10}  {per_frozen:>6.2} B/frozen param", "frozen base", Bytes(frozen).decimal());
     }
     rows.push(("total", total));
     for (name, bytes) in rows {
-        println!("  {name:<17} {:>10}  {:>6.2} B/param", format_bytes_decimal(bytes), per_parameter(bytes));
+        println!("  {name:<17} {:>10}  {:>6.2} B/param", Bytes(bytes).decimal(), per_parameter(bytes));
     }
     if let Some(candle) = candle {
         println!(
             "  (a candle f32 step keeps up to {}× the f32 formula, measured: ~{} of activations; \
              docs/activations.md)",
             TransformerShape::CANDLE_F32_ACTIVATION_RATIO,
-            format_bytes_decimal(candle)
+            Bytes(candle).decimal()
         );
     }
     if args.which_gpus {
         print_which_gpus(total);
     }
     if let Some(capacity) = capacity {
-        let bytes = format!("{} ({})", format_bytes(capacity), format_bytes_decimal(capacity));
+        let bytes = format!("{} ({})", Bytes(capacity), Bytes(capacity).decimal());
         let device = match card {
             Some(card) => {
-                format!("{} (reports {}, {})", card.name, format_bytes(capacity), format_bytes_decimal(capacity))
+                format!("{} (reports {}, {})", card.name, Bytes(capacity), Bytes(capacity).decimal())
             }
             None => bytes,
         };
         if total <= capacity {
-            println!("fits in {device}, with {} to spare", format_bytes_decimal(capacity - total));
+            println!("fits in {device}, with {} to spare", Bytes(capacity - total).decimal());
         } else {
-            println!("does not fit in {device}: {} over", format_bytes_decimal(total - capacity));
+            println!("does not fit in {device}: {} over", Bytes(total - capacity).decimal());
             if advice.is_empty() {
                 println!("no single change considered here makes it fit");
             } else {
                 println!("changes, each alone (the flag that applies it):");
                 for remedy in &advice {
-                    println!("  {} ({})", remedy.describe(format_bytes_decimal), change_flag(&remedy.change));
+                    println!(
+                        "  {} ({})",
+                        remedy.describe(|bytes| Bytes(bytes).decimal().to_string()),
+                        change_flag(&remedy.change)
+                    );
                 }
             }
         }
@@ -239,18 +243,18 @@ fn print_which_gpus(total: u64) {
     if fitting.is_empty() {
         println!(
             "fits on none of the named cards (the largest reports {})",
-            format_bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
+            Bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
         );
     } else {
         println!("fits on: {}", fitting.join(", "));
     }
     for card in Accelerator::ALL {
         let verdict = if total <= card.memory_bytes {
-            format!("fits, {} to spare", format_bytes_decimal(card.memory_bytes - total))
+            format!("fits, {} to spare", Bytes(card.memory_bytes - total).decimal())
         } else {
-            format!("{} over", format_bytes_decimal(total - card.memory_bytes))
+            format!("{} over", Bytes(total - card.memory_bytes).decimal())
         };
-        println!("  {:<10} {:>10}  {:<30} {verdict}", card.name, format_bytes(card.memory_bytes), card.description);
+        println!("  {:<10} {:>10}  {:<30} {verdict}", card.name, Bytes(card.memory_bytes), card.description);
     }
 }
 

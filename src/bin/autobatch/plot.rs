@@ -193,18 +193,18 @@ fn draw_peaks(
 
     let horizontal = |y: f64| vec![(0.0, y), (x_max, y)];
     plot.draw_series(LineSeries::new(horizontal(capacity), BLACK.stroke_width(2)))?
-        .label(format!("capacity {}", autobatch::format_bytes(chart.capacity_bytes)))
+        .label(format!("capacity {}", autobatch::Bytes(chart.capacity_bytes)))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     plot.draw_series(DashedLineSeries::new(horizontal(limit), 8, 5, CEILING.stroke_width(2)))?
-        .label(format!("ceiling {} = {}", chart.ceiling, autobatch::format_bytes(chart.limit_bytes)))
+        .label(format!("ceiling {} = {}", chart.ceiling, autobatch::Bytes(chart.limit_bytes)))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CEILING.stroke_width(2)));
     if let Some((fixed, per_unit)) = chart.line {
         let at = |x: f64| unit.of(fixed + per_unit * x);
         plot.draw_series(LineSeries::new([(0.0, at(0.0)), (x_max, at(x_max))], MODEL.stroke_width(1)))?
             .label(format!(
                 "memory model: {} + {} per sample",
-                autobatch::format_bytes(fixed.max(0.0) as u64),
-                autobatch::format_bytes(per_unit.max(0.0) as u64)
+                autobatch::Bytes(fixed.max(0.0) as u64),
+                autobatch::Bytes(per_unit.max(0.0) as u64)
             ))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
     } else if let Some([a, b, c]) = quadratic_fit(&chart.points) {

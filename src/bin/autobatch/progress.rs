@@ -116,7 +116,7 @@ impl Observer for Progress {
     fn evaluation_alone_started(&mut self, start: usize, freed_bytes: u64) {
         self.start_table(format!(
             "evaluation step alone ({} of training's optimizer state freed), from batch {start}:",
-            autobatch::format_bytes(freed_bytes)
+            autobatch::Bytes(freed_bytes)
         ));
     }
 
@@ -173,9 +173,10 @@ impl Observer for Progress {
             Some(word) => {
                 let width = self.batch_width.max(word.len());
                 let (peak, util) = match trial.peak_bytes {
-                    Some(peak) => {
-                        (autobatch::format_bytes(peak), format!("{:.1}%", 100.0 * peak as f64 / capacity_bytes as f64))
-                    }
+                    Some(peak) => (
+                        autobatch::Bytes(peak).to_string(),
+                        format!("{:.1}%", 100.0 * peak as f64 / capacity_bytes as f64),
+                    ),
                     None => ("-".to_owned(), "-".to_owned()),
                 };
                 let seconds = trial.duration.as_secs_f64();

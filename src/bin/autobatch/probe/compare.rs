@@ -3,7 +3,7 @@
 use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
 use autobatch::models;
 use autobatch::models::reference::ReferenceWorkload;
-use autobatch::{format_bytes, MemoryMeter};
+use autobatch::{Bytes, MemoryMeter};
 use candle_core::DType;
 
 use crate::args::DtypeArg;
@@ -167,7 +167,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         return Err(Failure::nothing_fits(format!(
             "nothing fits: not even the smallest batch of any variant stays under the ceiling of {} of {}",
             args.ceiling,
-            format_bytes(meter.capacity()?)
+            Bytes(meter.capacity()?)
         )));
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Where a probe runs: the CPU under a budget, or a CUDA device, and its meter.
 
 use autobatch::models::reference::Footprint;
-use autobatch::{format_bytes, HeapMeter, MemoryMeter};
+use autobatch::{Bytes, HeapMeter, MemoryMeter};
 
 use crate::args::{ProbeArgs, DEFAULT_BUDGET};
 use crate::failure::Failure;
@@ -46,7 +46,7 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
     }
     let search = budget.saturating_mul(2);
     let twice = match budget.checked_mul(2) {
-        Some(bytes) => format_bytes(bytes),
+        Some(bytes) => Bytes(bytes).to_string(),
         None => "more than 16 EiB".to_owned(),
     };
     let threads = rayon::current_num_threads() as u64 + 1;
@@ -69,15 +69,15 @@ fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
             return Err(Failure::usage(format!(
                 "--budget {}: a search can allocate about twice the budget ({twice}), and this process may use only {} \
                  more under {}; {advice}",
-                format_bytes(budget),
-                format_bytes(room.bytes),
+                Bytes(budget),
+                Bytes(room.bytes),
                 room.what,
             )));
         }
         log::warn!(
             "--budget {}: a search can allocate about twice the budget ({twice}), more than the {} of {}: it may swap",
-            format_bytes(budget),
-            format_bytes(room.bytes),
+            Bytes(budget),
+            Bytes(room.bytes),
             room.what
         );
     }
@@ -129,14 +129,14 @@ pub fn on_cpu(args: &ProbeArgs, model: &ModelConfig, footprint: &Footprint, run:
                  {threads} threads ({} each, this host's L2 cache per core): fewer threads (RAYON_NUM_THREADS) \
                  leave more room",
                 failure.message,
-                format_bytes(scratch),
-                format_bytes(each),
+                Bytes(scratch),
+                Bytes(each),
             ),
             ..failure
         },
         _ => failure,
     };
-    let on = format!("the CPU under a {} budget", format_bytes(budget));
+    let on = format!("the CPU under a {} budget", Bytes(budget));
     run(&mut meter, &candle_core::Device::Cpu, &on, why).map_err(blame_scratch)
 }
 
@@ -163,7 +163,7 @@ pub fn on_cuda(
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
     check_footprint(args, model, footprint, args.ceiling.limit_bytes(meter.capacity()?))?;
     let device = meter.device().clone();
-    let on = format!("{} ({})", meter.name(), format_bytes(meter.capacity()?));
+    let on = format!("{} ({})", meter.name(), Bytes(meter.capacity()?));
     run(&mut meter, &device, &on, "--device")
 }
 
