@@ -80,8 +80,11 @@ pub struct Plan {
     /// checks run now.
     pub tuning: TuningCost,
     /// When this plan came from the plan cache instead of probing (its
-    /// trials are those of the run that stored it): what was run now.
-    pub cache: Option<CacheHit>,
+    /// trials are those of the run that stored it): the trials run now,
+    /// accumulating micro-steps that check a split the stored trials never
+    /// verified (they are the last of the plan's trials); `Some(0)` when no
+    /// step ran.
+    pub cache: Option<usize>,
     /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the
     /// rank this plan is for and its own largest batch.
     pub distributed: Option<Distributed>,
@@ -104,16 +107,6 @@ pub struct SearchSettings {
     pub multiple_of: usize,
     /// The search strategy used.
     pub strategy: Strategy,
-}
-
-/// A plan read from the plan cache (see [`Plan::cache`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CacheHit {
-    /// The trials run now: accumulating micro-steps that check a split the
-    /// stored trials never verified (they are the last of the plan's
-    /// trials); 0 when no step ran.
-    pub checks: usize,
 }
 
 /// One rank's part of a distributed run (see [`Plan::distributed`]).
@@ -302,9 +295,9 @@ impl Plan {
         self.cache.is_some()
     }
 
-    /// On a cache hit: the trials run now (see [`CacheHit::checks`]); 0 otherwise.
+    /// On a cache hit: the trials run now (see [`Plan::cache`]); 0 otherwise.
     pub fn cache_checks(&self) -> usize {
-        self.cache.map_or(0, |hit| hit.checks)
+        self.cache.unwrap_or(0)
     }
 
     /// `ceiling × capacity` in bytes: the most a fitting step may use.

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Accumulation, CacheHit, Distributed, EvaluationPlan, MeasuredGraph, MemoryModel, Plan, RankSplit, SearchLimit,
+    Accumulation, Distributed, EvaluationPlan, MeasuredGraph, MemoryModel, Plan, RankSplit, SearchLimit,
     SearchSettings, Split, ThroughputChoice, Trial, TuningCost, Warning,
 };
 use crate::search::Strategy;
@@ -130,7 +130,7 @@ impl TryFrom<PlanRecord> for Plan {
             evaluation: record.evaluation,
             throughput: record.throughput,
             tuning: record.tuning,
-            cache: record.cached.then_some(CacheHit { checks: record.cache_checks }),
+            cache: record.cached.then_some(record.cache_checks),
             distributed,
             device: record.device,
         };

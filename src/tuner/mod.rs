@@ -475,7 +475,7 @@ impl Settings {
         let cap = Self::cap(&plan);
         let stored = plan.trials.len();
         self.verified_replan(&mut plan, cap, workload, meter)?;
-        plan.cache = Some(crate::CacheHit { checks: plan.trials.len() - stored });
+        plan.cache = Some(plan.trials.len() - stored);
         plan.tuning = crate::plan::TuningCost::of(&plan.trials[stored..]);
         Ok(plan)
     }
