@@ -198,9 +198,9 @@ pub use model::probe::ModelProbe;
 pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
-    Accumulation, Basis, Ceiling, Distributed, DuringTraining, EvaluationPlan, ExpectedEnd, LongestSize, MeasuredGraph,
-    MemoryModel, Objective, PeakKinds, Plan, RankShare, RankSplit, SearchLimit, SearchSettings, SizeBatch, SizeModel,
-    SizePlan, SizeRange, SizedPlan, Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
+    Accumulation, Basis, Ceiling, DuringTraining, EvaluationPlan, ExpectedEnd, LongestSize, MeasuredGraph, MemoryModel,
+    Objective, PeakKinds, Plan, RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange,
+    SizedPlan, Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
 };
 pub use search::fit::LinearFit;
 pub use search::outcome::Outcome;

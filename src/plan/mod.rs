@@ -60,8 +60,10 @@ pub struct Plan {
     /// micro-steps, or shares of uneven ranks.
     pub split: Split,
     /// What was searched: the device's capacity, the ceiling, the
-    /// granularity and the strategy.
-    pub search: SearchSettings,
+    /// granularity and the strategy (read them through
+    /// [`capacity_bytes`](Plan::capacity_bytes), [`ceiling`](Plan::ceiling),
+    /// [`multiple_of`](Plan::multiple_of), [`strategy`](Plan::strategy)).
+    pub(crate) search: SearchSettings,
     /// Every trial, in the order run.
     pub trials: Vec<Trial>,
     /// Things worth knowing; each was also logged.
@@ -80,14 +82,12 @@ pub struct Plan {
     /// checks run now.
     pub tuning: TuningCost,
     /// When this plan came from the plan cache instead of probing (its
-    /// trials are those of the run that stored it): the trials run now,
-    /// accumulating micro-steps that check a split the stored trials never
-    /// verified (they are the last of the plan's trials); `Some(0)` when no
-    /// step ran.
-    pub cache: Option<usize>,
+    /// trials are those of the run that stored it): the trials run now
+    /// ([`cached`](Plan::cached), [`cache_checks`](Plan::cache_checks)).
+    pub(crate) cache: Option<usize>,
     /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the
     /// rank this plan is for and its own largest batch.
-    pub distributed: Option<Distributed>,
+    pub(crate) distributed: Option<Distributed>,
     /// The device the trials ran on, as its meter names it
     /// ([`MemoryMeter::device_name`](crate::MemoryMeter::device_name)): a
     /// GPU's name, or the CPU heap with the matmul buffer each of its threads
@@ -95,29 +95,29 @@ pub struct Plan {
     pub device: String,
 }
 
-/// What a search ran under (see [`Plan::search`]).
+/// What a search ran under: read through [`Plan::capacity_bytes`] and the
+/// other accessors.
 #[derive(Clone, Copy, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct SearchSettings {
+pub(crate) struct SearchSettings {
     /// Device capacity: what 100% utilization means.
-    pub capacity_bytes: u64,
+    pub(crate) capacity_bytes: u64,
     /// The utilization ceiling, a fraction of `capacity_bytes`.
-    pub ceiling: Ceiling,
+    pub(crate) ceiling: Ceiling,
     /// The granularity batches were searched at.
-    pub multiple_of: usize,
+    pub(crate) multiple_of: usize,
     /// The search strategy used.
-    pub strategy: Strategy,
+    pub(crate) strategy: Strategy,
 }
 
-/// One rank's part of a distributed run (see [`Plan::distributed`]).
+/// One rank's part of a distributed run: read through [`Plan::rank`] and
+/// [`Plan::rank_largest_batch`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Distributed {
+pub(crate) struct Distributed {
     /// The rank this plan is for.
-    pub rank: usize,
+    pub(crate) rank: usize,
     /// This rank's own largest batch; the plan's `largest_batch` is the one
     /// all ranks agreed on (with uneven ranks, each rank keeps its own).
-    pub rank_largest_batch: usize,
+    pub(crate) rank_largest_batch: usize,
 }
 
 /// The largest batch of an evaluation step (forward only, no gradients): bigger
@@ -290,12 +290,15 @@ impl Plan {
         }
     }
 
-    /// Whether this plan came from the plan cache instead of probing.
+    /// Whether this plan came from the plan cache instead of probing (its
+    /// trials are then those of the run that stored it).
     pub fn cached(&self) -> bool {
         self.cache.is_some()
     }
 
-    /// On a cache hit: the trials run now (see [`Plan::cache`]); 0 otherwise.
+    /// On a cache hit: the trials run now, accumulating micro-steps that
+    /// check a split the stored trials never verified (they are the last of
+    /// the plan's trials); 0 when no step ran or the plan was not cached.
     pub fn cache_checks(&self) -> usize {
         self.cache.unwrap_or(0)
     }

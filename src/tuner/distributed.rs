@@ -2,8 +2,9 @@
 
 use super::{Settings, Tuner};
 use crate::collective::Collective;
+use crate::plan::Distributed;
 use crate::plan::{RankSplit, TrialKind};
-use crate::{Distributed, Error, MemoryMeter, Plan, Split, Workload};
+use crate::{Error, MemoryMeter, Plan, Split, Workload};
 
 /// What each rank reports about the agreed batch; the all-reduced minimum is
 /// what every rank then acts on (one failure outranks everything).
