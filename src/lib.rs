@@ -200,7 +200,7 @@ pub use oom::{is_oom, may_be_oom};
 pub use plan::{
     Accumulation, Basis, Ceiling, DuringTraining, EvaluationPlan, ExpectedEnd, LongestSize, MeasuredGraph, MemoryModel,
     Objective, PeakKinds, Plan, RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange,
-    SizedPlan, Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind, TuningCost, Warning,
+    SizedPlan, Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
 };
 pub use search::fit::LinearFit;
 pub use search::outcome::Outcome;

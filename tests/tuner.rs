@@ -764,10 +764,10 @@ fn the_plan_counts_every_step_tuning_ran() {
     let (mut workload, mut meter) = sim.build();
     let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
     assert!(plan.trials.iter().any(|t| t.kind == TrialKind::Recheck), "{plan}");
-    assert_eq!(plan.tuning.steps, workload.steps(), "{plan}");
-    assert_eq!(plan.tuning.steps, plan.trials.len() + 1, "the warm-up is a step too");
+    assert_eq!(plan.tuning_steps(), workload.steps(), "{plan}");
+    assert_eq!(plan.tuning_steps(), plan.trials.len() + 1, "the warm-up is a step too");
     let seconds: f64 = plan.trials.iter().map(|t| t.duration.as_secs_f64()).sum();
-    assert!(plan.tuning.seconds >= seconds);
+    assert!(plan.tuning_seconds() >= seconds);
     assert!(plan.to_string().contains(&format!("tuning took {} steps", workload.steps())), "{plan}");
 }
 
@@ -778,11 +778,11 @@ fn a_cached_plan_costs_only_the_steps_it_ran_now() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
     let tuner = Tuner::new().cache(&cache).cache_key(autobatch::CacheKey::new().param("model", "simulated"));
     let first = run(&tuner, sim.clone()).unwrap();
-    assert!(first.tuning.steps > 0 && !first.cached());
+    assert!(first.tuning_steps() > 0 && !first.cached());
     let (mut workload, mut meter) = sim.build();
     let second = tuner.run(&mut workload, &mut meter).unwrap();
     assert!(second.cached());
-    assert_eq!((second.tuning.steps, workload.steps()), (0, 0));
+    assert_eq!((second.tuning_steps(), workload.steps()), (0, 0));
     assert!(!second.to_string().contains("tuning took"), "{second}");
     std::fs::remove_dir_all(&dir).ok();
 }

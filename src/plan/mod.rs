@@ -76,11 +76,12 @@ pub struct Plan {
     pub evaluation: Option<EvaluationPlan>,
     /// With [`Objective::Throughput`]: the candidates timed and the choice.
     pub throughput: Option<ThroughputChoice>,
-    /// What finding this plan cost: every step the tuner ran for it (the
+    /// What finding this plan cost ([`tuning_steps`](Plan::tuning_steps),
+    /// [`tuning_seconds`](Plan::tuning_seconds)): every step the tuner ran for it (the
     /// warm-up, the search, re-checks, accumulation checks, timings, an
     /// evaluation search) and the time they took; on a cache hit, only the
     /// checks run now.
-    pub tuning: TuningCost,
+    pub(crate) tuning: TuningCost,
     /// When this plan came from the plan cache instead of probing (its
     /// trials are those of the run that stored it): the trials run now
     /// ([`cached`](Plan::cached), [`cache_checks`](Plan::cache_checks)).
@@ -160,13 +161,13 @@ pub struct DuringTraining {
     pub state_bytes: u64,
 }
 
-/// The steps a tuning run ran and the time they took (see [`Plan::tuning`]).
+/// The steps a tuning run ran and the time they took (see [`Plan::tuning_steps`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TuningCost {
+pub(crate) struct TuningCost {
     /// Steps run, the warm-up included.
-    pub steps: usize,
+    pub(crate) steps: usize,
     /// Their time, in seconds.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 impl TuningCost {
@@ -288,6 +289,18 @@ impl Plan {
         } else {
             MeasuredGraph::Complete
         }
+    }
+
+    /// The steps finding this plan ran: the warm-up, the search, re-checks,
+    /// accumulation checks, timings, an evaluation search (on a cache hit,
+    /// only the checks run now).
+    pub fn tuning_steps(&self) -> usize {
+        self.tuning.steps
+    }
+
+    /// The time those steps took, in seconds.
+    pub fn tuning_seconds(&self) -> f64 {
+        self.tuning.seconds
     }
 
     /// Whether this plan came from the plan cache instead of probing (its
