@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::format_bytes;
+use crate::units::Bytes;
 
 pub(super) use crate::vocabulary::PER_PARAMETER_DENOMINATOR;
 pub use crate::vocabulary::{OptimizerKind, Precision};
@@ -78,24 +78,36 @@ pub struct Remedy {
 }
 
 impl Remedy {
-    /// `change: saves ~X, total ~Y (fits)`, with byte counts written by `bytes`
-    /// (one unit family on the line: [`format_bytes`](crate::format_bytes)
-    /// or [`format_bytes_decimal`](crate::format_bytes_decimal)).
-    pub fn describe(&self, bytes: fn(u64) -> String) -> String {
-        format!(
-            "{}: saves ~{}, total ~{}{}",
-            self.change,
-            bytes(self.saves_bytes),
-            bytes(self.total_bytes),
-            if self.fits { " (fits)" } else { "" }
-        )
+    /// The remedy with its byte counts in decimal units (GB), as the
+    /// estimate's rules of thumb are written; its `Display` writes binary
+    /// units (GiB), as the tuner's limits are.
+    pub fn decimal(&self) -> impl std::fmt::Display + '_ {
+        InUnits { remedy: self, decimal: true }
     }
 }
 
 impl std::fmt::Display for Remedy {
-    /// [`describe`](Self::describe) in binary units (MiB, GiB), as the tuner's
-    /// limits are written.
+    /// `change: saves ~X, total ~Y (fits)`, in binary units (MiB, GiB).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.describe(format_bytes))
+        InUnits { remedy: self, decimal: false }.fmt(f)
+    }
+}
+
+/// A remedy written in one family of units.
+struct InUnits<'a> {
+    remedy: &'a Remedy,
+    decimal: bool,
+}
+
+impl std::fmt::Display for InUnits<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes =
+            |count: u64| if self.decimal { Bytes(count).decimal().to_string() } else { Bytes(count).to_string() };
+        let Remedy { change, saves_bytes, total_bytes, fits } = self.remedy;
+        write!(f, "{change}: saves ~{}, total ~{}", bytes(*saves_bytes), bytes(*total_bytes))?;
+        if *fits {
+            f.write_str(" (fits)")?;
+        }
+        Ok(())
     }
 }

@@ -182,11 +182,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             } else {
                 println!("changes, each alone (the flag that applies it):");
                 for remedy in &advice {
-                    println!(
-                        "  {} ({})",
-                        remedy.describe(|bytes| Bytes(bytes).decimal().to_string()),
-                        change_flag(&remedy.change)
-                    );
+                    println!("  {} ({})", remedy.decimal(), change_flag(&remedy.change));
                 }
             }
         }
