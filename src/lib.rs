@@ -73,7 +73,7 @@
 //!
 //! Assert that a model keeps its batch with memory to spare, so that a change
 //! that grows activations fails CI instead of a training run. On a real model
-//! that is [`assert_headroom`] with a [`HeapMeter`]; the code around the
+//! that is [`Headroom::assert`] with a [`HeapMeter`]; the code around the
 //! search (a trainer's start-up path, its fallbacks) is tested on a simulated
 //! device, [`memory::simulated`], with the `simulation` feature turned on
 //! where the tests build (`autobatch = { version = "0.1", features =
@@ -111,7 +111,7 @@
 //! - [`Tuner::run_with_eval`] plans the evaluation step's own batch, between
 //!   training steps (the optimizer's state held) and alone (a separate
 //!   evaluation or serving process);
-//! - [`Headroom`] and [`assert_headroom`] turn memory regressions into failing tests;
+//! - [`Headroom`] (its [`assert`](Headroom::assert) for tests) turns memory regressions into failing tests;
 //! - [`estimate`] is the analytical model (bytes per parameter) behind
 //!   `autobatch estimate` and the advice that comes with [`Error::NothingFits`].
 //!
@@ -142,7 +142,10 @@
 //! and call the engine again, never the public `run`. A [`Plan`] says its split once ([`Split`]: one step,
 //! accumulated micro-steps, or uneven ranks' shares), and
 //! [`micro_batch`](Plan::micro_batch), [`accumulation_steps`](Plan::accumulation_steps),
-//! [`effective_batch`](Plan::effective_batch) read it. Your model and the
+//! [`effective_batch`](Plan::effective_batch) read it, as
+//! [`capacity_bytes`](Plan::capacity_bytes), [`ceiling`](Plan::ceiling),
+//! [`rank`](Plan::rank) and [`tuning_steps`](Plan::tuning_steps) read what
+//! was searched, for which rank, and at what cost. Your model and the
 //! reference models of [`models::reference`] go through the same two pieces:
 //! [`ModelProbe`] measures, [`TrainLoop`] trains, with one optimizer between
 //! them ([`optim`]). Every public item has one path: the root has what most
@@ -188,7 +191,7 @@ mod workload;
 pub use cache::CacheKey;
 pub use error::{DeviceProblem, Error, ErrorKind, EvenSplit, Names, Result, Setting, Value};
 pub use guard::{Guard, MicroBatch, StepReport};
-pub use headroom::{assert_headroom, Headroom, HeadroomReport};
+pub use headroom::{Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
 pub use memory::cuda::CudaMeter;
 pub use memory::heap::HeapMeter;

@@ -6,7 +6,7 @@
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
 use autobatch::models::reference::TransformerConfig;
-use autobatch::{assert_headroom, Error, Headroom, HeadroomReport, HeapMeter};
+use autobatch::{Error, Headroom, HeadroomReport, HeapMeter};
 use candle_core::Device;
 
 #[test]
@@ -21,7 +21,7 @@ fn the_reference_transformer_keeps_its_headroom_at_batch_32() {
     let capacity = meter.budget_bytes();
 
     // the regression test itself
-    let report = assert_headroom(&mut model, &mut meter, 32, 0.3);
+    let report = Headroom::new(32).min_headroom(0.3).assert(&mut model, &mut meter);
     assert!(report.passed && !report.out_of_memory);
     assert!(report.peak_bytes > report.baseline_bytes && report.peak_bytes < capacity);
     assert_eq!(report.headroom_bytes, capacity - report.peak_bytes);
@@ -43,9 +43,10 @@ fn the_reference_transformer_keeps_its_headroom_at_batch_32() {
             && message.contains("minimum 90.0%"),
         "{message}"
     );
-    let panic =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| assert_headroom(&mut model, &mut meter, 32, 0.9)));
-    let payload = panic.expect_err("assert_headroom panics on a regression");
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Headroom::new(32).min_headroom(0.9).assert(&mut model, &mut meter)
+    }));
+    let payload = panic.expect_err("Headroom::assert panics on a regression");
     let text = payload.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(text.starts_with("memory headroom regression: batch 32: peak"), "{text}");
     assert!(matches!(

@@ -129,27 +129,28 @@ impl Headroom {
             Err(Error::InsufficientHeadroom(Box::new(report)))
         }
     }
-}
 
-/// Panics, with peak, capacity and headroom in the message, unless `workload`
-/// runs at `batch` with at least `min_headroom` of the device free; returns the
-/// report otherwise. For `#[test]` functions.
-///
-/// ```
-/// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-///
-/// let (mut step, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 90 << 20)).build();
-/// let report = autobatch::assert_headroom(&mut step, &mut meter, 64, 0.25);
-/// println!("{}", report.to_json()); // keep it as a CI artifact
-/// ```
-pub fn assert_headroom<W, M>(workload: &mut W, meter: &mut M, batch: usize, min_headroom: f64) -> HeadroomReport
-where
-    W: Workload + ?Sized,
-    M: MemoryMeter + ?Sized,
-{
-    match Headroom::new(batch).min_headroom(min_headroom).check(workload, meter) {
-        Ok(report) => report,
-        Err(Error::InsufficientHeadroom(report)) => panic!("memory headroom regression: {report}"),
-        Err(err) => panic!("memory headroom check could not run: {err}"),
+    /// [`check`](Headroom::check) for `#[test]` functions: panics, with peak,
+    /// capacity and headroom in the message, unless the workload runs with
+    /// at least the minimum headroom free; returns the report otherwise.
+    ///
+    /// ```
+    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+    /// use autobatch::Headroom;
+    ///
+    /// let (mut step, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 90 << 20)).build();
+    /// let report = Headroom::new(64).min_headroom(0.25).assert(&mut step, &mut meter);
+    /// println!("{}", report.to_json()); // keep it as a CI artifact
+    /// ```
+    pub fn assert<W, M>(&self, workload: &mut W, meter: &mut M) -> HeadroomReport
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        match self.check(workload, meter) {
+            Ok(report) => report,
+            Err(Error::InsufficientHeadroom(report)) => panic!("memory headroom regression: {report}"),
+            Err(err) => panic!("memory headroom check could not run: {err}"),
+        }
     }
 }
