@@ -110,4 +110,12 @@ mod tests {
             assert_eq!(format_bytes(bytes), want, "{bytes} bytes");
         }
     }
+
+    #[test]
+    fn both_unit_families_pad_to_a_width_as_text_does() {
+        assert_eq!(format!("[{:>10}]", Bytes(1536)), "[  1.50 KiB]");
+        assert_eq!(format!("[{:<10}]", Bytes(1536)), "[1.50 KiB  ]");
+        assert_eq!(format!("[{:>9}]", Bytes(16_000_000_000).decimal()), "[  16.0 GB]");
+        assert_eq!(format!("{}", Bytes(999).decimal()), "999 B");
+    }
 }

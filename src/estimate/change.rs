@@ -111,3 +111,18 @@ impl std::fmt::Display for InUnits<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remedy_writes_one_unit_family_per_line() {
+        let change = Change::GradientCheckpointing;
+        let fits = Remedy { change: change.clone(), saves_bytes: 3 << 30, total_bytes: 12 << 30, fits: true };
+        let binary = fits.to_string();
+        assert_eq!(binary, format!("{change}: saves ~3.00 GiB, total ~12.0 GiB (fits)"));
+        let over = Remedy { fits: false, saves_bytes: 8_000_000_000, total_bytes: 30_000_000_000, ..fits };
+        assert_eq!(over.decimal().to_string(), format!("{change}: saves ~8.00 GB, total ~30.0 GB"));
+    }
+}
