@@ -205,7 +205,6 @@ pub use plan::{
     Objective, PeakKinds, Plan, RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange,
     SizedPlan, Split, ThroughputChoice, ThroughputPoint, Trial, TrialKind, Warning,
 };
-pub use search::fit::LinearFit;
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};

@@ -604,7 +604,7 @@ fn a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so() {
         HeapMeter::with_room(MIB, 0.9).unwrap().in_use().unwrap();
         let before = autobatch::TrackingAllocator::live_bytes() as f64;
         let (_, plan, _) = tune_and_train("llama", &config, training, 48 * MIB);
-        let fixed = plan.memory_model.as_ref().unwrap().line.fixed_bytes - before;
+        let fixed = plan.memory_model.as_ref().unwrap().fixed_bytes - before;
         // candle's CPU matmul has no bf16 kernel: it widens both operands to
         // f32 for the product, the head's weight (the largest) included, a
         // copy no device-free count includes (CUDA multiplies bf16 as it is)

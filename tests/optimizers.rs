@@ -252,7 +252,7 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
         println!(
             "  {name}: largest batch {} with 12 MiB of room, {:.0} bytes per sample",
             plan.largest_batch,
-            plan.memory_model.as_ref().map_or(0.0, |m| m.line.bytes_per_sample)
+            plan.memory_model.as_ref().map_or(0.0, |m| m.bytes_per_sample)
         );
         largest.push(plan.largest_batch);
     }
@@ -331,7 +331,7 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
     assert_eq!(autobatch::Workload::profile(&probe).unwrap().precision, autobatch::estimate::Precision::Mixed);
     drop(probe);
     assert_eq!(before, bits(&varmap), "probing changed a weight");
-    let per_sample = plan.memory_model.as_ref().map_or(0.0, |m| m.line.bytes_per_sample);
+    let per_sample = plan.memory_model.as_ref().map_or(0.0, |m| m.bytes_per_sample);
     println!("  bf16 MLP: largest batch {} with 12 MiB of room, {per_sample:.0} bytes per sample", plan.largest_batch);
 
     // and the plan's ceiling holds when training in mixed precision through TrainLoop

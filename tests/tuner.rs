@@ -381,8 +381,8 @@ fn the_plan_carries_a_memory_model_checked_at_the_chosen_batch() {
     for strategy in [Strategy::Binary, Strategy::Predictive] {
         let plan = run(&Tuner::new().strategy(strategy), sim.clone()).unwrap();
         let model = plan.memory_model.as_ref().expect("several batches were measured");
-        assert!((model.line.bytes_per_sample - (100 * MIB) as f64).abs() < 1.0, "{model:?}");
-        assert!((model.line.fixed_bytes - (3 * GIB) as f64).abs() < 1024.0, "{model:?}");
+        assert!((model.bytes_per_sample - (100 * MIB) as f64).abs() < 1.0, "{model:?}");
+        assert!((model.fixed_bytes - (3 * GIB) as f64).abs() < 1024.0, "{model:?}");
         assert!(model.prediction_error.abs() < 1e-6);
         assert!(!model.fitted_batches.contains(&plan.largest_batch));
         assert!(plan.to_string().contains("per sample"), "{plan}");

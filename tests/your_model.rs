@@ -522,7 +522,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         .unwrap();
     let with = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
     drop(probe);
-    let per_sample = |plan: &autobatch::Plan| plan.memory_model.as_ref().unwrap().line.bytes_per_sample;
+    let per_sample = |plan: &autobatch::Plan| plan.memory_model.as_ref().unwrap().bytes_per_sample;
     println!(
         "  largest batch {} -> {}, {:.0} -> {:.0} bytes per sample",
         without.largest_batch,

@@ -137,8 +137,8 @@ fn ultralytics(fraction: f64, capacity: u64, trial: &mut Measure) -> Option<usiz
             }
         }
     }
-    let fit = autobatch::LinearFit::through(&points)?;
-    let mut batch = ((fraction * capacity as f64 - fit.fixed_bytes) / fit.bytes_per_sample) as i64;
+    let (fixed_bytes, bytes_per_sample) = straight_line(&points)?;
+    let mut batch = ((fraction * capacity as f64 - fixed_bytes) / bytes_per_sample) as i64;
     if let Some(failed) = first_failure {
         if batch >= failed as i64 {
             let index = sizes.iter().position(|&s| s == failed).unwrap_or(0);
@@ -149,4 +149,20 @@ fn ultralytics(fraction: f64, capacity: u64, trial: &mut Measure) -> Option<usiz
         batch = 16;
     }
     Some(batch as usize)
+}
+
+/// The ordinary least-squares line through `(batch, peak)` points, as
+/// Ultralytics fits it (`np.polyfit(x, y, deg=1)`): `(fixed bytes, bytes per
+/// sample)`, `None` with fewer than two distinct batches.
+pub fn straight_line(points: &[(usize, u64)]) -> Option<(f64, f64)> {
+    let n = points.len() as f64;
+    let mean_b = points.iter().map(|&(b, _)| b as f64).sum::<f64>() / n;
+    let mean_p = points.iter().map(|&(_, p)| p as f64).sum::<f64>() / n;
+    let spread: f64 = points.iter().map(|&(b, _)| (b as f64 - mean_b).powi(2)).sum();
+    if points.len() < 2 || spread == 0.0 {
+        return None;
+    }
+    let covariance: f64 = points.iter().map(|&(b, p)| (b as f64 - mean_b) * (p as f64 - mean_p)).sum();
+    let per_sample = covariance / spread;
+    Some((mean_p - per_sample * mean_b, per_sample))
 }

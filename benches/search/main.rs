@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
 use autobatch::models::reference::ReferenceWorkload;
 use autobatch::search::SearchSpace;
-use autobatch::{HeapMeter, LinearFit, MemoryMeter, Outcome, Strategy, TrackingAllocator, Tuner, Workload};
+use autobatch::{HeapMeter, MemoryMeter, Outcome, Strategy, TrackingAllocator, Tuner, Workload};
 use baselines::Algorithm;
 
 const GIB: u64 = 1 << 30;
@@ -385,7 +385,8 @@ fn real(report: &mut String) {
                 let small: Vec<(usize, u64)> =
                     peaks.iter().copied().filter(|&(b, p)| 2 * b < truth && p <= limit).collect();
                 let tail = &small[small.len().saturating_sub(3)..];
-                let predicted = LinearFit::through(tail).map(|fit| fit.predict(truth));
+                let predicted =
+                    baselines::straight_line(tail).map(|(fixed, per_sample)| fixed + per_sample * truth as f64);
                 let error = predicted.map(|p| (p - fits_peak as f64) / fits_peak as f64);
                 accuracy.push((name.clone(), error, plan_error));
                 let _ = writeln!(

@@ -10,10 +10,11 @@ use crate::search::{LinearFit, Outcome};
 /// prediction that the measurement then checks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MemoryModel {
-    /// The fitted line: bytes at batch 0 (weights, gradients, optimizer state,
-    /// other processes) and bytes each sample adds.
-    #[serde(flatten)]
-    pub line: LinearFit,
+    /// Bytes at batch 0: weights, gradients, optimizer state, workspaces,
+    /// other processes.
+    pub fixed_bytes: f64,
+    /// Bytes each sample adds: activations, mostly.
+    pub bytes_per_sample: f64,
     /// The batches the line was fitted to.
     pub fitted_batches: Vec<usize>,
     /// The line's peak at the chosen batch.
@@ -26,7 +27,12 @@ pub struct MemoryModel {
 impl MemoryModel {
     /// The line's peak at `batch`, in bytes.
     pub fn predict(&self, batch: usize) -> f64 {
-        self.line.predict(batch)
+        self.line().predict(batch)
+    }
+
+    /// The line itself.
+    pub(crate) fn line(&self) -> LinearFit {
+        LinearFit { fixed_bytes: self.fixed_bytes, bytes_per_sample: self.bytes_per_sample }
     }
 
     /// Fits the line to `trials` (the last measurement of each batch that ran
@@ -53,7 +59,8 @@ impl MemoryModel {
             return None;
         }
         Some(MemoryModel {
-            line,
+            fixed_bytes: line.fixed_bytes,
+            bytes_per_sample: line.bytes_per_sample,
             fitted_batches: latest.iter().map(|&(b, _)| b).collect(),
             predicted_peak_bytes: predicted.round() as u64,
             prediction_error: (predicted - measured as f64) / measured as f64,

@@ -165,8 +165,8 @@ impl Plan {
         if let Some(model) = &self.memory_model {
             out += &format!(
                 "\nmemory: {} + {} per sample (fitted to {} batches; predicts {} at batch {}, {:+.1}% of measured)",
-                format_bytes(model.line.fixed_bytes.max(0.0) as u64),
-                format_bytes(model.line.bytes_per_sample.max(0.0) as u64),
+                format_bytes(model.fixed_bytes.max(0.0) as u64),
+                format_bytes(model.bytes_per_sample.max(0.0) as u64),
                 model.fitted_batches.len(),
                 format_bytes(model.predicted_peak_bytes),
                 self.largest_batch,

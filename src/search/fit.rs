@@ -1,29 +1,20 @@
 //! A straight line through measured peaks: `peak(b) ≈ fixed + per_sample·b`.
 
-use serde::{Deserialize, Serialize};
-
-/// A least-squares line through (batch, peak bytes) points.
-///
-/// ```
-/// use autobatch::LinearFit;
-///
-/// let fit = LinearFit::through(&[(1, 1_100), (4, 1_400), (16, 2_600)]).unwrap();
-/// assert!((fit.bytes_per_sample - 100.0).abs() < 1e-9);
-/// assert!((fit.fixed_bytes - 1_000.0).abs() < 1e-6);
-/// assert_eq!(fit.largest_under(10_000), Some(90.0));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LinearFit {
+/// A least-squares line through (batch, peak bytes) points: what the
+/// predictive search jumps with, and what a plan's
+/// [`MemoryModel`](crate::MemoryModel) and a comparison's rows report.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LinearFit {
     /// Bytes at batch 0: weights, gradients, optimizer state, workspaces.
-    pub fixed_bytes: f64,
+    pub(crate) fixed_bytes: f64,
     /// Bytes each sample adds: activations, mostly.
-    pub bytes_per_sample: f64,
+    pub(crate) bytes_per_sample: f64,
 }
 
 impl LinearFit {
     /// The least-squares line through `points`; `None` with fewer than two
     /// distinct batches.
-    pub fn through(points: &[(usize, u64)]) -> Option<Self> {
+    pub(crate) fn through(points: &[(usize, u64)]) -> Option<Self> {
         if points.len() < 2 {
             return None;
         }
@@ -39,18 +30,18 @@ impl LinearFit {
     }
 
     /// Whether both coefficients are finite numbers.
-    pub fn is_finite(&self) -> bool {
+    pub(crate) fn is_finite(&self) -> bool {
         self.fixed_bytes.is_finite() && self.bytes_per_sample.is_finite()
     }
 
     /// The predicted peak at `batch`.
-    pub fn predict(&self, batch: usize) -> f64 {
+    pub(crate) fn predict(&self, batch: usize) -> f64 {
         self.fixed_bytes + self.bytes_per_sample * batch as f64
     }
 
     /// The (fractional) batch at which the predicted peak reaches `limit_bytes`;
     /// `None` when the line does not rise.
-    pub fn largest_under(&self, limit_bytes: u64) -> Option<f64> {
+    pub(crate) fn largest_under(&self, limit_bytes: u64) -> Option<f64> {
         (self.bytes_per_sample > 0.0 && self.bytes_per_sample.is_finite())
             .then(|| (limit_bytes as f64 - self.fixed_bytes) / self.bytes_per_sample)
     }
@@ -121,6 +112,15 @@ mod tests {
         // a weight pulls the line towards its row
         let pulled = least_squares(&[(vec![1.0], 0.0, 1.0), (vec![1.0], 10.0, 9.0)]).unwrap();
         assert!((pulled[0] - 9.0).abs() < 1e-9, "{pulled:?}");
+    }
+
+    #[test]
+    fn a_line_through_points_on_a_line_is_that_line() {
+        let fit = LinearFit::through(&[(1, 1_100), (4, 1_400), (16, 2_600)]).unwrap();
+        assert!((fit.bytes_per_sample - 100.0).abs() < 1e-9);
+        assert!((fit.fixed_bytes - 1_000.0).abs() < 1e-6);
+        assert_eq!(fit.largest_under(10_000), Some(90.0));
+        assert_eq!(fit.predict(10), 2_000.0);
     }
 
     #[test]

@@ -105,7 +105,7 @@ impl<'a> Variant<'a> {
 /// full), solved for its limit.
 fn expected_batch(earlier: &Compared, expected: &Expectation) -> Option<(usize, f64)> {
     let plan = earlier.plan.as_ref()?;
-    let fixed = plan.memory_model.as_ref()?.line.fixed_bytes;
+    let fixed = plan.memory_model.as_ref()?.fixed_bytes;
     let (b0, p0) = (plan.largest_batch as f64, plan.peak_bytes as f64);
     let nearest = plan
         .trials
@@ -139,8 +139,8 @@ pub struct Compared {
     /// For a search that started where its expectation said (its few
     /// trials near the answer make a poor line of their own): the earlier
     /// variant's bytes per sample, changed as expected, through the peak
-    /// measured at the largest batch.
-    pub carried_line: Option<LinearFit>,
+    /// measured at the largest batch (read through [`memory`](Compared::memory)).
+    carried_line: Option<LinearFit>,
 }
 
 impl Compared {
@@ -149,12 +149,14 @@ impl Compared {
         self.plan.as_ref().map_or(0, |plan| plan.largest_batch)
     }
 
-    /// Bytes per sample and fixed bytes: the line carried from an earlier
-    /// variant when there is one (see [`carried_line`](Compared::carried_line)),
-    /// else the plan's memory model.
+    /// Bytes per sample and fixed bytes: for a search that started where its
+    /// expectation said (its few trials near the answer make a poor line of
+    /// their own), the earlier variant's bytes per sample, changed as
+    /// expected, through the peak measured at the largest batch; else the
+    /// plan's memory model.
     pub fn memory(&self) -> Option<(f64, f64)> {
         let plan = self.plan.as_ref()?;
-        let line = self.carried_line.or_else(|| plan.memory_model.as_ref().map(|model| model.line))?;
+        let line = self.carried_line.or_else(|| plan.memory_model.as_ref().map(|model| model.line()))?;
         Some((line.bytes_per_sample, line.fixed_bytes))
     }
 

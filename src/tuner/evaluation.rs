@@ -102,7 +102,7 @@ impl Settings {
             None
         } else {
             let freed = held.saturating_sub(meter.in_use()?);
-            let per_sample = during.memory_model.as_ref().map_or(0.0, |model| model.line.bytes_per_sample);
+            let per_sample = during.memory_model.as_ref().map_or(0.0, |model| model.bytes_per_sample);
             let more = if per_sample > 0.0 { (freed as f64 / per_sample) as usize } else { 0 };
             let alone = from_training
                 .starting_at(during.largest_batch)

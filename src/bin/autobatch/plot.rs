@@ -69,7 +69,7 @@ fn failed(path: &Path, err: impl std::fmt::Display) -> Failure {
 
 /// `probe --plot`: every trial's peak against its batch.
 pub fn plan(path: &Path, title: &str, plan: &Plan) -> Result<(), Failure> {
-    let line = plan.memory_model.as_ref().map(|model| (model.line.fixed_bytes, model.line.bytes_per_sample));
+    let line = plan.memory_model.as_ref().map(|model| (model.fixed_bytes, model.bytes_per_sample));
     peaks(
         path,
         PeakChart {
