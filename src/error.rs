@@ -313,7 +313,8 @@ pub enum Error {
         /// What would make the smallest candidate fit, largest saving first:
         /// the analytical model ([`Setup`](crate::estimate::Setup)) started
         /// from what the failed trial measured, each total the whole
-        /// device's; empty when the workload has no [`Profile`](crate::Profile).
+        /// device's; empty when the workload has no
+        /// [`profile`](crate::Workload::profile).
         remedies: Vec<Remedy>,
     },
 

@@ -43,9 +43,24 @@ pub trait Workload {
     fn step(&mut self, batch: usize) -> candle_core::Result<()>;
 
     /// What the model's training state is made of, when the workload knows:
-    /// lets the tuner say what would make it fit when nothing does. `None` by
-    /// default (closures); see also [`Tuner::profile`](crate::Tuner::profile).
-    fn profile(&self) -> Option<Profile> {
+    /// its parameters, precision, optimizer, largest variable and, for a
+    /// transformer, its shape, as the analytical model's
+    /// [`Setup`](crate::estimate::Setup) (the tuner measures the rest). It
+    /// lets the tuner say what would make the model fit when nothing does.
+    /// `None` by default (closures); see also
+    /// [`Tuner::profile`](crate::Tuner::profile).
+    ///
+    /// ```
+    /// use autobatch::estimate::{OptimizerKind, Precision, Recompute, Setup, TransformerShape};
+    ///
+    /// let shape = TransformerShape { layers: 12, hidden: 768, heads: 12, seq_len: 1024, batch: 1 };
+    /// let profile = Setup::new(124_000_000, Precision::Fp32, OptimizerKind::AdamW)
+    ///     .largest_variable(38_597_376)
+    ///     .transformer(shape, Recompute::None)?;
+    /// assert_eq!(profile.transformer, Some(shape));
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    fn profile(&self) -> Option<crate::estimate::Setup> {
         None
     }
 
@@ -172,63 +187,6 @@ impl<F: FnMut(usize, usize) -> candle_core::Result<()>> Resizable for BySize<F> 
 impl<F> std::fmt::Debug for BySize<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BySize").field("size", &self.size).finish_non_exhaustive()
-    }
-}
-
-/// The parameters of a model and how they are trained: what the analytical
-/// memory model ([`estimate`](crate::estimate)) needs to advise from a
-/// measurement.
-///
-/// ```
-/// use autobatch::estimate::{OptimizerKind, Precision, Recompute, TransformerShape};
-/// use autobatch::Profile;
-///
-/// let shape = TransformerShape { layers: 12, hidden: 768, heads: 12, seq_len: 1024, batch: 1 };
-/// let profile = Profile::new(124_000_000, Precision::Fp32, OptimizerKind::AdamW).transformer(shape, Recompute::None);
-/// assert!(profile.transformer.is_some());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Profile {
-    /// Trainable parameters.
-    pub parameters: u64,
-    /// How weights, gradients and optimizer state are stored.
-    pub precision: crate::vocabulary::Precision,
-    /// The optimizer.
-    pub optimizer: crate::vocabulary::OptimizerKind,
-    /// The transformer the model is, when it is one: the advice can then
-    /// weigh gradient checkpointing and shorter sequences (the shape's batch
-    /// does not matter).
-    pub transformer: Option<crate::estimate::TransformerActivations>,
-    /// Parameters of the largest variable (0 when unknown): the optimizer
-    /// step's temporaries are for one variable at a time.
-    pub largest_variable: u64,
-}
-
-impl Profile {
-    /// `parameters` parameters at `precision` with `optimizer`.
-    pub fn new(
-        parameters: u64,
-        precision: crate::vocabulary::Precision,
-        optimizer: crate::vocabulary::OptimizerKind,
-    ) -> Profile {
-        Profile { parameters, precision, optimizer, transformer: None, largest_variable: 0 }
-    }
-
-    /// The largest variable has `parameters` parameters.
-    pub fn largest_variable(mut self, parameters: u64) -> Self {
-        self.largest_variable = parameters;
-        self
-    }
-
-    /// The model is a transformer of `shape`, its backward pass recomputing `recompute`.
-    pub fn transformer(
-        mut self,
-        shape: crate::estimate::TransformerShape,
-        recompute: crate::estimate::Recompute,
-    ) -> Self {
-        self.transformer = Some(crate::estimate::TransformerActivations { shape, recompute });
-        self
     }
 }
 

@@ -406,7 +406,7 @@ fn nothing_fits_says_what_would_help_when_the_model_is_known() {
     // moments resident, 4 GB of gradients and 1 GB of activations in the step.
     let state = 12_000_000_000;
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(state + 4_000_000_000, 1_000_000_000)).resident(state);
-    let profile = autobatch::Profile::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
+    let profile = autobatch::estimate::Setup::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
     let err = run(&Tuner::new().profile(profile), sim).unwrap_err();
     let Error::NothingFits { remedies, .. } = &err else { panic!("{err:?}") };
     let find = |change: Change| {

@@ -48,7 +48,7 @@ pub use accelerators::Accelerator;
 pub use activations::{Recompute, TransformerShape};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};
-pub use setup::{Setup, TransformerActivations};
+pub use setup::Setup;
 pub use sharding::Sharding;
 
 /// The training state of a model before any activation, in bytes.

@@ -9,17 +9,13 @@ use serde::{Deserialize, Serialize};
 use super::{Change, OptimizerKind, Precision, Recompute, Remedy, Sharding, StaticMemory, TransformerShape};
 use crate::Error;
 
-/// The transformer whose activations a setup holds: what gradient
-/// checkpointing and shorter sequences change, by Korthikanti et al.'s formula.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TransformerActivations {
-    /// Its sizes (the batch is the micro-batch the activations are of).
-    pub shape: TransformerShape,
-    /// What its backward pass recomputes.
-    pub recompute: Recompute,
-}
-
 /// A training run's memory on one device, as far as the estimate models it.
+///
+/// It is also what a [`Workload`](crate::Workload) says of its model
+/// ([`Workload::profile`](crate::Workload::profile)): built with
+/// [`new`](Setup::new), [`largest_variable`](Setup::largest_variable) and, for
+/// a transformer, [`transformer`](Setup::transformer), it lets the tuner
+/// advise from a measurement when nothing fits.
 ///
 /// A transformer's layer activations are held at the precision training
 /// uses: 4 bytes per value in fp32, 2 in bf16 and mixed precision
@@ -60,8 +56,13 @@ pub struct Setup {
     /// (0 without a transformer): what checkpointing and shorter sequences
     /// scale by the formula's ratios.
     pub layer_bytes: u64,
-    /// The transformer the layers are, when known.
-    pub transformer: Option<TransformerActivations>,
+    /// The transformer the layers are, when known: its sizes (the batch is
+    /// the micro-batch the activations are of), which gradient checkpointing
+    /// and shorter sequences change by Korthikanti et al.'s formula.
+    pub transformer: Option<TransformerShape>,
+    /// What the transformer's backward pass recomputes ([`Recompute::None`]
+    /// without a transformer).
+    pub recompute: Recompute,
     /// Bytes the device holds outside the model: runtime buffers, other
     /// processes. No change touches them.
     pub other_bytes: u64,
@@ -105,6 +106,7 @@ impl Setup {
             activation_bytes: 0,
             layer_bytes: 0,
             transformer: None,
+            recompute: Recompute::None,
             other_bytes: 0,
             frozen_bytes: 0,
             largest_variable: 0,
@@ -124,6 +126,7 @@ impl Setup {
         self.activation_bytes = bytes;
         self.layer_bytes = 0;
         self.transformer = None;
+        self.recompute = Recompute::None;
         self
     }
 
@@ -132,7 +135,7 @@ impl Setup {
     pub fn transformer(mut self, shape: TransformerShape, recompute: Recompute) -> Result<Setup, Error> {
         self.layer_bytes = self.formula(shape, recompute)?;
         self.activation_bytes = 0;
-        self.transformer = Some(TransformerActivations { shape, recompute });
+        (self.transformer, self.recompute) = (Some(shape), recompute);
         Ok(self)
     }
 
@@ -151,7 +154,7 @@ impl Setup {
     ) -> Result<Setup, Error> {
         self.layer_bytes = self.formula(shape, recompute)?.min(bytes);
         self.activation_bytes = bytes - self.layer_bytes;
-        self.transformer = Some(TransformerActivations { shape, recompute });
+        (self.transformer, self.recompute) = (Some(shape), recompute);
         Ok(self)
     }
 
@@ -245,22 +248,20 @@ impl Setup {
                 changed.optimizer = to;
             }
             Change::GradientCheckpointing => {
-                let Some(transformer) = self.transformer.filter(|t| t.recompute != Recompute::Full) else {
+                let Some(shape) = self.transformer.filter(|_| self.recompute != Recompute::Full) else {
                     return Ok(None);
                 };
-                let recompute = Recompute::Full;
-                changed.layer_bytes = self.rescaled(transformer, transformer.shape, recompute)?;
-                changed.transformer = Some(TransformerActivations { recompute, ..transformer });
+                changed.layer_bytes = self.rescaled(shape, Recompute::Full)?;
+                changed.recompute = Recompute::Full;
             }
             Change::SequenceLength { seq_len } => {
-                let Some(transformer) = self.transformer.filter(|t| seq_len > 0 && seq_len != t.shape.seq_len) else {
+                let Some(now) = self.transformer.filter(|shape| seq_len > 0 && seq_len != shape.seq_len) else {
                     return Ok(None);
                 };
-                let shape = TransformerShape { seq_len, ..transformer.shape };
-                changed.layer_bytes = self.rescaled(transformer, shape, transformer.recompute)?;
-                changed.activation_bytes =
-                    scale(self.activation_bytes, seq_len, transformer.shape.seq_len, "activations")?;
-                changed.transformer = Some(TransformerActivations { shape, ..transformer });
+                let shape = TransformerShape { seq_len, ..now };
+                changed.layer_bytes = self.rescaled(shape, self.recompute)?;
+                changed.activation_bytes = scale(self.activation_bytes, seq_len, now.seq_len, "activations")?;
+                changed.transformer = Some(shape);
             }
             Change::Zero { stage, ranks } => {
                 if ranks != self.sharding.data_parallel || stage <= self.sharding.zero_stage {
@@ -273,15 +274,11 @@ impl Setup {
     }
 
     /// The layers' activations scaled by the formula's ratio from the
-    /// transformer as it is to `shape` with `recompute`.
-    fn rescaled(
-        &self,
-        now: TransformerActivations,
-        shape: TransformerShape,
-        recompute: Recompute,
-    ) -> Result<u64, Error> {
+    /// transformer as it is to `shape` with `recompute` (0 without a transformer).
+    fn rescaled(&self, shape: TransformerShape, recompute: Recompute) -> Result<u64, Error> {
+        let Some(now) = self.transformer else { return Ok(0) };
         let tensor_parallel = self.sharding.tensor_parallel;
-        let from = now.shape.activation_bytes(tensor_parallel, now.recompute)?;
+        let from = now.activation_bytes(tensor_parallel, self.recompute)?;
         let to = shape.activation_bytes(tensor_parallel, recompute)?;
         scale(self.layer_bytes, to, from, "activations")
     }
@@ -303,8 +300,8 @@ impl Setup {
             changes.push(Change::Optimizer { to });
         }
         changes.push(Change::GradientCheckpointing);
-        if let Some(transformer) = self.transformer.filter(|t| t.shape.seq_len >= 2) {
-            changes.push(Change::SequenceLength { seq_len: transformer.shape.seq_len / 2 });
+        if let Some(shape) = self.transformer.filter(|shape| shape.seq_len >= 2) {
+            changes.push(Change::SequenceLength { seq_len: shape.seq_len / 2 });
         }
         changes
     }
@@ -347,7 +344,7 @@ mod tests {
     #[test]
     fn activations_are_held_at_the_precision_training_uses() {
         let fp32 = seven_b();
-        let shape = fp32.transformer.unwrap().shape;
+        let shape = fp32.transformer.unwrap();
         let formula = shape.activation_bytes(1, Recompute::None).unwrap();
         assert_eq!(fp32.layer_bytes, 2 * formula);
         let bf16 = fp32.apply(&Change::Precision { to: Precision::Bf16 }).unwrap().unwrap();
@@ -360,7 +357,7 @@ mod tests {
     #[test]
     fn every_change_applied_is_the_setup_built_with_it() {
         let fp32 = seven_b();
-        let shape = fp32.transformer.unwrap().shape;
+        let shape = fp32.transformer.unwrap();
         let build = |precision, optimizer, shape: TransformerShape, recompute| {
             Setup::new(7 * BILLION, precision, optimizer).transformer(shape, recompute).unwrap()
         };

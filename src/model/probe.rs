@@ -7,9 +7,10 @@ use candle_nn::{Optimizer, ParamsAdamW, VarMap};
 use super::buffers::{host_copy, Buffers};
 use super::grads::Accumulator;
 use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
+use crate::estimate::Setup;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
 use crate::vocabulary::{OptimizerKind, Precision};
-use crate::{BySize, CacheKey, Error, Profile, TensorSize, Warning, Workload};
+use crate::{BySize, CacheKey, Error, TensorSize, Warning, Workload};
 
 /// A test on a variable's name.
 type NamePredicate = Box<dyn Fn(&str) -> bool>;
@@ -735,7 +736,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         })
     }
 
-    fn profile(&self) -> Option<Profile> {
+    fn profile(&self) -> Option<Setup> {
         if !self.loss.computes_gradients() {
             // no training state to advise on
             return None;
@@ -760,7 +761,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             _ => Precision::Fp32,
         };
         let largest = floats().map(|var| var.elem_count() as u64).max().unwrap_or(0);
-        Some(Profile::new(parameters, precision, optimizer).largest_variable(largest))
+        Some(Setup::new(parameters, precision, optimizer).largest_variable(largest))
     }
 }
 

@@ -616,7 +616,7 @@ impl Model for Pretrained {
         self.frozen.is_some()
     }
 
-    fn transformer(&self) -> Option<crate::estimate::TransformerActivations> {
+    fn transformer(&self) -> Option<(crate::estimate::TransformerShape, crate::estimate::Recompute)> {
         let shape = crate::estimate::TransformerShape {
             layers: self.config.layers as u64,
             hidden: self.config.hidden as u64,
@@ -626,7 +626,7 @@ impl Model for Pretrained {
         };
         let recompute =
             if self.frozen.is_some() { crate::estimate::Recompute::Full } else { crate::estimate::Recompute::None };
-        Some(crate::estimate::TransformerActivations { shape, recompute })
+        Some((shape, recompute))
     }
 
     fn detached(&self) -> Pretrained {

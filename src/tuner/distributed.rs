@@ -89,7 +89,7 @@ impl Settings {
         let local = self.single_rank();
         // the collective's lazily allocated buffers are held from the first
         // measured step on, as they will be in training
-        let profile = self.options.profile.or_else(|| workload.profile());
+        let profile = self.options.profile.clone().or_else(|| workload.profile());
         let gradient_bytes = profile.map_or(0, |p| p.parameters.saturating_mul(p.precision.weight_bytes()));
         collective.warm_up(gradient_bytes)?;
         let mut result = local.search(workload, meter, &mut ());

@@ -141,7 +141,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
             }
             self.warn(warning);
         }
-        let profile = self.settings.options.profile.or_else(|| self.workload.profile());
+        let profile = self.settings.options.profile.clone().or_else(|| self.workload.profile());
         self.make_plan(space, stopped_by, profile)
     }
 
@@ -706,7 +706,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         &mut self,
         space: &SearchSpace,
         stopped_by: Option<SearchLimit>,
-        profile: Option<crate::Profile>,
+        profile: Option<Setup>,
     ) -> Result<Plan, Error> {
         let settings = self.settings;
         let history = self.history();
@@ -762,7 +762,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     /// the weights and optimizer state (the rest of it is memory outside the
     /// model), its peak adds the gradients and the activations. The setup's
     /// total is the measured peak.
-    fn measured_setup(&self, profile: &crate::Profile, trial: &Trial) -> Result<Setup, Error> {
+    fn measured_setup(&self, profile: &Setup, trial: &Trial) -> Result<Setup, Error> {
         let setup = Setup::new(profile.parameters, profile.precision, profile.optimizer)
             .largest_variable(profile.largest_variable);
         let state = setup.state()?;
@@ -772,9 +772,9 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         let peak = trial.peak_bytes.unwrap_or(self.capacity_bytes).max(trial.baseline_bytes + transient);
         let activations = peak - trial.baseline_bytes - transient;
         let setup = match profile.transformer {
-            Some(transformer) => {
-                let shape = TransformerShape { batch: trial.batch as u64, ..transformer.shape };
-                setup.measured_transformer(activations, shape, transformer.recompute)?
+            Some(shape) => {
+                let shape = TransformerShape { batch: trial.batch as u64, ..shape };
+                setup.measured_transformer(activations, shape, profile.recompute)?
             }
             None => setup.activations(activations),
         };

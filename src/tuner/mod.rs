@@ -173,7 +173,7 @@ impl Tuner {
     /// What the model's training state is made of, for the advice that comes
     /// with [`Error::NothingFits`]; overrides the workload's own
     /// [`Workload::profile`]. Default: the workload's, if any.
-    pub fn profile(mut self, profile: crate::Profile) -> Self {
+    pub fn profile(mut self, profile: crate::estimate::Setup) -> Self {
         self.options.profile = Some(profile);
         self
     }

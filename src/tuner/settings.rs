@@ -7,9 +7,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::estimate::Setup;
 use crate::plan::Objective;
 use crate::search::SearchSpace;
-use crate::{CacheKey, Ceiling, Error, Profile, SizeRange, Strategy};
+use crate::{CacheKey, Ceiling, Error, SizeRange, Strategy};
 
 /// The builder's values besides the ceiling, as given: nothing here is
 /// checked until [`Settings::new`].
@@ -25,7 +26,7 @@ pub(super) struct Options {
     pub(super) world_size: usize,
     pub(super) exact_effective_batch: bool,
     pub(super) warmup: bool,
-    pub(super) profile: Option<Profile>,
+    pub(super) profile: Option<Setup>,
     pub(super) cache_path: Option<PathBuf>,
     pub(super) cache_key: Option<CacheKey>,
     pub(super) objective: Objective,

@@ -88,7 +88,7 @@ pub trait Model {
 
     /// The transformer this model is, when it is one: what the advice weighs
     /// checkpointing and shorter sequences by. `None` by default.
-    fn transformer(&self) -> Option<crate::estimate::TransformerActivations> {
+    fn transformer(&self) -> Option<(crate::estimate::TransformerShape, crate::estimate::Recompute)> {
         None
     }
 
@@ -378,10 +378,11 @@ impl<M: Model> Workload for Trainer<M> {
         Some(self.probe.cache_key()?.param("model", self.model.borrow().describe()))
     }
 
-    fn profile(&self) -> Option<crate::Profile> {
+    fn profile(&self) -> Option<crate::estimate::Setup> {
         let profile = self.probe.profile()?;
         Some(match self.model.borrow().transformer() {
-            Some(transformer) => profile.transformer(transformer.shape, transformer.recompute),
+            // a shape too large to count leaves out the advice it would add, not the rest
+            Some((shape, recompute)) => profile.clone().transformer(shape, recompute).unwrap_or(profile),
             None => profile,
         })
     }

@@ -300,7 +300,7 @@ impl Block {
 }
 
 impl Model for Transformer {
-    fn transformer(&self) -> Option<crate::estimate::TransformerActivations> {
+    fn transformer(&self) -> Option<(crate::estimate::TransformerShape, crate::estimate::Recompute)> {
         let c = &self.config;
         let shape = crate::estimate::TransformerShape {
             layers: c.layers as u64,
@@ -311,7 +311,7 @@ impl Model for Transformer {
         };
         let recompute =
             if c.checkpointing { crate::estimate::Recompute::Full } else { crate::estimate::Recompute::None };
-        Some(crate::estimate::TransformerActivations { shape, recompute })
+        Some((shape, recompute))
     }
 
     fn detached(&self) -> Self {

@@ -198,7 +198,7 @@ impl autobatch::Workload for ReferenceStep {
     fn can_accumulate(&self) -> bool {
         self.0.can_accumulate()
     }
-    fn profile(&self) -> Option<autobatch::Profile> {
+    fn profile(&self) -> Option<autobatch::estimate::Setup> {
         self.0.profile()
     }
     fn graph_tensors(&self) -> Option<Vec<autobatch::TensorSize>> {
