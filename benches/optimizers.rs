@@ -12,9 +12,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 use std::fmt::Write as _;
 
-use autobatch::optim::{
-    Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsAdamW8bit, ParamsLion,
-};
+use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion};
 use autobatch::TrackingAllocator;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -86,7 +84,7 @@ fn main() {
         row("`optim::AdamW` (its twin)", DType::F32, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
         row("`optim::Lion`", DType::F32, |v| Lion::new(v, ParamsLion::default()).unwrap()),
         row("`optim::Adafactor`", DType::F32, |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap()),
-        row("`optim::AdamW8bit`", DType::F32, |v| AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap()),
+        row("`optim::AdamW8bit`", DType::F32, |v| AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap()),
         Row { name: "`candle_nn::SGD` (bf16 variable)", state: bf16_sgd_state, real: bf16_sgd_real, dry: None },
         row("`optim::AdamW` (bf16 variable)", DType::BF16, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
         row("`optim::Lion` (bf16 variable)", DType::BF16, |v| Lion::new(v, ParamsLion::default()).unwrap()),
@@ -94,7 +92,7 @@ fn main() {
             Adafactor::new(v, ParamsAdafactor::default()).unwrap()
         }),
         row("`optim::AdamW8bit` (bf16 variable)", DType::BF16, |v| {
-            AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap()
+            AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap()
         }),
         row("`MixedPrecision<AdamW>` (bf16 variable)", DType::BF16, |v| {
             MixedPrecision::<AdamW>::new(v, ParamsAdamW::default()).unwrap()

@@ -10,7 +10,7 @@ mod common;
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, Tuner};
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use candle_nn::{linear, loss, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
@@ -106,7 +106,10 @@ fn each_learns_the_task_about_as_well_as_adamw() {
     let results = [
         ("lion", train(|vars| Lion::new(vars, ParamsLion { lr: 1e-3, ..Default::default() }).unwrap())),
         ("adafactor", train(|vars| Adafactor::new(vars, ParamsAdafactor::default()).unwrap())),
-        ("adamw8bit", train(|vars| AdamW8bit::new(vars, ParamsAdamW8bit { lr: 3e-3, ..Default::default() }).unwrap())),
+        (
+            "adamw8bit",
+            train(|vars| AdamW8bit::new(vars, candle_nn::ParamsAdamW { lr: 3e-3, ..Default::default() }).unwrap()),
+        ),
     ];
     println!("  adamw: {:.4} -> {:.4}", adamw.0, adamw.1);
     for (name, (first, last)) in results {
@@ -146,7 +149,7 @@ fn each_holds_the_state_its_docs_say() {
     check("lion", o.state_bytes(), heap, 4 * parameters);
     let (o, heap) = measured(|| Adafactor::new(vars.clone(), ParamsAdafactor::default()).unwrap());
     check("adafactor", o.state_bytes(), heap, 4 * (512 + 1024) + 4 * 512 + 4 * (16 + 32) + 4 * 16);
-    let (o, heap) = measured(|| AdamW8bit::new(vars.clone(), ParamsAdamW8bit::default()).unwrap());
+    let (o, heap) = measured(|| AdamW8bit::new(vars.clone(), candle_nn::ParamsAdamW::default()).unwrap());
     // the big matrix quantized (2 bytes + 2 scales per 256), the rest (< 4096 values) in f32
     let big = 512 * 1024u64;
     check("adamw8bit", o.state_bytes(), heap, 2 * big + 2 * 4 * (big / 256) + 8 * (parameters - big));
@@ -199,7 +202,7 @@ fn a_dry_step_changes_nothing() {
     check("adamw", |vars| AdamW::new(vars, ParamsAdamW::default()).unwrap());
     check("lion", |vars| Lion::new(vars, ParamsLion::default()).unwrap());
     check("adafactor", |vars| Adafactor::new(vars, ParamsAdafactor::default()).unwrap());
-    check("adamw8bit", |vars| AdamW8bit::new(vars, ParamsAdamW8bit::default()).unwrap());
+    check("adamw8bit", |vars| AdamW8bit::new(vars, candle_nn::ParamsAdamW::default()).unwrap());
 }
 
 /// `probe` with the optimizer `name` (adamw, lion, adafactor, adamw8bit) at its defaults.
@@ -208,7 +211,7 @@ fn with_optimizer<L: autobatch::model::ProbeLoss>(probe: ModelProbe<L>, name: &s
         "adamw" => probe.adamw(ParamsAdamW::default()),
         "lion" => probe.lion(ParamsLion::default()),
         "adafactor" => probe.adafactor(ParamsAdafactor::default()),
-        _ => probe.adamw8bit(ParamsAdamW8bit::default()),
+        _ => probe.adamw8bit(candle_nn::ParamsAdamW::default()),
     }
     .unwrap()
 }
@@ -433,7 +436,7 @@ fn each_step_holds_no_more_than_candle_adamws() {
         ("adamw", both("adamw", |v| AdamW::new(v, ParamsAdamW::default()).unwrap())),
         ("lion", both("lion", |v| Lion::new(v, ParamsLion::default()).unwrap())),
         ("adafactor", both("adafactor", |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap())),
-        ("adamw8bit", both("adamw8bit", |v| AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap())),
+        ("adamw8bit", both("adamw8bit", |v| AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap())),
     ];
     for (name, (real, dry)) in results {
         assert!(real <= candle + 0.01, "{name}: {real} bytes per parameter against candle_nn::AdamW's {candle}");
@@ -542,9 +545,12 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
                 "adafactor" => {
                     train_peak(&mut meter, Adafactor::new(vars, ParamsAdafactor::default()).unwrap(), || loss(b), held)
                 }
-                _ => {
-                    train_peak(&mut meter, AdamW8bit::new(vars, ParamsAdamW8bit::default()).unwrap(), || loss(b), held)
-                }
+                _ => train_peak(
+                    &mut meter,
+                    AdamW8bit::new(vars, candle_nn::ParamsAdamW::default()).unwrap(),
+                    || loss(b),
+                    held,
+                ),
             };
             assert!(
                 trained <= limit,

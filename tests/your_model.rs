@@ -553,7 +553,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
 /// The plan's ceiling holds in training with each lean optimizer, probed with
 /// its dry step and trained with the real one through `TrainLoop`.
 fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
-    use autobatch::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+    use autobatch::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsLion};
     fn check<O: Optimizer>(
         name: &str,
         probe_with: impl Fn(ModelProbe<&dyn Fn(usize) -> Result<Tensor>>) -> ModelProbe<&dyn Fn(usize) -> Result<Tensor>>,
@@ -585,8 +585,8 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
     );
     check(
         "adamw8bit",
-        |p| p.adamw8bit(ParamsAdamW8bit::default()).unwrap(),
-        |v| AdamW8bit::new(v, ParamsAdamW8bit::default()).unwrap(),
+        |p| p.adamw8bit(candle_nn::ParamsAdamW::default()).unwrap(),
+        |v| AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap(),
     );
 }
 

@@ -8,7 +8,7 @@ use super::buffers::{host_copy, Buffers};
 use super::grads::Accumulator;
 use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
 use crate::estimate::Setup;
-use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
 use crate::vocabulary::{OptimizerKind, Precision};
 use crate::{BySize, CacheKey, Error, TensorSize, Warning, Workload};
 
@@ -306,7 +306,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
     }
 
     /// Measures [`AdamW8bit`](crate::optim::AdamW8bit) (block-wise 8-bit moments).
-    pub fn adamw8bit(self, params: ParamsAdamW8bit) -> std::result::Result<Self, Error> {
+    pub fn adamw8bit(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
         self.dry_rebuilt::<AdamW8bit>(std::any::type_name::<AdamW8bit>(), params)
     }
 

@@ -18,7 +18,7 @@
 //!   by spending its bits on exponents.
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
-use candle_nn::Optimizer;
+use candle_nn::{Optimizer, ParamsAdamW};
 
 use super::{States, VariableState};
 use crate::vocabulary::OptimizerKind;
@@ -29,28 +29,6 @@ pub const BLOCK: usize = 256;
 pub const MIN_QUANTIZED: usize = 4096;
 /// Steps of the second moment's logarithmic code per octave.
 const STEPS_PER_OCTAVE: f64 = 8.0;
-
-/// 8-bit AdamW's hyper-parameters (those of `candle_nn::ParamsAdamW`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ParamsAdamW8bit {
-    /// Learning rate.
-    pub lr: f64,
-    /// First-moment decay.
-    pub beta1: f64,
-    /// Second-moment decay.
-    pub beta2: f64,
-    /// Added to √v̂.
-    pub eps: f64,
-    /// Decoupled weight decay.
-    pub weight_decay: f64,
-}
-
-impl Default for ParamsAdamW8bit {
-    fn default() -> Self {
-        let p = candle_nn::ParamsAdamW::default();
-        ParamsAdamW8bit { lr: p.lr, beta1: p.beta1, beta2: p.beta2, eps: p.eps, weight_decay: p.weight_decay }
-    }
-}
 
 /// A moment stored as 8-bit codes with one f32 scale per block.
 #[derive(Debug)]
@@ -75,14 +53,15 @@ pub(crate) struct State {
 /// scale per block of 256 values for each moment, about 2.03 bytes per parameter; tensors under
 /// 4096 values keep f32 moments; the second moment is stored as its square root on a
 /// logarithmic code, so that small values do not round to zero (see [`crate::optim`]).
+/// Configured as `candle_nn::AdamW` is, with `candle_nn::ParamsAdamW`: a drop-in for it.
 ///
 /// ```
-/// use autobatch::optim::{AdamW8bit, DryStep, ParamsAdamW8bit};
+/// use autobatch::optim::{AdamW8bit, DryStep};
 /// use candle_core::{DType, Device, Var};
-/// use candle_nn::Optimizer;
+/// use candle_nn::{Optimizer, ParamsAdamW};
 ///
 /// let big = Var::ones((1024, 1024), DType::F32, &Device::Cpu)?;
-/// let adam = AdamW8bit::new(vec![big], ParamsAdamW8bit::default())?;
+/// let adam = AdamW8bit::new(vec![big], ParamsAdamW::default())?;
 /// // two bytes per value and two f32 scales per 256 values: 2.03 bytes per parameter
 /// assert_eq!(adam.state_bytes(), 2 * 1024 * 1024 + 2 * 4 * (1024 * 1024 / 256));
 /// # Ok::<(), candle_core::Error>(())
@@ -90,7 +69,7 @@ pub(crate) struct State {
 #[derive(Debug)]
 pub struct AdamW8bit {
     states: States<State>,
-    params: ParamsAdamW8bit,
+    params: ParamsAdamW,
 }
 
 /// `x` flattened, padded with zeros to whole blocks, as (blocks, BLOCK).
@@ -211,7 +190,7 @@ impl AdamW8bit {
     /// variable (measured in `tests/optimizers.rs` and docs/optimizers.md;
     /// `candle_nn::AdamW`'s take fourteen), for real and dry steps alike.
     fn update(&self, state: &State, grad: &Tensor, t: usize) -> Result<Next> {
-        let ParamsAdamW8bit { lr, beta1, beta2, eps, weight_decay } = self.params;
+        let ParamsAdamW { lr, beta1, beta2, eps, weight_decay } = self.params;
         let g = grad.detach().to_dtype(DType::F32)?;
         let (m, v) = self.moments(state)?;
         // m ← β₁·m + (1 − β₁)·g
@@ -252,9 +231,9 @@ impl AdamW8bit {
 }
 
 impl Optimizer for AdamW8bit {
-    type Config = ParamsAdamW8bit;
+    type Config = ParamsAdamW;
 
-    fn new(vars: Vec<Var>, params: ParamsAdamW8bit) -> Result<Self> {
+    fn new(vars: Vec<Var>, params: ParamsAdamW) -> Result<Self> {
         let states = States::new(vars, |var| {
             let n = var.elem_count();
             let moments = if n < MIN_QUANTIZED {

@@ -45,7 +45,7 @@ use candle_core::{Result, Tensor, Var};
 
 pub use adafactor::{Adafactor, ParamsAdafactor};
 pub use adamw::{AdamW, AdamWState};
-pub use adamw8bit::{AdamW8bit, ParamsAdamW8bit};
+pub use adamw8bit::AdamW8bit;
 pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;
 pub(crate) use shared::{ByKind, Shared};

@@ -9,7 +9,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-use super::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsAdamW8bit, ParamsLion};
+use super::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion};
 use crate::vocabulary::OptimizerKind;
 use crate::Error;
 
@@ -39,7 +39,7 @@ impl ByKind {
                 Built::Adafactor(Adafactor::new(vars, ParamsAdafactor::default())?)
             }
             OptimizerKind::Adam8bit if !self.mixed => {
-                Built::AdamW8bit(AdamW8bit::new(vars, ParamsAdamW8bit { lr, ..ParamsAdamW8bit::default() })?)
+                Built::AdamW8bit(AdamW8bit::new(vars, candle_nn::ParamsAdamW { lr, ..Default::default() })?)
             }
             other => {
                 let valid = if self.mixed {
