@@ -11,13 +11,13 @@ use crate::vocabulary::OptimizerKind;
 
 /// One variable and its two moments.
 #[derive(Debug)]
-pub struct AdamWState {
+pub(crate) struct AdamWState {
     /// The parameter.
-    pub var: Var,
+    var: Var,
     /// First moment (running mean of gradients).
-    pub first_moment: Var,
+    first_moment: Var,
     /// Second moment (running mean of squared gradients).
-    pub second_moment: Var,
+    second_moment: Var,
 }
 
 /// AdamW, computed exactly as `candle_nn::AdamW` 0.11 computes it (same tensor
@@ -39,9 +39,29 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// The states of every float variable, in the order given.
-    pub fn states(&self) -> &[AdamWState] {
-        &self.states.each
+    /// Every float variable with its two moments, in the order given:
+    /// `(variable, first moment, second moment)`, the running means of the
+    /// gradients and of their squares. What a test reads to see that
+    /// probing changed none of them.
+    ///
+    /// ```
+    /// use autobatch::optim::AdamW;
+    /// use candle_core::{Device, Tensor, Var};
+    /// use candle_nn::{Optimizer, ParamsAdamW};
+    ///
+    /// let w = Var::from_tensor(&Tensor::new(&[1f32, -2.0], &Device::Cpu)?)?;
+    /// let mut adamw = AdamW::new(vec![w.clone()], ParamsAdamW::default())?;
+    /// adamw.backward_step(&w.as_tensor().sqr()?.sum_all()?)?;
+    /// let (var, first, second) = adamw.moments().next().unwrap();
+    /// assert_eq!(var.id(), w.id());
+    /// // after one step m = (1 − β₁)·g and v = (1 − β₂)·g², with g = 2w
+    /// let (m, v) = (first.to_vec1::<f32>()?, second.to_vec1::<f32>()?);
+    /// assert!((m[0] - 0.2).abs() < 1e-6 && (m[1] + 0.4).abs() < 1e-6);
+    /// assert!((v[0] - 0.004).abs() < 1e-8 && (v[1] - 0.016).abs() < 1e-8);
+    /// # Ok::<(), candle_core::Error>(())
+    /// ```
+    pub fn moments(&self) -> impl ExactSizeIterator<Item = (&Var, &Var, &Var)> {
+        self.states.each.iter().map(|state| (&state.var, &state.first_moment, &state.second_moment))
     }
 
     /// Optimizer steps taken.
@@ -174,17 +194,9 @@ mod tests {
         let vars = vars();
         let mut optimizer = AdamW::new(vars.clone(), ParamsAdamW::default()).unwrap();
         optimizer.step(&loss(&vars).backward().unwrap()).unwrap();
-        let before: Vec<_> = optimizer
-            .states()
-            .iter()
-            .flat_map(|s| [values(&s.var), values(&s.first_moment), values(&s.second_moment)])
-            .collect();
+        let before: Vec<_> = optimizer.moments().flat_map(|(v, m, s)| [values(v), values(m), values(s)]).collect();
         optimizer.dry_step(&loss(&vars).backward().unwrap()).unwrap();
-        let after: Vec<_> = optimizer
-            .states()
-            .iter()
-            .flat_map(|s| [values(&s.var), values(&s.first_moment), values(&s.second_moment)])
-            .collect();
+        let after: Vec<_> = optimizer.moments().flat_map(|(v, m, s)| [values(v), values(m), values(s)]).collect();
         assert_eq!(before, after);
         assert_eq!(optimizer.step_count(), 1);
     }

@@ -44,7 +44,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
 pub use adafactor::{Adafactor, ParamsAdafactor};
-pub use adamw::{AdamW, AdamWState};
+pub use adamw::AdamW;
 pub use adamw8bit::AdamW8bit;
 pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;

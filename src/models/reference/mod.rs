@@ -325,8 +325,7 @@ impl<M: Model> Trainer<M> {
             Ok(values.into_iter().map(f32::to_bits).collect())
         };
         let moments = self.optimizer.with_adamw(|adamw| -> candle_core::Result<Vec<Vec<u32>>> {
-            let states = adamw.states().iter();
-            states.flat_map(|s| [&s.var, &s.first_moment, &s.second_moment]).map(bits).collect()
+            adamw.moments().flat_map(|(var, first, second)| [var, first, second]).map(bits).collect()
         })?;
         let mut state = Vec::new();
         if self.is_mixed_precision() || moments.is_none() {
