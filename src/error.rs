@@ -149,17 +149,6 @@ struct OwnNames;
 
 impl Names for OwnNames {}
 
-/// The bounds of an even split that found no exact one (see [`Error::InexactTarget`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EvenSplit {
-    /// The number of ranks.
-    pub world_size: usize,
-    /// The largest micro-batch that fits.
-    pub largest_micro_batch: usize,
-    /// Twice the fewest accumulation steps: the most the planner accepts for exactness.
-    pub max_steps: usize,
-}
-
 /// What is wrong with the machine (see [`Error::Device`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -272,9 +261,14 @@ pub enum Error {
         multiple_of: usize,
         /// The nearest batch above the target that is possible.
         nearest: usize,
-        /// The even split's bounds; `None` for uneven ranks, whose global
-        /// batch needs only to be a whole number of granules.
-        even: Option<EvenSplit>,
+        /// The number of ranks.
+        world_size: usize,
+        /// With even ranks, the largest micro-batch that fits: the split
+        /// may take at most twice the fewest accumulation steps it needs at
+        /// that micro-batch, the planner's bound for exactness. `None` for
+        /// uneven ranks, whose global batch needs only to be a whole number
+        /// of granules.
+        largest_micro_batch: Option<usize>,
     },
 
     /// A change that must come before training, asked for after it started.
@@ -557,8 +551,11 @@ impl Error {
                 names,
             ),
             Error::Overflow { what, valid } => format!("{what} is past what 64 bits count: {}", fill(valid, names)),
-            Error::InexactTarget { target, multiple_of, nearest, even: Some(even) } => {
-                let unit = even.world_size.saturating_mul(*multiple_of);
+            Error::InexactTarget { target, multiple_of, nearest, world_size, largest_micro_batch: Some(largest) } => {
+                let unit = world_size.saturating_mul(*multiple_of);
+                // twice k₀ = ⌈target / (ranks × the largest micro-batch in granules)⌉, as the planner bounds it
+                let per_step = world_size.checked_mul(largest - largest % multiple_of).filter(|&n| n > 0);
+                let max_steps = per_step.map_or(1, |per_step| target.div_ceil(per_step)).saturating_mul(2);
                 let divisible = if unit > 1 {
                     format!(", or use a target divisible by ranks × granularity = {unit}")
                 } else {
@@ -569,16 +566,16 @@ impl Error {
                      {multiple_of} and at most {} ({}), and at most {} accumulation steps; the nearest above is \
                      {nearest}: accept it (drop {}){divisible}",
                     name("target_effective_batch"),
-                    even.world_size,
+                    world_size,
                     name("world_size"),
                     name("multiple_of"),
-                    even.largest_micro_batch,
+                    largest,
                     name("largest_micro_batch"),
-                    even.max_steps,
+                    max_steps,
                     name("exact_effective_batch"),
                 )
             }
-            Error::InexactTarget { target, multiple_of, nearest, even: None } => format!(
+            Error::InexactTarget { target, multiple_of, nearest, largest_micro_batch: None, .. } => format!(
                 "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}; the \
                  nearest above is {nearest}: accept it (drop {}) or use a global batch divisible by {multiple_of}",
                 name("target_global_batch"),

@@ -276,7 +276,16 @@ fn uneven_ranks_demanding_an_exact_global_batch_refuse_a_partial_granule() {
         on_uneven_ranks(&Tuner::new().multiple_of(8).target_effective_batch(1001).exact_effective_batch(true), sims);
     for result in results {
         assert!(
-            matches!(result, Err(Error::InexactTarget { target: 1001, multiple_of: 8, nearest: 1008, even: None })),
+            matches!(
+                result,
+                Err(Error::InexactTarget {
+                    target: 1001,
+                    multiple_of: 8,
+                    nearest: 1008,
+                    largest_micro_batch: None,
+                    ..
+                })
+            ),
             "{result:?}"
         );
     }

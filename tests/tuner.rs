@@ -266,7 +266,10 @@ fn accumulation_reaches_the_target_with_one_to_eight_ranks() {
 fn exactness_can_be_demanded() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
     let err = run(&Tuner::new().target_effective_batch(257).exact_effective_batch(true), sim.clone()).unwrap_err();
-    assert!(matches!(err, Error::InexactTarget { target: 257, nearest: 258, even: Some(_), .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::InexactTarget { target: 257, nearest: 258, largest_micro_batch: Some(_), .. }),
+        "{err:?}"
+    );
     let plan = run(&Tuner::new().target_effective_batch(256).exact_effective_batch(true), sim).unwrap();
     assert_eq!(plan.effective_batch(), 256);
 }

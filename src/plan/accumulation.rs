@@ -54,11 +54,8 @@ impl Accumulation {
             target: self.target_effective_batch,
             multiple_of: self.multiple_of,
             nearest: self.effective_batch,
-            even: Some(crate::EvenSplit {
-                world_size: self.world_size,
-                largest_micro_batch: self.largest_micro_batch,
-                max_steps: self.accumulation_steps.saturating_mul(2),
-            }),
+            world_size: self.world_size,
+            largest_micro_batch: Some(self.largest_micro_batch),
         })
     }
 }
@@ -267,8 +264,20 @@ mod tests {
     #[test]
     fn require_exact_reports_the_nearest_possible_batch() {
         let err = Accumulation::plan(257, 1, 133).unwrap().require_exact().unwrap_err();
-        assert!(matches!(err, Error::InexactTarget { target: 257, nearest: 258, even: Some(_), .. }));
+        assert!(matches!(err, Error::InexactTarget { target: 257, nearest: 258, largest_micro_batch: Some(133), .. }));
         assert!(err.to_string().contains("258"), "{err}");
+    }
+
+    #[test]
+    fn an_inexact_target_names_twice_the_fewest_steps_as_its_bound() {
+        for (target, world_size, largest, granule) in
+            [(257, 1, 133, 1), (1001, 4, 100, 8), (999, 2, 7, 3), (usize::MAX - 1, 3, usize::MAX / 2, 1)]
+        {
+            let split = Accumulation::plan_aligned(target, world_size, largest, granule).unwrap();
+            let err = split.clone().require_exact().unwrap_err();
+            let bound = format!("at most {} accumulation steps", 2 * split.accumulation_steps);
+            assert!(err.to_string().contains(&bound), "{bound} in {err}");
+        }
     }
 
     #[test]

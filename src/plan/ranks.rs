@@ -140,7 +140,8 @@ impl RankSplit {
             target: self.target_global_batch,
             multiple_of: self.multiple_of,
             nearest: self.global_batch,
-            even: None,
+            world_size: self.shares.len(),
+            largest_micro_batch: None,
         })
     }
 
