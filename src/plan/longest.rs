@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{MeasuredGraph, SearchLimit, Trial, Warning};
+use super::{SearchLimit, Trial, Warning};
 use crate::units::format_bytes;
 
 /// The sizes a search over the input size may try: multiples of
@@ -70,8 +70,10 @@ pub struct LongestSize {
     pub ceiling: crate::Ceiling,
     /// The sizes searched.
     pub range: SizeRange,
-    /// Whether the measured step reached every variable's gradient.
-    pub measured_graph: MeasuredGraph,
+    /// Whether the measured step reached every variable's gradient (in
+    /// JSON: `measured_graph`, `complete` or `partial`).
+    #[serde(rename = "measured_graph", with = "super::as_measured_graph")]
+    pub complete_graph: bool,
     /// Every measured step, in order.
     pub trials: Vec<Trial>,
     /// What the tuner or the workload noticed.

@@ -29,7 +29,8 @@ pub use sizes::{Basis, SizeBatch, SizeModel, SizePlan, SizedPlan};
 pub use split::Split;
 pub use throughput::{Objective, ThroughputChoice, ThroughputPoint};
 pub use trial::{PeakKinds, Trial, TrialKind};
-pub use warning::{MeasuredGraph, Warning};
+pub use warning::Warning;
+pub(crate) use warning::{as_measured_graph, MeasuredGraph};
 
 use crate::search::{Outcome, Strategy};
 
@@ -280,15 +281,12 @@ impl Plan {
         self.stopped_by.is_none()
     }
 
-    /// Whether the measured step computed every variable's gradient
-    /// (`complete`), or a cut graph left some out (`partial`: the answer
-    /// understates training the whole model; a [`Warning::MissingGradients`] says which).
-    pub fn measured_graph(&self) -> MeasuredGraph {
-        if self.warnings.iter().any(|warning| matches!(warning, Warning::MissingGradients { .. })) {
-            MeasuredGraph::Partial
-        } else {
-            MeasuredGraph::Complete
-        }
+    /// Whether the measured step computed every variable's gradient; false
+    /// when a cut graph left some out: the answer then understates training
+    /// the whole model, and a [`Warning::MissingGradients`] says which. In
+    /// JSON: `measured_graph`, `complete` or `partial`.
+    pub fn complete_graph(&self) -> bool {
+        !self.warnings.iter().any(|warning| matches!(warning, Warning::MissingGradients { .. }))
     }
 
     /// The steps finding this plan ran: the warm-up, the search, re-checks,

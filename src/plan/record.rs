@@ -72,7 +72,7 @@ impl From<Plan> for PlanRecord {
             multiple_of: plan.multiple_of(),
             strategy: plan.strategy(),
             proven_largest: plan.proven_largest(),
-            measured_graph: plan.measured_graph(),
+            measured_graph: MeasuredGraph::of(plan.complete_graph()),
             cached: plan.cached(),
             cache_checks: plan.cache_checks(),
             rank_largest_batch: plan.rank_largest_batch(),
@@ -141,7 +141,7 @@ impl TryFrom<PlanRecord> for Plan {
             ("effective batch", plan.effective_batch().to_string()),
             ("target effective batch", format!("{:?}", plan.target_effective_batch())),
             ("proven largest", plan.proven_largest().to_string()),
-            ("measured graph", format!("{:?}", plan.measured_graph())),
+            ("measured graph", format!("{:?}", MeasuredGraph::of(plan.complete_graph()))),
         ];
         let written = [
             record.micro_batch.to_string(),

@@ -2,16 +2,44 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How much of the training graph the probe's step measured.
+/// How much of the training graph the probe's step measured, as JSON says it
+/// (`measured_graph`: `complete` or `partial`); read as
+/// [`Plan::complete_graph`](crate::Plan::complete_graph) and
+/// [`LongestSize::complete_graph`](crate::LongestSize::complete_graph).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum MeasuredGraph {
+pub(crate) enum MeasuredGraph {
     /// Every float variable got a gradient (or the workload does not say).
     #[default]
     Complete,
     /// Some variables got none and the forward pass does not write them: a
     /// fused op without a backward pass cut the graph.
     Partial,
+}
+
+impl MeasuredGraph {
+    pub(crate) fn of(complete: bool) -> MeasuredGraph {
+        if complete {
+            MeasuredGraph::Complete
+        } else {
+            MeasuredGraph::Partial
+        }
+    }
+}
+
+/// Whether a graph was measured complete, in JSON as a [`MeasuredGraph`].
+pub(crate) mod as_measured_graph {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::MeasuredGraph;
+
+    pub(crate) fn serialize<S: Serializer>(complete: &bool, serializer: S) -> Result<S::Ok, S::Error> {
+        MeasuredGraph::of(*complete).serialize(serializer)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+        Ok(MeasuredGraph::deserialize(deserializer)? == MeasuredGraph::Complete)
+    }
 }
 
 /// Something the caller should know about a plan that is still valid.

@@ -117,7 +117,7 @@ impl Settings {
             batch,
             largest_size: plan.largest_batch,
             proven_longest: plan.proven_largest(),
-            measured_graph: plan.measured_graph(),
+            complete_graph: plan.complete_graph(),
             capacity_bytes: plan.capacity_bytes(),
             ceiling: plan.ceiling(),
             stopped_by: plan.stopped_by,

@@ -208,7 +208,7 @@ impl Tuner {
     /// Refuse a plan whose measured step did not reach every variable's
     /// gradient (a cut graph: [`Error::PartialGraph`]) instead of returning it
     /// demoted (`proven_largest: false`,
-    /// [`MeasuredGraph::Partial`](crate::MeasuredGraph::Partial)). Default false.
+    /// a [`complete_graph`](crate::Plan::complete_graph) of false). Default false.
     pub fn strict(mut self, strict: bool) -> Self {
         self.options.strict = strict;
         self
@@ -350,7 +350,7 @@ impl Settings {
         };
         if let Some((path, key)) = &cache {
             if let Some(plan) = crate::cache::lookup(path, key) {
-                if self.options.strict && plan.measured_graph() == crate::MeasuredGraph::Partial {
+                if self.options.strict && !plan.complete_graph() {
                     let cut = plan.warnings.iter().find_map(|warning| match warning {
                         crate::Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
                         _ => None,

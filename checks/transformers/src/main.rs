@@ -26,7 +26,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use autobatch::model::detached;
-use autobatch::{Error, HeapMeter, MeasuredGraph, MemoryMeter, ModelProbe, Plan, Tuner, Workload};
+use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Plan, Tuner, Workload};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
 
@@ -131,7 +131,7 @@ fn bert(forked: bool) -> Plan {
         plan.measured_graph()
     );
     if forked {
-        assert_eq!((plan.measured_graph(), cut), (MeasuredGraph::Complete, 0), "{plan}");
+        assert_eq!((plan.complete_graph(), cut), (true, 0), "{plan}");
         assert!(plan.proven_largest(), "{plan}");
         exact(name, &mut probe, &mut meter, &plan);
         // its forward pass alone, over the same weights detached
@@ -163,7 +163,7 @@ fn bert(forked: bool) -> Plan {
             autobatch::format_bytes(during.state_bytes)
         );
     } else {
-        assert_eq!(plan.measured_graph(), MeasuredGraph::Partial, "{plan}");
+        assert!(!plan.complete_graph(), "{plan}");
         assert!(!plan.proven_largest() && cut > 0, "{plan}");
         match Tuner::new().strict(true).run(&mut probe, &mut meter) {
             Err(Error::PartialGraph { variables, .. }) => assert_eq!(variables.len(), cut),
