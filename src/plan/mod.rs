@@ -137,29 +137,21 @@ pub struct EvaluationPlan {
     /// What stopped the search before it proved its answer the largest.
     #[serde(default)]
     pub stopped_by: Option<SearchLimit>,
-    /// The evaluation trials, in the order run.
+    /// This search's trials, in the order run.
+    #[serde(default)]
     pub trials: Vec<Trial>,
+    /// Bytes of optimizer state the training workload held during this
+    /// search and freed after it: 0 for evaluation alone, and where the
+    /// workload cannot free its state.
+    #[serde(default)]
+    pub state_bytes: u64,
     /// When the training workload freed its optimizer's state for the
     /// search above (evaluation alone, as a separate evaluation or serving
-    /// process runs it): the largest evaluation batch with that state held,
-    /// as in a training loop that evaluates between steps.
+    /// process runs it): the evaluation step's own search with that state
+    /// held, as in a training loop that evaluates between steps (its
+    /// [`state_bytes`](EvaluationPlan::state_bytes) say how much).
     #[serde(default)]
-    pub during_training: Option<DuringTraining>,
-}
-
-/// The evaluation step's largest batch beside training's optimizer state
-/// (see [`EvaluationPlan::during_training`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DuringTraining {
-    /// The largest evaluation batch seen to fit with the state held.
-    pub largest_batch: usize,
-    /// Its measured peak.
-    pub peak_bytes: u64,
-    /// Whether the search proved it the largest.
-    pub proven_largest: bool,
-    /// Bytes of optimizer state the training workload held (and freed
-    /// after this search).
-    pub state_bytes: u64,
+    pub during_training: Option<Box<EvaluationPlan>>,
 }
 
 /// The steps a tuning run ran and the time they took (see [`Plan::tuning_steps`]).

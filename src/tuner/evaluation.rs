@@ -3,7 +3,7 @@
 use log::info;
 
 use super::{Observer, Settings, Tuner};
-use crate::plan::{DuringTraining, EvaluationPlan};
+use crate::plan::EvaluationPlan;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
 impl Tuner {
@@ -119,26 +119,26 @@ impl Settings {
             plan.tuning = plan.tuning + found.tuning;
             Some(found)
         };
-        let during_training = alone.is_some().then_some(DuringTraining {
-            largest_batch: during.largest_batch,
-            peak_bytes: during.peak_bytes,
-            proven_largest: during.proven_largest(),
-            state_bytes,
-        });
-        // every evaluation trial, those beside training's state first
-        let (mut evaluated, mut trials) = match alone {
-            Some(alone) => (alone, during.trials),
-            None => (during, Vec::new()),
-        };
-        trials.append(&mut evaluated.trials);
-        plan.evaluation = Some(EvaluationPlan {
-            largest_batch: evaluated.largest_batch,
-            peak_bytes: evaluated.peak_bytes,
-            proven_largest: evaluated.proven_largest(),
-            stopped_by: evaluated.stopped_by,
-            trials,
-            during_training,
+        plan.evaluation = Some(match alone {
+            Some(alone) => EvaluationPlan {
+                during_training: Some(Box::new(EvaluationPlan { state_bytes, ..evaluation(during) })),
+                ..evaluation(alone)
+            },
+            None => evaluation(during),
         });
         Ok(plan)
+    }
+}
+
+/// The evaluation step's answer from its search's plan.
+fn evaluation(searched: Plan) -> EvaluationPlan {
+    EvaluationPlan {
+        largest_batch: searched.largest_batch,
+        peak_bytes: searched.peak_bytes,
+        proven_largest: searched.proven_largest(),
+        stopped_by: searched.stopped_by,
+        trials: searched.trials,
+        state_bytes: 0,
+        during_training: None,
     }
 }
