@@ -37,9 +37,6 @@ pub enum ErrorKind {
     Device,
 }
 
-/// `Result` with this crate's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
 /// A setting an [`Error::InvalidSetting`] is about.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Setting {

@@ -189,7 +189,7 @@ mod vocabulary;
 mod workload;
 
 pub use cache::CacheKey;
-pub use error::{DeviceProblem, Error, ErrorKind, Names, Result, Setting, Value};
+pub use error::{DeviceProblem, Error, ErrorKind, Names, Setting, Value};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]

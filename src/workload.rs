@@ -129,7 +129,7 @@ pub trait Workload {
 /// with [`BySize::new`].
 pub trait Resizable: Workload {
     /// Runs the following steps at `size`; an error when the workload cannot.
-    fn resize(&mut self, size: usize) -> crate::Result<()>;
+    fn resize(&mut self, size: usize) -> Result<(), crate::Error>;
 
     /// The size steps run at now.
     fn size(&self) -> usize;
@@ -174,7 +174,7 @@ impl<F: FnMut(usize, usize) -> candle_core::Result<()>> Workload for BySize<F> {
 }
 
 impl<F: FnMut(usize, usize) -> candle_core::Result<()>> Resizable for BySize<F> {
-    fn resize(&mut self, size: usize) -> crate::Result<()> {
+    fn resize(&mut self, size: usize) -> Result<(), crate::Error> {
         self.size = size;
         Ok(())
     }

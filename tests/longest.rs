@@ -128,7 +128,7 @@ fn a_refused_size_is_the_workloads_error() {
         }
     }
     impl Resizable for Positions {
-        fn resize(&mut self, size: usize) -> autobatch::Result<()> {
+        fn resize(&mut self, size: usize) -> Result<(), autobatch::Error> {
             if size > self.max {
                 return Err(Error::invalid("size", Value::Count(size), format!("it must be at most {}", self.max)));
             }
