@@ -98,7 +98,7 @@ fn section() -> String {
     let started = Instant::now();
     let plan = Tuner::new().run_sizes(&mut trainer, &mut meter, &BUCKETS).unwrap();
     let tuning_s = started.elapsed().as_secs_f64();
-    let tuning_steps: usize = plan.sizes.iter().flat_map(|s| &s.plan.trials).map(|t| t.steps).sum();
+    let tuning_steps: usize = plan.sizes.values().flat_map(|plan| &plan.trials).map(|t| t.steps).sum();
     let limit = plan.limit_bytes;
 
     let lengths = lengths(7);
@@ -112,7 +112,7 @@ fn section() -> String {
     let started = Instant::now();
     let fastest = Tuner::new().objective(Objective::Throughput).run_sizes(&mut trainer, &mut meter, &BUCKETS).unwrap();
     let throughput_s = started.elapsed().as_secs_f64();
-    let throughput_steps: usize = fastest.sizes.iter().flat_map(|s| &s.plan.trials).map(|t| t.steps).sum();
+    let throughput_steps: usize = fastest.sizes.values().flat_map(|plan| &plan.trials).map(|t| t.steps).sum();
     let chosen = |size: usize| fastest.plan_for(size).unwrap().micro_batch();
     let policies = [
         Policy { name: "one batch tuned at 256, padded to 256", batches: BUCKETS.map(|b| (b, longest, 256)).to_vec() },
@@ -181,14 +181,13 @@ fn section() -> String {
         share.join(", ")
     );
     let _ = writeln!(out, "| size | largest batch (verified) | tokens | peak |\n|---|---|---|---|");
-    for entry in &plan.sizes {
+    for (size, at_size) in &plan.sizes {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} |",
-            entry.size,
-            entry.plan.largest_batch,
-            entry.size * entry.plan.largest_batch,
-            Bytes(entry.plan.peak_bytes)
+            "| {size} | {} | {} | {} |",
+            at_size.largest_batch,
+            size * at_size.largest_batch,
+            Bytes(at_size.peak_bytes)
         );
     }
     if let Some(model) = &plan.model {

@@ -103,7 +103,8 @@ fn main() -> std::result::Result<(), autobatch::Error> {
 
     // train: each step's batch from one bucket, at that bucket's verified batch
     let optimizer = candle_nn::AdamW::new(varmap.all_vars(), params)?;
-    let mut training = TrainLoop::new(&plan.sizes[0].plan, &varmap, optimizer)?;
+    let shortest = plan.sizes.values().next().expect("a plan has a size");
+    let mut training = TrainLoop::new(shortest, &varmap, optimizer)?;
     for step in 1..=20 {
         let bucket = plan.bucket_for(length_of_step(step))?;
         let bucket_plan = plan.plan_for(bucket.size).expect("a bucket is a probed size");

@@ -202,7 +202,7 @@ pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
     Accumulation, Basis, Ceiling, EvaluationPlan, ExpectedEnd, LongestSize, MemoryModel, Objective, PeakKinds, Plan,
-    RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, SizedPlan, Split, ThroughputChoice,
+    RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, Split, ThroughputChoice,
     ThroughputPoint, Trial, TrialKind, Warning,
 };
 pub use search::outcome::Outcome;

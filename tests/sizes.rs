@@ -40,15 +40,15 @@ proptest! {
         let tuner = Tuner::new().multiple_of(multiple_of);
         let plan = run(&tuner, curve, &sizes).unwrap();
         let limit = curve.limit(0.9);
-        prop_assert_eq!(plan.sizes.iter().map(|s| s.size).collect::<Vec<_>>(), sizes.clone());
-        for entry in &plan.sizes {
-            let b = entry.plan.largest_batch;
-            prop_assert!(entry.plan.proven_largest());
+        prop_assert_eq!(plan.sizes.keys().copied().collect::<Vec<_>>(), sizes.clone());
+        for (&size, at_size) in &plan.sizes {
+            let b = at_size.largest_batch;
+            prop_assert!(at_size.proven_largest());
             prop_assert!(b.is_multiple_of(multiple_of));
-            prop_assert!(curve.bytes(b, entry.size) <= limit, "size {} batch {} does not fit", entry.size, b);
-            prop_assert!(curve.bytes(b + multiple_of, entry.size) > limit, "size {} batch {} is not the largest", entry.size, b);
-            prop_assert!(entry.plan.trials.iter().any(|t| t.batch == b && t.outcome.fits()));
-            prop_assert_eq!(plan.batch_for(entry.size).unwrap().basis, Basis::Verified);
+            prop_assert!(curve.bytes(b, size) <= limit, "size {} batch {} does not fit", size, b);
+            prop_assert!(curve.bytes(b + multiple_of, size) > limit, "size {} batch {} is not the largest", size, b);
+            prop_assert!(at_size.trials.iter().any(|t| t.batch == b && t.outcome.fits()));
+            prop_assert_eq!(plan.batch_for(size).unwrap().basis, Basis::Verified);
         }
         // the token budget: any batch padded to any length up to the longest fits
         for len in [1, 2, 7, sizes[0], (sizes[0] + longest) / 2, longest] {
@@ -71,21 +71,22 @@ proptest! {
         let model = plan.model.clone().expect("several sizes determine the model");
         prop_assert!(model.max_error < 1e-6, "the model is exact on these curves: {:?}", model);
         let limit = curve.limit(0.9);
-        for pair in plan.sizes.windows(2) {
-            let (short, long) = (&pair[0], &pair[1]);
-            let step = ((long.size - short.size) / 7).max(1);
-            for len in (short.size + 1..long.size).step_by(step) {
+        let probed: Vec<(usize, &autobatch::Plan)> = plan.sizes.iter().map(|(&size, plan)| (size, plan)).collect();
+        for pair in probed.windows(2) {
+            let ((short_size, short), (long_size, long)) = (pair[0], pair[1]);
+            let step = ((long_size - short_size) / 7).max(1);
+            for len in (short_size + 1..long_size).step_by(step) {
                 let predicted = plan.batch_for(len).unwrap();
                 prop_assert_eq!(predicted.basis, Basis::Predicted);
-                prop_assert!(predicted.batch <= short.plan.largest_batch, "len {}: {} above the shorter neighbour's {}", len, predicted.batch, short.plan.largest_batch);
-                prop_assert!(predicted.batch >= long.plan.largest_batch);
+                prop_assert!(predicted.batch <= short.largest_batch, "len {}: {} above the shorter neighbour's {}", len, predicted.batch, short.largest_batch);
+                prop_assert!(predicted.batch >= long.largest_batch);
                 prop_assert!(predicted.batch.is_multiple_of(multiple_of));
                 // an exact model predicts a batch that fits
                 prop_assert!(curve.bytes(predicted.batch, len) <= limit, "len {} batch {} does not fit", len, predicted.batch);
             }
         }
         let below = plan.batch_for(sizes[0] - 1).unwrap();
-        prop_assert_eq!((below.basis, below.batch), (Basis::Bound, plan.sizes[0].plan.largest_batch));
+        prop_assert_eq!((below.basis, below.batch), (Basis::Bound, plan.sizes[&sizes[0]].largest_batch));
     }
 }
 
@@ -118,6 +119,13 @@ fn bucketing_pads_to_the_next_probed_size() {
     assert!(text.contains("token budget") && text.contains("per token"), "{text}");
     let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
     assert_eq!(json["sizes"].as_array().unwrap().len(), 3);
+    // each probed size is {size, plan}, shortest first, and reads back as the plan written
+    assert_eq!(json["sizes"][1]["size"], 128);
+    assert_eq!(json["sizes"][1]["plan"]["largest_batch"], plan.sizes[&128].largest_batch);
+    let read: autobatch::SizePlan = serde_json::from_str(&plan.to_json()).unwrap();
+    assert_eq!(read, plan);
+    let twice = json.to_string().replace("\"size\":128", "\"size\":64");
+    assert!(serde_json::from_str::<autobatch::SizePlan>(&twice).unwrap_err().to_string().contains("probed twice"));
 }
 
 #[test]
@@ -167,14 +175,14 @@ fn the_plan_cache_keeps_sizes_apart() {
     let second = tuner.run_sizes(&mut workload, &mut meter, &[128, 512]).unwrap();
     assert_eq!(workload.steps(), steps, "a cached size runs no step");
     assert!(second.cached());
-    for (a, b) in first.sizes.iter().zip(&second.sizes) {
-        assert_eq!((a.size, a.plan.largest_batch), (b.size, b.plan.largest_batch));
+    for ((a_size, a), (b_size, b)) in first.sizes.iter().zip(&second.sizes) {
+        assert_eq!((a_size, a.largest_batch), (b_size, b.largest_batch));
     }
-    assert_ne!(first.sizes[0].plan.largest_batch, first.sizes[1].plan.largest_batch);
+    assert_ne!(first.sizes[&128].largest_batch, first.sizes[&512].largest_batch);
     // a new size probes only itself
     let third = tuner.run_sizes(&mut workload, &mut meter, &[128, 256, 512]).unwrap();
     assert!(workload.steps() > steps);
-    assert!(third.sizes[0].plan.cached() && !third.sizes[1].plan.cached() && third.sizes[2].plan.cached());
+    assert!(third.sizes[&128].cached() && !third.sizes[&256].cached() && third.sizes[&512].cached());
     // the cache needs a key
     let (mut workload, mut meter) = curve.simulation(128).build();
     let err = Tuner::new().cache(&path).run_sizes(&mut workload, &mut meter, &[128]).unwrap_err();

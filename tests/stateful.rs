@@ -201,8 +201,8 @@ fn every_other_path_changes_no_bit() {
         .adamw(ParamsAdamW::default())
         .unwrap();
     let sizes = Tuner::new().run_sizes(&mut by_size, &mut meter, &[8, SIDE]).unwrap();
-    for size in &sizes.sizes {
-        no_missing_gradients("by_size", &size.plan.warnings);
+    for plan in sizes.sizes.values() {
+        no_missing_gradients("by_size", &plan.warnings);
     }
     drop(by_size);
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "by_size: tuning changed a variable");

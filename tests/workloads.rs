@@ -425,7 +425,7 @@ fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
     eprintln!("{report}");
     assert_eq!(trainer.size(), 64, "put back at its length");
     let limit = plan.limit_bytes;
-    let entries: Vec<(usize, usize)> = plan.sizes.iter().map(|e| (e.size, e.plan.largest_batch)).collect();
+    let entries: Vec<(usize, usize)> = plan.sizes.iter().map(|(&size, plan)| (size, plan.largest_batch)).collect();
     let between: Vec<_> = [24, 48].into_iter().map(|len| plan.batch_for(len).unwrap()).collect();
     let model = plan.model.clone().unwrap();
     drop(plan);

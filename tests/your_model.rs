@@ -690,7 +690,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
         plan
     };
     eprintln!("{plan}");
-    let batches: Vec<usize> = plan.sizes.iter().map(|s| s.plan.largest_batch).collect();
+    let batches: Vec<usize> = plan.sizes.values().map(|plan| plan.largest_batch).collect();
     assert!(batches[0] > batches[1] && batches[1] > batches[2], "{plan}");
     let predicted = plan.batch_for(24).unwrap();
     assert_eq!(predicted.basis, Basis::Predicted);
@@ -703,17 +703,18 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     }
     // one optimizer throughout, each step at its bucket's plan
     let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
-    let mut training = TrainLoop::new(&plan.sizes[0].plan, &varmap, optimizer).unwrap();
-    for entry in plan.sizes.iter().rev() {
-        training.switch_plan(&entry.plan).unwrap();
-        assert_eq!(training.guard().micro_batch(), entry.plan.micro_batch());
+    let shortest = plan.sizes.values().next().unwrap();
+    let mut training = TrainLoop::new(shortest, &varmap, optimizer).unwrap();
+    for (&size, at_size) in plan.sizes.iter().rev() {
+        training.switch_plan(at_size).unwrap();
+        assert_eq!(training.guard().micro_batch(), at_size.micro_batch());
         for step in 0..2 {
             meter.reset_peak().unwrap();
             training
-                .step(&mut meter, |micro| model.loss_of_length(micro.len, step * 1000 + micro.offset, entry.size))
+                .step(&mut meter, |micro| model.loss_of_length(micro.len, step * 1000 + micro.offset, size))
                 .unwrap();
             let peak = meter.peak().unwrap();
-            assert!(peak <= plan.limit_bytes, "length {} step {step} peaked at {peak}\n{plan}", entry.size);
+            assert!(peak <= plan.limit_bytes, "length {size} step {step} peaked at {peak}\n{plan}");
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -802,9 +803,8 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
             .unwrap();
     let sizes = Tuner::new().run_sizes(&mut probe, &mut meter, &[SEQ / 2, SEQ]).unwrap();
     drop(probe);
-    assert!(sizes.sizes[0].plan.largest_batch > sizes.sizes[1].plan.largest_batch, "{sizes}");
-    for sized in &sizes.sizes {
-        let (len, plan) = (sized.size, &sized.plan);
+    assert!(sizes.sizes[&(SEQ / 2)].largest_batch > sizes.sizes[&SEQ].largest_batch, "{sizes}");
+    for (&len, plan) in &sizes.sizes {
         assert!(plan.proven_largest(), "{plan}");
         let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
         let mut training = TrainLoop::new(plan, &varmap, optimizer).unwrap();

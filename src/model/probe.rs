@@ -232,7 +232,7 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     /// };
     /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).adamw(ParamsAdamW::default())?;
     /// let plan = Tuner::new().max_batch(4096).run_sizes(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?, &[16, 64])?;
-    /// assert!(plan.sizes[0].plan.largest_batch > plan.sizes[1].plan.largest_batch);
+    /// assert!(plan.sizes[&16].largest_batch > plan.sizes[&64].largest_batch);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn by_size(varmap: &VarMap, size: usize, loss: F) -> Self {

@@ -1,6 +1,8 @@
 //! Plans across input sizes: each probed size's largest batch, a memory model
 //! in batch and size, a token budget, and batches for sizes in between.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::{Outcome, Plan, TrialKind};
@@ -152,13 +154,39 @@ pub struct SizeBatch {
     pub basis: Basis,
 }
 
-/// One probed size and its plan.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SizedPlan {
-    /// The input size (sequence length, image side).
-    pub size: usize,
-    /// The tuning run at that size: its largest batch is verified.
-    pub plan: Plan,
+/// The probed sizes in JSON: an array of `{size, plan}`, shortest first.
+mod by_size {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::Plan;
+
+    #[derive(Serialize)]
+    struct Sized<'a> {
+        size: usize,
+        plan: &'a Plan,
+    }
+
+    #[derive(Deserialize)]
+    struct Owned {
+        size: usize,
+        plan: Plan,
+    }
+
+    pub(super) fn serialize<S: Serializer>(sizes: &BTreeMap<usize, Plan>, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(sizes.iter().map(|(&size, plan)| Sized { size, plan }))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<usize, Plan>, D::Error> {
+        let entries = Vec::<Owned>::deserialize(deserializer)?;
+        let count = entries.len();
+        let sizes: BTreeMap<usize, Plan> = entries.into_iter().map(|entry| (entry.size, entry.plan)).collect();
+        if sizes.len() < count {
+            return Err(serde::de::Error::custom("a size is probed twice"));
+        }
+        Ok(sizes)
+    }
 }
 
 /// What [`Tuner::run_sizes`](crate::Tuner::run_sizes) found: the largest batch
@@ -180,14 +208,17 @@ pub struct SizedPlan {
 /// assert_eq!(at_200.basis, Basis::Predicted);
 /// assert!(at_200.batch <= plan.batch_for(128)?.batch && at_200.batch >= at_256.batch);
 /// // any micro-batch padded to 128..=512 tokens with ≤ token_budget tokens fits
-/// assert_eq!(plan.token_budget, plan.sizes.iter().map(|s| s.size * s.plan.largest_batch).min().unwrap());
+/// assert_eq!(plan.token_budget, plan.sizes.iter().map(|(size, plan)| size * plan.largest_batch).min().unwrap());
+/// assert_eq!(plan.sizes[&256].largest_batch, at_256.batch);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct SizePlan {
-    /// The probed sizes, shortest first, each with its plan.
-    pub sizes: Vec<SizedPlan>,
+    /// The probed sizes, shortest first, each with its plan (in JSON, an
+    /// array of `{size, plan}`).
+    #[serde(with = "by_size")]
+    pub sizes: BTreeMap<usize, Plan>,
     /// The memory model fitted to all of them, when the points determine it.
     pub model: Option<SizeModel>,
     /// Tokens (padded samples × size) per micro-batch that fit at every
@@ -206,20 +237,18 @@ pub struct SizePlan {
 }
 
 impl SizePlan {
-    pub(crate) fn new(mut sizes: Vec<SizedPlan>) -> Result<SizePlan, Error> {
-        sizes.sort_by_key(|entry| entry.size);
-        let Some(first) = sizes.first() else { return Err(Error::zero("sizes")) };
-        let (limit_bytes, multiple_of) = (first.plan.limit_bytes(), first.plan.multiple_of());
-        let token_budget =
-            sizes.iter().map(|entry| entry.size.saturating_mul(entry.plan.largest_batch)).min().unwrap_or(0);
+    pub(crate) fn new(sizes: BTreeMap<usize, Plan>) -> Result<SizePlan, Error> {
+        let Some(first) = sizes.values().next() else { return Err(Error::zero("sizes")) };
+        let (limit_bytes, multiple_of) = (first.limit_bytes(), first.multiple_of());
+        let token_budget = sizes.iter().map(|(size, plan)| size.saturating_mul(plan.largest_batch)).min().unwrap_or(0);
         let mut points: Vec<(usize, usize, u64)> = Vec::new();
-        for entry in &sizes {
-            for trial in entry.plan.trials.iter().rev() {
+        for (&size, plan) in &sizes {
+            for trial in plan.trials.iter().rev() {
                 let full = matches!(trial.outcome, Outcome::Fits | Outcome::OverCeiling);
                 let plain = matches!(trial.kind, TrialKind::Search | TrialKind::Recheck);
                 if let (true, true, Some(peak)) = (full, plain, trial.peak_bytes) {
-                    if !points.iter().any(|&(b, s, _)| (b, s) == (trial.batch, entry.size)) {
-                        points.push((trial.batch, entry.size, peak));
+                    if !points.iter().any(|&(b, s, _)| (b, s) == (trial.batch, size)) {
+                        points.push((trial.batch, size, peak));
                     }
                 }
             }
@@ -230,12 +259,17 @@ impl SizePlan {
 
     /// The plan of a probed size.
     pub fn plan_for(&self, size: usize) -> Option<&Plan> {
-        self.sizes.iter().find(|entry| entry.size == size).map(|entry| &entry.plan)
+        self.sizes.get(&size)
     }
 
     /// Whether every size's plan came from the plan cache.
     pub fn cached(&self) -> bool {
-        self.sizes.iter().all(|entry| entry.plan.cached())
+        self.sizes.values().all(Plan::cached)
+    }
+
+    /// The longest probed size.
+    fn longest(&self) -> usize {
+        self.sizes.last_key_value().map_or(0, |(&size, _)| size)
     }
 
     /// The largest batch for inputs of `size`: verified at a probed size;
@@ -248,19 +282,18 @@ impl SizePlan {
     /// shortest, the shortest's batch.
     /// Past the longest probed size nothing is known: [`Error::InvalidSetting`].
     pub fn batch_for(&self, size: usize) -> Result<SizeBatch, Error> {
-        let longest = self.sizes.last().map_or(0, |entry| entry.size);
-        let above = self.sizes.iter().find(|entry| entry.size >= size).ok_or_else(|| out_of_range(size, longest))?;
-        if above.size == size {
-            return Ok(SizeBatch { size, batch: above.plan.largest_batch, basis: Basis::Verified });
+        let (&above_size, above) = self.sizes.range(size..).next().ok_or_else(|| out_of_range(size, self.longest()))?;
+        if above_size == size {
+            return Ok(SizeBatch { size, batch: above.largest_batch, basis: Basis::Verified });
         }
-        let Some(below) = self.sizes.iter().rev().find(|entry| entry.size < size) else {
-            return Ok(SizeBatch { size, batch: above.plan.largest_batch, basis: Basis::Bound });
+        let Some((&below_size, below)) = self.sizes.range(..size).next_back() else {
+            return Ok(SizeBatch { size, batch: above.largest_batch, basis: Basis::Bound });
         };
         // the shorter neighbour allows at most its batch, the longer at least its own
-        let upper = below.plan.largest_batch;
-        let lower = above.plan.largest_batch.min(upper);
+        let upper = below.largest_batch;
+        let lower = above.largest_batch.min(upper);
         let predicted = self.model.as_ref().map_or(lower, |model| {
-            let (short, long) = (model.bytes_per_sample_at(below.size), model.bytes_per_sample_at(above.size));
+            let (short, long) = (model.bytes_per_sample_at(below_size), model.bytes_per_sample_at(above_size));
             // the shorter neighbour's verified batch, scaled by how much more a
             // sample needs here: what the model gets wrong in absolute terms
             // (a fixed part off) largely cancels in the ratio
@@ -280,7 +313,7 @@ impl SizePlan {
             // in between. Bytes per sample on the chord between the neighbours
             // lie above the curve whatever its form, as long as it is convex in
             // the size (constant, linear and quadratic terms are): safe.
-            let along = (size - below.size) as f64 / (above.size - below.size) as f64;
+            let along = (size - below_size) as f64 / (above_size - below_size) as f64;
             let chord = SizeModel {
                 bytes_per_sample: short + (long - short) * along,
                 bytes_per_token: 0.0,
@@ -300,9 +333,8 @@ impl SizePlan {
     /// train with that size's plan ([`plan_for`](Self::plan_for)): its
     /// micro-batch and accumulation steps.
     pub fn bucket_for(&self, len: usize) -> Result<SizeBatch, Error> {
-        let longest = self.sizes.last().map_or(0, |entry| entry.size);
-        let bucket = self.sizes.iter().find(|entry| entry.size >= len).ok_or_else(|| out_of_range(len, longest))?;
-        Ok(SizeBatch { size: bucket.size, batch: bucket.plan.largest_batch, basis: Basis::Verified })
+        let (&size, bucket) = self.sizes.range(len..).next().ok_or_else(|| out_of_range(len, self.longest()))?;
+        Ok(SizeBatch { size, batch: bucket.largest_batch, basis: Basis::Verified })
     }
 
     /// Serializes the plan as pretty-printed JSON.
@@ -324,8 +356,7 @@ impl std::fmt::Display for SizePlan {
     /// size's training split (micro-batch × accumulation steps × ranks).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use crate::units::format_bytes;
-        let splits = self.sizes.iter().any(|entry| {
-            let plan = &entry.plan;
+        let splits = self.sizes.values().any(|plan| {
             plan.micro_batch() != plan.largest_batch || plan.accumulation_steps() > 1 || plan.world_size() > 1
         });
         write!(
@@ -334,12 +365,9 @@ impl std::fmt::Display for SizePlan {
             "size", "batch", "tokens", "peak", "util", "trials", "model"
         )?;
         writeln!(f, "{}", if splits { "  train with" } else { "" })?;
-        for entry in &self.sizes {
-            let plan = &entry.plan;
-            let model = self
-                .model
-                .as_ref()
-                .map_or("-".to_owned(), |m| m.largest_batch(entry.size, self.limit_bytes).to_string());
+        for (&size, plan) in &self.sizes {
+            let model =
+                self.model.as_ref().map_or("-".to_owned(), |m| m.largest_batch(size, self.limit_bytes).to_string());
             let split = if splits {
                 format!(
                     "  {} × {} × {} = {}",
@@ -354,9 +382,9 @@ impl std::fmt::Display for SizePlan {
             writeln!(
                 f,
                 "{:>8}  {:>8}  {:>9}  {:>10}  {:>5.1}%  {:>6}  {:>10}{split}{}",
-                entry.size,
+                size,
                 plan.largest_batch,
-                entry.size.saturating_mul(plan.largest_batch),
+                size.saturating_mul(plan.largest_batch),
                 format_bytes(plan.peak_bytes),
                 100.0 * plan.utilization(),
                 if plan.cached() { format!("{} now", plan.cache_checks()) } else { plan.trials.len().to_string() },
@@ -391,12 +419,12 @@ impl std::fmt::Display for SizePlan {
             f,
             "token budget: {} tokens per micro-batch (padded length × batch) at any length from {} to {}",
             self.token_budget,
-            self.sizes.first().map_or(0, |entry| entry.size),
-            self.sizes.last().map_or(0, |entry| entry.size)
+            self.sizes.first_key_value().map_or(0, |(&size, _)| size),
+            self.longest()
         )?;
-        for entry in &self.sizes {
-            for warning in &entry.plan.warnings {
-                write!(f, "\nwarning (size {}): {warning}", entry.size)?;
+        for (size, plan) in &self.sizes {
+            for warning in &plan.warnings {
+                write!(f, "\nwarning (size {size}): {warning}")?;
             }
         }
         Ok(())

@@ -4,7 +4,7 @@
 use log::info;
 
 use super::{Observer, Settings, Tuner};
-use crate::plan::{SizePlan, SizedPlan};
+use crate::plan::SizePlan;
 use crate::{Error, MemoryMeter, Resizable};
 
 impl Tuner {
@@ -73,7 +73,7 @@ impl Settings {
             None => None,
         };
         let original = workload.size();
-        let mut plans = Vec::with_capacity(sizes.len());
+        let mut plans = std::collections::BTreeMap::new();
         // the longest first: the worst case fails fast
         for &size in sizes.iter().rev() {
             observer.size_started(size);
@@ -82,7 +82,7 @@ impl Settings {
             match result {
                 Ok(plan) => {
                     info!("size {size}: largest batch {}", plan.largest_batch);
-                    plans.push(SizedPlan { size, plan });
+                    plans.insert(size, plan);
                 }
                 Err(err) => {
                     // put the workload back, but report the size's failure, not this
@@ -93,14 +93,13 @@ impl Settings {
         }
         workload.resize(original)?;
         let plan = SizePlan::new(plans)?;
-        for pair in plan.sizes.windows(2) {
-            if pair[1].plan.largest_batch > pair[0].plan.largest_batch {
+        for ((shorter, short), (longer, long)) in plan.sizes.iter().zip(plan.sizes.iter().skip(1)) {
+            if long.largest_batch > short.largest_batch {
                 log::warn!(
-                    "size {} fits batch {} but the shorter size {} only {}: memory does not grow with size here",
-                    pair[1].size,
-                    pair[1].plan.largest_batch,
-                    pair[0].size,
-                    pair[0].plan.largest_batch
+                    "size {longer} fits batch {} but the shorter size {shorter} only {}: memory does not grow with \
+                     size here",
+                    long.largest_batch,
+                    short.largest_batch
                 );
             }
         }

@@ -268,9 +268,9 @@ fn draw_sizes(
     plan: &SizePlan,
 ) -> Result<(), Box<dyn std::error::Error>> {
     root.fill(&WHITE)?;
-    let longest = plan.sizes.iter().map(|s| s.size).max().unwrap_or(1);
-    let shortest = plan.sizes.iter().map(|s| s.size).min().unwrap_or(1);
-    let most = plan.sizes.iter().map(|s| s.plan.largest_batch).max().unwrap_or(1);
+    let longest = plan.sizes.keys().copied().max().unwrap_or(1);
+    let shortest = plan.sizes.keys().copied().min().unwrap_or(1);
+    let most = plan.sizes.values().map(|plan| plan.largest_batch).max().unwrap_or(1);
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 15))
         .margin(16)
@@ -301,7 +301,9 @@ fn draw_sizes(
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(2)));
     chart
         .draw_series(
-            plan.sizes.iter().map(|s| Circle::new((s.size as f64, s.plan.largest_batch as f64), 6, FITS.filled())),
+            plan.sizes
+                .iter()
+                .map(|(&size, plan)| Circle::new((size as f64, plan.largest_batch as f64), 6, FITS.filled())),
         )?
         .label("verified (probed)")
         .legend(|(x, y)| Circle::new((x + 10, y), 6, FITS.filled()));

@@ -116,7 +116,7 @@ impl Run<'_> {
             return Ok(());
         }
         println!("{plan}");
-        let lengths: Vec<usize> = plan.sizes.iter().map(|entry| entry.size).collect();
+        let lengths: Vec<usize> = plan.sizes.keys().copied().collect();
         let mut between: Vec<String> = Vec::new();
         for pair in lengths.windows(2) {
             let middle = (pair[0] + pair[1]) / 2;
