@@ -201,9 +201,9 @@ pub use model::probe::ModelProbe;
 pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
-    Accumulation, Basis, Ceiling, EvaluationPlan, ExpectedEnd, LongestSize, MemoryModel, Objective, PeakKinds, Plan,
-    RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, Split, ThroughputChoice,
-    ThroughputPoint, Trial, TrialKind, Warning,
+    Accumulation, Basis, Ceiling, EvaluationPlan, LongestSize, MemoryModel, Objective, PeakKinds, Plan, RankShare,
+    RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, Split, ThroughputChoice, ThroughputPoint, Trial,
+    TrialKind, Warning,
 };
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;

@@ -730,14 +730,11 @@ fn a_trial_expected_to_end_past_the_time_limit_is_not_started() {
     };
     assert_eq!(largest_fit, plan.largest_batch);
     // the search stopped before the limit when the trial it wanted was expected to end past it, and said so
-    if let Some(expected) = expected_end {
-        assert!(expected.end_ms > 60 && expected.batch > largest_fit, "{expected:?}\n{plan}");
+    if let Some((batch, end_ms)) = expected_end {
+        assert!(end_ms > 60 && batch > largest_fit, "batch {batch} expected to end at {end_ms} ms\n{plan}");
         let text = plan.summary();
         assert!(
-            text.contains(&format!(
-                "stopped before the 0.060 s time limit: a trial of batch {} was expected",
-                expected.batch
-            )),
+            text.contains(&format!("stopped before the 0.060 s time limit: a trial of batch {batch} was expected")),
             "{text}"
         );
     }

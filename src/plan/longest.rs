@@ -106,10 +106,9 @@ impl LongestSize {
             SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure, expected_end } => {
                 let limit = crate::units::format_millis(*limit_ms);
                 let stopped = match expected_end {
-                    Some(expected) => format!(
-                        "stopped before the {limit} time limit: a trial at {what} {} was expected to end at {}",
-                        expected.batch,
-                        crate::units::format_millis(expected.end_ms)
+                    Some((size, end_ms)) => format!(
+                        "stopped before the {limit} time limit: a trial at {what} {size} was expected to end at {}",
+                        crate::units::format_millis(*end_ms)
                     ),
                     None => format!("stopped at the {limit} time limit"),
                 };

@@ -24,7 +24,7 @@ pub use ceiling::Ceiling;
 pub use longest::{LongestSize, SizeRange};
 pub use memory_model::MemoryModel;
 pub use ranks::{RankShare, RankSplit};
-pub use search_limit::{ExpectedEnd, SearchLimit};
+pub use search_limit::SearchLimit;
 pub use sizes::{Basis, SizeBatch, SizeModel, SizePlan};
 pub use split::Split;
 pub use throughput::{Objective, ThroughputChoice, ThroughputPoint};

@@ -52,10 +52,11 @@ pub enum SearchLimit {
         /// what remains open.
         smallest_failure: Option<usize>,
         /// When the search stopped before the limit because its next trial
-        /// was expected to end past it: that trial's batch and the time since
-        /// the search began at which it was expected to end, in milliseconds.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        expected_end: Option<ExpectedEnd>,
+        /// was expected to end past it: `(batch, end_ms)`, that trial's batch
+        /// and when it was expected to end, in milliseconds since the search
+        /// began (in JSON, `{"batch", "end_ms"}`).
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "expected_end")]
+        expected_end: Option<(usize, u64)>,
     },
     /// The next batch up would run a tensor of more elements than the
     /// device's kernels count ([`Tuner::element_limit`](crate::Tuner::element_limit):
@@ -78,14 +79,23 @@ pub enum SearchLimit {
     },
 }
 
-/// The trial a search under a time limit did not start because it was
-/// expected to end past the limit (see [`SearchLimit::TimeLimit`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExpectedEnd {
-    /// The batch of the trial not started.
-    pub batch: usize,
-    /// When it was expected to end, in milliseconds since the search began.
-    pub end_ms: u64,
+/// The trial a search under a time limit did not start, in JSON.
+mod expected_end {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct ExpectedEnd {
+        batch: usize,
+        end_ms: u64,
+    }
+
+    pub(super) fn serialize<S: Serializer>(end: &Option<(usize, u64)>, serializer: S) -> Result<S::Ok, S::Error> {
+        end.map(|(batch, end_ms)| ExpectedEnd { batch, end_ms }).serialize(serializer)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<(usize, u64)>, D::Error> {
+        Ok(Option::<ExpectedEnd>::deserialize(deserializer)?.map(|end| (end.batch, end.end_ms)))
+    }
 }
 
 impl std::fmt::Display for SearchLimit {
@@ -108,7 +118,7 @@ impl std::fmt::Display for SearchLimit {
             SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure, expected_end } => {
                 let limit = crate::units::format_millis(*limit_ms);
                 match expected_end {
-                    Some(ExpectedEnd { batch, end_ms }) => write!(
+                    Some((batch, end_ms)) => write!(
                         f,
                         "stopped before the {limit} time limit: a trial of batch {batch} was expected to end at {}",
                         crate::units::format_millis(*end_ms)
@@ -132,5 +142,29 @@ impl std::fmt::Display for SearchLimit {
                  {limit} the device's kernels count"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SearchLimit;
+
+    #[test]
+    fn a_trial_expected_to_end_past_the_limit_is_an_object_in_json() {
+        let expected = SearchLimit::TimeLimit {
+            limit_ms: 60,
+            largest_fit: 40,
+            smallest_failure: None,
+            expected_end: Some((120, 130)),
+        };
+        let json = serde_json::to_value(&expected).unwrap();
+        assert_eq!(json["reason"], "time_limit");
+        assert_eq!(json["expected_end"], serde_json::json!({"batch": 120, "end_ms": 130}));
+        assert_eq!(serde_json::from_value::<SearchLimit>(json).unwrap(), expected);
+        let reached =
+            SearchLimit::TimeLimit { limit_ms: 60, largest_fit: 40, smallest_failure: Some(64), expected_end: None };
+        let json = serde_json::to_value(&reached).unwrap();
+        assert!(json.get("expected_end").is_none(), "{json}");
+        assert_eq!(serde_json::from_value::<SearchLimit>(json).unwrap(), reached);
     }
 }

@@ -228,11 +228,10 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
                                 return Err(Error::TimeLimit { limit_ms, trials: self.trials.len() });
                             };
                             let expected_end = match left {
-                                TimeLeft::Until { end } => Some(crate::ExpectedEnd {
-                                    batch,
-                                    // rounded up: past the limit, it reads past it
-                                    end_ms: u64::try_from(end.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
-                                }),
+                                // rounded up: past the limit, it reads past it
+                                TimeLeft::Until { end } => {
+                                    Some((batch, u64::try_from(end.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)))
+                                }
                                 _ => None,
                             };
                             info!("time limit reached after {} trials", self.trials.len());
