@@ -209,4 +209,4 @@ pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
 pub use units::Bytes;
-pub use workload::{BySize, Resizable, TensorSize, Workload};
+pub use workload::{BySize, Resizable, Workload};

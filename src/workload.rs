@@ -1,15 +1,5 @@
 //! What the tuner runs: one training step at a given batch size.
 
-/// One tensor of a step's graph: its elements and its bytes
-/// ([`Workload::graph_tensors`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TensorSize {
-    /// Its element count.
-    pub elements: u64,
-    /// Its bytes: the element count times the dtype's size.
-    pub bytes: u64,
-}
-
 /// One training step at a given batch size: forward, loss, backward (and the
 /// optimizer step, if it should be measured).
 ///
@@ -94,13 +84,14 @@ pub trait Workload {
         Vec::new()
     }
 
-    /// The sizes of the tensors of the last step's graph, in the order the
-    /// graph sorts them (the same for every batch of one model): what lets
+    /// The tensors of the last step's graph, each as its element count and
+    /// dtype (its bytes are their product), in the order the graph sorts
+    /// them (the same for every batch of one model): what lets
     /// the tuner keep every tensor under a device's element limit
     /// ([`Tuner::element_limit`](crate::Tuner::element_limit)) and bound the
     /// allocation an out-of-memory step failed at by the step's largest
     /// tensor. `None` by default (a closure's graph is not seen).
-    fn graph_tensors(&self) -> Option<Vec<TensorSize>> {
+    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
         None
     }
 

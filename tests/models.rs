@@ -691,7 +691,7 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
     let plan = Tuner::new().element_limit(limit).run(&mut probe, &mut meter).unwrap();
     let largest = |probe: &mut ModelProbe<_>, batch: usize| {
         probe.step(batch).unwrap();
-        probe.graph_tensors().unwrap().into_iter().map(|t| t.elements).max().unwrap()
+        probe.graph_tensors().unwrap().into_iter().map(|(elements, _)| elements).max().unwrap()
     };
     let answer = plan.largest_batch;
     println!("  stopped at {answer}: {}", plan.stopped_by.as_ref().unwrap());

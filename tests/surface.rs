@@ -152,7 +152,7 @@ const DEFAULT_FEATURES: [&str; 1] = ["cli"];
 /// it on purpose.
 #[test]
 fn the_public_surface_does_not_grow() {
-    const MOST: usize = 81;
+    const MOST: usize = 80;
     const MOST_BEHIND_FEATURES: usize = 9;
     let outside_models = |at: &At| at.module != "models" && !at.module.starts_with("models::");
     let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());

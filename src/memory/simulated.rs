@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{Error, MemoryMeter, TensorSize, Workload};
+use crate::{Error, MemoryMeter, Workload};
 
 /// Peak bytes of one training step of this process as a function of the batch,
 /// including what it holds between steps (weights, optimizer state).
@@ -412,10 +412,10 @@ impl Workload for SimulatedWorkload {
 
     /// The last step that fit, as its allocations: so many equal pieces (an
     /// element a byte).
-    fn graph_tensors(&self) -> Option<Vec<TensorSize>> {
+    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
         let piece = lock(&self.state).piece?;
         let count = usize::try_from(self.config.allocations).unwrap_or(usize::MAX);
-        Some(vec![TensorSize { elements: piece, bytes: piece }; count])
+        Some(vec![(piece, candle_core::DType::U8); count])
     }
 }
 

@@ -10,7 +10,7 @@ use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
 use crate::estimate::Setup;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
 use crate::vocabulary::{OptimizerKind, Precision};
-use crate::{BySize, CacheKey, Error, TensorSize, Warning, Workload};
+use crate::{BySize, CacheKey, Error, Warning, Workload};
 
 /// A test on a variable's name.
 type NamePredicate = Box<dyn Fn(&str) -> bool>;
@@ -140,7 +140,7 @@ pub struct ModelProbe<L> {
     /// variables' gradient bytes beside them.
     untrained: Option<(usize, u64, u64)>,
     /// The element counts of the last step's graph, in its sorted order.
-    graph_tensors: Option<Vec<TensorSize>>,
+    graph_tensors: Option<Vec<(u64, DType)>>,
     /// The loss and its forward graph stay alive through the update
     /// (training calls `optimizer.backward_step(&loss)`).
     graph_through_update: bool,
@@ -649,14 +649,10 @@ impl<L: ProbeLoss> ModelProbe<L> {
     }
 }
 
-/// The size of every tensor of `loss`'s graph, in candle's sorted order (a
-/// loss computed outside a graph has none).
-fn graph_tensors(loss: &Tensor) -> Vec<TensorSize> {
-    let size = |node: &Tensor| {
-        let elements = node.elem_count() as u64;
-        TensorSize { elements, bytes: elements * node.dtype().size_in_bytes() as u64 }
-    };
-    loss.sorted_nodes().into_iter().map(size).collect()
+/// The element count and dtype of every tensor of `loss`'s graph, in
+/// candle's sorted order (a loss computed outside a graph has none).
+fn graph_tensors(loss: &Tensor) -> Vec<(u64, DType)> {
+    loss.sorted_nodes().into_iter().map(|node| (node.elem_count() as u64, node.dtype())).collect()
 }
 
 impl<L: ProbeLoss> Workload for ModelProbe<L> {
@@ -682,7 +678,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         self.loss.computes_gradients()
     }
 
-    fn graph_tensors(&self) -> Option<Vec<TensorSize>> {
+    fn graph_tensors(&self) -> Option<Vec<(u64, DType)>> {
         self.graph_tensors.clone()
     }
 

@@ -358,7 +358,7 @@ impl<M: Model> Workload for Trainer<M> {
         self.probe.diagnose()
     }
 
-    fn graph_tensors(&self) -> Option<Vec<crate::TensorSize>> {
+    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
         self.probe.graph_tensors()
     }
 

@@ -201,7 +201,7 @@ impl autobatch::Workload for ReferenceStep {
     fn profile(&self) -> Option<autobatch::estimate::Setup> {
         self.0.profile()
     }
-    fn graph_tensors(&self) -> Option<Vec<autobatch::TensorSize>> {
+    fn graph_tensors(&self) -> Option<Vec<(u64, DType)>> {
         self.0.graph_tensors()
     }
 }
