@@ -148,8 +148,11 @@
 //! was searched, for which rank, and at what cost. Your model and the
 //! reference models of [`models::reference`] go through the same two pieces:
 //! [`ModelProbe`] measures, [`TrainLoop`] trains, with one optimizer between
-//! them ([`optim`]). Every public item has one path: the root has what most
-//! users call; [`search`], [`model`], [`optim`], [`estimate`],
+//! them ([`optim`]). What a workload says of its model
+//! ([`Workload::profile`]) is the analytical model's own
+//! [`Setup`](estimate::Setup), so the advice that comes with
+//! [`Error::NothingFits`] is computed where every estimate is. Every public
+//! item has one path, one type per concept: the root has what most users call; [`search`], [`model`], [`optim`], [`estimate`],
 //! [`memory::simulated`] and [`collective`] hold the rest, and [`models`] the
 //! architectures: those built from a `config.json`, the reference models of
 //! [`models::reference`] and the differentiable ops of [`models::ops`].

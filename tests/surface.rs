@@ -145,8 +145,8 @@ fn a_plan_keeps_few_public_fields() {
 const DEFAULT_FEATURES: [&str; 1] = ["cli"];
 
 /// The surface outside the architectures (`autobatch::models`) is counted, so
-/// that it only shrinks: issue 32 aims at 80 items a default build makes
-/// public. Items behind an opt-in feature (the CUDA meter, the NCCL
+/// that it only shrinks: at most 80 items a default build makes public
+/// (issue 32's bound, reached). Items behind an opt-in feature (the CUDA meter, the NCCL
 /// collective, the simulated devices for tests) are counted apart. Lower a
 /// bound as items leave it; an item added has to push another out, or raise
 /// it on purpose.
