@@ -372,7 +372,13 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     // the same activations as an earlier variant (mixed precision as bf16, each
     // optimizer as the model as it is): the search starts where that one's
     // line, moved by the state's change, reaches the limit, and finds what a
-    // probe from scratch finds
+    // probe from scratch finds. Not to the batch: the comparison holds the
+    // earlier rows' plans on the heap it measures (a few KiB, under one
+    // sample's bytes of these variants, 14 KiB and more), which a probe alone
+    // does not, and where a probe alone peaks within that of the limit (1.5
+    // KB on one host) the comparison's answer is one below, never above. The
+    // exact claim on one device is tests/tuner.rs's (a start from an
+    // expectation finds what a search from scratch finds).
     let started = |i: usize| rows[i]["started_at"].as_u64();
     assert!([0, 1].iter().all(|&i| started(i).is_none()), "{rows:?}");
     assert!((2..6).all(|i| started(i).is_some()), "{rows:?}");
@@ -380,7 +386,14 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
         let alone = autobatch(&[&["probe", "--model", "mlp", "--budget", "24MiB", "--json"][..], &flags].concat());
         assert!(alone.status.success(), "{}", text(&alone.stderr));
         let plan: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
-        assert_eq!(plan["largest_batch"].as_u64(), Some(largest(i)), "{flags:?}: {rows:?}");
+        let from_scratch = plan["largest_batch"].as_u64().unwrap();
+        assert!(per_sample(i) > 14_000.0, "{rows:?}");
+        assert!(
+            largest(i) == from_scratch || largest(i) + 1 == from_scratch,
+            "{flags:?}: {} alone, {} in the comparison: {rows:?}",
+            from_scratch,
+            largest(i)
+        );
         assert!(rows[i]["steps"].as_u64() < plan["trials"].as_array().map(|t| t.len() as u64), "{rows:?}");
     }
     let text_output = autobatch(&["probe", "--compare", "--model", "mlp", "--budget", "24MiB"]);
