@@ -160,7 +160,7 @@ fn bert(forked: bool) -> Plan {
             eval.largest_batch,
             alone.largest_batch,
             during.largest_batch,
-            autobatch::format_bytes(during.state_bytes)
+            autobatch::Bytes(during.state_bytes)
         );
     } else {
         assert!(!plan.complete_graph(), "{plan}");
