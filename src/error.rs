@@ -260,9 +260,11 @@ pub enum Error {
         nearest: usize,
         /// The number of ranks.
         world_size: usize,
-        /// With even ranks, the largest micro-batch that fits: the split
-        /// may take at most twice the fewest accumulation steps it needs at
-        /// that micro-batch, the planner's bound for exactness. `None` for
+        /// The accumulation steps of the nearest split: with even ranks the
+        /// fewest at the largest micro-batch, and an exact split may take at
+        /// most twice as many (the planner's bound for exactness).
+        accumulation_steps: usize,
+        /// With even ranks, the largest micro-batch that fits; `None` for
         /// uneven ranks, whose global batch needs only to be a whole number
         /// of granules.
         largest_micro_batch: Option<usize>,
@@ -548,11 +550,15 @@ impl Error {
                 names,
             ),
             Error::Overflow { what, valid } => format!("{what} is past what 64 bits count: {}", fill(valid, names)),
-            Error::InexactTarget { target, multiple_of, nearest, world_size, largest_micro_batch: Some(largest) } => {
+            Error::InexactTarget {
+                target,
+                multiple_of,
+                nearest,
+                world_size,
+                accumulation_steps,
+                largest_micro_batch: Some(largest),
+            } => {
                 let unit = world_size.saturating_mul(*multiple_of);
-                // twice k₀ = ⌈target / (ranks × the largest micro-batch in granules)⌉, as the planner bounds it
-                let per_step = world_size.checked_mul(largest - largest % multiple_of).filter(|&n| n > 0);
-                let max_steps = per_step.map_or(1, |per_step| target.div_ceil(per_step)).saturating_mul(2);
                 let divisible = if unit > 1 {
                     format!(", or use a target divisible by ranks × granularity = {unit}")
                 } else {
@@ -568,7 +574,7 @@ impl Error {
                     name("multiple_of"),
                     largest,
                     name("largest_micro_batch"),
-                    max_steps,
+                    accumulation_steps.saturating_mul(2),
                     name("exact_effective_batch"),
                 )
             }

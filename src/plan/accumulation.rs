@@ -55,6 +55,7 @@ impl Accumulation {
             multiple_of: self.multiple_of,
             nearest: self.effective_batch,
             world_size: self.world_size,
+            accumulation_steps: self.accumulation_steps,
             largest_micro_batch: Some(self.largest_micro_batch),
         })
     }

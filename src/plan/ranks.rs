@@ -141,6 +141,7 @@ impl RankSplit {
             multiple_of: self.multiple_of,
             nearest: self.global_batch,
             world_size: self.shares.len(),
+            accumulation_steps: self.accumulation_steps,
             largest_micro_batch: None,
         })
     }
