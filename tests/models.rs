@@ -12,7 +12,7 @@ use common::bits;
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::models::{BaseDtype, Config, Family, Lora, Pretrained, Training};
+use autobatch::models::{BaseDtype, Config, Family, Lora, Pretrained, RopeScaling, Training};
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW};
@@ -52,7 +52,7 @@ fn published_parameter_counts_are_computed_exactly() {
     assert_eq!(classifier.parameter_count() - (768 * 2 + 2), 109_482_240);
     let llama = published("llama-3.2-1b.json");
     assert_eq!((llama.family, llama.kv_heads, llama.head_dim, llama.dtype), (Family::Llama, 8, 64, DType::BF16));
-    assert!(llama.rope_scaling.is_some() && llama.tie_embeddings);
+    assert!(matches!(llama.rope, Some(rope) if matches!(rope.scaling, RopeScaling::Llama3(_))) && llama.tie_embeddings);
 }
 
 /// Tiny configs of every family, with what each exercises.
@@ -426,14 +426,41 @@ fn bad_configs_are_refused_by_field() {
                "num_hidden_layers": 2, "num_attention_heads": 4 {extra}}}"#
         )
     };
-    refused(&llama(r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#), "rope_scaling.rope_type");
+    refused(&llama(r#", "rope_scaling": {"rope_type": "longrope", "factor": 4.0}"#), "rope_scaling.rope_type");
+    refused(
+        &llama(r#", "rope_parameters": {"rope_type": "llama3", "factor": 8.0}"#),
+        "rope_parameters.low_freq_factor",
+    );
+    refused(&llama(r#", "rope_parameters": {"rope_type": "linear", "factor": 0}"#), "rope_parameters.factor");
+    refused(
+        &llama(r#", "rope_parameters": {"rope_type": "linear", "factor": 2, "beta_fast": 4}"#),
+        "rope_parameters.beta_fast",
+    );
+    refused(
+        &llama(r#", "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}"#),
+        "rope_parameters.partial_rotary_factor",
+    );
+    refused(&llama(r#", "quantization_config": {"quant_method": "bitsandbytes"}"#), "quantization_config");
+    refused(&llama(r#", "layer_types": ["full_attention", "chunked_attention"]"#), "layer_types");
+    refused(&llama(r#", "architectures": ["LlamaForSequenceClassification"]"#), "architectures");
+    refused(r#"{"model_type": 5}"#, "model_type");
+    refused(
+        r#"{"model_type": "gpt2", "vocab_size": 8, "n_embd": 8, "n_layer": 1, "n_head": 2, "scale_attn_by_inverse_layer_idx": true}"#,
+        "scale_attn_by_inverse_layer_idx",
+    );
+    // transformers 5's layout is read: theta and the scaling from rope_parameters
+    let v5 = Config::from_json(&llama(r#", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32}"#)).unwrap();
+    let rope = v5.rope.unwrap();
+    assert!(rope.theta == 1e6 && matches!(rope.scaling, RopeScaling::Yarn(yarn) if yarn.factor == 4.0), "{rope:?}");
+    let unknown = Config::from_json(&llama(r#", "rope_interleaved": false, "my_new_attention": true"#)).unwrap();
+    assert_eq!(unknown.unknown_keys, ["my_new_attention"]);
     refused(&llama(r#", "hidden_act": "gelu""#), "hidden_act");
     refused(&llama(r#", "num_key_value_heads": 3"#), "num_key_value_heads");
     refused(&llama(r#", "torch_dtype": "int8""#), "torch_dtype");
     refused(&llama(r#", "num_hidden_layers": 0"#), "num_hidden_layers");
     refused(r#"{"model_type": "llama", "vocab_size": 96}"#, "hidden_size");
     refused(
-        r#"{"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 8, "hidden_size": 8,
+        r#"{"model_type": "bert", "architectures": ["BertForTokenClassification"], "vocab_size": 8, "hidden_size": 8,
         "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}"#,
         "architectures",
     );
@@ -459,10 +486,32 @@ fn bad_configs_are_refused_by_field() {
     missing.remove("model.layers.1.self_attn.k_proj.bias");
     let err = Pretrained::from_tensors(&config, &Training::new(8), missing, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("model.layers.1.self_attn.k_proj.bias"), "{err}");
-    let mut wrong = tensors;
+    let mut wrong = tensors.clone();
     wrong.insert("model.norm.weight".into(), Tensor::ones(63, DType::F32, &Device::Cpu).unwrap());
     let err = Pretrained::from_tensors(&config, &Training::new(8), wrong, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("model.norm.weight"), "{err}");
+    // a tensor the model does not use is named; one transformers ignores too is listed
+    let mut extra = tensors.clone();
+    extra.insert("model.layers.0.self_attn.mystery.weight".into(), Tensor::ones(3, DType::F32, &Device::Cpu).unwrap());
+    let err = Pretrained::from_tensors(&config, &Training::new(8), extra, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("model.layers.0.self_attn.mystery.weight"), "{err}");
+    let mut buffers = tensors.clone();
+    buffers.insert(
+        "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+        Tensor::ones(8, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let loaded = Pretrained::from_tensors(&config, &Training::new(8), buffers, &Device::Cpu).unwrap();
+    assert_eq!(loaded.ignored_tensors().len(), 1, "{:?}", loaded.ignored_tensors());
+    // a base model's names (no `model.` prefix) load; a tied head's copy must equal the embedding
+    let bare: std::collections::HashMap<String, Tensor> =
+        tensors.iter().map(|(name, t)| (name.strip_prefix("model.").unwrap_or(name).to_owned(), t.clone())).collect();
+    assert!(Pretrained::from_tensors(&config, &Training::new(8), bare, &Device::Cpu).is_ok());
+    let mut copy = tensors.clone();
+    copy.insert("lm_head.weight".into(), tensors["model.embed_tokens.weight"].clone());
+    assert!(Pretrained::from_tensors(&config, &Training::new(8), copy.clone(), &Device::Cpu).is_ok());
+    copy.insert("lm_head.weight".into(), (&tensors["model.embed_tokens.weight"] * 2.0).unwrap());
+    let err = Pretrained::from_tensors(&config, &Training::new(8), copy, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("tie_word_embeddings"), "{err}");
     let unknown = Pretrained::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
     let Err(Error::InvalidSetting { setting, valid, .. }) = unknown else { panic!("an unknown target was taken") };
     assert!(setting == *"lora_targets" && valid.contains("q_proj"), "{valid}");
@@ -719,9 +768,62 @@ fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocati
     assert!(lora.fixed_bytes < footprint.fixed_bytes / 3, "{lora:?}");
 }
 
+/// The checkpoints transformers saved (tests/fixtures/hf, made by
+/// scripts/hf-fixtures.sh), loaded as saved: the parameter count, the logits,
+/// the loss and every parameter's gradient equal transformers', read from
+/// the config in transformers 5's layout and in transformers 4's.
+fn saved_checkpoints_compute_what_transformers_computes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let mut cases: Vec<_> = std::fs::read_dir(&root).unwrap().map(|entry| entry.unwrap().path()).collect();
+    cases.sort();
+    assert!(cases.len() >= 10, "the fixtures of every family: {cases:?}");
+    for case in cases {
+        let reference = candle_core::safetensors::load(case.join("reference.safetensors"), &Device::Cpu).unwrap();
+        let ids = reference["input_ids"].to_dtype(DType::U32).unwrap();
+        let labels = &reference["labels"];
+        let expected_count = reference["num_parameters"].to_vec1::<i64>().unwrap()[0] as u64;
+        for layout in ["config.json", "config.v4.json"] {
+            let what = format!("{} ({layout})", case.display());
+            let config = Config::from_file(case.join(layout)).unwrap_or_else(|err| panic!("{what}: {err}"));
+            assert_eq!(config.parameter_count(), expected_count, "{what}: transformers' num_parameters()");
+            assert!(config.unknown_keys.is_empty(), "{what}: keys not read: {:?}", config.unknown_keys);
+            let training = Training::new(ids.dim(1).unwrap()).dtype(DType::F32);
+            let model =
+                Pretrained::from_safetensors(&config, &training, &[case.join("model.safetensors")], &Device::Cpu)
+                    .unwrap_or_else(|err| panic!("{what}: {err}"));
+            // relative to the tensor's largest magnitude, or 1e-3 where a gradient is zero by
+            // symmetry (a key's bias: softmax ignores a shift) and both sides hold rounding
+            let close = |ours: &Tensor, theirs: &Tensor, name: &str| {
+                let scale = theirs.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+                let error = (ours - theirs).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+                let relative = error.to_scalar::<f32>().unwrap() / scale.max(1e-3);
+                assert!(relative <= 1e-5, "{what}: {name} off by {relative:e} of its largest magnitude {scale:e}");
+            };
+            close(&model.forward(&ids).unwrap(), &reference["logits"], "the logits");
+            let loss = model.loss_of(&ids, labels).unwrap();
+            close(&loss.reshape(1).unwrap(), &reference["loss"], "the loss");
+            let grads = loss.backward().unwrap();
+            let vars = model.varmap().data().lock().unwrap();
+            let theirs: Vec<&String> = reference.keys().filter(|name| name.starts_with("grad.")).collect();
+            assert_eq!(vars.len(), theirs.len(), "{what}: as many trained tensors as transformers has gradients");
+            for (name, var) in vars.iter() {
+                let hf_name = match config.family {
+                    Family::Gpt2 if name != "lm_head.weight" => format!("grad.transformer.{name}"),
+                    _ => format!("grad.{name}"),
+                };
+                let expected =
+                    reference.get(&hf_name).unwrap_or_else(|| panic!("{what}: transformers has no {hf_name}"));
+                let ours = grads.get(var).unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+                close(ours, expected, &format!("the gradient of {name}"));
+            }
+        }
+    }
+}
+
 fn main() {
     common::harness::run_sequentially(&[
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
+        ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
         (
             "every_family_builds_with_the_checkpoints_names_and_every_variable_learns",
             every_family_builds_with_the_checkpoints_names_and_every_variable_learns,

@@ -6,8 +6,8 @@
 
 use candle_core::{Module, Result, Tensor, D};
 
-use super::config::{BertHead, Config};
-use super::layers::{attention, gelu_erf, residual, split_heads, Layout, Norm, Proj};
+use super::config::{BertHead, Config, Gelu};
+use super::layers::{attention, embed, gelu, residual, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 
@@ -45,7 +45,12 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
         BertHead::MaskedLm => {
             push_linear(&mut specs, "cls.predictions.transform.dense", h, h);
             push_norm(&mut specs, "cls.predictions.transform.LayerNorm", h);
+            // untied, transformers' decoder has a weight and bias of its own, and keeps
+            // `cls.predictions.bias` (the tied decoder's bias) without using it
             specs.push(TensorSpec::new("cls.predictions.bias", &[config.vocab], Init::Zeros));
+            if !config.tie_embeddings {
+                push_linear(&mut specs, "cls.predictions.decoder", config.vocab, h);
+            }
         }
         BertHead::Classification { labels } => {
             push_linear(&mut specs, "bert.pooler.dense", h, h);
@@ -86,8 +91,17 @@ struct Layer {
 }
 
 enum Head {
-    MaskedLm { transform: Proj, norm: Norm, decoder: Proj, bias: Tensor },
-    Classification { pooler: Proj, classifier: Proj },
+    /// The decoder, and the bias added to it when it is the tied embedding.
+    MaskedLm {
+        transform: Proj,
+        norm: Norm,
+        decoder: Proj,
+        bias: Option<Tensor>,
+    },
+    Classification {
+        pooler: Proj,
+        classifier: Proj,
+    },
 }
 
 pub(crate) struct Bert {
@@ -98,6 +112,8 @@ pub(crate) struct Bert {
     layers: Vec<Layer>,
     head: Head,
     heads: usize,
+    gelu: Gelu,
+    padding_idx: Option<usize>,
 }
 
 impl Bert {
@@ -123,8 +139,13 @@ impl Bert {
                 transform: Proj::unadapted(weights, "cls.predictions.transform.dense", Layout::OutIn, lora)?,
                 norm: Norm::layer(weights, "cls.predictions.transform.LayerNorm", eps)?,
                 // tied: the word embeddings, as a projection (frozen ones keep no gradient)
-                decoder: Proj::unadapted(weights, "bert.embeddings.word_embeddings", Layout::OutIn, lora)?,
-                bias: weights.get("cls.predictions.bias")?,
+                decoder: Proj::unadapted(
+                    weights,
+                    if config.tie_embeddings { "bert.embeddings.word_embeddings" } else { "cls.predictions.decoder" },
+                    Layout::OutIn,
+                    lora,
+                )?,
+                bias: if config.tie_embeddings { Some(weights.get("cls.predictions.bias")?) } else { None },
             },
             BertHead::Classification { .. } => Head::Classification {
                 pooler: Proj::unadapted(weights, "bert.pooler.dense", Layout::OutIn, lora)?,
@@ -139,14 +160,16 @@ impl Bert {
             layers,
             head,
             heads: config.heads,
+            gelu: config.gelu,
+            padding_idx: config.padding_idx,
         })
     }
 
     /// The encoder's output `(b, s, hidden)` for token ids `(b, s)`, every token of type 0.
     fn encode(&self, ids: &Tensor) -> Result<Tensor> {
-        let (b, s) = ids.dims2()?;
+        let s = ids.dim(1)?;
         let hidden = self.word.dim(1)?;
-        let words = self.word.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, hidden))?;
+        let words = embed(&self.word, ids, self.padding_idx)?;
         let embedded = words.broadcast_add(&self.position.narrow(0, 0, s)?)?.broadcast_add(&self.token_type.get(0)?)?;
         let mut xs = self.embeddings_norm.forward(&embedded)?;
         let head_dim = hidden / self.heads;
@@ -154,7 +177,7 @@ impl Bert {
             let split = |proj: &Proj| split_heads(&proj.forward(&xs)?, self.heads, head_dim);
             let attended = attention(&split(&layer.query)?, &split(&layer.key)?, &split(&layer.value)?, false)?;
             xs = layer.attention_norm.forward(&residual(&layer.attention_out.forward(&attended)?, &xs)?)?;
-            let intermediate = gelu_erf(&layer.intermediate.forward(&xs)?)?;
+            let intermediate = gelu(&layer.intermediate.forward(&xs)?, self.gelu)?;
             xs = layer.output_norm.forward(&residual(&layer.output.forward(&intermediate)?, &xs)?)?;
         }
         Ok(xs)
@@ -165,12 +188,12 @@ impl Bert {
         let xs = self.encode(ids)?;
         match &self.head {
             Head::MaskedLm { transform, norm, decoder, bias } => {
-                let transformed = norm.forward(&gelu_erf(&transform.forward(&xs)?)?)?;
+                let transformed = norm.forward(&gelu(&transform.forward(&xs)?, self.gelu)?)?;
                 let logits = decoder.forward(&transformed)?;
-                if bias.track_op() {
-                    logits.broadcast_add(bias)
-                } else {
-                    crate::models::ops::add_constant(&logits, bias)
+                match bias {
+                    Some(bias) if bias.track_op() => logits.broadcast_add(bias),
+                    Some(bias) => crate::models::ops::add_constant(&logits, bias),
+                    None => Ok(logits),
                 }
             }
             Head::Classification { pooler, classifier } => {

@@ -5,8 +5,8 @@
 
 use candle_core::{Module, Result, Tensor};
 
-use super::config::{AttentionBias, Config, Family};
-use super::layers::{attention, residual, rotary_tables, rotate, split_heads, Layout, Norm, Proj};
+use super::config::{AttentionBias, Config, Family, Llama3Rope, RopeScaling, YarnRope};
+use super::layers::{attention, embed, residual, rotary_tables, rotate, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 
@@ -90,6 +90,9 @@ pub(crate) struct Decoder {
     norm: Norm,
     head: Proj,
     inverse_frequencies: Vec<f64>,
+    /// What cos and sin are scaled by (YaRN's attention factor).
+    rotary_scale: f64,
+    padding_idx: Option<usize>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -117,13 +120,16 @@ impl Decoder {
                 down: proj("mlp.down_proj")?,
             });
         }
+        let (inverse_frequencies, rotary_scale) = rotary_frequencies(config);
         let head_name = if config.tie_embeddings { "model.embed_tokens" } else { "lm_head" };
         Ok(Decoder {
             embed: weights.get("model.embed_tokens.weight")?,
             blocks,
             norm: Norm::rms(weights, "model.norm", eps)?,
             head: Proj::unadapted(weights, head_name, Layout::OutIn, lora)?,
-            inverse_frequencies: inverse_frequencies(config),
+            inverse_frequencies,
+            rotary_scale,
+            padding_idx: config.padding_idx,
             heads: config.heads,
             kv_heads: config.kv_heads,
             head_dim: config.head_dim,
@@ -142,13 +148,12 @@ impl Decoder {
 
     /// The token embeddings `(b, s, hidden)` of ids `(b, s)`.
     pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
-        let (b, s) = ids.dims2()?;
-        self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((b, s, self.embed.dim(1)?))
+        embed(&self.embed, ids, self.padding_idx)
     }
 
     /// The rotary tables for the sequence `xs` `(b, s, hidden)` holds.
     pub(crate) fn tables(&self, xs: &Tensor) -> Result<(Tensor, Tensor)> {
-        rotary_tables(&self.inverse_frequencies, xs.dim(1)?, xs.dtype(), xs.device())
+        rotary_tables(&self.inverse_frequencies, self.rotary_scale, xs.dim(1)?, xs.dtype(), xs.device())
     }
 
     /// Block `index` of the decoder.
@@ -175,13 +180,25 @@ impl Decoder {
     }
 }
 
-/// `1 / θ^(2i/d)` for each pair of a head's dimensions, with Llama 3's
-/// scaling when the config has it (long wavelengths divided by `factor`,
-/// short ones kept, a smooth blend between).
-fn inverse_frequencies(config: &Config) -> Vec<f64> {
+/// The rotary frequencies of a head's pairs of dimensions, as transformers
+/// computes them for the config's `rope_type`, and the factor cos and sin
+/// are scaled by (YaRN's attention factor; 1 otherwise).
+pub(crate) fn rotary_frequencies(config: &Config) -> (Vec<f64>, f64) {
     let d = config.head_dim;
-    let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / config.rope_theta.powf(2.0 * i as f64 / d as f64)).collect();
-    let Some(scaling) = config.rope_scaling else { return base };
+    let Some(rope) = config.rope else { return (Vec::new(), 1.0) };
+    let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / rope.theta.powf(2.0 * i as f64 / d as f64)).collect();
+    match rope.scaling {
+        // dynamic NTK changes the base only past the positions, where no step here runs
+        RopeScaling::None | RopeScaling::Dynamic { .. } => (base, 1.0),
+        RopeScaling::Linear { factor } => (base.into_iter().map(|f| f / factor).collect(), 1.0),
+        RopeScaling::Llama3(scaling) => (llama3(base, &scaling), 1.0),
+        RopeScaling::Yarn(yarn) => (yarn_frequencies(&base, rope.theta, d, &yarn), yarn.attention_factor),
+    }
+}
+
+/// Llama 3's scaling: long wavelengths divided by `factor`, short ones kept,
+/// a smooth blend between.
+fn llama3(base: Vec<f64>, scaling: &Llama3Rope) -> Vec<f64> {
     let old = scaling.original_max_position_embeddings as f64;
     let (low_wavelength, high_wavelength) = (old / scaling.low_freq_factor, old / scaling.high_freq_factor);
     base.into_iter()
@@ -196,6 +213,33 @@ fn inverse_frequencies(config: &Config) -> Vec<f64> {
                     (old / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
                 (1.0 - smooth) * frequency / scaling.factor + smooth * frequency
             }
+        })
+        .collect()
+}
+
+/// YaRN (transformers' `_compute_yarn_parameters`): each frequency a blend
+/// of itself (extrapolation) and itself over `factor` (interpolation), by a
+/// linear ramp over the dimensions between the correction range's bounds.
+fn yarn_frequencies(base: &[f64], theta: f64, d: usize, yarn: &YarnRope) -> Vec<f64> {
+    let dim = d as f64;
+    let original = yarn.original_max_position_embeddings as f64;
+    let correction =
+        |rotations: f64| (dim * (original / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
+    let (mut low, mut high) = (correction(yarn.beta_fast), correction(yarn.beta_slow));
+    if yarn.truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    base.iter()
+        .enumerate()
+        .map(|(i, &frequency)| {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let extrapolation = 1.0 - ramp;
+            frequency / yarn.factor * (1.0 - extrapolation) + frequency * extrapolation
         })
         .collect()
 }

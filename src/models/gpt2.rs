@@ -1,14 +1,14 @@
 //! GPT-2 (`gpt2`): learned positions, pre-norm blocks with layer norms and
 //! biases, `Conv1D` weights stored `(in, out)`, a `gelu_new` MLP, the head
-//! tied to the token embedding. Tensor names are the checkpoint's
+//! tied to the token embedding or its own (`lm_head.weight`). Tensor names are the checkpoint's
 //! (`h.0.attn.c_attn.weight`).
 
 use candle_core::{Module, Result, Tensor};
 
 use crate::models::ops::add_constant;
 
-use super::config::Config;
-use super::layers::{attention, gelu_tanh, residual, split_heads, Layout, Norm, Proj};
+use super::config::{Config, Gelu};
+use super::layers::{attention, gelu, residual, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 
@@ -35,6 +35,9 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
     }
     specs.push(TensorSpec::new("ln_f.weight", &[h], Init::Ones));
     specs.push(TensorSpec::new("ln_f.bias", &[h], Init::Zeros));
+    if !config.tie_embeddings {
+        specs.push(TensorSpec::new("lm_head.weight", &[config.vocab, h], Init::Normal(STD)));
+    }
     specs
 }
 
@@ -66,6 +69,7 @@ pub(crate) struct Gpt2 {
     ln_f: Norm,
     head: Proj,
     heads: usize,
+    gelu: Gelu,
 }
 
 impl Gpt2 {
@@ -89,9 +93,10 @@ impl Gpt2 {
             wpe: weights.get("wpe.weight")?,
             blocks,
             ln_f: Norm::layer(weights, "ln_f", eps)?,
-            // the head is the token embedding, (vocab, hidden) as a Linear reads it
-            head: Proj::unadapted(weights, "wte", Layout::OutIn, lora)?,
+            // tied: the token embedding, (vocab, hidden) as a Linear reads it
+            head: Proj::unadapted(weights, if config.tie_embeddings { "wte" } else { "lm_head" }, Layout::OutIn, lora)?,
             heads: config.heads,
+            gelu: config.gelu,
         })
     }
 
@@ -125,11 +130,11 @@ impl Gpt2 {
         let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
         let attended = attention(&part(0)?, &part(1)?, &part(2)?, true)?;
         let xs = residual(xs, &block.attn_proj.forward(&attended)?)?;
-        let mlp = gelu_tanh(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?)?;
+        let mlp = gelu(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?, self.gelu)?;
         residual(&xs, &block.mlp_proj.forward(&mlp)?)
     }
 
-    /// The final norm and the tied head.
+    /// The final norm and the head.
     pub(crate) fn head(&self, xs: &Tensor) -> Result<Tensor> {
         self.head.forward(&self.ln_f.forward(xs)?)
     }

@@ -159,19 +159,24 @@ fn normalized(xs: &Tensor, eps: f32, centered: bool) -> Result<Tensor> {
     x.broadcast_div(&(norm + eps as f64)?.sqrt()?)?.to_dtype(dtype)
 }
 
-/// Rotary tables for positions `0..seq_len`: cos and sin of `(seq_len, head_dim / 2)`.
+/// Rotary tables for positions `0..seq_len`: cos and sin of `(seq_len,
+/// head_dim / 2)`, each times `scale`. As transformers computes them: the
+/// frequencies and the angles in f32, cos and sin in f32, then the model's dtype.
 pub(crate) fn rotary_tables(
     inverse_frequencies: &[f64],
+    scale: f64,
     seq_len: usize,
     dtype: DType,
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
     let half = inverse_frequencies.len();
     let angles: Vec<f32> = (0..seq_len)
-        .flat_map(|position| inverse_frequencies.iter().map(move |f| (position as f64 * f) as f32))
+        .flat_map(|position| inverse_frequencies.iter().map(move |&f| position as f32 * f as f32))
         .collect();
     let angles = Tensor::from_vec(angles, (seq_len, half), device)?;
-    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+    let (cos, sin) = (angles.cos()?, angles.sin()?);
+    let (cos, sin) = if scale == 1.0 { (cos, sin) } else { ((cos * scale)?, (sin * scale)?) };
+    Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
 }
 
 /// Multi-head attention of `q` `(b, heads, s, d)` over `k`, `v` `(b, kv_heads,
@@ -231,12 +236,83 @@ pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor>
     candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
 }
 
-/// GPT-2's `gelu_new`: the tanh approximation.
-pub(crate) fn gelu_tanh(xs: &Tensor) -> Result<Tensor> {
-    xs.gelu()
+/// GELU: the tanh approximation (`gelu_new`, GPT-2's) or the exact erf
+/// form (`gelu`, BERT's).
+pub(crate) fn gelu(xs: &Tensor, kind: super::config::Gelu) -> Result<Tensor> {
+    match kind {
+        super::config::Gelu::Tanh => xs.gelu(),
+        super::config::Gelu::Erf => xs.gelu_erf(),
+    }
 }
 
-/// BERT's `gelu`: the exact, erf form.
-pub(crate) fn gelu_erf(xs: &Tensor) -> Result<Tensor> {
-    xs.gelu_erf()
+/// The rows of `table` `(vocab, hidden)` for token ids `(b, s)`: `(b, s,
+/// hidden)`. With `padding_idx` (transformers' `nn.Embedding(padding_idx=…)`)
+/// the padding token's row gets no gradient, as in PyTorch.
+pub(crate) fn embed(table: &Tensor, ids: &Tensor, padding_idx: Option<usize>) -> Result<Tensor> {
+    let (b, s) = ids.dims2()?;
+    let hidden = table.dim(1)?;
+    let flat = ids.flatten_all()?;
+    let rows = match padding_idx {
+        Some(padding) if table.track_op() => table.apply_op2(&flat, PaddedRows { padding: padding as u32 })?,
+        _ => table.index_select(&flat, 0)?,
+    };
+    rows.reshape((b, s, hidden))
+}
+
+/// `index_select` of a table's rows whose backward pass leaves the padding
+/// row's gradient at zero.
+struct PaddedRows {
+    padding: u32,
+}
+
+impl PaddedRows {
+    fn apply<S: candle_core::backend::BackendStorage>(
+        s1: &S,
+        l1: &candle_core::Layout,
+        s2: &S,
+        l2: &candle_core::Layout,
+    ) -> Result<(S, candle_core::Shape)> {
+        let (rows, hidden) = (l2.dims()[0], l1.dims()[1]);
+        Ok((s1.index_select(s2, l1, l2, 0)?, (rows, hidden).into()))
+    }
+}
+
+impl candle_core::CustomOp2 for PaddedRows {
+    fn name(&self) -> &'static str {
+        "embedding-with-padding"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        Self::apply(s1, l1, s2, l2)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &candle_core::Layout,
+    ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        Self::apply(s1, l1, s2, l2)
+    }
+
+    fn bwd(
+        &self,
+        table: &Tensor,
+        ids: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        // the padding rows' share of the gradient is dropped before it is added up
+        let kept = ids.ne(self.padding)?.to_dtype(grad.dtype())?.unsqueeze(1)?;
+        let grad = grad.broadcast_mul(&kept)?;
+        Ok((Some(table.zeros_like()?.index_add(ids, &grad, 0)?), None))
+    }
 }

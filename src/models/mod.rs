@@ -41,9 +41,11 @@
 //! ```
 
 mod bert;
+mod checkpoint;
 mod config;
 mod decoder;
 mod gpt2;
+mod keys;
 mod layers;
 mod lora;
 pub mod ops;
@@ -53,7 +55,9 @@ mod weights;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 
-pub use config::{AttentionBias, BertHead, Config, Family, Llama3Rope};
+pub use config::{
+    AttentionBias, BertHead, Config, Family, Gelu, Llama3Rope, Rope, RopeScaling, YarnRope, MAX_CONFIG_BYTES,
+};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 
 use crate::models::reference::params::Rng;
@@ -114,8 +118,42 @@ impl Config {
         }
     }
 
+    /// The start of layer `index`'s tensor names.
+    fn layer_prefix(&self, index: usize) -> String {
+        match self.family {
+            Family::Gpt2 => format!("h.{index}."),
+            Family::Bert => format!("bert.encoder.layer.{index}."),
+            _ => format!("model.layers.{index}."),
+        }
+    }
+
+    /// The elements of `specs` outside the layers and in one layer (every
+    /// layer is alike), listed for a one-layer copy: counted without a list
+    /// as long as the layers, every product checked.
+    fn split_counts(&self, specs: impl Fn(&Config) -> Vec<TensorSpec>) -> Option<(u64, u64)> {
+        let one = Config { layers: 1, ..self.clone() };
+        let prefix = self.layer_prefix(0);
+        let (mut outside, mut layer) = (0u64, 0u64);
+        for spec in specs(&one) {
+            let elements = spec.elements()?;
+            if spec.name.starts_with(&prefix) {
+                layer = layer.checked_add(elements)?;
+            } else {
+                outside = outside.checked_add(elements)?;
+            }
+        }
+        Some((outside, layer))
+    }
+
+    /// `outside + layers × layer`, checked.
+    fn over_layers(&self, (outside, layer): (u64, u64)) -> Option<u64> {
+        layer.checked_mul(self.layers as u64)?.checked_add(outside)
+    }
+
     /// The model's parameters, counted from the config without allocating:
-    /// every tensor of the checkpoint once (a tied head is the embedding).
+    /// every tensor of the checkpoint once (a tied head is the embedding), as
+    /// transformers' `num_parameters()` counts them; `u64::MAX` for a config
+    /// past 64 bits (see [`checked_parameter_count`](Self::checked_parameter_count)).
     ///
     /// ```
     /// let gpt2 = autobatch::models::Config::from_json(
@@ -125,7 +163,7 @@ impl Config {
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn parameter_count(&self) -> u64 {
-        self.tensors().iter().map(TensorSpec::elements).sum()
+        count_parameters(self).unwrap_or(u64::MAX)
     }
 
     /// The projections LoRA can adapt: checkpoint names with (out, in).
@@ -137,10 +175,24 @@ impl Config {
         }
     }
 
+    /// The projections of one layer (every layer has the same).
+    fn layer_projections(&self) -> Vec<(String, usize, usize)> {
+        Config { layers: 1, ..self.clone() }.projections()
+    }
+
+    /// Tensors transformers keeps in the model and never uses (an untied
+    /// BERT head's `cls.predictions.bias`): counted and loaded, never trained.
+    fn unused_tensors(&self) -> Vec<&'static str> {
+        match (self.family, self.bert_head, self.tie_embeddings) {
+            (Family::Bert, BertHead::MaskedLm, false) => vec!["cls.predictions.bias"],
+            _ => Vec::new(),
+        }
+    }
+
     /// The module names LoRA can target in this family.
     pub fn lora_modules(&self) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();
-        for (name, _, _) in self.projections() {
+        for (name, _, _) in self.layer_projections() {
             let module = name.rsplit('.').next().unwrap_or(&name).to_owned();
             if !names.contains(&module) {
                 names.push(module);
@@ -152,6 +204,22 @@ impl Config {
     /// The adapters `lora` adds: `{module}.lora_A.weight` `(r, in)` and
     /// `{module}.lora_B.weight` `(out, r)` for each module it targets.
     fn adapters(&self, lora: &Lora) -> Result<Vec<TensorSpec>, Error> {
+        self.check_lora(lora)?;
+        Ok(self.adapter_specs(lora))
+    }
+
+    fn adapter_specs(&self, lora: &Lora) -> Vec<TensorSpec> {
+        let mut specs = Vec::new();
+        for (name, out, input) in self.projections().into_iter().filter(|(name, _, _)| lora.targets(name)) {
+            let std = 1.0 / (input as f32).sqrt();
+            specs.push(TensorSpec::new(format!("{name}.lora_A.weight"), &[lora.rank, input], Init::Normal(std)));
+            specs.push(TensorSpec::new(format!("{name}.lora_B.weight"), &[out, lora.rank], Init::Zeros));
+        }
+        specs
+    }
+
+    /// A rank of at least 1 and targets that are modules of this family.
+    fn check_lora(&self, lora: &Lora) -> Result<(), Error> {
         if lora.rank == 0 {
             return Err(Error::zero("lora_rank"));
         }
@@ -170,27 +238,30 @@ impl Config {
                 format!("use one or more of {}", valid.join(", ")),
             ));
         }
-        let mut specs = Vec::new();
-        for (name, out, input) in self.projections().into_iter().filter(|(name, _, _)| lora.targets(name)) {
-            let std = 1.0 / (input as f32).sqrt();
-            specs.push(TensorSpec::new(format!("{name}.lora_A.weight"), &[lora.rank, input], Init::Normal(std)));
-            specs.push(TensorSpec::new(format!("{name}.lora_B.weight"), &[out, lora.rank], Init::Zeros));
-        }
-        Ok(specs)
+        Ok(())
+    }
+
+    /// The adapters' elements, counted without a per-layer list.
+    fn adapter_count(&self, lora: &Lora) -> Result<Option<u64>, Error> {
+        self.check_lora(lora)?;
+        Ok(self.split_counts(|one| one.adapter_specs(lora)).and_then(|counts| self.over_layers(counts)))
     }
 
     /// What a step of this model surely needs, from the config alone: the
     /// weights, and for what trains its gradient and two AdamW moments; per
-    /// sample, one layer's attention scores and the logits in f32. What
-    /// decides, before anything is allocated, that not even batch 1 fits.
+    /// sample, the activations the backward pass surely keeps (each layer's
+    /// projection inputs and outputs, its attention scores and weights, the
+    /// logits in f32; with checkpointing, each layer's input and one layer's
+    /// activations). What decides, before anything is allocated, that not
+    /// even the first batch fits. Every product is checked.
     pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
         let model_dtype = self.model_dtype(training)?;
         let dtype = model_dtype.size_in_bytes() as u64;
-        let base = self.parameter_count();
         let overflow = || Error::byte_overflow(format!("the tensors of {}", self.describe(training)));
+        let base = self.checked_parameter_count()?;
         let (trained, fixed) = match &training.lora {
             Some(lora) => {
-                let adapters: u64 = self.adapters(lora)?.iter().map(TensorSpec::elements).sum();
+                let adapters = self.adapter_count(lora)?.ok_or_else(overflow)?;
                 let adapter_bytes = lora.adapter_dtype(model_dtype).size_in_bytes() as u64;
                 let frozen = self.frozen_bytes(training)?;
                 let fixed = adapters.checked_mul(4 * adapter_bytes).and_then(|a| a.checked_add(frozen));
@@ -198,18 +269,37 @@ impl Config {
             }
             None => (base, base.checked_mul(4 * dtype).ok_or_else(overflow)?),
         };
-        let s = training.seq_len as u64;
-        let outputs = match (self.family, self.bert_head) {
-            (Family::Bert, BertHead::Classification { labels }) => labels as u64,
-            _ => s * self.vocab as u64,
-        };
-        let per_sample = (2 * self.heads as u64 * s * s * dtype).checked_add(outputs * 4).ok_or_else(overflow)?;
+        let per_sample = self.min_activation_bytes(training.seq_len as u64, dtype, training.checkpointing);
         Ok(Footprint {
             model: self.describe(training),
             parameters: trained,
             fixed_bytes: fixed,
-            min_bytes_per_sample: per_sample,
+            min_bytes_per_sample: per_sample.ok_or_else(overflow)?,
         })
+    }
+
+    /// A lower bound on the bytes one sample of `seq_len` tokens keeps for
+    /// the backward pass in `dtype_bytes` (see [`footprint`](Self::footprint)).
+    fn min_activation_bytes(&self, s: u64, dtype_bytes: u64, checkpointing: bool) -> Option<u64> {
+        let (h, i) = (self.hidden as u64, self.intermediate as u64);
+        let (q, kv) = ((self.heads * self.head_dim) as u64, (self.kv_heads * self.head_dim) as u64);
+        let mlp = if self.family.is_llama_like() { 3 * i } else { 2 * i };
+        // the norm's output and the residual, q, k, v, the attention's output, the MLP's
+        let widths = (2 * h).checked_add(q)?.checked_add(2 * kv)?.checked_add(q)?.checked_add(mlp)?;
+        let tokens = s.checked_mul(widths)?;
+        // the scores and their softmax, per head
+        let scores = s.checked_mul(s)?.checked_mul(2 * self.heads as u64)?;
+        let layer = tokens.checked_add(scores)?.checked_mul(dtype_bytes)?;
+        let layers = if checkpointing {
+            s.checked_mul(h)?.checked_mul(dtype_bytes)?.checked_mul(self.layers as u64)?.checked_add(layer)?
+        } else {
+            layer.checked_mul(self.layers as u64)?
+        };
+        let outputs = match (self.family, self.bert_head) {
+            (Family::Bert, BertHead::Classification { labels }) => labels as u64,
+            _ => s.checked_mul(self.vocab as u64)?,
+        };
+        layers.checked_add(outputs.checked_mul(4)?)
     }
 
     /// The bytes of a LoRA model's frozen base, from the config alone: its
@@ -230,13 +320,15 @@ impl Config {
     pub fn frozen_bytes(&self, training: &Training) -> Result<u64, Error> {
         let Some(lora) = &training.lora else { return Ok(0) };
         let dtype = self.model_dtype(training)?.size_in_bytes() as u64;
-        let base = self.parameter_count();
+        let base = self.checked_parameter_count()?;
         let overflow = || Error::byte_overflow(format!("the frozen base of {}", self.describe(training)));
         let Some(quantized) = lora.base.and_then(BaseDtype::quantized) else {
             return base.checked_mul(dtype).ok_or_else(overflow);
         };
-        let sizes: Vec<u64> = self.projections().iter().map(|(_, out, input)| (out * input) as u64).collect();
-        let (projections, largest) = (sizes.iter().sum::<u64>(), sizes.iter().copied().max().unwrap_or(0));
+        let sizes: Vec<u64> =
+            self.layer_projections().iter().map(|(_, out, input)| *out as u64 * *input as u64).collect();
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let projections = sizes.iter().sum::<u64>().checked_mul(self.layers as u64).ok_or_else(overflow)?;
         // whole blocks, and the one weight a product dequantizes (f32, then the model's dtype)
         let dequantized = if dtype == 4 { 4 } else { 4 + dtype };
         (projections / quantized.block_size() as u64)
@@ -275,7 +367,7 @@ impl Config {
             return Err(refused("f32 or bf16 to keep candle's gradients of the frozen weights".into()));
         }
         let block = base.quantized().map_or(1, |quantized| quantized.block_size());
-        if let Some((name, _, input)) = self.projections().into_iter().find(|(_, _, input)| input % block != 0) {
+        if let Some((name, _, input)) = self.layer_projections().into_iter().find(|(_, _, input)| input % block != 0) {
             return Err(refused(format!(
                 "f32 or bf16 here: {name} takes {input} features, not a multiple of {block}, the block of {base}"
             )));
@@ -315,6 +407,12 @@ impl Config {
     }
 }
 
+/// The parameters of `config`, counted without a per-layer list; `None`
+/// past 64 bits.
+pub(crate) fn count_parameters(config: &Config) -> Option<u64> {
+    config.over_layers(config.split_counts(Config::tensors)?)
+}
+
 /// The network of one family over its weights.
 enum Network {
     Decoder(decoder::Decoder),
@@ -346,6 +444,8 @@ pub struct Pretrained {
     device: Device,
     /// The sequence length it was built for: the longest it steps at.
     longest: usize,
+    /// Checkpoint tensors left unused, as transformers leaves them.
+    ignored: Vec<String>,
 }
 
 impl Pretrained {
@@ -410,22 +510,37 @@ impl Pretrained {
         if let Some(lora) = &training.lora {
             specs.extend(config.adapters(lora)?);
         }
-        let trained = |name: &str| trains_everything || name.contains(".lora_");
+        // a tensor transformers keeps and does not use (an untied BERT head's old bias) never learns
+        let unused = config.unused_tensors();
+        let trained = |name: &str| (trains_everything && !unused.contains(&name)) || name.contains(".lora_");
+        let mut ignored = Vec::new();
         let weights = match given {
             None => Weights::build(&specs, training.seed, dtype_of, device, trained)?,
-            Some(mut given) => {
-                let mut rng_specs = specs.clone();
-                rng_specs.retain(|spec| spec.name.contains(".lora_") && !given.contains_key(&spec.name));
-                // adapters a checkpoint does not hold start as a new adapter does
-                let fresh = Weights::build(&rng_specs, training.seed, dtype_of, device, |_| false)?;
-                let source = |spec: &TensorSpec| match given.remove(&spec.name) {
+            Some(given) => {
+                let names: Vec<String> = specs.iter().map(|spec| spec.name.clone()).collect();
+                let mut matched = checkpoint::match_names(config, &names, given)?;
+                ignored = matched.ignored;
+                // adapters and a new classifier a checkpoint does not hold start as they start in build
+                let mut fresh_specs = specs.clone();
+                fresh_specs.retain(|spec| {
+                    (spec.name.contains(".lora_") || checkpoint::starts_fresh(config, &spec.name))
+                        && !matched.tensors.contains_key(&spec.name)
+                });
+                let fresh = Weights::build(&fresh_specs, training.seed, dtype_of, device, |_| false)?;
+                let source = |spec: &TensorSpec| match matched.tensors.remove(&spec.name) {
                     Some(tensor) => Ok(tensor),
-                    None if spec.name.contains(".lora_") => fresh.get(&spec.name),
-                    None => Err(candle_core::Error::Msg(format!("the weights have no tensor {}", spec.name))),
+                    None if fresh.maybe(&spec.name).is_some() => fresh.get(&spec.name),
+                    None => Err(candle_core::Error::Msg(format!(
+                        "the checkpoint has no tensor {}",
+                        checkpoint::both_spellings(config.family, &spec.name)
+                    ))),
                 };
                 Weights::from_source(&specs, dtype_of, source, trained)?
             }
         };
+        if !ignored.is_empty() {
+            log::info!("checkpoint tensors left unused, as transformers leaves them: {}", ignored.join(", "));
+        }
         let mut weights = weights;
         if let Some(quantized) = training.lora.as_ref().and_then(|lora| lora.base?.quantized()) {
             for (name, _, _) in config.projections() {
@@ -453,7 +568,64 @@ impl Pretrained {
             dtype,
             device: device.clone(),
             longest: training.seq_len,
+            ignored,
         })
+    }
+
+    /// The checkpoint's tensors it left unused as transformers leaves them
+    /// (a tied head's copy, buffers, another task's head), each with why.
+    pub fn ignored_tensors(&self) -> &[String] {
+        &self.ignored
+    }
+
+    /// The loss transformers computes for `model(input_ids, labels=labels).loss`,
+    /// in f32, on `input_ids` `(b, s)` and `labels` (i64, `-100` ignored):
+    /// a decoder's next-token loss, `labels` `(b, s)` shifted inside (the
+    /// logits at position t against `labels[t + 1]`: s tokens give s − 1
+    /// predictions); BERT's masked-LM loss, `labels` `(b, s)` with `-100`
+    /// everywhere but the masked positions; a BERT classifier's, `labels`
+    /// `(b)`. The mean over the labels not ignored.
+    pub fn loss_of(&self, input_ids: &Tensor, labels: &Tensor) -> Result<Tensor, Error> {
+        let (b, s) = input_ids.dims2()?;
+        let labels_host = labels.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
+        let logits = self.forward(input_ids)?;
+        if let Network::Bert(network) = &self.network {
+            if !network.predicts_tokens() {
+                let targets = Tensor::from_vec(labels_host.iter().map(|&l| l as u32).collect(), b, &self.device)?;
+                return Ok(layers::cross_entropy(&logits, &targets)?);
+            }
+        }
+        if labels_host.len() != b * s {
+            return Err(Error::invalid(
+                crate::Setting::Input("labels".to_owned()),
+                crate::Value::Count(labels_host.len()),
+                format!("give one label per input token, {b} × {s}"),
+            ));
+        }
+        let shift = usize::from(!matches!(self.network, Network::Bert(_)));
+        let (mut rows, mut targets) = (Vec::new(), Vec::new());
+        for sample in 0..b {
+            for position in 0..s - shift.min(s) {
+                let label = labels_host[sample * s + position + shift];
+                if label == -100 {
+                    continue;
+                }
+                let vocab = self.config.vocab as i64;
+                if !(0..vocab).contains(&label) {
+                    return Err(Error::invalid(
+                        crate::Setting::Input("labels".to_owned()),
+                        crate::Value::Text(label.to_string()),
+                        format!("a token id below the vocabulary, {vocab}, or -100 to ignore the position"),
+                    ));
+                }
+                rows.push((sample * s + position) as u32);
+                targets.push(label as u32);
+            }
+        }
+        let count = rows.len();
+        let logits = logits.reshape((b * s, self.config.vocab))?;
+        let picked = logits.index_select(&Tensor::from_vec(rows, count, &self.device)?, 0)?;
+        Ok(layers::cross_entropy(&picked, &Tensor::from_vec(targets, count, &self.device)?)?)
     }
 
     /// What trains: every tensor, or the LoRA adapters alone.
@@ -642,6 +814,7 @@ impl Model for Pretrained {
             dtype: self.dtype,
             device: self.device.clone(),
             longest: self.longest,
+            ignored: self.ignored.clone(),
         }
     }
 }

@@ -37,8 +37,9 @@ impl TensorSpec {
         TensorSpec { name: name.into(), shape: shape.to_vec(), init }
     }
 
-    pub(crate) fn elements(&self) -> u64 {
-        self.shape.iter().map(|&d| d as u64).product()
+    /// Its elements; `None` past 64 bits.
+    pub(crate) fn elements(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |product, &d| product.checked_mul(d as u64))
     }
 }
 

@@ -1,0 +1,132 @@
+"""Reference fixtures from Hugging Face transformers + torch, on the CPU.
+
+For each case: a tiny random model of one family, saved by `save_pretrained`
+(config.json in transformers 5's layout and model.safetensors as written), the
+same config in transformers 4's layout (config.v4.json: `rope_theta` and
+`rope_scaling` at the top, `torch_dtype`), and reference.safetensors: the
+input ids, the labels, the logits, the loss and every parameter's gradient
+(`grad.` + the parameter's name in the model), in f32, computed by
+`model(input_ids, labels=labels)` in eval mode (no dropout) and `loss.backward()`.
+
+Run through scripts/hf-fixtures.sh, which pins the versions. The outputs are
+committed under tests/fixtures/hf/; `cargo test` reads them without Python.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/hf")
+
+DECODER = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=64)
+
+CASES = {
+    # grouped-query attention, Llama 3's scaling at theta 5e5, a tied head, a padding id in the data
+    "llama3-tied": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(
+        DECODER, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=16))),
+    # an untied head, linear scaling, every bias
+    "llama-untied-linear": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(
+        DECODER, num_key_value_heads=4, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
+        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
+    # one kv head, a window longer than the sequence, theta 1e6
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(
+        DECODER, num_key_value_heads=1, sliding_window=4096, head_dim=8,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # q/k/v biases, a tied head, YaRN
+    "qwen2-yarn": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(
+        DECODER, num_key_value_heads=2, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
+                             original_max_position_embeddings=16))),
+    # q/k norms, a head_dim that is not hidden / heads, dynamic NTK
+    "qwen3-dynamic": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(
+        DECODER, num_key_value_heads=2, head_dim=12, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="dynamic", rope_theta=1000000.0, factor=2.0))),
+    "gpt2-tied": (transformers.GPT2Config, transformers.GPT2LMHeadModel, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    "gpt2-untied": (transformers.GPT2Config, transformers.GPT2LMHeadModel, dict(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, tie_word_embeddings=False)),
+    "bert-mlm": (transformers.BertConfig, transformers.BertForMaskedLM, dict(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, pad_token_id=0)),
+    "bert-mlm-untied": (transformers.BertConfig, transformers.BertForMaskedLM, dict(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)),
+    "bert-classifier": (transformers.BertConfig, transformers.BertForSequenceClassification, dict(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, pad_token_id=0, num_labels=3)),
+}
+
+
+def v4_layout(config: dict) -> dict:
+    """The same config as transformers 4 wrote it: `rope_theta` and
+    `rope_scaling` at the top level, `torch_dtype` for `dtype`."""
+    config = dict(config)
+    rope = config.pop("rope_parameters", None)
+    if rope is not None:
+        rope = dict(rope)
+        config["rope_theta"] = rope.pop("rope_theta", 10000.0)
+        config["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+    if "dtype" in config:
+        config["torch_dtype"] = config.pop("dtype")
+    config["transformers_version"] = "4.57.1"
+    return config
+
+
+def main():
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1234)
+    for name, (config_class, model_class, settings) in CASES.items():
+        config = config_class(**settings)
+        model = model_class(config).float()
+        with torch.no_grad():
+            # every tensor away from its initial constant, so that a norm or bias read wrong shows
+            for parameter in model.parameters():
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+        model.eval()
+        folder = OUT / name
+        if folder.exists():
+            shutil.rmtree(folder)
+        model.save_pretrained(folder)
+        (folder / "generation_config.json").unlink(missing_ok=True)  # generation only
+        saved = json.loads((folder / "config.json").read_text())
+        (folder / "config.v4.json").write_text(json.dumps(v4_layout(saved), indent=2) + "\n")
+
+        ids = torch.randint(0, config.vocab_size, (2, 9), generator=generator)
+        ids[0, 3] = 0  # the padding id (where a config has one): no gradient for its embedding row
+        if isinstance(model, transformers.BertForMaskedLM):
+            labels = torch.full_like(ids, -100)
+            for row, col in [(0, 1), (0, 4), (1, 0), (1, 5), (1, 8)]:
+                labels[row, col] = ids[row, col]
+                ids[row, col] = 3  # the mask token
+        elif isinstance(model, transformers.BertForSequenceClassification):
+            labels = torch.tensor([2, 0])
+        else:
+            labels = ids.clone()
+            labels[1, 6] = -100  # an ignored position
+        output = model(input_ids=ids, labels=labels)
+        output.loss.backward()
+        tensors = {
+            "input_ids": ids.contiguous(),
+            "labels": labels.contiguous(),
+            "logits": output.logits.detach().float().contiguous(),
+            "loss": output.loss.detach().float().reshape(1),
+        }
+        for parameter_name, parameter in model.named_parameters():
+            if parameter.grad is not None:
+                tensors[f"grad.{parameter_name}"] = parameter.grad.float().contiguous()
+        tensors["num_parameters"] = torch.tensor([model.num_parameters()], dtype=torch.int64)
+        save_file(tensors, folder / "reference.safetensors",
+                  metadata={"transformers": transformers.__version__, "torch": torch.__version__})
+        print(f"{name}: {model.num_parameters()} parameters, loss {output.loss.item():.6f}")
+
+
+if __name__ == "__main__":
+    main()
