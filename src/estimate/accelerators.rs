@@ -112,16 +112,55 @@ impl Accelerator {
     /// ```
     pub fn named(name: &str) -> Result<&'static Accelerator, Error> {
         let wanted = name.trim().to_ascii_lowercase().replace('_', "-");
-        Accelerator::ALL.iter().find(|card| card.name == wanted || card.aliases.contains(&wanted.as_str())).ok_or_else(
-            || {
-                Error::invalid(
-                    "accelerator",
-                    crate::Value::Text(name.to_owned()),
-                    format!("known names are {} (or give its memory, e.g. 80GB)", known_names()),
-                )
-            },
-        )
+        let found = Accelerator::ALL.iter().find(|card| card.name == wanted || card.aliases.contains(&wanted.as_str()));
+        found.ok_or_else(|| {
+            let suggestion = match Accelerator::nearest(&wanted) {
+                Some(card) => format!("did you mean {} ({})? ", card.name, card.description),
+                None => String::new(),
+            };
+            Error::invalid(
+                "accelerator",
+                crate::Value::Text(name.to_owned()),
+                format!("{suggestion}known names are {} (or give its memory, e.g. 80GB)", known_names()),
+            )
+        })
     }
+
+    /// The card a near miss of its name means: `rtx409`, `h-100`, `a100`
+    /// (the first of its sizes), or a card's number alone (`4090`).
+    pub fn nearest(text: &str) -> Option<&'static Accelerator> {
+        let wanted: String = text.trim().to_ascii_lowercase().chars().filter(char::is_ascii_alphanumeric).collect();
+        if wanted.is_empty() {
+            return None;
+        }
+        let squeezed = |name: &str| name.chars().filter(char::is_ascii_alphanumeric).collect::<String>();
+        let names = |card: &'static Accelerator| std::iter::once(card.name).chain(card.aliases.iter().copied());
+        let all = || Accelerator::ALL.iter().flat_map(move |card| names(card).map(move |name| (card, squeezed(name))));
+        // a name that starts with or ends with what was given (`a100` → a100-40gb, `4090` → rtx4090)
+        if wanted.len() >= 2 {
+            if let Some((card, _)) = all().find(|(_, name)| name.starts_with(&wanted) || name.ends_with(&wanted)) {
+                return Some(card);
+            }
+        }
+        // one letter off
+        all().filter(|(_, name)| edit_distance(name, &wanted) <= 1).map(|(card, _)| card).next()
+    }
+}
+
+/// Levenshtein distance of two short names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let current = row[j + 1];
+            row[j + 1] = (previous + usize::from(ca != cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            previous = current;
+        }
+    }
+    row[b.len()]
 }
 
 /// The names [`Accelerator::named`] knows, comma-separated.
@@ -132,6 +171,18 @@ pub(crate) fn known_names() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_near_miss_or_a_cards_number_names_the_card() {
+        for (given, card) in
+            [("4090", "rtx4090"), ("rtx409", "rtx4090"), ("h-100", "h100"), ("a100-40", "a100-40gb"), ("h20", "h200")]
+        {
+            assert_eq!(Accelerator::nearest(given).map(|c| c.name), Some(card), "{given}");
+        }
+        assert_eq!(Accelerator::nearest("zz"), None);
+        let err = Accelerator::named("rtx409").unwrap_err().to_string();
+        assert!(err.contains("did you mean rtx4090"), "{err}");
+    }
 
     #[test]
     fn names_and_aliases_are_unique_and_in_memory_order() {

@@ -316,7 +316,8 @@ impl Setup {
         for change in self.changes() {
             // a changed setup too large to count is one that does not help
             let Some(total) = self.apply(&change)?.and_then(|changed| changed.total().ok()) else { continue };
-            if total < now {
+            // a change that saves under 1% of the total does not help anyone fit
+            if total < now && (now - total).saturating_mul(100) >= now {
                 advice.push(Remedy {
                     change,
                     saves_bytes: now - total,

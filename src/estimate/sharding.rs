@@ -71,12 +71,19 @@ impl Sharding {
         let partitioned = if self.zero_stage > 0 { self.data_parallel } else { 1 };
         let devices = self.tensor_parallel.checked_mul(partitioned);
         if devices.is_none_or(|devices| devices > parameters) {
+            // the setting past the parameters on its own, or the larger of the two
+            let (setting, value) = if self.tensor_parallel > parameters || partitioned <= self.tensor_parallel {
+                ("tensor_parallel", self.tensor_parallel)
+            } else {
+                ("data_parallel", self.data_parallel)
+            };
             return Err(Error::invalid(
-                "tensor_parallel",
-                crate::Value::Count(usize::try_from(self.tensor_parallel).unwrap_or(usize::MAX)),
+                setting,
+                crate::Value::Count(usize::try_from(value).unwrap_or(usize::MAX)),
                 format!(
-                    "there must be at most one device per parameter: {{tensor_parallel}} × {partitioned} ZeRO ranks \
-                     ({{data_parallel}}) share {parameters} parameters"
+                    "there must be at most one device per parameter: {{tensor_parallel}} {} × {partitioned} ZeRO \
+                     ranks ({{data_parallel}}) share {parameters} parameters",
+                    self.tensor_parallel
                 ),
             ));
         }

@@ -121,6 +121,15 @@ fn base_dtype(text: &str) -> Result<autobatch::models::BaseDtype, String> {
     text.trim().parse().map_err(|_| "must be f32, bf16, q8_0 or q4_0".to_owned())
 }
 
+/// A module name LoRA targets: not empty, no spaces.
+fn module_name(text: &str) -> Result<String, String> {
+    let name = text.trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err("must be module names separated by commas, e.g. q_proj,v_proj".to_owned());
+    }
+    Ok(name.to_owned())
+}
+
 /// A seed: any whole number that fits in 64 bits.
 fn seed(text: &str) -> Result<u64, String> {
     text.trim().parse::<u64>().map_err(|_| format!("must be a whole number from 0 to {}", u64::MAX))
@@ -155,14 +164,14 @@ pub struct ProbeArgs {
     pub config: Option<std::path::PathBuf>,
     /// With --config: LoRA adapters of this rank, the base frozen (its
     /// projections keep no gradient).
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model from a config")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "config", help_heading = "Model from a config")]
     pub lora: Option<usize>,
     /// LoRA's alpha: the adapters' update is scaled by alpha / rank [default: 2 × rank].
     #[arg(long, value_parser = lora_alpha, allow_negative_numbers = true, requires = "lora", help_heading = "Model from a config")]
     pub lora_alpha: Option<f64>,
     /// The modules LoRA adapts, by their checkpoint names, comma-separated
     /// [default: q_proj,v_proj; c_attn for gpt2; query,value for bert].
-    #[arg(long, value_delimiter = ',', requires = "lora", help_heading = "Model from a config")]
+    #[arg(long, value_delimiter = ',', value_parser = module_name, requires = "lora", help_heading = "Model from a config")]
     pub lora_targets: Vec<String>,
     /// With --lora: the frozen base's dtype, the adapters in f32. f32 or
     /// bf16: the whole base (and the activations) in it; q8_0 or q4_0
@@ -375,7 +384,8 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
     /// Dtype of weights, gradients and optimizer state [default: f32]; not
-    /// with --mixed-precision, which has its own.
+    /// with --mixed-precision, which has its own. With --base-dtype: the
+    /// model's dtype (its activations and unquantized weights), the adapters in f32.
     #[arg(long, value_enum)]
     pub dtype: Option<PrecisionArg>,
     /// The optimizer whose state is counted.
@@ -408,14 +418,16 @@ pub struct EstimateArgs {
     #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true, help_heading = "Sharding")]
     pub tensor_parallel: usize,
     /// Transformer layers: with --hidden, --heads, --seq-len and --batch, the
-    /// activations are estimated (Korthikanti et al. 2022, 16-bit) instead of given.
+    /// activations are estimated (Korthikanti et al. 2022, 16-bit) instead of
+    /// given. With --config: a copy of the model with this many layers (its
+    /// parameters and its activations).
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
     pub layers: Option<usize>,
-    /// Transformer hidden size.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
+    /// Transformer hidden size (not with --config, which has its own).
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, conflicts_with = "config", help_heading = "Activations")]
     pub hidden: Option<usize>,
-    /// Transformer attention heads.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
+    /// Transformer attention heads (not with --config, which has its own).
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, conflicts_with = "config", help_heading = "Activations")]
     pub heads: Option<usize>,
     /// Tokens per sample.
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
@@ -428,11 +440,11 @@ pub struct EstimateArgs {
     pub recompute: RecomputeArg,
     /// With --config: LoRA adapters of this rank are what trains; the base is
     /// frozen, its weights counted without gradients or optimizer state.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "config", help_heading = "LoRA")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "config", conflicts_with = "params", help_heading = "LoRA")]
     pub lora: Option<usize>,
     /// The modules LoRA adapts, comma-separated [default: q_proj,v_proj;
     /// c_attn for gpt2; query,value for bert].
-    #[arg(long, value_delimiter = ',', requires = "lora", help_heading = "LoRA")]
+    #[arg(long, value_delimiter = ',', value_parser = module_name, requires = "lora", help_heading = "LoRA")]
     pub lora_targets: Vec<String>,
     /// The frozen base's dtype (f32, bf16, q8_0, q4_0), the adapters in f32
     /// [default: the model's dtype, adapters in it too].

@@ -10,11 +10,25 @@ use crate::failure::{Failure, Flags};
 use crate::parse::{parse_bytes, parse_count};
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
+    let mut layers_of_config = None;
     let config = match &args.config {
-        Some(path) => Some(
-            autobatch::models::Config::from_file(path)
-                .map_err(|err| Failure::from(err).about(format!("--config {}", path.display())))?,
-        ),
+        Some(path) => {
+            let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
+            let mut config = autobatch::models::Config::from_file(path).map_err(with_path)?;
+            if let Some(unapplied) = config.unapplied() {
+                log::warn!("{unapplied}");
+            }
+            // --layers makes a shallower (or deeper) copy: its parameters and its activations
+            if let Some(layers) = args.layers {
+                layers_of_config = Some(config.layers);
+                config = config.with_layers(layers).map_err(with_path)?;
+            }
+            // the lengths the probe steps at: at most the positions, within a sliding window
+            if let Some(seq_len) = args.seq_len {
+                config.check_seq_len(seq_len).map_err(with_path)?;
+            }
+            Some(config)
+        }
         None => None,
     };
     let lora = match (&config, args.lora) {
@@ -78,14 +92,29 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     }
     let frozen = lora.as_ref().map_or(0, |(_, _, frozen)| *frozen);
     let setup = Setup::new(parameters, precision, optimizer).sharded(sharding).frozen(frozen);
-    let (setup, candle) = with_activations(args, config.as_ref(), setup)?;
+    // a LoRA base of its own dtype: the adapters (what trains) are f32, the
+    // activations in the model's dtype, as the probe measures them
+    let activation_precision = match (&config, &lora) {
+        (Some(config), Some((training, _, _))) if args.base_dtype.is_some() => {
+            match config.model_dtype(training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))? {
+                candle_core::DType::BF16 => Some(Precision::Bf16),
+                _ => Some(Precision::Fp32),
+            }
+        }
+        _ => None,
+    };
+    let (setup, candle) = with_activations(args, config.as_ref(), setup, activation_precision)?;
     let state = setup.state()?;
     let activations = setup.all_activation_bytes()?;
     let total = setup.total()?;
-    let advice = match capacity {
+    let mut advice = match capacity {
         Some(capacity) => setup.remedies(capacity)?,
         None => Vec::new(),
     };
+    // with --base-dtype the adapters are f32 whatever --dtype says: no precision advice
+    if args.base_dtype.is_some() {
+        advice.retain(|remedy| !matches!(remedy.change, Change::Precision { .. }));
+    }
 
     if args.json {
         let json = serde_json::json!({
@@ -132,6 +161,12 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         describe_sharding(&sharding),
         if activations > 0 { "" } else { ", before activations" }
     );
+    if let (Some(config), Some(of)) = (&config, layers_of_config) {
+        println!(
+            "  a copy of the config with {} of its {of} layers (--layers): parameters and activations",
+            config.layers
+        );
+    }
     if let (Some(config), Some((training, _, _))) = (&config, &lora) {
         println!("  {}: {} frozen parameters", config.describe(training), config.parameter_count());
     }
@@ -211,12 +246,8 @@ fn lora_training(
         Some(PrecisionArg::Bf16) => Some(candle_core::DType::BF16),
         None => None,
     };
-    let with_path = |err: autobatch::Error| {
-        Failure::usage(format!(
-            "--config {}: {err}",
-            args.config.as_deref().unwrap_or(std::path::Path::new("")).display()
-        ))
-    };
+    let path = args.config.as_deref().unwrap_or(std::path::Path::new(""));
+    let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
     let footprint = config.footprint(&training).map_err(with_path)?;
     let frozen = config.frozen_bytes(&training).map_err(with_path)?;
     Ok((training, footprint, frozen))
@@ -224,6 +255,18 @@ fn lora_training(
 
 /// `--capacity`: a size (`80GB`, `24GiB`) or a card's name (`h100`), with the card.
 fn parse_capacity(text: &str) -> Result<(u64, Option<&'static Accelerator>), Failure> {
+    let bare_number = !text.trim().is_empty() && text.trim().bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    if bare_number {
+        let card = match Accelerator::nearest(text) {
+            Some(card) => format!("did you mean {} ({})? ", card.name, card.description),
+            None => String::new(),
+        };
+        return Err(Failure::usage(format!(
+            "--capacity {}: a number without a unit; {card}give a card's name, or the memory with its unit \
+             (e.g. 80GB or 24GiB)",
+            text.trim(),
+        )));
+    }
     if text.trim_start().starts_with(|c: char| c.is_ascii_digit() || c == '.' || c == '-' || c == '+') {
         let bytes = parse_bytes(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
         return Ok((bytes, None));
@@ -290,6 +333,7 @@ fn with_activations(
     args: &EstimateArgs,
     config: Option<&autobatch::models::Config>,
     setup: Setup,
+    activation_precision: Option<Precision>,
 ) -> Result<(Setup, Option<u64>), Failure> {
     // a config gives the transformer's shape; --seq-len and --batch say what it runs
     let from_config = |given: Option<usize>, of: fn(&autobatch::models::Config) -> usize| {
@@ -350,7 +394,16 @@ fn with_activations(
         (Recompute::None, 1) => Some(shape.candle_f32_activation_bytes()?),
         _ => None, // measured without recomputation or tensor parallelism only
     };
-    Ok((setup.transformer(shape, recompute)?, candle))
+    match activation_precision.filter(|precision| *precision != setup.precision) {
+        Some(precision) => {
+            let at_model_dtype = Setup::new(setup.parameters, precision, setup.optimizer)
+                .sharded(setup.sharding)
+                .transformer(shape, recompute)?
+                .all_activation_bytes()?;
+            Ok((setup.measured_transformer(at_model_dtype, shape, recompute)?, candle))
+        }
+        None => Ok((setup.transformer(shape, recompute)?, candle)),
+    }
 }
 
 pub fn plan(args: &PlanArgs) -> Result<(), Failure> {

@@ -64,6 +64,18 @@ impl Failure {
         self.message = format!("{what}: {}", self.message);
         self
     }
+
+    /// A failure of the model `--config path` describes, in `flags`: said to
+    /// be about the config, unless it names the file itself already.
+    pub fn of_config(err: autobatch::Error, path: &std::path::Path, flags: &Flags) -> Self {
+        let names_the_file = matches!(&err, autobatch::Error::InvalidSetting { setting, .. } if *setting == *"config");
+        let failure = Failure::in_flags(err, flags);
+        if names_the_file {
+            failure
+        } else {
+            failure.about(format!("--config {}", path.display()))
+        }
+    }
 }
 
 /// The command line's names for the library's settings: the flags a command
@@ -79,6 +91,8 @@ pub struct Flags {
     pub sizes: bool,
     /// What the input size is, in words: a sequence length, a resolution.
     pub size: &'static str,
+    /// The flag of the model's dtype: `probe`'s `--precision`, `estimate`'s `--dtype`.
+    pub dtype: &'static str,
 }
 
 impl Flags {
@@ -88,7 +102,10 @@ impl Flags {
         largest: "the largest that fits",
         sizes: false,
         size: "sequence length",
+        dtype: "--precision",
     };
+
+    pub const ESTIMATE: Flags = Flags { dtype: "--dtype", ..Flags::PROBE };
 
     fn seq_len(&self) -> &'static str {
         if self.sizes {
@@ -107,7 +124,7 @@ impl autobatch::Names for Flags {
             "largest_micro_batch" => self.largest.to_owned(),
             "budget_bytes" | "capacity" => "--budget".to_owned(),
             "exact_effective_batch" => "--exact".to_owned(),
-            "dtype" => "--precision".to_owned(),
+            "dtype" => self.dtype.to_owned(),
             "lora_rank" => "--lora".to_owned(),
             "zero_stage" => "--zero".to_owned(),
             "data_parallel" => "--ranks".to_owned(),

@@ -11,7 +11,7 @@ use autobatch::{Strategy, Tuner};
 use candle_core::DType;
 
 use crate::args::{DtypeArg, ModelKind, ProbeArgs, ProbeOptimizerArg, StrategyArg};
-use crate::failure::Failure;
+use crate::failure::{Failure, Flags};
 
 pub(crate) fn model_name(model: ModelKind) -> &'static str {
     match model {
@@ -35,8 +35,11 @@ impl ModelConfig {
     /// The model of `--config`: its config.json, `--layers`, `--seq-len`,
     /// `--precision` and the LoRA flags.
     pub(crate) fn pretrained(args: &ProbeArgs, path: &std::path::Path) -> Result<Self, Failure> {
-        let with_path = |err: autobatch::Error| Failure::from(err).about(format!("--config {}", path.display()));
+        let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::PROBE);
         let mut config = models::Config::from_file(path).map_err(with_path)?;
+        if let Some(unapplied) = config.unapplied() {
+            log::warn!("{unapplied}");
+        }
         if let Some(layers) = args.layers {
             config = config.with_layers(layers).map_err(with_path)?;
         }
@@ -75,6 +78,11 @@ impl ModelConfig {
         }
         // refused here, before anything is allocated: a length past the
         // positions or the window, an unknown target
+        for &length in &args.seq_lens {
+            if let Err(autobatch::Error::InvalidSetting { valid, .. }) = config.check_seq_len(length) {
+                return Err(Failure::usage(format!("--config {}: --seq-lens has {length}: {valid}", path.display())));
+            }
+        }
         config.check_seq_len(seq_len).map_err(with_path)?;
         config.footprint(&training).map_err(with_path)?;
         Ok(ModelConfig::Pretrained(Box::new((config, training))))
@@ -279,12 +287,22 @@ impl ModelConfig {
     }
 }
 
-/// The advice that fits a model the flags can change: BERT from `--config`
-/// has no `--checkpointing`, so checkpointing is not offered for it.
+/// The advice that fits a model the flags can change, never a change the
+/// tool would refuse: BERT from `--config` has no `--checkpointing`; a LoRA
+/// base of its own dtype (`--base-dtype`) takes no `--precision mixed`, and a
+/// float base is the model's dtype, so no other precision either.
 pub(crate) fn only_applicable_advice(model: &ModelConfig, mut err: autobatch::Error) -> autobatch::Error {
-    let bert = matches!(model, ModelConfig::Pretrained(spec) if spec.0.family == models::Family::Bert);
-    if let (true, autobatch::Error::NothingFits { remedies, .. }) = (bert, &mut err) {
-        remedies.retain(|remedy| remedy.change != autobatch::estimate::Change::GradientCheckpointing);
+    use autobatch::estimate::{Change, Precision};
+    let ModelConfig::Pretrained(spec) = model else { return err };
+    let bert = spec.0.family == models::Family::Bert;
+    let base = spec.1.lora.as_ref().and_then(|lora| lora.base);
+    if let autobatch::Error::NothingFits { remedies, .. } = &mut err {
+        remedies.retain(|remedy| match remedy.change {
+            Change::GradientCheckpointing => !bert,
+            Change::Precision { to: Precision::Mixed } => base.is_none(),
+            Change::Precision { .. } => base.is_none_or(|base| base.float().is_none()),
+            _ => true,
+        });
     }
     err
 }

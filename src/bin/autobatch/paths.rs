@@ -81,8 +81,10 @@ fn folder_of(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
-/// Whether two paths name one file: the same file where both exist, the same
-/// name in the same folder (links resolved) where either does not.
+/// Whether two paths name one file: the same file where both exist; where
+/// either does not (yet), the same place once the folders that exist are
+/// resolved (links followed) and the rest of each path is read as written
+/// (`nd/../c2.svg` is `c2.svg` once `nd` is made).
 fn same_file(a: &Path, b: &Path) -> bool {
     let resolved = |path: &Path| -> Option<PathBuf> {
         // a link to a file not written yet (the cache's first run) is followed by hand
@@ -91,13 +93,51 @@ fn same_file(a: &Path, b: &Path) -> bool {
             let Ok(target) = std::fs::read_link(&path) else { break };
             path = if target.is_relative() { folder_of(&path).join(target) } else { target };
         }
-        std::fs::canonicalize(&path).ok().or_else(|| {
-            let folder = std::fs::canonicalize(folder_of(&path)).ok()?;
-            Some(folder.join(path.file_name()?))
-        })
+        resolve(&path)
     };
     match (resolved(a), resolved(b)) {
         (Some(a), Some(b)) => a == b,
         _ => a == b,
+    }
+}
+
+/// `path` made absolute: its longest part that exists resolved by the file
+/// system, the rest (`.` and `..` too) applied to it as written.
+fn resolve(path: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let absolute = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir().ok()?.join(path) };
+    let parts: Vec<Component> = absolute.components().collect();
+    for existing in (1..=parts.len()).rev() {
+        let Ok(mut resolved) = std::fs::canonicalize(parts[..existing].iter().collect::<PathBuf>()) else {
+            continue;
+        };
+        for part in &parts[existing..] {
+            match part {
+                Component::ParentDir => {
+                    resolved.pop();
+                }
+                Component::Normal(name) => resolved.push(name),
+                _ => {}
+            }
+        }
+        return Some(resolved);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_through_a_missing_folder_is_the_file_it_comes_back_to() {
+        let dir = std::env::temp_dir().join(format!("autobatch-paths-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cache = dir.join("c2.svg");
+        std::fs::write(&cache, "{}").unwrap();
+        assert!(same_file(&dir.join("missing/../c2.svg"), &cache));
+        assert!(same_file(&dir.join("missing/deeper/../../c2.svg"), &dir.join("./c2.svg")));
+        assert!(!same_file(&dir.join("missing/c2.svg"), &cache));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
