@@ -372,9 +372,10 @@ pub enum Error {
         source: Box<candle_core::Error>,
     },
 
-    /// [`Tuner::strict`](crate::Tuner::strict) and the measured step did not
-    /// reach every variable: a cut graph (a fused op without a backward pass)
-    /// measured less than training a model that reaches them needs.
+    /// The measured step did not reach every variable: a cut graph (a fused
+    /// op without a backward pass) measures less than training a model that
+    /// reaches them needs (refused unless
+    /// [`Tuner::allow_partial_graph`](crate::Tuner::allow_partial_graph)).
     #[error("{}", self.render(&OwnNames))]
     PartialGraph {
         /// The variables with no gradient that the forward pass does not write.
@@ -673,12 +674,15 @@ impl Error {
                 candle_message(source)
             ),
             Error::PartialGraph { variables, of } => format!(
-                "the measured step did not reach the gradients of {} of {of} variables ({}): its largest batch \
-                 understates training; make the graph whole (autobatch's ops module has differentiable forms of \
-                 candle's fused ops) or drop {}",
+                "the measured step did not reach the gradients of {} of {of} variables ({}): an op without a \
+                 backward pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, \
+                 rotary_emb::rope), so they would not learn and the batch found would be larger than training \
+                 the whole model allows; switch to the differentiable forms, e.g. `use \
+                 autobatch::models::ops::{{nn::{{layer_norm, LayerNorm}}, softmax_last_dim}};` in place of \
+                 candle_nn's, or take the partial answer with {}",
                 variables.len(),
                 first_names(variables),
-                name("strict"),
+                name("allow_partial_graph"),
             ),
             Error::Candle(source) => format!("candle: {}", candle_message(source)),
             Error::AtSize { size, source } => format!("at {} {size}: {}", name("size"), source.render(names)),

@@ -691,10 +691,8 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             let of = self.vars.iter().filter(|(_, var)| var.dtype().is_float()).count();
             warnings.push(Warning::MissingGradients { variables: missing.clone(), of });
         }
-        // worth saying once it is a twentieth of what training needs the gradients for
-        if let Some((tensors, bytes, trained)) =
-            self.untrained.filter(|(_, held, kept)| *held > 0 && 20 * held >= *kept)
-        {
+        // the tuner keeps them in the plan's memory, and warns where they outweigh the trained ones
+        if let Some((tensors, bytes, trained)) = self.untrained.filter(|(_, held, _)| *held > 0) {
             warnings.push(Warning::UntrainedGradients { tensors, bytes, trained_bytes: trained });
         }
         warnings

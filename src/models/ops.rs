@@ -15,8 +15,14 @@
 //! + use autobatch::models::ops::{softmax_last_dim, rope};
 //! ```
 //!
-//! and `candle_nn::LayerNorm` / `RmsNorm` become [`LayerNorm`] / [`RmsNorm`]
-//! (built from the same `VarBuilder`). Forward results agree with the fused
+//! and candle-nn's layers the same way, by the same names ([`nn`]):
+//!
+//! ```text
+//! - use candle_nn::{layer_norm, rms_norm, LayerNorm, RmsNorm};
+//! + use autobatch::models::ops::nn::{layer_norm, rms_norm, LayerNorm, RmsNorm};
+//! ```
+//!
+//! (built from the same `VarBuilder`, with the same arguments). Forward results agree with the fused
 //! ops to within 1e-5 relative in f32 (tested); they hold more memory, as
 //! training a model written with differentiable ops does.
 //!
@@ -125,6 +131,49 @@ pub fn rms_norm_module(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm>
 impl Module for RmsNorm {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         rms_norm(xs, &self.weight, self.eps)
+    }
+}
+
+/// candle-nn's norm layers by candle-nn's names, differentiable: switch a
+/// model file by its `use` line.
+///
+/// ```
+/// # #[global_allocator]
+/// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+/// use autobatch::models::ops::nn::{layer_norm, LayerNorm}; // was: use candle_nn::{layer_norm, LayerNorm};
+/// use candle_core::{DType, Device, Module, Tensor};
+/// use candle_nn::{VarBuilder, VarMap};
+///
+/// let varmap = VarMap::new();
+/// let norm: LayerNorm = layer_norm(8, 1e-5, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+/// let loss = norm.forward(&Tensor::ones((2, 8), DType::F32, &Device::Cpu)?)?.sum_all()?;
+/// let grads = loss.backward()?;
+/// assert!(varmap.all_vars().iter().all(|var| grads.get(var).is_some())); // candle_nn's would give none
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub mod nn {
+    pub use super::{LayerNorm, RmsNorm};
+
+    /// [`LayerNorm`] of `size` features from `vb`, as `candle_nn::layer_norm`
+    /// builds it (`config`: an eps, or a `candle_nn::LayerNormConfig` that
+    /// removes the mean and has weight and bias).
+    pub fn layer_norm(
+        size: usize,
+        config: impl Into<candle_nn::LayerNormConfig>,
+        vb: candle_nn::VarBuilder,
+    ) -> candle_core::Result<LayerNorm> {
+        let config = config.into();
+        if !config.remove_mean || !config.affine {
+            candle_core::bail!(
+                "layer_norm: a LayerNormConfig without the mean removed or without weight and bias; use rms_norm"
+            )
+        }
+        super::layer_norm_module(size, config.eps, vb)
+    }
+
+    /// [`RmsNorm`] of `size` features from `vb`, as `candle_nn::rms_norm` builds it.
+    pub fn rms_norm(size: usize, eps: f64, vb: candle_nn::VarBuilder) -> candle_core::Result<RmsNorm> {
+        super::rms_norm_module(size, eps, vb)
     }
 }
 

@@ -95,6 +95,9 @@ pub struct Plan {
     /// GPU's name, or the CPU heap with the matmul buffer each of its threads
     /// holds (the host's L2 cache per core, part of every baseline).
     pub device: String,
+    /// Bytes of the gradients candle's backward pass kept for tensors that
+    /// are not variables (read through [`untrained_gradient_bytes`](Plan::untrained_gradient_bytes)).
+    pub(crate) untrained_gradient_bytes: u64,
 }
 
 /// What a search ran under: read through [`Plan::capacity_bytes`] and the
@@ -279,6 +282,15 @@ impl Plan {
     /// JSON: `measured_graph`, `complete` or `partial`.
     pub fn complete_graph(&self) -> bool {
         !self.warnings.iter().any(|warning| matches!(warning, Warning::MissingGradients { .. }))
+    }
+
+    /// Bytes of the gradients candle's backward pass kept, at the measured
+    /// step, for tensors that are not variables (a constant mask, the input
+    /// batch, a frozen weight under candle's own matmul): part of every
+    /// peak. A [`Warning::UntrainedGradients`] says so, with the change that
+    /// removes them, where they outweigh the variables' own gradients.
+    pub fn untrained_gradient_bytes(&self) -> u64 {
+        self.untrained_gradient_bytes
     }
 
     /// The steps finding this plan ran: the warm-up, the search, re-checks,

@@ -55,6 +55,12 @@ pub(super) struct PlanRecord {
     rank: Option<usize>,
     #[serde(default)]
     device: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    untrained_gradient_bytes: u64,
+}
+
+fn is_zero(bytes: &u64) -> bool {
+    *bytes == 0
 }
 
 impl From<Plan> for PlanRecord {
@@ -88,6 +94,7 @@ impl From<Plan> for PlanRecord {
             evaluation: plan.evaluation,
             tuning: plan.tuning,
             device: plan.device,
+            untrained_gradient_bytes: plan.untrained_gradient_bytes,
         }
     }
 }
@@ -133,6 +140,7 @@ impl TryFrom<PlanRecord> for Plan {
             cache: record.cached.then_some(record.cache_checks),
             distributed,
             device: record.device,
+            untrained_gradient_bytes: record.untrained_gradient_bytes,
         };
         let read = [
             ("micro-batch", plan.micro_batch().to_string()),

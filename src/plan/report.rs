@@ -102,6 +102,13 @@ impl Plan {
         if !self.device.is_empty() {
             out += &format!("measured on {}\n", self.device);
         }
+        if self.untrained_gradient_bytes > 0 {
+            out += &format!(
+                "of the peak, {} are gradients candle's backward pass kept for tensors that are not variables \
+                 (constants, the input batch)\n",
+                format_bytes(self.untrained_gradient_bytes)
+            );
+        }
         let answer = self.trials.iter().rev().find(|t| t.batch == self.largest_batch && t.outcome.fits());
         if let Some(kinds) = answer.and_then(|t| t.peak_kinds) {
             out += &format!(

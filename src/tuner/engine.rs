@@ -52,6 +52,8 @@ pub(super) struct Engine<'a, W: ?Sized, M: ?Sized, O: ?Sized> {
     warmup: TuningCost,
     /// The most elements one tensor may have: the settings', else the meter's.
     element_limit: Option<u64>,
+    /// Bytes of gradients candle kept for tensors that are not variables.
+    untrained_gradient_bytes: u64,
 }
 
 /// What a time limit leaves for the next trial.
@@ -90,6 +92,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
             started: std::time::Instant::now(),
             warmup: TuningCost::default(),
             element_limit,
+            untrained_gradient_bytes: 0,
         }
     }
 
@@ -129,11 +132,23 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         if self.settings.options.warmup {
             self.warm_up(space.first())?;
         }
+        // a cut graph is refused as soon as a step shows it, before the search runs
+        if self.settings.options.warmup && !self.settings.options.allow_partial_graph {
+            self.refuse_a_cut_graph()?;
+        }
         let stopped = self.search(space)?;
         let mut stopped_by = self.stopped_by(space, stopped);
         for warning in self.workload.diagnose() {
+            if let Warning::UntrainedGradients { bytes, trained_bytes, .. } = warning {
+                // part of the plan's memory; worth a warning only where it outweighs the
+                // trained gradients (a frozen base under candle's own matmul)
+                self.untrained_gradient_bytes = bytes;
+                if bytes <= trained_bytes {
+                    continue;
+                }
+            }
             if let Warning::MissingGradients { variables, of } = &warning {
-                if self.settings.options.strict {
+                if !self.settings.options.allow_partial_graph {
                     return Err(Error::PartialGraph { variables: variables.clone(), of: *of });
                 }
                 // the number understates training: say so where the number is (the
@@ -144,6 +159,17 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         }
         let profile = self.settings.options.profile.clone().or_else(|| self.workload.profile());
         self.make_plan(space, stopped_by, profile)
+    }
+
+    /// [`Error::PartialGraph`] when the step that ran last left variables
+    /// without a gradient.
+    fn refuse_a_cut_graph(&mut self) -> Result<(), Error> {
+        for warning in self.workload.diagnose() {
+            if let Warning::MissingGradients { variables, of } = warning {
+                return Err(Error::PartialGraph { variables, of });
+            }
+        }
+        Ok(())
     }
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {
@@ -755,6 +781,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
             cache: None,
             distributed: None,
             device: self.meter.device_name(),
+            untrained_gradient_bytes: self.untrained_gradient_bytes,
         })
     }
 

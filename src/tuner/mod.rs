@@ -205,12 +205,14 @@ impl Tuner {
         self
     }
 
-    /// Refuse a plan whose measured step did not reach every variable's
-    /// gradient (a cut graph: [`Error::PartialGraph`]) instead of returning it
-    /// demoted (`proven_largest: false`,
-    /// a [`complete_graph`](crate::Plan::complete_graph) of false). Default false.
-    pub fn strict(mut self, strict: bool) -> Self {
-        self.options.strict = strict;
+    /// Return a plan whose measured step did not reach every variable's
+    /// gradient (a cut graph) demoted (`proven_largest: false`, a
+    /// [`complete_graph`](crate::Plan::complete_graph) of false) instead of
+    /// refusing it with [`Error::PartialGraph`], which names the switch to
+    /// differentiable ops. Default false: a cut graph measures less than
+    /// training the whole model needs, and its variables would not learn.
+    pub fn allow_partial_graph(mut self, allow: bool) -> Self {
+        self.options.allow_partial_graph = allow;
         self
     }
 
@@ -350,7 +352,7 @@ impl Settings {
         };
         if let Some((path, key)) = &cache {
             if let Some(plan) = crate::cache::lookup(path, key) {
-                if self.options.strict && !plan.complete_graph() {
+                if !self.options.allow_partial_graph && !plan.complete_graph() {
                     let cut = plan.warnings.iter().find_map(|warning| match warning {
                         crate::Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
                         _ => None,

@@ -32,7 +32,7 @@ pub(super) struct Options {
     pub(super) objective: Objective,
     pub(super) timing_repeats: usize,
     pub(super) uneven_ranks: bool,
-    pub(super) strict: bool,
+    pub(super) allow_partial_graph: bool,
     pub(super) time_limit: Option<Duration>,
     /// The most elements one tensor may have; `None`: the meter's.
     pub(super) element_limit: Option<u64>,
@@ -57,7 +57,7 @@ impl Default for Options {
             objective: Objective::LargestBatch,
             timing_repeats: 3,
             uneven_ranks: false,
-            strict: false,
+            allow_partial_graph: false,
             time_limit: None,
             element_limit: None,
         }

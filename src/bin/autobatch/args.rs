@@ -293,10 +293,11 @@ pub struct ProbeArgs {
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,
-    /// Refuse a plan whose measured step did not reach every variable's
-    /// gradient (a cut graph understates training) instead of marking it.
+    /// Answer even when the measured step did not reach every variable's
+    /// gradient (a cut graph, which understates training), the plan marked
+    /// not proven; by default that is an error naming the switch.
     #[arg(long)]
-    pub strict: bool,
+    pub allow_partial_graph: bool,
     /// Tune the model as it is and with each remedy that applies to it, side
     /// by side: bf16, mixed precision, the lean optimizers (lion, adafactor,
     /// adam8bit) and, for the transformer, gradient checkpointing (alone and

@@ -336,7 +336,7 @@ pub(crate) fn search_tuner(args: &ProbeArgs) -> Tuner {
     let mut tuner = Tuner::new()
         .ceiling(args.ceiling)
         .steps_per_trial(args.steps_per_trial)
-        .strict(args.strict)
+        .allow_partial_graph(args.allow_partial_graph)
         .strategy(strategy(args.strategy));
     if let Some(max_trials) = args.max_trials {
         tuner = tuner.max_trials(max_trials);
