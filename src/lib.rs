@@ -75,7 +75,7 @@
 //! that grows activations fails CI instead of a training run. On a real model
 //! that is [`Headroom::assert`] with a [`HeapMeter`]; the code around the
 //! search (a trainer's start-up path, its fallbacks) is tested on a simulated
-//! device, [`memory::simulated`], with the `simulation` feature turned on
+//! device, `memory::simulated`, with the `simulation` feature turned on
 //! where the tests build (`autobatch = { version = "0.1", features =
 //! ["simulation"] }` under `[dev-dependencies]`):
 //!
@@ -127,7 +127,7 @@
 //!   (docs.rs), do not show its items.
 //! - `nccl`: `collective::NcclCollective`, ranks in separate processes
 //!   through NCCL (implies `cuda`; needs libnccl to link).
-//! - `simulation`: [`memory::simulated`], simulated devices for tests. Turn it
+//! - `simulation`: `memory::simulated`, simulated devices for tests. Turn it
 //!   on in `[dev-dependencies]`, as tokio's `test-util` is: tests that build on
 //!   it need it, a trainer does not.
 //!
@@ -153,7 +153,7 @@
 //! [`Setup`](estimate::Setup), so the advice that comes with
 //! [`Error::NothingFits`] is computed where every estimate is. Every public
 //! item has one path, one type per concept: the root has what most users call; [`search`], [`model`], [`optim`], [`estimate`],
-//! [`memory::simulated`] and [`collective`] hold the rest, and [`models`] the
+//! `memory::simulated` and [`collective`] hold the rest, and [`models`] the
 //! architectures: those built from a `config.json`, the reference models of
 //! [`models::reference`] and the differentiable ops of [`models::ops`].
 //! An [`Error`] is read by its [`kind`](Error::kind) (fix the request, give
@@ -161,7 +161,7 @@
 //! is one variant, [`Error::InvalidSetting`] (the [`Setting`], its [`Value`],
 //! what would be valid), and a program that names the settings its own way
 //! (the command line's flags) prints the same messages through [`Names`].
-//! [`memory::simulated`] is test support, behind the `simulation` feature:
+//! `memory::simulated` is test support, behind the `simulation` feature:
 //! a simulated device (a memory curve, and the ways real devices stray from
 //! it: granules, noise, an out-of-memory error below the ceiling, memory
 //! another process holds) is how code that depends on the search, a

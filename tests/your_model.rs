@@ -290,6 +290,49 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert!(plan.largest_batch < partial, "the cut graph said {partial}, the whole one {}", plan.largest_batch);
 }
 
+/// An LSTM as candle-nn builds it (hundreds of small tensors a step) tunes to
+/// the same exact answer twice in one process, with a plan dropped, a
+/// backward pass and a line of output between, and a target effective batch
+/// the second time: what the tuner holds between trials (it keeps two
+/// graphs, not one per trial) does not grow with the trials run, and the
+/// answer does not depend on what ran before.
+fn an_answer_does_not_depend_on_what_ran_before() {
+    use candle_nn::{lstm, LSTMConfig, RNN};
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let rnn = lstm(16, 48, LSTMConfig::default(), vb.pp("lstm")).unwrap();
+    let head = linear(48, 8, vb.pp("head")).unwrap();
+    let steps = 48;
+    let batch_loss = |b: usize| -> Result<Tensor> {
+        let x = Tensor::ones((b, steps, 16), DType::F32, &Device::Cpu)?;
+        let hidden = rnn.states_to_tensor(&rnn.seq(&x)?)?;
+        let last = hidden.narrow(1, steps - 1, 1)?.squeeze(1)?;
+        loss::cross_entropy(&head.forward(&last)?, &Tensor::zeros(b, DType::U32, &Device::Cpu)?)
+    };
+    let budget = HeapMeter::with_room(12 * MIB, 0.9).unwrap().budget_bytes();
+    let tune = |tuner: Tuner| {
+        let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default()).unwrap();
+        let plan = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
+        let limit = plan.limit_bytes();
+        let largest = plan.largest_batch;
+        // brute force with the plan held, as a trainer holds it
+        assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE, "{plan}");
+        assert!(peak_of(&mut probe, largest + 1) > limit.saturating_sub(TOLERANCE), "{plan}");
+        // what the tuner holds beside the model: two graphs and a few bytes a trial, however many trials
+        let graph = probe.graph_tensors().map_or(0, |g| g.len() * std::mem::size_of::<(u64, DType)>()) as u64;
+        let baselines: Vec<u64> = plan.trials.iter().map(|t| t.baseline_bytes).collect();
+        let grown = baselines.iter().max().unwrap() - baselines.iter().min().unwrap();
+        let bound = 2 * graph + 16 * 1024;
+        assert!(grown <= bound, "the tuner's own memory grew {grown} bytes over {} trials", baselines.len());
+        largest
+    };
+    let first = tune(Tuner::new());
+    drop(batch_loss(8).unwrap().backward().unwrap());
+    println!("  an LSTM of {steps} steps: largest batch {first}");
+    let second = tune(Tuner::new().target_effective_batch(4 * first + 3).strategy(autobatch::Strategy::Binary));
+    assert_eq!(first, second, "the same model, another answer after the first run");
+}
+
 /// A forward-only probe over the detached model holds no optimizer state,
 /// records no graph and fits a larger batch than training; run over the
 /// variables themselves it says the graph was recorded.
@@ -893,6 +936,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
 
 fn main() {
     let tests: &[(&str, fn())] = &[
+        ("an_answer_does_not_depend_on_what_ran_before", an_answer_does_not_depend_on_what_ran_before),
         ("your_models_longest_length_at_a_batch_is_exact", your_models_longest_length_at_a_batch_is_exact),
         ("the_answer_is_exact_and_probing_changes_no_weight", the_answer_is_exact_and_probing_changes_no_weight),
         ("a_fused_op_that_cuts_gradients_is_named", a_fused_op_that_cuts_gradients_is_named),

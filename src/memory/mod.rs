@@ -1,6 +1,6 @@
 //! Measuring memory: the [`MemoryMeter`](crate::MemoryMeter) trait and its
 //! implementations ([`HeapMeter`](crate::HeapMeter), `CudaMeter`, exported at
-//! the crate's root), and [`simulated`] devices for your tests (and ours, and
+//! the crate's root), and `simulated` devices (feature `simulation`) for your tests (and ours, and
 //! the benchmarks), with the `simulation` feature.
 
 #[cfg(feature = "cuda")]

@@ -281,6 +281,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
                 let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
                 let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
                 self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes, graph });
+                self.keep_two_graphs();
                 if let Some(warning) = trial.outcome.fits().then(|| self.batch_ignored()).flatten() {
                     self.warn(warning);
                     break Some(SearchLimit::BatchIgnored);
@@ -305,6 +306,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
             let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
             let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
             self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes, graph };
+            self.keep_two_graphs();
             if trial.outcome.fits() {
                 return Ok(stopped);
             }
@@ -388,6 +390,33 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         };
         let next = at(cap + 1).clamp(0, i128::from(u64::MAX)) as u64;
         Some((cap.clamp(0, usize::MAX as i128) as usize, next))
+    }
+
+    /// Drops every graph but the two [`two_largest_graphs`](Self::two_largest_graphs)
+    /// reads: a graph lists every tensor of a step (thousands for a long
+    /// recurrent model), and what the tuner holds on a CPU heap is part of
+    /// every later trial's baseline, so holding one per trial would make the
+    /// answer depend on how many trials came before.
+    fn keep_two_graphs(&mut self) {
+        let mut fitting: Vec<(usize, usize)> = self
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.observation.outcome.fits() && r.graph.is_some())
+            .map(|(index, r)| (r.observation.batch, index))
+            .collect();
+        fitting.sort_unstable();
+        let Some(&(largest_batch, largest)) = fitting.last() else { return };
+        let shape = self.records[largest].graph.as_ref().map_or(0, Vec::len);
+        let below = fitting.iter().rev().find(|&&(batch, index)| {
+            batch < largest_batch && self.records[index].graph.as_ref().is_some_and(|g| g.len() == shape)
+        });
+        let keep = [Some(largest), below.map(|&(_, index)| index)];
+        for (index, record) in self.records.iter_mut().enumerate() {
+            if !keep.contains(&Some(index)) {
+                record.graph = None;
+            }
+        }
     }
 
     /// The fitting trials' graphs (one measure of each tensor: `measure`), by

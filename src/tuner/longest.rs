@@ -19,7 +19,7 @@ impl Tuner {
     /// quadratically with attention: its parabola forecast meets both) and
     /// jumps near the answer; warm-up, re-check, [`max_trials`](Tuner::max_trials),
     /// [`time_limit`](Tuner::time_limit), [`steps_per_trial`](Tuner::steps_per_trial),
-    /// [`strict`](Tuner::strict) and the ceiling apply as they do to batches.
+    /// [`allow_partial_graph`](Tuner::allow_partial_graph) and the ceiling apply as they do to batches.
     /// The batch-only settings (`start`, `max_batch`, `multiple_of`, a target
     /// effective batch, several ranks, [`Objective::Throughput`], a cache) do
     /// not: set one and this fails with [`Error::InvalidSetting`] (its value [`Value::Set`](crate::Value::Set)) rather
