@@ -337,19 +337,33 @@ fn draw_compare(
     let n = variants.len();
     // the first variant on top
     let row = |index: usize| n - 1 - index;
+    // each row's name where the y axis labels it (the first variant on top)
     let label = |value: &SegmentValue<usize>| match value {
         SegmentValue::CenterOf(r) if *r < n => variants[n - 1 - r].name.clone(),
         _ => String::new(),
     };
 
+    // the labels' room from the longest one (about 7 pixels a character at the
+    // mesh's 12-pixel font), so that none is cut at the chart's edge
+    let longest = variants.iter().map(|v| v.name.chars().count()).max().unwrap_or(0) as u32;
+    let label_room = (7 * longest + 24).max(80);
+    // one empty row above the bars holds the legend
+    let rows = n + 1;
     let most = variants.iter().map(|v| v.largest_batch).max().unwrap_or(1).max(1);
     let mut batches = ChartBuilder::on(&left)
         .margin(14)
         .x_label_area_size(40)
-        .y_label_area_size(170)
+        .y_label_area_size(label_room)
         .caption("largest batch", ("sans-serif", 15))
-        .build_cartesian_2d(0usize..most + most / 8 + 1, (0..n).into_segmented())?;
-    batches.configure_mesh().y_label_formatter(&label).y_labels(n).x_desc("samples").disable_y_mesh().draw()?;
+        .build_cartesian_2d(0usize..most + most / 8 + 1, (0..rows).into_segmented())?;
+    batches
+        .configure_mesh()
+        .y_label_formatter(&label)
+        .y_labels(rows)
+        .x_labels(6)
+        .x_desc("samples")
+        .disable_y_mesh()
+        .draw()?;
     batches.draw_series(variants.iter().enumerate().map(|(i, v)| {
         let corners = [(0, SegmentValue::Exact(row(i))), (v.largest_batch, SegmentValue::Exact(row(i) + 1))];
         let mut bar = Rectangle::new(corners, FITS.filled());
@@ -363,13 +377,15 @@ fn draw_compare(
     let mut bytes = ChartBuilder::on(&right)
         .margin(14)
         .x_label_area_size(40)
-        .y_label_area_size(170)
+        .y_label_area_size(label_room)
         .caption("bytes per sample", ("sans-serif", 15))
-        .build_cartesian_2d(0f64..kib.of(widest) * 1.15, (0..n).into_segmented())?;
+        .build_cartesian_2d(0f64..kib.of(widest) * 1.15, (0..rows).into_segmented())?;
     bytes
         .configure_mesh()
         .y_label_formatter(&label)
-        .y_labels(n)
+        .y_labels(rows)
+        .x_labels(5)
+        .x_label_formatter(&|value| format!("{value:.0}"))
         .x_desc(format!("per sample ({})", kib.name))
         .disable_y_mesh()
         .draw()?;
