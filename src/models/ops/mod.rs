@@ -32,6 +32,12 @@
 //! [`matmul`], [`add_constant`] and [`mul_constant`] (no gradient kept for
 //! an operand outside the graph).
 
+mod attention;
+mod loss;
+
+pub use attention::{attention, BlockedAttention, DEFAULT_BLOCK};
+pub use loss::{ChunkedCrossEntropy, DEFAULT_CHUNK_ELEMENTS, IGNORE_INDEX};
+
 use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
