@@ -679,7 +679,8 @@ impl Error {
                  rotary_emb::rope), so they would not learn and the batch found would be larger than training \
                  the whole model allows; switch to the differentiable forms, e.g. `use \
                  autobatch::models::ops::{{nn::{{layer_norm, LayerNorm}}, softmax_last_dim}};` in place of \
-                 candle_nn's, or take the partial answer with {}",
+                 candle_nn's (a buffer the forward pass reads without a graph is none: name it with \
+                 ModelProbe::buffers_named), or take the partial answer with {}",
                 variables.len(),
                 first_names(variables),
                 name("allow_partial_graph"),

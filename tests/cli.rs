@@ -668,7 +668,10 @@ fn estimate_takes_a_card_by_name() {
     let output = autobatch(&["estimate", "--params", "7B", "--capacity", "H100"]);
     assert!(text(&output.stdout).contains("does not fit in h100 (reports 79.6 GiB"), "{}", text(&output.stdout));
 
-    assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "--capacity is h1000: known names are");
+    assert_usage_error(
+        &["estimate", "--params", "7B", "--capacity", "h1000"],
+        "--capacity is h1000: did you mean h100",
+    );
     assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "a100-40gb, l40s, h100, a100-80gb");
 }
 

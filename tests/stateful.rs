@@ -358,7 +358,12 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
         loss::cross_entropy(&model.logits(&images, false)?, &labels)
     };
     let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap();
+    // refused by default, naming the variable and how to declare a buffer
+    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap_err();
+    assert!(matches!(&err, autobatch::Error::PartialGraph { variables, .. } if variables == &["centre.mean"]), "{err}");
+    assert!(err.to_string().contains("buffers_named"), "{err}");
+    let plan =
+        Tuner::new().allow_partial_graph(true).run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap();
     let mut buffers: Vec<&str> = probe.read_only_buffers().iter().map(String::as_str).collect();
     buffers.sort();
     assert_eq!(buffers, ["bn1d.running_mean", "bn1d.running_var", "bn2d.running_mean", "bn2d.running_var"]);

@@ -132,10 +132,6 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         if self.settings.options.warmup {
             self.warm_up(space.first())?;
         }
-        // a cut graph is refused as soon as a step shows it, before the search runs
-        if self.settings.options.warmup && !self.settings.options.allow_partial_graph {
-            self.refuse_a_cut_graph()?;
-        }
         let stopped = self.search(space)?;
         let mut stopped_by = self.stopped_by(space, stopped);
         for warning in self.workload.diagnose() {
@@ -159,17 +155,6 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         }
         let profile = self.settings.options.profile.clone().or_else(|| self.workload.profile());
         self.make_plan(space, stopped_by, profile)
-    }
-
-    /// [`Error::PartialGraph`] when the step that ran last left variables
-    /// without a gradient.
-    fn refuse_a_cut_graph(&mut self) -> Result<(), Error> {
-        for warning in self.workload.diagnose() {
-            if let Warning::MissingGradients { variables, of } = warning {
-                return Err(Error::PartialGraph { variables, of });
-            }
-        }
-        Ok(())
     }
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {

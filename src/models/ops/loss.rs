@@ -34,17 +34,11 @@ pub const DEFAULT_CHUNK_ELEMENTS: usize = 1 << 22;
 /// assert!(grads.get(&hidden).is_some() && grads.get(&weight).is_some());
 /// # Ok::<(), candle_core::Error>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChunkedCrossEntropy {
     /// Rows per chunk; `None`: as many as keep a chunk's logits within
     /// [`DEFAULT_CHUNK_ELEMENTS`].
     pub rows: Option<usize>,
-}
-
-impl Default for ChunkedCrossEntropy {
-    fn default() -> Self {
-        ChunkedCrossEntropy { rows: None }
-    }
 }
 
 impl ChunkedCrossEntropy {
@@ -304,6 +298,7 @@ mod tests {
     /// The fused loss and the eager one (logits whole, in f32, the ignored
     /// rows left out), their values and the gradients of hidden, weight and
     /// bias; the weight also used as an embedding (a tied head).
+    #[allow(clippy::too_many_arguments)]
     fn compare(
         n: usize,
         vocab: usize,

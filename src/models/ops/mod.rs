@@ -34,6 +34,7 @@
 
 mod attention;
 mod loss;
+pub mod nn;
 
 pub use attention::{attention, BlockedAttention, DEFAULT_BLOCK};
 pub use loss::{ChunkedCrossEntropy, DEFAULT_CHUNK_ELEMENTS, IGNORE_INDEX};
@@ -42,7 +43,6 @@ use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
 use candle_core::{Module, Result, Tensor, D};
-use candle_nn::VarBuilder;
 
 /// Softmax over the last dimension, differentiable: `candle_nn::ops::softmax(xs, D::Minus1)`.
 pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
@@ -82,105 +82,6 @@ pub fn rope_i(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// differentiable (`candle_nn::rotary_emb::rope_thd`'s signature).
 pub fn rope_thd(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     rope(&xs.transpose(1, 2)?, cos, sin)?.transpose(1, 2)?.contiguous()
-}
-
-/// `candle_nn::LayerNorm` (weight and bias, mean removed), differentiable.
-#[derive(Clone, Debug)]
-pub struct LayerNorm {
-    weight: Tensor,
-    bias: Tensor,
-    eps: f32,
-}
-
-impl LayerNorm {
-    /// A layer norm of `weight` and `bias`.
-    pub fn new(weight: Tensor, bias: Tensor, eps: f32) -> LayerNorm {
-        LayerNorm { weight, bias, eps }
-    }
-}
-
-/// [`LayerNorm`] of `size` features from `vb` (`weight` initialized to 1,
-/// `bias` to 0), as `candle_nn::layer_norm(size, eps, vb)` builds it.
-pub fn layer_norm_module(size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
-    let weight = vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.))?;
-    let bias = vb.get_with_hints(size, "bias", candle_nn::Init::Const(0.))?;
-    Ok(LayerNorm::new(weight, bias, eps as f32))
-}
-
-impl Module for LayerNorm {
-    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        layer_norm(xs, &self.weight, &self.bias, self.eps)
-    }
-}
-
-/// `candle_nn::RmsNorm`, differentiable.
-#[derive(Clone, Debug)]
-pub struct RmsNorm {
-    weight: Tensor,
-    eps: f32,
-}
-
-impl RmsNorm {
-    /// An RMS norm of `weight`.
-    pub fn new(weight: Tensor, eps: f32) -> RmsNorm {
-        RmsNorm { weight, eps }
-    }
-}
-
-/// [`RmsNorm`] of `size` features from `vb` (`weight` initialized to 1), as
-/// `candle_nn::rms_norm(size, eps, vb)` builds it.
-pub fn rms_norm_module(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
-    let weight = vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.))?;
-    Ok(RmsNorm::new(weight, eps as f32))
-}
-
-impl Module for RmsNorm {
-    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        rms_norm(xs, &self.weight, self.eps)
-    }
-}
-
-/// candle-nn's norm layers by candle-nn's names, differentiable: switch a
-/// model file by its `use` line.
-///
-/// ```
-/// # #[global_allocator]
-/// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-/// use autobatch::models::ops::nn::{layer_norm, LayerNorm}; // was: use candle_nn::{layer_norm, LayerNorm};
-/// use candle_core::{DType, Device, Module, Tensor};
-/// use candle_nn::{VarBuilder, VarMap};
-///
-/// let varmap = VarMap::new();
-/// let norm: LayerNorm = layer_norm(8, 1e-5, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-/// let loss = norm.forward(&Tensor::ones((2, 8), DType::F32, &Device::Cpu)?)?.sum_all()?;
-/// let grads = loss.backward()?;
-/// assert!(varmap.all_vars().iter().all(|var| grads.get(var).is_some())); // candle_nn's would give none
-/// # Ok::<(), candle_core::Error>(())
-/// ```
-pub mod nn {
-    pub use super::{LayerNorm, RmsNorm};
-
-    /// [`LayerNorm`] of `size` features from `vb`, as `candle_nn::layer_norm`
-    /// builds it (`config`: an eps, or a `candle_nn::LayerNormConfig` that
-    /// removes the mean and has weight and bias).
-    pub fn layer_norm(
-        size: usize,
-        config: impl Into<candle_nn::LayerNormConfig>,
-        vb: candle_nn::VarBuilder,
-    ) -> candle_core::Result<LayerNorm> {
-        let config = config.into();
-        if !config.remove_mean || !config.affine {
-            candle_core::bail!(
-                "layer_norm: a LayerNormConfig without the mean removed or without weight and bias; use rms_norm"
-            )
-        }
-        super::layer_norm_module(size, config.eps, vb)
-    }
-
-    /// [`RmsNorm`] of `size` features from `vb`, as `candle_nn::rms_norm` builds it.
-    pub fn rms_norm(size: usize, eps: f64, vb: candle_nn::VarBuilder) -> candle_core::Result<RmsNorm> {
-        super::rms_norm_module(size, eps, vb)
-    }
 }
 
 /// `x · weightᵀ (+ bias)` over a frozen weight (and bias): the backward pass
@@ -651,12 +552,12 @@ mod tests {
     #[test]
     fn the_modules_match_candle_nns() {
         let varmap = candle_nn::VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-        let ours = layer_norm_module(8, 1e-5, vb.pp("ln")).unwrap();
+        let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let ours = nn::layer_norm(8, 1e-5, vb.pp("ln")).unwrap();
         let theirs = candle_nn::layer_norm(8, 1e-5, vb.pp("ln")).unwrap();
         let x = var(&[4, 8], 9);
         assert!(relative(&ours.forward(x.as_tensor()).unwrap(), &theirs.forward(x.as_tensor()).unwrap()) < 1e-5);
-        let ours = rms_norm_module(8, 1e-5, vb.pp("rms")).unwrap();
+        let ours = nn::rms_norm(8, 1e-5, vb.pp("rms")).unwrap();
         let theirs = candle_nn::rms_norm(8, 1e-5, vb.pp("rms")).unwrap();
         assert!(relative(&ours.forward(x.as_tensor()).unwrap(), &theirs.forward(x.as_tensor()).unwrap()) < 1e-5);
         // every variable gets a gradient through ours
