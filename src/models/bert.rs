@@ -10,6 +10,7 @@ use super::config::{BertHead, Config, Gelu};
 use super::layers::{attention, embed, gelu, residual, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
+use super::Attention;
 
 const STD: f32 = 0.02;
 
@@ -114,10 +115,11 @@ pub(crate) struct Bert {
     heads: usize,
     gelu: Gelu,
     padding_idx: Option<usize>,
+    attention: Attention,
 }
 
 impl Bert {
-    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>) -> Result<Bert> {
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, attention: Attention) -> Result<Bert> {
         let eps = config.norm_eps;
         let mut layers = Vec::with_capacity(config.layers);
         for layer in 0..config.layers {
@@ -162,6 +164,7 @@ impl Bert {
             heads: config.heads,
             gelu: config.gelu,
             padding_idx: config.padding_idx,
+            attention,
         })
     }
 
@@ -175,7 +178,8 @@ impl Bert {
         let head_dim = hidden / self.heads;
         for layer in &self.layers {
             let split = |proj: &Proj| split_heads(&proj.forward(&xs)?, self.heads, head_dim);
-            let attended = attention(&split(&layer.query)?, &split(&layer.key)?, &split(&layer.value)?, false)?;
+            let attended =
+                attention(&split(&layer.query)?, &split(&layer.key)?, &split(&layer.value)?, false, self.attention)?;
             xs = layer.attention_norm.forward(&residual(&layer.attention_out.forward(&attended)?, &xs)?)?;
             let intermediate = gelu(&layer.intermediate.forward(&xs)?, self.gelu)?;
             xs = layer.output_norm.forward(&residual(&layer.output.forward(&intermediate)?, &xs)?)?;
@@ -201,6 +205,17 @@ impl Bert {
                 classifier.forward(&pooler.forward(&first)?.tanh()?)
             }
         }
+    }
+
+    /// The masked-LM head's input to its decoder, `(b, s, hidden)` (the
+    /// transform and its norm over the encoder's output), and the decoder's
+    /// weight `(vocab, hidden)` and bias; `None` for a classifier.
+    pub(crate) fn masked_lm_features(&self, ids: &Tensor) -> Result<Option<(Tensor, Tensor, Option<Tensor>)>> {
+        let Head::MaskedLm { transform, norm, decoder, bias } = &self.head else { return Ok(None) };
+        let xs = self.encode(ids)?;
+        let transformed = norm.forward(&gelu(&transform.forward(&xs)?, self.gelu)?)?;
+        let Some((weight, decoder_bias)) = decoder.dense() else { return Ok(None) };
+        Ok(Some((transformed, weight, bias.clone().or(decoder_bias))))
     }
 
     /// Whether the head predicts tokens (masked LM) rather than classes.

@@ -9,6 +9,7 @@ use super::config::{AttentionBias, Config, Family, Llama3Rope, RopeScaling, Yarn
 use super::layers::{attention, embed, residual, rotary_tables, rotate, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
+use super::Attention;
 
 const STD: f32 = 0.02;
 
@@ -93,13 +94,19 @@ pub(crate) struct Decoder {
     /// What cos and sin are scaled by (YaRN's attention factor).
     rotary_scale: f64,
     padding_idx: Option<usize>,
+    attention: Attention,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
 }
 
 impl Decoder {
-    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>) -> Result<Decoder> {
+    pub(crate) fn new(
+        config: &Config,
+        weights: &Weights,
+        lora: Option<&Lora>,
+        attention: Attention,
+    ) -> Result<Decoder> {
         let eps = config.norm_eps;
         let mut blocks = Vec::with_capacity(config.layers);
         for layer in 0..config.layers {
@@ -130,6 +137,7 @@ impl Decoder {
             inverse_frequencies,
             rotary_scale,
             padding_idx: config.padding_idx,
+            attention,
             heads: config.heads,
             kv_heads: config.kv_heads,
             head_dim: config.head_dim,
@@ -138,12 +146,17 @@ impl Decoder {
 
     /// The logits `(b, s, vocab)` of token ids `(b, s)`.
     pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.head(&self.trunk(ids)?)
+    }
+
+    /// The last block's output `(b, s, hidden)` for token ids `(b, s)`.
+    pub(crate) fn trunk(&self, ids: &Tensor) -> Result<Tensor> {
         let mut xs = self.embed(ids)?;
         let tables = self.tables(&xs)?;
         for index in 0..self.blocks.len() {
             xs = self.block(index, &xs, &tables)?;
         }
-        self.head(&xs)
+        Ok(xs)
     }
 
     /// The token embeddings `(b, s, hidden)` of ids `(b, s)`.
@@ -168,7 +181,7 @@ impl Decoder {
             k = k_norm.forward(&k)?;
         }
         let (q, k) = (rotate(&q, cos, sin)?, rotate(&k, cos, sin)?);
-        let xs = residual(xs, &block.o.forward(&attention(&q, &k, &v, true)?)?)?;
+        let xs = residual(xs, &block.o.forward(&attention(&q, &k, &v, true, self.attention)?)?)?;
         let h = block.post_norm.forward(&xs)?;
         let mlp = (block.gate.forward(&h)?.silu()? * block.up.forward(&h)?)?;
         residual(&xs, &block.down.forward(&mlp)?)
@@ -177,6 +190,16 @@ impl Decoder {
     /// The final norm and the head: logits of the last block's output.
     pub(crate) fn head(&self, xs: &Tensor) -> Result<Tensor> {
         self.head.forward(&self.norm.forward(xs)?)
+    }
+
+    /// The final norm of the last block's output: what the head multiplies.
+    pub(crate) fn final_norm(&self, xs: &Tensor) -> Result<Tensor> {
+        self.norm.forward(xs)
+    }
+
+    /// The head's weight `(vocab, hidden)` and bias.
+    pub(crate) fn head_dense(&self) -> Option<(Tensor, Option<Tensor>)> {
+        self.head.dense()
     }
 }
 

@@ -11,6 +11,7 @@ use super::config::{Config, Gelu};
 use super::layers::{attention, gelu, residual, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
+use super::Attention;
 
 const STD: f32 = 0.02;
 
@@ -70,10 +71,11 @@ pub(crate) struct Gpt2 {
     head: Proj,
     heads: usize,
     gelu: Gelu,
+    attention: Attention,
 }
 
 impl Gpt2 {
-    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>) -> Result<Gpt2> {
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, attention: Attention) -> Result<Gpt2> {
         let eps = config.norm_eps;
         let mut blocks = Vec::with_capacity(config.layers);
         for layer in 0..config.layers {
@@ -97,15 +99,21 @@ impl Gpt2 {
             head: Proj::unadapted(weights, if config.tie_embeddings { "wte" } else { "lm_head" }, Layout::OutIn, lora)?,
             heads: config.heads,
             gelu: config.gelu,
+            attention,
         })
     }
 
     pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.head(&self.trunk(ids)?)
+    }
+
+    /// The last block's output `(b, s, hidden)` for token ids `(b, s)`.
+    pub(crate) fn trunk(&self, ids: &Tensor) -> Result<Tensor> {
         let mut xs = self.embed(ids)?;
         for index in 0..self.blocks.len() {
             xs = self.block(index, &xs)?;
         }
-        self.head(&xs)
+        Ok(xs)
     }
 
     /// Token and position embeddings `(b, s, hidden)` of ids `(b, s)`.
@@ -128,7 +136,7 @@ impl Gpt2 {
         let head_dim = hidden / self.heads;
         let qkv = block.c_attn.forward(&block.ln_1.forward(xs)?)?;
         let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
-        let attended = attention(&part(0)?, &part(1)?, &part(2)?, true)?;
+        let attended = attention(&part(0)?, &part(1)?, &part(2)?, true, self.attention)?;
         let xs = residual(xs, &block.attn_proj.forward(&attended)?)?;
         let mlp = gelu(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?, self.gelu)?;
         residual(&xs, &block.mlp_proj.forward(&mlp)?)
@@ -137,5 +145,15 @@ impl Gpt2 {
     /// The final norm and the head.
     pub(crate) fn head(&self, xs: &Tensor) -> Result<Tensor> {
         self.head.forward(&self.ln_f.forward(xs)?)
+    }
+
+    /// The final norm of the last block's output: what the head multiplies.
+    pub(crate) fn final_norm(&self, xs: &Tensor) -> Result<Tensor> {
+        self.ln_f.forward(xs)
+    }
+
+    /// The head's weight `(vocab, hidden)`.
+    pub(crate) fn head_dense(&self) -> Option<(Tensor, Option<Tensor>)> {
+        self.head.dense()
     }
 }

@@ -6,8 +6,8 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
-use crate::models::ops::FrozenLinear;
 use crate::models::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
+use crate::models::ops::{BlockedAttention, FrozenLinear};
 
 /// A weight's layout in its checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +97,18 @@ pub(crate) fn plain_linear(xs: &Tensor, weight: &Tensor, bias: Option<&Tensor>) 
     }
 }
 
+impl Proj {
+    /// The dense weight `(out, in)` and bias of a trained or frozen
+    /// projection without adapters: what a head's fused loss multiplies by.
+    pub(crate) fn dense(&self) -> Option<(Tensor, Option<Tensor>)> {
+        match self {
+            Proj::Plain { weight, bias } => Some((weight.clone(), bias.clone())),
+            Proj::Frozen(frozen) => Some((frozen.weight()?.clone(), frozen.bias().cloned())),
+            Proj::Lora(_) => None,
+        }
+    }
+}
+
 impl Module for Proj {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         match self {
@@ -181,8 +193,20 @@ pub(crate) fn rotary_tables(
 
 /// Multi-head attention of `q` `(b, heads, s, d)` over `k`, `v` `(b, kv_heads,
 /// s, d)` (grouped: each kv head serves `heads / kv_heads` query heads),
-/// causal or not; returns `(b, s, heads · d)`.
-pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+/// causal or not, in blocks or eager; returns `(b, s, heads · d)`.
+pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, form: super::Attention) -> Result<Tensor> {
+    match form {
+        super::Attention::Eager => eager_attention(q, k, v, causal),
+        super::Attention::Blocked => {
+            let (b, heads, s, d) = q.dims4()?;
+            let config = if causal { BlockedAttention::causal() } else { BlockedAttention::bidirectional() };
+            config.forward(q, k, v, None)?.transpose(1, 2)?.reshape((b, s, heads * d))
+        }
+    }
+}
+
+/// [`attention`] with the scores made whole: as transformers' eager attention computes it.
+fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
     let (b, heads, s, d) = q.dims4()?;
     let kv_heads = k.dim(1)?;
     let (k, v) = (repeat_kv(k, heads / kv_heads)?, repeat_kv(v, heads / kv_heads)?);

@@ -63,10 +63,38 @@ pub use lora::{BaseDtype, Lora, LoraLinear};
 use crate::models::reference::params::Rng;
 use crate::models::reference::{Footprint, Model, Trainer};
 use crate::Error;
+use ops::ChunkedCrossEntropy;
 use weights::{Init, TensorSpec, Weights};
 
+/// How a config model computes attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Attention {
+    /// In blocks with an online softmax, the scores recomputed block by
+    /// block in the backward pass ([`ops::BlockedAttention`]): nothing of
+    /// `b × heads × s × s` kept, as transformers' SDPA and FlashAttention-2.
+    #[default]
+    Blocked,
+    /// The scores and their softmax made whole and kept for the backward
+    /// pass, as transformers' `attn_implementation="eager"`.
+    Eager,
+}
+
+/// How a config model computes its head and loss.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Loss {
+    /// The head and the cross entropy fused in chunks of rows, the
+    /// gradients computed chunk by chunk ([`ops::ChunkedCrossEntropy`]):
+    /// the logits never whole, as Liger Kernel's fused loss.
+    #[default]
+    Chunked,
+    /// The logits of every position made whole (and their f32 copy, their
+    /// log-softmax, their gradients), as `cross_entropy(logits, targets)`.
+    Full,
+}
+
 /// How a model is trained: the sequence length, the dtype, full fine-tuning
-/// or LoRA, the seed of its weights and data.
+/// or LoRA, the seed of its weights and data, how attention and the loss
+/// are computed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Training {
     /// Tokens per sample: probe at the longest training will see.
@@ -81,12 +109,36 @@ pub struct Training {
     /// Gradient checkpointing per layer: only each layer's input is kept,
     /// and each layer runs again in the backward pass (decoders and GPT-2).
     pub checkpointing: bool,
+    /// How attention is computed (blocked by default).
+    pub attention: Attention,
+    /// How the head and the loss are computed (chunked by default).
+    pub loss: Loss,
 }
 
 impl Training {
     /// Full fine-tuning at `seq_len` tokens, in the config's dtype.
     pub fn new(seq_len: usize) -> Training {
-        Training { seq_len, dtype: None, lora: None, seed: 0, checkpointing: false }
+        Training {
+            seq_len,
+            dtype: None,
+            lora: None,
+            seed: 0,
+            checkpointing: false,
+            attention: Attention::Blocked,
+            loss: Loss::Chunked,
+        }
+    }
+
+    /// With attention computed as `attention` says.
+    pub fn attention(mut self, attention: Attention) -> Training {
+        self.attention = attention;
+        self
+    }
+
+    /// With the head and the loss computed as `loss` says.
+    pub fn loss(mut self, loss: Loss) -> Training {
+        self.loss = loss;
+        self
     }
 
     /// With LoRA adapters.
@@ -395,8 +447,16 @@ impl Config {
             None => String::new(),
         };
         let checkpointing = if training.checkpointing { ", checkpointed" } else { "" };
+        // the lean step is the default: the eager forms are named
+        let mut step = String::new();
+        if training.attention == Attention::Eager {
+            step += ", eager attention";
+        }
+        if training.loss == Loss::Full {
+            step += ", full loss";
+        }
         format!(
-            "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora}{checkpointing})",
+            "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora}{checkpointing}{step})",
             self.family.model_type(),
             self.vocab,
             self.hidden,
@@ -421,12 +481,25 @@ enum Network {
 }
 
 impl Network {
-    fn new(config: &Config, weights: &Weights, lora: Option<&Lora>) -> candle_core::Result<Network> {
+    fn new(config: &Config, weights: &Weights, training: &Training) -> candle_core::Result<Network> {
+        let (lora, attention) = (training.lora.as_ref(), training.attention);
         Ok(match config.family {
-            Family::Gpt2 => Network::Gpt2(gpt2::Gpt2::new(config, weights, lora)?),
-            Family::Bert => Network::Bert(bert::Bert::new(config, weights, lora)?),
-            _ => Network::Decoder(decoder::Decoder::new(config, weights, lora)?),
+            Family::Gpt2 => Network::Gpt2(gpt2::Gpt2::new(config, weights, lora, attention)?),
+            Family::Bert => Network::Bert(bert::Bert::new(config, weights, lora, attention)?),
+            _ => Network::Decoder(decoder::Decoder::new(config, weights, lora, attention)?),
         })
+    }
+
+    /// The final norm of the last block's output `(b, s, hidden)` and the
+    /// head's weight and bias: a decoder's (or GPT-2's) fused loss's inputs.
+    fn head_parts(&self, xs: &Tensor) -> candle_core::Result<(Tensor, Tensor, Option<Tensor>)> {
+        let (features, dense) = match self {
+            Network::Decoder(network) => (network.final_norm(xs)?, network.head_dense()),
+            Network::Gpt2(network) => (network.final_norm(xs)?, network.head_dense()),
+            Network::Bert(_) => candle_core::bail!("BERT's head is its masked-LM head"),
+        };
+        let Some((weight, bias)) = dense else { candle_core::bail!("the head has adapters") };
+        Ok((features, weight, bias))
     }
 }
 
@@ -547,7 +620,7 @@ impl Pretrained {
                 weights.quantize(&format!("{name}.weight"), config.family == Family::Gpt2, quantized)?;
             }
         }
-        let network = Network::new(config, &weights, training.lora.as_ref())?;
+        let network = Network::new(config, &weights, training)?;
         let frozen = match (training.checkpointing, config.family) {
             (false, _) => None,
             (true, Family::Bert) => {
@@ -557,7 +630,7 @@ impl Pretrained {
                     "use a decoder (llama, mistral, qwen2, qwen3, gpt2) for gradient checkpointing",
                 ))
             }
-            (true, _) => Some(Network::new(config, &weights.detached(), training.lora.as_ref())?),
+            (true, _) => Some(Network::new(config, &weights.detached(), training)?),
         };
         Ok(Pretrained {
             config: config.clone(),
@@ -588,9 +661,9 @@ impl Pretrained {
     pub fn loss_of(&self, input_ids: &Tensor, labels: &Tensor) -> Result<Tensor, Error> {
         let (b, s) = input_ids.dims2()?;
         let labels_host = labels.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
-        let logits = self.forward(input_ids)?;
         if let Network::Bert(network) = &self.network {
             if !network.predicts_tokens() {
+                let logits = network.forward(input_ids)?;
                 let targets = Tensor::from_vec(labels_host.iter().map(|&l| l as u32).collect(), b, &self.device)?;
                 return Ok(layers::cross_entropy(&logits, &targets)?);
             }
@@ -605,9 +678,9 @@ impl Pretrained {
         let shift = usize::from(!matches!(self.network, Network::Bert(_)));
         let (mut rows, mut targets) = (Vec::new(), Vec::new());
         for sample in 0..b {
-            for position in 0..s - shift.min(s) {
+            for position in 0..s.saturating_sub(shift) {
                 let label = labels_host[sample * s + position + shift];
-                if label == -100 {
+                if label == ops::IGNORE_INDEX {
                     continue;
                 }
                 let vocab = self.config.vocab as i64;
@@ -622,10 +695,14 @@ impl Pretrained {
                 targets.push(label as u32);
             }
         }
-        let count = rows.len();
-        let logits = logits.reshape((b * s, self.config.vocab))?;
-        let picked = logits.index_select(&Tensor::from_vec(rows, count, &self.device)?, 0)?;
-        Ok(layers::cross_entropy(&picked, &Tensor::from_vec(targets, count, &self.device)?)?)
+        if targets.is_empty() {
+            return Err(Error::invalid(
+                crate::Setting::Input("labels".to_owned()),
+                crate::Value::Text("-100 everywhere".to_owned()),
+                "give at least one label that is not -100",
+            ));
+        }
+        Ok(self.token_loss(input_ids, Some(rows), targets)?)
     }
 
     /// What trains: every tensor, or the LoRA adapters alone.
@@ -678,18 +755,51 @@ impl Pretrained {
                 for &i in &masked {
                     input[i as usize] = mask_id;
                 }
-                let logits = network.forward(&Tensor::from_vec(input, (batch, s), &self.device)?)?;
-                let count = masked.len();
-                bert::masked_lm_loss(
-                    &logits.reshape((batch * s, vocab))?,
-                    &Tensor::from_vec(masked, count, &self.device)?,
-                    &Tensor::from_vec(targets, count, &self.device)?,
-                )
+                self.token_loss(&Tensor::from_vec(input, (batch, s), &self.device)?, Some(masked), targets)
             }
             _ => {
                 let (input, targets) = self.next_tokens(batch, data_seed)?;
-                let logits = self.forward(&input)?;
-                layers::cross_entropy(&logits.reshape((batch * s, vocab))?, &targets)
+                self.token_loss(&input, None, targets.to_vec1::<u32>()?)
+            }
+        }
+    }
+
+    /// The mean cross entropy of token predictions on `input` `(b, s)`: the
+    /// logits at `rows` of the `b · s` positions (every one when `None`)
+    /// against `targets`, the head and the loss computed as the training's
+    /// [`Loss`] says. BERT's masked-LM loss in full is transformers': the
+    /// log-probabilities at every position, the rows of them counted.
+    fn token_loss(&self, input: &Tensor, rows: Option<Vec<u32>>, targets: Vec<u32>) -> candle_core::Result<Tensor> {
+        let (b, s) = input.dims2()?;
+        let (count, vocab) = (targets.len(), self.config.vocab);
+        let targets = Tensor::from_vec(targets, count, &self.device)?;
+        let rows = rows.map(|rows| Tensor::from_vec(rows, count, &self.device)).transpose()?;
+        let pick = |tensor: Tensor| match &rows {
+            Some(rows) => tensor.index_select(rows, 0),
+            None => Ok(tensor),
+        };
+        match (&self.network, self.training.loss) {
+            (Network::Bert(network), Loss::Full) => {
+                let Some(rows) = &rows else { candle_core::bail!("a masked-LM loss needs its masked positions") };
+                bert::masked_lm_loss(&network.forward(input)?.reshape((b * s, vocab))?, rows, &targets)
+            }
+            (Network::Bert(network), Loss::Chunked) => {
+                let Some((features, weight, bias)) = network.masked_lm_features(input)? else {
+                    candle_core::bail!("a BERT classifier predicts no tokens")
+                };
+                let features = pick(features.reshape((b * s, self.config.hidden))?)?;
+                ChunkedCrossEntropy::default().forward(&features, &weight, bias.as_ref(), &targets)
+            }
+            (_, Loss::Full) => layers::cross_entropy(&pick(self.forward(input)?.reshape((b * s, vocab))?)?, &targets),
+            (network, Loss::Chunked) => {
+                let trunk = match network {
+                    Network::Decoder(network) => network.trunk(input)?,
+                    Network::Gpt2(network) => network.trunk(input)?,
+                    Network::Bert(_) => unreachable!("BERT's loss is above"),
+                };
+                let (features, weight, bias) = network.head_parts(&trunk)?;
+                let features = pick(features.reshape((b * s, self.config.hidden))?)?;
+                ChunkedCrossEntropy::default().forward(&features, &weight, bias.as_ref(), &targets)
             }
         }
     }
@@ -772,12 +882,22 @@ impl Model for Pretrained {
         let vocab = self.config.vocab;
         let mut loss = None;
         let (_, grads) = crate::model::checkpointed(vars, &embedded, &blocks, &detached, |h| {
-            let logits = match &self.network {
-                Network::Decoder(network) => network.head(h)?,
-                Network::Gpt2(network) => network.head(h)?,
-                Network::Bert(_) => candle_core::bail!("BERT is not checkpointed"),
+            let rows = batch * self.training.seq_len;
+            let head = match self.training.loss {
+                Loss::Full => {
+                    let logits = match &self.network {
+                        Network::Decoder(network) => network.head(h)?,
+                        Network::Gpt2(network) => network.head(h)?,
+                        Network::Bert(_) => candle_core::bail!("BERT is not checkpointed"),
+                    };
+                    layers::cross_entropy(&logits.reshape((rows, vocab))?, &targets)?
+                }
+                Loss::Chunked => {
+                    let (features, weight, bias) = self.network.head_parts(h)?;
+                    let features = features.reshape((rows, self.config.hidden))?;
+                    ChunkedCrossEntropy::default().forward(&features, &weight, bias.as_ref(), &targets)?
+                }
             };
-            let head = layers::cross_entropy(&logits.reshape((batch * self.training.seq_len, vocab))?, &targets)?;
             loss = Some(head.detach());
             Ok(head)
         })?;
@@ -803,8 +923,8 @@ impl Model for Pretrained {
 
     fn detached(&self) -> Pretrained {
         let weights = self.weights.detached();
-        let network = Network::new(&self.config, &weights, self.training.lora.as_ref())
-            .expect("the same weights build the same network");
+        let network =
+            Network::new(&self.config, &weights, &self.training).expect("the same weights build the same network");
         Pretrained {
             config: self.config.clone(),
             training: self.training.clone(),

@@ -228,6 +228,16 @@ pub struct ProbeArgs {
     /// input, recompute the block in the backward pass).
     #[arg(long, help_heading = "Model size")]
     pub checkpointing: bool,
+    /// With --config: how attention is computed. blocked: in blocks with an
+    /// online softmax, the scores recomputed in the backward pass (as SDPA or
+    /// FlashAttention-2); eager: the scores made whole and kept.
+    #[arg(long, value_enum, default_value_t = AttentionArg::Blocked, requires = "config", help_heading = "Model from a config")]
+    pub attention: AttentionArg,
+    /// With --config: how the head and the loss are computed. chunked: fused
+    /// in chunks of tokens, the logits never whole (as Liger Kernel's fused
+    /// loss); full: every position's logits made whole.
+    #[arg(long, value_enum, default_value_t = LossArg::Chunked, requires = "config", help_heading = "Model from a config")]
+    pub loss: LossArg,
     /// The optimizer the model trains with (its state and step are measured;
     /// --precision mixed runs AdamW on f32 masters).
     #[arg(long, value_enum, default_value_t = ProbeOptimizerArg::Adamw, help_heading = "Model size")]
@@ -325,6 +335,24 @@ pub struct ProbeArgs {
     /// Print the plan as JSON on stdout (trials and logs go to stderr).
     #[arg(long)]
     pub json: bool,
+}
+
+/// How a config model computes attention (`--attention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AttentionArg {
+    /// In blocks, nothing of heads × s × s kept (the default).
+    Blocked,
+    /// The scores made whole and kept for the backward pass.
+    Eager,
+}
+
+/// How a config model computes its head and loss (`--loss`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LossArg {
+    /// The head and the loss fused in chunks of tokens (the default).
+    Chunked,
+    /// Every position's logits made whole.
+    Full,
 }
 
 /// The input size `probe --find` searches.

@@ -10,7 +10,7 @@ use autobatch::models::reference::{
 use autobatch::{Strategy, Tuner};
 use candle_core::DType;
 
-use crate::args::{DtypeArg, ModelKind, ProbeArgs, ProbeOptimizerArg, StrategyArg};
+use crate::args::{AttentionArg, DtypeArg, LossArg, ModelKind, ProbeArgs, ProbeOptimizerArg, StrategyArg};
 use crate::failure::{Failure, Flags};
 
 pub(crate) fn model_name(model: ModelKind) -> &'static str {
@@ -48,6 +48,14 @@ impl ModelConfig {
         let mut training = models::Training::new(seq_len);
         training.seed = args.seed;
         training.checkpointing = args.checkpointing;
+        training.attention = match args.attention {
+            AttentionArg::Blocked => models::Attention::Blocked,
+            AttentionArg::Eager => models::Attention::Eager,
+        };
+        training.loss = match args.loss {
+            LossArg::Chunked => models::Loss::Chunked,
+            LossArg::Full => models::Loss::Full,
+        };
         if args.checkpointing && config.family == models::Family::Bert {
             return Err(Failure::usage(format!(
                 "--config {}: --checkpointing checkpoints a decoder's layers (llama, mistral, qwen2, qwen3, gpt2), not BERT's",
@@ -274,6 +282,22 @@ impl ModelConfig {
             }
             _ => None,
         }
+    }
+
+    /// A config model with its step the other way, named: the eager forms
+    /// (`eager attention, full loss`) beside the lean step, or the lean step
+    /// beside any eager form.
+    pub(crate) fn other_step(&self) -> Option<(String, ModelConfig)> {
+        let ModelConfig::Pretrained(spec) = self else { return None };
+        let (config, training) = spec.as_ref();
+        let lean = training.attention == models::Attention::Blocked && training.loss == models::Loss::Chunked;
+        let (name, attention, loss) = if lean {
+            ("eager attention, full loss", models::Attention::Eager, models::Loss::Full)
+        } else {
+            ("blocked attention, chunked loss", models::Attention::Blocked, models::Loss::Chunked)
+        };
+        let training = training.clone().attention(attention).loss(loss);
+        Some((name.to_owned(), ModelConfig::Pretrained(Box::new((config.clone(), training)))))
     }
 
     /// What the model is called in titles: `transformer`, `llama`.

@@ -39,25 +39,25 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
     };
     let as_is_mixed = args.precision() == DtypeArg::Mixed;
     let optimizer = optimizer_kind(args.optimizer);
-    let mut configs: Vec<(String, ModelConfig, f64, bool, OptimizerKind)> =
-        vec![("as it is".to_owned(), model.clone(), 1.0, as_is_mixed, optimizer)];
+    let mut configs: Vec<(String, ModelConfig, Option<f64>, bool, OptimizerKind)> =
+        vec![("as it is".to_owned(), model.clone(), Some(1.0), as_is_mixed, optimizer)];
     let with_dtype = |dtype| model.with_dtype(dtype);
     let is_f32 = model.dtype() == DType::F32;
     if let Some((checkpointed, shape)) = model.checkpointed() {
         let factor = checkpointing(shape);
-        configs.push(("gradient checkpointing".to_owned(), checkpointed.clone(), factor, as_is_mixed, optimizer));
+        configs.push(("gradient checkpointing".to_owned(), checkpointed.clone(), Some(factor), as_is_mixed, optimizer));
         if is_f32 {
             let both = checkpointed.with_dtype(DType::BF16);
-            configs.push(("checkpointing + bf16".to_owned(), both, factor * BF16, false, optimizer));
+            configs.push(("checkpointing + bf16".to_owned(), both, Some(factor * BF16), false, optimizer));
         }
     }
     // candle's CPU conv2d has no bf16: the convnet's bf16 runs on CUDA only
     let bf16_runs = !(matches!(model, ModelConfig::ConvNet(_)) && device.is_cpu());
     if is_f32 && bf16_runs {
-        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), BF16, false, optimizer));
+        configs.insert(1, ("bf16".to_owned(), with_dtype(DType::BF16), Some(BF16), false, optimizer));
         // f32 adapters beside a base of its own dtype have no bf16 variables to keep masters of
         if model.lora().is_none_or(|lora| lora.base.is_none()) {
-            let mixed = ("mixed precision".to_owned(), with_dtype(DType::BF16), BF16, true, OptimizerKind::AdamW);
+            let mixed = ("mixed precision".to_owned(), with_dtype(DType::BF16), Some(BF16), true, OptimizerKind::AdamW);
             configs.insert(2, mixed);
         }
     }
@@ -70,19 +70,24 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
             }
             let factor = if base == models::BaseDtype::Bf16 && is_f32 { BF16 } else { 1.0 };
             let Some(variant) = model.with_lora(|lora| lora.base = Some(base)) else { continue };
-            configs.push((format!("{base} base, f32 adapters"), variant, factor, false, optimizer));
+            configs.push((format!("{base} base, f32 adapters"), variant, Some(factor), false, optimizer));
         }
         if lora.base.is_none_or(|base| base.float().is_some()) && !lora.frozen_gradients {
             if let Some(variant) = model.with_lora(|lora| lora.frozen_gradients = true) {
                 configs.push((
                     "frozen gradients kept (candle's matmul)".to_owned(),
                     variant,
-                    1.0,
+                    Some(1.0),
                     as_is_mixed,
                     optimizer,
                 ));
             }
         }
+    }
+    // a config model's step the other way: the eager forms beside the lean
+    // default (or the lean step beside the eager forms asked for)
+    if let Some((name, variant)) = model.other_step() {
+        configs.insert(1, (name, variant, None, as_is_mixed, optimizer));
     }
     // the lean optimizers change the state, not the bytes per sample
     if !as_is_mixed {
@@ -90,7 +95,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
             .into_iter()
             .filter(|&k| k != optimizer)
         {
-            configs.push((format!("{} optimizer", kind.name()), model.clone(), 1.0, false, kind));
+            configs.push((format!("{} optimizer", kind.name()), model.clone(), Some(1.0), false, kind));
         }
     }
     // where the change is known to the byte (an optimizer's state, master
@@ -124,7 +129,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
     let mut comparison = compared?;
     let base = comparison.rows.first().and_then(|row| row.memory()).map(|(per_sample, _)| per_sample);
     for (row, (_, _, factor, _, _)) in comparison.rows.iter_mut().zip(&configs).skip(1) {
-        row.predicted_bytes_per_sample = base.map(|base| base * factor);
+        row.predicted_bytes_per_sample = base.zip(*factor).map(|(base, factor)| base * factor);
     }
     let nothing_fits = comparison.rows.iter().all(|row| row.plan.is_none());
     if let Some(path) = &args.plot {
