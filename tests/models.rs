@@ -824,10 +824,62 @@ fn saved_checkpoints_compute_what_transformers_computes() {
     }
 }
 
+/// The estimate's count of a sample's bytes (`Config::bytes_per_sample`)
+/// against the probe's measurement of the same step, on three families,
+/// lean and eager, at two lengths: within 15%.
+fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
+    let configs = [
+        (
+            "llama",
+            r#"{"model_type": "llama", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}"#,
+        ),
+        (
+            "qwen3",
+            r#"{"model_type": "qwen3", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 48, "max_position_embeddings": 512}"#,
+        ),
+        (
+            "gpt2",
+            r#"{"model_type": "gpt2", "vocab_size": 2048, "n_embd": 128, "n_layer": 2, "n_head": 4, "n_positions": 512}"#,
+        ),
+        (
+            "bert",
+            r#"{"model_type": "bert", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512}"#,
+        ),
+    ];
+    for (family, json) in configs {
+        let config = Config::from_json(json).unwrap();
+        for (attention, loss) in [(Attention::Blocked, Loss::Chunked), (Attention::Eager, Loss::Full)] {
+            for seq_len in [128, 256] {
+                let training = Training::new(seq_len).attention(attention).loss(loss);
+                let counted = config.bytes_per_sample(&training).unwrap() as f64;
+                let mut trainer = Pretrained::build(&config, &training, &Device::Cpu).unwrap().into_trainer().unwrap();
+                let mut meter = HeapMeter::with_room(256 * MIB, 0.9).unwrap();
+                // batches where the backward pass's peak is past the optimizer step's
+                trainer.step(16).unwrap();
+                let (small, large) = (peak_of(&mut trainer, &mut meter, 8), peak_of(&mut trainer, &mut meter, 16));
+                let measured = (large - small) as f64 / 8.0;
+                let error = counted / measured - 1.0;
+                println!("  {family} {attention:?}/{loss:?} at {seq_len}: counted {counted:.0}, measured {measured:.0} ({error:+.3})");
+                assert!(
+                    error.abs() <= 0.15,
+                    "{family} {attention:?}/{loss:?} at {seq_len}: {counted} against {measured}"
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     common::harness::run_sequentially(&[
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
         ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
+        (
+            "the_count_of_a_samples_bytes_agrees_with_the_measurement",
+            the_count_of_a_samples_bytes_agrees_with_the_measurement,
+        ),
         (
             "every_family_builds_with_the_checkpoints_names_and_every_variable_learns",
             every_family_builds_with_the_checkpoints_names_and_every_variable_learns,

@@ -50,6 +50,7 @@ mod layers;
 mod lora;
 pub mod ops;
 pub mod reference;
+mod step;
 mod weights;
 
 use candle_core::{DType, Device, Tensor};

@@ -13,10 +13,6 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor, D};
 /// transformers' labels do.
 pub const IGNORE_INDEX: i64 = -100;
 
-/// Logits per chunk (rows × vocabulary) unless a [`ChunkedCrossEntropy`]
-/// says otherwise: 4 Mi f32 values, 16 MiB.
-pub const DEFAULT_CHUNK_ELEMENTS: usize = 1 << 22;
-
 /// Cross entropy of a linear head over hidden states, in chunks of rows:
 /// the mean over the targets not ignored of `−log softmax(h · Wᵀ + b)[t]`,
 /// in f32 whatever the weights' dtype, as the eager
@@ -36,8 +32,11 @@ pub const DEFAULT_CHUNK_ELEMENTS: usize = 1 << 22;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChunkedCrossEntropy {
-    /// Rows per chunk; `None`: as many as keep a chunk's logits within
-    /// [`DEFAULT_CHUNK_ELEMENTS`].
+    /// Rows per chunk; `None`: Liger Kernel's rule, `⌈n / ⌈vocab / h⌉⌉`
+    /// of `n` rows of width `h`, so that a chunk's logits hold about as many
+    /// values as the hidden states (the memory a chunk takes grows with the
+    /// batch as every activation does; the chunks are `⌈vocab / h⌉` whatever
+    /// the batch).
     pub rows: Option<usize>,
 }
 
@@ -63,7 +62,7 @@ impl ChunkedCrossEntropy {
         if counted == 0 {
             candle_core::bail!("chunked cross entropy: every one of the {n} targets is ignored")
         }
-        let rows = self.rows.unwrap_or((DEFAULT_CHUNK_ELEMENTS / vocab.max(1)).max(1)).max(1);
+        let rows = self.rows.unwrap_or_else(|| n.div_ceil(vocab.div_ceil(width.max(1)).max(1))).max(1);
         let wants =
             Wanted { hidden: hidden.track_op(), weight: weight.track_op(), bias: bias.is_some_and(Tensor::track_op) };
         let (h, w, b) = (hidden.detach(), weight.detach(), bias.map(Tensor::detach));
