@@ -1116,3 +1116,26 @@ fn bad_configs_are_one_line_before_any_allocation() {
     assert_usage_error(&["probe", "--config", &config("tiny-bert.json"), "--checkpointing"], "not BERT's");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `estimate --config` counts the step the probe measures: its bytes per
+/// sample within 15% of the probe's fitted line, for the lean step and the
+/// eager one, and the largest batch it gives on a capacity is that count's.
+#[test]
+fn the_estimate_of_a_config_counts_the_step_the_probe_measures() {
+    let path = config("tiny-llama.json");
+    for flags in [&[][..], &["--attention", "eager", "--loss", "full"][..]] {
+        let common = [&["--config", path.as_str(), "--seq-len", "256"][..], flags].concat();
+        let plan = plan_of(&[&["probe", "--budget", "96MiB"][..], &common].concat());
+        let measured = plan["memory_model"]["bytes_per_sample"].as_f64().unwrap();
+        let output = autobatch(&[&["estimate", "--capacity", "80GB", "--json"][..], &common].concat());
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let estimate: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let counted = estimate["bytes_per_sample"].as_f64().unwrap();
+        let error = counted / measured - 1.0;
+        assert!(error.abs() <= 0.15, "{flags:?}: counted {counted}, measured {measured}");
+        // the largest batch: the state and the step's transients, then samples up to the limit
+        let (limit, largest) = (estimate["limit_bytes"].as_f64().unwrap(), estimate["largest_batch"].as_f64().unwrap());
+        let fixed = estimate["total_bytes"].as_f64().unwrap() - counted;
+        assert!(fixed + largest * counted <= limit && fixed + (largest + 1.0) * counted > limit, "{estimate}");
+    }
+}

@@ -407,9 +407,12 @@ pub struct EstimateArgs {
     /// Trainable parameters, e.g. 1e9, 125M or 7B.
     #[arg(long, allow_hyphen_values = true, required_unless_present = "config", conflicts_with = "config")]
     pub params: Option<String>,
-    /// A Hugging Face config.json: the parameters, and with --seq-len and
-    /// --batch the layers, hidden size and heads, come from it (and the dtype
-    /// from its torch_dtype, unless --dtype says otherwise).
+    /// A Hugging Face config.json: the parameters, and the whole training
+    /// step on candle counted from it (the activations of the lean step by
+    /// default, the head's logits and the loss included) at --seq-len
+    /// [default: the shorter of 512 and its positions]; with --capacity, the
+    /// largest batch under --ceiling. The dtype is its torch_dtype unless
+    /// --dtype says otherwise.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
     /// Dtype of weights, gradients and optimizer state [default: f32]; not
@@ -479,6 +482,22 @@ pub struct EstimateArgs {
     /// [default: the model's dtype, adapters in it too].
     #[arg(long, value_parser = base_dtype, requires = "lora", help_heading = "LoRA")]
     pub base_dtype: Option<autobatch::models::BaseDtype>,
+    /// With --config: how attention is computed (blocked, the default, or
+    /// eager: the scores made whole and kept).
+    #[arg(long, value_enum, default_value_t = AttentionArg::Blocked, requires = "config", help_heading = "Model from a config")]
+    pub attention: AttentionArg,
+    /// With --config: how the head and loss are computed (chunked, the
+    /// default, or full: every position's logits made whole).
+    #[arg(long, value_enum, default_value_t = LossArg::Chunked, requires = "config", help_heading = "Model from a config")]
+    pub loss: LossArg,
+    /// With --config and --capacity: the largest batch is the one whose
+    /// step stays under this fraction of the capacity (0.9, or 90%).
+    #[arg(long, default_value_t = autobatch::Ceiling::default(), value_parser = ceiling, allow_negative_numbers = true, requires = "config", help_heading = "Model from a config")]
+    pub ceiling: autobatch::Ceiling,
+    /// With --config and --capacity: split this effective (global) batch
+    /// into micro-batch × accumulation × --ranks from the largest batch.
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "capacity", help_heading = "Model from a config")]
+    pub target_effective_batch: Option<usize>,
     /// Print the estimate as JSON on stdout.
     #[arg(long)]
     pub json: bool,

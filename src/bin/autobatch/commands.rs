@@ -7,6 +7,7 @@ use autobatch::{Accumulation, Bytes};
 
 use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg, RecomputeArg};
 use crate::failure::{Failure, Flags};
+use crate::step::Step;
 use crate::parse::{parse_bytes, parse_count};
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
@@ -103,13 +104,35 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         }
         _ => None,
     };
-    let (setup, candle) = with_activations(args, config.as_ref(), setup, activation_precision)?;
+    // a config's model: its whole candle step counted; otherwise the formula's activations
+    let step = match &config {
+        Some(config) => Some(Step::new(args, config, lora.as_ref().map(|(training, _, _)| training.clone()))?),
+        None => None,
+    };
+    let setup = match &step {
+        Some(step) => {
+            if args.activations.is_some() {
+                return Err(Failure::usage("--activations and --config both say the activations: give one"));
+            }
+            setup.activations(step.activation_bytes()?)
+        }
+        None => with_activations(args, setup, activation_precision)?,
+    };
     let state = setup.state()?;
     let activations = setup.all_activation_bytes()?;
     let total = setup.total()?;
-    let mut advice = match capacity {
-        Some(capacity) => setup.remedies(capacity)?,
-        None => Vec::new(),
+    let mut advice = match (capacity, &step) {
+        (Some(capacity), Some(step)) => step.remedies(&setup, capacity, setup.remedies(capacity)?)?,
+        (Some(capacity), None) => setup.remedies(capacity)?,
+        (None, _) => Vec::new(),
+    };
+    // the largest batch under the ceiling, and the target's split from it
+    let fit = match (&step, capacity) {
+        (Some(step), Some(capacity)) => {
+            let fixed = setup.clone().activations(0).total()?;
+            Some(step.fit(fixed, capacity, args.ceiling, args.target_effective_batch, args.ranks)?)
+        }
+        _ => None,
     };
     // with --base-dtype the adapters are f32 whatever --dtype says: no precision advice
     if args.base_dtype.is_some() {
@@ -121,7 +144,8 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             "sharding": sharding,
             "state": state,
             "activation_bytes": activations,
-            "candle_f32_activation_bytes": candle,
+            "bytes_per_sample": step.as_ref().map(|step| step.bytes_per_sample),
+            "batch": step.as_ref().map(|step| step.batch),
             "frozen_bytes": frozen,
             "total_bytes": total,
             "capacity_bytes": capacity,
@@ -135,6 +159,14 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         let mut json = json;
         if let Some(card) = card {
             json["capacity_name"] = card.name.into();
+        }
+        if let Some(fit) = &fit {
+            json["ceiling"] = fit.ceiling.fraction().into();
+            json["limit_bytes"] = fit.limit_bytes.into();
+            json["largest_batch"] = fit.largest_batch.into();
+            if let Some(split) = &fit.split {
+                json["split"] = serde_json::to_value(split).expect("plain values serialize");
+            }
         }
         if args.which_gpus {
             json["which_gpus"] = Accelerator::ALL
@@ -159,8 +191,15 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         precision.name(),
         optimizer.name(),
         describe_sharding(&sharding),
-        if activations > 0 { "" } else { ", before activations" }
+        match &step {
+            Some(step) => format!(", at batch {}", step.batch),
+            None if activations > 0 => String::new(),
+            None => ", before activations".to_owned(),
+        }
     );
+    if let Some(step) = &step {
+        println!("  {}", step.describe());
+    }
     if let (Some(config), Some(of)) = (&config, layers_of_config) {
         println!(
             "  a copy of the config with {} of its {of} layers (--layers): parameters and activations",
@@ -189,14 +228,6 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     for (name, bytes) in rows {
         println!("  {name:<17} {:>10}  {:>6.2} B/param", Bytes(bytes).decimal(), per_parameter(bytes));
     }
-    if let Some(candle) = candle {
-        println!(
-            "  (a candle f32 step keeps up to {}× the f32 formula, measured: ~{} of activations; \
-             docs/activations.md)",
-            TransformerShape::CANDLE_F32_ACTIVATION_RATIO,
-            Bytes(candle).decimal()
-        );
-    }
     if args.which_gpus {
         print_which_gpus(total);
     }
@@ -208,6 +239,19 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             }
             None => bytes,
         };
+        if let Some(fit) = &fit {
+            match fit.largest_batch {
+                0 => println!(
+                    "largest batch under {} of {device}: none (the state alone needs {})",
+                    fit.ceiling,
+                    Bytes(setup.clone().activations(0).total()?).decimal()
+                ),
+                largest => println!("largest batch under {} of {device}: {largest}", fit.ceiling),
+            }
+            if let Some(split) = &fit.split {
+                println!("plan: {split}");
+            }
+        }
         if total <= capacity {
             println!("fits in {device}, with {} to spare", Bytes(capacity - total).decimal());
         } else {
@@ -329,23 +373,8 @@ fn change_flag(change: &Change) -> String {
 /// `--activations`, or the transformer activation model when its five sizes
 /// are given (never both), at the precision training uses; with the model, also
 /// what a candle f32 step keeps by the measured ratio.
-fn with_activations(
-    args: &EstimateArgs,
-    config: Option<&autobatch::models::Config>,
-    setup: Setup,
-    activation_precision: Option<Precision>,
-) -> Result<(Setup, Option<u64>), Failure> {
-    // a config gives the transformer's shape; --seq-len and --batch say what it runs
-    let from_config = |given: Option<usize>, of: fn(&autobatch::models::Config) -> usize| {
-        given.or(config.filter(|_| args.seq_len.is_some() || args.batch.is_some()).map(of))
-    };
-    let sizes = [
-        from_config(args.layers, |c| c.layers),
-        from_config(args.hidden, |c| c.hidden),
-        from_config(args.heads, |c| c.heads),
-        args.seq_len,
-        args.batch,
-    ];
+fn with_activations(args: &EstimateArgs, setup: Setup, activation_precision: Option<Precision>) -> Result<Setup, Failure> {
+    let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch];
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
     if given.is_empty() {
@@ -356,7 +385,7 @@ fn with_activations(
         }
         let given = args.activations.as_deref().map(crate::parse::parse_bytes).transpose();
         let bytes = given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0);
-        return Ok((setup.activations(bytes), None));
+        return Ok(setup.activations(bytes));
     }
     if args.activations.is_some() {
         return Err(Failure::usage(
@@ -390,19 +419,15 @@ fn with_activations(
         RecomputeArg::Selective => Recompute::Selective,
         RecomputeArg::Full => Recompute::Full,
     };
-    let candle = match (recompute, tensor_parallel) {
-        (Recompute::None, 1) => Some(shape.candle_f32_activation_bytes()?),
-        _ => None, // measured without recomputation or tensor parallelism only
-    };
     match activation_precision.filter(|precision| *precision != setup.precision) {
         Some(precision) => {
             let at_model_dtype = Setup::new(setup.parameters, precision, setup.optimizer)
                 .sharded(setup.sharding)
                 .transformer(shape, recompute)?
                 .all_activation_bytes()?;
-            Ok((setup.measured_transformer(at_model_dtype, shape, recompute)?, candle))
+            Ok(setup.measured_transformer(at_model_dtype, shape, recompute)?)
         }
-        None => Ok((setup.transformer(shape, recompute)?, candle)),
+        None => Ok(setup.transformer(shape, recompute)?),
     }
 }
 

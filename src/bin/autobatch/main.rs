@@ -11,6 +11,7 @@ mod paths;
 mod plot;
 mod probe;
 mod progress;
+mod step;
 
 use std::process::ExitCode;
 
