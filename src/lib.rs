@@ -37,6 +37,8 @@
 //! // device memory, played by the heap: 2 MiB under the (default) 90% ceiling beside what the process holds
 //! let mut meter = HeapMeter::with_room(2 << 20, 0.9)?;
 //! let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default())?;
+//! // a step that leaves a variable without a gradient (candle's fused LayerNorm) is refused:
+//! // Error::PartialGraph names the switch to autobatch::models::ops::nn
 //! let plan = Tuner::new().max_batch(256).target_effective_batch(512).run(&mut probe, &mut meter)?;
 //! drop(probe);
 //! println!("{plan}");

@@ -872,10 +872,67 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
     }
 }
 
+/// Blocked attention's forward and backward never hold a tensor of the
+/// scores' size (`b × heads × s × s`), and the chunked loss never one of the
+/// logits' (`rows × vocab`): each one's peak above what it starts with stays
+/// under a quarter of that tensor, where the eager forms hold several.
+fn the_lean_ops_never_make_the_scores_or_the_logits_whole() {
+    use autobatch::models::ops::{attention, BlockedAttention, ChunkedCrossEntropy};
+    use candle_core::Var;
+    let device = Device::Cpu;
+    let above = |run: &dyn Fn()| {
+        let before = autobatch::TrackingAllocator::live_bytes();
+        autobatch::TrackingAllocator::reset_peak();
+        run();
+        autobatch::TrackingAllocator::peak_bytes().saturating_sub(before)
+    };
+    let (b, heads, s, d) = (1, 4, 1024, 16);
+    let q = Var::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap();
+    let k = Var::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap();
+    let v = Var::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap();
+    let scores = (b * heads * s * s * 4) as u64;
+    let blocked = above(&|| {
+        let out = BlockedAttention::causal().forward(q.as_tensor(), k.as_tensor(), v.as_tensor(), None).unwrap();
+        drop(out.sum_all().unwrap().backward().unwrap());
+    });
+    let eager = above(&|| {
+        let out = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), None, true).unwrap();
+        drop(out.sum_all().unwrap().backward().unwrap());
+    });
+    println!("  attention at {s} tokens: blocked {blocked} bytes, eager {eager}, the scores {scores}");
+    assert!(blocked < scores / 4, "blocked attention held {blocked} bytes; the scores are {scores}");
+    assert!(eager > 2 * scores, "the eager form holds its scores: {eager}");
+    let (rows, width, vocab) = (8192, 64, 2048);
+    let hidden = Var::randn(0f32, 1.0, (rows, width), &device).unwrap();
+    let weight = Var::randn(0f32, 0.1, (vocab, width), &device).unwrap();
+    let targets = Tensor::from_vec((0..rows as u32).map(|i| i * 7 % vocab as u32).collect(), rows, &device).unwrap();
+    let logits = (rows * vocab * 4) as u64;
+    let chunked = above(&|| {
+        let loss =
+            ChunkedCrossEntropy::default().forward(hidden.as_tensor(), weight.as_tensor(), None, &targets).unwrap();
+        drop(loss.backward().unwrap());
+    });
+    let full = above(&|| {
+        let loss = candle_nn::loss::cross_entropy(
+            &hidden.as_tensor().matmul(&weight.as_tensor().t().unwrap()).unwrap(),
+            &targets,
+        )
+        .unwrap();
+        drop(loss.backward().unwrap());
+    });
+    println!("  the loss over {rows} rows of a {vocab} vocabulary: chunked {chunked} bytes, full {full}, the logits {logits}");
+    assert!(chunked < logits / 4, "the chunked loss held {chunked} bytes; the logits are {logits}");
+    assert!(full > 2 * logits, "the full loss holds its logits: {full}");
+}
+
 fn main() {
     common::harness::run_sequentially(&[
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
         ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
+        (
+            "the_lean_ops_never_make_the_scores_or_the_logits_whole",
+            the_lean_ops_never_make_the_scores_or_the_logits_whole,
+        ),
         (
             "the_count_of_a_samples_bytes_agrees_with_the_measurement",
             the_count_of_a_samples_bytes_agrees_with_the_measurement,

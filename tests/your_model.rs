@@ -71,6 +71,10 @@ struct Gpt {
     /// The mask added as autobatch's constant (no gradient of the scores'
     /// size), rather than by `broadcast_add` as users write it.
     constant_mask: bool,
+    /// Switched to autobatch's lean ops: `BlockedAttention` in place of the
+    /// scores written out, `ChunkedCrossEntropy` in place of the head and
+    /// `cross_entropy`.
+    lean: bool,
 }
 
 /// One block of a `Gpt` as a `Module`: what checkpointing recomputes.
@@ -110,6 +114,7 @@ impl Gpt {
             mask: Tensor::from_vec(mask, (SEQ, SEQ), vb.device())?,
             heads,
             constant_mask: false,
+            lean: false,
         })
     }
 
@@ -119,6 +124,12 @@ impl Gpt {
         let qkv = block.qkv.forward(&block.ln1.forward(x)?)?.reshape((b, s, 3, self.heads, hd))?;
         let qkv = qkv.permute((2, 0, 3, 1, 4))?;
         let (q, k, v) = (qkv.get(0)?.contiguous()?, qkv.get(1)?.contiguous()?, qkv.get(2)?.contiguous()?);
+        if self.lean {
+            let attended = autobatch::models::ops::BlockedAttention::causal().forward(&q, &k, &v, None)?;
+            let y = attended.transpose(1, 2)?.reshape((b, s, d))?;
+            let x = (x + block.proj.forward(&y)?)?;
+            return &x + block.fc2.forward(&block.fc1.forward(&block.ln2.forward(&x)?)?.gelu()?)?;
+        }
         let mask = self.mask.narrow(0, 0, s)?.narrow(1, 0, s)?;
         let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
         let scores = if self.constant_mask {
@@ -188,6 +199,15 @@ impl Gpt {
     /// [`loss`] of sequences of `len` tokens.
     fn loss_of_length(&self, batch: usize, offset: usize, len: usize) -> Result<Tensor> {
         let (input, targets) = self.data_of_length(batch, offset, len)?;
+        if self.lean {
+            let mut x = self.embed(&input)?;
+            for block in &self.blocks {
+                x = self.block(block, &x)?;
+            }
+            let hidden = self.ln_f.forward(&x)?.reshape((batch * len, ()))?;
+            let head = autobatch::models::ops::ChunkedCrossEntropy::default();
+            return head.forward(&hidden, self.head.weight(), self.head.bias(), &targets);
+        }
         let logits = self.forward(&input)?;
         loss::cross_entropy(&logits.reshape((batch * len, VOCAB))?, &targets)
     }
@@ -331,6 +351,43 @@ fn an_answer_does_not_depend_on_what_ran_before() {
     println!("  an LSTM of {steps} steps: largest batch {first}");
     let second = tune(Tuner::new().target_effective_batch(4 * first + 3).strategy(autobatch::Strategy::Binary));
     assert_eq!(first, second, "the same model, another answer after the first run");
+}
+
+/// The GPT switched to autobatch's lean ops as a user switches it (the
+/// attention's lines and the loss's line): the same loss and gradients
+/// within 1e-5, and the tuner's exact answer larger than the eager model's.
+fn your_model_switched_to_the_lean_ops_is_exact_and_fits_more() {
+    let (varmap, mut model) = gpt(false);
+    let vars = varmap.all_vars();
+    let gradients = |model: &Gpt| {
+        let loss = model.loss(6, 0).unwrap();
+        let grads = loss.backward().unwrap();
+        let values: Vec<Tensor> = vars.iter().map(|var| grads.get(var).expect("a gradient").clone()).collect();
+        (loss.to_scalar::<f32>().unwrap(), values)
+    };
+    let (eager_loss, eager) = gradients(&model);
+    model.lean = true;
+    let (lean_loss, lean) = gradients(&model);
+    assert!((eager_loss - lean_loss).abs() <= 1e-5 * eager_loss.abs(), "{eager_loss} against {lean_loss}");
+    for (a, b) in eager.iter().zip(&lean) {
+        let scale = a.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap().max(1e-3);
+        let error = (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        assert!(error <= 1e-5 * scale, "a gradient differs by {error} (largest {scale})");
+    }
+    let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
+    let tune = |model: &Gpt| {
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+        let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
+        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE, "{plan}");
+        assert!(peak_of(&mut probe, largest + 1) > limit.saturating_sub(TOLERANCE), "{plan}");
+        largest
+    };
+    let lean_batch = tune(&model);
+    model.lean = false;
+    let eager_batch = tune(&model);
+    println!("  the GPT: largest batch {eager_batch} eager, {lean_batch} with the lean ops");
+    assert!(lean_batch > eager_batch, "{eager_batch} eager, {lean_batch} lean");
 }
 
 /// A forward-only probe over the detached model holds no optimizer state,
@@ -936,6 +993,10 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
 
 fn main() {
     let tests: &[(&str, fn())] = &[
+        (
+            "your_model_switched_to_the_lean_ops_is_exact_and_fits_more",
+            your_model_switched_to_the_lean_ops_is_exact_and_fits_more,
+        ),
         ("an_answer_does_not_depend_on_what_ran_before", an_answer_does_not_depend_on_what_ran_before),
         ("your_models_longest_length_at_a_batch_is_exact", your_models_longest_length_at_a_batch_is_exact),
         ("the_answer_is_exact_and_probing_changes_no_weight", the_answer_is_exact_and_probing_changes_no_weight),

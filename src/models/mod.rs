@@ -303,9 +303,9 @@ impl Config {
     /// What a step of this model surely needs, from the config alone: the
     /// weights, and for what trains its gradient and two AdamW moments; per
     /// sample, the activations the backward pass surely keeps (each layer's
-    /// projection inputs and outputs, its attention scores and weights, the
-    /// logits in f32; with checkpointing, each layer's input and one layer's
-    /// activations). What decides, before anything is allocated, that not
+    /// projection inputs and outputs; with the eager forms, its attention
+    /// scores and weights and the logits in f32; with checkpointing, each
+    /// layer's input and one layer's activations). What decides, before anything is allocated, that not
     /// even the first batch fits. Every product is checked.
     pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
         let model_dtype = self.model_dtype(training)?;
@@ -322,7 +322,7 @@ impl Config {
             }
             None => (base, base.checked_mul(4 * dtype).ok_or_else(overflow)?),
         };
-        let per_sample = self.min_activation_bytes(training.seq_len as u64, dtype, training.checkpointing);
+        let per_sample = self.min_activation_bytes(training, dtype);
         Ok(Footprint {
             model: self.describe(training),
             parameters: trained,
@@ -333,24 +333,30 @@ impl Config {
 
     /// A lower bound on the bytes one sample of `seq_len` tokens keeps for
     /// the backward pass in `dtype_bytes` (see [`footprint`](Self::footprint)).
-    fn min_activation_bytes(&self, s: u64, dtype_bytes: u64, checkpointing: bool) -> Option<u64> {
+    fn min_activation_bytes(&self, training: &Training, dtype_bytes: u64) -> Option<u64> {
+        let s = training.seq_len as u64;
         let (h, i) = (self.hidden as u64, self.intermediate as u64);
         let (q, kv) = ((self.heads * self.head_dim) as u64, (self.kv_heads * self.head_dim) as u64);
         let mlp = if self.family.is_llama_like() { 3 * i } else { 2 * i };
         // the norm's output and the residual, q, k, v, the attention's output, the MLP's
         let widths = (2 * h).checked_add(q)?.checked_add(2 * kv)?.checked_add(q)?.checked_add(mlp)?;
         let tokens = s.checked_mul(widths)?;
-        // the scores and their softmax, per head
-        let scores = s.checked_mul(s)?.checked_mul(2 * self.heads as u64)?;
+        // eager: the scores and their softmax, per head
+        let scores = match training.attention {
+            Attention::Eager => s.checked_mul(s)?.checked_mul(2 * self.heads as u64)?,
+            Attention::Blocked => 0,
+        };
         let layer = tokens.checked_add(scores)?.checked_mul(dtype_bytes)?;
-        let layers = if checkpointing {
+        let layers = if training.checkpointing {
             s.checked_mul(h)?.checked_mul(dtype_bytes)?.checked_mul(self.layers as u64)?.checked_add(layer)?
         } else {
             layer.checked_mul(self.layers as u64)?
         };
-        let outputs = match (self.family, self.bert_head) {
-            (Family::Bert, BertHead::Classification { labels }) => labels as u64,
-            _ => s.checked_mul(self.vocab as u64)?,
+        // in full, the logits in f32; chunked, none of them kept
+        let outputs = match (self.family, self.bert_head, training.loss) {
+            (Family::Bert, BertHead::Classification { labels }, _) => labels as u64,
+            (_, _, Loss::Full) => s.checked_mul(self.vocab as u64)?,
+            (_, _, Loss::Chunked) => 0,
         };
         layers.checked_add(outputs.checked_mul(4)?)
     }

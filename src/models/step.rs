@@ -108,6 +108,17 @@ impl Config {
         Ok(bytes.ceil() as u64)
     }
 
+    /// Bytes the chunked loss takes whatever the batch while a sample takes
+    /// fewer rows than a chunk's least ([`MIN_CHUNK_ROWS`](super::ops::MIN_CHUNK_ROWS)):
+    /// a chunk's logits, probabilities and gradient (twice) in f32. 0 for
+    /// the full loss (its logits grow with the batch) and a classifier.
+    pub fn loss_chunk_bytes(&self, training: &Training) -> u64 {
+        match (training.loss, self.family, self.bert_head) {
+            (Loss::Full, _, _) | (_, Family::Bert, BertHead::Classification { .. }) => 0,
+            _ => (super::ops::MIN_CHUNK_ROWS as u64).saturating_mul(self.vocab as u64).saturating_mul(16),
+        }
+    }
+
     /// One layer's tensors but attention's and the adapters'.
     fn block(&self, w: &Widths) -> PerToken {
         let d = w.d;

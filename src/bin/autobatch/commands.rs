@@ -7,8 +7,8 @@ use autobatch::{Accumulation, Bytes};
 
 use crate::args::{EstimateArgs, OptimizerArg, PlanArgs, PrecisionArg, RecomputeArg};
 use crate::failure::{Failure, Flags};
-use crate::step::Step;
 use crate::parse::{parse_bytes, parse_count};
+use crate::step::Step;
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     let mut layers_of_config = None;
@@ -163,6 +163,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
         if let Some(fit) = &fit {
             json["ceiling"] = fit.ceiling.fraction().into();
             json["limit_bytes"] = fit.limit_bytes.into();
+            json["fixed_bytes"] = fit.fixed_bytes.into();
             json["largest_batch"] = fit.largest_batch.into();
             if let Some(split) = &fit.split {
                 json["split"] = serde_json::to_value(split).expect("plain values serialize");
@@ -373,7 +374,11 @@ fn change_flag(change: &Change) -> String {
 /// `--activations`, or the transformer activation model when its five sizes
 /// are given (never both), at the precision training uses; with the model, also
 /// what a candle f32 step keeps by the measured ratio.
-fn with_activations(args: &EstimateArgs, setup: Setup, activation_precision: Option<Precision>) -> Result<Setup, Failure> {
+fn with_activations(
+    args: &EstimateArgs,
+    setup: Setup,
+    activation_precision: Option<Precision>,
+) -> Result<Setup, Failure> {
     let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch];
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();

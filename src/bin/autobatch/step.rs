@@ -26,6 +26,9 @@ pub struct Step {
 /// split of a target effective batch.
 pub struct Fit {
     pub ceiling: Ceiling,
+    /// What the step holds whatever the batch: the state, the optimizer's
+    /// step, the chunked loss's one chunk.
+    pub fixed_bytes: u64,
     pub limit_bytes: u64,
     /// The largest batch whose total stays under the limit; 0 when none.
     pub largest_batch: u64,
@@ -71,7 +74,8 @@ impl Step {
                 ))
             }
         };
-        let bytes_per_sample = config.bytes_per_sample(&training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
+        let bytes_per_sample =
+            config.bytes_per_sample(&training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
         Ok(Step { config: config.clone(), training, bytes_per_sample, batch: args.batch.unwrap_or(1) })
     }
 
@@ -85,8 +89,17 @@ impl Step {
     /// The largest batch whose total (`fixed`, the state and the optimizer's
     /// step, plus the activations) stays under `ceiling × capacity`, and the
     /// split of `target` over `ranks` from it.
-    pub fn fit(&self, fixed: u64, capacity: u64, ceiling: Ceiling, target: Option<usize>, ranks: usize) -> Result<Fit, Failure> {
+    pub fn fit(
+        &self,
+        fixed: u64,
+        capacity: u64,
+        ceiling: Ceiling,
+        target: Option<usize>,
+        ranks: usize,
+    ) -> Result<Fit, Failure> {
         let limit_bytes = ceiling.limit_bytes(capacity);
+        // the chunked loss's one chunk, whatever the batch
+        let fixed = fixed.saturating_add(self.config.loss_chunk_bytes(&self.training));
         let largest_batch = limit_bytes.saturating_sub(fixed) / self.bytes_per_sample.max(1);
         let split = match (target, usize::try_from(largest_batch).ok().filter(|&b| b > 0)) {
             (Some(target), Some(largest)) => Some(Accumulation::plan(target, ranks, largest).map_err(|err| {
@@ -94,7 +107,7 @@ impl Step {
             })?),
             _ => None,
         };
-        Ok(Fit { ceiling, limit_bytes, largest_batch, split })
+        Ok(Fit { ceiling, fixed_bytes: fixed, limit_bytes, largest_batch, split })
     }
 
     /// The changes that would help, each alone, from the step itself: bf16
@@ -108,7 +121,8 @@ impl Step {
             .filter(|remedy| matches!(remedy.change, Change::Optimizer { .. } | Change::Zero { .. }))
             .collect();
         let mut consider = |change: Change, precision: Precision, training: Training| -> Result<(), Failure> {
-            let per_sample = self.config.bytes_per_sample(&training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
+            let per_sample =
+                self.config.bytes_per_sample(&training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
             let mut changed = setup.clone().activations(per_sample.saturating_mul(self.batch as u64));
             changed.precision = precision;
             let total = changed.total()?;
@@ -120,7 +134,11 @@ impl Step {
         };
         let base = self.training.lora.as_ref().and_then(|lora| lora.base);
         if setup.precision == Precision::Fp32 && base.is_none() {
-            consider(Change::Precision { to: Precision::Bf16 }, Precision::Bf16, self.training.clone().dtype(DType::BF16))?;
+            consider(
+                Change::Precision { to: Precision::Bf16 },
+                Precision::Bf16,
+                self.training.clone().dtype(DType::BF16),
+            )?;
         }
         if !self.training.checkpointing && self.config.family != Family::Bert {
             consider(Change::GradientCheckpointing, setup.precision, self.training.clone().checkpointing())?;

@@ -9,6 +9,10 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor, D};
 
+/// The fewest rows a chunk takes unless a [`ChunkedCrossEntropy`] says
+/// otherwise (the last chunk may have fewer).
+pub const MIN_CHUNK_ROWS: usize = 256;
+
 /// The label `I64` targets ignore, as PyTorch's `ignore_index` and
 /// transformers' labels do.
 pub const IGNORE_INDEX: i64 = -100;
@@ -33,10 +37,10 @@ pub const IGNORE_INDEX: i64 = -100;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChunkedCrossEntropy {
     /// Rows per chunk; `None`: Liger Kernel's rule, `⌈n / ⌈vocab / h⌉⌉`
-    /// of `n` rows of width `h`, so that a chunk's logits hold about as many
-    /// values as the hidden states (the memory a chunk takes grows with the
-    /// batch as every activation does; the chunks are `⌈vocab / h⌉` whatever
-    /// the batch).
+    /// of `n` rows of width `h` (a chunk's logits hold about as many values
+    /// as the hidden states), and at least [`MIN_CHUNK_ROWS`]: each chunk
+    /// adds its share to the head weight's whole gradient, work of the
+    /// weight's size that a chunk of a few rows would not pay for.
     pub rows: Option<usize>,
 }
 
@@ -62,7 +66,8 @@ impl ChunkedCrossEntropy {
         if counted == 0 {
             candle_core::bail!("chunked cross entropy: every one of the {n} targets is ignored")
         }
-        let rows = self.rows.unwrap_or_else(|| n.div_ceil(vocab.div_ceil(width.max(1)).max(1))).max(1);
+        let rows =
+            self.rows.unwrap_or_else(|| n.div_ceil(vocab.div_ceil(width.max(1)).max(1)).max(MIN_CHUNK_ROWS)).max(1);
         let wants =
             Wanted { hidden: hidden.track_op(), weight: weight.track_op(), bias: bias.is_some_and(Tensor::track_op) };
         let (h, w, b) = (hidden.detach(), weight.detach(), bias.map(Tensor::detach));

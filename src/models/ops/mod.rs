@@ -37,7 +37,7 @@ mod loss;
 pub mod nn;
 
 pub use attention::{attention, BlockedAttention, DEFAULT_BLOCK};
-pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX};
+pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX, MIN_CHUNK_ROWS};
 
 use std::sync::Arc;
 
