@@ -8,7 +8,7 @@
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor, D};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 
 /// Queries and keys per block unless a [`BlockedAttention`] says otherwise.
 pub const DEFAULT_BLOCK: usize = 128;
@@ -350,15 +350,7 @@ impl candle_core::CustomOp3 for Attend {
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cpu(storage) => {
-                use candle_core::backend::BackendStorage;
-                Ok((storage.try_clone(layout)?, layout.shape().clone()))
-            }
-            _ => candle_core::bail!("blocked attention: the output is not on the CPU"),
-        }
+        crate::models::ops::handed_over_cpu(&self.take_out()?)
     }
 
     #[cfg(feature = "cuda")]
@@ -371,15 +363,7 @@ impl candle_core::CustomOp3 for Attend {
         _: &candle_core::CudaStorage,
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cuda(storage) => {
-                use candle_core::backend::BackendStorage;
-                Ok((storage.try_clone(layout)?, layout.shape().clone()))
-            }
-            _ => candle_core::bail!("blocked attention: the output is not on the GPU"),
-        }
+        crate::models::ops::handed_over_cuda(&self.take_out()?)
     }
 
     fn bwd(

@@ -7,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor, D};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 
 /// The fewest rows a chunk takes unless a [`ChunkedCrossEntropy`] says
 /// otherwise (the last chunk may have fewer).
@@ -178,15 +178,11 @@ struct Fused {
 }
 
 impl Fused {
-    fn output<S>(&self, own: impl Fn(&Storage) -> Option<Result<S>>) -> Result<(S, Shape)> {
+    /// The loss, taken (the forward runs once).
+    fn take_loss(&self) -> Result<Tensor> {
         let loss = self.loss.lock().map_err(|_| candle_core::Error::Msg("chunked cross entropy: poisoned".into()))?;
         let mut loss = loss;
-        let Some(loss) = loss.take() else { candle_core::bail!("chunked cross entropy: its forward ran twice") };
-        let (storage, layout) = loss.storage_and_layout();
-        match own(&storage) {
-            Some(storage) => Ok((storage?, layout.shape().clone())),
-            None => candle_core::bail!("chunked cross entropy: the loss is on another device"),
-        }
+        loss.take().ok_or_else(|| candle_core::Error::Msg("chunked cross entropy: its forward ran twice".into()))
     }
 
     fn gradients(&self, grad: &Tensor) -> Result<Grads> {
@@ -200,30 +196,13 @@ impl Fused {
     }
 }
 
-fn cpu(storage: &Storage) -> Option<Result<CpuStorage>> {
-    use candle_core::backend::BackendStorage;
-    match storage {
-        Storage::Cpu(storage) => Some(storage.try_clone(&Layout::contiguous(()))),
-        _ => None,
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda(storage: &Storage) -> Option<Result<candle_core::CudaStorage>> {
-    use candle_core::backend::BackendStorage;
-    match storage {
-        Storage::Cuda(storage) => Some(storage.try_clone(&Layout::contiguous(()))),
-        _ => None,
-    }
-}
-
 impl candle_core::CustomOp2 for Fused {
     fn name(&self) -> &'static str {
         "chunked-cross-entropy"
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.output(cpu)
+        crate::models::ops::handed_over_cpu(&self.take_loss()?)
     }
 
     #[cfg(feature = "cuda")]
@@ -234,7 +213,7 @@ impl candle_core::CustomOp2 for Fused {
         _: &candle_core::CudaStorage,
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.output(cuda)
+        crate::models::ops::handed_over_cuda(&self.take_loss()?)
     }
 
     fn bwd(&self, _: &Tensor, _: &Tensor, _: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -257,7 +236,7 @@ impl candle_core::CustomOp3 for Fused {
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        self.output(cpu)
+        crate::models::ops::handed_over_cpu(&self.take_loss()?)
     }
 
     #[cfg(feature = "cuda")]
@@ -270,7 +249,7 @@ impl candle_core::CustomOp3 for Fused {
         _: &candle_core::CudaStorage,
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.output(cuda)
+        crate::models::ops::handed_over_cuda(&self.take_loss()?)
     }
 
     fn bwd(

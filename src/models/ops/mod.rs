@@ -36,6 +36,28 @@ mod attention;
 mod loss;
 pub mod nn;
 
+/// A tensor computed before a custom op ran, handed over as the op's output
+/// on the CPU: a copy of its storage (`tensor` contiguous from its start).
+fn handed_over_cpu(tensor: &Tensor) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+    use candle_core::backend::BackendStorage;
+    let (storage, layout) = tensor.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(storage) => Ok((storage.try_clone(layout)?, layout.shape().clone())),
+        _ => candle_core::bail!("a custom op's output is not on the CPU"),
+    }
+}
+
+/// [`handed_over_cpu`] on a CUDA device.
+#[cfg(feature = "cuda")]
+fn handed_over_cuda(tensor: &Tensor) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
+    use candle_core::backend::BackendStorage;
+    let (storage, layout) = tensor.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cuda(storage) => Ok((storage.try_clone(layout)?, layout.shape().clone())),
+        _ => candle_core::bail!("a custom op's output is not on the GPU"),
+    }
+}
+
 pub use attention::{attention, BlockedAttention, DEFAULT_BLOCK};
 pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX, MIN_CHUNK_ROWS};
 
