@@ -484,19 +484,19 @@ pub struct EstimateArgs {
     pub base_dtype: Option<autobatch::models::BaseDtype>,
     /// With --config: how attention is computed (blocked, the default, or
     /// eager: the scores made whole and kept).
-    #[arg(long, value_enum, default_value_t = AttentionArg::Blocked, requires = "config", help_heading = "Model from a config")]
+    #[arg(long, value_enum, default_value_t = AttentionArg::Blocked, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
     pub attention: AttentionArg,
     /// With --config: how the head and loss are computed (chunked, the
     /// default, or full: every position's logits made whole).
-    #[arg(long, value_enum, default_value_t = LossArg::Chunked, requires = "config", help_heading = "Model from a config")]
+    #[arg(long, value_enum, default_value_t = LossArg::Chunked, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
     pub loss: LossArg,
     /// With --config and --capacity: the largest batch is the one whose
     /// step stays under this fraction of the capacity (0.9, or 90%).
-    #[arg(long, default_value_t = autobatch::Ceiling::default(), value_parser = ceiling, allow_negative_numbers = true, requires = "config", help_heading = "Model from a config")]
+    #[arg(long, default_value_t = autobatch::Ceiling::default(), value_parser = ceiling, allow_negative_numbers = true, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
     pub ceiling: autobatch::Ceiling,
     /// With --config and --capacity: split this effective (global) batch
     /// into micro-batch × accumulation × --ranks from the largest batch.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "capacity", help_heading = "Model from a config")]
+    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires_all = ["config", "capacity"], conflicts_with = "params", help_heading = "Model from a config")]
     pub target_effective_batch: Option<usize>,
     /// Print the estimate as JSON on stdout.
     #[arg(long)]
