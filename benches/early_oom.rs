@@ -229,16 +229,15 @@ fn trace(target: f64, pieces: u64, graph: bool, reading: bool) {
     let sim = case(target, pieces);
     let (workload, meter) = sim.clone().build();
     let failed = Rc::new(Cell::new(false));
-    let steps;
-    if graph {
+    let steps = if graph {
         let mut recorded = Recorded { inner: workload, steps: Vec::new(), failed: failed.clone() };
         run(&mut recorded, meter, reading, failed);
-        steps = recorded.steps;
+        recorded.steps
     } else {
         let mut recorded = Recorded { inner: Closure { inner: workload }, steps: Vec::new(), failed: failed.clone() };
         run(&mut recorded, meter, reading, failed);
-        steps = recorded.steps;
-    }
+        recorded.steps
+    };
     let space = SearchSpace::new(1, None, 1).unwrap();
     let truth = sim.true_largest(CEILING, &space, 1 << 20).unwrap();
     eprintln!("target {target} pieces {pieces} graph {graph} reading {reading}: truth {truth}, steps {steps:?}");
