@@ -114,16 +114,23 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             if args.activations.is_some() {
                 return Err(Failure::usage("--activations and --config both say the activations: give one"));
             }
-            setup.activations(step.activation_bytes()?)
+            // the chunked loss's one chunk is held whatever the batch
+            setup.activations(step.activation_bytes()?).other(step.config.loss_chunk_bytes(&step.training))
         }
         None => with_activations(args, setup, activation_precision)?,
     };
     let state = setup.state()?;
     let activations = setup.all_activation_bytes()?;
     let total = setup.total()?;
-    let mut advice = match (capacity, &step) {
-        (Some(capacity), Some(step)) => step.remedies(&setup, capacity, setup.remedies(capacity)?)?,
-        (Some(capacity), None) => setup.remedies(capacity)?,
+    // what a step may hold: with a config's step, the ceiling's share of the
+    // capacity (as the probe counts it); the formula's total, the whole capacity
+    let room = match (&step, capacity) {
+        (Some(_), Some(capacity)) => Some(args.ceiling.limit_bytes(capacity)),
+        _ => capacity,
+    };
+    let mut advice = match (room, &step) {
+        (Some(room), Some(step)) => step.remedies(&setup, room, setup.remedies(room)?)?,
+        (Some(room), None) => setup.remedies(room)?,
         (None, _) => Vec::new(),
     };
     // the largest batch under the ceiling, and the target's split from it
@@ -149,7 +156,7 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             "frozen_bytes": frozen,
             "total_bytes": total,
             "capacity_bytes": capacity,
-            "fits": capacity.map(|c| total <= c),
+            "fits": room.map(|room| total <= room),
             "remedies": advice.iter().map(|remedy| {
                 let mut row = serde_json::to_value(remedy).expect("plain values serialize");
                 row["flag"] = change_flag(&remedy.change).into();
@@ -220,6 +227,9 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     if activations > 0 {
         rows.push(("activations", activations));
     }
+    if setup.other_bytes > 0 {
+        rows.push(("loss chunk", setup.other_bytes));
+    }
     if let (Some(config), true) = (&config, frozen > 0) {
         // per frozen parameter: the base's own dtype
         let per_frozen = frozen as f64 / config.parameter_count() as f64;
@@ -240,23 +250,30 @@ pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
             }
             None => bytes,
         };
-        if let Some(fit) = &fit {
-            match fit.largest_batch {
-                0 => println!(
-                    "largest batch under {} of {device}: none (the state alone needs {})",
-                    fit.ceiling,
-                    Bytes(setup.clone().activations(0).total()?).decimal()
-                ),
-                largest => println!("largest batch under {} of {device}: {largest}", fit.ceiling),
+        let (room, under) = match &fit {
+            Some(fit) => {
+                match fit.largest_batch {
+                    0 => println!(
+                        "largest batch under {} of {device}: none ({} held whatever the batch and {} a sample, \
+                         against {})",
+                        fit.ceiling,
+                        Bytes(fit.fixed_bytes).decimal(),
+                        Bytes(step.as_ref().map_or(0, |step| step.bytes_per_sample)).decimal(),
+                        Bytes(fit.limit_bytes).decimal()
+                    ),
+                    largest => println!("largest batch under {} of {device}: {largest}", fit.ceiling),
+                }
+                if let Some(split) = &fit.split {
+                    println!("plan: {split}");
+                }
+                (fit.limit_bytes, format!("under {} of {device}", fit.ceiling))
             }
-            if let Some(split) = &fit.split {
-                println!("plan: {split}");
-            }
-        }
-        if total <= capacity {
-            println!("fits in {device}, with {} to spare", Bytes(capacity - total).decimal());
+            None => (capacity, format!("in {device}")),
+        };
+        if total <= room {
+            println!("fits {under}, with {} to spare", Bytes(room - total).decimal());
         } else {
-            println!("does not fit in {device}: {} over", Bytes(total - capacity).decimal());
+            println!("does not fit {under}: {} over", Bytes(total - room).decimal());
             if advice.is_empty() {
                 println!("no single change considered here makes it fit");
             } else {

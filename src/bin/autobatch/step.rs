@@ -86,8 +86,9 @@ impl Step {
             .ok_or_else(|| Failure::usage(format!("--batch {}: the activations pass 64 bits", self.batch)))
     }
 
-    /// The largest batch whose total (`fixed`, the state and the optimizer's
-    /// step, plus the activations) stays under `ceiling × capacity`, and the
+    /// The largest batch whose total (`fixed`: the state, the optimizer's
+    /// step and the loss's chunk; plus the activations) stays under
+    /// `ceiling × capacity`, and the
     /// split of `target` over `ranks` from it.
     pub fn fit(
         &self,
@@ -98,8 +99,6 @@ impl Step {
         ranks: usize,
     ) -> Result<Fit, Failure> {
         let limit_bytes = ceiling.limit_bytes(capacity);
-        // the chunked loss's one chunk, whatever the batch
-        let fixed = fixed.saturating_add(self.config.loss_chunk_bytes(&self.training));
         let largest_batch = limit_bytes.saturating_sub(fixed) / self.bytes_per_sample.max(1);
         let split = match (target, usize::try_from(largest_batch).ok().filter(|&b| b > 0)) {
             (Some(target), Some(largest)) => Some(Accumulation::plan(target, ranks, largest).map_err(|err| {
