@@ -186,8 +186,8 @@ fn sum_groups(xs: &Tensor, kv_heads: usize) -> Result<Tensor> {
     xs.reshape((b, kv_heads, heads / kv_heads, n, d))?.sum(2)
 }
 
-/// One block of scores in f32: `q_i · k_jᵀ · scale`, with the key mask and
-/// the causal mask where they apply.
+/// One block of scores in f32: `q_i · k_jᵀ · scale` (`q_i` contiguous), with
+/// the key mask and the causal mask where they apply.
 fn scores(
     q: &Tensor,
     k: &Tensor,
@@ -197,7 +197,7 @@ fn scores(
     (k0, k_len): (usize, usize),
     scale: f64,
 ) -> Result<Tensor> {
-    let s = (q.contiguous()?.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
+    let s = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
     let s = match mask {
         Some(mask) => s.broadcast_add(&mask.narrow(1, k0, k_len)?.reshape((shape.b, 1, 1, k_len))?)?,
         None => s,
@@ -223,7 +223,8 @@ fn forward(
     let groups = shape.heads / shape.kv_heads;
     let (mut outputs, mut lses) = (Vec::new(), Vec::new());
     for (q0, q_len) in shape.query_blocks() {
-        let q_i = q.narrow(2, q0, q_len)?;
+        // made contiguous once for every key block it meets
+        let q_i = q.narrow(2, q0, q_len)?.contiguous()?;
         let rows = (shape.b, shape.heads, q_len, 1);
         // a finite start: a row whose keys are all masked so far keeps weights of 0, not NaN
         let mut max = Tensor::full(-1e30f32, rows, q.device())?;
@@ -284,9 +285,10 @@ fn backward(
         let do_i = do_i.contiguous()?;
         let mut dq_i = Tensor::zeros((shape.b, shape.heads, q_len, shape.d), DType::F32, q.device())?;
         for (index, (k0, k_len)) in shape.key_blocks(q0, q_len).enumerate() {
-            let k_j = repeat_heads(&k.narrow(2, k0, k_len)?, groups)?.contiguous()?.to_dtype(DType::F32)?;
+            let k_j = repeat_heads(&k.narrow(2, k0, k_len)?, groups)?.contiguous()?;
             let v_j = repeat_heads(&v.narrow(2, k0, k_len)?, groups)?.contiguous()?.to_dtype(DType::F32)?;
-            let s = scores(&q_i, &k_j.to_dtype(q.dtype())?, mask, shape, (q0, q_len), (k0, k_len), scale)?;
+            let s = scores(&q_i, &k_j, mask, shape, (q0, q_len), (k0, k_len), scale)?;
+            let k_j = k_j.to_dtype(DType::F32)?;
             let p = s.broadcast_sub(&lse_i)?.exp()?;
             add(&mut dv[index], p.t()?.matmul(&do_i)?)?;
             let dp = do_i.matmul(&v_j.t()?)?;
