@@ -9,8 +9,9 @@
 //!
 //! Simulated devices of 80 GiB whose memory ends at 60% of it (another process
 //! holds the rest), under the default 90% ceiling: the out-of-memory error is
-//! what binds. Each step holds a tenth of the device whatever the batch and
-//! a share per sample chosen so that the largest batch that runs spreads over
+//! what binds. Each step holds 5, 10, 15 or 25% of the device whatever the
+//! batch (by case, so that the device's end falls at different places inside
+//! the allocation that fails) and a share per sample chosen so that the largest batch that runs spreads over
 //! 10 … 4096 (log-spaced); it allocates in 2, 12, 64, 300 or 2000 equal
 //! pieces, and a failed step's reading is the pool's high-water mark: the
 //! pieces handed out before the one that found no room. Each case is searched
@@ -97,11 +98,18 @@ impl<M: MemoryMeter> MemoryMeter for Unread<M> {
     }
 }
 
-/// The case with `pieces` allocations a step and its largest batch near
+/// The share of the device each case's step holds whatever the batch, by
+/// case: the failed jump's batch against the answer varies with it (1.55 …
+/// 1.86), and with it where the device's end falls inside the allocation
+/// that failed (with one share the end would sit at the same place in it in
+/// every case).
+const HELD_SHARES: [f64; 4] = [0.05, 0.10, 0.15, 0.25];
+
+/// Case `index` with `pieces` allocations a step and its largest batch near
 /// `target`: the device's memory ends at 60% of what it reports, so the
 /// first batch whose step needs more fails with out-of-memory.
-fn case(target: f64, pieces: u64) -> Simulation {
-    let fixed = CAPACITY / 10;
+fn case(target: f64, pieces: u64, index: usize) -> Simulation {
+    let fixed = (CAPACITY as f64 * HELD_SHARES[index % HELD_SHARES.len()]) as u64;
     let end = CAPACITY * 6 / 10;
     let per_sample = ((end - fixed) as f64 / (target + 0.5)) as u64;
     let fails_from = ((end - fixed) / per_sample + 1) as usize;
@@ -157,18 +165,28 @@ fn median(values: &mut [f64]) -> f64 {
 
 fn main() {
     // `cargo bench --bench early_oom -- trace`: the batches a few cases run
-    if std::env::args().any(|arg| arg == "trace") {
+    let targets: Vec<f64> = (0..CASES).map(|i| 10.0 * (4096.0f64 / 10.0).powf(i as f64 / (CASES - 1) as f64)).collect();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|arg| arg == "trace") {
+        // `-- trace PIECES graph|closure`: every case of one row
+        let pieces = args.get(at + 1).and_then(|p| p.parse().ok());
+        let graph = args.get(at + 2).map(|kind| kind != "closure");
+        if let (Some(pieces), Some(graph)) = (pieces, graph) {
+            for (index, &target) in targets.iter().enumerate() {
+                trace(target, pieces, index, graph, true);
+            }
+            return;
+        }
         for (graph, reading) in [(true, true), (false, true), (true, false)] {
-            trace(300.0, 12, graph, reading);
-            trace(40.0, 2, graph, reading);
+            trace(300.0, 12, 1, graph, reading);
+            trace(40.0, 2, 1, graph, reading);
         }
         return;
     }
-    let targets: Vec<f64> = (0..CASES).map(|i| 10.0 * (4096.0f64 / 10.0).powf(i as f64 / (CASES - 1) as f64)).collect();
     let space = SearchSpace::new(1, None, 1).unwrap();
     let mut section = String::from(
         "## Out of memory below the ceiling\n\n`cargo bench --bench early_oom`: simulated 80 GiB devices whose \
-         memory ends at 60% of it, the step allocating in 2 to 2000 pieces, each case searched by the predictive \
+         memory ends at 60% of it, the step allocating in 2 to 2000 pieces and holding 5 to 25% of the device whatever the batch, each case searched by the predictive \
          strategy with the failed step's reading (the pool's high-water mark) and without, for a workload that \
          shows its graph and for a closure that shows none. Cost in steps at the answer, T(b*) (a step's time its \
          batch plus four samples' worth, every step counted, the warm-up too); 16 cases a row, largest batches \
@@ -180,8 +198,8 @@ fn main() {
         for pieces in PIECES {
             let (mut with, mut without) = (Vec::new(), Vec::new());
             let (mut above, mut exact) = (0, 0);
-            for &target in &targets {
-                let sim = case(target, pieces);
+            for (index, &target) in targets.iter().enumerate() {
+                let sim = case(target, pieces, index);
                 let truth = sim.true_largest(CEILING, &space, 1 << 20).expect("a batch runs");
                 let read = search(&sim, graph, true);
                 let unread = search(&sim, graph, false);
@@ -225,8 +243,8 @@ fn main() {
 mod shared;
 
 /// The batches one case runs, and its answer.
-fn trace(target: f64, pieces: u64, graph: bool, reading: bool) {
-    let sim = case(target, pieces);
+fn trace(target: f64, pieces: u64, index: usize, graph: bool, reading: bool) {
+    let sim = case(target, pieces, index);
     let (workload, meter) = sim.clone().build();
     let failed = Rc::new(Cell::new(false));
     let steps = if graph {
@@ -240,5 +258,6 @@ fn trace(target: f64, pieces: u64, graph: bool, reading: bool) {
     };
     let space = SearchSpace::new(1, None, 1).unwrap();
     let truth = sim.true_largest(CEILING, &space, 1 << 20).unwrap();
-    eprintln!("target {target} pieces {pieces} graph {graph} reading {reading}: truth {truth}, steps {steps:?}");
+    let cost = steps.iter().map(|&b| step_time(b)).sum::<f64>() / step_time(truth);
+    eprintln!("target {target:.0} pieces {pieces} graph {graph} reading {reading}: truth {truth}, cost {cost:.2}, steps {steps:?}");
 }

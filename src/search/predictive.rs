@@ -484,8 +484,14 @@ fn close_unread(
     // device ends before the line says, by an amount no reading told
     let forecast_failed = history.iter().filter(|o| o.outcome == Outcome::OutOfMemory).count() > 1
         && history.iter().rev().find(|o| o.batch == failing).is_some_and(|o| o.outcome == Outcome::OutOfMemory);
+    // nor where the model put the limit at the failure itself: an
+    // out-of-memory error there says the device ended first, by an amount
+    // the model does not know (a trial a granule under it is mostly wasted)
+    let failed_out_of_memory =
+        history.iter().rev().find(|o| o.batch == failing).is_some_and(|o| o.outcome == Outcome::OutOfMemory);
     let estimate = boundary_estimate(bracket, failing, history, limit)
         .filter(|_| !forecast_failed)
+        .filter(|&predicted| !(failed_out_of_memory && predicted >= failing as f64 * (1.0 - 1.0 / 32.0)))
         // at the largest fit itself: the next granule up proves it the answer
         .filter(|&predicted| predicted >= floor as f64 && predicted < failing as f64)
         .map(|predicted| space.floor(predicted as usize).clamp(floor + g, failing - g));
@@ -504,9 +510,11 @@ fn close_unread(
     match estimate {
         Some(batch) => Some(batch),
         // A failed jump can leave a bracket far wider than doubling would have:
-        // gallop up from the largest fit, as Binary would, before bisecting.
+        // gallop up from the largest fit, as Binary would, before bisecting,
+        // while doubling lands no higher than bisecting would (a doubling just
+        // under the failure tells almost nothing)
         None => match bracket.fitting.and_then(|fit| fit.checked_mul(2)) {
-            Some(doubled) if doubled < failing => Some(doubled),
+            Some(doubled) if doubled <= floor + (failing - floor) / 2 => Some(doubled),
             _ => super::bisect(space, floor, failing),
         },
     }
