@@ -484,14 +484,8 @@ fn close_unread(
     // device ends before the line says, by an amount no reading told
     let forecast_failed = history.iter().filter(|o| o.outcome == Outcome::OutOfMemory).count() > 1
         && history.iter().rev().find(|o| o.batch == failing).is_some_and(|o| o.outcome == Outcome::OutOfMemory);
-    // nor where the model put the limit at the failure itself: an
-    // out-of-memory error there says the device ended first, by an amount
-    // the model does not know (a trial a granule under it is mostly wasted)
-    let failed_out_of_memory =
-        history.iter().rev().find(|o| o.batch == failing).is_some_and(|o| o.outcome == Outcome::OutOfMemory);
     let estimate = boundary_estimate(bracket, failing, history, limit)
         .filter(|_| !forecast_failed)
-        .filter(|&predicted| !(failed_out_of_memory && predicted >= failing as f64 * (1.0 - 1.0 / 32.0)))
         // at the largest fit itself: the next granule up proves it the answer
         .filter(|&predicted| predicted >= floor as f64 && predicted < failing as f64)
         .map(|predicted| space.floor(predicted as usize).clamp(floor + g, failing - g));
@@ -515,6 +509,9 @@ fn close_unread(
         // under the failure tells almost nothing)
         None => match bracket.fitting.and_then(|fit| fit.checked_mul(2)) {
             Some(doubled) if doubled <= floor + (failing - floor) / 2 => Some(doubled),
+            // a wide bracket is split a little under its middle: a trial's
+            // time grows with its batch, and those above the answer are the dearer half
+            _ if (failing - floor) / g > WIDE_BRACKET => Some(floor + g * ((failing - floor) / g * 9 / 20)),
             _ => super::bisect(space, floor, failing),
         },
     }
@@ -645,6 +642,10 @@ fn boundary_estimate(bracket: &Bracket, failing: usize, history: &[Observation],
 fn line_through_largest(points: &[(usize, u64)]) -> Option<LinearFit> {
     LinearFit::through(&points[points.len().saturating_sub(2)..])
 }
+
+/// Granules in a bracket past which [`close_unread`] splits it at 45%, not
+/// at its middle.
+const WIDE_BRACKET: usize = 64;
 
 /// `first × 2^(k − 1)`: the `k`-th step (from 1) of a gallop that doubles,
 /// saturating.
@@ -945,5 +946,39 @@ mod tests {
         let tried = run(space, peak, limit);
         assert_eq!(*tried.iter().filter(|&&b| peak(b) <= limit).max().unwrap(), 700);
         assert!(tried.len() <= 9, "{tried:?}");
+    }
+}
+
+#[cfg(test)]
+mod unread_tests {
+    use super::super::Strategy;
+    use super::*;
+
+    fn fits(batch: usize) -> Observation {
+        Observation { batch, outcome: Outcome::Fits, peak_bytes: None }
+    }
+
+    fn fails(batch: usize) -> Observation {
+        Observation { batch, outcome: Outcome::OutOfMemory, peak_bytes: None }
+    }
+
+    #[test]
+    fn doubling_that_would_land_past_the_middle_of_the_bracket_is_not_tried() {
+        let space = SearchSpace::new(1, None, 1).unwrap().with_limit(1 << 40);
+        // 2000 is past the middle of (1000, 2100): a trial there tells little
+        let near = [fits(1000), fails(2100)];
+        assert_ne!(Strategy::Predictive.next_batch(&space, &near), Some(2000));
+        // far under the failure, the gallop doubles as Binary's does
+        let far = [fits(1000), fails(9000)];
+        assert_eq!(Strategy::Predictive.next_batch(&space, &far), Some(2000));
+    }
+
+    #[test]
+    fn a_wide_bracket_is_split_under_its_middle_a_narrow_one_at_it() {
+        let space = SearchSpace::new(1, None, 1).unwrap().with_limit(1 << 40);
+        let wide = [fits(1000), fails(1800)];
+        assert_eq!(Strategy::Predictive.next_batch(&space, &wide), Some(1000 + 800 * 9 / 20));
+        let narrow = [fits(1000), fails(1040)];
+        assert_eq!(Strategy::Predictive.next_batch(&space, &narrow), Some(1020));
     }
 }
