@@ -507,11 +507,12 @@ struct PiecewiseStep {
     shares: Vec<u64>,
     room: u64,
     limit: u64,
+    quadratic: u64,
 }
 
 impl PiecewiseStep {
     fn step_bytes(&self, b: usize) -> u64 {
-        self.step_fixed + self.per_sample * b as u64
+        self.step_fixed + self.per_sample * b as u64 + self.quadratic * (b * b) as u64
     }
 
     fn measure(&self, b: usize, read_failures: bool) -> (Outcome, Option<u64>) {
@@ -534,12 +535,16 @@ impl PiecewiseStep {
         }
     }
 
-    /// The step's largest allocation at `b` is at most `fixed + per_sample × b`.
+    /// The step's largest allocation at `b` is at most `fixed + per_sample × b`
+    /// for every batch the search may try (its peak within twice the limit: a
+    /// step that grows with b² is bounded by its slope there).
     fn largest_allocation(&self) -> (u64, u64) {
         let total: u64 = self.shares.iter().sum();
         let largest = *self.shares.iter().max().unwrap();
         let share = |bytes: u64| (u128::from(bytes) * u128::from(largest)).div_ceil(u128::from(total)) as u64;
-        (share(self.step_fixed), share(self.per_sample))
+        let widest = (1..=1usize << 24).take_while(|&b| self.resident + self.step_bytes(b) <= 2 * self.limit).last();
+        let slope = self.per_sample + self.quadratic * widest.unwrap_or(1) as u64;
+        (share(self.step_fixed), share(slope))
     }
 }
 
@@ -554,7 +559,8 @@ proptest! {
     /// The pool's reading at an out-of-memory failure, with the step's largest
     /// allocation known, never makes the search cost more than the same search
     /// told nothing at a failure, for steps of 2 to 2000 allocations, equal or
-    /// not: the device's end lies within one allocation above the reading.
+    /// not, straight or growing with b² as attention's scores do: the
+    /// device's end lies within one allocation above the reading.
     /// Nor does a reading with the allocation unknown (it bounds the end from
     /// below only). Every answer is the brute-force one, proven by a failure
     /// at the next candidate.
@@ -566,6 +572,7 @@ proptest! {
         (equal, shares) in (any::<bool>(), prop::collection::vec(1u64..1_000, 2..2_000)),
         end_share in 0.05f64..0.95,
         g in prop_oneof![Just(1usize), Just(8), 1usize..17],
+        quadratic in 0u64..20_000,
     ) {
         let limit = 72u64 << 30;
         let resident = (limit as f64 * resident_share) as u64;
@@ -573,7 +580,7 @@ proptest! {
         let per_sample = per_sample_kib << 10;
         let shares = if equal { vec![1; shares.len()] } else { shares };
         let room = resident + step_fixed + ((limit - resident - step_fixed) as f64 * end_share) as u64;
-        let device = PiecewiseStep { resident, step_fixed, per_sample, shares, room, limit };
+        let device = PiecewiseStep { resident, step_fixed, per_sample, shares, room, limit, quadratic };
         let space = SearchSpace::new(1, None, g).unwrap().with_limit(limit);
         let truth = (g..=1 << 24).step_by(g).take_while(|&b| device.measure(b, false).0.fits()).last();
         let (fixed, slope) = device.largest_allocation();
