@@ -36,7 +36,9 @@ pub const DEFAULT_BLOCK: usize = 128;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockedAttention {
-    /// Each query attends to itself and the keys before it (`s_q == s_k`).
+    /// Each query attends to itself and the keys before it. With fewer
+    /// queries than keys, the queries are the last of the keys' positions (a
+    /// chunk of a sequence whose earlier keys are cached).
     pub causal: bool,
     /// What the scores are multiplied by; `None`: `1 / √d`.
     pub scale: Option<f64>,
@@ -82,6 +84,10 @@ impl BlockedAttention {
 /// Shapes as there; `scale` is `1 / √d`.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
     let (_, heads, s, d) = q.dims4()?;
+    let s_k = k.dim(2)?;
+    if causal && s > s_k {
+        candle_core::bail!("attention: causal attention of {s} queries over {s_k} keys")
+    }
     let groups = heads / k.dim(1)?;
     let (k, v) = (repeat_heads(k, groups)?, repeat_heads(v, groups)?);
     let scores = (crate::models::ops::matmul(q, &k.t()?)? / (d as f64).sqrt())?;
@@ -93,7 +99,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, caus
         None => scores,
     };
     let scores = if causal {
-        crate::models::ops::add_constant(&scores, &causal_block(0, s, 0, s, q.device())?.to_dtype(scores.dtype())?)?
+        let mask = causal_block(s_k - s, s, 0, s_k, q.device())?.to_dtype(scores.dtype())?;
+        crate::models::ops::add_constant(&scores, &mask)?
     } else {
         scores
     };
@@ -111,6 +118,8 @@ struct Shapes {
     d: usize,
     block: usize,
     causal: bool,
+    /// The position of the first query among the keys'.
+    q_offset: usize,
 }
 
 impl Shapes {
@@ -128,7 +137,7 @@ impl Shapes {
         if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             candle_core::bail!("blocked attention: {heads} query heads are not a multiple of {kv_heads} kv heads")
         }
-        if config.causal && s_q != s_k {
+        if config.causal && s_q > s_k {
             candle_core::bail!("blocked attention: causal attention of {s_q} queries over {s_k} keys")
         }
         if config.block == 0 {
@@ -139,7 +148,10 @@ impl Shapes {
                 candle_core::bail!("blocked attention: a key mask of {:?} for ({b}, {s_k})", mask.dims())
             }
         }
-        Ok(Shapes { b, heads, kv_heads, s_q, s_k, d, block: config.block, causal: config.causal })
+        // causally, the queries are the last s_q of the keys' positions (a
+        // chunk of a sequence whose earlier keys are cached)
+        let q_offset = if config.causal { s_k - s_q } else { 0 };
+        Ok(Shapes { b, heads, kv_heads, s_q, s_k, d, block: config.block, causal: config.causal, q_offset })
     }
 
     /// The query blocks, as (start, length).
@@ -150,7 +162,7 @@ impl Shapes {
     /// The key blocks a query block at `start` of `len` sees: all of them,
     /// or causally those that start at or before its last query.
     fn key_blocks(&self, start: usize, len: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
-        let last = start + len - 1;
+        let last = self.q_offset + start + len - 1;
         blocks(self.s_k, self.block).filter(move |&(key, _)| !self.causal || key <= last)
     }
 }
@@ -202,8 +214,8 @@ fn scores(
         Some(mask) => s.broadcast_add(&mask.narrow(1, k0, k_len)?.reshape((shape.b, 1, 1, k_len))?)?,
         None => s,
     };
-    if shape.causal && k0 + k_len - 1 > q0 {
-        s.broadcast_add(&causal_block(q0, q_len, k0, k_len, q.device())?)
+    if shape.causal && k0 + k_len - 1 > shape.q_offset + q0 {
+        s.broadcast_add(&causal_block(shape.q_offset + q0, q_len, k0, k_len, q.device())?)
     } else {
         Ok(s)
     }
@@ -475,6 +487,45 @@ mod tests {
             let error = compare(2, kv * groups, kv, s, d, block, causal, masked, DType::F32);
             prop_assert!(error <= 1e-5, "off by {error:e}");
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        /// The last `c` queries over every key (a chunk whose earlier keys
+        /// are cached, or one decoded token) see what the same rows of the
+        /// whole causal attention see, blocked and eager, and the blocked
+        /// form's gradients equal the eager one's.
+        #[test]
+        fn a_chunk_of_the_last_queries_sees_what_the_whole_does(
+            s in 1usize..40,
+            chunk_share in 0.0f64..1.0,
+            block in 1usize..17,
+            groups in prop::sample::select(vec![1usize, 2]),
+        ) {
+            let c = ((s as f64 * chunk_share) as usize).clamp(1, s);
+            let device = Device::Cpu;
+            let (heads, kv, d) = (2 * groups, 2, 8);
+            let q = Var::from_tensor(&Tensor::randn(0f32, 1.0, (1, heads, s, d), &device).unwrap()).unwrap();
+            let (k, v) = (Tensor::randn(0f32, 1.0, (1, kv, s, d), &device).unwrap(), Tensor::randn(0f32, 1.0, (1, kv, s, d), &device).unwrap());
+            let config = BlockedAttention { causal: true, scale: None, block };
+            let whole = config.forward(q.as_tensor(), &k, &v, None).unwrap().narrow(2, s - c, c).unwrap();
+            let last = q.as_tensor().narrow(2, s - c, c).unwrap();
+            let blocked = config.forward(&last, &k, &v, None).unwrap();
+            let eager = attention(&last, &k, &v, None, true).unwrap();
+            prop_assert!(relative(&blocked, &whole) <= 1e-5);
+            prop_assert!(relative(&eager, &whole) <= 1e-5);
+            let grad = |out: &Tensor| out.sum_all().unwrap().backward().unwrap().get(&q).unwrap().clone();
+            prop_assert!(relative(&grad(&blocked), &grad(&eager)) <= 1e-5);
+        }
+    }
+
+    #[test]
+    fn more_queries_than_keys_are_refused_causally() {
+        let q = Tensor::zeros((1, 1, 4, 8), DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::zeros((1, 1, 3, 8), DType::F32, &Device::Cpu).unwrap();
+        assert!(BlockedAttention::causal().forward(&q, &k, &k, None).is_err());
+        assert!(attention(&q, &k, &k, None, true).is_err());
     }
 
     #[test]
