@@ -6,7 +6,9 @@
 use candle_core::{Module, Result, Tensor};
 
 use super::config::{AttentionBias, Config, Family, Llama3Rope, RopeScaling, YarnRope};
-use super::layers::{attention, embed, residual, rotary_tables, rotate, split_heads, Layout, Norm, Proj};
+use super::kv_cache::{Chunk, KvCache};
+use super::layers::{attention, cached_attention, embed, last_tokens, residual, rotary_tables, rotary_tables_at};
+use super::layers::{rotate, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 use super::Attention;
@@ -170,7 +172,19 @@ impl Decoder {
     }
 
     /// Block `index` of the decoder.
-    pub(crate) fn block(&self, index: usize, xs: &Tensor, (cos, sin): &(Tensor, Tensor)) -> Result<Tensor> {
+    pub(crate) fn block(&self, index: usize, xs: &Tensor, tables: &(Tensor, Tensor)) -> Result<Tensor> {
+        let (q, k, v) = self.queries_keys_values(index, xs, tables)?;
+        self.after_attention(index, xs, &attention(&q, &k, &v, true, self.attention)?)
+    }
+
+    /// Block `index`'s queries `(b, heads, s, d)`, keys and values `(b,
+    /// kv_heads, s, d)`, normed (Qwen3) and rotated.
+    fn queries_keys_values(
+        &self,
+        index: usize,
+        xs: &Tensor,
+        (cos, sin): &(Tensor, Tensor),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let block = &self.blocks[index];
         let h = block.input_norm.forward(xs)?;
         let mut q = split_heads(&block.q.forward(&h)?, self.heads, self.head_dim)?;
@@ -180,11 +194,34 @@ impl Decoder {
             q = q_norm.forward(&q)?;
             k = k_norm.forward(&k)?;
         }
-        let (q, k) = (rotate(&q, cos, sin)?, rotate(&k, cos, sin)?);
-        let xs = residual(xs, &block.o.forward(&attention(&q, &k, &v, true, self.attention)?)?)?;
+        Ok((rotate(&q, cos, sin)?, rotate(&k, cos, sin)?, v))
+    }
+
+    /// The rest of block `index` once attention gave `attended` `(b, s,
+    /// heads × d)`: the output projection, the residual and the MLP.
+    fn after_attention(&self, index: usize, xs: &Tensor, attended: &Tensor) -> Result<Tensor> {
+        let block = &self.blocks[index];
+        let xs = residual(xs, &block.o.forward(attended)?)?;
         let h = block.post_norm.forward(&xs)?;
         let mlp = (block.gate.forward(&h)?.silu()? * block.up.forward(&h)?)?;
         residual(&xs, &block.down.forward(&mlp)?)
+    }
+
+    /// The logits `(n, vocab)` of the last token of each of `chunks`, whose
+    /// ids `(1, T)` are the chunks' tokens one after the other: each chunk's
+    /// keys and values written into `cache` (reserved before) and its
+    /// queries attending to every key of its sequence so far.
+    pub(crate) fn forward_cached(&self, ids: &Tensor, chunks: &[Chunk], cache: &KvCache) -> Result<Tensor> {
+        let mut xs = self.embed(ids)?;
+        let positions: Vec<usize> = chunks.iter().flat_map(|chunk| chunk.positions()).collect();
+        let tables =
+            rotary_tables_at(&self.inverse_frequencies, self.rotary_scale, &positions, xs.dtype(), xs.device())?;
+        for index in 0..self.blocks.len() {
+            let (q, k, v) = self.queries_keys_values(index, &xs, &tables)?;
+            let attended = cached_attention(&q, &k, &v, chunks, cache, index, self.attention)?;
+            xs = self.after_attention(index, &xs, &attended)?;
+        }
+        self.head(&last_tokens(&xs, chunks)?)
     }
 
     /// The final norm and the head: logits of the last block's output.

@@ -8,7 +8,8 @@ use candle_core::{Module, Result, Tensor};
 use crate::models::ops::add_constant;
 
 use super::config::{Config, Gelu};
-use super::layers::{attention, gelu, residual, split_heads, Layout, Norm, Proj};
+use super::kv_cache::{Chunk, KvCache};
+use super::layers::{attention, cached_attention, gelu, last_tokens, residual, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 use super::Attention;
@@ -131,15 +132,43 @@ impl Gpt2 {
 
     /// Block `index`.
     pub(crate) fn block(&self, index: usize, xs: &Tensor) -> Result<Tensor> {
+        let (q, k, v) = self.queries_keys_values(index, xs)?;
+        self.after_attention(index, xs, &attention(&q, &k, &v, true, self.attention)?)
+    }
+
+    /// Block `index`'s queries, keys and values `(b, heads, s, d)`.
+    fn queries_keys_values(&self, index: usize, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let block = &self.blocks[index];
         let hidden = xs.dim(2)?;
         let head_dim = hidden / self.heads;
         let qkv = block.c_attn.forward(&block.ln_1.forward(xs)?)?;
         let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
-        let attended = attention(&part(0)?, &part(1)?, &part(2)?, true, self.attention)?;
-        let xs = residual(xs, &block.attn_proj.forward(&attended)?)?;
+        Ok((part(0)?, part(1)?, part(2)?))
+    }
+
+    /// The rest of block `index` once attention gave `attended`.
+    fn after_attention(&self, index: usize, xs: &Tensor, attended: &Tensor) -> Result<Tensor> {
+        let block = &self.blocks[index];
+        let xs = residual(xs, &block.attn_proj.forward(attended)?)?;
         let mlp = gelu(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?, self.gelu)?;
         residual(&xs, &block.mlp_proj.forward(&mlp)?)
+    }
+
+    /// The logits `(n, vocab)` of the last token of each of `chunks` (see
+    /// the decoders' `forward_cached`), positions learned.
+    pub(crate) fn forward_cached(&self, ids: &Tensor, chunks: &[Chunk], cache: &KvCache) -> Result<Tensor> {
+        let hidden = self.wte.dim(1)?;
+        let positions: Vec<u32> = chunks.iter().flat_map(|chunk| chunk.positions()).map(|p| p as u32).collect();
+        let count = positions.len();
+        let positions = Tensor::from_vec(positions, count, ids.device())?;
+        let tokens = self.wte.index_select(&ids.flatten_all()?, 0)?;
+        let mut xs = (tokens + self.wpe.index_select(&positions, 0)?)?.reshape((1, count, hidden))?;
+        for index in 0..self.blocks.len() {
+            let (q, k, v) = self.queries_keys_values(index, &xs)?;
+            let attended = cached_attention(&q, &k, &v, chunks, cache, index, self.attention)?;
+            xs = self.after_attention(index, &xs, &attended)?;
+        }
+        self.head(&last_tokens(&xs, chunks)?)
     }
 
     /// The final norm and the head.

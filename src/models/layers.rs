@@ -4,6 +4,7 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 
+use super::kv_cache::{Chunk, KvCache};
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
 use crate::models::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
@@ -181,14 +182,72 @@ pub(crate) fn rotary_tables(
     dtype: DType,
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
+    let positions: Vec<usize> = (0..seq_len).collect();
+    rotary_tables_at(inverse_frequencies, scale, &positions, dtype, device)
+}
+
+/// The rotary tables `(n, d / 2)` of `positions`, one row each (the tokens
+/// of several sequences, each at its own place).
+pub(crate) fn rotary_tables_at(
+    inverse_frequencies: &[f64],
+    scale: f64,
+    positions: &[usize],
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
     let half = inverse_frequencies.len();
-    let angles: Vec<f32> = (0..seq_len)
-        .flat_map(|position| inverse_frequencies.iter().map(move |&f| position as f32 * f as f32))
+    let angles: Vec<f32> = positions
+        .iter()
+        .flat_map(|&position| inverse_frequencies.iter().map(move |&f| position as f32 * f as f32))
         .collect();
-    let angles = Tensor::from_vec(angles, (seq_len, half), device)?;
+    let angles = Tensor::from_vec(angles, (positions.len(), half), device)?;
     let (cos, sin) = (angles.cos()?, angles.sin()?);
     let (cos, sin) = if scale == 1.0 { (cos, sin) } else { ((cos * scale)?, (sin * scale)?) };
     Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
+}
+
+/// Attention of the chunks' queries `(1, heads, T, d)` over their
+/// sequences' cached keys: each chunk's keys and values `(1, kv_heads, T,
+/// d)` written into `cache` at `layer` first, then its queries attend
+/// causally to every key of its sequence so far. `(1, T, heads × d)`.
+pub(crate) fn cached_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    chunks: &[Chunk],
+    cache: &KvCache,
+    layer: usize,
+    form: super::Attention,
+) -> Result<Tensor> {
+    let (_, heads, _, d) = q.dims4()?;
+    let mut outputs = Vec::with_capacity(chunks.len());
+    let mut offset = 0;
+    for chunk in chunks {
+        let len = chunk.tokens.len();
+        let part = |t: &Tensor| t.narrow(2, offset, len)?.squeeze(0);
+        cache.write(layer, chunk.sequence, chunk.start, &part(k)?, &part(v)?)?;
+        let (keys, values) = cache.gather(layer, chunk.sequence, chunk.start + len, q.dtype())?;
+        let queries = q.narrow(2, offset, len)?.contiguous()?;
+        let out = match form {
+            super::Attention::Blocked => BlockedAttention::causal().forward(&queries, &keys, &values, None)?,
+            super::Attention::Eager => crate::models::ops::attention(&queries, &keys, &values, None, true)?,
+        };
+        outputs.push(out.transpose(1, 2)?.reshape((1, len, heads * d))?);
+        offset += len;
+    }
+    Tensor::cat(&outputs, 1)
+}
+
+/// The rows of `xs` `(1, T, hidden)` at each chunk's last token: `(n, hidden)`.
+pub(crate) fn last_tokens(xs: &Tensor, chunks: &[Chunk]) -> Result<Tensor> {
+    let mut rows = Vec::with_capacity(chunks.len());
+    let mut end = 0;
+    for chunk in chunks {
+        end += chunk.tokens.len();
+        rows.push(end as u32 - 1);
+    }
+    let count = rows.len();
+    xs.squeeze(0)?.index_select(&Tensor::from_vec(rows, count, xs.device())?, 0)
 }
 
 /// Multi-head attention of `q` `(b, heads, s, d)` over `k`, `v` `(b, kv_heads,

@@ -45,7 +45,9 @@ mod checkpoint;
 mod config;
 mod decoder;
 mod gpt2;
+mod inference;
 mod keys;
+mod kv_cache;
 mod layers;
 mod lora;
 pub mod ops;
@@ -59,6 +61,8 @@ use candle_nn::VarMap;
 pub use config::{
     AttentionBias, BertHead, Config, Family, Gelu, Llama3Rope, Rope, RopeScaling, YarnRope, MAX_CONFIG_BYTES,
 };
+pub use inference::Inference;
+pub use kv_cache::{Chunk, KvCache, SequenceId, DEFAULT_BLOCK_SIZE};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 
 use crate::models::reference::params::Rng;

@@ -119,6 +119,13 @@ impl Weights {
         Ok(())
     }
 
+    /// The bytes every tensor takes, quantized ones as stored.
+    pub(crate) fn bytes(&self) -> u64 {
+        let dense: u64 = self.tensors.values().map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum();
+        let quantized: u64 = self.quantized.values().map(|q| q.storage_size_in_bytes() as u64).sum();
+        dense + quantized
+    }
+
     /// The quantized weight `name`, if it is one.
     pub(crate) fn quantized(&self, name: &str) -> Option<Arc<QTensor>> {
         self.quantized.get(name).cloned()
