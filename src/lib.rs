@@ -187,6 +187,7 @@ mod oom;
 pub mod optim;
 mod plan;
 pub mod search;
+pub mod serve;
 mod splitmix;
 mod tuner;
 mod units;

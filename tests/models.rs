@@ -12,7 +12,8 @@ use common::bits;
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::models::{Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Training};
+use autobatch::models::{Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Serving, Training};
+use autobatch::serve::ServeProbe;
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW};
@@ -929,8 +930,84 @@ fn the_lean_ops_never_make_the_scores_or_the_logits_whole() {
     assert!(full > 2 * logits, "the full loss holds its logits: {full}");
 }
 
+/// A serving trial measured by hand: `sequences` full caches at `context`
+/// and the worst step, the peak read.
+fn serving_peak(server: &mut Serving, meter: &mut HeapMeter, sequences: usize, context: usize, chunk: usize) -> u64 {
+    use autobatch::serve::Server;
+    meter.reset_peak().unwrap();
+    let mut caches = server.allocate(sequences, context, chunk).unwrap();
+    server.worst_step(&mut caches, chunk).unwrap();
+    drop(caches);
+    meter.peak().unwrap()
+}
+
+fn serving_configs() -> Vec<(&'static str, Config, BaseDtype)> {
+    let llama = r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 512}"#;
+    let gpt2 =
+        r#"{"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512}"#;
+    let qwen3 = r#"{"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
+        "max_position_embeddings": 512, "torch_dtype": "bfloat16"}"#;
+    vec![
+        ("llama f32", Config::from_json(llama).unwrap(), BaseDtype::F32),
+        ("gpt2 f32", Config::from_json(gpt2).unwrap(), BaseDtype::F32),
+        ("qwen3 q4_0 over bf16", Config::from_json(qwen3).unwrap(), BaseDtype::Q4_0),
+    ]
+}
+
+/// The sequences `autobatch serve` calls the most fit with every cache full
+/// and the worst step, and one more does not, measured by hand; the cache's
+/// bytes per token are the arithmetic's; the blocks the limit holds count
+/// the answer's.
+fn serving_capacity_is_exact_by_brute_force() {
+    let device = Device::Cpu;
+    let (context, chunk) = (256, 64);
+    for (name, config, weights) in serving_configs() {
+        let mut server = Serving::build(&config, weights, None, &device).unwrap();
+        let mut meter = HeapMeter::with_room(6 << 20, 0.9).unwrap();
+        let plan = ServeProbe::new(context).max_num_batched_tokens(chunk).run(&mut server, &mut meter).unwrap();
+        let n = plan.max_sequences;
+        assert!(plan.proven && n > 2, "{name}: {plan:?}");
+        let fits = serving_peak(&mut server, &mut meter, n, context, chunk);
+        let over = serving_peak(&mut server, &mut meter, n + 1, context, chunk);
+        assert!(
+            fits <= plan.limit_bytes && over > plan.limit_bytes,
+            "{name}: {n} at {fits}, {} at {over}, limit {}",
+            n + 1,
+            plan.limit_bytes
+        );
+        let dtype_bytes = server.model().dtype().size_in_bytes() as f64;
+        let per_token = 2.0 * config.layers as f64 * config.kv_heads as f64 * config.head_dim as f64 * dtype_bytes;
+        assert_eq!(plan.cache_bytes_per_token, per_token, "{name}");
+        let blocks_per_sequence = (context / 16) as u64;
+        assert!(plan.kv_blocks.unwrap() >= n as u64 * blocks_per_sequence, "{name}: {plan:?}");
+        assert!(
+            plan.kv_blocks.unwrap() < (n as u64 + 1) * blocks_per_sequence + blocks_per_sequence,
+            "{name}: {plan:?}"
+        );
+    }
+}
+
+/// The longest context four sequences hold fits with the worst step, and a
+/// token more does not.
+fn the_longest_context_at_a_concurrency_is_exact() {
+    let device = Device::Cpu;
+    let (_, config, weights) = serving_configs().remove(0);
+    let mut server = Serving::build(&config, weights, None, &device).unwrap();
+    let mut meter = HeapMeter::with_room(1 << 20, 0.9).unwrap();
+    let plan = ServeProbe::new(512).max_num_batched_tokens(64).longest_context(4, &mut server, &mut meter).unwrap();
+    let context = plan.context;
+    assert!(plan.proven && context > 64 && context < 512, "{plan:?}");
+    let fits = serving_peak(&mut server, &mut meter, 4, context, 64);
+    let over = serving_peak(&mut server, &mut meter, 4, context + 1, 64);
+    assert!(fits <= plan.limit_bytes && over > plan.limit_bytes, "{context}: {fits}, {over}, {}", plan.limit_bytes);
+}
+
 fn main() {
     common::harness::run_sequentially(&[
+        ("serving_capacity_is_exact_by_brute_force", serving_capacity_is_exact_by_brute_force),
+        ("the_longest_context_at_a_concurrency_is_exact", the_longest_context_at_a_concurrency_is_exact),
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
         ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
         (

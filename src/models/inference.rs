@@ -168,6 +168,119 @@ impl Inference {
     }
 }
 
+/// A config's decoder served from a paged [`KvCache`]: what
+/// [`ServeProbe`](crate::serve::ServeProbe) measures for `autobatch serve`.
+pub struct Serving {
+    model: Inference,
+    block_size: usize,
+    cache_dtype: DType,
+    device: Device,
+}
+
+impl Serving {
+    /// `config`'s decoder with its weights stored as `weights` and computing
+    /// in `dtype` (see [`Inference::build`]), its cache in blocks of
+    /// [`DEFAULT_BLOCK_SIZE`](super::DEFAULT_BLOCK_SIZE) tokens in the dtype
+    /// it computes in.
+    pub fn build(config: &Config, weights: BaseDtype, dtype: Option<DType>, device: &Device) -> Result<Serving, Error> {
+        Ok(Serving::new(Inference::build(config, weights, dtype, 0, device)?, device))
+    }
+
+    /// `model` served on `device`, its cache as [`build`](Self::build) keeps it.
+    pub fn new(model: Inference, device: &Device) -> Serving {
+        let cache_dtype = model.dtype();
+        Serving { model, block_size: super::DEFAULT_BLOCK_SIZE, cache_dtype, device: device.clone() }
+    }
+
+    /// With blocks of `tokens` tokens (at least 1).
+    pub fn block_size(mut self, tokens: usize) -> Result<Serving, Error> {
+        if tokens == 0 {
+            return Err(Error::zero("block_size"));
+        }
+        self.block_size = tokens;
+        Ok(self)
+    }
+
+    /// With the cache in `dtype` (f32, bf16 or f16).
+    pub fn cache_dtype(mut self, dtype: DType) -> Result<Serving, Error> {
+        KvCache::check(self.model.config(), self.block_size, dtype)?;
+        self.cache_dtype = dtype;
+        Ok(self)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Inference {
+        &self.model
+    }
+
+    /// The bytes a block takes.
+    pub fn block_bytes(&self) -> u64 {
+        KvCache::block_bytes(self.model.config(), self.block_size, self.cache_dtype)
+    }
+
+    /// The bytes the cache of one sequence of `context` tokens takes: its
+    /// blocks, the last one whole.
+    pub fn bytes_per_sequence(&self, context: usize) -> u64 {
+        context.div_ceil(self.block_size) as u64 * self.block_bytes()
+    }
+}
+
+impl crate::serve::Server for Serving {
+    type Caches = KvCache;
+
+    fn allocate(&mut self, sequences: usize, context: usize, chunk: usize) -> candle_core::Result<KvCache> {
+        let config = self.model.config();
+        let blocks = sequences.saturating_mul(context.div_ceil(self.block_size));
+        let mut cache =
+            KvCache::new(config, blocks, self.block_size, self.cache_dtype, &self.device).map_err(candle)?;
+        for index in 0..sequences {
+            let sequence = cache.add_sequence();
+            let last_step = if index == 0 { chunk } else { 1 };
+            cache.fill(sequence, context - last_step).map_err(candle)?;
+        }
+        Ok(cache)
+    }
+
+    fn cache_bytes(&self, cache: &KvCache) -> u64 {
+        cache.blocks() as u64 * cache.bytes_per_block()
+    }
+
+    fn worst_step(&mut self, cache: &mut KvCache, chunk: usize) -> candle_core::Result<()> {
+        let vocab = self.model.config().vocab as u32;
+        let token = |i: usize| (i as u32).wrapping_mul(7).wrapping_add(3) % vocab;
+        let chunks: Vec<Chunk> = cache
+            .sequences()
+            .into_iter()
+            .enumerate()
+            .map(|(index, sequence)| {
+                let start = cache.len(sequence);
+                let count = if index == 0 { chunk } else { 1 };
+                Chunk { sequence, start, tokens: (start..start + count).map(token).collect() }
+            })
+            .collect();
+        self.model.step(cache, &chunks).map_err(candle)?;
+        Ok(())
+    }
+
+    fn block(&self) -> Option<(usize, u64)> {
+        Some((self.block_size, self.block_bytes()))
+    }
+
+    fn max_context(&self) -> Option<usize> {
+        let config = self.model.config();
+        Some(config.sliding_window.map_or(config.max_positions, |window| window.min(config.max_positions)))
+    }
+}
+
+/// A crate error as candle's, candle's own kept whole (an out-of-memory
+/// error stays one).
+fn candle(err: Error) -> candle_core::Error {
+    match err {
+        Error::Candle(source) => source,
+        other => candle_core::Error::Msg(other.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,7 +87,7 @@ impl KvCache {
         dtype: DType,
         device: &Device,
     ) -> Result<KvCache, Error> {
-        check(config, block_size, dtype)?;
+        KvCache::check(config, block_size, dtype)?;
         let rows = blocks.checked_mul(block_size).ok_or_else(|| too_many(blocks, block_size))?;
         let shape = (rows, config.kv_heads, config.head_dim);
         let mut layers = Vec::with_capacity(config.layers);
@@ -284,25 +284,28 @@ impl KvCache {
     }
 }
 
-fn check(config: &Config, block_size: usize, dtype: DType) -> Result<(), Error> {
-    if config.family == Family::Bert {
-        return Err(Error::invalid(
-            crate::Setting::Input("config field model_type".to_owned()),
-            crate::Value::Text("bert".to_owned()),
-            "a KV cache serves a decoder: llama, mistral, qwen2, qwen3 or gpt2",
-        ));
+impl KvCache {
+    /// A cache of `dtype` in blocks of `block_size` for `config`, refused where it cannot be.
+    pub(crate) fn check(config: &Config, block_size: usize, dtype: DType) -> Result<(), Error> {
+        if config.family == Family::Bert {
+            return Err(Error::invalid(
+                crate::Setting::Input("config field model_type".to_owned()),
+                crate::Value::Text("bert".to_owned()),
+                "a KV cache serves a decoder: llama, mistral, qwen2, qwen3 or gpt2",
+            ));
+        }
+        if block_size == 0 {
+            return Err(Error::zero("block_size"));
+        }
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::invalid(
+                crate::Setting::Input("KV cache dtype".to_owned()),
+                crate::Value::Text(format!("{dtype:?}").to_lowercase()),
+                "f32, bf16 or f16",
+            ));
+        }
+        Ok(())
     }
-    if block_size == 0 {
-        return Err(Error::zero("block_size"));
-    }
-    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-        return Err(Error::invalid(
-            crate::Setting::Input("KV cache dtype".to_owned()),
-            crate::Value::Text(format!("{dtype:?}").to_lowercase()),
-            "f32, bf16 or f16",
-        ));
-    }
-    Ok(())
 }
 
 fn too_many(blocks: usize, block_size: usize) -> Error {

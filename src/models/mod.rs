@@ -61,7 +61,7 @@ use candle_nn::VarMap;
 pub use config::{
     AttentionBias, BertHead, Config, Family, Gelu, Llama3Rope, Rope, RopeScaling, YarnRope, MAX_CONFIG_BYTES,
 };
-pub use inference::Inference;
+pub use inference::{Inference, Serving};
 pub use kv_cache::{Chunk, KvCache, SequenceId, DEFAULT_BLOCK_SIZE};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 

@@ -336,6 +336,24 @@ impl Tuner {
     }
 }
 
+impl Tuner {
+    /// [`run`](Tuner::run) expecting its answer near `hint`, each sample
+    /// there adding about `bytes_per_sample`: the search starts there.
+    pub(crate) fn run_expecting<W, M>(
+        &self,
+        workload: &mut W,
+        meter: &mut M,
+        hint: usize,
+        bytes_per_sample: f64,
+    ) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        self.settings()?.hinted_along(hint, bytes_per_sample).search(workload, meter, &mut ())
+    }
+}
+
 impl Settings {
     /// A whole search with these settings: the stored plan when the cache
     /// has one for them, else the engine's run (stored when cached).

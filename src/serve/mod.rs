@@ -1,0 +1,338 @@
+//! Serving capacity: how many sequences at a given context fit beside their
+//! KV caches and the worst step a server runs, measured as a [`Tuner`]
+//! measures a training batch.
+//!
+//! A server's memory goes mostly to the KV cache of every sequence in flight;
+//! each step adds a transient: the activations of the tokens it runs (a
+//! prompt's chunk while every other sequence decodes one token), the keys
+//! and values attention reads, the logits. [`ServeProbe`] allocates the full
+//! caches of `n` sequences at `max_model_len` tokens, runs that worst step
+//! and reads the peak, and searches `n` as the tuner searches a batch: the
+//! answer was run and fits, the next one up was run and does not.
+//!
+//! A candle server implements [`Server`] over its own model and cache;
+//! [`models::Serving`](crate::models::Serving) is this crate's, for the
+//! decoders it builds from a `config.json`.
+
+use serde::Serialize;
+
+use crate::{Error, MemoryMeter, Plan, Tuner, Workload};
+
+/// What a server does that the probe measures.
+pub trait Server {
+    /// The KV caches of a set of sequences.
+    type Caches;
+
+    /// Allocates the caches of `sequences` sequences of up to `context`
+    /// tokens each and fills them: each holds `context` tokens but the last
+    /// step's (one token for a decoding sequence, `chunk` for the one that
+    /// prefills).
+    fn allocate(&mut self, sequences: usize, context: usize, chunk: usize) -> candle_core::Result<Self::Caches>;
+
+    /// The bytes `caches` hold.
+    fn cache_bytes(&self, caches: &Self::Caches) -> u64;
+
+    /// The worst step over `caches`: one sequence prefills the last `chunk`
+    /// tokens of its context while every other decodes its last token.
+    fn worst_step(&mut self, caches: &mut Self::Caches, chunk: usize) -> candle_core::Result<()>;
+
+    /// Tokens per cache block and the bytes a block takes, when the cache is
+    /// paged: the blocks a limit holds can then be counted.
+    fn block(&self) -> Option<(usize, u64)> {
+        None
+    }
+
+    /// The longest context the model takes (its positions).
+    fn max_context(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Searches the largest number of sequences (or the longest context) a
+/// server holds under a memory ceiling.
+///
+/// ```
+/// #[global_allocator]
+/// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+///
+/// use autobatch::models::{BaseDtype, Config, Serving};
+/// use autobatch::serve::ServeProbe;
+/// use autobatch::HeapMeter;
+///
+/// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+///     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+///     "intermediate_size": 64, "max_position_embeddings": 256}"#)?;
+/// let mut server = Serving::build(&config, BaseDtype::F32, None, &candle_core::Device::Cpu)?;
+/// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
+/// let plan = ServeProbe::new(256).max_num_batched_tokens(64).run(&mut server, &mut meter)?;
+/// assert!(plan.max_sequences > 1 && plan.proven);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServeProbe {
+    max_model_len: usize,
+    max_num_batched_tokens: usize,
+    ceiling: f64,
+    max_sequences: Option<usize>,
+    expected: Option<(usize, f64)>,
+}
+
+/// `max_num_batched_tokens` by default: vLLM's for online serving.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
+
+impl ServeProbe {
+    /// Sequences of `max_model_len` tokens, the prefill chunk
+    /// [`DEFAULT_MAX_NUM_BATCHED_TOKENS`] (or the whole context, if shorter),
+    /// under the tuner's default 90% ceiling.
+    pub fn new(max_model_len: usize) -> ServeProbe {
+        ServeProbe {
+            max_model_len,
+            max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            ceiling: 0.9,
+            max_sequences: None,
+            expected: None,
+        }
+    }
+
+    /// The most tokens one step prefills (vLLM's `max_num_batched_tokens`):
+    /// the worst step prefills this many (at most the context) while every
+    /// other sequence decodes.
+    pub fn max_num_batched_tokens(mut self, tokens: usize) -> ServeProbe {
+        self.max_num_batched_tokens = tokens;
+        self
+    }
+
+    /// The share of the device's capacity the peak may reach.
+    pub fn ceiling(mut self, ceiling: f64) -> ServeProbe {
+        self.ceiling = ceiling;
+        self
+    }
+
+    /// Search no more sequences than this.
+    pub fn max_sequences(mut self, sequences: usize) -> ServeProbe {
+        self.max_sequences = Some(sequences);
+        self
+    }
+
+    /// Where the answer is expected, each sequence there adding about
+    /// `bytes_per_sequence`: the search starts there (a good expectation
+    /// takes two trials beside the first); the answer is the same.
+    pub fn expect(mut self, sequences: usize, bytes_per_sequence: f64) -> ServeProbe {
+        self.expected = Some((sequences, bytes_per_sequence));
+        self
+    }
+
+    /// The prefill chunk at `context` tokens.
+    fn chunk(&self, context: usize) -> usize {
+        self.max_num_batched_tokens.min(context)
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if self.max_model_len == 0 {
+            return Err(Error::zero("max_model_len"));
+        }
+        if self.max_num_batched_tokens == 0 {
+            return Err(Error::zero("max_num_batched_tokens"));
+        }
+        Ok(())
+    }
+
+    fn tuner(&self) -> Tuner {
+        let tuner = Tuner::new().ceiling(self.ceiling);
+        match self.max_sequences {
+            Some(most) => tuner.max_batch(most),
+            None => tuner,
+        }
+    }
+
+    /// The largest number of sequences whose full caches at `max_model_len`
+    /// and the worst step stay under the ceiling, run and proven by the next
+    /// one up.
+    pub fn run<S, M>(&self, server: &mut S, meter: &mut M) -> Result<ServePlan, Error>
+    where
+        S: Server + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        self.check()?;
+        check_context(server, self.max_model_len)?;
+        let context = self.max_model_len;
+        let chunk = self.chunk(context);
+        let mut workload = Trials { server, context: Varies::Sequences(context), chunk, cache_bytes: Vec::new() };
+        let tuner = self.tuner();
+        let plan = match self.expected {
+            Some((hint, slope)) => tuner.run_expecting(&mut workload, meter, hint.max(1), slope)?,
+            None => tuner.run(&mut workload, meter)?,
+        };
+        Ok(ServePlan::of(plan, &workload, context, chunk))
+    }
+
+    /// The longest context (in tokens, up to `max_model_len`) at which
+    /// `sequences` sequences' full caches and the worst step stay under the
+    /// ceiling, run and proven by the next token up (or `max_model_len`).
+    pub fn longest_context<S, M>(&self, sequences: usize, server: &mut S, meter: &mut M) -> Result<ServePlan, Error>
+    where
+        S: Server + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        self.check()?;
+        if sequences == 0 {
+            return Err(Error::zero("sequences"));
+        }
+        check_context(server, self.max_model_len)?;
+        let chunk = self.max_num_batched_tokens;
+        let mut workload = Trials { server, context: Varies::Context(sequences), chunk, cache_bytes: Vec::new() };
+        let plan = Tuner::new().ceiling(self.ceiling).max_batch(self.max_model_len).run(&mut workload, meter)?;
+        let context = plan.largest_batch;
+        Ok(ServePlan::of(plan, &workload, context, chunk.min(context)))
+    }
+}
+
+/// `max_model_len` within what the server's model takes.
+fn check_context<S: Server + ?Sized>(server: &S, max_model_len: usize) -> Result<(), Error> {
+    match server.max_context() {
+        Some(most) if max_model_len > most => Err(Error::invalid(
+            crate::Setting::Input("max_model_len".to_owned()),
+            crate::Value::Count(max_model_len),
+            format!("at most the model's positions, {most}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What a trial's number is.
+#[derive(Clone, Copy, Debug)]
+enum Varies {
+    /// Sequences, each at this context.
+    Sequences(usize),
+    /// The context, of this many sequences.
+    Context(usize),
+}
+
+/// The server as a workload: a trial allocates the caches and runs the worst step.
+struct Trials<'a, S: Server + ?Sized> {
+    server: &'a mut S,
+    context: Varies,
+    chunk: usize,
+    /// The caches' bytes of each trial, by its number.
+    cache_bytes: Vec<(usize, u64)>,
+}
+
+impl<S: Server + ?Sized> Workload for Trials<'_, S> {
+    fn step(&mut self, number: usize) -> candle_core::Result<()> {
+        let (sequences, context) = match self.context {
+            Varies::Sequences(context) => (number, context),
+            Varies::Context(sequences) => (sequences, number),
+        };
+        let chunk = self.chunk.min(context);
+        let mut caches = self.server.allocate(sequences, context, chunk)?;
+        let bytes = self.server.cache_bytes(&caches);
+        self.cache_bytes.retain(|&(n, _)| n != number);
+        self.cache_bytes.push((number, bytes));
+        self.server.worst_step(&mut caches, chunk)
+    }
+}
+
+/// How many sequences at what context a server holds, and where its memory goes.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServePlan {
+    /// The most sequences whose full caches and the worst step fit.
+    pub max_sequences: usize,
+    /// Tokens each sequence's cache holds.
+    pub context: usize,
+    /// Tokens the worst step prefills (while every other sequence decodes).
+    pub chunk: usize,
+    /// The peak of the worst step at the answer.
+    pub peak_bytes: u64,
+    /// What the peak may reach: the ceiling's share of the capacity.
+    pub limit_bytes: u64,
+    /// What 100% means.
+    pub capacity_bytes: u64,
+    /// What the device held before the trials (the weights, the process).
+    pub held_bytes: u64,
+    /// The caches at the answer.
+    pub cache_bytes: u64,
+    /// The caches' bytes per token held, measured (the last block of each
+    /// sequence counted whole).
+    pub cache_bytes_per_token: f64,
+    /// The worst step's own bytes at the answer: the peak past what was
+    /// held and the caches.
+    pub step_bytes: u64,
+    /// Cache blocks the limit holds beside what was held and the worst
+    /// step's own bytes at the answer (vLLM's "# GPU blocks", measured),
+    /// when the cache is paged.
+    pub kv_blocks: Option<u64>,
+    /// Tokens per block, when the cache is paged.
+    pub block_tokens: Option<usize>,
+    /// The batch above the answer was run and did not fit.
+    pub proven: bool,
+    /// Every trial: its number (sequences or context), outcome, peak.
+    pub trials: Vec<ServeTrial>,
+    /// The device, as its meter names it.
+    pub device: String,
+}
+
+/// One measured trial.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServeTrial {
+    /// Sequences, or the context when the context was searched.
+    pub number: usize,
+    /// Whether it fit.
+    pub fits: bool,
+    /// Its peak, when read.
+    pub peak_bytes: Option<u64>,
+    /// Its caches' bytes.
+    pub cache_bytes: Option<u64>,
+    /// How long it took.
+    pub seconds: f64,
+}
+
+impl ServePlan {
+    fn of<S: Server + ?Sized>(plan: Plan, trials: &Trials<'_, S>, context: usize, chunk: usize) -> ServePlan {
+        let cache_of = |number: usize| trials.cache_bytes.iter().find(|&&(n, _)| n == number).map(|&(_, bytes)| bytes);
+        let answer = plan.largest_batch;
+        let held_bytes = plan.trials.iter().map(|t| t.baseline_bytes).min().unwrap_or(0);
+        let cache_bytes = cache_of(answer).unwrap_or(0);
+        let sequences = match trials.context {
+            Varies::Sequences(_) => answer,
+            Varies::Context(sequences) => sequences,
+        };
+        let tokens = (sequences * context).max(1);
+        let step_bytes = plan.peak_bytes.saturating_sub(held_bytes).saturating_sub(cache_bytes);
+        let block = trials.server.block();
+        let kv_blocks = block
+            .filter(|&(_, bytes)| bytes > 0)
+            .map(|(_, bytes)| plan.limit_bytes().saturating_sub(held_bytes).saturating_sub(step_bytes) / bytes);
+        ServePlan {
+            max_sequences: sequences,
+            context,
+            chunk,
+            peak_bytes: plan.peak_bytes,
+            limit_bytes: plan.limit_bytes(),
+            capacity_bytes: plan.capacity_bytes(),
+            held_bytes,
+            cache_bytes,
+            cache_bytes_per_token: cache_bytes as f64 / tokens as f64,
+            step_bytes,
+            kv_blocks,
+            block_tokens: block.map(|(tokens, _)| tokens),
+            proven: plan.proven_largest(),
+            trials: plan
+                .trials
+                .iter()
+                .map(|t| ServeTrial {
+                    number: t.batch,
+                    fits: t.outcome.fits(),
+                    peak_bytes: t.peak_bytes,
+                    cache_bytes: cache_of(t.batch),
+                    seconds: t.duration.as_secs_f64(),
+                })
+                .collect(),
+            device: plan.device,
+        }
+    }
+
+    /// The plan as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("plain values serialize")
+    }
+}
