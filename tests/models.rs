@@ -12,7 +12,7 @@ use common::bits;
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::models::{Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Serving, Training};
+use autobatch::models::{Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Serving, ServingShape, Training};
 use autobatch::serve::ServeProbe;
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
 use candle_core::{DType, Device, Tensor};
@@ -986,6 +986,21 @@ fn serving_capacity_is_exact_by_brute_force() {
             plan.kv_blocks.unwrap() < (n as u64 + 1) * blocks_per_sequence + blocks_per_sequence,
             "{name}: {plan:?}"
         );
+        // the count: the weights and the cache exactly, the concurrency within 5%
+        let dtype = server.model().dtype();
+        let shape = ServingShape { context, chunk, block_size: 16, weights, dtype, cache_dtype: dtype };
+        let counted = config.serving_bytes(&shape).unwrap();
+        assert_eq!(counted.weight_bytes, server.model().weight_bytes(), "{name}");
+        assert_eq!(counted.cache_bytes_per_token as f64, plan.cache_bytes_per_token, "{name}");
+        assert_eq!(counted.cache_bytes_per_sequence * n as u64, plan.cache_bytes, "{name}");
+        let estimated = counted.max_sequences(plan.limit_bytes, plan.held_bytes - counted.weight_bytes);
+        let off = estimated.abs_diff(n) as f64 / n as f64;
+        eprintln!(
+            "{name}: probe {n}, count {estimated}; step {} measured, {} counted",
+            plan.step_bytes,
+            counted.step_bytes_at(n)
+        );
+        assert!(off <= 0.05, "{name}: the probe says {n}, the count {estimated}");
     }
 }
 

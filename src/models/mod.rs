@@ -52,6 +52,7 @@ mod layers;
 mod lora;
 pub mod ops;
 pub mod reference;
+mod serving_bytes;
 mod step;
 mod weights;
 
@@ -64,6 +65,7 @@ pub use config::{
 pub use inference::{Inference, Serving};
 pub use kv_cache::{Chunk, KvCache, SequenceId, DEFAULT_BLOCK_SIZE};
 pub use lora::{BaseDtype, Lora, LoraLinear};
+pub use serving_bytes::{ServingBytes, ServingShape};
 
 use crate::models::reference::params::Rng;
 use crate::models::reference::{Footprint, Model, Trainer};

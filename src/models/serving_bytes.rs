@@ -1,0 +1,182 @@
+//! What serving a config takes, counted from the config alone: the weights,
+//! the KV cache per token and per sequence, and the worst step's own bytes,
+//! as [`Serving`](super::Serving) allocates them; and the number vLLM's
+//! formula gives for the same settings.
+
+use candle_core::DType;
+use serde::Serialize;
+
+use super::config::{Config, Family};
+use super::lora::BaseDtype;
+use crate::Error;
+
+/// How a config is served: its context, the prefill chunk, the cache's
+/// blocks and dtype, the weights' dtype and the dtype it computes in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ServingShape {
+    /// Tokens each sequence's cache holds (`max_model_len`).
+    pub context: usize,
+    /// Tokens the worst step prefills (`max_num_batched_tokens`, at most the context).
+    pub chunk: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// The weights' dtype.
+    pub weights: BaseDtype,
+    /// The dtype activations are computed in.
+    pub dtype: DType,
+    /// The cache's dtype.
+    pub cache_dtype: DType,
+}
+
+/// The bytes of serving a config, counted.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ServingBytes {
+    /// The weights as stored.
+    pub weight_bytes: u64,
+    /// Keys and values of one token over every layer: `2 × layers ×
+    /// kv_heads × head_dim × bytes per element`.
+    pub cache_bytes_per_token: u64,
+    /// One block of the cache.
+    pub block_bytes: u64,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// One sequence's cache at the context: its blocks, the last one whole.
+    pub cache_bytes_per_sequence: u64,
+    /// The worst step's own bytes with one sequence (its prefill chunk alone).
+    pub step_bytes: u64,
+    /// What each other sequence's decoded token adds to the worst step.
+    pub step_bytes_per_sequence: u64,
+    /// The worst step's own bytes without the cached keys it reads: what
+    /// vLLM's profile run (a forward pass of the chunk, no cache) measures.
+    pub profile_bytes: u64,
+    /// Tokens each sequence holds.
+    pub context: usize,
+}
+
+impl Config {
+    /// What serving takes under `shape`, counted as [`Serving`](super::Serving)
+    /// allocates: the cache exactly, the worst step's tensors at its widest
+    /// moment (a layer's MLP or its attention, the logits of each sequence's
+    /// last token, the keys the prefilled sequence reads gathered from its
+    /// blocks).
+    pub fn serving_bytes(&self, shape: &ServingShape) -> Result<ServingBytes, Error> {
+        if self.family == Family::Bert {
+            return Err(Error::invalid(
+                crate::Setting::Input("config field model_type".to_owned()),
+                crate::Value::Text("bert".to_owned()),
+                "serve a decoder: llama, mistral, qwen2, qwen3 or gpt2",
+            ));
+        }
+        if shape.block_size == 0 {
+            return Err(Error::zero("block_size"));
+        }
+        let cache_bytes_per_token = 2
+            * self.layers as u64
+            * self.kv_heads as u64
+            * self.head_dim as u64
+            * shape.cache_dtype.size_in_bytes() as u64;
+        let block_bytes = cache_bytes_per_token * shape.block_size as u64;
+        let blocks = shape.context.div_ceil(shape.block_size) as u64;
+        let chunk = shape.chunk.min(shape.context);
+        let step = |tokens: f64, sequences: f64, gathered: f64| self.step_bytes(shape, tokens, sequences, gathered);
+        let prefill = step(chunk as f64, 1.0, shape.context as f64);
+        let with_two = step(chunk as f64 + 1.0, 2.0, shape.context as f64);
+        Ok(ServingBytes {
+            weight_bytes: self.serving_weight_bytes(shape.weights, shape.dtype),
+            cache_bytes_per_token,
+            block_bytes,
+            block_size: shape.block_size,
+            cache_bytes_per_sequence: blocks * block_bytes,
+            step_bytes: prefill.ceil() as u64,
+            step_bytes_per_sequence: (with_two - prefill).ceil() as u64,
+            profile_bytes: step(chunk as f64, 1.0, 0.0).ceil() as u64,
+            context: shape.context,
+        })
+    }
+
+    /// The weights stored as `weights`: the projections quantized under
+    /// q8_0 or q4_0 (34 or 18 bytes a block of 32), the rest in `dtype`.
+    fn serving_weight_bytes(&self, weights: BaseDtype, dtype: DType) -> u64 {
+        let total = self.parameter_count();
+        match weights.float() {
+            Some(float) => total * float.size_in_bytes() as u64,
+            None => {
+                let projections: u64 = self.projections().iter().map(|&(_, out, input)| (out * input) as u64).sum();
+                let block = if weights == BaseDtype::Q8_0 { 34 } else { 18 };
+                projections.div_ceil(32) * block + (total - projections) * dtype.size_in_bytes() as u64
+            }
+        }
+    }
+
+    /// The worst step's own bytes at its widest moment: `tokens` run through
+    /// the layers, `sequences` logits rows, and `gathered` keys the widest
+    /// chunk reads from the cache (`0`: none, as vLLM's profile run).
+    fn step_bytes(&self, shape: &ServingShape, tokens: f64, sequences: f64, gathered: f64) -> f64 {
+        let d = shape.dtype.size_in_bytes() as f64;
+        let (h, i, vocab) = (self.hidden as f64, self.intermediate as f64, self.vocab as f64);
+        let (q, kv) = ((self.heads * self.head_dim) as f64, (self.kv_heads * self.head_dim) as f64);
+        // a layer's attention: its input and normed copy, the queries, keys
+        // and values, the rotated queries and keys; the keys and values the
+        // prefilled chunk reads, copied out of their blocks and made
+        // contiguous; a block of its scores in f32 (the scores, less their
+        // maximum, their exponentials; in a narrower dtype also the product
+        // before widening and the weights narrowed again)
+        let chunk = (tokens - sequences + 1.0).max(1.0);
+        let block = crate::models::ops::DEFAULT_BLOCK as f64;
+        let scores = self.heads as f64 * chunk.min(block) * gathered.min(block);
+        let widened = if d < 4.0 { 2.0 * d } else { 0.0 };
+        let attention = tokens * d * (2.0 * h + 2.0 * q + 3.0 * kv)
+            + 2.0 * gathered * kv * (shape.cache_dtype.size_in_bytes() as f64 + d)
+            + scores * (12.0 + widened);
+        // a layer's MLP: its input, the residual and the normed copy; the
+        // gate, its activation, the up projection and their product
+        let mlp = tokens * d * (3.0 * h + 4.0 * i);
+        // the head: the last layer's output, each sequence's last row, its
+        // logits and their f32 copy
+        let head = tokens * h * d + sequences * (h * d + vocab * (d + 4.0));
+        attention.max(mlp).max(head)
+    }
+}
+
+impl ServingBytes {
+    /// The worst step's own bytes with `sequences` sequences.
+    pub fn step_bytes_at(&self, sequences: usize) -> u64 {
+        self.step_bytes + self.step_bytes_per_sequence * sequences.saturating_sub(1) as u64
+    }
+
+    /// What `sequences` sequences take beside what is `held`: the weights,
+    /// their caches and the worst step.
+    pub fn bytes_at(&self, sequences: usize, held_bytes: u64) -> u64 {
+        held_bytes
+            .saturating_add(self.weight_bytes)
+            .saturating_add(self.cache_bytes_per_sequence.saturating_mul(sequences as u64))
+            .saturating_add(self.step_bytes_at(sequences))
+    }
+
+    /// The most sequences whose caches and worst step fit under `limit_bytes`
+    /// beside what is `held` (other than the weights); 0 when none does.
+    pub fn max_sequences(&self, limit_bytes: u64, held_bytes: u64) -> usize {
+        let fixed = held_bytes.saturating_add(self.weight_bytes).saturating_add(self.step_bytes);
+        let each = self.cache_bytes_per_sequence + self.step_bytes_per_sequence;
+        if fixed.saturating_add(self.cache_bytes_per_sequence) > limit_bytes || each == 0 {
+            return 0;
+        }
+        // fixed + n·cache + (n − 1)·per_sequence ≤ limit
+        ((limit_bytes - fixed + self.step_bytes_per_sequence) / each) as usize
+    }
+
+    /// vLLM's number of cache blocks at `limit_bytes` (its `gpu_memory_utilization
+    /// × total`): what is left past `held_bytes`, the weights and the profile
+    /// run's own bytes, in whole blocks (`determine_available_memory`, then
+    /// `available // page_size` in vLLM v1).
+    pub fn vllm_blocks(&self, limit_bytes: u64, held_bytes: u64) -> u64 {
+        let used = held_bytes.saturating_add(self.weight_bytes).saturating_add(self.profile_bytes);
+        limit_bytes.saturating_sub(used) / self.block_bytes.max(1)
+    }
+
+    /// vLLM's "maximum concurrency for `context` tokens per request": its
+    /// blocks' tokens over the context.
+    pub fn vllm_concurrency(&self, limit_bytes: u64, held_bytes: u64) -> f64 {
+        (self.vllm_blocks(limit_bytes, held_bytes) * self.block_size as u64) as f64 / self.context.max(1) as f64
+    }
+}
