@@ -12,7 +12,9 @@ use common::bits;
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-use autobatch::models::{Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Serving, ServingShape, Training};
+use autobatch::models::{
+    Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Serving, ServingShape, Training,
+};
 use autobatch::serve::ServeProbe;
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
 use candle_core::{DType, Device, Tensor};
@@ -988,7 +990,7 @@ fn serving_capacity_is_exact_by_brute_force() {
         );
         // the count: the weights and the cache exactly, the concurrency within 5%
         let dtype = server.model().dtype();
-        let shape = ServingShape { context, chunk, block_size: 16, weights, dtype, cache_dtype: dtype };
+        let shape = ServingShape { context, chunk, block_size: 16, weights, dtype, cache_dtype: dtype, on_cpu: true };
         let counted = config.serving_bytes(&shape).unwrap();
         assert_eq!(counted.weight_bytes, server.model().weight_bytes(), "{name}");
         assert_eq!(counted.cache_bytes_per_token as f64, plan.cache_bytes_per_token, "{name}");

@@ -102,9 +102,10 @@ impl ServeProbe {
         self
     }
 
-    /// The share of the device's capacity the peak may reach.
-    pub fn ceiling(mut self, ceiling: f64) -> ServeProbe {
-        self.ceiling = ceiling;
+    /// The share of the device's capacity the peak may reach: a fraction
+    /// (`0.85`) or a [`Ceiling`](crate::Ceiling); checked as the tuner checks it.
+    pub fn ceiling(mut self, ceiling: impl Into<f64>) -> ServeProbe {
+        self.ceiling = ceiling.into();
         self
     }
 
@@ -184,6 +185,52 @@ impl ServeProbe {
         let plan = Tuner::new().ceiling(self.ceiling).max_batch(self.max_model_len).run(&mut workload, meter)?;
         let context = plan.largest_batch;
         Ok(ServePlan::of(plan, &workload, context, chunk.min(context)))
+    }
+}
+
+impl ServeProbe {
+    /// One trial, no search: `sequences` full caches at `max_model_len` and
+    /// the worst step, its peak read and judged against the ceiling (an
+    /// out-of-memory error does not fit). What a check by brute force runs.
+    pub fn measure<S, M>(&self, sequences: usize, server: &mut S, meter: &mut M) -> Result<ServeTrial, Error>
+    where
+        S: Server + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        self.check()?;
+        if sequences == 0 {
+            return Err(Error::zero("sequences"));
+        }
+        check_context(server, self.max_model_len)?;
+        let limit = crate::Ceiling::new(self.ceiling)?.limit_bytes(meter.capacity()?);
+        let chunk = self.chunk(self.max_model_len);
+        meter.reset_peak()?;
+        let started = std::time::Instant::now();
+        let ran = server.allocate(sequences, self.max_model_len, chunk).and_then(|mut caches| {
+            let bytes = server.cache_bytes(&caches);
+            server.worst_step(&mut caches, chunk).map(|()| bytes)
+        });
+        let seconds = started.elapsed().as_secs_f64();
+        match ran {
+            Ok(cache_bytes) => {
+                let peak = meter.peak()?;
+                Ok(ServeTrial {
+                    number: sequences,
+                    fits: peak <= limit,
+                    peak_bytes: Some(peak),
+                    cache_bytes: Some(cache_bytes),
+                    seconds,
+                })
+            }
+            Err(err) if crate::is_oom(&err) => Ok(ServeTrial {
+                number: sequences,
+                fits: false,
+                peak_bytes: meter.peak().ok(),
+                cache_bytes: None,
+                seconds,
+            }),
+            Err(source) => Err(Error::Workload { batch: sequences, source }),
+        }
     }
 }
 

@@ -31,9 +31,13 @@ pub enum Command {
     /// Tune a built-in reference model: run real training steps, find the largest batch.
     Probe(Box<ProbeArgs>),
     /// Analytical what-if: the training state of N parameters, and what would make it fit.
-    Estimate(EstimateArgs),
+    Estimate(Box<EstimateArgs>),
     /// Accumulation arithmetic alone: split a target effective batch into micro-batches.
     Plan(PlanArgs),
+    /// Serving capacity: how many sequences of --max-model-len tokens fit at
+    /// once beside their KV caches and the worst step, measured (a config's
+    /// decoder, forward only, its cache in blocks).
+    Serve(Box<crate::serve::ServeArgs>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -82,7 +86,7 @@ pub enum ObjectiveArg {
 pub const DEFAULT_BUDGET: &str = "256MiB";
 
 /// A count of at least 1 (a batch, a number of ranks, steps or trials).
-fn positive(text: &str) -> Result<usize, String> {
+pub(crate) fn positive(text: &str) -> Result<usize, String> {
     if text.trim_start().starts_with('-') {
         return Err("must not be negative: use a whole number of at least 1".to_owned());
     }
@@ -117,7 +121,7 @@ fn lora_alpha(text: &str) -> Result<f64, String> {
 }
 
 /// A LoRA base's dtype: f32, bf16, q8_0 or q4_0.
-fn base_dtype(text: &str) -> Result<autobatch::models::BaseDtype, String> {
+pub(crate) fn base_dtype(text: &str) -> Result<autobatch::models::BaseDtype, String> {
     text.trim().parse().map_err(|_| "must be f32, bf16, q8_0 or q4_0".to_owned())
 }
 
@@ -137,7 +141,7 @@ fn seed(text: &str) -> Result<u64, String> {
 
 /// A fraction as a number (`0.9`) or a percentage (`90%`); whether it is in
 /// range is the tuner's to say.
-fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
+pub(crate) fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
     let text = text.trim();
     let (number, scale) = match text.strip_suffix('%') {
         Some(percent) => (percent.trim_end(), 100.0),
@@ -498,6 +502,14 @@ pub struct EstimateArgs {
     /// into micro-batch × accumulation × --ranks from the largest batch.
     #[arg(long, value_parser = positive, allow_negative_numbers = true, requires_all = ["config", "capacity"], conflicts_with = "params", help_heading = "Model from a config")]
     pub target_effective_batch: Option<usize>,
+    /// With --config: serving instead of training, counted: the KV cache's
+    /// bytes per token and per sequence, the worst step's own bytes, and with
+    /// --capacity the sequences of --max-model-len it holds under --ceiling,
+    /// beside what vLLM's formula gives for the same settings.
+    #[arg(long, requires = "config", conflicts_with_all = ["params", "lora", "batch", "seq_len", "target_effective_batch"], help_heading = "Serving")]
+    pub serve: bool,
+    #[command(flatten)]
+    pub serving: crate::serve::ServingArgs,
     /// Print the estimate as JSON on stdout.
     #[arg(long)]
     pub json: bool,

@@ -11,6 +11,15 @@ use crate::parse::{parse_bytes, parse_count};
 use crate::step::Step;
 
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
+    if let (true, Some(path)) = (args.serve, &args.config) {
+        let capacity = args.capacity.as_deref().map(parse_capacity).transpose()?.map(|(bytes, _)| bytes);
+        return crate::serve::estimate(path, &args.serving, capacity, args.ceiling, args.json);
+    }
+    if args.serving != crate::serve::ServingArgs::default() {
+        return Err(Failure::usage(
+            "--max-model-len, --max-num-batched-tokens, --block-size, --weights and --kv-cache-dtype count serving: add --serve",
+        ));
+    }
     let mut layers_of_config = None;
     let config = match &args.config {
         Some(path) => {

@@ -11,6 +11,7 @@ mod paths;
 mod plot;
 mod probe;
 mod progress;
+mod serve;
 mod step;
 
 use std::process::ExitCode;
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
         Some(Command::Probe(args)) => probe::run(args),
         Some(Command::Estimate(args)) => commands::estimate(args),
         Some(Command::Plan(args)) => commands::plan(args),
+        Some(Command::Serve(args)) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

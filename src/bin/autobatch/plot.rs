@@ -408,3 +408,98 @@ fn draw_compare(
         .legend(|(x, y)| Cross::new((x + 8, y), 6, OOM.stroke_width(3)));
     legend(&mut bytes, SeriesLabelPosition::UpperRight)
 }
+
+/// `serve --plot`: memory against the sequences in flight: what was held
+/// before the trials, the caches and the worst step's own bytes as counted
+/// (stacked), the peaks measured, the limit and the answer.
+pub fn serving(
+    path: &Path,
+    title: &str,
+    plan: &autobatch::serve::ServePlan,
+    counted: &autobatch::models::ServingBytes,
+) -> Result<(), Failure> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    draw_serving(&root, title, plan, counted).map_err(|err| failed(path, err))?;
+    root.present().map_err(|err| failed(path, err))
+}
+
+fn draw_serving(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    plan: &autobatch::serve::ServePlan,
+    counted: &autobatch::models::ServingBytes,
+) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let unit = Unit::for_capacity(plan.capacity_bytes);
+    let capacity = unit.of(plan.capacity_bytes as f64);
+    let x_max = plan.trials.iter().map(|t| t.number).max().unwrap_or(1).max(plan.max_sequences) as f64 * 1.1 + 1.0;
+    let highest = plan.trials.iter().filter_map(|t| t.peak_bytes).map(|b| unit.of(b as f64)).fold(capacity, f64::max);
+    let y_max = highest.min(2.0 * capacity) * 1.06;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 15))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("sequences of {} tokens", plan.context))
+        .y_desc(format!("memory ({})", unit.name))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| if y_max >= 20.0 { format!("{y:.0}") } else { format!("{y:.1}") })
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let xs: Vec<f64> = (0..=200).map(|i| x_max * i as f64 / 200.0).collect();
+    let held = unit.of(plan.held_bytes as f64);
+    let caches = |x: f64| held + unit.of(counted.cache_bytes_per_sequence as f64 * x);
+    let step = |x: f64| {
+        caches(x) + unit.of(counted.step_bytes as f64 + counted.step_bytes_per_sequence as f64 * (x - 1.0).max(0.0))
+    };
+    // a band from the axis up to `top`, filled (plotters' Polygon: no area-series feature needed)
+    let band = |top: &dyn Fn(f64) -> f64| {
+        let mut outline: Vec<(f64, f64)> = xs.iter().map(|&x| (x, top(x).min(y_max))).collect();
+        outline.extend([(x_max, 0.0), (0.0, 0.0)]);
+        outline
+    };
+    // opaque, drawn from the top band down: each band shows between its neighbours
+    const HELD: RGBColor = RGBColor(205, 205, 205);
+    const STEP: RGBColor = RGBColor(255, 204, 153);
+    const CACHES: RGBColor = RGBColor(158, 196, 230);
+    chart
+        .draw_series(std::iter::once(Polygon::new(band(&step), STEP.filled())))?
+        .label("the worst step's own bytes (counted)")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], STEP.filled()));
+    chart
+        .draw_series(std::iter::once(Polygon::new(band(&caches), CACHES.filled())))?
+        .label(format!("KV caches: {} a sequence", autobatch::Bytes(counted.cache_bytes_per_sequence)))
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], CACHES.filled()));
+    chart
+        .draw_series(std::iter::once(Polygon::new(band(&|_| held), HELD.filled())))?
+        .label(format!("held before the trials (weights {})", autobatch::Bytes(counted.weight_bytes)))
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], HELD.filled()));
+    let horizontal = |y: f64| vec![(0.0, y), (x_max, y)];
+    let limit = unit.of(plan.limit_bytes as f64);
+    chart
+        .draw_series(DashedLineSeries::new(horizontal(limit), 8, 5, CEILING.stroke_width(2)))?
+        .label(format!("limit {}", autobatch::Bytes(plan.limit_bytes)))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CEILING.stroke_width(2)));
+    let chosen = plan.max_sequences as f64;
+    chart
+        .draw_series(DashedLineSeries::new([(chosen, 0.0), (chosen, y_max)], 4, 4, CHOSEN.stroke_width(1)))?
+        .label(format!("largest: {} sequences", plan.max_sequences))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CHOSEN.stroke_width(1)));
+    let at = |t: &autobatch::serve::ServeTrial| {
+        (t.number as f64, t.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(y_max))
+    };
+    chart
+        .draw_series(plan.trials.iter().filter(|t| t.fits).map(|t| Circle::new(at(t), 5, FITS.filled())))?
+        .label("measured peak: fits")
+        .legend(|(x, y)| Circle::new((x + 10, y), 5, FITS.filled()));
+    if plan.trials.iter().any(|t| !t.fits) {
+        chart
+            .draw_series(plan.trials.iter().filter(|t| !t.fits).map(|t| TriangleMarker::new(at(t), 7, OVER.filled())))?
+            .label("measured peak: does not fit")
+            .legend(|(x, y)| TriangleMarker::new((x + 10, y), 7, OVER.filled()));
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
