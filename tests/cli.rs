@@ -1140,3 +1140,61 @@ fn the_estimate_of_a_config_counts_the_step_the_probe_measures() {
         assert!(fixed + largest * counted <= limit && fixed + (largest + 1.0) * counted > limit, "{estimate}");
     }
 }
+
+/// `serve`'s answer, checked through the binary as a user would: the
+/// answer and one more run without a search (`--check`), the first fits and
+/// the second does not; the count beside it.
+#[test]
+fn serve_finds_the_most_sequences_and_check_confirms_it() {
+    let config = "tests/configs/tiny-llama.json";
+    let settings =
+        ["--config", config, "--max-model-len", "256", "--max-num-batched-tokens", "64", "--budget", "64MiB"];
+    let out = autobatch(&[&["serve"], &settings[..], &["--json"]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &report["plan"];
+    let n = plan["max_sequences"].as_u64().unwrap();
+    assert!(n > 1 && plan["proven"] == true, "{plan}");
+    // f32: 2 layers × 2 kv heads × 16 dims × 4 bytes, keys and values
+    assert_eq!(plan["cache_bytes_per_token"], 2.0 * 2.0 * 2.0 * 16.0 * 4.0);
+    let counted = report["counted_max_sequences"].as_u64().unwrap();
+    assert!(counted.abs_diff(n) as f64 <= 0.05 * n as f64 + 1.0, "probe {n}, count {counted}");
+    let check = autobatch(&[&["serve"], &settings[..], &["--check", &n.to_string(), "--json"]].concat());
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    let checked: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(checked["trials"][0]["fits"], true, "{checked}");
+    assert_eq!(checked["trials"][1]["fits"], false, "{checked}");
+    assert_eq!(checked["trials"][1]["number"], n + 1);
+}
+
+#[test]
+fn serving_is_counted_and_bad_serving_settings_are_usage_errors() {
+    let out = autobatch(&[
+        "estimate",
+        "--config",
+        "tests/configs/llama-3.2-1b.json",
+        "--serve",
+        "--max-model-len",
+        "8192",
+        "--capacity",
+        "h100",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // bf16: 2 × 16 layers × 8 kv heads × 64 dims × 2 bytes
+    assert_eq!(report["counted"]["cache_bytes_per_token"], 32768);
+    assert_eq!(report["counted"]["cache_bytes_per_sequence"], 32768 * 8192);
+    let (ours, vllm) = (report["max_sequences"].as_f64().unwrap(), report["vllm_max_concurrency"].as_f64().unwrap());
+    assert!(ours > 200.0 && ours <= vllm, "ours {ours}, vLLM's {vllm}");
+    assert_usage_error(
+        &["estimate", "--config", "tests/configs/llama-3.2-1b.json", "--max-model-len", "8192"],
+        "add --serve",
+    );
+    assert_usage_error(
+        &["serve", "--config", "tests/configs/tiny-llama.json", "--max-model-len", "513"],
+        "takes at most 512 tokens",
+    );
+    assert_usage_error(&["serve", "--config", "tests/configs/tiny-bert.json"], "decoder");
+    assert_usage_error(&["serve", "--config", "tests/configs/tiny-llama.json", "--max-model-len", "0"], "at least 1");
+}
