@@ -69,7 +69,11 @@
 //! autobatch probe --seq-lens 64,128,256   # a batch per sequence length, a token budget
 //! autobatch estimate --params 7B --optimizer adamw --mixed-precision --capacity 80GB
 //! autobatch plan --target 268 --largest 133
+//! autobatch serve --config config.json --max-model-len 4096   # sequences beside their KV caches
 //! ```
+//!
+//! A server asks the same question of inference: [`serve::ServeProbe`]
+//! finds how many sequences fit beside their KV caches and the worst step.
 //!
 //! ## In a headroom regression test
 //!

@@ -25,7 +25,7 @@ const LEAVES: [&str; 7] =
 /// it (the design's order: search below plan below tuner; the reference
 /// models built on the user-facing `model` layer like a user's, and so below
 /// the tuner that probes them, as it probes a user's).
-const ORDER: [&str; 24] = [
+const ORDER: [&str; 25] = [
     "units",
     "vocabulary",
     "splitmix",
@@ -50,6 +50,7 @@ const ORDER: [&str; 24] = [
     "models::reference",
     "models",
     "tuner",
+    "serve",
 ];
 
 fn src() -> PathBuf {

@@ -152,14 +152,15 @@ fn a_plan_keeps_few_public_fields() {
 const DEFAULT_FEATURES: [&str; 1] = ["cli"];
 
 /// The surface outside the architectures (`autobatch::models`) is counted, so
-/// that it only shrinks: at most 80 items a default build makes public
-/// (issue 32's bound, reached). Items behind an opt-in feature (the CUDA meter, the NCCL
+/// that it only shrinks: at most 84 items a default build makes public
+/// (issue 32's bound, 80, reached; raised on purpose by issue 51's serving
+/// probe: ServeProbe, ServePlan, ServeTrial, Server). Items behind an opt-in feature (the CUDA meter, the NCCL
 /// collective, the simulated devices for tests) are counted apart. Lower a
 /// bound as items leave it; an item added has to push another out, or raise
 /// it on purpose.
 #[test]
 fn the_public_surface_does_not_grow() {
-    const MOST: usize = 80;
+    const MOST: usize = 84;
     const MOST_BEHIND_FEATURES: usize = 9;
     let outside_models = |at: &At| at.module != "models" && !at.module.starts_with("models::");
     let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());

@@ -213,6 +213,21 @@ impl Serving {
         &self.model
     }
 
+    /// Tokens per block.
+    pub fn tokens_per_block(&self) -> usize {
+        self.block_size
+    }
+
+    /// The dtype its cache keeps keys and values in.
+    pub fn kv_cache_dtype(&self) -> DType {
+        self.cache_dtype
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// The bytes a block takes.
     pub fn block_bytes(&self) -> u64 {
         KvCache::block_bytes(self.model.config(), self.block_size, self.cache_dtype)
@@ -222,62 +237,6 @@ impl Serving {
     /// blocks, the last one whole.
     pub fn bytes_per_sequence(&self, context: usize) -> u64 {
         context.div_ceil(self.block_size) as u64 * self.block_bytes()
-    }
-}
-
-impl crate::serve::Server for Serving {
-    type Caches = KvCache;
-
-    fn allocate(&mut self, sequences: usize, context: usize, chunk: usize) -> candle_core::Result<KvCache> {
-        let config = self.model.config();
-        let blocks = sequences.saturating_mul(context.div_ceil(self.block_size));
-        let mut cache =
-            KvCache::new(config, blocks, self.block_size, self.cache_dtype, &self.device).map_err(candle)?;
-        for index in 0..sequences {
-            let sequence = cache.add_sequence();
-            let last_step = if index == 0 { chunk } else { 1 };
-            cache.fill(sequence, context - last_step).map_err(candle)?;
-        }
-        Ok(cache)
-    }
-
-    fn cache_bytes(&self, cache: &KvCache) -> u64 {
-        cache.blocks() as u64 * cache.bytes_per_block()
-    }
-
-    fn worst_step(&mut self, cache: &mut KvCache, chunk: usize) -> candle_core::Result<()> {
-        let vocab = self.model.config().vocab as u32;
-        let token = |i: usize| (i as u32).wrapping_mul(7).wrapping_add(3) % vocab;
-        let chunks: Vec<Chunk> = cache
-            .sequences()
-            .into_iter()
-            .enumerate()
-            .map(|(index, sequence)| {
-                let start = cache.len(sequence);
-                let count = if index == 0 { chunk } else { 1 };
-                Chunk { sequence, start, tokens: (start..start + count).map(token).collect() }
-            })
-            .collect();
-        self.model.step(cache, &chunks).map_err(candle)?;
-        Ok(())
-    }
-
-    fn block(&self) -> Option<(usize, u64)> {
-        Some((self.block_size, self.block_bytes()))
-    }
-
-    fn max_context(&self) -> Option<usize> {
-        let config = self.model.config();
-        Some(config.sliding_window.map_or(config.max_positions, |window| window.min(config.max_positions)))
-    }
-}
-
-/// A crate error as candle's, candle's own kept whole (an out-of-memory
-/// error stays one).
-fn candle(err: Error) -> candle_core::Error {
-    match err {
-        Error::Candle(source) => source,
-        other => candle_core::Error::Msg(other.to_string()),
     }
 }
 

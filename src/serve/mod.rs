@@ -14,6 +14,8 @@
 //! [`models::Serving`](crate::models::Serving) is this crate's, for the
 //! decoders it builds from a `config.json`.
 
+mod decoders;
+
 use serde::Serialize;
 
 use crate::{Error, MemoryMeter, Plan, Tuner, Workload};
@@ -78,11 +80,11 @@ pub struct ServeProbe {
 }
 
 /// `max_num_batched_tokens` by default: vLLM's for online serving.
-pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
+const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 
 impl ServeProbe {
-    /// Sequences of `max_model_len` tokens, the prefill chunk
-    /// [`DEFAULT_MAX_NUM_BATCHED_TOKENS`] (or the whole context, if shorter),
+    /// Sequences of `max_model_len` tokens, the prefill chunk 2048 tokens
+    /// (vLLM's `max_num_batched_tokens` online; or the whole context, if shorter),
     /// under the tuner's default 90% ceiling.
     pub fn new(max_model_len: usize) -> ServeProbe {
         ServeProbe {

@@ -16,6 +16,10 @@ use crate::failure::{Failure, Flags};
 /// The longest context `serve` takes when `--max-model-len` is not given.
 const DEFAULT_CONTEXT: usize = 4096;
 
+/// `--max-num-batched-tokens` when not given: vLLM's for online serving,
+/// as `ServeProbe::new` takes it.
+const DEFAULT_CHUNK: usize = 2048;
+
 /// The CPU budget of `serve` when none is given.
 const DEFAULT_BUDGET: &str = "1GiB";
 
@@ -115,7 +119,7 @@ impl ServingArgs {
         }
         let weights = self.weights.unwrap_or(if config.dtype == DType::F32 { BaseDtype::F32 } else { BaseDtype::Bf16 });
         let dtype = weights.float().unwrap_or(if config.dtype == DType::F32 { DType::F32 } else { DType::BF16 });
-        let chunk = self.max_num_batched_tokens.unwrap_or(autobatch::serve::DEFAULT_MAX_NUM_BATCHED_TOKENS);
+        let chunk = self.max_num_batched_tokens.unwrap_or(DEFAULT_CHUNK);
         let shape = ServingShape {
             context,
             chunk: chunk.min(context),
