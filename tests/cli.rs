@@ -1155,8 +1155,10 @@ fn serve_finds_the_most_sequences_and_check_confirms_it() {
     let plan = &report["plan"];
     let n = plan["max_sequences"].as_u64().unwrap();
     assert!(n > 1 && plan["proven"] == true, "{plan}");
-    // f32: 2 layers × 2 kv heads × 16 dims × 4 bytes, keys and values
+    // f32: 2 layers × 2 kv heads × 16 dims × 4 bytes, keys and values; a
+    // sequence holds whole blocks
     assert_eq!(plan["cache_bytes_per_token"], 2.0 * 2.0 * 2.0 * 16.0 * 4.0);
+    assert_eq!(plan["cache_bytes_per_sequence"], 2 * 2 * 2 * 16 * 4 * 256);
     let counted = report["counted_max_sequences"].as_u64().unwrap();
     assert!(counted.abs_diff(n) as f64 <= 0.05 * n as f64 + 1.0, "probe {n}, count {counted}");
     let check = autobatch(&[&["serve"], &settings[..], &["--check", &n.to_string(), "--json"]].concat());

@@ -300,9 +300,13 @@ pub struct ServePlan {
     pub held_bytes: u64,
     /// The caches at the answer.
     pub cache_bytes: u64,
-    /// The caches' bytes per token held, measured (the last block of each
-    /// sequence counted whole).
+    /// The caches' bytes per token they can hold, measured: over every
+    /// token of their blocks when the cache is paged (the arithmetic's `2 ×
+    /// layers × kv_heads × head_dim × bytes`), else over the tokens held.
     pub cache_bytes_per_token: f64,
+    /// The caches' bytes per sequence, measured (a paged cache's last block
+    /// of each sequence counted whole).
+    pub cache_bytes_per_sequence: u64,
     /// The worst step's own bytes at the answer: the peak past what was
     /// held and the caches.
     pub step_bytes: u64,
@@ -345,9 +349,13 @@ impl ServePlan {
             Varies::Sequences(_) => answer,
             Varies::Context(sequences) => sequences,
         };
-        let tokens = (sequences * context).max(1);
         let step_bytes = plan.peak_bytes.saturating_sub(held_bytes).saturating_sub(cache_bytes);
         let block = trials.server.block();
+        // the tokens the caches can hold: every slot of every block when paged
+        let tokens = match block {
+            Some((block_tokens, _)) => sequences * context.div_ceil(block_tokens) * block_tokens,
+            None => sequences * context,
+        };
         let kv_blocks = block
             .filter(|&(_, bytes)| bytes > 0)
             .map(|(_, bytes)| plan.limit_bytes().saturating_sub(held_bytes).saturating_sub(step_bytes) / bytes);
@@ -360,7 +368,8 @@ impl ServePlan {
             capacity_bytes: plan.capacity_bytes(),
             held_bytes,
             cache_bytes,
-            cache_bytes_per_token: cache_bytes as f64 / tokens as f64,
+            cache_bytes_per_token: cache_bytes as f64 / tokens.max(1) as f64,
+            cache_bytes_per_sequence: cache_bytes / sequences.max(1) as u64,
             step_bytes,
             kv_blocks,
             block_tokens: block.map(|(tokens, _)| tokens),

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use autobatch::models::{BaseDtype, Config, Serving, ServingBytes, ServingShape};
-use autobatch::serve::{ServePlan, ServeProbe};
+use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
 use autobatch::{Bytes, Ceiling, HeapMeter, MemoryMeter};
 use candle_core::DType;
 use clap::{Args, ValueEnum};
@@ -83,6 +83,9 @@ pub struct ServeArgs {
     /// The share of memory the peak may reach, as a fraction or a percentage.
     #[arg(long, default_value = "0.9", value_parser = crate::args::ceiling)]
     pub ceiling: Ceiling,
+    /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// The CPU's memory for the whole process (weights included) [default: 1GiB].
     #[arg(long)]
     pub budget: Option<String>,
@@ -144,55 +147,95 @@ fn load(path: &Path, flags: &Flags) -> Result<Config, Failure> {
 /// `autobatch serve`: the probe on the CPU (or a GPU).
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let config = load(&args.config, &Flags::PROBE)?;
-    let Settled { config, shape } = args.serving.settle(config, &args.config)?;
-    // counted for where it runs: the CPU's matmul widens bf16
-    let shape = ServingShape { on_cpu: true, ..shape };
-    let counted = config.serving_bytes(&shape)?;
-    let device = candle_core::Device::Cpu;
-    let budget = crate::parse::parse_bytes(args.budget.as_deref().unwrap_or(DEFAULT_BUDGET))
-        .map_err(|err| Failure::usage(format!("--budget: {err}")))?;
-    if budget == 0 {
-        return Err(Failure::usage("--budget is 0: give the memory the process may use, e.g. 2GiB"));
+    let settled = args.serving.settle(config, &args.config)?;
+    match crate::probe::parse_device(&args.device)? {
+        crate::probe::DeviceSpec::Cpu => {
+            let budget = crate::parse::parse_bytes(args.budget.as_deref().unwrap_or(DEFAULT_BUDGET))
+                .map_err(|err| Failure::usage(format!("--budget: {err}")))?;
+            if budget == 0 {
+                return Err(Failure::usage("--budget is 0: give the memory the process may use, e.g. 2GiB"));
+            }
+            // counted for where it runs: the CPU's matmul widens bf16
+            let settled = Settled { shape: ServingShape { on_cpu: true, ..settled.shape }, ..settled };
+            serve_on(args, &settled, &mut HeapMeter::new(budget)?, &candle_core::Device::Cpu)
+        }
+        crate::probe::DeviceSpec::Cuda(ordinal) => on_cuda(args, &settled, ordinal),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn on_cuda(args: &ServeArgs, settled: &Settled, ordinal: usize) -> Result<(), Failure> {
+    if args.budget.is_some() {
+        return Err(Failure::usage("--budget is for --device cpu: a GPU's capacity is its memory"));
+    }
+    let mut meter = autobatch::CudaMeter::new(ordinal)?;
+    let device = meter.device().clone();
+    serve_on(args, settled, &mut meter, &device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_cuda(_: &ServeArgs, _: &Settled, ordinal: usize) -> Result<(), Failure> {
+    Err(Failure::usage(format!(
+        "--device cuda:{ordinal} needs an autobatch built with CUDA: cargo build --release --features cuda"
+    )))
+}
+
+/// The model built on `device`, then `--check`, or the search and its report.
+fn serve_on<M: MemoryMeter>(
+    args: &ServeArgs,
+    Settled { config, shape }: &Settled,
+    meter: &mut M,
+    device: &candle_core::Device,
+) -> Result<(), Failure> {
+    let counted = config.serving_bytes(shape)?;
     let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
-    let server = Serving::build(&config, shape.weights, weights_dtype, &device)?;
+    let server = Serving::build(config, shape.weights, weights_dtype, device)?;
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
-    let mut meter = HeapMeter::new(budget)?;
-    let limit = args.ceiling.limit_bytes(budget);
-    let held = meter.in_use()?;
+    let limit = args.ceiling.limit_bytes(meter.capacity()?);
     let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(args.ceiling);
     if let Some(sequences) = args.check {
-        let trials = [
-            probe.measure(sequences, &mut server, &mut meter)?,
-            probe.measure(sequences + 1, &mut server, &mut meter)?,
-        ];
-        if args.json {
-            let report =
-                json!({ "config": args.config, "context": shape.context, "limit_bytes": limit, "trials": trials });
-            println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
-        } else {
-            for trial in &trials {
-                let peak = trial.peak_bytes.map_or("not read".to_owned(), |bytes| Bytes(bytes).to_string());
-                let verdict = if trial.fits { "fits" } else { "does not fit" };
-                println!(
-                    "{} sequences of {} tokens: peak {peak} against a {} limit: {verdict}",
-                    trial.number,
-                    shape.context,
-                    Bytes(limit)
-                );
-            }
-        }
-        return Ok(());
+        let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
+        return report_check(args, shape, limit, &trials);
     }
     let plan = match args.concurrency {
-        Some(sequences) => probe.longest_context(sequences, &mut server, &mut meter)?,
+        Some(sequences) => probe.longest_context(sequences, &mut server, meter)?,
         None => {
             // the count says where to start: the answer is the same
-            let expected = counted.max_sequences(limit, held.saturating_sub(counted.weight_bytes));
+            let expected = counted.max_sequences(limit, meter.in_use()?.saturating_sub(counted.weight_bytes));
             let slope = (counted.cache_bytes_per_sequence + counted.step_bytes_per_sequence) as f64;
-            probe.expect(expected.max(1), slope).run(&mut server, &mut meter)?
+            probe.expect(expected.max(1), slope).run(&mut server, meter)?
         }
     };
+    report_plan(args, shape, &plan, &counted)
+}
+
+/// `--check`'s two trials, in words or JSON.
+fn report_check(args: &ServeArgs, shape: &ServingShape, limit: u64, trials: &[ServeTrial]) -> Result<(), Failure> {
+    if args.json {
+        let report = json!({ "config": args.config, "context": shape.context, "limit_bytes": limit, "trials": trials });
+        println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        return Ok(());
+    }
+    for trial in trials {
+        let peak = trial.peak_bytes.map_or("not read".to_owned(), |bytes| Bytes(bytes).to_string());
+        let verdict = if trial.fits { "fits" } else { "does not fit" };
+        println!(
+            "{} sequences of {} tokens: peak {peak} against a {} limit: {verdict}",
+            trial.number,
+            shape.context,
+            Bytes(limit)
+        );
+    }
+    Ok(())
+}
+
+/// The plan in words or JSON, and its chart.
+fn report_plan(
+    args: &ServeArgs,
+    shape: &ServingShape,
+    plan: &ServePlan,
+    counted: &ServingBytes,
+) -> Result<(), Failure> {
     let other_held = plan.held_bytes.saturating_sub(counted.weight_bytes);
     if args.json {
         let report = json!({
@@ -208,10 +251,10 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
         });
         println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
     } else {
-        print!("{}", describe(&args.config, &shape, &plan, &counted, args.concurrency.is_some()));
+        print!("{}", describe(&args.config, shape, plan, counted, args.concurrency.is_some()));
     }
     if let Some(path) = &args.plot {
-        crate::plot::serving(path, &format!("Serving {}", args.config.display()), &plan, &counted)?;
+        crate::plot::serving(path, &format!("Serving {}", args.config.display()), plan, counted)?;
     }
     Ok(())
 }

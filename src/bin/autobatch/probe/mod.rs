@@ -15,7 +15,7 @@ use crate::failure::Failure;
 use crate::model::{search_tuner, ModelConfig};
 
 use context::Run;
-use device::DeviceSpec;
+pub use device::{parse_device, DeviceSpec};
 
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     checks::check_flags(args)?;
@@ -27,7 +27,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let run = |meter: &mut dyn MemoryMeter, device: &candle_core::Device, on: &str, why: &str| {
         Run { args, tuner: &tuner, model: &model, device, on, why, say: &say }.dispatch(meter)
     };
-    match device::parse_device(&args.device)? {
+    match parse_device(&args.device)? {
         DeviceSpec::Cpu => device::on_cpu(args, &model, &footprint, Box::new(run)),
         DeviceSpec::Cuda(ordinal) => device::on_cuda(args, &model, &footprint, ordinal, Box::new(run)),
     }
