@@ -827,6 +827,52 @@ fn saved_checkpoints_compute_what_transformers_computes() {
     }
 }
 
+/// The checkpoints transformers saved, served: each row's prompt prefilled in
+/// two chunks (all rows in the same steps), then its last token decoded, over
+/// a paged cache in blocks of 4; the last token's logits equal transformers'
+/// within 1e-5 of their largest magnitude.
+fn served_checkpoints_compute_what_transformers_computes() {
+    use autobatch::models::{Chunk, Inference, KvCache};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let mut cases: Vec<_> = std::fs::read_dir(&root).unwrap().map(|entry| entry.unwrap().path()).collect();
+    cases.sort();
+    let mut served = 0;
+    for case in cases {
+        let config = Config::from_file(case.join("config.json")).unwrap();
+        if config.family == Family::Bert {
+            continue;
+        }
+        let what = case.display().to_string();
+        let reference = candle_core::safetensors::load(case.join("reference.safetensors"), &Device::Cpu).unwrap();
+        let ids = reference["input_ids"].to_dtype(DType::U32).unwrap().to_vec2::<u32>().unwrap();
+        let model =
+            Inference::from_safetensors(&config, BaseDtype::F32, None, &[case.join("model.safetensors")], &Device::Cpu)
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+        let s = ids[0].len();
+        let mut cache = KvCache::new(&config, ids.len() * s.div_ceil(4), 4, DType::F32, &Device::Cpu).unwrap();
+        let sequences: Vec<_> = ids.iter().map(|_| cache.add_sequence()).collect();
+        let cut = (s - 1) / 2;
+        let step = |cache: &mut KvCache, range: std::ops::Range<usize>| {
+            let chunks: Vec<Chunk> = sequences
+                .iter()
+                .zip(&ids)
+                .map(|(&sequence, row)| Chunk { sequence, start: range.start, tokens: row[range.clone()].to_vec() })
+                .collect();
+            model.step(cache, &chunks).unwrap_or_else(|err| panic!("{what}: {err}"))
+        };
+        step(&mut cache, 0..cut);
+        step(&mut cache, cut..s - 1);
+        let logits = step(&mut cache, s - 1..s);
+        let expected = reference["logits"].narrow(1, s - 1, 1).unwrap().squeeze(1).unwrap();
+        let scale = expected.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        let error = (&logits - &expected).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+        let relative = error.to_scalar::<f32>().unwrap() / scale;
+        assert!(relative <= 1e-5, "{what}: the last token's logits off by {relative:e} of {scale:e}");
+        served += 1;
+    }
+    assert!(served >= 7, "every decoder fixture: {served}");
+}
+
 /// The estimate's count of a sample's bytes (`Config::bytes_per_sample`)
 /// against the probe's measurement of the same step, on three families,
 /// lean and eager, at two lengths: within 15%.
@@ -1027,6 +1073,10 @@ fn main() {
         ("the_longest_context_at_a_concurrency_is_exact", the_longest_context_at_a_concurrency_is_exact),
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
         ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
+        (
+            "served_checkpoints_compute_what_transformers_computes",
+            served_checkpoints_compute_what_transformers_computes,
+        ),
         (
             "the_lean_ops_never_make_the_scores_or_the_logits_whole",
             the_lean_ops_never_make_the_scores_or_the_logits_whole,

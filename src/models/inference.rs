@@ -56,6 +56,47 @@ impl Inference {
         seed: u64,
         device: &Device,
     ) -> Result<Inference, Error> {
+        Inference::assemble(config, weights, dtype, seed, None, device)
+    }
+
+    /// [`build`](Self::build) over a checkpoint's tensors, by their names
+    /// (with or without the base model's prefix, as
+    /// [`Pretrained::from_tensors`](super::Pretrained::from_tensors) reads
+    /// them), converted to `weights`: a missing tensor, or one of another
+    /// shape, is an error naming it.
+    pub fn from_tensors(
+        config: &Config,
+        weights: BaseDtype,
+        dtype: Option<DType>,
+        tensors: std::collections::HashMap<String, Tensor>,
+        device: &Device,
+    ) -> Result<Inference, Error> {
+        Inference::assemble(config, weights, dtype, 0, Some(tensors), device)
+    }
+
+    /// [`from_tensors`](Self::from_tensors) of the model's safetensors files.
+    pub fn from_safetensors(
+        config: &Config,
+        weights: BaseDtype,
+        dtype: Option<DType>,
+        files: &[impl AsRef<std::path::Path>],
+        device: &Device,
+    ) -> Result<Inference, Error> {
+        let mut tensors = std::collections::HashMap::new();
+        for file in files {
+            tensors.extend(candle_core::safetensors::load(file.as_ref(), device)?);
+        }
+        Inference::from_tensors(config, weights, dtype, tensors, device)
+    }
+
+    fn assemble(
+        config: &Config,
+        weights: BaseDtype,
+        dtype: Option<DType>,
+        seed: u64,
+        given: Option<std::collections::HashMap<String, Tensor>>,
+        device: &Device,
+    ) -> Result<Inference, Error> {
         if config.family == Family::Bert {
             return Err(Error::invalid(
                 crate::Setting::Input("config field model_type".to_owned()),
@@ -76,8 +117,23 @@ impl Inference {
         let dtype = config.model_dtype(&training)?;
         crate::models::reference::check_dtype(dtype)?;
         let stored = weights.float().unwrap_or(dtype);
-        let built = Weights::build(&config.tensors(), seed, |_| stored, device, |_| false)?;
-        let mut built = built;
+        let specs = config.tensors();
+        let mut built = match given {
+            None => Weights::build(&specs, seed, |_| stored, device, |_| false)?,
+            Some(given) => {
+                let names: Vec<String> = specs.iter().map(|spec| spec.name.clone()).collect();
+                let mut matched = super::checkpoint::match_names(config, &names, given)?;
+                let source = |spec: &super::weights::TensorSpec| {
+                    matched.tensors.remove(&spec.name).ok_or_else(|| {
+                        candle_core::Error::Msg(format!(
+                            "the checkpoint has no tensor {}",
+                            super::checkpoint::both_spellings(config.family, &spec.name)
+                        ))
+                    })
+                };
+                Weights::from_source(&specs, |_| stored, source, |_| false)?
+            }
+        };
         if let Some(quantized) = weights.quantized() {
             for (name, _, _) in config.projections() {
                 built.quantize(&format!("{name}.weight"), config.family == Family::Gpt2, quantized)?;
