@@ -12,11 +12,7 @@ use crate::failure::Failure;
 /// folder that can be written, and not the same file as the other.
 pub fn check(args: &ProbeArgs) -> Result<(), Failure> {
     if let Some(path) = &args.plot {
-        let is_svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-        if !is_svg {
-            return Err(Failure::usage(format!("--plot {}: the chart is SVG; name a .svg file", path.display())));
-        }
-        writable("--plot", path, false)?;
+        check_plot(path)?;
     }
     if let Some(path) = &args.cache {
         // the cache makes its folders
@@ -33,6 +29,15 @@ pub fn check(args: &ProbeArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// `--plot`: an SVG file that can be written.
+pub fn check_plot(path: &Path) -> Result<(), Failure> {
+    let is_svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if !is_svg {
+        return Err(Failure::usage(format!("--plot {}: the chart is SVG; name a .svg file", path.display())));
+    }
+    writable("--plot", path, false)
 }
 
 /// `path` is a regular file this process may write, or a new file in an

@@ -93,8 +93,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub json: bool,
     /// Draw memory against the sequences (the held bytes, the caches and the
-    /// step's own apart) into this SVG file.
-    #[arg(long)]
+    /// step's own apart) into this SVG file (not with --concurrency).
+    #[arg(long, conflicts_with = "concurrency")]
     pub plot: Option<PathBuf>,
 }
 
@@ -146,6 +146,9 @@ fn load(path: &Path, flags: &Flags) -> Result<Config, Failure> {
 
 /// `autobatch serve`: the probe on the CPU (or a GPU).
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
+    if let Some(path) = &args.plot {
+        crate::paths::check_plot(path)?;
+    }
     let config = load(&args.config, &Flags::PROBE)?;
     let settled = args.serving.settle(config, &args.config)?;
     match crate::probe::parse_device(&args.device)? {
