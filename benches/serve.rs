@@ -6,7 +6,7 @@
 //! cargo bench --bench serve     # writes its section of docs/benchmarks.md
 //! ```
 //!
-//! Three configs as `autobatch serve` runs them (the search starting where
+//! Three configs (one with an 8-bit cache too) as `autobatch serve` runs them (the search starting where
 //! the count expects the answer), and the same search with no expectation.
 //! Cost: every trial's sequences over the answer (a trial of n sequences
 //! decodes n − 1 tokens beside one prefill chunk), and the trials' time over
@@ -18,7 +18,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 use std::fmt::Write as _;
 
-use autobatch::models::{BaseDtype, Config, Serving, ServingShape};
+use autobatch::models::{BaseDtype, Config, KvCache, Serving, ServingShape};
 use autobatch::serve::{ServePlan, ServeProbe};
 use autobatch::{Bytes, HeapMeter, MemoryMeter};
 use candle_core::{DType, Device};
@@ -30,26 +30,22 @@ struct Case {
     context: usize,
     chunk: usize,
     budget: u64,
+    /// The cache's dtype when not the model's.
+    cache: Option<DType>,
 }
 
-const CASES: [Case; 3] = [
+const fn case(name: &'static str, config: &'static str, weights: BaseDtype, context: usize, chunk: usize) -> Case {
+    Case { name, config, weights, context, chunk, budget: 1 << 30, cache: None }
+}
+
+const CASES: [Case; 4] = [
+    case("SmolLM2-135M bf16", "smollm2-135m.json", BaseDtype::Bf16, 1024, 128),
     Case {
-        name: "SmolLM2-135M bf16",
-        config: "smollm2-135m.json",
-        weights: BaseDtype::Bf16,
-        context: 1024,
-        chunk: 128,
-        budget: 1 << 30,
+        cache: Some(KvCache::INT8),
+        ..case("SmolLM2-135M bf16, int8 cache", "smollm2-135m.json", BaseDtype::Bf16, 1024, 128)
     },
-    Case {
-        name: "SmolLM2-135M q4_0",
-        config: "smollm2-135m.json",
-        weights: BaseDtype::Q4_0,
-        context: 2048,
-        chunk: 256,
-        budget: 1 << 30,
-    },
-    Case { name: "GPT-2 f32", config: "gpt2.json", weights: BaseDtype::F32, context: 512, chunk: 128, budget: 3 << 29 },
+    case("SmolLM2-135M q4_0", "smollm2-135m.json", BaseDtype::Q4_0, 2048, 256),
+    Case { budget: 3 << 29, ..case("GPT-2 f32", "gpt2.json", BaseDtype::F32, 512, 128) },
 ];
 
 fn probe(case: &Case, expect: bool) -> (ServePlan, u64, usize, f64, f64, f64) {
@@ -57,14 +53,16 @@ fn probe(case: &Case, expect: bool) -> (ServePlan, u64, usize, f64, f64, f64) {
     let config = Config::from_file(path).unwrap();
     let dtype = case.weights.float().unwrap_or(DType::BF16);
     let quantized_dtype = case.weights.float().is_none().then_some(dtype);
-    let mut server = Serving::build(&config, case.weights, quantized_dtype, &Device::Cpu).unwrap();
+    let cache_dtype = case.cache.unwrap_or(dtype);
+    let server = Serving::build(&config, case.weights, quantized_dtype, &Device::Cpu).unwrap();
+    let mut server = server.cache_dtype(cache_dtype).unwrap();
     let shape = ServingShape {
         context: case.context,
         chunk: case.chunk,
         block_size: 16,
         weights: case.weights,
         dtype,
-        cache_dtype: dtype,
+        cache_dtype,
         on_cpu: true,
     };
     let counted = config.serving_bytes(&shape).unwrap();

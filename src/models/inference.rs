@@ -407,6 +407,10 @@ mod tests {
         let scale = exact.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         let difference = max_difference(&run(&model, DType::BF16), &exact);
         assert!(difference <= 2e-2 * scale.max(1.0), "a bf16 cache: off by {difference:e}");
+        // 8 bits and a scale per token and head: each value within half a scale
+        let difference = max_difference(&run(&model, KvCache::INT8), &exact);
+        assert!(difference <= 2e-2 * scale.max(1.0), "an 8-bit cache: off by {difference:e}");
+        assert!(difference > 0.0, "an 8-bit cache rounds");
         for weights in [BaseDtype::Bf16, BaseDtype::Q8_0, BaseDtype::Q4_0] {
             let served = Inference::build(&config, weights, None, 0, &device).unwrap();
             assert!(served.weight_bytes() < model.weight_bytes(), "{weights:?}");

@@ -34,10 +34,12 @@ impl Chunk {
     }
 }
 
-/// One layer's pool: keys and values `(blocks × block_size, kv_heads, head_dim)`.
+/// One layer's pool: keys and values `(blocks × block_size, kv_heads,
+/// head_dim)`; in 8 bits, each token's head with its scale `(…, 1)` in f32.
 struct LayerPool {
     keys: Tensor,
     values: Tensor,
+    scales: Option<(Tensor, Tensor)>,
 }
 
 /// A sequence's block table and how many tokens it holds.
@@ -79,7 +81,7 @@ pub struct KvCache {
 impl KvCache {
     /// A pool of `blocks` blocks of `block_size` tokens for every layer of
     /// `config` (a decoder: llama, mistral, qwen2, qwen3 or gpt2), in `dtype`
-    /// (f32, bf16 or f16), allocated now.
+    /// (f32, bf16 or f16; `U8`: 8 bits, see [`INT8`](Self::INT8)), allocated now.
     pub fn new(
         config: &Config,
         blocks: usize,
@@ -92,9 +94,16 @@ impl KvCache {
         let shape = (rows, config.kv_heads, config.head_dim);
         let mut layers = Vec::with_capacity(config.layers);
         for _ in 0..config.layers {
+            let scales = (dtype == KvCache::INT8)
+                .then(|| -> candle_core::Result<(Tensor, Tensor)> {
+                    let shape = (rows, config.kv_heads, 1);
+                    Ok((Tensor::zeros(shape, DType::F32, device)?, Tensor::zeros(shape, DType::F32, device)?))
+                })
+                .transpose()?;
             layers.push(LayerPool {
                 keys: Tensor::zeros(shape, dtype, device)?,
                 values: Tensor::zeros(shape, dtype, device)?,
+                scales,
             });
         }
         Ok(KvCache {
@@ -109,15 +118,18 @@ impl KvCache {
         })
     }
 
+    /// The 8-bit cache's dtype: each key and value of a token's head stored
+    /// in a byte, `round(x / scale) + 128` with `scale = max |x| / 127` over
+    /// the head (kept in f32 beside it), as vLLM's int8 KV cache scales per
+    /// token and head. Attention reads the values back within half a scale.
+    pub const INT8: DType = DType::U8;
+
     /// The bytes one block of `block_size` tokens takes in `dtype` over
     /// every layer of `config`: `2 × layers × block_size × kv_heads ×
-    /// head_dim × bytes per element` (keys and values).
+    /// (head_dim × bytes per element)` (keys and values; in 8 bits, each
+    /// head's f32 scale too).
     pub fn block_bytes(config: &Config, block_size: usize, dtype: DType) -> u64 {
-        2 * config.layers as u64
-            * block_size as u64
-            * config.kv_heads as u64
-            * config.head_dim as u64
-            * dtype.size_in_bytes() as u64
+        2 * config.layers as u64 * block_size as u64 * config.kv_heads as u64 * head_bytes(config.head_dim, dtype)
     }
 
     /// The bytes one of its blocks takes.
@@ -125,8 +137,7 @@ impl KvCache {
         2 * self.layers.len() as u64
             * self.block_size as u64
             * self.kv_heads as u64
-            * self.head_dim as u64
-            * self.dtype.size_in_bytes() as u64
+            * head_bytes(self.head_dim, self.dtype)
     }
 
     /// Tokens per block.
@@ -243,17 +254,30 @@ impl KvCache {
         let table = self.table(sequence).ok_or_else(|| candle_core::Error::Msg(format!("no sequence {sequence:?}")))?;
         let pool = &self.layers[layer];
         // (n, kv_heads, head_dim), as the pool lays tokens out
-        let as_rows = |t: &Tensor| t.transpose(0, 1)?.to_dtype(self.dtype)?.contiguous();
+        let as_rows = |t: &Tensor| t.transpose(0, 1)?.contiguous();
         let (keys, values) = (as_rows(keys)?, as_rows(values)?);
+        let ((keys, key_scales), (values, value_scales)) = match pool.scales {
+            Some(_) => (quantize(&keys)?, quantize(&values)?),
+            None => ((keys.to_dtype(self.dtype)?, None), (values.to_dtype(self.dtype)?, None)),
+        };
         let n = keys.dim(0)?;
+        let set = |pool: &Tensor, rows: &Tensor, done: usize, run: usize, row: usize| {
+            pool.slice_set(&rows.narrow(0, done, run)?.contiguous()?, 0, row)
+        };
         let mut done = 0;
         while done < n {
             let position = start + done;
             let (block, within) = (position / self.block_size, position % self.block_size);
             let run = (self.block_size - within).min(n - done);
             let row = table.blocks[block] * self.block_size + within;
-            pool.keys.slice_set(&keys.narrow(0, done, run)?.contiguous()?, 0, row)?;
-            pool.values.slice_set(&values.narrow(0, done, run)?.contiguous()?, 0, row)?;
+            set(&pool.keys, &keys, done, run, row)?;
+            set(&pool.values, &values, done, run, row)?;
+            if let (Some((key_pool, value_pool)), Some(key_scales), Some(value_scales)) =
+                (&pool.scales, &key_scales, &value_scales)
+            {
+                set(key_pool, key_scales, done, run, row)?;
+                set(value_pool, value_scales, done, run, row)?;
+            }
             done += run;
         }
         Ok(())
@@ -274,13 +298,24 @@ impl KvCache {
         let count = len.div_ceil(self.block_size);
         let ids: Vec<u32> = table.blocks[..count].iter().map(|&b| b as u32).collect();
         let ids = Tensor::from_vec(ids, count, pool.keys.device())?;
-        let gather = |pool: &Tensor| -> candle_core::Result<Tensor> {
-            let blocks = pool.reshape((self.blocks(), self.block_size, self.kv_heads, self.head_dim))?;
-            let rows =
-                blocks.index_select(&ids, 0)?.reshape((count * self.block_size, self.kv_heads, self.head_dim))?;
-            rows.narrow(0, 0, len)?.transpose(0, 1)?.to_dtype(dtype)?.contiguous()?.unsqueeze(0)
+        // (len, kv_heads, width) of a pool whose rows are `width` wide
+        let rows = |pool: &Tensor, width: usize| -> candle_core::Result<Tensor> {
+            let blocks = pool.reshape((self.blocks(), self.block_size, self.kv_heads, width))?;
+            blocks.index_select(&ids, 0)?.reshape((count * self.block_size, self.kv_heads, width))?.narrow(0, 0, len)
         };
-        Ok((gather(&pool.keys)?, gather(&pool.values)?))
+        let read = |pool: &Tensor, scales: Option<&Tensor>| -> candle_core::Result<Tensor> {
+            let values = rows(pool, self.head_dim)?;
+            let values = match scales {
+                Some(scales) => (values.to_dtype(DType::F32)? - 128.0)?.broadcast_mul(&rows(scales, 1)?)?,
+                None => values,
+            };
+            values.transpose(0, 1)?.to_dtype(dtype)?.contiguous()?.unsqueeze(0)
+        };
+        let (key_scales, value_scales) = match &pool.scales {
+            Some((keys, values)) => (Some(keys), Some(values)),
+            None => (None, None),
+        };
+        Ok((read(&pool.keys, key_scales)?, read(&pool.values, value_scales)?))
     }
 }
 
@@ -297,15 +332,32 @@ impl KvCache {
         if block_size == 0 {
             return Err(Error::zero("block_size"));
         }
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | KvCache::INT8) {
             return Err(Error::invalid(
                 crate::Setting::Input("KV cache dtype".to_owned()),
                 crate::Value::Text(format!("{dtype:?}").to_lowercase()),
-                "f32, bf16 or f16",
+                "f32, bf16, f16, or KvCache::INT8 (8 bits and a scale per token and head)",
             ));
         }
         Ok(())
     }
+}
+
+/// The bytes of one token's head in `dtype`: its values, and in 8 bits its scale.
+fn head_bytes(head_dim: usize, dtype: DType) -> u64 {
+    let scale = if dtype == KvCache::INT8 { DType::F32.size_in_bytes() } else { 0 };
+    (head_dim * dtype.size_in_bytes() + scale) as u64
+}
+
+/// `rows` `(n, kv_heads, head_dim)` in 8 bits: `round(x / scale) + 128`,
+/// `scale = max |x| / 127` over each token's head, and the scales `(n,
+/// kv_heads, 1)` in f32.
+fn quantize(rows: &Tensor) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+    let rows = rows.to_dtype(DType::F32)?;
+    // a head of zeros keeps a scale that divides
+    let scales = (rows.abs()?.max_keepdim(2)?.maximum(f32::MIN_POSITIVE)? / 127.0)?;
+    let bytes = (rows.broadcast_div(&scales)?.round()? + 128.0)?.clamp(0f32, 255f32)?.to_dtype(DType::U8)?;
+    Ok((bytes, Some(scales)))
 }
 
 fn too_many(blocks: usize, block_size: usize) -> Error {

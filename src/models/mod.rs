@@ -65,7 +65,7 @@ pub use config::{
 pub use inference::{Inference, Serving};
 pub use kv_cache::{Chunk, KvCache, SequenceId, DEFAULT_BLOCK_SIZE};
 pub use lora::{BaseDtype, Lora, LoraLinear};
-pub use serving_bytes::{ServingBytes, ServingShape};
+pub use serving_bytes::{Moment, ServingBytes, ServingShape};
 
 use crate::models::reference::params::Rng;
 use crate::models::reference::{Footprint, Model, Trainer};

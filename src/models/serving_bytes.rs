@@ -38,7 +38,8 @@ pub struct ServingBytes {
     /// The weights as stored.
     pub weight_bytes: u64,
     /// Keys and values of one token over every layer: `2 × layers ×
-    /// kv_heads × head_dim × bytes per element`.
+    /// kv_heads × head_dim × bytes per element` (in 8 bits, each head's f32
+    /// scale too).
     pub cache_bytes_per_token: u64,
     /// One block of the cache.
     pub block_bytes: u64,
@@ -48,8 +49,13 @@ pub struct ServingBytes {
     pub cache_bytes_per_sequence: u64,
     /// The worst step's own bytes with one sequence (its prefill chunk alone).
     pub step_bytes: u64,
-    /// What each other sequence's decoded token adds to the worst step.
+    /// What each other sequence's decoded token adds to the worst step at
+    /// most (the steepest of its moments).
     pub step_bytes_per_sequence: u64,
+    /// The step's widest moments (a layer's attention, its MLP, the head),
+    /// each with one sequence and what each other sequence adds to it: the
+    /// step's own bytes are the largest of them at a number of sequences.
+    pub moments: [Moment; 3],
     /// The worst step's own bytes without the cached keys it reads: what
     /// vLLM's profile run (a forward pass of the chunk, no cache) measures.
     pub profile_bytes: u64,
@@ -74,26 +80,27 @@ impl Config {
         if shape.block_size == 0 {
             return Err(Error::zero("block_size"));
         }
-        let cache_bytes_per_token = 2
-            * self.layers as u64
-            * self.kv_heads as u64
-            * self.head_dim as u64
-            * shape.cache_dtype.size_in_bytes() as u64;
+        let cache_bytes_per_token = super::KvCache::block_bytes(self, 1, shape.cache_dtype);
         let block_bytes = cache_bytes_per_token * shape.block_size as u64;
         let blocks = shape.context.div_ceil(shape.block_size) as u64;
         let chunk = shape.chunk.min(shape.context);
-        let step = |tokens: f64, sequences: f64, gathered: f64| self.step_bytes(shape, tokens, sequences, gathered);
-        let prefill = step(chunk as f64, 1.0, shape.context as f64);
-        let with_two = step(chunk as f64 + 1.0, 2.0, shape.context as f64);
+        let moments = |tokens: f64, sequences: f64, gathered: f64| self.moments(shape, tokens, sequences, gathered);
+        let (one, two) =
+            (moments(chunk as f64, 1.0, shape.context as f64), moments(chunk as f64 + 1.0, 2.0, shape.context as f64));
+        // each moment is a line in the sequences: its bytes with one, and the slope
+        let moments = [0, 1, 2]
+            .map(|k| Moment { at_one: one[k].ceil() as u64, per_sequence: (two[k] - one[k]).max(0.0).ceil() as u64 });
+        let widest = |bytes: [f64; 3]| bytes.into_iter().fold(0.0, f64::max).ceil() as u64;
         Ok(ServingBytes {
             weight_bytes: self.serving_weight_bytes(shape.weights, shape.dtype),
             cache_bytes_per_token,
             block_bytes,
             block_size: shape.block_size,
             cache_bytes_per_sequence: blocks * block_bytes,
-            step_bytes: prefill.ceil() as u64,
-            step_bytes_per_sequence: (with_two - prefill).ceil() as u64,
-            profile_bytes: step(chunk as f64, 1.0, 0.0).ceil() as u64,
+            step_bytes: widest(one),
+            step_bytes_per_sequence: moments.iter().map(|m| m.per_sequence).max().unwrap_or(0),
+            moments,
+            profile_bytes: widest(self.moments(shape, chunk as f64, 1.0, 0.0)),
             context: shape.context,
         })
     }
@@ -115,7 +122,7 @@ impl Config {
     /// The worst step's own bytes at its widest moment: `tokens` run through
     /// the layers, `sequences` logits rows, and `gathered` keys the widest
     /// chunk reads from the cache (`0`: none, as vLLM's profile run).
-    fn step_bytes(&self, shape: &ServingShape, tokens: f64, sequences: f64, gathered: f64) -> f64 {
+    fn moments(&self, shape: &ServingShape, tokens: f64, sequences: f64, gathered: f64) -> [f64; 3] {
         let d = shape.dtype.size_in_bytes() as f64;
         let (h, i, vocab) = (self.hidden as f64, self.intermediate as f64, self.vocab as f64);
         let (q, kv) = ((self.heads * self.head_dim) as f64, (self.kv_heads * self.head_dim) as f64);
@@ -139,7 +146,7 @@ impl Config {
         // logits and their f32 copy
         let head =
             tokens * h * d + sequences * (h * d + vocab * (d + 4.0)) + self.weight_copies(shape, h * vocab, false);
-        attention.max(mlp).max(head)
+        [attention, mlp, head]
     }
 
     /// The copies a matmul makes of a weight of `elements`: a quantized
@@ -153,10 +160,21 @@ impl Config {
     }
 }
 
+/// One moment of the worst step: its bytes with one sequence, and what each
+/// other sequence adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Moment {
+    /// The bytes with one sequence (the prefill chunk alone).
+    pub at_one: u64,
+    /// What each other sequence's decoded token adds.
+    pub per_sequence: u64,
+}
+
 impl ServingBytes {
-    /// The worst step's own bytes with `sequences` sequences.
+    /// The worst step's own bytes with `sequences` sequences: its widest moment.
     pub fn step_bytes_at(&self, sequences: usize) -> u64 {
-        self.step_bytes + self.step_bytes_per_sequence * sequences.saturating_sub(1) as u64
+        let others = sequences.saturating_sub(1) as u64;
+        self.moments.iter().map(|m| m.at_one.saturating_add(m.per_sequence.saturating_mul(others))).max().unwrap_or(0)
     }
 
     /// What `sequences` sequences take beside what is `held`: the weights,
@@ -171,13 +189,22 @@ impl ServingBytes {
     /// The most sequences whose caches and worst step fit under `limit_bytes`
     /// beside what is `held` (other than the weights); 0 when none does.
     pub fn max_sequences(&self, limit_bytes: u64, held_bytes: u64) -> usize {
-        let fixed = held_bytes.saturating_add(self.weight_bytes).saturating_add(self.step_bytes);
-        let each = self.cache_bytes_per_sequence + self.step_bytes_per_sequence;
-        if fixed.saturating_add(self.cache_bytes_per_sequence) > limit_bytes || each == 0 {
+        let fits = |n: usize| self.bytes_at(n, held_bytes) <= limit_bytes;
+        if !fits(1) {
             return 0;
         }
-        // fixed + n·cache + (n − 1)·per_sequence ≤ limit
-        ((limit_bytes - fixed + self.step_bytes_per_sequence) / each) as usize
+        // bytes_at grows with n: bisect between a fit and a bound past it
+        let most = limit_bytes / (self.cache_bytes_per_sequence + self.step_bytes_per_sequence).max(1) + 1;
+        let (mut fit, mut over) = (1usize, usize::try_from(most).unwrap_or(usize::MAX).max(2));
+        while over - fit > 1 {
+            let middle = fit + (over - fit) / 2;
+            if fits(middle) {
+                fit = middle;
+            } else {
+                over = middle;
+            }
+        }
+        fit
     }
 
     /// vLLM's number of cache blocks at `limit_bytes` (its `gpu_memory_utilization

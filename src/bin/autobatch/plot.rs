@@ -452,9 +452,7 @@ fn draw_serving(
     let xs: Vec<f64> = (0..=200).map(|i| x_max * i as f64 / 200.0).collect();
     let held = unit.of(plan.held_bytes as f64);
     let caches = |x: f64| held + unit.of(counted.cache_bytes_per_sequence as f64 * x);
-    let step = |x: f64| {
-        caches(x) + unit.of(counted.step_bytes as f64 + counted.step_bytes_per_sequence as f64 * (x - 1.0).max(0.0))
-    };
+    let step = |x: f64| caches(x) + unit.of(counted.step_bytes_at(x.round().max(1.0) as usize) as f64);
     // a band from the axis up to `top`, filled (plotters' Polygon: no area-series feature needed)
     let band = |top: &dyn Fn(f64) -> f64| {
         let mut outline: Vec<(f64, f64)> = xs.iter().map(|&x| (x, top(x).min(y_max))).collect();

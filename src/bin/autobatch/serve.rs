@@ -41,7 +41,8 @@ pub struct ServingArgs {
     /// config's torch_dtype]; quantized, the rest computes in the config's dtype.
     #[arg(long, value_parser = crate::args::base_dtype, help_heading = "Serving")]
     pub weights: Option<BaseDtype>,
-    /// The KV cache's dtype [default: the dtype the model computes in].
+    /// The KV cache's dtype: f32, bf16, f16, or int8 (a byte a value and an
+    /// f32 scale per token and head) [default: the dtype the model computes in].
     #[arg(long, value_enum, help_heading = "Serving")]
     pub kv_cache_dtype: Option<CacheDtype>,
 }
@@ -52,6 +53,8 @@ pub enum CacheDtype {
     F32,
     Bf16,
     F16,
+    /// 8 bits a value and an f32 scale per token and head (vLLM's int8 cache).
+    Int8,
 }
 
 impl From<CacheDtype> for DType {
@@ -60,6 +63,7 @@ impl From<CacheDtype> for DType {
             CacheDtype::F32 => DType::F32,
             CacheDtype::Bf16 => DType::BF16,
             CacheDtype::F16 => DType::F16,
+            CacheDtype::Int8 => autobatch::models::KvCache::INT8,
         }
     }
 }
@@ -263,7 +267,11 @@ fn report_plan(
 }
 
 fn dtype_name(dtype: DType) -> &'static str {
-    dtype.as_str()
+    if dtype == autobatch::models::KvCache::INT8 {
+        "int8"
+    } else {
+        dtype.as_str()
+    }
 }
 
 /// The plan in words.
