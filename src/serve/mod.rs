@@ -130,14 +130,26 @@ impl ServeProbe {
         self.max_num_batched_tokens.min(context)
     }
 
-    fn check(&self) -> Result<(), Error> {
+    /// The settings, `sequences` when given (at least one), and
+    /// `max_model_len` within what the server's model takes.
+    fn check<S: Server + ?Sized>(&self, server: &S, sequences: Option<usize>) -> Result<(), Error> {
         if self.max_model_len == 0 {
             return Err(Error::zero("max_model_len"));
         }
         if self.max_num_batched_tokens == 0 {
             return Err(Error::zero("max_num_batched_tokens"));
         }
-        Ok(())
+        if sequences == Some(0) {
+            return Err(Error::zero("sequences"));
+        }
+        match server.max_context() {
+            Some(most) if self.max_model_len > most => Err(Error::invalid(
+                crate::Setting::Input("max_model_len".to_owned()),
+                crate::Value::Count(self.max_model_len),
+                format!("at most the model's positions, {most}"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn tuner(&self) -> Tuner {
@@ -156,8 +168,7 @@ impl ServeProbe {
         S: Server + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.check()?;
-        check_context(server, self.max_model_len)?;
+        self.check(server, None)?;
         let context = self.max_model_len;
         let chunk = self.chunk(context);
         let mut workload = Trials { server, context: Varies::Sequences(context), chunk, cache_bytes: Vec::new() };
@@ -177,20 +188,14 @@ impl ServeProbe {
         S: Server + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.check()?;
-        if sequences == 0 {
-            return Err(Error::zero("sequences"));
-        }
-        check_context(server, self.max_model_len)?;
+        self.check(server, Some(sequences))?;
         let chunk = self.max_num_batched_tokens;
         let mut workload = Trials { server, context: Varies::Context(sequences), chunk, cache_bytes: Vec::new() };
         let plan = Tuner::new().ceiling(self.ceiling).max_batch(self.max_model_len).run(&mut workload, meter)?;
         let context = plan.largest_batch;
         Ok(ServePlan::of(plan, &workload, context, chunk.min(context)))
     }
-}
 
-impl ServeProbe {
     /// One trial, no search: `sequences` full caches at `max_model_len` and
     /// the worst step, its peak read and judged against the ceiling (an
     /// out-of-memory error does not fit). What a check by brute force runs.
@@ -199,11 +204,7 @@ impl ServeProbe {
         S: Server + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.check()?;
-        if sequences == 0 {
-            return Err(Error::zero("sequences"));
-        }
-        check_context(server, self.max_model_len)?;
+        self.check(server, Some(sequences))?;
         let limit = crate::Ceiling::new(self.ceiling)?.limit_bytes(meter.capacity()?);
         let chunk = self.chunk(self.max_model_len);
         meter.reset_peak()?;
@@ -233,18 +234,6 @@ impl ServeProbe {
             }),
             Err(source) => Err(Error::Workload { batch: sequences, source }),
         }
-    }
-}
-
-/// `max_model_len` within what the server's model takes.
-fn check_context<S: Server + ?Sized>(server: &S, max_model_len: usize) -> Result<(), Error> {
-    match server.max_context() {
-        Some(most) if max_model_len > most => Err(Error::invalid(
-            crate::Setting::Input("max_model_len".to_owned()),
-            crate::Value::Count(max_model_len),
-            format!("at most the model's positions, {most}"),
-        )),
-        _ => Ok(()),
     }
 }
 
