@@ -51,6 +51,18 @@ pub(crate) fn format_bytes(bytes: u64) -> String {
 
 /// A fraction as a percentage: whole where it is whole (`90%`), else to a
 /// tenth (`85.5%`).
+/// Samples per second to two significant figures below 10 (a slow step's
+/// 0.25, not 0), whole above.
+pub(crate) fn format_rate(rate: f64) -> String {
+    if rate >= 10.0 {
+        format!("{rate:.0}")
+    } else if rate >= 1.0 {
+        format!("{rate:.1}")
+    } else {
+        format!("{rate:.2}")
+    }
+}
+
 pub(crate) fn format_percent(fraction: f64) -> String {
     let percent = 100.0 * fraction;
     if (percent - percent.round()).abs() < 0.05 {
@@ -92,6 +104,13 @@ fn three_significant_digits(bytes: u64, base: f64, units: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slow_step_shows_its_rate_not_zero() {
+        assert_eq!(format_rate(0.25), "0.25");
+        assert_eq!(format_rate(2.71), "2.7");
+        assert_eq!(format_rate(1234.4), "1234");
+    }
 
     #[test]
     fn formats_each_magnitude_with_three_significant_digits() {

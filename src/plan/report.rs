@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::{utilization, Accumulation, Plan, Trial, TrialKind};
-use crate::units::format_bytes;
+use crate::units::{format_bytes, format_rate};
 
 impl fmt::Display for Plan {
     /// ```text
@@ -50,10 +50,8 @@ impl Trial {
             TrialKind::Accumulation => "  (accumulating)",
             TrialKind::Timing => "  (timing)",
         };
-        let rate = self
-            .samples_per_second()
-            .filter(|_| timed(self.duration))
-            .map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
+        let rate =
+            self.samples_per_second().filter(|_| timed(self.duration)).map_or_else(|| "-".to_owned(), format_rate);
         format!(
             "{:>5}  {:>batch_width$}  {:<13}  {:>9}  {:>6}  {:>9}  {:>9}{recheck}",
             number,
@@ -142,8 +140,11 @@ impl Plan {
                 choice.chosen_batch
             );
         } else if let Some(choice) = &self.throughput {
-            let points: Vec<String> =
-                choice.candidates.iter().map(|p| format!("{} → {:.0}/s", p.batch, p.samples_per_second)).collect();
+            let points: Vec<String> = choice
+                .candidates
+                .iter()
+                .map(|p| format!("{} → {}/s", p.batch, format_rate(p.samples_per_second)))
+                .collect();
             out += &format!(
                 "\nthroughput: batch {} is the fastest ({}; median of timed runs; {} extra steps); DeepSpeed's 5% rule \
                  would pick {}",

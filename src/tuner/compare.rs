@@ -303,7 +303,7 @@ impl fmt::Display for Comparison {
                 row.memory().map_or(("-".to_owned(), "-".to_owned()), |(p, x)| (bytes(p), bytes(x)));
             let predicted = row.predicted_bytes_per_sample.map_or(String::new(), |p| format!("({})", bytes(p)));
             let time = row.step_time().map_or("-".to_owned(), |t| format!("{:.1} ms", t.as_secs_f64() * 1e3));
-            let rate = row.samples_per_second().map_or("-".to_owned(), |r| format!("{r:.0}"));
+            let rate = row.samples_per_second().map_or("-".to_owned(), crate::units::format_rate);
             let largest = if row.plan.is_some() { row.largest_batch().to_string() } else { "none".to_owned() };
             writeln!(
                 f,

@@ -28,7 +28,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Tune a built-in reference model: run real training steps, find the largest batch.
+    /// Tune a model (a built-in reference model, or a config.json's
+    /// architecture): run real training steps, find the largest batch.
     Probe(Box<ProbeArgs>),
     /// Analytical what-if: the training state of N parameters, and what would make it fit.
     Estimate(Box<EstimateArgs>),
@@ -161,9 +162,8 @@ pub struct ProbeArgs {
 
     /// A Hugging Face config.json (model_type llama, mistral, qwen2, qwen3,
     /// gpt2 or bert): that architecture, with random weights, instead of a
-    /// reference model. --seq-len [default: the shorter of 512 and the
-    /// model's positions], --seq-lens, --layers (a shallower copy) and
-    /// --precision apply to it.
+    /// reference model. --seq-len, --seq-lens, --layers and --precision
+    /// apply to it.
     #[arg(long, help_heading = "Model from a config")]
     pub config: Option<std::path::PathBuf>,
     /// With --config: LoRA adapters of this rank, the base frozen (its
@@ -193,10 +193,13 @@ pub struct ProbeArgs {
     /// Transformer: attention heads, a divisor of --d-model [default: 4].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub heads: Option<usize>,
-    /// Transformer: blocks [default: 2].
+    /// Transformer blocks: the reference transformer's [default: 2], or with
+    /// --config a shallower (or deeper) copy of the model [default: its own].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub layers: Option<usize>,
-    /// Transformer: tokens per sample; probe at the longest training will see [default: 64].
+    /// Tokens per sample; probe at the longest training will see [default:
+    /// 64 for the reference transformer; with --config, the shorter of 512
+    /// and the model's positions].
     #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
     pub seq_len: Option<usize>,
     /// Transformer: tune at each of these sequence lengths (comma-separated,

@@ -32,6 +32,18 @@ pub(crate) enum ModelConfig {
 }
 
 impl ModelConfig {
+    /// "N parameters", or under LoRA "T trained of N parameters" (the
+    /// adapters train; the base's and theirs are the model's).
+    pub(crate) fn parameters_said(&self, trained: usize) -> String {
+        match self {
+            ModelConfig::Pretrained(boxed) if boxed.1.lora.is_some() => {
+                let total = boxed.0.parameter_count().saturating_add(trained as u64);
+                format!("{trained} trained of {total} parameters")
+            }
+            _ => format!("{trained} parameters"),
+        }
+    }
+
     /// The model of `--config`: its config.json, `--layers`, `--seq-len`,
     /// `--precision` and the LoRA flags.
     pub(crate) fn pretrained(args: &ProbeArgs, path: &std::path::Path) -> Result<Self, Failure> {

@@ -54,9 +54,9 @@ impl Run<'_> {
             Mode::Batch => {
                 let mut workload = self.model.build(self.device, self.args)?;
                 (self.say)(&format!(
-                    "probing {} ({} parameters) on {} ({})",
+                    "probing {} ({}) on {} ({})",
                     workload.description(),
-                    workload.parameter_count(),
+                    self.model.parameters_said(workload.parameter_count()),
                     self.on,
                     self.why
                 ));
@@ -97,9 +97,9 @@ impl Run<'_> {
     fn tune_lengths(&self, trainer: &mut dyn LengthWorkload, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         let args = self.args;
         (self.say)(&format!(
-            "probing {} ({} parameters) at sequence lengths {:?} on {}",
+            "probing {} ({}) at sequence lengths {:?} on {}",
             trainer.description(),
-            trainer.parameter_count(),
+            self.model.parameters_said(trainer.parameter_count()),
             args.seq_lens,
             self.on
         ));
