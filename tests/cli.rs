@@ -1198,5 +1198,9 @@ fn serving_is_counted_and_bad_serving_settings_are_usage_errors() {
         "takes at most 512 tokens",
     );
     assert_usage_error(&["serve", "--config", "tests/configs/tiny-bert.json"], "decoder");
+    // refused from the count, before 13.5 GiB of weights are made
+    let too_big = autobatch(&["serve", "--config", "tests/configs/mistral-7b-v0.1.json", "--budget", "2GiB"]);
+    assert_eq!(too_big.status.code(), Some(3), "{}", text(&too_big.stderr));
+    assert!(text(&too_big.stderr).contains("nothing fits: the weights (13.5 GiB)"), "{}", text(&too_big.stderr));
     assert_usage_error(&["serve", "--config", "tests/configs/tiny-llama.json", "--max-model-len", "0"], "at least 1");
 }

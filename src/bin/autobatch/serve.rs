@@ -195,10 +195,11 @@ fn serve_on<M: MemoryMeter>(
     device: &candle_core::Device,
 ) -> Result<(), Failure> {
     let counted = config.serving_bytes(shape)?;
+    let limit = args.ceiling.limit_bytes(meter.capacity()?);
+    refuse_before_building(&counted, meter.in_use()?, limit, args.concurrency)?;
     let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
     let server = Serving::build(config, shape.weights, weights_dtype, device)?;
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
-    let limit = args.ceiling.limit_bytes(meter.capacity()?);
     let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(args.ceiling);
     if let Some(sequences) = args.check {
         let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
@@ -214,6 +215,34 @@ fn serve_on<M: MemoryMeter>(
         }
     };
     report_plan(args, shape, &plan, &counted)
+}
+
+/// Nothing is built when the count says the weights, the caches of the
+/// fewest sequences asked for and the worst step pass the limit beside what
+/// the process holds: a model of gigabytes is not made to be refused.
+fn refuse_before_building(
+    counted: &ServingBytes,
+    held: u64,
+    limit: u64,
+    sequences: Option<usize>,
+) -> Result<(), Failure> {
+    let fewest = sequences.unwrap_or(1);
+    let needed = counted.bytes_at(fewest, held);
+    if needed <= limit {
+        return Ok(());
+    }
+    Err(Failure::nothing_fits(format!(
+        "nothing fits: the weights ({}), {fewest} sequence's cache of {} tokens ({}) and the worst step ({}) beside the \
+         {} the process holds need {}, over the {} limit; a smaller --max-model-len, --weights q4_0, \
+         --kv-cache-dtype int8 or a larger --budget",
+        Bytes(counted.weight_bytes),
+        counted.context,
+        Bytes(counted.cache_bytes_per_sequence.saturating_mul(fewest as u64)),
+        Bytes(counted.step_bytes_at(fewest)),
+        Bytes(held),
+        Bytes(needed),
+        Bytes(limit),
+    )))
 }
 
 /// `--check`'s two trials, in words or JSON.
