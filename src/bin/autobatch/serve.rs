@@ -157,11 +157,8 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let settled = args.serving.settle(config, &args.config)?;
     match crate::probe::parse_device(&args.device)? {
         crate::probe::DeviceSpec::Cpu => {
-            let budget = crate::parse::parse_bytes(args.budget.as_deref().unwrap_or(DEFAULT_BUDGET))
-                .map_err(|err| Failure::usage(format!("--budget: {err}")))?;
-            if budget == 0 {
-                return Err(Failure::usage("--budget is 0: give the memory the process may use, e.g. 2GiB"));
-            }
+            // checked against the machine's memory and the process's limits, as probe's
+            let (budget, _) = crate::probe::checked_budget(args.budget.as_deref(), DEFAULT_BUDGET)?;
             // counted for where it runs: the CPU's matmul widens bf16
             let settled = Settled { shape: ServingShape { on_cpu: true, ..settled.shape }, ..settled };
             serve_on(args, &settled, &mut HeapMeter::new(budget)?, &candle_core::Device::Cpu)

@@ -36,9 +36,15 @@ pub fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
 /// limit, `ulimit -v` or `-d`) is refused before any trial runs, and one whose
 /// search could pass the RAM available is allowed with a warning.
 fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
-    let (text, why) = match &args.budget {
-        Some(text) => (text.as_str(), "--budget"),
-        None => (DEFAULT_BUDGET, "the default; set --budget"),
+    checked_budget(args.budget.as_deref(), DEFAULT_BUDGET)
+}
+
+/// `--budget` (or `default`) read and checked against every limit the
+/// process lives under, as [`cpu_budget`] says; with where it came from.
+pub fn checked_budget(given: Option<&str>, default: &'static str) -> Result<(u64, &'static str), Failure> {
+    let (text, why) = match given {
+        Some(text) => (text, "--budget"),
+        None => (default, "the default; set --budget"),
     };
     let budget = parse_bytes(text).map_err(|err| Failure::usage(format!("--budget: {err}")))?;
     if budget == 0 {

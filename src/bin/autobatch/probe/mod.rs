@@ -15,7 +15,7 @@ use crate::failure::Failure;
 use crate::model::{search_tuner, ModelConfig};
 
 use context::Run;
-pub use device::{parse_device, DeviceSpec};
+pub use device::{checked_budget, parse_device, DeviceSpec};
 
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     checks::check_flags(args)?;
