@@ -511,6 +511,11 @@ pub struct EstimateArgs {
     /// beside what vLLM's formula gives for the same settings.
     #[arg(long, requires = "config", conflicts_with_all = ["params", "lora", "batch", "seq_len", "target_effective_batch"], help_heading = "Serving")]
     pub serve: bool,
+    /// With --serve: count for `serve --device cpu` (the CPU heap, where
+    /// candle's matmul widens a bf16 weight to f32 for the product), or for
+    /// an accelerator [default].
+    #[arg(long, requires = "serve", help_heading = "Serving")]
+    pub on_cpu: bool,
     #[command(flatten)]
     pub serving: crate::serve::ServingArgs,
     /// Print the estimate as JSON on stdout.

@@ -13,7 +13,7 @@ use crate::step::Step;
 pub fn estimate(args: &EstimateArgs) -> Result<(), Failure> {
     if let (true, Some(path)) = (args.serve, &args.config) {
         let capacity = args.capacity.as_deref().map(parse_capacity).transpose()?.map(|(bytes, _)| bytes);
-        return crate::serve::estimate(path, &args.serving, capacity, args.ceiling, args.json);
+        return crate::serve::estimate(path, &args.serving, capacity, args.ceiling, args.on_cpu, args.json);
     }
     if args.serving != crate::serve::ServingArgs::default() {
         return Err(Failure::usage(

@@ -377,10 +377,12 @@ pub fn estimate(
     serving: &ServingArgs,
     capacity: Option<u64>,
     ceiling: Ceiling,
+    on_cpu: bool,
     json: bool,
 ) -> Result<(), Failure> {
     let config = load(path, &Flags::ESTIMATE)?;
     let Settled { config, shape } = serving.settle(config, path)?;
+    let shape = ServingShape { on_cpu, ..shape };
     let counted = config.serving_bytes(&shape)?;
     let limit = capacity.map(|capacity| ceiling.limit_bytes(capacity));
     if json {
