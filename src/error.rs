@@ -384,9 +384,16 @@ pub enum Error {
         of: usize,
     },
 
-    /// candle failed outside a probed step (building a model, a training step).
+    /// candle failed outside a probed step and outside building a model (a
+    /// training step, an allocation).
     #[error("{}", self.render(&OwnNames))]
     Candle(#[from] candle_core::Error),
+
+    /// candle refused to build a model from its config or checkpoint (a
+    /// tensor's shape or dtype, a quantization its sizes do not allow): a
+    /// problem of the model, not of the device.
+    #[error("{}", self.render(&OwnNames))]
+    ModelBuild(candle_core::Error),
 
     /// Tuning at one of several input sizes failed.
     #[error("{}", self.render(&OwnNames))]
@@ -686,6 +693,7 @@ impl Error {
                 name("allow_partial_graph"),
             ),
             Error::Candle(source) => format!("candle: {}", candle_message(source)),
+            Error::ModelBuild(source) => format!("building the model: {}", candle_message(source)),
             Error::AtSize { size, source } => format!("at {} {size}: {}", name("size"), source.render(names)),
             Error::Device(problem) => problem.to_string(),
             Error::Collective(reason) => format!("collective: {reason}"),
@@ -693,6 +701,15 @@ impl Error {
                 "another rank could not find a batch that fits (see that rank's error); no rank will train".to_owned()
             }
             Error::Meter(source) => format!("memory meter: {source}"),
+        }
+    }
+
+    /// This error as one building a model met: candle's own is the model's
+    /// ([`Error::ModelBuild`]), the rest as they are.
+    pub(crate) fn building(self) -> Error {
+        match self {
+            Error::Candle(source) => Error::ModelBuild(source),
+            other => other,
         }
     }
 
@@ -732,7 +749,10 @@ impl Error {
             | Error::TimeLimit { .. }
             | Error::GuardExhausted { .. }
             | Error::InsufficientHeadroom(_) => ErrorKind::DoesNotFit,
-            Error::Workload { .. } | Error::PartialGraph { .. } | Error::BackwardUnsupported { .. } => ErrorKind::Model,
+            Error::Workload { .. }
+            | Error::PartialGraph { .. }
+            | Error::BackwardUnsupported { .. }
+            | Error::ModelBuild(_) => ErrorKind::Model,
             Error::Device(_) | Error::Candle(_) | Error::Collective(_) | Error::RankFailed | Error::Meter(_) => {
                 ErrorKind::Device
             }

@@ -56,7 +56,7 @@ impl Inference {
         seed: u64,
         device: &Device,
     ) -> Result<Inference, Error> {
-        Inference::assemble(config, weights, dtype, seed, None, device)
+        Inference::assemble(config, weights, dtype, seed, None, device).map_err(Error::building)
     }
 
     /// [`build`](Self::build) over a checkpoint's tensors, by their names
@@ -71,7 +71,7 @@ impl Inference {
         tensors: std::collections::HashMap<String, Tensor>,
         device: &Device,
     ) -> Result<Inference, Error> {
-        Inference::assemble(config, weights, dtype, 0, Some(tensors), device)
+        Inference::assemble(config, weights, dtype, 0, Some(tensors), device).map_err(Error::building)
     }
 
     /// [`from_tensors`](Self::from_tensors) of the model's safetensors files.
@@ -416,6 +416,11 @@ mod tests {
             assert!(served.weight_bytes() < model.weight_bytes(), "{weights:?}");
             assert_eq!(run(&served, served.dtype()).dims(), [1, 40]);
         }
+        // a model candle cannot build is the model's problem, not the device's
+        let narrow = Config::from_json(&json.replace("\"hidden_size\": 32", "\"hidden_size\": 16")).unwrap();
+        let refused = Inference::build(&narrow, BaseDtype::Q4_0, None, 0, &device).err().unwrap();
+        assert_eq!(refused.kind(), crate::ErrorKind::Model, "{refused}");
+        assert!(refused.to_string().starts_with("building the model: "), "{refused}");
         let mixed = Inference::build(&config, BaseDtype::Bf16, Some(DType::F32), 0, &device);
         assert!(mixed.err().unwrap().to_string().contains("float weights compute in their dtype"));
     }

@@ -509,7 +509,7 @@ impl Pretrained {
     /// is allocated: a sequence past the model's positions or its sliding
     /// window, an unknown LoRA target, a dtype other than f32 or bf16.
     pub fn build(config: &Config, training: &Training, device: &Device) -> Result<Pretrained, Error> {
-        Pretrained::assemble(config, training, device, None)
+        Pretrained::assemble(config, training, device, None).map_err(Error::building)
     }
 
     /// [`build`](Self::build) over given weights, by their checkpoint names
@@ -533,7 +533,7 @@ impl Pretrained {
         tensors: std::collections::HashMap<String, Tensor>,
         device: &Device,
     ) -> Result<Pretrained, Error> {
-        Pretrained::assemble(config, training, device, Some(tensors))
+        Pretrained::assemble(config, training, device, Some(tensors)).map_err(Error::building)
     }
 
     /// [`from_tensors`](Self::from_tensors) of the model's safetensors files.
