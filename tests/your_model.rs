@@ -991,8 +991,107 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
     }
 }
 
+/// A user's own decoder with candle-nn layers and candle-nn's KV cache (one
+/// per sequence, made whole at the context on its first append), served by
+/// one step per sequence, behind `serve::Server`: the probe's answer fits
+/// with every cache full and the worst step, one more does not, both run
+/// with no search; the caches' bytes per token are the layer's.
+fn a_users_own_server_finds_how_many_sequences_fit() {
+    use autobatch::serve::{ServeProbe, Server};
+    use candle_nn::kv_cache::KvCache;
+    const HIDDEN: usize = 32;
+    const HEADS: usize = 4;
+    const HEAD_DIM: usize = HIDDEN / HEADS;
+    const VOCAB: usize = 64;
+
+    struct TinyDecoder {
+        embed: Embedding,
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        o: Linear,
+        head: Linear,
+    }
+
+    impl TinyDecoder {
+        /// `tokens` appended to `cache`: the last token's logits.
+        fn step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<Tensor> {
+            let x = self.embed.forward(&Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?)?;
+            let s = tokens.len();
+            let split = |t: Tensor| t.reshape((1, s, HEADS, HEAD_DIM))?.transpose(1, 2)?.contiguous();
+            let (q, k, v) = (split(self.q.forward(&x)?)?, split(self.k.forward(&x)?)?, split(self.v.forward(&x)?)?);
+            let (k, v) = cache.append(&k, &v)?;
+            let len = k.dim(2)?;
+            let scores = (q.matmul(&k.t()?)? / (HEAD_DIM as f64).sqrt())?;
+            // causal: the chunk's queries are the last s of the keys' positions
+            let mask: Vec<f32> = (0..s)
+                .flat_map(|i| (0..len).map(move |j| if j > len - s + i { f32::NEG_INFINITY } else { 0.0 }))
+                .collect();
+            let scores = scores.broadcast_add(&Tensor::from_vec(mask, (s, len), &Device::Cpu)?)?;
+            let out = ops::softmax_last_dim(&scores)?.matmul(&v.contiguous()?)?;
+            let out = out.transpose(1, 2)?.reshape((1, s, HIDDEN))?;
+            self.head.forward(&(x + self.o.forward(&out)?)?.narrow(1, s - 1, 1)?)
+        }
+    }
+
+    struct UsersServer(TinyDecoder);
+
+    impl Server for UsersServer {
+        type Caches = Vec<KvCache>;
+
+        fn allocate(&mut self, sequences: usize, context: usize, chunk: usize) -> Result<Vec<KvCache>> {
+            (0..sequences)
+                .map(|index| {
+                    let mut cache = KvCache::new(2, context);
+                    let held = context - if index == 0 { chunk } else { 1 };
+                    let zeros = Tensor::zeros((1, HEADS, held, HEAD_DIM), DType::F32, &Device::Cpu)?;
+                    cache.append(&zeros, &zeros)?;
+                    Ok(cache)
+                })
+                .collect()
+        }
+
+        fn cache_bytes(&self, caches: &Vec<KvCache>) -> u64 {
+            let bytes = |t: &Option<Tensor>| t.as_ref().map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes());
+            caches.iter().map(|c| (bytes(c.k_cache().all_data()) + bytes(c.v_cache().all_data())) as u64).sum()
+        }
+
+        fn worst_step(&mut self, caches: &mut Vec<KvCache>, chunk: usize) -> Result<()> {
+            for (index, cache) in caches.iter_mut().enumerate() {
+                let count = if index == 0 { chunk } else { 1 };
+                let tokens: Vec<u32> = (0..count).map(|t| (t % VOCAB) as u32).collect();
+                self.0.step(cache, &tokens)?;
+            }
+            Ok(())
+        }
+    }
+
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = TinyDecoder {
+        embed: embedding(VOCAB, HIDDEN, vb.pp("embed")).unwrap(),
+        q: linear(HIDDEN, HIDDEN, vb.pp("q")).unwrap(),
+        k: linear(HIDDEN, HIDDEN, vb.pp("k")).unwrap(),
+        v: linear(HIDDEN, HIDDEN, vb.pp("v")).unwrap(),
+        o: linear(HIDDEN, HIDDEN, vb.pp("o")).unwrap(),
+        head: linear(HIDDEN, VOCAB, vb.pp("head")).unwrap(),
+    };
+    let mut server = UsersServer(model);
+    let mut meter = HeapMeter::with_room(4 << 20, 0.9).unwrap();
+    let probe = ServeProbe::new(128).max_num_batched_tokens(32);
+    let plan = probe.run(&mut server, &mut meter).unwrap();
+    let n = plan.max_sequences;
+    assert!(plan.proven && n > 10 && plan.kv_blocks.is_none(), "{plan:?}");
+    // keys and values of every head, f32, over the tokens held
+    assert_eq!(plan.cache_bytes_per_token, (2 * HIDDEN * 4) as f64, "{plan:?}");
+    let (fits, over) =
+        (probe.measure(n, &mut server, &mut meter).unwrap(), probe.measure(n + 1, &mut server, &mut meter).unwrap());
+    assert!(fits.fits && !over.fits, "{n}: {fits:?}, {}: {over:?}", n + 1);
+}
+
 fn main() {
     let tests: &[(&str, fn())] = &[
+        ("a_users_own_server_finds_how_many_sequences_fit", a_users_own_server_finds_how_many_sequences_fit),
         (
             "your_model_switched_to_the_lean_ops_is_exact_and_fits_more",
             your_model_switched_to_the_lean_ops_is_exact_and_fits_more,
