@@ -120,8 +120,9 @@ impl KvCache {
 
     /// The 8-bit cache's dtype: each key and value of a token's head stored
     /// in a byte, `round(x / scale) + 128` with `scale = max |x| / 127` over
-    /// the head (kept in f32 beside it), as vLLM's int8 KV cache scales per
-    /// token and head. Attention reads the values back within half a scale.
+    /// the head (kept in f32 beside it): symmetric, per token and head, as
+    /// LMDeploy's 8-bit KV cache scales (vLLM's 8-bit cache is fp8 with a
+    /// scale per tensor). Attention reads the values back within half a scale.
     pub const INT8: DType = DType::U8;
 
     /// The bytes one block of `block_size` tokens takes in `dtype` over

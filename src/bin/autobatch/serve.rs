@@ -53,7 +53,7 @@ pub enum CacheDtype {
     F32,
     Bf16,
     F16,
-    /// 8 bits a value and an f32 scale per token and head (vLLM's int8 cache).
+    /// 8 bits a value and an f32 scale per token and head.
     Int8,
 }
 
