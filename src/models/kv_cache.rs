@@ -130,15 +130,12 @@ impl KvCache {
     /// (head_dim × bytes per element)` (keys and values; in 8 bits, each
     /// head's f32 scale too).
     pub fn block_bytes(config: &Config, block_size: usize, dtype: DType) -> u64 {
-        2 * config.layers as u64 * block_size as u64 * config.kv_heads as u64 * head_bytes(config.head_dim, dtype)
+        pool_bytes(config.layers, block_size, config.kv_heads, config.head_dim, dtype)
     }
 
     /// The bytes one of its blocks takes.
     pub fn bytes_per_block(&self) -> u64 {
-        2 * self.layers.len() as u64
-            * self.block_size as u64
-            * self.kv_heads as u64
-            * head_bytes(self.head_dim, self.dtype)
+        pool_bytes(self.layers.len(), self.block_size, self.kv_heads, self.head_dim, self.dtype)
     }
 
     /// Tokens per block.
@@ -344,10 +341,19 @@ impl KvCache {
     }
 }
 
+/// Keys and values of `tokens` over `layers`, saturating: a config's sizes
+/// are the user's, and a product past 64 bits is refused as too large where
+/// it is compared with a limit, never wrapped into a small one.
+fn pool_bytes(layers: usize, tokens: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> u64 {
+    [layers as u64, tokens as u64, kv_heads as u64, head_bytes(head_dim, dtype)]
+        .into_iter()
+        .fold(2u64, u64::saturating_mul)
+}
+
 /// The bytes of one token's head in `dtype`: its values, and in 8 bits its scale.
 fn head_bytes(head_dim: usize, dtype: DType) -> u64 {
-    let scale = if dtype == KvCache::INT8 { DType::F32.size_in_bytes() } else { 0 };
-    (head_dim * dtype.size_in_bytes() + scale) as u64
+    let scale = if dtype == KvCache::INT8 { DType::F32.size_in_bytes() as u64 } else { 0 };
+    (head_dim as u64).saturating_mul(dtype.size_in_bytes() as u64).saturating_add(scale)
 }
 
 /// `rows` `(n, kv_heads, head_dim)` in 8 bits: `round(x / scale) + 128`,

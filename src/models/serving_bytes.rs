@@ -81,7 +81,7 @@ impl Config {
             return Err(Error::zero("block_size"));
         }
         let cache_bytes_per_token = super::KvCache::block_bytes(self, 1, shape.cache_dtype);
-        let block_bytes = cache_bytes_per_token * shape.block_size as u64;
+        let block_bytes = cache_bytes_per_token.saturating_mul(shape.block_size as u64);
         let blocks = shape.context.div_ceil(shape.block_size) as u64;
         let chunk = shape.chunk.min(shape.context);
         let moments = |tokens: f64, sequences: f64, gathered: f64| self.moments(shape, tokens, sequences, gathered);
@@ -96,7 +96,7 @@ impl Config {
             cache_bytes_per_token,
             block_bytes,
             block_size: shape.block_size,
-            cache_bytes_per_sequence: blocks * block_bytes,
+            cache_bytes_per_sequence: blocks.saturating_mul(block_bytes),
             step_bytes: widest(one),
             step_bytes_per_sequence: moments.iter().map(|m| m.per_sequence).max().unwrap_or(0),
             moments,
@@ -110,11 +110,16 @@ impl Config {
     fn serving_weight_bytes(&self, weights: BaseDtype, dtype: DType) -> u64 {
         let total = self.parameter_count();
         match weights.float() {
-            Some(float) => total * float.size_in_bytes() as u64,
+            Some(float) => total.saturating_mul(float.size_in_bytes() as u64),
             None => {
-                let projections: u64 = self.projections().iter().map(|&(_, out, input)| (out * input) as u64).sum();
+                // one layer's projections times the layers: no list as long as the layers
+                let one = Config { layers: 1, ..self.clone() };
+                let per_layer: u64 =
+                    one.projections().iter().map(|&(_, out, input)| (out as u64).saturating_mul(input as u64)).sum();
+                let projections = per_layer.saturating_mul(self.layers as u64).min(total);
                 let block = if weights == BaseDtype::Q8_0 { 34 } else { 18 };
-                projections.div_ceil(32) * block + (total - projections) * dtype.size_in_bytes() as u64
+                (projections.div_ceil(32).saturating_mul(block))
+                    .saturating_add((total - projections).saturating_mul(dtype.size_in_bytes() as u64))
             }
         }
     }
@@ -220,5 +225,35 @@ impl ServingBytes {
     /// blocks' tokens over the context.
     pub fn vllm_concurrency(&self, limit_bytes: u64, held_bytes: u64) -> f64 {
         (self.vllm_blocks(limit_bytes, held_bytes) * self.block_size as u64) as f64 / self.context.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_past_64_bits_saturate_and_fit_nothing() {
+        let config = Config::from_json(
+            r#"{"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32, "max_position_embeddings": 64}"#,
+        )
+        .unwrap();
+        let shape = |context, block_size| ServingShape {
+            context,
+            chunk: 16,
+            block_size,
+            weights: BaseDtype::F32,
+            dtype: DType::F32,
+            cache_dtype: DType::F32,
+            on_cpu: false,
+        };
+        for (context, block) in [(usize::MAX, 16), (64, usize::MAX)] {
+            let counted = config.serving_bytes(&shape(context, block)).unwrap();
+            assert_eq!(counted.cache_bytes_per_sequence, u64::MAX, "{context} {block}");
+            assert_eq!(counted.max_sequences(u64::MAX / 2, 0), 0);
+        }
+        // the count in range is the arithmetic: 2 × 2 layers × 2 kv heads × 4 dims × 4 bytes
+        assert_eq!(config.serving_bytes(&shape(64, 16)).unwrap().cache_bytes_per_token, 128);
     }
 }
