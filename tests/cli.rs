@@ -1147,8 +1147,15 @@ fn the_estimate_of_a_config_counts_the_step_the_probe_measures() {
 #[test]
 fn serve_finds_the_most_sequences_and_check_confirms_it() {
     let config = "tests/configs/tiny-llama.json";
-    let settings =
-        ["--config", config, "--max-model-len", "256", "--max-num-batched-tokens", "64", "--budget", "64MiB"];
+    // 250 tokens: 16 blocks of 16, the last one partly empty; the budget from
+    // what the process holds here (the model, each thread's matmul buffer:
+    // they differ by host), with 16 MiB of room beside it
+    let base = ["--config", config, "--max-model-len", "250", "--max-num-batched-tokens", "64"];
+    let first = autobatch(&[&["serve"], &base[..], &["--budget", "1GiB", "--check", "1", "--json"]].concat());
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let held = serde_json::from_slice::<serde_json::Value>(&first.stdout).unwrap()["held_bytes"].as_u64().unwrap();
+    let budget = format!("{}B", held + (16 << 20));
+    let settings = [&base[..], &["--budget", budget.as_str()]].concat();
     let out = autobatch(&[&["serve"], &settings[..], &["--json"]].concat());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -199,8 +199,9 @@ fn serve_on<M: MemoryMeter>(
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
     let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(args.ceiling);
     if let Some(sequences) = args.check {
+        let held = meter.in_use()?;
         let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
-        return report_check(args, shape, limit, &trials);
+        return report_check(args, shape, limit, held, &trials);
     }
     let plan = match args.concurrency {
         Some(sequences) => probe.longest_context(sequences, &mut server, meter)?,
@@ -243,9 +244,21 @@ fn refuse_before_building(
 }
 
 /// `--check`'s two trials, in words or JSON.
-fn report_check(args: &ServeArgs, shape: &ServingShape, limit: u64, trials: &[ServeTrial]) -> Result<(), Failure> {
+fn report_check(
+    args: &ServeArgs,
+    shape: &ServingShape,
+    limit: u64,
+    held: u64,
+    trials: &[ServeTrial],
+) -> Result<(), Failure> {
     if args.json {
-        let report = json!({ "config": args.config, "context": shape.context, "limit_bytes": limit, "trials": trials });
+        let report = json!({
+            "config": args.config,
+            "context": shape.context,
+            "limit_bytes": limit,
+            "held_bytes": held,
+            "trials": trials,
+        });
         println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
         return Ok(());
     }
