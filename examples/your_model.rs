@@ -1,7 +1,7 @@
 //! Your own candle model, tuned with `ModelProbe` and trained with `TrainLoop`.
 //!
 //! The model is written as a candle user writes it (candle-nn layers in a
-//! `VarMap`, `candle_nn::AdamW`), nothing from `autobatch::models::reference`: a small
+//! `VarMap`, `candle_nn::AdamW`), nothing from `autobatch_models::reference`: a small
 //! character-level language model that learns to continue a repeating text.
 //! The glue is the fifteen lines of `main` between "tune" and "train".
 //!

@@ -2,7 +2,7 @@
 # The GPU check of the CUDA backend, in two halves:
 #
 #   scripts/gpu-check.sh build        on a CPU machine with Rust: builds the check
-#                                     (examples/gpu_check.rs, release, feature cuda)
+#                                     (crates/models/examples/gpu_check/, release, feature cuda)
 #                                     into target/gpu-check/gpu_check, stripped
 #   scripts/gpu-check.sh run [SIZE…]  on the GPU machine (NVIDIA driver, a Python
 #                                     environment with the CUDA 13 libraries, no Rust,
@@ -30,7 +30,7 @@ case "${1:-}" in
 build)
   # link-time stubs are enough: the real libraries are loaded on the GPU machine
   LIGHT=${LIGHT:-1} source scripts/cuda-toolchain.sh
-  cargo build --release --features cuda --example gpu_check
+  cargo build --release -p autobatch-models --features cuda --example gpu_check
   mkdir -p target/gpu-check
   cp "${CARGO_TARGET_DIR:-target}/release/examples/gpu_check" target/gpu-check/gpu_check
   strip target/gpu-check/gpu_check

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes the Hugging Face reference fixtures under tests/fixtures/hf/ (committed;
+# Makes the Hugging Face reference fixtures under crates/models/tests/fixtures/hf/ (committed;
 # `cargo test` reads them without Python): a virtual environment with the
 # pinned transformers and torch (CPU is enough; PyPI's torch wheel brings CUDA
 # libraries, ~5.6 GB), then scripts/hf-fixtures/make.py.
@@ -12,4 +12,4 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet "transformers==5.25.0" "torch==2.15.0" "safetensors>=0.4"
 fi
-"$venv/bin/python" scripts/hf-fixtures/make.py tests/fixtures/hf
+"$venv/bin/python" scripts/hf-fixtures/make.py crates/models/tests/fixtures/hf

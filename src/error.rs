@@ -685,7 +685,7 @@ impl Error {
                  backward pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, \
                  rotary_emb::rope), so they would not learn and the batch found would be larger than training \
                  the whole model allows; switch to the differentiable forms, e.g. `use \
-                 autobatch::models::ops::{{nn::{{layer_norm, LayerNorm}}, softmax_last_dim}};` in place of \
+                 autobatch_models::ops::{{nn::{{layer_norm, LayerNorm}}, softmax_last_dim}};` in place of \
                  candle_nn's (a buffer the forward pass reads without a graph is none: name it with \
                  ModelProbe::buffers_named), or take the partial answer with {}",
                 variables.len(),
@@ -701,15 +701,6 @@ impl Error {
                 "another rank could not find a batch that fits (see that rank's error); no rank will train".to_owned()
             }
             Error::Meter(source) => format!("memory meter: {source}"),
-        }
-    }
-
-    /// This error as one building a model met: candle's own is the model's
-    /// ([`Error::ModelBuild`]), the rest as they are.
-    pub(crate) fn building(self) -> Error {
-        match self {
-            Error::Candle(source) => Error::ModelBuild(source),
-            other => other,
         }
     }
 
@@ -806,7 +797,7 @@ impl Error {
     }
 
     /// A count that was zero and must be at least 1.
-    pub(crate) fn zero(setting: &'static str) -> Error {
+    pub fn zero(setting: &'static str) -> Error {
         Error::invalid(setting, Value::Count(0), "it must be at least 1")
     }
 
@@ -831,7 +822,7 @@ impl Error {
 
     /// Batch arithmetic that would overflow at `value`; `smaller` names the
     /// settings to lower (`{start} or {multiple_of}`).
-    pub(crate) fn batch_overflow(value: usize, smaller: &'static str) -> Error {
+    pub fn batch_overflow(value: usize, smaller: &'static str) -> Error {
         Error::Overflow {
             what: format!("batch arithmetic at {value}"),
             valid: format!("use a smaller {smaller}").into(),
@@ -839,7 +830,7 @@ impl Error {
     }
 
     /// A byte count of `what` of 2^64 or more.
-    pub(crate) fn byte_overflow(what: impl Into<String>) -> Error {
+    pub fn byte_overflow(what: impl Into<String>) -> Error {
         Error::Overflow {
             what: what.into(),
             valid: "it comes to 2^64 bytes (16 EiB) or more; make the model smaller".into(),

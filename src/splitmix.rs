@@ -1,5 +1,5 @@
-//! splitmix64: the one small deterministic mixer of the crate (seeded weights
-//! and data, simulated noise). A leaf.
+//! splitmix64: the one small deterministic mixer of the crate (simulated
+//! noise). A leaf.
 
 /// The splitmix64 increment (the golden ratio in 64 bits).
 pub(crate) const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;

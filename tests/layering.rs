@@ -12,24 +12,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Submodules placed in layers of their own, apart from the module that holds
-/// them: the architectures' ops sit low (they import nothing), the reference
-/// models above the user-facing `model` layer, the architectures from a
-/// `config.json` above both.
-const PARTS: [&str; 2] = ["models::ops", "models::reference"];
+/// them (none at present: the models, which had two, are a crate of their own).
+const PARTS: [&str; 0] = [];
 
 /// Files that are modules of their own for this check.
 const LEAVES: [&str; 7] =
     ["units", "vocabulary", "splitmix", "search::outcome", "search::fit", "headroom::report", "estimate::change"];
 
 /// Every module in its layer, lowest first: each may use only the ones before
-/// it (the design's order: search below plan below tuner; the reference
-/// models built on the user-facing `model` layer like a user's, and so below
-/// the tuner that probes them, as it probes a user's).
-const ORDER: [&str; 25] = [
+/// it (the design's order: search below plan below tuner; the user-facing
+/// `model` layer below the tuner that probes it).
+const ORDER: [&str; 22] = [
     "units",
     "vocabulary",
     "splitmix",
-    "models::ops",
     "search::outcome",
     "search::fit",
     "estimate::change",
@@ -47,8 +43,6 @@ const ORDER: [&str; 25] = [
     "guard",
     "headroom",
     "model",
-    "models::reference",
-    "models",
     "tuner",
     "serve",
 ];

@@ -16,6 +16,9 @@ fn rust_files(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
     }
 }
 
+/// The workspace's packages, from its root.
+const PACKAGES: [&str; 3] = ["", "crates/models", "crates/cli"];
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -40,11 +43,13 @@ fn the_layout_lists_every_source_file() {
     let listed: BTreeSet<String> = block
         .lines()
         .filter_map(|line| line.split_whitespace().next())
-        .filter(|path| path.starts_with("src/"))
+        .filter(|path| path.starts_with("src/") || path.starts_with("crates/") && path.ends_with(".rs"))
         .map(str::to_owned)
         .collect();
     let mut present = BTreeSet::new();
-    rust_files(&root().join("src"), root(), &mut present);
+    for package in PACKAGES {
+        rust_files(&root().join(package).join("src"), root(), &mut present);
+    }
     let missing: Vec<_> = present.difference(&listed).collect();
     let stale: Vec<_> = listed.difference(&present).collect();
     assert!(missing.is_empty() && stale.is_empty(), "not in docs/design.md: {missing:?}; gone: {stale:?}");
@@ -68,7 +73,7 @@ fn every_link_and_named_file_exists() {
         // files named in code spans, from the repository's root
         for span in text.split('`').skip(1).step_by(2) {
             let name = span.split_whitespace().next().unwrap_or("").trim_end_matches([',', '.', ':', ')', ';']);
-            let named = ["src/", "tests/", "examples/", "benches/", "scripts/", "docs/"];
+            let named = ["src/", "tests/", "examples/", "benches/", "scripts/", "docs/", "crates/"];
             let is_path = named.iter().any(|p| name.starts_with(p))
                 && !name.contains(['*', '<', '{', '…'])
                 && name.rsplit('/').next().is_some_and(|last| last.contains('.'));
@@ -80,8 +85,9 @@ fn every_link_and_named_file_exists() {
         for rest in text.split("--example").skip(1) {
             let name = rest.split_whitespace().next().unwrap_or("");
             let name = name.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-')).next().unwrap_or("");
-            let exists = root().join("examples").join(format!("{name}.rs")).exists()
-                || root().join("examples").join(name).join("main.rs").exists();
+            let exists = PACKAGES.iter().map(|package| root().join(package).join("examples")).any(|examples| {
+                examples.join(format!("{name}.rs")).exists() || examples.join(name).join("main.rs").exists()
+            });
             if !name.is_empty() && !exists {
                 broken.push(format!("{}: runs --example {name}", page.display()));
             }

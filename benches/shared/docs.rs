@@ -5,7 +5,10 @@
 use std::path::PathBuf;
 
 pub fn benchmarks_md() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/benchmarks.md"))
+    // the workspace root's docs, from this package or one under crates/
+    let package = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = package.ancestors().find(|dir| dir.join("docs/benchmarks.md").exists()).unwrap_or(package);
+    root.join("docs/benchmarks.md")
 }
 
 fn markers(name: &str) -> (String, String) {

@@ -9,7 +9,7 @@ input ids, the labels, the logits, the loss and every parameter's gradient
 `model(input_ids, labels=labels)` in eval mode (no dropout) and `loss.backward()`.
 
 Run through scripts/hf-fixtures.sh, which pins the versions. The outputs are
-committed under tests/fixtures/hf/; `cargo test` reads them without Python.
+committed under crates/models/tests/fixtures/hf/; `cargo test` reads them without Python.
 """
 
 import json
@@ -21,7 +21,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/hf")
+OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "crates/models/tests/fixtures/hf")
 
 DECODER = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                num_attention_heads=4, max_position_embeddings=64)

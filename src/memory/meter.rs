@@ -88,25 +88,3 @@ impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
         (**self).element_limit()
     }
 }
-
-/// A meter that measures nothing: for training that watches no memory (the
-/// reference models' own steps). Its out-of-memory retries release no cache.
-pub(crate) struct Unmetered;
-
-impl MemoryMeter for Unmetered {
-    fn capacity(&self) -> Result<u64, Error> {
-        Ok(u64::MAX)
-    }
-
-    fn in_use(&self) -> Result<u64, Error> {
-        Ok(0)
-    }
-
-    fn reset_peak(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn peak(&self) -> Result<u64, Error> {
-        Ok(0)
-    }
-}

@@ -12,5 +12,3 @@ mod pool;
 #[cfg(feature = "simulation")]
 pub mod simulated;
 pub(crate) mod tracking;
-
-pub(crate) use meter::Unmetered;

@@ -37,10 +37,6 @@ enum Update {
         kind: Option<OptimizerKind>,
         master_weights: bool,
     },
-    /// An optimizer training steps too (the reference models'): the state
-    /// trained is the state measured; freed and built again only before it
-    /// has stepped.
-    Shared(crate::optim::Shared),
     /// candle-nn's SGD, computed dry.
     Sgd { lr: f64 },
     /// Any optimizer: a throwaway one per step, the variables restored after.
@@ -267,7 +263,9 @@ where
 }
 
 impl<L: ProbeLoss> ModelProbe<L> {
-    pub(crate) fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
+    /// A probe of named variables with any [`ProbeLoss`](super::ProbeLoss): a
+    /// closure's, a backward of its own, or a loss type of a model crate.
+    pub fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
         let key = CacheKey::new().variables(vars.iter().map(|(name, var)| (name.as_str(), var)));
         ModelProbe {
             vars,
@@ -320,8 +318,13 @@ impl<L: ProbeLoss> ModelProbe<L> {
 
     fn dry_named<O: DryStep + 'static>(mut self, name: &str, optimizer: O) -> Self {
         let (kind, master_weights) = (optimizer.kind(), optimizer.master_weights());
+        // the plan cache tells optimizers apart by this name: one type may step several kinds
+        let name = match kind {
+            Some(kind) => format!("{name} ({}{})", kind.name(), if master_weights { ", mixed precision" } else { "" }),
+            None => name.to_owned(),
+        };
         let optimizer: Option<Box<dyn DryStep>> = Some(Box::new(optimizer));
-        self.update = Update::Dry { name: name.to_owned(), optimizer, rebuild: None, kind, master_weights };
+        self.update = Update::Dry { name, optimizer, rebuild: None, kind, master_weights };
         self
     }
 
@@ -345,13 +348,6 @@ impl<L: ProbeLoss> ModelProbe<L> {
             master_weights,
         };
         Ok(probe)
-    }
-
-    /// Measures `optimizer`, which a training loop steps: its update computed
-    /// dry on the state training holds.
-    pub(crate) fn shared(mut self, optimizer: crate::optim::Shared) -> Self {
-        self.update = Update::Shared(optimizer);
-        self
     }
 
     /// Measures candle-nn's SGD with learning rate `lr`: no state, its update
@@ -498,7 +494,6 @@ impl<L: ProbeLoss> ModelProbe<L> {
                 }
                 optimizer.as_ref().map_or(Ok(()), |optimizer| optimizer.dry_step(grads))
             }
-            Update::Shared(optimizer) => optimizer.dry_step(grads),
             Update::Sgd { lr } => {
                 for (_, var) in &self.vars {
                     if let Some(grad) = grads.get(var.as_tensor()) {
@@ -553,10 +548,6 @@ impl<L: ProbeLoss> ModelProbe<L> {
         match &self.update {
             Update::None => "none".to_owned(),
             Update::Dry { name, .. } => name.clone(),
-            Update::Shared(optimizer) => {
-                let by_kind = optimizer.by_kind();
-                format!("{}{}", by_kind.kind.name(), if by_kind.mixed { " (mixed precision)" } else { "" })
-            }
             Update::Sgd { .. } => "candle_nn::SGD".to_owned(),
             Update::General { name, .. } => name.clone(),
         }
@@ -705,7 +696,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     fn free_training_state(&mut self) -> u64 {
         match &mut self.update {
             Update::Dry { optimizer, rebuild: Some(_), .. } => optimizer.take().map_or(0, |o| o.state_bytes()),
-            Update::Shared(optimizer) => optimizer.free(),
+            Update::Dry { optimizer: Some(optimizer), rebuild: None, .. } => optimizer.free_state(),
             _ => 0,
         }
     }
@@ -738,7 +729,6 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         let optimizer = match &self.update {
             Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
             Update::Dry { kind, .. } => (*kind)?,
-            Update::Shared(optimizer) => optimizer.by_kind().kind,
             // its state is not known from outside
             Update::General { .. } => return None,
         };
@@ -746,7 +736,6 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         let parameters = floats().map(|var| var.elem_count() as u64).sum();
         let mixed = match &self.update {
             Update::Dry { master_weights, .. } => *master_weights,
-            Update::Shared(optimizer) => optimizer.by_kind().mixed,
             _ => false,
         };
         let precision = match floats().next().map(|var| var.dtype()) {

@@ -73,7 +73,7 @@ impl<O: Optimizer> TrainLoop<O> {
     }
 
     /// A loop over `vars` whose steps `guard` divides.
-    pub(crate) fn with_guard(guard: Guard, vars: Vec<Var>, optimizer: O) -> Self {
+    pub fn with_guard(guard: Guard, vars: Vec<Var>, optimizer: O) -> Self {
         TrainLoop { guard, grow_back_after: None, vars, optimizer }
     }
 

@@ -38,7 +38,6 @@ mod adamw;
 mod adamw8bit;
 mod lion;
 mod mixed;
-mod shared;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
@@ -48,7 +47,6 @@ pub use adamw::AdamW;
 pub use adamw8bit::AdamW8bit;
 pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;
-pub(crate) use shared::{ByKind, Shared};
 
 use crate::vocabulary::OptimizerKind;
 
@@ -166,5 +164,12 @@ pub trait DryStep {
     /// ([`MixedPrecision`]): the estimate then counts mixed precision.
     fn master_weights(&self) -> bool {
         false
+    }
+
+    /// Frees the state between trials when it can be built again as it was
+    /// (an optimizer that has taken no real step, shared with a training
+    /// loop): the bytes freed. The default frees nothing.
+    fn free_state(&self) -> u64 {
+        0
     }
 }

@@ -126,7 +126,7 @@ pub enum Warning {
     /// its matmul, an attention mask added with `broadcast_add`, the input
     /// batch a first matmul reads). Memory the step needs only because candle
     /// computes it; the largest seen in a trial, said once it reaches a
-    /// twentieth of the variables' gradients. [`crate::models::ops`] computes none.
+    /// twentieth of the variables' gradients. `autobatch_models::ops` computes none.
     UntrainedGradients {
         /// Tensors with such a gradient.
         tensors: usize,

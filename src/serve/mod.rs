@@ -11,10 +11,8 @@
 //! answer was run and fits, the next one up was run and does not.
 //!
 //! A candle server implements [`Server`] over its own model and cache;
-//! [`models::Serving`](crate::models::Serving) is this crate's, for the
-//! decoders it builds from a `config.json`.
-
-mod decoders;
+//! `autobatch_models::Serving` is the one for the decoders that crate builds
+//! from a `config.json`.
 
 use serde::Serialize;
 
@@ -53,20 +51,36 @@ pub trait Server {
 /// Searches the largest number of sequences (or the longest context) a
 /// server holds under a memory ceiling.
 ///
+/// A server of one's own: each sequence's cache a tensor of keys and values,
+/// the worst step a projection of the tokens it runs
+/// (`autobatch_models::Serving` is the one for the decoders built from a
+/// `config.json`).
+///
 /// ```
 /// #[global_allocator]
 /// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 ///
-/// use autobatch::models::{BaseDtype, Config, Serving};
-/// use autobatch::serve::ServeProbe;
+/// use autobatch::serve::{ServeProbe, Server};
 /// use autobatch::HeapMeter;
+/// use candle_core::{DType, Device, Result, Tensor};
 ///
-/// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
-///     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-///     "intermediate_size": 64, "max_position_embeddings": 256}"#)?;
-/// let mut server = Serving::build(&config, BaseDtype::F32, None, &candle_core::Device::Cpu)?;
+/// struct Toy;
+/// impl Server for Toy {
+///     type Caches = Vec<Tensor>;
+///     fn allocate(&mut self, sequences: usize, context: usize, _chunk: usize) -> Result<Vec<Tensor>> {
+///         (0..sequences).map(|_| Tensor::ones((2, context, 64), DType::F32, &Device::Cpu)).collect()
+///     }
+///     fn cache_bytes(&self, caches: &Vec<Tensor>) -> u64 {
+///         caches.iter().map(|cache| cache.elem_count() as u64 * 4).sum()
+///     }
+///     fn worst_step(&mut self, caches: &mut Vec<Tensor>, chunk: usize) -> Result<()> {
+///         let tokens = Tensor::ones((caches.len() + chunk, 64), DType::F32, &Device::Cpu)?;
+///         tokens.matmul(&tokens.t()?)?.sum_all()?.to_scalar::<f32>().map(drop)
+///     }
+/// }
+///
 /// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
-/// let plan = ServeProbe::new(256).max_num_batched_tokens(64).run(&mut server, &mut meter)?;
+/// let plan = ServeProbe::new(256).max_num_batched_tokens(64).run(&mut Toy, &mut meter)?;
 /// assert!(plan.max_sequences > 1 && plan.proven);
 /// # Ok::<(), autobatch::Error>(())
 /// ```

@@ -23,13 +23,18 @@ impl Tuner {
     /// ```
     /// # #[global_allocator]
     /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-    /// use autobatch::models::reference::TransformerConfig;
-    /// use autobatch::{HeapMeter, Tuner};
+    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
+    /// use candle_core::{DType, Device, Module, Tensor};
+    /// use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
     ///
-    /// let mut model = TransformerConfig::tiny().build(&candle_core::Device::Cpu)?;
-    /// let mut evaluation = model.evaluation();
-    /// let mut meter = HeapMeter::with_room(12 << 20, 0.9)?;
-    /// let plan = Tuner::new().run_with_eval(&mut model, &mut evaluation, &mut meter)?;
+    /// let varmap = VarMap::new();
+    /// let model = linear(256, 256, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    /// let input = |samples: usize| Tensor::ones((samples, 256), DType::F32, &Device::Cpu);
+    /// let mut training = ModelProbe::new(&varmap, |samples| loss::mse(&model.forward(&input(samples)?)?, &input(samples)?))
+    ///     .adamw(ParamsAdamW::default())?;
+    /// let mut evaluation = ModelProbe::forward_only(&varmap, |samples| model.forward(&input(samples)?));
+    /// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
+    /// let plan = Tuner::new().run_with_eval(&mut training, &mut evaluation, &mut meter)?;
     /// let evaluation = plan.evaluation.unwrap();
     /// let during = evaluation.during_training.unwrap();
     /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch);

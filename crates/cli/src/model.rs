@@ -1,0 +1,397 @@
+//! The model the probe flags describe (a reference model or a config.json's
+//! architecture), built with its optimizer: what `probe` and `--find` both
+//! tune.
+
+use autobatch::estimate::OptimizerKind;
+use autobatch::{Strategy, Tuner};
+use autobatch_models as models;
+use autobatch_models::reference::{
+    ConvNetConfig, Footprint, MlpConfig, Model, ReferenceWorkload, Trainer, TransformerConfig,
+};
+use candle_core::DType;
+
+use crate::args::{AttentionArg, DtypeArg, LossArg, ModelKind, ProbeArgs, ProbeOptimizerArg, StrategyArg};
+use crate::failure::{Failure, Flags};
+
+pub(crate) fn model_name(model: ModelKind) -> &'static str {
+    match model {
+        ModelKind::Transformer => "transformer",
+        ModelKind::Mlp => "mlp",
+        ModelKind::Convnet => "convnet",
+    }
+}
+
+/// The model the flags describe, not yet built: a reference model, or a
+/// config.json's architecture.
+#[derive(Clone)]
+pub(crate) enum ModelConfig {
+    Transformer(TransformerConfig),
+    Mlp(MlpConfig),
+    ConvNet(ConvNetConfig),
+    Pretrained(Box<(models::Config, models::Training)>),
+}
+
+impl ModelConfig {
+    /// "N parameters", or under LoRA "T trained of N parameters" (the
+    /// adapters train; the base's and theirs are the model's).
+    pub(crate) fn parameters_said(&self, trained: usize) -> String {
+        match self {
+            ModelConfig::Pretrained(boxed) if boxed.1.lora.is_some() => {
+                let total = boxed.0.parameter_count().saturating_add(trained as u64);
+                format!("{trained} trained of {total} parameters")
+            }
+            _ => format!("{trained} parameters"),
+        }
+    }
+
+    /// The model of `--config`: its config.json, `--layers`, `--seq-len`,
+    /// `--precision` and the LoRA flags.
+    pub(crate) fn pretrained(args: &ProbeArgs, path: &std::path::Path) -> Result<Self, Failure> {
+        let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::PROBE);
+        let mut config = models::Config::from_file(path).map_err(with_path)?;
+        if let Some(unapplied) = config.unapplied() {
+            log::warn!("{unapplied}");
+        }
+        if let Some(layers) = args.layers {
+            config = config.with_layers(layers).map_err(with_path)?;
+        }
+        let seq_len =
+            args.seq_len.or(args.seq_lens.iter().max().copied()).unwrap_or_else(|| config.max_positions.min(512));
+        let mut training = models::Training::new(seq_len);
+        training.seed = args.seed;
+        training.checkpointing = args.checkpointing;
+        training.attention = match args.attention {
+            AttentionArg::Blocked => models::Attention::Blocked,
+            AttentionArg::Eager => models::Attention::Eager,
+        };
+        training.loss = match args.loss {
+            LossArg::Chunked => models::Loss::Chunked,
+            LossArg::Full => models::Loss::Full,
+        };
+        if args.checkpointing && config.family == models::Family::Bert {
+            return Err(Failure::usage(format!(
+                "--config {}: --checkpointing checkpoints a decoder's layers (llama, mistral, qwen2, qwen3, gpt2), not BERT's",
+                path.display()
+            )));
+        }
+        training.dtype = args.precision.map(|precision| match precision {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
+        });
+        if let Some(rank) = args.lora {
+            let mut lora = models::Lora::new(rank, config.family.lora_targets());
+            if !args.lora_targets.is_empty() {
+                lora.targets = args.lora_targets.clone();
+            }
+            if let Some(alpha) = args.lora_alpha {
+                lora.alpha = alpha;
+            }
+            if let Some(base) = args.base_dtype {
+                if args.precision == Some(DtypeArg::Mixed) {
+                    return Err(Failure::usage(format!(
+                        "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype {base} the adapters are f32 already: drop one of them"
+                    )));
+                }
+                lora = lora.base(base);
+            }
+            training = training.lora(lora);
+        }
+        // refused here, before anything is allocated: a length past the
+        // positions or the window, an unknown target
+        for &length in &args.seq_lens {
+            if let Err(autobatch::Error::InvalidSetting { valid, .. }) = config.check_seq_len(length) {
+                return Err(Failure::usage(format!("--config {}: --seq-lens has {length}: {valid}", path.display())));
+            }
+        }
+        config.check_seq_len(seq_len).map_err(with_path)?;
+        config.footprint(&training).map_err(with_path)?;
+        Ok(ModelConfig::Pretrained(Box::new((config, training))))
+    }
+
+    pub(crate) fn from_args(args: &ProbeArgs) -> Result<Self, Failure> {
+        if let Some(path) = &args.config {
+            return ModelConfig::pretrained(args, path);
+        }
+        Ok(ModelConfig::reference(args))
+    }
+
+    pub(crate) fn reference(args: &ProbeArgs) -> Self {
+        let dtype = match args.precision() {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
+        };
+        let seed = args.seed;
+        match args.model {
+            ModelKind::Transformer => {
+                let d = TransformerConfig::default();
+                ModelConfig::Transformer(TransformerConfig {
+                    vocab: args.vocab.unwrap_or(d.vocab),
+                    d_model: args.d_model.unwrap_or(d.d_model),
+                    heads: args.heads.unwrap_or(d.heads),
+                    layers: args.layers.unwrap_or(d.layers),
+                    seq_len: args.seq_len.or(args.seq_lens.iter().max().copied()).unwrap_or(d.seq_len),
+                    dtype,
+                    seed,
+                    checkpointing: args.checkpointing,
+                })
+            }
+            ModelKind::Mlp => {
+                let d = MlpConfig::default();
+                ModelConfig::Mlp(MlpConfig {
+                    inputs: args.inputs.unwrap_or(d.inputs),
+                    width: args.width.unwrap_or(d.width),
+                    depth: args.depth.unwrap_or(d.depth),
+                    classes: args.classes.unwrap_or(d.classes),
+                    dtype,
+                    seed,
+                })
+            }
+            ModelKind::Convnet => {
+                let d = ConvNetConfig::default();
+                ModelConfig::ConvNet(ConvNetConfig {
+                    channels: args.channels.unwrap_or(d.channels),
+                    resolution: args.resolution.unwrap_or(d.resolution),
+                    classes: args.classes.unwrap_or(d.classes),
+                    dtype,
+                    seed,
+                    ..d
+                })
+            }
+        }
+    }
+
+    /// The model built to step at any length up to its own, when
+    /// `--seq-lens` asks for several lengths.
+    pub(crate) fn at_lengths(
+        &self,
+        args: &ProbeArgs,
+        device: &candle_core::Device,
+    ) -> Option<Result<Box<dyn LengthWorkload>, autobatch::Error>> {
+        if args.seq_lens.is_empty() {
+            return None;
+        }
+        Some(match self {
+            ModelConfig::Transformer(config) => {
+                config.build(device).and_then(|trainer| with_optimizer(args, trainer)).map(|t| Box::new(t) as _)
+            }
+            ModelConfig::Pretrained(spec) => models::Pretrained::build(&spec.0, &spec.1, device)
+                .and_then(models::Pretrained::into_trainer)
+                .and_then(|trainer| with_optimizer(args, trainer))
+                .map(|t| Box::new(t) as _),
+            _ => return None,
+        })
+    }
+
+    /// What the model needs before a step: checked before anything is allocated.
+    pub(crate) fn footprint(&self) -> Result<Footprint, autobatch::Error> {
+        match self {
+            ModelConfig::Transformer(config) => config.footprint(),
+            ModelConfig::Mlp(config) => config.footprint(),
+            ModelConfig::ConvNet(config) => config.footprint(),
+            ModelConfig::Pretrained(spec) => spec.0.footprint(&spec.1),
+        }
+    }
+
+    /// The model and the optimizer `--optimizer` names, in mixed precision
+    /// when `--precision mixed` (the config's dtype is then bf16).
+    pub(crate) fn build(
+        &self,
+        device: &candle_core::Device,
+        args: &ProbeArgs,
+    ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+        self.build_with(device, args.precision() == DtypeArg::Mixed, optimizer_kind(args.optimizer))
+    }
+
+    /// [`build`](Self::build) with another of the crate's optimizers.
+    pub(crate) fn build_with(
+        &self,
+        device: &candle_core::Device,
+        mixed: bool,
+        optimizer: OptimizerKind,
+    ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+        fn finish<M: autobatch_models::reference::Model + 'static>(
+            trainer: autobatch_models::reference::Trainer<M>,
+            mixed: bool,
+            optimizer: OptimizerKind,
+        ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+            let trainer =
+                if optimizer == OptimizerKind::AdamW { trainer } else { trainer.with_optimizer(optimizer)? };
+            Ok(Box::new(if mixed { trainer.into_mixed_precision()? } else { trainer }))
+        }
+        match self {
+            ModelConfig::Transformer(config) => finish(config.build(device)?, mixed, optimizer),
+            ModelConfig::Mlp(config) => finish(config.build(device)?, mixed, optimizer),
+            ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed, optimizer),
+            ModelConfig::Pretrained(spec) => {
+                finish(models::Pretrained::build(&spec.0, &spec.1, device)?.into_trainer()?, mixed, optimizer)
+            }
+        }
+    }
+
+    /// The model's dtype as it will be built.
+    pub(crate) fn dtype(&self) -> DType {
+        match self {
+            ModelConfig::Transformer(c) => c.dtype,
+            ModelConfig::Mlp(c) => c.dtype,
+            ModelConfig::ConvNet(c) => c.dtype,
+            ModelConfig::Pretrained(spec) => spec.0.model_dtype(&spec.1).unwrap_or(spec.0.dtype),
+        }
+    }
+
+    /// A config model's LoRA adapters, if it has them.
+    pub(crate) fn lora(&self) -> Option<&models::Lora> {
+        match self {
+            ModelConfig::Pretrained(spec) => spec.1.lora.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The same LoRA model with `change` made to its adapters' settings.
+    pub(crate) fn with_lora(&self, change: impl FnOnce(&mut models::Lora)) -> Option<ModelConfig> {
+        let ModelConfig::Pretrained(spec) = self else { return None };
+        let (config, mut training) = spec.as_ref().clone();
+        change(training.lora.as_mut()?);
+        // a float base is the model's dtype: the dtype follows it
+        if let Some(float) = training.lora.as_ref().and_then(|lora| lora.base?.float()) {
+            training.dtype = Some(float);
+        }
+        Some(ModelConfig::Pretrained(Box::new((config, training))))
+    }
+
+    /// The same model in `dtype`.
+    pub(crate) fn with_dtype(&self, dtype: DType) -> ModelConfig {
+        match self {
+            ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
+            ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
+            ModelConfig::ConvNet(c) => ModelConfig::ConvNet(ConvNetConfig { dtype, ..c.clone() }),
+            ModelConfig::Pretrained(spec) => {
+                let mut training = spec.1.clone().dtype(dtype);
+                // a float base is the model's dtype: it follows
+                if let Some(lora) = training.lora.as_mut().filter(|lora| lora.base.is_some_and(|b| b.float().is_some()))
+                {
+                    lora.base =
+                        Some(if dtype == DType::BF16 { models::BaseDtype::Bf16 } else { models::BaseDtype::F32 });
+                }
+                ModelConfig::Pretrained(Box::new((spec.0.clone(), training)))
+            }
+        }
+    }
+
+    /// The same model with gradient checkpointing and its (layers, hidden,
+    /// heads, seq_len), when it can checkpoint and does not yet.
+    pub(crate) fn checkpointed(&self) -> Option<(ModelConfig, (usize, usize, usize, usize))> {
+        match self {
+            ModelConfig::Transformer(c) if !c.checkpointing => Some((
+                ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() }),
+                (c.layers, c.d_model, c.heads, c.seq_len),
+            )),
+            ModelConfig::Pretrained(spec) if !spec.1.checkpointing && spec.0.family != models::Family::Bert => {
+                let (config, training) = spec.as_ref();
+                Some((
+                    ModelConfig::Pretrained(Box::new((config.clone(), training.clone().checkpointing()))),
+                    (config.layers, config.hidden, config.heads, training.seq_len),
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// A config model with its step the other way, named: the eager forms
+    /// (`eager attention, full loss`) beside the lean step, or the lean step
+    /// beside any eager form.
+    pub(crate) fn other_step(&self) -> Option<(String, ModelConfig)> {
+        let ModelConfig::Pretrained(spec) = self else { return None };
+        let (config, training) = spec.as_ref();
+        let lean = training.attention == models::Attention::Blocked && training.loss == models::Loss::Chunked;
+        let (name, attention, loss) = if lean {
+            ("eager attention, full loss", models::Attention::Eager, models::Loss::Full)
+        } else {
+            ("blocked attention, chunked loss", models::Attention::Blocked, models::Loss::Chunked)
+        };
+        let training = training.clone().attention(attention).loss(loss);
+        Some((name.to_owned(), ModelConfig::Pretrained(Box::new((config.clone(), training)))))
+    }
+
+    /// What the model is called in titles: `transformer`, `llama`.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            ModelConfig::Transformer(_) => "transformer",
+            ModelConfig::Mlp(_) => "mlp",
+            ModelConfig::ConvNet(_) => "convnet",
+            ModelConfig::Pretrained(spec) => spec.0.family.model_type(),
+        }
+    }
+}
+
+/// The advice that fits a model the flags can change, never a change the
+/// tool would refuse: BERT from `--config` has no `--checkpointing`; a LoRA
+/// base of its own dtype (`--base-dtype`) takes no `--precision mixed`, and a
+/// float base is the model's dtype, so no other precision either.
+pub(crate) fn only_applicable_advice(model: &ModelConfig, mut err: autobatch::Error) -> autobatch::Error {
+    use autobatch::estimate::{Change, Precision};
+    let ModelConfig::Pretrained(spec) = model else { return err };
+    let bert = spec.0.family == models::Family::Bert;
+    let base = spec.1.lora.as_ref().and_then(|lora| lora.base);
+    if let autobatch::Error::NothingFits { remedies, .. } = &mut err {
+        remedies.retain(|remedy| match remedy.change {
+            Change::GradientCheckpointing => !bert,
+            Change::Precision { to: Precision::Mixed } => base.is_none(),
+            Change::Precision { .. } => base.is_none_or(|base| base.float().is_none()),
+            _ => true,
+        });
+    }
+    err
+}
+
+/// A model that steps at any length up to its own: what `--seq-lens` and
+/// `--find seq-len` search.
+pub(crate) trait LengthWorkload: ReferenceWorkload + autobatch::Resizable {}
+
+impl<W: ReferenceWorkload + autobatch::Resizable> LengthWorkload for W {}
+
+pub(crate) fn optimizer_kind(optimizer: ProbeOptimizerArg) -> OptimizerKind {
+    match optimizer {
+        ProbeOptimizerArg::Adamw => OptimizerKind::AdamW,
+        ProbeOptimizerArg::Lion => OptimizerKind::Lion,
+        ProbeOptimizerArg::Adafactor => OptimizerKind::Adafactor,
+        ProbeOptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
+    }
+}
+
+pub(crate) fn strategy(strategy: StrategyArg) -> Strategy {
+    match strategy {
+        StrategyArg::Predictive => Strategy::Predictive,
+        StrategyArg::Binary => Strategy::Binary,
+        StrategyArg::Power => Strategy::Power,
+    }
+}
+
+/// The settings of any search, over batches or over sizes: the ceiling, how
+/// trials run, the strategy and when to stop.
+pub(crate) fn search_tuner(args: &ProbeArgs) -> Tuner {
+    let mut tuner = Tuner::new()
+        .ceiling(args.ceiling)
+        .steps_per_trial(args.steps_per_trial)
+        .allow_partial_graph(args.allow_partial_graph)
+        .strategy(strategy(args.strategy));
+    if let Some(max_trials) = args.max_trials {
+        tuner = tuner.max_trials(max_trials);
+    }
+    if let Some(limit) = args.time_limit {
+        tuner = tuner.time_limit(limit);
+    }
+    tuner
+}
+
+/// The trainer with `--optimizer`, in mixed precision under `--precision mixed`.
+pub(crate) fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result<Trainer<M>, autobatch::Error> {
+    let trainer = match optimizer_kind(args.optimizer) {
+        OptimizerKind::AdamW => trainer,
+        other => trainer.with_optimizer(other)?,
+    };
+    if args.precision() == DtypeArg::Mixed {
+        trainer.into_mixed_precision()
+    } else {
+        Ok(trainer)
+    }
+}

@@ -1,0 +1,503 @@
+//! `probe --plot FILE.svg`: what the search measured, to look at.
+//!
+//! Drawn with `plotters` and its SVG backend (no font rendering: text stays
+//! SVG text). One chart per kind of run: peak memory against the batch (or
+//! the input size under `--find`), the largest batch against the length
+//! under `--seq-lens`, and bytes per sample and largest batch per variant
+//! under `--compare`.
+
+use std::path::Path;
+
+use autobatch::{LongestSize, Outcome, Plan, SizePlan, Trial};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::failure::Failure;
+
+const SIZE: (u32, u32) = (960, 600);
+const FITS: RGBColor = RGBColor(44, 160, 44);
+const OVER: RGBColor = RGBColor(255, 127, 14);
+const OOM: RGBColor = RGBColor(214, 39, 40);
+const CEILING: RGBColor = RGBColor(214, 39, 40);
+const MODEL: RGBColor = RGBColor(31, 119, 180);
+const CHOSEN: RGBColor = RGBColor(148, 103, 189);
+
+/// Bytes in the unit a chart's memory axis uses: MiB below 4 GiB, GiB above.
+#[derive(Clone, Copy)]
+struct Unit {
+    name: &'static str,
+    bytes: f64,
+}
+
+impl Unit {
+    fn for_capacity(capacity_bytes: u64) -> Unit {
+        if capacity_bytes >= 4 << 30 {
+            Unit { name: "GiB", bytes: (1u64 << 30) as f64 }
+        } else {
+            Unit { name: "MiB", bytes: (1u64 << 20) as f64 }
+        }
+    }
+
+    fn of(self, bytes: f64) -> f64 {
+        bytes / self.bytes
+    }
+}
+
+/// One measured step: where it sits on the chart and how it ended.
+struct Point {
+    x: usize,
+    peak_bytes: Option<u64>,
+    outcome: Outcome,
+}
+
+/// What a peak-against-x chart shows.
+struct PeakChart<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    points: Vec<Point>,
+    limit_bytes: u64,
+    capacity_bytes: u64,
+    ceiling: autobatch::Ceiling,
+    chosen: usize,
+    /// The fitted line's bytes at 0 and per unit of x, when there is one.
+    line: Option<(f64, f64)>,
+}
+
+fn failed(path: &Path, err: impl std::fmt::Display) -> Failure {
+    Failure::runtime(format!("--plot {}: could not draw the chart: {err}", path.display()))
+}
+
+/// `probe --plot`: every trial's peak against its batch.
+pub fn plan(path: &Path, title: &str, plan: &Plan) -> Result<(), Failure> {
+    let line = plan.memory_model.as_ref().map(|model| (model.fixed_bytes, model.bytes_per_sample));
+    peaks(
+        path,
+        PeakChart {
+            title,
+            x_label: "batch",
+            points: points(&plan.trials),
+            limit_bytes: plan.limit_bytes(),
+            capacity_bytes: plan.capacity_bytes(),
+            ceiling: plan.ceiling(),
+            chosen: plan.largest_batch,
+            line,
+        },
+    )
+}
+
+/// `probe --find --plot`: every trial's peak against its input size.
+pub fn longest(path: &Path, title: &str, what: &str, longest: &LongestSize) -> Result<(), Failure> {
+    let points = longest
+        .trials
+        .iter()
+        .filter_map(|t| Some(Point { x: t.size?, peak_bytes: t.peak_bytes, outcome: t.outcome }))
+        .collect();
+    peaks(
+        path,
+        PeakChart {
+            title,
+            x_label: what,
+            points,
+            limit_bytes: longest.limit_bytes(),
+            capacity_bytes: longest.capacity_bytes,
+            ceiling: longest.ceiling,
+            chosen: longest.largest_size,
+            line: None,
+        },
+    )
+}
+
+/// The fitting steps' (x, peak) points.
+fn fitting(points: &[Point]) -> Vec<(f64, f64)> {
+    points.iter().filter(|p| p.outcome.fits()).filter_map(|p| Some((p.x as f64, p.peak_bytes? as f64))).collect()
+}
+
+/// The least-squares parabola `a + b·x + c·x²` through the fitting steps
+/// (three or more at distinct x), by the normal equations.
+fn quadratic_fit(points: &[Point]) -> Option<[f64; 3]> {
+    let points = fitting(points);
+    let mut xs: Vec<u64> = points.iter().map(|&(x, _)| x as u64).collect();
+    xs.sort_unstable();
+    xs.dedup();
+    if xs.len() < 3 {
+        return None;
+    }
+    // scale x to about 1 so that the sums stay well conditioned
+    let scale = points.iter().map(|&(x, _)| x).fold(1.0, f64::max);
+    let mut m = [[0.0f64; 4]; 3];
+    for &(x, y) in &points {
+        let t = x / scale;
+        let powers = [1.0, t, t * t];
+        for row in 0..3 {
+            for col in 0..3 {
+                m[row][col] += powers[row] * powers[col];
+            }
+            m[row][3] += powers[row] * y;
+        }
+    }
+    for pivot in 0..3 {
+        let best = (pivot..3).max_by(|&a, &b| m[a][pivot].abs().total_cmp(&m[b][pivot].abs()))?;
+        m.swap(pivot, best);
+        if m[pivot][pivot].abs() < 1e-12 {
+            return None;
+        }
+        let pivot_row = m[pivot];
+        for (_, row) in m.iter_mut().enumerate().filter(|(index, _)| *index != pivot) {
+            let factor = row[pivot] / pivot_row[pivot];
+            for (value, above) in row.iter_mut().zip(pivot_row).skip(pivot) {
+                *value -= factor * above;
+            }
+        }
+    }
+    let [a, b, c] = [0, 1, 2].map(|i| m[i][3] / m[i][i]);
+    let fit = [a, b / scale, c / (scale * scale)];
+    fit.iter().all(|v| v.is_finite()).then_some(fit)
+}
+
+fn points(trials: &[Trial]) -> Vec<Point> {
+    trials.iter().map(|t| Point { x: t.batch, peak_bytes: t.peak_bytes, outcome: t.outcome }).collect()
+}
+
+fn peaks(path: &Path, chart: PeakChart<'_>) -> Result<(), Failure> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    draw_peaks(&root, &chart).map_err(|err| failed(path, err))?;
+    root.present().map_err(|err| failed(path, err))
+}
+
+fn draw_peaks(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    chart: &PeakChart<'_>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let unit = Unit::for_capacity(chart.capacity_bytes);
+    let capacity = unit.of(chart.capacity_bytes as f64);
+    let limit = unit.of(chart.limit_bytes as f64);
+    let x_max = chart.points.iter().map(|p| p.x).max().unwrap_or(1).max(chart.chosen) as f64 * 1.08 + 1.0;
+    // out-of-memory steps without a peak sit on the capacity line; a peak far
+    // over the ceiling is cut at twice the capacity
+    let highest = chart.points.iter().filter_map(|p| p.peak_bytes).map(|b| unit.of(b as f64)).fold(capacity, f64::max);
+    let y_max = highest.min(2.0 * capacity) * 1.06;
+    let mut plot = ChartBuilder::on(root)
+        .caption(chart.title, ("sans-serif", 15))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    plot.configure_mesh()
+        .x_desc(chart.x_label)
+        .y_desc(format!("peak memory ({})", unit.name))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| if y_max >= 20.0 { format!("{y:.0}") } else { format!("{y:.1}") })
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+
+    let horizontal = |y: f64| vec![(0.0, y), (x_max, y)];
+    plot.draw_series(LineSeries::new(horizontal(capacity), BLACK.stroke_width(2)))?
+        .label(format!("capacity {}", autobatch::Bytes(chart.capacity_bytes)))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    plot.draw_series(DashedLineSeries::new(horizontal(limit), 8, 5, CEILING.stroke_width(2)))?
+        .label(format!("ceiling {} = {}", chart.ceiling, autobatch::Bytes(chart.limit_bytes)))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CEILING.stroke_width(2)));
+    if let Some((fixed, per_unit)) = chart.line {
+        let at = |x: f64| unit.of(fixed + per_unit * x);
+        plot.draw_series(LineSeries::new([(0.0, at(0.0)), (x_max, at(x_max))], MODEL.stroke_width(1)))?
+            .label(format!(
+                "memory model: {} + {} per sample",
+                autobatch::Bytes(fixed.max(0.0) as u64),
+                autobatch::Bytes(per_unit.max(0.0) as u64)
+            ))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
+    } else if let Some([a, b, c]) = quadratic_fit(&chart.points) {
+        let curve = (0..=200).map(|i| x_max * i as f64 / 200.0).map(|x| (x, unit.of(a + b * x + c * x * x)));
+        let inside: Vec<(f64, f64)> = curve.filter(|&(_, y)| (0.0..=y_max).contains(&y)).collect();
+        plot.draw_series(LineSeries::new(inside, MODEL.stroke_width(1)))?
+            .label(format!("fitted: a + b·x + c·x² through the {} fitting steps", fitting(&chart.points).len()))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
+    }
+    let chosen = chart.chosen as f64;
+    plot.draw_series(DashedLineSeries::new([(chosen, 0.0), (chosen, y_max)], 4, 4, CHOSEN.stroke_width(1)))?
+        .label(format!("chosen: {} {}", chart.x_label, chart.chosen))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CHOSEN.stroke_width(1)));
+
+    let at = |p: &Point| (p.x as f64, p.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(y_max));
+    let of = |outcome: Outcome| chart.points.iter().filter(move |p| p.outcome == outcome);
+    // a mark in the legend only for what happened
+    if of(Outcome::Fits).next().is_some() {
+        plot.draw_series(of(Outcome::Fits).map(|p| Circle::new(at(p), 5, FITS.filled())))?
+            .label("fits")
+            .legend(|(x, y)| Circle::new((x + 10, y), 5, FITS.filled()));
+    }
+    if of(Outcome::OverCeiling).next().is_some() {
+        plot.draw_series(of(Outcome::OverCeiling).map(|p| TriangleMarker::new(at(p), 7, OVER.filled())))?
+            .label("over the ceiling")
+            .legend(|(x, y)| TriangleMarker::new((x + 10, y), 7, OVER.filled()));
+    }
+    if of(Outcome::OutOfMemory).next().is_some() {
+        plot.draw_series(of(Outcome::OutOfMemory).map(|p| Cross::new(at(p), 6, OOM.stroke_width(3))))?
+            .label("out of memory (drawn at its peak, or at the capacity when none was read)")
+            .legend(|(x, y)| Cross::new((x + 10, y), 6, OOM.stroke_width(3)));
+    }
+    legend(&mut plot, SeriesLabelPosition::UpperLeft)
+}
+
+/// The legend of every labelled series, in a light box at `position`.
+fn legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> Result<(), Box<dyn std::error::Error>> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.4))
+        .draw()?;
+    Ok(())
+}
+
+/// `probe --seq-lens --plot`: the largest batch against the length, verified
+/// and predicted, and the token budget's curve.
+pub fn sizes(path: &Path, title: &str, plan: &SizePlan) -> Result<(), Failure> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    draw_sizes(&root, title, plan).map_err(|err| failed(path, err))?;
+    root.present().map_err(|err| failed(path, err))
+}
+
+fn draw_sizes(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    plan: &SizePlan,
+) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let longest = plan.sizes.keys().copied().max().unwrap_or(1);
+    let shortest = plan.sizes.keys().copied().min().unwrap_or(1);
+    let most = plan.sizes.values().map(|plan| plan.largest_batch).max().unwrap_or(1);
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 15))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..longest as f64 * 1.05, 0f64..most as f64 * 1.15)?;
+    chart
+        .configure_mesh()
+        .x_desc("sequence length")
+        .y_desc("largest batch")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()?;
+    let from = (shortest / 2).max(1);
+    let budget: Vec<(f64, f64)> = (from..=longest)
+        .map(|len| (len as f64, (plan.token_budget / len) as f64))
+        .filter(|&(_, b)| b <= most as f64 * 1.15)
+        .collect();
+    chart
+        .draw_series(DashedLineSeries::new(budget, 6, 4, OVER.stroke_width(2)))?
+        .label(format!("token budget: {} tokens per micro-batch", plan.token_budget))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], OVER.stroke_width(2)));
+    let predicted: Vec<(f64, f64)> =
+        (shortest..=longest).filter_map(|len| plan.batch_for(len).ok().map(|b| (len as f64, b.batch as f64))).collect();
+    chart
+        .draw_series(LineSeries::new(predicted, MODEL.stroke_width(2)))?
+        .label("predicted between probed lengths")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(2)));
+    chart
+        .draw_series(
+            plan.sizes
+                .iter()
+                .map(|(&size, plan)| Circle::new((size as f64, plan.largest_batch as f64), 6, FITS.filled())),
+        )?
+        .label("verified (probed)")
+        .legend(|(x, y)| Circle::new((x + 10, y), 6, FITS.filled()));
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
+}
+
+/// One variant of `--compare`: its name, largest batch, measured and
+/// estimated bytes per sample.
+pub struct VariantBar {
+    pub name: String,
+    pub largest_batch: usize,
+    pub bytes_per_sample: Option<f64>,
+    pub estimated_bytes_per_sample: Option<f64>,
+}
+
+/// `probe --compare --plot`: largest batch and bytes per sample per variant.
+pub fn compare(path: &Path, title: &str, variants: &[VariantBar]) -> Result<(), Failure> {
+    let root = SVGBackend::new(path, (SIZE.0 + 240, SIZE.1)).into_drawing_area();
+    draw_compare(&root, title, variants).map_err(|err| failed(path, err))?;
+    root.present().map_err(|err| failed(path, err))
+}
+
+fn draw_compare(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    variants: &[VariantBar],
+) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 17))?;
+    let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
+    let n = variants.len();
+    // the first variant on top
+    let row = |index: usize| n - 1 - index;
+    // each row's name where the y axis labels it (the first variant on top)
+    let label = |value: &SegmentValue<usize>| match value {
+        SegmentValue::CenterOf(r) if *r < n => variants[n - 1 - r].name.clone(),
+        _ => String::new(),
+    };
+
+    // the labels' room from the longest one (about 7 pixels a character at the
+    // mesh's 12-pixel font), so that none is cut at the chart's edge
+    let longest = variants.iter().map(|v| v.name.chars().count()).max().unwrap_or(0) as u32;
+    let label_room = (7 * longest + 24).max(80);
+    // one empty row above the bars holds the legend
+    let rows = n + 1;
+    let most = variants.iter().map(|v| v.largest_batch).max().unwrap_or(1).max(1);
+    let mut batches = ChartBuilder::on(&left)
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(label_room)
+        .caption("largest batch", ("sans-serif", 15))
+        .build_cartesian_2d(0usize..most + most / 8 + 1, (0..rows).into_segmented())?;
+    batches
+        .configure_mesh()
+        .y_label_formatter(&label)
+        .y_labels(rows)
+        .x_labels(6)
+        .x_desc("samples")
+        .disable_y_mesh()
+        .draw()?;
+    batches.draw_series(variants.iter().enumerate().map(|(i, v)| {
+        let corners = [(0, SegmentValue::Exact(row(i))), (v.largest_batch, SegmentValue::Exact(row(i) + 1))];
+        let mut bar = Rectangle::new(corners, FITS.filled());
+        bar.set_margin(6, 6, 0, 0);
+        bar
+    }))?;
+
+    let kib = Unit { name: "KiB", bytes: 1024.0 };
+    let widest =
+        variants.iter().flat_map(|v| [v.bytes_per_sample, v.estimated_bytes_per_sample]).flatten().fold(1.0, f64::max);
+    let mut bytes = ChartBuilder::on(&right)
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(label_room)
+        .caption("bytes per sample", ("sans-serif", 15))
+        .build_cartesian_2d(0f64..kib.of(widest) * 1.15, (0..rows).into_segmented())?;
+    bytes
+        .configure_mesh()
+        .y_label_formatter(&label)
+        .y_labels(rows)
+        .x_labels(5)
+        .x_label_formatter(&|value| format!("{value:.0}"))
+        .x_desc(format!("per sample ({})", kib.name))
+        .disable_y_mesh()
+        .draw()?;
+    bytes
+        .draw_series(variants.iter().enumerate().filter_map(|(i, v)| {
+            let value = kib.of(v.bytes_per_sample?);
+            let corners = [(0.0, SegmentValue::Exact(row(i))), (value, SegmentValue::Exact(row(i) + 1))];
+            let mut bar = Rectangle::new(corners, MODEL.mix(0.8).filled());
+            bar.set_margin(6, 6, 0, 0);
+            Some(bar)
+        }))?
+        .label("measured")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], MODEL.mix(0.8).filled()));
+    bytes
+        .draw_series(variants.iter().enumerate().filter_map(|(i, v)| {
+            let value = kib.of(v.estimated_bytes_per_sample?);
+            Some(Cross::new((value, SegmentValue::CenterOf(row(i))), 7, OOM.stroke_width(3)))
+        }))?
+        .label("estimated from the first row")
+        .legend(|(x, y)| Cross::new((x + 8, y), 6, OOM.stroke_width(3)));
+    legend(&mut bytes, SeriesLabelPosition::UpperRight)
+}
+
+/// `serve --plot`: memory against the sequences in flight: what was held
+/// before the trials, the caches and the worst step's own bytes as counted
+/// (stacked), the peaks measured, the limit and the answer.
+pub fn serving(
+    path: &Path,
+    title: &str,
+    plan: &autobatch::serve::ServePlan,
+    counted: &autobatch_models::ServingBytes,
+) -> Result<(), Failure> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    draw_serving(&root, title, plan, counted).map_err(|err| failed(path, err))?;
+    root.present().map_err(|err| failed(path, err))
+}
+
+fn draw_serving(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    plan: &autobatch::serve::ServePlan,
+    counted: &autobatch_models::ServingBytes,
+) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let unit = Unit::for_capacity(plan.capacity_bytes);
+    let capacity = unit.of(plan.capacity_bytes as f64);
+    let x_max = plan.trials.iter().map(|t| t.number).max().unwrap_or(1).max(plan.max_sequences) as f64 * 1.1 + 1.0;
+    let highest = plan.trials.iter().filter_map(|t| t.peak_bytes).map(|b| unit.of(b as f64)).fold(capacity, f64::max);
+    let y_max = highest.min(2.0 * capacity) * 1.06;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 15))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("sequences of {} tokens", plan.context))
+        .y_desc(format!("memory ({})", unit.name))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| if y_max >= 20.0 { format!("{y:.0}") } else { format!("{y:.1}") })
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let xs: Vec<f64> = (0..=200).map(|i| x_max * i as f64 / 200.0).collect();
+    let held = unit.of(plan.held_bytes as f64);
+    let caches = |x: f64| held + unit.of(counted.cache_bytes_per_sequence as f64 * x);
+    let step = |x: f64| caches(x) + unit.of(counted.step_bytes_at(x.round().max(1.0) as usize) as f64);
+    // a band from the axis up to `top`, filled (plotters' Polygon: no area-series feature needed)
+    let band = |top: &dyn Fn(f64) -> f64| {
+        let mut outline: Vec<(f64, f64)> = xs.iter().map(|&x| (x, top(x).min(y_max))).collect();
+        outline.extend([(x_max, 0.0), (0.0, 0.0)]);
+        outline
+    };
+    // opaque, drawn from the top band down: each band shows between its neighbours
+    const HELD: RGBColor = RGBColor(205, 205, 205);
+    const STEP: RGBColor = RGBColor(255, 204, 153);
+    const CACHES: RGBColor = RGBColor(158, 196, 230);
+    chart
+        .draw_series(std::iter::once(Polygon::new(band(&step), STEP.filled())))?
+        .label("the worst step's own bytes (counted)")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], STEP.filled()));
+    chart
+        .draw_series(std::iter::once(Polygon::new(band(&caches), CACHES.filled())))?
+        .label(format!("KV caches: {} a sequence", autobatch::Bytes(counted.cache_bytes_per_sequence)))
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], CACHES.filled()));
+    chart
+        .draw_series(std::iter::once(Polygon::new(band(&|_| held), HELD.filled())))?
+        .label(format!("held before the trials (weights {})", autobatch::Bytes(counted.weight_bytes)))
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], HELD.filled()));
+    let horizontal = |y: f64| vec![(0.0, y), (x_max, y)];
+    let limit = unit.of(plan.limit_bytes as f64);
+    chart
+        .draw_series(DashedLineSeries::new(horizontal(limit), 8, 5, CEILING.stroke_width(2)))?
+        .label(format!("limit {}", autobatch::Bytes(plan.limit_bytes)))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CEILING.stroke_width(2)));
+    let chosen = plan.max_sequences as f64;
+    chart
+        .draw_series(DashedLineSeries::new([(chosen, 0.0), (chosen, y_max)], 4, 4, CHOSEN.stroke_width(1)))?
+        .label(format!("largest: {} sequences", plan.max_sequences))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CHOSEN.stroke_width(1)));
+    let at = |t: &autobatch::serve::ServeTrial| {
+        (t.number as f64, t.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(y_max))
+    };
+    chart
+        .draw_series(plan.trials.iter().filter(|t| t.fits).map(|t| Circle::new(at(t), 5, FITS.filled())))?
+        .label("measured peak: fits")
+        .legend(|(x, y)| Circle::new((x + 10, y), 5, FITS.filled()));
+    if plan.trials.iter().any(|t| !t.fits) {
+        chart
+            .draw_series(plan.trials.iter().filter(|t| !t.fits).map(|t| TriangleMarker::new(at(t), 7, OVER.filled())))?
+            .label("measured peak: does not fit")
+            .legend(|(x, y)| TriangleMarker::new((x + 10, y), 7, OVER.filled()));
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}

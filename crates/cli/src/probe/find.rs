@@ -1,0 +1,147 @@
+//! `autobatch probe --find seq-len --batch 8`: the longest input that fits
+//! at a fixed batch, searched and verified like the batch.
+
+use autobatch::{MemoryMeter, Resizable, SizeRange};
+use autobatch_models::reference::{Model, ReferenceWorkload, Trainer};
+use autobatch_models::Pretrained;
+
+use crate::args::{FindArg, ModelKind, ObjectiveArg, ProbeArgs};
+use crate::failure::{Failure, Flags};
+use crate::model::{with_optimizer, ModelConfig};
+use crate::progress::Progress;
+
+use super::context::Run;
+
+/// Flags that ask the batch search for something; under `--find` the batch is fixed.
+pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
+    let Some(find) = args.find else {
+        return match args.batch {
+            Some(_) => Err(Failure::usage("--batch goes with --find (the batch held fixed while the input grows)")),
+            None => Ok(()),
+        };
+    };
+    let (flag, model) = match find {
+        FindArg::SeqLen => ("--find seq-len", ModelKind::Transformer),
+        FindArg::Resolution => ("--find resolution", ModelKind::Convnet),
+    };
+    if args.config.is_some() && find == FindArg::Resolution {
+        return Err(Failure::usage(
+            "--find resolution searches the convnet's image side: a --config model takes --find seq-len",
+        ));
+    }
+    if args.model != model && args.config.is_none() {
+        let name = if model == ModelKind::Transformer { "transformer" } else { "convnet" };
+        return Err(Failure::usage(format!("{flag} searches a --model {name}'s input: add --model {name}")));
+    }
+    let refused = [
+        ("--start", args.start != 1),
+        ("--max-batch", args.max_batch.is_some()),
+        ("--target-effective-batch", args.target_effective_batch.is_some()),
+        ("--world-size", args.world_size > 1),
+        ("--exact", args.exact),
+        ("--objective throughput", args.objective == ObjectiveArg::Throughput),
+        ("--cache", args.cache.is_some()),
+        ("--eval", args.eval),
+        ("--compare", args.compare),
+        ("--seq-lens", !args.seq_lens.is_empty()),
+    ];
+    if let Some((refused, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(Failure::usage(format!(
+            "{refused} does not go with {flag}, which holds --batch fixed and searches the input size: drop it"
+        )));
+    }
+    if find == FindArg::Resolution && args.multiple_of > 1 && !args.multiple_of.is_multiple_of(4) {
+        return Err(Failure::usage(format!(
+            "--multiple-of {} is not a multiple of 4: --find resolution tries image sides that are (4, 8, 12, ...)",
+            args.multiple_of
+        )));
+    }
+    Ok(())
+}
+
+/// `--find`: the longest input of the model the flags describe, on `device`.
+pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
+    let Run { args, model, device, on, say, .. } = *run;
+    match model {
+        ModelConfig::Transformer(config) => {
+            let range = SizeRange::up_to(config.seq_len).multiple_of(args.multiple_of);
+            check_range(range, "--seq-len")?;
+            let trainer = with_optimizer(args, config.build(device)?)?;
+            let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
+            find_in(args, trainer, meter, range, words, on, say)
+        }
+        ModelConfig::ConvNet(config) => {
+            let range = SizeRange::up_to(config.resolution).multiple_of(args.multiple_of.max(4));
+            check_range(range, "--resolution")?;
+            let trainer = with_optimizer(args, config.build(device)?)?;
+            let words = SizeWords { word: "resolution", key: "largest_resolution", what: "resolution" };
+            find_in(args, trainer, meter, range, words, on, say)
+        }
+        ModelConfig::Pretrained(spec) => {
+            let (config, training) = spec.as_ref();
+            let range = SizeRange::up_to(training.seq_len).multiple_of(args.multiple_of);
+            check_range(range, "--seq-len")?;
+            let trainer = with_optimizer(args, Pretrained::build(config, training, device)?.into_trainer()?)?;
+            let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
+            find_in(args, trainer, meter, range, words, on, say)
+        }
+        ModelConfig::Mlp(_) => unreachable!("check_flags refuses --find for the MLP"),
+    }
+}
+
+/// What the size is called: the progress column, the JSON key, in words.
+struct SizeWords {
+    word: &'static str,
+    key: &'static str,
+    what: &'static str,
+}
+
+/// Says what runs, searches `trainer`'s sizes in `range` at `--batch` and
+/// prints (and plots) the answer.
+fn find_in<M: Model>(
+    args: &ProbeArgs,
+    mut trainer: Trainer<M>,
+    meter: &mut dyn MemoryMeter,
+    range: SizeRange,
+    words: SizeWords,
+    on: &str,
+    say: &dyn Fn(&str),
+) -> Result<(), Failure>
+where
+    Trainer<M>: Resizable + ReferenceWorkload,
+{
+    let batch = args.batch.expect("clap requires --batch with --find");
+    let description = ReferenceWorkload::description(&trainer);
+    say(&format!(
+        "probing {description} ({} parameters) for the largest {} at batch {batch}, up to {}, on {on}",
+        trainer.parameter_count(),
+        words.what,
+        range.largest
+    ));
+    let mut progress = Progress::new(args.json).sizes(words.word);
+    let result =
+        crate::model::search_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
+    drop(progress);
+    // the size is named as this model calls it: a sequence length, a resolution
+    let longest = result.map_err(|err| Failure::in_flags(err, &Flags { size: words.what, ..Flags::PROBE }))?;
+    if let Some(path) = &args.plot {
+        let title = format!("{description} at batch {batch} on {on}");
+        crate::plot::longest(path, &title, words.word, &longest)?;
+    }
+    if args.json {
+        println!("{}", longest.to_json_named(words.key));
+    } else {
+        print!("{}", longest.summary(words.what));
+    }
+    Ok(())
+}
+
+fn check_range(range: SizeRange, flag: &str) -> Result<(), Failure> {
+    if range.multiple_of > range.largest {
+        return Err(Failure::usage(format!(
+            "--multiple-of {} is above {flag} {}: no size to try; lower --multiple-of or raise {flag}",
+            range.multiple_of, range.largest
+        )));
+    }
+    Ok(())
+}

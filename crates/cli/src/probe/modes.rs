@@ -1,0 +1,159 @@
+//! One probe command on a chosen meter: the mode the flags ask for, the same
+//! on the CPU and on a GPU.
+
+use autobatch::MemoryMeter;
+use autobatch_models::reference::ReferenceWorkload;
+
+use crate::args::ProbeArgs;
+use crate::failure::Failure;
+use crate::model::{only_applicable_advice, LengthWorkload};
+use crate::progress::Progress;
+
+use super::context::Run;
+
+/// What a probe command does, from its flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `--compare`: the model as it is and with each remedy, side by side.
+    Compare,
+    /// `--find`: the longest input at a fixed batch.
+    Find,
+    /// `--seq-lens`: the batch at each length, and the plan across them.
+    Lengths,
+    /// One probe: the largest batch (with `--eval`, a target, ranks...).
+    Batch,
+}
+
+impl Mode {
+    pub fn of(args: &ProbeArgs) -> Mode {
+        if args.compare {
+            Mode::Compare
+        } else if args.find.is_some() {
+            Mode::Find
+        } else if !args.seq_lens.is_empty() {
+            Mode::Lengths
+        } else {
+            Mode::Batch
+        }
+    }
+}
+
+impl Run<'_> {
+    /// The mode the flags ask for, on `meter`: every mode on every meter.
+    pub fn dispatch(&self, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
+        match Mode::of(self.args) {
+            Mode::Compare => {
+                (self.say)(&format!("comparing remedies on {} ({})", self.on, self.why));
+                super::compare::compare(self, meter)
+            }
+            Mode::Find => super::find::run(self, meter),
+            Mode::Lengths => match self.model.at_lengths(self.args, self.device) {
+                Some(workload) => self.tune_lengths(&mut *workload?, meter),
+                None => Err(Failure::usage("--seq-lens needs a model with a sequence length")),
+            },
+            Mode::Batch => {
+                let mut workload = self.model.build(self.device, self.args)?;
+                (self.say)(&format!(
+                    "probing {} ({}) on {} ({})",
+                    workload.description(),
+                    self.model.parameters_said(workload.parameter_count()),
+                    self.on,
+                    self.why
+                ));
+                self.tune(&mut *workload, meter)
+            }
+        }
+    }
+
+    /// One probe of `workload`: its plan, printed (and drawn with `--plot`).
+    fn tune(&self, workload: &mut dyn ReferenceWorkload, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
+        let args = self.args;
+        let mut progress = Progress::new(args.json);
+        let result = if args.eval {
+            let mut evaluation = workload.evaluation_workload();
+            self.tuner.run_with_eval_observed(workload, &mut *evaluation, meter, &mut progress)
+        } else {
+            self.tuner.run_observed(workload, meter, &mut progress)
+        };
+        drop(progress);
+        let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
+        if plan.cached() {
+            if let Some(path) = &args.cache {
+                log::info!("the plan came from the cache {}", path.display());
+            }
+        }
+        if args.json {
+            println!("{}", plan.to_json());
+        } else {
+            println!("{}", plan.summary());
+        }
+        if let Some(path) = &args.plot {
+            crate::plot::plan(path, &format!("{} on {}", workload.description(), self.on), &plan)?;
+        }
+        Ok(())
+    }
+
+    /// `--seq-lens`: the model tuned at each length, and the plan across them.
+    fn tune_lengths(&self, trainer: &mut dyn LengthWorkload, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
+        let args = self.args;
+        (self.say)(&format!(
+            "probing {} ({}) at sequence lengths {:?} on {}",
+            trainer.description(),
+            self.model.parameters_said(trainer.parameter_count()),
+            args.seq_lens,
+            self.on
+        ));
+        let mut progress = Progress::new(args.json);
+        let result = self.tuner.run_sizes_observed(trainer, meter, &args.seq_lens, &mut progress);
+        drop(progress);
+        let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
+        if let Some(path) = &args.plot {
+            let title = format!("{} on {}", trainer.description(), self.on);
+            crate::plot::sizes(path, &title, &plan)?;
+        }
+        if args.json {
+            println!("{}", plan.to_json());
+            return Ok(());
+        }
+        println!("{plan}");
+        let lengths: Vec<usize> = plan.sizes.keys().copied().collect();
+        let mut between: Vec<String> = Vec::new();
+        for pair in lengths.windows(2) {
+            let middle = (pair[0] + pair[1]) / 2;
+            if middle > pair[0] {
+                let predicted = plan.batch_for(middle)?;
+                between.push(format!("{} → {} ({})", middle, predicted.batch, predicted.basis));
+            }
+        }
+        if !between.is_empty() {
+            println!("between probed lengths: {}", between.join(", "));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn mode(line: &[&str]) -> Mode {
+        let cli = crate::args::Cli::try_parse_from([&["autobatch", "probe"], line].concat()).unwrap();
+        let Some(crate::args::Command::Probe(args)) = cli.command else { panic!("{line:?} is not a probe") };
+        Mode::of(&args)
+    }
+
+    /// The table `dispatch` runs on every meter, CPU and CUDA alike: one
+    /// function, so a mode cannot be missing from one device's copy.
+    #[test]
+    fn each_mode_is_chosen_by_its_flag() {
+        assert_eq!(mode(&[]), Mode::Batch);
+        assert_eq!(mode(&["--eval"]), Mode::Batch);
+        assert_eq!(mode(&["--compare"]), Mode::Compare);
+        assert_eq!(mode(&["--compare", "--device", "cuda"]), Mode::Compare);
+        assert_eq!(mode(&["--find", "seq-len", "--batch", "4"]), Mode::Find);
+        assert_eq!(mode(&["--find", "seq-len", "--batch", "4", "--device", "cuda:1"]), Mode::Find);
+        assert_eq!(mode(&["--seq-lens", "64,128"]), Mode::Lengths);
+        assert_eq!(mode(&["--seq-lens", "64,128", "--device", "cuda"]), Mode::Lengths);
+    }
+}

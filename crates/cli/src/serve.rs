@@ -1,0 +1,466 @@
+//! `autobatch serve` and `autobatch estimate --serve`: how many sequences of
+//! a context a model serves at once beside their KV caches, measured and
+//! counted.
+
+use std::path::{Path, PathBuf};
+
+use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
+use autobatch::{Bytes, Ceiling, HeapMeter, MemoryMeter};
+use autobatch_models::{BaseDtype, Config, Serving, ServingBytes, ServingShape};
+use candle_core::DType;
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use crate::failure::{Failure, Flags};
+
+/// The longest context `serve` takes when `--max-model-len` is not given.
+const DEFAULT_CONTEXT: usize = 4096;
+
+/// `--max-num-batched-tokens` when not given: vLLM's for online serving,
+/// as `ServeProbe::new` takes it.
+const DEFAULT_CHUNK: usize = 2048;
+
+/// The CPU budget of `serve` when none is given.
+const DEFAULT_BUDGET: &str = "1GiB";
+
+/// How a model is served: what `serve` measures and `estimate --serve` counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct ServingArgs {
+    /// Tokens each sequence's cache holds (vLLM's --max-model-len)
+    /// [default: the shorter of 4096 and the model's positions].
+    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true, help_heading = "Serving")]
+    pub max_model_len: Option<usize>,
+    /// Tokens the worst step prefills while every other sequence decodes a
+    /// token (vLLM's --max-num-batched-tokens) [default: 2048].
+    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true, help_heading = "Serving")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Tokens per KV cache block (vLLM's --block-size) [default: 16].
+    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true, help_heading = "Serving")]
+    pub block_size: Option<usize>,
+    /// How the weights are stored: f32, bf16, q8_0 or q4_0 [default: the
+    /// config's torch_dtype]; quantized, the rest computes in the config's dtype.
+    #[arg(long, value_parser = crate::args::base_dtype, help_heading = "Serving")]
+    pub weights: Option<BaseDtype>,
+    /// The KV cache's dtype: f32, bf16, f16, or int8 (a byte a value and an
+    /// f32 scale per token and head) [default: the dtype the model computes in].
+    #[arg(long, value_enum, help_heading = "Serving")]
+    pub kv_cache_dtype: Option<CacheDtype>,
+}
+
+/// A KV cache's dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CacheDtype {
+    F32,
+    Bf16,
+    F16,
+    /// 8 bits a value and an f32 scale per token and head.
+    Int8,
+}
+
+impl From<CacheDtype> for DType {
+    fn from(dtype: CacheDtype) -> DType {
+        match dtype {
+            CacheDtype::F32 => DType::F32,
+            CacheDtype::Bf16 => DType::BF16,
+            CacheDtype::F16 => DType::F16,
+            CacheDtype::Int8 => autobatch_models::KvCache::INT8,
+        }
+    }
+}
+
+/// `autobatch serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A Hugging Face config.json of a decoder (llama, mistral, qwen2, qwen3, gpt2).
+    #[arg(long)]
+    pub config: PathBuf,
+    #[command(flatten)]
+    pub serving: ServingArgs,
+    /// The longest context this many sequences hold, instead of how many
+    /// sequences hold --max-model-len (then the longest it may be).
+    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true)]
+    pub concurrency: Option<usize>,
+    /// No search: run N sequences and N + 1 at --max-model-len, each with
+    /// the worst step, and say whether each fits (a check by brute force).
+    #[arg(long, value_name = "N", value_parser = crate::args::positive, allow_negative_numbers = true, conflicts_with_all = ["concurrency", "plot"])]
+    pub check: Option<usize>,
+    /// The share of memory the peak may reach, as a fraction or a percentage.
+    #[arg(long, default_value = "0.9", value_parser = crate::args::ceiling)]
+    pub ceiling: Ceiling,
+    /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The CPU's memory for the whole process (weights included) [default: 1GiB].
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// The plan as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw memory against the sequences (the held bytes, the caches and the
+    /// step's own apart) into this SVG file (not with --concurrency).
+    #[arg(long, conflicts_with = "concurrency")]
+    pub plot: Option<PathBuf>,
+}
+
+/// What `serve` and `estimate --serve` settle before measuring or counting.
+struct Settled {
+    config: Config,
+    shape: ServingShape,
+}
+
+impl ServingArgs {
+    /// The settings for `config`, checked against it.
+    fn settle(&self, config: Config, path: &Path) -> Result<Settled, Failure> {
+        let longest = config.sliding_window.map_or(config.max_positions, |w| w.min(config.max_positions));
+        let context = self.max_model_len.unwrap_or(DEFAULT_CONTEXT.min(longest));
+        if context > longest {
+            let why = if config.sliding_window.is_some_and(|w| w < config.max_positions) {
+                "its sliding window (the cache here keeps every key)"
+            } else {
+                "its max_position_embeddings"
+            };
+            return Err(Failure::usage(format!(
+                "--max-model-len {context}: the model at {} takes at most {longest} tokens, {why}",
+                path.display()
+            )));
+        }
+        let weights = self.weights.unwrap_or(if config.dtype == DType::F32 { BaseDtype::F32 } else { BaseDtype::Bf16 });
+        let dtype = weights.float().unwrap_or(if config.dtype == DType::F32 { DType::F32 } else { DType::BF16 });
+        let chunk = self.max_num_batched_tokens.unwrap_or(DEFAULT_CHUNK);
+        let shape = ServingShape {
+            context,
+            chunk: chunk.min(context),
+            block_size: self.block_size.unwrap_or(autobatch_models::DEFAULT_BLOCK_SIZE),
+            weights,
+            dtype,
+            cache_dtype: self.kv_cache_dtype.map_or(dtype, DType::from),
+            on_cpu: false,
+        };
+        Ok(Settled { config, shape })
+    }
+}
+
+fn load(path: &Path, flags: &Flags) -> Result<Config, Failure> {
+    let config = Config::from_file(path).map_err(|err| Failure::of_config(err, path, flags))?;
+    if let Some(unapplied) = config.unapplied() {
+        log::warn!("{unapplied}");
+    }
+    Ok(config)
+}
+
+/// `autobatch serve`: the probe on the CPU (or a GPU).
+pub fn run(args: &ServeArgs) -> Result<(), Failure> {
+    if let Some(path) = &args.plot {
+        crate::paths::check_plot(path)?;
+    }
+    let config = load(&args.config, &Flags::PROBE)?;
+    let settled = args.serving.settle(config, &args.config)?;
+    match crate::probe::parse_device(&args.device)? {
+        crate::probe::DeviceSpec::Cpu => {
+            // checked against the machine's memory and the process's limits, as probe's
+            let (budget, _) = crate::probe::checked_budget(args.budget.as_deref(), DEFAULT_BUDGET)?;
+            // counted for where it runs: the CPU's matmul widens bf16
+            let settled = Settled { shape: ServingShape { on_cpu: true, ..settled.shape }, ..settled };
+            serve_on(args, &settled, &mut HeapMeter::new(budget)?, &candle_core::Device::Cpu)
+        }
+        crate::probe::DeviceSpec::Cuda(ordinal) => on_cuda(args, &settled, ordinal),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn on_cuda(args: &ServeArgs, settled: &Settled, ordinal: usize) -> Result<(), Failure> {
+    if args.budget.is_some() {
+        return Err(Failure::usage("--budget is for --device cpu: a GPU's capacity is its memory"));
+    }
+    let mut meter = autobatch::CudaMeter::new(ordinal)?;
+    let device = meter.device().clone();
+    serve_on(args, settled, &mut meter, &device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_cuda(_: &ServeArgs, _: &Settled, ordinal: usize) -> Result<(), Failure> {
+    Err(Failure::usage(format!(
+        "--device cuda:{ordinal} needs an autobatch built with CUDA: cargo build --release --features cuda"
+    )))
+}
+
+/// The model built on `device`, then `--check`, or the search and its report.
+fn serve_on<M: MemoryMeter>(
+    args: &ServeArgs,
+    Settled { config, shape }: &Settled,
+    meter: &mut M,
+    device: &candle_core::Device,
+) -> Result<(), Failure> {
+    let counted = config.serving_bytes(shape)?;
+    let limit = args.ceiling.limit_bytes(meter.capacity()?);
+    refuse_before_building(&counted, meter.in_use()?, limit, args.concurrency)?;
+    let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
+    let server = Serving::build(config, shape.weights, weights_dtype, device)?;
+    let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
+    let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(args.ceiling);
+    if let Some(sequences) = args.check {
+        let held = meter.in_use()?;
+        let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
+        return report_check(args, shape, limit, held, &trials);
+    }
+    let plan = match args.concurrency {
+        Some(sequences) => probe.longest_context(sequences, &mut server, meter)?,
+        None => {
+            // the count says where to start: the answer is the same
+            let expected = counted.max_sequences(limit, meter.in_use()?.saturating_sub(counted.weight_bytes));
+            let slope = (counted.cache_bytes_per_sequence + counted.step_bytes_per_sequence) as f64;
+            probe.expect(expected.max(1), slope).run(&mut server, meter)?
+        }
+    };
+    report_plan(args, shape, &plan, &counted)
+}
+
+/// Nothing is built when the count says the weights, the caches of the
+/// fewest sequences asked for and the worst step pass the limit beside what
+/// the process holds: a model of gigabytes is not made to be refused.
+fn refuse_before_building(
+    counted: &ServingBytes,
+    held: u64,
+    limit: u64,
+    sequences: Option<usize>,
+) -> Result<(), Failure> {
+    let fewest = sequences.unwrap_or(1);
+    let needed = counted.bytes_at(fewest, held);
+    if needed <= limit {
+        return Ok(());
+    }
+    Err(Failure::nothing_fits(format!(
+        "nothing fits: the weights ({}), {fewest} sequence's cache of {} tokens ({}) and the worst step ({}) beside the \
+         {} the process holds need {}, over the {} limit; a smaller --max-model-len, --weights q4_0, \
+         --kv-cache-dtype int8 or a larger --budget",
+        Bytes(counted.weight_bytes),
+        counted.context,
+        Bytes(counted.cache_bytes_per_sequence.saturating_mul(fewest as u64)),
+        Bytes(counted.step_bytes_at(fewest)),
+        Bytes(held),
+        Bytes(needed),
+        Bytes(limit),
+    )))
+}
+
+/// `--check`'s two trials, in words or JSON.
+fn report_check(
+    args: &ServeArgs,
+    shape: &ServingShape,
+    limit: u64,
+    held: u64,
+    trials: &[ServeTrial],
+) -> Result<(), Failure> {
+    if args.json {
+        let report = json!({
+            "config": args.config,
+            "context": shape.context,
+            "limit_bytes": limit,
+            "held_bytes": held,
+            "trials": trials,
+        });
+        println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        return Ok(());
+    }
+    for trial in trials {
+        let peak = trial.peak_bytes.map_or("not read".to_owned(), |bytes| Bytes(bytes).to_string());
+        let verdict = if trial.fits { "fits" } else { "does not fit" };
+        println!(
+            "{} sequences of {} tokens: peak {peak} against a {} limit: {verdict}",
+            trial.number,
+            shape.context,
+            Bytes(limit)
+        );
+    }
+    Ok(())
+}
+
+/// The plan in words or JSON, and its chart.
+fn report_plan(
+    args: &ServeArgs,
+    shape: &ServingShape,
+    plan: &ServePlan,
+    counted: &ServingBytes,
+) -> Result<(), Failure> {
+    let other_held = plan.held_bytes.saturating_sub(counted.weight_bytes);
+    if args.json {
+        let report = json!({
+            "config": args.config,
+            "weights": shape.weights.name(),
+            "dtype": dtype_name(shape.dtype),
+            "kv_cache_dtype": dtype_name(shape.cache_dtype),
+            "plan": plan,
+            "counted": counted,
+            "counted_max_sequences": counted.max_sequences(plan.limit_bytes, other_held),
+            "vllm_blocks": counted.vllm_blocks(plan.limit_bytes, other_held),
+            "vllm_max_concurrency": counted.vllm_concurrency(plan.limit_bytes, other_held),
+        });
+        println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+    } else {
+        print!("{}", describe(&args.config, shape, plan, counted, args.concurrency.is_some()));
+    }
+    if let Some(path) = &args.plot {
+        crate::plot::serving(path, &format!("Serving {}", args.config.display()), plan, counted)?;
+    }
+    Ok(())
+}
+
+fn dtype_name(dtype: DType) -> &'static str {
+    if dtype == autobatch_models::KvCache::INT8 {
+        "int8"
+    } else {
+        dtype.as_str()
+    }
+}
+
+/// The plan in words.
+fn describe(path: &Path, shape: &ServingShape, plan: &ServePlan, counted: &ServingBytes, by_context: bool) -> String {
+    let mut out = String::new();
+    let mut line = |text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    line(format!(
+        "serving {}: weights {} ({}), computing in {}, KV cache {} in blocks of {} tokens",
+        path.display(),
+        shape.weights.name(),
+        Bytes(counted.weight_bytes),
+        dtype_name(shape.dtype),
+        dtype_name(shape.cache_dtype),
+        shape.block_size,
+    ));
+    line(format!(
+        "worst step: one sequence prefills {} tokens while every other decodes one, every cache full",
+        plan.chunk
+    ));
+    let proof =
+        if plan.proven { "; one more was run and does not fit" } else { "; the next one up was not shown to fail" };
+    if by_context {
+        line(format!("longest context: {} tokens for {} sequences{proof}", plan.context, plan.max_sequences));
+    } else {
+        line(format!("largest concurrency: {} sequences of {} tokens{proof}", plan.max_sequences, plan.context));
+    }
+    line(format!(
+        "  held before the trials  {:>10}  (weights {})",
+        Bytes(plan.held_bytes),
+        Bytes(counted.weight_bytes)
+    ));
+    line(format!(
+        "  KV caches               {:>10}  ({} per token)",
+        Bytes(plan.cache_bytes),
+        Bytes(plan.cache_bytes_per_token.round() as u64)
+    ));
+    line(format!("  the worst step's own    {:>10}", Bytes(plan.step_bytes)));
+    line(format!(
+        "  peak                    {:>10}  of a {} limit ({} of {})",
+        Bytes(plan.peak_bytes),
+        Bytes(plan.limit_bytes),
+        percent(plan.limit_bytes, plan.capacity_bytes),
+        Bytes(plan.capacity_bytes)
+    ));
+    if let (Some(blocks), Some(tokens)) = (plan.kv_blocks, plan.block_tokens) {
+        line(format!(
+            "KV blocks the limit holds beside the worst step: {blocks} ({} tokens; vLLM's \"# GPU blocks\", measured)",
+            blocks * tokens as u64
+        ));
+    }
+    let other_held = plan.held_bytes.saturating_sub(counted.weight_bytes);
+    if !by_context {
+        line(format!(
+            "counted from the config: {} sequences (the step's own {}); vLLM's formula: {} blocks, maximum concurrency {:.2}x",
+            counted.max_sequences(plan.limit_bytes, other_held),
+            Bytes(counted.step_bytes_at(plan.max_sequences)),
+            counted.vllm_blocks(plan.limit_bytes, other_held),
+            counted.vllm_concurrency(plan.limit_bytes, other_held),
+        ));
+    }
+    let seconds: f64 = plan.trials.iter().map(|t| t.seconds).sum();
+    let tried: Vec<String> = plan.trials.iter().map(|t| t.number.to_string()).collect();
+    line(format!("probe: {} trials ({}), {seconds:.2} s, on {}", plan.trials.len(), tried.join(", "), plan.device));
+    out
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    format!("{:.0}%", 100.0 * part as f64 / whole.max(1) as f64)
+}
+
+/// `autobatch estimate --config … --serve`: the count alone.
+pub fn estimate(
+    path: &Path,
+    serving: &ServingArgs,
+    capacity: Option<u64>,
+    ceiling: Ceiling,
+    on_cpu: bool,
+    json: bool,
+) -> Result<(), Failure> {
+    let config = load(path, &Flags::ESTIMATE)?;
+    let Settled { config, shape } = serving.settle(config, path)?;
+    let shape = ServingShape { on_cpu, ..shape };
+    let counted = config.serving_bytes(&shape)?;
+    let limit = capacity.map(|capacity| ceiling.limit_bytes(capacity));
+    if json {
+        let report = json!({
+            "config": path,
+            "weights": shape.weights.name(),
+            "dtype": dtype_name(shape.dtype),
+            "kv_cache_dtype": dtype_name(shape.cache_dtype),
+            "counted": counted,
+            "capacity_bytes": capacity,
+            "limit_bytes": limit,
+            "max_sequences": limit.map(|limit| counted.max_sequences(limit, 0)),
+            "vllm_blocks": limit.map(|limit| counted.vllm_blocks(limit, 0)),
+            "vllm_max_concurrency": limit.map(|limit| counted.vllm_concurrency(limit, 0)),
+        });
+        println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        return Ok(());
+    }
+    println!(
+        "serving {} at {} tokens: weights {} ({}), KV cache {} in blocks of {} tokens",
+        path.display(),
+        shape.context,
+        shape.weights.name(),
+        Bytes(counted.weight_bytes),
+        dtype_name(shape.cache_dtype),
+        shape.block_size
+    );
+    println!(
+        "  KV cache per token       {:>10}  (2 × {} layers × {} kv heads × {} dims × {} bytes)",
+        Bytes(counted.cache_bytes_per_token),
+        config.layers,
+        config.kv_heads,
+        config.head_dim,
+        shape.cache_dtype.size_in_bytes()
+    );
+    println!(
+        "  per sequence             {:>10}  ({} blocks)",
+        Bytes(counted.cache_bytes_per_sequence),
+        shape.context.div_ceil(shape.block_size)
+    );
+    println!(
+        "  the worst step's own     {:>10}  with one sequence (a {}-token prefill), + {} per other sequence",
+        Bytes(counted.step_bytes),
+        shape.chunk,
+        Bytes(counted.step_bytes_per_sequence)
+    );
+    match limit {
+        Some(limit) => {
+            println!(
+                "largest concurrency under {} of {}: {} sequences of {} tokens",
+                ceiling,
+                Bytes(capacity.unwrap_or(0)),
+                counted.max_sequences(limit, 0),
+                shape.context
+            );
+            println!(
+                "vLLM's formula for the same settings: {} blocks ({} tokens), maximum concurrency {:.2}x \
+                 (the limit less the weights and a profile run of the chunk without cache, over the block's bytes; \
+                 it counts no decoding sequence's own bytes and no block rounding)",
+                counted.vllm_blocks(limit, 0),
+                counted.vllm_blocks(limit, 0) * shape.block_size as u64,
+                counted.vllm_concurrency(limit, 0)
+            );
+        }
+        None => println!("give --capacity (e.g. h100 or 24GiB) for the concurrency it holds"),
+    }
+    Ok(())
+}

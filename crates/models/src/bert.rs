@@ -1,0 +1,232 @@
+//! BERT (`bert`): word, position and token-type embeddings, post-norm encoder
+//! layers with biases everywhere, and the head training uses: the masked-LM
+//! head (its decoder tied to the word embeddings) or the pooler and a
+//! classifier. Tensor names are the checkpoint's
+//! (`bert.encoder.layer.0.attention.self.query.weight`).
+
+use candle_core::{Module, Result, Tensor, D};
+
+use super::config::{BertHead, Config, Gelu};
+use super::layers::{attention, embed, gelu, residual, split_heads, Layout, Norm, Proj};
+use super::lora::Lora;
+use super::weights::{Init, TensorSpec, Weights};
+use super::Attention;
+
+const STD: f32 = 0.02;
+
+fn push_linear(specs: &mut Vec<TensorSpec>, name: &str, out: usize, input: usize) {
+    specs.push(TensorSpec::new(format!("{name}.weight"), &[out, input], Init::Normal(STD)));
+    specs.push(TensorSpec::new(format!("{name}.bias"), &[out], Init::Zeros));
+}
+
+fn push_norm(specs: &mut Vec<TensorSpec>, name: &str, size: usize) {
+    specs.push(TensorSpec::new(format!("{name}.weight"), &[size], Init::Ones));
+    specs.push(TensorSpec::new(format!("{name}.bias"), &[size], Init::Zeros));
+}
+
+pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
+    let (h, i) = (config.hidden, config.intermediate);
+    let mut specs = vec![
+        TensorSpec::new("bert.embeddings.word_embeddings.weight", &[config.vocab, h], Init::Normal(STD)),
+        TensorSpec::new("bert.embeddings.position_embeddings.weight", &[config.max_positions, h], Init::Normal(STD)),
+        TensorSpec::new("bert.embeddings.token_type_embeddings.weight", &[config.type_vocab, h], Init::Normal(STD)),
+    ];
+    push_norm(&mut specs, "bert.embeddings.LayerNorm", h);
+    for layer in 0..config.layers {
+        let at = |part: &str| format!("bert.encoder.layer.{layer}.{part}");
+        for name in ["attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"] {
+            push_linear(&mut specs, &at(name), h, h);
+        }
+        push_norm(&mut specs, &at("attention.output.LayerNorm"), h);
+        push_linear(&mut specs, &at("intermediate.dense"), i, h);
+        push_linear(&mut specs, &at("output.dense"), h, i);
+        push_norm(&mut specs, &at("output.LayerNorm"), h);
+    }
+    match config.bert_head {
+        BertHead::MaskedLm => {
+            push_linear(&mut specs, "cls.predictions.transform.dense", h, h);
+            push_norm(&mut specs, "cls.predictions.transform.LayerNorm", h);
+            // untied, transformers' decoder has a weight and bias of its own, and keeps
+            // `cls.predictions.bias` (the tied decoder's bias) without using it
+            specs.push(TensorSpec::new("cls.predictions.bias", &[config.vocab], Init::Zeros));
+            if !config.tie_embeddings {
+                push_linear(&mut specs, "cls.predictions.decoder", config.vocab, h);
+            }
+        }
+        BertHead::Classification { labels } => {
+            push_linear(&mut specs, "bert.pooler.dense", h, h);
+            push_linear(&mut specs, "classifier", labels, h);
+        }
+    }
+    specs
+}
+
+/// The modules LoRA can adapt, with their (out, in).
+pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
+    let (h, i) = (config.hidden, config.intermediate);
+    (0..config.layers)
+        .flat_map(|layer| {
+            [
+                ("attention.self.query", h, h),
+                ("attention.self.key", h, h),
+                ("attention.self.value", h, h),
+                ("attention.output.dense", h, h),
+                ("intermediate.dense", i, h),
+                ("output.dense", h, i),
+            ]
+            .into_iter()
+            .map(move |(name, out, input)| (format!("bert.encoder.layer.{layer}.{name}"), out, input))
+        })
+        .collect()
+}
+
+struct Layer {
+    query: Proj,
+    key: Proj,
+    value: Proj,
+    attention_out: Proj,
+    attention_norm: Norm,
+    intermediate: Proj,
+    output: Proj,
+    output_norm: Norm,
+}
+
+enum Head {
+    /// The decoder, and the bias added to it when it is the tied embedding.
+    MaskedLm {
+        transform: Proj,
+        norm: Norm,
+        decoder: Proj,
+        bias: Option<Tensor>,
+    },
+    Classification {
+        pooler: Proj,
+        classifier: Proj,
+    },
+}
+
+pub(crate) struct Bert {
+    word: Tensor,
+    position: Tensor,
+    token_type: Tensor,
+    embeddings_norm: Norm,
+    layers: Vec<Layer>,
+    head: Head,
+    heads: usize,
+    gelu: Gelu,
+    padding_idx: Option<usize>,
+    attention: Attention,
+}
+
+impl Bert {
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, attention: Attention) -> Result<Bert> {
+        let eps = config.norm_eps;
+        let mut layers = Vec::with_capacity(config.layers);
+        for layer in 0..config.layers {
+            let at = |part: &str| format!("bert.encoder.layer.{layer}.{part}");
+            let proj = |part: &str| Proj::new(weights, &at(part), Layout::OutIn, lora);
+            layers.push(Layer {
+                query: proj("attention.self.query")?,
+                key: proj("attention.self.key")?,
+                value: proj("attention.self.value")?,
+                attention_out: proj("attention.output.dense")?,
+                attention_norm: Norm::layer(weights, &at("attention.output.LayerNorm"), eps)?,
+                intermediate: proj("intermediate.dense")?,
+                output: proj("output.dense")?,
+                output_norm: Norm::layer(weights, &at("output.LayerNorm"), eps)?,
+            });
+        }
+        let head = match config.bert_head {
+            BertHead::MaskedLm => Head::MaskedLm {
+                transform: Proj::unadapted(weights, "cls.predictions.transform.dense", Layout::OutIn, lora)?,
+                norm: Norm::layer(weights, "cls.predictions.transform.LayerNorm", eps)?,
+                // tied: the word embeddings, as a projection (frozen ones keep no gradient)
+                decoder: Proj::unadapted(
+                    weights,
+                    if config.tie_embeddings { "bert.embeddings.word_embeddings" } else { "cls.predictions.decoder" },
+                    Layout::OutIn,
+                    lora,
+                )?,
+                bias: if config.tie_embeddings { Some(weights.get("cls.predictions.bias")?) } else { None },
+            },
+            BertHead::Classification { .. } => Head::Classification {
+                pooler: Proj::unadapted(weights, "bert.pooler.dense", Layout::OutIn, lora)?,
+                classifier: Proj::unadapted(weights, "classifier", Layout::OutIn, lora)?,
+            },
+        };
+        Ok(Bert {
+            word: weights.get("bert.embeddings.word_embeddings.weight")?,
+            position: weights.get("bert.embeddings.position_embeddings.weight")?,
+            token_type: weights.get("bert.embeddings.token_type_embeddings.weight")?,
+            embeddings_norm: Norm::layer(weights, "bert.embeddings.LayerNorm", eps)?,
+            layers,
+            head,
+            heads: config.heads,
+            gelu: config.gelu,
+            padding_idx: config.padding_idx,
+            attention,
+        })
+    }
+
+    /// The encoder's output `(b, s, hidden)` for token ids `(b, s)`, every token of type 0.
+    fn encode(&self, ids: &Tensor) -> Result<Tensor> {
+        let s = ids.dim(1)?;
+        let hidden = self.word.dim(1)?;
+        let words = embed(&self.word, ids, self.padding_idx)?;
+        let embedded = words.broadcast_add(&self.position.narrow(0, 0, s)?)?.broadcast_add(&self.token_type.get(0)?)?;
+        let mut xs = self.embeddings_norm.forward(&embedded)?;
+        let head_dim = hidden / self.heads;
+        for layer in &self.layers {
+            let split = |proj: &Proj| split_heads(&proj.forward(&xs)?, self.heads, head_dim);
+            let attended =
+                attention(&split(&layer.query)?, &split(&layer.key)?, &split(&layer.value)?, false, self.attention)?;
+            xs = layer.attention_norm.forward(&residual(&layer.attention_out.forward(&attended)?, &xs)?)?;
+            let intermediate = gelu(&layer.intermediate.forward(&xs)?, self.gelu)?;
+            xs = layer.output_norm.forward(&residual(&layer.output.forward(&intermediate)?, &xs)?)?;
+        }
+        Ok(xs)
+    }
+
+    /// The masked-LM head's logits `(b, s, vocab)`, or the classifier's `(b, labels)`.
+    pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let xs = self.encode(ids)?;
+        match &self.head {
+            Head::MaskedLm { transform, norm, decoder, bias } => {
+                let transformed = norm.forward(&gelu(&transform.forward(&xs)?, self.gelu)?)?;
+                let logits = decoder.forward(&transformed)?;
+                match bias {
+                    Some(bias) if bias.track_op() => logits.broadcast_add(bias),
+                    Some(bias) => crate::ops::add_constant(&logits, bias),
+                    None => Ok(logits),
+                }
+            }
+            Head::Classification { pooler, classifier } => {
+                let first = xs.narrow(1, 0, 1)?.squeeze(1)?;
+                classifier.forward(&pooler.forward(&first)?.tanh()?)
+            }
+        }
+    }
+
+    /// The masked-LM head's input to its decoder, `(b, s, hidden)` (the
+    /// transform and its norm over the encoder's output), and the decoder's
+    /// weight `(vocab, hidden)` and bias; `None` for a classifier.
+    pub(crate) fn masked_lm_features(&self, ids: &Tensor) -> Result<Option<(Tensor, Tensor, Option<Tensor>)>> {
+        let Head::MaskedLm { transform, norm, decoder, bias } = &self.head else { return Ok(None) };
+        let xs = self.encode(ids)?;
+        let transformed = norm.forward(&gelu(&transform.forward(&xs)?, self.gelu)?)?;
+        let Some((weight, decoder_bias)) = decoder.dense() else { return Ok(None) };
+        Ok(Some((transformed, weight, bias.clone().or(decoder_bias))))
+    }
+
+    /// Whether the head predicts tokens (masked LM) rather than classes.
+    pub(crate) fn predicts_tokens(&self) -> bool {
+        matches!(self.head, Head::MaskedLm { .. })
+    }
+}
+
+/// Masked-LM loss as Hugging Face computes it: log-probabilities over every
+/// position (`(n, vocab)` in f32), the negative log-likelihood of the masked ones.
+pub(crate) fn masked_lm_loss(logits: &Tensor, masked: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let log_probs = candle_nn::ops::log_softmax(&logits.to_dtype(candle_core::DType::F32)?, D::Minus1)?;
+    candle_nn::loss::nll(&log_probs.index_select(masked, 0)?, targets)
+}

@@ -1,0 +1,384 @@
+//! A paged KV cache: every layer's keys and values in blocks of a fixed
+//! number of tokens, allocated once for the whole pool, and a block table per
+//! sequence, as vLLM's `PagedAttention` keeps them. A sequence holds the
+//! blocks its tokens fill; its last block may be partly empty.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::{Config, Family};
+use autobatch::Error;
+
+/// Tokens per block by default (vLLM's).
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// A sequence in a [`KvCache`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SequenceId(usize);
+
+/// A sequence's tokens in one step, at positions `start ..`: a prompt's
+/// chunk (prefill) or one token (decode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// The sequence the tokens extend.
+    pub sequence: SequenceId,
+    /// The position of the first token: the tokens the sequence held before.
+    pub start: usize,
+    /// The token ids.
+    pub tokens: Vec<u32>,
+}
+
+impl Chunk {
+    /// The positions of its tokens.
+    pub fn positions(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.tokens.len()
+    }
+}
+
+/// One layer's pool: keys and values `(blocks × block_size, kv_heads,
+/// head_dim)`; in 8 bits, each token's head with its scale `(…, 1)` in f32.
+struct LayerPool {
+    keys: Tensor,
+    values: Tensor,
+    scales: Option<(Tensor, Tensor)>,
+}
+
+/// A sequence's block table and how many tokens it holds.
+#[derive(Clone, Debug, Default)]
+struct Table {
+    blocks: Vec<usize>,
+    len: usize,
+}
+
+/// The keys and values of every sequence in flight, in blocks.
+///
+/// ```
+/// use autobatch_models::{Config, KvCache};
+/// use candle_core::{DType, Device};
+///
+/// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 32, "hidden_size": 16,
+///     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+///     "intermediate_size": 32, "max_position_embeddings": 64}"#)?;
+/// let mut cache = KvCache::new(&config, 8, 16, DType::F32, &Device::Cpu)?;
+/// // 2 layers × keys and values × 16 tokens × 2 kv heads × 4 dims × 4 bytes
+/// assert_eq!(cache.bytes_per_block(), 2 * 2 * 16 * 2 * 4 * 4);
+/// let sequence = cache.add_sequence();
+/// cache.fill(sequence, 20)?; // two blocks: 16 tokens and 4
+/// assert_eq!((cache.len(sequence), cache.free_blocks()), (20, 6));
+/// cache.remove_sequence(sequence);
+/// assert_eq!(cache.free_blocks(), 8);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub struct KvCache {
+    block_size: usize,
+    dtype: DType,
+    kv_heads: usize,
+    head_dim: usize,
+    layers: Vec<LayerPool>,
+    free: Vec<usize>,
+    tables: Vec<Option<Table>>,
+}
+
+impl KvCache {
+    /// A pool of `blocks` blocks of `block_size` tokens for every layer of
+    /// `config` (a decoder: llama, mistral, qwen2, qwen3 or gpt2), in `dtype`
+    /// (f32, bf16 or f16; `U8`: 8 bits, see [`INT8`](Self::INT8)), allocated now.
+    pub fn new(
+        config: &Config,
+        blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<KvCache, Error> {
+        KvCache::check(config, block_size, dtype)?;
+        let rows = blocks.checked_mul(block_size).ok_or_else(|| too_many(blocks, block_size))?;
+        let shape = (rows, config.kv_heads, config.head_dim);
+        let mut layers = Vec::with_capacity(config.layers);
+        for _ in 0..config.layers {
+            let scales = (dtype == KvCache::INT8)
+                .then(|| -> candle_core::Result<(Tensor, Tensor)> {
+                    let shape = (rows, config.kv_heads, 1);
+                    Ok((Tensor::zeros(shape, DType::F32, device)?, Tensor::zeros(shape, DType::F32, device)?))
+                })
+                .transpose()?;
+            layers.push(LayerPool {
+                keys: Tensor::zeros(shape, dtype, device)?,
+                values: Tensor::zeros(shape, dtype, device)?,
+                scales,
+            });
+        }
+        Ok(KvCache {
+            block_size,
+            dtype,
+            kv_heads: config.kv_heads,
+            head_dim: config.head_dim,
+            layers,
+            // handed out from the lowest: a sequence's blocks in order
+            free: (0..blocks).rev().collect(),
+            tables: Vec::new(),
+        })
+    }
+
+    /// The 8-bit cache's dtype: each key and value of a token's head stored
+    /// in a byte, `round(x / scale) + 128` with `scale = max |x| / 127` over
+    /// the head (kept in f32 beside it): symmetric, per token and head, as
+    /// LMDeploy's 8-bit KV cache scales (vLLM's 8-bit cache is fp8 with a
+    /// scale per tensor). Attention reads the values back within half a scale.
+    pub const INT8: DType = DType::U8;
+
+    /// The bytes one block of `block_size` tokens takes in `dtype` over
+    /// every layer of `config`: `2 × layers × block_size × kv_heads ×
+    /// (head_dim × bytes per element)` (keys and values; in 8 bits, each
+    /// head's f32 scale too).
+    pub fn block_bytes(config: &Config, block_size: usize, dtype: DType) -> u64 {
+        pool_bytes(config.layers, block_size, config.kv_heads, config.head_dim, dtype)
+    }
+
+    /// The bytes one of its blocks takes.
+    pub fn bytes_per_block(&self) -> u64 {
+        pool_bytes(self.layers.len(), self.block_size, self.kv_heads, self.head_dim, self.dtype)
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The dtype keys and values are kept in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device its blocks are on.
+    pub fn device(&self) -> Device {
+        self.layers.first().map_or(Device::Cpu, |layer| layer.keys.device().clone())
+    }
+
+    /// Blocks in the pool.
+    pub fn blocks(&self) -> usize {
+        self.layers.first().map_or(0, |layer| layer.keys.dim(0).unwrap_or(0) / self.block_size)
+    }
+
+    /// Blocks no sequence holds.
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Blocks a sequence of `tokens` tokens holds.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size)
+    }
+
+    /// A new, empty sequence.
+    pub fn add_sequence(&mut self) -> SequenceId {
+        let slot = self.tables.iter().position(Option::is_none).unwrap_or(self.tables.len());
+        if slot == self.tables.len() {
+            self.tables.push(None);
+        }
+        self.tables[slot] = Some(Table::default());
+        SequenceId(slot)
+    }
+
+    /// Ends `sequence`: its blocks go back to the pool.
+    pub fn remove_sequence(&mut self, sequence: SequenceId) {
+        if let Some(table) = self.tables.get_mut(sequence.0).and_then(Option::take) {
+            self.free.extend(table.blocks.into_iter().rev());
+        }
+    }
+
+    /// Tokens `sequence` holds (0 for one removed).
+    pub fn len(&self, sequence: SequenceId) -> usize {
+        self.table(sequence).map_or(0, |table| table.len)
+    }
+
+    /// Whether no sequence holds a token.
+    pub fn is_empty(&self) -> bool {
+        self.tables.iter().flatten().all(|table| table.len == 0)
+    }
+
+    /// Sequences in flight.
+    pub fn sequences(&self) -> Vec<SequenceId> {
+        (0..self.tables.len()).filter(|&i| self.tables[i].is_some()).map(SequenceId).collect()
+    }
+
+    /// Takes `tokens` more positions for `sequence` without computing them
+    /// (their keys and values stay what the blocks held): a cache as full as
+    /// a long prompt leaves it, for measuring. Refused when the pool has too
+    /// few free blocks.
+    pub fn fill(&mut self, sequence: SequenceId, tokens: usize) -> Result<(), Error> {
+        let len = self.len(sequence);
+        self.reserve(sequence, len + tokens)?;
+        Ok(())
+    }
+
+    fn table(&self, sequence: SequenceId) -> Option<&Table> {
+        self.tables.get(sequence.0).and_then(Option::as_ref)
+    }
+
+    /// Grows `sequence` to `len` tokens, taking the blocks that needs.
+    pub(crate) fn reserve(&mut self, sequence: SequenceId, len: usize) -> Result<(), Error> {
+        let needed = self.blocks_for(len);
+        let table = self.table(sequence).ok_or_else(|| unknown(sequence))?;
+        let more = needed.saturating_sub(table.blocks.len());
+        if more > self.free.len() {
+            return Err(Error::invalid(
+                autobatch::Setting::Input("KV cache blocks".to_owned()),
+                autobatch::Value::Count(needed),
+                format!(
+                    "a sequence of {len} tokens needs {more} more blocks of {} tokens; the pool has {} free of {}",
+                    self.block_size,
+                    self.free.len(),
+                    self.blocks()
+                ),
+            ));
+        }
+        let taken: Vec<usize> = (0..more).filter_map(|_| self.free.pop()).collect();
+        let table = self.tables[sequence.0].as_mut().ok_or_else(|| unknown(sequence))?;
+        table.blocks.extend(taken);
+        table.len = table.len.max(len);
+        Ok(())
+    }
+
+    /// Writes the keys and values `(kv_heads, n, head_dim)` of positions
+    /// `start .. start + n` of `sequence` into `layer`'s blocks (reserved
+    /// before), converted to the cache's dtype.
+    pub(crate) fn write(
+        &self,
+        layer: usize,
+        sequence: SequenceId,
+        start: usize,
+        keys: &Tensor,
+        values: &Tensor,
+    ) -> candle_core::Result<()> {
+        let table = self.table(sequence).ok_or_else(|| candle_core::Error::Msg(format!("no sequence {sequence:?}")))?;
+        let pool = &self.layers[layer];
+        // (n, kv_heads, head_dim), as the pool lays tokens out
+        let as_rows = |t: &Tensor| t.transpose(0, 1)?.contiguous();
+        let (keys, values) = (as_rows(keys)?, as_rows(values)?);
+        let ((keys, key_scales), (values, value_scales)) = match pool.scales {
+            Some(_) => (quantize(&keys)?, quantize(&values)?),
+            None => ((keys.to_dtype(self.dtype)?, None), (values.to_dtype(self.dtype)?, None)),
+        };
+        let n = keys.dim(0)?;
+        let set = |pool: &Tensor, rows: &Tensor, done: usize, run: usize, row: usize| {
+            pool.slice_set(&rows.narrow(0, done, run)?.contiguous()?, 0, row)
+        };
+        let mut done = 0;
+        while done < n {
+            let position = start + done;
+            let (block, within) = (position / self.block_size, position % self.block_size);
+            let run = (self.block_size - within).min(n - done);
+            let row = table.blocks[block] * self.block_size + within;
+            set(&pool.keys, &keys, done, run, row)?;
+            set(&pool.values, &values, done, run, row)?;
+            if let (Some((key_pool, value_pool)), Some(key_scales), Some(value_scales)) =
+                (&pool.scales, &key_scales, &value_scales)
+            {
+                set(key_pool, key_scales, done, run, row)?;
+                set(value_pool, value_scales, done, run, row)?;
+            }
+            done += run;
+        }
+        Ok(())
+    }
+
+    /// `layer`'s keys and values of the first `len` positions of `sequence`,
+    /// `(1, kv_heads, len, head_dim)` each, in `dtype`: a copy gathered from
+    /// its blocks.
+    pub(crate) fn gather(
+        &self,
+        layer: usize,
+        sequence: SequenceId,
+        len: usize,
+        dtype: DType,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let table = self.table(sequence).ok_or_else(|| candle_core::Error::Msg(format!("no sequence {sequence:?}")))?;
+        let pool = &self.layers[layer];
+        let count = len.div_ceil(self.block_size);
+        let ids: Vec<u32> = table.blocks[..count].iter().map(|&b| b as u32).collect();
+        let ids = Tensor::from_vec(ids, count, pool.keys.device())?;
+        // (len, kv_heads, width) of a pool whose rows are `width` wide
+        let rows = |pool: &Tensor, width: usize| -> candle_core::Result<Tensor> {
+            let blocks = pool.reshape((self.blocks(), self.block_size, self.kv_heads, width))?;
+            blocks.index_select(&ids, 0)?.reshape((count * self.block_size, self.kv_heads, width))?.narrow(0, 0, len)
+        };
+        let read = |pool: &Tensor, scales: Option<&Tensor>| -> candle_core::Result<Tensor> {
+            let values = rows(pool, self.head_dim)?;
+            let values = match scales {
+                Some(scales) => (values.to_dtype(DType::F32)? - 128.0)?.broadcast_mul(&rows(scales, 1)?)?,
+                None => values,
+            };
+            values.transpose(0, 1)?.to_dtype(dtype)?.contiguous()?.unsqueeze(0)
+        };
+        let (key_scales, value_scales) = match &pool.scales {
+            Some((keys, values)) => (Some(keys), Some(values)),
+            None => (None, None),
+        };
+        Ok((read(&pool.keys, key_scales)?, read(&pool.values, value_scales)?))
+    }
+}
+
+impl KvCache {
+    /// A cache of `dtype` in blocks of `block_size` for `config`, refused where it cannot be.
+    pub(crate) fn check(config: &Config, block_size: usize, dtype: DType) -> Result<(), Error> {
+        if config.family == Family::Bert {
+            return Err(Error::invalid(
+                autobatch::Setting::Input("config field model_type".to_owned()),
+                autobatch::Value::Text("bert".to_owned()),
+                "a KV cache serves a decoder: llama, mistral, qwen2, qwen3 or gpt2",
+            ));
+        }
+        if block_size == 0 {
+            return Err(Error::zero("block_size"));
+        }
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | KvCache::INT8) {
+            return Err(Error::invalid(
+                autobatch::Setting::Input("KV cache dtype".to_owned()),
+                autobatch::Value::Text(format!("{dtype:?}").to_lowercase()),
+                "f32, bf16, f16, or KvCache::INT8 (8 bits and a scale per token and head)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Keys and values of `tokens` over `layers`, saturating: a config's sizes
+/// are the user's, and a product past 64 bits is refused as too large where
+/// it is compared with a limit, never wrapped into a small one.
+fn pool_bytes(layers: usize, tokens: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> u64 {
+    [layers as u64, tokens as u64, kv_heads as u64, head_bytes(head_dim, dtype)]
+        .into_iter()
+        .fold(2u64, u64::saturating_mul)
+}
+
+/// The bytes of one token's head in `dtype`: its values, and in 8 bits its scale.
+fn head_bytes(head_dim: usize, dtype: DType) -> u64 {
+    let scale = if dtype == KvCache::INT8 { DType::F32.size_in_bytes() as u64 } else { 0 };
+    (head_dim as u64).saturating_mul(dtype.size_in_bytes() as u64).saturating_add(scale)
+}
+
+/// `rows` `(n, kv_heads, head_dim)` in 8 bits: `round(x / scale) + 128`,
+/// `scale = max |x| / 127` over each token's head, and the scales `(n,
+/// kv_heads, 1)` in f32.
+fn quantize(rows: &Tensor) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+    let rows = rows.to_dtype(DType::F32)?;
+    // a head of zeros keeps a scale that divides
+    let scales = (rows.abs()?.max_keepdim(2)?.maximum(f32::MIN_POSITIVE)? / 127.0)?;
+    let bytes = (rows.broadcast_div(&scales)?.round()? + 128.0)?.clamp(0f32, 255f32)?.to_dtype(DType::U8)?;
+    Ok((bytes, Some(scales)))
+}
+
+fn too_many(blocks: usize, block_size: usize) -> Error {
+    Error::invalid(
+        autobatch::Setting::Input("KV cache blocks".to_owned()),
+        autobatch::Value::Count(blocks),
+        format!("blocks × {block_size} tokens must fit in a usize"),
+    )
+}
+
+fn unknown(sequence: SequenceId) -> Error {
+    Error::invalid(
+        autobatch::Setting::Input("sequence".to_owned()),
+        autobatch::Value::Count(sequence.0),
+        "a sequence the cache holds (add_sequence)",
+    )
+}

@@ -1,0 +1,401 @@
+//! The pieces every family is made of, each differentiable: projections
+//! (trained, frozen or with LoRA adapters), norms, rotary tables and
+//! attention.
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+
+use super::kv_cache::{Chunk, KvCache};
+use super::lora::{Lora, LoraLinear};
+use super::weights::Weights;
+use crate::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
+use crate::ops::{BlockedAttention, FrozenLinear};
+
+/// A weight's layout in its checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// `(out, in)`: `nn.Linear`.
+    OutIn,
+    /// `(in, out)`: GPT-2's `Conv1D`.
+    InOut,
+}
+
+/// A projection `x · Wᵀ + b` over the weight of a checkpoint module.
+#[derive(Clone, Debug)]
+pub(crate) enum Proj {
+    /// candle's own matmul: a trained weight (full fine-tuning), or a frozen
+    /// one whose gradient candle keeps (LoRA's `frozen_gradients`).
+    Plain { weight: Tensor, bias: Option<Tensor> },
+    /// Frozen, dense or quantized: the backward pass gives the input its
+    /// gradient, the weight none.
+    Frozen(FrozenLinear),
+    /// Frozen, with LoRA adapters that train.
+    Lora(LoraLinear),
+}
+
+impl Proj {
+    /// The projection of module `name` (`{name}.weight`, `{name}.bias` if any):
+    /// trained when its weight is a variable, with adapters when `lora` targets it.
+    pub(crate) fn new(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>) -> Result<Proj> {
+        Proj::build(weights, name, layout, lora, true)
+    }
+
+    /// A projection LoRA never adapts (a head, a pooler), frozen as `lora`
+    /// freezes the others.
+    pub(crate) fn unadapted(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>) -> Result<Proj> {
+        Proj::build(weights, name, layout, lora, false)
+    }
+
+    fn build(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>, adapt: bool) -> Result<Proj> {
+        let targeted = lora.filter(|lora| adapt && lora.targets(name));
+        let weight_name = format!("{name}.weight");
+        let bias = weights.maybe(&format!("{name}.bias"));
+        let frozen = match weights.quantized(&weight_name) {
+            Some(quantized) => FrozenLinear::quantized(quantized, bias.clone()),
+            None => {
+                let stored = weights.get(&weight_name)?;
+                // as (out, in): a transposed view of a Conv1D weight, no copy
+                let weight = match layout {
+                    Layout::OutIn => stored,
+                    Layout::InOut => stored.t()?,
+                };
+                if weights.is_trained(&weight_name) || lora.is_some_and(|lora| lora.frozen_gradients) {
+                    if let Some(lora) = targeted {
+                        return Ok(Proj::Lora(adapted(weights, name, FrozenLinear::new(weight, bias), lora)?));
+                    }
+                    return Ok(Proj::Plain { weight, bias });
+                }
+                FrozenLinear::new(weight, bias)
+            }
+        };
+        match targeted {
+            Some(lora) => Ok(Proj::Lora(adapted(weights, name, frozen, lora)?)),
+            None => Ok(Proj::Frozen(frozen)),
+        }
+    }
+}
+
+/// The adapters of module `name` over its frozen projection.
+fn adapted(weights: &Weights, name: &str, base: FrozenLinear, lora: &Lora) -> Result<LoraLinear> {
+    let a = weights.get(&format!("{name}.lora_A.weight"))?;
+    let b = weights.get(&format!("{name}.lora_B.weight"))?;
+    let adapted = LoraLinear::over(base, a, b, lora.scale(), lora.dropout);
+    Ok(if lora.frozen_gradients { adapted.keeping_frozen_gradients() } else { adapted })
+}
+
+/// `x · weightᵀ (+ bias)` by candle's own matmul and broadcast add: both
+/// operands get a gradient.
+pub(crate) fn plain_linear(xs: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (out, input) = weight.dims2()?;
+    let lead = &xs.dims()[..xs.rank() - 1];
+    let rows = lead.iter().product::<usize>();
+    let product = xs.reshape((rows, input))?.matmul(&weight.t()?)?;
+    let mut shape = lead.to_vec();
+    shape.push(out);
+    let product = product.reshape(shape)?;
+    match bias {
+        Some(bias) => product.broadcast_add(bias),
+        None => Ok(product),
+    }
+}
+
+impl Proj {
+    /// The dense weight `(out, in)` and bias of a trained or frozen
+    /// projection without adapters: what a head's fused loss multiplies by.
+    pub(crate) fn dense(&self) -> Option<(Tensor, Option<Tensor>)> {
+        match self {
+            Proj::Plain { weight, bias } => Some((weight.clone(), bias.clone())),
+            Proj::Frozen(frozen) => Some((frozen.weight()?.clone(), frozen.bias().cloned())),
+            Proj::Lora(_) => None,
+        }
+    }
+}
+
+impl Module for Proj {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        match self {
+            Proj::Plain { weight, bias } => plain_linear(xs, weight, bias.as_ref()),
+            Proj::Frozen(frozen) => frozen.forward(xs),
+            Proj::Lora(lora) => lora.forward(xs),
+        }
+    }
+}
+
+/// A norm over the last dimension: RMS (Llama) or layer norm (GPT-2, BERT).
+/// A frozen norm (under LoRA) scales and shifts by constants: its weight gets
+/// no gradient, where `broadcast_mul` would keep one of the activations' size.
+#[derive(Clone, Debug)]
+pub(crate) enum Norm {
+    Rms { weight: Tensor, eps: f32, frozen: bool },
+    Layer { weight: Tensor, bias: Tensor, eps: f32, frozen: bool },
+}
+
+impl Norm {
+    pub(crate) fn rms(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
+        let weight_name = format!("{name}.weight");
+        let frozen = !weights.is_trained(&weight_name);
+        Ok(Norm::Rms { weight: weights.get(&weight_name)?, eps: eps as f32, frozen })
+    }
+
+    pub(crate) fn layer(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
+        let weight_name = format!("{name}.weight");
+        let frozen = !weights.is_trained(&weight_name);
+        let (weight, bias) = (weights.get(&weight_name)?, weights.get(&format!("{name}.bias"))?);
+        Ok(Norm::Layer { weight, bias, eps: eps as f32, frozen })
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Rms { weight, eps, frozen: false } => rms_norm(xs, weight, *eps),
+            Norm::Layer { weight, bias, eps, frozen: false } => layer_norm(xs, weight, bias, *eps),
+            Norm::Rms { weight, eps, frozen: true } => mul_constant(&normalized(xs, *eps, false)?, weight),
+            Norm::Layer { weight, bias, eps, frozen: true } => {
+                add_constant(&mul_constant(&normalized(xs, *eps, true)?, weight)?, bias)
+            }
+        }
+    }
+}
+
+/// `xs` over its root mean square (the mean removed first for a layer norm),
+/// computed in f32 for a 16-bit input, as candle-nn's slow norms compute it.
+fn normalized(xs: &Tensor, eps: f32, centered: bool) -> Result<Tensor> {
+    let dtype = xs.dtype();
+    let internal = if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype };
+    let size = xs.dim(candle_core::D::Minus1)? as f64;
+    let mut x = xs.to_dtype(internal)?;
+    if centered {
+        let mean = (x.sum_keepdim(candle_core::D::Minus1)? / size)?;
+        x = x.broadcast_sub(&mean)?;
+    }
+    let norm = (x.sqr()?.sum_keepdim(candle_core::D::Minus1)? / size)?;
+    x.broadcast_div(&(norm + eps as f64)?.sqrt()?)?.to_dtype(dtype)
+}
+
+/// Rotary tables for positions `0..seq_len`: cos and sin of `(seq_len,
+/// head_dim / 2)`, each times `scale`. As transformers computes them: the
+/// frequencies and the angles in f32, cos and sin in f32, then the model's dtype.
+pub(crate) fn rotary_tables(
+    inverse_frequencies: &[f64],
+    scale: f64,
+    seq_len: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let positions: Vec<usize> = (0..seq_len).collect();
+    rotary_tables_at(inverse_frequencies, scale, &positions, dtype, device)
+}
+
+/// The rotary tables `(n, d / 2)` of `positions`, one row each (the tokens
+/// of several sequences, each at its own place).
+pub(crate) fn rotary_tables_at(
+    inverse_frequencies: &[f64],
+    scale: f64,
+    positions: &[usize],
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = inverse_frequencies.len();
+    let angles: Vec<f32> = positions
+        .iter()
+        .flat_map(|&position| inverse_frequencies.iter().map(move |&f| position as f32 * f as f32))
+        .collect();
+    let angles = Tensor::from_vec(angles, (positions.len(), half), device)?;
+    let (cos, sin) = (angles.cos()?, angles.sin()?);
+    let (cos, sin) = if scale == 1.0 { (cos, sin) } else { ((cos * scale)?, (sin * scale)?) };
+    Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
+}
+
+/// Attention of the chunks' queries `(1, heads, T, d)` over their
+/// sequences' cached keys: each chunk's keys and values `(1, kv_heads, T,
+/// d)` written into `cache` at `layer` first, then its queries attend
+/// causally to every key of its sequence so far. `(1, T, heads × d)`.
+pub(crate) fn cached_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    chunks: &[Chunk],
+    cache: &KvCache,
+    layer: usize,
+    form: super::Attention,
+) -> Result<Tensor> {
+    let (_, heads, _, d) = q.dims4()?;
+    let mut outputs = Vec::with_capacity(chunks.len());
+    let mut offset = 0;
+    for chunk in chunks {
+        let len = chunk.tokens.len();
+        let part = |t: &Tensor| t.narrow(2, offset, len)?.squeeze(0);
+        cache.write(layer, chunk.sequence, chunk.start, &part(k)?, &part(v)?)?;
+        let (keys, values) = cache.gather(layer, chunk.sequence, chunk.start + len, q.dtype())?;
+        let queries = q.narrow(2, offset, len)?.contiguous()?;
+        let out = match form {
+            super::Attention::Blocked => BlockedAttention::causal().forward(&queries, &keys, &values, None)?,
+            super::Attention::Eager => crate::ops::attention(&queries, &keys, &values, None, true)?,
+        };
+        outputs.push(out.transpose(1, 2)?.reshape((1, len, heads * d))?);
+        offset += len;
+    }
+    Tensor::cat(&outputs, 1)
+}
+
+/// The rows of `xs` `(1, T, hidden)` at each chunk's last token: `(n, hidden)`.
+pub(crate) fn last_tokens(xs: &Tensor, chunks: &[Chunk]) -> Result<Tensor> {
+    let mut rows = Vec::with_capacity(chunks.len());
+    let mut end = 0;
+    for chunk in chunks {
+        end += chunk.tokens.len();
+        rows.push(end as u32 - 1);
+    }
+    let count = rows.len();
+    xs.squeeze(0)?.index_select(&Tensor::from_vec(rows, count, xs.device())?, 0)
+}
+
+/// Multi-head attention of `q` `(b, heads, s, d)` over `k`, `v` `(b, kv_heads,
+/// s, d)` (grouped: each kv head serves `heads / kv_heads` query heads),
+/// causal or not, in blocks or eager; returns `(b, s, heads · d)`.
+pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, form: super::Attention) -> Result<Tensor> {
+    match form {
+        super::Attention::Eager => eager_attention(q, k, v, causal),
+        super::Attention::Blocked => {
+            let (b, heads, s, d) = q.dims4()?;
+            let config = if causal { BlockedAttention::causal() } else { BlockedAttention::bidirectional() };
+            config.forward(q, k, v, None)?.transpose(1, 2)?.reshape((b, s, heads * d))
+        }
+    }
+}
+
+/// [`attention`] with the scores made whole: as transformers' eager attention computes it.
+fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+    let (b, heads, s, d) = q.dims4()?;
+    let kv_heads = k.dim(1)?;
+    let (k, v) = (repeat_kv(k, heads / kv_heads)?, repeat_kv(v, heads / kv_heads)?);
+    // keys and values from frozen layers are outside the graph: no gradient for them
+    let scores = (matmul(q, &k.t()?)? / (d as f64).sqrt())?;
+    // the mask is a constant: added without a gradient of the scores' size of its own
+    let scores = if causal { add_constant(&scores, &causal_mask(s, q.dtype(), q.device())?)? } else { scores };
+    let weights = softmax_last_dim(&scores)?;
+    matmul(&weights, &v)?.transpose(1, 2)?.reshape((b, s, heads * d))
+}
+
+/// `xs + ys`, a residual: a stream still outside the graph (the frozen
+/// embeddings of a LoRA model, before the first adapter) gets no gradient.
+pub(crate) fn residual(xs: &Tensor, ys: &Tensor) -> Result<Tensor> {
+    match (xs.track_op(), ys.track_op()) {
+        (false, true) => add_constant(ys, xs),
+        (true, false) => add_constant(xs, ys),
+        _ => xs + ys,
+    }
+}
+
+/// `(b, kv_heads, s, d)` → `(b, kv_heads · n, s, d)`, each kv head repeated `n` times.
+fn repeat_kv(xs: &Tensor, n: usize) -> Result<Tensor> {
+    if n == 1 {
+        return Ok(xs.clone());
+    }
+    let (b, kv_heads, s, d) = xs.dims4()?;
+    xs.unsqueeze(2)?.expand((b, kv_heads, n, s, d))?.reshape((b, kv_heads * n, s, d))
+}
+
+/// 0 on and below the diagonal, −∞ above: what a causal score adds.
+fn causal_mask(s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> =
+        (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+    Tensor::from_vec(mask, (s, s), device)?.to_dtype(dtype)
+}
+
+/// `(b, s, heads · d)` → `(b, heads, s, d)`.
+pub(crate) fn split_heads(xs: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
+    let (b, s, _) = xs.dims3()?;
+    xs.reshape((b, s, heads, head_dim))?.transpose(1, 2)?.contiguous()
+}
+
+/// Rotary positions on `(b, heads, s, d)`, the halves rotated (Hugging Face's `rotate_half`).
+pub(crate) fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    rope(xs, cos, sin)
+}
+
+/// Mean cross-entropy in f32 of `logits` `(n, classes)` against `targets` `(n)`.
+pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
+}
+
+/// GELU: the tanh approximation (`gelu_new`, GPT-2's) or the exact erf
+/// form (`gelu`, BERT's).
+pub(crate) fn gelu(xs: &Tensor, kind: super::config::Gelu) -> Result<Tensor> {
+    match kind {
+        super::config::Gelu::Tanh => xs.gelu(),
+        super::config::Gelu::Erf => xs.gelu_erf(),
+    }
+}
+
+/// The rows of `table` `(vocab, hidden)` for token ids `(b, s)`: `(b, s,
+/// hidden)`. With `padding_idx` (transformers' `nn.Embedding(padding_idx=…)`)
+/// the padding token's row gets no gradient, as in PyTorch.
+pub(crate) fn embed(table: &Tensor, ids: &Tensor, padding_idx: Option<usize>) -> Result<Tensor> {
+    let (b, s) = ids.dims2()?;
+    let hidden = table.dim(1)?;
+    let flat = ids.flatten_all()?;
+    let rows = match padding_idx {
+        Some(padding) if table.track_op() => table.apply_op2(&flat, PaddedRows { padding: padding as u32 })?,
+        _ => table.index_select(&flat, 0)?,
+    };
+    rows.reshape((b, s, hidden))
+}
+
+/// `index_select` of a table's rows whose backward pass leaves the padding
+/// row's gradient at zero.
+struct PaddedRows {
+    padding: u32,
+}
+
+impl PaddedRows {
+    fn apply<S: candle_core::backend::BackendStorage>(
+        s1: &S,
+        l1: &candle_core::Layout,
+        s2: &S,
+        l2: &candle_core::Layout,
+    ) -> Result<(S, candle_core::Shape)> {
+        let (rows, hidden) = (l2.dims()[0], l1.dims()[1]);
+        Ok((s1.index_select(s2, l1, l2, 0)?, (rows, hidden).into()))
+    }
+}
+
+impl candle_core::CustomOp2 for PaddedRows {
+    fn name(&self) -> &'static str {
+        "embedding-with-padding"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        Self::apply(s1, l1, s2, l2)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &candle_core::Layout,
+    ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        Self::apply(s1, l1, s2, l2)
+    }
+
+    fn bwd(
+        &self,
+        table: &Tensor,
+        ids: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        // the padding rows' share of the gradient is dropped before it is added up
+        let kept = ids.ne(self.padding)?.to_dtype(grad.dtype())?.unsqueeze(1)?;
+        let grad = grad.broadcast_mul(&kept)?;
+        Ok((Some(table.zeros_like()?.index_add(ids, &grad, 0)?), None))
+    }
+}

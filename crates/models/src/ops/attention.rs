@@ -1,0 +1,537 @@
+//! Attention in blocks (FlashAttention-2's algorithm, Dao 2023) from candle
+//! ops, so it runs on every device candle has: the forward pass walks the
+//! keys a block at a time with an online softmax and keeps each row's
+//! log-sum-exp; the backward pass recomputes the scores block by block from
+//! q, k, v, the output and the log-sum-exp. No tensor of `b × heads × s × s`
+//! elements is kept for the backward pass or made whole at any moment: the
+//! largest is one block of scores, `b × heads × block × block`.
+
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
+
+/// Queries and keys per block unless a [`BlockedAttention`] says otherwise.
+pub const DEFAULT_BLOCK: usize = 128;
+
+/// Scaled dot-product attention in blocks: the settings.
+///
+/// `q` is `(b, heads, s_q, d)`, `k` and `v` `(b, kv_heads, s_k, d)` with
+/// `heads` a multiple of `kv_heads` (grouped-query attention: each kv head
+/// serves `heads / kv_heads` query heads); the output is `(b, heads, s_q,
+/// d)`, as `softmax(q·kᵀ · scale + mask) · v` computes it.
+///
+/// ```
+/// use autobatch_models::ops::{attention, BlockedAttention};
+/// use candle_core::{Device, Tensor, Var};
+///
+/// let q = Var::randn(0f32, 1.0, (2, 4, 37, 16), &Device::Cpu)?;
+/// let (k, v) = (Tensor::randn(0f32, 1.0, (2, 2, 37, 16), &Device::Cpu)?, Tensor::randn(0f32, 1.0, (2, 2, 37, 16), &Device::Cpu)?);
+/// let blocked = BlockedAttention::causal().block(8).forward(q.as_tensor(), &k, &v, None)?;
+/// let eager = attention(q.as_tensor(), &k, &v, None, true)?;
+/// let difference = (&blocked - &eager)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+/// assert!(difference < 1e-5);
+/// let grads = blocked.sum_all()?.backward()?;
+/// assert!(grads.get(&q).is_some());
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockedAttention {
+    /// Each query attends to itself and the keys before it. With fewer
+    /// queries than keys, the queries are the last of the keys' positions (a
+    /// chunk of a sequence whose earlier keys are cached).
+    pub causal: bool,
+    /// What the scores are multiplied by; `None`: `1 / √d`.
+    pub scale: Option<f64>,
+    /// Queries and keys per block.
+    pub block: usize,
+}
+
+impl BlockedAttention {
+    /// Causal attention (a decoder's), blocks of [`DEFAULT_BLOCK`].
+    pub fn causal() -> BlockedAttention {
+        BlockedAttention { causal: true, scale: None, block: DEFAULT_BLOCK }
+    }
+
+    /// Bidirectional attention (an encoder's), blocks of [`DEFAULT_BLOCK`].
+    pub fn bidirectional() -> BlockedAttention {
+        BlockedAttention { causal: false, scale: None, block: DEFAULT_BLOCK }
+    }
+
+    /// With blocks of `block` queries and keys.
+    pub fn block(mut self, block: usize) -> BlockedAttention {
+        self.block = block;
+        self
+    }
+
+    /// The attention of `q` over `k` and `v`, with an additive key mask
+    /// `(b, s_k)` where given (BERT's padding: 0 where a key counts, a large
+    /// negative number where it does not).
+    pub fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let shape = Shapes::of(q, k, v, mask, self)?;
+        let scale = self.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
+        let mask = mask.map(|mask| mask.detach().to_dtype(DType::F32)).transpose()?;
+        let (out, lse) = forward(&q.detach(), &k.detach(), &v.detach(), mask.as_ref(), &shape, scale)?;
+        if !(q.track_op() || k.track_op() || v.track_op()) {
+            return Ok(out);
+        }
+        let op = Attend { shape, scale, out: Mutex::new(Some(out)), lse, mask };
+        q.apply_op3(k, v, op)
+    }
+}
+
+/// The eager form: the scores made whole, `softmax(q·kᵀ · scale + mask) ·
+/// v` with candle's differentiable ops; what [`BlockedAttention`] equals.
+/// Shapes as there; `scale` is `1 / √d`.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
+    let (_, heads, s, d) = q.dims4()?;
+    let s_k = k.dim(2)?;
+    if causal && s > s_k {
+        candle_core::bail!("attention: causal attention of {s} queries over {s_k} keys")
+    }
+    let groups = heads / k.dim(1)?;
+    let (k, v) = (repeat_heads(k, groups)?, repeat_heads(v, groups)?);
+    let scores = (crate::ops::matmul(q, &k.t()?)? / (d as f64).sqrt())?;
+    let scores = match mask {
+        Some(mask) => {
+            let (b, s_k) = mask.dims2()?;
+            crate::ops::add_constant(&scores, &mask.to_dtype(scores.dtype())?.reshape((b, 1, 1, s_k))?)?
+        }
+        None => scores,
+    };
+    let scores = if causal {
+        let mask = causal_block(s_k - s, s, 0, s_k, q.device())?.to_dtype(scores.dtype())?;
+        crate::ops::add_constant(&scores, &mask)?
+    } else {
+        scores
+    };
+    crate::ops::matmul(&crate::ops::softmax_last_dim(&scores)?, &v)
+}
+
+/// The sizes of one attention call, checked.
+#[derive(Clone, Copy, Debug)]
+struct Shapes {
+    b: usize,
+    heads: usize,
+    kv_heads: usize,
+    s_q: usize,
+    s_k: usize,
+    d: usize,
+    block: usize,
+    causal: bool,
+    /// The position of the first query among the keys'.
+    q_offset: usize,
+}
+
+impl Shapes {
+    fn of(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, config: &BlockedAttention) -> Result<Shapes> {
+        let (b, heads, s_q, d) = q.dims4()?;
+        let (kb, kv_heads, s_k, kd) = k.dims4()?;
+        if (kb, kd) != (b, d) || v.dims() != k.dims() {
+            candle_core::bail!(
+                "blocked attention: q {:?}, k {:?} and v {:?} do not agree (b, heads, s, d)",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            )
+        }
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            candle_core::bail!("blocked attention: {heads} query heads are not a multiple of {kv_heads} kv heads")
+        }
+        if config.causal && s_q > s_k {
+            candle_core::bail!("blocked attention: causal attention of {s_q} queries over {s_k} keys")
+        }
+        if config.block == 0 {
+            candle_core::bail!("blocked attention: blocks of 0 queries")
+        }
+        if let Some(mask) = mask {
+            if mask.dims() != [b, s_k] {
+                candle_core::bail!("blocked attention: a key mask of {:?} for ({b}, {s_k})", mask.dims())
+            }
+        }
+        // causally, the queries are the last s_q of the keys' positions (a
+        // chunk of a sequence whose earlier keys are cached)
+        let q_offset = if config.causal { s_k - s_q } else { 0 };
+        Ok(Shapes { b, heads, kv_heads, s_q, s_k, d, block: config.block, causal: config.causal, q_offset })
+    }
+
+    /// The query blocks, as (start, length).
+    fn query_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
+        blocks(self.s_q, self.block)
+    }
+
+    /// The key blocks a query block at `start` of `len` sees: all of them,
+    /// or causally those that start at or before its last query.
+    fn key_blocks(&self, start: usize, len: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let last = self.q_offset + start + len - 1;
+        blocks(self.s_k, self.block).filter(move |&(key, _)| !self.causal || key <= last)
+    }
+}
+
+fn blocks(len: usize, block: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len).step_by(block).map(move |start| (start, block.min(len - start)))
+}
+
+/// 0 where key `k0 + j` may be seen by query `q0 + i`, −∞ where it comes
+/// after it: `(q_len, k_len)` in f32.
+fn causal_block(q0: usize, q_len: usize, k0: usize, k_len: usize, device: &candle_core::Device) -> Result<Tensor> {
+    let values: Vec<f32> = (0..q_len)
+        .flat_map(|i| (0..k_len).map(move |j| if k0 + j > q0 + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(values, (q_len, k_len), device)
+}
+
+/// `(b, kv_heads, n, d)` → `(b, kv_heads · groups, n, d)`, each kv head repeated.
+fn repeat_heads(xs: &Tensor, groups: usize) -> Result<Tensor> {
+    if groups == 1 {
+        return Ok(xs.clone());
+    }
+    let (b, kv_heads, n, d) = xs.dims4()?;
+    xs.unsqueeze(2)?.expand((b, kv_heads, groups, n, d))?.reshape((b, kv_heads * groups, n, d))
+}
+
+/// `(b, heads, n, d)` summed over each kv head's group → `(b, kv_heads, n, d)`.
+fn sum_groups(xs: &Tensor, kv_heads: usize) -> Result<Tensor> {
+    let (b, heads, n, d) = xs.dims4()?;
+    if heads == kv_heads {
+        return Ok(xs.clone());
+    }
+    xs.reshape((b, kv_heads, heads / kv_heads, n, d))?.sum(2)
+}
+
+/// One block of scores in f32: `q_i · k_jᵀ · scale` (`q_i` contiguous), with
+/// the key mask and the causal mask where they apply.
+fn scores(
+    q: &Tensor,
+    k: &Tensor,
+    mask: Option<&Tensor>,
+    shape: &Shapes,
+    (q0, q_len): (usize, usize),
+    (k0, k_len): (usize, usize),
+    scale: f64,
+) -> Result<Tensor> {
+    let s = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
+    let s = match mask {
+        Some(mask) => s.broadcast_add(&mask.narrow(1, k0, k_len)?.reshape((shape.b, 1, 1, k_len))?)?,
+        None => s,
+    };
+    if shape.causal && k0 + k_len - 1 > shape.q_offset + q0 {
+        s.broadcast_add(&causal_block(shape.q_offset + q0, q_len, k0, k_len, q.device())?)
+    } else {
+        Ok(s)
+    }
+}
+
+/// The output `(b, heads, s_q, d)` in q's dtype and each row's log-sum-exp
+/// `(b, heads, s_q, 1)` in f32, by blocks of queries and keys with an online
+/// softmax; on detached tensors (no graph).
+fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    shape: &Shapes,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
+    let groups = shape.heads / shape.kv_heads;
+    let (mut outputs, mut lses) = (Vec::new(), Vec::new());
+    for (q0, q_len) in shape.query_blocks() {
+        // made contiguous once for every key block it meets
+        let q_i = q.narrow(2, q0, q_len)?.contiguous()?;
+        let rows = (shape.b, shape.heads, q_len, 1);
+        // a finite start: a row whose keys are all masked so far keeps weights of 0, not NaN
+        let mut max = Tensor::full(-1e30f32, rows, q.device())?;
+        let mut sum = Tensor::zeros(rows, DType::F32, q.device())?;
+        let mut acc = Tensor::zeros((shape.b, shape.heads, q_len, shape.d), DType::F32, q.device())?;
+        for (k0, k_len) in shape.key_blocks(q0, q_len) {
+            let k_j = repeat_heads(&k.narrow(2, k0, k_len)?, groups)?;
+            let v_j = repeat_heads(&v.narrow(2, k0, k_len)?, groups)?;
+            let s = scores(&q_i, &k_j, mask, shape, (q0, q_len), (k0, k_len), scale)?;
+            let new_max = max.maximum(&s.max_keepdim(D::Minus1)?)?;
+            let p = s.broadcast_sub(&new_max)?.exp()?;
+            let rescale = (&max - &new_max)?.exp()?;
+            sum = ((&sum * &rescale)? + p.sum_keepdim(D::Minus1)?)?;
+            let pv = p.to_dtype(v_j.dtype())?.matmul(&v_j.contiguous()?)?.to_dtype(DType::F32)?;
+            acc = (acc.broadcast_mul(&rescale)? + pv)?;
+            max = new_max;
+        }
+        outputs.push(acc.broadcast_div(&sum)?.to_dtype(q.dtype())?);
+        lses.push((max + sum.log()?)?);
+    }
+    Ok((Tensor::cat(&outputs, 2)?, Tensor::cat(&lses, 2)?))
+}
+
+/// The gradients of q, k and v for the output gradient `grad` `(b, heads,
+/// s_q, d)`, the scores recomputed block by block (FlashAttention-2's
+/// backward): `D = rowsum(dO ∘ O)`, and for each block `P = exp(S − lse)`,
+/// `dV += Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − D)`, `dQ += dS·K·scale`, `dK += dSᵀ·Q·scale`.
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    grad: &Tensor,
+    lse: &Tensor,
+    mask: Option<&Tensor>,
+    shape: &Shapes,
+    scale: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let groups = shape.heads / shape.kv_heads;
+    let grad = grad.to_dtype(DType::F32)?;
+    let rows = (grad.clone() * out.to_dtype(DType::F32)?)?.sum_keepdim(D::Minus1)?;
+    let key_blocks: Vec<(usize, usize)> = blocks(shape.s_k, shape.block).collect();
+    let mut dk: Vec<Option<Tensor>> = vec![None; key_blocks.len()];
+    let mut dv: Vec<Option<Tensor>> = vec![None; key_blocks.len()];
+    let mut dq = Vec::new();
+    let add = |slot: &mut Option<Tensor>, value: Tensor| -> Result<()> {
+        *slot = Some(match slot.take() {
+            Some(sum) => (sum + value)?,
+            None => value,
+        });
+        Ok(())
+    };
+    for (q0, q_len) in shape.query_blocks() {
+        let q_i = q.narrow(2, q0, q_len)?.contiguous()?;
+        let q_f = q_i.to_dtype(DType::F32)?;
+        let (do_i, lse_i, rows_i) = (grad.narrow(2, q0, q_len)?, lse.narrow(2, q0, q_len)?, rows.narrow(2, q0, q_len)?);
+        let do_i = do_i.contiguous()?;
+        let mut dq_i = Tensor::zeros((shape.b, shape.heads, q_len, shape.d), DType::F32, q.device())?;
+        for (index, (k0, k_len)) in shape.key_blocks(q0, q_len).enumerate() {
+            let k_j = repeat_heads(&k.narrow(2, k0, k_len)?, groups)?.contiguous()?;
+            let v_j = repeat_heads(&v.narrow(2, k0, k_len)?, groups)?.contiguous()?.to_dtype(DType::F32)?;
+            let s = scores(&q_i, &k_j, mask, shape, (q0, q_len), (k0, k_len), scale)?;
+            let k_j = k_j.to_dtype(DType::F32)?;
+            let p = s.broadcast_sub(&lse_i)?.exp()?;
+            add(&mut dv[index], p.t()?.matmul(&do_i)?)?;
+            let dp = do_i.matmul(&v_j.t()?)?;
+            let ds = (p * dp.broadcast_sub(&rows_i)?)?;
+            dq_i = (dq_i + (ds.matmul(&k_j)? * scale)?)?;
+            add(&mut dk[index], (ds.t()?.matmul(&q_f)? * scale)?)?;
+        }
+        dq.push(dq_i);
+    }
+    let gather = |parts: Vec<Option<Tensor>>, like: &Tensor| -> Result<Tensor> {
+        let parts: Vec<Tensor> = parts
+            .into_iter()
+            .zip(&key_blocks)
+            .map(|(part, &(_, len))| match part {
+                Some(part) => sum_groups(&part, shape.kv_heads),
+                // a key block no query sees (none, causally: the last query sees every key)
+                None => Tensor::zeros((shape.b, shape.kv_heads, len, shape.d), DType::F32, like.device()),
+            })
+            .collect::<Result<_>>()?;
+        Tensor::cat(&parts, 2)?.to_dtype(like.dtype())
+    };
+    let dq = Tensor::cat(&dq, 2)?.to_dtype(q.dtype())?;
+    Ok((dq, gather(dk, k)?, gather(dv, v)?))
+}
+
+/// The op candle's autograd sees: its forward hands over the output the
+/// blocks computed (it keeps the log-sum-exp, never the scores); its
+/// backward recomputes the scores block by block.
+struct Attend {
+    shape: Shapes,
+    scale: f64,
+    /// The output, computed before the op ran; taken by the forward.
+    out: Mutex<Option<Tensor>>,
+    lse: Tensor,
+    mask: Option<Tensor>,
+}
+
+impl Attend {
+    fn take_out(&self) -> Result<Tensor> {
+        let out = self.out.lock().map_err(|_| candle_core::Error::Msg("blocked attention: a poisoned lock".into()))?;
+        let mut out = out;
+        match out.take() {
+            Some(out) if out.is_contiguous() && out.layout().start_offset() == 0 => Ok(out),
+            Some(out) => out.copy(),
+            None => candle_core::bail!("blocked attention: its forward ran twice"),
+        }
+    }
+}
+
+impl candle_core::CustomOp3 for Attend {
+    fn name(&self) -> &'static str {
+        "blocked-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        crate::ops::handed_over_cpu(&self.take_out()?)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::ops::handed_over_cuda(&self.take_out()?)
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (q_, k_, v_) = (q.detach(), k.detach(), v.detach());
+        let (dq, dk, dv) = backward(
+            &q_,
+            &k_,
+            &v_,
+            &res.detach(),
+            &grad.detach(),
+            &self.lse,
+            self.mask.as_ref(),
+            &self.shape,
+            self.scale,
+        )?;
+        let keep = |tensor: &Tensor, gradient: Tensor| tensor.track_op().then_some(gradient);
+        Ok((keep(q, dq), keep(k, dk), keep(v, dv)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+    use proptest::prelude::*;
+
+    /// The largest difference over the largest magnitude of `theirs` (at
+    /// least 0.1: a gradient zero by symmetry, a single key's, holds rounding).
+    fn relative(ours: &Tensor, theirs: &Tensor) -> f32 {
+        let scale = theirs.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        let error = (ours - theirs).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+        error.to_scalar::<f32>().unwrap() / scale.max(0.1)
+    }
+
+    /// Blocked and eager attention of the same inputs, their outputs and
+    /// the gradients of q, k, v (and, when given, of nothing for the mask).
+    #[allow(clippy::too_many_arguments)]
+    fn compare(
+        b: usize,
+        heads: usize,
+        kv: usize,
+        s: usize,
+        d: usize,
+        block: usize,
+        causal: bool,
+        masked: bool,
+        dtype: DType,
+    ) -> f32 {
+        let device = Device::Cpu;
+        let var = |heads| {
+            Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap().to_dtype(dtype).unwrap())
+                .unwrap()
+        };
+        let (q, k, v) = (var(heads), var(kv), var(kv));
+        // a padding mask: the last keys of the second sample do not count
+        let mask = masked.then(|| {
+            let values: Vec<f32> = (0..b * s).map(|i| if i / s == 1 && i % s > s / 2 { -1e9 } else { 0.0 }).collect();
+            Tensor::from_vec(values, (b, s), &device).unwrap()
+        });
+        let weights = Tensor::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap().to_dtype(dtype).unwrap();
+        let run = |blocked: bool| {
+            let out = if blocked {
+                let config = BlockedAttention { causal, scale: None, block };
+                config.forward(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask.as_ref()).unwrap()
+            } else {
+                attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask.as_ref(), causal).unwrap()
+            };
+            let grads = (&out * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+            let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let grad = |var: &Var| f32(grads.get(var).expect("a gradient"));
+            (f32(&out), grad(&q), grad(&k), grad(&v))
+        };
+        let (ours, theirs) = (run(true), run(false));
+        [
+            relative(&ours.0, &theirs.0),
+            relative(&ours.1, &theirs.1),
+            relative(&ours.2, &theirs.2),
+            relative(&ours.3, &theirs.3),
+        ]
+        .into_iter()
+        .fold(0.0, f32::max)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Lengths that are not block multiples, a single token, grouped
+        /// heads, a padding mask, causal or not: the output and every
+        /// gradient equal the eager attention's within 1e-5 in f32.
+        #[test]
+        fn blocked_equals_eager(
+            s in 1usize..40,
+            block in 1usize..17,
+            groups in prop::sample::select(vec![1usize, 2, 4]),
+            kv in 1usize..3,
+            d in prop::sample::select(vec![8usize, 12, 16]),
+            causal: bool,
+            masked: bool,
+        ) {
+            let error = compare(2, kv * groups, kv, s, d, block, causal, masked, DType::F32);
+            prop_assert!(error <= 1e-5, "off by {error:e}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        /// The last `c` queries over every key (a chunk whose earlier keys
+        /// are cached, or one decoded token) see what the same rows of the
+        /// whole causal attention see, blocked and eager, and the blocked
+        /// form's gradients equal the eager one's.
+        #[test]
+        fn a_chunk_of_the_last_queries_sees_what_the_whole_does(
+            s in 1usize..40,
+            chunk_share in 0.0f64..1.0,
+            block in 1usize..17,
+            groups in prop::sample::select(vec![1usize, 2]),
+        ) {
+            let c = ((s as f64 * chunk_share) as usize).clamp(1, s);
+            let device = Device::Cpu;
+            let (heads, kv, d) = (2 * groups, 2, 8);
+            let q = Var::from_tensor(&Tensor::randn(0f32, 1.0, (1, heads, s, d), &device).unwrap()).unwrap();
+            let (k, v) = (Tensor::randn(0f32, 1.0, (1, kv, s, d), &device).unwrap(), Tensor::randn(0f32, 1.0, (1, kv, s, d), &device).unwrap());
+            let config = BlockedAttention { causal: true, scale: None, block };
+            let whole = config.forward(q.as_tensor(), &k, &v, None).unwrap().narrow(2, s - c, c).unwrap();
+            let last = q.as_tensor().narrow(2, s - c, c).unwrap();
+            let blocked = config.forward(&last, &k, &v, None).unwrap();
+            let eager = attention(&last, &k, &v, None, true).unwrap();
+            prop_assert!(relative(&blocked, &whole) <= 1e-5);
+            prop_assert!(relative(&eager, &whole) <= 1e-5);
+            let grad = |out: &Tensor| out.sum_all().unwrap().backward().unwrap().get(&q).unwrap().clone();
+            prop_assert!(relative(&grad(&blocked), &grad(&eager)) <= 1e-5);
+        }
+    }
+
+    #[test]
+    fn more_queries_than_keys_are_refused_causally() {
+        let q = Tensor::zeros((1, 1, 4, 8), DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::zeros((1, 1, 3, 8), DType::F32, &Device::Cpu).unwrap();
+        assert!(BlockedAttention::causal().forward(&q, &k, &k, None).is_err());
+        assert!(attention(&q, &k, &k, None, true).is_err());
+    }
+
+    #[test]
+    fn in_bf16_within_bf16s_tolerance() {
+        // the eager form rounds its scores and weights to bf16; the blocked form keeps its softmax in f32
+        let error = compare(2, 4, 2, 45, 16, 16, true, false, DType::BF16);
+        assert!(error <= 3e-2, "off by {error:e}");
+    }
+}

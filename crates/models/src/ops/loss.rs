@@ -1,0 +1,380 @@
+//! A linear head and its cross entropy fused, in chunks of rows (Liger
+//! Kernel's FusedLinearCrossEntropy, torchtune's chunked output): the logits
+//! of a chunk, its loss, and its gradients for the hidden states, the head's
+//! weight and bias, computed in the forward pass; `(rows × vocab)` never
+//! exists at once, and nothing of the logits is kept for the backward pass,
+//! which hands out the gradients already computed.
+
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
+
+/// The fewest rows a chunk takes unless a [`ChunkedCrossEntropy`] says
+/// otherwise (the last chunk may have fewer).
+pub const MIN_CHUNK_ROWS: usize = 256;
+
+/// The label `I64` targets ignore, as PyTorch's `ignore_index` and
+/// transformers' labels do.
+pub const IGNORE_INDEX: i64 = -100;
+
+/// Cross entropy of a linear head over hidden states, in chunks of rows:
+/// the mean over the targets not ignored of `−log softmax(h · Wᵀ + b)[t]`,
+/// in f32 whatever the weights' dtype, as the eager
+/// `cross_entropy(linear(h).to_dtype(f32), t)` computes it.
+///
+/// ```
+/// use autobatch_models::ops::ChunkedCrossEntropy;
+/// use candle_core::{Device, Tensor, Var};
+///
+/// let hidden = Var::randn(0f32, 1.0, (10, 8), &Device::Cpu)?;
+/// let weight = Var::randn(0f32, 1.0, (50, 8), &Device::Cpu)?;
+/// let targets = Tensor::new(&[1i64, 7, -100, 3, 49, 0, 12, 5, 5, 9], &Device::Cpu)?; // -100: ignored
+/// let fused = ChunkedCrossEntropy::rows(3).forward(hidden.as_tensor(), weight.as_tensor(), None, &targets)?;
+/// let grads = fused.backward()?;
+/// assert!(grads.get(&hidden).is_some() && grads.get(&weight).is_some());
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkedCrossEntropy {
+    /// Rows per chunk; `None`: Liger Kernel's rule, `⌈n / ⌈vocab / h⌉⌉`
+    /// of `n` rows of width `h` (a chunk's logits hold about as many values
+    /// as the hidden states), and at least [`MIN_CHUNK_ROWS`]: each chunk
+    /// adds its share to the head weight's whole gradient, work of the
+    /// weight's size that a chunk of a few rows would not pay for.
+    pub rows: Option<usize>,
+}
+
+impl ChunkedCrossEntropy {
+    /// Chunks of `rows` rows.
+    pub fn rows(rows: usize) -> ChunkedCrossEntropy {
+        ChunkedCrossEntropy { rows: Some(rows) }
+    }
+
+    /// The mean cross entropy of `hidden` `(n, h)` through the head
+    /// `weight` `(vocab, h)` (and `bias` `(vocab)`) against `targets` `(n)`:
+    /// `U32` class ids, or `I64` with [`IGNORE_INDEX`] where a row does not
+    /// count. A scalar in f32; its backward pass gives each of `hidden`,
+    /// `weight` and `bias` that takes part in the graph its gradient.
+    pub fn forward(&self, hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, targets: &Tensor) -> Result<Tensor> {
+        let (n, width) = hidden.dims2()?;
+        let (vocab, weight_width) = weight.dims2()?;
+        if weight_width != width {
+            candle_core::bail!("chunked cross entropy: hidden states of {width} for a head of {weight_width}")
+        }
+        let targets = targets_of(targets, n, vocab)?;
+        let counted = targets.iter().filter(|t| t.is_some()).count();
+        if counted == 0 {
+            candle_core::bail!("chunked cross entropy: every one of the {n} targets is ignored")
+        }
+        let rows =
+            self.rows.unwrap_or_else(|| n.div_ceil(vocab.div_ceil(width.max(1)).max(1)).max(MIN_CHUNK_ROWS)).max(1);
+        let wants =
+            Wanted { hidden: hidden.track_op(), weight: weight.track_op(), bias: bias.is_some_and(Tensor::track_op) };
+        let (h, w, b) = (hidden.detach(), weight.detach(), bias.map(Tensor::detach));
+        let device = hidden.device();
+        let mut loss = Tensor::zeros((), DType::F32, device)?;
+        let mut grad_hidden = Vec::new();
+        let mut grad_weight =
+            if wants.weight { Some(Tensor::zeros((vocab, width), DType::F32, device)?) } else { None };
+        let mut grad_bias = if wants.bias { Some(Tensor::zeros(vocab, DType::F32, device)?) } else { None };
+        for start in (0..n).step_by(rows) {
+            let len = rows.min(n - start);
+            let chunk = &targets[start..start + len];
+            let h_c = h.narrow(0, start, len)?;
+            let logits = h_c.matmul(&w.t()?)?;
+            let logits = match &b {
+                Some(b) => logits.broadcast_add(b)?,
+                None => logits,
+            };
+            let logits = logits.to_dtype(DType::F32)?;
+            let lse = logits.log_sum_exp(D::Minus1)?.unsqueeze(1)?;
+            let ids: Vec<u32> = chunk.iter().map(|t| t.unwrap_or(0)).collect();
+            let ids = Tensor::from_vec(ids, (len, 1), device)?;
+            let weights: Vec<f32> = chunk.iter().map(|t| if t.is_some() { 1.0 } else { 0.0 }).collect();
+            let counts = Tensor::from_vec(weights, (len, 1), device)?;
+            let picked = logits.gather(&ids, 1)?;
+            loss = (loss + ((&lse - picked)? * &counts)?.sum_all()?)?;
+            if !wants.any() {
+                continue;
+            }
+            // softmax − one-hot, over the rows that count, for the mean
+            let probabilities = logits.broadcast_sub(&lse)?.exp()?;
+            let grad = probabilities.scatter_add(&ids, &counts.neg()?, 1)?;
+            let grad = (grad.broadcast_mul(&counts)? / counted as f64)?;
+            let grad_native = grad.to_dtype(w.dtype())?;
+            if wants.hidden {
+                grad_hidden.push(grad_native.matmul(&w)?);
+            }
+            if let Some(sum) = grad_weight.as_mut() {
+                *sum = (&*sum + grad_native.t()?.matmul(&h_c)?.to_dtype(DType::F32)?)?;
+            }
+            if let Some(sum) = grad_bias.as_mut() {
+                *sum = (&*sum + grad.sum(0)?)?;
+            }
+        }
+        let loss = (loss / counted as f64)?;
+        if !wants.any() {
+            return Ok(loss);
+        }
+        let grads = Grads {
+            hidden: wants.hidden.then(|| Tensor::cat(&grad_hidden, 0)?.to_dtype(hidden.dtype())).transpose()?,
+            weight: grad_weight.map(|g| g.to_dtype(weight.dtype())).transpose()?,
+            bias: grad_bias.zip(bias).map(|(g, b)| g.to_dtype(b.dtype())).transpose()?,
+        };
+        let op = Fused { loss: Mutex::new(Some(loss)), grads: Mutex::new(Some(grads)) };
+        match bias {
+            Some(bias) => hidden.apply_op3(weight, bias, op),
+            None => hidden.apply_op2(weight, op),
+        }
+    }
+}
+
+/// Which inputs take part in the graph (and get a gradient).
+#[derive(Clone, Copy)]
+struct Wanted {
+    hidden: bool,
+    weight: bool,
+    bias: bool,
+}
+
+impl Wanted {
+    fn any(&self) -> bool {
+        self.hidden || self.weight || self.bias
+    }
+}
+
+/// Each row's class, `None` where ignored; checked against the vocabulary.
+fn targets_of(targets: &Tensor, n: usize, vocab: usize) -> Result<Vec<Option<u32>>> {
+    if targets.dims() != [n] {
+        candle_core::bail!("chunked cross entropy: {:?} targets for {n} rows", targets.dims())
+    }
+    let ids: Vec<i64> = match targets.dtype() {
+        DType::U32 => targets.to_vec1::<u32>()?.into_iter().map(i64::from).collect(),
+        DType::I64 => targets.to_vec1::<i64>()?,
+        other => candle_core::bail!("chunked cross entropy: targets of {other:?}; use u32 or i64"),
+    };
+    ids.into_iter()
+        .map(|id| match id {
+            IGNORE_INDEX => Ok(None),
+            id if (0..vocab as i64).contains(&id) => Ok(Some(id as u32)),
+            id => candle_core::bail!("chunked cross entropy: target {id} of a vocabulary of {vocab}"),
+        })
+        .collect()
+}
+
+/// The gradients computed in the forward pass, for the loss's gradient of 1.
+struct Grads {
+    hidden: Option<Tensor>,
+    weight: Option<Tensor>,
+    bias: Option<Tensor>,
+}
+
+/// The op candle's autograd sees: the loss as its output, the gradients it
+/// computed handed out (scaled by the loss's own gradient) when the
+/// backward pass reaches it.
+struct Fused {
+    loss: Mutex<Option<Tensor>>,
+    grads: Mutex<Option<Grads>>,
+}
+
+impl Fused {
+    /// The loss, taken (the forward runs once).
+    fn take_loss(&self) -> Result<Tensor> {
+        let loss = self.loss.lock().map_err(|_| candle_core::Error::Msg("chunked cross entropy: poisoned".into()))?;
+        let mut loss = loss;
+        loss.take().ok_or_else(|| candle_core::Error::Msg("chunked cross entropy: its forward ran twice".into()))
+    }
+
+    fn gradients(&self, grad: &Tensor) -> Result<Grads> {
+        let grads = self.grads.lock().map_err(|_| candle_core::Error::Msg("chunked cross entropy: poisoned".into()))?;
+        let mut grads = grads;
+        let Some(grads) = grads.take() else { candle_core::bail!("chunked cross entropy: its backward ran twice") };
+        let scale = |g: Option<Tensor>| -> Result<Option<Tensor>> {
+            g.map(|g| g.broadcast_mul(&grad.to_dtype(g.dtype())?)).transpose()
+        };
+        Ok(Grads { hidden: scale(grads.hidden)?, weight: scale(grads.weight)?, bias: scale(grads.bias)? })
+    }
+}
+
+impl candle_core::CustomOp2 for Fused {
+    fn name(&self) -> &'static str {
+        "chunked-cross-entropy"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        crate::ops::handed_over_cpu(&self.take_loss()?)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::ops::handed_over_cuda(&self.take_loss()?)
+    }
+
+    fn bwd(&self, _: &Tensor, _: &Tensor, _: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grads = self.gradients(grad)?;
+        Ok((grads.hidden, grads.weight))
+    }
+}
+
+impl candle_core::CustomOp3 for Fused {
+    fn name(&self) -> &'static str {
+        "chunked-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        crate::ops::handed_over_cpu(&self.take_loss()?)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::ops::handed_over_cuda(&self.take_loss()?)
+    }
+
+    fn bwd(
+        &self,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grads = self.gradients(grad)?;
+        Ok((grads.hidden, grads.weight, grads.bias))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+    use proptest::prelude::*;
+
+    fn relative(ours: &Tensor, theirs: &Tensor) -> f32 {
+        let (ours, theirs) = (ours.to_dtype(DType::F32).unwrap(), theirs.to_dtype(DType::F32).unwrap());
+        let scale = theirs.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        let error = (ours - theirs).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+        error.to_scalar::<f32>().unwrap() / scale.max(1e-3)
+    }
+
+    /// The fused loss and the eager one (logits whole, in f32, the ignored
+    /// rows left out), their values and the gradients of hidden, weight and
+    /// bias; the weight also used as an embedding (a tied head).
+    #[allow(clippy::too_many_arguments)]
+    fn compare(
+        n: usize,
+        vocab: usize,
+        width: usize,
+        rows: usize,
+        bias: bool,
+        ignored: bool,
+        tied: bool,
+        dtype: DType,
+    ) -> f32 {
+        let device = Device::Cpu;
+        let var = |shape: &[usize]| {
+            Var::from_tensor(&Tensor::randn(0f32, 1.0, shape, &device).unwrap().to_dtype(dtype).unwrap()).unwrap()
+        };
+        let (h, w, b) = (var(&[n, width]), var(&[vocab, width]), var(&[vocab]));
+        let ids: Vec<i64> =
+            (0..n).map(|i| if ignored && i % 3 == 1 { IGNORE_INDEX } else { ((i * 7 + 3) % vocab) as i64 }).collect();
+        if ids.iter().all(|&id| id == IGNORE_INDEX) {
+            return 0.0;
+        }
+        let targets = Tensor::new(ids.as_slice(), &device).unwrap();
+        let bias = bias.then_some(b.as_tensor());
+        // the tied use: an embedding lookup of the same weight, added to the hidden states
+        let input = |h: &Var| {
+            if tied {
+                let lookup = w.as_tensor().index_select(&Tensor::new(&[0u32, 1], &device).unwrap(), 0).unwrap();
+                h.as_tensor().broadcast_add(&lookup.sum(0).unwrap()).unwrap()
+            } else {
+                h.as_tensor().clone()
+            }
+        };
+        let fused = ChunkedCrossEntropy::rows(rows).forward(&input(&h), w.as_tensor(), bias, &targets).unwrap();
+        let fused_grads = fused.backward().unwrap();
+        let kept: Vec<u32> = (0..n as u32).filter(|&i| ids[i as usize] != IGNORE_INDEX).collect();
+        let kept_targets: Vec<u32> = kept.iter().map(|&i| ids[i as usize] as u32).collect();
+        let count = kept.len();
+        let logits = input(&h).matmul(&w.as_tensor().t().unwrap()).unwrap();
+        let logits = match bias {
+            Some(b) => logits.broadcast_add(b).unwrap(),
+            None => logits,
+        };
+        let logits = logits
+            .to_dtype(DType::F32)
+            .unwrap()
+            .index_select(&Tensor::new(kept.as_slice(), &device).unwrap(), 0)
+            .unwrap();
+        let eager =
+            candle_nn::loss::cross_entropy(&logits, &Tensor::from_vec(kept_targets, count, &device).unwrap()).unwrap();
+        let eager_grads = eager.backward().unwrap();
+        let mut worst = relative(&fused, &eager);
+        for var in [Some(&h), Some(&w), bias.map(|_| &b)].into_iter().flatten() {
+            worst = worst.max(relative(fused_grads.get(var).unwrap(), eager_grads.get(var).unwrap()));
+        }
+        worst
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Chunks that do not divide the rows, ignored targets, a bias, a
+        /// tied head: the loss and every gradient equal the eager loss's within 1e-5.
+        #[test]
+        fn fused_equals_eager(
+            n in 1usize..40,
+            vocab in 2usize..70,
+            rows in 1usize..17,
+            bias: bool,
+            ignored: bool,
+            tied: bool,
+        ) {
+            let error = compare(n, vocab, 12, rows, bias, ignored, tied, DType::F32);
+            prop_assert!(error <= 1e-5, "off by {error:e}");
+        }
+    }
+
+    #[test]
+    fn in_bf16_within_bf16s_tolerance() {
+        let error = compare(33, 97, 16, 8, true, true, true, DType::BF16);
+        assert!(error <= 2e-2, "off by {error:e}");
+    }
+
+    #[test]
+    fn a_frozen_head_gets_no_gradient_and_targets_are_checked() {
+        let device = Device::Cpu;
+        let h = Var::randn(0f32, 1.0, (4, 8), &device).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (10, 8), &device).unwrap();
+        let targets = Tensor::new(&[1u32, 2, 3, 4], &device).unwrap();
+        let grads =
+            ChunkedCrossEntropy::default().forward(h.as_tensor(), &w, None, &targets).unwrap().backward().unwrap();
+        assert!(grads.get(&h).is_some() && grads.get(&w).is_none());
+        let beyond = Tensor::new(&[1u32, 2, 3, 10], &device).unwrap();
+        assert!(ChunkedCrossEntropy::default().forward(h.as_tensor(), &w, None, &beyond).is_err());
+        let none = Tensor::new(&[IGNORE_INDEX; 4], &device).unwrap();
+        assert!(ChunkedCrossEntropy::default().forward(h.as_tensor(), &w, None, &none).is_err());
+    }
+}

@@ -1,0 +1,1121 @@
+//! The architectures people fine-tune, from their config.json: parameter
+//! counts of published configs, computed without allocating, equal the
+//! published ones; tiny configs of every family build, differentiate (central
+//! differences), tune exactly by brute force without changing a variable and
+//! train under the plan's ceiling; bad configs are refused by field.
+//!
+//! Heap measurements: its own sequential harness (see tests/common/harness.rs).
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+use common::bits;
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+use autobatch::serve::ServeProbe;
+use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
+use autobatch_models::{
+    Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Serving, ServingShape, Training,
+};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Optimizer, ParamsAdamW};
+
+const MIB: u64 = 1 << 20;
+/// What the harness allocates between two readings (see tests/workloads.rs).
+const TOLERANCE: u64 = 4 << 10;
+
+fn published(name: &str) -> Config {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs").join(name);
+    Config::from_file(&path).unwrap_or_else(|err| panic!("{name}: {err}"))
+}
+
+fn published_parameter_counts_are_computed_exactly() {
+    let counts = [
+        ("llama-3.2-1b.json", 1_235_814_400u64),
+        ("tinyllama-1.1b.json", 1_100_048_384),
+        ("qwen2.5-0.5b.json", 494_032_768),
+        ("mistral-7b-v0.1.json", 7_241_732_096),
+        ("gpt2.json", 124_439_808),
+        ("smollm2-135m.json", 134_515_008),
+        // BertForMaskedLM: the encoder without the pooler, the MLM head's transform, its norm and its bias
+        ("bert-base-uncased.json", 109_514_298),
+    ];
+    for (name, count) in counts {
+        let config = published(name);
+        assert_eq!(config.parameter_count(), count, "{name}: {config:?}");
+    }
+    // BertModel with the pooler, as bert-base-uncased's 109,482,240 counts it: the
+    // classification model less its classifier (768 × 2 + 2)
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/configs/bert-base-uncased.json"),
+    )
+    .unwrap()
+    .replace("BertForMaskedLM", "BertForSequenceClassification");
+    let classifier = Config::from_json(&text).unwrap();
+    assert_eq!(classifier.parameter_count() - (768 * 2 + 2), 109_482_240);
+    let llama = published("llama-3.2-1b.json");
+    assert_eq!((llama.family, llama.kv_heads, llama.head_dim, llama.dtype), (Family::Llama, 8, 64, DType::BF16));
+    assert!(matches!(llama.rope, Some(rope) if matches!(rope.scaling, RopeScaling::Llama3(_))) && llama.tie_embeddings);
+}
+
+/// Tiny configs of every family, with what each exercises.
+fn tiny(family: &str) -> Config {
+    let json = match family {
+        // grouped-query attention, Llama 3's rope scaling, a tied head
+        "llama" => {
+            r#"{"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 256, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 64}}"#
+        }
+        // an untied head, a sliding window longer than the sequence
+        "mistral" => {
+            r#"{"model_type": "mistral", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "sliding_window": 4096,
+            "max_position_embeddings": 256}"#
+        }
+        // q/k/v biases
+        "qwen2" => {
+            r#"{"model_type": "qwen2", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 256, "use_sliding_window": false, "sliding_window": 32}"#
+        }
+        // q/k norms, an explicit head_dim that is not hidden / heads
+        "qwen3" => {
+            r#"{"model_type": "qwen3", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+            "max_position_embeddings": 256}"#
+        }
+        "gpt2" => {
+            r#"{"model_type": "gpt2", "vocab_size": 96, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}"#
+        }
+        "bert" => {
+            r#"{"model_type": "bert", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256}"#
+        }
+        "bert-classifier" => {
+            r#"{"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+            "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 256, "id2label": {"0": "a", "1": "b", "2": "c"}}"#
+        }
+        other => panic!("no tiny {other}"),
+    };
+    Config::from_json(json).unwrap_or_else(|err| panic!("{family}: {err}"))
+}
+
+const FAMILIES: [&str; 7] = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "bert", "bert-classifier"];
+
+/// The LoRA targets people use in each family.
+fn lora_for(family: &str) -> Lora {
+    match family {
+        "gpt2" => Lora::new(4, &["c_attn"]),
+        "bert" | "bert-classifier" => Lora::new(4, &["query", "value"]),
+        _ => Lora::new(4, &["q_proj", "v_proj"]),
+    }
+}
+
+fn every_family_builds_with_the_checkpoints_names_and_every_variable_learns() {
+    for family in FAMILIES {
+        let config = tiny(family);
+        let model = Pretrained::build(&config, &Training::new(16), &Device::Cpu).unwrap();
+        let count: usize = model.varmap().all_vars().iter().map(|v| v.elem_count()).sum();
+        assert_eq!(count as u64, config.parameter_count(), "{family}");
+        let names: Vec<String> = model.varmap().data().lock().unwrap().keys().cloned().collect();
+        let expected = match family {
+            "gpt2" => "h.0.attn.c_attn.weight",
+            "bert" => "bert.encoder.layer.0.attention.self.query.weight",
+            "bert-classifier" => "classifier.weight",
+            _ => "model.layers.0.self_attn.q_proj.weight",
+        };
+        assert!(names.iter().any(|n| n == expected), "{family}: {names:?}");
+        // one backward pass reaches every variable
+        let loss = model.loss(3, 7).unwrap();
+        assert!(loss.to_scalar::<f32>().unwrap().is_finite(), "{family}");
+        let grads = loss.backward().unwrap();
+        let missing: Vec<&String> =
+            names.iter().filter(|name| grads.get(&model.varmap().data().lock().unwrap()[*name]).is_none()).collect();
+        assert!(missing.is_empty(), "{family}: no gradient for {missing:?}");
+    }
+}
+
+/// The analytic gradient of a few weights against central differences of
+/// the loss, each family in f64-free f32 at a tolerance of 2%.
+fn gradients_agree_with_central_differences() {
+    for family in FAMILIES {
+        let config = tiny(family);
+        let model = Pretrained::build(&config, &Training::new(8), &Device::Cpu).unwrap();
+        let loss = || f64::from(model.loss(2, 3).unwrap().to_scalar::<f32>().unwrap());
+        let grads = model.loss(2, 3).unwrap().backward().unwrap();
+        let data = model.varmap().data().lock().unwrap().clone();
+        let mut checked = 0;
+        let mut names: Vec<&String> = data.keys().collect();
+        names.sort();
+        for name in names.into_iter().filter(|n| n.ends_with("weight")).step_by(5).take(4) {
+            let var = &data[name];
+            let grad = grads.get(var).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let base = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            // the element with the largest gradient: a difference large enough to measure
+            let index = (0..grad.len()).max_by(|&a, &b| grad[a].abs().total_cmp(&grad[b].abs())).unwrap();
+            if grad[index].abs() < 1e-3 {
+                continue;
+            }
+            let h = 1e-2f32;
+            let at = |delta: f32| {
+                let mut moved = base.clone();
+                moved[index] += delta;
+                var.set(&Tensor::from_vec(moved, var.shape(), &Device::Cpu).unwrap()).unwrap();
+                let value = loss();
+                var.set(&Tensor::from_vec(base.clone(), var.shape(), &Device::Cpu).unwrap()).unwrap();
+                value
+            };
+            let numeric = ((at(h) - at(-h)) / (2.0 * f64::from(h))) as f32;
+            assert!(
+                (numeric - grad[index]).abs() <= 0.02 * numeric.abs().max(grad[index].abs()) + 1e-4,
+                "{family} {name}[{index}]: numeric {numeric}, analytic {}",
+                grad[index]
+            );
+            checked += 1;
+        }
+        assert!(checked >= 2, "{family}: only {checked} gradients large enough to check");
+    }
+}
+
+/// Heap peak of one probe step at `batch`.
+fn peak_of<W: Workload>(workload: &mut W, meter: &mut HeapMeter, batch: usize) -> u64 {
+    meter.reset_peak().unwrap();
+    workload.step(batch).unwrap();
+    meter.peak().unwrap()
+}
+
+/// Tuned through `ModelProbe` with candle-nn's AdamW: b fits, b + 1 does not,
+/// no variable changes, and a `TrainLoop` step with the plan peaks under the ceiling.
+fn tune_exactly_and_train_under_the_ceiling(family: &str, config: &Config, training: Training, room: u64) -> usize {
+    tune_and_train(family, config, training, room).0
+}
+
+/// [`tune_exactly_and_train_under_the_ceiling`], with the plan and the
+/// training losses.
+fn tune_and_train(family: &str, config: &Config, training: Training, room: u64) -> (usize, autobatch::Plan, Vec<f64>) {
+    let model = Pretrained::build(config, &training, &Device::Cpu).unwrap();
+    let before = bits(model.varmap());
+    let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
+    let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+    assert!(plan.proven_largest() && plan.warnings.is_empty(), "{family}:\n{plan}");
+    assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE, "{family}: {largest} over\n{plan}");
+    assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{family}:\n{plan}");
+    drop(probe);
+    assert_eq!(bits(model.varmap()), before, "{family}: probing changed a variable");
+
+    let optimizer =
+        candle_nn::AdamW::new(model.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() }).unwrap();
+    let mut training = TrainLoop::new(&plan, model.varmap(), optimizer).unwrap();
+    let mut losses = Vec::new();
+    for step in 0..6 {
+        meter.reset_peak().unwrap();
+        let report =
+            training.step(&mut meter, |micro| model.loss(micro.len, step as u64 * 1000 + micro.offset as u64)).unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= limit + TOLERANCE, "{family}: training step {step} peaks at {peak} > {limit}\n{plan}");
+        losses.push(report.loss.unwrap());
+    }
+    println!(
+        "  {family}: largest batch {largest}, plan {} × {}, loss {:.3} -> {:.3}",
+        plan.micro_batch(),
+        plan.accumulation_steps(),
+        losses[0],
+        losses[5]
+    );
+    assert_ne!(bits(model.varmap()), before, "{family}: training changed nothing");
+    (largest, plan, losses)
+}
+
+fn every_family_tunes_exactly_and_trains_under_the_ceiling() {
+    for family in FAMILIES {
+        tune_exactly_and_train_under_the_ceiling(family, &tiny(family), Training::new(32), 6 * MIB);
+    }
+}
+
+/// A weight-heavy small config of `family`: its state, not its activations,
+/// decides what fits (as for a real model at a short length).
+fn heavy(family: &str) -> Config {
+    let json = match family {
+        "gpt2" => {
+            r#"{"model_type": "gpt2", "vocab_size": 1024, "n_embd": 256, "n_layer": 2, "n_head": 4, "n_positions": 64}"#
+                .to_owned()
+        }
+        "bert" => r#"{"model_type": "bert", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 1024,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}"#
+            .to_owned(),
+        llama_like => format!(
+            r#"{{"model_type": "{llama_like}", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 1024,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}}"#
+        ),
+    };
+    Config::from_json(&json).unwrap()
+}
+
+/// LoRA: the adapters are the only variables, the frozen base never gets a
+/// gradient, more fits than with full fine-tuning of the same model, and
+/// training moves only the adapters.
+fn lora_trains_the_adapters_alone_and_fits_more() {
+    for family in ["llama", "qwen3", "gpt2", "bert"] {
+        let config = heavy(family);
+        let lora = lora_for(family);
+        let model = Pretrained::build(&config, &Training::new(8).lora(lora.clone()), &Device::Cpu).unwrap();
+        let names: Vec<String> = model.varmap().data().lock().unwrap().keys().cloned().collect();
+        assert!(
+            !names.is_empty() && names.iter().all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")),
+            "{names:?}"
+        );
+        // the gradient store holds the adapters' gradients, no frozen weight's:
+        // its bytes are those of the adapters and of activation-sized tensors
+        let grads = model.loss(2, 1).unwrap().backward().unwrap();
+        assert!(
+            model.varmap().all_vars().iter().all(|v| grads.get(v).is_some()),
+            "{family}: an adapter without a gradient"
+        );
+        // the smallest frozen projection is 256 × 256; batch 2 × 8 tokens makes every
+        // activation's gradient smaller (the logits': 16 × 1024): a gradient this large is a frozen weight's
+        let largest = grads.get_ids().filter_map(|id| grads.get_id(*id)).map(|g| g.elem_count()).max().unwrap();
+        assert!(largest < 256 * 256, "{family}: a gradient of {largest} elements: a frozen weight's");
+        let full = tune_exactly_and_train_under_the_ceiling(family, &config, Training::new(8), 120 * MIB);
+        let adapted = tune_exactly_and_train_under_the_ceiling(family, &config, Training::new(8).lora(lora), 120 * MIB);
+        assert!(adapted > full, "{family}: LoRA fits {adapted}, full fine-tuning {full}");
+    }
+}
+
+/// Gradient checkpointing per layer: the same gradients as the plain
+/// backward pass, fewer bytes per sample, and through the reference engine
+/// (`into_trainer`) an exact answer and training under the ceiling.
+fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
+    use autobatch_models::reference::Model;
+    for family in ["llama", "qwen3", "gpt2"] {
+        let config = tiny(family);
+        let plain = Pretrained::build(&config, &Training::new(64), &Device::Cpu).unwrap();
+        let checkpointed = Pretrained::build(&config, &Training::new(64).checkpointing(), &Device::Cpu).unwrap();
+        let (vars_a, vars_b) = (plain.varmap().all_vars(), checkpointed.varmap().all_vars());
+        let (loss_a, grads_a) = plain.loss_and_gradients(3, 5, &vars_a).unwrap();
+        let (loss_b, grads_b) = checkpointed.loss_and_gradients(3, 5, &vars_b).unwrap();
+        assert_eq!(loss_a.to_scalar::<f32>().unwrap(), loss_b.to_scalar::<f32>().unwrap(), "{family}");
+        let names = |model: &Pretrained| {
+            let mut all: Vec<(String, candle_core::Var)> =
+                model.varmap().data().lock().unwrap().clone().into_iter().collect();
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            all
+        };
+        for ((name, a), (_, b)) in names(&plain).iter().zip(names(&checkpointed).iter()) {
+            let (ga, gb) = (grads_a.get(a).unwrap(), grads_b.get(b).unwrap());
+            let largest = ga.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-12);
+            let diff = (ga - gb).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff <= 1e-5 * largest, "{family} {name}: gradients differ by {diff} (largest {largest})");
+        }
+        drop((loss_a, grads_a, loss_b, grads_b));
+        let mut trainers = [plain, checkpointed].map(|model| model.into_trainer().unwrap());
+        let per_sample = |trainer: &mut autobatch_models::reference::Trainer<Pretrained>| {
+            let mut meter = HeapMeter::with_room(64 * MIB, 0.9).unwrap();
+            trainer.step(8).unwrap();
+            let (small, large) = (peak_of(trainer, &mut meter, 2), peak_of(trainer, &mut meter, 6));
+            (large - small) as f64 / 4.0
+        };
+        let (without, with) = (per_sample(&mut trainers[0]), per_sample(&mut trainers[1]));
+        println!("  {family}: {without:.0} -> {with:.0} bytes per sample checkpointed");
+        assert!(with < 0.85 * without, "{family}: {without} -> {with}");
+        let trainer = &mut trainers[1];
+        let mut meter = HeapMeter::with_room(6 * MIB, 0.9).unwrap();
+        let plan = Tuner::new().target_effective_batch(32).run(trainer, &mut meter).unwrap();
+        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        assert!(plan.proven_largest() && plan.warnings.is_empty(), "{family}:\n{plan}");
+        assert!(peak_of(trainer, &mut meter, largest) <= limit + TOLERANCE, "{family}:\n{plan}");
+        assert!(peak_of(trainer, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{family}:\n{plan}");
+        let first = trainer.train_step_accumulated(plan.micro_batch(), plan.accumulation_steps()).unwrap();
+        meter.reset_peak().unwrap();
+        let second = trainer.train_step_accumulated(plan.micro_batch(), plan.accumulation_steps()).unwrap();
+        let peak = meter.peak().unwrap();
+        assert!(peak <= limit + TOLERANCE, "{family}: training peaks at {peak} > {limit}\n{plan}");
+        assert!(first.is_finite() && second.is_finite());
+    }
+    let bert = Pretrained::build(&tiny("bert"), &Training::new(8).checkpointing(), &Device::Cpu);
+    assert!(
+        matches!(bert, Err(Error::InvalidSetting { setting: Setting::Input(ref field), .. }) if field == "config field model_type")
+    );
+}
+
+/// A LoRA model as a user writes it (a frozen base of plain tensors under
+/// candle-nn's `Linear`, adapters in a `VarMap`): the plan names the frozen
+/// weights' gradients candle keeps; with `FrozenLinear` they are gone, and
+/// more fits (both exact by brute force).
+fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
+    use autobatch::Warning;
+    use autobatch_models::ops::FrozenLinear;
+    use candle_core::Module;
+    let cpu = &Device::Cpu;
+    let frozen: Vec<Tensor> = (0..4)
+        .map(|i| Tensor::randn(0f32, 0.05, (256, 256), cpu).unwrap().affine(1.0, i as f64 * 1e-3).unwrap())
+        .collect();
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, cpu);
+    // the input as a model's is: an embedding lookup (a constant input would get a gradient of its own)
+    let table = vb.get_with_hints((16, 256), "embed", candle_nn::init::DEFAULT_KAIMING_NORMAL).unwrap();
+    let adapters: Vec<(Tensor, Tensor)> = (0..4)
+        .map(|i| {
+            let a =
+                vb.get_with_hints((4, 256), &format!("{i}.lora_A"), candle_nn::init::DEFAULT_KAIMING_NORMAL).unwrap();
+            let b = vb.get_with_hints((256, 4), &format!("{i}.lora_B"), candle_nn::Init::Const(0.01)).unwrap();
+            (a, b)
+        })
+        .collect();
+    let tune = |fixed: bool| {
+        let layers: Vec<Box<dyn Module>> = frozen
+            .iter()
+            .map(|w| -> Box<dyn Module> {
+                if fixed {
+                    Box::new(FrozenLinear::new(w.clone(), None))
+                } else {
+                    Box::new(candle_nn::Linear::new(w.clone(), None))
+                }
+            })
+            .collect();
+        let loss = |batch: usize| -> candle_core::Result<Tensor> {
+            let ids: Vec<u32> = (0..batch).map(|i| (i % 16) as u32).collect();
+            let mut x = table.index_select(&Tensor::from_vec(ids, batch, cpu)?, 0)?;
+            for (layer, (a, b)) in layers.iter().zip(&adapters) {
+                x = (layer.forward(&x)? + x.matmul(&a.t()?)?.matmul(&b.t()?)?)?.tanh()?;
+            }
+            x.sqr()?.mean_all()
+        };
+        let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+        let mut meter = HeapMeter::with_room(24 * MIB, 0.9).unwrap();
+        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        assert!(plan.proven_largest(), "{plan}");
+        assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE);
+        assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE));
+        plan
+    };
+    let plain = tune(false);
+    let held = plain.warnings.iter().find_map(|w| match w {
+        Warning::UntrainedGradients { tensors, bytes, .. } => Some((*tensors, *bytes)),
+        _ => None,
+    });
+    let (tensors, bytes) = held.unwrap_or_else(|| panic!("no warning of the frozen gradients:\n{plain}"));
+    assert!(tensors >= 4 && bytes >= 4 * 256 * 256 * 4, "{tensors} tensors, {bytes} bytes");
+    assert!(plain.to_string().contains("FrozenLinear"), "{plain}");
+    let fixed = tune(true);
+    assert!(!fixed.warnings.iter().any(|w| matches!(w, Warning::UntrainedGradients { .. })), "{fixed}");
+    println!(
+        "  frozen gradients {bytes} bytes in {tensors} tensors; largest batch {} -> {}",
+        plain.largest_batch, fixed.largest_batch
+    );
+    assert!(fixed.largest_batch > plain.largest_batch, "{plain}\n{fixed}");
+}
+
+fn bad_configs_are_refused_by_field() {
+    let refused = |json: &str, field: &str| match Config::from_json(json) {
+        Err(Error::InvalidSetting { setting: Setting::Input(got), .. }) => {
+            assert_eq!(got, format!("config field {field}"), "{json}")
+        }
+        other => panic!("{json}: {other:?}"),
+    };
+    refused("{", "config");
+    refused("[1, 2]", "config");
+    refused(r#"{"model_type": "t5"}"#, "model_type");
+    refused(r#"{"vocab_size": 10}"#, "model_type");
+    let llama = |extra: &str| {
+        format!(
+            r#"{{"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+               "num_hidden_layers": 2, "num_attention_heads": 4 {extra}}}"#
+        )
+    };
+    refused(&llama(r#", "rope_scaling": {"rope_type": "longrope", "factor": 4.0}"#), "rope_scaling.rope_type");
+    refused(
+        &llama(r#", "rope_parameters": {"rope_type": "llama3", "factor": 8.0}"#),
+        "rope_parameters.low_freq_factor",
+    );
+    refused(&llama(r#", "rope_parameters": {"rope_type": "linear", "factor": 0}"#), "rope_parameters.factor");
+    refused(
+        &llama(r#", "rope_parameters": {"rope_type": "linear", "factor": 2, "beta_fast": 4}"#),
+        "rope_parameters.beta_fast",
+    );
+    refused(
+        &llama(r#", "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}"#),
+        "rope_parameters.partial_rotary_factor",
+    );
+    refused(&llama(r#", "quantization_config": {"quant_method": "bitsandbytes"}"#), "quantization_config");
+    refused(&llama(r#", "layer_types": ["full_attention", "chunked_attention"]"#), "layer_types");
+    refused(&llama(r#", "architectures": ["LlamaForSequenceClassification"]"#), "architectures");
+    refused(r#"{"model_type": 5}"#, "model_type");
+    refused(
+        r#"{"model_type": "gpt2", "vocab_size": 8, "n_embd": 8, "n_layer": 1, "n_head": 2, "scale_attn_by_inverse_layer_idx": true}"#,
+        "scale_attn_by_inverse_layer_idx",
+    );
+    // transformers 5's layout is read: theta and the scaling from rope_parameters
+    let v5 = Config::from_json(&llama(r#", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32}"#)).unwrap();
+    let rope = v5.rope.unwrap();
+    assert!(rope.theta == 1e6 && matches!(rope.scaling, RopeScaling::Yarn(yarn) if yarn.factor == 4.0), "{rope:?}");
+    let unknown = Config::from_json(&llama(r#", "rope_interleaved": false, "my_new_attention": true"#)).unwrap();
+    assert_eq!(unknown.unknown_keys, ["my_new_attention"]);
+    refused(&llama(r#", "hidden_act": "gelu""#), "hidden_act");
+    refused(&llama(r#", "num_key_value_heads": 3"#), "num_key_value_heads");
+    refused(&llama(r#", "torch_dtype": "int8""#), "torch_dtype");
+    refused(&llama(r#", "num_hidden_layers": 0"#), "num_hidden_layers");
+    refused(r#"{"model_type": "llama", "vocab_size": 96}"#, "hidden_size");
+    refused(
+        r#"{"model_type": "bert", "architectures": ["BertForTokenClassification"], "vocab_size": 8, "hidden_size": 8,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}"#,
+        "architectures",
+    );
+    // a sequence past the sliding window, or the positions, is refused before anything is built
+    let mistral = published("mistral-7b-v0.1.json");
+    assert!(
+        matches!(mistral.check_seq_len(8192), Err(Error::InvalidSetting { setting: Setting::Input(ref field), .. }) if field == "config field sliding_window")
+    );
+    assert!(mistral.check_seq_len(4096).is_ok());
+    assert!(matches!(tiny("gpt2").check_seq_len(257), Err(Error::InvalidSetting { .. })));
+    // given weights: the same logits; a missing tensor or a wrong shape is named
+    let config = tiny("qwen2");
+    let random = Pretrained::build(&config, &Training::new(8), &Device::Cpu).unwrap();
+    let tensors: std::collections::HashMap<String, Tensor> =
+        random.varmap().data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
+    let ids = Tensor::new(&[[1u32, 5, 9, 2, 7, 3, 3, 8]], &Device::Cpu).unwrap();
+    let loaded = Pretrained::from_tensors(&config, &Training::new(8), tensors.clone(), &Device::Cpu).unwrap();
+    assert_eq!(
+        loaded.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        random.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
+    let mut missing = tensors.clone();
+    missing.remove("model.layers.1.self_attn.k_proj.bias");
+    let err = Pretrained::from_tensors(&config, &Training::new(8), missing, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("model.layers.1.self_attn.k_proj.bias"), "{err}");
+    let mut wrong = tensors.clone();
+    wrong.insert("model.norm.weight".into(), Tensor::ones(63, DType::F32, &Device::Cpu).unwrap());
+    let err = Pretrained::from_tensors(&config, &Training::new(8), wrong, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("model.norm.weight"), "{err}");
+    // a tensor the model does not use is named; one transformers ignores too is listed
+    let mut extra = tensors.clone();
+    extra.insert("model.layers.0.self_attn.mystery.weight".into(), Tensor::ones(3, DType::F32, &Device::Cpu).unwrap());
+    let err = Pretrained::from_tensors(&config, &Training::new(8), extra, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("model.layers.0.self_attn.mystery.weight"), "{err}");
+    let mut buffers = tensors.clone();
+    buffers.insert(
+        "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+        Tensor::ones(8, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let loaded = Pretrained::from_tensors(&config, &Training::new(8), buffers, &Device::Cpu).unwrap();
+    assert_eq!(loaded.ignored_tensors().len(), 1, "{:?}", loaded.ignored_tensors());
+    // a base model's names (no `model.` prefix) load; a tied head's copy must equal the embedding
+    let bare: std::collections::HashMap<String, Tensor> =
+        tensors.iter().map(|(name, t)| (name.strip_prefix("model.").unwrap_or(name).to_owned(), t.clone())).collect();
+    assert!(Pretrained::from_tensors(&config, &Training::new(8), bare, &Device::Cpu).is_ok());
+    let mut copy = tensors.clone();
+    copy.insert("lm_head.weight".into(), tensors["model.embed_tokens.weight"].clone());
+    assert!(Pretrained::from_tensors(&config, &Training::new(8), copy.clone(), &Device::Cpu).is_ok());
+    copy.insert("lm_head.weight".into(), (&tensors["model.embed_tokens.weight"] * 2.0).unwrap());
+    let err = Pretrained::from_tensors(&config, &Training::new(8), copy, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("tie_word_embeddings"), "{err}");
+    let unknown = Pretrained::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
+    let Err(Error::InvalidSetting { setting, valid, .. }) = unknown else { panic!("an unknown target was taken") };
+    assert!(setting == *"lora_targets" && valid.contains("q_proj"), "{valid}");
+}
+
+/// Every projection of a LoRA model's layers, by checkpoint name (the
+/// tensors a quantized base quantizes).
+fn is_projection(name: &str) -> bool {
+    let projections = ["_proj.weight", "c_attn.weight", "c_proj.weight", "c_fc.weight"];
+    (name.contains(".layers.") || name.starts_with("h.")) && projections.iter().any(|p| name.ends_with(p))
+}
+
+/// The f32 tensors of `config`'s model, every one by name.
+fn tensors_of(config: &Config, seq_len: usize) -> std::collections::HashMap<String, Tensor> {
+    let full = Pretrained::build(config, &Training::new(seq_len).dtype(DType::F32), &Device::Cpu).unwrap();
+    let data = full.varmap().data().lock().unwrap();
+    data.iter().map(|(name, var)| (name.clone(), var.as_tensor().detach())).collect()
+}
+
+/// `tensors` with each projection quantized to `dtype` and back, as the
+/// model quantizes it: `(out, in)` (GPT-2 stores `(in, out)`).
+fn round_tripped(
+    tensors: &std::collections::HashMap<String, Tensor>,
+    dtype: candle_core::quantized::GgmlDType,
+) -> std::collections::HashMap<String, Tensor> {
+    use candle_core::quantized::QTensor;
+    let mut out = tensors.clone();
+    for (name, tensor) in tensors.iter().filter(|(name, _)| is_projection(name)) {
+        let transposed = name.starts_with("h.");
+        let weight = if transposed { tensor.t().unwrap().contiguous().unwrap() } else { tensor.clone() };
+        let back = QTensor::quantize(&weight, dtype).unwrap().dequantize(&Device::Cpu).unwrap();
+        out.insert(name.clone(), if transposed { back.t().unwrap().contiguous().unwrap() } else { back });
+    }
+    out
+}
+
+/// Sets every `lora_B` to the same small values (they start at zero, and
+/// with B at zero A's gradient is zero too).
+fn set_lora_b(model: &Pretrained) {
+    for (name, var) in model.varmap().data().lock().unwrap().iter().filter(|(name, _)| name.contains("lora_B")) {
+        let n = var.elem_count();
+        let values: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
+        let values = Tensor::from_vec(values, var.shape(), &Device::Cpu).unwrap().to_dtype(var.dtype()).unwrap();
+        var.set(&values).unwrap_or_else(|err| panic!("{name}: {err}"));
+    }
+}
+
+/// Each adapter's gradient, by name, in f32.
+fn adapter_gradients(model: &Pretrained) -> Vec<(String, Tensor)> {
+    let grads = model.loss(3, 5).unwrap().backward().unwrap();
+    let data = model.varmap().data().lock().unwrap();
+    let mut all: Vec<(String, Tensor)> =
+        data.iter().map(|(name, var)| (name.clone(), grads.get(var).unwrap().to_dtype(DType::F32).unwrap())).collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
+/// The largest difference of two models' adapter gradients, relative to
+/// each gradient's largest magnitude.
+fn gradient_difference(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((name, ga), (other, gb))| {
+            assert_eq!(name, other);
+            let largest = gb.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-12);
+            (ga - gb).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() / largest
+        })
+        .fold(0.0, f32::max)
+}
+
+/// QLoRA and a bf16 base: the adapters are f32 whatever the base; over a
+/// quantized base their gradients equal those over the same weights
+/// dequantized to f32 (the product is the dequantized one), and differ from
+/// the f32 base's by the quantization alone, within the tolerances
+/// docs/models.md states.
+fn adapter_gradients_agree_with_the_f32_base() {
+    // (base, tolerance against the f32 base: bf16 rounds every activation,
+    // q8_0 and q4_0 the weights to 256 and 16 levels a block)
+    let bases = [(BaseDtype::Bf16, 0.05f32), (BaseDtype::Q8_0, 0.05), (BaseDtype::Q4_0, 0.5)];
+    for family in ["llama", "gpt2"] {
+        let config = tiny(family);
+        let tensors = tensors_of(&config, 16);
+        let lora = |base| Training::new(16).lora(lora_for(family).base(base));
+        let from = |tensors, base| Pretrained::from_tensors(&config, &lora(base), tensors, &Device::Cpu).unwrap();
+        let f32_base = from(tensors.clone(), BaseDtype::F32);
+        set_lora_b(&f32_base);
+        let reference = adapter_gradients(&f32_base);
+        for (base, tolerance) in bases {
+            let model = from(tensors.clone(), base);
+            assert!(model.varmap().all_vars().iter().all(|var| var.dtype() == DType::F32), "{family} {base}");
+            set_lora_b(&model);
+            let gradients = adapter_gradients(&model);
+            let difference = gradient_difference(&gradients, &reference);
+            println!("  {family} {base} base: adapter gradients within {difference:.4} of the f32 base's");
+            assert!(difference <= tolerance, "{family} {base}: {difference} > {tolerance}");
+            if let Some(quantized) = base.quantized() {
+                let dequantized = from(round_tripped(&tensors, quantized), BaseDtype::F32);
+                set_lora_b(&dequantized);
+                let exact = gradient_difference(&gradients, &adapter_gradients(&dequantized));
+                assert!(exact <= 1e-4, "{family} {base}: {exact} from the dequantized f32 base");
+            }
+        }
+    }
+}
+
+/// The bytes a base holds per parameter, measured on the heap after the
+/// build: 4, 2, 34/32 and 18/32 for the projections; and the footprint
+/// computed from the config (what `estimate --config --lora` reports)
+/// within 5% of the fixed bytes the probe measures.
+fn a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so() {
+    // deep enough that no one projection is much of the base (a quantized
+    // one is dequantized for the moment it multiplies)
+    let config = Config::from_json(
+        r#"{"model_type": "llama", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
+        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}"#,
+    )
+    .unwrap();
+    let projections: u64 =
+        tensors_of(&config, 8).iter().filter(|(n, _)| is_projection(n)).map(|(_, t)| t.elem_count() as u64).sum();
+    let others = config.parameter_count() - projections;
+    for base in BaseDtype::ALL {
+        let training = Training::new(8).lora(lora_for("llama").base(base));
+        let before = autobatch::TrackingAllocator::live_bytes();
+        let model = Pretrained::build(&config, &training, &Device::Cpu).unwrap();
+        let held = autobatch::TrackingAllocator::live_bytes().saturating_sub(before) as f64;
+        let adapters: u64 = model.varmap().all_vars().iter().map(|v| v.elem_count() as u64).sum();
+        let other_bytes = others * if base == BaseDtype::Bf16 { 2 } else { 4 };
+        let per_parameter = (held - (other_bytes + 4 * adapters) as f64) / projections as f64;
+        println!("  {base} base: {per_parameter:.4} bytes per projection parameter");
+        let expected = base.bytes_per_parameter();
+        // beside the tensors: their names, the maps and the rotary tables, some 40 KiB
+        let overhead = (per_parameter - expected) * projections as f64;
+        assert!((0.0..=64.0 * 1024.0).contains(&overhead), "{base}: {per_parameter} != {expected}");
+        drop(model);
+
+        let footprint = config.footprint(&training).unwrap();
+        // what the process holds before the model: the plan's line is of the whole heap
+        HeapMeter::with_room(MIB, 0.9).unwrap().in_use().unwrap();
+        let before = autobatch::TrackingAllocator::live_bytes() as f64;
+        let (_, plan, _) = tune_and_train("llama", &config, training, 48 * MIB);
+        let fixed = plan.memory_model.as_ref().unwrap().fixed_bytes - before;
+        // candle's CPU matmul has no bf16 kernel: it widens both operands to
+        // f32 for the product, the head's weight (the largest) included, a
+        // copy no device-free count includes (CUDA multiplies bf16 as it is)
+        let widened = if base == BaseDtype::Bf16 { (config.vocab * config.hidden * 4) as f64 } else { 0.0 };
+        let error = (footprint.fixed_bytes as f64 + widened - fixed) / fixed;
+        println!(
+            "  {base} base: fixed bytes {fixed:.0} measured, {} from the config ({error:+.3})",
+            footprint.fixed_bytes
+        );
+        assert!(error.abs() <= 0.06, "{base}: the footprint's {} against {fixed:.0} measured", footprint.fixed_bytes);
+    }
+}
+
+/// A LoRA fine-tune over each base through `TrainLoop` with the plan: exact
+/// by brute force, every step under the limit, the loss falls, and the
+/// base is what it was (with the adapters' B back at zero the logits are
+/// those of the untrained model, bit for bit).
+fn lora_trains_over_every_base_under_the_ceiling() {
+    for family in ["llama", "gpt2"] {
+        let config = tiny(family);
+        for base in BaseDtype::ALL {
+            let training = Training::new(16).lora(lora_for(family).base(base));
+            let (largest, _, losses) = tune_and_train(family, &config, training.clone(), 6 * MIB);
+            println!("  {family} {base} base: largest batch {largest}, loss {:.3} -> {:.3}", losses[0], losses[5]);
+            assert!(losses[5] < losses[0], "{family} {base}: the loss did not fall: {losses:?}");
+        }
+        // the base is untouched by training: only the adapters move
+        let training = Training::new(16).lora(lora_for(family).base(BaseDtype::Q4_0));
+        let (trained, untrained) = (
+            Pretrained::build(&config, &training, &Device::Cpu).unwrap(),
+            Pretrained::build(&config, &training, &Device::Cpu).unwrap(),
+        );
+        let mut optimizer =
+            candle_nn::AdamW::new(trained.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() }).unwrap();
+        for step in 0..3 {
+            optimizer.backward_step(&trained.loss(4, step).unwrap()).unwrap();
+        }
+        let ids = Tensor::new(&[[1u32, 5, 9, 2, 7, 3, 3, 8]], &Device::Cpu).unwrap();
+        let logits = |model: &Pretrained| model.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_ne!(logits(&trained), logits(&untrained), "{family}: training moved nothing");
+        for (name, var) in trained.varmap().data().lock().unwrap().iter().filter(|(n, _)| n.contains("lora_B")) {
+            var.set(&var.zeros_like().unwrap()).unwrap_or_else(|err| panic!("{name}: {err}"));
+        }
+        assert_eq!(logits(&trained), logits(&untrained), "{family}: the base changed");
+    }
+}
+
+/// A base the model cannot take: refused by field before anything is built.
+fn a_base_the_model_cannot_take_is_refused() {
+    let lora = lora_for("llama");
+    let err = Pretrained::build(
+        &tiny("llama"),
+        &Training::new(8).dtype(DType::F32).lora(lora.clone().base(BaseDtype::Bf16)),
+        &Device::Cpu,
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(&err, Error::InvalidSetting { setting, .. } if *setting == *"base_dtype"), "{err}");
+    // 48 features in: not whole blocks of 32
+    let odd = Config::from_json(
+        r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 48, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}"#,
+    )
+    .unwrap();
+    let err = odd.footprint(&Training::new(8).lora(lora.clone().base(BaseDtype::Q4_0))).err().unwrap();
+    assert!(err.to_string().contains("48") && err.to_string().contains("q4_0"), "{err}");
+    let mut kept = lora.base(BaseDtype::Q8_0);
+    kept.frozen_gradients = true;
+    assert!(Pretrained::build(&tiny("llama"), &Training::new(8).lora(kept), &Device::Cpu).is_err());
+    assert!("q5_k".parse::<BaseDtype>().is_err() && "Q4_0".parse::<BaseDtype>().ok() == Some(BaseDtype::Q4_0));
+}
+
+/// The element limit (forced here; on CUDA candle's 2^32 − 1): the search
+/// stops below the batch where a tensor of the step's graph would pass it,
+/// says so, and is exact by the graph: at the answer every tensor is within
+/// the limit, a batch more and one is past it.
+fn no_trial_runs_a_tensor_past_the_element_limit() {
+    let config = tiny("llama");
+    let model = Pretrained::build(&config, &Training::new(16), &Device::Cpu).unwrap();
+    let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    // the logits, 16 × 96 a sample, are the largest tensor: 20 samples and a bit
+    let limit = 16 * 96 * 20 + 100;
+    let plan = Tuner::new().element_limit(limit).run(&mut probe, &mut meter).unwrap();
+    let largest = |probe: &mut ModelProbe<_>, batch: usize| {
+        probe.step(batch).unwrap();
+        probe.graph_tensors().unwrap().into_iter().map(|(elements, _)| elements).max().unwrap()
+    };
+    let answer = plan.largest_batch;
+    println!("  stopped at {answer}: {}", plan.stopped_by.as_ref().unwrap());
+    assert!(
+        matches!(plan.stopped_by, Some(autobatch::SearchLimit::TensorElements { batch, limit: l, .. }) if batch == answer && l == limit),
+        "{plan}"
+    );
+    assert!(largest(&mut probe, answer) <= limit, "{plan}");
+    assert!(largest(&mut probe, answer + 1) > limit, "{plan}");
+    assert!(plan.utilization() < 0.9 && plan.to_string().contains("elements"), "{plan}");
+    // without the limit the memory decides, above it
+    let free = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    assert!(free.largest_batch > answer, "{free}");
+}
+
+fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating() {
+    let llama = published("llama-3.2-1b.json");
+    let before = autobatch::TrackingAllocator::live_bytes();
+    let footprint = llama.footprint(&Training::new(512)).unwrap();
+    assert!(autobatch::TrackingAllocator::live_bytes() < before + MIB, "the footprint allocated");
+    // bf16: weights, gradients and two moments of 1.24 B parameters
+    assert_eq!(footprint.fixed_bytes, 1_235_814_400 * 2 * 4);
+    assert!(footprint.check_within(1 << 30).is_err());
+    let lora = llama.footprint(&Training::new(512).lora(Lora::new(8, &["q_proj", "v_proj"]))).unwrap();
+    assert!(lora.fixed_bytes < footprint.fixed_bytes / 3, "{lora:?}");
+}
+
+/// The checkpoints transformers saved (tests/fixtures/hf, made by
+/// scripts/hf-fixtures.sh), loaded as saved: the parameter count, the logits,
+/// the loss and every parameter's gradient equal transformers', read from
+/// the config in transformers 5's layout and in transformers 4's, with the
+/// lean step (blocked attention, the chunked loss: the default) and the eager one.
+fn saved_checkpoints_compute_what_transformers_computes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let mut cases: Vec<_> = std::fs::read_dir(&root).unwrap().map(|entry| entry.unwrap().path()).collect();
+    cases.sort();
+    assert!(cases.len() >= 10, "the fixtures of every family: {cases:?}");
+    for case in cases {
+        let reference = candle_core::safetensors::load(case.join("reference.safetensors"), &Device::Cpu).unwrap();
+        let ids = reference["input_ids"].to_dtype(DType::U32).unwrap();
+        let labels = &reference["labels"];
+        let expected_count = reference["num_parameters"].to_vec1::<i64>().unwrap()[0] as u64;
+        let forms = [(Attention::Blocked, Loss::Chunked), (Attention::Eager, Loss::Full)];
+        for (layout, (attention, loss_form)) in
+            ["config.json", "config.v4.json"].into_iter().flat_map(|l| forms.map(|f| (l, f)))
+        {
+            let what = format!("{} ({layout}, {attention:?} attention, {loss_form:?} loss)", case.display());
+            let config = Config::from_file(case.join(layout)).unwrap_or_else(|err| panic!("{what}: {err}"));
+            assert_eq!(config.parameter_count(), expected_count, "{what}: transformers' num_parameters()");
+            assert!(config.unknown_keys.is_empty(), "{what}: keys not read: {:?}", config.unknown_keys);
+            let training = Training::new(ids.dim(1).unwrap()).dtype(DType::F32).attention(attention).loss(loss_form);
+            let model =
+                Pretrained::from_safetensors(&config, &training, &[case.join("model.safetensors")], &Device::Cpu)
+                    .unwrap_or_else(|err| panic!("{what}: {err}"));
+            // relative to the tensor's largest magnitude, or 1e-3 where a gradient is zero by
+            // symmetry (a key's bias: softmax ignores a shift) and both sides hold rounding
+            let close = |ours: &Tensor, theirs: &Tensor, name: &str| {
+                let scale = theirs.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+                let error = (ours - theirs).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+                let relative = error.to_scalar::<f32>().unwrap() / scale.max(1e-3);
+                assert!(relative <= 1e-5, "{what}: {name} off by {relative:e} of its largest magnitude {scale:e}");
+            };
+            close(&model.forward(&ids).unwrap(), &reference["logits"], "the logits");
+            let loss = model.loss_of(&ids, labels).unwrap();
+            close(&loss.reshape(1).unwrap(), &reference["loss"], "the loss");
+            let grads = loss.backward().unwrap();
+            let vars = model.varmap().data().lock().unwrap();
+            let theirs: Vec<&String> = reference.keys().filter(|name| name.starts_with("grad.")).collect();
+            assert_eq!(vars.len(), theirs.len(), "{what}: as many trained tensors as transformers has gradients");
+            for (name, var) in vars.iter() {
+                let hf_name = match config.family {
+                    Family::Gpt2 if name != "lm_head.weight" => format!("grad.transformer.{name}"),
+                    _ => format!("grad.{name}"),
+                };
+                let expected =
+                    reference.get(&hf_name).unwrap_or_else(|| panic!("{what}: transformers has no {hf_name}"));
+                let ours = grads.get(var).unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+                close(ours, expected, &format!("the gradient of {name}"));
+            }
+        }
+    }
+}
+
+/// The checkpoints transformers saved, served: each row's prompt prefilled in
+/// two chunks (all rows in the same steps), then its last token decoded, over
+/// a paged cache in blocks of 4; the last token's logits equal transformers'
+/// within 1e-5 of their largest magnitude.
+fn served_checkpoints_compute_what_transformers_computes() {
+    use autobatch_models::{Chunk, Inference, KvCache};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let mut cases: Vec<_> = std::fs::read_dir(&root).unwrap().map(|entry| entry.unwrap().path()).collect();
+    cases.sort();
+    let mut served = 0;
+    for case in cases {
+        let config = Config::from_file(case.join("config.json")).unwrap();
+        if config.family == Family::Bert {
+            continue;
+        }
+        let what = case.display().to_string();
+        let reference = candle_core::safetensors::load(case.join("reference.safetensors"), &Device::Cpu).unwrap();
+        let ids = reference["input_ids"].to_dtype(DType::U32).unwrap().to_vec2::<u32>().unwrap();
+        let model =
+            Inference::from_safetensors(&config, BaseDtype::F32, None, &[case.join("model.safetensors")], &Device::Cpu)
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+        let s = ids[0].len();
+        let mut cache = KvCache::new(&config, ids.len() * s.div_ceil(4), 4, DType::F32, &Device::Cpu).unwrap();
+        let sequences: Vec<_> = ids.iter().map(|_| cache.add_sequence()).collect();
+        let cut = (s - 1) / 2;
+        let step = |cache: &mut KvCache, range: std::ops::Range<usize>| {
+            let chunks: Vec<Chunk> = sequences
+                .iter()
+                .zip(&ids)
+                .map(|(&sequence, row)| Chunk { sequence, start: range.start, tokens: row[range.clone()].to_vec() })
+                .collect();
+            model.step(cache, &chunks).unwrap_or_else(|err| panic!("{what}: {err}"))
+        };
+        step(&mut cache, 0..cut);
+        step(&mut cache, cut..s - 1);
+        let logits = step(&mut cache, s - 1..s);
+        let expected = reference["logits"].narrow(1, s - 1, 1).unwrap().squeeze(1).unwrap();
+        let scale = expected.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        let error = (&logits - &expected).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+        let relative = error.to_scalar::<f32>().unwrap() / scale;
+        assert!(relative <= 1e-5, "{what}: the last token's logits off by {relative:e} of {scale:e}");
+        served += 1;
+    }
+    assert!(served >= 7, "every decoder fixture: {served}");
+}
+
+/// The estimate's count of a sample's bytes (`Config::bytes_per_sample`)
+/// against the probe's measurement of the same step, on three families,
+/// lean and eager, at two lengths: within 15%.
+fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
+    let configs = [
+        (
+            "llama",
+            r#"{"model_type": "llama", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}"#,
+        ),
+        (
+            "qwen3",
+            r#"{"model_type": "qwen3", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 48, "max_position_embeddings": 512}"#,
+        ),
+        (
+            "gpt2",
+            r#"{"model_type": "gpt2", "vocab_size": 2048, "n_embd": 128, "n_layer": 2, "n_head": 4, "n_positions": 512}"#,
+        ),
+        (
+            "bert",
+            r#"{"model_type": "bert", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512}"#,
+        ),
+    ];
+    for (family, json) in configs {
+        let config = Config::from_json(json).unwrap();
+        for (attention, loss) in [(Attention::Blocked, Loss::Chunked), (Attention::Eager, Loss::Full)] {
+            for seq_len in [128, 256] {
+                let training = Training::new(seq_len).attention(attention).loss(loss);
+                let counted = config.bytes_per_sample(&training).unwrap() as f64;
+                let mut trainer = Pretrained::build(&config, &training, &Device::Cpu).unwrap().into_trainer().unwrap();
+                let mut meter = HeapMeter::with_room(256 * MIB, 0.9).unwrap();
+                // batches where the backward pass's peak is past the optimizer step's
+                trainer.step(16).unwrap();
+                let (small, large) = (peak_of(&mut trainer, &mut meter, 8), peak_of(&mut trainer, &mut meter, 16));
+                let measured = (large - small) as f64 / 8.0;
+                let error = counted / measured - 1.0;
+                println!("  {family} {attention:?}/{loss:?} at {seq_len}: counted {counted:.0}, measured {measured:.0} ({error:+.3})");
+                assert!(
+                    error.abs() <= 0.15,
+                    "{family} {attention:?}/{loss:?} at {seq_len}: {counted} against {measured}"
+                );
+            }
+        }
+    }
+}
+
+/// Blocked attention's forward and backward never hold a tensor of the
+/// scores' size (`b × heads × s × s`), and the chunked loss never one of the
+/// logits' (`rows × vocab`): each one's peak above what it starts with stays
+/// under a quarter of that tensor, where the eager forms hold several.
+fn the_lean_ops_never_make_the_scores_or_the_logits_whole() {
+    use autobatch_models::ops::{attention, BlockedAttention, ChunkedCrossEntropy};
+    use candle_core::Var;
+    let device = Device::Cpu;
+    // every thread's matmul buffer in place first: a thread's first product allocates one
+    // the size of the host's L2 cache, which would count here on a host with large caches
+    let settled = HeapMeter::with_room(MIB, 0.9).unwrap();
+    let above = |run: &dyn Fn()| {
+        settled.in_use().unwrap();
+        let before = autobatch::TrackingAllocator::live_bytes();
+        autobatch::TrackingAllocator::reset_peak();
+        run();
+        autobatch::TrackingAllocator::peak_bytes().saturating_sub(before)
+    };
+    let (b, heads, s, d) = (1, 4, 1024, 16);
+    let q = Var::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap();
+    let k = Var::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap();
+    let v = Var::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap();
+    let scores = (b * heads * s * s * 4) as u64;
+    let blocked = above(&|| {
+        let out = BlockedAttention::causal().forward(q.as_tensor(), k.as_tensor(), v.as_tensor(), None).unwrap();
+        drop(out.sum_all().unwrap().backward().unwrap());
+    });
+    let eager = above(&|| {
+        let out = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), None, true).unwrap();
+        drop(out.sum_all().unwrap().backward().unwrap());
+    });
+    println!("  attention at {s} tokens: blocked {blocked} bytes, eager {eager}, the scores {scores}");
+    assert!(blocked < scores / 4, "blocked attention held {blocked} bytes; the scores are {scores}");
+    assert!(eager > 2 * scores, "the eager form holds its scores: {eager}");
+    let (rows, width, vocab) = (8192, 64, 2048);
+    let hidden = Var::randn(0f32, 1.0, (rows, width), &device).unwrap();
+    let weight = Var::randn(0f32, 0.1, (vocab, width), &device).unwrap();
+    let targets = Tensor::from_vec((0..rows as u32).map(|i| i * 7 % vocab as u32).collect(), rows, &device).unwrap();
+    let logits = (rows * vocab * 4) as u64;
+    let chunked = above(&|| {
+        let loss =
+            ChunkedCrossEntropy::default().forward(hidden.as_tensor(), weight.as_tensor(), None, &targets).unwrap();
+        drop(loss.backward().unwrap());
+    });
+    let full = above(&|| {
+        let loss = candle_nn::loss::cross_entropy(
+            &hidden.as_tensor().matmul(&weight.as_tensor().t().unwrap()).unwrap(),
+            &targets,
+        )
+        .unwrap();
+        drop(loss.backward().unwrap());
+    });
+    println!("  the loss over {rows} rows of a {vocab} vocabulary: chunked {chunked} bytes, full {full}, the logits {logits}");
+    assert!(chunked < logits / 4, "the chunked loss held {chunked} bytes; the logits are {logits}");
+    assert!(full > 2 * logits, "the full loss holds its logits: {full}");
+}
+
+/// A serving trial measured by hand: `sequences` full caches at `context`
+/// and the worst step, the peak read.
+fn serving_peak(server: &mut Serving, meter: &mut HeapMeter, sequences: usize, context: usize, chunk: usize) -> u64 {
+    use autobatch::serve::Server;
+    meter.reset_peak().unwrap();
+    let mut caches = server.allocate(sequences, context, chunk).unwrap();
+    server.worst_step(&mut caches, chunk).unwrap();
+    drop(caches);
+    meter.peak().unwrap()
+}
+
+fn serving_configs() -> Vec<(&'static str, Config, BaseDtype)> {
+    let llama = r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 512}"#;
+    let gpt2 =
+        r#"{"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512}"#;
+    let qwen3 = r#"{"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
+        "max_position_embeddings": 512, "torch_dtype": "bfloat16"}"#;
+    vec![
+        ("llama f32", Config::from_json(llama).unwrap(), BaseDtype::F32),
+        ("gpt2 f32", Config::from_json(gpt2).unwrap(), BaseDtype::F32),
+        ("qwen3 q4_0 over bf16", Config::from_json(qwen3).unwrap(), BaseDtype::Q4_0),
+    ]
+}
+
+/// The sequences `autobatch serve` calls the most fit with every cache full
+/// and the worst step, and one more does not, measured by hand; the cache's
+/// bytes per token are the arithmetic's; the blocks the limit holds count
+/// the answer's.
+fn serving_capacity_is_exact_by_brute_force() {
+    let device = Device::Cpu;
+    let (context, chunk) = (256, 64);
+    for (name, config, weights) in serving_configs() {
+        let mut server = Serving::build(&config, weights, None, &device).unwrap();
+        let mut meter = HeapMeter::with_room(6 << 20, 0.9).unwrap();
+        let plan = ServeProbe::new(context).max_num_batched_tokens(chunk).run(&mut server, &mut meter).unwrap();
+        let n = plan.max_sequences;
+        assert!(plan.proven && n > 2, "{name}: {plan:?}");
+        let fits = serving_peak(&mut server, &mut meter, n, context, chunk);
+        let over = serving_peak(&mut server, &mut meter, n + 1, context, chunk);
+        assert!(
+            fits <= plan.limit_bytes && over > plan.limit_bytes,
+            "{name}: {n} at {fits}, {} at {over}, limit {}",
+            n + 1,
+            plan.limit_bytes
+        );
+        let dtype_bytes = server.model().dtype().size_in_bytes() as f64;
+        let per_token = 2.0 * config.layers as f64 * config.kv_heads as f64 * config.head_dim as f64 * dtype_bytes;
+        assert_eq!(plan.cache_bytes_per_token, per_token, "{name}");
+        let blocks_per_sequence = (context / 16) as u64;
+        assert!(plan.kv_blocks.unwrap() >= n as u64 * blocks_per_sequence, "{name}: {plan:?}");
+        assert!(
+            plan.kv_blocks.unwrap() < (n as u64 + 1) * blocks_per_sequence + blocks_per_sequence,
+            "{name}: {plan:?}"
+        );
+        // the count: the weights and the cache exactly, the concurrency within 5%
+        let dtype = server.model().dtype();
+        let shape = ServingShape { context, chunk, block_size: 16, weights, dtype, cache_dtype: dtype, on_cpu: true };
+        let counted = config.serving_bytes(&shape).unwrap();
+        assert_eq!(counted.weight_bytes, server.model().weight_bytes(), "{name}");
+        assert_eq!(counted.cache_bytes_per_token as f64, plan.cache_bytes_per_token, "{name}");
+        assert_eq!(counted.cache_bytes_per_sequence * n as u64, plan.cache_bytes, "{name}");
+        let estimated = counted.max_sequences(plan.limit_bytes, plan.held_bytes - counted.weight_bytes);
+        let off = estimated.abs_diff(n) as f64 / n as f64;
+        eprintln!(
+            "{name}: probe {n}, count {estimated}; step {} measured, {} counted",
+            plan.step_bytes,
+            counted.step_bytes_at(n)
+        );
+        assert!(off <= 0.05, "{name}: the probe says {n}, the count {estimated}");
+    }
+}
+
+/// The longest context four sequences hold fits with the worst step, and a
+/// token more does not.
+fn the_longest_context_at_a_concurrency_is_exact() {
+    let device = Device::Cpu;
+    let (_, config, weights) = serving_configs().remove(0);
+    let mut server = Serving::build(&config, weights, None, &device).unwrap();
+    let mut meter = HeapMeter::with_room(1 << 20, 0.9).unwrap();
+    let plan = ServeProbe::new(512).max_num_batched_tokens(64).longest_context(4, &mut server, &mut meter).unwrap();
+    let context = plan.context;
+    assert!(plan.proven && context > 64 && context < 512, "{plan:?}");
+    let fits = serving_peak(&mut server, &mut meter, 4, context, 64);
+    let over = serving_peak(&mut server, &mut meter, 4, context + 1, 64);
+    assert!(fits <= plan.limit_bytes && over > plan.limit_bytes, "{context}: {fits}, {over}, {}", plan.limit_bytes);
+}
+
+fn main() {
+    common::harness::run_sequentially(&[
+        ("serving_capacity_is_exact_by_brute_force", serving_capacity_is_exact_by_brute_force),
+        ("the_longest_context_at_a_concurrency_is_exact", the_longest_context_at_a_concurrency_is_exact),
+        ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
+        ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
+        (
+            "served_checkpoints_compute_what_transformers_computes",
+            served_checkpoints_compute_what_transformers_computes,
+        ),
+        (
+            "the_lean_ops_never_make_the_scores_or_the_logits_whole",
+            the_lean_ops_never_make_the_scores_or_the_logits_whole,
+        ),
+        (
+            "the_count_of_a_samples_bytes_agrees_with_the_measurement",
+            the_count_of_a_samples_bytes_agrees_with_the_measurement,
+        ),
+        (
+            "every_family_builds_with_the_checkpoints_names_and_every_variable_learns",
+            every_family_builds_with_the_checkpoints_names_and_every_variable_learns,
+        ),
+        ("gradients_agree_with_central_differences", gradients_agree_with_central_differences),
+        (
+            "every_family_tunes_exactly_and_trains_under_the_ceiling",
+            every_family_tunes_exactly_and_trains_under_the_ceiling,
+        ),
+        ("lora_trains_the_adapters_alone_and_fits_more", lora_trains_the_adapters_alone_and_fits_more),
+        (
+            "checkpointing_keeps_the_gradients_and_lowers_the_peak",
+            checkpointing_keeps_the_gradients_and_lowers_the_peak,
+        ),
+        (
+            "a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more",
+            a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more,
+        ),
+        ("bad_configs_are_refused_by_field", bad_configs_are_refused_by_field),
+        ("adapter_gradients_agree_with_the_f32_base", adapter_gradients_agree_with_the_f32_base),
+        (
+            "a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so",
+            a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so,
+        ),
+        ("lora_trains_over_every_base_under_the_ceiling", lora_trains_over_every_base_under_the_ceiling),
+        ("a_base_the_model_cannot_take_is_refused", a_base_the_model_cannot_take_is_refused),
+        ("no_trial_runs_a_tensor_past_the_element_limit", no_trial_runs_a_tensor_past_the_element_limit),
+        (
+            "the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating",
+            the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating,
+        ),
+    ]);
+}
