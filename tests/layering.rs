@@ -47,13 +47,17 @@ const ORDER: [&str; 22] = [
     "serve",
 ];
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+/// One crate's source tree and how its modules are placed.
+struct Crate {
+    src: PathBuf,
+    leaves: &'static [&'static str],
+    parts: &'static [&'static str],
+    order: &'static [&'static str],
 }
 
 /// `src/a/b.rs` → `a::b`; `src/a/mod.rs` → `a`; `src/lib.rs` → ``.
-fn module_path(file: &Path) -> String {
-    let relative = file.strip_prefix(src()).unwrap().with_extension("");
+fn module_path(src: &Path, file: &Path) -> String {
+    let relative = file.strip_prefix(src).unwrap().with_extension("");
     let mut parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
     if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
         parts.pop();
@@ -62,9 +66,13 @@ fn module_path(file: &Path) -> String {
 }
 
 /// The node a module path belongs to: its leaf or part, or its top-level module.
-fn node(path: &str) -> String {
-    let leaf =
-        LEAVES.iter().chain(&PARTS).filter(|leaf| path == **leaf || path.starts_with(&format!("{leaf}::"))).max();
+fn node(krate: &Crate, path: &str) -> String {
+    let leaf = krate
+        .leaves
+        .iter()
+        .chain(krate.parts)
+        .filter(|leaf| path == **leaf || path.starts_with(&format!("{leaf}::")))
+        .max();
     match leaf {
         Some(leaf) => (*leaf).to_owned(),
         None => path.split("::").next().unwrap_or("").to_owned(),
@@ -151,14 +159,16 @@ fn resolve(path: &str, modules: &BTreeSet<String>, root_names: &BTreeMap<String,
     root_names.get(parts[0]).cloned()
 }
 
-#[test]
-fn modules_depend_one_way() {
+/// The edges between `krate`'s modules, checked: no cycle, leaves that use
+/// only leaves, every module placed, none using one above it.
+fn depend_one_way(krate: &Crate) -> BTreeMap<String, BTreeSet<String>> {
+    let src = krate.src.as_path();
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
-    let modules: BTreeSet<String> = files.iter().map(|f| module_path(f)).filter(|m| !m.is_empty()).collect();
+    rust_files(src, &mut files);
+    let modules: BTreeSet<String> = files.iter().map(|f| module_path(src, f)).filter(|m| !m.is_empty()).collect();
     // root names re-exported by lib.rs: `pub use a::b::{X, Y};` → X, Y in a::b
     let mut root_names = BTreeMap::new();
-    for path in paths_after(&code(&src().join("lib.rs")).replace("pub use ", "use crate::"), "crate::") {
+    for path in paths_after(&code(&src.join("lib.rs")).replace("pub use ", "use crate::"), "crate::") {
         let (module, name) = path.rsplit_once("::").unwrap_or(("", &path));
         let module = resolve(module, &modules, &BTreeMap::new());
         if let Some(module) = module {
@@ -167,14 +177,14 @@ fn modules_depend_one_way() {
     }
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
-        let from = module_path(file);
+        let from = module_path(src, file);
         if from.is_empty() {
             continue;
         }
-        let from_node = node(&from);
+        let from_node = node(krate, &from);
         for path in crate_paths(&code(file), &from, &modules) {
             let Some(to) = resolve(&path, &modules, &root_names) else { continue };
-            let to_node = node(&to);
+            let to_node = node(krate, &to);
             if to_node != from_node {
                 edges.entry(from_node.clone()).or_default().insert(to_node);
             }
@@ -182,8 +192,8 @@ fn modules_depend_one_way() {
         edges.entry(from_node).or_default();
     }
 
-    for leaf in LEAVES {
-        let outside: Vec<&String> = edges[leaf].iter().filter(|to| !LEAVES.contains(&to.as_str())).collect();
+    for leaf in krate.leaves {
+        let outside: Vec<&String> = edges[*leaf].iter().filter(|to| !krate.leaves.contains(&to.as_str())).collect();
         assert!(outside.is_empty(), "the leaf {leaf} imports {outside:?}");
     }
     // a depth-first search that reports the first cycle it closes
@@ -210,28 +220,80 @@ fn modules_depend_one_way() {
         visit(node, &edges, &mut Vec::new(), &mut done);
     }
     // and the named layers in their order: nothing lower uses anything higher
-    let reaches = |from: &str, to: &str| {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![from.to_owned()];
-        while let Some(node) = stack.pop() {
-            if node == to {
-                return true;
-            }
-            if seen.insert(node.clone()) {
-                stack.extend(edges.get(&node).into_iter().flatten().cloned());
-            }
-        }
-        false
-    };
-    let unplaced: Vec<&String> = edges.keys().filter(|node| !ORDER.contains(&node.as_str())).collect();
-    assert!(unplaced.is_empty(), "modules not placed in ORDER: {unplaced:?}");
-    for (index, lower) in ORDER.iter().enumerate() {
-        for higher in &ORDER[index + 1..] {
+    let reaches = |from: &str, to: &str| reaches(&edges, from, to);
+    let unplaced: Vec<&String> = edges.keys().filter(|node| !krate.order.contains(&node.as_str())).collect();
+    assert!(unplaced.is_empty(), "modules of {} not placed in its order: {unplaced:?}", src.display());
+    for (index, lower) in krate.order.iter().enumerate() {
+        for higher in &krate.order[index + 1..] {
             assert!(!reaches(lower, higher), "{lower} depends on {higher}, which is above it");
         }
     }
+    edges
+}
+
+/// Whether `from` reaches `to` along `edges`.
+fn reaches(edges: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from.to_owned()];
+    while let Some(node) = stack.pop() {
+        if node == to {
+            return true;
+        }
+        if seen.insert(node.clone()) {
+            stack.extend(edges.get(&node).into_iter().flatten().cloned());
+        }
+    }
+    false
+}
+
+#[test]
+fn the_core_modules_depend_one_way() {
+    let core =
+        Crate { src: Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), leaves: &LEAVES, parts: &PARTS, order: &ORDER };
+    let edges = depend_one_way(&core);
     assert!(
-        reaches("tuner", "plan") && reaches("plan", "search") && reaches("search", "search::outcome"),
+        reaches(&edges, "tuner", "plan")
+            && reaches(&edges, "plan", "search")
+            && reaches(&edges, "search", "search::outcome"),
         "{edges:#?}"
     );
+}
+
+/// The models crate's modules, lowest first: the ops and the config below the
+/// layers, the architectures on the layers, the trainer below the reference
+/// models it trains, serving on top. Its root (`lib.rs`: Pretrained, the
+/// model a config describes) sits above them all and is not placed.
+const MODELS_ORDER: [&str; 20] = [
+    "splitmix",
+    "ops",
+    "family",
+    "keys",
+    "config",
+    "params",
+    "weights",
+    "lora",
+    "kv_cache",
+    "layers",
+    "checkpoint",
+    "decoder",
+    "gpt2",
+    "bert",
+    "step",
+    "serving_bytes",
+    "trainer",
+    "reference",
+    "inference",
+    "serve",
+];
+
+#[test]
+fn the_models_modules_depend_one_way() {
+    let models = Crate {
+        src: Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/models/src"),
+        leaves: &["splitmix"],
+        parts: &[],
+        order: &MODELS_ORDER,
+    };
+    let edges = depend_one_way(&models);
+    assert!(reaches(&edges, "reference", "trainer") && !reaches(&edges, "trainer", "reference"), "{edges:#?}");
 }

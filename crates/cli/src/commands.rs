@@ -302,7 +302,7 @@ fn lora_training(
     args: &EstimateArgs,
     config: &autobatch_models::Config,
     rank: usize,
-) -> Result<(autobatch_models::Training, autobatch_models::reference::Footprint, u64), Failure> {
+) -> Result<(autobatch_models::Training, autobatch_models::trainer::Footprint, u64), Failure> {
     use autobatch_models::{Lora, Training};
     let mut lora = Lora::new(rank, config.family.lora_targets());
     if !args.lora_targets.is_empty() {

@@ -5,9 +5,8 @@
 use autobatch::estimate::OptimizerKind;
 use autobatch::{Strategy, Tuner};
 use autobatch_models as models;
-use autobatch_models::reference::{
-    ConvNetConfig, Footprint, MlpConfig, Model, ReferenceWorkload, Trainer, TransformerConfig,
-};
+use autobatch_models::reference::{ConvNetConfig, MlpConfig, TransformerConfig};
+use autobatch_models::trainer::{Footprint, Model, ReferenceWorkload, Trainer};
 use candle_core::DType;
 
 use crate::args::{AttentionArg, DtypeArg, LossArg, ModelKind, ProbeArgs, ProbeOptimizerArg, StrategyArg};
@@ -209,8 +208,8 @@ impl ModelConfig {
         mixed: bool,
         optimizer: OptimizerKind,
     ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
-        fn finish<M: autobatch_models::reference::Model + 'static>(
-            trainer: autobatch_models::reference::Trainer<M>,
+        fn finish<M: autobatch_models::trainer::Model + 'static>(
+            trainer: autobatch_models::trainer::Trainer<M>,
             mixed: bool,
             optimizer: OptimizerKind,
         ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {

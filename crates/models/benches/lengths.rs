@@ -65,7 +65,7 @@ fn lengths(seed: u64) -> Vec<usize> {
 
 /// Median seconds and peak bytes of a step at `batch` samples of `len` tokens.
 fn measure(
-    trainer: &mut autobatch_models::reference::Trainer<autobatch_models::reference::Transformer>,
+    trainer: &mut autobatch_models::trainer::Trainer<autobatch_models::reference::Transformer>,
     meter: &mut HeapMeter,
     batch: usize,
     len: usize,

@@ -7,10 +7,11 @@
 use candle_core::{Module, Result, Tensor, D};
 
 use super::config::{BertHead, Config, Gelu};
-use super::layers::{attention, embed, gelu, residual, split_heads, Layout, Norm, Proj};
+use super::layers::{attention, embed, gelu, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 use super::Attention;
+use crate::ops::residual;
 
 const STD: f32 = 0.02;
 

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
-use super::config::{BertHead, Config, Family};
+use super::config::{BertHead, Config};
+use crate::family::Family;
 use autobatch::Error;
 
 /// What matching a checkpoint found besides the model's own tensors.

@@ -5,13 +5,15 @@
 
 use candle_core::{Module, Result, Tensor};
 
-use super::config::{AttentionBias, Config, Family, Llama3Rope, RopeScaling, YarnRope};
+use super::config::{AttentionBias, Config, Llama3Rope, RopeScaling, YarnRope};
 use super::kv_cache::{Chunk, KvCache};
-use super::layers::{attention, cached_attention, embed, last_tokens, residual, rotary_tables, rotary_tables_at};
+use super::layers::{attention, cached_attention, embed, last_tokens, rotary_tables, rotary_tables_at};
 use super::layers::{rotate, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 use super::Attention;
+use crate::family::Family;
+use crate::ops::residual;
 
 const STD: f32 = 0.02;
 

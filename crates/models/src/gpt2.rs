@@ -9,10 +9,11 @@ use crate::ops::add_constant;
 
 use super::config::{Config, Gelu};
 use super::kv_cache::{Chunk, KvCache};
-use super::layers::{attention, cached_attention, gelu, last_tokens, residual, split_heads, Layout, Norm, Proj};
+use super::layers::{attention, cached_attention, gelu, last_tokens, split_heads, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 use super::Attention;
+use crate::ops::residual;
 
 const STD: f32 = 0.02;
 

@@ -4,11 +4,12 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::config::{Config, Family};
+use super::config::Config;
 use super::kv_cache::{Chunk, KvCache};
 use super::lora::BaseDtype;
 use super::weights::Weights;
 use super::{Attention, Network, Training};
+use crate::family::Family;
 use autobatch::Error;
 
 /// A config's decoder (llama, mistral, qwen2, qwen3, gpt2) for inference,
@@ -115,7 +116,7 @@ impl Inference {
         }
         let training = Training { dtype: weights.float().or(dtype), seed, ..Training::new(1) };
         let dtype = config.model_dtype(&training)?;
-        crate::reference::check_dtype(dtype)?;
+        crate::trainer::check_dtype(dtype)?;
         let stored = weights.float().unwrap_or(dtype);
         let specs = config.tensors();
         let mut built = match given {

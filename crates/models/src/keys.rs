@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::config::Family;
+use crate::family::Family;
 
 /// What reading a config does with one key.
 #[derive(Clone, Copy, Debug, PartialEq)]

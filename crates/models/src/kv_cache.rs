@@ -5,7 +5,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::config::{Config, Family};
+use super::config::Config;
+use crate::family::Family;
 use autobatch::Error;
 
 /// Tokens per block by default (vLLM's).

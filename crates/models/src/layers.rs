@@ -8,7 +8,7 @@ use super::kv_cache::{Chunk, KvCache};
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
 use crate::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
-use crate::ops::{BlockedAttention, FrozenLinear};
+use crate::ops::{plain_linear, BlockedAttention, FrozenLinear};
 
 /// A weight's layout in its checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,22 +80,6 @@ fn adapted(weights: &Weights, name: &str, base: FrozenLinear, lora: &Lora) -> Re
     let b = weights.get(&format!("{name}.lora_B.weight"))?;
     let adapted = LoraLinear::over(base, a, b, lora.scale(), lora.dropout);
     Ok(if lora.frozen_gradients { adapted.keeping_frozen_gradients() } else { adapted })
-}
-
-/// `x · weightᵀ (+ bias)` by candle's own matmul and broadcast add: both
-/// operands get a gradient.
-pub(crate) fn plain_linear(xs: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let (out, input) = weight.dims2()?;
-    let lead = &xs.dims()[..xs.rank() - 1];
-    let rows = lead.iter().product::<usize>();
-    let product = xs.reshape((rows, input))?.matmul(&weight.t()?)?;
-    let mut shape = lead.to_vec();
-    shape.push(out);
-    let product = product.reshape(shape)?;
-    match bias {
-        Some(bias) => product.broadcast_add(bias),
-        None => Ok(product),
-    }
 }
 
 impl Proj {
@@ -275,16 +259,6 @@ fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<T
     let scores = if causal { add_constant(&scores, &causal_mask(s, q.dtype(), q.device())?)? } else { scores };
     let weights = softmax_last_dim(&scores)?;
     matmul(&weights, &v)?.transpose(1, 2)?.reshape((b, s, heads * d))
-}
-
-/// `xs + ys`, a residual: a stream still outside the graph (the frozen
-/// embeddings of a LoRA model, before the first adapter) gets no gradient.
-pub(crate) fn residual(xs: &Tensor, ys: &Tensor) -> Result<Tensor> {
-    match (xs.track_op(), ys.track_op()) {
-        (false, true) => add_constant(ys, xs),
-        (true, false) => add_constant(xs, ys),
-        _ => xs + ys,
-    }
 }
 
 /// `(b, kv_heads, s, d)` → `(b, kv_heads · n, s, d)`, each kv head repeated `n` times.

@@ -44,6 +44,7 @@ mod bert;
 mod checkpoint;
 mod config;
 mod decoder;
+mod family;
 mod gpt2;
 mod inference;
 mod keys;
@@ -51,26 +52,27 @@ mod kv_cache;
 mod layers;
 mod lora;
 pub mod ops;
+mod params;
 pub mod reference;
 mod serve;
 mod serving_bytes;
 mod splitmix;
 mod step;
+pub mod trainer;
 mod weights;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 
-pub use config::{
-    AttentionBias, BertHead, Config, Family, Gelu, Llama3Rope, Rope, RopeScaling, YarnRope, MAX_CONFIG_BYTES,
-};
+pub use config::{AttentionBias, BertHead, Config, Gelu, Llama3Rope, Rope, RopeScaling, YarnRope, MAX_CONFIG_BYTES};
+pub use family::Family;
 pub use inference::{Inference, Serving};
 pub use kv_cache::{Chunk, KvCache, SequenceId, DEFAULT_BLOCK_SIZE};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 pub use serving_bytes::{Moment, ServingBytes, ServingShape};
 
-use crate::reference::params::Rng;
-use crate::reference::{Footprint, Model, Trainer};
+use crate::splitmix::Rng;
+use crate::trainer::{Footprint, Model, Trainer};
 use autobatch::Error;
 use ops::ChunkedCrossEntropy;
 use weights::{Init, TensorSpec, Weights};
@@ -569,7 +571,7 @@ impl Pretrained {
     ) -> Result<Pretrained, Error> {
         config.check_seq_len(training.seq_len)?;
         let dtype = config.model_dtype(training)?;
-        crate::reference::check_dtype(dtype)?;
+        crate::trainer::check_dtype(dtype)?;
         let adapter_dtype = training.lora.as_ref().map_or(dtype, |lora| lora.adapter_dtype(dtype));
         let dtype_of = |name: &str| if name.contains(".lora_") { adapter_dtype } else { dtype };
         let mut specs = config.tensors();

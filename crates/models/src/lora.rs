@@ -192,7 +192,7 @@ impl LoraLinear {
 impl Module for LoraLinear {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let base = match (self.plain, self.base.weight()) {
-            (true, Some(weight)) => super::layers::plain_linear(xs, weight, self.base.bias())?,
+            (true, Some(weight)) => crate::ops::plain_linear(xs, weight, self.base.bias())?,
             _ => self.base.forward(xs)?,
         };
         // the adapters' own dtype (f32 beside a bf16 or quantized base): cast at the boundary
@@ -208,6 +208,6 @@ impl Module for LoraLinear {
         let up = matmul(&down, &self.b.t()?)?;
         let mut shape = lead.to_vec();
         shape.push(out);
-        super::layers::residual(&base, &up.reshape(shape)?.to_dtype(base.dtype())?)
+        crate::ops::residual(&base, &up.reshape(shape)?.to_dtype(base.dtype())?)
     }
 }

@@ -6,8 +6,9 @@
 use candle_core::DType;
 use serde::Serialize;
 
-use super::config::{Config, Family};
+use super::config::Config;
 use super::lora::BaseDtype;
+use crate::family::Family;
 use autobatch::Error;
 
 /// How a config is served: its context, the prefill chunk, the cache's

@@ -7,8 +7,9 @@
 
 use candle_core::DType;
 
-use super::config::{AttentionBias, BertHead, Config, Family};
+use super::config::{AttentionBias, BertHead, Config};
 use super::{Attention, Loss, Training};
+use crate::family::Family;
 use autobatch::Error;
 
 /// Bytes per token of the tensors the forward pass keeps, and of the widest

@@ -10,7 +10,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
-use crate::reference::params::Rng;
+use crate::splitmix::Rng;
 
 /// How a tensor starts (memory does not depend on the values; training
 /// from them should still work).

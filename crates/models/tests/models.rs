@@ -292,7 +292,7 @@ fn lora_trains_the_adapters_alone_and_fits_more() {
 /// backward pass, fewer bytes per sample, and through the reference engine
 /// (`into_trainer`) an exact answer and training under the ceiling.
 fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
-    use autobatch_models::reference::Model;
+    use autobatch_models::trainer::Model;
     for family in ["llama", "qwen3", "gpt2"] {
         let config = tiny(family);
         let plain = Pretrained::build(&config, &Training::new(64), &Device::Cpu).unwrap();
@@ -315,7 +315,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         }
         drop((loss_a, grads_a, loss_b, grads_b));
         let mut trainers = [plain, checkpointed].map(|model| model.into_trainer().unwrap());
-        let per_sample = |trainer: &mut autobatch_models::reference::Trainer<Pretrained>| {
+        let per_sample = |trainer: &mut autobatch_models::trainer::Trainer<Pretrained>| {
             let mut meter = HeapMeter::with_room(64 * MIB, 0.9).unwrap();
             trainer.step(8).unwrap();
             let (small, large) = (peak_of(trainer, &mut meter, 2), peak_of(trainer, &mut meter, 6));

@@ -25,7 +25,8 @@ use autobatch::estimate::OptimizerKind;
 use autobatch::{
     Error, HeapMeter, MemoryMeter, Resizable, Setting, SizeRange, TrackingAllocator, Tuner, Value, Workload,
 };
-use autobatch_models::reference::{ConvNetConfig, MlpConfig, Model, Trainer, TransformerConfig};
+use autobatch_models::reference::{ConvNetConfig, MlpConfig, TransformerConfig};
+use autobatch_models::trainer::{Model, Trainer};
 use candle_core::{DType, Device};
 
 const MIB: u64 = 1 << 20;

@@ -1,7 +1,8 @@
 //! The probe's flags checked together, before anything is built.
 
 use autobatch_models as models;
-use autobatch_models::reference::{ConvNetConfig, Footprint, TransformerConfig};
+use autobatch_models::reference::{ConvNetConfig, TransformerConfig};
+use autobatch_models::trainer::Footprint;
 
 use crate::args::{DtypeArg, ModelKind, ObjectiveArg, ProbeArgs, ProbeOptimizerArg};
 use crate::failure::Failure;

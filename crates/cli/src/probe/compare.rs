@@ -3,7 +3,7 @@
 use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
 use autobatch::{Bytes, MemoryMeter};
 use autobatch_models as models;
-use autobatch_models::reference::ReferenceWorkload;
+use autobatch_models::trainer::ReferenceWorkload;
 use candle_core::DType;
 
 use crate::args::DtypeArg;

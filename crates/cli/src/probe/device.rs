@@ -1,7 +1,7 @@
 //! Where a probe runs: the CPU under a budget, or a CUDA device, and its meter.
 
 use autobatch::{Bytes, HeapMeter, MemoryMeter};
-use autobatch_models::reference::Footprint;
+use autobatch_models::trainer::Footprint;
 
 use crate::args::{ProbeArgs, DEFAULT_BUDGET};
 use crate::failure::Failure;

@@ -2,7 +2,7 @@
 //! at a fixed batch, searched and verified like the batch.
 
 use autobatch::{MemoryMeter, Resizable, SizeRange};
-use autobatch_models::reference::{Model, ReferenceWorkload, Trainer};
+use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
 use autobatch_models::Pretrained;
 
 use crate::args::{FindArg, ModelKind, ObjectiveArg, ProbeArgs};

@@ -2,7 +2,7 @@
 //! on the CPU and on a GPU.
 
 use autobatch::MemoryMeter;
-use autobatch_models::reference::ReferenceWorkload;
+use autobatch_models::trainer::ReferenceWorkload;
 
 use crate::args::ProbeArgs;
 use crate::failure::Failure;

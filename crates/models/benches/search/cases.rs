@@ -1,7 +1,8 @@
 //! The reference models the benchmarks probe for real, three sizes each,
 //! with the CPU budgets they are probed under.
 
-use autobatch_models::reference::{ConvNetConfig, MlpConfig, ReferenceWorkload, TransformerConfig};
+use autobatch_models::reference::{ConvNetConfig, MlpConfig, TransformerConfig};
+use autobatch_models::trainer::ReferenceWorkload;
 
 pub const CEILING: f64 = 0.9;
 pub const MIB: u64 = 1 << 20;

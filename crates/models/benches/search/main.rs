@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
 use autobatch::search::SearchSpace;
 use autobatch::{HeapMeter, MemoryMeter, Outcome, Strategy, TrackingAllocator, Tuner, Workload};
-use autobatch_models::reference::ReferenceWorkload;
+use autobatch_models::trainer::ReferenceWorkload;
 use baselines::Algorithm;
 
 const GIB: u64 = 1 << 30;

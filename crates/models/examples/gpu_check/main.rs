@@ -258,7 +258,7 @@ fn check(
     meter: &mut CudaMeter,
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let mut model = config.build(meter.device())?;
-    let description = autobatch_models::reference::Model::describe(&*model.model());
+    let description = autobatch_models::trainer::Model::describe(&*model.model());
     println!("== {name}: {description}, {} parameters", model.parameter_count());
     let started = Instant::now();
     let plan = Tuner::new().ceiling(CEILING).run(&mut model, meter)?;

@@ -501,6 +501,32 @@ impl Module for FrozenLinear {
     }
 }
 
+/// `x · weightᵀ (+ bias)` by candle's own matmul and broadcast add: both
+/// operands get a gradient.
+pub(crate) fn plain_linear(xs: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (out, input) = weight.dims2()?;
+    let lead = &xs.dims()[..xs.rank() - 1];
+    let rows = lead.iter().product::<usize>();
+    let product = xs.reshape((rows, input))?.matmul(&weight.t()?)?;
+    let mut shape = lead.to_vec();
+    shape.push(out);
+    let product = product.reshape(shape)?;
+    match bias {
+        Some(bias) => product.broadcast_add(bias),
+        None => Ok(product),
+    }
+}
+
+/// `xs + ys`, a residual: a stream still outside the graph (the frozen
+/// embeddings of a LoRA model, before the first adapter) gets no gradient.
+pub(crate) fn residual(xs: &Tensor, ys: &Tensor) -> Result<Tensor> {
+    match (xs.track_op(), ys.track_op()) {
+        (false, true) => add_constant(ys, xs),
+        (true, false) => add_constant(xs, ys),
+        _ => xs + ys,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,9 +3,11 @@
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2d, Conv2dConfig, Linear};
 
-use super::footprint::Sizes;
-use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, detach_linear, Footprint, Model, Trainer};
+use super::{at_least, cross_entropy, detach_linear};
+use crate::params::Params;
+use crate::splitmix::Rng;
+use crate::trainer::footprint::Sizes;
+use crate::trainer::{check_dtype, Footprint, Model, Trainer};
 use autobatch::Error;
 
 /// Size of a [`ConvNet`]: two 3×3 convolutions (`channels`, then

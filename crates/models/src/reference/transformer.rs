@@ -4,9 +4,11 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, Linear};
 
-use super::footprint::Sizes;
-use super::params::{Params, Rng};
-use super::{at_least, check_dtype, cross_entropy, detach_linear, Footprint, Model, Trainer};
+use super::{at_least, cross_entropy, detach_linear};
+use crate::params::Params;
+use crate::splitmix::Rng;
+use crate::trainer::footprint::Sizes;
+use crate::trainer::{check_dtype, Footprint, Model, Trainer};
 use autobatch::model::checkpointed;
 use autobatch::Error;
 

@@ -1,48 +1,9 @@
-//! Seeded parameters and synthetic data for the reference workloads.
+//! Seeded parameters and synthetic data for the models the trainer runs.
 
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::Linear;
 
-use crate::splitmix::{splitmix64, GOLDEN_GAMMA};
-
-/// A small deterministic generator (splitmix64): the same seed gives the same
-/// weights and data on every machine, which candle's own CPU generator cannot
-/// promise (it cannot be seeded).
-#[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        let output = splitmix64(self.0);
-        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
-        output
-    }
-
-    /// Uniform in [0, n).
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Standard normal (Box–Muller).
-    pub(crate) fn normal(&mut self) -> f32 {
-        let u1 = self.unit().max(f32::MIN_POSITIVE);
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-    }
-
-    pub(crate) fn normals(&mut self, n: usize, std: f32) -> Vec<f32> {
-        (0..n).map(|_| self.normal() * std).collect()
-    }
-}
+use crate::splitmix::Rng;
 
 /// The data seed of training step `step`, and the one probing uses: a pure
 /// function, so probing never moves the training data stream.
