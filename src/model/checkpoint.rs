@@ -57,7 +57,7 @@ use super::grads::Accumulator;
 /// are those of `loss.backward()`: the same operations run in the same order
 /// inside each block, and the surrogate passes the upstream gradient through
 /// unchanged (its backward multiplies it by ones), so they came out
-/// bit-identical on the GPT of `tests/your_model.rs`. A variable used in
+/// bit-identical on the GPT of `crates/models/tests/measured/your_model.rs`. A variable used in
 /// several blocks (tied weights) sums its parts in another order, which can
 /// differ in the last bits; the tests allow 1e-5 of the largest gradient.
 pub fn checkpointed<B: Module>(

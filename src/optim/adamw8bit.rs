@@ -187,7 +187,7 @@ impl AdamW8bit {
     /// The step's results for `state`. Every input is detached, so no op
     /// records a graph, and each intermediate is replaced as soon as the next
     /// one exists: the update's temporaries stay at a few f32 copies of the
-    /// variable (measured in `tests/optimizers.rs` and docs/optimizers.md;
+    /// variable (measured in `tests/measured/optimizers.rs` and docs/optimizers.md;
     /// `candle_nn::AdamW`'s take fourteen), for real and dry steps alike.
     fn update(&self, state: &State, grad: &Tensor, t: usize) -> Result<Next> {
         let ParamsAdamW { lr, beta1, beta2, eps, weight_decay } = self.params;

@@ -207,28 +207,13 @@ impl Tuner {
         variants: Vec<Variant<'_>>,
         meter: &mut M,
     ) -> Result<Comparison, Error> {
-        self.compare_observed(variants, meter, &mut ())
-    }
-
-    /// [`compare`](Tuner::compare), telling `observer` as each variant starts
-    /// and ends, and about each of its trials.
-    pub fn compare_observed<M, O>(
-        &self,
-        variants: Vec<Variant<'_>>,
-        meter: &mut M,
-        observer: &mut O,
-    ) -> Result<Comparison, Error>
-    where
-        M: MemoryMeter + ?Sized,
-        O: super::Observer + ?Sized,
-    {
-        self.settings()?.compare_observed(variants, meter, observer)
+        self.settings()?.compare(variants, meter, &mut self.observing())
     }
 }
 
 impl Settings {
-    /// [`Tuner::compare_observed`] with these settings.
-    pub(super) fn compare_observed<M, O>(
+    /// [`Tuner::compare`] with these settings.
+    pub(super) fn compare<M, O>(
         &self,
         variants: Vec<Variant<'_>>,
         meter: &mut M,

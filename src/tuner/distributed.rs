@@ -61,22 +61,24 @@ impl Tuner {
         M: MemoryMeter + ?Sized,
         C: crate::collective::Collective + ?Sized,
     {
-        self.settings()?.run_distributed(workload, meter, collective)
+        self.settings()?.run_distributed(workload, meter, collective, &mut self.observing())
     }
 }
 
 impl Settings {
     /// [`Tuner::run_distributed`] with these settings.
-    pub(super) fn run_distributed<W, M, C>(
+    pub(super) fn run_distributed<W, M, C, O>(
         &self,
         workload: &mut W,
         meter: &mut M,
         collective: &C,
+        observer: &mut O,
     ) -> Result<Plan, Error>
     where
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
         C: crate::collective::Collective + ?Sized,
+        O: super::Observer + ?Sized,
     {
         let world_size = collective.world_size();
         if self.options.world_size != 1 && self.options.world_size != world_size {
@@ -92,7 +94,7 @@ impl Settings {
         let profile = self.options.profile.clone().or_else(|| workload.profile());
         let gradient_bytes = profile.map_or(0, |p| p.parameters.saturating_mul(p.precision.weight_bytes()));
         collective.warm_up(gradient_bytes)?;
-        let mut result = local.search(workload, meter, &mut ());
+        let mut result = local.search(workload, meter, observer);
         if self.options.uneven_ranks {
             return self.share_unevenly(result, workload, meter, collective);
         }
@@ -144,7 +146,7 @@ impl Settings {
             result = if below < self.options.start {
                 Err(Error::RankFailed)
             } else {
-                local.up_to(below).search(workload, meter, &mut ())
+                local.up_to(below).search(workload, meter, observer)
             };
         }
         Err(Error::Collective(format!("the ranks did not agree on a batch in {AGREEMENT_ROUNDS} rounds")))

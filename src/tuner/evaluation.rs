@@ -46,30 +46,13 @@ impl Tuner {
         E: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.run_with_eval_observed(train, eval, meter, &mut ())
-    }
-
-    /// [`run_with_eval`](Tuner::run_with_eval) with an [`Observer`] of every search.
-    pub fn run_with_eval_observed<W, E, M, O>(
-        &self,
-        train: &mut W,
-        eval: &mut E,
-        meter: &mut M,
-        observer: &mut O,
-    ) -> Result<Plan, Error>
-    where
-        W: Workload + ?Sized,
-        E: Workload + ?Sized,
-        M: MemoryMeter + ?Sized,
-        O: Observer + ?Sized,
-    {
-        self.settings()?.run_with_eval_observed(train, eval, meter, observer)
+        self.settings()?.run_with_eval(train, eval, meter, &mut self.observing())
     }
 }
 
 impl Settings {
-    /// [`Tuner::run_with_eval_observed`] with these settings.
-    pub(super) fn run_with_eval_observed<W, E, M, O>(
+    /// [`Tuner::run_with_eval`] with these settings.
+    pub(super) fn run_with_eval<W, E, M, O>(
         &self,
         train: &mut W,
         eval: &mut E,

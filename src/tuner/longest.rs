@@ -56,32 +56,13 @@ impl Tuner {
         W: Resizable + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.run_longest_observed(workload, meter, batch, range, &mut ())
-    }
-
-    /// [`run_longest`](Tuner::run_longest), telling `observer` when the
-    /// search starts ([`Observer::size_search_started`]) and about every
-    /// trial (whose `batch` is then the size).
-    pub fn run_longest_observed<W, M, O>(
-        &self,
-        workload: &mut W,
-        meter: &mut M,
-        batch: usize,
-        range: SizeRange,
-        observer: &mut O,
-    ) -> Result<LongestSize, Error>
-    where
-        W: Resizable + ?Sized,
-        M: MemoryMeter + ?Sized,
-        O: Observer + ?Sized,
-    {
-        self.settings()?.run_longest_observed(workload, meter, batch, range, observer)
+        self.settings()?.run_longest(workload, meter, batch, range, &mut self.observing())
     }
 }
 
 impl Settings {
-    /// [`Tuner::run_longest_observed`] with these settings.
-    pub(super) fn run_longest_observed<W, M, O>(
+    /// [`Tuner::run_longest`] with these settings.
+    pub(super) fn run_longest<W, M, O>(
         &self,
         workload: &mut W,
         meter: &mut M,

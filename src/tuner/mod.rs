@@ -18,6 +18,8 @@ mod observer;
 mod settings;
 mod sizes;
 
+use std::sync::{Arc, Mutex};
+
 use log::warn;
 
 use crate::plan::{Accumulation, Objective, Plan, Trial, TrialKind};
@@ -27,6 +29,7 @@ use crate::{CacheKey, Error, MemoryMeter, Workload};
 pub use compare::{Compared, Comparison, Variant};
 use engine::Engine;
 pub use observer::Observer;
+use observer::{HeldObserver, Observing};
 use settings::{Options, Settings};
 
 /// Finds the largest batch that fits under a utilization ceiling and plans
@@ -58,11 +61,12 @@ use settings::{Options, Settings};
 pub struct Tuner {
     ceiling: f64,
     options: Options,
+    observer: Option<HeldObserver>,
 }
 
 impl Default for Tuner {
     fn default() -> Self {
-        Tuner { ceiling: crate::Ceiling::default().fraction(), options: Options::default() }
+        Tuner { ceiling: crate::Ceiling::default().fraction(), options: Options::default(), observer: None }
     }
 }
 
@@ -304,13 +308,17 @@ impl Tuner {
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.run_observed(workload, meter, &mut ())
+        self.settings()?.search(workload, meter, &mut self.observing())
     }
 
-    /// [`run`](Tuner::run), telling `observer` about each trial as it starts and
-    /// ends: for live progress in a command-line tool or a trainer's log.
+    /// Tells `observer` about every search this tuner runs, as it runs: each
+    /// trial as it starts and ends, each size, variant or evaluation search
+    /// as it starts. For live progress in a command-line tool or a trainer's
+    /// log; keep a clone of the `Arc` to read it after the run.
     ///
     /// ```
+    /// use std::sync::{Arc, Mutex};
+    ///
     /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
     /// use autobatch::{Observer, Strategy, Trial, Tuner};
     ///
@@ -321,18 +329,19 @@ impl Tuner {
     ///     }
     /// }
     /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 100 << 20)).build();
-    /// let mut rows = Rows(Vec::new());
-    /// Tuner::new().strategy(Strategy::Binary).run_observed(&mut workload, &mut meter, &mut rows)?;
-    /// assert_eq!(rows.0[..3], ["1 fits", "2 fits", "4 fits"]);
+    /// let rows = Arc::new(Mutex::new(Rows(Vec::new())));
+    /// Tuner::new().strategy(Strategy::Binary).observer(rows.clone()).run(&mut workload, &mut meter)?;
+    /// assert_eq!(rows.lock().unwrap().0[..3], ["1 fits", "2 fits", "4 fits"]);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn run_observed<W, M, O>(&self, workload: &mut W, meter: &mut M, observer: &mut O) -> Result<Plan, Error>
-    where
-        W: Workload + ?Sized,
-        M: MemoryMeter + ?Sized,
-        O: Observer + ?Sized,
-    {
-        self.settings()?.search(workload, meter, observer)
+    pub fn observer(mut self, observer: Arc<Mutex<dyn Observer + Send>>) -> Self {
+        self.observer = Some(HeldObserver(observer));
+        self
+    }
+
+    /// The tuner's observer, for a search to tell.
+    fn observing(&self) -> Observing<'_> {
+        Observing(self.observer.as_ref())
     }
 }
 

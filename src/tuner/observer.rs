@@ -1,8 +1,12 @@
 //! Hearing about a tuning run as it happens.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use crate::plan::{Trial, TrialKind, Warning};
 
-/// Hears about a tuning run as it happens (see [`Tuner::run_observed`](crate::Tuner::run_observed)).
+/// Hears about a tuning run as it happens: give it to a tuner with
+/// [`Tuner::observer`](crate::Tuner::observer), and every search that tuner
+/// runs tells it about each trial.
 ///
 /// Calls come from the thread running the tuner, between the meter's
 /// measurements: [`trial_started`](Observer::trial_started) before the
@@ -15,32 +19,32 @@ pub trait Observer {
         let _ = batch;
     }
     /// The evaluation step's own search is about to start at `start` (see
-    /// [`Tuner::run_with_eval_observed`](crate::Tuner::run_with_eval_observed));
+    /// [`Tuner::run_with_eval`](crate::Tuner::run_with_eval));
     /// its trials follow.
     fn evaluation_started(&mut self, start: usize) {
         let _ = start;
     }
     /// The evaluation step's search alone is about to start at `start`, the
     /// training workload having freed `freed_bytes` of optimizer state (see
-    /// [`Tuner::run_with_eval_observed`](crate::Tuner::run_with_eval_observed));
+    /// [`Tuner::run_with_eval`](crate::Tuner::run_with_eval));
     /// its trials follow.
     fn evaluation_alone_started(&mut self, start: usize, freed_bytes: u64) {
         let _ = (start, freed_bytes);
     }
     /// The search at input size `size` is about to start (see
-    /// [`Tuner::run_sizes_observed`](crate::Tuner::run_sizes_observed)); its
+    /// [`Tuner::run_sizes`](crate::Tuner::run_sizes)); its
     /// trials follow.
     fn size_started(&mut self, size: usize) {
         let _ = size;
     }
     /// A search over the input size at `batch` is about to start (see
-    /// [`Tuner::run_longest_observed`](crate::Tuner::run_longest_observed)):
+    /// [`Tuner::run_longest`](crate::Tuner::run_longest)):
     /// in the trials that follow, `batch` is the input size tried.
     fn size_search_started(&mut self, batch: usize) {
         let _ = batch;
     }
     /// The variant `name` of a comparison is about to be tuned (see
-    /// [`Tuner::compare_observed`](crate::Tuner::compare_observed)); its trials follow.
+    /// [`Tuner::compare`](crate::Tuner::compare)); its trials follow.
     fn variant_started(&mut self, name: &str) {
         let _ = name;
     }
@@ -64,3 +68,65 @@ pub trait Observer {
 }
 
 impl Observer for () {}
+
+/// The observer a [`Tuner`](crate::Tuner) holds: shared, so that the tuner
+/// stays `Clone` and its caller can keep a handle to read it, and locked per
+/// call, so that ranks on threads can run one tuner's searches at once.
+#[derive(Clone)]
+pub(crate) struct HeldObserver(pub(crate) Arc<Mutex<dyn Observer + Send>>);
+
+impl std::fmt::Debug for HeldObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldObserver")
+    }
+}
+
+impl PartialEq for HeldObserver {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// What a search tells: the tuner's observer, when it holds one.
+pub(crate) struct Observing<'a>(pub(crate) Option<&'a HeldObserver>);
+
+impl Observing<'_> {
+    fn with(&mut self, call: impl FnOnce(&mut dyn Observer)) {
+        if let Some(held) = self.0 {
+            call(&mut *held.0.lock().unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+}
+
+impl Observer for Observing<'_> {
+    fn warmup_started(&mut self, batch: usize) {
+        self.with(|o| o.warmup_started(batch));
+    }
+    fn evaluation_started(&mut self, start: usize) {
+        self.with(|o| o.evaluation_started(start));
+    }
+    fn evaluation_alone_started(&mut self, start: usize, freed_bytes: u64) {
+        self.with(|o| o.evaluation_alone_started(start, freed_bytes));
+    }
+    fn size_started(&mut self, size: usize) {
+        self.with(|o| o.size_started(size));
+    }
+    fn size_search_started(&mut self, batch: usize) {
+        self.with(|o| o.size_search_started(batch));
+    }
+    fn variant_started(&mut self, name: &str) {
+        self.with(|o| o.variant_started(name));
+    }
+    fn variant_finished(&mut self, name: &str, largest_batch: Option<usize>) {
+        self.with(|o| o.variant_finished(name, largest_batch));
+    }
+    fn trial_started(&mut self, batch: usize, kind: TrialKind) {
+        self.with(|o| o.trial_started(batch, kind));
+    }
+    fn trial_finished(&mut self, trial: &Trial, capacity_bytes: u64) {
+        self.with(|o| o.trial_finished(trial, capacity_bytes));
+    }
+    fn warning(&mut self, warning: &Warning) {
+        self.with(|o| o.warning(warning));
+    }
+}

@@ -24,30 +24,13 @@ impl Tuner {
         W: Resizable + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.run_sizes_observed(workload, meter, sizes, &mut ())
-    }
-
-    /// [`run_sizes`](Tuner::run_sizes), telling `observer` when each size
-    /// starts ([`Observer::size_started`]) and about every trial.
-    pub fn run_sizes_observed<W, M, O>(
-        &self,
-        workload: &mut W,
-        meter: &mut M,
-        sizes: &[usize],
-        observer: &mut O,
-    ) -> Result<SizePlan, Error>
-    where
-        W: Resizable + ?Sized,
-        M: MemoryMeter + ?Sized,
-        O: Observer + ?Sized,
-    {
-        self.settings()?.run_sizes_observed(workload, meter, sizes, observer)
+        self.settings()?.run_sizes(workload, meter, sizes, &mut self.observing())
     }
 }
 
 impl Settings {
-    /// [`Tuner::run_sizes_observed`] with these settings.
-    pub(super) fn run_sizes_observed<W, M, O>(
+    /// [`Tuner::run_sizes`] with these settings.
+    pub(super) fn run_sizes<W, M, O>(
         &self,
         workload: &mut W,
         meter: &mut M,

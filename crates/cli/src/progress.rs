@@ -57,6 +57,12 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// A progress display a tuner holds ([`Tuner::observer`](autobatch::Tuner::observer)):
+    /// its rows end when the tuner (the last holder) drops it.
+    pub fn shared(json: bool) -> std::sync::Arc<std::sync::Mutex<Progress>> {
+        std::sync::Arc::new(std::sync::Mutex::new(Progress::new(json)))
+    }
+
     pub fn new(rows_to_stderr: bool) -> Self {
         let spinner = std::io::stderr().is_terminal().then(Spinner::start);
         Progress { rows_to_stderr, rows: 0, batch_width: Trial::BATCH_WIDTH, spinner, heading: None, size_word: None }

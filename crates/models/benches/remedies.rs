@@ -133,7 +133,7 @@ fn main() {
         report,
         "\nOn {} CPU threads. Checkpointing keeps each block's input and runs each block a second time in the \
          backward pass: it trades one more forward pass of the blocks for their activations. Its gradients are \
-         bit-identical to the plain backward pass (tests/workloads.rs, tests/your_model.rs). Step times on a \
+         bit-identical to the plain backward pass (crates/models/tests/measured/workloads.rs, crates/models/tests/measured/your_model.rs). Step times on a \
          shared 2-core machine vary by tens of percent from run to run: read the overhead's sign, not its digits. \
          On the CPU, bf16 halves the bytes but slows each step 2-5x (candle's CPU kernels have no fast bf16 \
          path), and the convnet has no bf16 conv2d at all; the bytes per sample are what carries to a GPU.",

@@ -76,7 +76,7 @@ impl Config {
     /// tensors, which candle keeps until the loss is dropped, and the widest
     /// moment of the backward pass beside them. What `estimate --config`
     /// counts, within 15% of what the probe measures on the reference
-    /// families (tests/models.rs).
+    /// families (crates/models/tests/measured/models.rs).
     pub fn bytes_per_sample(&self, training: &Training) -> Result<u64, Error> {
         let dtype = self.model_dtype(training)?;
         let s = training.seq_len as f64;

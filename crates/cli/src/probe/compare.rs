@@ -123,9 +123,9 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         }
         variants.push(variant);
     }
-    let mut progress = Progress::new(args.json);
-    let compared = tuner.compare_observed(variants, meter, &mut progress);
-    drop(progress);
+    let tuner = tuner.clone().observer(Progress::shared(args.json));
+    let compared = tuner.compare(variants, meter);
+    drop(tuner); // the live rows end before the table prints
     let mut comparison = compared?;
     let base = comparison.rows.first().and_then(|row| row.memory()).map(|(per_sample, _)| per_sample);
     for (row, (_, _, factor, _, _)) in comparison.rows.iter_mut().zip(&configs).skip(1) {

@@ -8,6 +8,8 @@ use autobatch_models::Pretrained;
 use crate::args::{FindArg, ModelKind, ObjectiveArg, ProbeArgs};
 use crate::failure::{Failure, Flags};
 use crate::model::{with_optimizer, ModelConfig};
+use std::sync::{Arc, Mutex};
+
 use crate::progress::Progress;
 
 use super::context::Run;
@@ -118,11 +120,11 @@ where
         words.what,
         range.largest
     ));
-    let mut progress = Progress::new(args.json).sizes(words.word);
-    let result =
-        crate::model::search_tuner(args).run_longest_observed(&mut trainer, meter, batch, range, &mut progress);
-    drop(progress);
-    // the size is named as this model calls it: a sequence length, a resolution
+    let progress = Arc::new(Mutex::new(Progress::new(args.json).sizes(words.word)));
+    let tuner = crate::model::search_tuner(args).observer(progress);
+    let result = tuner.run_longest(&mut trainer, meter, batch, range);
+    drop(tuner); // the live rows end before the answer prints
+                 // the size is named as this model calls it: a sequence length, a resolution
     let longest = result.map_err(|err| Failure::in_flags(err, &Flags { size: words.what, ..Flags::PROBE }))?;
     if let Some(path) = &args.plot {
         let title = format!("{description} at batch {batch} on {on}");

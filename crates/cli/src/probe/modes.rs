@@ -68,14 +68,14 @@ impl Run<'_> {
     /// One probe of `workload`: its plan, printed (and drawn with `--plot`).
     fn tune(&self, workload: &mut dyn ReferenceWorkload, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         let args = self.args;
-        let mut progress = Progress::new(args.json);
+        let tuner = self.tuner.clone().observer(Progress::shared(args.json));
         let result = if args.eval {
             let mut evaluation = workload.evaluation_workload();
-            self.tuner.run_with_eval_observed(workload, &mut *evaluation, meter, &mut progress)
+            tuner.run_with_eval(workload, &mut *evaluation, meter)
         } else {
-            self.tuner.run_observed(workload, meter, &mut progress)
+            tuner.run(workload, meter)
         };
-        drop(progress);
+        drop(tuner); // the live rows end before the plan prints
         let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
         if plan.cached() {
             if let Some(path) = &args.cache {
@@ -103,9 +103,9 @@ impl Run<'_> {
             args.seq_lens,
             self.on
         ));
-        let mut progress = Progress::new(args.json);
-        let result = self.tuner.run_sizes_observed(trainer, meter, &args.seq_lens, &mut progress);
-        drop(progress);
+        let tuner = self.tuner.clone().observer(Progress::shared(args.json));
+        let result = tuner.run_sizes(trainer, meter, &args.seq_lens);
+        drop(tuner); // the live rows end before the plan prints
         let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
         if let Some(path) = &args.plot {
             let title = format!("{} on {}", trainer.description(), self.on);

@@ -20,7 +20,7 @@
 //! 5. times one step at b, and three at b with the pool's release threshold
 //!    at 0 (as tuning runs) and at its maximum (does keeping what the pool
 //!    reserved make a trial faster?);
-//! 6. decides (`verdict.rs`, tested on the CPU by `tests/gpu_verdict.rs`): b
+//! 6. decides (`verdict.rs`, tested on the CPU by `crates/models/tests/measured/gpu_verdict.rs`): b
 //!    fits by every peak, b + 1 does not where the search proved b the
 //!    largest, the context survived, the pool was checked.
 //!

@@ -1,5 +1,5 @@
 //! The GPU check's verdict for one size, from what it measured: kept free of
-//! CUDA so that `tests/gpu_verdict.rs` checks it on the CPU.
+//! CUDA so that `crates/models/tests/measured/gpu_verdict.rs` checks it on the CPU.
 
 use serde::Serialize;
 

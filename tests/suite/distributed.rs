@@ -6,8 +6,7 @@ use autobatch::search::SearchSpace;
 use autobatch::{Error, Plan, Tuner};
 use proptest::prelude::*;
 
-mod common;
-use common::accumulating::Accumulating;
+use crate::common::accumulating::Accumulating;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

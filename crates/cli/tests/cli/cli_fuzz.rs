@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
-use common::names_no_internals;
+use crate::common::names_no_internals;
 
 /// Address space a run may take: far above what a 32 MiB probe needs (threads'
 /// stacks and the over-budget trial included), far below a runaway allocation.

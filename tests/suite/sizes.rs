@@ -9,8 +9,7 @@ use autobatch::search::SearchSpace;
 use autobatch::{Basis, Error, Resizable, SizePlan, Tuner, Workload};
 use proptest::prelude::*;
 
-mod common;
-use common::token_curve::{Curve, GIB};
+use crate::common::token_curve::{Curve, GIB};
 
 fn curve_strategy() -> impl Strategy<Value = Curve> {
     (8u64..=141, 0u64..4 * GIB, 1u64..=64 << 10, 0u64..=512).prop_map(

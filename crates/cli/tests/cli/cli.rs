@@ -2,9 +2,7 @@
 
 use std::process::{Command, Output};
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
-use common::names_no_internals;
+use crate::common::names_no_internals;
 
 fn autobatch(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_autobatch"))
@@ -378,7 +376,7 @@ fn probe_compare_tunes_each_remedy_side_by_side() {
     // sample's bytes of these variants on the hosts measured), which a probe
     // alone does not, and where a probe alone peaks within that of the limit
     // (1.5 KB on one host) the comparison's answer is one below, never above. The
-    // exact claim on one device is tests/tuner.rs's (a start from an
+    // exact claim on one device is tests/suite/tuner.rs's (a start from an
     // expectation finds what a search from scratch finds).
     let started = |i: usize| rows[i]["started_at"].as_u64();
     assert!([0, 1].iter().all(|&i| started(i).is_none()), "{rows:?}");
@@ -971,7 +969,7 @@ fn a_config_model_is_probed_exactly_in_every_mode() {
     }
     // LoRA holds the base's weights alone (no gradients, no moments); on a model
     // this small the adapters' activations weigh more than that, so the fixed
-    // bytes are what to compare (tests/models.rs compares batches on heavier ones)
+    // bytes are what to compare (crates/models/tests/measured/models.rs compares batches on heavier ones)
     let full = plan_of(&["probe", "--config", &llama, "--seq-len", "32", "--budget", "48MiB"]);
     let lora = plan_of(&["probe", "--config", &llama, "--seq-len", "32", "--budget", "48MiB", "--lora", "8"]);
     let fixed = |plan: &serde_json::Value| plan["memory_model"]["fixed_bytes"].as_f64().unwrap();

@@ -9,11 +9,7 @@
 //!
 //! Heap measurements: its own sequential harness (see tests/common/harness.rs).
 
-mod common;
-use common::bits;
-
-#[global_allocator]
-static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+use crate::common::bits;
 
 use autobatch::model::{detached, detached_sharing};
 use autobatch::optim::{Adafactor, ParamsAdafactor, ParamsLion};
@@ -395,8 +391,9 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     println!("  evaluation-mode BatchNorm: largest batch {b}, 4 statistics taken for buffers by name, 1 declared");
 }
 
-fn main() {
-    common::harness::run_sequentially(&[
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![
         ("buffers_read_in_evaluation_mode_are_no_cut_graph", buffers_read_in_evaluation_mode_are_no_cut_graph),
         ("a_displayed_error_leaves_the_heap_as_it_was", a_displayed_error_leaves_the_heap_as_it_was),
         ("the_forward_pass_writes_the_state", the_forward_pass_writes_the_state),
@@ -410,5 +407,5 @@ fn main() {
             "training_stays_under_the_ceiling_and_evaluation_sees_its_statistics",
             training_stays_under_the_ceiling_and_evaluation_sees_its_statistics,
         ),
-    ]);
+    ]
 }

@@ -7,8 +7,7 @@ use autobatch::memory::simulated::{MemoryCurve, SimulatedMeter, SimulatedWorkloa
 use autobatch::{CacheKey, Error, Plan, Tuner};
 use candle_core::{DType, Device, Var};
 
-mod common;
-use common::accumulating::Accumulating;
+use crate::common::accumulating::Accumulating;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

@@ -2,7 +2,7 @@
 //! that is public exports only what is not exported elsewhere (the crate's
 //! root re-exports what most users need; `autobatch::search`, `model`,
 //! `optim`, `estimate`, … hold the rest). Read from the source, as
-//! `tests/layering.rs` reads the house.
+//! `tests/suite/layering.rs` reads the house.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

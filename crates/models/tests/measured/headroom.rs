@@ -2,14 +2,10 @@
 //! test a project keeps in CI so that a change that grows memory fails here.
 //! One #[test] only: heap measurements want no other test thread running.
 
-#[global_allocator]
-static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-
 use autobatch::{Error, Headroom, HeadroomReport, HeapMeter};
 use autobatch_models::reference::TransformerConfig;
 use candle_core::Device;
 
-#[test]
 fn the_reference_transformer_keeps_its_headroom_at_batch_32() {
     let mut model =
         TransformerConfig { vocab: 64, d_model: 32, heads: 4, layers: 1, seq_len: 16, ..Default::default() }
@@ -53,4 +49,12 @@ fn the_reference_transformer_keeps_its_headroom_at_batch_32() {
         Headroom::new(32).min_headroom(1.5).check(&mut model, &mut meter),
         Err(Error::InvalidSetting { value: autobatch::Value::Fraction(_), .. })
     ));
+}
+
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![(
+        "the_reference_transformer_keeps_its_headroom_at_batch_32",
+        the_reference_transformer_keeps_its_headroom_at_batch_32,
+    )]
 }

@@ -1,7 +1,7 @@
 //! The GPU check's verdict logic (examples/gpu_check/verdict.rs), on the
 //! CPU: what passes and what fails, before a GPU ever runs it.
 
-#[path = "../examples/gpu_check/verdict.rs"]
+#[path = "../../examples/gpu_check/verdict.rs"]
 mod verdict;
 
 use verdict::{verdict, Evidence, Next};
@@ -24,14 +24,12 @@ fn good() -> Evidence {
     }
 }
 
-#[test]
 fn a_clean_run_passes() {
     let v = verdict(&good());
     assert!(v.pass && v.notes.is_empty(), "{v:?}");
     assert!(verdict(&Evidence { next: Next::OutOfMemory, ..good() }).pass);
 }
 
-#[test]
 fn an_under_count_by_reserved_or_device_wide_bytes_fails() {
     // the pool's used bytes fit, but fragmentation or memory outside the pool did not
     let v = verdict(&Evidence { reserved_bytes: 1010 * MIB, ..good() });
@@ -40,7 +38,6 @@ fn an_under_count_by_reserved_or_device_wide_bytes_fails() {
     assert!(!v.pass && v.notes[0].contains("device-wide"), "{v:?}");
 }
 
-#[test]
 fn the_next_batch_fitting_fails_only_a_proven_answer() {
     let fits = Next::Fits { peak_bytes: 990 * MIB };
     let v = verdict(&Evidence { next: fits.clone(), ..good() });
@@ -53,7 +50,6 @@ fn the_next_batch_fitting_fails_only_a_proven_answer() {
     assert!(!v.pass, "{v:?}");
 }
 
-#[test]
 fn a_broken_context_or_an_unchecked_pool_fails() {
     assert!(!verdict(&Evidence { healthy_after_oom: false, ..good() }).pass);
     assert!(!verdict(&Evidence { pool_checked: false, ..good() }).pass);
@@ -61,14 +57,12 @@ fn a_broken_context_or_an_unchecked_pool_fails() {
     assert!(v.pass && v.notes[0].contains("not judged"), "{v:?}");
 }
 
-#[test]
 fn a_next_batch_past_the_element_limit_is_not_run_and_not_a_failure() {
     let stopped = Some("stopped at batch 2047: the next batch up would run a tensor of 4296015872 elements".into());
     let v = verdict(&Evidence { next: Next::PastElementLimit, proven_largest: false, stopped_by: stopped, ..good() });
     assert!(v.pass && v.notes[0].contains("not run"), "{v:?}");
 }
 
-#[test]
 fn a_peak_at_the_limit_within_the_tolerance_is_noted_not_judged() {
     let limit = 1000 * MIB;
     assert_eq!(verdict::tolerance(limit), 2 * MIB);
@@ -83,4 +77,25 @@ fn a_peak_at_the_limit_within_the_tolerance_is_noted_not_judged() {
     assert!(v.pass && v.notes[0].contains("not judged"), "{v:?}");
     let v = verdict(&Evidence { next: Next::Fits { peak_bytes: limit - 3 * MIB }, ..good() });
     assert!(!v.pass && v.notes[0].contains("not the largest"), "{v:?}");
+}
+
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![
+        ("a_clean_run_passes", a_clean_run_passes),
+        (
+            "an_under_count_by_reserved_or_device_wide_bytes_fails",
+            an_under_count_by_reserved_or_device_wide_bytes_fails,
+        ),
+        ("the_next_batch_fitting_fails_only_a_proven_answer", the_next_batch_fitting_fails_only_a_proven_answer),
+        ("a_broken_context_or_an_unchecked_pool_fails", a_broken_context_or_an_unchecked_pool_fails),
+        (
+            "a_next_batch_past_the_element_limit_is_not_run_and_not_a_failure",
+            a_next_batch_past_the_element_limit_is_not_run_and_not_a_failure,
+        ),
+        (
+            "a_peak_at_the_limit_within_the_tolerance_is_noted_not_judged",
+            a_peak_at_the_limit_within_the_tolerance_is_noted_not_judged,
+        ),
+    ]
 }

@@ -9,10 +9,7 @@
 //! The heap is process-wide: this file has its own harness and runs its checks
 //! one after another on one thread (see tests/common/harness.rs).
 
-mod common;
-
-#[global_allocator]
-static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+use std::sync::{Arc, Mutex};
 
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, Observer, TrackingAllocator, TrainLoop, Trial, Tuner};
 use candle_core::{DType, Device, Module, Tensor};
@@ -20,7 +17,7 @@ use candle_nn::{linear, loss, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap
 
 const MIB: u64 = 1 << 20;
 /// What the harness and the test's own bookkeeping allocate between two
-/// readings (see tests/workloads.rs).
+/// readings (see crates/models/tests/measured/workloads.rs).
 const TOLERANCE: u64 = 4 << 10;
 
 /// Matmuls of every kind gemm treats apart: small and large, contiguous and
@@ -132,11 +129,8 @@ fn larger_matmuls_before_between_and_after_trials_change_no_answer() {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b)).adamw(ParamsAdamW::default()).unwrap();
         let mut meter = HeapMeter::with_room(12 * MIB, 0.9).unwrap();
         let tuner = Tuner::new().ceiling(0.9).max_batch(4096);
-        let plan = if between {
-            tuner.run_observed(&mut probe, &mut meter, &mut MatmulsBetweenTrials).unwrap()
-        } else {
-            tuner.run(&mut probe, &mut meter).unwrap()
-        };
+        let tuner = if between { tuner.observer(Arc::new(Mutex::new(MatmulsBetweenTrials))) } else { tuner };
+        let plan = tuner.run(&mut probe, &mut meter).unwrap();
         (plan, meter)
     };
     let (quiet, quiet_meter) = tune(false);
@@ -202,8 +196,9 @@ fn a_printed_backtrace_changes_no_answer_under_a_budget_sized_from_the_baseline(
     assert_eq!(after.largest_batch, before.largest_batch, "before:\n{before}\nafter:\n{after}");
 }
 
-fn main() {
-    common::harness::run_sequentially(&[
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![
         (
             "a_thread_the_meter_settled_keeps_nothing_after_any_matmul",
             a_thread_the_meter_settled_keeps_nothing_after_any_matmul,
@@ -217,5 +212,5 @@ fn main() {
             "a_printed_backtrace_changes_no_answer_under_a_budget_sized_from_the_baseline",
             a_printed_backtrace_changes_no_answer_under_a_budget_sized_from_the_baseline,
         ),
-    ]);
+    ]
 }

@@ -6,12 +6,7 @@
 //!
 //! Heap measurements: its own sequential harness (see tests/common/harness.rs).
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
-use common::bits;
-
-#[global_allocator]
-static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+use crate::common::bits;
 
 use autobatch::serve::ServeProbe;
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
@@ -22,7 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW};
 
 const MIB: u64 = 1 << 20;
-/// What the harness allocates between two readings (see tests/workloads.rs).
+/// What the harness allocates between two readings (see crates/models/tests/measured/workloads.rs).
 const TOLERANCE: u64 = 4 << 10;
 
 fn published(name: &str) -> Config {
@@ -1068,8 +1063,9 @@ fn the_longest_context_at_a_concurrency_is_exact() {
     assert!(fits <= plan.limit_bytes && over > plan.limit_bytes, "{context}: {fits}, {over}, {}", plan.limit_bytes);
 }
 
-fn main() {
-    common::harness::run_sequentially(&[
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![
         ("serving_capacity_is_exact_by_brute_force", serving_capacity_is_exact_by_brute_force),
         ("the_longest_context_at_a_concurrency_is_exact", the_longest_context_at_a_concurrency_is_exact),
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
@@ -1117,5 +1113,5 @@ fn main() {
             "the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating",
             the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating,
         ),
-    ]);
+    ]
 }

@@ -15,12 +15,6 @@
 //! allow `TOLERANCE` = 4 KiB, less than a tenth of the smallest per-sample
 //! step of any size tested here.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
-
-#[global_allocator]
-static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-
 use autobatch::estimate::OptimizerKind;
 use autobatch::{
     Error, HeapMeter, MemoryMeter, Resizable, Setting, SizeRange, TrackingAllocator, Tuner, Value, Workload,
@@ -505,8 +499,9 @@ fn the_largest_resolution_at_a_batch_is_exact() {
     );
 }
 
-fn main() {
-    let tests: &[(&str, fn())] = &[
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![
         ("the_longest_sequence_length_at_a_batch_is_exact", the_longest_sequence_length_at_a_batch_is_exact),
         ("the_largest_resolution_at_a_batch_is_exact", the_largest_resolution_at_a_batch_is_exact),
         ("transformer_largest_batch_is_exact_at_two_sizes", transformer_largest_batch_is_exact_at_two_sizes),
@@ -547,6 +542,5 @@ fn main() {
             "the_transformer_tuned_at_several_lengths_is_exact_at_each",
             the_transformer_tuned_at_several_lengths_is_exact_at_each,
         ),
-    ];
-    common::harness::run_sequentially(tests);
+    ]
 }

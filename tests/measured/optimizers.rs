@@ -5,11 +5,6 @@
 //!
 //! Heap measurements: its own sequential harness (see tests/common/harness.rs).
 
-mod common;
-
-#[global_allocator]
-static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-
 use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, Tuner};
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
@@ -569,8 +564,9 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
     assert!(adamw8bit > adamw && adafactor > adamw && lion >= adamw, "{largest:?}");
 }
 
-fn main() {
-    common::harness::run_sequentially(&[
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![
         ("each_step_holds_no_more_than_candle_adamws", each_step_holds_no_more_than_candle_adamws),
         (
             "a_weight_heavy_models_largest_batch_orders_by_state_size",
@@ -585,5 +581,5 @@ fn main() {
             mixed_precision_learns_and_holds_the_zero_papers_16_bytes,
         ),
         ("mixed_precision_gradients_match_f32_within_tolerance", mixed_precision_gradients_match_f32_within_tolerance),
-    ]);
+    ]
 }

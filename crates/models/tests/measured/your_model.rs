@@ -4,15 +4,10 @@
 //! that cuts gradients is named, and training with accumulation at the
 //! largest batch stays under the ceiling.
 //!
-//! Heap measurements are process-wide: like `tests/workloads.rs`, this file
+//! Heap measurements are process-wide: like `crates/models/tests/measured/workloads.rs`, this file
 //! has its own harness and runs its checks one after another on one thread.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
-use common::bits;
-
-#[global_allocator]
-static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+use crate::common::bits;
 
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Warning, Workload};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
@@ -20,7 +15,7 @@ use candle_nn::{embedding, linear, loss, ops, Embedding, Linear, Optimizer, Para
 
 const MIB: u64 = 1 << 20;
 /// Between the tuner's measurement and a brute-force one the harness holds a
-/// few small allocations of its own (see tests/workloads.rs).
+/// few small allocations of its own (see crates/models/tests/measured/workloads.rs).
 const TOLERANCE: u64 = 4 << 10;
 const VOCAB: usize = 64;
 const SEQ: usize = 32;
@@ -1090,8 +1085,9 @@ fn a_users_own_server_finds_how_many_sequences_fit() {
     assert!(fits.fits && !over.fits, "{n}: {fits:?}, {}: {over:?}", n + 1);
 }
 
-fn main() {
-    let tests: &[(&str, fn())] = &[
+/// The tests of this file, in the order they run.
+pub fn tests() -> Vec<(&'static str, fn())> {
+    vec![
         ("a_users_own_server_finds_how_many_sequences_fit", a_users_own_server_finds_how_many_sequences_fit),
         (
             "your_model_switched_to_the_lean_ops_is_exact_and_fits_more",
@@ -1139,6 +1135,5 @@ fn main() {
         ),
         ("an_op_without_a_backward_pass_is_named", an_op_without_a_backward_pass_is_named),
         ("the_plan_peak_is_what_a_train_loop_step_holds", the_plan_peak_is_what_a_train_loop_step_holds),
-    ];
-    common::harness::run_sequentially(tests);
+    ]
 }

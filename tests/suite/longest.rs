@@ -10,8 +10,7 @@ use autobatch::{
 };
 use proptest::prelude::*;
 
-mod common;
-use common::token_curve::{Curve, GIB};
+use crate::common::token_curve::{Curve, GIB};
 
 /// The longest multiple of the granule in `range` that fits at `batch`, by scanning.
 fn brute_force(curve: Curve, batch: usize, range: SizeRange) -> Option<usize> {

@@ -1,0 +1,23 @@
+//! The models' integration tests, one binary: real candle steps measured on
+//! the heap, one after another on the main thread under the tracking
+//! allocator (tests/common/harness.rs at the workspace's root).
+//! `cargo test -p autobatch-models --test measured -- NAME` runs the tests
+//! whose name contains NAME.
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+#[path = "../../../../tests/common/mod.rs"]
+mod common;
+
+mod gpu_verdict;
+mod headroom;
+mod models;
+mod workloads;
+mod your_model;
+
+fn main() {
+    let tests: Vec<_> =
+        [models::tests(), workloads::tests(), your_model::tests(), headroom::tests(), gpu_verdict::tests()].concat();
+    common::harness::run_sequentially(&tests);
+}
