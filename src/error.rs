@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use crate::estimate::change::{Change, Remedy};
 use crate::headroom::report::HeadroomReport;
 use crate::search::outcome::Outcome;
+use crate::setting::SettingName;
 use crate::units::{format_bytes, format_millis, format_percent};
 use crate::vocabulary::OptimizerKind;
 
@@ -40,9 +41,9 @@ pub enum ErrorKind {
 /// A setting an [`Error::InvalidSetting`] is about.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Setting {
-    /// One of the crate's settings, by its builder method or argument:
+    /// One of the workspace's settings, by its builder method or argument:
     /// `multiple_of`, `seq_len`, `ceiling`. A [`Names`] can rename it.
-    Named(&'static str),
+    Named(SettingName),
     /// A part of the caller's own input, by its place there: a
     /// `config.json` field, a comparison variant's expectation.
     Input(String),
@@ -52,7 +53,7 @@ impl Setting {
     /// The setting as `names` call it.
     fn render(&self, names: &dyn Names) -> String {
         match self {
-            Setting::Named(name) => names.setting(name),
+            Setting::Named(name) => names.setting(*name),
             Setting::Input(place) => place.clone(),
         }
     }
@@ -67,7 +68,7 @@ impl std::fmt::Display for Setting {
 impl PartialEq<str> for Setting {
     /// Whether this is the named setting `name` (`setting == "start"`).
     fn eq(&self, name: &str) -> bool {
-        matches!(self, Setting::Named(own) if *own == name)
+        matches!(self, Setting::Named(own) if own.as_str() == name)
     }
 }
 
@@ -113,12 +114,12 @@ impl std::fmt::Display for Value {
 ///
 /// ```
 /// use autobatch::search::SearchSpace;
-/// use autobatch::Names;
+/// use autobatch::{Names, SettingName};
 ///
 /// struct Flags;
 /// impl Names for Flags {
-///     fn setting(&self, name: &str) -> String {
-///         format!("--{}", name.replace('_', "-"))
+///     fn setting(&self, setting: SettingName) -> String {
+///         format!("--{}", setting.as_str().replace('_', "-"))
 ///     }
 /// }
 ///
@@ -127,10 +128,10 @@ impl std::fmt::Display for Value {
 /// assert_eq!(err.render(&Flags), "--max-batch is 4: it must be at least --start, 8");
 /// ```
 pub trait Names {
-    /// What to call the setting `name` (a builder method or argument, such
-    /// as `multiple_of`; `size` for the input size a search is over).
-    fn setting(&self, name: &str) -> String {
-        name.to_owned()
+    /// What to call `setting` (by default its builder name, such as
+    /// `multiple_of`; `size` for the input size a search is over).
+    fn setting(&self, setting: SettingName) -> String {
+        setting.as_str().to_owned()
     }
 
     /// What applies `change`, such as a flag with its value, shown before a
@@ -423,8 +424,8 @@ pub enum Error {
     Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-impl From<&'static str> for Setting {
-    fn from(name: &'static str) -> Self {
+impl From<SettingName> for Setting {
+    fn from(name: SettingName) -> Self {
         Setting::Named(name)
     }
 }
@@ -451,8 +452,8 @@ impl std::fmt::Debug for Error {
     }
 }
 
-/// `template` with each `{name}` in it (a setting's name: lower case, digits,
-/// underscores) as `names` call that setting; other braces stay as they are.
+/// `template` with each `{name}` in it (a [`SettingName`] as the builder
+/// spells it) as `names` call that setting; other braces stay as they are.
 fn fill(template: &str, names: &dyn Names) -> String {
     let mut filled = String::with_capacity(template.len());
     let mut rest = template;
@@ -462,9 +463,9 @@ fn fill(template: &str, names: &dyn Names) -> String {
         let name_len = after.find('}').filter(|&end| {
             end > 0 && after[..end].bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         });
-        match name_len {
-            Some(end) => {
-                filled.push_str(&names.setting(&after[..end]));
+        match name_len.and_then(|end| Some((end, SettingName::from_name(&after[..end])?))) {
+            Some((end, setting)) => {
+                filled.push_str(&names.setting(setting));
                 rest = &after[end + 1..];
             }
             None => {
@@ -545,7 +546,7 @@ impl Error {
     /// shows when `names` is the crate's own (each setting by its name).
     /// See [`Names`].
     pub fn render(&self, names: &dyn Names) -> String {
-        let name = |setting: &str| names.setting(setting);
+        let name = |setting: SettingName| names.setting(setting);
         match self {
             Error::InvalidSetting { setting, value, valid } => {
                 format!("{} is {value}: {}", setting.render(names), fill(valid, names))
@@ -576,22 +577,22 @@ impl Error {
                     "no split hits {} {target} exactly with {} ranks ({}), micro-batches that are multiples of {} \
                      {multiple_of} and at most {} ({}), and at most {} accumulation steps; the nearest above is \
                      {nearest}: accept it (drop {}){divisible}",
-                    name("target_effective_batch"),
+                    name(SettingName::TargetEffectiveBatch),
                     world_size,
-                    name("world_size"),
-                    name("multiple_of"),
+                    name(SettingName::WorldSize),
+                    name(SettingName::MultipleOf),
                     largest,
-                    name("largest_micro_batch"),
+                    name(SettingName::LargestMicroBatch),
                     accumulation_steps.saturating_mul(2),
-                    name("exact_effective_batch"),
+                    name(SettingName::ExactEffectiveBatch),
                 )
             }
             Error::InexactTarget { target, multiple_of, nearest, largest_micro_batch: None, .. } => format!(
                 "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}; the \
                  nearest above is {nearest}: accept it (drop {}) or use a global batch divisible by {multiple_of}",
-                name("target_global_batch"),
-                name("multiple_of"),
-                name("exact_effective_batch"),
+                name(SettingName::TargetGlobalBatch),
+                name(SettingName::MultipleOf),
+                name(SettingName::ExactEffectiveBatch),
             ),
             Error::AlreadyTrained { steps, change } => {
                 format!("the trainer already ran {steps} training steps: {change} before the first one")
@@ -616,26 +617,26 @@ impl Error {
                 );
                 if let Some(size) = size {
                     let advice = if *batch > 1 {
-                        format!("use a smaller {}", name("batch"))
+                        format!("use a smaller {}", name(SettingName::Batch))
                     } else {
-                        format!("make the model smaller or raise {}", name("capacity"))
+                        format!("make the model smaller or raise {}", name(SettingName::Capacity))
                     };
                     return format!(
                         "nothing fits at {} {batch}: the shortest {} searched, {size}, {failed}; {room}: {advice}",
-                        name("batch"),
-                        name("size"),
+                        name(SettingName::Batch),
+                        name(SettingName::Size),
                     );
                 }
                 let mut message = format!(
                     "nothing fits: batch {batch} (the smallest {} and {} allow) {failed}; {room}",
-                    name("start"),
-                    name("multiple_of"),
+                    name(SettingName::Start),
+                    name(SettingName::MultipleOf),
                 );
                 if let Some(smaller) = smaller_batch {
                     let _ = write!(
                         message,
                         "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}",
-                        name("start")
+                        name(SettingName::Start)
                     );
                 }
                 if !remedies.is_empty() {
@@ -662,7 +663,7 @@ impl Error {
             Error::TimeLimit { limit_ms, trials } => format!(
                 "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is \
                  verified; allow more time (the first trials include the warm-up)",
-                name("time_limit"),
+                name(SettingName::TimeLimit),
                 format_millis(*limit_ms),
             ),
             Error::GuardExhausted { offset } => format!(
@@ -690,11 +691,13 @@ impl Error {
                  ModelProbe::buffers_named), or take the partial answer with {}",
                 variables.len(),
                 first_names(variables),
-                name("allow_partial_graph"),
+                name(SettingName::AllowPartialGraph),
             ),
             Error::Candle(source) => format!("candle: {}", candle_message(source)),
             Error::ModelBuild(source) => format!("building the model: {}", candle_message(source)),
-            Error::AtSize { size, source } => format!("at {} {size}: {}", name("size"), source.render(names)),
+            Error::AtSize { size, source } => {
+                format!("at {} {size}: {}", name(SettingName::Size), source.render(names))
+            }
             Error::Device(problem) => problem.to_string(),
             Error::Collective(reason) => format!("collective: {reason}"),
             Error::RankFailed => {
@@ -789,7 +792,7 @@ impl Error {
     /// ```
     /// use autobatch::{Error, Value};
     ///
-    /// let err = Error::invalid("size", Value::Count(600), "it must be at most 512, the longest position");
+    /// let err = Error::invalid(autobatch::SettingName::Size, Value::Count(600), "it must be at most 512, the longest position");
     /// assert_eq!(err.to_string(), "size is 600: it must be at most 512, the longest position");
     /// ```
     pub fn invalid(setting: impl Into<Setting>, value: Value, valid: impl Into<Cow<'static, str>>) -> Error {
@@ -797,14 +800,14 @@ impl Error {
     }
 
     /// A count that was zero and must be at least 1.
-    pub fn zero(setting: &'static str) -> Error {
+    pub fn zero(setting: SettingName) -> Error {
         Error::invalid(setting, Value::Count(0), "it must be at least 1")
     }
 
     /// A target (the setting `target`) below one micro-batch of `multiple_of`
     /// on each of `world_size` ranks (the setting `ranks`).
     pub(crate) fn target_below_ranks(
-        (target, ranks): (&'static str, &'static str),
+        (target, ranks): (SettingName, SettingName),
         value: usize,
         world_size: usize,
         multiple_of: usize,
@@ -814,8 +817,9 @@ impl Error {
             target,
             Value::Count(value),
             format!(
-                "it must be at least {world_size} ranks ({{{ranks}}}) × {{multiple_of}} {multiple_of} = {smallest}: \
-                 every rank needs at least one micro-batch"
+                "it must be at least {world_size} ranks ({{{}}}) × {{multiple_of}} {multiple_of} = {smallest}: \
+                 every rank needs at least one micro-batch",
+                ranks.as_str()
             ),
         )
     }
@@ -896,8 +900,11 @@ mod tests {
     fn each_kind_groups_what_the_caller_does_about_it() {
         let at_size = |source: Error| Error::AtSize { size: 64, source: Box::new(source) };
         let cases = [
-            (Error::zero("start"), ErrorKind::Configuration),
-            (Error::invalid("cache_key", Value::Missing, "give Tuner::cache_key"), ErrorKind::Configuration),
+            (Error::zero(crate::SettingName::Start), ErrorKind::Configuration),
+            (
+                Error::invalid(crate::SettingName::CacheKey, Value::Missing, "give Tuner::cache_key"),
+                ErrorKind::Configuration,
+            ),
             (
                 Error::ModelTooLarge { model: "m".into(), needs: "1 TiB".into(), batch: 1, limit_bytes: None },
                 ErrorKind::Configuration,
@@ -911,7 +918,7 @@ mod tests {
             (Error::PartialGraph { variables: vec!["ln.weight".into()], of: 2 }, ErrorKind::Model),
             (Error::Device(DeviceProblem::AllocatorNotInstalled), ErrorKind::Device),
             (Error::RankFailed, ErrorKind::Device),
-            (at_size(Error::zero("start")), ErrorKind::Configuration),
+            (at_size(Error::zero(crate::SettingName::Start)), ErrorKind::Configuration),
             (at_size(Error::TimeLimit { limit_ms: 10, trials: 1 }), ErrorKind::DoesNotFit),
         ];
         for (err, kind) in cases {
@@ -923,19 +930,23 @@ mod tests {
     struct Flags;
 
     impl Names for Flags {
-        fn setting(&self, name: &str) -> String {
-            format!("--{}", name.replace('_', "-"))
+        fn setting(&self, setting: SettingName) -> String {
+            format!("--{}", setting.as_str().replace('_', "-"))
         }
     }
 
     #[test]
     fn a_message_names_settings_as_the_caller_does_and_leaves_other_braces() {
-        let err = Error::invalid("max_batch", Value::Count(4), "it must be at least {start}, 8 {not a name}");
+        let err = Error::invalid(
+            crate::SettingName::MaxBatch,
+            Value::Count(4),
+            "it must be at least {start}, 8 {not a name}",
+        );
         assert_eq!(err.to_string(), "max_batch is 4: it must be at least start, 8 {not a name}");
         assert_eq!(err.render(&Flags), "--max-batch is 4: it must be at least --start, 8 {not a name}");
-        let at_size = Error::AtSize { size: 64, source: Box::new(Error::zero("multiple_of")) };
+        let at_size = Error::AtSize { size: 64, source: Box::new(Error::zero(crate::SettingName::MultipleOf)) };
         assert_eq!(at_size.render(&Flags), "at --size 64: --multiple-of is 0: it must be at least 1");
-        assert_eq!(fill("{}{x{y}}", &Flags), "{}{x--y}");
+        assert_eq!(fill("{}{x{start}} {y}", &Flags), "{}{x--start} {y}", "a brace that names no setting stays");
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl Guard {
         if let (Some(split), Some(rank)) = (&plan.ranks(), plan.rank()) {
             let share = split.shares.get(rank).ok_or_else(|| {
                 Error::invalid(
-                    "rank",
+                    crate::SettingName::Rank,
                     crate::Value::Count(rank),
                     format!("the plan's split has ranks 0..{}", split.world_size()),
                 )
@@ -143,10 +143,10 @@ impl Guard {
     /// A guard for steps of `batch` samples per rank, run `micro_batch` at a time.
     pub fn with_batch(batch: usize, micro_batch: usize) -> Result<Self, Error> {
         if batch == 0 {
-            return Err(Error::zero("batch"));
+            return Err(Error::zero(crate::SettingName::Batch));
         }
         if micro_batch == 0 {
-            return Err(Error::zero("micro_batch"));
+            return Err(Error::zero(crate::SettingName::MicroBatch));
         }
         Ok(Guard {
             batch,

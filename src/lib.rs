@@ -110,6 +110,7 @@ pub mod optim;
 mod plan;
 pub mod search;
 pub mod serve;
+mod setting;
 #[cfg(feature = "simulation")]
 mod splitmix;
 mod tuner;
@@ -136,6 +137,7 @@ pub use plan::{
 };
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
+pub use setting::SettingName;
 pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
 pub use units::Bytes;
 pub use workload::{BySize, Resizable, Workload};

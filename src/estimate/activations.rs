@@ -81,7 +81,7 @@ impl TransformerShape {
             ))
         };
         if tensor_parallel == 0 {
-            return Err(Error::zero("tensor_parallel"));
+            return Err(Error::zero(crate::SettingName::TensorParallel));
         }
         let [l, h, a, s, b, t] =
             [self.layers, self.hidden, self.heads, self.seq_len, self.batch, tensor_parallel].map(u128::from);

@@ -70,7 +70,7 @@ impl HeapMeter {
     /// when [`TrackingAllocator`] is not the global allocator (checked, not assumed).
     pub fn new(budget_bytes: u64) -> Result<Self, Error> {
         if budget_bytes == 0 {
-            return Err(Error::zero("budget_bytes"));
+            return Err(Error::zero(crate::SettingName::BudgetBytes));
         }
         if !TrackingAllocator::is_installed() {
             return Err(Error::Device(crate::DeviceProblem::AllocatorNotInstalled));

@@ -106,10 +106,10 @@ impl Accumulation {
     ) -> Result<Accumulation, Error> {
         let target = target_effective_batch;
         for (setting, value) in [
-            ("target_effective_batch", target),
-            ("world_size", world_size),
-            ("largest_micro_batch", largest_micro_batch),
-            ("multiple_of", multiple_of),
+            (crate::SettingName::TargetEffectiveBatch, target),
+            (crate::SettingName::WorldSize, world_size),
+            (crate::SettingName::LargestMicroBatch, largest_micro_batch),
+            (crate::SettingName::MultipleOf, multiple_of),
         ] {
             if value == 0 {
                 return Err(Error::zero(setting));
@@ -124,7 +124,7 @@ impl Accumulation {
         })?;
         if target < unit {
             return Err(Error::target_below_ranks(
-                ("target_effective_batch", "world_size"),
+                (crate::SettingName::TargetEffectiveBatch, crate::SettingName::WorldSize),
                 target,
                 world_size,
                 multiple_of,
@@ -246,10 +246,10 @@ mod tests {
             }) => name,
             other => panic!("{other:?}"),
         };
-        assert_eq!(zero(Accumulation::plan(0, 1, 8)), "target_effective_batch");
-        assert_eq!(zero(Accumulation::plan(8, 0, 8)), "world_size");
-        assert_eq!(zero(Accumulation::plan(8, 1, 0)), "largest_micro_batch");
-        assert_eq!(zero(Accumulation::plan_aligned(8, 1, 8, 0)), "multiple_of");
+        assert_eq!(zero(Accumulation::plan(0, 1, 8)), crate::SettingName::TargetEffectiveBatch);
+        assert_eq!(zero(Accumulation::plan(8, 0, 8)), crate::SettingName::WorldSize);
+        assert_eq!(zero(Accumulation::plan(8, 1, 0)), crate::SettingName::LargestMicroBatch);
+        assert_eq!(zero(Accumulation::plan_aligned(8, 1, 8, 0)), crate::SettingName::MultipleOf);
         assert!(matches!(
             Accumulation::plan(3, 4, 8),
             Err(Error::InvalidSetting { value: crate::Value::Count(3), .. })

@@ -248,9 +248,11 @@ impl RankSplit {
         multiple_of: usize,
     ) -> Result<RankSplit, Error> {
         let target = target_global_batch;
-        for (setting, value) in
-            [("target_global_batch", target), ("multiple_of", multiple_of), ("ranks", largest_micro_batches.len())]
-        {
+        for (setting, value) in [
+            (crate::SettingName::TargetGlobalBatch, target),
+            (crate::SettingName::MultipleOf, multiple_of),
+            (crate::SettingName::Ranks, largest_micro_batches.len()),
+        ] {
             if value == 0 {
                 return Err(Error::zero(setting));
             }
@@ -266,7 +268,7 @@ impl RankSplit {
                 .checked_mul(multiple_of)
                 .ok_or_else(|| Error::batch_overflow(world_size, "{target_global_batch}, {ranks} or {multiple_of}"))?;
             return Err(Error::target_below_ranks(
-                ("target_global_batch", "ranks"),
+                (crate::SettingName::TargetGlobalBatch, crate::SettingName::Ranks),
                 target,
                 world_size,
                 multiple_of,
@@ -417,19 +419,23 @@ mod tests {
         assert!(matches!(
             RankSplit::plan(0, &[1], 1),
             Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("target_global_batch"),
+                setting: crate::Setting::Named(crate::SettingName::TargetGlobalBatch),
                 value: crate::Value::Count(0),
                 ..
             })
         ));
         assert!(matches!(
             RankSplit::plan(8, &[], 1),
-            Err(Error::InvalidSetting { setting: crate::Setting::Named("ranks"), value: crate::Value::Count(0), .. })
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named(crate::SettingName::Ranks),
+                value: crate::Value::Count(0),
+                ..
+            })
         ));
         assert!(matches!(
             RankSplit::plan(8, &[8], 0),
             Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("multiple_of"),
+                setting: crate::Setting::Named(crate::SettingName::MultipleOf),
                 value: crate::Value::Count(0),
                 ..
             })

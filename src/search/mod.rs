@@ -63,15 +63,15 @@ impl SearchSpace {
     /// ```
     pub fn new(start: usize, max_batch: Option<usize>, multiple_of: usize) -> Result<Self, Error> {
         if start == 0 {
-            return Err(Error::zero("start"));
+            return Err(Error::zero(crate::SettingName::Start));
         }
         if multiple_of == 0 {
-            return Err(Error::zero("multiple_of"));
+            return Err(Error::zero(crate::SettingName::MultipleOf));
         }
         if let Some(max_batch) = max_batch {
             if max_batch < start {
                 return Err(Error::invalid(
-                    "max_batch",
+                    crate::SettingName::MaxBatch,
                     crate::Value::Count(max_batch),
                     format!("it must be at least {{start}}, {start}"),
                 ));
@@ -343,12 +343,16 @@ mod tests {
         assert!(space.contains(24) && !space.contains(20) && !space.contains(8) && !space.contains(32));
         assert!(matches!(
             SearchSpace::new(0, None, 1),
-            Err(Error::InvalidSetting { setting: crate::Setting::Named("start"), value: crate::Value::Count(0), .. })
+            Err(Error::InvalidSetting {
+                setting: crate::Setting::Named(crate::SettingName::Start),
+                value: crate::Value::Count(0),
+                ..
+            })
         ));
         assert!(matches!(
             SearchSpace::new(1, None, 0),
             Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("multiple_of"),
+                setting: crate::Setting::Named(crate::SettingName::MultipleOf),
                 value: crate::Value::Count(0),
                 ..
             })
@@ -356,7 +360,7 @@ mod tests {
         assert!(matches!(
             SearchSpace::new(8, Some(4), 1),
             Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("max_batch"),
+                setting: crate::Setting::Named(crate::SettingName::MaxBatch),
                 value: crate::Value::Count(4),
                 ..
             })

@@ -148,13 +148,13 @@ impl ServeProbe {
     /// `max_model_len` within what the server's model takes.
     fn check<S: Server + ?Sized>(&self, server: &S, sequences: Option<usize>) -> Result<(), Error> {
         if self.max_model_len == 0 {
-            return Err(Error::zero("max_model_len"));
+            return Err(Error::zero(crate::SettingName::MaxModelLen));
         }
         if self.max_num_batched_tokens == 0 {
-            return Err(Error::zero("max_num_batched_tokens"));
+            return Err(Error::zero(crate::SettingName::MaxNumBatchedTokens));
         }
         if sequences == Some(0) {
-            return Err(Error::zero("sequences"));
+            return Err(Error::zero(crate::SettingName::Sequences));
         }
         match server.max_context() {
             Some(most) if self.max_model_len > most => Err(Error::invalid(

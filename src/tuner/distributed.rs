@@ -83,7 +83,7 @@ impl Settings {
         let world_size = collective.world_size();
         if self.options.world_size != 1 && self.options.world_size != world_size {
             return Err(Error::invalid(
-                "world_size",
+                crate::SettingName::WorldSize,
                 crate::Value::Count(self.options.world_size),
                 format!("the collective has {world_size} ranks: leave {{world_size}} unset for run_distributed"),
             ));

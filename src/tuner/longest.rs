@@ -76,7 +76,7 @@ impl Settings {
         O: Observer + ?Sized,
     {
         if batch == 0 {
-            return Err(Error::zero("batch"));
+            return Err(Error::zero(crate::SettingName::Batch));
         }
         self.check_for_size_search()?;
         let over_sizes = self.over_sizes(&range);
@@ -113,14 +113,14 @@ impl Settings {
     fn check_for_size_search(&self) -> Result<(), Error> {
         let default = super::Options::default();
         let given = [
-            ("start", self.options.start != default.start),
-            ("max_batch", self.options.max_batch.is_some()),
-            ("multiple_of", self.options.multiple_of != default.multiple_of),
-            ("target_effective_batch", self.options.target_effective_batch.is_some()),
-            ("world_size", self.options.world_size != 1),
-            ("objective", self.options.objective != Objective::LargestBatch),
-            ("uneven_ranks", self.options.uneven_ranks),
-            ("cache", self.options.cache_path.is_some()),
+            (crate::SettingName::Start, self.options.start != default.start),
+            (crate::SettingName::MaxBatch, self.options.max_batch.is_some()),
+            (crate::SettingName::MultipleOf, self.options.multiple_of != default.multiple_of),
+            (crate::SettingName::TargetEffectiveBatch, self.options.target_effective_batch.is_some()),
+            (crate::SettingName::WorldSize, self.options.world_size != 1),
+            (crate::SettingName::Objective, self.options.objective != Objective::LargestBatch),
+            (crate::SettingName::UnevenRanks, self.options.uneven_ranks),
+            (crate::SettingName::Cache, self.options.cache_path.is_some()),
         ];
         match given.into_iter().find(|&(_, set)| set) {
             Some((setting, _)) => Err(Error::invalid(

@@ -461,7 +461,7 @@ impl Settings {
     fn model_key<W: Workload + ?Sized>(&self, workload: &W) -> Result<CacheKey, Error> {
         self.options.cache_key.clone().or_else(|| workload.cache_key()).ok_or_else(|| {
             Error::invalid(
-                "cache_key",
+                crate::SettingName::CacheKey,
                 crate::Value::Missing,
                 "the plan cache needs to know what decides the model's memory: give \
                  Tuner::cache_key(CacheKey::new().variables(..).param(\"seq_len\", ..)) or a workload whose \

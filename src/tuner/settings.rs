@@ -84,11 +84,11 @@ impl Settings {
             Settings { ceiling: Ceiling::new(ceiling)?, options: options.clone(), hint: None, hint_slope: None };
         let o = &settings.options;
         for (setting, value) in [
-            ("steps_per_trial", Some(o.steps_per_trial)),
-            ("world_size", Some(o.world_size)),
-            ("max_trials", o.max_trials),
-            ("timing_repeats", Some(o.timing_repeats)),
-            ("target_effective_batch", o.target_effective_batch),
+            (crate::SettingName::StepsPerTrial, Some(o.steps_per_trial)),
+            (crate::SettingName::WorldSize, Some(o.world_size)),
+            (crate::SettingName::MaxTrials, o.max_trials),
+            (crate::SettingName::TimingRepeats, Some(o.timing_repeats)),
+            (crate::SettingName::TargetEffectiveBatch, o.target_effective_batch),
         ] {
             if value == Some(0) {
                 return Err(Error::zero(setting));
@@ -102,7 +102,7 @@ impl Settings {
                 .ok_or_else(|| Error::batch_overflow(o.world_size, "{world_size} or {multiple_of}"))?;
             if target < smallest {
                 return Err(Error::target_below_ranks(
-                    ("target_effective_batch", "world_size"),
+                    (crate::SettingName::TargetEffectiveBatch, crate::SettingName::WorldSize),
                     target,
                     o.world_size,
                     o.multiple_of,
@@ -212,13 +212,13 @@ mod tests {
     fn checking_refuses_the_first_invalid_setting() {
         assert!(matches!(
             Settings::new(1.5, &Options::default()),
-            Err(Error::InvalidSetting { setting: crate::Setting::Named("ceiling"), .. })
+            Err(Error::InvalidSetting { setting: crate::Setting::Named(crate::SettingName::Ceiling), .. })
         ));
         let zero_steps = Options { steps_per_trial: 0, ..Options::default() };
         assert!(matches!(
             Settings::new(0.9, &zero_steps),
             Err(Error::InvalidSetting {
-                setting: crate::Setting::Named("steps_per_trial"),
+                setting: crate::Setting::Named(crate::SettingName::StepsPerTrial),
                 value: crate::Value::Count(0),
                 ..
             })

@@ -43,10 +43,10 @@ impl Settings {
         O: Observer + ?Sized,
     {
         if sizes.is_empty() {
-            return Err(Error::zero("sizes"));
+            return Err(Error::zero(crate::SettingName::Sizes));
         }
         if sizes.contains(&0) {
-            return Err(Error::zero("size"));
+            return Err(Error::zero(crate::SettingName::Size));
         }
         let mut sizes = sizes.to_vec();
         sizes.sort_unstable();

@@ -136,7 +136,7 @@ fn a_single_sample_that_does_not_fit_and_other_errors_are_reported() {
     assert!(matches!(
         Guard::with_batch(0, 4),
         Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named("batch"),
+            setting: autobatch::Setting::Named(autobatch::SettingName::Batch),
             value: autobatch::Value::Count(0),
             ..
         })
@@ -144,7 +144,7 @@ fn a_single_sample_that_does_not_fit_and_other_errors_are_reported() {
     assert!(matches!(
         Guard::with_batch(8, 0),
         Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named("micro_batch"),
+            setting: autobatch::Setting::Named(autobatch::SettingName::MicroBatch),
             value: autobatch::Value::Count(0),
             ..
         })

@@ -108,10 +108,17 @@ fn batch_search_settings_are_refused_not_ignored() {
     }
     assert!(matches!(
         run(&Tuner::new(), curve, 0, range),
-        Err(Error::InvalidSetting { setting: Setting::Named("batch"), value: Value::Count(0), .. })
+        Err(Error::InvalidSetting {
+            setting: Setting::Named(autobatch::SettingName::Batch),
+            value: Value::Count(0),
+            ..
+        })
     ));
     let err = run(&Tuner::new(), curve, 4, SizeRange::up_to(100).from(200)).unwrap_err();
-    assert!(matches!(&err, Error::InvalidSetting { setting: Setting::Named("max_batch"), .. }), "{err}");
+    assert!(
+        matches!(&err, Error::InvalidSetting { setting: Setting::Named(autobatch::SettingName::MaxBatch), .. }),
+        "{err}"
+    );
 }
 
 /// A size the workload cannot take ends the search with the workload's own error.
@@ -129,7 +136,11 @@ fn a_refused_size_is_the_workloads_error() {
     impl Resizable for Positions {
         fn resize(&mut self, size: usize) -> Result<(), autobatch::Error> {
             if size > self.max {
-                return Err(Error::invalid("size", Value::Count(size), format!("it must be at most {}", self.max)));
+                return Err(Error::invalid(
+                    autobatch::SettingName::Size,
+                    Value::Count(size),
+                    format!("it must be at most {}", self.max),
+                ));
             }
             self.size = size;
             Ok(())

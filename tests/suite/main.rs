@@ -17,4 +17,5 @@ mod properties;
 mod readme;
 mod sizes;
 mod surface;
+mod templates;
 mod tuner;

@@ -135,7 +135,7 @@ fn bad_sizes_are_errors() {
     assert!(matches!(
         tuner.run_sizes(&mut workload, &mut meter, &[]),
         Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named("sizes"),
+            setting: autobatch::Setting::Named(autobatch::SettingName::Sizes),
             value: autobatch::Value::Count(0),
             ..
         })
@@ -143,7 +143,7 @@ fn bad_sizes_are_errors() {
     assert!(matches!(
         tuner.run_sizes(&mut workload, &mut meter, &[64, 0]),
         Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named("size"),
+            setting: autobatch::Setting::Named(autobatch::SettingName::Size),
             value: autobatch::Value::Count(0),
             ..
         })

@@ -509,7 +509,7 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
     assert!(matches!(
         Tuner::new().timing_repeats(0).check(),
         Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named("timing_repeats"),
+            setting: autobatch::Setting::Named(autobatch::SettingName::TimingRepeats),
             value: autobatch::Value::Count(0),
             ..
         })

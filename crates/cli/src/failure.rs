@@ -2,6 +2,8 @@
 
 use std::process::ExitCode;
 
+use autobatch::SettingName;
+
 /// A failed command: what to say and which exit code (see `args::EXIT_CODES`).
 #[derive(Debug)]
 pub struct Failure {
@@ -117,21 +119,69 @@ impl Flags {
 }
 
 impl autobatch::Names for Flags {
-    fn setting(&self, name: &str) -> String {
-        match name {
-            "target_effective_batch" | "target_global_batch" => self.target.to_owned(),
-            "world_size" | "ranks" => self.ranks.to_owned(),
-            "largest_micro_batch" => self.largest.to_owned(),
-            "budget_bytes" | "capacity" => "--budget".to_owned(),
-            "exact_effective_batch" => "--exact".to_owned(),
-            "dtype" => self.dtype.to_owned(),
-            "lora_rank" => "--lora".to_owned(),
-            "zero_stage" => "--zero".to_owned(),
-            "data_parallel" => "--ranks".to_owned(),
-            "accelerator" => "--capacity".to_owned(),
-            "size" => self.size.to_owned(),
-            "seq_len" => self.seq_len().to_owned(),
-            other => format!("--{}", other.replace('_', "-")),
+    /// Every setting the library can name, matched one by one: a setting
+    /// added there does not compile here until it has its flag.
+    fn setting(&self, setting: SettingName) -> String {
+        use SettingName as S;
+        match setting {
+            S::TargetEffectiveBatch | S::TargetGlobalBatch => self.target.to_owned(),
+            S::WorldSize | S::Ranks => self.ranks.to_owned(),
+            S::LargestMicroBatch => self.largest.to_owned(),
+            S::Size => self.size.to_owned(),
+            S::SeqLen => self.seq_len().to_owned(),
+            S::Dtype => self.dtype.to_owned(),
+            S::BudgetBytes | S::Capacity => "--budget".to_owned(),
+            S::ExactEffectiveBatch => "--exact".to_owned(),
+            S::LoraRank => "--lora".to_owned(),
+            S::ZeroStage => "--zero".to_owned(),
+            S::DataParallel => "--ranks".to_owned(),
+            S::Accelerator => "--capacity".to_owned(),
+            S::Sizes => "--seq-lens".to_owned(),
+            S::Sequences => "--concurrency".to_owned(),
+            // a flag of the setting's own name
+            S::Ceiling
+            | S::Start
+            | S::MultipleOf
+            | S::MaxBatch
+            | S::StepsPerTrial
+            | S::TimeLimit
+            | S::MaxTrials
+            | S::Objective
+            | S::Cache
+            | S::AllowPartialGraph
+            | S::Optimizer
+            | S::TensorParallel
+            | S::Config
+            | S::LoraTargets
+            | S::BaseDtype
+            | S::Layers
+            | S::Heads
+            | S::DModel
+            | S::Vocab
+            | S::Width
+            | S::Depth
+            | S::Inputs
+            | S::Classes
+            | S::Channels
+            | S::Resolution
+            | S::Batch
+            | S::MaxModelLen
+            | S::MaxNumBatchedTokens
+            | S::BlockSize => format!("--{}", setting.as_str().replace('_', "-")),
+            // set by no flag: a library caller's, named as the library names it
+            S::Rank
+            | S::MicroBatch
+            | S::AccumulationSteps
+            | S::Steps
+            | S::Plan
+            | S::MinHeadroom
+            | S::CacheKey
+            | S::BytesPerSampleShare
+            | S::FixedBytesChange
+            | S::Like
+            | S::InChannels
+            | S::UnevenRanks
+            | S::TimingRepeats => setting.as_str().to_owned(),
         }
     }
 
@@ -169,6 +219,26 @@ pub fn clap_message(err: &clap::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_a_setting_is_named_by_exists() {
+        use clap::CommandFactory;
+        let cli = crate::args::Cli::command();
+        let flags: Vec<String> = cli
+            .get_subcommands()
+            .flat_map(|command| command.get_arguments())
+            .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
+            .collect();
+        for flags_of in [&Flags::PROBE, &Flags::ESTIMATE] {
+            for setting in SettingName::ALL {
+                let named = autobatch::Names::setting(flags_of, *setting);
+                let Some(flag) = named.strip_prefix("--").map(|rest| rest.split(' ').next().unwrap_or(rest)) else {
+                    continue;
+                };
+                assert!(flags.contains(&format!("--{flag}")), "{setting:?} is named {named}, not a flag");
+            }
+        }
+    }
 
     fn nothing_fits_at_a_size(size: usize) -> autobatch::Error {
         autobatch::Error::NothingFits {

@@ -271,7 +271,11 @@ impl Config {
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Config, Error> {
         let path = path.as_ref();
         let unreadable = |why: String| {
-            Error::invalid(autobatch::Setting::Named("config"), autobatch::Value::Text(path.display().to_string()), why)
+            Error::invalid(
+                autobatch::Setting::Named(autobatch::SettingName::Config),
+                autobatch::Value::Text(path.display().to_string()),
+                why,
+            )
         };
         let meta = std::fs::metadata(path).map_err(|err| unreadable(format!("name a readable config.json ({err})")))?;
         if meta.is_dir() {
@@ -810,7 +814,7 @@ impl Config {
     pub fn check_seq_len(&self, seq_len: usize) -> Result<(), Error> {
         if seq_len == 0 || seq_len > self.max_positions {
             return Err(Error::invalid(
-                "seq_len",
+                autobatch::SettingName::SeqLen,
                 autobatch::Value::Count(seq_len),
                 format!("it must be from 1 to the config's max_position_embeddings, {}", self.max_positions),
             ));

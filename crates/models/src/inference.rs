@@ -252,7 +252,7 @@ impl Serving {
     /// With blocks of `tokens` tokens (at least 1).
     pub fn block_size(mut self, tokens: usize) -> Result<Serving, Error> {
         if tokens == 0 {
-            return Err(Error::zero("block_size"));
+            return Err(Error::zero(autobatch::SettingName::BlockSize));
         }
         self.block_size = tokens;
         Ok(self)

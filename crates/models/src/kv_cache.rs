@@ -329,7 +329,7 @@ impl KvCache {
             ));
         }
         if block_size == 0 {
-            return Err(Error::zero("block_size"));
+            return Err(Error::zero(autobatch::SettingName::BlockSize));
         }
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | KvCache::INT8) {
             return Err(Error::invalid(

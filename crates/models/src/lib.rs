@@ -293,19 +293,19 @@ impl Config {
     /// A rank of at least 1 and targets that are modules of this family.
     fn check_lora(&self, lora: &Lora) -> Result<(), Error> {
         if lora.rank == 0 {
-            return Err(Error::zero("lora_rank"));
+            return Err(Error::zero(autobatch::SettingName::LoraRank));
         }
         let valid = self.lora_modules();
         if let Some(unknown) = lora.targets.iter().find(|target| !valid.contains(target)) {
             return Err(Error::invalid(
-                "lora_targets",
+                autobatch::SettingName::LoraTargets,
                 autobatch::Value::Text(unknown.clone()),
                 format!("use modules of a {} layer: {}", self.family.model_type(), valid.join(", ")),
             ));
         }
         if lora.targets.is_empty() {
             return Err(Error::invalid(
-                "lora_targets",
+                autobatch::SettingName::LoraTargets,
                 autobatch::Value::Missing,
                 format!("use one or more of {}", valid.join(", ")),
             ));
@@ -396,7 +396,11 @@ impl Config {
         let Some(lora) = &training.lora else { return Ok(asked) };
         let Some(base) = lora.base else { return Ok(asked) };
         let refused = |valid: String| {
-            Error::invalid("base_dtype", autobatch::Value::Text(base.name().into()), format!("use {valid}"))
+            Error::invalid(
+                autobatch::SettingName::BaseDtype,
+                autobatch::Value::Text(base.name().into()),
+                format!("use {valid}"),
+            )
         };
         if let Some(float) = base.float() {
             return match training.dtype {
@@ -824,7 +828,7 @@ impl Pretrained {
     pub fn set_seq_len(&mut self, seq_len: usize) -> Result<(), Error> {
         if seq_len == 0 || seq_len > self.longest {
             return Err(Error::invalid(
-                "seq_len",
+                autobatch::SettingName::SeqLen,
                 autobatch::Value::Count(seq_len),
                 format!("it must be from 1 to the sequence length the model was built for, {}", self.longest),
             ));

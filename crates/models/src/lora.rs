@@ -147,7 +147,7 @@ impl std::str::FromStr for BaseDtype {
     fn from_str(text: &str) -> std::result::Result<BaseDtype, autobatch::Error> {
         BaseDtype::ALL.into_iter().find(|base| base.name().eq_ignore_ascii_case(text)).ok_or_else(|| {
             autobatch::Error::invalid(
-                "base_dtype",
+                autobatch::SettingName::BaseDtype,
                 autobatch::Value::Text(text.to_owned()),
                 "use f32, bf16, q8_0 or q4_0",
             )

@@ -79,7 +79,7 @@ impl Config {
             ));
         }
         if shape.block_size == 0 {
-            return Err(Error::zero("block_size"));
+            return Err(Error::zero(autobatch::SettingName::BlockSize));
         }
         let cache_bytes_per_token = super::KvCache::block_bytes(self, 1, shape.cache_dtype);
         let block_bytes = cache_bytes_per_token.saturating_mul(shape.block_size as u64);

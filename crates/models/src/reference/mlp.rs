@@ -37,10 +37,10 @@ impl Default for MlpConfig {
 impl MlpConfig {
     /// Checks the sizes.
     pub fn check(&self) -> Result<(), Error> {
-        at_least("inputs", self.inputs, 1)?;
-        at_least("width", self.width, 1)?;
-        at_least("depth", self.depth, 1)?;
-        at_least("classes", self.classes, 2)?;
+        at_least(autobatch::SettingName::Inputs, self.inputs, 1)?;
+        at_least(autobatch::SettingName::Width, self.width, 1)?;
+        at_least(autobatch::SettingName::Depth, self.depth, 1)?;
+        at_least(autobatch::SettingName::Classes, self.classes, 2)?;
         check_dtype(self.dtype)
     }
 

@@ -65,14 +65,14 @@ impl TransformerConfig {
 
     /// Checks the sizes.
     pub fn check(&self) -> Result<(), Error> {
-        at_least("vocab", self.vocab, 2)?;
-        at_least("d_model", self.d_model, 1)?;
-        at_least("heads", self.heads, 1)?;
-        at_least("layers", self.layers, 1)?;
-        at_least("seq_len", self.seq_len, 1)?;
+        at_least(autobatch::SettingName::Vocab, self.vocab, 2)?;
+        at_least(autobatch::SettingName::DModel, self.d_model, 1)?;
+        at_least(autobatch::SettingName::Heads, self.heads, 1)?;
+        at_least(autobatch::SettingName::Layers, self.layers, 1)?;
+        at_least(autobatch::SettingName::SeqLen, self.seq_len, 1)?;
         if !self.d_model.is_multiple_of(self.heads) {
             return Err(Error::invalid(
-                "heads",
+                autobatch::SettingName::Heads,
                 autobatch::Value::Count(self.heads),
                 format!("it must be a divisor of the model width, {}", self.d_model),
             ));
@@ -387,7 +387,7 @@ impl autobatch::Resizable for Trainer<Transformer> {
         let longest = self.model().config.seq_len;
         if size == 0 || size > longest {
             return Err(Error::invalid(
-                "seq_len",
+                autobatch::SettingName::SeqLen,
                 autobatch::Value::Count(size),
                 format!("it must be from 1 to the model's sequence length, {longest}"),
             ));

@@ -198,7 +198,7 @@ impl<M: Model> Trainer<M> {
     pub fn into_mixed_precision(mut self) -> Result<Self, Error> {
         if self.dtype != DType::BF16 {
             return Err(Error::invalid(
-                "dtype",
+                autobatch::SettingName::Dtype,
                 autobatch::Value::Dtype(self.dtype),
                 "use bf16 variables for mixed precision (f32 masters are added)",
             ));
@@ -235,7 +235,7 @@ impl<M: Model> Trainer<M> {
     /// verifies plans. Returns the mean loss.
     pub fn train_step_accumulated(&mut self, micro_batch: usize, accumulation_steps: usize) -> Result<f32, Error> {
         if accumulation_steps == 0 {
-            return Err(Error::zero("accumulation_steps"));
+            return Err(Error::zero(autobatch::SettingName::AccumulationSteps));
         }
         let batch = micro_batch
             .checked_mul(accumulation_steps)
@@ -414,7 +414,7 @@ impl<M: Model> std::fmt::Debug for Trainer<M> {
 pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
     match dtype {
         DType::F32 | DType::BF16 => Ok(()),
-        other => Err(Error::invalid("dtype", autobatch::Value::Dtype(other), "use f32 or bf16")),
+        other => Err(Error::invalid(autobatch::SettingName::Dtype, autobatch::Value::Dtype(other), "use f32 or bf16")),
     }
 }
 

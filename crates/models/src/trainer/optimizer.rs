@@ -49,7 +49,11 @@ impl OptimizerChoice {
                 } else {
                     "use adamw, lion, adafactor or adam8bit (the optimizers with a dry step)"
                 };
-                return Err(Error::invalid("optimizer", autobatch::Value::Optimizer(other), valid));
+                return Err(Error::invalid(
+                    autobatch::SettingName::Optimizer,
+                    autobatch::Value::Optimizer(other),
+                    valid,
+                ));
             }
         })
     }

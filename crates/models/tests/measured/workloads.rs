@@ -401,7 +401,7 @@ fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
     assert!(matches!(
         HeapMeter::new(0),
         Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named("budget_bytes"),
+            setting: autobatch::Setting::Named(autobatch::SettingName::BudgetBytes),
             value: autobatch::Value::Count(0),
             ..
         })
@@ -449,7 +449,11 @@ fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
     assert!(trainer.train_step(8).unwrap() < first);
     assert!(matches!(
         trainer.resize(65),
-        Err(Error::InvalidSetting { setting: Setting::Named("seq_len"), value: Value::Count(65), .. })
+        Err(Error::InvalidSetting {
+            setting: Setting::Named(autobatch::SettingName::SeqLen),
+            value: Value::Count(65),
+            ..
+        })
     ));
     assert!(matches!(trainer.resize(0), Err(Error::InvalidSetting { value: Value::Count(0), .. })));
 }
