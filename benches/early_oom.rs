@@ -66,7 +66,7 @@ impl<W: Workload> Workload for Recorded<W> {
         result
     }
 
-    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
+    fn graph_tensors(&self) -> Option<Vec<autobatch::GraphTensor>> {
         self.inner.graph_tensors()
     }
 }

@@ -97,7 +97,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
     println!("{plan}\n");
     for len in [24, 40, 56] {
         let predicted = plan.batch_for(len)?;
-        println!("a bucket at {len} tokens would take batch {} ({})", predicted.batch, predicted.basis);
+        println!("a bucket at {len} tokens would take batch {} ({})", predicted.batch, predicted.source);
     }
     println!();
 

@@ -87,7 +87,7 @@ pub enum Value {
     /// Text as given: a name, a `config.json` value.
     Text(String),
     /// The setting was given where it means nothing.
-    Set,
+    Given,
     /// The setting was needed and not given.
     Missing,
 }
@@ -100,7 +100,7 @@ impl std::fmt::Display for Value {
             Value::Dtype(dtype) => f.write_str(dtype.as_str()),
             Value::Optimizer(kind) => f.write_str(kind.name()),
             Value::Text(text) => f.write_str(text),
-            Value::Set => f.write_str("set"),
+            Value::Given => f.write_str("set"),
             Value::Missing => f.write_str("missing"),
         }
     }

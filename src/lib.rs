@@ -131,13 +131,13 @@ pub use model::probe::ModelProbe;
 pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
 pub use plan::{
-    Accumulation, Basis, Ceiling, EvaluationPlan, LongestSize, MemoryModel, Objective, PeakKinds, Plan, RankShare,
-    RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, Split, ThroughputChoice, ThroughputPoint, Trial,
-    TrialKind, Warning,
+    Accumulation, BatchSource, Ceiling, EvaluationPlan, LongestSize, MemoryModel, Objective, PeakKinds, Plan,
+    RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, Split, ThroughputChoice,
+    ThroughputPoint, Trial, TrialKind, Warning,
 };
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use setting::SettingName;
 pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
 pub use units::Bytes;
-pub use workload::{BySize, Resizable, Workload};
+pub use workload::{BySize, GraphTensor, Resizable, Workload};

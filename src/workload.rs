@@ -85,13 +85,13 @@ pub trait Workload {
     }
 
     /// The tensors of the last step's graph, each as its element count and
-    /// dtype (its bytes are their product), in the order the graph sorts
+    /// dtype ([`GraphTensor`]), in the order the graph sorts
     /// them (the same for every batch of one model): what lets
     /// the tuner keep every tensor under a device's element limit
     /// ([`Tuner::element_limit`](crate::Tuner::element_limit)) and bound the
     /// allocation an out-of-memory step failed at by the step's largest
     /// tensor. `None` by default (a closure's graph is not seen).
-    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
+    fn graph_tensors(&self) -> Option<Vec<GraphTensor>> {
         None
     }
 
@@ -184,5 +184,22 @@ impl<F> std::fmt::Debug for BySize<F> {
 impl<F: FnMut(usize) -> candle_core::Result<()>> Workload for F {
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {
         self(batch)
+    }
+}
+
+/// One tensor of a step's graph, as a device's limits see it: how many
+/// elements, of which dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraphTensor {
+    /// Its element count.
+    pub elements: u64,
+    /// Its dtype.
+    pub dtype: candle_core::DType,
+}
+
+impl GraphTensor {
+    /// The bytes it takes: its elements times its dtype's size.
+    pub fn bytes(&self) -> u64 {
+        self.elements.saturating_mul(self.dtype.size_in_bytes() as u64)
     }
 }

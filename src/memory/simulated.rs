@@ -412,10 +412,10 @@ impl Workload for SimulatedWorkload {
 
     /// The last step that fit, as its allocations: so many equal pieces (an
     /// element a byte).
-    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
+    fn graph_tensors(&self) -> Option<Vec<crate::GraphTensor>> {
         let piece = lock(&self.state).piece?;
         let count = usize::try_from(self.config.allocations).unwrap_or(usize::MAX);
-        Some(vec![(piece, candle_core::DType::U8); count])
+        Some(vec![crate::GraphTensor { elements: piece, dtype: candle_core::DType::U8 }; count])
     }
 }
 

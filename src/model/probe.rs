@@ -10,13 +10,25 @@ use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
 use crate::estimate::Setup;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
 use crate::vocabulary::{OptimizerKind, Precision};
-use crate::{BySize, CacheKey, Error, Warning, Workload};
+use crate::{BySize, CacheKey, Error, GraphTensor, Warning, Workload};
 
 /// A test on a variable's name.
 type NamePredicate = Box<dyn Fn(&str) -> bool>;
 
 /// Builds a dry optimizer over the probe's variables.
 type Rebuild = Box<dyn Fn() -> Result<Box<dyn DryStep>>>;
+
+/// Gradients a backward pass kept for tensors that are not the variables
+/// (frozen weights, constants), beside the variables' own.
+#[derive(Clone, Copy, Debug)]
+struct UntrainedGradients {
+    /// How many such tensors.
+    tensors: usize,
+    /// Their gradients' bytes.
+    bytes: u64,
+    /// The variables' gradients' bytes, beside them.
+    trained_bytes: u64,
+}
 
 /// A throwaway optimizer's step over the variables.
 type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
@@ -132,11 +144,10 @@ pub struct ModelProbe<L> {
     /// A forward-only step's output recorded a graph.
     graph_recorded: bool,
     /// The most gradient bytes a backward pass kept for tensors that are not
-    /// the variables (frozen weights, constants), with their count, and the
-    /// variables' gradient bytes beside them.
-    untrained: Option<(usize, u64, u64)>,
+    /// the variables (frozen weights, constants).
+    untrained: Option<UntrainedGradients>,
     /// The element counts of the last step's graph, in its sorted order.
-    graph_tensors: Option<Vec<(u64, DType)>>,
+    graph_tensors: Option<Vec<GraphTensor>>,
     /// The loss and its forward graph stay alive through the update
     /// (training calls `optimizer.backward_step(&loss)`).
     graph_through_update: bool,
@@ -539,8 +550,8 @@ impl<L: ProbeLoss> ModelProbe<L> {
                 held += bytes(grad);
             }
         }
-        if self.untrained.is_none_or(|(_, most, _)| held > most) {
-            self.untrained = Some((count, held, kept));
+        if self.untrained.is_none_or(|most| held > most.bytes) {
+            self.untrained = Some(UntrainedGradients { tensors: count, bytes: held, trained_bytes: kept });
         }
     }
 
@@ -642,8 +653,11 @@ impl<L: ProbeLoss> ModelProbe<L> {
 
 /// The element count and dtype of every tensor of `loss`'s graph, in
 /// candle's sorted order (a loss computed outside a graph has none).
-fn graph_tensors(loss: &Tensor) -> Vec<(u64, DType)> {
-    loss.sorted_nodes().into_iter().map(|node| (node.elem_count() as u64, node.dtype())).collect()
+fn graph_tensors(loss: &Tensor) -> Vec<GraphTensor> {
+    loss.sorted_nodes()
+        .into_iter()
+        .map(|node| GraphTensor { elements: node.elem_count() as u64, dtype: node.dtype() })
+        .collect()
 }
 
 impl<L: ProbeLoss> Workload for ModelProbe<L> {
@@ -669,7 +683,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         self.loss.computes_gradients()
     }
 
-    fn graph_tensors(&self) -> Option<Vec<(u64, DType)>> {
+    fn graph_tensors(&self) -> Option<Vec<GraphTensor>> {
         self.graph_tensors.clone()
     }
 
@@ -683,8 +697,8 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             warnings.push(Warning::MissingGradients { variables: missing.clone(), of });
         }
         // the tuner keeps them in the plan's memory, and warns where they outweigh the trained ones
-        if let Some((tensors, bytes, trained)) = self.untrained.filter(|(_, held, _)| *held > 0) {
-            warnings.push(Warning::UntrainedGradients { tensors, bytes, trained_bytes: trained });
+        if let Some(UntrainedGradients { tensors, bytes, trained_bytes }) = self.untrained.filter(|u| u.bytes > 0) {
+            warnings.push(Warning::UntrainedGradients { tensors, bytes, trained_bytes });
         }
         warnings
     }

@@ -25,7 +25,7 @@ pub use longest::{LongestSize, SizeRange};
 pub use memory_model::MemoryModel;
 pub use ranks::{RankShare, RankSplit};
 pub use search_limit::SearchLimit;
-pub use sizes::{Basis, SizeBatch, SizeModel, SizePlan};
+pub use sizes::{BatchSource, SizeBatch, SizeModel, SizePlan};
 pub use split::Split;
 pub use throughput::{Objective, ThroughputChoice, ThroughputPoint};
 pub use trial::{PeakKinds, Trial, TrialKind};

@@ -121,7 +121,7 @@ impl SizeModel {
 /// How a batch for a size was arrived at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Basis {
+pub enum BatchSource {
     /// A probed size: the batch was run and seen to fit, and the next did not.
     Verified,
     /// Between two probed sizes: the memory model's answer, kept between what
@@ -133,12 +133,12 @@ pub enum Basis {
     Bound,
 }
 
-impl std::fmt::Display for Basis {
+impl std::fmt::Display for BatchSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Basis::Verified => "verified",
-            Basis::Predicted => "predicted",
-            Basis::Bound => "bound",
+            BatchSource::Verified => "verified",
+            BatchSource::Predicted => "predicted",
+            BatchSource::Bound => "bound",
         })
     }
 }
@@ -151,7 +151,7 @@ pub struct SizeBatch {
     /// The batch.
     pub batch: usize,
     /// How it was arrived at.
-    pub basis: Basis,
+    pub source: BatchSource,
 }
 
 /// The probed sizes in JSON: an array of `{size, plan}`, shortest first.
@@ -195,7 +195,7 @@ mod by_size {
 ///
 /// ```
 /// use autobatch::memory::simulated::SizedSimulation;
-/// use autobatch::{Basis, Tuner};
+/// use autobatch::{BatchSource, Tuner};
 ///
 /// // fixed 1 GiB; 64 KiB per token; 256 B per token per unit of length
 /// let peak = |batch: usize, len: usize| (1u64 << 30) + (batch * len) as u64 * ((64 << 10) + 256 * len as u64);
@@ -203,9 +203,9 @@ mod by_size {
 /// let plan = Tuner::new().run_sizes(&mut workload, &mut meter, &[128, 256, 512])?;
 ///
 /// let at_256 = plan.batch_for(256)?;
-/// assert_eq!(at_256.basis, Basis::Verified);
+/// assert_eq!(at_256.source, BatchSource::Verified);
 /// let at_200 = plan.batch_for(200)?;
-/// assert_eq!(at_200.basis, Basis::Predicted);
+/// assert_eq!(at_200.source, BatchSource::Predicted);
 /// assert!(at_200.batch <= plan.batch_for(128)?.batch && at_200.batch >= at_256.batch);
 /// // any micro-batch padded to 128..=512 tokens with ≤ token_budget tokens fits
 /// assert_eq!(plan.token_budget, plan.sizes.iter().map(|(size, plan)| size * plan.largest_batch).min().unwrap());
@@ -284,10 +284,10 @@ impl SizePlan {
     pub fn batch_for(&self, size: usize) -> Result<SizeBatch, Error> {
         let (&above_size, above) = self.sizes.range(size..).next().ok_or_else(|| out_of_range(size, self.longest()))?;
         if above_size == size {
-            return Ok(SizeBatch { size, batch: above.largest_batch, basis: Basis::Verified });
+            return Ok(SizeBatch { size, batch: above.largest_batch, source: BatchSource::Verified });
         }
         let Some((&below_size, below)) = self.sizes.range(..size).next_back() else {
-            return Ok(SizeBatch { size, batch: above.largest_batch, basis: Basis::Bound });
+            return Ok(SizeBatch { size, batch: above.largest_batch, source: BatchSource::Bound });
         };
         // the shorter neighbour allows at most its batch, the longer at least its own
         let upper = below.largest_batch;
@@ -323,7 +323,7 @@ impl SizePlan {
             by_model.min(chord.largest_batch(size, self.limit_bytes))
         });
         let predicted = predicted - predicted % self.multiple_of;
-        Ok(SizeBatch { size, batch: predicted.clamp(lower, upper), basis: Basis::Predicted })
+        Ok(SizeBatch { size, batch: predicted.clamp(lower, upper), source: BatchSource::Predicted })
     }
 
     /// The bucket an input of length `len` goes to when batches are padded to
@@ -334,7 +334,7 @@ impl SizePlan {
     /// micro-batch and accumulation steps.
     pub fn bucket_for(&self, len: usize) -> Result<SizeBatch, Error> {
         let (&size, bucket) = self.sizes.range(len..).next().ok_or_else(|| out_of_range(len, self.longest()))?;
-        Ok(SizeBatch { size, batch: bucket.largest_batch, basis: Basis::Verified })
+        Ok(SizeBatch { size, batch: bucket.largest_batch, source: BatchSource::Verified })
     }
 
     /// Serializes the plan as pretty-printed JSON.

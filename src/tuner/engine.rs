@@ -1,7 +1,6 @@
 //! The engine: one tuning run (the warm-up, the trials, the re-check and
 //! the plan) or one trial of a kind, with checked settings on one device.
 
-use candle_core::DType;
 use log::{debug, info, warn};
 
 use super::{Observer, Settings};
@@ -14,7 +13,7 @@ use crate::plan::{
 };
 use crate::search::{Observation, SearchSpace};
 use crate::units::format_bytes;
-use crate::{is_oom, may_be_oom, Error, MemoryMeter, Outcome, Strategy, Workload};
+use crate::{is_oom, may_be_oom, Error, GraphTensor, MemoryMeter, Outcome, Strategy, Workload};
 
 /// A step whose peak grew by less than a byte per sample while the batch grew
 /// this many times over is not using its batch: the search stops there.
@@ -27,7 +26,7 @@ struct Record {
     observation: Observation,
     baseline_bytes: u64,
     /// The tensors of a fitting trial's graph, when the workload shows it.
-    graph: Option<Vec<(u64, DType)>>,
+    graph: Option<Vec<GraphTensor>>,
 }
 
 /// The state of one tuning run.
@@ -342,7 +341,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     /// two such graphs.
     fn element_cap(&self) -> Option<(usize, u64)> {
         let limit = self.element_limit?;
-        let ((b1, g1), (b2, g2)) = self.two_largest_graphs(|&(elements, _)| elements)?;
+        let ((b1, g1), (b2, g2)) = self.two_largest_graphs(|tensor| tensor.elements)?;
         let (g1, g2) = (&g1[..], &g2[..]);
         let (b1, b2, limit) = (b1 as i128, b2 as i128, i128::from(limit));
         // per tensor: the largest batch at which its line stays within the limit
@@ -406,7 +405,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
 
     /// The fitting trials' graphs (one measure of each tensor: `measure`), by
     /// batch.
-    fn graphs(&self, measure: impl Fn(&(u64, DType)) -> u64) -> Vec<(usize, Vec<u64>)> {
+    fn graphs(&self, measure: impl Fn(&GraphTensor) -> u64) -> Vec<(usize, Vec<u64>)> {
         let mut graphs: Vec<(usize, Vec<u64>)> = self
             .records
             .iter()
@@ -422,7 +421,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     #[allow(clippy::type_complexity)]
     fn two_largest_graphs(
         &self,
-        measure: impl Fn(&(u64, DType)) -> u64,
+        measure: impl Fn(&GraphTensor) -> u64,
     ) -> Option<((usize, Vec<u64>), (usize, Vec<u64>))> {
         let mut graphs = self.graphs(measure);
         let largest = graphs.pop()?;
@@ -436,8 +435,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     /// from one, its largest tensor grown in proportion to the batch (a
     /// tensor grows at most so). `None` when no fitting graph was seen.
     fn largest_tensor(&self) -> Option<(u64, u64)> {
-        let bytes = |&(elements, dtype): &(u64, DType)| elements.saturating_mul(dtype.size_in_bytes() as u64);
-        if let Some(((b1, g1), (b2, g2))) = self.two_largest_graphs(bytes) {
+        if let Some(((b1, g1), (b2, g2))) = self.two_largest_graphs(GraphTensor::bytes) {
             let run = (b2 - b1) as u64;
             let (mut fixed, mut per_sample) = (0u64, 0u64);
             for (&c1, &c2) in g1.iter().zip(&g2) {
@@ -447,7 +445,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
             }
             return Some((fixed, per_sample));
         }
-        let (batch, graph) = self.graphs(bytes).pop()?;
+        let (batch, graph) = self.graphs(GraphTensor::bytes).pop()?;
         let largest = graph.into_iter().max()?;
         Some((0, largest.div_ceil(batch.max(1) as u64)))
     }

@@ -22,7 +22,7 @@ impl Tuner {
     /// [`allow_partial_graph`](Tuner::allow_partial_graph) and the ceiling apply as they do to batches.
     /// The batch-only settings (`start`, `max_batch`, `multiple_of`, a target
     /// effective batch, several ranks, [`Objective::Throughput`], a cache) do
-    /// not: set one and this fails with [`Error::InvalidSetting`] (its value [`Value::Set`](crate::Value::Set)) rather
+    /// not: set one and this fails with [`Error::InvalidSetting`] (its value [`Value::Given`](crate::Value::Given)) rather
     /// than ignore it. The workload is put back at the size it had.
     ///
     /// When even the shortest size does not fit at `batch`, the result is
@@ -125,7 +125,7 @@ impl Settings {
         match given.into_iter().find(|&(_, set)| set) {
             Some((setting, _)) => Err(Error::invalid(
                 setting,
-                crate::Value::Set,
+                crate::Value::Given,
                 "it is a setting of the batch search and does not apply to the search over the input size (the \
                  batch is fixed; the sizes come from the size range): leave it unset",
             )),

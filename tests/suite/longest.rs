@@ -103,7 +103,10 @@ fn batch_search_settings_are_refused_not_ignored() {
         (Tuner::new().cache("/tmp/never-written.json"), "cache"),
     ] {
         let err = run(&tuner, curve, 4, range).unwrap_err();
-        assert!(matches!(&err, Error::InvalidSetting { setting: s, value: Value::Set, .. } if *s == *setting), "{err}");
+        assert!(
+            matches!(&err, Error::InvalidSetting { setting: s, value: Value::Given, .. } if *s == *setting),
+            "{err}"
+        );
         assert!(err.is_configuration());
     }
     assert!(matches!(

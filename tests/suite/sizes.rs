@@ -6,7 +6,7 @@
 
 use autobatch::memory::simulated::SizedSimulation;
 use autobatch::search::SearchSpace;
-use autobatch::{Basis, Error, Resizable, SizePlan, Tuner, Workload};
+use autobatch::{BatchSource, Error, Resizable, SizePlan, Tuner, Workload};
 use proptest::prelude::*;
 
 use crate::common::token_curve::{Curve, GIB};
@@ -47,7 +47,7 @@ proptest! {
             prop_assert!(curve.bytes(b, size) <= limit, "size {} batch {} does not fit", size, b);
             prop_assert!(curve.bytes(b + multiple_of, size) > limit, "size {} batch {} is not the largest", size, b);
             prop_assert!(at_size.trials.iter().any(|t| t.batch == b && t.outcome.fits()));
-            prop_assert_eq!(plan.batch_for(size).unwrap().basis, Basis::Verified);
+            prop_assert_eq!(plan.batch_for(size).unwrap().source, BatchSource::Verified);
         }
         // the token budget: any batch padded to any length up to the longest fits
         for len in [1, 2, 7, sizes[0], (sizes[0] + longest) / 2, longest] {
@@ -76,7 +76,7 @@ proptest! {
             let step = ((long_size - short_size) / 7).max(1);
             for len in (short_size + 1..long_size).step_by(step) {
                 let predicted = plan.batch_for(len).unwrap();
-                prop_assert_eq!(predicted.basis, Basis::Predicted);
+                prop_assert_eq!(predicted.source, BatchSource::Predicted);
                 prop_assert!(predicted.batch <= short.largest_batch, "len {}: {} above the shorter neighbour's {}", len, predicted.batch, short.largest_batch);
                 prop_assert!(predicted.batch >= long.largest_batch);
                 prop_assert!(predicted.batch.is_multiple_of(multiple_of));
@@ -85,7 +85,7 @@ proptest! {
             }
         }
         let below = plan.batch_for(sizes[0] - 1).unwrap();
-        prop_assert_eq!((below.basis, below.batch), (Basis::Bound, plan.sizes[&sizes[0]].largest_batch));
+        prop_assert_eq!((below.source, below.batch), (BatchSource::Bound, plan.sizes[&sizes[0]].largest_batch));
     }
 }
 

@@ -155,13 +155,14 @@ const DEFAULT_FEATURES: [&str; 0] = [];
 /// `autobatch-models`) is counted, so that it only shrinks: at most 84 items
 /// a default build makes public (issue 32's bound, 80, reached; raised on
 /// purpose by issue 51's serving probe: ServeProbe, ServePlan, ServeTrial,
-/// Server; and by issue 50's typed settings: SettingName). Items behind an opt-in feature (the CUDA meter, the NCCL
+/// Server; and by issue 50's typed settings, SettingName, and the named
+/// GraphTensor where a bare `(u64, DType)` had been traded for a lower count). Items behind an opt-in feature (the CUDA meter, the NCCL
 /// collective, the simulated devices for tests) are counted apart. Lower a
 /// bound as items leave it; an item added has to push another out, or raise
 /// it on purpose.
 #[test]
 fn the_public_surface_does_not_grow() {
-    const MOST: usize = 85;
+    const MOST: usize = 86;
     const MOST_BEHIND_FEATURES: usize = 9;
     let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());
     for (name, places) in public_paths() {

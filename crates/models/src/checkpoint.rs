@@ -104,7 +104,7 @@ fn equal(a: &Tensor, b: &Tensor) -> candle_core::Result<bool> {
 }
 
 fn refused(name: &str, why: String) -> Error {
-    Error::invalid(autobatch::Setting::Input(format!("checkpoint tensor {name}")), autobatch::Value::Set, why)
+    Error::invalid(autobatch::Setting::Input(format!("checkpoint tensor {name}")), autobatch::Value::Given, why)
 }
 
 /// Matches `given` (a checkpoint's tensors) to `expected` (the model's

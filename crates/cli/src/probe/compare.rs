@@ -15,7 +15,7 @@ use super::context::Run;
 
 /// The model as it is and with each remedy that applies, tuned side by side.
 pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
-    let Run { args, tuner, model, device, on, .. } = *run;
+    let Run { args, tuner, model, device, device_words: on, .. } = *run;
     use autobatch::Variant;
     // what the analytical model expects of each remedy's bytes per sample,
     // relative to the model as it is: bf16 halves activations; full
@@ -206,7 +206,7 @@ impl autobatch::Workload for ReferenceStep {
     fn profile(&self) -> Option<autobatch::estimate::Setup> {
         self.0.profile()
     }
-    fn graph_tensors(&self) -> Option<Vec<(u64, DType)>> {
+    fn graph_tensors(&self) -> Option<Vec<autobatch::GraphTensor>> {
         self.0.graph_tensors()
     }
 }

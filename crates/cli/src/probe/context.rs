@@ -14,8 +14,9 @@ pub struct Run<'a> {
     pub model: &'a ModelConfig,
     pub device: &'a candle_core::Device,
     /// The device in words, for the header and the chart.
-    pub on: &'a str,
+    pub device_words: &'a str,
     /// Where the device's size came from (`--budget`, the default).
-    pub why: &'a str,
-    pub say: &'a dyn Fn(&str),
+    pub size_from: &'a str,
+    /// Prints a header line (not in --json).
+    pub header: &'a dyn Fn(&str),
 }

@@ -63,7 +63,7 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
 
 /// `--find`: the longest input of the model the flags describe, on `device`.
 pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
-    let Run { args, model, device, on, say, .. } = *run;
+    let Run { args, model, device, device_words: on, header: say, .. } = *run;
     match model {
         ModelConfig::Transformer(config) => {
             let range = SizeRange::up_to(config.seq_len).multiple_of(args.multiple_of);

@@ -25,7 +25,8 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let model = ModelConfig::from_args(args)?;
     let footprint = model.footprint()?;
     let run = |meter: &mut dyn MemoryMeter, device: &candle_core::Device, on: &str, why: &str| {
-        Run { args, tuner: &tuner, model: &model, device, on, why, say: &say }.dispatch(meter)
+        Run { args, tuner: &tuner, model: &model, device, device_words: on, size_from: why, header: &say }
+            .dispatch(meter)
     };
     match parse_device(&args.device)? {
         DeviceSpec::Cpu => device::on_cpu(args, &model, &footprint, Box::new(run)),

@@ -43,7 +43,7 @@ impl Run<'_> {
     pub fn dispatch(&self, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         match Mode::of(self.args) {
             Mode::Compare => {
-                (self.say)(&format!("comparing remedies on {} ({})", self.on, self.why));
+                (self.header)(&format!("comparing remedies on {} ({})", self.device_words, self.size_from));
                 super::compare::compare(self, meter)
             }
             Mode::Find => super::find::run(self, meter),
@@ -53,12 +53,12 @@ impl Run<'_> {
             },
             Mode::Batch => {
                 let mut workload = self.model.build(self.device, self.args)?;
-                (self.say)(&format!(
+                (self.header)(&format!(
                     "probing {} ({}) on {} ({})",
                     workload.description(),
                     self.model.parameters_said(workload.parameter_count()),
-                    self.on,
-                    self.why
+                    self.device_words,
+                    self.size_from
                 ));
                 self.tune(&mut *workload, meter)
             }
@@ -88,7 +88,7 @@ impl Run<'_> {
             println!("{}", plan.summary());
         }
         if let Some(path) = &args.plot {
-            crate::plot::plan(path, &format!("{} on {}", workload.description(), self.on), &plan)?;
+            crate::plot::plan(path, &format!("{} on {}", workload.description(), self.device_words), &plan)?;
         }
         Ok(())
     }
@@ -96,19 +96,19 @@ impl Run<'_> {
     /// `--seq-lens`: the model tuned at each length, and the plan across them.
     fn tune_lengths(&self, trainer: &mut dyn LengthWorkload, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         let args = self.args;
-        (self.say)(&format!(
+        (self.header)(&format!(
             "probing {} ({}) at sequence lengths {:?} on {}",
             trainer.description(),
             self.model.parameters_said(trainer.parameter_count()),
             args.seq_lens,
-            self.on
+            self.device_words
         ));
         let tuner = self.tuner.clone().observer(Progress::shared(args.json));
         let result = tuner.run_sizes(trainer, meter, &args.seq_lens);
         drop(tuner); // the live rows end before the plan prints
         let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
         if let Some(path) = &args.plot {
-            let title = format!("{} on {}", trainer.description(), self.on);
+            let title = format!("{} on {}", trainer.description(), self.device_words);
             crate::plot::sizes(path, &title, &plan)?;
         }
         if args.json {
@@ -122,7 +122,7 @@ impl Run<'_> {
             let middle = (pair[0] + pair[1]) / 2;
             if middle > pair[0] {
                 let predicted = plan.batch_for(middle)?;
-                between.push(format!("{} → {} ({})", middle, predicted.batch, predicted.basis));
+                between.push(format!("{} → {} ({})", middle, predicted.batch, predicted.source));
             }
         }
         if !between.is_empty() {

@@ -113,7 +113,7 @@ impl<W: Workload + ?Sized> Workload for Recorded<'_, W> {
         result
     }
 
-    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
+    fn graph_tensors(&self) -> Option<Vec<autobatch::GraphTensor>> {
         self.inner.graph_tensors()
     }
 }

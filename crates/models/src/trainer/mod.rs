@@ -371,7 +371,7 @@ impl<M: Model> Workload for Trainer<M> {
         self.probe.diagnose()
     }
 
-    fn graph_tensors(&self) -> Option<Vec<(u64, candle_core::DType)>> {
+    fn graph_tensors(&self) -> Option<Vec<autobatch::GraphTensor>> {
         self.probe.graph_tensors()
     }
 

@@ -413,7 +413,7 @@ fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
 /// lengths in between fit and stay within their neighbours, and a resized
 /// model trains at the length it was set to.
 fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
-    use autobatch::{Basis, Resizable};
+    use autobatch::{BatchSource, Resizable};
     let mut trainer = transformer(64, 32, 1).build(&Device::Cpu).unwrap();
     let mut meter = HeapMeter::with_room(38 * MIB, 0.9).unwrap();
     let plan = Tuner::new().run_sizes(&mut trainer, &mut meter, &[16, 32, 64]).unwrap();
@@ -434,7 +434,7 @@ fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
         assert!(next > limit - TOLERANCE, "length {len}: batch {} peaks at {next} <= {limit}\n{report}", batch + 1);
     }
     for predicted in between {
-        assert_eq!(predicted.basis, Basis::Predicted);
+        assert_eq!(predicted.source, BatchSource::Predicted);
         trainer.resize(predicted.size).unwrap();
         let peak = peak_of(&mut trainer, predicted.batch);
         assert!(peak <= limit + TOLERANCE, "predicted {predicted:?} peaks at {peak} > {limit}\n{report}");

@@ -335,7 +335,7 @@ fn an_answer_does_not_depend_on_what_ran_before() {
         assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE, "{plan}");
         assert!(peak_of(&mut probe, largest + 1) > limit.saturating_sub(TOLERANCE), "{plan}");
         // what the tuner holds beside the model: two graphs and a few bytes a trial, however many trials
-        let graph = probe.graph_tensors().map_or(0, |g| g.len() * std::mem::size_of::<(u64, DType)>()) as u64;
+        let graph = probe.graph_tensors().map_or(0, |g| g.len() * std::mem::size_of::<autobatch::GraphTensor>()) as u64;
         let baselines: Vec<u64> = plan.trials.iter().map(|t| t.baseline_bytes).collect();
         let grown = baselines.iter().max().unwrap() - baselines.iter().min().unwrap();
         let bound = 2 * graph + 16 * 1024;
@@ -778,7 +778,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
 /// AdamW, a length in between fits at its predicted batch, and the plan
 /// cache keeps the lengths apart.
 fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
-    use autobatch::Basis;
+    use autobatch::BatchSource;
     let (varmap, model) = gpt(false);
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let dir = std::env::temp_dir().join(format!("autobatch-your-model-lengths-{}", std::process::id()));
@@ -797,7 +797,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     let batches: Vec<usize> = plan.sizes.values().map(|plan| plan.largest_batch).collect();
     assert!(batches[0] > batches[1] && batches[1] > batches[2], "{plan}");
     let predicted = plan.batch_for(24).unwrap();
-    assert_eq!(predicted.basis, Basis::Predicted);
+    assert_eq!(predicted.source, BatchSource::Predicted);
     assert!(predicted.batch <= batches[1] && predicted.batch >= batches[2], "{predicted:?}\n{plan}");
     {
         let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
