@@ -5,7 +5,7 @@
 //! thread. Under libtest, tests run on threads of their own, and another
 //! test's thread starting, printing or exiting (which frees its thread-local
 //! buffers, gemm's 2 MiB scratch among them) lands in the middle of a
-//! measurement. `cargo test --test workloads -- NAME` runs the tests whose name
+//! measurement. `cargo test -p autobatch-models --test measured -- NAME` runs the tests whose name
 //! contains NAME.
 //!
 //! Tolerance: once warm, the heap peak of the same step repeats to within 32
