@@ -55,48 +55,20 @@ enum Update {
     General { name: String, step: ThrowawayStep, host: Vec<Tensor> },
 }
 
-/// Your model as a probe [`Workload`]: forward (your loss closure), backward,
+/// Your model as a probe [`Workload`]: forward (your loss closure), backward
 /// and the optimizer's update, with no variable, moment or step count changed.
 ///
-/// `loss(batch)` returns the scalar loss of `batch` samples, building the batch
-/// on the device as training does. Give the probe the optimizer training
-/// uses, so that its state and its update's temporaries are measured:
-///
-/// - [`adamw`](Self::adamw): candle-nn's AdamW. The moments are allocated as
-///   training holds them, and the update is computed in full by a
-///   bit-identical twin and never written: no extra memory, nothing changed.
-/// - [`sgd`](Self::sgd): candle-nn's SGD (no state), its update computed dry.
-/// - [`lion`](Self::lion), [`adafactor`](Self::adafactor),
-///   [`adamw8bit`](Self::adamw8bit): this crate's lean optimizers
-///   ([`crate::optim`]), their state held and their update computed dry; any
-///   other [`DryStep`] optimizer through [`dry`](Self::dry).
-/// - [`optimizer`](Self::optimizer): any `candle_nn::Optimizer`. Each probe step
-///   builds a throwaway optimizer over the variables (its state is measured as
-///   part of the step), runs its real step, and writes the variables back from
-///   a host copy, bit for bit. Cost: that host copy of every variable, for the
-///   probe's life (on the CPU it is heap that [`HeapMeter`](crate::HeapMeter)
-///   counts in every baseline, so the answer is smaller by one copy of the
-///   weights), and a copy back after each step.
-/// - none: forward and backward only, which measures less than training.
-///
-/// Variables the forward pass writes are put back too, bit for bit:
-/// candle-nn's BatchNorm running statistics in training mode, a buffer of
-/// your own kept as a `Var`. The first step that runs to the end starts from a
-/// host copy of every variable (on the CPU that is heap in that step's peak:
-/// it falls on the tuner's warm-up step) and compares after it; from then on
-/// the probe keeps host copies only of the variables it saw written and of
-/// those that got no gradient, compares those after each step and writes back
-/// what changed ([`buffers`](Self::buffers) names them).
-///
-/// After its first successful step the probe knows which float variables got
-/// no gradient and were not written by the forward pass (candle's fused
-/// LayerNorm, RmsNorm and `softmax_last_dim` have no backward and cut the graph
-/// silently): the plan says so in a [`Warning::MissingGradients`]. Its cache key (variables' names, shapes and
-/// dtypes, the optimizer, and the parameters you add with
-/// [`key_param`](Self::key_param)) and memory profile come from the variables,
-/// so [`Tuner::cache`](crate::Tuner::cache) and the advice of
-/// [`Error::NothingFits`] work with no extra code. It also runs the accumulating
-/// micro-step the tuner verifies accumulating plans with.
+/// `loss(batch)` returns the scalar loss of `batch` samples, built on the
+/// device as training builds it. Give the probe the optimizer training uses,
+/// so that its state and its update are measured: [`adamw`](Self::adamw),
+/// [`sgd`](Self::sgd), this crate's [`lion`](Self::lion),
+/// [`adafactor`](Self::adafactor) and [`adamw8bit`](Self::adamw8bit), any
+/// [`DryStep`] through [`dry`](Self::dry), any `candle_nn::Optimizer` through
+/// [`optimizer`](Self::optimizer) (at the cost of a host copy of the
+/// variables). Variables the forward pass writes (BatchNorm's statistics) are
+/// put back bit for bit, and a variable left without a gradient is named in
+/// the plan ([`Warning::MissingGradients`]). How each is measured and what it
+/// costs: the guide, docs/library.md.
 ///
 /// ```
 /// #[global_allocator]
