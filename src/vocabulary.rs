@@ -24,6 +24,9 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// Every precision, in the order the command line lists them.
+    pub const ALL: [Precision; 3] = [Precision::Fp32, Precision::Bf16, Precision::Mixed];
+
     pub(crate) fn weight_bytes(self) -> u64 {
         match self {
             Precision::Fp32 => 4,

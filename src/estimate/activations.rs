@@ -34,6 +34,9 @@ pub enum Recompute {
 }
 
 impl Recompute {
+    /// Every choice, in the order the command line lists them.
+    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {

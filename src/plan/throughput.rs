@@ -16,6 +16,19 @@ pub enum Objective {
     Throughput,
 }
 
+impl Objective {
+    /// Every objective, in the order the command line lists them.
+    pub const ALL: [Objective; 2] = [Objective::LargestBatch, Objective::Throughput];
+
+    /// The name used on the command line: `largest`, `throughput`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::LargestBatch => "largest",
+            Objective::Throughput => "throughput",
+        }
+    }
+}
+
 /// One candidate of a throughput choice.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ThroughputPoint {

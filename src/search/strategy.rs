@@ -27,12 +27,22 @@ pub enum Strategy {
     Predictive,
 }
 
-impl std::fmt::Display for Strategy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
+impl Strategy {
+    /// Every strategy, in the order the command line lists them.
+    pub const ALL: [Strategy; 3] = [Strategy::Predictive, Strategy::Binary, Strategy::Power];
+
+    /// The name used on the command line: `predictive`, `binary`, `power`.
+    pub fn name(self) -> &'static str {
+        match self {
             Strategy::Binary => "binary",
             Strategy::Power => "power",
             Strategy::Predictive => "predictive",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
     }
 }

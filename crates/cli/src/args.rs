@@ -1,6 +1,11 @@
-//! Command-line arguments.
+//! Command-line arguments: each command's flags, grouped by what they say.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use autobatch::estimate::{OptimizerKind, Precision, Recompute};
+use autobatch::{Ceiling, Objective, Strategy};
+use autobatch_models::{Attention, BaseDtype, Loss};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+
+use crate::values::{among, base_dtype, ceiling, choice, lora_alpha, module_name, seed, Count};
 
 pub const EXIT_CODES: &str = "\
 Exit codes:
@@ -10,20 +15,58 @@ Exit codes:
   3  nothing fits: not even the smallest batch fits under the ceiling (or
      the --time-limit passed before any batch was seen to fit)
 
-With no command, runs `autobatch probe`: the default small transformer on the
-CPU under a 256 MiB budget.";
+With no command, runs `autobatch probe` with the flags given (see `autobatch
+probe --help`): with none, the default small transformer on the CPU under a
+256 MiB budget.";
 
 /// What is the largest training batch that fits, and how many accumulation
 /// steps reach the effective batch you want?
 #[derive(Debug, Parser)]
-#[command(name = "autobatch", version, after_help = EXIT_CODES)]
+#[command(name = "autobatch", version, after_help = EXIT_CODES, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     /// More log output on stderr (-v info, -vv debug).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
 
+    /// The probe's flags, for `autobatch` with no command.
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+impl Cli {
+    /// The command line, parsed: `Err` for a bad flag, and for `--help` and
+    /// `--version` (whose text the error prints).
+    pub fn parse_from<I, T>(line: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut matches = command().try_get_matches_from(line)?;
+        Cli::from_arg_matches_mut(&mut matches)
+    }
+}
+
+/// The command line's `clap::Command`: [`Cli`]'s, with two settings no
+/// derive attribute can give every flag at once.
+pub fn command() -> clap::Command {
+    // `--batch -3` reaches the count's parser, which says what is valid,
+    // instead of reading as an unknown flag `-3`
+    fn negatives_are_values(arg: clap::Arg) -> clap::Arg {
+        match arg.get_action().takes_values() {
+            true => arg.allow_negative_numbers(true),
+            false => arg,
+        }
+    }
+    Cli::command()
+        .mut_args(|arg| match arg.get_id().as_str() {
+            // the top level lists the commands; the probe's flags are probe's help
+            "verbose" | "help" | "version" => arg,
+            _ => negatives_are_values(arg).hide(true),
+        })
+        .mut_subcommands(|command| command.mut_args(negatives_are_values))
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,6 +84,79 @@ pub enum Command {
     Serve(Box<crate::serve::ServeArgs>),
 }
 
+/// The CPU budget of `autobatch probe` when none is given: small enough that
+/// the default transformer tunes in seconds, and far from any machine's RAM.
+pub const DEFAULT_BUDGET: &str = "256MiB";
+
+/// `autobatch probe`.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[command(flatten)]
+    pub search: SearchArgs,
+    #[command(flatten)]
+    pub plan: PlanningArgs,
+    #[command(flatten)]
+    pub mode: ModeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+impl ProbeArgs {
+    /// `--seq-lens`, as numbers.
+    pub fn seq_lens(&self) -> Vec<usize> {
+        crate::values::counts(&self.mode.seq_lens)
+    }
+
+    /// The length the model is built for: `--seq-len`, else the longest of
+    /// `--seq-lens`.
+    pub fn seq_len(&self) -> Option<usize> {
+        self.sizes.seq_len.or(self.mode.seq_lens.iter().max().copied()).map(Count::get)
+    }
+}
+
+/// Which model trains, and how.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Model")]
+pub struct ModelArgs {
+    /// The reference model to tune (not with --config).
+    #[arg(id = "model", long = "model", value_name = "MODEL", value_enum, default_value_t = ModelKind::Transformer)]
+    pub kind: ModelKind,
+    /// How weights, gradients, activations and optimizer state are stored
+    /// (`--dtype` is the same flag) [default: fp32; with --config, the
+    /// config's torch_dtype].
+    #[arg(long, alias = "dtype", value_parser = choice::<Precision>())]
+    pub precision: Option<Precision>,
+    /// The optimizer the model trains with (its state and step are measured;
+    /// --precision mixed runs AdamW on f32 master weights).
+    #[arg(long, value_parser = among(&PROBE_OPTIMIZERS), default_value = "adamw")]
+    pub optimizer: OptimizerKind,
+    /// Gradient checkpointing over the transformer's blocks (keep each
+    /// block's input, recompute the block in the backward pass).
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// Seed of the weights and synthetic data.
+    #[arg(long, default_value_t = 0, value_parser = seed)]
+    pub seed: u64,
+}
+
+/// The optimizers a probe can train with: each has a dry step.
+const PROBE_OPTIMIZERS: [OptimizerKind; 4] =
+    [OptimizerKind::AdamW, OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit];
+
+impl ModelArgs {
+    /// `--precision`, fp32 when not given.
+    pub fn precision(&self) -> Precision {
+        self.precision.unwrap_or(Precision::Fp32)
+    }
+}
+
+/// The built-in reference models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModelKind {
     /// Decoder-only transformer language model.
@@ -51,208 +167,97 @@ pub enum ModelKind {
     Convnet,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DtypeArg {
-    /// 32-bit floats (also `fp32`).
-    #[value(alias = "fp32")]
-    F32,
-    /// bfloat16 weights, gradients, activations and AdamW moments.
-    Bf16,
-    /// bf16 weights, gradients and activations; f32 master weights and AdamW
-    /// moments (2 + 2 + 12 bytes per parameter).
-    Mixed,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum StrategyArg {
-    /// Fit the memory curve on small trials, jump near the answer, verify:
-    /// the same answer as binary in fewer, cheaper trials.
-    Predictive,
-    /// Double, then bisect to the exact largest batch.
-    Binary,
-    /// Double only: the largest fitting power of two.
-    Power,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ObjectiveArg {
-    /// The largest batch that fits.
-    Largest,
-    /// The best measured samples per second near the top.
-    Throughput,
-}
-
-/// The CPU budget of `autobatch probe` when none is given: small enough that
-/// the default transformer tunes in seconds, and far from any machine's RAM.
-pub const DEFAULT_BUDGET: &str = "256MiB";
-
-/// A count of at least 1 (a batch, a number of ranks, steps or trials).
-pub(crate) fn positive(text: &str) -> Result<usize, String> {
-    if text.trim_start().starts_with('-') {
-        return Err("must not be negative: use a whole number of at least 1".to_owned());
-    }
-    let text = text.trim();
-    // a whole number, also with an exponent (1e6)
-    let exponent = text.contains(['e', 'E']) && text.bytes().all(|b| b.is_ascii_digit() || b".eE+".contains(&b));
-    let value = match text.parse::<usize>() {
-        Ok(value) => Some(value),
-        Err(_) if exponent => crate::parse::parse_count(text).ok().and_then(|v| usize::try_from(v).ok()),
-        Err(_) => None,
-    };
-    match value {
-        Some(0) => Err("must be at least 1".to_owned()),
-        Some(value) => Ok(value),
-        None => Err(format!("must be a whole number from 1 to {} (e.g. 8, 1024 or 1e6)", usize::MAX)),
-    }
-}
-
-impl ProbeArgs {
-    /// `--precision`, f32 when not given.
-    pub fn precision(&self) -> DtypeArg {
-        self.precision.unwrap_or(DtypeArg::F32)
-    }
-}
-
-/// LoRA's alpha: a positive number.
-fn lora_alpha(text: &str) -> Result<f64, String> {
-    match text.trim().parse::<f64>() {
-        Ok(alpha) if alpha.is_finite() && alpha > 0.0 => Ok(alpha),
-        _ => Err("must be a positive number, e.g. 16".to_owned()),
-    }
-}
-
-/// A LoRA base's dtype: f32, bf16, q8_0 or q4_0.
-pub(crate) fn base_dtype(text: &str) -> Result<autobatch_models::BaseDtype, String> {
-    text.trim().parse().map_err(|_| "must be f32, bf16, q8_0 or q4_0".to_owned())
-}
-
-/// A module name LoRA targets: not empty, no spaces.
-fn module_name(text: &str) -> Result<String, String> {
-    let name = text.trim();
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return Err("must be module names separated by commas, e.g. q_proj,v_proj".to_owned());
-    }
-    Ok(name.to_owned())
-}
-
-/// A seed: any whole number that fits in 64 bits.
-fn seed(text: &str) -> Result<u64, String> {
-    text.trim().parse::<u64>().map_err(|_| format!("must be a whole number from 0 to {}", u64::MAX))
-}
-
-/// A fraction as a number (`0.9`) or a percentage (`90%`); whether it is in
-/// range is the tuner's to say.
-pub(crate) fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
-    let text = text.trim();
-    let (number, scale) = match text.strip_suffix('%') {
-        Some(percent) => (percent.trim_end(), 100.0),
-        None => (text, 1.0),
-    };
-    match number.parse::<f64>() {
-        Ok(value) if value.is_finite() => autobatch::Ceiling::new(value / scale).map_err(|err| err.to_string()),
-        _ => Err("must be a fraction in (0, 1], e.g. 0.9 or 90%".to_owned()),
-    }
-}
-
+/// The reference models' sizes; `--layers` and the lengths also size a
+/// config's model.
 #[derive(Debug, Args)]
-pub struct ProbeArgs {
-    /// The reference model to tune.
-    #[arg(long, value_enum, default_value_t = ModelKind::Transformer)]
-    pub model: ModelKind,
+#[command(next_help_heading = "Model size")]
+pub struct SizeArgs {
+    /// Transformer: vocabulary size [default: 256].
+    #[arg(long)]
+    pub vocab: Option<Count>,
+    /// Transformer: hidden size [default: 64].
+    #[arg(long)]
+    pub d_model: Option<Count>,
+    /// Transformer: attention heads, a divisor of --d-model [default: 4].
+    #[arg(long)]
+    pub heads: Option<Count>,
+    /// Transformer blocks: the reference transformer's [default: 2], or with
+    /// --config a shallower (or deeper) copy of the model [default: its own].
+    #[arg(long)]
+    pub layers: Option<Count>,
+    /// Tokens per sample; probe at the longest training will see [default:
+    /// 64 for the reference transformer; with --config, the shorter of 512
+    /// and the model's positions].
+    #[arg(long)]
+    pub seq_len: Option<Count>,
+    /// MLP: input features [default: 64].
+    #[arg(long)]
+    pub inputs: Option<Count>,
+    /// MLP: hidden width [default: 256].
+    #[arg(long)]
+    pub width: Option<Count>,
+    /// MLP: hidden layers [default: 3].
+    #[arg(long)]
+    pub depth: Option<Count>,
+    /// Convnet: channels of the first convolution [default: 16].
+    #[arg(long)]
+    pub channels: Option<Count>,
+    /// Convnet: image side, a multiple of 4; probe at the largest training will see [default: 32].
+    #[arg(long)]
+    pub resolution: Option<Count>,
+    /// MLP or convnet: output classes [default: 10 for mlp, 3 for convnet].
+    #[arg(long)]
+    pub classes: Option<Count>,
+}
 
+/// A model from a Hugging Face config.json, and how it trains.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Model from a config")]
+pub struct ConfigArgs {
     /// A Hugging Face config.json (model_type llama, mistral, qwen2, qwen3,
     /// gpt2 or bert): that architecture, with random weights, instead of a
     /// reference model. --seq-len, --seq-lens, --layers and --precision
     /// apply to it.
-    #[arg(long, help_heading = "Model from a config")]
-    pub config: Option<std::path::PathBuf>,
-    /// With --config: LoRA adapters of this rank, the base frozen (its
-    /// projections keep no gradient).
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "config", help_heading = "Model from a config")]
-    pub lora: Option<usize>,
+    #[arg(
+        id = "config",
+        long = "config",
+        value_name = "CONFIG",
+        conflicts_with_all = ["model", "vocab", "d_model", "heads", "inputs", "width", "depth", "channels", "resolution", "classes"],
+    )]
+    pub path: Option<std::path::PathBuf>,
+    /// LoRA adapters of this rank, the base frozen (its projections keep no
+    /// gradient).
+    #[arg(long, requires = "config")]
+    pub lora: Option<Count>,
     /// LoRA's alpha: the adapters' update is scaled by alpha / rank [default: 2 × rank].
-    #[arg(long, value_parser = lora_alpha, allow_negative_numbers = true, requires = "lora", help_heading = "Model from a config")]
+    #[arg(long, value_parser = lora_alpha, requires = "lora")]
     pub lora_alpha: Option<f64>,
     /// The modules LoRA adapts, by their checkpoint names, comma-separated
     /// [default: q_proj,v_proj; c_attn for gpt2; query,value for bert].
-    #[arg(long, value_delimiter = ',', value_parser = module_name, requires = "lora", help_heading = "Model from a config")]
+    #[arg(long, value_delimiter = ',', value_parser = module_name, requires = "lora")]
     pub lora_targets: Vec<String>,
-    /// With --lora: the frozen base's dtype, the adapters in f32. f32 or
-    /// bf16: the whole base (and the activations) in it; q8_0 or q4_0
-    /// (QLoRA): the layers' projections quantized, the rest in the model's
-    /// dtype [default: the model's dtype, adapters in it too].
-    #[arg(long, value_parser = base_dtype, requires = "lora", help_heading = "Model from a config")]
-    pub base_dtype: Option<autobatch_models::BaseDtype>,
-
-    /// Transformer: vocabulary size [default: 256].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub vocab: Option<usize>,
-    /// Transformer: hidden size [default: 64].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub d_model: Option<usize>,
-    /// Transformer: attention heads, a divisor of --d-model [default: 4].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub heads: Option<usize>,
-    /// Transformer blocks: the reference transformer's [default: 2], or with
-    /// --config a shallower (or deeper) copy of the model [default: its own].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub layers: Option<usize>,
-    /// Tokens per sample; probe at the longest training will see [default:
-    /// 64 for the reference transformer; with --config, the shorter of 512
-    /// and the model's positions].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub seq_len: Option<usize>,
-    /// Transformer: tune at each of these sequence lengths (comma-separated,
-    /// e.g. 64,128,256) and print a plan across them: each length's largest
-    /// batch, a memory model in batch and length, the token budget per
-    /// micro-batch. The model takes sequences up to the longest (or --seq-len).
-    #[arg(long, value_delimiter = ',', value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub seq_lens: Vec<usize>,
-    /// MLP: input features [default: 64].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub inputs: Option<usize>,
-    /// MLP: hidden width [default: 256].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub width: Option<usize>,
-    /// MLP: hidden layers [default: 3].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub depth: Option<usize>,
-    /// Convnet: channels of the first convolution [default: 16].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub channels: Option<usize>,
-    /// Convnet: image side, a multiple of 4; probe at the largest training will see [default: 32].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub resolution: Option<usize>,
-    /// MLP or convnet: output classes [default: 10 for mlp, 3 for convnet].
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Model size")]
-    pub classes: Option<usize>,
-    /// How weights, gradients, activations and optimizer state are stored
-    /// (`--dtype` is the same flag) [default: f32; with --config, the
-    /// config's torch_dtype].
-    #[arg(long, alias = "dtype", value_enum, help_heading = "Model size")]
-    pub precision: Option<DtypeArg>,
-    /// Transformer: gradient checkpointing over the blocks (keep each block's
-    /// input, recompute the block in the backward pass).
-    #[arg(long, help_heading = "Model size")]
-    pub checkpointing: bool,
-    /// With --config: how attention is computed. blocked: in blocks with an
-    /// online softmax, the scores recomputed in the backward pass (as SDPA or
+    /// The frozen base's dtype, the adapters in f32. f32 or bf16: the whole
+    /// base (and the activations) in it; q8_0 or q4_0 (QLoRA): the layers'
+    /// projections quantized, the rest in the model's dtype [default: the
+    /// model's dtype, adapters in it too].
+    #[arg(long, value_parser = base_dtype, requires = "lora")]
+    pub base_dtype: Option<BaseDtype>,
+    /// How attention is computed. blocked: in blocks with an online
+    /// softmax, the scores recomputed in the backward pass (as SDPA or
     /// FlashAttention-2); eager: the scores made whole and kept.
-    #[arg(long, value_enum, default_value_t = AttentionArg::Blocked, requires = "config", help_heading = "Model from a config")]
-    pub attention: AttentionArg,
-    /// With --config: how the head and the loss are computed. chunked: fused
-    /// in chunks of tokens, the logits never whole (as Liger Kernel's fused
-    /// loss); full: every position's logits made whole.
-    #[arg(long, value_enum, default_value_t = LossArg::Chunked, requires = "config", help_heading = "Model from a config")]
-    pub loss: LossArg,
-    /// The optimizer the model trains with (its state and step are measured;
-    /// --precision mixed runs AdamW on f32 masters).
-    #[arg(long, value_enum, default_value_t = ProbeOptimizerArg::Adamw, help_heading = "Model size")]
-    pub optimizer: ProbeOptimizerArg,
-    /// Seed of the weights and synthetic data.
-    #[arg(long, default_value_t = 0, value_parser = seed, allow_negative_numbers = true, help_heading = "Model size")]
-    pub seed: u64,
+    #[arg(long, value_parser = choice::<Attention>(), default_value = "blocked", requires = "config")]
+    pub attention: Attention,
+    /// How the head and the loss are computed. chunked: fused in chunks of
+    /// tokens, the logits never whole (as Liger Kernel's fused loss); full:
+    /// every position's logits made whole.
+    #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config")]
+    pub loss: Loss,
+}
 
+/// Where the search runs and how it tries batches.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Search")]
+pub struct SearchArgs {
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -264,17 +269,18 @@ pub struct ProbeArgs {
     pub budget: Option<String>,
     /// Most a fitting step may use, as a fraction of capacity, in (0, 1]
     /// (0.9, or 90%).
-    #[arg(long, default_value_t = autobatch::Ceiling::default(), value_parser = ceiling, allow_negative_numbers = true)]
-    pub ceiling: autobatch::Ceiling,
+    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling)]
+    pub ceiling: Ceiling,
     /// Smallest batch to try.
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
-    pub start: usize,
-    /// Only try batches that are multiples of this (e.g. 8).
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
-    pub multiple_of: usize,
+    #[arg(long, default_value_t = Count::ONE)]
+    pub start: Count,
+    /// Only try batches that are multiples of this (e.g. 8); with --find,
+    /// the input size's granule.
+    #[arg(long, default_value_t = Count::ONE)]
+    pub multiple_of: Count,
     /// Largest batch to try.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
-    pub max_batch: Option<usize>,
+    #[arg(long)]
+    pub max_batch: Option<Count>,
     /// Stop searching after this long (e.g. 30s, 2m, 500ms; warm-up
     /// included) with the largest batch seen to fit, not proven largest, and
     /// the batches that remain open. A trial running at the limit finishes;
@@ -282,31 +288,33 @@ pub struct ProbeArgs {
     #[arg(long, value_parser = crate::parse::parse_duration, allow_hyphen_values = true)]
     pub time_limit: Option<std::time::Duration>,
     /// Stop after this many trials with the best batch so far.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
-    pub max_trials: Option<usize>,
+    #[arg(long)]
+    pub max_trials: Option<Count>,
     /// Training steps per trial.
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
-    pub steps_per_trial: usize,
+    #[arg(long, default_value_t = Count::ONE)]
+    pub steps_per_trial: Count,
     /// Search strategy.
-    #[arg(long, value_enum, default_value_t = StrategyArg::Predictive)]
-    pub strategy: StrategyArg,
+    #[arg(long, value_parser = choice::<Strategy>(), default_value_t = Strategy::Predictive)]
+    pub strategy: Strategy,
+}
+
+/// What the plan is made from and for.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Plan")]
+pub struct PlanningArgs {
     /// Plan from the largest batch that fits, or from the fastest in samples
     /// per second among the largest, ¾ and ½ of it (a few extra timed steps).
-    #[arg(long, value_enum, default_value_t = ObjectiveArg::Largest)]
-    pub objective: ObjectiveArg,
+    #[arg(long, value_parser = choice::<Objective>(), default_value = "largest")]
+    pub objective: Objective,
     /// Effective (global) batch to reach with micro-batch × accumulation × ranks.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
-    pub target_effective_batch: Option<usize>,
+    #[arg(long)]
+    pub target_effective_batch: Option<Count>,
     /// Data-parallel ranks.
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
-    pub world_size: usize,
+    #[arg(long, default_value_t = Count::ONE)]
+    pub world_size: Count,
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long)]
     pub exact: bool,
-    /// Keep plans in this JSON file: an unchanged model, device and settings
-    /// reuse the stored plan without probing.
-    #[arg(long)]
-    pub cache: Option<std::path::PathBuf>,
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,
@@ -315,51 +323,44 @@ pub struct ProbeArgs {
     /// not proven; by default that is an error naming the switch.
     #[arg(long)]
     pub allow_partial_graph: bool,
+    /// Keep plans in this JSON file: an unchanged model, device and settings
+    /// reuse the stored plan without probing.
+    #[arg(long)]
+    pub cache: Option<std::path::PathBuf>,
+}
+
+/// The questions other than "the largest batch": one at a time.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Other questions (one at a time)")]
+#[command(group(clap::ArgGroup::new("mode").args(["compare", "seq_lens", "find"])))]
+pub struct ModeArgs {
     /// Tune the model as it is and with each remedy that applies to it, side
     /// by side: bf16, mixed precision, the lean optimizers (lion, adafactor,
     /// adam8bit) and, for the transformer, gradient checkpointing (alone and
     /// with bf16); the estimate's bytes per sample beside the measured. Each
-    /// variant's largest batch: no --eval, --objective, target, ranks or cache.
-    #[arg(long)]
+    /// variant's largest batch.
+    #[arg(long, conflicts_with_all = ["eval", "objective", "target_effective_batch", "world_size", "exact", "cache"])]
     pub compare: bool,
+    /// Transformer: tune at each of these sequence lengths (comma-separated,
+    /// e.g. 64,128,256) and print a plan across them: each length's largest
+    /// batch, a memory model in batch and length, the token budget per
+    /// micro-batch. The model takes sequences up to the longest (or --seq-len).
+    #[arg(long, value_delimiter = ',', conflicts_with = "eval")]
+    pub seq_lens: Vec<Count>,
     /// Find the longest input at a fixed --batch instead of the largest
     /// batch: seq-len (transformer: lengths up to --seq-len, the model's
     /// positions) or resolution (convnet: image sides up to --resolution, in
-    /// multiples of 4). --multiple-of is then the size's granule.
-    #[arg(long, value_enum, requires = "batch", help_heading = "Longest input")]
+    /// multiples of 4).
+    #[arg(
+        long,
+        value_enum,
+        requires = "batch",
+        conflicts_with_all = ["start", "max_batch", "target_effective_batch", "world_size", "exact", "objective", "cache", "eval"],
+    )]
     pub find: Option<FindArg>,
     /// The batch --find holds fixed.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Longest input")]
-    pub batch: Option<usize>,
-    /// Draw what the search measured into this SVG file: peak memory against
-    /// the batch for every trial with the ceiling, the capacity, the fitted
-    /// memory model and the chosen batch (with --seq-lens: the largest batch
-    /// against the length and the token budget; with --compare: each
-    /// variant's largest batch and bytes per sample; with --find: peak
-    /// against the input size).
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<std::path::PathBuf>,
-    /// Print the plan as JSON on stdout (trials and logs go to stderr).
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// How a config model computes attention (`--attention`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum AttentionArg {
-    /// In blocks, nothing of heads × s × s kept (the default).
-    Blocked,
-    /// The scores made whole and kept for the backward pass.
-    Eager,
-}
-
-/// How a config model computes its head and loss (`--loss`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LossArg {
-    /// The head and the loss fused in chunks of tokens (the default).
-    Chunked,
-    /// Every position's logits made whole.
-    Full,
+    #[arg(long, requires = "find")]
+    pub batch: Option<Count>,
 }
 
 /// The input size `probe --find` searches.
@@ -371,42 +372,21 @@ pub enum FindArg {
     Resolution,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PrecisionArg {
-    /// 32-bit floats (also `fp32`).
-    #[value(alias = "fp32")]
-    F32,
-    /// bfloat16.
-    Bf16,
-}
-
-/// The optimizers a reference model can be probed with (each has a dry step).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ProbeOptimizerArg {
-    Adamw,
-    Lion,
-    Adafactor,
-    Adam8bit,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OptimizerArg {
-    Sgd,
-    Momentum,
-    Adamw,
-    Adafactor,
-    Adam8bit,
-    Lion,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum RecomputeArg {
-    /// Keep every activation.
-    None,
-    /// Recompute the attention's softmax and score-times-value parts.
-    Selective,
-    /// Recompute every layer from its input (gradient checkpointing).
-    Full,
+/// Where the answer goes.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Output")]
+pub struct OutputArgs {
+    /// Draw what the search measured into this SVG file: peak memory against
+    /// the batch for every trial with the ceiling, the capacity, the fitted
+    /// memory model and the chosen batch (with --seq-lens: the largest batch
+    /// against the length and the token budget; with --compare: each
+    /// variant's largest batch and bytes per sample; with --find: peak
+    /// against the input size).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+    /// Print the plan as JSON on stdout (trials and logs go to stderr).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -425,11 +405,11 @@ pub struct EstimateArgs {
     /// Dtype of weights, gradients and optimizer state [default: f32]; not
     /// with --mixed-precision, which has its own. With --base-dtype: the
     /// model's dtype (its activations and unquantized weights), the adapters in f32.
-    #[arg(long, value_enum)]
-    pub dtype: Option<PrecisionArg>,
+    #[arg(long, value_parser = among(&[Precision::Fp32, Precision::Bf16]), conflicts_with = "mixed_precision")]
+    pub dtype: Option<Precision>,
     /// The optimizer whose state is counted.
-    #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
-    pub optimizer: OptimizerArg,
+    #[arg(long, value_parser = choice::<OptimizerKind>(), default_value = "adamw")]
+    pub optimizer: OptimizerKind,
     /// Mixed precision: bf16 weights and gradients, fp32 master weights and optimizer state.
     #[arg(long)]
     pub mixed_precision: bool,
@@ -451,36 +431,36 @@ pub struct EstimateArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3), help_heading = "Sharding")]
     pub zero: u8,
     /// Data-parallel ranks (the ZeRO partitions are spread over them).
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true, help_heading = "Sharding")]
-    pub ranks: usize,
+    #[arg(long, default_value_t = Count::ONE, help_heading = "Sharding")]
+    pub ranks: Count,
     /// Tensor-parallel degree: every parameter (and activation) split this many ways.
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true, help_heading = "Sharding")]
-    pub tensor_parallel: usize,
+    #[arg(long, default_value_t = Count::ONE, help_heading = "Sharding")]
+    pub tensor_parallel: Count,
     /// Transformer layers: with --hidden, --heads, --seq-len and --batch, the
     /// activations are estimated (Korthikanti et al. 2022, 16-bit) instead of
     /// given. With --config: a copy of the model with this many layers (its
     /// parameters and its activations).
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
-    pub layers: Option<usize>,
+    #[arg(long, help_heading = "Activations")]
+    pub layers: Option<Count>,
     /// Transformer hidden size (not with --config, which has its own).
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, conflicts_with = "config", help_heading = "Activations")]
-    pub hidden: Option<usize>,
+    #[arg(long, conflicts_with = "config", help_heading = "Activations")]
+    pub hidden: Option<Count>,
     /// Transformer attention heads (not with --config, which has its own).
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, conflicts_with = "config", help_heading = "Activations")]
-    pub heads: Option<usize>,
+    #[arg(long, conflicts_with = "config", help_heading = "Activations")]
+    pub heads: Option<Count>,
     /// Tokens per sample.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
-    pub seq_len: Option<usize>,
+    #[arg(long, help_heading = "Activations")]
+    pub seq_len: Option<Count>,
     /// Micro-batch per device.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, help_heading = "Activations")]
-    pub batch: Option<usize>,
+    #[arg(long, help_heading = "Activations")]
+    pub batch: Option<Count>,
     /// What the backward pass recomputes instead of keeping.
-    #[arg(long, value_enum, default_value_t = RecomputeArg::None, help_heading = "Activations")]
-    pub recompute: RecomputeArg,
+    #[arg(long, value_parser = choice::<Recompute>(), default_value = "none", help_heading = "Activations")]
+    pub recompute: Recompute,
     /// With --config: LoRA adapters of this rank are what trains; the base is
     /// frozen, its weights counted without gradients or optimizer state.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires = "config", conflicts_with = "params", help_heading = "LoRA")]
-    pub lora: Option<usize>,
+    #[arg(long, requires = "config", conflicts_with = "params", help_heading = "LoRA")]
+    pub lora: Option<Count>,
     /// The modules LoRA adapts, comma-separated [default: q_proj,v_proj;
     /// c_attn for gpt2; query,value for bert].
     #[arg(long, value_delimiter = ',', value_parser = module_name, requires = "lora", help_heading = "LoRA")]
@@ -488,23 +468,23 @@ pub struct EstimateArgs {
     /// The frozen base's dtype (f32, bf16, q8_0, q4_0), the adapters in f32
     /// [default: the model's dtype, adapters in it too].
     #[arg(long, value_parser = base_dtype, requires = "lora", help_heading = "LoRA")]
-    pub base_dtype: Option<autobatch_models::BaseDtype>,
+    pub base_dtype: Option<BaseDtype>,
     /// With --config: how attention is computed (blocked, the default, or
     /// eager: the scores made whole and kept).
-    #[arg(long, value_enum, default_value_t = AttentionArg::Blocked, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
-    pub attention: AttentionArg,
+    #[arg(long, value_parser = choice::<Attention>(), default_value = "blocked", requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
+    pub attention: Attention,
     /// With --config: how the head and loss are computed (chunked, the
     /// default, or full: every position's logits made whole).
-    #[arg(long, value_enum, default_value_t = LossArg::Chunked, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
-    pub loss: LossArg,
+    #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
+    pub loss: Loss,
     /// With --config and --capacity: the largest batch is the one whose
     /// step stays under this fraction of the capacity (0.9, or 90%).
-    #[arg(long, default_value_t = autobatch::Ceiling::default(), value_parser = ceiling, allow_negative_numbers = true, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
-    pub ceiling: autobatch::Ceiling,
+    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
+    pub ceiling: Ceiling,
     /// With --config and --capacity: split this effective (global) batch
     /// into micro-batch × accumulation × --ranks from the largest batch.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, requires_all = ["config", "capacity"], conflicts_with = "params", help_heading = "Model from a config")]
-    pub target_effective_batch: Option<usize>,
+    #[arg(long, requires_all = ["config", "capacity"], conflicts_with = "params", help_heading = "Model from a config")]
+    pub target_effective_batch: Option<Count>,
     /// With --config: serving instead of training, counted: the KV cache's
     /// bytes per token and per sequence, the worst step's own bytes, and with
     /// --capacity the sequences of --max-model-len it holds under --ceiling,
@@ -526,22 +506,22 @@ pub struct EstimateArgs {
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Target effective (global) batch.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true)]
-    pub target: usize,
+    #[arg(long)]
+    pub target: Count,
     /// Largest micro-batch that fits on one rank.
-    #[arg(long, value_parser = positive, allow_negative_numbers = true, required_unless_present = "uneven")]
-    pub largest: Option<usize>,
+    #[arg(long, required_unless_present = "uneven")]
+    pub largest: Option<Count>,
     /// Mixed GPUs: the largest micro-batch of each rank, comma-separated
     /// (e.g. 200,90); the target is shared in proportion, exactly, with
     /// each rank's micro-steps and loss weights.
-    #[arg(long, value_delimiter = ',', value_parser = positive, allow_negative_numbers = true, conflicts_with_all = ["largest", "world_size"])]
-    pub uneven: Vec<usize>,
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["largest", "world_size"])]
+    pub uneven: Vec<Count>,
     /// Data-parallel ranks.
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
-    pub world_size: usize,
+    #[arg(long, default_value_t = Count::ONE)]
+    pub world_size: Count,
     /// Keep micro-batches to multiples of this.
-    #[arg(long, default_value_t = 1, value_parser = positive, allow_negative_numbers = true)]
-    pub multiple_of: usize,
+    #[arg(long, default_value_t = Count::ONE)]
+    pub multiple_of: Count,
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long)]
     pub exact: bool,

@@ -207,6 +207,9 @@ pub fn one_line(message: &str) -> String {
 /// A clap error as one line: what is wrong and what would be valid, without the
 /// usage block (`--help` has it).
 pub fn clap_message(err: &clap::Error) -> String {
+    if let Some(conflict) = conflict(err) {
+        return conflict;
+    }
     let rendered = err.to_string();
     let kept: Vec<&str> = rendered
         .lines()
@@ -216,14 +219,52 @@ pub fn clap_message(err: &clap::Error) -> String {
     kept.join(" ").trim_start_matches("error: ").to_owned()
 }
 
+/// Two flags that clap's rules keep apart, said as the tool says it: `--eval
+/// does not go with --compare, which …: drop one of them`, against the flag
+/// whose rule it is.
+fn conflict(err: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    if err.kind() != clap::error::ErrorKind::ArgumentConflict {
+        return None;
+    }
+    // `--cache <CACHE>`: the flag alone
+    let flag = |kind| {
+        let said = match err.get(kind)? {
+            ContextValue::String(said) => said.as_str(),
+            ContextValue::Strings(said) => said.first()?.as_str(),
+            _ => return None,
+        };
+        Some(said.split([' ', '=']).next().unwrap_or(said).to_owned())
+    };
+    let (later, earlier) = (flag(ContextKind::InvalidArg)?, flag(ContextKind::PriorArg)?);
+    let (other, flag, why) = match (why_alone(&later), why_alone(&earlier)) {
+        (_, Some(why)) => (later, earlier, why),
+        (Some(why), None) => (earlier, later, why),
+        (None, None) => return Some(format!("{later} does not go with {earlier}: drop one of them")),
+    };
+    Some(format!("{other} does not go with {flag}, {why}: drop one of them"))
+}
+
+/// Why a flag takes some others away.
+fn why_alone(flag: &str) -> Option<&'static str> {
+    Some(match flag {
+        "--compare" => "which compares each variant's largest batch",
+        "--find" => "which holds --batch fixed and searches the input size",
+        "--seq-lens" => "which tunes each length for its largest batch",
+        "--config" => "whose config.json sizes the model (--layers, --seq-len and --seq-lens do apply)",
+        "--params" => "which counts parameters alone (--config counts a model's step)",
+        "--mixed-precision" => "which keeps bf16 weights and gradients with f32 master weights",
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_flag_a_setting_is_named_by_exists() {
-        use clap::CommandFactory;
-        let cli = crate::args::Cli::command();
+        let cli = crate::args::command();
         let flags: Vec<String> = cli
             .get_subcommands()
             .flat_map(|command| command.get_arguments())

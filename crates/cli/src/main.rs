@@ -2,21 +2,21 @@
 //! estimate training memory. See `autobatch --help`.
 
 mod args;
-mod commands;
+mod estimate;
 mod failure;
 mod limits;
 mod model;
 mod parse;
 mod paths;
+mod plan;
 mod plot;
 mod probe;
 mod progress;
 mod serve;
 mod step;
+mod values;
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 use args::{Cli, Command};
 use failure::{clap_message, Failure};
@@ -27,7 +27,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 fn main() -> ExitCode {
     end_quietly_on_a_closed_pipe();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_from(std::env::args_os()) {
         Ok(cli) => cli,
         Err(err) => {
             use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
@@ -42,14 +42,11 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     progress::exit_cleanly_on_interrupt();
     let result = match &cli.command {
-        // the bare command is `autobatch probe` with every default
-        None => match Cli::parse_from(["autobatch", "probe"]).command {
-            Some(Command::Probe(args)) => probe::run(&args),
-            _ => unreachable!("`autobatch probe` parses as the probe command"),
-        },
+        // no command: `autobatch probe` with the flags given
+        None => probe::run(&cli.probe),
         Some(Command::Probe(args)) => probe::run(args),
-        Some(Command::Estimate(args)) => commands::estimate(args),
-        Some(Command::Plan(args)) => commands::plan(args),
+        Some(Command::Estimate(args)) => estimate::run(args),
+        Some(Command::Plan(args)) => plan::run(args),
         Some(Command::Serve(args)) => serve::run(args),
     };
     match result {

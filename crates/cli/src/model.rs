@@ -3,14 +3,17 @@
 //! tune.
 
 use autobatch::estimate::OptimizerKind;
-use autobatch::{Strategy, Tuner};
+use autobatch::Tuner;
 use autobatch_models as models;
 use autobatch_models::reference::{ConvNetConfig, MlpConfig, TransformerConfig};
 use autobatch_models::trainer::{Footprint, Model, ReferenceWorkload, Trainer};
 use candle_core::DType;
 
-use crate::args::{AttentionArg, DtypeArg, LossArg, ModelKind, ProbeArgs, ProbeOptimizerArg, StrategyArg};
+use autobatch::estimate::Precision;
+
+use crate::args::{ModelKind, ProbeArgs};
 use crate::failure::{Failure, Flags};
+use crate::values::Count;
 
 pub(crate) fn model_name(model: ModelKind) -> &'static str {
     match model {
@@ -51,42 +54,32 @@ impl ModelConfig {
         if let Some(unapplied) = config.unapplied() {
             log::warn!("{unapplied}");
         }
-        if let Some(layers) = args.layers {
-            config = config.with_layers(layers).map_err(with_path)?;
+        if let Some(layers) = args.sizes.layers {
+            config = config.with_layers(layers.get()).map_err(with_path)?;
         }
-        let seq_len =
-            args.seq_len.or(args.seq_lens.iter().max().copied()).unwrap_or_else(|| config.max_positions.min(512));
+        let seq_len = args.seq_len().unwrap_or_else(|| config.max_positions.min(512));
         let mut training = models::Training::new(seq_len);
-        training.seed = args.seed;
-        training.checkpointing = args.checkpointing;
-        training.attention = match args.attention {
-            AttentionArg::Blocked => models::Attention::Blocked,
-            AttentionArg::Eager => models::Attention::Eager,
-        };
-        training.loss = match args.loss {
-            LossArg::Chunked => models::Loss::Chunked,
-            LossArg::Full => models::Loss::Full,
-        };
-        if args.checkpointing && config.family == models::Family::Bert {
+        training.seed = args.model.seed;
+        training.checkpointing = args.model.checkpointing;
+        training.attention = args.config.attention;
+        training.loss = args.config.loss;
+        if args.model.checkpointing && config.family == models::Family::Bert {
             return Err(Failure::usage(format!(
                 "--config {}: --checkpointing checkpoints a decoder's layers (llama, mistral, qwen2, qwen3, gpt2), not BERT's",
                 path.display()
             )));
         }
-        training.dtype = args.precision.map(|precision| match precision {
-            DtypeArg::F32 => DType::F32,
-            DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
-        });
-        if let Some(rank) = args.lora {
-            let mut lora = models::Lora::new(rank, config.family.lora_targets());
-            if !args.lora_targets.is_empty() {
-                lora.targets = args.lora_targets.clone();
+        training.dtype = args.model.precision.map(dtype_of);
+        if let Some(rank) = args.config.lora {
+            let mut lora = models::Lora::new(rank.get(), config.family.lora_targets());
+            if !args.config.lora_targets.is_empty() {
+                lora.targets = args.config.lora_targets.clone();
             }
-            if let Some(alpha) = args.lora_alpha {
+            if let Some(alpha) = args.config.lora_alpha {
                 lora.alpha = alpha;
             }
-            if let Some(base) = args.base_dtype {
-                if args.precision == Some(DtypeArg::Mixed) {
+            if let Some(base) = args.config.base_dtype {
+                if args.model.precision == Some(Precision::Mixed) {
                     return Err(Failure::usage(format!(
                         "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype {base} the adapters are f32 already: drop one of them"
                     )));
@@ -97,7 +90,7 @@ impl ModelConfig {
         }
         // refused here, before anything is allocated: a length past the
         // positions or the window, an unknown target
-        for &length in &args.seq_lens {
+        for length in args.seq_lens() {
             if let Err(autobatch::Error::InvalidSetting { valid, .. }) = config.check_seq_len(length) {
                 return Err(Failure::usage(format!("--config {}: --seq-lens has {length}: {valid}", path.display())));
             }
@@ -108,39 +101,38 @@ impl ModelConfig {
     }
 
     pub(crate) fn from_args(args: &ProbeArgs) -> Result<Self, Failure> {
-        if let Some(path) = &args.config {
+        if let Some(path) = &args.config.path {
             return ModelConfig::pretrained(args, path);
         }
         Ok(ModelConfig::reference(args))
     }
 
     pub(crate) fn reference(args: &ProbeArgs) -> Self {
-        let dtype = match args.precision() {
-            DtypeArg::F32 => DType::F32,
-            DtypeArg::Bf16 | DtypeArg::Mixed => DType::BF16,
-        };
-        let seed = args.seed;
-        match args.model {
+        let dtype = dtype_of(args.model.precision());
+        let seed = args.model.seed;
+        let sizes = &args.sizes;
+        let size = |given: Option<Count>, default: usize| given.map_or(default, Count::get);
+        match args.model.kind {
             ModelKind::Transformer => {
                 let d = TransformerConfig::default();
                 ModelConfig::Transformer(TransformerConfig {
-                    vocab: args.vocab.unwrap_or(d.vocab),
-                    d_model: args.d_model.unwrap_or(d.d_model),
-                    heads: args.heads.unwrap_or(d.heads),
-                    layers: args.layers.unwrap_or(d.layers),
-                    seq_len: args.seq_len.or(args.seq_lens.iter().max().copied()).unwrap_or(d.seq_len),
+                    vocab: size(sizes.vocab, d.vocab),
+                    d_model: size(sizes.d_model, d.d_model),
+                    heads: size(sizes.heads, d.heads),
+                    layers: size(sizes.layers, d.layers),
+                    seq_len: args.seq_len().unwrap_or(d.seq_len),
                     dtype,
                     seed,
-                    checkpointing: args.checkpointing,
+                    checkpointing: args.model.checkpointing,
                 })
             }
             ModelKind::Mlp => {
                 let d = MlpConfig::default();
                 ModelConfig::Mlp(MlpConfig {
-                    inputs: args.inputs.unwrap_or(d.inputs),
-                    width: args.width.unwrap_or(d.width),
-                    depth: args.depth.unwrap_or(d.depth),
-                    classes: args.classes.unwrap_or(d.classes),
+                    inputs: size(sizes.inputs, d.inputs),
+                    width: size(sizes.width, d.width),
+                    depth: size(sizes.depth, d.depth),
+                    classes: size(sizes.classes, d.classes),
                     dtype,
                     seed,
                 })
@@ -148,9 +140,9 @@ impl ModelConfig {
             ModelKind::Convnet => {
                 let d = ConvNetConfig::default();
                 ModelConfig::ConvNet(ConvNetConfig {
-                    channels: args.channels.unwrap_or(d.channels),
-                    resolution: args.resolution.unwrap_or(d.resolution),
-                    classes: args.classes.unwrap_or(d.classes),
+                    channels: size(sizes.channels, d.channels),
+                    resolution: size(sizes.resolution, d.resolution),
+                    classes: size(sizes.classes, d.classes),
                     dtype,
                     seed,
                     ..d
@@ -166,7 +158,7 @@ impl ModelConfig {
         args: &ProbeArgs,
         device: &candle_core::Device,
     ) -> Option<Result<Box<dyn LengthWorkload>, autobatch::Error>> {
-        if args.seq_lens.is_empty() {
+        if args.mode.seq_lens.is_empty() {
             return None;
         }
         Some(match self {
@@ -198,7 +190,7 @@ impl ModelConfig {
         device: &candle_core::Device,
         args: &ProbeArgs,
     ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
-        self.build_with(device, args.precision() == DtypeArg::Mixed, optimizer_kind(args.optimizer))
+        self.build_with(device, args.model.precision() == Precision::Mixed, args.model.optimizer)
     }
 
     /// [`build`](Self::build) with another of the crate's optimizers.
@@ -348,35 +340,27 @@ pub(crate) trait LengthWorkload: ReferenceWorkload + autobatch::Resizable {}
 
 impl<W: ReferenceWorkload + autobatch::Resizable> LengthWorkload for W {}
 
-pub(crate) fn optimizer_kind(optimizer: ProbeOptimizerArg) -> OptimizerKind {
-    match optimizer {
-        ProbeOptimizerArg::Adamw => OptimizerKind::AdamW,
-        ProbeOptimizerArg::Lion => OptimizerKind::Lion,
-        ProbeOptimizerArg::Adafactor => OptimizerKind::Adafactor,
-        ProbeOptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
-    }
-}
-
-pub(crate) fn strategy(strategy: StrategyArg) -> Strategy {
-    match strategy {
-        StrategyArg::Predictive => Strategy::Predictive,
-        StrategyArg::Binary => Strategy::Binary,
-        StrategyArg::Power => Strategy::Power,
+/// The dtype a model is built in at `precision` (mixed: bf16 variables).
+pub(crate) fn dtype_of(precision: Precision) -> DType {
+    match precision {
+        Precision::Fp32 => DType::F32,
+        Precision::Bf16 | Precision::Mixed => DType::BF16,
     }
 }
 
 /// The settings of any search, over batches or over sizes: the ceiling, how
 /// trials run, the strategy and when to stop.
 pub(crate) fn search_tuner(args: &ProbeArgs) -> Tuner {
+    let search = &args.search;
     let mut tuner = Tuner::new()
-        .ceiling(args.ceiling)
-        .steps_per_trial(args.steps_per_trial)
-        .allow_partial_graph(args.allow_partial_graph)
-        .strategy(strategy(args.strategy));
-    if let Some(max_trials) = args.max_trials {
-        tuner = tuner.max_trials(max_trials);
+        .ceiling(search.ceiling)
+        .steps_per_trial(search.steps_per_trial.get())
+        .allow_partial_graph(args.plan.allow_partial_graph)
+        .strategy(search.strategy);
+    if let Some(max_trials) = search.max_trials {
+        tuner = tuner.max_trials(max_trials.get());
     }
-    if let Some(limit) = args.time_limit {
+    if let Some(limit) = search.time_limit {
         tuner = tuner.time_limit(limit);
     }
     tuner
@@ -384,11 +368,11 @@ pub(crate) fn search_tuner(args: &ProbeArgs) -> Tuner {
 
 /// The trainer with `--optimizer`, in mixed precision under `--precision mixed`.
 pub(crate) fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result<Trainer<M>, autobatch::Error> {
-    let trainer = match optimizer_kind(args.optimizer) {
+    let trainer = match args.model.optimizer {
         OptimizerKind::AdamW => trainer,
         other => trainer.with_optimizer(other)?,
     };
-    if args.precision() == DtypeArg::Mixed {
+    if args.model.precision() == Precision::Mixed {
         trainer.into_mixed_precision()
     } else {
         Ok(trainer)

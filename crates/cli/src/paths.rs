@@ -11,14 +11,14 @@ use crate::failure::Failure;
 /// Checks `--cache` and `--plot`: each names a regular file or a new one in a
 /// folder that can be written, and not the same file as the other.
 pub fn check(args: &ProbeArgs) -> Result<(), Failure> {
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.output.plot {
         check_plot(path)?;
     }
-    if let Some(path) = &args.cache {
+    if let Some(path) = &args.plan.cache {
         // the cache makes its folders
         writable("--cache", path, true)?;
     }
-    if let (Some(cache), Some(plot)) = (&args.cache, &args.plot) {
+    if let (Some(cache), Some(plot)) = (&args.plan.cache, &args.output.plot) {
         if same_file(cache, plot) {
             return Err(Failure::usage(format!(
                 "--cache {} and --plot {} name the same file: the chart would be written over the cache; give \

@@ -12,6 +12,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use crate::failure::{Failure, Flags};
+use crate::values::Count;
 
 /// The longest context `serve` takes when `--max-model-len` is not given.
 const DEFAULT_CONTEXT: usize = 4096;
@@ -28,18 +29,18 @@ const DEFAULT_BUDGET: &str = "1GiB";
 pub struct ServingArgs {
     /// Tokens each sequence's cache holds (vLLM's --max-model-len)
     /// [default: the shorter of 4096 and the model's positions].
-    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true, help_heading = "Serving")]
-    pub max_model_len: Option<usize>,
+    #[arg(long, help_heading = "Serving")]
+    pub max_model_len: Option<Count>,
     /// Tokens the worst step prefills while every other sequence decodes a
     /// token (vLLM's --max-num-batched-tokens) [default: 2048].
-    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true, help_heading = "Serving")]
-    pub max_num_batched_tokens: Option<usize>,
+    #[arg(long, help_heading = "Serving")]
+    pub max_num_batched_tokens: Option<Count>,
     /// Tokens per KV cache block (vLLM's --block-size) [default: 16].
-    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true, help_heading = "Serving")]
-    pub block_size: Option<usize>,
+    #[arg(long, help_heading = "Serving")]
+    pub block_size: Option<Count>,
     /// How the weights are stored: f32, bf16, q8_0 or q4_0 [default: the
     /// config's torch_dtype]; quantized, the rest computes in the config's dtype.
-    #[arg(long, value_parser = crate::args::base_dtype, help_heading = "Serving")]
+    #[arg(long, value_parser = crate::values::base_dtype, help_heading = "Serving")]
     pub weights: Option<BaseDtype>,
     /// The KV cache's dtype: f32, bf16, f16, or int8 (a byte a value and an
     /// f32 scale per token and head) [default: the dtype the model computes in].
@@ -78,14 +79,14 @@ pub struct ServeArgs {
     pub serving: ServingArgs,
     /// The longest context this many sequences hold, instead of how many
     /// sequences hold --max-model-len (then the longest it may be).
-    #[arg(long, value_parser = crate::args::positive, allow_negative_numbers = true)]
-    pub concurrency: Option<usize>,
+    #[arg(long)]
+    pub concurrency: Option<Count>,
     /// No search: run N sequences and N + 1 at --max-model-len, each with
     /// the worst step, and say whether each fits (a check by brute force).
-    #[arg(long, value_name = "N", value_parser = crate::args::positive, allow_negative_numbers = true, conflicts_with_all = ["concurrency", "plot"])]
-    pub check: Option<usize>,
+    #[arg(long, value_name = "N", conflicts_with_all = ["concurrency", "plot"])]
+    pub check: Option<Count>,
     /// The share of memory the peak may reach, as a fraction or a percentage.
-    #[arg(long, default_value = "0.9", value_parser = crate::args::ceiling)]
+    #[arg(long, default_value = "0.9", value_parser = crate::values::ceiling)]
     pub ceiling: Ceiling,
     /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -112,7 +113,7 @@ impl ServingArgs {
     /// The settings for `config`, checked against it.
     fn settle(&self, config: Config, path: &Path) -> Result<Settled, Failure> {
         let longest = config.sliding_window.map_or(config.max_positions, |w| w.min(config.max_positions));
-        let context = self.max_model_len.unwrap_or(DEFAULT_CONTEXT.min(longest));
+        let context = self.max_model_len.map_or(DEFAULT_CONTEXT.min(longest), Count::get);
         if context > longest {
             let why = if config.sliding_window.is_some_and(|w| w < config.max_positions) {
                 "its sliding window (the cache here keeps every key)"
@@ -126,11 +127,11 @@ impl ServingArgs {
         }
         let weights = self.weights.unwrap_or(if config.dtype == DType::F32 { BaseDtype::F32 } else { BaseDtype::Bf16 });
         let dtype = weights.float().unwrap_or(if config.dtype == DType::F32 { DType::F32 } else { DType::BF16 });
-        let chunk = self.max_num_batched_tokens.unwrap_or(DEFAULT_CHUNK);
+        let chunk = self.max_num_batched_tokens.map_or(DEFAULT_CHUNK, Count::get);
         let shape = ServingShape {
             context,
             chunk: chunk.min(context),
-            block_size: self.block_size.unwrap_or(autobatch_models::DEFAULT_BLOCK_SIZE),
+            block_size: self.block_size.map_or(autobatch_models::DEFAULT_BLOCK_SIZE, Count::get),
             weights,
             dtype,
             cache_dtype: self.kv_cache_dtype.map_or(dtype, DType::from),
@@ -193,17 +194,18 @@ fn serve_on<M: MemoryMeter>(
 ) -> Result<(), Failure> {
     let counted = config.serving_bytes(shape)?;
     let limit = args.ceiling.limit_bytes(meter.capacity()?);
-    refuse_before_building(&counted, meter.in_use()?, limit, args.concurrency)?;
+    let concurrency = args.concurrency.map(Count::get);
+    refuse_before_building(&counted, meter.in_use()?, limit, concurrency)?;
     let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
     let server = Serving::build(config, shape.weights, weights_dtype, device)?;
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
     let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(args.ceiling);
-    if let Some(sequences) = args.check {
+    if let Some(sequences) = args.check.map(Count::get) {
         let held = meter.in_use()?;
         let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
         return report_check(args, shape, limit, held, &trials);
     }
-    let plan = match args.concurrency {
+    let plan = match concurrency {
         Some(sequences) => probe.longest_context(sequences, &mut server, meter)?,
         None => {
             // the count says where to start: the answer is the same

@@ -9,8 +9,11 @@ use autobatch::{Accumulation, Ceiling};
 use autobatch_models::{Attention, Config, Family, Loss, Training};
 use candle_core::DType;
 
-use crate::args::{AttentionArg, EstimateArgs, LossArg, PrecisionArg, RecomputeArg};
+use autobatch::estimate::Recompute;
+
+use crate::args::EstimateArgs;
 use crate::failure::{Failure, Flags};
+use crate::values::Count;
 
 /// The step a config's model trains with, as the flags describe it.
 pub struct Step {
@@ -40,34 +43,27 @@ impl Step {
     /// estimate's flags: the sequence length, the dtype, the attention and
     /// loss, checkpointing (`--recompute full`).
     pub fn new(args: &EstimateArgs, config: &Config, lora: Option<Training>) -> Result<Step, Failure> {
-        let seq_len = args.seq_len.unwrap_or_else(|| config.max_positions.min(512));
+        let seq_len = args.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
         let mut training = match lora {
             Some(training) => training,
             None => {
                 let mut training = Training::new(seq_len);
                 training.dtype = match (args.mixed_precision, args.dtype) {
-                    (true, _) | (false, Some(PrecisionArg::Bf16)) => Some(DType::BF16),
-                    (false, Some(PrecisionArg::F32)) => Some(DType::F32),
-                    (false, None) => None,
+                    (true, _) => Some(DType::BF16),
+                    (false, dtype) => dtype.map(crate::model::dtype_of),
                 };
                 training
             }
         };
-        training.attention = match args.attention {
-            AttentionArg::Blocked => Attention::Blocked,
-            AttentionArg::Eager => Attention::Eager,
-        };
-        training.loss = match args.loss {
-            LossArg::Chunked => Loss::Chunked,
-            LossArg::Full => Loss::Full,
-        };
+        training.attention = args.attention;
+        training.loss = args.loss;
         training.checkpointing = match args.recompute {
-            RecomputeArg::None => false,
-            RecomputeArg::Full if config.family == Family::Bert => {
+            Recompute::None => false,
+            Recompute::Full if config.family == Family::Bert => {
                 return Err(Failure::usage("--recompute full checkpoints a decoder's layers, not BERT's"))
             }
-            RecomputeArg::Full => true,
-            RecomputeArg::Selective => {
+            Recompute::Full => true,
+            Recompute::Selective => {
                 return Err(Failure::usage(
                     "--recompute selective is the formula's (Korthikanti et al.); a config's model on candle \
                      recomputes whole layers: --recompute full",
@@ -76,7 +72,7 @@ impl Step {
         };
         let bytes_per_sample =
             config.bytes_per_sample(&training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
-        Ok(Step { config: config.clone(), training, bytes_per_sample, batch: args.batch.unwrap_or(1) })
+        Ok(Step { config: config.clone(), training, bytes_per_sample, batch: args.batch.map_or(1, Count::get) })
     }
 
     /// The activations at the batch the totals are of.

@@ -99,6 +99,19 @@ pub enum Attention {
     Eager,
 }
 
+impl Attention {
+    /// Both ways, in the order the command line lists them.
+    pub const ALL: [Attention; 2] = [Attention::Blocked, Attention::Eager];
+
+    /// The name used on the command line: `blocked`, `eager`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Blocked => "blocked",
+            Attention::Eager => "eager",
+        }
+    }
+}
+
 /// How a config model computes its head and loss.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Loss {
@@ -110,6 +123,19 @@ pub enum Loss {
     /// The logits of every position made whole (and their f32 copy, their
     /// log-softmax, their gradients), as `cross_entropy(logits, targets)`.
     Full,
+}
+
+impl Loss {
+    /// Both ways, in the order the command line lists them.
+    pub const ALL: [Loss; 2] = [Loss::Chunked, Loss::Full];
+
+    /// The name used on the command line: `chunked`, `full`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Loss::Chunked => "chunked",
+            Loss::Full => "full",
+        }
+    }
 }
 
 /// How a model is trained: the sequence length, the dtype, full fine-tuning

@@ -6,9 +6,8 @@ use autobatch_models as models;
 use autobatch_models::trainer::ReferenceWorkload;
 use candle_core::DType;
 
-use crate::args::DtypeArg;
 use crate::failure::Failure;
-use crate::model::{optimizer_kind, ModelConfig};
+use crate::model::ModelConfig;
 use crate::progress::Progress;
 
 use super::context::Run;
@@ -37,8 +36,8 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
             _ => 1.0,
         }
     };
-    let as_is_mixed = args.precision() == DtypeArg::Mixed;
-    let optimizer = optimizer_kind(args.optimizer);
+    let as_is_mixed = args.model.precision() == Precision::Mixed;
+    let optimizer = args.model.optimizer;
     let mut configs: Vec<(String, ModelConfig, Option<f64>, bool, OptimizerKind)> =
         vec![("as it is".to_owned(), model.clone(), Some(1.0), as_is_mixed, optimizer)];
     let with_dtype = |dtype| model.with_dtype(dtype);
@@ -123,7 +122,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         }
         variants.push(variant);
     }
-    let tuner = tuner.clone().observer(Progress::shared(args.json));
+    let tuner = tuner.clone().observer(Progress::shared(args.output.json));
     let compared = tuner.compare(variants, meter);
     drop(tuner); // the live rows end before the table prints
     let mut comparison = compared?;
@@ -132,7 +131,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         row.predicted_bytes_per_sample = base.zip(*factor).map(|(base, factor)| base * factor);
     }
     let nothing_fits = comparison.rows.iter().all(|row| row.plan.is_none());
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.output.plot {
         let bars: Vec<crate::plot::VariantBar> = comparison
             .rows
             .iter()
@@ -146,7 +145,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         let title = format!("remedies for the {} on {on}", model.name());
         crate::plot::compare(path, &title, &bars)?;
     }
-    if args.json {
+    if args.output.json {
         let rows: Vec<serde_json::Value> = comparison
             .rows
             .iter()
@@ -171,7 +170,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
     if nothing_fits {
         return Err(Failure::nothing_fits(format!(
             "nothing fits: not even the smallest batch of any variant stays under the ceiling of {} of {}",
-            args.ceiling,
+            args.search.ceiling,
             Bytes(meter.capacity()?)
         )));
     }

@@ -36,7 +36,7 @@ pub fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
 /// limit, `ulimit -v` or `-d`) is refused before any trial runs, and one whose
 /// search could pass the RAM available is allowed with a warning.
 fn cpu_budget(args: &ProbeArgs) -> Result<(u64, &'static str), Failure> {
-    checked_budget(args.budget.as_deref(), DEFAULT_BUDGET)
+    checked_budget(args.search.budget.as_deref(), DEFAULT_BUDGET)
 }
 
 /// `--budget` (or `default`) read and checked against every limit the
@@ -122,7 +122,7 @@ pub type Dispatch<'a> = dyn FnOnce(&mut dyn MemoryMeter, &candle_core::Device, &
 pub fn on_cpu(args: &ProbeArgs, model: &ModelConfig, footprint: &Footprint, run: Box<Dispatch>) -> Result<(), Failure> {
     check_threads()?;
     let (budget, why) = cpu_budget(args)?;
-    let limit = args.ceiling.limit_bytes(budget);
+    let limit = args.search.ceiling.limit_bytes(budget);
     check_footprint(args, model, footprint, limit)?;
     let mut meter = HeapMeter::new(budget)?;
     let (scratch, threads, each) =
@@ -163,11 +163,11 @@ pub fn on_cuda(
     ordinal: usize,
     run: Box<Dispatch>,
 ) -> Result<(), Failure> {
-    if args.budget.is_some() {
+    if args.search.budget.is_some() {
         return Err(Failure::usage("--budget is for --device cpu: a GPU's capacity is its memory"));
     }
     let mut meter = autobatch::CudaMeter::new(ordinal)?;
-    check_footprint(args, model, footprint, args.ceiling.limit_bytes(meter.capacity()?))?;
+    check_footprint(args, model, footprint, args.search.ceiling.limit_bytes(meter.capacity()?))?;
     let device = meter.device().clone();
     let on = format!("{} ({})", meter.name(), Bytes(meter.capacity()?));
     run(&mut meter, &device, &on, "--device")

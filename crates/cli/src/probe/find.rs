@@ -5,7 +5,7 @@ use autobatch::{MemoryMeter, Resizable, SizeRange};
 use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
 use autobatch_models::Pretrained;
 
-use crate::args::{FindArg, ModelKind, ObjectiveArg, ProbeArgs};
+use crate::args::{FindArg, ModelKind, ProbeArgs};
 use crate::failure::{Failure, Flags};
 use crate::model::{with_optimizer, ModelConfig};
 use std::sync::{Arc, Mutex};
@@ -14,48 +14,28 @@ use crate::progress::Progress;
 
 use super::context::Run;
 
-/// Flags that ask the batch search for something; under `--find` the batch is fixed.
+/// `--find`'s flags that depend on their values (clap refuses the batch
+/// search's flags under `--find`): the model whose input it searches, and a
+/// granule that input sizes can have.
 pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
-    let Some(find) = args.find else {
-        return match args.batch {
-            Some(_) => Err(Failure::usage("--batch goes with --find (the batch held fixed while the input grows)")),
-            None => Ok(()),
-        };
-    };
+    let Some(find) = args.mode.find else { return Ok(()) };
     let (flag, model) = match find {
         FindArg::SeqLen => ("--find seq-len", ModelKind::Transformer),
         FindArg::Resolution => ("--find resolution", ModelKind::Convnet),
     };
-    if args.config.is_some() && find == FindArg::Resolution {
+    if args.config.path.is_some() && find == FindArg::Resolution {
         return Err(Failure::usage(
             "--find resolution searches the convnet's image side: a --config model takes --find seq-len",
         ));
     }
-    if args.model != model && args.config.is_none() {
+    if args.model.kind != model && args.config.path.is_none() {
         let name = if model == ModelKind::Transformer { "transformer" } else { "convnet" };
         return Err(Failure::usage(format!("{flag} searches a --model {name}'s input: add --model {name}")));
     }
-    let refused = [
-        ("--start", args.start != 1),
-        ("--max-batch", args.max_batch.is_some()),
-        ("--target-effective-batch", args.target_effective_batch.is_some()),
-        ("--world-size", args.world_size > 1),
-        ("--exact", args.exact),
-        ("--objective throughput", args.objective == ObjectiveArg::Throughput),
-        ("--cache", args.cache.is_some()),
-        ("--eval", args.eval),
-        ("--compare", args.compare),
-        ("--seq-lens", !args.seq_lens.is_empty()),
-    ];
-    if let Some((refused, _)) = refused.iter().find(|(_, given)| *given) {
+    let granule = args.search.multiple_of.get();
+    if find == FindArg::Resolution && granule > 1 && !granule.is_multiple_of(4) {
         return Err(Failure::usage(format!(
-            "{refused} does not go with {flag}, which holds --batch fixed and searches the input size: drop it"
-        )));
-    }
-    if find == FindArg::Resolution && args.multiple_of > 1 && !args.multiple_of.is_multiple_of(4) {
-        return Err(Failure::usage(format!(
-            "--multiple-of {} is not a multiple of 4: --find resolution tries image sides that are (4, 8, 12, ...)",
-            args.multiple_of
+            "--multiple-of {granule} is not a multiple of 4: --find resolution tries image sides that are (4, 8, 12, ...)"
         )));
     }
     Ok(())
@@ -66,14 +46,14 @@ pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
     let Run { args, model, device, device_words: on, header: say, .. } = *run;
     match model {
         ModelConfig::Transformer(config) => {
-            let range = SizeRange::up_to(config.seq_len).multiple_of(args.multiple_of);
+            let range = SizeRange::up_to(config.seq_len).multiple_of(args.search.multiple_of.get());
             check_range(range, "--seq-len")?;
             let trainer = with_optimizer(args, config.build(device)?)?;
             let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
             find_in(args, trainer, meter, range, words, on, say)
         }
         ModelConfig::ConvNet(config) => {
-            let range = SizeRange::up_to(config.resolution).multiple_of(args.multiple_of.max(4));
+            let range = SizeRange::up_to(config.resolution).multiple_of(args.search.multiple_of.get().max(4));
             check_range(range, "--resolution")?;
             let trainer = with_optimizer(args, config.build(device)?)?;
             let words = SizeWords { word: "resolution", key: "largest_resolution", what: "resolution" };
@@ -81,7 +61,7 @@ pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         }
         ModelConfig::Pretrained(spec) => {
             let (config, training) = spec.as_ref();
-            let range = SizeRange::up_to(training.seq_len).multiple_of(args.multiple_of);
+            let range = SizeRange::up_to(training.seq_len).multiple_of(args.search.multiple_of.get());
             check_range(range, "--seq-len")?;
             let trainer = with_optimizer(args, Pretrained::build(config, training, device)?.into_trainer()?)?;
             let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
@@ -112,7 +92,7 @@ fn find_in<M: Model>(
 where
     Trainer<M>: Resizable + ReferenceWorkload,
 {
-    let batch = args.batch.expect("clap requires --batch with --find");
+    let batch = args.mode.batch.expect("clap requires --batch with --find").get();
     let description = ReferenceWorkload::description(&trainer);
     say(&format!(
         "probing {description} ({} parameters) for the largest {} at batch {batch}, up to {}, on {on}",
@@ -120,17 +100,17 @@ where
         words.what,
         range.largest
     ));
-    let progress = Arc::new(Mutex::new(Progress::new(args.json).sizes(words.word)));
+    let progress = Arc::new(Mutex::new(Progress::new(args.output.json).sizes(words.word)));
     let tuner = crate::model::search_tuner(args).observer(progress);
     let result = tuner.run_longest(&mut trainer, meter, batch, range);
     drop(tuner); // the live rows end before the answer prints
                  // the size is named as this model calls it: a sequence length, a resolution
     let longest = result.map_err(|err| Failure::in_flags(err, &Flags { size: words.what, ..Flags::PROBE }))?;
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.output.plot {
         let title = format!("{description} at batch {batch} on {on}");
         crate::plot::longest(path, &title, words.word, &longest)?;
     }
-    if args.json {
+    if args.output.json {
         println!("{}", longest.to_json_named(words.key));
     } else {
         print!("{}", longest.summary(words.what));

@@ -10,7 +10,7 @@ mod modes;
 
 use autobatch::{MemoryMeter, Tuner};
 
-use crate::args::{ObjectiveArg, ProbeArgs};
+use crate::args::ProbeArgs;
 use crate::failure::Failure;
 use crate::model::{search_tuner, ModelConfig};
 
@@ -21,14 +21,14 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     checks::check_flags(args)?;
     let tuner = tuner(args);
     tuner.check()?;
-    let say = |line: &str| if args.json { eprintln!("{line}") } else { println!("{line}") };
+    let say = |line: &str| if args.output.json { eprintln!("{line}") } else { println!("{line}") };
     let model = ModelConfig::from_args(args)?;
     let footprint = model.footprint()?;
     let run = |meter: &mut dyn MemoryMeter, device: &candle_core::Device, on: &str, why: &str| {
         Run { args, tuner: &tuner, model: &model, device, device_words: on, size_from: why, header: &say }
             .dispatch(meter)
     };
-    match parse_device(&args.device)? {
+    match parse_device(&args.search.device)? {
         DeviceSpec::Cpu => device::on_cpu(args, &model, &footprint, Box::new(run)),
         DeviceSpec::Cuda(ordinal) => device::on_cuda(args, &model, &footprint, ordinal, Box::new(run)),
     }
@@ -36,22 +36,20 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
 
 /// The batch search's tuner: [`search_tuner`] and the batch flags.
 fn tuner(args: &ProbeArgs) -> Tuner {
+    let (search, plan) = (&args.search, &args.plan);
     let mut tuner = search_tuner(args)
-        .start(args.start)
-        .multiple_of(args.multiple_of)
-        .world_size(args.world_size)
-        .exact_effective_batch(args.exact)
-        .objective(match args.objective {
-            ObjectiveArg::Largest => autobatch::Objective::LargestBatch,
-            ObjectiveArg::Throughput => autobatch::Objective::Throughput,
-        });
-    if let Some(max_batch) = args.max_batch {
-        tuner = tuner.max_batch(max_batch);
+        .start(search.start.get())
+        .multiple_of(search.multiple_of.get())
+        .world_size(plan.world_size.get())
+        .exact_effective_batch(plan.exact)
+        .objective(plan.objective);
+    if let Some(max_batch) = search.max_batch {
+        tuner = tuner.max_batch(max_batch.get());
     }
-    if let Some(target) = args.target_effective_batch {
-        tuner = tuner.target_effective_batch(target);
+    if let Some(target) = plan.target_effective_batch {
+        tuner = tuner.target_effective_batch(target.get());
     }
-    if let Some(path) = &args.cache {
+    if let Some(path) = &plan.cache {
         tuner = tuner.cache(path);
     }
     tuner

@@ -25,15 +25,14 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The mode of the flags, of which clap lets at most one through.
     pub fn of(args: &ProbeArgs) -> Mode {
-        if args.compare {
-            Mode::Compare
-        } else if args.find.is_some() {
-            Mode::Find
-        } else if !args.seq_lens.is_empty() {
-            Mode::Lengths
-        } else {
-            Mode::Batch
+        let mode = &args.mode;
+        match (mode.compare, mode.find, mode.seq_lens.is_empty()) {
+            (true, _, _) => Mode::Compare,
+            (false, Some(_), _) => Mode::Find,
+            (false, None, false) => Mode::Lengths,
+            (false, None, true) => Mode::Batch,
         }
     }
 }
@@ -68,8 +67,8 @@ impl Run<'_> {
     /// One probe of `workload`: its plan, printed (and drawn with `--plot`).
     fn tune(&self, workload: &mut dyn ReferenceWorkload, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         let args = self.args;
-        let tuner = self.tuner.clone().observer(Progress::shared(args.json));
-        let result = if args.eval {
+        let tuner = self.tuner.clone().observer(Progress::shared(args.output.json));
+        let result = if args.plan.eval {
             let mut evaluation = workload.evaluation_workload();
             tuner.run_with_eval(workload, &mut *evaluation, meter)
         } else {
@@ -78,16 +77,16 @@ impl Run<'_> {
         drop(tuner); // the live rows end before the plan prints
         let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
         if plan.cached() {
-            if let Some(path) = &args.cache {
+            if let Some(path) = &args.plan.cache {
                 log::info!("the plan came from the cache {}", path.display());
             }
         }
-        if args.json {
+        if args.output.json {
             println!("{}", plan.to_json());
         } else {
             println!("{}", plan.summary());
         }
-        if let Some(path) = &args.plot {
+        if let Some(path) = &args.output.plot {
             crate::plot::plan(path, &format!("{} on {}", workload.description(), self.device_words), &plan)?;
         }
         Ok(())
@@ -100,18 +99,18 @@ impl Run<'_> {
             "probing {} ({}) at sequence lengths {:?} on {}",
             trainer.description(),
             self.model.parameters_said(trainer.parameter_count()),
-            args.seq_lens,
+            args.seq_lens(),
             self.device_words
         ));
-        let tuner = self.tuner.clone().observer(Progress::shared(args.json));
-        let result = tuner.run_sizes(trainer, meter, &args.seq_lens);
+        let tuner = self.tuner.clone().observer(Progress::shared(args.output.json));
+        let result = tuner.run_sizes(trainer, meter, &args.seq_lens());
         drop(tuner); // the live rows end before the plan prints
         let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
-        if let Some(path) = &args.plot {
+        if let Some(path) = &args.output.plot {
             let title = format!("{} on {}", trainer.description(), self.device_words);
             crate::plot::sizes(path, &title, &plan)?;
         }
-        if args.json {
+        if args.output.json {
             println!("{}", plan.to_json());
             return Ok(());
         }
@@ -135,10 +134,9 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     fn mode(line: &[&str]) -> Mode {
-        let cli = crate::args::Cli::try_parse_from([&["autobatch", "probe"], line].concat()).unwrap();
+        let cli = crate::args::Cli::parse_from([&["autobatch", "probe"], line].concat()).unwrap();
         let Some(crate::args::Command::Probe(args)) = cli.command else { panic!("{line:?} is not a probe") };
         Mode::of(&args)
     }

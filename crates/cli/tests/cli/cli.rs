@@ -199,6 +199,34 @@ fn help_and_version_exit_zero() {
     assert!(text(&autobatch(&["probe", "--help"]).stdout).contains("--target-effective-batch"));
 }
 
+/// With no command the flags are the probe's: the same plan as `probe` with
+/// them; the top level's help lists the commands, not the probe's flags.
+#[test]
+fn with_no_command_the_flags_are_the_probes() {
+    let flags = ["--model", "mlp", "--max-batch", "2", "--json"];
+    let bare: serde_json::Value = serde_json::from_slice(&autobatch(&flags).stdout).unwrap();
+    let probe: serde_json::Value =
+        serde_json::from_slice(&autobatch(&[&["probe"], &flags[..]].concat()).stdout).unwrap();
+    assert_eq!(bare["largest_batch"], probe["largest_batch"]);
+    assert_eq!(bare["workload"], probe["workload"]);
+    let help = text(&autobatch(&["--help"]).stdout);
+    assert!(help.contains("probe") && !help.contains("--target-effective-batch"), "{help}");
+    assert_usage_error(&["--model", "mlp", "plan", "--target", "8", "--largest", "4"], "plan");
+}
+
+/// The other questions than the largest batch are asked one at a time, and
+/// `probe --help` groups the flags by what they say.
+#[test]
+fn one_question_at_a_time_and_help_in_groups() {
+    assert_usage_error(&["probe", "--compare", "--find", "seq-len", "--batch", "4"], "does not go with");
+    assert_usage_error(&["probe", "--seq-lens", "16,32", "--find", "seq-len", "--batch", "4"], "does not go with");
+    assert_usage_error(&["probe", "--compare", "--world-size", "2"], "--world-size does not go with --compare");
+    let help = text(&autobatch(&["probe", "--help"]).stdout);
+    for heading in ["Model:", "Model size:", "Model from a config:", "Search:", "Plan:", "Output:"] {
+        assert!(help.contains(heading), "no {heading} in {help}");
+    }
+}
+
 #[test]
 fn a_cached_plan_is_reused_without_probing() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-cache-{}", std::process::id()));
@@ -759,12 +787,12 @@ fn find_seq_len_is_verified_by_running_the_answer_and_the_next_length() {
 #[test]
 fn find_flags_that_do_not_apply_are_refused() {
     assert_usage_error(&["probe", "--find", "seq-len"], "--batch");
-    assert_usage_error(&["probe", "--batch", "4"], "--batch goes with --find");
+    assert_usage_error(&["probe", "--batch", "4"], "--find");
     assert_usage_error(&["probe", "--model", "mlp", "--find", "seq-len", "--batch", "4"], "add --model transformer");
     assert_usage_error(&["probe", "--find", "resolution", "--batch", "4"], "add --model convnet");
     assert_usage_error(
         &["probe", "--find", "seq-len", "--batch", "4", "--target-effective-batch", "64"],
-        "--target-effective-batch does not go with --find seq-len",
+        "--target-effective-batch does not go with --find",
     );
     assert_usage_error(
         &["probe", "--model", "convnet", "--find", "resolution", "--batch", "4", "--multiple-of", "6"],
@@ -1105,7 +1133,7 @@ fn bad_configs_are_one_line_before_any_allocation() {
     );
     assert_usage_error(
         &["probe", "--config", &config("tiny-gpt2.json"), "--d-model", "32"],
-        "--d-model does not apply to --config",
+        "--d-model does not go with --config",
     );
     assert_usage_error(
         &["probe", "--config", &config("tiny-gpt2.json"), "--lora", "4", "--lora-targets", "q_proj"],

@@ -1,0 +1,550 @@
+//! `autobatch estimate`: the training state of N parameters (or of a
+//! config's model, its whole step counted), whether it fits, and what would
+//! make it. Counted first ([`Estimate::of`]), then said ([`Estimate::print`],
+//! [`Estimate::json`]).
+
+use autobatch::estimate::{
+    Accelerator, Change, Precision, Recompute, Remedy, Setup, Sharding, StaticMemory, TransformerShape,
+};
+use autobatch::Bytes;
+use autobatch_models::trainer::Footprint;
+use autobatch_models::{Config, Training};
+use candle_core::DType;
+
+use crate::args::EstimateArgs;
+use crate::failure::{Failure, Flags};
+use crate::parse::{parse_bytes, parse_count};
+use crate::step::{Fit, Step};
+use crate::values::Count;
+
+/// `autobatch estimate`.
+pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
+    if let (true, Some(path)) = (args.serve, &args.config) {
+        let capacity = args.capacity.as_deref().map(parse_capacity).transpose()?.map(|(bytes, _)| bytes);
+        return crate::serve::estimate(path, &args.serving, capacity, args.ceiling, args.on_cpu, args.json);
+    }
+    if args.serving != crate::serve::ServingArgs::default() {
+        return Err(Failure::usage(
+            "--max-model-len, --max-num-batched-tokens, --block-size, --weights and --kv-cache-dtype count serving: add --serve",
+        ));
+    }
+    let estimate = Estimate::of(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&estimate.json()).expect("plain values serialize"));
+    } else {
+        estimate.print();
+    }
+    Ok(())
+}
+
+/// A config's model as the flags make it: `--layers`' copy, LoRA.
+struct ConfigModel {
+    config: Config,
+    /// The config's own layers, when `--layers` made a copy with other.
+    layers_of_config: Option<usize>,
+    lora: Option<LoraTraining>,
+}
+
+/// `--lora`: the training, what trains (the adapters), the frozen base's bytes.
+struct LoraTraining {
+    training: Training,
+    footprint: Footprint,
+    frozen_bytes: u64,
+}
+
+/// What `estimate` counted.
+struct Estimate {
+    parameters: u64,
+    model: Option<ConfigModel>,
+    step: Option<Step>,
+    setup: Setup,
+    state: StaticMemory,
+    activations: u64,
+    total: u64,
+    /// The device's memory, and the card it was named by.
+    capacity: Option<(u64, Option<&'static Accelerator>)>,
+    /// What the total must stay under: the ceiling's share of the capacity
+    /// for a config's step (as the probe counts it), else the capacity.
+    room: Option<u64>,
+    advice: Vec<Remedy>,
+    fit: Option<Fit>,
+    which_gpus: bool,
+}
+
+impl Estimate {
+    /// Counts what the flags describe.
+    fn of(args: &EstimateArgs) -> Result<Estimate, Failure> {
+        let model = config_model(args)?;
+        let parameters = parameters(args, model.as_ref())?;
+        let precision = precision(args, model.as_ref())?;
+        let capacity = args.capacity.as_deref().map(parse_capacity).transpose()?;
+        if capacity.is_some_and(|(bytes, _)| bytes == 0) {
+            return Err(Failure::usage("--capacity is 0: give the device's memory, e.g. 80GB or 24GiB"));
+        }
+        let sharding = Sharding::new(args.zero, args.ranks.get() as u64, args.tensor_parallel.get() as u64)?;
+        if args.zero > 0 && args.ranks == Count::ONE {
+            return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
+        }
+        let frozen = model.as_ref().and_then(|model| model.lora.as_ref()).map_or(0, |lora| lora.frozen_bytes);
+        let setup = Setup::new(parameters, precision, args.optimizer).sharded(sharding).frozen(frozen);
+        // a config's model: its whole candle step counted; otherwise the formula's activations
+        let step = match &model {
+            Some(model) => Some(Step::new(args, &model.config, model.lora.as_ref().map(|lora| lora.training.clone()))?),
+            None => None,
+        };
+        let setup = match &step {
+            Some(_) if args.activations.is_some() => {
+                return Err(Failure::usage("--activations and --config both say the activations: give one"))
+            }
+            // the chunked loss's one chunk is held whatever the batch
+            Some(step) => {
+                setup.activations(step.activation_bytes()?).other(step.config.loss_chunk_bytes(&step.training))
+            }
+            None => with_activations(args, setup, activation_precision(args, model.as_ref())?)?,
+        };
+        let total = setup.total()?;
+        let room = match (&step, capacity) {
+            (Some(_), Some((bytes, _))) => Some(args.ceiling.limit_bytes(bytes)),
+            (None, capacity) => capacity.map(|(bytes, _)| bytes),
+            (Some(_), None) => None,
+        };
+        let fit = match (&step, capacity) {
+            (Some(step), Some((bytes, _))) => {
+                let fixed = setup.clone().activations(0).total()?;
+                let target = args.target_effective_batch.map(Count::get);
+                Some(step.fit(fixed, bytes, args.ceiling, target, args.ranks.get())?)
+            }
+            _ => None,
+        };
+        let advice = advice(args, &setup, step.as_ref(), room)?;
+        Ok(Estimate {
+            parameters,
+            state: setup.state()?,
+            activations: setup.all_activation_bytes()?,
+            total,
+            model,
+            step,
+            setup,
+            capacity,
+            room,
+            advice,
+            fit,
+            which_gpus: args.which_gpus,
+        })
+    }
+
+    fn frozen_bytes(&self) -> u64 {
+        self.setup.frozen_bytes
+    }
+
+    /// The estimate as JSON.
+    fn json(&self) -> serde_json::Value {
+        let (capacity, card) = (self.capacity.map(|(bytes, _)| bytes), self.capacity.and_then(|(_, card)| card));
+        let mut json = serde_json::json!({
+            "sharding": self.setup.sharding,
+            "state": self.state,
+            "activation_bytes": self.activations,
+            "bytes_per_sample": self.step.as_ref().map(|step| step.bytes_per_sample),
+            "batch": self.step.as_ref().map(|step| step.batch),
+            "frozen_bytes": self.frozen_bytes(),
+            "total_bytes": self.total,
+            "capacity_bytes": capacity,
+            "fits": self.room.map(|room| self.total <= room),
+            "remedies": self.advice.iter().map(|remedy| {
+                let mut row = serde_json::to_value(remedy).expect("plain values serialize");
+                row["flag"] = change_flag(&remedy.change).into();
+                row
+            }).collect::<Vec<_>>(),
+        });
+        if let Some(card) = card {
+            json["capacity_name"] = card.name.into();
+        }
+        if let Some(fit) = &self.fit {
+            json["ceiling"] = fit.ceiling.fraction().into();
+            json["limit_bytes"] = fit.limit_bytes.into();
+            json["fixed_bytes"] = fit.fixed_bytes.into();
+            json["largest_batch"] = fit.largest_batch.into();
+            if let Some(split) = &fit.split {
+                json["split"] = serde_json::to_value(split).expect("plain values serialize");
+            }
+        }
+        if self.which_gpus {
+            let cards = Accelerator::ALL.iter().map(|card| {
+                serde_json::json!({
+                    "name": card.name,
+                    "description": card.description,
+                    "memory_bytes": card.memory_bytes,
+                    "fits": self.total <= card.memory_bytes,
+                })
+            });
+            json["which_gpus"] = cards.collect::<Vec<_>>().into();
+        }
+        json
+    }
+
+    /// The estimate as text: what was counted, the table of bytes, and with
+    /// a capacity whether it fits and what would make it.
+    fn print(&self) {
+        self.print_what();
+        self.print_table();
+        if self.which_gpus {
+            print_which_gpus(self.total);
+        }
+        if let Some((capacity, card)) = self.capacity {
+            self.print_verdict(capacity, card);
+        }
+    }
+
+    /// `training state of … parameters (…)` and what the count is of.
+    fn print_what(&self) {
+        let setup = &self.setup;
+        let at = match &self.step {
+            Some(step) => format!(", at batch {}", step.batch),
+            None if self.activations > 0 => String::new(),
+            None => ", before activations".to_owned(),
+        };
+        println!(
+            "training state of {:.3e} parameters ({}, {} optimizer){}{at}",
+            self.parameters,
+            setup.precision.name(),
+            setup.optimizer.name(),
+            describe_sharding(&setup.sharding),
+        );
+        if let Some(step) = &self.step {
+            println!("  {}", step.describe());
+        }
+        let Some(model) = &self.model else { return };
+        if let Some(of) = model.layers_of_config {
+            println!(
+                "  a copy of the config with {} of its {of} layers (--layers): parameters and activations",
+                model.config.layers
+            );
+        }
+        if let Some(lora) = &model.lora {
+            println!(
+                "  {}: {} frozen parameters",
+                model.config.describe(&lora.training),
+                model.config.parameter_count()
+            );
+        }
+    }
+
+    /// Each part's bytes, and per parameter.
+    fn print_table(&self) {
+        let state = &self.state;
+        let mut rows = vec![
+            ("weights", state.weights),
+            ("gradients", state.gradients),
+            ("optimizer states", state.optimizer_states),
+            ("master weights", state.master_weights),
+        ];
+        if self.activations > 0 {
+            rows.push(("activations", self.activations));
+        }
+        if self.setup.other_bytes > 0 {
+            rows.push(("loss chunk", self.setup.other_bytes));
+        }
+        if let (Some(model), frozen @ 1..) = (&self.model, self.frozen_bytes()) {
+            // per frozen parameter: the base's own dtype
+            let per_frozen = frozen as f64 / model.config.parameter_count() as f64;
+            println!("  {:<17} {:>10}  {per_frozen:>6.2} B/frozen param", "frozen base", Bytes(frozen).decimal());
+        }
+        rows.push(("total", self.total));
+        for (name, bytes) in rows {
+            let per_parameter = bytes as f64 / self.parameters as f64;
+            println!("  {name:<17} {:>10}  {per_parameter:>6.2} B/param", Bytes(bytes).decimal());
+        }
+    }
+
+    /// Against the capacity: the largest batch (a config's step), whether
+    /// the total fits, and the changes that would make it.
+    fn print_verdict(&self, capacity: u64, card: Option<&Accelerator>) {
+        let device = match card {
+            Some(card) => format!("{} (reports {}, {})", card.name, Bytes(capacity), Bytes(capacity).decimal()),
+            None => format!("{} ({})", Bytes(capacity), Bytes(capacity).decimal()),
+        };
+        let (room, under) = match &self.fit {
+            Some(fit) => {
+                self.print_fit(fit, &device);
+                (fit.limit_bytes, format!("under {} of {device}", fit.ceiling))
+            }
+            None => (capacity, format!("in {device}")),
+        };
+        if self.total <= room {
+            println!("fits {under}, with {} to spare", Bytes(room - self.total).decimal());
+            return;
+        }
+        println!("does not fit {under}: {} over", Bytes(self.total - room).decimal());
+        if self.advice.is_empty() {
+            println!("no single change considered here makes it fit");
+        } else {
+            println!("changes, each alone (the flag that applies it):");
+            for remedy in &self.advice {
+                println!("  {} ({})", remedy.decimal(), change_flag(&remedy.change));
+            }
+        }
+    }
+
+    /// A config's step on the device: the largest batch, the target's split.
+    fn print_fit(&self, fit: &Fit, device: &str) {
+        match fit.largest_batch {
+            0 => println!(
+                "largest batch under {} of {device}: none ({} held whatever the batch and {} a sample, against {})",
+                fit.ceiling,
+                Bytes(fit.fixed_bytes).decimal(),
+                Bytes(self.step.as_ref().map_or(0, |step| step.bytes_per_sample)).decimal(),
+                Bytes(fit.limit_bytes).decimal()
+            ),
+            largest => println!("largest batch under {} of {device}: {largest}", fit.ceiling),
+        }
+        if let Some(split) = &fit.split {
+            println!("plan: {split}");
+        }
+    }
+}
+
+/// `--config`: the model, a copy with `--layers`, its LoRA training; the
+/// lengths checked against its positions.
+fn config_model(args: &EstimateArgs) -> Result<Option<ConfigModel>, Failure> {
+    let Some(path) = &args.config else { return Ok(None) };
+    let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
+    let mut config = Config::from_file(path).map_err(with_path)?;
+    if let Some(unapplied) = config.unapplied() {
+        log::warn!("{unapplied}");
+    }
+    // --layers makes a shallower (or deeper) copy: its parameters and its activations
+    let mut layers_of_config = None;
+    if let Some(layers) = args.layers {
+        layers_of_config = Some(config.layers);
+        config = config.with_layers(layers.get()).map_err(with_path)?;
+    }
+    // the lengths the step runs at: at most the positions, within a sliding window
+    if let Some(seq_len) = args.seq_len {
+        config.check_seq_len(seq_len.get()).map_err(with_path)?;
+    }
+    let lora = match args.lora {
+        Some(rank) => Some(lora_training(args, &config, rank.get())?),
+        None => None,
+    };
+    Ok(Some(ConfigModel { config, layers_of_config, lora }))
+}
+
+/// What trains: `--params`, a config's parameters, or under LoRA its adapters'.
+fn parameters(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<u64, Failure> {
+    let parameters = match (model, &args.params) {
+        (Some(ConfigModel { lora: Some(lora), .. }), _) => lora.footprint.parameters,
+        (Some(model), _) => model.config.parameter_count(),
+        (None, Some(params)) => parse_count(params).map_err(|err| Failure::usage(format!("--params: {err}")))?,
+        (None, None) => return Err(Failure::usage("give --params N or --config path/to/config.json")),
+    };
+    if parameters == 0 {
+        return Err(Failure::usage("--params is 0: give the number of trainable parameters, e.g. 125M"));
+    }
+    Ok(parameters)
+}
+
+/// How what trains is stored: `--mixed-precision`, `--dtype`, else the
+/// config's torch_dtype; f32 adapters beside a base of its own dtype.
+fn precision(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<Precision, Failure> {
+    let own_base = model.and_then(|model| model.lora.as_ref()?.training.lora.as_ref()?.base).is_some();
+    if own_base && args.mixed_precision {
+        return Err(Failure::usage(
+            "--mixed-precision keeps f32 masters of bf16 variables; with --base-dtype the adapters are f32 already: drop one of them",
+        ));
+    }
+    if args.mixed_precision {
+        return Ok(Precision::Mixed);
+    }
+    let from_config = model.map(|model| match model.config.dtype {
+        DType::BF16 => Precision::Bf16,
+        _ => Precision::Fp32,
+    });
+    Ok(match (own_base, args.dtype) {
+        (true, _) => Precision::Fp32,
+        (false, Some(dtype)) => dtype,
+        (false, None) => from_config.unwrap_or(Precision::Fp32),
+    })
+}
+
+/// The activations' precision where it is not what trains: a LoRA base of
+/// its own dtype keeps the activations in the model's dtype, as the probe
+/// measures them.
+fn activation_precision(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<Option<Precision>, Failure> {
+    let Some((config, lora)) = model.and_then(|model| Some((&model.config, model.lora.as_ref()?))) else {
+        return Ok(None);
+    };
+    if args.base_dtype.is_none() {
+        return Ok(None);
+    }
+    let dtype = config.model_dtype(&lora.training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
+    Ok(Some(if dtype == DType::BF16 { Precision::Bf16 } else { Precision::Fp32 }))
+}
+
+/// The changes that would make it fit under `room`, each alone.
+fn advice(args: &EstimateArgs, setup: &Setup, step: Option<&Step>, room: Option<u64>) -> Result<Vec<Remedy>, Failure> {
+    let Some(room) = room else { return Ok(Vec::new()) };
+    let mut advice = match step {
+        Some(step) => step.remedies(setup, room, setup.remedies(room)?)?,
+        None => setup.remedies(room)?,
+    };
+    // with --base-dtype the adapters are f32 whatever --dtype says: no precision advice
+    if args.base_dtype.is_some() {
+        advice.retain(|remedy| !matches!(remedy.change, Change::Precision { .. }));
+    }
+    Ok(advice)
+}
+
+/// `--lora`: the LoRA training of the config the flags describe, its
+/// footprint (the adapters that train) and its frozen base's bytes.
+fn lora_training(args: &EstimateArgs, config: &Config, rank: usize) -> Result<LoraTraining, Failure> {
+    use autobatch_models::Lora;
+    let mut lora = Lora::new(rank, config.family.lora_targets());
+    if !args.lora_targets.is_empty() {
+        lora.targets = args.lora_targets.clone();
+    }
+    if let Some(base) = args.base_dtype {
+        lora = lora.base(base);
+    }
+    let seq_len = args.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
+    let mut training = Training::new(seq_len).lora(lora);
+    training.dtype = args.dtype.map(crate::model::dtype_of);
+    let path = args.config.as_deref().unwrap_or(std::path::Path::new(""));
+    let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
+    let footprint = config.footprint(&training).map_err(with_path)?;
+    let frozen_bytes = config.frozen_bytes(&training).map_err(with_path)?;
+    Ok(LoraTraining { training, footprint, frozen_bytes })
+}
+
+/// `--capacity`: a size (`80GB`, `24GiB`) or a card's name (`h100`), with the card.
+fn parse_capacity(text: &str) -> Result<(u64, Option<&'static Accelerator>), Failure> {
+    let bare_number = !text.trim().is_empty() && text.trim().bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    if bare_number {
+        let card = match Accelerator::nearest(text) {
+            Some(card) => format!("did you mean {} ({})? ", card.name, card.description),
+            None => String::new(),
+        };
+        return Err(Failure::usage(format!(
+            "--capacity {}: a number without a unit; {card}give a card's name, or the memory with its unit \
+             (e.g. 80GB or 24GiB)",
+            text.trim(),
+        )));
+    }
+    if text.trim_start().starts_with(|c: char| c.is_ascii_digit() || c == '.' || c == '-' || c == '+') {
+        let bytes = parse_bytes(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
+        return Ok((bytes, None));
+    }
+    let card = Accelerator::named(text)?;
+    Ok((card.memory_bytes, Some(card)))
+}
+
+/// `--which-gpus`: every named card, whether `total` bytes per device fit on it.
+fn print_which_gpus(total: u64) {
+    let fitting: Vec<&str> =
+        Accelerator::ALL.iter().filter(|card| total <= card.memory_bytes).map(|card| card.name).collect();
+    if fitting.is_empty() {
+        println!(
+            "fits on none of the named cards (the largest reports {})",
+            Bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
+        );
+    } else {
+        println!("fits on: {}", fitting.join(", "));
+    }
+    for card in Accelerator::ALL {
+        let verdict = if total <= card.memory_bytes {
+            format!("fits, {} to spare", Bytes(card.memory_bytes - total).decimal())
+        } else {
+            format!("{} over", Bytes(total - card.memory_bytes).decimal())
+        };
+        println!("  {:<10} {:>10}  {:<30} {verdict}", card.name, Bytes(card.memory_bytes), card.description);
+    }
+}
+
+/// `, per device: ZeRO stage 1 over 64 ranks, tensor parallel 2`, or nothing.
+fn describe_sharding(sharding: &Sharding) -> String {
+    let mut parts = Vec::new();
+    if sharding.zero_stage > 0 {
+        parts.push(format!("ZeRO stage {} over {} ranks", sharding.zero_stage, sharding.data_parallel));
+    }
+    if sharding.tensor_parallel > 1 {
+        parts.push(format!("tensor parallel {}", sharding.tensor_parallel));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(", per device: {}", parts.join(", "))
+    }
+}
+
+/// The `estimate` flag that makes `change`.
+fn change_flag(change: &Change) -> String {
+    match change {
+        Change::Precision { to: Precision::Mixed } => "--mixed-precision".to_owned(),
+        Change::Precision { to } => format!("--dtype {}", if *to == Precision::Fp32 { "f32" } else { "bf16" }),
+        Change::Optimizer { to } => format!("--optimizer {}", to.name()),
+        Change::GradientCheckpointing => "--recompute full".to_owned(),
+        Change::SequenceLength { seq_len } => format!("--seq-len {seq_len}"),
+        Change::Zero { stage, .. } => format!("--zero {stage}"),
+        other => other.to_string(),
+    }
+}
+
+/// `--activations`, or the transformer activation model when its five sizes
+/// are given (never both), at the precision training uses; with the model, also
+/// what a candle f32 step keeps by the measured ratio.
+fn with_activations(
+    args: &EstimateArgs,
+    setup: Setup,
+    activation_precision: Option<Precision>,
+) -> Result<Setup, Failure> {
+    let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch].map(|size| size.map(Count::get));
+    let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
+    let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
+    if given.is_empty() {
+        if args.recompute != Recompute::None {
+            return Err(Failure::usage(
+                "--recompute needs the transformer's --layers, --hidden, --heads, --seq-len and --batch",
+            ));
+        }
+        let given = args.activations.as_deref().map(crate::parse::parse_bytes).transpose();
+        let bytes = given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0);
+        return Ok(setup.activations(bytes));
+    }
+    if args.activations.is_some() {
+        return Err(Failure::usage(
+            "--activations and the transformer sizes (--layers …) both say the activations: give one",
+        ));
+    }
+    let [Some(layers), Some(hidden), Some(heads), Some(seq_len), Some(batch)] = sizes else {
+        let missing: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_none()).map(|(n, _)| *n).collect();
+        return Err(Failure::usage(format!("the activation model needs {} too", missing.join(", "))));
+    };
+    if hidden % heads != 0 {
+        return Err(Failure::usage(format!(
+            "--heads {heads} does not divide --hidden {hidden}: each head takes hidden / heads dimensions"
+        )));
+    }
+    let tensor_parallel = args.tensor_parallel.get();
+    if heads % tensor_parallel != 0 {
+        return Err(Failure::usage(format!(
+            "--tensor-parallel {tensor_parallel} does not divide --heads {heads}: each device takes whole heads"
+        )));
+    }
+    let shape = TransformerShape {
+        layers: layers as u64,
+        hidden: hidden as u64,
+        heads: heads as u64,
+        seq_len: seq_len as u64,
+        batch: batch as u64,
+    };
+    let recompute = args.recompute;
+    match activation_precision.filter(|precision| *precision != setup.precision) {
+        Some(precision) => {
+            let at_model_dtype = Setup::new(setup.parameters, precision, setup.optimizer)
+                .sharded(setup.sharding)
+                .transformer(shape, recompute)?
+                .all_activation_bytes()?;
+            Ok(setup.measured_transformer(at_model_dtype, shape, recompute)?)
+        }
+        None => Ok(setup.transformer(shape, recompute)?),
+    }
+}
