@@ -58,6 +58,10 @@ pub(crate) fn format_rate(rate: f64) -> String {
         format!("{rate:.0}")
     } else if rate >= 1.0 {
         format!("{rate:.1}")
+    } else if rate > 0.0 && rate.is_finite() {
+        // two significant digits however slow the step: a step of minutes is not "0.00"
+        let decimals = (1.0 - rate.log10().floor()).clamp(2.0, 12.0) as usize;
+        format!("{rate:.decimals$}")
     } else {
         format!("{rate:.2}")
     }
@@ -110,6 +114,9 @@ mod tests {
         assert_eq!(format_rate(0.25), "0.25");
         assert_eq!(format_rate(2.71), "2.7");
         assert_eq!(format_rate(1234.4), "1234");
+        // a step of minutes: still two significant digits, not 0.00
+        assert_eq!(format_rate(0.004), "0.0040");
+        assert_eq!(format_rate(0.0123), "0.012");
     }
 
     #[test]

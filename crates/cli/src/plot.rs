@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use autobatch::{LongestSize, Outcome, Plan, SizePlan, Trial};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -171,53 +172,19 @@ fn draw_peaks(
     root.fill(&WHITE)?;
     let unit = Unit::for_capacity(chart.capacity_bytes);
     let capacity = unit.of(chart.capacity_bytes as f64);
-    let limit = unit.of(chart.limit_bytes as f64);
     let x_max = chart.points.iter().map(|p| p.x).max().unwrap_or(1).max(chart.chosen) as f64 * 1.08 + 1.0;
     // out-of-memory steps without a peak sit on the capacity line; a peak far
     // over the ceiling is cut at twice the capacity
     let highest = chart.points.iter().filter_map(|p| p.peak_bytes).map(|b| unit.of(b as f64)).fold(capacity, f64::max);
     let y_max = highest.min(2.0 * capacity) * 1.06;
-    let mut plot = ChartBuilder::on(root)
-        .caption(chart.title, ("sans-serif", 15))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
-    plot.configure_mesh()
-        .x_desc(chart.x_label)
-        .y_desc(format!("peak memory ({})", unit.name))
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| if y_max >= 20.0 { format!("{y:.0}") } else { format!("{y:.1}") })
-        .light_line_style(WHITE.mix(0.0))
-        .draw()?;
-
-    let horizontal = |y: f64| vec![(0.0, y), (x_max, y)];
-    plot.draw_series(LineSeries::new(horizontal(capacity), BLACK.stroke_width(2)))?
-        .label(format!("capacity {}", autobatch::Bytes(chart.capacity_bytes)))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-    plot.draw_series(DashedLineSeries::new(horizontal(limit), 8, 5, CEILING.stroke_width(2)))?
-        .label(format!("ceiling {} = {}", chart.ceiling, autobatch::Bytes(chart.limit_bytes)))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CEILING.stroke_width(2)));
-    if let Some((fixed, per_unit)) = chart.line {
-        let at = |x: f64| unit.of(fixed + per_unit * x);
-        plot.draw_series(LineSeries::new([(0.0, at(0.0)), (x_max, at(x_max))], MODEL.stroke_width(1)))?
-            .label(format!(
-                "memory model: {} + {} per sample",
-                autobatch::Bytes(fixed.max(0.0) as u64),
-                autobatch::Bytes(per_unit.max(0.0) as u64)
-            ))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
-    } else if let Some([a, b, c]) = quadratic_fit(&chart.points) {
-        let curve = (0..=200).map(|i| x_max * i as f64 / 200.0).map(|x| (x, unit.of(a + b * x + c * x * x)));
-        let inside: Vec<(f64, f64)> = curve.filter(|&(_, y)| (0.0..=y_max).contains(&y)).collect();
-        plot.draw_series(LineSeries::new(inside, MODEL.stroke_width(1)))?
-            .label(format!("fitted: a + b·x + c·x² through the {} fitting steps", fitting(&chart.points).len()))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
-    }
-    let chosen = chart.chosen as f64;
-    plot.draw_series(DashedLineSeries::new([(chosen, 0.0), (chosen, y_max)], 4, 4, CHOSEN.stroke_width(1)))?
-        .label(format!("chosen: {} {}", chart.x_label, chart.chosen))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CHOSEN.stroke_width(1)));
+    let y_desc = format!("peak memory ({})", unit.name);
+    let mut plot = memory_axes(root, chart.title, chart.x_label, &y_desc, (x_max, y_max))?;
+    let capacity_label = format!("capacity {}", autobatch::Bytes(chart.capacity_bytes));
+    level(&mut plot, capacity, x_max, None, BLACK, capacity_label)?;
+    let ceiling_label = format!("ceiling {} = {}", chart.ceiling, autobatch::Bytes(chart.limit_bytes));
+    level(&mut plot, unit.of(chart.limit_bytes as f64), x_max, Some((8, 5)), CEILING, ceiling_label)?;
+    draw_memory_model(&mut plot, chart, unit, (x_max, y_max))?;
+    chosen(&mut plot, chart.chosen as f64, y_max, format!("chosen: {} {}", chart.x_label, chart.chosen))?;
 
     let at = |p: &Point| (p.x as f64, p.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(y_max));
     let of = |outcome: Outcome| chart.points.iter().filter(move |p| p.outcome == outcome);
@@ -238,6 +205,91 @@ fn draw_peaks(
             .legend(|(x, y)| Cross::new((x + 10, y), 6, OOM.stroke_width(3)));
     }
     legend(&mut plot, SeriesLabelPosition::UpperLeft)
+}
+
+/// A chart of memory (in a [`Unit`]) against a count.
+type MemoryChart<'a> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The axes the peak and serving charts share: memory up to `y_max`
+/// against a count up to `x_max`.
+fn memory_axes<'a>(
+    root: &DrawingArea<SVGBackend<'a>, Shift>,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    (x_max, y_max): (f64, f64),
+) -> Result<MemoryChart<'a>, Box<dyn std::error::Error>> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 15))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| if y_max >= 20.0 { format!("{y:.0}") } else { format!("{y:.1}") })
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    Ok(chart)
+}
+
+/// A level across the chart (the capacity, the ceiling), solid or with
+/// `dashes` (dash, gap), in the legend as `label`.
+fn level(
+    chart: &mut MemoryChart<'_>,
+    y: f64,
+    x_max: f64,
+    dashes: Option<(u32, u32)>,
+    color: RGBColor,
+    label: String,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let line = [(0.0, y), (x_max, y)];
+    let style = color.stroke_width(2);
+    let drawn = match dashes {
+        Some((dash, gap)) => chart.draw_series(DashedLineSeries::new(line, dash, gap, style))?,
+        None => chart.draw_series(LineSeries::new(line, style))?,
+    };
+    drawn.label(label).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    Ok(())
+}
+
+/// The answer, a dashed line up the chart.
+fn chosen(chart: &mut MemoryChart<'_>, x: f64, y_max: f64, label: String) -> Result<(), Box<dyn std::error::Error>> {
+    chart
+        .draw_series(DashedLineSeries::new([(x, 0.0), (x, y_max)], 4, 4, CHOSEN.stroke_width(1)))?
+        .label(label)
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CHOSEN.stroke_width(1)));
+    Ok(())
+}
+
+/// The search's memory model (its line), or a quadratic through the
+/// fitting steps where it had none.
+fn draw_memory_model(
+    plot: &mut MemoryChart<'_>,
+    chart: &PeakChart<'_>,
+    unit: Unit,
+    (x_max, y_max): (f64, f64),
+) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some((fixed, per_unit)) = chart.line {
+        let at = |x: f64| unit.of(fixed + per_unit * x);
+        plot.draw_series(LineSeries::new([(0.0, at(0.0)), (x_max, at(x_max))], MODEL.stroke_width(1)))?
+            .label(format!(
+                "memory model: {} + {} per sample",
+                autobatch::Bytes(fixed.max(0.0) as u64),
+                autobatch::Bytes(per_unit.max(0.0) as u64)
+            ))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
+    } else if let Some([a, b, c]) = quadratic_fit(&chart.points) {
+        let curve = (0..=200).map(|i| x_max * i as f64 / 200.0).map(|x| (x, unit.of(a + b * x + c * x * x)));
+        let inside: Vec<(f64, f64)> = curve.filter(|&(_, y)| (0.0..=y_max).contains(&y)).collect();
+        plot.draw_series(LineSeries::new(inside, MODEL.stroke_width(1)))?
+            .label(format!("fitted: a + b·x + c·x² through the {} fitting steps", fitting(&chart.points).len()))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
+    }
+    Ok(())
 }
 
 /// The legend of every labelled series, in a light box at `position`.
@@ -334,75 +386,110 @@ fn draw_compare(
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 17))?;
     let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
-    let n = variants.len();
-    // the first variant on top
-    let row = |index: usize| n - 1 - index;
-    // each row's name where the y axis labels it (the first variant on top)
-    let label = |value: &SegmentValue<usize>| match value {
-        SegmentValue::CenterOf(r) if *r < n => variants[n - 1 - r].name.clone(),
-        _ => String::new(),
-    };
+    let rows = Rows { variants };
+    draw_batch_bars(&left, &rows)?;
+    draw_byte_bars(&right, &rows)
+}
 
-    // the labels' room from the longest one (about 7 pixels a character at the
-    // mesh's 12-pixel font), so that none is cut at the chart's edge
-    let longest = variants.iter().map(|v| v.name.chars().count()).max().unwrap_or(0) as u32;
-    let label_room = (7 * longest + 24).max(80);
-    // one empty row above the bars holds the legend
-    let rows = n + 1;
-    let most = variants.iter().map(|v| v.largest_batch).max().unwrap_or(1).max(1);
-    let mut batches = ChartBuilder::on(&left)
+/// The variants as rows of bars, the first on top, one empty row above
+/// them for the legend.
+struct Rows<'v> {
+    variants: &'v [VariantBar],
+}
+
+impl Rows<'_> {
+    /// Rows on the y axis: one a variant, and the legend's.
+    fn count(&self) -> usize {
+        self.variants.len() + 1
+    }
+
+    /// The y axis row of variant `index`: the first on top.
+    fn row(&self, index: usize) -> usize {
+        self.variants.len() - 1 - index
+    }
+
+    /// Each row's name where the y axis labels it.
+    fn label(&self, value: &SegmentValue<usize>) -> String {
+        match value {
+            SegmentValue::CenterOf(row) if *row < self.variants.len() => {
+                self.variants[self.variants.len() - 1 - row].name.clone()
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// The labels' room from the longest one (about 7 pixels a character at
+    /// the mesh's 12-pixel font), so that none is cut at the chart's edge.
+    fn label_room(&self) -> u32 {
+        let longest = self.variants.iter().map(|v| v.name.chars().count()).max().unwrap_or(0) as u32;
+        (7 * longest + 24).max(80)
+    }
+
+    /// Variant `index`'s bar from 0 to `value`.
+    fn bar<X: Clone>(&self, index: usize, zero: X, value: X, style: ShapeStyle) -> Rectangle<(X, SegmentValue<usize>)> {
+        let corners = [(zero, SegmentValue::Exact(self.row(index))), (value, SegmentValue::Exact(self.row(index) + 1))];
+        let mut bar = Rectangle::new(corners, style);
+        bar.set_margin(6, 6, 0, 0);
+        bar
+    }
+}
+
+/// The left half of `--compare`'s chart: each variant's largest batch.
+fn draw_batch_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, rows: &Rows) -> Result<(), Box<dyn std::error::Error>> {
+    let most = rows.variants.iter().map(|v| v.largest_batch).max().unwrap_or(1).max(1);
+    let mut batches = ChartBuilder::on(area)
         .margin(14)
         .x_label_area_size(40)
-        .y_label_area_size(label_room)
+        .y_label_area_size(rows.label_room())
         .caption("largest batch", ("sans-serif", 15))
-        .build_cartesian_2d(0usize..most + most / 8 + 1, (0..rows).into_segmented())?;
+        .build_cartesian_2d(0usize..most + most / 8 + 1, (0..rows.count()).into_segmented())?;
     batches
         .configure_mesh()
-        .y_label_formatter(&label)
-        .y_labels(rows)
+        .y_label_formatter(&|value| rows.label(value))
+        .y_labels(rows.count())
         .x_labels(6)
         .x_desc("samples")
         .disable_y_mesh()
         .draw()?;
-    batches.draw_series(variants.iter().enumerate().map(|(i, v)| {
-        let corners = [(0, SegmentValue::Exact(row(i))), (v.largest_batch, SegmentValue::Exact(row(i) + 1))];
-        let mut bar = Rectangle::new(corners, FITS.filled());
-        bar.set_margin(6, 6, 0, 0);
-        bar
-    }))?;
+    batches
+        .draw_series(rows.variants.iter().enumerate().map(|(i, v)| rows.bar(i, 0, v.largest_batch, FITS.filled())))?;
+    Ok(())
+}
 
+/// The right half of `--compare`'s chart: each variant's bytes per sample,
+/// measured, and what the estimate expected from the first row's.
+fn draw_byte_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, rows: &Rows) -> Result<(), Box<dyn std::error::Error>> {
     let kib = Unit { name: "KiB", bytes: 1024.0 };
+    let variants = rows.variants;
     let widest =
         variants.iter().flat_map(|v| [v.bytes_per_sample, v.estimated_bytes_per_sample]).flatten().fold(1.0, f64::max);
-    let mut bytes = ChartBuilder::on(&right)
+    let mut bytes = ChartBuilder::on(area)
         .margin(14)
         .x_label_area_size(40)
-        .y_label_area_size(label_room)
+        .y_label_area_size(rows.label_room())
         .caption("bytes per sample", ("sans-serif", 15))
-        .build_cartesian_2d(0f64..kib.of(widest) * 1.15, (0..rows).into_segmented())?;
+        .build_cartesian_2d(0f64..kib.of(widest) * 1.15, (0..rows.count()).into_segmented())?;
     bytes
         .configure_mesh()
-        .y_label_formatter(&label)
-        .y_labels(rows)
+        .y_label_formatter(&|value| rows.label(value))
+        .y_labels(rows.count())
         .x_labels(5)
         .x_label_formatter(&|value| format!("{value:.0}"))
         .x_desc(format!("per sample ({})", kib.name))
         .disable_y_mesh()
         .draw()?;
+    let measured = variants
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| Some(rows.bar(i, 0.0, kib.of(v.bytes_per_sample?), MODEL.mix(0.8).filled())));
     bytes
-        .draw_series(variants.iter().enumerate().filter_map(|(i, v)| {
-            let value = kib.of(v.bytes_per_sample?);
-            let corners = [(0.0, SegmentValue::Exact(row(i))), (value, SegmentValue::Exact(row(i) + 1))];
-            let mut bar = Rectangle::new(corners, MODEL.mix(0.8).filled());
-            bar.set_margin(6, 6, 0, 0);
-            Some(bar)
-        }))?
+        .draw_series(measured)?
         .label("measured")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], MODEL.mix(0.8).filled()));
     bytes
         .draw_series(variants.iter().enumerate().filter_map(|(i, v)| {
             let value = kib.of(v.estimated_bytes_per_sample?);
-            Some(Cross::new((value, SegmentValue::CenterOf(row(i))), 7, OOM.stroke_width(3)))
+            Some(Cross::new((value, SegmentValue::CenterOf(rows.row(i))), 7, OOM.stroke_width(3)))
         }))?
         .label("estimated from the first row")
         .legend(|(x, y)| Cross::new((x + 8, y), 6, OOM.stroke_width(3)));
@@ -435,57 +522,12 @@ fn draw_serving(
     let x_max = plan.trials.iter().map(|t| t.number).max().unwrap_or(1).max(plan.max_sequences) as f64 * 1.1 + 1.0;
     let highest = plan.trials.iter().filter_map(|t| t.peak_bytes).map(|b| unit.of(b as f64)).fold(capacity, f64::max);
     let y_max = highest.min(2.0 * capacity) * 1.06;
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", 15))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc(format!("sequences of {} tokens", plan.context))
-        .y_desc(format!("memory ({})", unit.name))
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| if y_max >= 20.0 { format!("{y:.0}") } else { format!("{y:.1}") })
-        .light_line_style(WHITE.mix(0.0))
-        .draw()?;
-    let xs: Vec<f64> = (0..=200).map(|i| x_max * i as f64 / 200.0).collect();
-    let held = unit.of(plan.held_bytes as f64);
-    let caches = |x: f64| held + unit.of(counted.cache_bytes_per_sequence as f64 * x);
-    let step = |x: f64| caches(x) + unit.of(counted.step_bytes_at(x.round().max(1.0) as usize) as f64);
-    // a band from the axis up to `top`, filled (plotters' Polygon: no area-series feature needed)
-    let band = |top: &dyn Fn(f64) -> f64| {
-        let mut outline: Vec<(f64, f64)> = xs.iter().map(|&x| (x, top(x).min(y_max))).collect();
-        outline.extend([(x_max, 0.0), (0.0, 0.0)]);
-        outline
-    };
-    // opaque, drawn from the top band down: each band shows between its neighbours
-    const HELD: RGBColor = RGBColor(205, 205, 205);
-    const STEP: RGBColor = RGBColor(255, 204, 153);
-    const CACHES: RGBColor = RGBColor(158, 196, 230);
-    chart
-        .draw_series(std::iter::once(Polygon::new(band(&step), STEP.filled())))?
-        .label("the worst step's own bytes (counted)")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], STEP.filled()));
-    chart
-        .draw_series(std::iter::once(Polygon::new(band(&caches), CACHES.filled())))?
-        .label(format!("KV caches: {} a sequence", autobatch::Bytes(counted.cache_bytes_per_sequence)))
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], CACHES.filled()));
-    chart
-        .draw_series(std::iter::once(Polygon::new(band(&|_| held), HELD.filled())))?
-        .label(format!("held before the trials (weights {})", autobatch::Bytes(counted.weight_bytes)))
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], HELD.filled()));
-    let horizontal = |y: f64| vec![(0.0, y), (x_max, y)];
-    let limit = unit.of(plan.limit_bytes as f64);
-    chart
-        .draw_series(DashedLineSeries::new(horizontal(limit), 8, 5, CEILING.stroke_width(2)))?
-        .label(format!("limit {}", autobatch::Bytes(plan.limit_bytes)))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CEILING.stroke_width(2)));
-    let chosen = plan.max_sequences as f64;
-    chart
-        .draw_series(DashedLineSeries::new([(chosen, 0.0), (chosen, y_max)], 4, 4, CHOSEN.stroke_width(1)))?
-        .label(format!("largest: {} sequences", plan.max_sequences))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CHOSEN.stroke_width(1)));
+    let x_desc = format!("sequences of {} tokens", plan.context);
+    let mut chart = memory_axes(root, title, &x_desc, &format!("memory ({})", unit.name), (x_max, y_max))?;
+    draw_serving_bands(&mut chart, plan, counted, unit, (x_max, y_max))?;
+    let limit_label = format!("limit {}", autobatch::Bytes(plan.limit_bytes));
+    level(&mut chart, unit.of(plan.limit_bytes as f64), x_max, Some((8, 5)), CEILING, limit_label)?;
+    chosen(&mut chart, plan.max_sequences as f64, y_max, format!("largest: {} sequences", plan.max_sequences))?;
     let at = |t: &autobatch::serve::ServeTrial| {
         (t.number as f64, t.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(y_max))
     };
@@ -500,4 +542,45 @@ fn draw_serving(
             .legend(|(x, y)| TriangleMarker::new((x + 10, y), 7, OVER.filled()));
     }
     legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
+
+/// What the count says the memory holds, in bands from the axis up: what
+/// was held before the trials, the caches, the worst step's own bytes.
+fn draw_serving_bands(
+    chart: &mut MemoryChart<'_>,
+    plan: &autobatch::serve::ServePlan,
+    counted: &autobatch_models::ServingBytes,
+    unit: Unit,
+    (x_max, y_max): (f64, f64),
+) -> Result<(), Box<dyn std::error::Error>> {
+    let xs: Vec<f64> = (0..=200).map(|i| x_max * i as f64 / 200.0).collect();
+    let held = unit.of(plan.held_bytes as f64);
+    let caches = |x: f64| held + unit.of(counted.cache_bytes_per_sequence as f64 * x);
+    let step = |x: f64| caches(x) + unit.of(counted.step_bytes_at(x.round().max(1.0) as usize) as f64);
+    // a band from the axis up to `top`, filled (plotters' Polygon: no area-series feature needed)
+    let band = |top: &dyn Fn(f64) -> f64| {
+        let mut outline: Vec<(f64, f64)> = xs.iter().map(|&x| (x, top(x).min(y_max))).collect();
+        outline.extend([(x_max, 0.0), (0.0, 0.0)]);
+        outline
+    };
+    // opaque, drawn from the top band down: each band shows between its neighbours
+    const HELD: RGBColor = RGBColor(205, 205, 205);
+    const STEP: RGBColor = RGBColor(255, 204, 153);
+    const CACHES: RGBColor = RGBColor(158, 196, 230);
+    let bands = [
+        (band(&step), STEP, "the worst step's own bytes (counted)".to_owned()),
+        (
+            band(&caches),
+            CACHES,
+            format!("KV caches: {} a sequence", autobatch::Bytes(counted.cache_bytes_per_sequence)),
+        ),
+        (band(&|_| held), HELD, format!("held before the trials (weights {})", autobatch::Bytes(counted.weight_bytes))),
+    ];
+    for (outline, color, label) in bands {
+        chart
+            .draw_series(std::iter::once(Polygon::new(outline, color.filled())))?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], color.filled()));
+    }
+    Ok(())
 }

@@ -342,24 +342,11 @@ fn describe(path: &Path, shape: &ServingShape, plan: &ServePlan, counted: &Servi
     } else {
         line(format!("largest concurrency: {} sequences of {} tokens{proof}", plan.max_sequences, plan.context));
     }
-    line(format!(
-        "  held before the trials  {:>10}  (weights {})",
-        Bytes(plan.held_bytes),
-        Bytes(counted.weight_bytes)
-    ));
-    line(format!(
-        "  KV caches               {:>10}  ({} per token)",
-        Bytes(plan.cache_bytes),
-        Bytes(plan.cache_bytes_per_token.round() as u64)
-    ));
-    line(format!("  the worst step's own    {:>10}", Bytes(plan.step_bytes)));
-    line(format!(
-        "  peak                    {:>10}  of a {} limit ({} of {})",
-        Bytes(plan.peak_bytes),
-        Bytes(plan.limit_bytes),
-        percent(plan.limit_bytes, plan.capacity_bytes),
-        Bytes(plan.capacity_bytes)
-    ));
+    out.push_str(&memory_table(plan, counted));
+    let mut line = |text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
     if let (Some(blocks), Some(tokens)) = (plan.kv_blocks, plan.block_tokens) {
         line(format!(
             "KV blocks the limit holds beside the worst step: {blocks} ({} tokens; vLLM's \"# GPU blocks\", measured)",
@@ -380,6 +367,26 @@ fn describe(path: &Path, shape: &ServingShape, plan: &ServePlan, counted: &Servi
     let tried: Vec<String> = plan.trials.iter().map(|t| t.number.to_string()).collect();
     line(format!("probe: {} trials ({}), {seconds:.2} s, on {}", plan.trials.len(), tried.join(", "), plan.device));
     out
+}
+
+/// Where the peak went: what was held, the caches, the worst step's own.
+fn memory_table(plan: &ServePlan, counted: &ServingBytes) -> String {
+    let held = Bytes(plan.held_bytes);
+    let per_token = Bytes(plan.cache_bytes_per_token.round() as u64);
+    let share = percent(plan.limit_bytes, plan.capacity_bytes);
+    [
+        format!("  held before the trials  {held:>10}  (weights {})", Bytes(counted.weight_bytes)),
+        format!("  KV caches               {:>10}  ({per_token} per token)", Bytes(plan.cache_bytes)),
+        format!("  the worst step's own    {:>10}", Bytes(plan.step_bytes)),
+        format!(
+            "  peak                    {:>10}  of a {} limit ({share} of {})",
+            Bytes(plan.peak_bytes),
+            Bytes(plan.limit_bytes),
+            Bytes(plan.capacity_bytes)
+        ),
+    ]
+    .map(|row| row + "\n")
+    .concat()
 }
 
 fn percent(part: u64, whole: u64) -> String {
@@ -416,53 +423,60 @@ pub fn estimate(
         println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
         return Ok(());
     }
-    println!(
-        "serving {} at {} tokens: weights {} ({}), KV cache {} in blocks of {} tokens",
+    print!("{}", describe_count(path, &config, &shape, &counted));
+    match (capacity, limit) {
+        (Some(capacity), Some(limit)) => print!("{}", describe_concurrency(&shape, &counted, capacity, ceiling, limit)),
+        _ => println!("give --capacity (e.g. h100 or 24GiB) for the concurrency it holds"),
+    }
+    Ok(())
+}
+
+/// `estimate --serve`: the weights, the cache per token and per sequence,
+/// the worst step's own bytes, as counted.
+fn describe_count(path: &Path, config: &Config, shape: &ServingShape, counted: &ServingBytes) -> String {
+    format!(
+        "serving {} at {} tokens: weights {} ({}), KV cache {} in blocks of {} tokens\n\
+         \x20 KV cache per token       {:>10}  (2 × {} layers × {} kv heads × {} dims × {} bytes)\n\
+         \x20 per sequence             {:>10}  ({} blocks)\n\
+         \x20 the worst step's own     {:>10}  with one sequence (a {}-token prefill), + {} per other sequence\n",
         path.display(),
         shape.context,
         shape.weights.name(),
         Bytes(counted.weight_bytes),
         dtype_name(shape.cache_dtype),
-        shape.block_size
-    );
-    println!(
-        "  KV cache per token       {:>10}  (2 × {} layers × {} kv heads × {} dims × {} bytes)",
+        shape.block_size,
         Bytes(counted.cache_bytes_per_token),
         config.layers,
         config.kv_heads,
         config.head_dim,
-        shape.cache_dtype.size_in_bytes()
-    );
-    println!(
-        "  per sequence             {:>10}  ({} blocks)",
+        shape.cache_dtype.size_in_bytes(),
         Bytes(counted.cache_bytes_per_sequence),
-        shape.context.div_ceil(shape.block_size)
-    );
-    println!(
-        "  the worst step's own     {:>10}  with one sequence (a {}-token prefill), + {} per other sequence",
+        shape.context.div_ceil(shape.block_size),
         Bytes(counted.step_bytes),
         shape.chunk,
         Bytes(counted.step_bytes_per_sequence)
-    );
-    match limit {
-        Some(limit) => {
-            println!(
-                "largest concurrency under {} of {}: {} sequences of {} tokens",
-                ceiling,
-                Bytes(capacity.unwrap_or(0)),
-                counted.max_sequences(limit, 0),
-                shape.context
-            );
-            println!(
-                "vLLM's formula for the same settings: {} blocks ({} tokens), maximum concurrency {:.2}x \
-                 (the limit less the weights and a profile run of the chunk without cache, over the block's bytes; \
-                 it counts no decoding sequence's own bytes and no block rounding)",
-                counted.vllm_blocks(limit, 0),
-                counted.vllm_blocks(limit, 0) * shape.block_size as u64,
-                counted.vllm_concurrency(limit, 0)
-            );
-        }
-        None => println!("give --capacity (e.g. h100 or 24GiB) for the concurrency it holds"),
-    }
-    Ok(())
+    )
+}
+
+/// `estimate --serve --capacity`: the sequences the limit holds, and what
+/// vLLM's formula gives for the same settings.
+fn describe_concurrency(
+    shape: &ServingShape,
+    counted: &ServingBytes,
+    capacity: u64,
+    ceiling: Ceiling,
+    limit: u64,
+) -> String {
+    format!(
+        "largest concurrency under {ceiling} of {}: {} sequences of {} tokens\n\
+         vLLM's formula for the same settings: {} blocks ({} tokens), maximum concurrency {:.2}x (the limit less \
+         the weights and a profile run of the chunk without cache, over the block's bytes; it counts no decoding \
+         sequence's own bytes and no block rounding)\n",
+        Bytes(capacity),
+        counted.max_sequences(limit, 0),
+        shape.context,
+        counted.vllm_blocks(limit, 0),
+        counted.vllm_blocks(limit, 0) * shape.block_size as u64,
+        counted.vllm_concurrency(limit, 0)
+    )
 }
