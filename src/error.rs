@@ -16,6 +16,7 @@ use crate::estimate::change::{Change, Remedy};
 use crate::headroom::report::HeadroomReport;
 use crate::search::outcome::Outcome;
 use crate::setting::SettingName;
+use crate::setting::SettingName::*;
 use crate::units::{format_bytes, format_millis, format_percent};
 use crate::vocabulary::OptimizerKind;
 
@@ -49,19 +50,9 @@ pub enum Setting {
     Input(String),
 }
 
-impl Setting {
-    /// The setting as `names` call it.
-    fn render(&self, names: &dyn Names) -> String {
-        match self {
-            Setting::Named(name) => names.setting(*name),
-            Setting::Input(place) => place.clone(),
-        }
-    }
-}
-
 impl std::fmt::Display for Setting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.render(&OwnNames))
+        f.write_str(&said_setting(self))
     }
 }
 
@@ -142,11 +133,6 @@ pub trait Names {
     }
 }
 
-/// The crate's own names: what `Display` shows.
-struct OwnNames;
-
-impl Names for OwnNames {}
-
 /// What is wrong with the machine (see [`Error::Device`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -217,7 +203,7 @@ pub enum Error {
     /// valid: zero where a count is needed, a ceiling outside (0, 1], a
     /// dtype or optimizer not supported, a target below the ranks, a setting
     /// given where it means nothing.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("{} is {value}: {}", said_setting(.setting), fill(.valid))]
     InvalidSetting {
         /// What was set.
         setting: Setting,
@@ -229,7 +215,15 @@ pub enum Error {
     },
 
     /// No multiple of the granularity lies between `start` and `max_batch`.
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "no multiple of {} {multiple_of} lies in [{} {start}, {} {max_batch}]: lower {}, lower {} or raise {}",
+        said(MultipleOf),
+        said(Start),
+        said(MaxBatch),
+        said(MultipleOf),
+        said(Start),
+        said(MaxBatch)
+    )]
     NoCandidate {
         /// The smallest batch allowed.
         start: usize,
@@ -241,7 +235,7 @@ pub enum Error {
 
     /// A number past what 64 bits hold: batch arithmetic, or a byte count of
     /// 2^64 (16 EiB) or more. Refused, never wrapped or saturated.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("{what} is past what 64 bits count: {}", fill(.valid))]
     Overflow {
         /// What was being counted, and at what value.
         what: String,
@@ -251,7 +245,12 @@ pub enum Error {
 
     /// Exactness was demanded and no micro-batch/accumulation split hits the
     /// target (the effective batch of even ranks, the global batch of uneven ones).
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "{}; the nearest above is {nearest}: accept it (drop {}){}",
+        inexact(*.target, *.multiple_of, *.world_size, *.accumulation_steps, *.largest_micro_batch),
+        said(ExactEffectiveBatch),
+        exact_instead(*.multiple_of, *.world_size, .largest_micro_batch.is_some())
+    )]
     InexactTarget {
         /// The target.
         target: usize,
@@ -272,7 +271,7 @@ pub enum Error {
     },
 
     /// A change that must come before training, asked for after it started.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("the trainer already ran {steps} training steps: {change} before the first one")]
     AlreadyTrained {
         /// Training steps already run.
         steps: u64,
@@ -283,7 +282,14 @@ pub enum Error {
     /// Not even the smallest candidate fits under the ceiling: the smallest
     /// batch, or, in a search over the input size at a fixed batch
     /// ([`Tuner::run_longest`](crate::Tuner::run_longest)), the shortest size.
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "nothing fits{}; the ceiling is {} of {} = {}{}",
+        smallest_failed(*.batch, *.size, *.outcome, *.peak_bytes),
+        format_percent(*.ceiling),
+        format_bytes(*.capacity_bytes),
+        format_bytes(*.limit_bytes),
+        what_would_help(*.batch, *.size, *.smaller_batch, .remedies)
+    )]
     NothingFits {
         /// The smallest batch tried, or the fixed batch of a size search.
         batch: usize,
@@ -315,7 +321,11 @@ pub enum Error {
     /// A reference model too large to build: not even the smallest batch
     /// could stay under the limit, or its sizes do not fit in this machine's
     /// numbers. Refused before anything is allocated.
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "{}{model} needs {needs}{}",
+        if .limit_bytes.is_some() { "nothing fits: " } else { "" },
+        describe_limit(*.limit_bytes, *.batch)
+    )]
     ModelTooLarge {
         /// The model and its size.
         model: String,
@@ -330,7 +340,12 @@ pub enum Error {
 
     /// [`Tuner::time_limit`](crate::Tuner::time_limit) passed before any
     /// batch was seen to fit.
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is verified; \
+         allow more time (the first trials include the warm-up)",
+        said(TimeLimit),
+        format_millis(*.limit_ms)
+    )]
     TimeLimit {
         /// The limit, in milliseconds.
         limit_ms: u64,
@@ -339,7 +354,10 @@ pub enum Error {
     },
 
     /// The runtime guard ran out of memory with a micro-batch of one sample.
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "out of memory at a micro-batch of 1 (sample {offset} of the step): nothing smaller to try; lower the \
+         model's memory (see `autobatch estimate`)"
+    )]
     GuardExhausted {
         /// The sample that did not fit alone.
         offset: usize,
@@ -347,12 +365,15 @@ pub enum Error {
 
     /// A headroom check failed: the step ran out of memory or left less free
     /// than the minimum.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("memory headroom regression: {0}")]
     InsufficientHeadroom(Box<HeadroomReport>),
 
     /// The workload failed with an error that is not an out-of-memory error.
     /// The search stops at once; the workload's error is `source`, untouched.
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "the workload failed at batch {batch} with an error that is not out-of-memory: {}",
+        candle_message(.source)
+    )]
     Workload {
         /// The batch being tried.
         batch: usize,
@@ -363,7 +384,12 @@ pub enum Error {
     /// The workload's backward pass reached an op candle cannot
     /// differentiate (a max-pool whose kernel is not its stride, a custom op
     /// without a backward, ...): no batch can be measured for training.
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "the backward pass failed at batch {batch}: candle cannot differentiate {op} ({}); probe the forward \
+         pass alone (ModelProbe::forward_only) for serving or evaluation, or replace the op with one candle can \
+         differentiate",
+        candle_message(.source)
+    )]
     BackwardUnsupported {
         /// The batch being tried.
         batch: usize,
@@ -377,7 +403,17 @@ pub enum Error {
     /// op without a backward pass) measures less than training a model that
     /// reaches them needs (refused unless
     /// [`Tuner::allow_partial_graph`](crate::Tuner::allow_partial_graph)).
-    #[error("{}", self.render(&OwnNames))]
+    #[error(
+        "the measured step did not reach the gradients of {} of {of} variables ({}): an op without a backward \
+         pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, rotary_emb::rope), so they \
+         would not learn and the batch found would be larger than training the whole model allows; switch to the \
+         differentiable forms, e.g. `use autobatch_models::ops::{{nn::{{layer_norm, LayerNorm}}, \
+         softmax_last_dim}};` in place of candle_nn's (a buffer the forward pass reads without a graph is none: \
+         name it with ModelProbe::buffers_named), or take the partial answer with {}",
+        .variables.len(),
+        first_names(.variables),
+        said(AllowPartialGraph)
+    )]
     PartialGraph {
         /// The variables with no gradient that the forward pass does not write.
         variables: Vec<String>,
@@ -387,17 +423,17 @@ pub enum Error {
 
     /// candle failed outside a probed step and outside building a model (a
     /// training step, an allocation).
-    #[error("{}", self.render(&OwnNames))]
+    #[error("candle: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
 
     /// candle refused to build a model from its config or checkpoint (a
     /// tensor's shape or dtype, a quantization its sizes do not allow): a
     /// problem of the model, not of the device.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("building the model: {}", candle_message(.0))]
     ModelBuild(candle_core::Error),
 
     /// Tuning at one of several input sizes failed.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("at {} {size}: {source}", said(Size))]
     AtSize {
         /// The input size.
         size: usize,
@@ -407,20 +443,20 @@ pub enum Error {
 
     /// The machine cannot be used as asked: no tracking allocator, no CUDA
     /// device, a pool whose peaks cannot be read.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("{0}")]
     Device(DeviceProblem),
 
     /// A collective operation between ranks failed.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("collective: {0}")]
     Collective(String),
 
     /// Another rank could not tune (nothing fits there, or its workload failed):
     /// its own error is in its log. Every rank stops, so that none trains alone.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("another rank could not find a batch that fits (see that rank's error); no rank will train")]
     RankFailed,
 
     /// A memory meter could not measure.
-    #[error("{}", self.render(&OwnNames))]
+    #[error("memory meter: {0}")]
     Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
@@ -452,9 +488,84 @@ impl std::fmt::Debug for Error {
     }
 }
 
+/// The names of the settings (and of the changes of the remedies) that an
+/// error's message names, as a [`Names`] calls them: taken before the
+/// message is written, so that the message, written beside its variant, asks
+/// for a name by the setting alone ([`said`]).
+struct Said {
+    settings: Vec<(SettingName, String)>,
+    changes: Vec<(Change, String)>,
+}
+
+impl Said {
+    fn of(err: &Error, names: &dyn Names) -> Said {
+        let settings = SettingName::ALL.iter().map(|&setting| (setting, names.setting(setting))).collect();
+        let mut changes = Vec::new();
+        let mut next = Some(err);
+        while let Some(err) = next {
+            next = match err {
+                Error::NothingFits { remedies, .. } => {
+                    let applied = remedies.iter().filter_map(|r| Some((r.change.clone(), names.change(&r.change)?)));
+                    changes.extend(applied);
+                    None
+                }
+                Error::AtSize { source, .. } => Some(source),
+                _ => None,
+            };
+        }
+        Said { settings, changes }
+    }
+}
+
+thread_local! {
+    /// The names [`Error::render`] is writing a message in; none while
+    /// `Display` writes it in the crate's own.
+    static NAMES_IN_EFFECT: std::cell::RefCell<Option<Said>> = const { std::cell::RefCell::new(None) };
+}
+
+/// While it lives, messages written on this thread name settings as the
+/// [`Said`] it holds; then as before it again.
+struct NamesInEffect(Option<Said>);
+
+impl NamesInEffect {
+    fn set(said: Said) -> NamesInEffect {
+        NamesInEffect(NAMES_IN_EFFECT.replace(Some(said)))
+    }
+}
+
+impl Drop for NamesInEffect {
+    fn drop(&mut self) {
+        NAMES_IN_EFFECT.set(self.0.take());
+    }
+}
+
+/// `setting` as the names in effect call it.
+fn said(setting: SettingName) -> String {
+    NAMES_IN_EFFECT.with_borrow(|said| {
+        let named = said.as_ref().and_then(|said| said.settings.iter().find(|(own, _)| *own == setting));
+        named.map_or_else(|| setting.as_str().to_owned(), |(_, name)| name.clone())
+    })
+}
+
+/// What applies `change`, as the names in effect say it, if they do.
+fn applied(change: &Change) -> Option<String> {
+    NAMES_IN_EFFECT.with_borrow(|said| {
+        let said = said.as_ref()?;
+        said.changes.iter().find(|(own, _)| own == change).map(|(_, how)| how.clone())
+    })
+}
+
+fn said_setting(setting: &Setting) -> String {
+    match setting {
+        Setting::Named(name) => said(*name),
+        Setting::Input(place) => place.clone(),
+    }
+}
+
 /// `template` with each `{name}` in it (a [`SettingName`] as the builder
-/// spells it) as `names` call that setting; other braces stay as they are.
-fn fill(template: &str, names: &dyn Names) -> String {
+/// spells it) as the names in effect call that setting; other braces stay as
+/// they are.
+fn fill(template: &str) -> String {
     let mut filled = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(open) = rest.find('{') {
@@ -465,7 +576,7 @@ fn fill(template: &str, names: &dyn Names) -> String {
         });
         match name_len.and_then(|end| Some((end, SettingName::from_name(&after[..end])?))) {
             Some((end, setting)) => {
-                filled.push_str(&names.setting(setting));
+                filled.push_str(&said(setting));
                 rest = &after[end + 1..];
             }
             None => {
@@ -476,6 +587,77 @@ fn fill(template: &str, names: &dyn Names) -> String {
     }
     filled.push_str(rest);
     filled
+}
+
+/// [`Error::InexactTarget`]'s first half: what no split hits.
+fn inexact(
+    target: usize,
+    multiple_of: usize,
+    world_size: usize,
+    accumulation_steps: usize,
+    largest_micro_batch: Option<usize>,
+) -> String {
+    match largest_micro_batch {
+        Some(largest) => format!(
+            "no split hits {} {target} exactly with {world_size} ranks ({}), micro-batches that are multiples of {} \
+             {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
+            said(TargetEffectiveBatch),
+            said(WorldSize),
+            said(MultipleOf),
+            said(LargestMicroBatch),
+            accumulation_steps.saturating_mul(2),
+        ),
+        None => format!(
+            "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}",
+            said(TargetGlobalBatch),
+            said(MultipleOf),
+        ),
+    }
+}
+
+/// [`Error::InexactTarget`]'s other way out: a target that does divide.
+fn exact_instead(multiple_of: usize, world_size: usize, even_ranks: bool) -> String {
+    let unit = world_size.saturating_mul(multiple_of);
+    match even_ranks {
+        true if unit > 1 => format!(", or use a target divisible by ranks × granularity = {unit}"),
+        true => String::new(),
+        false => format!(" or use a global batch divisible by {multiple_of}"),
+    }
+}
+
+/// [`Error::NothingFits`]: the smallest candidate, and how it failed.
+fn smallest_failed(batch: usize, size: Option<usize>, outcome: Outcome, peak_bytes: Option<u64>) -> String {
+    let failed = describe_failure(outcome, peak_bytes);
+    match size {
+        Some(size) => format!(" at {} {batch}: the shortest {} searched, {size}, {failed}", said(Batch), said(Size)),
+        None => format!(": batch {batch} (the smallest {} and {} allow) {failed}", said(Start), said(MultipleOf)),
+    }
+}
+
+/// [`Error::NothingFits`]: what would make it fit.
+fn what_would_help(batch: usize, size: Option<usize>, smaller_batch: Option<usize>, remedies: &[Remedy]) -> String {
+    if size.is_some() {
+        return match batch {
+            1 => format!(": make the model smaller or raise {}", said(Capacity)),
+            _ => format!(": use a smaller {}", said(Batch)),
+        };
+    }
+    let mut help = String::new();
+    if let Some(smaller) = smaller_batch {
+        let _ =
+            write!(help, "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}", said(Start));
+    }
+    if !remedies.is_empty() {
+        let advice: Vec<String> = remedies
+            .iter()
+            .map(|remedy| match applied(&remedy.change) {
+                Some(how) => format!("{how}: {remedy}"),
+                None => remedy.to_string(),
+            })
+            .collect();
+        let _ = write!(help, "; what would help, each alone (estimated from the measurement): {}", advice.join("; "));
+    }
+    help
 }
 
 /// The first few of `names` and how many more: a line people can read.
@@ -546,165 +728,8 @@ impl Error {
     /// shows when `names` is the crate's own (each setting by its name).
     /// See [`Names`].
     pub fn render(&self, names: &dyn Names) -> String {
-        let name = |setting: SettingName| names.setting(setting);
-        match self {
-            Error::InvalidSetting { setting, value, valid } => {
-                format!("{} is {value}: {}", setting.render(names), fill(valid, names))
-            }
-            Error::NoCandidate { start, max_batch, multiple_of } => fill(
-                &format!(
-                    "no multiple of {{multiple_of}} {multiple_of} lies in [{{start}} {start}, {{max_batch}} \
-                     {max_batch}]: lower {{multiple_of}}, lower {{start}} or raise {{max_batch}}"
-                ),
-                names,
-            ),
-            Error::Overflow { what, valid } => format!("{what} is past what 64 bits count: {}", fill(valid, names)),
-            Error::InexactTarget {
-                target,
-                multiple_of,
-                nearest,
-                world_size,
-                accumulation_steps,
-                largest_micro_batch: Some(largest),
-            } => {
-                let unit = world_size.saturating_mul(*multiple_of);
-                let divisible = if unit > 1 {
-                    format!(", or use a target divisible by ranks × granularity = {unit}")
-                } else {
-                    String::new()
-                };
-                format!(
-                    "no split hits {} {target} exactly with {} ranks ({}), micro-batches that are multiples of {} \
-                     {multiple_of} and at most {} ({}), and at most {} accumulation steps; the nearest above is \
-                     {nearest}: accept it (drop {}){divisible}",
-                    name(SettingName::TargetEffectiveBatch),
-                    world_size,
-                    name(SettingName::WorldSize),
-                    name(SettingName::MultipleOf),
-                    largest,
-                    name(SettingName::LargestMicroBatch),
-                    accumulation_steps.saturating_mul(2),
-                    name(SettingName::ExactEffectiveBatch),
-                )
-            }
-            Error::InexactTarget { target, multiple_of, nearest, largest_micro_batch: None, .. } => format!(
-                "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}; the \
-                 nearest above is {nearest}: accept it (drop {}) or use a global batch divisible by {multiple_of}",
-                name(SettingName::TargetGlobalBatch),
-                name(SettingName::MultipleOf),
-                name(SettingName::ExactEffectiveBatch),
-            ),
-            Error::AlreadyTrained { steps, change } => {
-                format!("the trainer already ran {steps} training steps: {change} before the first one")
-            }
-            Error::NothingFits {
-                batch,
-                size,
-                outcome,
-                peak_bytes,
-                capacity_bytes,
-                limit_bytes,
-                ceiling,
-                smaller_batch,
-                remedies,
-            } => {
-                let failed = describe_failure(*outcome, *peak_bytes);
-                let room = format!(
-                    "the ceiling is {} of {} = {}",
-                    format_percent(*ceiling),
-                    format_bytes(*capacity_bytes),
-                    format_bytes(*limit_bytes)
-                );
-                if let Some(size) = size {
-                    let advice = if *batch > 1 {
-                        format!("use a smaller {}", name(SettingName::Batch))
-                    } else {
-                        format!("make the model smaller or raise {}", name(SettingName::Capacity))
-                    };
-                    return format!(
-                        "nothing fits at {} {batch}: the shortest {} searched, {size}, {failed}; {room}: {advice}",
-                        name(SettingName::Batch),
-                        name(SettingName::Size),
-                    );
-                }
-                let mut message = format!(
-                    "nothing fits: batch {batch} (the smallest {} and {} allow) {failed}; {room}",
-                    name(SettingName::Start),
-                    name(SettingName::MultipleOf),
-                );
-                if let Some(smaller) = smaller_batch {
-                    let _ = write!(
-                        message,
-                        "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}",
-                        name(SettingName::Start)
-                    );
-                }
-                if !remedies.is_empty() {
-                    let advice: Vec<String> = remedies
-                        .iter()
-                        .map(|remedy| match names.change(&remedy.change) {
-                            Some(how) => format!("{how}: {remedy}"),
-                            None => remedy.to_string(),
-                        })
-                        .collect();
-                    let _ = write!(
-                        message,
-                        "; what would help, each alone (estimated from the measurement): {}",
-                        advice.join("; ")
-                    );
-                }
-                message
-            }
-            Error::ModelTooLarge { model, needs, batch, limit_bytes } => format!(
-                "{}{model} needs {needs}{}",
-                if limit_bytes.is_some() { "nothing fits: " } else { "" },
-                describe_limit(*limit_bytes, *batch)
-            ),
-            Error::TimeLimit { limit_ms, trials } => format!(
-                "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is \
-                 verified; allow more time (the first trials include the warm-up)",
-                name(SettingName::TimeLimit),
-                format_millis(*limit_ms),
-            ),
-            Error::GuardExhausted { offset } => format!(
-                "out of memory at a micro-batch of 1 (sample {offset} of the step): nothing smaller to try; lower \
-                 the model's memory (see `autobatch estimate`)"
-            ),
-            Error::InsufficientHeadroom(report) => format!("memory headroom regression: {report}"),
-            Error::Workload { batch, source } => format!(
-                "the workload failed at batch {batch} with an error that is not out-of-memory: {}",
-                candle_message(source)
-            ),
-            Error::BackwardUnsupported { batch, op, source } => format!(
-                "the backward pass failed at batch {batch}: candle cannot differentiate {op} ({}); probe the \
-                 forward pass alone (ModelProbe::forward_only) for serving or evaluation, or replace the op with \
-                 one candle can differentiate",
-                candle_message(source)
-            ),
-            Error::PartialGraph { variables, of } => format!(
-                "the measured step did not reach the gradients of {} of {of} variables ({}): an op without a \
-                 backward pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, \
-                 rotary_emb::rope), so they would not learn and the batch found would be larger than training \
-                 the whole model allows; switch to the differentiable forms, e.g. `use \
-                 autobatch_models::ops::{{nn::{{layer_norm, LayerNorm}}, softmax_last_dim}};` in place of \
-                 candle_nn's (a buffer the forward pass reads without a graph is none: name it with \
-                 ModelProbe::buffers_named), or take the partial answer with {}",
-                variables.len(),
-                first_names(variables),
-                name(SettingName::AllowPartialGraph),
-            ),
-            Error::Candle(source) => format!("candle: {}", candle_message(source)),
-            Error::ModelBuild(source) => format!("building the model: {}", candle_message(source)),
-            Error::AtSize { size, source } => {
-                format!("at {} {size}: {}", name(SettingName::Size), source.render(names))
-            }
-            Error::Device(problem) => problem.to_string(),
-            Error::Collective(reason) => format!("collective: {reason}"),
-            Error::RankFailed => {
-                "another rank could not find a batch that fits (see that rank's error); no rank will train".to_owned()
-            }
-            Error::Meter(source) => format!("memory meter: {source}"),
-        }
+        let _in_effect = NamesInEffect::set(Said::of(self, names));
+        self.to_string()
     }
 
     /// Wraps a meter's failure: for [`MemoryMeter`](crate::MemoryMeter) implementations.
@@ -946,7 +971,9 @@ mod tests {
         assert_eq!(err.render(&Flags), "--max-batch is 4: it must be at least --start, 8 {not a name}");
         let at_size = Error::AtSize { size: 64, source: Box::new(Error::zero(crate::SettingName::MultipleOf)) };
         assert_eq!(at_size.render(&Flags), "at --size 64: --multiple-of is 0: it must be at least 1");
-        assert_eq!(fill("{}{x{start}} {y}", &Flags), "{}{x--start} {y}", "a brace that names no setting stays");
+        let braces = Error::invalid(crate::SettingName::Batch, Value::Count(0), "{}{x{start}} {y}");
+        assert_eq!(braces.render(&Flags), "--batch is 0: {}{x--start} {y}", "a brace that names no setting stays");
+        assert_eq!(braces.to_string(), "batch is 0: {}{xstart} {y}", "and Display is in the crate's own names again");
     }
 
     #[test]
