@@ -14,11 +14,11 @@ use std::fmt::Write as _;
 
 use crate::estimate::change::{Change, Remedy};
 use crate::headroom::report::HeadroomReport;
+use crate::per_parameter::OptimizerKind;
 use crate::search::outcome::Outcome;
 use crate::setting::SettingName;
 use crate::setting::SettingName::*;
 use crate::units::{format_bytes, format_millis, format_percent};
-use crate::vocabulary::OptimizerKind;
 
 /// The kinds of [`Error`] (see [`Error::kind`]): what decides how to react.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -311,7 +311,7 @@ pub enum Error {
         /// lower `start` finds it.
         smaller_batch: Option<usize>,
         /// What would make the smallest candidate fit, largest saving first:
-        /// the analytical model ([`Setup`](crate::estimate::Setup)) started
+        /// the analytical model ([`TrainingSetup`](crate::estimate::TrainingSetup)) started
         /// from what the failed trial measured, each total the whole
         /// device's; empty when the workload has no
         /// [`profile`](crate::Workload::profile).

@@ -107,6 +107,7 @@ pub mod memory;
 pub mod model;
 mod oom;
 pub mod optim;
+mod per_parameter;
 mod plan;
 pub mod search;
 pub mod serve;
@@ -115,7 +116,6 @@ mod setting;
 mod splitmix;
 mod tuner;
 mod units;
-mod vocabulary;
 mod workload;
 
 pub use cache::CacheKey;
@@ -138,6 +138,6 @@ pub use plan::{
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use setting::SettingName;
-pub use tuner::{Compared, Comparison, Observer, Tuner, Variant};
+pub use tuner::{Comparison, ComparisonRow, ModelVariant, Observer, Tuner};
 pub use units::Bytes;
 pub use workload::{BySize, GraphTensor, Resizable, Workload};

@@ -35,22 +35,22 @@ pub trait Workload {
     /// What the model's training state is made of, when the workload knows:
     /// its parameters, precision, optimizer, largest variable and, for a
     /// transformer, its shape, as the analytical model's
-    /// [`Setup`](crate::estimate::Setup) (the tuner measures the rest). It
+    /// [`TrainingSetup`](crate::estimate::TrainingSetup) (the tuner measures the rest). It
     /// lets the tuner say what would make the model fit when nothing does.
     /// `None` by default (closures); see also
     /// [`Tuner::profile`](crate::Tuner::profile).
     ///
     /// ```
-    /// use autobatch::estimate::{OptimizerKind, Precision, Recompute, Setup, TransformerShape};
+    /// use autobatch::estimate::{OptimizerKind, Precision, Recompute, TrainingSetup, TransformerShape};
     ///
     /// let shape = TransformerShape { layers: 12, hidden: 768, heads: 12, seq_len: 1024, batch: 1 };
-    /// let profile = Setup::new(124_000_000, Precision::Fp32, OptimizerKind::AdamW)
+    /// let profile = TrainingSetup::new(124_000_000, Precision::Fp32, OptimizerKind::AdamW)
     ///     .largest_variable(38_597_376)
     ///     .transformer(shape, Recompute::None)?;
     /// assert_eq!(profile.transformer, Some(shape));
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    fn profile(&self) -> Option<crate::estimate::Setup> {
+    fn profile(&self) -> Option<crate::estimate::TrainingSetup> {
         None
     }
 

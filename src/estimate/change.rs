@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::Bytes;
 
-pub(super) use crate::vocabulary::PER_PARAMETER_DENOMINATOR;
-pub use crate::vocabulary::{OptimizerKind, Precision};
+pub(super) use crate::per_parameter::PER_PARAMETER_DENOMINATOR;
+pub use crate::per_parameter::{OptimizerKind, Precision};
 
 /// One change that lowers training memory.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -48,7 +48,7 @@ pub use accelerators::Accelerator;
 pub use activations::{Recompute, TransformerShape};
 use change::PER_PARAMETER_DENOMINATOR;
 pub use change::{Change, OptimizerKind, Precision, Remedy};
-pub use setup::Setup;
+pub use setup::TrainingSetup;
 pub use sharding::Sharding;
 
 /// The training state of a model before any activation, in bytes.
@@ -189,7 +189,7 @@ mod tests {
             }
         }
         assert!(state.total_with(u64::MAX).is_err());
-        assert!(Setup::new(most, Precision::Fp32, OptimizerKind::AdamW).activations(u64::MAX).total().is_err());
+        assert!(TrainingSetup::new(most, Precision::Fp32, OptimizerKind::AdamW).activations(u64::MAX).total().is_err());
     }
 
     #[test]

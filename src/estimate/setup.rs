@@ -1,7 +1,7 @@
 //! One model of a training run's memory: the state, the activations and
 //! whatever else the device holds, and every change the advice can name
 //! applied to it. The estimate's total and each piece of advice come from the
-//! same [`Setup::total`], so an advised change, applied, gives the total the
+//! same [`TrainingSetup::total`], so an advised change, applied, gives the total the
 //! advice printed, to the byte.
 
 use serde::{Deserialize, Serialize};
@@ -13,8 +13,8 @@ use crate::Error;
 ///
 /// It is also what a [`Workload`](crate::Workload) says of its model
 /// ([`Workload::profile`](crate::Workload::profile)): built with
-/// [`new`](Setup::new), [`largest_variable`](Setup::largest_variable) and, for
-/// a transformer, [`transformer`](Setup::transformer), it lets the tuner
+/// [`new`](TrainingSetup::new), [`largest_variable`](TrainingSetup::largest_variable) and, for
+/// a transformer, [`transformer`](TrainingSetup::transformer), it lets the tuner
 /// advise from a measurement when nothing fits.
 ///
 /// A transformer's layer activations are held at the precision training
@@ -26,11 +26,11 @@ use crate::Error;
 /// transformer bf16 kept 61% of fp32's step memory, not 50%).
 ///
 /// ```
-/// use autobatch::estimate::{Change, OptimizerKind, Precision, Recompute, Setup, TransformerShape};
+/// use autobatch::estimate::{Change, OptimizerKind, Precision, Recompute, TrainingSetup, TransformerShape};
 ///
 /// // 7B parameters in fp32 with AdamW, 32 layers of a 4096-wide transformer at 2048 tokens, batch 4
 /// let shape = TransformerShape { layers: 32, hidden: 4096, heads: 32, seq_len: 2048, batch: 4 };
-/// let setup = Setup::new(7_000_000_000, Precision::Fp32, OptimizerKind::AdamW).transformer(shape, Recompute::None)?;
+/// let setup = TrainingSetup::new(7_000_000_000, Precision::Fp32, OptimizerKind::AdamW).transformer(shape, Recompute::None)?;
 /// for remedy in setup.remedies(24_000_000_000)? {
 ///     // each piece of advice is the total of the setup with that change applied
 ///     let changed = setup.apply(&remedy.change)?.expect("advice applies");
@@ -39,7 +39,7 @@ use crate::Error;
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Setup {
+pub struct TrainingSetup {
     /// Trainable parameters.
     pub parameters: u64,
     /// How weights, gradients and optimizer state are stored.
@@ -94,11 +94,11 @@ fn scale(bytes: u64, numerator: u64, denominator: u64, what: &str) -> Result<u64
     u64::try_from(scaled).map_err(|_| Error::byte_overflow(what.to_owned()))
 }
 
-impl Setup {
+impl TrainingSetup {
     /// `parameters` parameters at `precision` with `optimizer`, unsharded,
     /// with no activations counted yet.
-    pub fn new(parameters: u64, precision: Precision, optimizer: OptimizerKind) -> Setup {
-        Setup {
+    pub fn new(parameters: u64, precision: Precision, optimizer: OptimizerKind) -> TrainingSetup {
+        TrainingSetup {
             parameters,
             precision,
             optimizer,
@@ -115,14 +115,14 @@ impl Setup {
 
     /// The state sharded as `sharding` says (tensor parallelism splits the
     /// activations of a transformer set after this too).
-    pub fn sharded(mut self, sharding: Sharding) -> Setup {
+    pub fn sharded(mut self, sharding: Sharding) -> TrainingSetup {
         self.sharding = sharding;
         self
     }
 
     /// Activations of `bytes` (measured or given, at the setup's precision),
     /// of a model of unknown shape: no checkpointing or shorter-sequence advice.
-    pub fn activations(mut self, bytes: u64) -> Setup {
+    pub fn activations(mut self, bytes: u64) -> TrainingSetup {
         self.activation_bytes = bytes;
         self.layer_bytes = 0;
         self.transformer = None;
@@ -132,7 +132,7 @@ impl Setup {
 
     /// A transformer's activations by the formula (Korthikanti et al. 2022),
     /// at the setup's precision and tensor parallelism.
-    pub fn transformer(mut self, shape: TransformerShape, recompute: Recompute) -> Result<Setup, Error> {
+    pub fn transformer(mut self, shape: TransformerShape, recompute: Recompute) -> Result<TrainingSetup, Error> {
         self.layer_bytes = self.formula(shape, recompute)?;
         self.activation_bytes = 0;
         (self.transformer, self.recompute) = (Some(shape), recompute);
@@ -151,7 +151,7 @@ impl Setup {
         bytes: u64,
         shape: TransformerShape,
         recompute: Recompute,
-    ) -> Result<Setup, Error> {
+    ) -> Result<TrainingSetup, Error> {
         self.layer_bytes = self.formula(shape, recompute)?.min(bytes);
         self.activation_bytes = bytes - self.layer_bytes;
         (self.transformer, self.recompute) = (Some(shape), recompute);
@@ -165,14 +165,14 @@ impl Setup {
     }
 
     /// Bytes held outside the model (they count in the total; no change moves them).
-    pub fn other(mut self, bytes: u64) -> Setup {
+    pub fn other(mut self, bytes: u64) -> TrainingSetup {
         self.other_bytes = bytes;
         self
     }
 
     /// A frozen base of `bytes` beside the `parameters` that train (LoRA's
     /// adapters): counted in the total, untouched by every change.
-    pub fn frozen(mut self, bytes: u64) -> Setup {
+    pub fn frozen(mut self, bytes: u64) -> TrainingSetup {
         self.frozen_bytes = bytes;
         self
     }
@@ -186,7 +186,7 @@ impl Setup {
 
     /// The largest variable has `parameters` parameters: the optimizer step's
     /// temporaries count in the total.
-    pub fn largest_variable(mut self, parameters: u64) -> Setup {
+    pub fn largest_variable(mut self, parameters: u64) -> TrainingSetup {
         self.largest_variable = parameters;
         self
     }
@@ -230,7 +230,7 @@ impl Setup {
     /// The setup with `change` applied, or `None` when it does not apply (it
     /// is so already, or the model has nothing it changes: checkpointing and
     /// shorter sequences need a transformer's shape).
-    pub fn apply(&self, change: &Change) -> Result<Option<Setup>, Error> {
+    pub fn apply(&self, change: &Change) -> Result<Option<TrainingSetup>, Error> {
         let mut changed = self.clone();
         match *change {
             Change::Precision { to } => {
@@ -337,9 +337,11 @@ mod tests {
 
     const BILLION: u64 = 1_000_000_000;
 
-    fn seven_b() -> Setup {
+    fn seven_b() -> TrainingSetup {
         let shape = TransformerShape { layers: 32, hidden: 4096, heads: 32, seq_len: 2048, batch: 4 };
-        Setup::new(7 * BILLION, Precision::Fp32, OptimizerKind::AdamW).transformer(shape, Recompute::None).unwrap()
+        TrainingSetup::new(7 * BILLION, Precision::Fp32, OptimizerKind::AdamW)
+            .transformer(shape, Recompute::None)
+            .unwrap()
     }
 
     #[test]
@@ -350,8 +352,9 @@ mod tests {
         assert_eq!(fp32.layer_bytes, 2 * formula);
         let bf16 = fp32.apply(&Change::Precision { to: Precision::Bf16 }).unwrap().unwrap();
         assert_eq!(bf16.layer_bytes, formula);
-        let direct =
-            Setup::new(7 * BILLION, Precision::Bf16, OptimizerKind::AdamW).transformer(shape, Recompute::None).unwrap();
+        let direct = TrainingSetup::new(7 * BILLION, Precision::Bf16, OptimizerKind::AdamW)
+            .transformer(shape, Recompute::None)
+            .unwrap();
         assert_eq!(bf16, direct);
     }
 
@@ -360,7 +363,7 @@ mod tests {
         let fp32 = seven_b();
         let shape = fp32.transformer.unwrap();
         let build = |precision, optimizer, shape: TransformerShape, recompute| {
-            Setup::new(7 * BILLION, precision, optimizer).transformer(shape, recompute).unwrap()
+            TrainingSetup::new(7 * BILLION, precision, optimizer).transformer(shape, recompute).unwrap()
         };
         let cases = [
             (
@@ -396,7 +399,7 @@ mod tests {
         let full = seven_b().apply(&Change::GradientCheckpointing).unwrap().unwrap();
         assert!(full.apply(&Change::GradientCheckpointing).unwrap().is_none());
         assert!(!full.remedies(0).unwrap().iter().any(|r| r.change == Change::GradientCheckpointing));
-        let measured = Setup::new(BILLION, Precision::Fp32, OptimizerKind::AdamW).activations(4 * BILLION);
+        let measured = TrainingSetup::new(BILLION, Precision::Fp32, OptimizerKind::AdamW).activations(4 * BILLION);
         let advice = measured.remedies(0).unwrap();
         assert!(advice
             .iter()
@@ -406,8 +409,10 @@ mod tests {
 
     #[test]
     fn other_bytes_count_in_every_total() {
-        let setup =
-            Setup::new(BILLION, Precision::Fp32, OptimizerKind::AdamW).activations(BILLION).other(300).frozen(200);
+        let setup = TrainingSetup::new(BILLION, Precision::Fp32, OptimizerKind::AdamW)
+            .activations(BILLION)
+            .other(300)
+            .frozen(200);
         assert_eq!(setup.total().unwrap(), 17 * BILLION + 500);
         let advice = setup.remedies(13 * BILLION).unwrap();
         let adafactor = advice.iter().find(|r| r.change == Change::Optimizer { to: OptimizerKind::Adafactor }).unwrap();

@@ -7,9 +7,9 @@ use candle_nn::{Optimizer, ParamsAdamW, VarMap};
 use super::buffers::{host_copy, Buffers};
 use super::grads::Accumulator;
 use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
-use crate::estimate::Setup;
+use crate::estimate::TrainingSetup;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
-use crate::vocabulary::{OptimizerKind, Precision};
+use crate::per_parameter::{OptimizerKind, Precision};
 use crate::{BySize, CacheKey, Error, GraphTensor, Warning, Workload};
 
 /// A test on a variable's name.
@@ -707,7 +707,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         })
     }
 
-    fn profile(&self) -> Option<Setup> {
+    fn profile(&self) -> Option<TrainingSetup> {
         if !self.loss.computes_gradients() {
             // no training state to advise on
             return None;
@@ -730,7 +730,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             _ => Precision::Fp32,
         };
         let largest = floats().map(|var| var.elem_count() as u64).max().unwrap_or(0);
-        Some(Setup::new(parameters, precision, optimizer).largest_variable(largest))
+        Some(TrainingSetup::new(parameters, precision, optimizer).largest_variable(largest))
     }
 }
 

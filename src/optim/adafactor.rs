@@ -14,7 +14,7 @@ use candle_core::{DType, Result, Tensor, Var, D};
 use candle_nn::Optimizer;
 
 use super::{States, VariableState};
-use crate::vocabulary::OptimizerKind;
+use crate::per_parameter::OptimizerKind;
 
 /// Adafactor's hyper-parameters; the defaults are the paper's as commonly used.
 #[derive(Clone, Debug, PartialEq)]

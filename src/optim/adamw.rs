@@ -7,7 +7,7 @@ use candle_core::{Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
 use super::{DryStep, States, VariableState};
-use crate::vocabulary::OptimizerKind;
+use crate::per_parameter::OptimizerKind;
 
 /// One variable and its two moments.
 #[derive(Debug)]

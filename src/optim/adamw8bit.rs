@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::{Optimizer, ParamsAdamW};
 
 use super::{States, VariableState};
-use crate::vocabulary::OptimizerKind;
+use crate::per_parameter::OptimizerKind;
 
 /// Values per quantization block.
 pub const BLOCK: usize = 256;

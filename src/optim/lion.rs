@@ -5,7 +5,7 @@ use candle_core::{Result, Tensor, Var};
 use candle_nn::Optimizer;
 
 use super::States;
-use crate::vocabulary::OptimizerKind;
+use crate::per_parameter::OptimizerKind;
 
 /// Lion's hyper-parameters. The defaults are the paper's: β₁ 0.9, β₂ 0.99,
 /// and a learning rate 3–10× below AdamW's (1e-4 here).

@@ -11,7 +11,7 @@ use candle_core::{DType, Result, Var};
 use candle_nn::Optimizer;
 
 use super::DryStep;
-use crate::vocabulary::OptimizerKind;
+use crate::per_parameter::OptimizerKind;
 
 /// An optimizer `O` run on f32 master copies of low-precision variables.
 ///

@@ -48,7 +48,7 @@ pub use adamw8bit::AdamW8bit;
 pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;
 
-use crate::vocabulary::OptimizerKind;
+use crate::per_parameter::OptimizerKind;
 
 /// The state of each float variable an optimizer steps, in the order given,
 /// and the steps it has taken: what every optimizer here keeps besides its

@@ -15,7 +15,7 @@ type Build<'a> = Box<dyn FnOnce() -> Result<Box<dyn Workload + 'a>, Error> + 'a>
 
 /// One way of running the model: a name and its workload, with what the
 /// analytical estimate predicts for its bytes per sample, if anything.
-pub struct Variant<'a> {
+pub struct ModelVariant<'a> {
     /// What was changed, e.g. `gradient checkpointing`.
     pub name: String,
     build: Build<'a>,
@@ -25,7 +25,7 @@ pub struct Variant<'a> {
 }
 
 /// What a variant is expected to need against one tuned before it (see
-/// [`Variant::expecting`]).
+/// [`ModelVariant::expecting`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Expectation {
     like: usize,
@@ -33,18 +33,18 @@ struct Expectation {
     fixed_bytes_change: f64,
 }
 
-impl<'a> Variant<'a> {
+impl<'a> ModelVariant<'a> {
     /// A variant named `name` running `workload`, built already (it is then
     /// alive, and in the device's memory, while the other variants are tuned).
     pub fn new(name: impl Into<String>, workload: impl Workload + 'a) -> Self {
-        Variant::lazy(name, move || Ok(workload))
+        ModelVariant::lazy(name, move || Ok(workload))
     }
 
     /// A variant whose workload `build` makes when its turn comes, and which is
     /// dropped after: each variant is measured with only itself on the device.
     pub fn lazy<W: Workload + 'a>(name: impl Into<String>, build: impl FnOnce() -> Result<W, Error> + 'a) -> Self {
         let build: Build<'a> = Box::new(move || build().map(|w| Box::new(w) as Box<dyn Workload + 'a>));
-        Variant { name: name.into(), build, predicted_bytes_per_sample: None, expected: None }
+        ModelVariant { name: name.into(), build, predicted_bytes_per_sample: None, expected: None }
     }
 
     /// Adds the estimate's prediction of its bytes per sample.
@@ -103,7 +103,7 @@ impl<'a> Variant<'a> {
 /// bytes) scaled and its fixed bytes moved as expected, extended along the
 /// slope it was measured to have there (to the nearest batch measured in
 /// full), solved for its limit.
-fn expected_batch(earlier: &Compared, expected: &Expectation) -> Option<(usize, f64)> {
+fn expected_batch(earlier: &ComparisonRow, expected: &Expectation) -> Option<(usize, f64)> {
     let plan = earlier.plan.as_ref()?;
     let fixed = plan.memory_model.as_ref()?.fixed_bytes;
     let (b0, p0) = (plan.largest_batch as f64, plan.peak_bytes as f64);
@@ -126,7 +126,7 @@ fn expected_batch(earlier: &Compared, expected: &Expectation) -> Option<(usize, 
 
 /// What tuning one variant found.
 #[derive(Clone, Debug)]
-pub struct Compared {
+pub struct ComparisonRow {
     /// The variant's name.
     pub name: String,
     /// Its plan, or `None` when not even the smallest batch fit.
@@ -139,11 +139,11 @@ pub struct Compared {
     /// For a search that started where its expectation said (its few
     /// trials near the answer make a poor line of their own): the earlier
     /// variant's bytes per sample, changed as expected, through the peak
-    /// measured at the largest batch (read through [`memory`](Compared::memory)).
+    /// measured at the largest batch (read through [`memory`](ComparisonRow::memory)).
     carried_line: Option<LinearFit>,
 }
 
-impl Compared {
+impl ComparisonRow {
     /// The largest batch, 0 when nothing fit.
     pub fn largest_batch(&self) -> usize {
         self.plan.as_ref().map_or(0, |plan| plan.largest_batch)
@@ -178,7 +178,7 @@ impl Compared {
 #[derive(Clone, Debug)]
 pub struct Comparison {
     /// One row per variant, in the order given.
-    pub rows: Vec<Compared>,
+    pub rows: Vec<ComparisonRow>,
 }
 
 impl Tuner {
@@ -189,13 +189,13 @@ impl Tuner {
     ///
     /// ```
     /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-    /// use autobatch::Variant;
+    /// use autobatch::ModelVariant;
     /// use autobatch::Tuner;
     ///
     /// let (plain, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 100 << 20)).build();
     /// let leaner = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 40 << 20)).build_on(&meter);
     /// let comparison = Tuner::new().compare(
-    ///     vec![Variant::new("as it is", plain), Variant::new("checkpointing", leaner).predicted(40.0 * 1048576.0)],
+    ///     vec![ModelVariant::new("as it is", plain), ModelVariant::new("checkpointing", leaner).predicted(40.0 * 1048576.0)],
     ///     &mut meter,
     /// )?;
     /// assert!(comparison.rows[1].largest_batch() > 2 * comparison.rows[0].largest_batch());
@@ -204,7 +204,7 @@ impl Tuner {
     /// ```
     pub fn compare<M: MemoryMeter + ?Sized>(
         &self,
-        variants: Vec<Variant<'_>>,
+        variants: Vec<ModelVariant<'_>>,
         meter: &mut M,
     ) -> Result<Comparison, Error> {
         self.settings()?.compare(variants, meter, &mut self.observing())
@@ -215,7 +215,7 @@ impl Settings {
     /// [`Tuner::compare`] with these settings.
     pub(super) fn compare<M, O>(
         &self,
-        variants: Vec<Variant<'_>>,
+        variants: Vec<ModelVariant<'_>>,
         meter: &mut M,
         observer: &mut O,
     ) -> Result<Comparison, Error>
@@ -226,7 +226,7 @@ impl Settings {
         for (index, variant) in variants.iter().enumerate() {
             variant.check_expectation(index)?;
         }
-        let mut rows: Vec<Compared> = Vec::with_capacity(variants.len());
+        let mut rows: Vec<ComparisonRow> = Vec::with_capacity(variants.len());
         for variant in variants {
             observer.variant_started(&variant.name);
             let expected = variant.expected.and_then(|expected| expected_batch(&rows[expected.like], &expected));
@@ -258,7 +258,7 @@ impl Settings {
                 }
                 _ => None,
             };
-            rows.push(Compared {
+            rows.push(ComparisonRow {
                 name: variant.name,
                 plan,
                 predicted_bytes_per_sample: variant.predicted_bytes_per_sample,

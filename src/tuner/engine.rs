@@ -4,7 +4,7 @@
 use log::{debug, info, warn};
 
 use super::{Observer, Settings};
-use crate::estimate::{Setup, TransformerShape};
+use crate::estimate::{TrainingSetup, TransformerShape};
 use crate::memory::measure::measure;
 use crate::oom::meter_error_is_oom;
 use crate::plan::{
@@ -744,7 +744,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         &mut self,
         space: &SearchSpace,
         stopped_by: Option<SearchLimit>,
-        profile: Option<Setup>,
+        profile: Option<TrainingSetup>,
     ) -> Result<Plan, Error> {
         let settings = self.settings;
         let history = self.history();
@@ -801,8 +801,8 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     /// the weights and optimizer state (the rest of it is memory outside the
     /// model), its peak adds the gradients and the activations. The setup's
     /// total is the measured peak.
-    fn measured_setup(&self, profile: &Setup, trial: &Trial) -> Result<Setup, Error> {
-        let setup = Setup::new(profile.parameters, profile.precision, profile.optimizer)
+    fn measured_setup(&self, profile: &TrainingSetup, trial: &Trial) -> Result<TrainingSetup, Error> {
+        let setup = TrainingSetup::new(profile.parameters, profile.precision, profile.optimizer)
             .largest_variable(profile.largest_variable);
         let state = setup.state()?;
         let resident = state.weights + state.optimizer_states + state.master_weights;
@@ -825,7 +825,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     /// gradients when the model is known) taken as proportional to the batch.
     /// An over-estimate per sample when part of it does not grow with the
     /// batch, so the batch found is on the safe side.
-    fn smaller_batch(&self, space: &SearchSpace, trial: &Trial, setup: Option<&Setup>) -> Option<usize> {
+    fn smaller_batch(&self, space: &SearchSpace, trial: &Trial, setup: Option<&TrainingSetup>) -> Option<usize> {
         let peak = trial.peak_bytes?;
         let transient = setup.map_or(Ok(0), |setup| Ok::<_, Error>(setup.state()?.gradients + setup.step_bytes()?));
         let fixed = trial.baseline_bytes + transient.unwrap_or(0);

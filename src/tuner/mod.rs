@@ -26,7 +26,7 @@ use crate::plan::{Accumulation, Objective, Plan, Trial, TrialKind};
 use crate::Strategy;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
 
-pub use compare::{Compared, Comparison, Variant};
+pub use compare::{Comparison, ComparisonRow, ModelVariant};
 use engine::Engine;
 pub use observer::Observer;
 use observer::{HeldObserver, Observing};
@@ -177,7 +177,7 @@ impl Tuner {
     /// What the model's training state is made of, for the advice that comes
     /// with [`Error::NothingFits`]; overrides the workload's own
     /// [`Workload::profile`]. Default: the workload's, if any.
-    pub fn profile(mut self, profile: crate::estimate::Setup) -> Self {
+    pub fn profile(mut self, profile: crate::estimate::TrainingSetup) -> Self {
         self.options.profile = Some(profile);
         self
     }

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::estimate::Setup;
+use crate::estimate::TrainingSetup;
 use crate::plan::Objective;
 use crate::search::SearchSpace;
 use crate::{CacheKey, Ceiling, Error, SizeRange, Strategy};
@@ -26,7 +26,7 @@ pub(super) struct Options {
     pub(super) world_size: usize,
     pub(super) exact_effective_batch: bool,
     pub(super) warmup: bool,
-    pub(super) profile: Option<Setup>,
+    pub(super) profile: Option<TrainingSetup>,
     pub(super) cache_path: Option<PathBuf>,
     pub(super) cache_key: Option<CacheKey>,
     pub(super) objective: Objective,

@@ -13,7 +13,7 @@ use crate::common::bits;
 
 use autobatch::model::{detached, detached_sharing};
 use autobatch::optim::{Adafactor, ParamsAdafactor, ParamsLion};
-use autobatch::Variant;
+use autobatch::ModelVariant;
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Warning, Workload};
 use candle_core::{DType, Device, Module, ModuleT, Result, Tensor, Var};
 use candle_nn::{
@@ -215,8 +215,10 @@ fn every_other_path_changes_no_bit() {
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "evaluation: tuning changed a variable");
 
     let variants = vec![
-        Variant::lazy("adamw", || ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0)).adamw(ParamsAdamW::default())),
-        Variant::lazy("lion", || ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0)).lion(ParamsLion::default())),
+        ModelVariant::lazy("adamw", || {
+            ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0)).adamw(ParamsAdamW::default())
+        }),
+        ModelVariant::lazy("lion", || ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0)).lion(ParamsLion::default())),
     ];
     let comparison = Tuner::new().compare(variants, &mut meter).unwrap();
     assert!(comparison.rows.iter().all(|row| row.plan.is_some()));

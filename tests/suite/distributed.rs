@@ -519,7 +519,7 @@ fn the_collective_warms_up_with_the_gradients_size_before_any_step() {
         }
     }
     let group = ThreadCollective::group(2).unwrap();
-    let profile = autobatch::estimate::Setup::new(
+    let profile = autobatch::estimate::TrainingSetup::new(
         1_000_000,
         autobatch::estimate::Precision::Mixed,
         autobatch::estimate::OptimizerKind::AdamW,

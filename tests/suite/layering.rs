@@ -18,7 +18,7 @@ const PARTS: [&str; 0] = [];
 /// Files that are modules of their own for this check.
 const LEAVES: [&str; 8] = [
     "units",
-    "vocabulary",
+    "per_parameter",
     "setting",
     "splitmix",
     "search::outcome",
@@ -32,7 +32,7 @@ const LEAVES: [&str; 8] = [
 /// `model` layer below the tuner that probes it).
 const ORDER: [&str; 23] = [
     "units",
-    "vocabulary",
+    "per_parameter",
     "setting",
     "splitmix",
     "search::outcome",
@@ -270,7 +270,7 @@ fn the_core_modules_depend_one_way() {
 
 /// The models crate's modules, lowest first: the ops and the config below the
 /// layers, the architectures on the layers, the trainer below the reference
-/// models it trains, serving on top. Its root (`lib.rs`: Pretrained, the
+/// models it trains, serving on top. Its root (`lib.rs`: ConfigModel, the
 /// model a config describes) sits above them all and is not placed.
 const MODELS_ORDER: [&str; 20] = [
     "splitmix",

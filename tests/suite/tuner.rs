@@ -409,7 +409,7 @@ fn nothing_fits_says_what_would_help_when_the_model_is_known() {
     // moments resident, 4 GB of gradients and 1 GB of activations in the step.
     let state = 12_000_000_000;
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(state + 4_000_000_000, 1_000_000_000)).resident(state);
-    let profile = autobatch::estimate::Setup::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
+    let profile = autobatch::estimate::TrainingSetup::new(1_000_000_000, Precision::Fp32, OptimizerKind::AdamW);
     let err = run(&Tuner::new().profile(profile), sim).unwrap_err();
     let Error::NothingFits { remedies, .. } = &err else { panic!("{err:?}") };
     let find = |change: Change| {
@@ -794,7 +794,7 @@ fn a_cached_plan_costs_only_the_steps_it_ran_now() {
 /// a wrong expectation costs steps, never the answer.
 #[test]
 fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
-    use autobatch::Variant;
+    use autobatch::ModelVariant;
     let (per_sample, fixed, lean) = (40u64 << 20, 6u64 << 30, 4u64 << 30);
     let curve = |fixed| MemoryCurve::affine(fixed, per_sample);
     let scratch = {
@@ -805,7 +805,7 @@ fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
         let (plain, mut meter) = Simulation::new(16 << 30, curve(fixed)).build();
         let leaner = Simulation::new(16 << 30, curve(lean)).build_on(&meter);
         let variants =
-            vec![Variant::new("as it is", plain), Variant::new("leaner", leaner).expecting(0, share, change)];
+            vec![ModelVariant::new("as it is", plain), ModelVariant::new("leaner", leaner).expecting(0, share, change)];
         let rows = Tuner::new().compare(variants, &mut meter).unwrap().rows;
         let (row, plan) = (&rows[1], rows[1].plan.as_ref().unwrap());
         assert_eq!(plan.largest_batch, scratch.largest_batch, "share {share}");
@@ -836,10 +836,10 @@ fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
 
 #[test]
 fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
-    use autobatch::Variant;
+    use autobatch::ModelVariant;
     let variant = |share: f64, change: f64, like: usize| {
         let (workload, _meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
-        Variant::new("lean", workload).expecting(like, share, change)
+        ModelVariant::new("lean", workload).expecting(like, share, change)
     };
     for (variants, what) in [
         (vec![variant(1.0, 0.0, 0)], "like"),
@@ -863,7 +863,7 @@ fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
         (1.0, f64::INFINITY, "fixed_bytes_change"),
     ] {
         let (first, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
-        let variants = vec![autobatch::Variant::new("as it is", first), variant(share, change, 0)];
+        let variants = vec![autobatch::ModelVariant::new("as it is", first), variant(share, change, 0)];
         let err = Tuner::new().compare(variants, &mut meter).unwrap_err();
         assert!(
             matches!(&err, Error::InvalidSetting { setting: autobatch::Setting::Input(found), .. } if found.ends_with(what)),

@@ -11,7 +11,7 @@
 //! - Upstream [GitHub repo](https://github.com/google-research/bert).
 //! - See bert in [candle-examples](https://github.com/huggingface/candle/tree/main/candle-examples/) for runnable code
 //!
-use autobatch::models::ops::nn::{layer_norm, LayerNorm}; // autobatch: was super::with_tracing's
+use autobatch_models::ops::nn::{layer_norm, LayerNorm}; // autobatch: was super::with_tracing's
 use candle::{DType, Device, Result, Tensor};
 use candle_core as candle; // autobatch: the crate's name outside candle
 use candle_nn::{embedding, Embedding, Module, VarBuilder};

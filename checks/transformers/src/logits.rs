@@ -1,4 +1,4 @@
-//! `autobatch::models` against candle-transformers on the same weights: each
+//! `autobatch_models` against candle-transformers on the same weights: each
 //! family's logits, from one tiny config read by both, agree within 1e-4 of
 //! their largest magnitude. The configs exercise grouped-query attention,
 //! Llama 3's rope scaling, tied and untied heads, Qwen2's biases, Qwen3's q/k
@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use autobatch::models::{Config, Pretrained, Training};
+use autobatch_models::{Config, ConfigModel, Training};
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::{bert, llama, mistral, qwen2, qwen3};
@@ -16,9 +16,9 @@ const BATCH: usize = 2;
 
 /// Our model's tensors by their checkpoint names (what a safetensors file of
 /// the real weights holds), and the model.
-fn ours(json: &str) -> (Pretrained, HashMap<String, Tensor>) {
+fn ours(json: &str) -> (ConfigModel, HashMap<String, Tensor>) {
     let config = Config::from_json(json).unwrap_or_else(|err| panic!("{err}"));
-    let model = Pretrained::build(&config, &Training::new(SEQ), &Device::Cpu).unwrap();
+    let model = ConfigModel::build(&config, &Training::new(SEQ), &Device::Cpu).unwrap();
     let tensors = model
         .varmap()
         .data()
@@ -43,7 +43,7 @@ fn relative(a: &Tensor, b: &Tensor) -> f32 {
 }
 
 /// Our logits at the last position, `(b, vocab)`.
-fn last(model: &Pretrained, ids: &Tensor) -> Tensor {
+fn last(model: &ConfigModel, ids: &Tensor) -> Tensor {
     model.forward(ids).unwrap().i((.., SEQ - 1, ..)).unwrap()
 }
 

@@ -4,14 +4,14 @@
 //! - BERT as candle-transformers ships it: its fused LayerNorm cuts the graph,
 //!   so the plan is demoted (partial graph, not proven) and a strict tuner
 //!   refuses it; no variable changes;
-//! - the same BERT forked with `autobatch::models::ops::nn::LayerNorm` (three lines): the
+//! - the same BERT forked with `autobatch_models::ops::nn::LayerNorm` (three lines): the
 //!   whole graph, an exact answer by brute force, below the demoted one;
 //! - its forward pass alone (`ModelProbe::forward_only` over `detached`);
 //! - its longest input at twice that batch (`Tuner::run_longest`), exact, and
 //!   a real training step there under the ceiling;
 //! - Qwen2, whose KV cache grows with every forward pass, probed twice in a
 //!   row with a reset hook;
-//! - `autobatch::models` (llama, mistral, qwen2, qwen3, bert) against
+//! - `autobatch_models` (llama, mistral, qwen2, qwen3, bert) against
 //!   candle-transformers' models on the same weights: the same logits
 //!   (`logits.rs`).
 
@@ -267,7 +267,7 @@ fn qwen2() {
 
 fn main() {
     let failures = logits::check();
-    assert!(failures.is_empty(), "autobatch::models against candle-transformers: {failures:?}");
+    assert!(failures.is_empty(), "autobatch_models against candle-transformers: {failures:?}");
     let demoted = bert(false);
     let whole = bert(true);
     bert_fork_longest(2 * whole.largest_batch);

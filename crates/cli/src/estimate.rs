@@ -4,7 +4,7 @@
 //! [`Estimate::json`]).
 
 use autobatch::estimate::{
-    Accelerator, Change, Precision, Recompute, Remedy, Setup, Sharding, StaticMemory, TransformerShape,
+    Accelerator, Change, Precision, Recompute, Remedy, Sharding, StaticMemory, TrainingSetup, TransformerShape,
 };
 use autobatch::Bytes;
 use autobatch_models::trainer::Footprint;
@@ -38,7 +38,7 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
 }
 
 /// A config's model as the flags make it: `--layers`' copy, LoRA.
-struct ConfigModel {
+struct FlaggedConfig {
     config: Config,
     /// The config's own layers, when `--layers` made a copy with other.
     layers_of_config: Option<usize>,
@@ -55,9 +55,9 @@ struct LoraTraining {
 /// What `estimate` counted.
 struct Estimate {
     parameters: u64,
-    model: Option<ConfigModel>,
+    model: Option<FlaggedConfig>,
     step: Option<Step>,
-    setup: Setup,
+    setup: TrainingSetup,
     state: StaticMemory,
     activations: u64,
     total: u64,
@@ -86,7 +86,7 @@ impl Estimate {
             return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
         }
         let frozen = model.as_ref().and_then(|model| model.lora.as_ref()).map_or(0, |lora| lora.frozen_bytes);
-        let setup = Setup::new(parameters, precision, args.optimizer).sharded(sharding).frozen(frozen);
+        let setup = TrainingSetup::new(parameters, precision, args.optimizer).sharded(sharding).frozen(frozen);
         // a config's model: its whole candle step counted; otherwise the formula's activations
         let step = match &model {
             Some(model) => Some(Step::new(args, &model.config, model.lora.as_ref().map(|lora| lora.training.clone()))?),
@@ -305,7 +305,7 @@ impl Estimate {
 
 /// `--config`: the model, a copy with `--layers`, its LoRA training; the
 /// lengths checked against its positions.
-fn config_model(args: &EstimateArgs) -> Result<Option<ConfigModel>, Failure> {
+fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
     let Some(path) = &args.config else { return Ok(None) };
     let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
     let mut config = Config::from_file(path).map_err(with_path)?;
@@ -326,13 +326,13 @@ fn config_model(args: &EstimateArgs) -> Result<Option<ConfigModel>, Failure> {
         Some(rank) => Some(lora_training(args, &config, rank.get())?),
         None => None,
     };
-    Ok(Some(ConfigModel { config, layers_of_config, lora }))
+    Ok(Some(FlaggedConfig { config, layers_of_config, lora }))
 }
 
 /// What trains: `--params`, a config's parameters, or under LoRA its adapters'.
-fn parameters(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<u64, Failure> {
+fn parameters(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<u64, Failure> {
     let parameters = match (model, &args.params) {
-        (Some(ConfigModel { lora: Some(lora), .. }), _) => lora.footprint.parameters,
+        (Some(FlaggedConfig { lora: Some(lora), .. }), _) => lora.footprint.parameters,
         (Some(model), _) => model.config.parameter_count(),
         (None, Some(params)) => parse_count(params).map_err(|err| Failure::usage(format!("--params: {err}")))?,
         (None, None) => return Err(Failure::usage("give --params N or --config path/to/config.json")),
@@ -345,7 +345,7 @@ fn parameters(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<u64, F
 
 /// How what trains is stored: `--mixed-precision`, `--dtype`, else the
 /// config's torch_dtype; f32 adapters beside a base of its own dtype.
-fn precision(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<Precision, Failure> {
+fn precision(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<Precision, Failure> {
     let own_base = model.and_then(|model| model.lora.as_ref()?.training.lora.as_ref()?.base).is_some();
     if own_base && args.mixed_precision {
         return Err(Failure::usage(
@@ -369,7 +369,7 @@ fn precision(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<Precisi
 /// The activations' precision where it is not what trains: a LoRA base of
 /// its own dtype keeps the activations in the model's dtype, as the probe
 /// measures them.
-fn activation_precision(args: &EstimateArgs, model: Option<&ConfigModel>) -> Result<Option<Precision>, Failure> {
+fn activation_precision(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<Option<Precision>, Failure> {
     let Some((config, lora)) = model.and_then(|model| Some((&model.config, model.lora.as_ref()?))) else {
         return Ok(None);
     };
@@ -381,7 +381,12 @@ fn activation_precision(args: &EstimateArgs, model: Option<&ConfigModel>) -> Res
 }
 
 /// The changes that would make it fit under `room`, each alone.
-fn advice(args: &EstimateArgs, setup: &Setup, step: Option<&Step>, room: Option<u64>) -> Result<Vec<Remedy>, Failure> {
+fn advice(
+    args: &EstimateArgs,
+    setup: &TrainingSetup,
+    step: Option<&Step>,
+    room: Option<u64>,
+) -> Result<Vec<Remedy>, Failure> {
     let Some(room) = room else { return Ok(Vec::new()) };
     let mut advice = match step {
         Some(step) => step.remedies(setup, room, setup.remedies(room)?)?,
@@ -493,9 +498,9 @@ fn change_flag(change: &Change) -> String {
 /// what a candle f32 step keeps by the measured ratio.
 fn with_activations(
     args: &EstimateArgs,
-    setup: Setup,
+    setup: TrainingSetup,
     activation_precision: Option<Precision>,
-) -> Result<Setup, Failure> {
+) -> Result<TrainingSetup, Failure> {
     let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch].map(|size| size.map(Count::get));
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
@@ -539,7 +544,7 @@ fn with_activations(
     let recompute = args.recompute;
     match activation_precision.filter(|precision| *precision != setup.precision) {
         Some(precision) => {
-            let at_model_dtype = Setup::new(setup.parameters, precision, setup.optimizer)
+            let at_model_dtype = TrainingSetup::new(setup.parameters, precision, setup.optimizer)
                 .sharded(setup.sharding)
                 .transformer(shape, recompute)?
                 .all_activation_bytes()?;

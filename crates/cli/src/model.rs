@@ -30,7 +30,7 @@ pub(crate) enum ModelConfig {
     Transformer(TransformerConfig),
     Mlp(MlpConfig),
     ConvNet(ConvNetConfig),
-    Pretrained(Box<(models::Config, models::Training)>),
+    FromConfig(Box<(models::Config, models::Training)>),
 }
 
 impl ModelConfig {
@@ -38,7 +38,7 @@ impl ModelConfig {
     /// adapters train; the base's and theirs are the model's).
     pub(crate) fn parameters_said(&self, trained: usize) -> String {
         match self {
-            ModelConfig::Pretrained(boxed) if boxed.1.lora.is_some() => {
+            ModelConfig::FromConfig(boxed) if boxed.1.lora.is_some() => {
                 let total = boxed.0.parameter_count().saturating_add(trained as u64);
                 format!("{trained} trained of {total} parameters")
             }
@@ -97,7 +97,7 @@ impl ModelConfig {
         }
         config.check_seq_len(seq_len).map_err(with_path)?;
         config.footprint(&training).map_err(with_path)?;
-        Ok(ModelConfig::Pretrained(Box::new((config, training))))
+        Ok(ModelConfig::FromConfig(Box::new((config, training))))
     }
 
     pub(crate) fn from_args(args: &ProbeArgs) -> Result<Self, Failure> {
@@ -165,8 +165,8 @@ impl ModelConfig {
             ModelConfig::Transformer(config) => {
                 config.build(device).and_then(|trainer| with_optimizer(args, trainer)).map(|t| Box::new(t) as _)
             }
-            ModelConfig::Pretrained(spec) => models::Pretrained::build(&spec.0, &spec.1, device)
-                .and_then(models::Pretrained::into_trainer)
+            ModelConfig::FromConfig(spec) => models::ConfigModel::build(&spec.0, &spec.1, device)
+                .and_then(models::ConfigModel::into_trainer)
                 .and_then(|trainer| with_optimizer(args, trainer))
                 .map(|t| Box::new(t) as _),
             _ => return None,
@@ -179,7 +179,7 @@ impl ModelConfig {
             ModelConfig::Transformer(config) => config.footprint(),
             ModelConfig::Mlp(config) => config.footprint(),
             ModelConfig::ConvNet(config) => config.footprint(),
-            ModelConfig::Pretrained(spec) => spec.0.footprint(&spec.1),
+            ModelConfig::FromConfig(spec) => spec.0.footprint(&spec.1),
         }
     }
 
@@ -213,8 +213,8 @@ impl ModelConfig {
             ModelConfig::Transformer(config) => finish(config.build(device)?, mixed, optimizer),
             ModelConfig::Mlp(config) => finish(config.build(device)?, mixed, optimizer),
             ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed, optimizer),
-            ModelConfig::Pretrained(spec) => {
-                finish(models::Pretrained::build(&spec.0, &spec.1, device)?.into_trainer()?, mixed, optimizer)
+            ModelConfig::FromConfig(spec) => {
+                finish(models::ConfigModel::build(&spec.0, &spec.1, device)?.into_trainer()?, mixed, optimizer)
             }
         }
     }
@@ -225,28 +225,28 @@ impl ModelConfig {
             ModelConfig::Transformer(c) => c.dtype,
             ModelConfig::Mlp(c) => c.dtype,
             ModelConfig::ConvNet(c) => c.dtype,
-            ModelConfig::Pretrained(spec) => spec.0.model_dtype(&spec.1).unwrap_or(spec.0.dtype),
+            ModelConfig::FromConfig(spec) => spec.0.model_dtype(&spec.1).unwrap_or(spec.0.dtype),
         }
     }
 
     /// A config model's LoRA adapters, if it has them.
     pub(crate) fn lora(&self) -> Option<&models::Lora> {
         match self {
-            ModelConfig::Pretrained(spec) => spec.1.lora.as_ref(),
+            ModelConfig::FromConfig(spec) => spec.1.lora.as_ref(),
             _ => None,
         }
     }
 
     /// The same LoRA model with `change` made to its adapters' settings.
     pub(crate) fn with_lora(&self, change: impl FnOnce(&mut models::Lora)) -> Option<ModelConfig> {
-        let ModelConfig::Pretrained(spec) = self else { return None };
+        let ModelConfig::FromConfig(spec) = self else { return None };
         let (config, mut training) = spec.as_ref().clone();
         change(training.lora.as_mut()?);
         // a float base is the model's dtype: the dtype follows it
         if let Some(float) = training.lora.as_ref().and_then(|lora| lora.base?.float()) {
             training.dtype = Some(float);
         }
-        Some(ModelConfig::Pretrained(Box::new((config, training))))
+        Some(ModelConfig::FromConfig(Box::new((config, training))))
     }
 
     /// The same model in `dtype`.
@@ -255,7 +255,7 @@ impl ModelConfig {
             ModelConfig::Transformer(c) => ModelConfig::Transformer(TransformerConfig { dtype, ..c.clone() }),
             ModelConfig::Mlp(c) => ModelConfig::Mlp(MlpConfig { dtype, ..c.clone() }),
             ModelConfig::ConvNet(c) => ModelConfig::ConvNet(ConvNetConfig { dtype, ..c.clone() }),
-            ModelConfig::Pretrained(spec) => {
+            ModelConfig::FromConfig(spec) => {
                 let mut training = spec.1.clone().dtype(dtype);
                 // a float base is the model's dtype: it follows
                 if let Some(lora) = training.lora.as_mut().filter(|lora| lora.base.is_some_and(|b| b.float().is_some()))
@@ -263,7 +263,7 @@ impl ModelConfig {
                     lora.base =
                         Some(if dtype == DType::BF16 { models::BaseDtype::Bf16 } else { models::BaseDtype::F32 });
                 }
-                ModelConfig::Pretrained(Box::new((spec.0.clone(), training)))
+                ModelConfig::FromConfig(Box::new((spec.0.clone(), training)))
             }
         }
     }
@@ -276,10 +276,10 @@ impl ModelConfig {
                 ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() }),
                 (c.layers, c.d_model, c.heads, c.seq_len),
             )),
-            ModelConfig::Pretrained(spec) if !spec.1.checkpointing && spec.0.family != models::Family::Bert => {
+            ModelConfig::FromConfig(spec) if !spec.1.checkpointing && spec.0.family != models::Family::Bert => {
                 let (config, training) = spec.as_ref();
                 Some((
-                    ModelConfig::Pretrained(Box::new((config.clone(), training.clone().checkpointing()))),
+                    ModelConfig::FromConfig(Box::new((config.clone(), training.clone().checkpointing()))),
                     (config.layers, config.hidden, config.heads, training.seq_len),
                 ))
             }
@@ -291,7 +291,7 @@ impl ModelConfig {
     /// (`eager attention, full loss`) beside the lean step, or the lean step
     /// beside any eager form.
     pub(crate) fn other_step(&self) -> Option<(String, ModelConfig)> {
-        let ModelConfig::Pretrained(spec) = self else { return None };
+        let ModelConfig::FromConfig(spec) = self else { return None };
         let (config, training) = spec.as_ref();
         let lean = training.attention == models::Attention::Blocked && training.loss == models::Loss::Chunked;
         let (name, attention, loss) = if lean {
@@ -300,7 +300,7 @@ impl ModelConfig {
             ("blocked attention, chunked loss", models::Attention::Blocked, models::Loss::Chunked)
         };
         let training = training.clone().attention(attention).loss(loss);
-        Some((name.to_owned(), ModelConfig::Pretrained(Box::new((config.clone(), training)))))
+        Some((name.to_owned(), ModelConfig::FromConfig(Box::new((config.clone(), training)))))
     }
 
     /// What the model is called in titles: `transformer`, `llama`.
@@ -309,7 +309,7 @@ impl ModelConfig {
             ModelConfig::Transformer(_) => "transformer",
             ModelConfig::Mlp(_) => "mlp",
             ModelConfig::ConvNet(_) => "convnet",
-            ModelConfig::Pretrained(spec) => spec.0.family.model_type(),
+            ModelConfig::FromConfig(spec) => spec.0.family.model_type(),
         }
     }
 }
@@ -320,7 +320,7 @@ impl ModelConfig {
 /// float base is the model's dtype, so no other precision either.
 pub(crate) fn only_applicable_advice(model: &ModelConfig, mut err: autobatch::Error) -> autobatch::Error {
     use autobatch::estimate::{Change, Precision};
-    let ModelConfig::Pretrained(spec) = model else { return err };
+    let ModelConfig::FromConfig(spec) = model else { return err };
     let bert = spec.0.family == models::Family::Bert;
     let base = spec.1.lora.as_ref().and_then(|lora| lora.base);
     if let autobatch::Error::NothingFits { remedies, .. } = &mut err {

@@ -4,7 +4,7 @@
 //! question people ask answered: the largest batch on the device under the
 //! ceiling, with the accumulation for a target effective batch.
 
-use autobatch::estimate::{Change, Precision, Remedy, Setup};
+use autobatch::estimate::{Change, Precision, Remedy, TrainingSetup};
 use autobatch::{Accumulation, Ceiling};
 use autobatch_models::{Attention, Config, Family, Loss, Training};
 use candle_core::DType;
@@ -109,7 +109,12 @@ impl Step {
     /// (the state and the activations), checkpointing, the lean step where
     /// the eager one was asked for; `state_only` are the setup's remedies
     /// that do not touch the activations (the optimizer, ZeRO), kept.
-    pub fn remedies(&self, setup: &Setup, available: u64, state_only: Vec<Remedy>) -> Result<Vec<Remedy>, Failure> {
+    pub fn remedies(
+        &self,
+        setup: &TrainingSetup,
+        available: u64,
+        state_only: Vec<Remedy>,
+    ) -> Result<Vec<Remedy>, Failure> {
         let now = setup.total()?;
         let mut advice: Vec<Remedy> = state_only
             .into_iter()

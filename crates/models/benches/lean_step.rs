@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use autobatch::{Bytes, HeapMeter, MemoryMeter, ModelProbe, Tuner, Workload};
-use autobatch_models::{Attention, Config, Loss, Pretrained, Training};
+use autobatch_models::{Attention, Config, ConfigModel, Loss, Training};
 use candle_core::{DType, Device};
 
 const LENGTHS: [usize; 4] = [256, 512, 1024, 2048];
@@ -47,7 +47,7 @@ fn training(seq_len: usize, lean: bool) -> Training {
 /// Bytes per sample (the slope between batches 1 and 2) and the median time
 /// of a pass at batch 2, of a forward and backward pass.
 fn measure(config: &Config, training: &Training) -> (u64, f64) {
-    let model = Pretrained::build(config, training, &Device::Cpu).unwrap();
+    let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
     let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0));
     let mut meter = HeapMeter::with_room(1 << 30, 0.9).unwrap();
     probe.step(1).unwrap(); // warm
@@ -71,7 +71,7 @@ fn measure(config: &Config, training: &Training) -> (u64, f64) {
 /// The largest batch under 2 GiB with AdamW, and samples per second there;
 /// `None` when nothing fits (the error said).
 fn tuned(config: &Config, training: &Training) -> Option<(usize, f64)> {
-    let mut trainer = Pretrained::build(config, training, &Device::Cpu).unwrap().into_trainer().unwrap();
+    let mut trainer = ConfigModel::build(config, training, &Device::Cpu).unwrap().into_trainer().unwrap();
     let mut meter = HeapMeter::new(2 << 30).unwrap();
     let plan = match Tuner::new().run(&mut trainer, &mut meter) {
         Ok(plan) => plan,

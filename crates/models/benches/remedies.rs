@@ -42,7 +42,7 @@ fn step_time<W: Workload>(model: &mut W, batch: usize) -> Duration {
 /// `autobatch probe --compare` on the default transformer and MLP, through the
 /// library's `Tuner::compare`.
 fn comparisons(report: &mut String) {
-    use autobatch::Variant;
+    use autobatch::ModelVariant;
     use autobatch_models::reference::MlpConfig;
     use candle_core::DType;
     let transformer = |checkpointing, dtype| TransformerConfig { checkpointing, dtype, ..Default::default() };
@@ -59,26 +59,26 @@ fn comparisons(report: &mut String) {
             "autobatch probe --compare",
             BUDGET,
             vec![
-                Variant::lazy("as it is", build(transformer(false, DType::F32))),
-                Variant::lazy("bf16", build(transformer(false, DType::BF16))),
-                Variant::lazy("mixed precision", mixed_transformer),
-                Variant::lazy("gradient checkpointing", build(transformer(true, DType::F32))),
-                Variant::lazy("checkpointing + bf16", build(transformer(true, DType::BF16))),
-                Variant::lazy("lion optimizer", lean(OptimizerKind::Lion)),
-                Variant::lazy("adafactor optimizer", lean(OptimizerKind::Adafactor)),
-                Variant::lazy("adam8bit optimizer", lean(OptimizerKind::Adam8bit)),
+                ModelVariant::lazy("as it is", build(transformer(false, DType::F32))),
+                ModelVariant::lazy("bf16", build(transformer(false, DType::BF16))),
+                ModelVariant::lazy("mixed precision", mixed_transformer),
+                ModelVariant::lazy("gradient checkpointing", build(transformer(true, DType::F32))),
+                ModelVariant::lazy("checkpointing + bf16", build(transformer(true, DType::BF16))),
+                ModelVariant::lazy("lion optimizer", lean(OptimizerKind::Lion)),
+                ModelVariant::lazy("adafactor optimizer", lean(OptimizerKind::Adafactor)),
+                ModelVariant::lazy("adam8bit optimizer", lean(OptimizerKind::Adam8bit)),
             ],
         ),
         (
             "autobatch probe --compare --model mlp --budget 32MiB",
             32 << 20,
             vec![
-                Variant::lazy("as it is", mlp(DType::F32)),
-                Variant::lazy("bf16", mlp(DType::BF16)),
-                Variant::lazy("mixed precision", mixed_mlp),
-                Variant::lazy("lion optimizer", lean_mlp(OptimizerKind::Lion)),
-                Variant::lazy("adafactor optimizer", lean_mlp(OptimizerKind::Adafactor)),
-                Variant::lazy("adam8bit optimizer", lean_mlp(OptimizerKind::Adam8bit)),
+                ModelVariant::lazy("as it is", mlp(DType::F32)),
+                ModelVariant::lazy("bf16", mlp(DType::BF16)),
+                ModelVariant::lazy("mixed precision", mixed_mlp),
+                ModelVariant::lazy("lion optimizer", lean_mlp(OptimizerKind::Lion)),
+                ModelVariant::lazy("adafactor optimizer", lean_mlp(OptimizerKind::Adafactor)),
+                ModelVariant::lazy("adam8bit optimizer", lean_mlp(OptimizerKind::Adam8bit)),
             ],
         ),
     ];

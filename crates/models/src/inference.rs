@@ -13,7 +13,7 @@ use crate::family::Family;
 use autobatch::Error;
 
 /// A config's decoder (llama, mistral, qwen2, qwen3, gpt2) for inference,
-/// with deterministic weights as [`Pretrained`](super::Pretrained) makes them.
+/// with deterministic weights as [`ConfigModel`](super::ConfigModel) makes them.
 ///
 /// A step takes chunks of several sequences at once: a prompt's chunk
 /// (prefill) or one token each (decode), and gives the logits of each
@@ -62,7 +62,7 @@ impl Inference {
 
     /// [`build`](Self::build) over a checkpoint's tensors, by their names
     /// (with or without the base model's prefix, as
-    /// [`Pretrained::from_tensors`](super::Pretrained::from_tensors) reads
+    /// [`ConfigModel::from_tensors`](super::ConfigModel::from_tensors) reads
     /// them), converted to `weights`: a missing tensor, or one of another
     /// shape, is an error naming it.
     pub fn from_tensors(
@@ -300,7 +300,7 @@ impl Serving {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Pretrained, SequenceId};
+    use crate::{ConfigModel, SequenceId};
 
     fn configs() -> Vec<(&'static str, Config)> {
         let llama = r#"{"model_type": "llama", "vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2,
@@ -339,7 +339,7 @@ mod tests {
     fn prefill_in_chunks_and_decode_equal_a_full_forward() {
         let device = Device::Cpu;
         for (name, config) in configs() {
-            let full = Pretrained::build(&config, &Training::new(16).dtype(DType::F32), &device).unwrap();
+            let full = ConfigModel::build(&config, &Training::new(16).dtype(DType::F32), &device).unwrap();
             let model = Inference::build(&config, BaseDtype::F32, Some(DType::F32), 0, &device).unwrap();
             let mut cache = KvCache::new(&config, 12, 4, DType::F32, &device).unwrap();
             let (a, b) = (cache.add_sequence(), cache.add_sequence());

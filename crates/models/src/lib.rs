@@ -4,14 +4,14 @@
 //! the checkpoint (`model.layers.0.self_attn.q_proj.weight`), filled with
 //! deterministic values (a step's memory does not depend on them).
 //!
-//! A [`Pretrained`] model is a user's model for the rest of the crate: a
+//! A [`ConfigModel`] is a user's model for the rest of the crate: a
 //! `VarMap` of what trains (every tensor, or with [`Lora`] the adapters
 //! alone, the base frozen and kept out of the gradients) and a loss over
 //! deterministic token ids, the loss people train it with (next-token cross
 //! entropy for the decoders, masked-LM or classification for BERT). Probe it
 //! with [`ModelProbe`](autobatch::ModelProbe), train it with
 //! [`TrainLoop`](autobatch::TrainLoop), or hand it to
-//! [`into_trainer`](Pretrained::into_trainer) for the reference models' engine
+//! [`into_trainer`](ConfigModel::into_trainer) for the reference models' engine
 //! (what `autobatch probe --config` runs).
 //!
 //! Beside them, in their own modules: the [`reference`](mod@reference) models (a small
@@ -24,7 +24,7 @@
 //! ```
 //! # #[global_allocator]
 //! # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-//! use autobatch_models::{Config, Pretrained, Training};
+//! use autobatch_models::{Config, ConfigModel, Training};
 //! use autobatch::{HeapMeter, ModelProbe, Tuner};
 //!
 //! let config = Config::from_json(r#"{
@@ -33,7 +33,7 @@
 //!     "tie_word_embeddings": true
 //! }"#)?;
 //! assert_eq!(config.parameter_count(), 256 * 64 + 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64);
-//! let model = Pretrained::build(&config, &Training::new(32), &candle_core::Device::Cpu)?;
+//! let model = ConfigModel::build(&config, &Training::new(32), &candle_core::Device::Cpu)?;
 //! let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0)).adamw(Default::default())?;
 //! let plan = Tuner::new().max_batch(64).run(&mut probe, &mut HeapMeter::with_room(8 << 20, 0.9)?)?;
 //! assert!(plan.largest_batch >= 1);
@@ -207,7 +207,7 @@ impl Training {
 }
 
 impl Config {
-    /// The checkpoint's tensors, names and shapes, as [`Pretrained::build`] makes them.
+    /// The checkpoint's tensors, names and shapes, as [`ConfigModel::build`] makes them.
     fn tensors(&self) -> Vec<TensorSpec> {
         match self.family {
             Family::Gpt2 => gpt2::tensors(self),
@@ -531,7 +531,7 @@ impl Network {
 
 /// A model built from its config, with deterministic weights: a `VarMap` of
 /// what trains and the loss it trains with (see the [module](self) docs).
-pub struct Pretrained {
+pub struct ConfigModel {
     config: Config,
     training: Training,
     weights: Weights,
@@ -547,12 +547,12 @@ pub struct Pretrained {
     ignored: Vec<String>,
 }
 
-impl Pretrained {
+impl ConfigModel {
     /// Builds `config` for `training` on `device`. Refused before anything
     /// is allocated: a sequence past the model's positions or its sliding
     /// window, an unknown LoRA target, a dtype other than f32 or bf16.
-    pub fn build(config: &Config, training: &Training, device: &Device) -> Result<Pretrained, Error> {
-        Pretrained::assemble(config, training, device, None).map_err(crate::building)
+    pub fn build(config: &Config, training: &Training, device: &Device) -> Result<ConfigModel, Error> {
+        ConfigModel::assemble(config, training, device, None).map_err(crate::building)
     }
 
     /// [`build`](Self::build) over given weights, by their checkpoint names
@@ -561,11 +561,11 @@ impl Pretrained {
     /// tensor or a shape other than the config's is an error naming it.
     ///
     /// ```
-    /// use autobatch_models::{Config, Pretrained, Training};
+    /// use autobatch_models::{Config, ConfigModel, Training};
     /// let config = Config::from_json(r#"{"model_type": "gpt2", "vocab_size": 16, "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 8}"#)?;
-    /// let random = Pretrained::build(&config, &Training::new(4), &candle_core::Device::Cpu)?;
+    /// let random = ConfigModel::build(&config, &Training::new(4), &candle_core::Device::Cpu)?;
     /// let tensors = random.varmap().data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
-    /// let loaded = Pretrained::from_tensors(&config, &Training::new(4), tensors, &candle_core::Device::Cpu)?;
+    /// let loaded = ConfigModel::from_tensors(&config, &Training::new(4), tensors, &candle_core::Device::Cpu)?;
     /// let ids = candle_core::Tensor::new(&[[1u32, 2, 3, 4]], &candle_core::Device::Cpu)?;
     /// assert_eq!(loaded.forward(&ids)?.to_vec3::<f32>()?, random.forward(&ids)?.to_vec3::<f32>()?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -575,8 +575,8 @@ impl Pretrained {
         training: &Training,
         tensors: std::collections::HashMap<String, Tensor>,
         device: &Device,
-    ) -> Result<Pretrained, Error> {
-        Pretrained::assemble(config, training, device, Some(tensors)).map_err(crate::building)
+    ) -> Result<ConfigModel, Error> {
+        ConfigModel::assemble(config, training, device, Some(tensors)).map_err(crate::building)
     }
 
     /// [`from_tensors`](Self::from_tensors) of the model's safetensors files.
@@ -585,12 +585,12 @@ impl Pretrained {
         training: &Training,
         files: &[impl AsRef<std::path::Path>],
         device: &Device,
-    ) -> Result<Pretrained, Error> {
+    ) -> Result<ConfigModel, Error> {
         let mut tensors = std::collections::HashMap::new();
         for file in files {
             tensors.extend(candle_core::safetensors::load(file.as_ref(), device)?);
         }
-        Pretrained::from_tensors(config, training, tensors, device)
+        ConfigModel::from_tensors(config, training, tensors, device)
     }
 
     fn assemble(
@@ -598,7 +598,7 @@ impl Pretrained {
         training: &Training,
         device: &Device,
         given: Option<std::collections::HashMap<String, Tensor>>,
-    ) -> Result<Pretrained, Error> {
+    ) -> Result<ConfigModel, Error> {
         config.check_seq_len(training.seq_len)?;
         let dtype = config.model_dtype(training)?;
         crate::trainer::check_dtype(dtype)?;
@@ -658,7 +658,7 @@ impl Pretrained {
             }
             (true, _) => Some(Network::new(config, &weights.detached(), training)?),
         };
-        Ok(Pretrained {
+        Ok(ConfigModel {
             config: config.clone(),
             training: training.clone(),
             weights,
@@ -843,7 +843,7 @@ impl Pretrained {
     /// whose probe changes nothing and a training loop with one optimizer
     /// (AdamW by default), resizable to any sequence length up to the one it
     /// was built for. What `autobatch probe --config` tunes.
-    pub fn into_trainer(self) -> Result<Trainer<Pretrained>, Error> {
+    pub fn into_trainer(self) -> Result<Trainer<ConfigModel>, Error> {
         // the variables' dtype: the adapters' under LoRA
         let dtype = self.training.lora.as_ref().map_or(self.dtype, |lora| lora.adapter_dtype(self.dtype));
         let (varmap, seed) = (self.weights.varmap.clone(), self.training.seed);
@@ -869,13 +869,13 @@ impl Pretrained {
     }
 }
 
-impl Model for Pretrained {
+impl Model for ConfigModel {
     fn describe(&self) -> String {
         self.config.describe(&self.training)
     }
 
     fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
-        Pretrained::loss(self, batch, data_seed)
+        ConfigModel::loss(self, batch, data_seed)
     }
 
     /// With checkpointing: each layer's input kept, each layer run again in
@@ -950,11 +950,11 @@ impl Model for Pretrained {
         Some((shape, recompute))
     }
 
-    fn detached(&self) -> Pretrained {
+    fn detached(&self) -> ConfigModel {
         let weights = self.weights.detached();
         let network =
             Network::new(&self.config, &weights, &self.training).expect("the same weights build the same network");
-        Pretrained {
+        ConfigModel {
             config: self.config.clone(),
             training: self.training.clone(),
             weights,
@@ -1003,7 +1003,7 @@ fn sequences(seed: u64, batch: usize, len: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Steps at any sequence length from 1 to the one the model was built for.
-impl autobatch::Resizable for Trainer<Pretrained> {
+impl autobatch::Resizable for Trainer<ConfigModel> {
     fn resize(&mut self, size: usize) -> Result<(), Error> {
         self.model_mut().set_seq_len(size)
     }

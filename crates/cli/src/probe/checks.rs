@@ -83,9 +83,9 @@ pub fn check_footprint(
         ModelConfig::ConvNet(c) if args.mode.find.is_some() => {
             ModelConfig::ConvNet(ConvNetConfig { resolution: size.max(4).min(c.resolution), ..c.clone() })
         }
-        ModelConfig::Pretrained(spec) if size < spec.1.seq_len => {
+        ModelConfig::FromConfig(spec) if size < spec.1.seq_len => {
             let training = models::Training { seq_len: size, ..spec.1.clone() };
-            ModelConfig::Pretrained(Box::new((spec.0.clone(), training)))
+            ModelConfig::FromConfig(Box::new((spec.0.clone(), training)))
         }
         _ => return Ok(footprint.check_batch_within(batch, limit)?),
     };

@@ -1,7 +1,7 @@
 //! `--compare`: the model as it is and with each remedy that applies, side by side.
 
 use autobatch::estimate::{OptimizerKind, Precision, StaticMemory, TransformerShape};
-use autobatch::{Bytes, Comparison, MemoryMeter, Variant};
+use autobatch::{Bytes, Comparison, MemoryMeter, ModelVariant};
 use autobatch_models as models;
 use autobatch_models::trainer::ReferenceWorkload;
 use candle_core::DType;
@@ -156,7 +156,7 @@ fn variants<'a>(
     model: &ModelConfig,
     device: &'a candle_core::Device,
     args: &ProbeArgs,
-) -> Result<Vec<Variant<'a>>, Failure> {
+) -> Result<Vec<ModelVariant<'a>>, Failure> {
     let as_is_mixed = args.model.precision() == Precision::Mixed;
     let parameters = model.build_with(device, as_is_mixed, args.model.optimizer)?.parameter_count() as u64;
     let state = |candidate: &Candidate| {
@@ -171,7 +171,7 @@ fn variants<'a>(
     for (index, candidate) in candidates.iter().enumerate() {
         let Candidate { name, config, mixed, optimizer, .. } = candidate;
         let mut variant =
-            Variant::lazy(name.clone(), move || config.build_with(device, *mixed, *optimizer).map(ReferenceStep));
+            ModelVariant::lazy(name.clone(), move || config.build_with(device, *mixed, *optimizer).map(ReferenceStep));
         if let Some(like) = candidates[..index].iter().position(|other| same_activations(&other.config, config)) {
             variant = variant.expecting(like, 1.0, state(candidate)? - state(&candidates[like])?);
         }
@@ -222,7 +222,7 @@ fn same_activations(a: &ModelConfig, b: &ModelConfig) -> bool {
         (ModelConfig::Transformer(a), ModelConfig::Transformer(b)) => a == b,
         (ModelConfig::Mlp(a), ModelConfig::Mlp(b)) => a == b,
         (ModelConfig::ConvNet(a), ModelConfig::ConvNet(b)) => a == b,
-        (ModelConfig::Pretrained(a), ModelConfig::Pretrained(b)) => a == b,
+        (ModelConfig::FromConfig(a), ModelConfig::FromConfig(b)) => a == b,
         _ => false,
     }
 }
@@ -240,7 +240,7 @@ impl autobatch::Workload for ReferenceStep {
     fn can_accumulate(&self) -> bool {
         self.0.can_accumulate()
     }
-    fn profile(&self) -> Option<autobatch::estimate::Setup> {
+    fn profile(&self) -> Option<autobatch::estimate::TrainingSetup> {
         self.0.profile()
     }
     fn graph_tensors(&self) -> Option<Vec<autobatch::GraphTensor>> {

@@ -3,7 +3,7 @@
 
 use autobatch::{MemoryMeter, Resizable, SizeRange};
 use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
-use autobatch_models::Pretrained;
+use autobatch_models::ConfigModel;
 
 use crate::args::{FindArg, ModelKind, ProbeArgs};
 use crate::failure::{Failure, Flags};
@@ -59,11 +59,11 @@ pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
             let words = SizeWords { word: "resolution", key: "largest_resolution", what: "resolution" };
             find_in(args, trainer, meter, range, words, on, say)
         }
-        ModelConfig::Pretrained(spec) => {
+        ModelConfig::FromConfig(spec) => {
             let (config, training) = spec.as_ref();
             let range = SizeRange::up_to(training.seq_len).multiple_of(args.search.multiple_of.get());
             check_range(range, "--seq-len")?;
-            let trainer = with_optimizer(args, Pretrained::build(config, training, device)?.into_trainer()?)?;
+            let trainer = with_optimizer(args, ConfigModel::build(config, training, device)?.into_trainer()?)?;
             let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
             find_in(args, trainer, meter, range, words, on, say)
         }

@@ -408,13 +408,13 @@ fn markdown(device: &str, capacity: u64, rows: &[Row]) -> String {
 
 /// The small size as it is, checkpointed, in bf16 and both, tuned side by side.
 fn remedies(out: &str, device: &str, meter: &mut CudaMeter) -> Result<(), Box<dyn std::error::Error>> {
-    use autobatch::Variant;
+    use autobatch::ModelVariant;
     let (_, small) = sizes().remove(0);
     let cuda = meter.device().clone();
     let variant = |name: &'static str, checkpointing: bool, dtype: DType| {
         let config = TransformerConfig { checkpointing, dtype, ..small.clone() };
         let cuda = cuda.clone();
-        Variant::lazy(name, move || config.build(&cuda))
+        ModelVariant::lazy(name, move || config.build(&cuda))
     };
     let variants = vec![
         variant("as it is", false, DType::F32),

@@ -5,7 +5,7 @@
 //! and a [`TrainLoop`] for its training ([`Trainer::train_step`]), the two
 //! holding one optimizer. A [`Model`] is what it runs: the
 //! [`reference`](crate::reference) models and a config's
-//! [`Pretrained`](crate::Pretrained) alike.
+//! [`ConfigModel`](crate::ConfigModel) alike.
 //!
 //! ```
 //! use autobatch_models::reference::TransformerConfig;
@@ -390,7 +390,7 @@ impl<M: Model> Workload for Trainer<M> {
         Some(self.probe.cache_key()?.param("model", self.model.borrow().describe()))
     }
 
-    fn profile(&self) -> Option<autobatch::estimate::Setup> {
+    fn profile(&self) -> Option<autobatch::estimate::TrainingSetup> {
         let profile = self.probe.profile()?;
         Some(match self.model.borrow().transformer() {
             // a shape too large to count leaves out the advice it would add, not the rest

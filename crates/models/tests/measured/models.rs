@@ -11,7 +11,7 @@ use crate::common::bits;
 use autobatch::serve::ServeProbe;
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
 use autobatch_models::{
-    Attention, BaseDtype, Config, Family, Lora, Loss, Pretrained, RopeScaling, Serving, ServingShape, Training,
+    Attention, BaseDtype, Config, ConfigModel, Family, Lora, Loss, RopeScaling, Serving, ServingShape, Training,
 };
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW};
@@ -114,7 +114,7 @@ fn lora_for(family: &str) -> Lora {
 fn every_family_builds_with_the_checkpoints_names_and_every_variable_learns() {
     for family in FAMILIES {
         let config = tiny(family);
-        let model = Pretrained::build(&config, &Training::new(16), &Device::Cpu).unwrap();
+        let model = ConfigModel::build(&config, &Training::new(16), &Device::Cpu).unwrap();
         let count: usize = model.varmap().all_vars().iter().map(|v| v.elem_count()).sum();
         assert_eq!(count as u64, config.parameter_count(), "{family}");
         let names: Vec<String> = model.varmap().data().lock().unwrap().keys().cloned().collect();
@@ -140,7 +140,7 @@ fn every_family_builds_with_the_checkpoints_names_and_every_variable_learns() {
 fn gradients_agree_with_central_differences() {
     for family in FAMILIES {
         let config = tiny(family);
-        let model = Pretrained::build(&config, &Training::new(8), &Device::Cpu).unwrap();
+        let model = ConfigModel::build(&config, &Training::new(8), &Device::Cpu).unwrap();
         let loss = || f64::from(model.loss(2, 3).unwrap().to_scalar::<f32>().unwrap());
         let grads = model.loss(2, 3).unwrap().backward().unwrap();
         let data = model.varmap().data().lock().unwrap().clone();
@@ -192,8 +192,8 @@ fn tune_exactly_and_train_under_the_ceiling(family: &str, config: &Config, train
 
 /// Tuned through `ModelProbe` with candle-nn's AdamW: b fits, b + 1 does
 /// not, no variable changes. The model, the plan and the meter.
-fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (Pretrained, autobatch::Plan, HeapMeter) {
-    let model = Pretrained::build(config, training, &Device::Cpu).unwrap();
+fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (ConfigModel, autobatch::Plan, HeapMeter) {
+    let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
     let before = bits(model.varmap());
     let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
     let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
@@ -269,7 +269,7 @@ fn lora_trains_the_adapters_alone_and_fits_more() {
     for family in ["llama", "qwen3", "gpt2", "bert"] {
         let config = heavy(family);
         let lora = lora_for(family);
-        let model = Pretrained::build(&config, &Training::new(8).lora(lora.clone()), &Device::Cpu).unwrap();
+        let model = ConfigModel::build(&config, &Training::new(8).lora(lora.clone()), &Device::Cpu).unwrap();
         let names: Vec<String> = model.varmap().data().lock().unwrap().keys().cloned().collect();
         assert!(
             !names.is_empty() && names.iter().all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")),
@@ -311,13 +311,13 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     use autobatch_models::trainer::Model;
     for family in ["llama", "qwen3", "gpt2"] {
         let config = tiny(family);
-        let plain = Pretrained::build(&config, &Training::new(64), &Device::Cpu).unwrap();
-        let checkpointed = Pretrained::build(&config, &Training::new(64).checkpointing(), &Device::Cpu).unwrap();
+        let plain = ConfigModel::build(&config, &Training::new(64), &Device::Cpu).unwrap();
+        let checkpointed = ConfigModel::build(&config, &Training::new(64).checkpointing(), &Device::Cpu).unwrap();
         let (vars_a, vars_b) = (plain.varmap().all_vars(), checkpointed.varmap().all_vars());
         let (loss_a, grads_a) = plain.loss_and_gradients(3, 5, &vars_a).unwrap();
         let (loss_b, grads_b) = checkpointed.loss_and_gradients(3, 5, &vars_b).unwrap();
         assert_eq!(loss_a.to_scalar::<f32>().unwrap(), loss_b.to_scalar::<f32>().unwrap(), "{family}");
-        let names = |model: &Pretrained| {
+        let names = |model: &ConfigModel| {
             let mut all: Vec<(String, candle_core::Var)> =
                 model.varmap().data().lock().unwrap().clone().into_iter().collect();
             all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -331,7 +331,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         }
         drop((loss_a, grads_a, loss_b, grads_b));
         let mut trainers = [plain, checkpointed].map(|model| model.into_trainer().unwrap());
-        let per_sample = |trainer: &mut autobatch_models::trainer::Trainer<Pretrained>| {
+        let per_sample = |trainer: &mut autobatch_models::trainer::Trainer<ConfigModel>| {
             let mut meter = HeapMeter::with_room(64 * MIB, 0.9).unwrap();
             trainer.step(8).unwrap();
             let (small, large) = (peak_of(trainer, &mut meter, 2), peak_of(trainer, &mut meter, 6));
@@ -354,7 +354,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         assert!(peak <= limit + TOLERANCE, "{family}: training peaks at {peak} > {limit}\n{plan}");
         assert!(first.is_finite() && second.is_finite());
     }
-    let bert = Pretrained::build(&tiny("bert"), &Training::new(8).checkpointing(), &Device::Cpu);
+    let bert = ConfigModel::build(&tiny("bert"), &Training::new(8).checkpointing(), &Device::Cpu);
     assert!(
         matches!(bert, Err(Error::InvalidSetting { setting: Setting::Input(ref field), .. }) if field == "config field model_type")
     );
@@ -493,46 +493,46 @@ fn bad_configs_are_refused_by_field() {
     assert!(matches!(tiny("gpt2").check_seq_len(257), Err(Error::InvalidSetting { .. })));
     // given weights: the same logits; a missing tensor or a wrong shape is named
     let config = tiny("qwen2");
-    let random = Pretrained::build(&config, &Training::new(8), &Device::Cpu).unwrap();
+    let random = ConfigModel::build(&config, &Training::new(8), &Device::Cpu).unwrap();
     let tensors: std::collections::HashMap<String, Tensor> =
         random.varmap().data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
     let ids = Tensor::new(&[[1u32, 5, 9, 2, 7, 3, 3, 8]], &Device::Cpu).unwrap();
-    let loaded = Pretrained::from_tensors(&config, &Training::new(8), tensors.clone(), &Device::Cpu).unwrap();
+    let loaded = ConfigModel::from_tensors(&config, &Training::new(8), tensors.clone(), &Device::Cpu).unwrap();
     assert_eq!(
         loaded.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         random.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
     );
     let mut missing = tensors.clone();
     missing.remove("model.layers.1.self_attn.k_proj.bias");
-    let err = Pretrained::from_tensors(&config, &Training::new(8), missing, &Device::Cpu).err().unwrap();
+    let err = ConfigModel::from_tensors(&config, &Training::new(8), missing, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("model.layers.1.self_attn.k_proj.bias"), "{err}");
     let mut wrong = tensors.clone();
     wrong.insert("model.norm.weight".into(), Tensor::ones(63, DType::F32, &Device::Cpu).unwrap());
-    let err = Pretrained::from_tensors(&config, &Training::new(8), wrong, &Device::Cpu).err().unwrap();
+    let err = ConfigModel::from_tensors(&config, &Training::new(8), wrong, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("model.norm.weight"), "{err}");
     // a tensor the model does not use is named; one transformers ignores too is listed
     let mut extra = tensors.clone();
     extra.insert("model.layers.0.self_attn.mystery.weight".into(), Tensor::ones(3, DType::F32, &Device::Cpu).unwrap());
-    let err = Pretrained::from_tensors(&config, &Training::new(8), extra, &Device::Cpu).err().unwrap();
+    let err = ConfigModel::from_tensors(&config, &Training::new(8), extra, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("model.layers.0.self_attn.mystery.weight"), "{err}");
     let mut buffers = tensors.clone();
     buffers.insert(
         "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
         Tensor::ones(8, DType::F32, &Device::Cpu).unwrap(),
     );
-    let loaded = Pretrained::from_tensors(&config, &Training::new(8), buffers, &Device::Cpu).unwrap();
+    let loaded = ConfigModel::from_tensors(&config, &Training::new(8), buffers, &Device::Cpu).unwrap();
     assert_eq!(loaded.ignored_tensors().len(), 1, "{:?}", loaded.ignored_tensors());
     // a base model's names (no `model.` prefix) load; a tied head's copy must equal the embedding
     let bare: std::collections::HashMap<String, Tensor> =
         tensors.iter().map(|(name, t)| (name.strip_prefix("model.").unwrap_or(name).to_owned(), t.clone())).collect();
-    assert!(Pretrained::from_tensors(&config, &Training::new(8), bare, &Device::Cpu).is_ok());
+    assert!(ConfigModel::from_tensors(&config, &Training::new(8), bare, &Device::Cpu).is_ok());
     let mut copy = tensors.clone();
     copy.insert("lm_head.weight".into(), tensors["model.embed_tokens.weight"].clone());
-    assert!(Pretrained::from_tensors(&config, &Training::new(8), copy.clone(), &Device::Cpu).is_ok());
+    assert!(ConfigModel::from_tensors(&config, &Training::new(8), copy.clone(), &Device::Cpu).is_ok());
     copy.insert("lm_head.weight".into(), (&tensors["model.embed_tokens.weight"] * 2.0).unwrap());
-    let err = Pretrained::from_tensors(&config, &Training::new(8), copy, &Device::Cpu).err().unwrap();
+    let err = ConfigModel::from_tensors(&config, &Training::new(8), copy, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("tie_word_embeddings"), "{err}");
-    let unknown = Pretrained::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
+    let unknown = ConfigModel::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
     let Err(Error::InvalidSetting { setting, valid, .. }) = unknown else { panic!("an unknown target was taken") };
     assert!(setting == *"lora_targets" && valid.contains("q_proj"), "{valid}");
 }
@@ -546,7 +546,7 @@ fn is_projection(name: &str) -> bool {
 
 /// The f32 tensors of `config`'s model, every one by name.
 fn tensors_of(config: &Config, seq_len: usize) -> std::collections::HashMap<String, Tensor> {
-    let full = Pretrained::build(config, &Training::new(seq_len).dtype(DType::F32), &Device::Cpu).unwrap();
+    let full = ConfigModel::build(config, &Training::new(seq_len).dtype(DType::F32), &Device::Cpu).unwrap();
     let data = full.varmap().data().lock().unwrap();
     data.iter().map(|(name, var)| (name.clone(), var.as_tensor().detach())).collect()
 }
@@ -570,7 +570,7 @@ fn round_tripped(
 
 /// Sets every `lora_B` to the same small values (they start at zero, and
 /// with B at zero A's gradient is zero too).
-fn set_lora_b(model: &Pretrained) {
+fn set_lora_b(model: &ConfigModel) {
     for (name, var) in model.varmap().data().lock().unwrap().iter().filter(|(name, _)| name.contains("lora_B")) {
         let n = var.elem_count();
         let values: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
@@ -580,7 +580,7 @@ fn set_lora_b(model: &Pretrained) {
 }
 
 /// Each adapter's gradient, by name, in f32.
-fn adapter_gradients(model: &Pretrained) -> Vec<(String, Tensor)> {
+fn adapter_gradients(model: &ConfigModel) -> Vec<(String, Tensor)> {
     let grads = model.loss(3, 5).unwrap().backward().unwrap();
     let data = model.varmap().data().lock().unwrap();
     let mut all: Vec<(String, Tensor)> =
@@ -616,7 +616,7 @@ fn adapter_gradients_agree_with_the_f32_base() {
         let config = tiny(family);
         let tensors = tensors_of(&config, 16);
         let lora = |base| Training::new(16).lora(lora_for(family).base(base));
-        let from = |tensors, base| Pretrained::from_tensors(&config, &lora(base), tensors, &Device::Cpu).unwrap();
+        let from = |tensors, base| ConfigModel::from_tensors(&config, &lora(base), tensors, &Device::Cpu).unwrap();
         let f32_base = from(tensors.clone(), BaseDtype::F32);
         set_lora_b(&f32_base);
         let reference = adapter_gradients(&f32_base);
@@ -656,7 +656,7 @@ fn a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so() {
     for base in BaseDtype::ALL {
         let training = Training::new(8).lora(lora_for("llama").base(base));
         let before = autobatch::TrackingAllocator::live_bytes();
-        let model = Pretrained::build(&config, &training, &Device::Cpu).unwrap();
+        let model = ConfigModel::build(&config, &training, &Device::Cpu).unwrap();
         let held = autobatch::TrackingAllocator::live_bytes().saturating_sub(before) as f64;
         let adapters: u64 = model.varmap().all_vars().iter().map(|v| v.elem_count() as u64).sum();
         let other_bytes = others * if base == BaseDtype::Bf16 { 2 } else { 4 };
@@ -705,8 +705,8 @@ fn lora_trains_over_every_base_under_the_ceiling() {
         // the base is untouched by training: only the adapters move
         let training = Training::new(16).lora(lora_for(family).base(BaseDtype::Q4_0));
         let (trained, untrained) = (
-            Pretrained::build(&config, &training, &Device::Cpu).unwrap(),
-            Pretrained::build(&config, &training, &Device::Cpu).unwrap(),
+            ConfigModel::build(&config, &training, &Device::Cpu).unwrap(),
+            ConfigModel::build(&config, &training, &Device::Cpu).unwrap(),
         );
         let mut optimizer =
             candle_nn::AdamW::new(trained.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() }).unwrap();
@@ -714,7 +714,8 @@ fn lora_trains_over_every_base_under_the_ceiling() {
             optimizer.backward_step(&trained.loss(4, step).unwrap()).unwrap();
         }
         let ids = Tensor::new(&[[1u32, 5, 9, 2, 7, 3, 3, 8]], &Device::Cpu).unwrap();
-        let logits = |model: &Pretrained| model.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let logits =
+            |model: &ConfigModel| model.forward(&ids).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_ne!(logits(&trained), logits(&untrained), "{family}: training moved nothing");
         for (name, var) in trained.varmap().data().lock().unwrap().iter().filter(|(n, _)| n.contains("lora_B")) {
             var.set(&var.zeros_like().unwrap()).unwrap_or_else(|err| panic!("{name}: {err}"));
@@ -726,7 +727,7 @@ fn lora_trains_over_every_base_under_the_ceiling() {
 /// A base the model cannot take: refused by field before anything is built.
 fn a_base_the_model_cannot_take_is_refused() {
     let lora = lora_for("llama");
-    let err = Pretrained::build(
+    let err = ConfigModel::build(
         &tiny("llama"),
         &Training::new(8).dtype(DType::F32).lora(lora.clone().base(BaseDtype::Bf16)),
         &Device::Cpu,
@@ -744,7 +745,7 @@ fn a_base_the_model_cannot_take_is_refused() {
     assert!(err.to_string().contains("48") && err.to_string().contains("q4_0"), "{err}");
     let mut kept = lora.base(BaseDtype::Q8_0);
     kept.frozen_gradients = true;
-    assert!(Pretrained::build(&tiny("llama"), &Training::new(8).lora(kept), &Device::Cpu).is_err());
+    assert!(ConfigModel::build(&tiny("llama"), &Training::new(8).lora(kept), &Device::Cpu).is_err());
     assert!("q5_k".parse::<BaseDtype>().is_err() && "Q4_0".parse::<BaseDtype>().ok() == Some(BaseDtype::Q4_0));
 }
 
@@ -754,7 +755,7 @@ fn a_base_the_model_cannot_take_is_refused() {
 /// the limit, a batch more and one is past it.
 fn no_trial_runs_a_tensor_past_the_element_limit() {
     let config = tiny("llama");
-    let model = Pretrained::build(&config, &Training::new(16), &Device::Cpu).unwrap();
+    let model = ConfigModel::build(&config, &Training::new(16), &Device::Cpu).unwrap();
     let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
     let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     // the logits, 16 × 96 a sample, are the largest tensor: 20 samples and a bit
@@ -815,7 +816,7 @@ fn saved_checkpoints_compute_what_transformers_computes() {
             assert!(config.unknown_keys.is_empty(), "{what}: keys not read: {:?}", config.unknown_keys);
             let training = Training::new(ids.dim(1).unwrap()).dtype(DType::F32).attention(attention).loss(loss_form);
             let model =
-                Pretrained::from_safetensors(&config, &training, &[case.join("model.safetensors")], &Device::Cpu)
+                ConfigModel::from_safetensors(&config, &training, &[case.join("model.safetensors")], &Device::Cpu)
                     .unwrap_or_else(|err| panic!("{what}: {err}"));
             // relative to the tensor's largest magnitude, or 1e-3 where a gradient is zero by
             // symmetry (a key's bias: softmax ignores a shift) and both sides hold rounding
@@ -923,7 +924,7 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
             for seq_len in [128, 256] {
                 let training = Training::new(seq_len).attention(attention).loss(loss);
                 let counted = config.bytes_per_sample(&training).unwrap() as f64;
-                let mut trainer = Pretrained::build(&config, &training, &Device::Cpu).unwrap().into_trainer().unwrap();
+                let mut trainer = ConfigModel::build(&config, &training, &Device::Cpu).unwrap().into_trainer().unwrap();
                 let mut meter = HeapMeter::with_room(256 * MIB, 0.9).unwrap();
                 // batches where the backward pass's peak is past the optimizer step's
                 trainer.step(8).unwrap();
