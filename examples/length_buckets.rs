@@ -3,7 +3,7 @@
 //! A small causal language model written with candle-nn takes sequences of 16
 //! to 64 tokens, most of them short. Tuning at the longest length only would
 //! train every batch at the longest length's batch; instead the model is tuned
-//! at 16, 32, 48 and 64 tokens (`Tuner::run_sizes`), and each training step
+//! at 16, 32, 48 and 64 tokens (`Search::sizes`), and each training step
 //! draws its batch from one length bucket and trains at that bucket's verified
 //! batch (`SizePlan::bucket_for`, `TrainLoop::switch_plan`), one optimizer
 //! throughout. Every step's peak stays under the ceiling.
@@ -92,7 +92,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
     let params = ParamsAdamW { lr: 1e-2, ..Default::default() };
     let mut probe =
         ModelProbe::by_size(&varmap, LONGEST, |batch, len| model.loss(batch, len, 0)).adamw(params.clone())?;
-    let plan = Tuner::new().run_sizes(&mut probe, &mut meter, &[16, 32, 48, LONGEST])?;
+    let plan = Tuner::new().search(&mut probe, &mut meter).sizes(&[16, 32, 48, LONGEST])?;
     drop(probe); // frees the probe's AdamW moments before training makes its own
     println!("{plan}\n");
     for len in [24, 40, 56] {

@@ -281,7 +281,7 @@ pub enum Error {
 
     /// Not even the smallest candidate fits under the ceiling: the smallest
     /// batch, or, in a search over the input size at a fixed batch
-    /// ([`Tuner::run_longest`](crate::Tuner::run_longest)), the shortest size.
+    /// ([`Search::longest`](crate::Search::longest)), the shortest size.
     #[error(
         "nothing fits{}; the ceiling is {} of {} = {}{}",
         smallest_failed(*.batch, *.size, *.outcome, *.peak_bytes),

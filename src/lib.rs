@@ -50,9 +50,9 @@
 //! ```
 //!
 //! Probe at the longest input training will see, or at several
-//! ([`Tuner::run_sizes`]) for a batch per length bucket. [`Tuner::cache`]
+//! ([`Search::sizes`]) for a batch per length bucket. [`Tuner::cache`]
 //! skips the probe at the next start-up, [`Guard`] halves micro-batches on an
-//! out-of-memory error during training, and [`Tuner::run_distributed`] makes
+//! out-of-memory error during training, and [`Search::across`] makes
 //! ranks agree.
 //!
 //! ## From the command line
@@ -138,6 +138,6 @@ pub use plan::{
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
 pub use setting::SettingName;
-pub use tuner::{Comparison, ComparisonRow, ModelVariant, Observer, Tuner};
+pub use tuner::{Comparison, ComparisonRow, ModelVariant, Observer, Search, Tuner};
 pub use units::Bytes;
 pub use workload::{BySize, GraphTensor, Resizable, Workload};

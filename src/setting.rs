@@ -45,6 +45,8 @@ setting_names! {
     UnevenRanks => "uneven_ranks",
     /// `Tuner::cache`: the plan cache's file.
     Cache => "cache",
+    /// `Search::evaluating`: the evaluation step searched too.
+    Evaluation => "evaluation",
     /// `Tuner::max_trials`.
     MaxTrials => "max_trials",
     /// `Tuner::timing_repeats`: the steps a throughput point is timed over.
@@ -77,7 +79,7 @@ setting_names! {
     Plan => "plan",
     /// The input size a search is over (a sequence length, a resolution).
     Size => "size",
-    /// The input sizes of `Tuner::run_sizes`.
+    /// The input sizes of `Search::sizes`.
     Sizes => "sizes",
     /// A sequence length.
     SeqLen => "seq_len",

@@ -102,7 +102,7 @@ pub trait Workload {
     /// Frees the state the workload holds between steps for training only
     /// (the optimizer's: AdamW's moments), building it again at its next
     /// step; returns the bytes it expects to have freed, 0 when it holds none
-    /// it can free (the default). [`Tuner::run_with_eval`](crate::Tuner::run_with_eval)
+    /// it can free (the default). [`Search::evaluating`](crate::Search::evaluating)
     /// calls it to measure evaluation alone, as a separate evaluation or
     /// serving process runs it.
     fn free_training_state(&mut self) -> u64 {
@@ -112,7 +112,7 @@ pub trait Workload {
 
 /// A workload whose memory depends on an input size (a sequence length, an
 /// image side) as well as on the batch: what
-/// [`Tuner::run_sizes`](crate::Tuner::run_sizes) tunes at several sizes.
+/// [`Search::sizes`](crate::Search::sizes) tunes at several sizes.
 ///
 /// [`resize`](Self::resize) sets the size the following steps run at; the
 /// workload's [`cache_key`](Workload::cache_key) should tell sizes apart (the

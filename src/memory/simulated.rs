@@ -481,7 +481,7 @@ impl std::error::Error for SimulatedOutOfMemory {}
 
 /// A simulated device whose step memory depends on an input size (a sequence
 /// length, an image side) as well as on the batch: the workload half is
-/// [`Resizable`](crate::Resizable), for [`Tuner::run_sizes`](crate::Tuner::run_sizes).
+/// [`Resizable`](crate::Resizable), for [`Search::sizes`](crate::Search::sizes).
 ///
 /// ```
 /// use autobatch::memory::simulated::SizedSimulation;

@@ -11,7 +11,7 @@ use candle_nn::{VarBuilder, VarMap};
 /// change, and its forward pass frees each activation once the next layer has
 /// used it. candle has no `no_grad`; this is its form. Build your model a
 /// second time from it and probe the evaluation step with
-/// [`Tuner::run_with_eval`](crate::Tuner::run_with_eval), or evaluate with it
+/// [`Search::evaluating`](crate::Search::evaluating), or evaluate with it
 /// while training.
 ///
 /// What is shared, exactly:

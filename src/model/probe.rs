@@ -191,7 +191,7 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     /// `loss(batch, size)` is the scalar loss of `batch` samples of `size`
     /// (tokens, pixels per side), starting at `size`. It is
     /// [`Resizable`](crate::Resizable), for
-    /// [`Tuner::run_sizes`](crate::Tuner::run_sizes).
+    /// [`Search::sizes`](crate::Search::sizes).
     ///
     /// ```
     /// #[global_allocator]
@@ -210,7 +210,7 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     ///     loss::cross_entropy(&logits, &tokens.flatten_all()?)
     /// };
     /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).adamw(ParamsAdamW::default())?;
-    /// let plan = Tuner::new().max_batch(4096).run_sizes(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?, &[16, 64])?;
+    /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?).sizes(&[16, 64])?;
     /// assert!(plan.sizes[&16].largest_batch > plan.sizes[&64].largest_batch);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
@@ -225,7 +225,7 @@ impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ModelProbe<BySize<Wi
     /// gradient checkpointing with [`checkpointed`](super::checkpointed)):
     /// `loss_and_gradients(batch, size)` returns the loss of `batch` samples
     /// of `size` and the variables' gradients. It is
-    /// [`Resizable`](crate::Resizable), for [`Tuner::run_sizes`](crate::Tuner::run_sizes).
+    /// [`Resizable`](crate::Resizable), for [`Search::sizes`](crate::Search::sizes).
     pub fn by_size_with_backward(varmap: &VarMap, size: usize, loss_and_gradients: F) -> Self {
         ModelProbe::with_loss(super::named_vars(varmap), BySize { closure: WithBackward(loss_and_gradients), size })
     }

@@ -1,5 +1,5 @@
 //! The longest input size that fits at a given batch: what
-//! [`Tuner::run_longest`](crate::Tuner::run_longest) finds.
+//! [`Search::longest`](crate::Search::longest) finds.
 
 use serde::{Deserialize, Serialize};
 

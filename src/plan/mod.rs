@@ -48,7 +48,7 @@ use crate::search::{Outcome, Strategy};
 #[non_exhaustive]
 pub struct Plan {
     /// The search result: the largest batch that was run and seen to fit.
-    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the
+    /// With [`Search::across`](crate::Search::across): the
     /// one every rank agreed on.
     pub largest_batch: usize,
     /// Measured device-wide peak at `largest_batch`.
@@ -73,7 +73,7 @@ pub struct Plan {
     /// besides the chosen one were measured in full.
     pub memory_model: Option<MemoryModel>,
     /// The evaluation step's own largest batch, when it was probed
-    /// ([`Tuner::run_with_eval`](crate::Tuner::run_with_eval)).
+    /// ([`Search::evaluating`](crate::Search::evaluating)).
     pub evaluation: Option<EvaluationPlan>,
     /// With [`Objective::Throughput`]: the candidates timed and the choice.
     pub throughput: Option<ThroughputChoice>,
@@ -87,7 +87,7 @@ pub struct Plan {
     /// trials are those of the run that stored it): the trials run now
     /// ([`cached`](Plan::cached), [`cache_checks`](Plan::cache_checks)).
     pub(crate) cache: Option<usize>,
-    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the
+    /// With [`Search::across`](crate::Search::across): the
     /// rank this plan is for and its own largest batch.
     pub(crate) distributed: Option<Distributed>,
     /// The device the trials ran on, as its meter names it
@@ -238,12 +238,12 @@ impl Plan {
         }
     }
 
-    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): the rank this plan is for.
+    /// With [`Search::across`](crate::Search::across): the rank this plan is for.
     pub fn rank(&self) -> Option<usize> {
         self.distributed.map(|distributed| distributed.rank)
     }
 
-    /// With [`Tuner::run_distributed`](crate::Tuner::run_distributed): this
+    /// With [`Search::across`](crate::Search::across): this
     /// rank's own largest batch.
     pub fn rank_largest_batch(&self) -> Option<usize> {
         self.distributed.map(|distributed| distributed.rank_largest_batch)

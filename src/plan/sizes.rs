@@ -189,7 +189,7 @@ mod by_size {
     }
 }
 
-/// What [`Tuner::run_sizes`](crate::Tuner::run_sizes) found: the largest batch
+/// What [`Search::sizes`](crate::Search::sizes) found: the largest batch
 /// at each probed input size, a memory model in batch and size, and a token
 /// budget per micro-batch.
 ///
@@ -200,7 +200,7 @@ mod by_size {
 /// // fixed 1 GiB; 64 KiB per token; 256 B per token per unit of length
 /// let peak = |batch: usize, len: usize| (1u64 << 30) + (batch * len) as u64 * ((64 << 10) + 256 * len as u64);
 /// let (mut workload, mut meter) = SizedSimulation::new(16 << 30, 512, peak).build();
-/// let plan = Tuner::new().run_sizes(&mut workload, &mut meter, &[128, 256, 512])?;
+/// let plan = Tuner::new().search(&mut workload, &mut meter).sizes(&[128, 256, 512])?;
 ///
 /// let at_256 = plan.batch_for(256)?;
 /// assert_eq!(at_256.source, BatchSource::Verified);

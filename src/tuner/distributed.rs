@@ -1,6 +1,6 @@
 //! Several data-parallel ranks agree on one batch.
 
-use super::{Settings, Tuner};
+use super::Settings;
 use crate::collective::Collective;
 use crate::plan::Distributed;
 use crate::plan::{RankSplit, TrialKind};
@@ -16,57 +16,8 @@ const FITS_HERE: u64 = 2;
 /// fails moves every rank's bound down, and mixed devices settle in one or two.
 const AGREEMENT_ROUNDS: usize = 4;
 
-impl Tuner {
-    /// [`run`](Tuner::run) on every rank of a data-parallel job, then
-    /// agreement: the batch every rank trains with is the smallest of the ranks'
-    /// largest batches (mixed GPUs, uneven free memory), verified on every rank
-    /// that has not run it, and the accumulation is planned for the
-    /// collective's world size. When any rank cannot tune, every rank fails
-    /// ([`Error::RankFailed`] on the others), so that no rank trains alone.
-    ///
-    /// With [`uneven_ranks`](Tuner::uneven_ranks) each rank keeps its own
-    /// largest batch instead, and the global batch is shared in proportion to
-    /// them ([`RankSplit::plan`]); a rank whose share
-    /// accumulates verifies its micro-batch with the accumulator held, and
-    /// when it does not fit there every rank shares again with that rank's
-    /// smaller capacity.
-    ///
-    /// ```
-    /// use autobatch::collective::ThreadCollective;
-    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-    /// use autobatch::Tuner;
-    ///
-    /// let ranks = ThreadCollective::group(2)?;
-    /// let capacities = [80u64 << 30, 40 << 30];
-    /// let plans = std::thread::scope(|s| {
-    ///     let runs: Vec<_> = ranks
-    ///         .iter()
-    ///         .zip(capacities)
-    ///         .map(|(rank, capacity)| {
-    ///             s.spawn(move || {
-    ///                 let (mut step, mut meter) = Simulation::new(capacity, MemoryCurve::affine(8 << 30, 256 << 20)).build();
-    ///                 Tuner::new().target_effective_batch(512).run_distributed(&mut step, &mut meter, rank)
-    ///             })
-    ///         })
-    ///         .collect();
-    ///     runs.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
-    /// })?;
-    /// assert_eq!(plans[0].largest_batch, plans[1].largest_batch); // the 40 GiB rank decides
-    /// assert_eq!(plans[0].micro_batch() * plans[0].accumulation_steps() * 2, 512);
-    /// # Ok::<(), autobatch::Error>(())
-    /// ```
-    pub fn run_distributed<W, M, C>(&self, workload: &mut W, meter: &mut M, collective: &C) -> Result<Plan, Error>
-    where
-        W: Workload + ?Sized,
-        M: MemoryMeter + ?Sized,
-        C: crate::collective::Collective + ?Sized,
-    {
-        self.settings()?.run_distributed(workload, meter, collective, &mut self.observing())
-    }
-}
-
 impl Settings {
-    /// [`Tuner::run_distributed`] with these settings.
+    /// [`Search::run`](crate::Search::run) with these settings.
     pub(super) fn run_distributed<W, M, C, O>(
         &self,
         workload: &mut W,
@@ -85,7 +36,7 @@ impl Settings {
             return Err(Error::invalid(
                 crate::SettingName::WorldSize,
                 crate::Value::Count(self.options.world_size),
-                format!("the collective has {world_size} ranks: leave {{world_size}} unset for run_distributed"),
+                format!("the collective has {world_size} ranks: leave {{world_size}} unset for a search across ranks"),
             ));
         }
         let local = self.single_rank();
@@ -152,7 +103,7 @@ impl Settings {
         Err(Error::Collective(format!("the ranks did not agree on a batch in {AGREEMENT_ROUNDS} rounds")))
     }
 
-    /// The uneven form of [`run_distributed`](Tuner::run_distributed), after
+    /// The uneven form of [`across`](crate::Search::across), after
     /// the local run: share, verify the accumulating micro-steps, share again
     /// while some rank's does not fit.
     fn share_unevenly<W, M, C>(

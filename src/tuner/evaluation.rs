@@ -2,56 +2,12 @@
 
 use log::info;
 
-use super::{Observer, Settings, Tuner};
+use super::{Observer, Settings};
 use crate::plan::EvaluationPlan;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
-impl Tuner {
-    /// [`run`](Tuner::run) for the training step, then the evaluation
-    /// step's own largest batch (forward only: usually larger), searched from
-    /// the training answer: first with the training workload's state held, as
-    /// in a loop that evaluates between training steps, then, when the
-    /// workload can free its optimizer's state
-    /// ([`Workload::free_training_state`]: [`ModelProbe`](crate::ModelProbe)
-    /// with one of its optimizers, the reference models), alone, as a
-    /// separate evaluation or serving process runs it, starting where the
-    /// freed bytes say. The plan's [`evaluation`](Plan::evaluation) gives the
-    /// answer alone, and the one beside training's state in
-    /// [`during_training`](crate::EvaluationPlan::during_training). The
-    /// training workload builds its state again at its next step.
-    ///
-    /// ```
-    /// # #[global_allocator]
-    /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
-    /// use candle_core::{DType, Device, Module, Tensor};
-    /// use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
-    ///
-    /// let varmap = VarMap::new();
-    /// let model = linear(256, 256, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    /// let input = |samples: usize| Tensor::ones((samples, 256), DType::F32, &Device::Cpu);
-    /// let mut training = ModelProbe::new(&varmap, |samples| loss::mse(&model.forward(&input(samples)?)?, &input(samples)?))
-    ///     .adamw(ParamsAdamW::default())?;
-    /// let mut evaluation = ModelProbe::forward_only(&varmap, |samples| model.forward(&input(samples)?));
-    /// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
-    /// let plan = Tuner::new().run_with_eval(&mut training, &mut evaluation, &mut meter)?;
-    /// let evaluation = plan.evaluation.unwrap();
-    /// let during = evaluation.during_training.unwrap();
-    /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch);
-    /// # Ok::<(), autobatch::Error>(())
-    /// ```
-    pub fn run_with_eval<W, E, M>(&self, train: &mut W, eval: &mut E, meter: &mut M) -> Result<Plan, Error>
-    where
-        W: Workload + ?Sized,
-        E: Workload + ?Sized,
-        M: MemoryMeter + ?Sized,
-    {
-        self.settings()?.run_with_eval(train, eval, meter, &mut self.observing())
-    }
-}
-
 impl Settings {
-    /// [`Tuner::run_with_eval`] with these settings.
+    /// [`Search::run`](crate::Search::run) with these settings.
     pub(super) fn run_with_eval<W, E, M, O>(
         &self,
         train: &mut W,

@@ -3,11 +3,11 @@
 
 use log::info;
 
-use super::{Observer, Settings, Tuner};
+use super::{Observer, Search, Settings};
 use crate::plan::{LongestSize, Objective, SizeRange, Trial};
 use crate::{Error, MemoryMeter, Resizable, Workload};
 
-impl Tuner {
+impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// Finds the longest input size in `range` (a sequence length, an image
     /// side, at its granule) whose step at `batch` fits under the ceiling,
     /// exact and verified like the batch search: the answer fits, and
@@ -17,9 +17,9 @@ impl Tuner {
     /// The search is the tuner's own, over the size: [`Strategy::Predictive`](crate::Strategy::Predictive)
     /// fits the peaks it measured (memory grows linearly in the length, and
     /// quadratically with attention: its parabola forecast meets both) and
-    /// jumps near the answer; warm-up, re-check, [`max_trials`](Tuner::max_trials),
-    /// [`time_limit`](Tuner::time_limit), [`steps_per_trial`](Tuner::steps_per_trial),
-    /// [`allow_partial_graph`](Tuner::allow_partial_graph) and the ceiling apply as they do to batches.
+    /// jumps near the answer; warm-up, re-check, [`max_trials`](crate::Tuner::max_trials),
+    /// [`time_limit`](crate::Tuner::time_limit), [`steps_per_trial`](crate::Tuner::steps_per_trial),
+    /// [`allow_partial_graph`](crate::Tuner::allow_partial_graph) and the ceiling apply as they do to batches.
     /// The batch-only settings (`start`, `max_batch`, `multiple_of`, a target
     /// effective batch, several ranks, [`Objective::Throughput`], a cache) do
     /// not: set one and this fails with [`Error::InvalidSetting`] (its value [`Value::Given`](crate::Value::Given)) rather
@@ -38,30 +38,21 @@ impl Tuner {
     ///     (1 << 30) + (batch * len * 4096) as u64 + (batch * len * len * 1024) as u64
     /// });
     /// let (mut workload, mut meter) = sim.build();
-    /// let longest = Tuner::new().run_longest(&mut workload, &mut meter, 8, SizeRange::up_to(4096).multiple_of(64))?;
+    /// let longest = Tuner::new().search(&mut workload, &mut meter).longest(8, SizeRange::up_to(4096).multiple_of(64))?;
     /// assert!(longest.proven_longest);
     /// let peak = |len: u64| (1u64 << 30) + 8 * len * 4096 + 8 * len * len * 1024;
     /// let limit = longest.limit_bytes();
     /// assert!(peak(longest.largest_size as u64) <= limit && peak(longest.largest_size as u64 + 64) > limit);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn run_longest<W, M>(
-        &self,
-        workload: &mut W,
-        meter: &mut M,
-        batch: usize,
-        range: SizeRange,
-    ) -> Result<LongestSize, Error>
-    where
-        W: Resizable + ?Sized,
-        M: MemoryMeter + ?Sized,
-    {
-        self.settings()?.run_longest(workload, meter, batch, range, &mut self.observing())
+    pub fn longest(self, batch: usize, range: SizeRange) -> Result<LongestSize, Error> {
+        self.batches_only()?;
+        self.tuner.settings()?.run_longest(self.workload, self.meter, batch, range, &mut self.tuner.observing())
     }
 }
 
 impl Settings {
-    /// [`Tuner::run_longest`] with these settings.
+    /// [`Search::longest`] with these settings.
     pub(super) fn run_longest<W, M, O>(
         &self,
         workload: &mut W,

@@ -15,6 +15,7 @@ mod engine;
 mod evaluation;
 mod longest;
 mod observer;
+mod search;
 mod settings;
 mod sizes;
 
@@ -30,6 +31,7 @@ pub use compare::{Comparison, ComparisonRow, ModelVariant};
 use engine::Engine;
 pub use observer::Observer;
 use observer::{HeldObserver, Observing};
+pub use search::Search;
 use settings::{Options, Settings};
 
 /// Finds the largest batch that fits under a utilization ceiling and plans
@@ -197,7 +199,7 @@ impl Tuner {
         self
     }
 
-    /// With [`run_distributed`](Tuner::run_distributed): give each rank a
+    /// With [`across`](Search::across): give each rank a
     /// micro-batch in proportion to what fits on it, instead of every rank the
     /// batch of the smallest device. The global batch (the target effective
     /// batch; without one, the sum of the ranks' largest batches) stays exact,

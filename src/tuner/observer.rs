@@ -19,26 +19,26 @@ pub trait Observer {
         let _ = batch;
     }
     /// The evaluation step's own search is about to start at `start` (see
-    /// [`Tuner::run_with_eval`](crate::Tuner::run_with_eval));
+    /// [`Search::evaluating`](crate::Search::evaluating));
     /// its trials follow.
     fn evaluation_started(&mut self, start: usize) {
         let _ = start;
     }
     /// The evaluation step's search alone is about to start at `start`, the
     /// training workload having freed `freed_bytes` of optimizer state (see
-    /// [`Tuner::run_with_eval`](crate::Tuner::run_with_eval));
+    /// [`Search::evaluating`](crate::Search::evaluating));
     /// its trials follow.
     fn evaluation_alone_started(&mut self, start: usize, freed_bytes: u64) {
         let _ = (start, freed_bytes);
     }
     /// The search at input size `size` is about to start (see
-    /// [`Tuner::run_sizes`](crate::Tuner::run_sizes)); its
+    /// [`Search::sizes`](crate::Search::sizes)); its
     /// trials follow.
     fn size_started(&mut self, size: usize) {
         let _ = size;
     }
     /// A search over the input size at `batch` is about to start (see
-    /// [`Tuner::run_longest`](crate::Tuner::run_longest)):
+    /// [`Search::longest`](crate::Search::longest)):
     /// in the trials that follow, `batch` is the input size tried.
     fn size_search_started(&mut self, batch: usize) {
         let _ = batch;

@@ -3,33 +3,30 @@
 
 use log::info;
 
-use super::{Observer, Settings, Tuner};
+use super::{Observer, Search, Settings};
 use crate::plan::SizePlan;
 use crate::{Error, MemoryMeter, Resizable};
 
-impl Tuner {
+impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// Tunes `workload` at each input size in `sizes` (sequence lengths, image
     /// sides) and returns the [`SizePlan`]: every size's largest batch, found
     /// and verified by its own search (longest size first), a memory model in
     /// batch and size fitted to all the measurements, the token budget per
     /// micro-batch, and [`SizePlan::batch_for`] for sizes in between.
     ///
-    /// Each size is a full [`run`](Tuner::run) with this tuner's settings
-    /// (target, accumulation check, objective); with a [`cache`](Tuner::cache)
+    /// Each size is a full [`run`](crate::Tuner::run) with this tuner's settings
+    /// (target, accumulation check, objective); with a [`cache`](crate::Tuner::cache)
     /// each size is stored under the model's key plus the size. The workload
     /// is left at the size it had. The sizes must be non-zero; duplicates
     /// count once. A failure at one size is [`Error::AtSize`].
-    pub fn run_sizes<W, M>(&self, workload: &mut W, meter: &mut M, sizes: &[usize]) -> Result<SizePlan, Error>
-    where
-        W: Resizable + ?Sized,
-        M: MemoryMeter + ?Sized,
-    {
-        self.settings()?.run_sizes(workload, meter, sizes, &mut self.observing())
+    pub fn sizes(self, sizes: &[usize]) -> Result<SizePlan, Error> {
+        self.batches_only()?;
+        self.tuner.settings()?.run_sizes(self.workload, self.meter, sizes, &mut self.tuner.observing())
     }
 }
 
 impl Settings {
-    /// [`Tuner::run_sizes`] with these settings.
+    /// [`Search::sizes`] with these settings.
     pub(super) fn run_sizes<W, M, O>(
         &self,
         workload: &mut W,

@@ -196,7 +196,7 @@ fn every_other_path_changes_no_bit() {
     let mut by_size = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
         .adamw(ParamsAdamW::default())
         .unwrap();
-    let sizes = Tuner::new().run_sizes(&mut by_size, &mut meter, &[8, SIDE]).unwrap();
+    let sizes = Tuner::new().search(&mut by_size, &mut meter).sizes(&[8, SIDE]).unwrap();
     for plan in sizes.sizes.values() {
         no_missing_gradients("by_size", &plan.warnings);
     }
@@ -209,7 +209,7 @@ fn every_other_path_changes_no_bit() {
         evaluation_model.logits(&images, false).map(drop)
     };
     let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0)).adamw(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
     assert!(plan.evaluation.as_ref().unwrap().largest_batch > plan.largest_batch, "{plan}");
     drop(probe);
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "evaluation: tuning changed a variable");
@@ -225,7 +225,7 @@ fn every_other_path_changes_no_bit() {
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "compare: tuning changed a variable");
 }
 
-/// The largest image side at a fixed batch (`Tuner::run_longest` over
+/// The largest image side at a fixed batch (`Search::longest` over
 /// `ModelProbe::by_size`) on a model with BatchNorm: no bit changes, the
 /// answer's step fits and one granule more does not, and a real training step
 /// at the answer (backward, then candle-nn's AdamW) stays under the ceiling.
@@ -241,11 +241,11 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
         .unwrap();
     // the pooling takes sides that are multiples of 4
     let longest =
-        Tuner::new().run_longest(&mut probe, &mut meter, batch, SizeRange::up_to(128).multiple_of(4)).unwrap();
+        Tuner::new().search(&mut probe, &mut meter).longest(batch, SizeRange::up_to(128).multiple_of(4)).unwrap();
     let (side, limit) = (longest.largest_size, longest.limit_bytes());
     assert!(longest.proven_longest && side < 128, "{}", longest.summary("image side"));
-    no_missing_gradients("run_longest", &longest.warnings);
-    assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "run_longest: tuning changed a variable");
+    no_missing_gradients("longest", &longest.warnings);
+    assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "longest: tuning changed a variable");
     let peak = |probe: &mut ModelProbe<_>, meter: &mut HeapMeter, side: usize| {
         probe.resize(side).unwrap();
         meter.reset_peak().unwrap();

@@ -182,9 +182,9 @@ fn the_evaluation_step_is_cached_beside_the_training_step() {
         (train, eval, meter)
     };
     let (mut train, mut eval, mut meter) = sims();
-    let first = tuner.run_with_eval(&mut train, &mut eval, &mut meter).unwrap();
+    let first = tuner.search(&mut train, &mut meter).evaluating(&mut eval).run().unwrap();
     let (mut train, mut eval, mut meter) = sims();
-    let second = tuner.run_with_eval(&mut train, &mut eval, &mut meter).unwrap();
+    let second = tuner.search(&mut train, &mut meter).evaluating(&mut eval).run().unwrap();
     assert!(second.cached(), "{second}");
     assert_eq!((train.steps(), eval.steps()), (0, 0));
     assert_eq!(second.evaluation.unwrap().largest_batch, first.evaluation.unwrap().largest_batch);

@@ -27,7 +27,7 @@ fn on_ranks_with<W: autobatch::Workload + Send>(
             .iter()
             .zip(ranks)
             .map(|(rank, (mut workload, mut meter))| {
-                s.spawn(move || tuner.run_distributed(&mut workload, &mut meter, rank))
+                s.spawn(move || tuner.search(&mut workload, &mut meter).across(rank).run())
             })
             .collect();
         runs.into_iter().map(|run| run.join().unwrap()).collect()
@@ -112,7 +112,7 @@ fn an_agreed_batch_that_fails_on_a_rank_is_searched_below() {
 fn a_single_rank_is_a_plain_run() {
     let ranks = ThreadCollective::group(1).unwrap();
     let (mut workload, mut meter) = device(80).build();
-    let plan = Tuner::new().run_distributed(&mut workload, &mut meter, &ranks[0]).unwrap();
+    let plan = Tuner::new().search(&mut workload, &mut meter).across(&ranks[0]).run().unwrap();
     let (mut workload, mut meter) = device(80).build();
     assert_eq!(plan.largest_batch, Tuner::new().run(&mut workload, &mut meter).unwrap().largest_batch);
     assert_eq!(ranks[0].world_size(), 1);
@@ -122,7 +122,7 @@ fn a_single_rank_is_a_plain_run() {
 fn a_world_size_that_disagrees_with_the_collective_is_an_error() {
     let ranks = ThreadCollective::group(1).unwrap();
     let (mut workload, mut meter) = device(80).build();
-    let err = Tuner::new().world_size(4).run_distributed(&mut workload, &mut meter, &ranks[0]).unwrap_err();
+    let err = Tuner::new().world_size(4).search(&mut workload, &mut meter).across(&ranks[0]).run().unwrap_err();
     assert!(
         matches!(&err, Error::InvalidSetting { setting, value: autobatch::Value::Count(4), .. } if *setting == *"world_size"),
         "{err}"
@@ -537,7 +537,7 @@ fn the_collective_warms_up_with_the_gradients_size_before_any_step() {
                     autobatch::Workload::step(&mut workload, batch)
                 };
                 let collective = Recording { inner: rank, events: Arc::clone(events) };
-                tuner.run_distributed(&mut step, &mut meter, &collective).unwrap();
+                tuner.search(&mut step, &mut meter).across(&collective).run().unwrap();
             });
         }
     });

@@ -29,7 +29,7 @@ fn curve_strategy() -> impl Strategy<Value = Curve> {
 
 fn run(tuner: &Tuner, curve: Curve, batch: usize, range: SizeRange) -> Result<LongestSize, Error> {
     let (mut workload, mut meter) = curve.simulation(7).build();
-    let result = tuner.run_longest(&mut workload, &mut meter, batch, range);
+    let result = tuner.search(&mut workload, &mut meter).longest(batch, range);
     assert_eq!(workload.size(), 7, "the workload is put back at its size");
     result
 }
@@ -157,7 +157,7 @@ fn a_refused_size_is_the_workloads_error() {
         autobatch::memory::simulated::Simulation::new(GIB, autobatch::memory::simulated::MemoryCurve::affine(0, 1))
             .build()
             .1;
-    let err = Tuner::new().run_longest(&mut workload, &mut meter, 4, SizeRange::up_to(4096)).unwrap_err();
+    let err = Tuner::new().search(&mut workload, &mut meter).longest(4, SizeRange::up_to(4096)).unwrap_err();
     assert!(matches!(err, Error::InvalidSetting { value: Value::Count(size), .. } if size > 512), "{err}");
     assert!(err.to_string().ends_with("it must be at most 512"), "{err}");
     assert_eq!(workload.size, 32);

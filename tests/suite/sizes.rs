@@ -19,7 +19,7 @@ fn curve_strategy() -> impl Strategy<Value = Curve> {
 
 fn run(tuner: &Tuner, curve: Curve, sizes: &[usize]) -> Result<SizePlan, Error> {
     let (mut workload, mut meter) = curve.simulation(sizes[0]).build();
-    let plan = tuner.run_sizes(&mut workload, &mut meter, sizes);
+    let plan = tuner.search(&mut workload, &mut meter).sizes(sizes);
     assert_eq!(workload.size(), sizes[0], "the workload is put back at its size");
     plan
 }
@@ -133,7 +133,7 @@ fn bad_sizes_are_errors() {
     let (mut workload, mut meter) = curve.simulation(64).build();
     let tuner = Tuner::new();
     assert!(matches!(
-        tuner.run_sizes(&mut workload, &mut meter, &[]),
+        tuner.search(&mut workload, &mut meter).sizes(&[]),
         Err(Error::InvalidSetting {
             setting: autobatch::Setting::Named(autobatch::SettingName::Sizes),
             value: autobatch::Value::Count(0),
@@ -141,7 +141,7 @@ fn bad_sizes_are_errors() {
         })
     ));
     assert!(matches!(
-        tuner.run_sizes(&mut workload, &mut meter, &[64, 0]),
+        tuner.search(&mut workload, &mut meter).sizes(&[64, 0]),
         Err(Error::InvalidSetting {
             setting: autobatch::Setting::Named(autobatch::SettingName::Size),
             value: autobatch::Value::Count(0),
@@ -150,7 +150,7 @@ fn bad_sizes_are_errors() {
     ));
     assert_eq!(workload.steps(), 0, "nothing ran");
     // a size where nothing fits says which
-    let err = tuner.run_sizes(&mut workload, &mut meter, &[64, 1 << 20]).unwrap_err();
+    let err = tuner.search(&mut workload, &mut meter).sizes(&[64, 1 << 20]).unwrap_err();
     assert!(
         matches!(&err, Error::AtSize { size, source } if *size == 1 << 20 && matches!(**source, Error::NothingFits { .. })),
         "{err}"
@@ -168,10 +168,10 @@ fn the_plan_cache_keeps_sizes_apart() {
     let key = autobatch::CacheKey::new().param("model", "simulated lm");
     let tuner = Tuner::new().cache(&path).cache_key(key);
     let (mut workload, mut meter) = curve.simulation(128).build();
-    let first = tuner.run_sizes(&mut workload, &mut meter, &[128, 512]).unwrap();
+    let first = tuner.search(&mut workload, &mut meter).sizes(&[128, 512]).unwrap();
     let steps = workload.steps();
     assert!(!first.cached());
-    let second = tuner.run_sizes(&mut workload, &mut meter, &[128, 512]).unwrap();
+    let second = tuner.search(&mut workload, &mut meter).sizes(&[128, 512]).unwrap();
     assert_eq!(workload.steps(), steps, "a cached size runs no step");
     assert!(second.cached());
     for ((a_size, a), (b_size, b)) in first.sizes.iter().zip(&second.sizes) {
@@ -179,12 +179,12 @@ fn the_plan_cache_keeps_sizes_apart() {
     }
     assert_ne!(first.sizes[&128].largest_batch, first.sizes[&512].largest_batch);
     // a new size probes only itself
-    let third = tuner.run_sizes(&mut workload, &mut meter, &[128, 256, 512]).unwrap();
+    let third = tuner.search(&mut workload, &mut meter).sizes(&[128, 256, 512]).unwrap();
     assert!(workload.steps() > steps);
     assert!(third.sizes[&128].cached() && !third.sizes[&256].cached() && third.sizes[&512].cached());
     // the cache needs a key
     let (mut workload, mut meter) = curve.simulation(128).build();
-    let err = Tuner::new().cache(&path).run_sizes(&mut workload, &mut meter, &[128]).unwrap_err();
+    let err = Tuner::new().cache(&path).search(&mut workload, &mut meter).sizes(&[128]).unwrap_err();
     assert!(matches!(err, Error::InvalidSetting { value: autobatch::Value::Missing, .. }), "{err}");
     assert!(err.to_string().starts_with("cache_key is missing: the plan cache needs"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -216,7 +216,7 @@ fn the_token_budget_holds_between_probed_sizes_with_a_per_sample_term() {
     };
     let (mut workload, mut meter) = SizedSimulation::new(40 * GIB, 64, curve).build();
     let sizes = [64, 256, 1024, 2048];
-    let plan = Tuner::new().run_sizes(&mut workload, &mut meter, &sizes).unwrap();
+    let plan = Tuner::new().search(&mut workload, &mut meter).sizes(&sizes).unwrap();
     let limit = plan.limit_bytes;
     for len in 64..=2048 {
         let batch = plan.token_budget / len;

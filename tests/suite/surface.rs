@@ -162,7 +162,10 @@ const DEFAULT_FEATURES: [&str; 0] = [];
 /// it on purpose.
 #[test]
 fn the_public_surface_does_not_grow() {
-    const MOST: usize = 86;
+    // 87: `Search`, raised on purpose: the four searches that were methods of
+    // `Tuner` (run_with_eval, run_distributed, run_sizes, run_longest) are
+    // one search with options
+    const MOST: usize = 87;
     const MOST_BEHIND_FEATURES: usize = 9;
     let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());
     for (name, places) in public_paths() {

@@ -940,3 +940,31 @@ fn the_largest_tensor_bounds_the_search_above_an_out_of_memory_reading() {
     );
     assert!(cost(&seen) < cost(&unseen), "{} against {} without the graph", cost(&seen), cost(&unseen));
 }
+
+/// A search's options go with the question they belong to: the evaluation
+/// step and the ranks are options of `run`, and not of the searches over
+/// the input size; both at once are refused too, each naming the option.
+#[test]
+fn a_search_refuses_the_options_its_question_does_not_take() {
+    use autobatch::collective::ThreadCollective;
+    use autobatch::memory::simulated::{MemoryCurve, Simulation, SizedSimulation};
+    use autobatch::{SettingName, SizeRange};
+
+    let ranks = ThreadCollective::group(1).unwrap();
+    let sim = || Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 64 << 20)).build();
+    let (mut training, mut meter) = sim();
+    let (mut evaluation, _) = sim();
+    let tuner = Tuner::new();
+    let both = tuner.search(&mut training, &mut meter).evaluating(&mut evaluation).across(&ranks[0]).run().unwrap_err();
+    assert_eq!(both.setting(), Some(&SettingName::Evaluation.into()), "{both}");
+
+    let sized = SizedSimulation::new(16 << 30, 64, |batch, len| (1 << 30) + (batch * len * 4096) as u64);
+    let (mut workload, mut meter) = sized.build();
+    let (mut evaluation, _) = sim();
+    let err = tuner.search(&mut workload, &mut meter).evaluating(&mut evaluation).sizes(&[64, 128]).unwrap_err();
+    assert!(err.to_string().starts_with("evaluation is set: a search over the input size"), "{err}");
+    let err = tuner.search(&mut workload, &mut meter).across(&ranks[0]).longest(8, SizeRange::up_to(512)).unwrap_err();
+    assert!(err.to_string().starts_with("ranks is set: a search over the input size runs on one rank"), "{err}");
+    // and without them, the same searches answer
+    assert!(tuner.search(&mut workload, &mut meter).longest(8, SizeRange::up_to(512)).is_ok());
+}

@@ -7,7 +7,7 @@
 //! - the same BERT forked with `autobatch_models::ops::nn::LayerNorm` (three lines): the
 //!   whole graph, an exact answer by brute force, below the demoted one;
 //! - its forward pass alone (`ModelProbe::forward_only` over `detached`);
-//! - its longest input at twice that batch (`Tuner::run_longest`), exact, and
+//! - its longest input at twice that batch (`Search::longest`), exact, and
 //!   a real training step there under the ceiling;
 //! - Qwen2, whose KV cache grows with every forward pass, probed twice in a
 //!   row with a reset hook;
@@ -146,9 +146,9 @@ fn bert(forked: bool) -> Plan {
             "{name}, forward only beside the probe's AdamW moments: largest batch {} (proven)",
             served.largest_batch
         );
-        // run_with_eval: evaluation between training steps, then alone with the probe's moments freed
+        // evaluating: evaluation between training steps, then alone with the probe's moments freed
         let mut evaluation = |batch: usize| serving.hidden(&tokens(batch)?).map(drop);
-        let with_eval = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
+        let with_eval = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
         let eval = with_eval.evaluation.as_ref().unwrap();
         let during = eval.during_training.as_ref().expect("the probe frees AdamW's moments");
         assert_eq!(during.largest_batch, served.largest_batch, "{with_eval}");
@@ -156,7 +156,7 @@ fn bert(forked: bool) -> Plan {
         assert_eq!(alone.largest_batch, eval.largest_batch, "{alone}\n{with_eval}");
         exact("BERT fork, forward only alone", &mut forward_only, &mut meter, &alone);
         println!(
-            "{name}, run_with_eval: evaluation alone {} (a forward-only probe with the moments freed: {}), \
+            "{name}, evaluating: evaluation alone {} (a forward-only probe with the moments freed: {}), \
              between training steps {} ({} of moments)",
             eval.largest_batch,
             alone.largest_batch,
@@ -175,7 +175,7 @@ fn bert(forked: bool) -> Plan {
 }
 
 /// The longest input the BERT fork trains on at a fixed batch
-/// (`Tuner::run_longest` over `ModelProbe::by_size`): the answer's step
+/// (`Search::longest` over `ModelProbe::by_size`): the answer's step
 /// fits and one token longer does not, a real AdamW training step at the
 /// answer (backward, then `optimizer.step`) stays under the ceiling, and no
 /// variable changed.
@@ -195,7 +195,7 @@ fn bert_fork_longest(batch: usize) {
     let mut meter = HeapMeter::new(BUDGET).unwrap();
     let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
     // the model's 128 positions are the range
-    let longest = Tuner::new().run_longest(&mut probe, &mut meter, batch, SizeRange::up_to(128)).unwrap();
+    let longest = Tuner::new().search(&mut probe, &mut meter).longest(batch, SizeRange::up_to(128)).unwrap();
     assert!(bits(&varmap) == before, "BERT fork: the length search changed a variable");
     let (len, limit) = (longest.largest_size, longest.limit_bytes());
     assert!(longest.proven_longest && len < 128, "{}", longest.summary("sequence length"));

@@ -132,6 +132,7 @@ impl autobatch::Names for Flags {
             S::Dtype => self.dtype.to_owned(),
             S::BudgetBytes | S::Capacity => "--budget".to_owned(),
             S::ExactEffectiveBatch => "--exact".to_owned(),
+            S::Evaluation => "--eval".to_owned(),
             S::LoraRank => "--lora".to_owned(),
             S::ZeroStage => "--zero".to_owned(),
             S::DataParallel => "--ranks".to_owned(),

@@ -102,7 +102,7 @@ where
     ));
     let progress = Arc::new(Mutex::new(Progress::new(args.output.json).sizes(words.word)));
     let tuner = crate::model::search_tuner(args).observer(progress);
-    let result = tuner.run_longest(&mut trainer, meter, batch, range);
+    let result = tuner.search(&mut trainer, meter).longest(batch, range);
     drop(tuner); // the live rows end before the answer prints
                  // the size is named as this model calls it: a sequence length, a resolution
     let longest = result.map_err(|err| Failure::in_flags(err, &Flags { size: words.what, ..Flags::PROBE }))?;

@@ -70,7 +70,7 @@ impl Run<'_> {
         let tuner = self.tuner.clone().observer(Progress::shared(args.output.json));
         let result = if args.plan.eval {
             let mut evaluation = workload.evaluation_workload();
-            tuner.run_with_eval(workload, &mut *evaluation, meter)
+            tuner.search(workload, meter).evaluating(&mut *evaluation).run()
         } else {
             tuner.run(workload, meter)
         };
@@ -103,7 +103,7 @@ impl Run<'_> {
             self.device_words
         ));
         let tuner = self.tuner.clone().observer(Progress::shared(args.output.json));
-        let result = tuner.run_sizes(trainer, meter, &args.seq_lens());
+        let result = tuner.search(trainer, meter).sizes(&args.seq_lens());
         drop(tuner); // the live rows end before the plan prints
         let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
         if let Some(path) = &args.output.plot {

@@ -27,7 +27,7 @@ pub struct TransformerConfig {
     /// Tokens per sample: the longest sequence the model takes (its learned
     /// positions). Memory per sample grows with it, quadratically in
     /// attention: tune at the longest sequence training will see, or at
-    /// several with [`Tuner::run_sizes`](autobatch::Tuner::run_sizes) (the built
+    /// several with [`Search::sizes`](autobatch::Search::sizes) (the built
     /// model steps at any length up to this one, see [`Resizable`](autobatch::Resizable)).
     pub seq_len: usize,
     /// Dtype of weights, gradients and optimizer state: f32 or bf16.

@@ -265,7 +265,7 @@ impl<M: Model> Trainer<M> {
     /// The evaluation step as a [`Workload`]: a forward-only [`ModelProbe`]
     /// of the model detached from its variables (no graph, no backward, no
     /// optimizer), the loss read back as an evaluation loop reads it: what
-    /// [`Tuner::run_with_eval`](autobatch::Tuner::run_with_eval) probes for the
+    /// [`Search::evaluating`](autobatch::Search::evaluating) probes for the
     /// evaluation batch.
     pub fn evaluation(&self) -> ModelProbe<ForwardOnly<impl FnMut(usize) -> candle_core::Result<Tensor>>> {
         let (model, seed) = (self.model.borrow().detached(), self.seed);

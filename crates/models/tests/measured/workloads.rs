@@ -273,7 +273,7 @@ fn the_evaluation_step_gets_its_own_larger_batch() {
     let state = model.state_bits().unwrap();
     let mut evaluation = model.evaluation();
     let mut meter = HeapMeter::with_room(32 * MIB, 0.9).unwrap();
-    let plan = Tuner::new().run_with_eval(&mut model, &mut evaluation, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut model, &mut meter).evaluating(&mut evaluation).run().unwrap();
     let eval = plan.evaluation.clone().expect("evaluation planned");
     eprintln!("{plan}");
     // no gradients, no optimizer, no graph kept: much more fits
@@ -416,7 +416,7 @@ fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
     use autobatch::{BatchSource, Resizable};
     let mut trainer = transformer(64, 32, 1).build(&Device::Cpu).unwrap();
     let mut meter = HeapMeter::with_room(38 * MIB, 0.9).unwrap();
-    let plan = Tuner::new().run_sizes(&mut trainer, &mut meter, &[16, 32, 64]).unwrap();
+    let plan = Tuner::new().search(&mut trainer, &mut meter).sizes(&[16, 32, 64]).unwrap();
     let report = plan.to_string();
     eprintln!("{report}");
     assert_eq!(trainer.size(), 64, "put back at its length");
@@ -468,7 +468,7 @@ where
     let original = trainer.size();
     let state = trainer.state_bits().unwrap();
     let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
-    let longest = Tuner::new().run_longest(&mut trainer, &mut meter, batch, range).unwrap();
+    let longest = Tuner::new().search(&mut trainer, &mut meter).longest(batch, range).unwrap();
     let (size, limit, granule) = (longest.largest_size, longest.limit_bytes(), range.multiple_of);
     let report = longest.summary("size");
     eprint!("{report}");

@@ -730,7 +730,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     let mut evaluation = |b: usize| evaluation_model.loss(b, 0)?.to_scalar::<f32>().map(drop);
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
-    let plan = Tuner::new().run_with_eval(&mut probe, &mut evaluation, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
     let eval = plan.evaluation.as_ref().unwrap();
     assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
     // alone, the probe's AdamW moments freed: what a forward-only probe finds
@@ -788,8 +788,8 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     let plan = {
         let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
         let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
-        let plan = tuner.run_sizes(&mut probe, &mut meter, &[8, 16, SEQ]).unwrap();
-        let again = tuner.run_sizes(&mut probe, &mut meter, &[8, 16, SEQ]).unwrap();
+        let plan = tuner.search(&mut probe, &mut meter).sizes(&[8, 16, SEQ]).unwrap();
+        let again = tuner.search(&mut probe, &mut meter).sizes(&[8, 16, SEQ]).unwrap();
         assert!(again.cached(), "{again}");
         plan
     };
@@ -824,7 +824,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The longest length of your model at a fixed batch (`Tuner::run_longest`
+/// The longest length of your model at a fixed batch (`Search::longest`
 /// over `ModelProbe::by_size`): the answer's step fits, one token longer
 /// does not, no weight changed, the probe is left at its length, and a real
 /// training step at the answer stays under the ceiling.
@@ -838,7 +838,7 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     // a batch that fits at the shortest lengths and not at SEQ
     let at_seq = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch;
     let batch = 2 * at_seq;
-    let longest = Tuner::new().run_longest(&mut probe, &mut meter, batch, SizeRange::up_to(SEQ)).unwrap();
+    let longest = Tuner::new().search(&mut probe, &mut meter).longest(batch, SizeRange::up_to(SEQ)).unwrap();
     eprint!("{}", longest.summary("sequence length"));
     let (len, limit) = (longest.largest_size, longest.limit_bytes());
     assert!(longest.proven_longest && len < SEQ, "{longest:?}");
@@ -905,7 +905,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
         ModelProbe::by_size_with_backward(&varmap, SEQ, |b, len| model.checkpointed_loss(&frozen, &vars, b, 0, len))
             .adamw(ParamsAdamW::default())
             .unwrap();
-    let sizes = Tuner::new().run_sizes(&mut probe, &mut meter, &[SEQ / 2, SEQ]).unwrap();
+    let sizes = Tuner::new().search(&mut probe, &mut meter).sizes(&[SEQ / 2, SEQ]).unwrap();
     drop(probe);
     assert!(sizes.sizes[&(SEQ / 2)].largest_batch > sizes.sizes[&SEQ].largest_batch, "{sizes}");
     for (&len, plan) in &sizes.sizes {
