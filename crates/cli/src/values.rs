@@ -110,8 +110,12 @@ impl<T: Choice> TypedValueParser for ChoiceParser<T> {
         match named {
             Some((variant, _)) => Ok(variant),
             None => {
+                // clap's own message for a value that is none of the names
                 let names = PossibleValuesParser::new(self.possible().map(|(_, possible)| possible));
-                names.parse_ref(cmd, arg, value).map(|_| unreachable!("a name no variant has"))
+                Err(match names.parse_ref(cmd, arg, value) {
+                    Err(err) => err,
+                    Ok(_) => clap::Error::new(clap::error::ErrorKind::InvalidValue).with_cmd(cmd),
+                })
             }
         }
     }

@@ -43,21 +43,21 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
 
 /// `--find`: the longest input of the model the flags describe, on `device`.
 pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
-    let Run { args, model, device, device_words: on, header: say, .. } = *run;
+    let Run { args, model, device, .. } = *run;
     match model {
         ModelConfig::Transformer(config) => {
             let range = SizeRange::up_to(config.seq_len).multiple_of(args.search.multiple_of.get());
             check_range(range, "--seq-len")?;
             let trainer = with_optimizer(args, config.build(device)?)?;
             let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
-            find_in(args, trainer, meter, range, words, on, say)
+            find_in(run, trainer, meter, range, words)
         }
         ModelConfig::ConvNet(config) => {
             let range = SizeRange::up_to(config.resolution).multiple_of(args.search.multiple_of.get().max(4));
             check_range(range, "--resolution")?;
             let trainer = with_optimizer(args, config.build(device)?)?;
             let words = SizeWords { word: "resolution", key: "largest_resolution", what: "resolution" };
-            find_in(args, trainer, meter, range, words, on, say)
+            find_in(run, trainer, meter, range, words)
         }
         ModelConfig::FromConfig(spec) => {
             let (config, training) = spec.as_ref();
@@ -65,9 +65,11 @@ pub fn run(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
             check_range(range, "--seq-len")?;
             let trainer = with_optimizer(args, ConfigModel::build(config, training, device)?.into_trainer()?)?;
             let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
-            find_in(args, trainer, meter, range, words, on, say)
+            find_in(run, trainer, meter, range, words)
         }
-        ModelConfig::Mlp(_) => unreachable!("check_flags refuses --find for the MLP"),
+        ModelConfig::Mlp(_) => {
+            Err(Failure::usage("--find searches a transformer's or a convnet's input, not an MLP's"))
+        }
     }
 }
 
@@ -81,22 +83,21 @@ struct SizeWords {
 /// Says what runs, searches `trainer`'s sizes in `range` at `--batch` and
 /// prints (and plots) the answer.
 fn find_in<M: Model>(
-    args: &ProbeArgs,
+    run: &Run,
     mut trainer: Trainer<M>,
     meter: &mut dyn MemoryMeter,
     range: SizeRange,
     words: SizeWords,
-    on: &str,
-    say: &dyn Fn(&str),
 ) -> Result<(), Failure>
 where
     Trainer<M>: Resizable + ReferenceWorkload,
 {
-    let batch = args.mode.batch.expect("clap requires --batch with --find").get();
+    let Run { args, device_words: on, header: say, .. } = *run;
+    let batch = args.mode.batch.ok_or_else(|| Failure::usage("--find holds a --batch fixed: add --batch N"))?.get();
     let description = ReferenceWorkload::description(&trainer);
     say(&format!(
-        "probing {description} ({} parameters) for the largest {} at batch {batch}, up to {}, on {on}",
-        trainer.parameter_count(),
+        "probing {description} ({}) for the largest {} at batch {batch}, up to {}, on {on}",
+        run.model.parameters_said(trainer.parameter_count()),
         words.what,
         range.largest
     ));
