@@ -389,8 +389,32 @@ pub struct OutputArgs {
     pub json: bool,
 }
 
+/// `autobatch estimate`.
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub sharding: ShardingArgs,
+    #[command(flatten)]
+    pub activations: ActivationArgs,
+    #[command(flatten)]
+    pub lora: LoraArgs,
+    #[command(flatten)]
+    pub step: StepArgs,
+    #[command(flatten)]
+    pub serving: ServingCountArgs,
+    /// Print the estimate as JSON on stdout.
+    #[arg(long, help_heading = "Output")]
+    pub json: bool,
+}
+
+/// What trains and how its state is stored.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "What trains")]
+pub struct StateArgs {
     /// Trainable parameters, e.g. 1e9, 125M or 7B.
     #[arg(long, allow_hyphen_values = true, required_unless_present = "config", conflicts_with = "config")]
     pub params: Option<String>,
@@ -413,6 +437,12 @@ pub struct EstimateArgs {
     /// Mixed precision: bf16 weights and gradients, fp32 master weights and optimizer state.
     #[arg(long)]
     pub mixed_precision: bool,
+}
+
+/// The device it should fit on.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Device")]
+pub struct DeviceArgs {
     /// Device capacity, e.g. 12GiB or 80GB, or a card by name (h100, a100-40gb,
     /// a100-80gb, h200, l4, l40s, rtx4090, rtx3090, v100-16gb, v100-32gb,
     /// mi300x, ...: the memory it reports): says whether it fits, and what
@@ -423,84 +453,112 @@ pub struct EstimateArgs {
     /// --zero, --ranks and --tensor-parallel), with the memory each reports.
     #[arg(long)]
     pub which_gpus: bool,
-    /// Activation memory at the batch you want, e.g. 6GiB (from a probe); counted in the total.
-    #[arg(long, allow_hyphen_values = true)]
-    pub activations: Option<String>,
+    /// With --config and --capacity: the largest batch is the one whose
+    /// step stays under this fraction of the capacity (0.9, or 90%).
+    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling, requires = "config", conflicts_with = "params")]
+    pub ceiling: Ceiling,
+    /// With --config and --capacity: split this effective (global) batch
+    /// into micro-batch × accumulation × --ranks from the largest batch.
+    #[arg(long, requires_all = ["config", "capacity"], conflicts_with = "params")]
+    pub target_effective_batch: Option<Count>,
+}
+
+/// How the state is spread over devices.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Sharding")]
+pub struct ShardingArgs {
     /// ZeRO stage the state is partitioned at over --ranks: 0 none, 1 optimizer
     /// states, 2 + gradients, 3 + weights.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3), help_heading = "Sharding")]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
     /// Data-parallel ranks (the ZeRO partitions are spread over them).
-    #[arg(long, default_value_t = Count::ONE, help_heading = "Sharding")]
+    #[arg(long, default_value_t = Count::ONE)]
     pub ranks: Count,
     /// Tensor-parallel degree: every parameter (and activation) split this many ways.
-    #[arg(long, default_value_t = Count::ONE, help_heading = "Sharding")]
+    #[arg(long, default_value_t = Count::ONE)]
     pub tensor_parallel: Count,
+}
+
+/// The activations: given, or a transformer's counted (with --config, its
+/// sizes and length).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Activations")]
+pub struct ActivationArgs {
+    /// Activation memory at the batch you want, e.g. 6GiB (from a probe); counted in the total.
+    #[arg(id = "activations", long = "activations", value_name = "ACTIVATIONS", allow_hyphen_values = true)]
+    pub bytes: Option<String>,
     /// Transformer layers: with --hidden, --heads, --seq-len and --batch, the
     /// activations are estimated (Korthikanti et al. 2022, 16-bit) instead of
     /// given. With --config: a copy of the model with this many layers (its
     /// parameters and its activations).
-    #[arg(long, help_heading = "Activations")]
+    #[arg(long)]
     pub layers: Option<Count>,
     /// Transformer hidden size (not with --config, which has its own).
-    #[arg(long, conflicts_with = "config", help_heading = "Activations")]
+    #[arg(long, conflicts_with = "config")]
     pub hidden: Option<Count>,
     /// Transformer attention heads (not with --config, which has its own).
-    #[arg(long, conflicts_with = "config", help_heading = "Activations")]
+    #[arg(long, conflicts_with = "config")]
     pub heads: Option<Count>,
     /// Tokens per sample.
-    #[arg(long, help_heading = "Activations")]
+    #[arg(long)]
     pub seq_len: Option<Count>,
     /// Micro-batch per device.
-    #[arg(long, help_heading = "Activations")]
+    #[arg(long)]
     pub batch: Option<Count>,
     /// What the backward pass recomputes instead of keeping.
-    #[arg(long, value_parser = choice::<Recompute>(), default_value = "none", help_heading = "Activations")]
+    #[arg(long, value_parser = choice::<Recompute>(), default_value = "none")]
     pub recompute: Recompute,
+}
+
+/// LoRA adapters on a config's model.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "LoRA")]
+pub struct LoraArgs {
     /// With --config: LoRA adapters of this rank are what trains; the base is
     /// frozen, its weights counted without gradients or optimizer state.
-    #[arg(long, requires = "config", conflicts_with = "params", help_heading = "LoRA")]
-    pub lora: Option<Count>,
+    #[arg(id = "lora", long = "lora", value_name = "LORA", requires = "config", conflicts_with = "params")]
+    pub rank: Option<Count>,
     /// The modules LoRA adapts, comma-separated [default: q_proj,v_proj;
     /// c_attn for gpt2; query,value for bert].
-    #[arg(long, value_delimiter = ',', value_parser = module_name, requires = "lora", help_heading = "LoRA")]
-    pub lora_targets: Vec<String>,
+    #[arg(id = "lora_targets", long = "lora-targets", value_name = "LORA_TARGETS", value_delimiter = ',', value_parser = module_name, requires = "lora")]
+    pub targets: Vec<String>,
     /// The frozen base's dtype (f32, bf16, q8_0, q4_0), the adapters in f32
     /// [default: the model's dtype, adapters in it too].
-    #[arg(long, value_parser = base_dtype, requires = "lora", help_heading = "LoRA")]
+    #[arg(long, value_parser = base_dtype, requires = "lora")]
     pub base_dtype: Option<BaseDtype>,
+}
+
+/// How a config's step computes attention and the loss.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Model from a config")]
+pub struct StepArgs {
     /// With --config: how attention is computed (blocked, the default, or
     /// eager: the scores made whole and kept).
-    #[arg(long, value_parser = choice::<Attention>(), default_value = "blocked", requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
+    #[arg(long, value_parser = choice::<Attention>(), default_value = "blocked", requires = "config", conflicts_with = "params")]
     pub attention: Attention,
     /// With --config: how the head and loss are computed (chunked, the
     /// default, or full: every position's logits made whole).
-    #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
+    #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config", conflicts_with = "params")]
     pub loss: Loss,
-    /// With --config and --capacity: the largest batch is the one whose
-    /// step stays under this fraction of the capacity (0.9, or 90%).
-    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling, requires = "config", conflicts_with = "params", help_heading = "Model from a config")]
-    pub ceiling: Ceiling,
-    /// With --config and --capacity: split this effective (global) batch
-    /// into micro-batch × accumulation × --ranks from the largest batch.
-    #[arg(long, requires_all = ["config", "capacity"], conflicts_with = "params", help_heading = "Model from a config")]
-    pub target_effective_batch: Option<Count>,
+}
+
+/// Serving instead of training, counted.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Serving")]
+pub struct ServingCountArgs {
     /// With --config: serving instead of training, counted: the KV cache's
     /// bytes per token and per sequence, the worst step's own bytes, and with
     /// --capacity the sequences of --max-model-len it holds under --ceiling,
     /// beside what vLLM's formula gives for the same settings.
-    #[arg(long, requires = "config", conflicts_with_all = ["params", "lora", "batch", "seq_len", "target_effective_batch"], help_heading = "Serving")]
+    #[arg(long, requires = "config", conflicts_with_all = ["params", "lora", "batch", "seq_len", "target_effective_batch"])]
     pub serve: bool,
     /// With --serve: count for `serve --device cpu` (the CPU heap, where
     /// candle's matmul widens a bf16 weight to f32 for the product) rather
     /// than for an accelerator (the default).
-    #[arg(long, requires = "serve", help_heading = "Serving")]
+    #[arg(long, requires = "serve")]
     pub on_cpu: bool,
     #[command(flatten)]
-    pub serving: crate::serve::ServingArgs,
-    /// Print the estimate as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    pub settings: crate::serve::ServingArgs,
 }
 
 #[derive(Debug, Args)]

@@ -19,11 +19,18 @@ use crate::values::Count;
 
 /// `autobatch estimate`.
 pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
-    if let (true, Some(path)) = (args.serve, &args.config) {
-        let capacity = args.capacity.as_deref().map(parse_capacity).transpose()?.map(|(bytes, _)| bytes);
-        return crate::serve::estimate(path, &args.serving, capacity, args.ceiling, args.on_cpu, args.json);
+    if let (true, Some(path)) = (args.serving.serve, &args.state.config) {
+        let capacity = args.device.capacity.as_deref().map(parse_capacity).transpose()?.map(|(bytes, _)| bytes);
+        return crate::serve::estimate(
+            path,
+            &args.serving.settings,
+            capacity,
+            args.device.ceiling,
+            args.serving.on_cpu,
+            args.json,
+        );
     }
-    if args.serving != crate::serve::ServingArgs::default() {
+    if args.serving.settings != crate::serve::ServingArgs::default() {
         return Err(Failure::usage(
             "--max-model-len, --max-num-batched-tokens, --block-size, --weights and --kv-cache-dtype count serving: add --serve",
         ));
@@ -77,23 +84,30 @@ impl Estimate {
         let model = config_model(args)?;
         let parameters = parameters(args, model.as_ref())?;
         let precision = precision(args, model.as_ref())?;
-        let capacity = args.capacity.as_deref().map(parse_capacity).transpose()?;
+        let capacity = args.device.capacity.as_deref().map(parse_capacity).transpose()?;
         if capacity.is_some_and(|(bytes, _)| bytes == 0) {
             return Err(Failure::usage("--capacity is 0: give the device's memory, e.g. 80GB or 24GiB"));
         }
-        let sharding = Sharding::new(args.zero, args.ranks.get() as u64, args.tensor_parallel.get() as u64)?;
-        if args.zero > 0 && args.ranks == Count::ONE {
-            return Err(Failure::usage(format!("--zero {} partitions over --ranks: give more than 1 rank", args.zero)));
+        let sharding = Sharding::new(
+            args.sharding.zero,
+            args.sharding.ranks.get() as u64,
+            args.sharding.tensor_parallel.get() as u64,
+        )?;
+        if args.sharding.zero > 0 && args.sharding.ranks == Count::ONE {
+            return Err(Failure::usage(format!(
+                "--zero {} partitions over --ranks: give more than 1 rank",
+                args.sharding.zero
+            )));
         }
         let frozen = model.as_ref().and_then(|model| model.lora.as_ref()).map_or(0, |lora| lora.frozen_bytes);
-        let setup = TrainingSetup::new(parameters, precision, args.optimizer).sharded(sharding).frozen(frozen);
+        let setup = TrainingSetup::new(parameters, precision, args.state.optimizer).sharded(sharding).frozen(frozen);
         // a config's model: its whole candle step counted; otherwise the formula's activations
         let step = match &model {
             Some(model) => Some(Step::new(args, &model.config, model.lora.as_ref().map(|lora| lora.training.clone()))?),
             None => None,
         };
         let setup = match &step {
-            Some(_) if args.activations.is_some() => {
+            Some(_) if args.activations.bytes.is_some() => {
                 return Err(Failure::usage("--activations and --config both say the activations: give one"))
             }
             // the chunked loss's one chunk is held whatever the batch
@@ -104,15 +118,15 @@ impl Estimate {
         };
         let total = setup.total()?;
         let room = match (&step, capacity) {
-            (Some(_), Some((bytes, _))) => Some(args.ceiling.limit_bytes(bytes)),
+            (Some(_), Some((bytes, _))) => Some(args.device.ceiling.limit_bytes(bytes)),
             (None, capacity) => capacity.map(|(bytes, _)| bytes),
             (Some(_), None) => None,
         };
         let fit = match (&step, capacity) {
             (Some(step), Some((bytes, _))) => {
                 let fixed = setup.clone().activations(0).total()?;
-                let target = args.target_effective_batch.map(Count::get);
-                Some(step.fit(fixed, bytes, args.ceiling, target, args.ranks.get())?)
+                let target = args.device.target_effective_batch.map(Count::get);
+                Some(step.fit(fixed, bytes, args.device.ceiling, target, args.sharding.ranks.get())?)
             }
             _ => None,
         };
@@ -129,7 +143,7 @@ impl Estimate {
             room,
             advice,
             fit,
-            which_gpus: args.which_gpus,
+            which_gpus: args.device.which_gpus,
         })
     }
 
@@ -306,7 +320,7 @@ impl Estimate {
 /// `--config`: the model, a copy with `--layers`, its LoRA training; the
 /// lengths checked against its positions.
 fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
-    let Some(path) = &args.config else { return Ok(None) };
+    let Some(path) = &args.state.config else { return Ok(None) };
     let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
     let mut config = Config::from_file(path).map_err(with_path)?;
     if let Some(unapplied) = config.unapplied() {
@@ -314,15 +328,15 @@ fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
     }
     // --layers makes a shallower (or deeper) copy: its parameters and its activations
     let mut layers_of_config = None;
-    if let Some(layers) = args.layers {
+    if let Some(layers) = args.activations.layers {
         layers_of_config = Some(config.layers);
         config = config.with_layers(layers.get()).map_err(with_path)?;
     }
     // the lengths the step runs at: at most the positions, within a sliding window
-    if let Some(seq_len) = args.seq_len {
+    if let Some(seq_len) = args.activations.seq_len {
         config.check_seq_len(seq_len.get()).map_err(with_path)?;
     }
-    let lora = match args.lora {
+    let lora = match args.lora.rank {
         Some(rank) => Some(lora_training(args, &config, rank.get())?),
         None => None,
     };
@@ -331,7 +345,7 @@ fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
 
 /// What trains: `--params`, a config's parameters, or under LoRA its adapters'.
 fn parameters(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<u64, Failure> {
-    let parameters = match (model, &args.params) {
+    let parameters = match (model, &args.state.params) {
         (Some(FlaggedConfig { lora: Some(lora), .. }), _) => lora.footprint.parameters,
         (Some(model), _) => model.config.parameter_count(),
         (None, Some(params)) => parse_count(params).map_err(|err| Failure::usage(format!("--params: {err}")))?,
@@ -347,19 +361,19 @@ fn parameters(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<u64,
 /// config's torch_dtype; f32 adapters beside a base of its own dtype.
 fn precision(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<Precision, Failure> {
     let own_base = model.and_then(|model| model.lora.as_ref()?.training.lora.as_ref()?.base).is_some();
-    if own_base && args.mixed_precision {
+    if own_base && args.state.mixed_precision {
         return Err(Failure::usage(
             "--mixed-precision keeps f32 masters of bf16 variables; with --base-dtype the adapters are f32 already: drop one of them",
         ));
     }
-    if args.mixed_precision {
+    if args.state.mixed_precision {
         return Ok(Precision::Mixed);
     }
     let from_config = model.map(|model| match model.config.dtype {
         DType::BF16 => Precision::Bf16,
         _ => Precision::Fp32,
     });
-    Ok(match (own_base, args.dtype) {
+    Ok(match (own_base, args.state.dtype) {
         (true, _) => Precision::Fp32,
         (false, Some(dtype)) => dtype,
         (false, None) => from_config.unwrap_or(Precision::Fp32),
@@ -373,7 +387,7 @@ fn activation_precision(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> R
     let Some((config, lora)) = model.and_then(|model| Some((&model.config, model.lora.as_ref()?))) else {
         return Ok(None);
     };
-    if args.base_dtype.is_none() {
+    if args.lora.base_dtype.is_none() {
         return Ok(None);
     }
     let dtype = config.model_dtype(&lora.training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
@@ -393,7 +407,7 @@ fn advice(
         None => setup.remedies(room)?,
     };
     // with --base-dtype the adapters are f32 whatever --dtype says: no precision advice
-    if args.base_dtype.is_some() {
+    if args.lora.base_dtype.is_some() {
         advice.retain(|remedy| !matches!(remedy.change, Change::Precision { .. }));
     }
     Ok(advice)
@@ -404,16 +418,16 @@ fn advice(
 fn lora_training(args: &EstimateArgs, config: &Config, rank: usize) -> Result<LoraTraining, Failure> {
     use autobatch_models::Lora;
     let mut lora = Lora::new(rank, config.family.lora_targets());
-    if !args.lora_targets.is_empty() {
-        lora.targets = args.lora_targets.clone();
+    if !args.lora.targets.is_empty() {
+        lora.targets = args.lora.targets.clone();
     }
-    if let Some(base) = args.base_dtype {
+    if let Some(base) = args.lora.base_dtype {
         lora = lora.base(base);
     }
-    let seq_len = args.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
+    let seq_len = args.activations.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
     let mut training = Training::new(seq_len).lora(lora);
-    training.dtype = args.dtype.map(crate::model::dtype_of);
-    let path = args.config.as_deref().unwrap_or(std::path::Path::new(""));
+    training.dtype = args.state.dtype.map(crate::model::dtype_of);
+    let path = args.state.config.as_deref().unwrap_or(std::path::Path::new(""));
     let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
     let footprint = config.footprint(&training).map_err(with_path)?;
     let frozen_bytes = config.frozen_bytes(&training).map_err(with_path)?;
@@ -501,20 +515,27 @@ fn with_activations(
     setup: TrainingSetup,
     activation_precision: Option<Precision>,
 ) -> Result<TrainingSetup, Failure> {
-    let sizes = [args.layers, args.hidden, args.heads, args.seq_len, args.batch].map(|size| size.map(Count::get));
+    let sizes = [
+        args.activations.layers,
+        args.activations.hidden,
+        args.activations.heads,
+        args.activations.seq_len,
+        args.activations.batch,
+    ]
+    .map(|size| size.map(Count::get));
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
     if given.is_empty() {
-        if args.recompute != Recompute::None {
+        if args.activations.recompute != Recompute::None {
             return Err(Failure::usage(
                 "--recompute needs the transformer's --layers, --hidden, --heads, --seq-len and --batch",
             ));
         }
-        let given = args.activations.as_deref().map(crate::parse::parse_bytes).transpose();
+        let given = args.activations.bytes.as_deref().map(crate::parse::parse_bytes).transpose();
         let bytes = given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0);
         return Ok(setup.activations(bytes));
     }
-    if args.activations.is_some() {
+    if args.activations.bytes.is_some() {
         return Err(Failure::usage(
             "--activations and the transformer sizes (--layers …) both say the activations: give one",
         ));
@@ -528,7 +549,7 @@ fn with_activations(
             "--heads {heads} does not divide --hidden {hidden}: each head takes hidden / heads dimensions"
         )));
     }
-    let tensor_parallel = args.tensor_parallel.get();
+    let tensor_parallel = args.sharding.tensor_parallel.get();
     if heads % tensor_parallel != 0 {
         return Err(Failure::usage(format!(
             "--tensor-parallel {tensor_parallel} does not divide --heads {heads}: each device takes whole heads"
@@ -541,7 +562,7 @@ fn with_activations(
         seq_len: seq_len as u64,
         batch: batch as u64,
     };
-    let recompute = args.recompute;
+    let recompute = args.activations.recompute;
     match activation_precision.filter(|precision| *precision != setup.precision) {
         Some(precision) => {
             let at_model_dtype = TrainingSetup::new(setup.parameters, precision, setup.optimizer)

@@ -43,21 +43,21 @@ impl Step {
     /// estimate's flags: the sequence length, the dtype, the attention and
     /// loss, checkpointing (`--recompute full`).
     pub fn new(args: &EstimateArgs, config: &Config, lora: Option<Training>) -> Result<Step, Failure> {
-        let seq_len = args.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
+        let seq_len = args.activations.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
         let mut training = match lora {
             Some(training) => training,
             None => {
                 let mut training = Training::new(seq_len);
-                training.dtype = match (args.mixed_precision, args.dtype) {
+                training.dtype = match (args.state.mixed_precision, args.state.dtype) {
                     (true, _) => Some(DType::BF16),
                     (false, dtype) => dtype.map(crate::model::dtype_of),
                 };
                 training
             }
         };
-        training.attention = args.attention;
-        training.loss = args.loss;
-        training.checkpointing = match args.recompute {
+        training.attention = args.step.attention;
+        training.loss = args.step.loss;
+        training.checkpointing = match args.activations.recompute {
             Recompute::None => false,
             Recompute::Full if config.family == Family::Bert => {
                 return Err(Failure::usage("--recompute full checkpoints a decoder's layers, not BERT's"))
@@ -72,7 +72,12 @@ impl Step {
         };
         let bytes_per_sample =
             config.bytes_per_sample(&training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
-        Ok(Step { config: config.clone(), training, bytes_per_sample, batch: args.batch.map_or(1, Count::get) })
+        Ok(Step {
+            config: config.clone(),
+            training,
+            bytes_per_sample,
+            batch: args.activations.batch.map_or(1, Count::get),
+        })
     }
 
     /// The activations at the batch the totals are of.
