@@ -11,7 +11,7 @@ use autobatch_models::trainer::Footprint;
 use autobatch_models::{Config, Training};
 use candle_core::DType;
 
-use crate::args::EstimateArgs;
+use crate::args::{ActivationArgs, EstimateArgs, ShardingArgs};
 use crate::failure::{Failure, Flags};
 use crate::parse::{parse_bytes, parse_count};
 use crate::step::{Fit, Step};
@@ -88,17 +88,7 @@ impl Estimate {
         if capacity.is_some_and(|(bytes, _)| bytes == 0) {
             return Err(Failure::usage("--capacity is 0: give the device's memory, e.g. 80GB or 24GiB"));
         }
-        let sharding = Sharding::new(
-            args.sharding.zero,
-            args.sharding.ranks.get() as u64,
-            args.sharding.tensor_parallel.get() as u64,
-        )?;
-        if args.sharding.zero > 0 && args.sharding.ranks == Count::ONE {
-            return Err(Failure::usage(format!(
-                "--zero {} partitions over --ranks: give more than 1 rank",
-                args.sharding.zero
-            )));
-        }
+        let sharding = sharding(args)?;
         let frozen = model.as_ref().and_then(|model| model.lora.as_ref()).map_or(0, |lora| lora.frozen_bytes);
         let setup = TrainingSetup::new(parameters, precision, args.state.optimizer).sharded(sharding).frozen(frozen);
         // a config's model: its whole candle step counted; otherwise the formula's activations
@@ -317,6 +307,15 @@ impl Estimate {
     }
 }
 
+/// `--zero`, `--ranks` and `--tensor-parallel`.
+fn sharding(args: &EstimateArgs) -> Result<Sharding, Failure> {
+    let ShardingArgs { zero, ranks, tensor_parallel } = args.sharding;
+    if zero > 0 && ranks == Count::ONE {
+        return Err(Failure::usage(format!("--zero {zero} partitions over --ranks: give more than 1 rank")));
+    }
+    Ok(Sharding::new(zero, ranks.get() as u64, tensor_parallel.get() as u64)?)
+}
+
 /// `--config`: the model, a copy with `--layers`, its LoRA training; the
 /// lengths checked against its positions.
 fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
@@ -515,17 +514,7 @@ fn with_activations(
     setup: TrainingSetup,
     activation_precision: Option<Precision>,
 ) -> Result<TrainingSetup, Failure> {
-    let sizes = [
-        args.activations.layers,
-        args.activations.hidden,
-        args.activations.heads,
-        args.activations.seq_len,
-        args.activations.batch,
-    ]
-    .map(|size| size.map(Count::get));
-    let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
-    let given: Vec<&str> = named.iter().zip(sizes).filter(|(_, v)| v.is_some()).map(|(n, _)| *n).collect();
-    if given.is_empty() {
+    let Some(shape) = transformer_shape(&args.activations, args.sharding.tensor_parallel.get())? else {
         if args.activations.recompute != Recompute::None {
             return Err(Failure::usage(
                 "--recompute needs the transformer's --layers, --hidden, --heads, --seq-len and --batch",
@@ -534,8 +523,29 @@ fn with_activations(
         let given = args.activations.bytes.as_deref().map(crate::parse::parse_bytes).transpose();
         let bytes = given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0);
         return Ok(setup.activations(bytes));
+    };
+    let recompute = args.activations.recompute;
+    match activation_precision.filter(|precision| *precision != setup.precision) {
+        Some(precision) => {
+            let at_model_dtype = TrainingSetup::new(setup.parameters, precision, setup.optimizer)
+                .sharded(setup.sharding)
+                .transformer(shape, recompute)?
+                .all_activation_bytes()?;
+            Ok(setup.measured_transformer(at_model_dtype, shape, recompute)?)
+        }
+        None => Ok(setup.transformer(shape, recompute)?),
     }
-    if args.activations.bytes.is_some() {
+}
+
+/// The transformer the five sizes describe, when any is given (then all
+/// must be, and not `--activations` too).
+fn transformer_shape(given: &ActivationArgs, tensor_parallel: usize) -> Result<Option<TransformerShape>, Failure> {
+    let sizes = [given.layers, given.hidden, given.heads, given.seq_len, given.batch].map(|size| size.map(Count::get));
+    let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
+    if sizes.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    if given.bytes.is_some() {
         return Err(Failure::usage(
             "--activations and the transformer sizes (--layers …) both say the activations: give one",
         ));
@@ -549,28 +559,11 @@ fn with_activations(
             "--heads {heads} does not divide --hidden {hidden}: each head takes hidden / heads dimensions"
         )));
     }
-    let tensor_parallel = args.sharding.tensor_parallel.get();
     if heads % tensor_parallel != 0 {
         return Err(Failure::usage(format!(
             "--tensor-parallel {tensor_parallel} does not divide --heads {heads}: each device takes whole heads"
         )));
     }
-    let shape = TransformerShape {
-        layers: layers as u64,
-        hidden: hidden as u64,
-        heads: heads as u64,
-        seq_len: seq_len as u64,
-        batch: batch as u64,
-    };
-    let recompute = args.activations.recompute;
-    match activation_precision.filter(|precision| *precision != setup.precision) {
-        Some(precision) => {
-            let at_model_dtype = TrainingSetup::new(setup.parameters, precision, setup.optimizer)
-                .sharded(setup.sharding)
-                .transformer(shape, recompute)?
-                .all_activation_bytes()?;
-            Ok(setup.measured_transformer(at_model_dtype, shape, recompute)?)
-        }
-        None => Ok(setup.transformer(shape, recompute)?),
-    }
+    let [layers, hidden, heads, seq_len, batch] = [layers, hidden, heads, seq_len, batch].map(|size| size as u64);
+    Ok(Some(TransformerShape { layers, hidden, heads, seq_len, batch }))
 }
