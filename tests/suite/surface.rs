@@ -189,3 +189,46 @@ fn the_public_surface_does_not_grow() {
     let cuda = opted_in.iter().filter(|item| item.ends_with("(cuda)") || item.ends_with("(nccl)")).count();
     assert!(simulated >= 7 && cuda == 2, "the walk lost the feature gates: {opted_in:?}");
 }
+
+/// What rustdoc shows beside the items: the methods (`pub fn` in an `impl`)
+/// and the public fields, read from the source with the test modules left
+/// out. A private type's are counted too, so this is a bound on rustdoc's
+/// figure, not the figure; like the item count it is lowered as methods and
+/// fields leave, and raised only on purpose.
+#[test]
+fn the_public_methods_and_fields_do_not_grow() {
+    const MOST_METHODS: usize = 311;
+    const MOST_FIELDS: usize = 193;
+    let (mut methods, mut fields) = (0, 0);
+    let mut folders = vec![src()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(&text);
+            for line in code.lines() {
+                let indented = line.starts_with(' ');
+                let rest = line.trim_start();
+                if indented && rest.starts_with("pub fn ") {
+                    methods += 1;
+                }
+                let field = rest.strip_prefix("pub ").and_then(|rest| rest.split_once(": "));
+                if indented
+                    && field.is_some_and(|(name, _)| {
+                        name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    })
+                {
+                    fields += 1;
+                }
+            }
+        }
+    }
+    println!("{methods} public methods, {fields} public fields");
+    assert!(methods <= MOST_METHODS, "{methods} public methods (at most {MOST_METHODS})");
+    assert!(fields <= MOST_FIELDS, "{fields} public fields (at most {MOST_FIELDS})");
+    assert!(methods > MOST_METHODS / 2 && fields > MOST_FIELDS / 2, "the count lost its way: {methods}, {fields}");
+}
