@@ -10,35 +10,19 @@ use super::pool::{peaks_from_counters, pool_sees_allocations, PoolCounters};
 use crate::PeakKinds;
 use crate::{Error, MemoryMeter};
 
-/// A [`MemoryMeter`] for a candle CUDA device.
-///
-/// - capacity: total device memory (`cuMemGetInfo`);
-/// - in use: `total − free`, device-wide (other processes included);
-/// - peak: the highest of three ([`PeakKinds`](crate::PeakKinds),
-///   [`peaks`](CudaMeter::peaks)): `(total − free)` at
-///   [`reset_peak`](MemoryMeter::reset_peak) plus the pool's live-bytes
-///   high-water mark since then (`USED_MEM_HIGH`, PyTorch's
-///   `max_memory_allocated`), the same plus the pool's *reserved* high-water
-///   mark (what fragmentation held around the live bytes), and `total − free`
-///   after the step, which shows memory taken outside the pool and kept.
-///
-/// candle allocates every tensor with `cuMemAllocAsync` from the device's
-/// current memory pool. [`new`](CudaMeter::new) checks that the pool sees
-/// allocations (memory pools supported, and a test allocation grows its live
-/// bytes) and refuses with [`DeviceProblem::PeaksUnreadable`](crate::DeviceProblem::PeaksUnreadable) where it does not (some
-/// virtual GPUs have no pools; candle then allocates with `cuMemAlloc`,
-/// which no counter records): a meter that read a constant would call every
-/// step that does not run out of memory a fit. Blind spot left: memory
-/// allocated outside the pool *during* a step and freed before it ends. The
-/// tuner's warm-up step loads the modules and workspaces of the smallest
-/// batch before the first trial, and the chosen batch is run again when memory
-/// in use rose during the search; [`with_ballast`](CudaMeter::with_ballast)
-/// closes the rest by making the device itself enforce the ceiling.
-///
-/// The CUDA driver is linked dynamically (as candle links it): a binary built
-/// with the `cuda` feature cannot start on a machine without `libcuda.so.1`;
-/// ship a CPU build there. No device, or an ordinal out of range, is an
-/// [`DeviceProblem::CudaUnavailable`](crate::DeviceProblem::CudaUnavailable).
+/// A [`MemoryMeter`] for a candle CUDA device: capacity is the device's
+/// memory, in use is `total − free` device-wide, and a step's peak the
+/// highest of the memory pool's live and reserved high-water marks above the
+/// use at [`reset_peak`](MemoryMeter::reset_peak) and the use after the step
+/// ([`peaks`](CudaMeter::peaks)). [`new`](CudaMeter::new) refuses a device
+/// whose pool does not see candle's allocations
+/// ([`DeviceProblem::PeaksUnreadable`](crate::DeviceProblem::PeaksUnreadable):
+/// every step would look like a fit) or that is not there
+/// ([`DeviceProblem::CudaUnavailable`](crate::DeviceProblem::CudaUnavailable)).
+/// Its blind spot (memory taken outside the pool during a step), what covers
+/// it ([`with_ballast`](CudaMeter::with_ballast)) and how it is checked:
+/// docs/gpu.md. The driver is linked dynamically, as candle links it: a
+/// `cuda` build needs `libcuda.so.1` to start.
 pub struct CudaMeter {
     device: candle_core::Device,
     context: Arc<CudaContext>,

@@ -36,23 +36,12 @@ use crate::{Ceiling, Error, MemoryMeter};
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 ///
-/// # The host's matmul buffers
-///
-/// candle's CPU matmul (the gemm crate) keeps a buffer the size of the host's
-/// L2 cache on every thread that has run a matmul, for the thread's life: 1 MiB
-/// on one host, 2 MiB on the next, times the threads. Appearing in the middle of
-/// a search, it would look like a leak; appearing after it (a larger matmul in
-/// training engages a worker the probe never used), it would break the plan.
-/// So the meter brings every worker of the thread pool it is used in, and the
-/// thread it is used on, to that buffer before each reading of the memory in
-/// use ([`in_use`](MemoryMeter::in_use), [`reset_peak`](MemoryMeter::reset_peak)):
-/// the answer does not depend on what ran before, between or after trials.
-/// [`thread_buffer_bytes`](Self::thread_buffer_bytes) says how large it is here.
-///
-/// Budgets written as fixed bytes therefore hold on one host only (and a
-/// process that has printed a backtrace keeps its debug information on the
-/// heap, tens of MiB). [`HeapMeter::with_room`] sizes the budget from what the
-/// process holds now: the same room for the step on any host.
+/// candle's CPU matmul keeps a buffer the size of the host's L2 cache on
+/// every thread that has run one: the meter brings each worker to it before
+/// every reading, so an answer does not depend on what ran before
+/// ([`thread_buffer_bytes`](Self::thread_buffer_bytes); docs/library.md
+/// tells why). Budgets in fixed bytes hold on one host only:
+/// [`HeapMeter::with_room`] sizes one from what the process holds now.
 #[derive(Debug, Clone)]
 pub struct HeapMeter {
     budget_bytes: u64,

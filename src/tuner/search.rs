@@ -43,16 +43,69 @@ impl Tuner {
 }
 
 impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
-    /// Also find the evaluation step's own largest batch, after the
-    /// training step's: [`run`](Search::run) says how, and the plan's
-    /// [`evaluation`](Plan::evaluation) holds the answer.
+    /// Also find the evaluation step's own largest batch (forward only:
+    /// usually larger), from the training answer: with the training state
+    /// held, as between training steps, then alone when the workload can free
+    /// its optimizer's state ([`Workload::free_training_state`]). The plan's
+    /// [`evaluation`](Plan::evaluation) holds both; docs/library.md tells more.
+    ///
+    /// ```
+    /// # #[global_allocator]
+    /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
+    /// use candle_core::{DType, Device, Module, Tensor};
+    /// use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let model = linear(256, 256, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    /// let input = |samples: usize| Tensor::ones((samples, 256), DType::F32, &Device::Cpu);
+    /// let mut training = ModelProbe::new(&varmap, |samples| loss::mse(&model.forward(&input(samples)?)?, &input(samples)?))
+    ///     .adamw(ParamsAdamW::default())?;
+    /// let mut evaluation = ModelProbe::forward_only(&varmap, |samples| model.forward(&input(samples)?));
+    /// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
+    /// let plan = Tuner::new().search(&mut training, &mut meter).evaluating(&mut evaluation).run()?;
+    /// let evaluation = plan.evaluation.unwrap();
+    /// let during = evaluation.during_training.unwrap();
+    /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
     pub fn evaluating(mut self, evaluation: &'a mut dyn Workload) -> Self {
         self.evaluation = Some(evaluation);
         self
     }
 
-    /// Search on every rank of a data-parallel job and agree on one batch
-    /// (see [`Search::run`]).
+    /// Search on every rank of a data-parallel job and agree on one batch:
+    /// the smallest of the ranks' largest, verified on every rank, the
+    /// accumulation planned for the collective's world size; with
+    /// [`uneven_ranks`](Tuner::uneven_ranks), each rank's own batch and the
+    /// global batch shared in proportion ([`RankSplit::plan`](crate::RankSplit::plan)).
+    /// When a rank cannot tune, every rank fails ([`Error::RankFailed`] on the
+    /// others), so that none trains alone.
+    ///
+    /// ```
+    /// use autobatch::collective::ThreadCollective;
+    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
+    /// use autobatch::Tuner;
+    ///
+    /// let ranks = ThreadCollective::group(2)?;
+    /// let capacities = [80u64 << 30, 40 << 30];
+    /// let plans = std::thread::scope(|s| {
+    ///     let runs: Vec<_> = ranks
+    ///         .iter()
+    ///         .zip(capacities)
+    ///         .map(|(rank, capacity)| {
+    ///             s.spawn(move || {
+    ///                 let (mut step, mut meter) = Simulation::new(capacity, MemoryCurve::affine(8 << 30, 256 << 20)).build();
+    ///                 Tuner::new().target_effective_batch(512).search(&mut step, &mut meter).across(rank).run()
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     runs.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(plans[0].largest_batch, plans[1].largest_batch); // the 40 GiB rank decides
+    /// assert_eq!(plans[0].micro_batch() * plans[0].accumulation_steps() * 2, 512);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
     pub fn across(mut self, ranks: &'a dyn Collective) -> Self {
         self.ranks = Some(ranks);
         self
@@ -81,80 +134,10 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
 
 impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// The largest batch that fits under the ceiling, and the plan from it
-    /// (what [`Tuner::run`] answers).
-    ///
-    /// [`evaluating`](Search::evaluating): then the evaluation step's own
-    /// largest batch (forward only: usually larger), searched from the
-    /// training answer: first with the training workload's state held, as
-    /// in a loop that evaluates between training steps, then, when the
-    /// workload can free its optimizer's state
-    /// ([`Workload::free_training_state`]: [`ModelProbe`](crate::ModelProbe)
-    /// with one of its optimizers, the reference models), alone, as a
-    /// separate evaluation or serving process runs it, starting where the
-    /// freed bytes say. The plan's [`evaluation`](Plan::evaluation) gives the
-    /// answer alone, and the one beside training's state in
-    /// [`during_training`](crate::EvaluationPlan::during_training). The
-    /// training workload builds its state again at its next step.
-    ///
-    /// ```
-    /// # #[global_allocator]
-    /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
-    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
-    /// use candle_core::{DType, Device, Module, Tensor};
-    /// use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
-    ///
-    /// let varmap = VarMap::new();
-    /// let model = linear(256, 256, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    /// let input = |samples: usize| Tensor::ones((samples, 256), DType::F32, &Device::Cpu);
-    /// let mut training = ModelProbe::new(&varmap, |samples| loss::mse(&model.forward(&input(samples)?)?, &input(samples)?))
-    ///     .adamw(ParamsAdamW::default())?;
-    /// let mut evaluation = ModelProbe::forward_only(&varmap, |samples| model.forward(&input(samples)?));
-    /// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
-    /// let plan = Tuner::new().search(&mut training, &mut meter).evaluating(&mut evaluation).run()?;
-    /// let evaluation = plan.evaluation.unwrap();
-    /// let during = evaluation.during_training.unwrap();
-    /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch);
-    /// # Ok::<(), autobatch::Error>(())
-    /// ```
-    ///
-    /// [`across`](Search::across): the search on every rank, then agreement:
-    /// the batch every rank trains with is the smallest of the ranks' largest
-    /// batches (mixed GPUs, uneven free memory), verified on every rank that
-    /// has not run it, and the accumulation is planned for the collective's
-    /// world size. When any rank cannot tune, every rank fails
-    /// ([`Error::RankFailed`] on the others), so that no rank trains alone.
-    /// With [`uneven_ranks`](Tuner::uneven_ranks) each rank keeps its own
-    /// largest batch instead, and the global batch is shared in proportion to
-    /// them ([`RankSplit::plan`](crate::RankSplit::plan)); a rank whose share
-    /// accumulates verifies its micro-batch with the accumulator held, and
-    /// when it does not fit there every rank shares again with that rank's
-    /// smaller capacity. The evaluation step is searched on one rank: both
-    /// options at once are refused.
-    ///
-    /// ```
-    /// use autobatch::collective::ThreadCollective;
-    /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-    /// use autobatch::Tuner;
-    ///
-    /// let ranks = ThreadCollective::group(2)?;
-    /// let capacities = [80u64 << 30, 40 << 30];
-    /// let plans = std::thread::scope(|s| {
-    ///     let runs: Vec<_> = ranks
-    ///         .iter()
-    ///         .zip(capacities)
-    ///         .map(|(rank, capacity)| {
-    ///             s.spawn(move || {
-    ///                 let (mut step, mut meter) = Simulation::new(capacity, MemoryCurve::affine(8 << 30, 256 << 20)).build();
-    ///                 Tuner::new().target_effective_batch(512).search(&mut step, &mut meter).across(rank).run()
-    ///             })
-    ///         })
-    ///         .collect();
-    ///     runs.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
-    /// })?;
-    /// assert_eq!(plans[0].largest_batch, plans[1].largest_batch); // the 40 GiB rank decides
-    /// assert_eq!(plans[0].micro_batch() * plans[0].accumulation_steps() * 2, 512);
-    /// # Ok::<(), autobatch::Error>(())
-    /// ```
+    /// (what [`Tuner::run`] answers); with [`evaluating`](Search::evaluating)
+    /// the evaluation step's too, [`across`](Search::across) the ranks' agreed
+    /// one. The evaluation step is searched on one rank: both options at once
+    /// are refused.
     pub fn run(self) -> Result<Plan, Error> {
         let settings = self.tuner.settings()?;
         let mut observer = self.tuner.observing();
