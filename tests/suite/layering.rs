@@ -68,7 +68,7 @@ struct Crate {
 fn module_path(src: &Path, file: &Path) -> String {
     let relative = file.strip_prefix(src).unwrap().with_extension("");
     let mut parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib" || p == "main") {
         parts.pop();
     }
     parts.join("::")
@@ -177,7 +177,8 @@ fn depend_one_way(krate: &Crate) -> BTreeMap<String, BTreeSet<String>> {
     let modules: BTreeSet<String> = files.iter().map(|f| module_path(src, f)).filter(|m| !m.is_empty()).collect();
     // root names re-exported by lib.rs: `pub use a::b::{X, Y};` → X, Y in a::b
     let mut root_names = BTreeMap::new();
-    for path in paths_after(&code(&src.join("lib.rs")).replace("pub use ", "use crate::"), "crate::") {
+    let root = [src.join("lib.rs"), src.join("main.rs")].into_iter().find(|root| root.exists()).unwrap();
+    for path in paths_after(&code(&root).replace("pub use ", "use crate::"), "crate::") {
         let (module, name) = path.rsplit_once("::").unwrap_or(("", &path));
         let module = resolve(module, &modules, &BTreeMap::new());
         if let Some(module) = module {
@@ -305,4 +306,38 @@ fn the_models_modules_depend_one_way() {
     };
     let edges = depend_one_way(&models);
     assert!(reaches(&edges, "reference", "trainer") && !reaches(&edges, "trainer", "reference"), "{edges:#?}");
+}
+
+/// The command line's modules, lowest first: reading what people type
+/// (sizes, the flags' value types, the flags), then what the commands share
+/// (the paths, the charts, the device and budget flags, the model the flags
+/// describe), then the commands. Its root (`main.rs`) sits above them all.
+const CLI_ORDER: [&str; 15] = [
+    "parse",
+    "limits",
+    "failure",
+    "progress",
+    "values",
+    "args",
+    "paths",
+    "plot",
+    "device_flags",
+    "model",
+    "step",
+    "serve",
+    "estimate",
+    "plan",
+    "probe",
+];
+
+#[test]
+fn the_command_lines_modules_depend_one_way() {
+    let cli = Crate {
+        src: Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/cli/src"),
+        leaves: &[],
+        parts: &[],
+        order: &CLI_ORDER,
+    };
+    let edges = depend_one_way(&cli);
+    assert!(reaches(&edges, "probe", "args") && !reaches(&edges, "args", "probe"), "{edges:#?}");
 }

@@ -81,7 +81,7 @@ pub enum Command {
     /// Serving capacity: how many sequences of --max-model-len tokens fit at
     /// once beside their KV caches and the worst step, measured (a config's
     /// decoder, forward only, its cache in blocks).
-    Serve(Box<crate::serve::ServeArgs>),
+    Serve(Box<ServeArgs>),
 }
 
 /// The CPU budget of `autobatch probe` when none is given: small enough that
@@ -558,7 +558,7 @@ pub struct ServingCountArgs {
     #[arg(long, requires = "serve")]
     pub on_cpu: bool,
     #[command(flatten)]
-    pub settings: crate::serve::ServingArgs,
+    pub settings: ServingArgs,
 }
 
 #[derive(Debug, Args)]
@@ -586,4 +586,83 @@ pub struct PlanArgs {
     /// Print the split as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// How a model is served: what `serve` measures and `estimate --serve` counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct ServingArgs {
+    /// Tokens each sequence's cache holds (vLLM's --max-model-len)
+    /// [default: the shorter of 4096 and the model's positions].
+    #[arg(long, help_heading = "Serving")]
+    pub max_model_len: Option<Count>,
+    /// Tokens the worst step prefills while every other sequence decodes a
+    /// token (vLLM's --max-num-batched-tokens) [default: 2048].
+    #[arg(long, help_heading = "Serving")]
+    pub max_num_batched_tokens: Option<Count>,
+    /// Tokens per KV cache block (vLLM's --block-size) [default: 16].
+    #[arg(long, help_heading = "Serving")]
+    pub block_size: Option<Count>,
+    /// How the weights are stored: f32, bf16, q8_0 or q4_0 [default: the
+    /// config's torch_dtype]; quantized, the rest computes in the config's dtype.
+    #[arg(long, value_parser = base_dtype, help_heading = "Serving")]
+    pub weights: Option<BaseDtype>,
+    /// The KV cache's dtype: f32, bf16, f16, or int8 (a byte a value and an
+    /// f32 scale per token and head) [default: the dtype the model computes in].
+    #[arg(long, value_enum, help_heading = "Serving")]
+    pub kv_cache_dtype: Option<CacheDtype>,
+}
+
+/// A KV cache's dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CacheDtype {
+    F32,
+    Bf16,
+    F16,
+    /// 8 bits a value and an f32 scale per token and head.
+    Int8,
+}
+
+impl From<CacheDtype> for candle_core::DType {
+    fn from(dtype: CacheDtype) -> candle_core::DType {
+        match dtype {
+            CacheDtype::F32 => candle_core::DType::F32,
+            CacheDtype::Bf16 => candle_core::DType::BF16,
+            CacheDtype::F16 => candle_core::DType::F16,
+            CacheDtype::Int8 => autobatch_models::KvCache::INT8,
+        }
+    }
+}
+
+/// `autobatch serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A Hugging Face config.json of a decoder (llama, mistral, qwen2, qwen3, gpt2).
+    #[arg(long)]
+    pub config: std::path::PathBuf,
+    #[command(flatten)]
+    pub serving: ServingArgs,
+    /// The longest context this many sequences hold, instead of how many
+    /// sequences hold --max-model-len (then the longest it may be).
+    #[arg(long)]
+    pub concurrency: Option<Count>,
+    /// No search: run N sequences and N + 1 at --max-model-len, each with
+    /// the worst step, and say whether each fits (a check by brute force).
+    #[arg(long, value_name = "N", conflicts_with_all = ["concurrency", "plot"])]
+    pub check: Option<Count>,
+    /// The share of memory the peak may reach, as a fraction or a percentage.
+    #[arg(long, default_value = "0.9", value_parser = ceiling)]
+    pub ceiling: Ceiling,
+    /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The CPU's memory for the whole process (weights included) [default: 1GiB].
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// The plan as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw memory against the sequences (the held bytes, the caches and the
+    /// step's own apart) into this SVG file (not with --concurrency).
+    #[arg(long, conflicts_with = "concurrency")]
+    pub plot: Option<std::path::PathBuf>,
 }

@@ -30,7 +30,7 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
             args.json,
         );
     }
-    if args.serving.settings != crate::serve::ServingArgs::default() {
+    if args.serving.settings != crate::args::ServingArgs::default() {
         return Err(Failure::usage(
             "--max-model-len, --max-num-batched-tokens, --block-size, --weights and --kv-cache-dtype count serving: add --serve",
         ));

@@ -2,6 +2,7 @@
 //! estimate training memory. See `autobatch --help`.
 
 mod args;
+mod device_flags;
 mod estimate;
 mod failure;
 mod limits;

@@ -2,15 +2,15 @@
 //! a context a model serves at once beside their KV caches, measured and
 //! counted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
 use autobatch::{Bytes, Ceiling, HeapMeter, MemoryMeter};
 use autobatch_models::{BaseDtype, Config, Serving, ServingBytes, ServingShape};
 use candle_core::DType;
-use clap::{Args, ValueEnum};
 use serde_json::json;
 
+use crate::args::{ServeArgs, ServingArgs};
 use crate::failure::{Failure, Flags};
 use crate::values::Count;
 
@@ -23,85 +23,6 @@ const DEFAULT_CHUNK: usize = 2048;
 
 /// The CPU budget of `serve` when none is given.
 const DEFAULT_BUDGET: &str = "1GiB";
-
-/// How a model is served: what `serve` measures and `estimate --serve` counts.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
-pub struct ServingArgs {
-    /// Tokens each sequence's cache holds (vLLM's --max-model-len)
-    /// [default: the shorter of 4096 and the model's positions].
-    #[arg(long, help_heading = "Serving")]
-    pub max_model_len: Option<Count>,
-    /// Tokens the worst step prefills while every other sequence decodes a
-    /// token (vLLM's --max-num-batched-tokens) [default: 2048].
-    #[arg(long, help_heading = "Serving")]
-    pub max_num_batched_tokens: Option<Count>,
-    /// Tokens per KV cache block (vLLM's --block-size) [default: 16].
-    #[arg(long, help_heading = "Serving")]
-    pub block_size: Option<Count>,
-    /// How the weights are stored: f32, bf16, q8_0 or q4_0 [default: the
-    /// config's torch_dtype]; quantized, the rest computes in the config's dtype.
-    #[arg(long, value_parser = crate::values::base_dtype, help_heading = "Serving")]
-    pub weights: Option<BaseDtype>,
-    /// The KV cache's dtype: f32, bf16, f16, or int8 (a byte a value and an
-    /// f32 scale per token and head) [default: the dtype the model computes in].
-    #[arg(long, value_enum, help_heading = "Serving")]
-    pub kv_cache_dtype: Option<CacheDtype>,
-}
-
-/// A KV cache's dtype.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum CacheDtype {
-    F32,
-    Bf16,
-    F16,
-    /// 8 bits a value and an f32 scale per token and head.
-    Int8,
-}
-
-impl From<CacheDtype> for DType {
-    fn from(dtype: CacheDtype) -> DType {
-        match dtype {
-            CacheDtype::F32 => DType::F32,
-            CacheDtype::Bf16 => DType::BF16,
-            CacheDtype::F16 => DType::F16,
-            CacheDtype::Int8 => autobatch_models::KvCache::INT8,
-        }
-    }
-}
-
-/// `autobatch serve`.
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    /// A Hugging Face config.json of a decoder (llama, mistral, qwen2, qwen3, gpt2).
-    #[arg(long)]
-    pub config: PathBuf,
-    #[command(flatten)]
-    pub serving: ServingArgs,
-    /// The longest context this many sequences hold, instead of how many
-    /// sequences hold --max-model-len (then the longest it may be).
-    #[arg(long)]
-    pub concurrency: Option<Count>,
-    /// No search: run N sequences and N + 1 at --max-model-len, each with
-    /// the worst step, and say whether each fits (a check by brute force).
-    #[arg(long, value_name = "N", conflicts_with_all = ["concurrency", "plot"])]
-    pub check: Option<Count>,
-    /// The share of memory the peak may reach, as a fraction or a percentage.
-    #[arg(long, default_value = "0.9", value_parser = crate::values::ceiling)]
-    pub ceiling: Ceiling,
-    /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// The CPU's memory for the whole process (weights included) [default: 1GiB].
-    #[arg(long)]
-    pub budget: Option<String>,
-    /// The plan as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// Draw memory against the sequences (the held bytes, the caches and the
-    /// step's own apart) into this SVG file (not with --concurrency).
-    #[arg(long, conflicts_with = "concurrency")]
-    pub plot: Option<PathBuf>,
-}
 
 /// What `serve` and `estimate --serve` settle before measuring or counting.
 struct Settled {
@@ -156,15 +77,15 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     }
     let config = load(&args.config, &Flags::PROBE)?;
     let settled = args.serving.settle(config, &args.config)?;
-    match crate::probe::parse_device(&args.device)? {
-        crate::probe::DeviceSpec::Cpu => {
+    match crate::device_flags::parse_device(&args.device)? {
+        crate::device_flags::DeviceSpec::Cpu => {
             // checked against the machine's memory and the process's limits, as probe's
-            let (budget, _) = crate::probe::checked_budget(args.budget.as_deref(), DEFAULT_BUDGET)?;
+            let (budget, _) = crate::device_flags::checked_budget(args.budget.as_deref(), DEFAULT_BUDGET)?;
             // counted for where it runs: the CPU's matmul widens bf16
             let settled = Settled { shape: ServingShape { on_cpu: true, ..settled.shape }, ..settled };
             serve_on(args, &settled, &mut HeapMeter::new(budget)?, &candle_core::Device::Cpu)
         }
-        crate::probe::DeviceSpec::Cuda(ordinal) => on_cuda(args, &settled, ordinal),
+        crate::device_flags::DeviceSpec::Cuda(ordinal) => on_cuda(args, &settled, ordinal),
     }
 }
 

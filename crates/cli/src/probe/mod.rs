@@ -14,8 +14,8 @@ use crate::args::ProbeArgs;
 use crate::failure::Failure;
 use crate::model::{search_tuner, ModelConfig};
 
+use crate::device_flags::{parse_device, DeviceSpec};
 use context::Run;
-pub use device::{checked_budget, parse_device, DeviceSpec};
 
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     checks::check_flags(args)?;
