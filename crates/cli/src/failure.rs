@@ -212,10 +212,13 @@ pub fn clap_message(err: &clap::Error) -> String {
         return conflict;
     }
     let rendered = err.to_string();
+    // the message and its tips: the usage (one line or several) and the
+    // pointer to --help come after them
     let kept: Vec<&str> = rendered
         .lines()
         .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.starts_with("Usage:") && !line.starts_with("For more information"))
+        .take_while(|line| !line.starts_with("Usage:") && !line.starts_with("For more information"))
+        .filter(|line| !line.is_empty())
         .collect();
     kept.join(" ").trim_start_matches("error: ").to_owned()
 }

@@ -211,7 +211,10 @@ fn with_no_command_the_flags_are_the_probes() {
     assert_eq!(bare["workload"], probe["workload"]);
     let help = text(&autobatch(&["--help"]).stdout);
     assert!(help.contains("probe") && !help.contains("--target-effective-batch"), "{help}");
-    assert_usage_error(&["--model", "mlp", "plan", "--target", "8", "--largest", "4"], "plan");
+    let both = ["--model", "mlp", "plan", "--target", "8", "--largest", "4"];
+    assert_usage_error(&both, "the subcommand 'plan' cannot be used with '--model <MODEL>'");
+    // the usage clap prints after the message is not in the one line
+    assert!(!text(&autobatch(&both).stderr).contains("<COMMAND>"));
 }
 
 /// The other questions than the largest batch are asked one at a time, and
