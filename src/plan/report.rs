@@ -77,19 +77,61 @@ fn proof(proven: bool, stopped_by: Option<&super::SearchLimit>) -> String {
 impl Plan {
     /// The report without the trial table: the search result, the plan and any warnings.
     pub fn summary(&self) -> String {
-        let mut out = String::new();
-        if self.cached() {
-            out += "cached plan: stored by an earlier run with the same model, device and settings; ";
-            out += &match self.cache_checks() {
-                0 => "no step ran\n".to_owned(),
-                1 => "one accumulating micro-step ran to check the new split (the last trial)\n".to_owned(),
-                n => format!("{n} accumulating micro-steps ran to check the new split (the last trials)\n"),
-            };
+        let mut out = self.cache_note();
+        out += &self.answer_lines();
+        out += &self.plan_line();
+        if let Some(split) = &self.accumulation() {
+            out += &accumulation_note(split);
         }
+        out += &self.throughput_note();
+        if let Some(peak) = self.accumulation_peak_bytes() {
+            out += &format!(
+                "\naccumulating: micro-batch {} with the gradient accumulator held peaks at {} = {:.1}% (verified)",
+                self.micro_batch(),
+                format_bytes(peak),
+                100.0 * utilization(peak, self.capacity_bytes())
+            );
+        }
+        if let Some(model) = &self.memory_model {
+            out += &format!(
+                "\nmemory: {} + {} per sample (fitted to {} batches; predicts {} at batch {}, {:+.1}% of measured)",
+                format_bytes(model.fixed_bytes.max(0.0) as u64),
+                format_bytes(model.bytes_per_sample.max(0.0) as u64),
+                model.fitted_batches.len(),
+                format_bytes(model.predicted_peak_bytes),
+                self.largest_batch,
+                100.0 * model.prediction_error
+            );
+        }
+        out += &self.evaluation_note();
+        if self.tuning.steps > 0 {
+            out += &format!("\n{}", self.tuning_note());
+        }
+        for warning in &self.warnings {
+            out += &format!("\nwarning: {warning}");
+        }
+        out
+    }
+
+    /// A cached plan says so, and what ran to check it.
+    fn cache_note(&self) -> String {
+        if !self.cached() {
+            return String::new();
+        }
+        let ran = match self.cache_checks() {
+            0 => "no step ran\n".to_owned(),
+            1 => "one accumulating micro-step ran to check the new split (the last trial)\n".to_owned(),
+            n => format!("{n} accumulating micro-steps ran to check the new split (the last trials)\n"),
+        };
+        format!("cached plan: stored by an earlier run with the same model, device and settings; {ran}")
+    }
+
+    /// The largest batch, its peak, where it was measured and what the peak holds.
+    fn answer_lines(&self) -> String {
         let proven = proof(self.proven_largest(), self.stopped_by.as_ref());
         let granularity =
             if self.multiple_of() > 1 { format!(", multiples of {}", self.multiple_of()) } else { String::new() };
-        out += &format!(
+        let mut out = format!(
             "largest batch {} ({proven}{granularity}), peak {} = {:.1}% of {} (ceiling {})\n",
             self.largest_batch,
             format_bytes(self.peak_bytes),
@@ -117,94 +159,78 @@ impl Plan {
                 kinds.binding_name()
             );
         }
+        out
+    }
+
+    /// `plan: micro-batch … × … accumulation steps × … ranks = effective batch …`,
+    /// or this rank's share of an uneven split.
+    fn plan_line(&self) -> String {
+        if let (Some(split), Some(rank)) = (&self.ranks(), self.rank()) {
+            return uneven_note(split, rank);
+        }
         let ranks = if self.world_size() == 1 { "rank" } else { "ranks" };
         let steps = if self.accumulation_steps() == 1 { "step" } else { "steps" };
-        match (&self.ranks(), self.rank()) {
-            (Some(split), Some(rank)) => out += &uneven_note(split, rank),
-            _ => {
-                out += &format!(
-                    "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
-                    self.micro_batch(),
-                    self.accumulation_steps(),
-                    self.world_size(),
-                    self.effective_batch()
-                )
-            }
-        }
-        if let Some(split) = &self.accumulation() {
-            out += &accumulation_note(split);
-        }
-        if let Some(choice) = self.throughput.as_ref().filter(|choice| choice.candidates.is_empty()) {
-            out += &format!(
+        format!(
+            "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
+            self.micro_batch(),
+            self.accumulation_steps(),
+            self.world_size(),
+            self.effective_batch()
+        )
+    }
+
+    /// Under the throughput objective: what was timed and chosen.
+    fn throughput_note(&self) -> String {
+        let Some(choice) = &self.throughput else { return String::new() };
+        if choice.candidates.is_empty() {
+            return format!(
                 "\nthroughput: nothing was timed before the time limit: the plan trains at the largest batch, {}",
                 choice.chosen_batch
             );
-        } else if let Some(choice) = &self.throughput {
-            let points: Vec<String> = choice
-                .candidates
-                .iter()
-                .map(|p| format!("{} → {}/s", p.batch, format_rate(p.samples_per_second)))
-                .collect();
-            out += &format!(
-                "\nthroughput: batch {} is the fastest ({}; median of timed runs; {} extra steps); DeepSpeed's 5% rule \
-                 would pick {}",
-                choice.chosen_batch,
-                points.join(", "),
-                choice.extra_steps,
-                choice.deepspeed_batch
-            );
-            if self.micro_batch() != choice.chosen_batch {
-                out += &format!(
-                    "; the plan trains at micro-batch {}, the largest up to {} that splits the target exactly or \
-                     fits beside the accumulator",
-                    self.micro_batch(),
-                    choice.chosen_batch
-                );
-            }
         }
-        if let Some(peak) = self.accumulation_peak_bytes() {
+        let points: Vec<String> = choice
+            .candidates
+            .iter()
+            .map(|p| format!("{} → {}/s", p.batch, format_rate(p.samples_per_second)))
+            .collect();
+        let mut out = format!(
+            "\nthroughput: batch {} is the fastest ({}; median of timed runs; {} extra steps); DeepSpeed's 5% rule \
+             would pick {}",
+            choice.chosen_batch,
+            points.join(", "),
+            choice.extra_steps,
+            choice.deepspeed_batch
+        );
+        if self.micro_batch() != choice.chosen_batch {
             out += &format!(
-                "\naccumulating: micro-batch {} with the gradient accumulator held peaks at {} = {:.1}% (verified)",
+                "; the plan trains at micro-batch {}, the largest up to {} that splits the target exactly or fits \
+                 beside the accumulator",
                 self.micro_batch(),
-                format_bytes(peak),
-                100.0 * utilization(peak, self.capacity_bytes())
+                choice.chosen_batch
             );
         }
-        if let Some(model) = &self.memory_model {
+        out
+    }
+
+    /// The evaluation step's own answer, alone and between training steps.
+    fn evaluation_note(&self) -> String {
+        let Some(evaluation) = &self.evaluation else { return String::new() };
+        let mut out = format!(
+            "\nevaluation: largest batch {} ({}), peak {} = {:.1}% of {}",
+            evaluation.largest_batch,
+            proof(evaluation.proven_largest, evaluation.stopped_by.as_ref()),
+            format_bytes(evaluation.peak_bytes),
+            100.0 * utilization(evaluation.peak_bytes, self.capacity_bytes()),
+            format_bytes(self.capacity_bytes())
+        );
+        if let Some(during) = &evaluation.during_training {
+            let proven = if during.proven_largest { "proven largest" } else { "not proven largest" };
             out += &format!(
-                "\nmemory: {} + {} per sample (fitted to {} batches; predicts {} at batch {}, {:+.1}% of measured)",
-                format_bytes(model.fixed_bytes.max(0.0) as u64),
-                format_bytes(model.bytes_per_sample.max(0.0) as u64),
-                model.fitted_batches.len(),
-                format_bytes(model.predicted_peak_bytes),
-                self.largest_batch,
-                100.0 * model.prediction_error
+                " alone (a separate evaluation or serving process); {} ({proven}) between training steps, beside \
+                 the optimizer's {} of state",
+                during.largest_batch,
+                format_bytes(during.state_bytes)
             );
-        }
-        if let Some(evaluation) = &self.evaluation {
-            out += &format!(
-                "\nevaluation: largest batch {} ({}), peak {} = {:.1}% of {}",
-                evaluation.largest_batch,
-                proof(evaluation.proven_largest, evaluation.stopped_by.as_ref()),
-                format_bytes(evaluation.peak_bytes),
-                100.0 * utilization(evaluation.peak_bytes, self.capacity_bytes()),
-                format_bytes(self.capacity_bytes())
-            );
-            if let Some(during) = &evaluation.during_training {
-                let proven = if during.proven_largest { "proven largest" } else { "not proven largest" };
-                out += &format!(
-                    " alone (a separate evaluation or serving process); {} ({proven}) between training steps, \
-                     beside the optimizer's {} of state",
-                    during.largest_batch,
-                    format_bytes(during.state_bytes)
-                );
-            }
-        }
-        if self.tuning.steps > 0 {
-            out += &format!("\n{}", self.tuning_note());
-        }
-        for warning in &self.warnings {
-            out += &format!("\nwarning: {warning}");
         }
         out
     }
