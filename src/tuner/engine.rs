@@ -200,110 +200,129 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
     /// Runs the search to the end; returns what cut it short, if anything
     /// (`max_trials`, a step that ignores its batch).
     fn search(&mut self, space: &SearchSpace) -> Result<Option<SearchLimit>, Error> {
-        let strategy = self.settings.options.strategy;
         let mut rechecked = Vec::new();
         loop {
-            let stopped = loop {
-                // the least the device held before a trial: what no batch grows
-                let held = self.records.iter().map(|r| r.baseline_bytes).min();
-                let space = held.map_or(*space, |held| space.with_held_bytes(held));
-                // no candidate whose tensors would pass the device's element limit
-                let space = self.element_cap().map_or(space, |(cap, _)| space.capped(cap));
-                // an out-of-memory step failed at no more than its largest
-                // tensor, rounded up to the allocator's granule
-                let granule = self.meter.slack_bytes();
-                let space = self.largest_tensor().map_or(space, |(fixed, per_sample)| {
-                    space.with_largest_allocation(fixed.saturating_add(granule), per_sample)
-                });
-                let mut batch = match strategy.next_batch(&space, &self.history()) {
-                    None => break None,
-                    Some(batch) => batch,
-                };
-                if let Some(limit) = self.settings.options.time_limit {
-                    let bracket = crate::search::Bracket::of(&space, &self.history());
-                    let left = self.time_left(limit, batch);
-                    // a smaller batch above the largest fit that ends in time is worth verifying
-                    let smaller = match left {
-                        TimeLeft::Until { .. } => self.batch_in_time(limit, &space, &bracket, batch),
-                        _ => None,
-                    };
-                    match (left, smaller) {
-                        (TimeLeft::Enough, _) => {}
-                        (TimeLeft::Until { end }, Some(smaller)) => {
-                            info!("batch {batch} would end at {end:?}, past the time limit: trying {smaller}");
-                            batch = smaller;
-                        }
-                        (left, _) => {
-                            let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-                            let Some(largest_fit) = bracket.fitting else {
-                                return Err(Error::TimeLimit { limit_ms, trials: self.trials.len() });
-                            };
-                            let expected_end = match left {
-                                // rounded up: past the limit, it reads past it
-                                TimeLeft::Until { end } => {
-                                    Some((batch, u64::try_from(end.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)))
-                                }
-                                _ => None,
-                            };
-                            info!("time limit reached after {} trials", self.trials.len());
-                            let smallest_failure = bracket.failing;
-                            break Some(SearchLimit::TimeLimit {
-                                limit_ms,
-                                largest_fit,
-                                smallest_failure,
-                                expected_end,
-                            });
-                        }
-                    }
-                }
-                let searched = self.trials.iter().filter(|t| t.kind == TrialKind::Search).count();
-                if let Some(max_trials) = self.settings.options.max_trials.filter(|&max| searched >= max) {
-                    self.warn(Warning::TrialLimit { max_trials });
-                    break Some(SearchLimit::MaxTrials { max_trials });
-                }
-                let trial = self.trial(batch, TrialKind::Search)?;
-                let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
-                let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
-                self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes, graph });
-                self.keep_two_graphs();
-                if let Some(warning) = trial.outcome.fits().then(|| self.batch_ignored()).flatten() {
-                    self.warn(warning);
-                    break Some(SearchLimit::BatchIgnored);
-                }
-            };
-            let proven = stopped.is_none();
-            // Re-check the answer once if memory in use rose since it was measured.
-            let Some(index) = self.best_index() else { return Ok(stopped) };
-            let batch = self.records[index].observation.batch;
-            let first_baseline = self.records[index].baseline_bytes;
-            let now = self.meter.in_use()?;
-            if rechecked.contains(&batch) || now <= first_baseline.saturating_add(self.meter.slack_bytes()) {
-                return Ok(stopped);
-            }
-            info!(
-                "memory in use rose from {} to {} since batch {batch} was measured: re-checking it",
-                format_bytes(first_baseline),
-                format_bytes(now)
-            );
-            rechecked.push(batch);
-            let trial = self.trial(batch, TrialKind::Recheck)?;
-            let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
-            let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
-            self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes, graph };
-            self.keep_two_graphs();
-            if trial.outcome.fits() {
-                return Ok(stopped);
-            }
-            self.warn(Warning::RecheckFailed {
-                batch,
-                first_baseline_bytes: first_baseline,
-                recheck_baseline_bytes: trial.baseline_bytes,
-            });
-            if !proven {
-                // Out of trials: fall back to the next best verified batch, if any.
+            let stopped = self.search_until_done(space)?;
+            // a failed re-check of a proven answer searches again below it;
+            // out of trials, the next best verified batch is the answer
+            if self.answer_stands(&mut rechecked)? || stopped.is_some() {
                 return Ok(stopped);
             }
         }
+    }
+
+    /// Trials of the batches the strategy chooses, until it has its answer
+    /// (`None`) or a limit stops it.
+    fn search_until_done(&mut self, space: &SearchSpace) -> Result<Option<SearchLimit>, Error> {
+        let strategy = self.settings.options.strategy;
+        loop {
+            let space = self.narrowed(space);
+            let Some(batch) = strategy.next_batch(&space, &self.history()) else { return Ok(None) };
+            let batch = match self.in_time(batch, &space)? {
+                Ok(batch) => batch,
+                Err(limit) => return Ok(Some(limit)),
+            };
+            let searched = self.trials.iter().filter(|t| t.kind == TrialKind::Search).count();
+            if let Some(max_trials) = self.settings.options.max_trials.filter(|&max| searched >= max) {
+                self.warn(Warning::TrialLimit { max_trials });
+                return Ok(Some(SearchLimit::MaxTrials { max_trials }));
+            }
+            let trial = self.trial(batch, TrialKind::Search)?;
+            let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
+            let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
+            self.records.push(Record { observation, baseline_bytes: trial.baseline_bytes, graph });
+            self.keep_two_graphs();
+            if let Some(warning) = trial.outcome.fits().then(|| self.batch_ignored()).flatten() {
+                self.warn(warning);
+                return Ok(Some(SearchLimit::BatchIgnored));
+            }
+        }
+    }
+
+    /// The search space as the trials so far narrow it: above what the
+    /// device held before any trial, under the device's element limit, and
+    /// an out-of-memory step's failure bounded by its largest tensor.
+    fn narrowed(&self, space: &SearchSpace) -> SearchSpace {
+        // the least the device held before a trial: what no batch grows
+        let held = self.records.iter().map(|r| r.baseline_bytes).min();
+        let space = held.map_or(*space, |held| space.with_held_bytes(held));
+        // no candidate whose tensors would pass the device's element limit
+        let space = self.element_cap().map_or(space, |(cap, _)| space.capped(cap));
+        // an out-of-memory step failed at no more than its largest
+        // tensor, rounded up to the allocator's granule
+        let granule = self.meter.slack_bytes();
+        self.largest_tensor().map_or(space, |(fixed, per_sample)| {
+            space.with_largest_allocation(fixed.saturating_add(granule), per_sample)
+        })
+    }
+
+    /// `batch`, or a smaller one that ends before the time limit, or the
+    /// limit that stops the search (an error when nothing fit yet).
+    fn in_time(&self, batch: usize, space: &SearchSpace) -> Result<Result<usize, SearchLimit>, Error> {
+        let Some(limit) = self.settings.options.time_limit else { return Ok(Ok(batch)) };
+        let bracket = crate::search::Bracket::of(space, &self.history());
+        let left = self.time_left(limit, batch);
+        // a smaller batch above the largest fit that ends in time is worth verifying
+        let smaller = match left {
+            TimeLeft::Until { .. } => self.batch_in_time(limit, space, &bracket, batch),
+            _ => None,
+        };
+        match (left, smaller) {
+            (TimeLeft::Enough, _) => Ok(Ok(batch)),
+            (TimeLeft::Until { end }, Some(smaller)) => {
+                info!("batch {batch} would end at {end:?}, past the time limit: trying {smaller}");
+                Ok(Ok(smaller))
+            }
+            (left, _) => {
+                let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+                let Some(largest_fit) = bracket.fitting else {
+                    return Err(Error::TimeLimit { limit_ms, trials: self.trials.len() });
+                };
+                let expected_end = match left {
+                    // rounded up: past the limit, it reads past it
+                    TimeLeft::Until { end } => {
+                        Some((batch, u64::try_from(end.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)))
+                    }
+                    _ => None,
+                };
+                info!("time limit reached after {} trials", self.trials.len());
+                let smallest_failure = bracket.failing;
+                Ok(Err(SearchLimit::TimeLimit { limit_ms, largest_fit, smallest_failure, expected_end }))
+            }
+        }
+    }
+
+    /// Re-checks the answer once if memory in use rose since it was
+    /// measured: whether it stands (no re-check was needed, or it fits
+    /// again); a failed re-check is a warning and a record of the failure.
+    fn answer_stands(&mut self, rechecked: &mut Vec<usize>) -> Result<bool, Error> {
+        let Some(index) = self.best_index() else { return Ok(true) };
+        let batch = self.records[index].observation.batch;
+        let first_baseline = self.records[index].baseline_bytes;
+        let now = self.meter.in_use()?;
+        if rechecked.contains(&batch) || now <= first_baseline.saturating_add(self.meter.slack_bytes()) {
+            return Ok(true);
+        }
+        info!(
+            "memory in use rose from {} to {} since batch {batch} was measured: re-checking it",
+            format_bytes(first_baseline),
+            format_bytes(now)
+        );
+        rechecked.push(batch);
+        let trial = self.trial(batch, TrialKind::Recheck)?;
+        let observation = Observation { batch, outcome: trial.outcome, peak_bytes: trial.peak_bytes };
+        let graph = trial.outcome.fits().then(|| self.workload.graph_tensors()).flatten();
+        self.records[index] = Record { observation, baseline_bytes: trial.baseline_bytes, graph };
+        self.keep_two_graphs();
+        if trial.outcome.fits() {
+            return Ok(true);
+        }
+        self.warn(Warning::RecheckFailed {
+            batch,
+            first_baseline_bytes: first_baseline,
+            recheck_baseline_bytes: trial.baseline_bytes,
+        });
+        Ok(false)
     }
 
     /// Why the answer is not proven the largest, or `None` when it is: a
