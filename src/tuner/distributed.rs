@@ -59,18 +59,7 @@ impl Settings {
                 (Ok(_), 0) => return Err(Error::RankFailed),
                 (Ok(plan), _) => plan,
             };
-            let seen = plan.trials.iter().rev().find(|t| t.batch == agreed).map(|t| t.outcome.fits());
-            let verified = match seen {
-                Some(fits) => Ok(fits),
-                None => local.single_trial(workload, meter, agreed, TrialKind::Search).map(|trial| {
-                    let fits = trial.outcome.fits();
-                    if fits {
-                        plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
-                    }
-                    plan.trials.push(trial);
-                    fits
-                }),
-            };
+            let verified = local.fits_here(&mut plan, agreed, workload, meter);
             let status = match verified {
                 Ok(true) => FITS_HERE,
                 Ok(false) => DOES_NOT_FIT_HERE,
@@ -82,15 +71,7 @@ impl Settings {
                 return Err(Error::RankFailed);
             }
             if everywhere == FITS_HERE {
-                if let Some(trial) = plan.trials.iter().rev().find(|t| t.batch == agreed) {
-                    plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
-                }
-                plan.distributed =
-                    Some(Distributed { rank: collective.rank(), rank_largest_batch: plan.largest_batch });
-                plan.largest_batch = agreed;
-                let with_ranks = self.across(world_size);
-                with_ranks.agree_on_accumulation(&mut plan, workload, meter, collective)?;
-                return Ok(plan);
+                return self.settle(plan, agreed, workload, meter, collective);
             }
             // some rank cannot run the agreed batch: everyone searches below it
             let below = agreed.saturating_sub(self.options.multiple_of);
@@ -101,6 +82,50 @@ impl Settings {
             };
         }
         Err(Error::Collective(format!("the ranks did not agree on a batch in {AGREEMENT_ROUNDS} rounds")))
+    }
+
+    /// Whether `agreed` fits on this rank: as its own search saw it, or by a
+    /// trial run here (kept in `plan`, its peak the plan's when it fits).
+    fn fits_here<W, M>(&self, plan: &mut Plan, agreed: usize, workload: &mut W, meter: &mut M) -> Result<bool, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+    {
+        if let Some(seen) = plan.trials.iter().rev().find(|t| t.batch == agreed) {
+            return Ok(seen.outcome.fits());
+        }
+        let trial = self.single_trial(workload, meter, agreed, TrialKind::Search)?;
+        let fits = trial.outcome.fits();
+        if fits {
+            plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
+        }
+        plan.trials.push(trial);
+        Ok(fits)
+    }
+
+    /// The plan at the batch every rank agreed on and ran: its peak there,
+    /// this rank's own answer kept beside it, the accumulation planned for
+    /// the collective's world size.
+    fn settle<W, M, C>(
+        &self,
+        mut plan: Plan,
+        agreed: usize,
+        workload: &mut W,
+        meter: &mut M,
+        collective: &C,
+    ) -> Result<Plan, Error>
+    where
+        W: Workload + ?Sized,
+        M: MemoryMeter + ?Sized,
+        C: Collective + ?Sized,
+    {
+        if let Some(trial) = plan.trials.iter().rev().find(|t| t.batch == agreed) {
+            plan.peak_bytes = trial.peak_bytes.unwrap_or(plan.peak_bytes);
+        }
+        plan.distributed = Some(Distributed { rank: collective.rank(), rank_largest_batch: plan.largest_batch });
+        plan.largest_batch = agreed;
+        self.across(collective.world_size()).agree_on_accumulation(&mut plan, workload, meter, collective)?;
+        Ok(plan)
     }
 
     /// The uneven form of [`across`](crate::Search::across), after
