@@ -550,6 +550,21 @@ impl Config {
             None => scaling.text("type")?.unwrap_or("default"),
         };
         let theta = scaling.number("rope_theta")?.or(top_theta).unwrap_or(10_000.0);
+        Config::check_rope_keys(&scaling, key, kind)?;
+        let scaling_kind = match kind {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor: Config::rope_factor(&scaling, kind)? },
+            "dynamic" => RopeScaling::Dynamic { factor: Config::rope_factor(&scaling, kind)? },
+            "llama3" => RopeScaling::Llama3(Config::llama3_rope(&scaling, kind, max_positions)?),
+            _ => RopeScaling::Yarn(Config::yarn_rope(&scaling, kind, max_positions)?),
+        };
+        Ok(Rope { theta, scaling: scaling_kind })
+    }
+
+    /// Every key of a RoPE object is one its `rope_type` reads (a
+    /// `partial_rotary_factor` of 1 aside): a key this crate would not apply
+    /// is refused, not ignored.
+    fn check_rope_keys(scaling: &Fields, key: &str, kind: &str) -> Result<(), Error> {
         let known: &[&str] = match kind {
             "default" => &[],
             "linear" | "dynamic" => &["factor"],
@@ -572,6 +587,7 @@ impl Config {
                 ))
             }
         };
+        let object = scaling.object;
         for name in object.keys() {
             if let "rope_type" | "type" | "rope_theta" = name.as_str() {
                 continue;
@@ -592,66 +608,67 @@ impl Config {
                 ));
             }
         }
-        let factor = |required: bool| -> Result<f64, Error> {
-            match scaling.number("factor")? {
-                Some(factor) if factor >= 1.0 => Ok(factor),
-                Some(factor) => Err(refuse(&scaling.name("factor"), factor, "a factor of at least 1")),
-                None if required => {
-                    Err(refuse(&scaling.name("factor"), "missing", format!("a factor for rope_type {kind}")))
-                }
-                None => Ok(1.0),
-            }
+        Ok(())
+    }
+
+    /// A scaled RoPE's `factor`: at least 1, and needed.
+    fn rope_factor(scaling: &Fields, kind: &str) -> Result<f64, Error> {
+        match scaling.number("factor")? {
+            Some(factor) if factor >= 1.0 => Ok(factor),
+            Some(factor) => Err(refuse(&scaling.name("factor"), factor, "a factor of at least 1")),
+            None => Err(refuse(&scaling.name("factor"), "missing", format!("a factor for rope_type {kind}"))),
+        }
+    }
+
+    /// A scaled RoPE's pre-training length: transformers takes the positions
+    /// when it is not given.
+    fn rope_original(scaling: &Fields, max_positions: usize) -> Result<usize, Error> {
+        Ok(scaling.count(&["original_max_position_embeddings"])?.unwrap_or(max_positions))
+    }
+
+    /// `rope_type: llama3`: its two frequency factors, the high above the low.
+    fn llama3_rope(scaling: &Fields, kind: &str, max_positions: usize) -> Result<Llama3Rope, Error> {
+        let required = |name: &str| -> Result<f64, Error> {
+            scaling
+                .number(name)?
+                .ok_or_else(|| refuse(&scaling.name(name), "missing", "a positive number (llama3 needs it)"))
         };
-        // transformers sets a scaled type's pre-training length to the positions when not given
-        let original = || -> Result<usize, Error> {
-            Ok(scaling.count(&["original_max_position_embeddings"])?.unwrap_or(max_positions))
+        let (low, high) = (required("low_freq_factor")?, required("high_freq_factor")?);
+        if high <= low {
+            return Err(refuse(
+                &scaling.name("high_freq_factor"),
+                high,
+                format!("a number above low_freq_factor {low}"),
+            ));
+        }
+        Ok(Llama3Rope {
+            factor: Config::rope_factor(scaling, kind)?,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: Config::rope_original(scaling, max_positions)?,
+        })
+    }
+
+    /// `rope_type: yarn`: its attention factor as transformers computes it
+    /// when not given (from `mscale` and `mscale_all_dim`, else the factor).
+    fn yarn_rope(scaling: &Fields, kind: &str, max_positions: usize) -> Result<YarnRope, Error> {
+        let factor = Config::rope_factor(scaling, kind)?;
+        let mscale = |name: &str| scaling.number(name);
+        let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+        let attention_factor = match (scaling.number("attention_factor")?, mscale("mscale")?, mscale("mscale_all_dim")?)
+        {
+            (Some(given), _, _) => given,
+            (None, Some(m), Some(all)) => get_mscale(factor, m) / get_mscale(factor, all),
+            (None, _, _) => get_mscale(factor, 1.0),
         };
-        let scaling_kind = match kind {
-            "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear { factor: factor(true)? },
-            "dynamic" => RopeScaling::Dynamic { factor: factor(true)? },
-            "llama3" => {
-                let required = |name: &str| -> Result<f64, Error> {
-                    scaling
-                        .number(name)?
-                        .ok_or_else(|| refuse(&scaling.name(name), "missing", "a positive number (llama3 needs it)"))
-                };
-                let (low, high) = (required("low_freq_factor")?, required("high_freq_factor")?);
-                if high <= low {
-                    return Err(refuse(
-                        &scaling.name("high_freq_factor"),
-                        high,
-                        format!("a number above low_freq_factor {low}"),
-                    ));
-                }
-                RopeScaling::Llama3(Llama3Rope {
-                    factor: factor(true)?,
-                    low_freq_factor: low,
-                    high_freq_factor: high,
-                    original_max_position_embeddings: original()?,
-                })
-            }
-            _ => {
-                let factor = factor(true)?;
-                let mscale = |name: &str| scaling.number(name);
-                let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-                let attention_factor =
-                    match (scaling.number("attention_factor")?, mscale("mscale")?, mscale("mscale_all_dim")?) {
-                        (Some(given), _, _) => given,
-                        (None, Some(m), Some(all)) => get_mscale(factor, m) / get_mscale(factor, all),
-                        (None, _, _) => get_mscale(factor, 1.0),
-                    };
-                RopeScaling::Yarn(YarnRope {
-                    factor,
-                    original_max_position_embeddings: original()?,
-                    attention_factor,
-                    beta_fast: scaling.number("beta_fast")?.unwrap_or(32.0),
-                    beta_slow: scaling.number("beta_slow")?.unwrap_or(1.0),
-                    truncate: scaling.flag("truncate")?.unwrap_or(true),
-                })
-            }
-        };
-        Ok(Rope { theta, scaling: scaling_kind })
+        Ok(YarnRope {
+            factor,
+            original_max_position_embeddings: Config::rope_original(scaling, max_positions)?,
+            attention_factor,
+            beta_fast: scaling.number("beta_fast")?.unwrap_or(32.0),
+            beta_slow: scaling.number("beta_slow")?.unwrap_or(1.0),
+            truncate: scaling.flag("truncate")?.unwrap_or(true),
+        })
     }
 
     /// GPT-2's and BERT's GELU, by its transformers name.
