@@ -173,10 +173,7 @@ fn draw_peaks(
     let unit = Unit::for_capacity(chart.capacity_bytes);
     let capacity = unit.of(chart.capacity_bytes as f64);
     let x_max = chart.points.iter().map(|p| p.x).max().unwrap_or(1).max(chart.chosen) as f64 * 1.08 + 1.0;
-    // out-of-memory steps without a peak sit on the capacity line; a peak far
-    // over the ceiling is cut at twice the capacity
-    let highest = chart.points.iter().filter_map(|p| p.peak_bytes).map(|b| unit.of(b as f64)).fold(capacity, f64::max);
-    let y_max = highest.min(2.0 * capacity) * 1.06;
+    let y_max = memory_top(unit, capacity, chart.points.iter().filter_map(|p| p.peak_bytes));
     let y_desc = format!("peak memory ({})", unit.name);
     let mut plot = memory_axes(root, chart.title, chart.x_label, &y_desc, (x_max, y_max))?;
     let capacity_label = format!("capacity {}", autobatch::Bytes(chart.capacity_bytes));
@@ -205,6 +202,14 @@ fn draw_peaks(
             .legend(|(x, y)| Cross::new((x + 10, y), 6, OOM.stroke_width(3)));
     }
     legend(&mut plot, SeriesLabelPosition::UpperLeft)
+}
+
+/// The top of a memory axis (in `unit`) over `peaks`: the highest, at
+/// least the capacity (where a step without a peak is drawn), and a peak far
+/// over the ceiling cut at twice the capacity.
+fn memory_top(unit: Unit, capacity: f64, peaks: impl Iterator<Item = u64>) -> f64 {
+    let highest = peaks.map(|bytes| unit.of(bytes as f64)).fold(capacity, f64::max);
+    highest.min(2.0 * capacity) * 1.06
 }
 
 /// A chart of memory (in a [`Unit`]) against a count.
@@ -520,8 +525,7 @@ fn draw_serving(
     let unit = Unit::for_capacity(plan.capacity_bytes);
     let capacity = unit.of(plan.capacity_bytes as f64);
     let x_max = plan.trials.iter().map(|t| t.number).max().unwrap_or(1).max(plan.max_sequences) as f64 * 1.1 + 1.0;
-    let highest = plan.trials.iter().filter_map(|t| t.peak_bytes).map(|b| unit.of(b as f64)).fold(capacity, f64::max);
-    let y_max = highest.min(2.0 * capacity) * 1.06;
+    let y_max = memory_top(unit, capacity, plan.trials.iter().filter_map(|t| t.peak_bytes));
     let x_desc = format!("sequences of {} tokens", plan.context);
     let mut chart = memory_axes(root, title, &x_desc, &format!("memory ({})", unit.name), (x_max, y_max))?;
     draw_serving_bands(&mut chart, plan, counted, unit, (x_max, y_max))?;
