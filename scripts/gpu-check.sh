@@ -7,7 +7,9 @@
 #   scripts/gpu-check.sh run [SIZE…]  on the GPU machine (NVIDIA driver, a Python
 #                                     environment with the CUDA 13 libraries, no Rust,
 #                                     no network): runs it; SIZE is small, medium or
-#                                     large-bf16 (default: all three), or `remedies`:
+#                                     large-bf16 (default: all three, then lean and
+#                                     serve), `lean` (the lean step on CUDA against its
+#                                     other forms), `serve` (serving a config, checked), or `remedies`:
 #                                     the small size as it is, checkpointed, in bf16
 #                                     and both, side by side (gpu-remedies.md)
 #
@@ -19,7 +21,7 @@
 # With the project's device tool (a task gets 15 minutes of device time in
 # all, machine start included), after `scripts/gpu-check.sh build` here:
 #
-#   run(command="bash scripts/gpu-check.sh run small", carry=["target/gpu-check"], timeout_s=420)
+#   run(command="bash scripts/gpu-check.sh run small lean serve", carry=["target/gpu-check"], timeout_s=480)
 #
 # then, if time is left, the same with `medium large-bf16`. Copy
 # gpu-results.md into docs/gpu.md's results with the date and the device.
@@ -81,7 +83,7 @@ run)
   OUT="$out" GPU_CHECK_DEADLINE_S=$((seconds - 20)) timeout "$seconds" "$binary" "$@" 2>&1 | tee "$out/gpu-check.log"
   ;;
 *)
-  echo "usage: scripts/gpu-check.sh build | run [small|medium|large-bf16 ... | remedies]" >&2
+  echo "usage: scripts/gpu-check.sh build | run [small|medium|large-bf16|lean|serve ... | remedies]" >&2
   exit 2
   ;;
 esac

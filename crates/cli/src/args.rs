@@ -2,7 +2,7 @@
 
 use autobatch::estimate::{OptimizerKind, Precision, Recompute};
 use autobatch::{Ceiling, Objective, Strategy};
-use autobatch_models::{Attention, BaseDtype, Loss};
+use autobatch_models::{Attention, BaseDtype, Loss, Ops};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::values::{among, base_dtype, ceiling, choice, lora_alpha, module_name, seed, Count};
@@ -252,6 +252,12 @@ pub struct ConfigArgs {
     /// every position's logits made whole.
     #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config")]
     pub loss: Loss,
+    /// How norms, rotary positions, activations and projections are
+    /// computed. fused: each one node that keeps its inputs and output
+    /// (what PyTorch keeps, or less); eager: written as candle ops, every
+    /// intermediate kept.
+    #[arg(long, value_parser = choice::<Ops>(), default_value = "fused", requires = "config")]
+    pub ops: Ops,
 }
 
 /// Where the search runs and how it tries batches.
@@ -540,6 +546,11 @@ pub struct StepArgs {
     /// default, or full: every position's logits made whole).
     #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config", conflicts_with = "params")]
     pub loss: Loss,
+    /// With --config: how norms, rotary positions, activations and
+    /// projections are computed (fused, the default, or eager: written as
+    /// candle ops, every intermediate kept).
+    #[arg(long, value_parser = choice::<Ops>(), default_value = "fused", requires = "config", conflicts_with = "params")]
+    pub ops: Ops,
 }
 
 /// Serving instead of training, counted.

@@ -100,9 +100,13 @@ impl Estimate {
             Some(_) if args.activations.bytes.is_some() => {
                 return Err(Failure::usage("--activations and --config both say the activations: give one"))
             }
-            // the chunked loss's one chunk is held whatever the batch
+            // the chunked loss's one chunk and the fused MLP's block of rows are held whatever the batch
             Some(step) => {
-                setup.activations(step.activation_bytes()?).other(step.config.loss_chunk_bytes(&step.training))
+                let held = step
+                    .config
+                    .loss_chunk_bytes(&step.training)
+                    .saturating_add(step.config.mlp_block_bytes(&step.training)?);
+                setup.activations(step.activation_bytes()?).other(held)
             }
             None => with_activations(args, setup, activation_precision(args, model.as_ref())?)?,
         };

@@ -63,6 +63,7 @@ impl ModelConfig {
         training.checkpointing = args.model.checkpointing;
         training.attention = args.config.attention;
         training.loss = args.config.loss;
+        training.ops = args.config.ops;
         if args.model.checkpointing && config.family == models::Family::Bert {
             return Err(Failure::usage(format!(
                 "--config {}: --checkpointing checkpoints a decoder's layers (llama, mistral, qwen2, qwen3, gpt2), not BERT's",

@@ -57,6 +57,7 @@ impl Step {
         };
         training.attention = args.step.attention;
         training.loss = args.step.loss;
+        training.ops = args.step.ops;
         training.checkpointing = match args.activations.recompute {
             Recompute::None => false,
             Recompute::Full if config.family == Family::Bert => {

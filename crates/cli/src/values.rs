@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use autobatch::estimate::{OptimizerKind, Precision, Recompute};
 use autobatch::{Objective, Strategy};
-use autobatch_models::{Attention, Loss};
+use autobatch_models::{Attention, Loss, Ops};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 /// A count of at least 1: a batch, a size, a number of ranks, steps or
@@ -224,6 +224,19 @@ impl Choice for Attention {
     }
 }
 
+impl Choice for Ops {
+    const ALL: &'static [Ops] = &Ops::ALL;
+    fn name(self) -> &'static str {
+        Ops::name(self)
+    }
+    fn help(self) -> &'static str {
+        match self {
+            Ops::Fused => "Each one node keeping its inputs and output",
+            Ops::Eager => "Written as candle ops, every intermediate kept",
+        }
+    }
+}
+
 impl Choice for Loss {
     const ALL: &'static [Loss] = &Loss::ALL;
     fn name(self) -> &'static str {
@@ -310,6 +323,7 @@ mod tests {
         every_name_parses_back::<OptimizerKind>();
         every_name_parses_back::<Recompute>();
         every_name_parses_back::<Attention>();
+        every_name_parses_back::<Ops>();
         every_name_parses_back::<Loss>();
     }
 

@@ -1,24 +1,30 @@
-//! The lean step of a config model (blocked attention, the chunked loss)
-//! against the eager one (the scores and the logits whole), measured on the
-//! CPU heap: bytes per sample and step time at 256, 512, 1024 and 2048
-//! tokens, and samples per second at each one's tuned batch.
+//! The lean step of a config model against PyTorch's and against its own
+//! forms, measured on the CPU heap: bytes per sample and step time at 256,
+//! 1024 and 2048 tokens, and samples per second at each one's tuned batch.
 //!
 //! ```text
 //! cargo bench --bench lean_step            # writes its two sections of docs/benchmarks.md
 //! cargo bench --bench lean_step -- tuned   # the tuned batches alone (or: tables)
 //! ```
 //!
+//! The steps, in one run: the default (fused ops, blocked attention, the
+//! chunked loss); the same with the ops written as candle ops (`Ops::Eager`:
+//! the lean step as it stood before the fused ops); and the eager attention
+//! with the full loss (fused ops), against PyTorch's eager step. PyTorch's
+//! figures are the issue's (transformers 5, LlamaForCausalLM, f32, AdamW,
+//! SDPA with the head and loss in checkpointed chunks, or eager attention
+//! with the full loss, on a 2-core host), quoted, not run here.
+//!
 //! Models: SmolLM2-135M (vocabulary 49,152) with 2 of its 30 layers, and
 //! Llama-3.2-1B (vocabulary 128,256, hidden 2048) with 1 of its 16 layers,
 //! in f32. Bytes per sample: the slope of a forward and backward pass's peak
 //! between batches 1 and 2 (no optimizer step, whose peak would hide the
-//! activations at small batches); a step the machine cannot hold (the eager
-//! step past 1024 tokens: gigabytes a sample) is not run, and the table shows
-//! the count `Config::bytes_per_sample` gives instead, marked. Step time:
-//! the median of two forward and backward passes at batch 2. Samples per
-//! second: each step tuned by `Tuner` with AdamW under a 2 GiB budget in
-//! the config's dtype (bf16), as `autobatch probe --config … --budget 2GiB`
-//! tunes it, then timed at its largest batch.
+//! activations at small batches); a step the machine cannot hold is not run,
+//! and the table shows the count `Config::bytes_per_sample` gives instead,
+//! marked. Step time: the faster of two forward and backward passes at
+//! batch 2. Samples per second: each step tuned by `Tuner` with AdamW under
+//! a 2 GiB budget in the config's dtype (bf16), as `autobatch probe --config
+//! … --budget 2GiB` tunes it, then timed at its largest batch.
 
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
@@ -26,11 +32,16 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use autobatch::{Bytes, HeapMeter, MemoryMeter, ModelProbe, Tuner, Workload};
-use autobatch_models::{Attention, Config, ConfigModel, Loss, Training};
+use autobatch::{HeapMeter, MemoryMeter, ModelProbe, Tuner, Workload};
+use autobatch_models::{Attention, Config, ConfigModel, Loss, Ops, Training};
 use candle_core::{DType, Device};
 
-const LENGTHS: [usize; 4] = [256, 512, 1024, 2048];
+const LENGTHS: [usize; 3] = [256, 1024, 2048];
+/// PyTorch's bytes per sample on SmolLM2-135M with 2 layers (the issue's,
+/// in MB): SDPA with the chunked head and loss, and eager attention with the
+/// full loss, at 256 and 1024 tokens.
+const PYTORCH_LEAN: [(usize, f64); 2] = [(256, 25.0e6), (1024, 100.8e6)];
+const PYTORCH_EAGER: [(usize, f64); 2] = [(256, 163.8e6), (1024, 784.1e6)];
 /// The most bytes a measured pass may need: the machine's RAM, with room.
 const MEASURABLE: u64 = 12 << 30;
 
@@ -39,9 +50,11 @@ fn config(name: &str, layers: usize) -> Config {
     Config::from_file(path).unwrap().with_layers(layers).unwrap()
 }
 
-fn training(seq_len: usize, lean: bool) -> Training {
+/// The default step (blocked attention, the chunked loss) or the eager
+/// attention with the full loss, with the ops fused or written as candle ops.
+fn training(seq_len: usize, lean: bool, ops: Ops) -> Training {
     let (attention, loss) = if lean { (Attention::Blocked, Loss::Chunked) } else { (Attention::Eager, Loss::Full) };
-    Training::new(seq_len).dtype(DType::F32).attention(attention).loss(loss)
+    Training::new(seq_len).dtype(DType::F32).attention(attention).loss(loss).ops(ops)
 }
 
 /// Bytes per sample (the slope between batches 1 and 2) and the median time
@@ -96,55 +109,63 @@ fn main() {
     }
 }
 
-/// Bytes per sample and step time, lean and eager, at each length.
+/// Bytes per sample and step time of each step at each length.
 fn tables() {
     let mut section = String::from(
-        "## The lean step against the eager one\n\n`cargo bench --bench lean_step`: a config model's \
-         training step with blocked attention and the chunked loss (the default) against the eager forms \
-         (`--attention eager --loss full`), in f32 on the CPU heap. Bytes per sample: the slope of a \
-         forward and backward pass's peak between batches 1 and 2; † marks a step too large to run here, \
-         with `Config::bytes_per_sample`'s count in its place. Step time: a forward and backward pass at \
-         batch 2.\n\n",
+        "## The lean step against PyTorch's\n\n`cargo bench --bench lean_step`: a config model's training step \
+         in f32 on the CPU heap. Fused: the default (fused ops, blocked attention, the chunked loss); \
+         composed: the same with the ops written as candle ops (`Ops::Eager`, the lean step before the \
+         fused ops); PyTorch: transformers 5's LlamaForCausalLM on the same config (SDPA, the head and loss \
+         in checkpointed chunks), the issue's figures, quoted. Bytes per sample: the slope of a forward and \
+         backward pass's peak between batches 1 and 2 (MB: 10^6 bytes). Step time: a forward and backward \
+         pass at batch 2, the faster of two.\n\n",
     );
     let models = [
-        ("SmolLM2-135M, 2 layers", config("smollm2-135m.json", 2)),
-        ("Llama-3.2-1B, 1 layer", config("llama-3.2-1b.json", 1)),
+        ("SmolLM2-135M, 2 layers", config("smollm2-135m.json", 2), &LENGTHS[..]),
+        ("Llama-3.2-1B, 1 layer", config("llama-3.2-1b.json", 1), &LENGTHS[..2]),
     ];
-    for (name, config) in &models {
+    let mb = |bytes: f64| format!("{:.1} MB", bytes / 1e6);
+    for (name, config, lengths) in &models {
         let _ = writeln!(section, "### {name}\n");
-        section += "| tokens | lean bytes/sample | eager bytes/sample | eager / lean | lean step | eager step | lean / eager time |\n|---|---|---|---|---|---|---|\n";
-        let mut lean_bytes = Vec::new();
-        for seq_len in LENGTHS {
-            let (lean, eager) = (training(seq_len, true), training(seq_len, false));
-            let (lean_sample, lean_time) = measure(config, &lean);
-            lean_bytes.push(lean_sample);
-            let counted = config.bytes_per_sample(&eager).unwrap();
-            let row = if 2 * counted < MEASURABLE {
-                let (eager_sample, eager_time) = measure(config, &eager);
-                format!(
-                    "| {seq_len} | {} | {} | {:.1}× | {lean_time:.2} s | {eager_time:.2} s | {:.2} |",
-                    Bytes(lean_sample),
-                    Bytes(eager_sample),
-                    eager_sample as f64 / lean_sample as f64,
-                    lean_time / eager_time
-                )
-            } else {
-                format!(
-                    "| {seq_len} | {} | {} † | {:.1}× | {lean_time:.2} s | – | – |",
-                    Bytes(lean_sample),
-                    Bytes(counted),
-                    counted as f64 / lean_sample as f64
-                )
+        section += "| tokens | fused | PyTorch | fused / PyTorch | composed | composed / fused | fused step | composed step | fused / composed time |\n|---|---|---|---|---|---|---|---|---|\n";
+        for &seq_len in lengths.iter() {
+            let (fused, fused_time) = measure(config, &training(seq_len, true, Ops::Fused));
+            let (composed, composed_time) = measure(config, &training(seq_len, true, Ops::Eager));
+            let pytorch = PYTORCH_LEAN.iter().find(|(len, _)| *len == seq_len && name.starts_with("SmolLM2"));
+            let (theirs, ratio) = match pytorch {
+                Some(&(_, bytes)) => (mb(bytes), format!("{:.2}", fused as f64 / bytes)),
+                None => ("–".to_owned(), "–".to_owned()),
             };
+            let row = format!(
+                "| {seq_len} | {} | {theirs} | {ratio} | {} | {:.2}× | {fused_time:.2} s | {composed_time:.2} s | {:.2} |",
+                mb(fused as f64),
+                mb(composed as f64),
+                composed as f64 / fused as f64,
+                fused_time / composed_time
+            );
             eprintln!("{name}: {row}");
             section += &row;
             section.push('\n');
         }
-        let _ = writeln!(
-            section,
-            "\nLean bytes per sample at 2048 tokens over 1024: {:.2} (linear in the length: 2).\n",
-            lean_bytes[3] as f64 / lean_bytes[2] as f64
-        );
+        section.push('\n');
+    }
+    section += "### Eager attention and the full loss, SmolLM2-135M, 2 layers\n\n\
+        The scores and the logits made whole (`--attention eager --loss full`), the ops fused, against \
+        PyTorch's eager attention with the full loss (the issue's figures).\n\n\
+        | tokens | ours | PyTorch | ours / PyTorch |\n|---|---|---|---|\n";
+    let smol = &models[0].1;
+    for (seq_len, theirs) in PYTORCH_EAGER {
+        let eager = training(seq_len, false, Ops::Fused);
+        let counted = smol.bytes_per_sample(&eager).unwrap();
+        let row = if 2 * counted < MEASURABLE {
+            let (ours, _) = measure(smol, &eager);
+            format!("| {seq_len} | {} | {} | {:.2} |", mb(ours as f64), mb(theirs), ours as f64 / theirs)
+        } else {
+            format!("| {seq_len} | {} † | {} | {:.2} |", mb(counted as f64), mb(theirs), counted as f64 / theirs)
+        };
+        eprintln!("eager: {row}");
+        section += &row;
+        section.push('\n');
     }
     let path = shared::replace("lean-step", &shared::with_host(&section)).unwrap();
     eprintln!("wrote {}", path.display());
@@ -154,7 +175,7 @@ fn tables() {
 /// under 2 GiB, in the config's dtype.
 fn tuned_batches() {
     let (name, config) = ("SmolLM2-135M, 2 layers", config("smollm2-135m.json", 2));
-    let in_config_dtype = |lean| Training { dtype: None, ..training(512, lean) };
+    let in_config_dtype = |lean| Training { dtype: None, ..training(512, lean, Ops::Fused) };
     let lean = tuned(&config, &in_config_dtype(true));
     let eager = tuned(&config, &in_config_dtype(false));
     let mut section = String::from("### Tuned\n\n");

@@ -7,11 +7,9 @@
 use candle_core::{Module, Result, Tensor, D};
 
 use super::config::{BertHead, Config, Gelu};
-use super::layers::{attention, embed, gelu, split_heads, Layout, Norm, Proj};
+use super::layers::{attention, embed, gelu, split_heads, Forms, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
-use super::Attention;
-use crate::ops::residual;
 
 const STD: f32 = 0.02;
 
@@ -116,56 +114,57 @@ pub(crate) struct Bert {
     heads: usize,
     gelu: Gelu,
     padding_idx: Option<usize>,
-    attention: Attention,
+    forms: Forms,
 }
 
 impl Bert {
-    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, attention: Attention) -> Result<Bert> {
-        let eps = config.norm_eps;
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, forms: Forms) -> Result<Bert> {
+        let (eps, ops) = (config.norm_eps, forms.ops);
         let mut layers = Vec::with_capacity(config.layers);
         for layer in 0..config.layers {
             let at = |part: &str| format!("bert.encoder.layer.{layer}.{part}");
-            let proj = |part: &str| Proj::new(weights, &at(part), Layout::OutIn, lora);
+            let proj = |part: &str| Proj::new(weights, &at(part), Layout::OutIn, lora, ops);
             layers.push(Layer {
                 query: proj("attention.self.query")?,
                 key: proj("attention.self.key")?,
                 value: proj("attention.self.value")?,
                 attention_out: proj("attention.output.dense")?,
-                attention_norm: Norm::layer(weights, &at("attention.output.LayerNorm"), eps)?,
+                attention_norm: Norm::layer(weights, &at("attention.output.LayerNorm"), eps, ops)?,
                 intermediate: proj("intermediate.dense")?,
                 output: proj("output.dense")?,
-                output_norm: Norm::layer(weights, &at("output.LayerNorm"), eps)?,
+                output_norm: Norm::layer(weights, &at("output.LayerNorm"), eps, ops)?,
             });
         }
         let head = match config.bert_head {
             BertHead::MaskedLm => Head::MaskedLm {
-                transform: Proj::unadapted(weights, "cls.predictions.transform.dense", Layout::OutIn, lora)?,
-                norm: Norm::layer(weights, "cls.predictions.transform.LayerNorm", eps)?,
+                transform: Proj::unadapted(weights, "cls.predictions.transform.dense", Layout::OutIn, lora, ops)?,
+                norm: Norm::layer(weights, "cls.predictions.transform.LayerNorm", eps, ops)?,
                 // tied: the word embeddings, as a projection (frozen ones keep no gradient)
                 decoder: Proj::unadapted(
                     weights,
                     if config.tie_embeddings { "bert.embeddings.word_embeddings" } else { "cls.predictions.decoder" },
                     Layout::OutIn,
                     lora,
+                    ops,
                 )?,
                 bias: if config.tie_embeddings { Some(weights.get("cls.predictions.bias")?) } else { None },
             },
             BertHead::Classification { .. } => Head::Classification {
-                pooler: Proj::unadapted(weights, "bert.pooler.dense", Layout::OutIn, lora)?,
-                classifier: Proj::unadapted(weights, "classifier", Layout::OutIn, lora)?,
+                pooler: Proj::unadapted(weights, "bert.pooler.dense", Layout::OutIn, lora, ops)?,
+                classifier: Proj::unadapted(weights, "classifier", Layout::OutIn, lora, ops)?,
             },
         };
         Ok(Bert {
             word: weights.get("bert.embeddings.word_embeddings.weight")?,
             position: weights.get("bert.embeddings.position_embeddings.weight")?,
             token_type: weights.get("bert.embeddings.token_type_embeddings.weight")?,
-            embeddings_norm: Norm::layer(weights, "bert.embeddings.LayerNorm", eps)?,
+            embeddings_norm: Norm::layer(weights, "bert.embeddings.LayerNorm", eps, ops)?,
             layers,
             head,
             heads: config.heads,
             gelu: config.gelu,
             padding_idx: config.padding_idx,
-            attention,
+            forms,
         })
     }
 
@@ -179,11 +178,16 @@ impl Bert {
         let head_dim = hidden / self.heads;
         for layer in &self.layers {
             let split = |proj: &Proj| split_heads(&proj.forward(&xs)?, self.heads, head_dim);
-            let attended =
-                attention(&split(&layer.query)?, &split(&layer.key)?, &split(&layer.value)?, false, self.attention)?;
-            xs = layer.attention_norm.forward(&residual(&layer.attention_out.forward(&attended)?, &xs)?)?;
-            let intermediate = gelu(&layer.intermediate.forward(&xs)?, self.gelu)?;
-            xs = layer.output_norm.forward(&residual(&layer.output.forward(&intermediate)?, &xs)?)?;
+            let (q, k, v) = (split(&layer.query)?, split(&layer.key)?, split(&layer.value)?);
+            let attended = attention(&q, &k, &v, false, None, self.forms)?;
+            xs = layer.attention_norm.forward(&layer.attention_out.added_to(&xs, &attended)?)?;
+            let intermediate = layer.intermediate.forward(&xs)?;
+            xs = layer.output_norm.forward(&layer.output.activated_added_to(
+                &xs,
+                gelu(self.gelu),
+                &intermediate,
+                None,
+            )?)?;
         }
         Ok(xs)
     }
@@ -193,7 +197,7 @@ impl Bert {
         let xs = self.encode(ids)?;
         match &self.head {
             Head::MaskedLm { transform, norm, decoder, bias } => {
-                let transformed = norm.forward(&gelu(&transform.forward(&xs)?, self.gelu)?)?;
+                let transformed = norm.forward(&self.activated(&transform.forward(&xs)?)?)?;
                 let logits = decoder.forward(&transformed)?;
                 match bias {
                     Some(bias) if bias.track_op() => logits.broadcast_add(bias),
@@ -214,9 +218,17 @@ impl Bert {
     pub(crate) fn masked_lm_features(&self, ids: &Tensor) -> Result<Option<(Tensor, Tensor, Option<Tensor>)>> {
         let Head::MaskedLm { transform, norm, decoder, bias } = &self.head else { return Ok(None) };
         let xs = self.encode(ids)?;
-        let transformed = norm.forward(&gelu(&transform.forward(&xs)?, self.gelu)?)?;
+        let transformed = norm.forward(&self.activated(&transform.forward(&xs)?)?)?;
         let Some((weight, decoder_bias)) = decoder.dense() else { return Ok(None) };
         Ok(Some((transformed, weight, bias.clone().or(decoder_bias))))
+    }
+
+    /// The head transform's GELU: one node with the fused ops.
+    fn activated(&self, xs: &Tensor) -> Result<Tensor> {
+        match self.forms.ops {
+            crate::Ops::Fused => crate::ops::activation(gelu(self.gelu), xs),
+            crate::Ops::Eager => gelu(self.gelu).apply(xs),
+        }
     }
 
     /// Whether the head predicts tokens (masked LM) rather than classes.

@@ -8,12 +8,11 @@ use candle_core::{Module, Result, Tensor};
 use super::config::{AttentionBias, Config, Llama3Rope, RopeScaling, YarnRope};
 use super::kv_cache::{Chunk, KvCache};
 use super::layers::{attention, cached_attention, embed, last_tokens, rotary_tables, rotary_tables_at};
-use super::layers::{rotate, split_heads, Layout, Norm, Proj};
+use super::layers::{rotate, Forms, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
-use super::Attention;
 use crate::family::Family;
-use crate::ops::residual;
+use crate::ops::Activation;
 
 const STD: f32 = 0.02;
 
@@ -98,34 +97,30 @@ pub(crate) struct Decoder {
     /// What cos and sin are scaled by (YaRN's attention factor).
     rotary_scale: f64,
     padding_idx: Option<usize>,
-    attention: Attention,
+    forms: Forms,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
 }
 
 impl Decoder {
-    pub(crate) fn new(
-        config: &Config,
-        weights: &Weights,
-        lora: Option<&Lora>,
-        attention: Attention,
-    ) -> Result<Decoder> {
-        let eps = config.norm_eps;
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, forms: Forms) -> Result<Decoder> {
+        let (eps, ops) = (config.norm_eps, forms.ops);
         let mut blocks = Vec::with_capacity(config.layers);
         for layer in 0..config.layers {
             let at = |part: &str| format!("model.layers.{layer}.{part}");
-            let proj = |part: &str| Proj::new(weights, &at(part), Layout::OutIn, lora);
+            let proj = |part: &str| Proj::new(weights, &at(part), Layout::OutIn, lora, ops);
+            let norm = |part: &str| Norm::rms(weights, &at(part), eps, ops);
             let qk_norm = config.family == Family::Qwen3;
             blocks.push(Block {
-                input_norm: Norm::rms(weights, &at("input_layernorm"), eps)?,
+                input_norm: norm("input_layernorm")?,
                 q: proj("self_attn.q_proj")?,
                 k: proj("self_attn.k_proj")?,
                 v: proj("self_attn.v_proj")?,
                 o: proj("self_attn.o_proj")?,
-                q_norm: qk_norm.then(|| Norm::rms(weights, &at("self_attn.q_norm"), eps)).transpose()?,
-                k_norm: qk_norm.then(|| Norm::rms(weights, &at("self_attn.k_norm"), eps)).transpose()?,
-                post_norm: Norm::rms(weights, &at("post_attention_layernorm"), eps)?,
+                q_norm: qk_norm.then(|| norm("self_attn.q_norm")).transpose()?,
+                k_norm: qk_norm.then(|| norm("self_attn.k_norm")).transpose()?,
+                post_norm: norm("post_attention_layernorm")?,
                 gate: proj("mlp.gate_proj")?,
                 up: proj("mlp.up_proj")?,
                 down: proj("mlp.down_proj")?,
@@ -136,12 +131,12 @@ impl Decoder {
         Ok(Decoder {
             embed: weights.get("model.embed_tokens.weight")?,
             blocks,
-            norm: Norm::rms(weights, "model.norm", eps)?,
-            head: Proj::unadapted(weights, head_name, Layout::OutIn, lora)?,
+            norm: Norm::rms(weights, "model.norm", eps, ops)?,
+            head: Proj::unadapted(weights, head_name, Layout::OutIn, lora, ops)?,
             inverse_frequencies,
             rotary_scale,
             padding_idx: config.padding_idx,
-            attention,
+            forms,
             heads: config.heads,
             kv_heads: config.kv_heads,
             head_dim: config.head_dim,
@@ -175,38 +170,35 @@ impl Decoder {
 
     /// Block `index` of the decoder.
     pub(crate) fn block(&self, index: usize, xs: &Tensor, tables: &(Tensor, Tensor)) -> Result<Tensor> {
-        let (q, k, v) = self.queries_keys_values(index, xs, tables)?;
-        self.after_attention(index, xs, &attention(&q, &k, &v, true, self.attention)?)
+        let (q, k, v) = self.queries_keys_values(index, xs)?;
+        self.after_attention(index, xs, &attention(&q, &k, &v, true, Some(tables), self.forms)?)
     }
 
     /// Block `index`'s queries `(b, heads, s, d)`, keys and values `(b,
-    /// kv_heads, s, d)`, normed (Qwen3) and rotated.
-    fn queries_keys_values(
-        &self,
-        index: usize,
-        xs: &Tensor,
-        (cos, sin): &(Tensor, Tensor),
-    ) -> Result<(Tensor, Tensor, Tensor)> {
+    /// kv_heads, s, d)`, normed (Qwen3), not rotated: views of the
+    /// projections' outputs, no copy.
+    fn queries_keys_values(&self, index: usize, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let block = &self.blocks[index];
+        let (b, s, _) = xs.dims3()?;
         let h = block.input_norm.forward(xs)?;
-        let mut q = split_heads(&block.q.forward(&h)?, self.heads, self.head_dim)?;
-        let mut k = split_heads(&block.k.forward(&h)?, self.kv_heads, self.head_dim)?;
-        let v = split_heads(&block.v.forward(&h)?, self.kv_heads, self.head_dim)?;
+        let heads = |proj: &Proj, count: usize| proj.forward(&h)?.reshape((b, s, count, self.head_dim));
+        let (mut q, mut k) = (heads(&block.q, self.heads)?, heads(&block.k, self.kv_heads)?);
+        let v = heads(&block.v, self.kv_heads)?;
         if let (Some(q_norm), Some(k_norm)) = (&block.q_norm, &block.k_norm) {
             q = q_norm.forward(&q)?;
             k = k_norm.forward(&k)?;
         }
-        Ok((rotate(&q, cos, sin)?, rotate(&k, cos, sin)?, v))
+        Ok((q.transpose(1, 2)?, k.transpose(1, 2)?, v.transpose(1, 2)?))
     }
 
     /// The rest of block `index` once attention gave `attended` `(b, s,
     /// heads × d)`: the output projection, the residual and the MLP.
     fn after_attention(&self, index: usize, xs: &Tensor, attended: &Tensor) -> Result<Tensor> {
         let block = &self.blocks[index];
-        let xs = residual(xs, &block.o.forward(attended)?)?;
+        let xs = block.o.added_to(xs, attended)?;
         let h = block.post_norm.forward(&xs)?;
-        let mlp = (block.gate.forward(&h)?.silu()? * block.up.forward(&h)?)?;
-        residual(&xs, &block.down.forward(&mlp)?)
+        let (gate, up) = (block.gate.forward(&h)?, block.up.forward(&h)?);
+        block.down.activated_added_to(&xs, Activation::Silu, &gate, Some(&up))
     }
 
     /// The logits `(n, vocab)` of the last token of each of `chunks`, whose
@@ -218,9 +210,11 @@ impl Decoder {
         let positions: Vec<usize> = chunks.iter().flat_map(|chunk| chunk.positions()).collect();
         let tables =
             rotary_tables_at(&self.inverse_frequencies, self.rotary_scale, &positions, xs.dtype(), xs.device())?;
+        let (cos, sin) = &tables;
         for index in 0..self.blocks.len() {
-            let (q, k, v) = self.queries_keys_values(index, &xs, &tables)?;
-            let attended = cached_attention(&q, &k, &v, chunks, cache, index, self.attention)?;
+            let (q, k, v) = self.queries_keys_values(index, &xs)?;
+            let (q, k) = (rotate(&q, cos, sin, self.forms.ops)?, rotate(&k, cos, sin, self.forms.ops)?);
+            let attended = cached_attention(&q, &k, &v.contiguous()?, chunks, cache, index, self.forms.attention)?;
             xs = self.after_attention(index, &xs, &attended)?;
         }
         self.head(&last_tokens(&xs, chunks)?)

@@ -9,11 +9,9 @@ use crate::ops::add_constant;
 
 use super::config::{Config, Gelu};
 use super::kv_cache::{Chunk, KvCache};
-use super::layers::{attention, cached_attention, gelu, last_tokens, split_heads, Layout, Norm, Proj};
+use super::layers::{attention, cached_attention, gelu, last_tokens, Forms, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
-use super::Attention;
-use crate::ops::residual;
 
 const STD: f32 = 0.02;
 
@@ -73,21 +71,21 @@ pub(crate) struct Gpt2 {
     head: Proj,
     heads: usize,
     gelu: Gelu,
-    attention: Attention,
+    forms: Forms,
 }
 
 impl Gpt2 {
-    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, attention: Attention) -> Result<Gpt2> {
-        let eps = config.norm_eps;
+    pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, forms: Forms) -> Result<Gpt2> {
+        let (eps, ops) = (config.norm_eps, forms.ops);
         let mut blocks = Vec::with_capacity(config.layers);
         for layer in 0..config.layers {
             let at = |part: &str| format!("h.{layer}.{part}");
-            let proj = |part: &str| Proj::new(weights, &at(part), Layout::InOut, lora);
+            let proj = |part: &str| Proj::new(weights, &at(part), Layout::InOut, lora, ops);
             blocks.push(Block {
-                ln_1: Norm::layer(weights, &at("ln_1"), eps)?,
+                ln_1: Norm::layer(weights, &at("ln_1"), eps, ops)?,
                 c_attn: proj("attn.c_attn")?,
                 attn_proj: proj("attn.c_proj")?,
-                ln_2: Norm::layer(weights, &at("ln_2"), eps)?,
+                ln_2: Norm::layer(weights, &at("ln_2"), eps, ops)?,
                 c_fc: proj("mlp.c_fc")?,
                 mlp_proj: proj("mlp.c_proj")?,
             });
@@ -96,12 +94,18 @@ impl Gpt2 {
             wte: weights.get("wte.weight")?,
             wpe: weights.get("wpe.weight")?,
             blocks,
-            ln_f: Norm::layer(weights, "ln_f", eps)?,
+            ln_f: Norm::layer(weights, "ln_f", eps, ops)?,
             // tied: the token embedding, (vocab, hidden) as a Linear reads it
-            head: Proj::unadapted(weights, if config.tie_embeddings { "wte" } else { "lm_head" }, Layout::OutIn, lora)?,
+            head: Proj::unadapted(
+                weights,
+                if config.tie_embeddings { "wte" } else { "lm_head" },
+                Layout::OutIn,
+                lora,
+                ops,
+            )?,
             heads: config.heads,
             gelu: config.gelu,
-            attention,
+            forms,
         })
     }
 
@@ -134,25 +138,26 @@ impl Gpt2 {
     /// Block `index`.
     pub(crate) fn block(&self, index: usize, xs: &Tensor) -> Result<Tensor> {
         let (q, k, v) = self.queries_keys_values(index, xs)?;
-        self.after_attention(index, xs, &attention(&q, &k, &v, true, self.attention)?)
+        self.after_attention(index, xs, &attention(&q, &k, &v, true, None, self.forms)?)
     }
 
-    /// Block `index`'s queries, keys and values `(b, heads, s, d)`.
+    /// Block `index`'s queries, keys and values `(b, heads, s, d)`: views
+    /// of the projection's output, no copy.
     fn queries_keys_values(&self, index: usize, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let block = &self.blocks[index];
-        let hidden = xs.dim(2)?;
-        let head_dim = hidden / self.heads;
-        let qkv = block.c_attn.forward(&block.ln_1.forward(xs)?)?;
-        let part = |i: usize| split_heads(&qkv.narrow(2, i * hidden, hidden)?, self.heads, head_dim);
+        let (b, s, hidden) = xs.dims3()?;
+        let qkv =
+            block.c_attn.forward(&block.ln_1.forward(xs)?)?.reshape((b, s, 3, self.heads, hidden / self.heads))?;
+        let part = |i: usize| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2);
         Ok((part(0)?, part(1)?, part(2)?))
     }
 
     /// The rest of block `index` once attention gave `attended`.
     fn after_attention(&self, index: usize, xs: &Tensor, attended: &Tensor) -> Result<Tensor> {
         let block = &self.blocks[index];
-        let xs = residual(xs, &block.attn_proj.forward(attended)?)?;
-        let mlp = gelu(&block.c_fc.forward(&block.ln_2.forward(&xs)?)?, self.gelu)?;
-        residual(&xs, &block.mlp_proj.forward(&mlp)?)
+        let xs = block.attn_proj.added_to(xs, attended)?;
+        let fc = block.c_fc.forward(&block.ln_2.forward(&xs)?)?;
+        block.mlp_proj.activated_added_to(&xs, gelu(self.gelu), &fc, None)
     }
 
     /// The logits `(n, vocab)` of the last token of each of `chunks` (see
@@ -166,7 +171,8 @@ impl Gpt2 {
         let mut xs = (tokens + self.wpe.index_select(&positions, 0)?)?.reshape((1, count, hidden))?;
         for index in 0..self.blocks.len() {
             let (q, k, v) = self.queries_keys_values(index, &xs)?;
-            let attended = cached_attention(&q, &k, &v, chunks, cache, index, self.attention)?;
+            let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+            let attended = cached_attention(&q, &k, &v, chunks, cache, index, self.forms.attention)?;
             xs = self.after_attention(index, &xs, &attended)?;
         }
         self.head(&last_tokens(&xs, chunks)?)

@@ -7,8 +7,15 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use super::kv_cache::{Chunk, KvCache};
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
-use crate::ops::{add_constant, layer_norm, matmul, mul_constant, rms_norm, rope, softmax_last_dim};
-use crate::ops::{plain_linear, BlockedAttention, FrozenLinear};
+use crate::ops::{self, add_constant, eager, matmul, mul_constant, Activation, BlockedAttention, FrozenLinear};
+use crate::{Attention, Ops};
+
+/// How a network computes attention and its other ops.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Forms {
+    pub(crate) attention: Attention,
+    pub(crate) ops: Ops,
+}
 
 /// A weight's layout in its checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,7 +28,13 @@ pub(crate) enum Layout {
 
 /// A projection `x · Wᵀ + b` over the weight of a checkpoint module.
 #[derive(Clone, Debug)]
-pub(crate) enum Proj {
+pub(crate) struct Proj {
+    kind: ProjKind,
+    ops: Ops,
+}
+
+#[derive(Clone, Debug)]
+enum ProjKind {
     /// candle's own matmul: a trained weight (full fine-tuning), or a frozen
     /// one whose gradient candle keeps (LoRA's `frozen_gradients`).
     Plain { weight: Tensor, bias: Option<Tensor> },
@@ -35,17 +48,25 @@ pub(crate) enum Proj {
 impl Proj {
     /// The projection of module `name` (`{name}.weight`, `{name}.bias` if any):
     /// trained when its weight is a variable, with adapters when `lora` targets it.
-    pub(crate) fn new(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>) -> Result<Proj> {
-        Proj::build(weights, name, layout, lora, true)
+    pub(crate) fn new(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>, ops: Ops) -> Result<Proj> {
+        Ok(Proj { kind: ProjKind::build(weights, name, layout, lora, true)?, ops })
     }
 
     /// A projection LoRA never adapts (a head, a pooler), frozen as `lora`
     /// freezes the others.
-    pub(crate) fn unadapted(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>) -> Result<Proj> {
-        Proj::build(weights, name, layout, lora, false)
+    pub(crate) fn unadapted(
+        weights: &Weights,
+        name: &str,
+        layout: Layout,
+        lora: Option<&Lora>,
+        ops: Ops,
+    ) -> Result<Proj> {
+        Ok(Proj { kind: ProjKind::build(weights, name, layout, lora, false)?, ops })
     }
+}
 
-    fn build(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>, adapt: bool) -> Result<Proj> {
+impl ProjKind {
+    fn build(weights: &Weights, name: &str, layout: Layout, lora: Option<&Lora>, adapt: bool) -> Result<ProjKind> {
         let targeted = lora.filter(|lora| adapt && lora.targets(name));
         let weight_name = format!("{name}.weight");
         let bias = weights.maybe(&format!("{name}.bias"));
@@ -60,16 +81,16 @@ impl Proj {
                 };
                 if weights.is_trained(&weight_name) || lora.is_some_and(|lora| lora.frozen_gradients) {
                     if let Some(lora) = targeted {
-                        return Ok(Proj::Lora(adapted(weights, name, FrozenLinear::new(weight, bias), lora)?));
+                        return Ok(ProjKind::Lora(adapted(weights, name, FrozenLinear::new(weight, bias), lora)?));
                     }
-                    return Ok(Proj::Plain { weight, bias });
+                    return Ok(ProjKind::Plain { weight, bias });
                 }
                 FrozenLinear::new(weight, bias)
             }
         };
         match targeted {
-            Some(lora) => Ok(Proj::Lora(adapted(weights, name, frozen, lora)?)),
-            None => Ok(Proj::Frozen(frozen)),
+            Some(lora) => Ok(ProjKind::Lora(adapted(weights, name, frozen, lora)?)),
+            None => Ok(ProjKind::Frozen(frozen)),
         }
     }
 }
@@ -86,57 +107,109 @@ impl Proj {
     /// The dense weight `(out, in)` and bias of a trained or frozen
     /// projection without adapters: what a head's fused loss multiplies by.
     pub(crate) fn dense(&self) -> Option<(Tensor, Option<Tensor>)> {
-        match self {
-            Proj::Plain { weight, bias } => Some((weight.clone(), bias.clone())),
-            Proj::Frozen(frozen) => Some((frozen.weight()?.clone(), frozen.bias().cloned())),
-            Proj::Lora(_) => None,
+        match &self.kind {
+            ProjKind::Plain { weight, bias } => Some((weight.clone(), bias.clone())),
+            ProjKind::Frozen(frozen) => Some((frozen.weight()?.clone(), frozen.bias().cloned())),
+            ProjKind::Lora(_) => None,
         }
+    }
+
+    /// The weight and bias a fused op multiplies by: a trained weight, or a
+    /// frozen dense one; not candle's own product kept for a frozen weight
+    /// (LoRA's `frozen_gradients`), adapters or a quantized weight.
+    fn fused(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+        match (&self.kind, self.ops) {
+            (ProjKind::Plain { weight, bias }, Ops::Fused) if weight.track_op() => Some((weight, bias.as_ref())),
+            (ProjKind::Frozen(frozen), Ops::Fused) => frozen.weight().map(|weight| (weight, frozen.bias())),
+            _ => None,
+        }
+    }
+
+    /// `residual + self(xs)`: one node where the product fuses.
+    pub(crate) fn added_to(&self, residual: &Tensor, xs: &Tensor) -> Result<Tensor> {
+        if let Some((weight, bias)) = self.fused() {
+            return ops::residual_linear(residual, xs, weight, bias);
+        }
+        if let (ProjKind::Lora(lora), Ops::Fused) = (&self.kind, self.ops) {
+            if let Some(sum) = lora.fused(Some(residual), xs) {
+                return sum;
+            }
+        }
+        ops::residual(residual, &self.forward(xs)?)
+    }
+
+    /// `residual + self(activation(gate) · up)` (`activation(gate)` without
+    /// `up`): an MLP's down projection, one node where the product fuses,
+    /// the activation recomputed in its backward pass.
+    pub(crate) fn activated_added_to(
+        &self,
+        residual: &Tensor,
+        activation: Activation,
+        gate: &Tensor,
+        up: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if let Some((weight, bias)) = self.fused() {
+            return ops::residual_mlp_down(residual, activation, gate, up, weight, bias);
+        }
+        let activated = match (up, self.ops) {
+            (Some(up), Ops::Fused) => ops::gated(activation, gate, up)?,
+            (Some(up), Ops::Eager) => (activation.apply(gate)? * up)?,
+            (None, _) => activation.apply(gate)?,
+        };
+        self.added_to(residual, &activated)
     }
 }
 
 impl Module for Proj {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        match self {
-            Proj::Plain { weight, bias } => plain_linear(xs, weight, bias.as_ref()),
-            Proj::Frozen(frozen) => frozen.forward(xs),
-            Proj::Lora(lora) => lora.forward(xs),
+        if let Some((weight, bias)) = self.fused() {
+            return ops::linear(xs, weight, bias);
+        }
+        match (&self.kind, self.ops) {
+            (ProjKind::Plain { weight, bias }, _) => eager::linear(xs, weight, bias.as_ref()),
+            (ProjKind::Frozen(frozen), _) => frozen.forward(xs),
+            (ProjKind::Lora(lora), Ops::Fused) => lora.fused(None, xs).unwrap_or_else(|| lora.forward(xs)),
+            (ProjKind::Lora(lora), Ops::Eager) => lora.forward(xs),
         }
     }
 }
 
-/// A norm over the last dimension: RMS (Llama) or layer norm (GPT-2, BERT).
-/// A frozen norm (under LoRA) scales and shifts by constants: its weight gets
-/// no gradient, where `broadcast_mul` would keep one of the activations' size.
+/// A norm over the last dimension: RMS (Llama) or layer norm (GPT-2, BERT,
+/// with a bias). A frozen norm (under LoRA) gets no gradient for its weight.
 #[derive(Clone, Debug)]
-pub(crate) enum Norm {
-    Rms { weight: Tensor, eps: f32, frozen: bool },
-    Layer { weight: Tensor, bias: Tensor, eps: f32, frozen: bool },
+pub(crate) struct Norm {
+    weight: Tensor,
+    /// A layer norm's bias; `None`: an RMS norm.
+    bias: Option<Tensor>,
+    eps: f32,
+    ops: Ops,
 }
 
 impl Norm {
-    pub(crate) fn rms(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
-        let weight_name = format!("{name}.weight");
-        let frozen = !weights.is_trained(&weight_name);
-        Ok(Norm::Rms { weight: weights.get(&weight_name)?, eps: eps as f32, frozen })
+    pub(crate) fn rms(weights: &Weights, name: &str, eps: f64, ops: Ops) -> Result<Norm> {
+        Ok(Norm { weight: weights.get(&format!("{name}.weight"))?, bias: None, eps: eps as f32, ops })
     }
 
-    pub(crate) fn layer(weights: &Weights, name: &str, eps: f64) -> Result<Norm> {
-        let weight_name = format!("{name}.weight");
-        let frozen = !weights.is_trained(&weight_name);
-        let (weight, bias) = (weights.get(&weight_name)?, weights.get(&format!("{name}.bias"))?);
-        Ok(Norm::Layer { weight, bias, eps: eps as f32, frozen })
+    pub(crate) fn layer(weights: &Weights, name: &str, eps: f64, ops: Ops) -> Result<Norm> {
+        let (weight, bias) = (weights.get(&format!("{name}.weight"))?, weights.get(&format!("{name}.bias"))?);
+        Ok(Norm { weight, bias: Some(bias), eps: eps as f32, ops })
     }
 }
 
 impl Module for Norm {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        match self {
-            Norm::Rms { weight, eps, frozen: false } => rms_norm(xs, weight, *eps),
-            Norm::Layer { weight, bias, eps, frozen: false } => layer_norm(xs, weight, bias, *eps),
-            Norm::Rms { weight, eps, frozen: true } => mul_constant(&normalized(xs, *eps, false)?, weight),
-            Norm::Layer { weight, bias, eps, frozen: true } => {
-                add_constant(&mul_constant(&normalized(xs, *eps, true)?, weight)?, bias)
+        let (weight, eps) = (&self.weight, self.eps);
+        match (&self.bias, self.ops) {
+            (None, Ops::Fused) => ops::rms_norm(xs, weight, eps),
+            (Some(bias), Ops::Fused) => ops::layer_norm(xs, weight, bias, eps),
+            // a frozen norm scales and shifts by constants: `broadcast_mul` would
+            // keep a gradient of the activations' size for its weight
+            (None, Ops::Eager) if !weight.track_op() => mul_constant(&normalized(xs, eps, false)?, weight),
+            (Some(bias), Ops::Eager) if !weight.track_op() => {
+                add_constant(&mul_constant(&normalized(xs, eps, true)?, weight)?, bias)
             }
+            (None, Ops::Eager) => eager::rms_norm(xs, weight, eps),
+            (Some(bias), Ops::Eager) => eager::layer_norm(xs, weight, bias, eps),
         }
     }
 }
@@ -201,7 +274,7 @@ pub(crate) fn cached_attention(
     chunks: &[Chunk],
     cache: &KvCache,
     layer: usize,
-    form: super::Attention,
+    form: Attention,
 ) -> Result<Tensor> {
     let (_, heads, _, d) = q.dims4()?;
     let mut outputs = Vec::with_capacity(chunks.len());
@@ -213,8 +286,8 @@ pub(crate) fn cached_attention(
         let (keys, values) = cache.gather(layer, chunk.sequence, chunk.start + len, q.dtype())?;
         let queries = q.narrow(2, offset, len)?.contiguous()?;
         let out = match form {
-            super::Attention::Blocked => BlockedAttention::causal().forward(&queries, &keys, &values, None)?,
-            super::Attention::Eager => crate::ops::attention(&queries, &keys, &values, None, true)?,
+            Attention::Blocked => BlockedAttention::causal().forward(&queries, &keys, &values, None)?,
+            Attention::Eager => crate::ops::attention(&queries, &keys, &values, None, true)?,
         };
         outputs.push(out.transpose(1, 2)?.reshape((1, len, heads * d))?);
         offset += len;
@@ -235,30 +308,58 @@ pub(crate) fn last_tokens(xs: &Tensor, chunks: &[Chunk]) -> Result<Tensor> {
 }
 
 /// Multi-head attention of `q` `(b, heads, s, d)` over `k`, `v` `(b, kv_heads,
-/// s, d)` (grouped: each kv head serves `heads / kv_heads` query heads),
+/// s, d)` (grouped: each kv head serves `heads / kv_heads` query heads; any
+/// layout), `q` and `k` rotated first by `rotary`'s tables where given,
 /// causal or not, in blocks or eager; returns `(b, s, heads · d)`.
-pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, form: super::Attention) -> Result<Tensor> {
-    match form {
-        super::Attention::Eager => eager_attention(q, k, v, causal),
-        super::Attention::Blocked => {
-            let (b, heads, s, d) = q.dims4()?;
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    rotary: Option<&(Tensor, Tensor)>,
+    forms: Forms,
+) -> Result<Tensor> {
+    let (b, heads, s, d) = q.dims4()?;
+    let attended = match forms.attention {
+        Attention::Blocked => {
             let config = if causal { BlockedAttention::causal() } else { BlockedAttention::bidirectional() };
-            config.forward(q, k, v, None)?.transpose(1, 2)?.reshape((b, s, heads * d))
+            match (rotary, forms.ops) {
+                (Some((cos, sin)), Ops::Fused) => config.forward_rotary(q, k, v, None, cos, sin)?,
+                (Some((cos, sin)), Ops::Eager) => config.forward(
+                    &eager::rope(&q.contiguous()?, cos, sin)?,
+                    &eager::rope(&k.contiguous()?, cos, sin)?,
+                    v,
+                    None,
+                )?,
+                (None, _) => config.forward(q, k, v, None)?,
+            }
         }
-    }
+        Attention::Eager => {
+            let (q, k) = match rotary {
+                Some((cos, sin)) => (rotate(q, cos, sin, forms.ops)?, rotate(k, cos, sin, forms.ops)?),
+                None => (q.contiguous()?, k.contiguous()?),
+            };
+            eager_attention(&q, &k, &v.contiguous()?, causal, forms.ops)?
+        }
+    };
+    attended.transpose(1, 2)?.reshape((b, s, heads * d))
 }
 
-/// [`attention`] with the scores made whole: as transformers' eager attention computes it.
-fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
-    let (b, heads, s, d) = q.dims4()?;
+/// Attention with the scores made whole, as transformers' eager attention
+/// computes it: `(b, heads, s, d)` of contiguous `q`, `k`, `v`.
+fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, ops: Ops) -> Result<Tensor> {
+    let (_, heads, s, d) = q.dims4()?;
     let kv_heads = k.dim(1)?;
     let (k, v) = (repeat_kv(k, heads / kv_heads)?, repeat_kv(v, heads / kv_heads)?);
     // keys and values from frozen layers are outside the graph: no gradient for them
     let scores = (matmul(q, &k.t()?)? / (d as f64).sqrt())?;
     // the mask is a constant: added without a gradient of the scores' size of its own
     let scores = if causal { add_constant(&scores, &causal_mask(s, q.dtype(), q.device())?)? } else { scores };
-    let weights = softmax_last_dim(&scores)?;
-    matmul(&weights, &v)?.transpose(1, 2)?.reshape((b, s, heads * d))
+    let weights = match ops {
+        Ops::Fused => ops::softmax_last_dim(&scores)?,
+        Ops::Eager => eager::softmax_last_dim(&scores)?,
+    };
+    matmul(&weights, &v)
 }
 
 /// `(b, kv_heads, s, d)` → `(b, kv_heads · n, s, d)`, each kv head repeated `n` times.
@@ -277,15 +378,19 @@ fn causal_mask(s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     Tensor::from_vec(mask, (s, s), device)?.to_dtype(dtype)
 }
 
-/// `(b, s, heads · d)` → `(b, heads, s, d)`.
+/// `(b, s, heads · d)` → `(b, heads, s, d)`: a view, no copy.
 pub(crate) fn split_heads(xs: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
     let (b, s, _) = xs.dims3()?;
-    xs.reshape((b, s, heads, head_dim))?.transpose(1, 2)?.contiguous()
+    xs.reshape((b, s, heads, head_dim))?.transpose(1, 2)
 }
 
-/// Rotary positions on `(b, heads, s, d)`, the halves rotated (Hugging Face's `rotate_half`).
-pub(crate) fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    rope(xs, cos, sin)
+/// Rotary positions on `(b, heads, s, d)` (any layout), the halves rotated
+/// (Hugging Face's `rotate_half`): contiguous.
+pub(crate) fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
+    match ops {
+        Ops::Fused => ops::rope(xs, cos, sin),
+        Ops::Eager => eager::rope(&xs.contiguous()?, cos, sin),
+    }
 }
 
 /// Mean cross-entropy in f32 of `logits` `(n, classes)` against `targets` `(n)`.
@@ -293,12 +398,12 @@ pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor>
     candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, targets)
 }
 
-/// GELU: the tanh approximation (`gelu_new`, GPT-2's) or the exact erf
-/// form (`gelu`, BERT's).
-pub(crate) fn gelu(xs: &Tensor, kind: super::config::Gelu) -> Result<Tensor> {
+/// The activation of a config's GELU: the tanh approximation (`gelu_new`,
+/// GPT-2's) or the exact erf form (`gelu`, BERT's).
+pub(crate) fn gelu(kind: super::config::Gelu) -> Activation {
     match kind {
-        super::config::Gelu::Tanh => xs.gelu(),
-        super::config::Gelu::Erf => xs.gelu_erf(),
+        super::config::Gelu::Tanh => Activation::Gelu,
+        super::config::Gelu::Erf => Activation::GeluErf,
     }
 }
 

@@ -138,9 +138,36 @@ impl Loss {
     }
 }
 
+/// How a config model computes its norms, rotary positions, MLP
+/// activations and projections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Ops {
+    /// Each one node of candle's graph that keeps its inputs and output and
+    /// recomputes the rest in its backward pass ([`ops`]' fused ops): what
+    /// PyTorch's autograd keeps, or less.
+    #[default]
+    Fused,
+    /// Each written as candle's differentiable ops ([`ops::eager`]): the
+    /// graph keeps every intermediate until the loss is dropped.
+    Eager,
+}
+
+impl Ops {
+    /// Both ways, in the order the command line lists them.
+    pub const ALL: [Ops; 2] = [Ops::Fused, Ops::Eager];
+
+    /// The name used on the command line: `fused`, `eager`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ops::Fused => "fused",
+            Ops::Eager => "eager",
+        }
+    }
+}
+
 /// How a model is trained: the sequence length, the dtype, full fine-tuning
-/// or LoRA, the seed of its weights and data, how attention and the loss
-/// are computed.
+/// or LoRA, the seed of its weights and data, how attention, the loss and
+/// the other ops are computed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Training {
     /// Tokens per sample: probe at the longest training will see.
@@ -159,6 +186,8 @@ pub struct Training {
     pub attention: Attention,
     /// How the head and the loss are computed (chunked by default).
     pub loss: Loss,
+    /// How norms, rotary positions, activations and projections are computed (fused by default).
+    pub ops: Ops,
 }
 
 impl Training {
@@ -172,6 +201,7 @@ impl Training {
             checkpointing: false,
             attention: Attention::Blocked,
             loss: Loss::Chunked,
+            ops: Ops::Fused,
         }
     }
 
@@ -184,6 +214,12 @@ impl Training {
     /// With the head and the loss computed as `loss` says.
     pub fn loss(mut self, loss: Loss) -> Training {
         self.loss = loss;
+        self
+    }
+
+    /// With norms, rotary positions, activations and projections computed as `ops` says.
+    pub fn ops(mut self, ops: Ops) -> Training {
+        self.ops = ops;
         self
     }
 
@@ -368,6 +404,8 @@ impl Config {
         // three quarters of the count: it is within 8% of what the probe measures
         // in f32, and under it in bf16 on the CPU (which widens bf16 products to f32)
         let per_sample = self.bytes_per_sample(training)? / 4 * 3;
+        // the fused MLP's block of rows, held whatever the batch
+        let fixed = fixed.checked_add(self.mlp_block_bytes(training)?).ok_or_else(overflow)?;
         Ok(Footprint {
             model: self.describe(training),
             parameters: trained,
@@ -481,6 +519,9 @@ impl Config {
         if training.loss == Loss::Full {
             step += ", full loss";
         }
+        if training.ops == Ops::Eager {
+            step += ", eager ops";
+        }
         format!(
             "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora}{checkpointing}{step})",
             self.family.model_type(),
@@ -508,11 +549,12 @@ enum Network {
 
 impl Network {
     fn new(config: &Config, weights: &Weights, training: &Training) -> candle_core::Result<Network> {
-        let (lora, attention) = (training.lora.as_ref(), training.attention);
+        let lora = training.lora.as_ref();
+        let forms = layers::Forms { attention: training.attention, ops: training.ops };
         Ok(match config.family {
-            Family::Gpt2 => Network::Gpt2(gpt2::Gpt2::new(config, weights, lora, attention)?),
-            Family::Bert => Network::Bert(bert::Bert::new(config, weights, lora, attention)?),
-            _ => Network::Decoder(decoder::Decoder::new(config, weights, lora, attention)?),
+            Family::Gpt2 => Network::Gpt2(gpt2::Gpt2::new(config, weights, lora, forms)?),
+            Family::Bert => Network::Bert(bert::Bert::new(config, weights, lora, forms)?),
+            _ => Network::Decoder(decoder::Decoder::new(config, weights, lora, forms)?),
         })
     }
 

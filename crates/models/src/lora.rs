@@ -187,12 +187,20 @@ impl LoraLinear {
         self.plain = self.base.weight().is_some();
         self
     }
+
+    /// `[residual +] self(xs)` as one node ([`lora_linear`](crate::ops::lora_linear)),
+    /// where it can be: without dropout (its mask would have to be kept),
+    /// not through candle's own product.
+    pub(crate) fn fused(&self, residual: Option<&Tensor>, xs: &Tensor) -> Option<Result<Tensor>> {
+        let fusable = self.dropout == 0.0 && !self.plain;
+        fusable.then(|| crate::ops::lora_linear(residual, xs, &self.base, &self.a, &self.b, self.scale))
+    }
 }
 
 impl Module for LoraLinear {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let base = match (self.plain, self.base.weight()) {
-            (true, Some(weight)) => crate::ops::plain_linear(xs, weight, self.base.bias())?,
+            (true, Some(weight)) => crate::ops::eager::linear(xs, weight, self.base.bias())?,
             _ => self.base.forward(xs)?,
         };
         // the adapters' own dtype (f32 beside a bf16 or quantized base): cast at the boundary

@@ -8,7 +8,7 @@
 use candle_core::DType;
 
 use super::config::{AttentionBias, BertHead, Config};
-use super::{Attention, Loss, Training};
+use super::{Attention, Loss, Ops, Training};
 use crate::family::Family;
 use autobatch::Error;
 
@@ -40,13 +40,17 @@ struct Widths {
     d: f64,
     /// Whether norms compute in f32 beside a 16-bit dtype (a copy each way).
     widened: bool,
+    /// The fused ops ([`Ops::Fused`]): each one tensor kept.
+    fused: bool,
 }
 
 impl Widths {
     /// An RMS norm of width `w` (candle-nn's `rms_norm_slow`: squared,
     /// divided, scaled; in f32 for a 16-bit input).
     fn rms_norm(&self, w: f64) -> f64 {
-        if self.widened {
+        if self.fused {
+            w * self.d
+        } else if self.widened {
             4.0 * w * 3.0 + 2.0 * w * 2.0
         } else {
             3.0 * w * self.d
@@ -56,16 +60,39 @@ impl Widths {
     /// A layer norm of width `w` (candle-nn's `layer_norm_slow`: centred,
     /// squared, divided, scaled, shifted).
     fn layer_norm(&self, w: f64) -> f64 {
-        if self.widened {
+        if self.fused {
+            w * self.d
+        } else if self.widened {
             4.0 * w * 4.0 + 2.0 * w * 3.0
         } else {
             5.0 * w * self.d
         }
     }
 
-    /// A projection to `out` features: the product, and the bias added.
+    /// A projection to `out` features: the product, and the bias added
+    /// (one tensor fused).
     fn linear(&self, out: f64, bias: bool) -> f64 {
-        out * self.d * if bias { 2.0 } else { 1.0 }
+        out * self.d * if bias && !self.fused { 2.0 } else { 1.0 }
+    }
+
+    /// A projection to `out` features added to the residual stream: the
+    /// product (with its bias) and the sum, one tensor fused.
+    fn residual_linear(&self, out: f64, bias: bool) -> f64 {
+        if self.fused {
+            out * self.d
+        } else {
+            self.linear(out, bias) + out * self.d
+        }
+    }
+
+    /// Heads split from a projection's output and made contiguous: a copy of
+    /// `w`, none fused (the heads are views).
+    fn heads(&self, w: f64) -> f64 {
+        if self.fused {
+            0.0
+        } else {
+            w * self.d
+        }
     }
 }
 
@@ -89,10 +116,16 @@ impl Config {
             heads: self.heads as f64,
             d: dtype.size_in_bytes() as f64,
             widened: dtype != DType::F32,
+            fused: training.ops == Ops::Fused,
         };
         let eager = training.attention == Attention::Eager;
         // per layer, per token: the block, its attention, its adapters
-        let block = self.block(&w) + self.attention_bytes(&w, s, eager) + self.adapters_bytes(&w, training);
+        let attention = self.attention_bytes(&w, s, eager);
+        let mut block = self.block(&w, eager) + self.adapters_bytes(&w, training);
+        block.kept += attention.kept;
+        // the fused MLP's moment and blocked attention's are apart; the eager ones' overlap
+        block.backward =
+            if w.fused { block.backward.max(attention.backward) } else { block.backward + attention.backward };
         let (embedding, head) = (self.embedding_bytes(&w), self.head_bytes(&w, training.loss));
         let layers = self.layers as f64;
         let kept = if training.checkpointing {
@@ -120,66 +153,98 @@ impl Config {
         }
     }
 
+    /// Bytes the fused MLP's backward pass takes whatever the batch once a
+    /// step has more rows than its block ([`Ops::Fused`]: the activation's
+    /// derivative and the halves' gradients computed 64 rows at a time, in
+    /// f32 beside a 16-bit model); 0 with the eager ops, whose temporaries
+    /// grow with the batch (`bytes_per_sample` counts them).
+    pub fn mlp_block_bytes(&self, training: &Training) -> Result<u64, Error> {
+        if training.ops == Ops::Eager {
+            return Ok(0);
+        }
+        let dtype = self.model_dtype(training)?;
+        // measured: about three block-sized tensors at once in f32, six f32 ones beside a 16-bit model
+        let per_value = if dtype == DType::F32 { 3 * 4 } else { 6 * 4 };
+        let rows = super::ops::ROWS_AT_ONCE as u64;
+        rows.checked_mul(self.intermediate as u64)
+            .and_then(|values| values.checked_mul(per_value))
+            .ok_or_else(|| Error::byte_overflow(format!("an MLP block of {}", self.describe(training))))
+    }
+
     /// One layer's tensors but attention's and the adapters'.
-    fn block(&self, w: &Widths) -> PerToken {
+    fn block(&self, w: &Widths, eager_attention: bool) -> PerToken {
         let d = w.d;
+        // an MLP's activation (and a gate's product): kept eager, recomputed fused
+        let activation = |width: f64| if w.fused { 0.0 } else { width * d };
         match self.family {
             Family::Gpt2 => PerToken {
-                // ln_1, c_attn with its bias, q/k/v made contiguous, c_proj, the
-                // residual, ln_2, c_fc, gelu, c_proj, the residual
+                // ln_1, c_attn with its bias, q/k/v made contiguous, c_proj and the
+                // residual, ln_2, c_fc, gelu, c_proj and the residual
                 kept: 2.0 * w.layer_norm(w.h)
                     + w.linear(3.0 * w.h, true)
-                    + 3.0 * w.h * d
-                    + w.linear(w.h, true)
-                    + w.h * d
+                    + 3.0 * if eager_attention { w.h * d } else { w.heads(w.h) }
+                    + w.residual_linear(w.h, true)
                     + w.linear(w.i, true)
-                    + w.i * d
-                    + w.linear(w.h, true)
-                    + w.h * d,
-                // gelu's backward holds about twice silu's temporaries
-                backward: 16.0 * w.i * d + 12.0 * w.h * d,
+                    + activation(w.i)
+                    + w.residual_linear(w.h, true),
+                backward: self.mlp_backward(w, true),
             },
             Family::Bert => PerToken {
                 // query, key, value with biases, made contiguous, the output and its
-                // norm, the intermediate, gelu, the output and its norm
+                // residual, its norm, the intermediate, gelu, the output and its
+                // residual, its norm
                 kept: 3.0 * w.linear(w.h, true)
-                    + 3.0 * w.h * d
-                    + w.linear(w.h, true)
-                    + w.h * d
+                    + 3.0 * if eager_attention { w.h * d } else { w.heads(w.h) }
+                    + w.residual_linear(w.h, true)
                     + w.layer_norm(w.h)
                     + w.linear(w.i, true)
-                    + w.i * d
-                    + w.linear(w.h, true)
-                    + w.h * d
+                    + activation(w.i)
+                    + w.residual_linear(w.h, true)
                     + w.layer_norm(w.h),
-                // gelu's backward holds about twice silu's temporaries
-                backward: 16.0 * w.i * d + 12.0 * w.h * d,
+                backward: self.mlp_backward(w, true),
             },
             _ => {
                 let qkv_bias = self.attention_bias != AttentionBias::None;
                 let qk_norms = if self.family == Family::Qwen3 { w.rms_norm(w.q) + w.rms_norm(w.kv) } else { 0.0 };
+                // eager: a half negated, the halves joined, two products, their sum;
+                // fused: one tensor, none inside blocked attention
+                let rotary = match (w.fused, eager_attention) {
+                    (false, _) => 4.5 * (w.q + w.kv) * d,
+                    (true, true) => (w.q + w.kv) * d,
+                    (true, false) => 0.0,
+                };
+                let contiguous = if eager_attention && w.fused { 2.0 * w.kv * d } else { w.heads(w.q + 2.0 * w.kv) };
                 PerToken {
-                    // the input norm, q/k/v, made contiguous, the q/k norms, rotary
-                    // positions on q and k (a half negated, the halves joined, two
-                    // products, their sum), o, the residual, the post norm, gate,
-                    // up, silu, their product, down, the residual
+                    // the input norm, q/k/v (made contiguous eager), the q/k norms,
+                    // rotary positions on q and k, o and the residual, the post norm,
+                    // gate, up, silu and their product, down and the residual
                     kept: 2.0 * w.rms_norm(w.h)
                         + w.linear(w.q, qkv_bias)
                         + 2.0 * w.linear(w.kv, qkv_bias)
-                        + (w.q + 2.0 * w.kv) * d
+                        + contiguous
                         + qk_norms
-                        + 4.5 * (w.q + w.kv) * d
-                        + w.linear(w.h, self.attention_bias == AttentionBias::All)
-                        + w.h * d
+                        + rotary
+                        + w.residual_linear(w.h, self.attention_bias == AttentionBias::All)
                         + 2.0 * w.linear(w.i, self.mlp_bias)
-                        + 2.0 * w.i * d
-                        + w.linear(w.h, self.mlp_bias)
-                        + w.h * d,
-                    // the backward pass through the MLP and attention: the gradients of
-                    // gate, up, silu and their product with their sums, of q, k, v
-                    backward: 8.0 * w.i * d + 4.0 * (w.q + 2.0 * w.kv) * d,
+                        + 2.0 * activation(w.i)
+                        + w.residual_linear(w.h, self.mlp_bias),
+                    backward: self.mlp_backward(w, false) + 4.0 * (w.q + 2.0 * w.kv) * d,
                 }
             }
+        }
+    }
+
+    /// The widest moment of the backward pass through the MLP: eager, the
+    /// gradients of its intermediates with their sums (GELU's backward
+    /// about twice SiLU's temporaries, with the attention's beside); fused,
+    /// the gradients of its two halves (or of one with GELU), the
+    /// activation's recomputed a block of rows at a time.
+    fn mlp_backward(&self, w: &Widths, gelu: bool) -> f64 {
+        match (w.fused, gelu) {
+            (false, true) => 16.0 * w.i * w.d + 12.0 * w.h * w.d,
+            (false, false) => 8.0 * w.i * w.d,
+            (true, true) => 2.0 * w.i * w.d + 4.0 * w.h * w.d,
+            (true, false) => 2.0 * w.i * w.d,
         }
     }
 
@@ -188,15 +253,30 @@ impl Config {
     /// scaling, the mask added and the softmax's three tensors of `s` per
     /// head, and grouped keys and values repeated.
     fn attention_bytes(&self, w: &Widths, s: f64, eager: bool) -> PerToken {
-        let output = 2.0 * w.q * w.d;
+        let output = if w.fused { w.q * w.d } else { 2.0 * w.q * w.d };
         if !eager {
-            return PerToken { kept: output + 4.0 * w.heads, backward: 0.0 };
+            // the backward pass's blocks of scores, their weights and gradients
+            // (about five `block × block` tensors a head in f32, a sample's at
+            // once: per token, over its `s`), measured; BERT's bidirectional
+            // pass holds some eight f32 tensors of the queries' width beside
+            // them (the gradients' blocks and their joins), measured too
+            let backward = if w.fused {
+                let block = s.min(super::ops::DEFAULT_BLOCK as f64);
+                let joined = if self.family == Family::Bert { 32.0 * w.q } else { 0.0 };
+                20.0 * w.heads * block * block / s + joined
+            } else {
+                0.0
+            };
+            return PerToken { kept: output + 4.0 * w.heads, backward };
         }
-        let scores = 6.0 * w.heads * s * w.d;
+        // the scores, scaled, masked and their softmax's three tensors (one fused)
+        let scores = if w.fused { 4.0 } else { 6.0 } * w.heads * s * w.d;
         let repeated = if self.kv_heads < self.heads { 2.0 * w.q * w.d } else { 0.0 };
-        // the softmax's backward: the gradients of its output, its numerator
-        // and denominator, the difference, the scaled scores, about eight at once
-        PerToken { kept: output + scores + repeated, backward: 8.0 * w.heads * s * w.d }
+        // the softmax's backward: the gradients of its output, its numerator and
+        // denominator, the difference, the scaled scores, about eight at once
+        // (six fused: the gradient, its products with the weights, the row sums' share)
+        let backward = if w.fused { 6.0 } else { 8.0 } * w.heads * s * w.d;
+        PerToken { kept: output + scores + repeated, backward }
     }
 
     /// LoRA's adapters per token: for each projection a layer adapts, the

@@ -1075,7 +1075,12 @@ fn a_lora_base_is_probed_exactly_compared_and_estimated() {
         .map(|k| state[k].as_u64().unwrap())
         .sum::<u64>()
         + estimate["frozen_bytes"].as_u64().unwrap();
-    assert_eq!(counted, footprint.fixed_bytes, "{estimate}");
+    // and the fused MLP's block of rows, which the estimate counts beside the state
+    let block = autobatch_models::Config::from_file(std::path::Path::new(&heavy))
+        .unwrap()
+        .mlp_block_bytes(&autobatch_models::Training::new(512))
+        .unwrap();
+    assert_eq!(counted + block, footprint.fixed_bytes, "{estimate}");
     assert_eq!(state["weights"].as_u64(), Some(footprint.parameters * 4), "f32 adapters: {estimate}");
     // flags that contradict each other
     assert_usage_error(&[&common[..], &["--base-dtype", "q5_k"]].concat(), "q4_0");

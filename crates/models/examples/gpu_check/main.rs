@@ -36,12 +36,18 @@
 //! directory) after every size, so that a run cut short still leaves what it
 //! measured.
 //!
+//! `gpu_check lean` measures a config model's lean step against its other
+//! forms on CUDA (bytes per sample and pass time), and `gpu_check serve`
+//! serves a config on CUDA, its answer checked as `serve --check` checks it
+//! (`lean.rs`); with no argument both run after the sizes, while time is left.
+//!
 //! `gpu_check remedies` instead tunes the small size as it is, with gradient
 //! checkpointing, in bf16 and with both (`Tuner::compare`, as `autobatch probe
 //! --compare`), and writes `gpu-remedies.md`: the remedies' effect measured on a GPU.
 
 use std::time::{Duration, Instant};
 
+mod lean;
 mod verdict;
 use verdict::{verdict, Evidence, Next};
 
@@ -449,18 +455,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
         .map(|seconds| Instant::now() + Duration::from_secs(seconds));
+    let wants = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let time_left = |name: &str, last: Option<Duration>| match (deadline, last) {
+        (Some(deadline), Some(last)) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let enough = left >= 3 * last;
+            if !enough {
+                println!("{name}: skipped, {left:.0?} left and the previous part took {last:.0?}");
+            }
+            enough
+        }
+        _ => true,
+    };
     let mut rows = Vec::new();
     let mut last: Option<Duration> = None;
     for (name, config) in sizes() {
-        if !only.is_empty() && !only.iter().any(|o| o == name) {
+        if !wants(name) || !time_left(name, last) {
             continue;
-        }
-        if let (Some(deadline), Some(last)) = (deadline, last) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left < 3 * last {
-                println!("{name}: skipped, {left:.0?} left and the previous size took {last:.0?}");
-                continue;
-            }
         }
         let started = Instant::now();
         match check(&out, name, &config, &mut meter) {
@@ -471,6 +482,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(format!("{out}/gpu-results.md"), markdown(&device, capacity, &rows))?;
         std::fs::write(format!("{out}/gpu-results.json"), serde_json::to_string_pretty(&rows)?)?;
     }
-    println!("\n{}", markdown(&device, capacity, &rows));
+    let mut md = markdown(&device, capacity, &rows);
+    let (mut steps, mut served) = (Vec::new(), None);
+    if wants("lean") && time_left("lean", last) {
+        let started = Instant::now();
+        for (seq_len, dtype) in [(1024, DType::F32), (1024, DType::BF16), (4096, DType::BF16)] {
+            match lean::steps(&mut meter, seq_len, dtype) {
+                Ok(found) => steps.extend(found),
+                Err(err) => println!("lean step at {seq_len} tokens in {dtype:?}: FAILED: {err}"),
+            }
+            std::fs::write(format!("{out}/gpu-results.md"), md.clone() + &lean::markdown(&steps, None))?;
+        }
+        phase_done(&out, "lean", "steps", started, serde_json::to_value(&steps)?);
+        last = Some(started.elapsed());
+    }
+    if wants("serve") && time_left("serve", last) {
+        let started = Instant::now();
+        match lean::serve(&mut meter, "llama-3.2-1b.json", 4096) {
+            Ok(row) => {
+                phase_done(&out, "serve", "plan and check", started, serde_json::to_value(&row)?);
+                served = Some(row);
+            }
+            Err(err) => println!("serve: FAILED: {err}"),
+        }
+    }
+    md += &lean::markdown(&steps, served.as_ref());
+    std::fs::write(format!("{out}/gpu-results.md"), &md)?;
+    println!("\n{md}");
     Ok(())
 }

@@ -6,9 +6,9 @@
 //! elements is kept for the backward pass or made whole at any moment: the
 //! largest is one block of scores, `b × heads × block × block`.
 
-use std::sync::Mutex;
+use candle_core::{DType, Result, Tensor, D};
 
-use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
+use super::node::{node, Backward};
 
 /// Queries and keys per block unless a [`BlockedAttention`] says otherwise.
 pub const DEFAULT_BLOCK: usize = 128;
@@ -63,19 +63,100 @@ impl BlockedAttention {
         self
     }
 
-    /// The attention of `q` over `k` and `v`, with an additive key mask
-    /// `(b, s_k)` where given (BERT's padding: 0 where a key counts, a large
-    /// negative number where it does not).
+    /// The attention of `q` over `k` and `v` (any layout: heads split from a
+    /// projection's output by a reshape and a transpose, without a copy),
+    /// with an additive key mask `(b, s_k)` where given (BERT's padding: 0
+    /// where a key counts, a large negative number where it does not). One
+    /// node of candle's graph that keeps its inputs, the output and each
+    /// row's log-sum-exp; the output is `(b, heads, s_q, d)`, a transposed
+    /// view of `(b, s_q, heads, d)` (heads joined by a reshape, no copy).
     pub fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.attend(q, k, v, mask, None)
+    }
+
+    /// [`forward`](Self::forward) of `q` and `k` rotated first by the rotary
+    /// tables `cos` and `sin` (`(t, d / 2)`, `t` at least `s_k`; the halves
+    /// rotated, as [`rope`](crate::ops::rope)): the same output as
+    /// `forward(&rope(q, cos, sin)?, &rope(k, cos, sin)?, v, mask)`, but the
+    /// graph keeps `q` and `k` as given, not rotated (the backward pass
+    /// rotates them again, and their gradients back). Causally, the queries
+    /// are the keys' last positions, as in `forward`.
+    pub fn forward_rotary(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor> {
+        self.attend(q, k, v, mask, Some((cos, sin)))
+    }
+
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Tensor> {
         let shape = Shapes::of(q, k, v, mask, self)?;
         let scale = self.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
         let mask = mask.map(|mask| mask.detach().to_dtype(DType::F32)).transpose()?;
-        let (out, lse) = forward(&q.detach(), &k.detach(), &v.detach(), mask.as_ref(), &shape, scale)?;
-        if !(q.track_op() || k.track_op() || v.track_op()) {
-            return Ok(out);
+        let rotary = rotary.map(|(cos, sin)| Rotary::new(cos, sin, &shape)).transpose()?;
+        let (q_, k_, v_) = prepared(q, k, v, rotary.as_ref())?;
+        let (out, lse) = forward(&q_, &k_, &v_, mask.as_ref(), &shape, scale)?;
+        // (b, s_q, heads, d): the heads joined by a reshape
+        let value = out.transpose(1, 2)?.contiguous()?;
+        drop((q_, k_, v_, out));
+        let attend = Attend { shape, scale, lse, mask, rotary };
+        node(&[q, k, v], value, attend)?.transpose(1, 2)
+    }
+}
+
+/// The rotary tables of a call: the queries' rows and the keys'.
+struct Rotary {
+    q: (Tensor, Tensor),
+    k: (Tensor, Tensor),
+}
+
+impl Rotary {
+    fn new(cos: &Tensor, sin: &Tensor, shape: &Shapes) -> Result<Rotary> {
+        let rows = cos.dim(0)?;
+        if cos.dims() != sin.dims() || cos.dims() != [rows, shape.d / 2] || rows < shape.s_k || shape.d % 2 == 1 {
+            candle_core::bail!(
+                "blocked attention: rotary tables of {:?} and {:?} for {} keys of {} dimensions",
+                cos.dims(),
+                sin.dims(),
+                shape.s_k,
+                shape.d
+            )
         }
-        let op = Attend { shape, scale, out: Mutex::new(Some(out)), lse, mask };
-        q.apply_op3(k, v, op)
+        let rows = |t: &Tensor, start, len| t.detach().narrow(0, start, len)?.contiguous();
+        Ok(Rotary {
+            q: (rows(cos, shape.q_offset, shape.s_q)?, rows(sin, shape.q_offset, shape.s_q)?),
+            k: (rows(cos, 0, shape.s_k)?, rows(sin, 0, shape.s_k)?),
+        })
+    }
+
+    /// `x` rotated by `tables`, or rotated back.
+    fn apply(x: &Tensor, (cos, sin): &(Tensor, Tensor), back: bool) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        if back {
+            candle_nn::rotary_emb::rope(&x, cos, &sin.neg()?)
+        } else {
+            candle_nn::rotary_emb::rope(&x, cos, sin)
+        }
+    }
+}
+
+/// q, k and v detached and contiguous, q and k rotated where `rotary` says.
+fn prepared(q: &Tensor, k: &Tensor, v: &Tensor, rotary: Option<&Rotary>) -> Result<(Tensor, Tensor, Tensor)> {
+    let (q, k, v) = (q.detach().contiguous()?, k.detach().contiguous()?, v.detach().contiguous()?);
+    match rotary {
+        Some(rotary) => Ok((Rotary::apply(&q, &rotary.q, false)?, Rotary::apply(&k, &rotary.k, false)?, v)),
+        None => Ok((q, k, v)),
     }
 }
 
@@ -326,82 +407,30 @@ fn backward(
     Ok((dq, gather(dk, k)?, gather(dv, v)?))
 }
 
-/// The op candle's autograd sees: its forward hands over the output the
-/// blocks computed (it keeps the log-sum-exp, never the scores); its
-/// backward recomputes the scores block by block.
+/// The backward pass: the scores recomputed block by block from q, k, v,
+/// the output and the log-sum-exp (q and k rotated again where they were).
 struct Attend {
     shape: Shapes,
     scale: f64,
-    /// The output, computed before the op ran; taken by the forward.
-    out: Mutex<Option<Tensor>>,
     lse: Tensor,
     mask: Option<Tensor>,
+    rotary: Option<Rotary>,
 }
 
-impl Attend {
-    fn take_out(&self) -> Result<Tensor> {
-        let out = self.out.lock().map_err(|_| candle_core::Error::Msg("blocked attention: a poisoned lock".into()))?;
-        let mut out = out;
-        match out.take() {
-            Some(out) if out.is_contiguous() && out.layout().start_offset() == 0 => Ok(out),
-            Some(out) => out.copy(),
-            None => candle_core::bail!("blocked attention: its forward ran twice"),
-        }
-    }
-}
-
-impl candle_core::CustomOp3 for Attend {
+impl Backward for Attend {
     fn name(&self) -> &'static str {
         "blocked-attention"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        crate::ops::handed_over_cpu(&self.take_out()?)
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::ops::handed_over_cuda(&self.take_out()?)
-    }
-
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (q_, k_, v_) = (q.detach(), k.detach(), v.detach());
-        let (dq, dk, dv) = backward(
-            &q_,
-            &k_,
-            &v_,
-            &res.detach(),
-            &grad.detach(),
-            &self.lse,
-            self.mask.as_ref(),
-            &self.shape,
-            self.scale,
-        )?;
-        let keep = |tensor: &Tensor, gradient: Tensor| tensor.track_op().then_some(gradient);
-        Ok((keep(q, dq), keep(k, dk), keep(v, dv)))
+    fn backward(&self, inputs: &[Tensor], _: &[bool], output: &Tensor, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let (q, k, v) = prepared(&inputs[0], &inputs[1], &inputs[2], self.rotary.as_ref())?;
+        let (out, grad) = (output.transpose(1, 2)?, grad.transpose(1, 2)?);
+        let (dq, dk, dv) = backward(&q, &k, &v, &out, &grad, &self.lse, self.mask.as_ref(), &self.shape, self.scale)?;
+        let (dq, dk) = match &self.rotary {
+            Some(rotary) => (Rotary::apply(&dq, &rotary.q, true)?, Rotary::apply(&dk, &rotary.k, true)?),
+            None => (dq, dk),
+        };
+        Ok(vec![Some(dq), Some(dk), Some(dv)])
     }
 }
 
@@ -411,13 +440,7 @@ mod tests {
     use candle_core::{Device, Var};
     use proptest::prelude::*;
 
-    /// The largest difference over the largest magnitude of `theirs` (at
-    /// least 0.1: a gradient zero by symmetry, a single key's, holds rounding).
-    fn relative(ours: &Tensor, theirs: &Tensor) -> f32 {
-        let scale = theirs.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-        let error = (ours - theirs).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
-        error.to_scalar::<f32>().unwrap() / scale.max(0.1)
-    }
+    use crate::ops::testing::relative;
 
     /// Blocked and eager attention of the same inputs, their outputs and
     /// the gradients of q, k, v (and, when given, of nothing for the mask).

@@ -1,18 +1,35 @@
-//! Differentiable forms of the candle 0.11 ops that cut the graph.
+//! The ops a lean training step is made of, for the config models and for
+//! your own candle model.
 //!
-//! candle's fused `layer_norm`, `rms_norm`, `softmax_last_dim` and rotary
-//! embeddings (`rope`, `rope_i`, `rope_thd`) run one kernel with no backward
-//! pass: the variables before them get no gradient and do not learn, and a
-//! probe measures a graph smaller than training needs (the gradient check
-//! says so: [`Warning::MissingGradients`](autobatch::Warning::MissingGradients)).
-//! These are the same computations written with ops candle differentiates,
-//! with the fused ops' signatures, so that a model file (yours, or a fork of a
-//! candle-transformers model) switches by changing an import:
+//! **Fused ops.** candle keeps every tensor an op consumed until the graph
+//! is dropped, so a norm, a rotation or an MLP activation written as candle
+//! ops keeps each intermediate for the backward pass, needed or not
+//! (PyTorch keeps only what each backward needs). Each op here is one node
+//! of candle's graph: its forward pass runs off the graph (candle's fused
+//! kernel where it has one), the graph keeps the node's inputs and output,
+//! and its backward pass recomputes the rest. Exact against the eager forms
+//! ([`eager`]: outputs and gradients within 1e-5 relative in f32, property-tested):
+//!
+//! - [`rms_norm`], [`layer_norm`] (candle's fused kernels have no backward
+//!   pass and cut the graph: these have one), [`softmax_last_dim`];
+//! - [`rope`], [`rope_i`], [`rope_thd`] (the same kernels, rotating the
+//!   gradient back);
+//! - [`swiglu`], [`geglu`], [`gated`] (the activation between the halves
+//!   not kept), [`activation`] (its derivative a block of rows at a time);
+//! - [`linear`] (the bias added in the same node), [`residual_linear`] (a
+//!   block's output projection added to the stream) and
+//!   [`residual_mlp_down`] (an MLP's down projection of its activation added
+//!   to the stream: the activation not kept);
+//! - [`lora_linear`] (a frozen projection and its LoRA adapters, optionally
+//!   added to the stream: neither the base's output nor the adapters' kept).
+//!
+//! A model file (yours, or a fork of a candle-transformers model) switches
+//! by changing an import, the signatures being candle's:
 //!
 //! ```text
-//! - use candle_nn::ops::softmax_last_dim;
+//! - use candle_nn::ops::{rms_norm, softmax_last_dim};
 //! - use candle_nn::rotary_emb::rope;
-//! + use autobatch_models::ops::{softmax_last_dim, rope};
+//! + use autobatch_models::ops::{rms_norm, rope, softmax_last_dim};
 //! ```
 //!
 //! and candle-nn's layers the same way, by the same names ([`nn`]):
@@ -22,89 +39,42 @@
 //! + use autobatch_models::ops::nn::{layer_norm, rms_norm, LayerNorm, RmsNorm};
 //! ```
 //!
-//! (built from the same `VarBuilder`, with the same arguments). Forward results agree with the fused
-//! ops to within 1e-5 relative in f32 (tested); they hold more memory, as
-//! training a model written with differentiable ops does.
+//! **Attention and the loss in blocks.** [`BlockedAttention`] never makes
+//! the scores whole, [`ChunkedCrossEntropy`] never the logits.
 //!
-//! Beside them, the ops of a frozen base: [`frozen_linear`] and
-//! [`quantized_linear`] (a LoRA or QLoRA model's frozen projections, whose
-//! backward pass gives the input its gradient and the weight none),
-//! [`matmul`], [`add_constant`] and [`mul_constant`] (no gradient kept for
-//! an operand outside the graph).
+//! **A frozen base.** [`frozen_linear`] and [`quantized_linear`] (a LoRA or
+//! QLoRA model's frozen projections, whose backward pass gives the input its
+//! gradient and the weight none), [`matmul`], [`add_constant`] and
+//! [`mul_constant`] (no gradient kept for an operand outside the graph).
 
+mod activation;
+mod adapters;
 mod attention;
+pub mod eager;
+mod linear;
 mod loss;
 pub mod nn;
+mod node;
+mod norm;
+mod rotary;
+mod softmax;
+#[cfg(test)]
+mod testing;
 
-/// A tensor computed before a custom op ran, handed over as the op's output
-/// on the CPU: a copy of its storage (`tensor` contiguous from its start).
-fn handed_over_cpu(tensor: &Tensor) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
-    use candle_core::backend::BackendStorage;
-    let (storage, layout) = tensor.storage_and_layout();
-    match &*storage {
-        candle_core::Storage::Cpu(storage) => Ok((storage.try_clone(layout)?, layout.shape().clone())),
-        _ => candle_core::bail!("a custom op's output is not on the CPU"),
-    }
-}
-
-/// [`handed_over_cpu`] on a CUDA device.
-#[cfg(feature = "cuda")]
-fn handed_over_cuda(tensor: &Tensor) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
-    use candle_core::backend::BackendStorage;
-    let (storage, layout) = tensor.storage_and_layout();
-    match &*storage {
-        candle_core::Storage::Cuda(storage) => Ok((storage.try_clone(layout)?, layout.shape().clone())),
-        _ => candle_core::bail!("a custom op's output is not on the GPU"),
-    }
-}
-
+pub(crate) use activation::ROWS_AT_ONCE;
+pub use activation::{activation, gated, geglu, swiglu, Activation};
+pub use adapters::lora_linear;
 pub use attention::{attention, BlockedAttention, DEFAULT_BLOCK};
+pub use linear::{linear, residual_linear, residual_mlp_down};
 pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX, MIN_CHUNK_ROWS};
+pub use norm::{layer_norm, rms_norm};
+pub use rotary::{rope, rope_i, rope_thd};
+pub use softmax::softmax_last_dim;
 
 use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
-use candle_core::{Module, Result, Tensor, D};
-
-/// Softmax over the last dimension, differentiable: `candle_nn::ops::softmax(xs, D::Minus1)`.
-pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
-    candle_nn::ops::softmax(xs, D::Minus1)
-}
-
-/// Layer norm over the last dimension, differentiable (`candle_nn::ops::layer_norm`'s signature).
-pub fn layer_norm(xs: &Tensor, alpha: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
-    candle_nn::ops::layer_norm_slow(xs, alpha, beta, eps)
-}
-
-/// RMS norm over the last dimension, differentiable (`candle_nn::ops::rms_norm`'s signature).
-pub fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
-    candle_nn::ops::rms_norm_slow(xs, alpha, eps)
-}
-
-/// Rotary embedding of `xs` (batch, heads, time, dim), halves rotated,
-/// differentiable (`candle_nn::rotary_emb::rope`'s signature). The tables are
-/// constants: multiplied without a gradient of `xs`'s size of their own
-/// ([`mul_constant`]), which `rope_slow`'s `broadcast_mul` would keep.
-pub fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let half = xs.dim(D::Minus1)? / 2;
-    let cos = Tensor::cat(&[cos, cos], D::Minus1)?;
-    let sin = Tensor::cat(&[sin, sin], D::Minus1)?;
-    let rotated =
-        Tensor::cat(&[&xs.narrow(D::Minus1, half, half)?.neg()?, &xs.narrow(D::Minus1, 0, half)?], D::Minus1)?;
-    mul_constant(xs, &cos)? + mul_constant(&rotated, &sin)?
-}
-
-/// Rotary embedding of `xs` (batch, heads, time, dim), pairs interleaved,
-/// differentiable (`candle_nn::rotary_emb::rope_i`'s signature).
-pub fn rope_i(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    candle_nn::rotary_emb::rope_i_slow(xs, cos, sin)
-}
-
-/// Rotary embedding of `xs` (batch, time, heads, dim), halves rotated,
-/// differentiable (`candle_nn::rotary_emb::rope_thd`'s signature).
-pub fn rope_thd(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    rope(&xs.transpose(1, 2)?, cos, sin)?.transpose(1, 2)?.contiguous()
-}
+use candle_core::{Module, Result, Tensor};
 
 /// `x · weightᵀ (+ bias)` over a frozen weight (and bias): the backward pass
 /// gives `x` its gradient and the weight none.
@@ -490,6 +460,17 @@ impl FrozenLinear {
     pub fn bias(&self) -> Option<&Tensor> {
         self.bias.as_ref()
     }
+
+    /// The input's gradient `(rows, in)` for the output's `grad` `(rows,
+    /// out)`: `grad · W` (a quantized weight dequantized for the product).
+    pub(crate) fn input_gradient(&self, grad: &Tensor) -> Result<Tensor> {
+        match &self.weight {
+            FrozenWeight::Dense(weight) => grad.matmul(weight),
+            FrozenWeight::Quantized(weight) => {
+                grad.matmul(&QuantizedProduct(weight.clone()).dequantized(grad.device(), grad.dtype())?)
+            }
+        }
+    }
 }
 
 impl Module for FrozenLinear {
@@ -498,22 +479,6 @@ impl Module for FrozenLinear {
             FrozenWeight::Dense(weight) => frozen_linear(xs, weight, self.bias.as_ref()),
             FrozenWeight::Quantized(weight) => quantized_linear(xs, weight, self.bias.as_ref()),
         }
-    }
-}
-
-/// `x · weightᵀ (+ bias)` by candle's own matmul and broadcast add: both
-/// operands get a gradient.
-pub(crate) fn plain_linear(xs: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let (out, input) = weight.dims2()?;
-    let lead = &xs.dims()[..xs.rank() - 1];
-    let rows = lead.iter().product::<usize>();
-    let product = xs.reshape((rows, input))?.matmul(&weight.t()?)?;
-    let mut shape = lead.to_vec();
-    shape.push(out);
-    let product = product.reshape(shape)?;
-    match bias {
-        Some(bias) => product.broadcast_add(bias),
-        None => Ok(product),
     }
 }
 
