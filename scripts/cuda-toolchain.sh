@@ -56,7 +56,10 @@ _autobatch_cuda_setup() {
     for spec in cublas:libcublas.so.13:cublas cublasLt:libcublasLt.so.13:cublaslt \
                 curand:libcurand.so.10:curand nvrtc:libnvrtc.so.13:nvrtc; do
       IFS=: read -r l soname dir <<<"$spec"
-      [ -e "$home/lib/stubs/lib$l.so" ] && continue
+      # a placeholder stub (made before cudarc's sources were fetched) is made again
+      if [ -e "$home/lib/stubs/lib$l.so" ] && ! grep -qs StubPlaceholder "$prefix/lib${l}_syms.txt"; then
+        continue
+      fi
       if [ -n "$cudarc" ] && [ -e "$cudarc/src/$dir/sys/mod.rs" ]; then
         grep -ohE "pub unsafe fn $l[A-Za-z0-9_]+" "$cudarc/src/$dir/sys/mod.rs" |
           awk '{print $4}' | sort -u > "$prefix/lib${l}_syms.txt"
