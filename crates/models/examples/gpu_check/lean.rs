@@ -44,7 +44,11 @@ pub fn config(name: &str, layers: Option<usize>) -> Result<Config, Box<dyn std::
 }
 
 /// The peak of a forward and backward pass at `batch`, synchronized.
-fn pass_peak<W: Workload>(probe: &mut W, meter: &mut CudaMeter, batch: usize) -> Result<u64, Box<dyn std::error::Error>> {
+fn pass_peak<W: Workload>(
+    probe: &mut W,
+    meter: &mut CudaMeter,
+    batch: usize,
+) -> Result<u64, Box<dyn std::error::Error>> {
     meter.release_cached()?;
     meter.reset_peak()?;
     probe.step(batch)?;
@@ -81,7 +85,11 @@ pub fn steps(meter: &mut CudaMeter, seq_len: usize, dtype: DType) -> Result<Vec<
             bytes_per_sample: two.saturating_sub(one),
             step_s: times[1],
         };
-        println!("{seq_len} tokens, {dtype:?}, {form}: {} per sample, {:.4} s a pass", Bytes(row.bytes_per_sample), row.step_s);
+        println!(
+            "{seq_len} tokens, {dtype:?}, {form}: {} per sample, {:.4} s a pass",
+            Bytes(row.bytes_per_sample),
+            row.step_s
+        );
         rows.push(row);
     }
     Ok(rows)
