@@ -5,7 +5,7 @@ use autobatch::{Ceiling, Objective, Strategy};
 use autobatch_models::{Attention, BaseDtype, Loss, Ops};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::values::{among, base_dtype, ceiling, choice, lora_alpha, module_name, seed, Count};
+use crate::values::{Count, among, base_dtype, ceiling, choice, lora_alpha, module_name, seed};
 
 pub const EXIT_CODES: &str = "\
 Exit codes:

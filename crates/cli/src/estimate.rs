@@ -3,10 +3,10 @@
 //! make it. Counted first ([`Estimate::of`]), then said ([`Estimate::print`],
 //! [`Estimate::json`]).
 
+use autobatch::Bytes;
 use autobatch::estimate::{
     Accelerator, Change, Precision, Recompute, Remedy, Sharding, StaticMemory, TrainingSetup, TransformerShape,
 };
-use autobatch::Bytes;
 use autobatch_models::trainer::Footprint;
 use autobatch_models::{Config, Training};
 use candle_core::DType;
@@ -98,7 +98,7 @@ impl Estimate {
         };
         let setup = match &step {
             Some(_) if args.activations.bytes.is_some() => {
-                return Err(Failure::usage("--activations and --config both say the activations: give one"))
+                return Err(Failure::usage("--activations and --config both say the activations: give one"));
             }
             // the chunked loss's one chunk and the fused MLP's block of rows are held whatever the batch
             Some(step) => {
@@ -490,11 +490,7 @@ fn describe_sharding(sharding: &Sharding) -> String {
     if sharding.tensor_parallel > 1 {
         parts.push(format!("tensor parallel {}", sharding.tensor_parallel));
     }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!(", per device: {}", parts.join(", "))
-    }
+    if parts.is_empty() { String::new() } else { format!(", per device: {}", parts.join(", ")) }
 }
 
 /// The `estimate` flag that makes `change`.

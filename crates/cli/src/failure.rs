@@ -72,11 +72,7 @@ impl Failure {
     pub fn of_config(err: autobatch::Error, path: &std::path::Path, flags: &Flags) -> Self {
         let names_the_file = matches!(&err, autobatch::Error::InvalidSetting { setting, .. } if *setting == *"config");
         let failure = Failure::in_flags(err, flags);
-        if names_the_file {
-            failure
-        } else {
-            failure.about(format!("--config {}", path.display()))
-        }
+        if names_the_file { failure } else { failure.about(format!("--config {}", path.display())) }
     }
 }
 
@@ -110,11 +106,7 @@ impl Flags {
     pub const ESTIMATE: Flags = Flags { dtype: "--dtype", ..Flags::PROBE };
 
     fn seq_len(&self) -> &'static str {
-        if self.sizes {
-            "--seq-lens up to"
-        } else {
-            "--seq-len"
-        }
+        if self.sizes { "--seq-lens up to" } else { "--seq-len" }
     }
 }
 

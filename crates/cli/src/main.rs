@@ -20,7 +20,7 @@ mod values;
 use std::process::ExitCode;
 
 use args::{Cli, Command};
-use failure::{clap_message, Failure};
+use failure::{Failure, clap_message};
 
 // The CPU meter counts the heap through this allocator.
 #[global_allocator]

@@ -2,8 +2,8 @@
 //! architecture), built with its optimizer: what `probe` and `--find` both
 //! tune.
 
-use autobatch::estimate::OptimizerKind;
 use autobatch::Tuner;
+use autobatch::estimate::OptimizerKind;
 use autobatch_models as models;
 use autobatch_models::reference::{ConvNetConfig, MlpConfig, TransformerConfig};
 use autobatch_models::trainer::{Footprint, Model, ReferenceWorkload, Trainer};
@@ -373,9 +373,5 @@ pub(crate) fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) ->
         OptimizerKind::AdamW => trainer,
         other => trainer.with_optimizer(other)?,
     };
-    if args.model.precision() == Precision::Mixed {
-        trainer.into_mixed_precision()
-    } else {
-        Ok(trainer)
-    }
+    if args.model.precision() == Precision::Mixed { trainer.into_mixed_precision() } else { Ok(trainer) }
 }

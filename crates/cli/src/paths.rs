@@ -18,15 +18,15 @@ pub fn check(args: &ProbeArgs) -> Result<(), Failure> {
         // the cache makes its folders
         writable("--cache", path, true)?;
     }
-    if let (Some(cache), Some(plot)) = (&args.plan.cache, &args.output.plot) {
-        if same_file(cache, plot) {
-            return Err(Failure::usage(format!(
-                "--cache {} and --plot {} name the same file: the chart would be written over the cache; give \
+    if let (Some(cache), Some(plot)) = (&args.plan.cache, &args.output.plot)
+        && same_file(cache, plot)
+    {
+        return Err(Failure::usage(format!(
+            "--cache {} and --plot {} name the same file: the chart would be written over the cache; give \
                  each its own file",
-                cache.display(),
-                plot.display()
-            )));
-        }
+            cache.display(),
+            plot.display()
+        )));
     }
     Ok(())
 }
@@ -49,7 +49,7 @@ fn writable(flag: &str, path: &Path, makes_folders: bool) -> Result<(), Failure>
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => return Err(refuse("is a folder; name a file in it".to_owned())),
         Ok(meta) if !meta.is_file() => {
-            return Err(refuse("is not a regular file (a pipe or a device); name a file".to_owned()))
+            return Err(refuse("is not a regular file (a pipe or a device); name a file".to_owned()));
         }
         Ok(meta) if meta.permissions().readonly() => return Err(refuse("is read-only".to_owned())),
         Ok(_) => {

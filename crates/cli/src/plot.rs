@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use autobatch::{LongestSize, Outcome, Plan, SizePlan, Trial};
-use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::failure::Failure;

@@ -229,11 +229,7 @@ fn report_plan(
 }
 
 fn dtype_name(dtype: DType) -> &'static str {
-    if dtype == autobatch_models::KvCache::INT8 {
-        "int8"
-    } else {
-        dtype.as_str()
-    }
+    if dtype == autobatch_models::KvCache::INT8 { "int8" } else { dtype.as_str() }
 }
 
 /// The plan in words.

@@ -61,14 +61,14 @@ impl Step {
         training.checkpointing = match args.activations.recompute {
             Recompute::None => false,
             Recompute::Full if config.family == Family::Bert => {
-                return Err(Failure::usage("--recompute full checkpoints a decoder's layers, not BERT's"))
+                return Err(Failure::usage("--recompute full checkpoints a decoder's layers, not BERT's"));
             }
             Recompute::Full => true,
             Recompute::Selective => {
                 return Err(Failure::usage(
                     "--recompute selective is the formula's (Korthikanti et al.); a config's model on candle \
                      recomputes whole layers: --recompute full",
-                ))
+                ));
             }
         };
         let bytes_per_sample =

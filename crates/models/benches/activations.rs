@@ -77,11 +77,10 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     print!("{report}");
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/activations.md");
+    let path = docs::page("activations.md");
     let report = docs::with_host(&report);
-    std::fs::write(path, &report).unwrap();
-    eprintln!("wrote {path}");
+    std::fs::write(&path, &report).unwrap();
+    eprintln!("wrote {}", path.display());
 }
 
-#[path = "../../../benches/shared/docs.rs"]
-mod docs;
+use autobatch_testkit::docs;

@@ -202,5 +202,4 @@ fn tuned_batches() {
     eprintln!("wrote {}", path.display());
 }
 
-#[path = "../../../benches/shared/docs.rs"]
-mod shared;
+use autobatch_testkit::docs as shared;

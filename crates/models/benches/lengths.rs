@@ -242,8 +242,7 @@ fn section() -> String {
     out
 }
 
-#[path = "../../../benches/shared/docs.rs"]
-mod docs;
+use autobatch_testkit::docs;
 
 fn main() {
     if std::env::args().any(|a| a == "--test" || a == "--list") {

@@ -137,5 +137,4 @@ fn main() {
     eprintln!("wrote {}", path.display());
 }
 
-#[path = "../../../benches/shared/docs.rs"]
-mod shared;
+use autobatch_testkit::docs as shared;

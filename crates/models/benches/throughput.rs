@@ -14,10 +14,9 @@ use autobatch::{HeapMeter, Objective, Tuner};
 
 #[path = "search/cases.rs"]
 mod cases;
-#[path = "../../../benches/shared/docs.rs"]
-mod docs;
+use autobatch_testkit::docs;
 
-use cases::{real_cases, CEILING};
+use cases::{CEILING, real_cases};
 
 /// `Objective::Throughput` on the reference models: samples per second at the
 /// largest batch and at the chosen one, the extra steps, and DeepSpeed's rule.

@@ -4,10 +4,10 @@
 //! classifier. Tensor names are the checkpoint's
 //! (`bert.encoder.layer.0.attention.self.query.weight`).
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{D, Module, Result, Tensor};
 
 use super::config::{BertHead, Config, Gelu};
-use super::layers::{attention, embed, gelu, split_heads, Forms, Layout, Norm, Proj};
+use super::layers::{Forms, Layout, Norm, Proj, attention, embed, gelu, split_heads};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 

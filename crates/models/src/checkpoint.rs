@@ -165,7 +165,7 @@ pub(crate) fn match_names(
                          own (its head, tie_word_embeddings, its layers)",
                         config.family.model_type()
                     ),
-                ))
+                ));
             }
         }
     }

@@ -499,7 +499,7 @@ impl Config {
                                 "layer_types",
                                 kind,
                                 "full_attention or sliding_attention for each layer",
-                            ))
+                            ));
                         }
                     }
                 }
@@ -523,7 +523,7 @@ impl Config {
                 window.filter(|_| use_window && sliding)
             }
             _ if layer_types == Some(true) => {
-                return Err(refuse("layer_types", "sliding_attention", "full_attention for every layer"))
+                return Err(refuse("layer_types", "sliding_attention", "full_attention for every layer"));
             }
             _ => None,
         })
@@ -584,7 +584,7 @@ impl Config {
                     &format!("{key}.rope_type"),
                     other,
                     "default, linear, dynamic, llama3 or yarn (the kinds these families use)",
-                ))
+                ));
             }
         };
         let object = scaling.object;

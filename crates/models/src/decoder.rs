@@ -7,8 +7,8 @@ use candle_core::{Module, Result, Tensor};
 
 use super::config::{AttentionBias, Config, Llama3Rope, RopeScaling, YarnRope};
 use super::kv_cache::{Chunk, KvCache};
+use super::layers::{Forms, Layout, Norm, Proj, rotate};
 use super::layers::{attention, cached_attention, embed, last_tokens, rotary_tables, rotary_tables_at};
-use super::layers::{rotate, Forms, Layout, Norm, Proj};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 use crate::family::Family;

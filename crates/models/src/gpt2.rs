@@ -9,7 +9,7 @@ use crate::ops::add_constant;
 
 use super::config::{Config, Gelu};
 use super::kv_cache::{Chunk, KvCache};
-use super::layers::{attention, cached_attention, gelu, last_tokens, Forms, Layout, Norm, Proj};
+use super::layers::{Forms, Layout, Norm, Proj, attention, cached_attention, gelu, last_tokens};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
 

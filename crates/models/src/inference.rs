@@ -105,14 +105,14 @@ impl Inference {
                 "serve a decoder: llama, mistral, qwen2, qwen3 or gpt2",
             ));
         }
-        if let (Some(float), Some(asked)) = (weights.float(), dtype) {
-            if float != asked {
-                return Err(Error::invalid(
-                    autobatch::Setting::Input("dtype".to_owned()),
-                    autobatch::Value::Text(format!("{asked:?}").to_lowercase()),
-                    format!("the weights' own, {}: float weights compute in their dtype", weights.name()),
-                ));
-            }
+        if let (Some(float), Some(asked)) = (weights.float(), dtype)
+            && float != asked
+        {
+            return Err(Error::invalid(
+                autobatch::Setting::Input("dtype".to_owned()),
+                autobatch::Value::Text(format!("{asked:?}").to_lowercase()),
+                format!("the weights' own, {}: float weights compute in their dtype", weights.name()),
+            ));
         }
         let training = Training { dtype: weights.float().or(dtype), seed, ..Training::new(1) };
         let dtype = config.model_dtype(&training)?;

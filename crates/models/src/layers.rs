@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use super::kv_cache::{Chunk, KvCache};
 use super::lora::{Lora, LoraLinear};
 use super::weights::Weights;
-use crate::ops::{self, add_constant, eager, matmul, mul_constant, Activation, BlockedAttention, FrozenLinear};
+use crate::ops::{self, Activation, BlockedAttention, FrozenLinear, add_constant, eager, matmul, mul_constant};
 use crate::{Attention, Ops};
 
 /// How a network computes attention and its other ops.
@@ -130,10 +130,10 @@ impl Proj {
         if let Some((weight, bias)) = self.fused() {
             return ops::residual_linear(residual, xs, weight, bias);
         }
-        if let (ProjKind::Lora(lora), Ops::Fused) = (&self.kind, self.ops) {
-            if let Some(sum) = lora.fused(Some(residual), xs) {
-                return sum;
-            }
+        if let (ProjKind::Lora(lora), Ops::Fused) = (&self.kind, self.ops)
+            && let Some(sum) = lora.fused(Some(residual), xs)
+        {
+            return sum;
         }
         ops::residual(residual, &self.forward(xs)?)
     }

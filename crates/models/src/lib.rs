@@ -64,10 +64,10 @@ mod weights;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 
-pub use config::{AttentionBias, BertHead, Config, Gelu, Llama3Rope, Rope, RopeScaling, YarnRope, MAX_CONFIG_BYTES};
+pub use config::{AttentionBias, BertHead, Config, Gelu, Llama3Rope, MAX_CONFIG_BYTES, Rope, RopeScaling, YarnRope};
 pub use family::Family;
 pub use inference::{Inference, Serving};
-pub use kv_cache::{Chunk, KvCache, SequenceId, DEFAULT_BLOCK_SIZE};
+pub use kv_cache::{Chunk, DEFAULT_BLOCK_SIZE, KvCache, SequenceId};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 pub use serving_bytes::{Moment, ServingBytes, ServingShape};
 
@@ -696,7 +696,7 @@ impl ConfigModel {
                     autobatch::Setting::Input("config field model_type".to_owned()),
                     autobatch::Value::Text("bert".to_owned()),
                     "use a decoder (llama, mistral, qwen2, qwen3, gpt2) for gradient checkpointing",
-                ))
+                ));
             }
             (true, _) => Some(Network::new(config, &weights.detached(), training)?),
         };
@@ -729,12 +729,12 @@ impl ConfigModel {
     pub fn loss_of(&self, input_ids: &Tensor, labels: &Tensor) -> Result<Tensor, Error> {
         let (b, s) = input_ids.dims2()?;
         let labels_host = labels.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
-        if let Network::Bert(network) = &self.network {
-            if !network.predicts_tokens() {
-                let logits = network.forward(input_ids)?;
-                let targets = Tensor::from_vec(labels_host.iter().map(|&l| l as u32).collect(), b, &self.device)?;
-                return Ok(layers::cross_entropy(&logits, &targets)?);
-            }
+        if let Network::Bert(network) = &self.network
+            && !network.predicts_tokens()
+        {
+            let logits = network.forward(input_ids)?;
+            let targets = Tensor::from_vec(labels_host.iter().map(|&l| l as u32).collect(), b, &self.device)?;
+            return Ok(layers::cross_entropy(&logits, &targets)?);
         }
         if labels_host.len() != b * s {
             return Err(Error::invalid(

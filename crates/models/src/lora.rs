@@ -6,7 +6,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Module, Result, Tensor};
 
-use crate::ops::{matmul, FrozenLinear};
+use crate::ops::{FrozenLinear, matmul};
 
 /// Which projections get adapters, and their rank, scale and dropout.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,11 +54,7 @@ impl Lora {
     /// The adapters' dtype in a model of `model` dtype: f32 beside a base of
     /// its own dtype (PEFT's default), else the model's.
     pub fn adapter_dtype(&self, model: DType) -> DType {
-        if self.base.is_some() {
-            DType::F32
-        } else {
-            model
-        }
+        if self.base.is_some() { DType::F32 } else { model }
     }
 
     /// Whether the module `name` (a checkpoint path) gets adapters.

@@ -78,21 +78,13 @@ impl Widths {
     /// A projection to `out` features added to the residual stream: the
     /// product (with its bias) and the sum, one tensor fused.
     fn residual_linear(&self, out: f64, bias: bool) -> f64 {
-        if self.fused {
-            out * self.d
-        } else {
-            self.linear(out, bias) + out * self.d
-        }
+        if self.fused { out * self.d } else { self.linear(out, bias) + out * self.d }
     }
 
     /// Heads split from a projection's output and made contiguous: a copy of
     /// `w`, none fused (the heads are views).
     fn heads(&self, w: f64) -> f64 {
-        if self.fused {
-            0.0
-        } else {
-            w * self.d
-        }
+        if self.fused { 0.0 } else { w * self.d }
     }
 }
 

@@ -7,7 +7,7 @@ use autobatch_models::trainer::Footprint;
 
 use crate::args::{ModelKind, ProbeArgs};
 use crate::failure::Failure;
-use crate::model::{model_name, ModelConfig};
+use crate::model::{ModelConfig, model_name};
 use crate::values::Count;
 
 /// The checks of the flags alone that depend on their values (clap's rules

@@ -119,11 +119,12 @@ fn lora_candidates(model: &ModelConfig, mixed: bool, optimizer: OptimizerKind) -
         let name = format!("{base} base, f32 adapters");
         candidates.push(Candidate { name, config, factor: Some(factor), mixed: false, optimizer });
     }
-    if lora.base.is_none_or(|base| base.float().is_some()) && !lora.frozen_gradients {
-        if let Some(config) = model.with_lora(|lora| lora.frozen_gradients = true) {
-            let name = "frozen gradients kept (candle's matmul)".to_owned();
-            candidates.push(Candidate { name, config, factor: Some(1.0), mixed, optimizer });
-        }
+    if lora.base.is_none_or(|base| base.float().is_some())
+        && !lora.frozen_gradients
+        && let Some(config) = model.with_lora(|lora| lora.frozen_gradients = true)
+    {
+        let name = "frozen gradients kept (candle's matmul)".to_owned();
+        candidates.push(Candidate { name, config, factor: Some(1.0), mixed, optimizer });
     }
     candidates
 }

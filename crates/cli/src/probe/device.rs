@@ -3,7 +3,7 @@
 use autobatch::{Bytes, HeapMeter, MemoryMeter};
 use autobatch_models::trainer::Footprint;
 
-use crate::args::{ProbeArgs, DEFAULT_BUDGET};
+use crate::args::{DEFAULT_BUDGET, ProbeArgs};
 use crate::device_flags::checked_budget;
 use crate::failure::Failure;
 use crate::model::ModelConfig;

@@ -2,12 +2,12 @@
 //! at a fixed batch, searched and verified like the batch.
 
 use autobatch::{MemoryMeter, Resizable, SizeRange};
-use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
 use autobatch_models::ConfigModel;
+use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
 
 use crate::args::{FindArg, ModelKind, ProbeArgs};
 use crate::failure::{Failure, Flags};
-use crate::model::{with_optimizer, ModelConfig};
+use crate::model::{ModelConfig, with_optimizer};
 use std::sync::{Arc, Mutex};
 
 use crate::progress::Progress;
@@ -105,7 +105,7 @@ where
     let tuner = crate::model::search_tuner(args).observer(progress);
     let result = tuner.search(&mut trainer, meter).longest(batch, range);
     drop(tuner); // the live rows end before the answer prints
-                 // the size is named as this model calls it: a sequence length, a resolution
+    // the size is named as this model calls it: a sequence length, a resolution
     let longest = result.map_err(|err| Failure::in_flags(err, &Flags { size: words.what, ..Flags::PROBE }))?;
     if let Some(path) = &args.output.plot {
         let title = format!("{description} at batch {batch} on {on}");

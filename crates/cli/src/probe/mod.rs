@@ -12,9 +12,9 @@ use autobatch::{MemoryMeter, Tuner};
 
 use crate::args::ProbeArgs;
 use crate::failure::Failure;
-use crate::model::{search_tuner, ModelConfig};
+use crate::model::{ModelConfig, search_tuner};
 
-use crate::device_flags::{parse_device, DeviceSpec};
+use crate::device_flags::{DeviceSpec, parse_device};
 use context::Run;
 
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {

@@ -6,7 +6,7 @@ use autobatch_models::trainer::ReferenceWorkload;
 
 use crate::args::ProbeArgs;
 use crate::failure::Failure;
-use crate::model::{only_applicable_advice, LengthWorkload};
+use crate::model::{LengthWorkload, only_applicable_advice};
 use crate::progress::Progress;
 
 use super::context::Run;
@@ -76,10 +76,10 @@ impl Run<'_> {
         };
         drop(tuner); // the live rows end before the plan prints
         let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
-        if plan.cached() {
-            if let Some(path) = &args.plan.cache {
-                log::info!("the plan came from the cache {}", path.display());
-            }
+        if plan.cached()
+            && let Some(path) = &args.plan.cache
+        {
+            log::info!("the plan came from the cache {}", path.display());
         }
         if args.output.json {
             println!("{}", plan.to_json());

@@ -160,11 +160,9 @@ fn estimate_reproduces_the_classic_numbers() {
     assert_eq!(json["state"]["gradients"], 4_000_000_000u64);
     assert_eq!(json["state"]["optimizer_states"], 8_000_000_000u64);
     assert_eq!(json["fits"], false);
-    assert!(json["remedies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|r| r["change"]["change"] == "optimizer" && r["fits"] == true));
+    assert!(
+        json["remedies"].as_array().unwrap().iter().any(|r| r["change"]["change"] == "optimizer" && r["fits"] == true)
+    );
 
     let output = autobatch(&["estimate", "--params", "125M", "--mixed-precision", "--json"]);
     let json: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
@@ -177,7 +175,9 @@ fn plan_does_the_accumulation_arithmetic() {
     let output = autobatch(&["plan", "--target", "268", "--largest", "133"]);
     let stdout = text(&output.stdout);
     assert!(output.status.success());
-    assert!(stdout.contains("micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)"));
+    assert!(
+        stdout.contains("micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)")
+    );
 
     let output = autobatch(&["plan", "--target", "257", "--largest", "133", "--json"]);
     let split: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
@@ -824,10 +824,10 @@ impl Chart {
             match node.tag_name().name() {
                 "text" => {
                     let text = node.text().unwrap_or("").trim().to_owned();
-                    if node.attribute("text-anchor") == Some("end") {
-                        if let (Ok(value), Some(y)) = (text.parse::<f64>(), node.attribute("y")) {
-                            chart.y_ticks.push((y.parse().unwrap(), value));
-                        }
+                    if node.attribute("text-anchor") == Some("end")
+                        && let (Ok(value), Some(y)) = (text.parse::<f64>(), node.attribute("y"))
+                    {
+                        chart.y_ticks.push((y.parse().unwrap(), value));
                     }
                     chart.texts.push(text);
                 }

@@ -320,11 +320,13 @@ fn check_numbers(args: &[String], stdout: &str) {
             let limit = (plan["ceiling"].as_f64().unwrap() * plan["capacity_bytes"].as_f64().unwrap()).floor() as u128;
             assert!(number(&plan, "peak_bytes") <= limit, "{plan}");
             let largest = plan["largest_batch"].as_u64();
-            assert!(plan["trials"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|t| t["batch"].as_u64() == largest && t["outcome"] == "fits"));
+            assert!(
+                plan["trials"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|t| t["batch"].as_u64() == largest && t["outcome"] == "fits")
+            );
         }
         _ => {}
     }

@@ -2,8 +2,7 @@
 //! output and exit code (`cli`), and flags fuzzed for a clear error, never a
 //! panic (`cli_fuzz`).
 
-#[path = "../../../../tests/common/mod.rs"]
-mod common;
+use autobatch_testkit as common;
 
 mod cli;
 mod cli_fuzz;

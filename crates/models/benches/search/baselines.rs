@@ -139,11 +139,11 @@ fn ultralytics(fraction: f64, capacity: u64, trial: &mut Measure) -> Option<usiz
     }
     let (fixed_bytes, bytes_per_sample) = straight_line(&points)?;
     let mut batch = ((fraction * capacity as f64 - fixed_bytes) / bytes_per_sample) as i64;
-    if let Some(failed) = first_failure {
-        if batch >= failed as i64 {
-            let index = sizes.iter().position(|&s| s == failed).unwrap_or(0);
-            batch = sizes[index.saturating_sub(1)] as i64;
-        }
+    if let Some(failed) = first_failure
+        && batch >= failed as i64
+    {
+        let index = sizes.iter().position(|&s| s == failed).unwrap_or(0);
+        batch = sizes[index.saturating_sub(1)] as i64;
     }
     if !(1..=1024).contains(&batch) {
         batch = 16;

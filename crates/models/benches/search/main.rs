@@ -17,7 +17,7 @@ mod baselines;
 #[path = "cases.rs"]
 mod cases;
 
-use cases::{real_cases, CEILING, MIB};
+use cases::{CEILING, MIB, real_cases};
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -66,11 +66,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     if n == 0 {
         return f64::NAN;
     }
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
+    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
 }
 
 impl Summary {
@@ -447,8 +443,7 @@ fn real(report: &mut String) {
     );
 }
 
-#[path = "../../../../benches/shared/docs.rs"]
-mod docs;
+use autobatch_testkit::docs;
 
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` runs this too: keep that quick

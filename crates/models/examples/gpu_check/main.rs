@@ -20,7 +20,7 @@
 //! 5. times one step at b, and three at b with the pool's release threshold
 //!    at 0 (as tuning runs) and at its maximum (does keeping what the pool
 //!    reserved make a trial faster?);
-//! 6. decides (`verdict.rs`, tested on the CPU by `crates/models/tests/measured/gpu_verdict.rs`): b
+//! 6. decides (`autobatch_testkit::gpu_verdict`, tested on the CPU by `crates/models/tests/measured/gpu_verdict.rs`): b
 //!    fits by every peak, b + 1 does not where the search proved b the
 //!    largest, the context survived, the pool was checked.
 //!
@@ -48,16 +48,15 @@
 use std::time::{Duration, Instant};
 
 mod lean;
-mod verdict;
-use verdict::{verdict, Evidence, Next};
+use autobatch_testkit::gpu_verdict::{Evidence, Next, verdict};
 
 use autobatch::PeakKinds;
-use autobatch::{may_be_oom, Bytes, CudaMeter, MemoryMeter, Tuner, Workload};
+use autobatch::{Bytes, CudaMeter, MemoryMeter, Tuner, Workload, may_be_oom};
 use autobatch_models::reference::TransformerConfig;
+use candle_core::DType;
 use candle_core::cuda_backend::cudarc::driver as cudarc;
 use candle_core::cuda_backend::cudarc::driver::result::{device, mem_pool};
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUmemPool_attribute};
-use candle_core::DType;
 use serde::Serialize;
 
 const CEILING: f64 = 0.9;

@@ -2,9 +2,9 @@
 //! the two halves and the product, not the activation between them; the
 //! backward pass recomputes it, a block of rows at a time.
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{D, DType, Result, Tensor};
 
-use super::node::{node, Backward};
+use super::node::{Backward, node};
 
 /// An MLP's activation function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,8 +6,8 @@
 
 use candle_core::{Module, Result, Tensor};
 
-use super::node::{node, Backward};
 use super::FrozenLinear;
+use super::node::{Backward, node};
 
 /// `[residual +] base(x) + scale · (x · aᵀ) · bᵀ`, one node whose backward
 /// pass gives `x`, `a`, `b` and `residual` (those in the graph) their

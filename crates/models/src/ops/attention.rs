@@ -6,9 +6,9 @@
 //! elements is kept for the backward pass or made whole at any moment: the
 //! largest is one block of scores, `b × heads × block × block`.
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{D, DType, Result, Tensor};
 
-use super::node::{node, Backward};
+use super::node::{Backward, node};
 
 /// Queries and keys per block unless a [`BlockedAttention`] says otherwise.
 pub const DEFAULT_BLOCK: usize = 128;
@@ -143,11 +143,7 @@ impl Rotary {
     /// `x` rotated by `tables`, or rotated back.
     fn apply(x: &Tensor, (cos, sin): &(Tensor, Tensor), back: bool) -> Result<Tensor> {
         let x = x.contiguous()?;
-        if back {
-            candle_nn::rotary_emb::rope(&x, cos, &sin.neg()?)
-        } else {
-            candle_nn::rotary_emb::rope(&x, cos, sin)
-        }
+        if back { candle_nn::rotary_emb::rope(&x, cos, &sin.neg()?) } else { candle_nn::rotary_emb::rope(&x, cos, sin) }
     }
 }
 
@@ -224,10 +220,10 @@ impl Shapes {
         if config.block == 0 {
             candle_core::bail!("blocked attention: blocks of 0 queries")
         }
-        if let Some(mask) = mask {
-            if mask.dims() != [b, s_k] {
-                candle_core::bail!("blocked attention: a key mask of {:?} for ({b}, {s_k})", mask.dims())
-            }
+        if let Some(mask) = mask
+            && mask.dims() != [b, s_k]
+        {
+            candle_core::bail!("blocked attention: a key mask of {:?} for ({b}, {s_k})", mask.dims())
         }
         // causally, the queries are the last s_q of the keys' positions (a
         // chunk of a sequence whose earlier keys are cached)
@@ -236,7 +232,7 @@ impl Shapes {
     }
 
     /// The query blocks, as (start, length).
-    fn query_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
+    fn query_blocks(&self) -> impl Iterator<Item = (usize, usize)> + use<> {
         blocks(self.s_q, self.block)
     }
 

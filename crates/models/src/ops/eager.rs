@@ -3,7 +3,7 @@
 //! and what a config model runs with [`Ops::Eager`](crate::Ops::Eager).
 //! candle's graph keeps every intermediate of these until it is dropped.
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{D, Result, Tensor};
 
 use super::mul_constant;
 

@@ -7,8 +7,8 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use super::activation::{by_rows, gated_gradients, Activation};
-use super::node::{node, Backward};
+use super::activation::{Activation, by_rows, gated_gradients};
+use super::node::{Backward, node};
 
 /// `x · weightᵀ + bias`, one node whose backward pass gives each of `x`,
 /// `weight` and `bias` that takes part in the graph its gradient (a frozen
@@ -85,14 +85,10 @@ pub fn residual_mlp_down(
 ) -> Result<Tensor> {
     let shapes = Shapes::of(gate, weight, bias, "MLP down projection")?;
     shapes.check_residual(residual, gate)?;
-    if let Some(up) = up {
-        if up.dims() != gate.dims() {
-            candle_core::bail!(
-                "MLP down projection: a gate of {:?} and an up projection of {:?}",
-                gate.dims(),
-                up.dims()
-            )
-        }
+    if let Some(up) = up
+        && up.dims() != gate.dims()
+    {
+        candle_core::bail!("MLP down projection: a gate of {:?} and an up projection of {:?}", gate.dims(), up.dims())
     }
     let (gate_, up_) = (gate.detach(), up.map(Tensor::detach));
     let (w, b) = (weight.detach(), bias.map(Tensor::detach));
@@ -144,10 +140,10 @@ impl Shapes {
         if last != input {
             candle_core::bail!("{op}: an input of {:?} for a weight of ({out}, {input})", x.dims())
         }
-        if let Some(bias) = bias {
-            if bias.dims() != [out] {
-                candle_core::bail!("{op}: a bias of {:?} for a weight of ({out}, {input})", bias.dims())
-            }
+        if let Some(bias) = bias
+            && bias.dims() != [out]
+        {
+            candle_core::bail!("{op}: a bias of {:?} for a weight of ({out}, {input})", bias.dims())
         }
         Ok(Shapes { rows: lead.iter().product(), input, out, bias: bias.is_some() })
     }
@@ -343,14 +339,16 @@ mod tests {
         assert!(linear(x.as_tensor(), &frozen, Some(&var(&[4], 5, 1.0))).is_err());
         assert!(residual_linear(&var(&[3, 4], 6, 1.0), x.as_tensor(), &frozen, None).is_err());
         let up = var(&[3, 3], 7, 1.0);
-        assert!(residual_mlp_down(
-            residual.as_tensor(),
-            Activation::Silu,
-            x.as_tensor(),
-            Some(up.as_tensor()),
-            &frozen,
-            None
-        )
-        .is_err());
+        assert!(
+            residual_mlp_down(
+                residual.as_tensor(),
+                Activation::Silu,
+                x.as_tensor(),
+                Some(up.as_tensor()),
+                &frozen,
+                None
+            )
+            .is_err()
+        );
     }
 }

@@ -7,9 +7,9 @@
 
 use std::sync::Mutex;
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{D, DType, Result, Tensor};
 
-use super::node::{node, Backward};
+use super::node::{Backward, node};
 
 /// The fewest rows a chunk takes unless a [`ChunkedCrossEntropy`] says
 /// otherwise (the last chunk may have fewer).

@@ -62,9 +62,9 @@ mod softmax;
 mod testing;
 
 pub(crate) use activation::ROWS_AT_ONCE;
-pub use activation::{activation, gated, geglu, swiglu, Activation};
+pub use activation::{Activation, activation, gated, geglu, swiglu};
 pub use adapters::lora_linear;
-pub use attention::{attention, BlockedAttention, DEFAULT_BLOCK};
+pub use attention::{BlockedAttention, DEFAULT_BLOCK, attention};
 pub use linear::{linear, residual_linear, residual_mlp_down};
 pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX, MIN_CHUNK_ROWS};
 pub use norm::{layer_norm, rms_norm};
@@ -331,7 +331,7 @@ impl candle_core::CustomOp2 for WithConstant {
 pub fn quantized_linear(x: &Tensor, weight: &Arc<QTensor>, bias: Option<&Tensor>) -> Result<Tensor> {
     let (out_features, in_features) = weight.shape().dims2()?;
     let dims = x.dims();
-    let Some((&last, lead)) = dims.split_last().filter(|(&last, _)| last == in_features) else {
+    let Some((&last, lead)) = dims.split_last().filter(|&(&last, _)| last == in_features) else {
         candle_core::bail!(
             "quantized_linear: input of shape {dims:?} for a weight of {in_features} features in ({out_features} out): its last dimension must be {in_features}"
         )

@@ -4,9 +4,9 @@
 //! output, where the norm written as ops keeps six tensors of the input's
 //! size.
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{D, DType, Result, Tensor};
 
-use super::node::{node, Backward};
+use super::node::{Backward, node};
 
 /// RMS norm over the last dimension, `x / √(mean(x²) + eps) · alpha`, one
 /// node whose backward pass gives `xs` and `alpha` (where they take part in
@@ -58,11 +58,7 @@ struct Norm {
 
 impl Backward for Norm {
     fn name(&self) -> &'static str {
-        if self.centered {
-            "fused-layer-norm"
-        } else {
-            "fused-rms-norm"
-        }
+        if self.centered { "fused-layer-norm" } else { "fused-rms-norm" }
     }
 
     /// With `x̂` the normalized input, `r` each row's reciprocal deviation and

@@ -7,7 +7,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::node::{node, Backward};
+use super::node::{Backward, node};
 
 /// Which of candle's three rotary kernels.
 #[derive(Clone, Copy, Debug)]

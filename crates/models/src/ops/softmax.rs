@@ -4,9 +4,9 @@
 //! (exponentials, their sum, the quotient) the graph keeps three tensors of
 //! the input's size.
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{D, DType, Result, Tensor};
 
-use super::node::{node, Backward};
+use super::node::{Backward, node};
 
 /// Softmax over the last dimension, one node whose backward pass gives `xs`
 /// its gradient (`candle_nn::ops::softmax_last_dim`'s signature; its fused

@@ -7,7 +7,7 @@ use super::{at_least, cross_entropy, detach_linear};
 use crate::params::Params;
 use crate::splitmix::Rng;
 use crate::trainer::footprint::Sizes;
-use crate::trainer::{check_dtype, Footprint, Model, Trainer};
+use crate::trainer::{Footprint, Model, Trainer, check_dtype};
 use autobatch::Error;
 
 /// Size of a [`ConvNet`]: two 3×3 convolutions (`channels`, then

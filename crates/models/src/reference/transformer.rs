@@ -1,16 +1,16 @@
 //! A decoder-only transformer language model on a synthetic next-token task.
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{Embedding, Linear};
 
 use super::{at_least, cross_entropy, detach_linear};
 use crate::params::Params;
 use crate::splitmix::Rng;
 use crate::trainer::footprint::Sizes;
-use crate::trainer::{check_dtype, Footprint, Model, Trainer};
-use autobatch::model::checkpointed;
+use crate::trainer::{Footprint, Model, Trainer, check_dtype};
 use autobatch::Error;
+use autobatch::model::checkpointed;
 
 /// Size of a [`Transformer`]: GPT-style blocks (pre-norm, causal multi-head
 /// self-attention, 4× GELU MLP), learned positions, untied output head.

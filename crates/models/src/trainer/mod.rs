@@ -37,7 +37,7 @@ use autobatch::{Guard, MemoryMeter, MicroBatch, ModelProbe, TrainLoop};
 pub use footprint::Footprint;
 use optimizer::{OptimizerChoice, Shared};
 
-use crate::params::{data_seed, Params};
+use crate::params::{Params, data_seed};
 use autobatch::{Error, Workload};
 
 /// A model that can compute its loss on a synthetic batch.
@@ -267,7 +267,7 @@ impl<M: Model> Trainer<M> {
     /// optimizer), the loss read back as an evaluation loop reads it: what
     /// [`Search::evaluating`](autobatch::Search::evaluating) probes for the
     /// evaluation batch.
-    pub fn evaluation(&self) -> ModelProbe<ForwardOnly<impl FnMut(usize) -> candle_core::Result<Tensor>>> {
+    pub fn evaluation(&self) -> ModelProbe<ForwardOnly<impl FnMut(usize) -> candle_core::Result<Tensor> + use<M>>> {
         let (model, seed) = (self.model.borrow().detached(), self.seed);
         ModelProbe::forward_only(&self.varmap, move |batch| {
             let loss = model.loss(batch, data_seed(seed, None))?;

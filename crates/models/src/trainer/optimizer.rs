@@ -9,9 +9,9 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
+use autobatch::Error;
 use autobatch::estimate::OptimizerKind;
 use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion};
-use autobatch::Error;
 
 /// Which optimizer, and its hyper-parameters: AdamW's as given, the others'
 /// learning rate AdamW's scaled as each paper advises (Lion a third of it,

@@ -1,10 +1,7 @@
-//! The GPU check's verdict logic (examples/gpu_check/verdict.rs), on the
+//! The GPU check's verdict logic (`autobatch_testkit::gpu_verdict`), on the
 //! CPU: what passes and what fails, before a GPU ever runs it.
 
-#[path = "../../examples/gpu_check/verdict.rs"]
-mod verdict;
-
-use verdict::{verdict, Evidence, Next};
+use autobatch_testkit::gpu_verdict::{Evidence, Next, verdict};
 
 const MIB: u64 = 1 << 20;
 
@@ -65,8 +62,8 @@ fn a_next_batch_past_the_element_limit_is_not_run_and_not_a_failure() {
 
 fn a_peak_at_the_limit_within_the_tolerance_is_noted_not_judged() {
     let limit = 1000 * MIB;
-    assert_eq!(verdict::tolerance(limit), 2 * MIB);
-    assert_eq!(verdict::tolerance(100_000 * MIB), 200 * MIB);
+    assert_eq!(autobatch_testkit::gpu_verdict::tolerance(limit), 2 * MIB);
+    assert_eq!(autobatch_testkit::gpu_verdict::tolerance(100_000 * MIB), 200 * MIB);
     // the found batch's reserved bytes 1 MiB over: a fresh step's noise
     let v = verdict(&Evidence { reserved_bytes: limit + MIB, ..good() });
     assert!(v.pass && v.notes[0].contains("within the tolerance"), "{v:?}");

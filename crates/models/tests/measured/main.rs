@@ -1,14 +1,13 @@
 //! The models' integration tests, one binary: real candle steps measured on
 //! the heap, one after another on the main thread under the tracking
-//! allocator (tests/common/harness.rs at the workspace's root).
+//! allocator (autobatch_testkit::harness).
 //! `cargo test -p autobatch-models --test measured -- NAME` runs the tests
 //! whose name contains NAME.
 
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 
-#[path = "../../../../tests/common/mod.rs"]
-mod common;
+use autobatch_testkit as common;
 
 mod gpu_verdict;
 mod headroom;

@@ -4,7 +4,7 @@
 //! differences), tune exactly by brute force without changing a variable and
 //! train under the plan's ceiling; bad configs are refused by field.
 //!
-//! Heap measurements: its own sequential harness (see tests/common/harness.rs).
+//! Heap measurements: its own sequential harness (see autobatch_testkit::harness).
 
 use crate::common::bits;
 
@@ -934,7 +934,9 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
                 let (small, large) = (peak_of(&mut trainer, &mut meter, 4), peak_of(&mut trainer, &mut meter, 8));
                 let measured = (large - small) as f64 / 4.0;
                 let error = counted / measured - 1.0;
-                println!("  {family} {attention:?}/{loss:?} at {seq_len}: counted {counted:.0}, measured {measured:.0} ({error:+.3})");
+                println!(
+                    "  {family} {attention:?}/{loss:?} at {seq_len}: counted {counted:.0}, measured {measured:.0} ({error:+.3})"
+                );
                 assert!(
                     error.abs() <= 0.15,
                     "{family} {attention:?}/{loss:?} at {seq_len}: {counted} against {measured}"
@@ -949,7 +951,7 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
 /// logits' (`rows × vocab`): each one's peak above what it starts with stays
 /// under a quarter of that tensor, where the eager forms hold several.
 fn the_lean_ops_never_make_the_scores_or_the_logits_whole() {
-    use autobatch_models::ops::{attention, BlockedAttention, ChunkedCrossEntropy};
+    use autobatch_models::ops::{BlockedAttention, ChunkedCrossEntropy, attention};
     use candle_core::Var;
     let device = Device::Cpu;
     // every thread's matmul buffer in place first: a thread's first product allocates one
@@ -996,7 +998,9 @@ fn the_lean_ops_never_make_the_scores_or_the_logits_whole() {
         .unwrap();
         drop(loss.backward().unwrap());
     });
-    println!("  the loss over {rows} rows of a {vocab} vocabulary: chunked {chunked} bytes, full {full}, the logits {logits}");
+    println!(
+        "  the loss over {rows} rows of a {vocab} vocabulary: chunked {chunked} bytes, full {full}, the logits {logits}"
+    );
     assert!(chunked < logits / 4, "the chunked loss held {chunked} bytes; the logits are {logits}");
     assert!(full > 2 * logits, "the full loss holds its logits: {full}");
 }

@@ -10,8 +10,8 @@
 use crate::common::bits;
 
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Warning, Workload};
-use candle_core::{DType, Device, Module, Result, Tensor, D};
-use candle_nn::{embedding, linear, loss, ops, Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use candle_core::{D, DType, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap, embedding, linear, loss, ops};
 
 const MIB: u64 = 1 << 20;
 /// Between the tuner's measurement and a brute-force one the harness holds a
@@ -313,7 +313,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
 /// graphs, not one per trial) does not grow with the trials run, and the
 /// answer does not depend on what ran before.
 fn an_answer_does_not_depend_on_what_ran_before() {
-    use candle_nn::{lstm, LSTMConfig, RNN};
+    use candle_nn::{LSTMConfig, RNN, lstm};
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let rnn = lstm(16, 48, LSTMConfig::default(), vb.pp("lstm")).unwrap();

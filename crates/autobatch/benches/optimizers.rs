@@ -1,0 +1,132 @@
+//! What each optimizer holds per parameter: its state between steps, and the
+//! temporaries of one step (real and dry) above the state, read off the heap
+//! on a 1024 × 1024 f32 matrix with its gradient straight from `backward`
+//! (the gradient carries its graph, as in a training loop).
+//!
+//! ```text
+//! cargo bench --bench optimizers      # writes docs/optimizers.md, a few seconds
+//! ```
+
+#[global_allocator]
+static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+
+use std::fmt::Write as _;
+
+use autobatch::TrackingAllocator;
+use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{Optimizer, ParamsAdamW};
+
+const N: usize = 1024;
+
+/// Bytes per parameter: (state, real step's temporaries, dry step's temporaries).
+struct Row {
+    name: &'static str,
+    state: f64,
+    real: f64,
+    dry: Option<f64>,
+}
+
+fn matrix(dtype: DType) -> Var {
+    let values: Vec<f32> = (0..N * N).map(|i| ((i * 7919 % 2003) as f32 / 1000.0) - 1.0).collect();
+    let tensor = Tensor::from_vec(values, (N, N), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+    Var::from_tensor(&tensor).unwrap()
+}
+
+fn gradients(var: &Var) -> GradStore {
+    let x = Tensor::ones((8, N), var.dtype(), &Device::Cpu).unwrap();
+    x.matmul(var.as_tensor())
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .backward()
+        .unwrap()
+}
+
+/// The state `make` allocates, and the peak above the live heap of one
+/// `step` after a first real one (so that every moment is in its steady state).
+fn measure<O: Optimizer>(dtype: DType, make: impl Fn(Vec<Var>) -> O, step: impl Fn(&mut O, &GradStore)) -> (f64, f64) {
+    let var = matrix(dtype);
+    let before = TrackingAllocator::live_bytes();
+    let mut optimizer = make(vec![var.clone()]);
+    let state = TrackingAllocator::live_bytes() - before;
+    optimizer.step(&gradients(&var)).unwrap();
+    let grads = gradients(&var);
+    let live = TrackingAllocator::live_bytes();
+    TrackingAllocator::reset_peak();
+    step(&mut optimizer, &grads);
+    let peak = TrackingAllocator::peak_bytes() - live;
+    let parameters = (N * N) as f64;
+    (state as f64 / parameters, peak as f64 / parameters)
+}
+
+fn row<O: Optimizer + DryStep>(name: &'static str, dtype: DType, make: impl Fn(Vec<Var>) -> O) -> Row {
+    let (state, real) = measure(dtype, &make, |o, g| o.step(g).unwrap());
+    let (_, dry) = measure(dtype, &make, |o, g| o.dry_step(g).unwrap());
+    Row { name, state, real, dry: Some(dry) }
+}
+
+fn main() {
+    let (state, real) =
+        measure(DType::F32, |v| candle_nn::AdamW::new(v, ParamsAdamW::default()).unwrap(), |o, g| o.step(g).unwrap());
+    let (sgd_state, sgd_real) =
+        measure(DType::F32, |v| candle_nn::SGD::new(v, 0.01).unwrap(), |o, g| o.step(g).unwrap());
+    let (bf16_sgd_state, bf16_sgd_real) =
+        measure(DType::BF16, |v| candle_nn::SGD::new(v, 0.01).unwrap(), |o, g| o.step(g).unwrap());
+    let rows = [
+        Row { name: "`candle_nn::SGD`", state: sgd_state, real: sgd_real, dry: None },
+        Row { name: "`candle_nn::AdamW`", state, real, dry: None },
+        row("`optim::AdamW` (its twin)", DType::F32, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
+        row("`optim::Lion`", DType::F32, |v| Lion::new(v, ParamsLion::default()).unwrap()),
+        row("`optim::Adafactor`", DType::F32, |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap()),
+        row("`optim::AdamW8bit`", DType::F32, |v| AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap()),
+        Row { name: "`candle_nn::SGD` (bf16 variable)", state: bf16_sgd_state, real: bf16_sgd_real, dry: None },
+        row("`optim::AdamW` (bf16 variable)", DType::BF16, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
+        row("`optim::Lion` (bf16 variable)", DType::BF16, |v| Lion::new(v, ParamsLion::default()).unwrap()),
+        row("`optim::Adafactor` (bf16 variable)", DType::BF16, |v| {
+            Adafactor::new(v, ParamsAdafactor::default()).unwrap()
+        }),
+        row("`optim::AdamW8bit` (bf16 variable)", DType::BF16, |v| {
+            AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap()
+        }),
+        row("`MixedPrecision<AdamW>` (bf16 variable)", DType::BF16, |v| {
+            MixedPrecision::<AdamW>::new(v, ParamsAdamW::default()).unwrap()
+        }),
+    ];
+    let mut report = String::new();
+    writeln!(report, "# Optimizers: state and step memory per parameter\n").unwrap();
+    writeln!(
+        report,
+        "Written by `cargo bench --bench optimizers`. Heap bytes per parameter of a 1024 × 1024 matrix \
+         (f32 unless said), its gradient straight from `backward`. *State* is what the optimizer holds \
+         between steps; *step* is the peak of one step above everything live before it (state, weights, \
+         gradients), one variable at a time, the real step's and the dry step's (what `ModelProbe` runs: \
+         the same computation, not written back). The probe's measured peak includes the step, so a \
+         step that equals its dry twin is measured as training holds it.\n"
+    )
+    .unwrap();
+    writeln!(report, "| optimizer | state | step (real) | step (dry) |").unwrap();
+    writeln!(report, "|---|---:|---:|---:|").unwrap();
+    for row in &rows {
+        let dry = row.dry.map_or_else(|| "–".to_owned(), |dry| format!("{dry:.1}"));
+        writeln!(report, "| {} | {:.2} | {:.1} | {dry} |", row.name, row.state, row.real).unwrap();
+        println!("{:<45} state {:6.2}  step {:6.1}  dry {dry}", row.name, row.state, row.real);
+    }
+    writeln!(
+        report,
+        "\nThe lean optimizers compute their update on detached tensors and free each intermediate as soon \
+         as the next exists; `candle_nn::AdamW` (and its bit-identical twin) computes on the variable and \
+         the gradient as they are, and a chain of ops on tensors that hold a graph keeps every \
+         intermediate alive until the result is dropped. Mixed precision's step includes the f32 copies of \
+         every gradient it makes before stepping the masters."
+    )
+    .unwrap();
+    std::fs::write(docs::page("optimizers.md"), docs::with_host(&report)).unwrap();
+}
+
+use autobatch_testkit::docs;

@@ -1,0 +1,741 @@
+//! `ModelProbe`: a user's model as a probe workload that changes nothing.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result, Tensor, Var};
+use candle_nn::{Optimizer, ParamsAdamW, VarMap};
+
+use super::buffers::{Buffers, host_copy};
+use super::grads::Accumulator;
+use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
+use crate::estimate::TrainingSetup;
+use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
+use crate::per_parameter::{OptimizerKind, Precision};
+use crate::{BySize, CacheKey, Error, GraphTensor, Warning, Workload};
+
+/// A test on a variable's name.
+type NamePredicate = Box<dyn Fn(&str) -> bool>;
+
+/// Builds a dry optimizer over the probe's variables.
+type Rebuild = Box<dyn Fn() -> Result<Box<dyn DryStep>>>;
+
+/// Gradients a backward pass kept for tensors that are not the variables
+/// (frozen weights, constants), beside the variables' own.
+#[derive(Clone, Copy, Debug)]
+struct UntrainedGradients {
+    /// How many such tensors.
+    tensors: usize,
+    /// Their gradients' bytes.
+    bytes: u64,
+    /// The variables' gradients' bytes, beside them.
+    trained_bytes: u64,
+}
+
+/// A throwaway optimizer's step over the variables.
+type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
+
+/// The update a probe step computes.
+enum Update {
+    /// None: forward and backward only.
+    None,
+    /// An optimizer with a dry step (candle-nn's AdamW through its
+    /// bit-identical twin, or one of [`crate::optim`]): its state held, its
+    /// update computed and dropped.
+    Dry {
+        name: String,
+        /// `None` once freed ([`Workload::free_training_state`]) until the next step.
+        optimizer: Option<Box<dyn DryStep>>,
+        /// Builds it again over the same variables, when the probe built it.
+        rebuild: Option<Rebuild>,
+        kind: Option<OptimizerKind>,
+        master_weights: bool,
+    },
+    /// candle-nn's SGD, computed dry.
+    Sgd { lr: f64 },
+    /// Any optimizer: a throwaway one per step, the variables restored after.
+    General { name: String, step: ThrowawayStep, host: Vec<Tensor> },
+}
+
+/// Your model as a probe [`Workload`]: forward (your loss closure), backward
+/// and the optimizer's update, with no variable, moment or step count changed.
+///
+/// `loss(batch)` returns the scalar loss of `batch` samples, built on the
+/// device as training builds it. Give the probe the optimizer training uses,
+/// so that its state and its update are measured: [`adamw`](Self::adamw),
+/// [`sgd`](Self::sgd), this crate's [`lion`](Self::lion),
+/// [`adafactor`](Self::adafactor) and [`adamw8bit`](Self::adamw8bit), any
+/// [`DryStep`] through [`dry`](Self::dry), any `candle_nn::Optimizer` through
+/// [`optimizer`](Self::optimizer) (at the cost of a host copy of the
+/// variables). Variables the forward pass writes (BatchNorm's statistics) are
+/// put back bit for bit, and a variable left without a gradient is named in
+/// the plan ([`Warning::MissingGradients`]). How each is measured and what it
+/// costs: the guide, docs/library.md.
+///
+/// ```
+/// #[global_allocator]
+/// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+///
+/// use autobatch::{HeapMeter, ModelProbe, Tuner};
+/// use candle_core::{DType, Device, Module, Tensor};
+/// use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
+///
+/// let varmap = VarMap::new();
+/// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+/// let model = linear(64, 10, vb.pp("head"))?;
+/// let loss = |batch: usize| {
+///     let x = Tensor::randn(0f32, 1., (batch, 64), &Device::Cpu)?;
+///     let y = Tensor::zeros(batch, DType::U32, &Device::Cpu)?;
+///     loss::cross_entropy(&model.forward(&x)?, &y)
+/// };
+/// let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default())?;
+/// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?)?;
+/// assert!(plan.largest_batch > 0);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+pub struct ModelProbe<L> {
+    vars: Vec<(String, Var)>,
+    loss: L,
+    update: Update,
+    key: CacheKey,
+    /// For each variable, whether it got a gradient in the first step that
+    /// ran to the end.
+    gradients: Option<Vec<bool>>,
+    /// Float variables with no gradient that were not seen written (not
+    /// buffers), once a step has run to the end.
+    missing: Option<Vec<String>>,
+    /// Variables the forward pass writes, put back after every step.
+    buffers: Buffers,
+    /// Run before each step and when tuning ends: clears state the model
+    /// keeps between calls (a KV cache).
+    reset: Option<Box<dyn FnMut() -> Result<()>>>,
+    /// Variables without a gradient taken for buffers read without a graph
+    /// (BatchNorm's statistics in evaluation mode, a frozen tensor kept in the
+    /// `VarMap`), not for a cut graph: by their names, or as declared.
+    read_only: Vec<String>,
+    /// What the user declared to be buffers or frozen ([`ModelProbe::buffers_named`]).
+    declared: Option<NamePredicate>,
+    /// A forward-only step's output recorded a graph.
+    graph_recorded: bool,
+    /// The most gradient bytes a backward pass kept for tensors that are not
+    /// the variables (frozen weights, constants).
+    untrained: Option<UntrainedGradients>,
+    /// The element counts of the last step's graph, in its sorted order.
+    graph_tensors: Option<Vec<GraphTensor>>,
+    /// The loss and its forward graph stay alive through the update
+    /// (training calls `optimizer.backward_step(&loss)`).
+    graph_through_update: bool,
+    /// The whole gradient store `loss.backward()` returns stays alive
+    /// through the update (training calls `optimizer.step(&grads)` on it).
+    grad_store_through_update: bool,
+}
+
+impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
+    /// A probe of the variables of `varmap`, with `loss(batch)` the scalar loss
+    /// of `batch` samples. No optimizer yet: add the one training uses.
+    pub fn new(varmap: &VarMap, loss: L) -> Self {
+        Self::from_vars(super::named_vars(varmap), loss)
+    }
+
+    /// A probe of named variables held elsewhere than in a `VarMap`.
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>, loss: L) -> Self {
+        ModelProbe::with_loss(vars.into_iter().collect(), loss)
+    }
+}
+
+impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<ForwardOnly<F>> {
+    /// A probe of a model's forward pass alone, for serving and evaluation:
+    /// `forward(batch)` runs the model on `batch` samples and returns its
+    /// output (or an evaluation loss). No optimizer state is held, no backward
+    /// pass runs and no gradient is checked. Build the model it runs from
+    /// [`detached`](super::detached)`(&varmap)` so that its forward pass
+    /// records no graph and frees each activation once used: an output that
+    /// recorded one (computed from the variables themselves) is a
+    /// [`Warning::GraphRecorded`], since it held every activation as training
+    /// does. Variables the forward pass writes are put back as for training.
+    ///
+    /// ```
+    /// #[global_allocator]
+    /// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+    ///
+    /// use autobatch::model::detached;
+    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
+    /// use candle_core::{DType, Device, Module, Tensor};
+    /// use candle_nn::{linear, VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let _training = linear(64, 10, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    /// let serving = linear(64, 10, detached(&varmap))?;
+    /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
+    /// let mut probe = ModelProbe::forward_only(&varmap, forward);
+    /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::with_room(2 << 20, 0.9)?)?;
+    /// assert!(plan.largest_batch > 0 && plan.warnings.is_empty());
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn forward_only(varmap: &VarMap, forward: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), ForwardOnly(forward))
+    }
+}
+
+impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ModelProbe<WithBackward<F>> {
+    /// A probe whose step computes the loss and the gradients itself:
+    /// `loss_and_gradients(batch)` returns the loss of `batch` samples and the
+    /// variables' gradients, e.g. through [`checkpointed`](super::checkpointed)
+    /// for gradient checkpointing. The probe then holds what the closure
+    /// returns (the loss and the store) through the optimizer's update.
+    pub fn with_backward(varmap: &VarMap, loss_and_gradients: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), WithBackward(loss_and_gradients))
+    }
+}
+
+impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
+    /// A probe whose loss depends on an input size as well as the batch:
+    /// `loss(batch, size)` is the scalar loss of `batch` samples of `size`
+    /// (tokens, pixels per side), starting at `size`. It is
+    /// [`Resizable`](crate::Resizable), for
+    /// [`Search::sizes`](crate::Search::sizes).
+    ///
+    /// ```
+    /// #[global_allocator]
+    /// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+    ///
+    /// use autobatch::{HeapMeter, ModelProbe, Tuner};
+    /// use candle_core::{DType, Device, Module, Tensor};
+    /// use candle_nn::{embedding, linear, loss, ParamsAdamW, VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    /// let (embed, head) = (embedding(32, 16, vb.pp("embed"))?, linear(16, 32, vb.pp("head"))?);
+    /// let loss = |batch: usize, len: usize| {
+    ///     let tokens = Tensor::zeros((batch, len), DType::U32, &Device::Cpu)?;
+    ///     let logits = head.forward(&embed.forward(&tokens)?)?.reshape((batch * len, 32))?;
+    ///     loss::cross_entropy(&logits, &tokens.flatten_all()?)
+    /// };
+    /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).adamw(ParamsAdamW::default())?;
+    /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?).sizes(&[16, 64])?;
+    /// assert!(plan.sizes[&16].largest_batch > plan.sizes[&64].largest_batch);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn by_size(varmap: &VarMap, size: usize, loss: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), BySize { closure: loss, size })
+    }
+}
+
+impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ModelProbe<BySize<WithBackward<F>>> {
+    /// [`by_size`](ModelProbe::by_size) for a step that computes the loss and
+    /// the gradients itself ([`with_backward`](ModelProbe::with_backward), e.g.
+    /// gradient checkpointing with [`checkpointed`](super::checkpointed)):
+    /// `loss_and_gradients(batch, size)` returns the loss of `batch` samples
+    /// of `size` and the variables' gradients. It is
+    /// [`Resizable`](crate::Resizable), for [`Search::sizes`](crate::Search::sizes).
+    pub fn by_size_with_backward(varmap: &VarMap, size: usize, loss_and_gradients: F) -> Self {
+        ModelProbe::with_loss(super::named_vars(varmap), BySize { closure: WithBackward(loss_and_gradients), size })
+    }
+}
+
+impl<L> crate::Resizable for ModelProbe<BySize<L>>
+where
+    BySize<L>: ProbeLoss,
+{
+    fn resize(&mut self, size: usize) -> std::result::Result<(), Error> {
+        self.loss.size = size;
+        Ok(())
+    }
+
+    fn size(&self) -> usize {
+        self.loss.size
+    }
+}
+
+impl<L: ProbeLoss> ModelProbe<L> {
+    /// A probe of named variables with any [`ProbeLoss`](super::ProbeLoss): a
+    /// closure's, a backward of its own, or a loss type of a model crate.
+    pub fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
+        let key = CacheKey::new().variables(vars.iter().map(|(name, var)| (name.as_str(), var)));
+        ModelProbe {
+            vars,
+            loss,
+            update: Update::None,
+            key,
+            gradients: None,
+            missing: None,
+            untrained: None,
+            graph_tensors: None,
+            read_only: Vec::new(),
+            declared: None,
+            buffers: Buffers::default(),
+            reset: None,
+            graph_recorded: false,
+            graph_through_update: false,
+            grad_store_through_update: false,
+        }
+    }
+
+    /// Measures candle-nn's AdamW with `params`: its two moments are allocated
+    /// now, as training holds them, and each probe step computes the whole
+    /// update without writing it.
+    pub fn adamw(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
+        self.dry_rebuilt::<AdamW>("candle_nn::AdamW", params)
+    }
+
+    /// Measures [`Lion`](crate::optim::Lion) (one moment: 4 bytes per parameter).
+    pub fn lion(self, params: ParamsLion) -> std::result::Result<Self, Error> {
+        self.dry_rebuilt::<Lion>(std::any::type_name::<Lion>(), params)
+    }
+
+    /// Measures [`Adafactor`](crate::optim::Adafactor) (a factored second moment).
+    pub fn adafactor(self, params: ParamsAdafactor) -> std::result::Result<Self, Error> {
+        self.dry_rebuilt::<Adafactor>(std::any::type_name::<Adafactor>(), params)
+    }
+
+    /// Measures [`AdamW8bit`](crate::optim::AdamW8bit) (block-wise 8-bit moments).
+    pub fn adamw8bit(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
+        self.dry_rebuilt::<AdamW8bit>(std::any::type_name::<AdamW8bit>(), params)
+    }
+
+    /// Measures an optimizer built over this probe's variables that can
+    /// compute its update without applying it ([`DryStep`]): its state is held
+    /// for the probe's life, as training holds it, and each probe step runs
+    /// its update dry. Build it over [`vars`](Self::vars), in that order.
+    pub fn dry<O: DryStep + 'static>(self, optimizer: O) -> Self {
+        self.dry_named(std::any::type_name::<O>(), optimizer)
+    }
+
+    fn dry_named<O: DryStep + 'static>(mut self, name: &str, optimizer: O) -> Self {
+        let (kind, master_weights) = (optimizer.kind(), optimizer.master_weights());
+        // the plan cache tells optimizers apart by this name: one type may step several kinds
+        let name = match kind {
+            Some(kind) => format!("{name} ({}{})", kind.name(), if master_weights { ", mixed precision" } else { "" }),
+            None => name.to_owned(),
+        };
+        let optimizer: Option<Box<dyn DryStep>> = Some(Box::new(optimizer));
+        self.update = Update::Dry { name, optimizer, rebuild: None, kind, master_weights };
+        self
+    }
+
+    /// One of this crate's optimizers, built here so that it can be built
+    /// again after [`Workload::free_training_state`].
+    fn dry_rebuilt<O>(self, name: &str, config: O::Config) -> std::result::Result<Self, Error>
+    where
+        O: Optimizer + DryStep + 'static,
+        O::Config: Clone + 'static,
+    {
+        let vars = self.plain_vars();
+        let rebuild: Rebuild = Box::new(move || Ok(Box::new(O::new(vars.clone(), config.clone())?)));
+        let optimizer = rebuild()?;
+        let (kind, master_weights) = (optimizer.kind(), optimizer.master_weights());
+        let mut probe = self;
+        probe.update = Update::Dry {
+            name: name.to_owned(),
+            optimizer: Some(optimizer),
+            rebuild: Some(rebuild),
+            kind,
+            master_weights,
+        };
+        Ok(probe)
+    }
+
+    /// Measures candle-nn's SGD with learning rate `lr`: no state, its update
+    /// computed and dropped.
+    pub fn sgd(mut self, lr: f64) -> Self {
+        self.update = Update::Sgd { lr };
+        self
+    }
+
+    /// Measures any `candle_nn::Optimizer` built with `config`: a throwaway
+    /// optimizer per probe step, the variables written back from a host copy
+    /// after it (see the type's docs for the cost).
+    pub fn optimizer<O>(mut self, config: O::Config) -> std::result::Result<Self, Error>
+    where
+        O: Optimizer + 'static,
+        O::Config: Clone + 'static,
+    {
+        let host = self.vars.iter().map(|(_, var)| host_copy(var.as_tensor())).collect::<Result<Vec<_>>>()?;
+        let step = move |vars: &[Var], grads: &GradStore| -> Result<()> {
+            let mut optimizer = O::new(vars.to_vec(), config.clone())?;
+            optimizer.step(grads)
+        };
+        let name = std::any::type_name::<O>().to_owned();
+        self.update = Update::General { name, step: Box::new(step), host };
+        Ok(self)
+    }
+
+    /// Declares which variables are buffers or frozen tensors kept in the
+    /// `VarMap` (read without a gradient, as BatchNorm's statistics are in
+    /// evaluation mode), by name: without a gradient, they are no cut graph.
+    /// Names checkpoints give buffers (`running_mean`, `running_var`,
+    /// `num_batches_tracked`) are taken for buffers without it.
+    ///
+    /// ```
+    /// use autobatch::ModelProbe;
+    /// use candle_core::{DType, Device, Tensor};
+    /// use candle_nn::{VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    /// let frozen = vb.get((4, 4), "encoder.frozen")?; // kept in the VarMap, never trained
+    /// let weight = vb.get((4, 4), "head.weight")?;
+    /// let loss = |b: usize| Tensor::ones((b, 4), DType::F32, &Device::Cpu)?.matmul(&frozen.detach())?.matmul(&weight)?.sum_all();
+    /// let mut probe = ModelProbe::new(&varmap, loss).buffers_named(|name| name.starts_with("encoder."));
+    /// autobatch::Workload::step(&mut probe, 2)?;
+    /// assert_eq!(probe.read_only_buffers(), ["encoder.frozen"]);
+    /// assert_eq!(probe.variables_without_gradient(), Some(&[][..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn buffers_named(mut self, is_buffer: impl Fn(&str) -> bool + 'static) -> Self {
+        self.declared = Some(Box::new(is_buffer));
+        self
+    }
+
+    /// The variables that got no gradient and are taken for buffers read
+    /// without a graph (by their names, or [`buffers_named`](Self::buffers_named)),
+    /// not for a cut graph: no warning, no demotion. Empty before a step has run.
+    pub fn read_only_buffers(&self) -> &[String] {
+        &self.read_only
+    }
+
+    /// Runs `reset` before and after each probe step and when tuning ends:
+    /// for a model that keeps state between calls (a KV cache that grows with
+    /// every forward pass, `model.clear_kv_cache()`), so that each trial starts
+    /// as training does, its baseline holds no earlier step's state, and
+    /// nothing is left held after tuning.
+    pub fn with_reset(mut self, reset: impl FnMut() -> Result<()> + 'static) -> Self {
+        self.reset = Some(Box::new(reset));
+        self
+    }
+
+    /// Measures training that keeps the loss, and with it the forward graph's
+    /// activations, alive through the optimizer's update: candle-nn's
+    /// `optimizer.backward_step(&loss)`, or `let grads = loss.backward()?;
+    /// optimizer.step(&grads)?;` with the loss still in scope (the whole
+    /// gradient store is then held too, as with
+    /// [`grad_store_through_update`](Self::grad_store_through_update)).
+    ///
+    /// By default the probe holds through the update what
+    /// [`TrainLoop`](crate::TrainLoop) holds: the variables' gradients, with
+    /// the loss, its graph and every other gradient freed after the backward
+    /// pass. The answer is then what that training holds; the idioms above
+    /// hold more (up to one activation set), and a plan probed without the
+    /// option can run out of memory there.
+    pub fn graph_through_update(mut self, held: bool) -> Self {
+        self.graph_through_update = held;
+        self
+    }
+
+    /// Measures training that frees the loss but steps the optimizer with the
+    /// whole store `loss.backward()` returned: `let grads = { let loss =
+    /// ..; loss.backward()? }; optimizer.step(&grads)?`. candle keeps in that
+    /// store, besides the variables' gradients, a gradient for each input
+    /// and constant the loss was computed from (the batch's inputs, an
+    /// attention mask): batch-sized tensors that [`TrainLoop`](crate::TrainLoop)
+    /// drops before the update (4% of a small MLP's step, `cargo bench
+    /// --bench train_loop`).
+    pub fn grad_store_through_update(mut self, held: bool) -> Self {
+        self.grad_store_through_update = held;
+        self
+    }
+
+    /// Adds a parameter that decides memory to the cache key (a sequence
+    /// length, an image size: what the loss closure builds its batch with).
+    pub fn key_param(mut self, name: &str, value: impl std::fmt::Display) -> Self {
+        self.key = self.key.param(name, value);
+        self
+    }
+
+    /// The variables, by name.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
+    }
+
+    /// The float variables that received no gradient in the first probe step
+    /// that ran to the end and that the forward pass did not write (a cut
+    /// graph, not a buffer); `None` before a step has run to the end.
+    pub fn variables_without_gradient(&self) -> Option<&[String]> {
+        self.missing.as_deref()
+    }
+
+    /// The variables the forward pass writes (candle-nn's BatchNorm running
+    /// statistics in training mode, a buffer of your own kept as a `Var`),
+    /// by name: those a probe step was seen to change, all of them put back
+    /// after every step. `None` before a step has run to the end.
+    /// Build an evaluation model that shares them with
+    /// [`detached_sharing`](super::detached_sharing).
+    pub fn buffers(&self) -> Option<Vec<&str>> {
+        Some(self.buffers.written()?.map(|index| self.vars[index].0.as_str()).collect())
+    }
+
+    fn plain_vars(&self) -> Vec<Var> {
+        self.vars.iter().map(|(_, var)| var.clone()).collect()
+    }
+
+    /// The update from `grads`, computed and dropped (or, for a general
+    /// optimizer, run and undone).
+    fn update(&mut self, grads: &GradStore) -> Result<()> {
+        match &mut self.update {
+            Update::None => Ok(()),
+            Update::Dry { optimizer, rebuild, .. } => {
+                if optimizer.is_none() {
+                    *optimizer = rebuild.as_ref().map(|rebuild| rebuild()).transpose()?;
+                }
+                optimizer.as_ref().map_or(Ok(()), |optimizer| optimizer.dry_step(grads))
+            }
+            Update::Sgd { lr } => {
+                for (_, var) in &self.vars {
+                    if let Some(grad) = grads.get(var.as_tensor()) {
+                        // what candle_nn::SGD::step computes before `set`
+                        drop(var.as_tensor().sub(&(grad * *lr)?)?);
+                    }
+                }
+                Ok(())
+            }
+            Update::General { step, host, .. } => {
+                let vars: Vec<Var> = self.vars.iter().map(|(_, var)| var.clone()).collect();
+                let stepped = step(&vars, grads);
+                // write back what the optimizer can have changed (a variable
+                // with a gradient), even when the step failed part way; what the
+                // forward pass wrote is put back by `restoring`, which must
+                // see it changed to know it for a buffer
+                for (var, saved) in vars.iter().zip(host.iter()) {
+                    if grads.get(var.as_tensor()).is_some() {
+                        var.set(&saved.to_device(var.device())?)?;
+                    }
+                }
+                stepped
+            }
+        }
+    }
+
+    fn check_gradients(&mut self, grads: &GradStore) {
+        if self.gradients.is_none() {
+            self.gradients = Some(self.vars.iter().map(|(_, var)| grads.get(var.as_tensor()).is_some()).collect());
+        }
+        // after backward, the store holds the variables' gradients and those
+        // of the leaves that are not variables: a frozen weight under candle's
+        // matmul, a constant such as an attention mask (the nodes' own are gone)
+        let bytes = |tensor: &Tensor| (tensor.elem_count() * tensor.dtype().size_in_bytes()) as u64;
+        let trained: std::collections::HashSet<_> = self.vars.iter().map(|(_, var)| var.as_tensor().id()).collect();
+        let (mut count, mut held, mut kept) = (0, 0, 0);
+        for id in grads.get_ids() {
+            let Some(grad) = grads.get_id(*id) else { continue };
+            if trained.contains(id) {
+                kept += bytes(grad);
+            } else {
+                count += 1;
+                held += bytes(grad);
+            }
+        }
+        if self.untrained.is_none_or(|most| held > most.bytes) {
+            self.untrained = Some(UntrainedGradients { tensors: count, bytes: held, trained_bytes: kept });
+        }
+    }
+
+    fn optimizer_name(&self) -> String {
+        match &self.update {
+            Update::None => "none".to_owned(),
+            Update::Dry { name, .. } => name.clone(),
+            Update::Sgd { .. } => "candle_nn::SGD".to_owned(),
+            Update::General { name, .. } => name.clone(),
+        }
+    }
+}
+
+impl<L: ProbeLoss> ModelProbe<L> {
+    /// Runs `step` with the variables the forward pass writes put back after
+    /// it, whether it succeeded or not; the first step that runs to the end
+    /// tells which they are (and they are no missing gradients).
+    fn restoring(&mut self, step: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        if let Some(reset) = &mut self.reset {
+            reset()?;
+        }
+        let saved = self.buffers.save(&self.vars)?;
+        let mut result = step(self);
+        if let Some(reset) = &mut self.reset {
+            // what the step left in the model is not the next trial's baseline
+            result = result.and_then(|()| reset());
+        }
+        if !self.loss.computes_gradients() && self.gradients.is_none() {
+            // forward only: no gradient to tell a weight from a buffer; only a write does
+            self.gradients = Some(vec![true; self.vars.len()]);
+        }
+        let gradients = self.gradients.as_deref().filter(|_| result.is_ok());
+        self.buffers.restore(&self.vars, saved, gradients)?;
+        if let (Some(gradients), Some(written)) = (&self.gradients, self.buffers.written()) {
+            let written: Vec<usize> = written.collect();
+            let missing =
+                self.vars.iter().enumerate().filter(|(index, (_, var))| {
+                    var.dtype().is_float() && !gradients[*index] && !written.contains(index)
+                });
+            let (read_only, cut): (Vec<String>, Vec<String>) =
+                missing.map(|(_, (name, _))| name.clone()).partition(|name| self.is_buffer(name));
+            self.read_only = read_only;
+            self.missing = Some(cut);
+        }
+        result
+    }
+
+    /// Whether a variable with no gradient is a buffer read without a graph
+    /// rather than a variable a cut graph left out: declared so, or named as
+    /// checkpoints name buffers (a cut graph takes every variable upstream of
+    /// the fused op with it, whatever their names).
+    fn is_buffer(&self, name: &str) -> bool {
+        const BUFFER_NAMES: [&str; 3] = ["running_mean", "running_var", "num_batches_tracked"];
+        let last = name.rsplit('.').next().unwrap_or(name);
+        BUFFER_NAMES.contains(&last) || self.declared.as_ref().is_some_and(|declared| declared(name))
+    }
+
+    /// Forward, backward and the update computed dry.
+    fn plain_step(&mut self, batch: usize) -> Result<()> {
+        let (loss, grads) = self.loss.loss_and_gradients(batch)?;
+        self.graph_tensors = Some(graph_tensors(&loss));
+        if !self.loss.computes_gradients() {
+            self.graph_recorded |= loss.track_op();
+            return Ok(());
+        }
+        let held = self.graph_through_update.then_some(loss);
+        self.check_gradients(&grads);
+        // what training steps with: the variables' gradients only (TrainLoop),
+        // or the whole store `loss.backward()` returned
+        let grads = if self.grad_store_through_update || self.graph_through_update {
+            grads
+        } else {
+            super::grads::keep_variables(grads, &self.plain_vars())
+        };
+        self.update(&grads)?;
+        drop(grads);
+        drop(held);
+        Ok(())
+    }
+
+    /// A micro-step after the first, with the accumulator held.
+    fn accumulating_micro_step(&mut self, batch: usize) -> Result<()> {
+        let vars = self.plain_vars();
+        let mut accumulator = Accumulator::holding_zeros(&vars)?;
+        let (loss, grads) = self.loss.loss_and_gradients(batch)?;
+        self.graph_tensors = Some(graph_tensors(&loss));
+        let held = self.graph_through_update.then_some(loss);
+        self.check_gradients(&grads);
+        // any scale but 1 allocates what training's does (the value is never used)
+        let scale = if self.loss.scales_gradients() { 0.5 } else { 1.0 };
+        accumulator.add_scaled(grads, &vars, scale)?;
+        let sum = accumulator.take()?;
+        self.update(&sum)?;
+        drop(sum);
+        drop(held);
+        Ok(())
+    }
+}
+
+/// The element count and dtype of every tensor of `loss`'s graph, in
+/// candle's sorted order (a loss computed outside a graph has none).
+fn graph_tensors(loss: &Tensor) -> Vec<GraphTensor> {
+    loss.sorted_nodes()
+        .into_iter()
+        .map(|node| GraphTensor { elements: node.elem_count() as u64, dtype: node.dtype() })
+        .collect()
+}
+
+impl<L: ProbeLoss> Workload for ModelProbe<L> {
+    /// Forward, backward and the update computed dry. The loss (and with it
+    /// the forward graph) is freed after the backward pass and the whole
+    /// gradient store stays alive through the update, as in
+    /// [`TrainLoop`](crate::TrainLoop) (with
+    /// [`graph_through_update`](ModelProbe::graph_through_update), the loss
+    /// too, as in `optimizer.backward_step(&loss)`). Variables the forward
+    /// pass writes are put back after it.
+    fn step(&mut self, batch: usize) -> Result<()> {
+        self.restoring(|probe| probe.plain_step(batch))
+    }
+
+    /// A micro-step after the first of an accumulating optimizer step: the
+    /// accumulator (one gradient per variable) held throughout, this
+    /// micro-step's gradients added to it, and the update computed from the sum.
+    fn accumulating_step(&mut self, batch: usize) -> Result<()> {
+        self.restoring(|probe| probe.accumulating_micro_step(batch))
+    }
+
+    fn can_accumulate(&self) -> bool {
+        self.loss.computes_gradients()
+    }
+
+    fn graph_tensors(&self) -> Option<Vec<GraphTensor>> {
+        self.graph_tensors.clone()
+    }
+
+    fn diagnose(&mut self) -> Vec<Warning> {
+        if self.graph_recorded {
+            return vec![Warning::GraphRecorded];
+        }
+        let mut warnings = Vec::new();
+        if let Some(missing) = self.missing.as_ref().filter(|m| !m.is_empty()) {
+            let of = self.vars.iter().filter(|(_, var)| var.dtype().is_float()).count();
+            warnings.push(Warning::MissingGradients { variables: missing.clone(), of });
+        }
+        // the tuner keeps them in the plan's memory, and warns where they outweigh the trained ones
+        if let Some(UntrainedGradients { tensors, bytes, trained_bytes }) = self.untrained.filter(|u| u.bytes > 0) {
+            warnings.push(Warning::UntrainedGradients { tensors, bytes, trained_bytes });
+        }
+        warnings
+    }
+
+    /// Frees the optimizer's state (a dry optimizer this probe built: the
+    /// moments of [`adamw`](ModelProbe::adamw), [`lion`](ModelProbe::lion),
+    /// [`adafactor`](ModelProbe::adafactor), [`adamw8bit`](ModelProbe::adamw8bit));
+    /// the next step builds it again, as it was (a probe never steps it).
+    fn free_training_state(&mut self) -> u64 {
+        match &mut self.update {
+            Update::Dry { optimizer, rebuild: Some(_), .. } => optimizer.take().map_or(0, |o| o.state_bytes()),
+            Update::Dry { optimizer: Some(optimizer), rebuild: None, .. } => optimizer.free_state(),
+            _ => 0,
+        }
+    }
+
+    fn tuning_finished(&mut self) {
+        if let Some(reset) = &mut self.reset
+            && let Err(err) = reset()
+        {
+            log::warn!("the reset after tuning failed: {}", crate::error::candle_message(&err));
+        }
+    }
+
+    fn cache_key(&self) -> Option<CacheKey> {
+        let step =
+            if self.loss.computes_gradients() { self.optimizer_name() } else { "none (forward only)".to_owned() };
+        let key = self.key.clone().param("optimizer", step);
+        // what the update holds besides the variables' gradients, when more than TrainLoop does
+        Some(match (self.graph_through_update, self.grad_store_through_update) {
+            (true, _) => key.param("held through the update", "loss, graph and gradient store"),
+            (false, true) => key.param("held through the update", "gradient store"),
+            (false, false) => key,
+        })
+    }
+
+    fn profile(&self) -> Option<TrainingSetup> {
+        if !self.loss.computes_gradients() {
+            // no training state to advise on
+            return None;
+        }
+        let optimizer = match &self.update {
+            Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
+            Update::Dry { kind, .. } => (*kind)?,
+            // its state is not known from outside
+            Update::General { .. } => return None,
+        };
+        let floats = || self.vars.iter().map(|(_, var)| var).filter(|var| var.dtype().is_float());
+        let parameters = floats().map(|var| var.elem_count() as u64).sum();
+        let mixed = match &self.update {
+            Update::Dry { master_weights, .. } => *master_weights,
+            _ => false,
+        };
+        let precision = match floats().next().map(|var| var.dtype()) {
+            Some(DType::BF16 | DType::F16) if mixed => Precision::Mixed,
+            Some(DType::BF16 | DType::F16) => Precision::Bf16,
+            _ => Precision::Fp32,
+        };
+        let largest = floats().map(|var| var.elem_count() as u64).max().unwrap_or(0);
+        Some(TrainingSetup::new(parameters, precision, optimizer).largest_variable(largest))
+    }
+}
+
+impl<L> std::fmt::Debug for ModelProbe<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelProbe").field("variables", &self.vars.len()).field("missing", &self.missing).finish()
+    }
+}

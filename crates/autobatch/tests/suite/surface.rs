@@ -1,0 +1,230 @@
+//! The public surface is what a user calls, each item at one path: a module
+//! that is public exports only what is not exported elsewhere (the crate's
+//! root re-exports what most users need; `autobatch::search`, `model`,
+//! `optim`, `estimate`, … hold the rest). Read from the source, as
+//! `tests/suite/layering.rs` reads the house.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The file of module `path` (`""` is the crate root).
+fn file_of(path: &str) -> Option<PathBuf> {
+    if path.is_empty() {
+        return Some(src().join("lib.rs"));
+    }
+    let relative = path.replace("::", "/");
+    [src().join(format!("{relative}.rs")), src().join(relative).join("mod.rs")].into_iter().find(|file| file.exists())
+}
+
+/// Top-level statements of `text`: its lines at column 0, a statement running
+/// on to its `;` or `{`, with comments and attributes left out, each with the
+/// feature a `#[cfg(feature = "…")]` just above it puts it behind.
+fn statements(text: &str) -> Vec<(String, Option<String>)> {
+    let mut statements = Vec::new();
+    let mut current: Option<String> = None;
+    let mut feature: Option<String> = None;
+    let mut gate: Option<String> = None;
+    for line in text.lines() {
+        if let Some(statement) = &mut current {
+            statement.push(' ');
+            statement.push_str(line.trim());
+        } else if line.starts_with("pub ") {
+            current = Some(line.to_owned());
+            gate = feature.take();
+        } else if let Some(rest) = line.strip_prefix("#[cfg(feature = \"") {
+            feature = rest.split('"').next().map(str::to_owned);
+        } else if !line.starts_with("#[") && !line.trim_start().starts_with("//") {
+            feature = None;
+        }
+        if current.as_ref().is_some_and(|s| s.contains(';') || s.contains('{') && !s.starts_with("pub use")) {
+            statements.push((current.take().unwrap(), gate.take()));
+        }
+    }
+    statements
+}
+
+/// The names a `pub use a::{b, c as d, e::f};` statement makes public.
+fn used_names(statement: &str) -> Vec<String> {
+    let body = statement.trim_start_matches("pub use ").trim_end_matches(';');
+    let inner = match (body.find('{'), body.rfind('}')) {
+        (Some(open), Some(close)) => &body[open + 1..close],
+        _ => body,
+    };
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty() && !part.ends_with('*'))
+        .map(|part| {
+            let part = part.rsplit(" as ").next().unwrap();
+            part.rsplit("::").next().unwrap().trim().to_owned()
+        })
+        .collect()
+}
+
+/// Where a public item can be named from: the module, and the feature (if
+/// any) that the item or a module above it is behind.
+#[derive(Clone, Debug)]
+struct At {
+    module: String,
+    feature: Option<String>,
+}
+
+/// Every public item's name and the public modules it can be named from.
+fn public_paths() -> BTreeMap<String, Vec<At>> {
+    let mut paths: BTreeMap<String, Vec<At>> = BTreeMap::new();
+    let mut modules = vec![At { module: String::new(), feature: None }];
+    while let Some(At { module, feature: module_feature }) = modules.pop() {
+        let text = std::fs::read_to_string(file_of(&module).unwrap()).unwrap();
+        for (statement, gate) in statements(&text) {
+            let feature = module_feature.clone().or(gate);
+            let words: Vec<&str> = statement.split_whitespace().collect();
+            match words.get(1).copied() {
+                Some("mod") => {
+                    let name = words[2].trim_end_matches(';');
+                    let path = if module.is_empty() { name.to_owned() } else { format!("{module}::{name}") };
+                    modules.push(At { module: path, feature });
+                }
+                Some("use") => {
+                    for name in used_names(&statement) {
+                        paths.entry(name).or_default().push(At { module: module.clone(), feature: feature.clone() });
+                    }
+                }
+                Some("struct" | "enum" | "trait" | "fn" | "type" | "const" | "static") => {
+                    let name: String = words[2].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    paths.entry(name).or_default().push(At { module: module.clone(), feature });
+                }
+                _ => {}
+            }
+        }
+    }
+    paths
+}
+
+#[test]
+fn every_public_item_has_one_path() {
+    let paths = public_paths();
+    assert!(paths.contains_key("Tuner") && paths.contains_key("Split"), "the walk found no items: {paths:?}");
+    // two items of one name, as candle-nn has them: the fused op's function
+    // (`candle_nn::ops::layer_norm`) and the layer's constructor (`candle_nn::layer_norm`)
+    let mirrors_candle = |name: &str, modules: &[At]| {
+        let mut at: Vec<&str> = modules.iter().map(|at| at.module.as_str()).collect();
+        at.sort_unstable();
+        ["layer_norm", "rms_norm"].contains(&name) && at == ["models::ops", "models::ops::nn"]
+    };
+    let twice: Vec<String> = paths
+        .iter()
+        .filter(|(name, modules)| modules.len() > 1 && !mirrors_candle(name, modules))
+        .map(|(name, modules)| {
+            let at: Vec<String> =
+                modules
+                    .iter()
+                    .map(|at| {
+                        if at.module.is_empty() { "autobatch".to_owned() } else { format!("autobatch::{}", at.module) }
+                    })
+                    .collect();
+            format!("{name} at {}", at.join(" and "))
+        })
+        .collect();
+    assert!(twice.is_empty(), "items public at two paths:\n{}", twice.join("\n"));
+}
+
+/// A plan says its split once: its numbers are accessors over `Plan::split`,
+/// not fields that restate it (they were 27; at most 14 leave room to grow).
+#[test]
+fn a_plan_keeps_few_public_fields() {
+    let text = std::fs::read_to_string(src().join("plan/mod.rs")).unwrap();
+    let start = text.find("pub struct Plan {").expect("Plan is in plan/mod.rs");
+    let body = &text[start..start + text[start..].find("\n}\n").unwrap()];
+    let fields: Vec<&str> = body.lines().filter(|line| line.starts_with("    pub ")).collect();
+    assert!(fields.len() >= 10 && fields.iter().any(|f| f.contains("pub split: Split")), "{fields:?}");
+    assert!(fields.len() <= 14, "Plan has {} public fields:\n{}", fields.len(), fields.join("\n"));
+}
+
+/// The features every user gets: their items count with the rest.
+const DEFAULT_FEATURES: [&str; 0] = [];
+
+/// This crate's surface (the models are a crate of their own,
+/// `autobatch-models`) is counted, so that it only shrinks: at most 84 items
+/// a default build makes public (issue 32's bound, 80, reached; raised on
+/// purpose by issue 51's serving probe: ServeProbe, ServePlan, ServeTrial,
+/// Server; and by issue 50's typed settings, SettingName, and the named
+/// GraphTensor where a bare `(u64, DType)` had been traded for a lower count). Items behind an opt-in feature (the CUDA meter, the NCCL
+/// collective, the simulated devices for tests) are counted apart. Lower a
+/// bound as items leave it; an item added has to push another out, or raise
+/// it on purpose.
+#[test]
+fn the_public_surface_does_not_grow() {
+    // 87: `Search`, raised on purpose: the four searches that were methods of
+    // `Tuner` (run_with_eval, run_distributed, run_sizes, run_longest) are
+    // one search with options
+    const MOST: usize = 87;
+    const MOST_BEHIND_FEATURES: usize = 9;
+    let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());
+    for (name, places) in public_paths() {
+        let Some(at) = places.first() else { continue };
+        match &at.feature {
+            Some(feature) if !DEFAULT_FEATURES.contains(&feature.as_str()) => {
+                opted_in.push(format!("{name} ({feature})"));
+            }
+            _ => everyone.push(name),
+        }
+    }
+    println!("{} public items, and {} behind opt-in features", everyone.len(), opted_in.len());
+    assert!(everyone.len() <= MOST, "{} public items (at most {MOST}):\n{}", everyone.len(), everyone.join(" "));
+    assert!(
+        opted_in.len() <= MOST_BEHIND_FEATURES,
+        "{} public items behind opt-in features (at most {MOST_BEHIND_FEATURES}):\n{}",
+        opted_in.len(),
+        opted_in.join(" ")
+    );
+    let simulated = opted_in.iter().filter(|item| item.ends_with("(simulation)")).count();
+    let cuda = opted_in.iter().filter(|item| item.ends_with("(cuda)") || item.ends_with("(nccl)")).count();
+    assert!(simulated >= 7 && cuda == 2, "the walk lost the feature gates: {opted_in:?}");
+}
+
+/// What rustdoc shows beside the items: the methods (`pub fn` in an `impl`)
+/// and the public fields, read from the source with the test modules left
+/// out. A private type's are counted too, so this is a bound on rustdoc's
+/// figure, not the figure; like the item count it is lowered as methods and
+/// fields leave, and raised only on purpose.
+#[test]
+fn the_public_methods_and_fields_do_not_grow() {
+    const MOST_METHODS: usize = 311;
+    const MOST_FIELDS: usize = 193;
+    let (mut methods, mut fields) = (0, 0);
+    let mut folders = vec![src()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(&text);
+            for line in code.lines() {
+                let indented = line.starts_with(' ');
+                let rest = line.trim_start();
+                if indented && rest.starts_with("pub fn ") {
+                    methods += 1;
+                }
+                let field = rest.strip_prefix("pub ").and_then(|rest| rest.split_once(": "));
+                if indented
+                    && field.is_some_and(|(name, _)| {
+                        name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    })
+                {
+                    fields += 1;
+                }
+            }
+        }
+    }
+    println!("{methods} public methods, {fields} public fields");
+    assert!(methods <= MOST_METHODS, "{methods} public methods (at most {MOST_METHODS})");
+    assert!(fields <= MOST_FIELDS, "{fields} public fields (at most {MOST_FIELDS})");
+    assert!(methods > MOST_METHODS / 2 && fields > MOST_FIELDS / 2, "the count lost its way: {methods}, {fields}");
+}
