@@ -655,7 +655,13 @@ fn what_would_help(batch: usize, size: Option<usize>, smaller_batch: Option<usiz
                 None => remedy.to_string(),
             })
             .collect();
-        let _ = write!(help, "; what would help, each alone (estimated from the measurement): {}", advice.join("; "));
+        let measured = remedies.iter().filter(|remedy| remedy.measured).count();
+        let how = match measured {
+            0 => "estimated from the measurement".to_owned(),
+            all if all == remedies.len() => format!("each run at batch {batch}"),
+            _ => format!("run at batch {batch} where measured, else estimated"),
+        };
+        let _ = write!(help, "; what would help, each alone ({how}): {}", advice.join("; "));
     }
     help
 }

@@ -244,20 +244,37 @@ pub struct ConfigArgs {
     pub base_dtype: Option<BaseDtype>,
     /// How attention is computed. blocked: in blocks with an online
     /// softmax, the scores recomputed in the backward pass (as SDPA or
-    /// FlashAttention-2); eager: the scores made whole and kept.
-    #[arg(long, value_parser = choice::<Attention>(), default_value = "blocked", requires = "config")]
-    pub attention: Attention,
+    /// FlashAttention-2); eager: the scores made whole and kept [default: blocked].
+    #[arg(long, value_parser = choice::<Attention>(), requires = "config")]
+    pub attention: Option<Attention>,
     /// How the head and the loss are computed. chunked: fused in chunks of
     /// tokens, the logits never whole (as Liger Kernel's fused loss); full:
-    /// every position's logits made whole.
-    #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config")]
-    pub loss: Loss,
+    /// every position's logits made whole [default: chunked].
+    #[arg(long, value_parser = choice::<Loss>(), requires = "config")]
+    pub loss: Option<Loss>,
     /// How norms, rotary positions, activations and projections are
     /// computed. fused: each one node that keeps its inputs and output
     /// (what PyTorch keeps, or less); eager: written as candle ops, every
-    /// intermediate kept.
-    #[arg(long, value_parser = choice::<Ops>(), default_value = "fused", requires = "config")]
-    pub ops: Ops,
+    /// intermediate kept [default: fused].
+    #[arg(long, value_parser = choice::<Ops>(), requires = "config")]
+    pub ops: Option<Ops>,
+}
+
+impl ConfigArgs {
+    /// The flags that apply only to a config's model, and whether each was
+    /// given: clap's `requires = "config"` does not hold them when `--model`
+    /// (which conflicts with `--config`) is given, so they are checked by hand.
+    pub fn config_only_flags(&self) -> [(&'static str, bool); 7] {
+        [
+            ("--lora", self.lora.is_some()),
+            ("--lora-alpha", self.lora_alpha.is_some()),
+            ("--lora-targets", !self.lora_targets.is_empty()),
+            ("--base-dtype", self.base_dtype.is_some()),
+            ("--attention", self.attention.is_some()),
+            ("--loss", self.loss.is_some()),
+            ("--ops", self.ops.is_some()),
+        ]
+    }
 }
 
 /// Where the search runs and how it tries batches.
@@ -319,7 +336,7 @@ pub struct PlanningArgs {
     #[arg(long, default_value_t = Count::ONE)]
     pub world_size: Count,
     /// Fail instead of rounding the effective batch up when no split hits the target.
-    #[arg(long)]
+    #[arg(long, requires = "target_effective_batch")]
     pub exact: bool,
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
@@ -553,6 +570,32 @@ pub struct StepArgs {
     pub ops: Ops,
 }
 
+/// The flags `estimate --serve` does not read: each says how training runs
+/// (its state, its sharding, its activations, its step), or sizes what the
+/// config already sizes; serving is sized by the serving flags alone.
+const SERVE_IGNORES: [&str; 20] = [
+    "params",
+    "lora",
+    "lora_targets",
+    "base_dtype",
+    "batch",
+    "seq_len",
+    "layers",
+    "activations",
+    "recompute",
+    "target_effective_batch",
+    "dtype",
+    "optimizer",
+    "mixed_precision",
+    "zero",
+    "ranks",
+    "tensor_parallel",
+    "attention",
+    "loss",
+    "ops",
+    "which_gpus",
+];
+
 /// Serving instead of training, counted.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Serving")]
@@ -561,7 +604,7 @@ pub struct ServingCountArgs {
     /// bytes per token and per sequence, the worst step's own bytes, and with
     /// --capacity the sequences of --max-model-len it holds under --ceiling,
     /// beside what vLLM's formula gives for the same settings.
-    #[arg(long, requires = "config", conflicts_with_all = ["params", "lora", "batch", "seq_len", "target_effective_batch"])]
+    #[arg(long, requires = "config", conflicts_with_all = SERVE_IGNORES)]
     pub serve: bool,
     /// With --serve: count for `serve --device cpu` (the CPU heap, where
     /// candle's matmul widens a bf16 weight to f32 for the product) rather

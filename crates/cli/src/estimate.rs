@@ -3,6 +3,7 @@
 //! make it. Counted first ([`Estimate::of`]), then said ([`Estimate::print`],
 //! [`Estimate::json`]).
 
+use crate::output::outln;
 use autobatch::Bytes;
 use autobatch::estimate::{
     Accelerator, Change, Precision, Recompute, Remedy, Sharding, StaticMemory, TrainingSetup, TransformerShape,
@@ -30,6 +31,10 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
             args.json,
         );
     }
+    if args.serving.on_cpu {
+        // a flag's `requires` of a switch (`--serve`, false by default) is always met in clap
+        return Err(Failure::usage("--on-cpu counts serving on the CPU heap: add --serve"));
+    }
     if args.serving.settings != crate::args::ServingArgs::default() {
         return Err(Failure::usage(
             "--max-model-len, --max-num-batched-tokens, --block-size, --weights and --kv-cache-dtype count serving: add --serve",
@@ -37,7 +42,7 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
     }
     let estimate = Estimate::of(args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&estimate.json()).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&estimate.json()).expect("plain values serialize"));
     } else {
         estimate.print();
     }
@@ -211,7 +216,7 @@ impl Estimate {
             None if self.activations > 0 => String::new(),
             None => ", before activations".to_owned(),
         };
-        println!(
+        outln!(
             "training state of {:.3e} parameters ({}, {} optimizer){}{at}",
             self.parameters,
             setup.precision.name(),
@@ -219,21 +224,17 @@ impl Estimate {
             describe_sharding(&setup.sharding),
         );
         if let Some(step) = &self.step {
-            println!("  {}", step.describe());
+            outln!("  {}", step.describe());
         }
         let Some(model) = &self.model else { return };
         if let Some(of) = model.layers_of_config {
-            println!(
+            outln!(
                 "  a copy of the config with {} of its {of} layers (--layers): parameters and activations",
                 model.config.layers
             );
         }
         if let Some(lora) = &model.lora {
-            println!(
-                "  {}: {} frozen parameters",
-                model.config.describe(&lora.training),
-                model.config.parameter_count()
-            );
+            outln!("  {}: {} frozen parameters", model.config.describe(&lora.training), model.config.parameter_count());
         }
     }
 
@@ -255,12 +256,12 @@ impl Estimate {
         if let (Some(model), frozen @ 1..) = (&self.model, self.frozen_bytes()) {
             // per frozen parameter: the base's own dtype
             let per_frozen = frozen as f64 / model.config.parameter_count() as f64;
-            println!("  {:<17} {:>10}  {per_frozen:>6.2} B/frozen param", "frozen base", Bytes(frozen).decimal());
+            outln!("  {:<17} {:>10}  {per_frozen:>6.2} B/frozen param", "frozen base", Bytes(frozen).decimal());
         }
         rows.push(("total", self.total));
         for (name, bytes) in rows {
             let per_parameter = bytes as f64 / self.parameters as f64;
-            println!("  {name:<17} {:>10}  {per_parameter:>6.2} B/param", Bytes(bytes).decimal());
+            outln!("  {name:<17} {:>10}  {per_parameter:>6.2} B/param", Bytes(bytes).decimal());
         }
     }
 
@@ -279,16 +280,16 @@ impl Estimate {
             None => (capacity, format!("in {device}")),
         };
         if self.total <= room {
-            println!("fits {under}, with {} to spare", Bytes(room - self.total).decimal());
+            outln!("fits {under}, with {} to spare", Bytes(room - self.total).decimal());
             return;
         }
-        println!("does not fit {under}: {} over", Bytes(self.total - room).decimal());
+        outln!("does not fit {under}: {} over", Bytes(self.total - room).decimal());
         if self.advice.is_empty() {
-            println!("no single change considered here makes it fit");
+            outln!("no single change considered here makes it fit");
         } else {
-            println!("changes, each alone (the flag that applies it):");
+            outln!("changes, each alone (the flag that applies it):");
             for remedy in &self.advice {
-                println!("  {} ({})", remedy.decimal(), change_flag(&remedy.change));
+                outln!("  {} ({})", remedy.decimal(), change_flag(&remedy.change));
             }
         }
     }
@@ -296,17 +297,17 @@ impl Estimate {
     /// A config's step on the device: the largest batch, the target's split.
     fn print_fit(&self, fit: &Fit, device: &str) {
         match fit.largest_batch {
-            0 => println!(
+            0 => outln!(
                 "largest batch under {} of {device}: none ({} held whatever the batch and {} a sample, against {})",
                 fit.ceiling,
                 Bytes(fit.fixed_bytes).decimal(),
                 Bytes(self.step.as_ref().map_or(0, |step| step.bytes_per_sample)).decimal(),
                 Bytes(fit.limit_bytes).decimal()
             ),
-            largest => println!("largest batch under {} of {device}: {largest}", fit.ceiling),
+            largest => outln!("largest batch under {} of {device}: {largest}", fit.ceiling),
         }
         if let Some(split) = &fit.split {
-            println!("plan: {split}");
+            outln!("plan: {split}");
         }
     }
 }
@@ -464,12 +465,12 @@ fn print_which_gpus(total: u64) {
     let fitting: Vec<&str> =
         Accelerator::ALL.iter().filter(|card| total <= card.memory_bytes).map(|card| card.name).collect();
     if fitting.is_empty() {
-        println!(
+        outln!(
             "fits on none of the named cards (the largest reports {})",
             Bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
         );
     } else {
-        println!("fits on: {}", fitting.join(", "));
+        outln!("fits on: {}", fitting.join(", "));
     }
     for card in Accelerator::ALL {
         let verdict = if total <= card.memory_bytes {
@@ -477,7 +478,7 @@ fn print_which_gpus(total: u64) {
         } else {
             format!("{} over", Bytes(total - card.memory_bytes).decimal())
         };
-        println!("  {:<10} {:>10}  {:<30} {verdict}", card.name, Bytes(card.memory_bytes), card.description);
+        outln!("  {:<10} {:>10}  {:<30} {verdict}", card.name, Bytes(card.memory_bytes), card.description);
     }
 }
 

@@ -233,6 +233,9 @@ fn conflict(err: &clap::Error) -> Option<String> {
         Some(said.split([' ', '=']).next().unwrap_or(said).to_owned())
     };
     let (later, earlier) = (flag(ContextKind::InvalidArg)?, flag(ContextKind::PriorArg)?);
+    if later == earlier {
+        return Some(format!("{later} is given twice: give it once"));
+    }
     let (other, flag, why) = match (why_alone(&later), why_alone(&earlier)) {
         (_, Some(why)) => (later, earlier, why),
         (Some(why), None) => (earlier, later, why),
@@ -250,6 +253,9 @@ fn why_alone(flag: &str) -> Option<&'static str> {
         "--config" => "whose config.json sizes the model (--layers, --seq-len and --seq-lens do apply)",
         "--params" => "which counts parameters alone (--config counts a model's step)",
         "--mixed-precision" => "which keeps bf16 weights and gradients with f32 master weights",
+        "--serve" => {
+            "which counts serving (the KV caches and a forward step, sized by the serving flags), not training"
+        }
         _ => return None,
     })
 }

@@ -7,6 +7,7 @@ mod estimate;
 mod failure;
 mod limits;
 mod model;
+mod output;
 mod parse;
 mod paths;
 mod plan;
@@ -21,6 +22,7 @@ use std::process::ExitCode;
 
 use args::{Cli, Command};
 use failure::{Failure, clap_message};
+use output::errln;
 
 // The CPU meter counts the heap through this allocator.
 #[global_allocator]
@@ -33,16 +35,18 @@ fn main() -> ExitCode {
         Err(err) => {
             use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
             if matches!(err.kind(), DisplayHelp | DisplayVersion) {
-                let _ = err.print();
-                return ExitCode::SUCCESS;
+                return match err.print().and_then(|()| std::io::Write::flush(&mut std::io::stdout())) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(write) => report(Failure::runtime(output::said(output::Stream::Stdout, &write))),
+                };
             }
-            eprintln!("error: {}", clap_message(&err));
+            errln!("error: {}", clap_message(&err));
             return ExitCode::from(2);
         }
     };
     init_logging(cli.verbose);
     progress::exit_cleanly_on_interrupt();
-    let result = match &cli.command {
+    let answered = match &cli.command {
         // no command: `autobatch probe` with the flags given
         None => probe::run(&cli.probe),
         Some(Command::Probe(args)) => probe::run(args),
@@ -50,7 +54,8 @@ fn main() -> ExitCode {
         Some(Command::Plan(args)) => plan::run(args),
         Some(Command::Serve(args)) => serve::run(args),
     };
-    match result {
+    // a command that failed says why; one whose answer could not be written, that
+    match answered.and_then(|()| output::check()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => report(failure),
     }
@@ -58,7 +63,7 @@ fn main() -> ExitCode {
 
 /// A reader that stops reading (`autobatch probe | head -1`) ends the process
 /// as it ends any Unix tool: by SIGPIPE, quietly. Rust ignores the signal, so
-/// a write to the closed pipe would fail, and `println!` panic.
+/// a write to the closed pipe would fail (see `output`).
 fn end_quietly_on_a_closed_pipe() {
     #[cfg(unix)]
     // SAFETY: at the start of main, before any thread exists: setting a
@@ -69,7 +74,8 @@ fn end_quietly_on_a_closed_pipe() {
 }
 
 fn report(failure: Failure) -> ExitCode {
-    eprintln!("error: {}", failure.message);
+    // where stderr cannot take the line either, the exit code alone says it
+    errln!("error: {}", failure.message);
     failure.exit_code()
 }
 

@@ -61,9 +61,9 @@ impl ModelConfig {
         let mut training = models::Training::new(seq_len);
         training.seed = args.model.seed;
         training.checkpointing = args.model.checkpointing;
-        training.attention = args.config.attention;
-        training.loss = args.config.loss;
-        training.ops = args.config.ops;
+        training.attention = args.config.attention.unwrap_or(training.attention);
+        training.loss = args.config.loss.unwrap_or(training.loss);
+        training.ops = args.config.ops.unwrap_or(training.ops);
         if args.model.checkpointing && config.family == models::Family::Bert {
             return Err(Failure::usage(format!(
                 "--config {}: --checkpointing checkpoints a decoder's layers (llama, mistral, qwen2, qwen3, gpt2), not BERT's",
@@ -266,6 +266,21 @@ impl ModelConfig {
                 }
                 ModelConfig::FromConfig(Box::new((spec.0.clone(), training)))
             }
+        }
+    }
+
+    /// The same model at sequences of `seq_len` tokens, where it has a length
+    /// (and `seq_len` is within its positions).
+    pub(crate) fn with_seq_len(&self, seq_len: usize) -> Option<ModelConfig> {
+        match self {
+            ModelConfig::Transformer(c) => Some(ModelConfig::Transformer(TransformerConfig { seq_len, ..c.clone() })),
+            ModelConfig::FromConfig(spec) => {
+                let (config, training) = spec.as_ref();
+                config.check_seq_len(seq_len).ok()?;
+                let training = models::Training { seq_len, ..training.clone() };
+                Some(ModelConfig::FromConfig(Box::new((config.clone(), training))))
+            }
+            ModelConfig::Mlp(_) | ModelConfig::ConvNet(_) => None,
         }
     }
 

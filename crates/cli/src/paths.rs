@@ -1,51 +1,97 @@
-//! The files `probe` reads and writes (`--cache`, `--plot`), checked before
-//! the first trial: a probe that runs for minutes must not fail at its end
-//! because its chart cannot be written, block on a named pipe, or write its
-//! chart over its cache.
+//! The files the tool writes (`--cache`, `--plot`), checked before the first
+//! trial by one rule, whatever the command: a probe that runs for minutes
+//! must not fail at its end because its chart cannot be written, block on a
+//! named pipe, or write over a file it did not write.
+//!
+//! The rule, for every file written:
+//! - never through a symbolic link (the file named is the file written);
+//! - never onto an input (`--config`) or onto another output;
+//! - a regular file, in a folder that exists and can be written (no folder is
+//!   made: a typo in a folder is said, not created);
+//! - an existing file only when it is the tool's own: a chart the tool wrote
+//!   (its first line is [`CHART_MARK`]), a plan cache (the library reads it,
+//!   and leaves a file that is not one alone, saying so); a chart is replaced
+//!   whole ([`write_replacing`]), never half-written.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::args::ProbeArgs;
 use crate::failure::Failure;
 
-/// Checks `--cache` and `--plot`: each names a regular file or a new one in a
-/// folder that can be written, and not the same file as the other.
+/// The first line of every chart the tool writes: what tells a chart of ours,
+/// which `--plot` may replace, from a file it must not.
+pub const CHART_MARK: &str = "<!-- a chart written by autobatch: a later chart may replace this file -->";
+
+/// What a file written is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// `--plot`: an SVG chart.
+    Chart,
+    /// `--cache`: the plan cache.
+    Cache,
+}
+
+/// `probe`'s files: `--cache` and `--plot`, against `--config`.
 pub fn check(args: &ProbeArgs) -> Result<(), Failure> {
-    if let Some(path) = &args.output.plot {
-        check_plot(path)?;
-    }
+    let mut outputs = Vec::new();
     if let Some(path) = &args.plan.cache {
-        // the cache makes its folders
-        writable("--cache", path, true)?;
+        outputs.push(("--cache", path.as_path(), Kind::Cache));
     }
-    if let (Some(cache), Some(plot)) = (&args.plan.cache, &args.output.plot)
-        && same_file(cache, plot)
-    {
-        return Err(Failure::usage(format!(
-            "--cache {} and --plot {} name the same file: the chart would be written over the cache; give \
-                 each its own file",
-            cache.display(),
-            plot.display()
-        )));
+    if let Some(path) = &args.output.plot {
+        outputs.push(("--plot", path.as_path(), Kind::Chart));
+    }
+    let inputs: Vec<(&str, &Path)> = args.config.path.iter().map(|path| ("--config", path.as_path())).collect();
+    check_files(&inputs, &outputs)
+}
+
+/// `serve --plot`, against `serve --config`.
+pub fn check_serve(config: &Path, plot: &Path) -> Result<(), Failure> {
+    check_files(&[("--config", config)], &[("--plot", plot, Kind::Chart)])
+}
+
+fn check_files(inputs: &[(&str, &Path)], outputs: &[(&str, &Path, Kind)]) -> Result<(), Failure> {
+    for (i, &(flag, path, _)) in outputs.iter().enumerate() {
+        for &(other, other_path, _) in &outputs[..i] {
+            if same_file(path, other_path) {
+                return Err(Failure::usage(format!(
+                    "{other} {} and {flag} {} name the same file: one would be written over the other; give \
+                     each its own file",
+                    other_path.display(),
+                    path.display()
+                )));
+            }
+        }
+        for &(input, input_path) in inputs {
+            if same_file(path, input_path) {
+                return Err(Failure::usage(format!(
+                    "{flag} {} is the file {input} reads: the tool never writes over its input; name another file",
+                    path.display()
+                )));
+            }
+        }
+    }
+    for &(flag, path, kind) in outputs {
+        writable(flag, path, kind)?;
     }
     Ok(())
 }
 
-/// `--plot`: an SVG file that can be written.
-pub fn check_plot(path: &Path) -> Result<(), Failure> {
-    let is_svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    if !is_svg {
-        return Err(Failure::usage(format!("--plot {}: the chart is SVG; name a .svg file", path.display())));
-    }
-    writable("--plot", path, false)
-}
-
-/// `path` is a regular file this process may write, or a new file in an
-/// existing folder it may write in (tried with a file of its own, removed);
-/// with `makes_folders`, in a folder that can be made in the nearest one that
-/// exists.
-fn writable(flag: &str, path: &Path, makes_folders: bool) -> Result<(), Failure> {
+/// `path` can take the file `kind` is, by the rule above.
+fn writable(flag: &str, path: &Path, kind: Kind) -> Result<(), Failure> {
     let refuse = |why: String| Failure::usage(format!("{flag} {}: {why}", path.display()));
+    if kind == Kind::Chart {
+        let is_svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+        if !is_svg {
+            return Err(refuse("the chart is SVG; name a .svg file".to_owned()));
+        }
+    }
+    if let Ok(target) = std::fs::read_link(path) {
+        return Err(refuse(format!(
+            "is a symbolic link (to {}): the tool writes the file named, never through a link; name the file itself",
+            target.display()
+        )));
+    }
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => return Err(refuse("is a folder; name a file in it".to_owned())),
         Ok(meta) if !meta.is_file() => {
@@ -53,23 +99,22 @@ fn writable(flag: &str, path: &Path, makes_folders: bool) -> Result<(), Failure>
         }
         Ok(meta) if meta.permissions().readonly() => return Err(refuse("is read-only".to_owned())),
         Ok(_) => {
+            if kind == Kind::Chart && !is_our_chart(path) {
+                return Err(refuse(
+                    "exists and is not a chart autobatch wrote: name a new file, or remove this one first".to_owned(),
+                ));
+            }
             // opened for writing without truncating: the file stays as it is
-            return std::fs::OpenOptions::new()
+            std::fs::OpenOptions::new()
                 .append(true)
                 .open(path)
-                .map(drop)
-                .map_err(|err| refuse(format!("cannot be written: {err}")));
+                .map_err(|err| refuse(format!("cannot be written: {err}")))?;
         }
         Err(_) => {}
     }
-    let mut folder = folder_of(path);
-    if makes_folders {
-        while !folder.exists() && folder_of(folder) != folder {
-            folder = folder_of(folder);
-        }
-    }
+    let folder = folder_of(path);
     if !folder.is_dir() {
-        return Err(refuse(format!("the folder {} does not exist", folder.display())));
+        return Err(refuse(format!("the folder {} does not exist; make it first", folder.display())));
     }
     let trial = folder.join(format!(".autobatch-write-check-{}", std::process::id()));
     match std::fs::OpenOptions::new().write(true).create_new(true).open(&trial) {
@@ -79,6 +124,31 @@ fn writable(flag: &str, path: &Path, makes_folders: bool) -> Result<(), Failure>
             Ok(())
         }
         Err(err) => Err(refuse(format!("no file can be written in {}: {err}", folder.display()))),
+    }
+}
+
+/// Whether the file at `path` starts with [`CHART_MARK`].
+fn is_our_chart(path: &Path) -> bool {
+    let mut start = vec![0; CHART_MARK.len()];
+    std::fs::File::open(path).and_then(|mut file| file.read_exact(&mut start)).is_ok() && start == CHART_MARK.as_bytes()
+}
+
+/// Writes `bytes` as the file `path`, whole: into a new file beside it, then
+/// renamed over it (a link at `path` is replaced, not followed), so that a
+/// reader never sees half a chart and a failed write leaves the old file.
+pub fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let temporary = folder_of(path).join(format!(".{name}.autobatch-{}.tmp", std::process::id()));
+    let written = std::fs::File::create(&temporary).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&temporary, path)) {
+        Ok(()) => Ok(()),
+        Err(err) => {
+            let _ = std::fs::remove_file(&temporary);
+            Err(err)
+        }
     }
 }
 

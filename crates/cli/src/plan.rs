@@ -1,5 +1,6 @@
 //! `autobatch plan`: the accumulation arithmetic alone, no device.
 
+use crate::output::outln;
 use autobatch::{Accumulation, RankSplit};
 
 use crate::args::PlanArgs;
@@ -13,9 +14,9 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
         None => uneven(args).map(|split| (split.to_string(), serde_json::to_string_pretty(&split)))?,
     };
     if args.json {
-        println!("{}", json.expect("plain values serialize"));
+        outln!("{}", json.expect("plain values serialize"));
     } else {
-        println!("{text}");
+        outln!("{text}");
     }
     Ok(())
 }

@@ -68,6 +68,25 @@ fn failed(path: &Path, err: impl std::fmt::Display) -> Failure {
     Failure::runtime(format!("--plot {}: could not draw the chart: {err}", path.display()))
 }
 
+/// A chart drawn by `draw` into memory, then written to `path` as the tool
+/// writes every file (`paths::write_replacing`): marked as autobatch's, whole
+/// or not at all.
+fn svg_file(
+    path: &Path,
+    size: (u32, u32),
+    draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<(), Failure> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        draw(&root).map_err(|err| failed(path, err))?;
+        root.present().map_err(|err| failed(path, err))?;
+    }
+    let marked = format!("{}\n{svg}", crate::paths::CHART_MARK);
+    crate::paths::write_replacing(path, marked.as_bytes())
+        .map_err(|err| Failure::runtime(format!("--plot {}: could not write the chart: {err}", path.display())))
+}
+
 /// `probe --plot`: every trial's peak against its batch.
 pub fn plan(path: &Path, title: &str, plan: &Plan) -> Result<(), Failure> {
     let line = plan.memory_model.as_ref().map(|model| (model.fixed_bytes, model.bytes_per_sample));
@@ -160,9 +179,7 @@ fn points(trials: &[Trial]) -> Vec<Point> {
 }
 
 fn peaks(path: &Path, chart: PeakChart<'_>) -> Result<(), Failure> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    draw_peaks(&root, &chart).map_err(|err| failed(path, err))?;
-    root.present().map_err(|err| failed(path, err))
+    svg_file(path, SIZE, |root| draw_peaks(root, &chart))
 }
 
 fn draw_peaks(
@@ -314,9 +331,7 @@ fn legend<'a, X: Ranged, Y: Ranged>(
 /// `probe --seq-lens --plot`: the largest batch against the length, verified
 /// and predicted, and the token budget's curve.
 pub fn sizes(path: &Path, title: &str, plan: &SizePlan) -> Result<(), Failure> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    draw_sizes(&root, title, plan).map_err(|err| failed(path, err))?;
-    root.present().map_err(|err| failed(path, err))
+    svg_file(path, SIZE, |root| draw_sizes(root, title, plan))
 }
 
 fn draw_sizes(
@@ -378,9 +393,7 @@ pub struct VariantBar {
 
 /// `probe --compare --plot`: largest batch and bytes per sample per variant.
 pub fn compare(path: &Path, title: &str, variants: &[VariantBar]) -> Result<(), Failure> {
-    let root = SVGBackend::new(path, (SIZE.0 + 240, SIZE.1)).into_drawing_area();
-    draw_compare(&root, title, variants).map_err(|err| failed(path, err))?;
-    root.present().map_err(|err| failed(path, err))
+    svg_file(path, (SIZE.0 + 240, SIZE.1), |root| draw_compare(root, title, variants))
 }
 
 fn draw_compare(
@@ -510,9 +523,7 @@ pub fn serving(
     plan: &autobatch::serve::ServePlan,
     counted: &autobatch_models::ServingBytes,
 ) -> Result<(), Failure> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    draw_serving(&root, title, plan, counted).map_err(|err| failed(path, err))?;
-    root.present().map_err(|err| failed(path, err))
+    svg_file(path, SIZE, |root| draw_serving(root, title, plan, counted))
 }
 
 fn draw_serving(

@@ -10,6 +10,7 @@
 //! peak falls within a frame's bytes of the limit. The spinner here formats
 //! straight into the locked stderr and allocates nothing while a trial runs.
 
+use crate::output::{errln, outln};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -105,9 +106,9 @@ impl Progress {
 
     fn print_row(&self, row: &str) {
         if self.rows_to_stderr {
-            eprintln!("{row}");
+            errln!("{row}");
         } else {
-            println!("{row}");
+            outln!("{row}");
         }
     }
 }

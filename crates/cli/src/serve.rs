@@ -6,12 +6,13 @@ use std::path::Path;
 
 use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
 use autobatch::{Bytes, Ceiling, HeapMeter, MemoryMeter};
-use autobatch_models::{BaseDtype, Config, Serving, ServingBytes, ServingShape};
+use autobatch_models::{BaseDtype, Config, KvCache, Serving, ServingBytes, ServingShape};
 use candle_core::DType;
 use serde_json::json;
 
 use crate::args::{ServeArgs, ServingArgs};
 use crate::failure::{Failure, Flags};
+use crate::output::{out, outln};
 use crate::values::Count;
 
 /// The longest context `serve` takes when `--max-model-len` is not given.
@@ -73,7 +74,7 @@ fn load(path: &Path, flags: &Flags) -> Result<Config, Failure> {
 /// `autobatch serve`: the probe on the CPU (or a GPU).
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     if let Some(path) = &args.plot {
-        crate::paths::check_plot(path)?;
+        crate::paths::check_serve(&args.config, path)?;
     }
     let config = load(&args.config, &Flags::PROBE)?;
     let settled = args.serving.settle(config, &args.config)?;
@@ -116,12 +117,18 @@ fn serve_on<M: MemoryMeter>(
     let counted = config.serving_bytes(shape)?;
     let limit = args.ceiling.limit_bytes(meter.capacity()?);
     let concurrency = args.concurrency.map(Count::get);
-    refuse_before_building(&counted, meter.in_use()?, limit, concurrency)?;
+    let check = args.check.map(Count::get);
+    if let Some(sequences) = check {
+        check_count_is_countable(sequences, &counted)?;
+    }
+    // what the process holds before the model: what the count adds the weights to
+    let held_before = meter.in_use()?;
+    refuse_before_building(config, shape, &counted, held_before, limit, concurrency.or(check))?;
     let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
     let server = Serving::build(config, shape.weights, weights_dtype, device)?;
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
     let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(args.ceiling);
-    if let Some(sequences) = args.check.map(Count::get) {
+    if let Some(sequences) = check {
         let held = meter.in_use()?;
         let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
         return report_check(args, shape, limit, held, &trials);
@@ -132,16 +139,37 @@ fn serve_on<M: MemoryMeter>(
             // the count says where to start: the answer is the same
             let expected = counted.max_sequences(limit, meter.in_use()?.saturating_sub(counted.weight_bytes));
             let slope = (counted.cache_bytes_per_sequence + counted.step_bytes_per_sequence) as f64;
-            probe.expect(expected.max(1), slope).run(&mut server, meter)?
+            probe
+                .expect(expected.max(1), slope)
+                .run(&mut server, meter)
+                .map_err(|err| measured_nothing_fits(err, config, shape, &counted, held_before))?
         }
     };
     report_plan(args, shape, &plan, &counted)
+}
+
+/// `--check N` runs N and N + 1 sequences: both must be counts whose caches
+/// can be counted in bytes at all (a usage error, with the range, if not).
+fn check_count_is_countable(sequences: usize, counted: &ServingBytes) -> Result<(), Failure> {
+    let per_sequence = counted.cache_bytes_per_sequence.saturating_add(counted.step_bytes_per_sequence).max(1);
+    let most = (u64::MAX - counted.weight_bytes) / per_sequence - 1;
+    let most = usize::try_from(most).unwrap_or(usize::MAX - 1);
+    if sequences <= most {
+        return Ok(());
+    }
+    Err(Failure::usage(format!(
+        "--check {sequences}: {sequences} and one more sequences' caches of {} tokens are past what 64 bits of bytes \
+         count; give 1 to {most}",
+        counted.context
+    )))
 }
 
 /// Nothing is built when the count says the weights, the caches of the
 /// fewest sequences asked for and the worst step pass the limit beside what
 /// the process holds: a model of gigabytes is not made to be refused.
 fn refuse_before_building(
+    config: &Config,
+    shape: &ServingShape,
     counted: &ServingBytes,
     held: u64,
     limit: u64,
@@ -154,8 +182,7 @@ fn refuse_before_building(
     }
     Err(Failure::nothing_fits(format!(
         "nothing fits: the weights ({}), {fewest} sequence's cache of {} tokens ({}) and the worst step ({}) beside the \
-         {} the process holds need {}, over the {} limit; a smaller --max-model-len, --weights q4_0, \
-         --kv-cache-dtype int8 or a larger --budget",
+         {} the process holds need {}, over the {} limit; what would help: {}",
         Bytes(counted.weight_bytes),
         counted.context,
         Bytes(counted.cache_bytes_per_sequence.saturating_mul(fewest as u64)),
@@ -163,7 +190,73 @@ fn refuse_before_building(
         Bytes(held),
         Bytes(needed),
         Bytes(limit),
+        advice(config, shape, held, limit, fewest, 0),
     )))
+}
+
+/// The fewest sequences measured over the limit, though the count fit them:
+/// said in serving's words, with advice that leaves room for what the count
+/// missed.
+fn measured_nothing_fits(
+    err: autobatch::Error,
+    config: &Config,
+    shape: &ServingShape,
+    counted: &ServingBytes,
+    held: u64,
+) -> Failure {
+    let autobatch::Error::NothingFits { batch, peak_bytes: Some(peak), limit_bytes, ceiling, capacity_bytes, .. } = err
+    else {
+        return Failure::from(err);
+    };
+    let under_count = peak.saturating_sub(counted.bytes_at(batch, held));
+    Failure::nothing_fits(format!(
+        "nothing fits: {batch} sequence of {} tokens peaked at {} (the count said {}), over the {} limit ({:.0}% of {}); \
+         what would help: {}",
+        shape.context,
+        Bytes(peak),
+        Bytes(counted.bytes_at(batch, held)),
+        Bytes(limit_bytes),
+        ceiling * 100.0,
+        Bytes(capacity_bytes),
+        advice(config, shape, held, limit_bytes, batch, under_count),
+    ))
+}
+
+/// What would make `fewest` sequences fit, each change only where it is not
+/// already set and said with whether the count fits it: the count runs under
+/// a measured step by up to about a sixth of the step's own bytes (what
+/// building the model allocates beside its weights, the step's temporaries),
+/// so a change fits only with a quarter of the step to spare, or with what a
+/// measurement showed the count missed (`under_count`) where that is more.
+fn advice(config: &Config, shape: &ServingShape, held: u64, limit: u64, fewest: usize, under_count: u64) -> String {
+    let fits = |shape: &ServingShape| {
+        config.serving_bytes(shape).is_ok_and(|c| {
+            let room = (c.step_bytes_at(fewest) / 4).max(under_count);
+            c.bytes_at(fewest, held).saturating_add(room) <= limit
+        })
+    };
+    let said = |change: &str, shape: &ServingShape| {
+        format!("{change} ({})", if fits(shape) { "fits by the count, with room" } else { "still over by the count" })
+    };
+    let mut advice = Vec::new();
+    let shorter = |context: usize| ServingShape { context, chunk: shape.chunk.min(context), ..*shape };
+    // the longest context that fits: the count grows with it
+    let (mut fit, mut over) = (0, shape.context);
+    while over - fit > 1 {
+        let middle = fit + (over - fit) / 2;
+        if fits(&shorter(middle)) { fit = middle } else { over = middle }
+    }
+    if fit > 0 {
+        advice.push(format!("--max-model-len {fit} (the longest that fits by the count, with room)"));
+    }
+    if shape.weights != BaseDtype::Q4_0 {
+        advice.push(said("--weights q4_0", &ServingShape { weights: BaseDtype::Q4_0, ..*shape }));
+    }
+    if shape.cache_dtype != KvCache::INT8 {
+        advice.push(said("--kv-cache-dtype int8", &ServingShape { cache_dtype: KvCache::INT8, ..*shape }));
+    }
+    advice.push("more memory (--budget on the CPU)".to_owned());
+    advice.join("; ")
 }
 
 /// `--check`'s two trials, in words or JSON.
@@ -182,13 +275,13 @@ fn report_check(
             "held_bytes": held,
             "trials": trials,
         });
-        println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
         return Ok(());
     }
     for trial in trials {
         let peak = trial.peak_bytes.map_or("not read".to_owned(), |bytes| Bytes(bytes).to_string());
         let verdict = if trial.fits { "fits" } else { "does not fit" };
-        println!(
+        outln!(
             "{} sequences of {} tokens: peak {peak} against a {} limit: {verdict}",
             trial.number,
             shape.context,
@@ -218,9 +311,9 @@ fn report_plan(
             "vllm_blocks": counted.vllm_blocks(plan.limit_bytes, other_held),
             "vllm_max_concurrency": counted.vllm_concurrency(plan.limit_bytes, other_held),
         });
-        println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
     } else {
-        print!("{}", describe(&args.config, shape, plan, counted, args.concurrency.is_some()));
+        out!("{}", describe(&args.config, shape, plan, counted, args.concurrency.is_some()));
     }
     if let Some(path) = &args.plot {
         crate::plot::serving(path, &format!("Serving {}", args.config.display()), plan, counted)?;
@@ -337,13 +430,13 @@ pub fn estimate(
             "vllm_blocks": limit.map(|limit| counted.vllm_blocks(limit, 0)),
             "vllm_max_concurrency": limit.map(|limit| counted.vllm_concurrency(limit, 0)),
         });
-        println!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
         return Ok(());
     }
-    print!("{}", describe_count(path, &config, &shape, &counted));
+    out!("{}", describe_count(path, &config, &shape, &counted));
     match (capacity, limit) {
-        (Some(capacity), Some(limit)) => print!("{}", describe_concurrency(&shape, &counted, capacity, ceiling, limit)),
-        _ => println!("give --capacity (e.g. h100 or 24GiB) for the concurrency it holds"),
+        (Some(capacity), Some(limit)) => out!("{}", describe_concurrency(&shape, &counted, capacity, ceiling, limit)),
+        _ => outln!("give --capacity (e.g. h100 or 24GiB) for the concurrency it holds"),
     }
     Ok(())
 }

@@ -134,7 +134,8 @@ impl Step {
             let total = changed.total()?;
             // a change that saves under 1% of the total does not help anyone fit
             if total < now && (now - total).saturating_mul(100) >= now {
-                advice.push(Remedy { change, saves_bytes: now - total, total_bytes: total, fits: total <= available });
+                let fits = total <= available;
+                advice.push(Remedy { change, saves_bytes: now - total, total_bytes: total, fits, measured: false });
             }
             Ok(())
         };

@@ -176,6 +176,18 @@ pub(crate) fn refuse(field: &str, value: impl std::fmt::Display, valid: impl Int
     )
 }
 
+/// What a count or an id must be (`valid`), and for a number written with a
+/// fraction of zero (`64.0`) that it is refused as written, and how to write
+/// it: every count and id is read the same way, as JSON's whole numbers.
+fn whole(valid: &str, value: &Value) -> String {
+    match value.as_f64().filter(|v| v.fract() == 0.0 && *v >= 1.0 && *v < 2f64.powi(53)) {
+        Some(number) if value.is_f64() => {
+            format!("{valid}, written without a fraction: {number:.0}, not {value} (refused as written)")
+        }
+        _ => valid.to_owned(),
+    }
+}
+
 /// A JSON object's fields, read with the config's own names in the errors
 /// (`rope_parameters.factor` inside an object).
 struct Fields<'a> {
@@ -201,7 +213,9 @@ impl<'a> Fields<'a> {
         for name in names {
             if let Some(value) = self.value(name) {
                 return match value.as_u64().and_then(|v| usize::try_from(v).ok()) {
-                    Some(0) | None => Err(refuse(&self.name(name), value, "a whole number of at least 1")),
+                    Some(0) | None => {
+                        Err(refuse(&self.name(name), value, whole("a whole number of at least 1", value)))
+                    }
                     Some(count) => Ok(Some(count)),
                 };
             }
@@ -215,7 +229,7 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(value) => match value.as_u64().and_then(|v| usize::try_from(v).ok()) {
                 Some(id) => Ok(Some(id)),
-                None => Err(refuse(&self.name(name), value, "a token id, a whole number from 0")),
+                None => Err(refuse(&self.name(name), value, whole("a token id, a whole number from 0", value))),
             },
         }
     }
@@ -344,11 +358,12 @@ impl Config {
                 Some(Handling::RefusedUnless(allowed)) => {
                     if !value.is_null() && !allowed.iter().any(|ok| ok.matches(value)) {
                         let valid: Vec<String> = allowed.iter().map(|ok| ok.to_string()).collect();
-                        return Err(refuse(
-                            key,
-                            value,
-                            format!("{} (anything else is not computed here)", valid.join(" or ")),
-                        ));
+                        let valid = match valid.as_slice() {
+                            // only its absence (or null) is computed here
+                            [] => format!("no {key}, or null (what it asks is not computed here)"),
+                            _ => format!("{} (anything else is not computed here)", valid.join(" or ")),
+                        };
+                        return Err(refuse(key, value, valid));
                     }
                 }
                 Some(Handling::Dropout) => {
@@ -367,6 +382,12 @@ impl Config {
         config.dropout = dropout;
         config.unknown_keys = unknown_keys;
         config.check_shape()?;
+        if let (key, Some("float16")) = Config::dtype_given(&fields)? {
+            log::warn!(
+                "{key} float16 is trained here in bf16: the same two bytes a value, so the bytes measured and \
+                 counted are float16's (candle's CPU computes no f16 matmul backward worth measuring)"
+            );
+        }
         if !config.unknown_keys.is_empty() {
             log::warn!(
                 "config keys not read (transformers may compute another model with them): {}",
@@ -391,11 +412,17 @@ impl Config {
         ))
     }
 
-    fn dtype(fields: &Fields) -> Result<DType, Error> {
-        let (key, given) = match fields.text("dtype")? {
+    /// The key the dtype is read from (transformers 5's `dtype`, else
+    /// `torch_dtype`) and its value, if given.
+    fn dtype_given<'a>(fields: &Fields<'a>) -> Result<(&'static str, Option<&'a str>), Error> {
+        Ok(match fields.text("dtype")? {
             Some(dtype) => ("dtype", Some(dtype)),
             None => ("torch_dtype", fields.text("torch_dtype")?),
-        };
+        })
+    }
+
+    fn dtype(fields: &Fields) -> Result<DType, Error> {
+        let (key, given) = Config::dtype_given(fields)?;
         Ok(match given {
             None | Some("float32") => DType::F32,
             Some("bfloat16") => DType::BF16,

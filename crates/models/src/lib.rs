@@ -372,6 +372,18 @@ impl Config {
                 format!("use one or more of {}", valid.join(", ")),
             ));
         }
+        let twice = lora
+            .targets
+            .iter()
+            .enumerate()
+            .find_map(|(i, target)| lora.targets[..i].contains(target).then_some(target));
+        if let Some(twice) = twice {
+            return Err(Error::invalid(
+                autobatch::SettingName::LoraTargets,
+                autobatch::Value::Text(lora.targets.join(",")),
+                format!("name each module once ({twice} is given twice)"),
+            ));
+        }
         Ok(())
     }
 

@@ -64,7 +64,7 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// A change with what it is estimated to save.
+/// A change with what it is estimated (or was measured) to save.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Remedy {
     /// The change.
@@ -75,6 +75,11 @@ pub struct Remedy {
     pub total_bytes: u64,
     /// Whether the total afterwards fits the available bytes.
     pub fits: bool,
+    /// Whether the total is a measurement of the change made (a step run
+    /// with it) rather than an estimate: then `total_bytes` is the step's
+    /// measured peak and `fits` what the limit said of it.
+    #[serde(default)]
+    pub measured: bool,
 }
 
 impl Remedy {
@@ -103,7 +108,15 @@ impl std::fmt::Display for InUnits<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let bytes =
             |count: u64| if self.decimal { Bytes(count).decimal().to_string() } else { Bytes(count).to_string() };
-        let Remedy { change, saves_bytes, total_bytes, fits } = self.remedy;
+        let Remedy { change, saves_bytes, total_bytes, fits, measured } = self.remedy;
+        if *measured {
+            // a measurement says whether it fits either way
+            let verdict = if *fits { "fits" } else { "still over" };
+            return match saves_bytes {
+                0 => write!(f, "{change}: measured {}, saves nothing ({verdict})", bytes(*total_bytes)),
+                saved => write!(f, "{change}: measured {}, saves {} ({verdict})", bytes(*total_bytes), bytes(*saved)),
+            };
+        }
         write!(f, "{change}: saves ~{}, total ~{}", bytes(*saves_bytes), bytes(*total_bytes))?;
         if *fits {
             f.write_str(" (fits)")?;
@@ -119,7 +132,8 @@ mod tests {
     #[test]
     fn a_remedy_writes_one_unit_family_per_line() {
         let change = Change::GradientCheckpointing;
-        let fits = Remedy { change: change.clone(), saves_bytes: 3 << 30, total_bytes: 12 << 30, fits: true };
+        let fits =
+            Remedy { change: change.clone(), saves_bytes: 3 << 30, total_bytes: 12 << 30, fits: true, measured: false };
         let binary = fits.to_string();
         assert_eq!(binary, format!("{change}: saves ~3.00 GiB, total ~12.0 GiB (fits)"));
         let over = Remedy { fits: false, saves_bytes: 8_000_000_000, total_bytes: 30_000_000_000, ..fits };

@@ -323,6 +323,7 @@ impl TrainingSetup {
                     saves_bytes: now - total,
                     total_bytes: total,
                     fits: total <= available_bytes,
+                    measured: false,
                 });
             }
         }

@@ -79,6 +79,20 @@ pub enum SearchLimit {
     },
 }
 
+impl SearchLimit {
+    /// Whether a budget of the run cut the search short (a time limit, a
+    /// trial limit, a re-check that left the next batch untried): another
+    /// run with the same settings may prove a larger answer. The other limits
+    /// are the settings' own (the largest batch allowed, a strategy that does
+    /// not bisect, the step as measured): the same search stops there again.
+    pub fn cut_short(&self) -> bool {
+        matches!(
+            self,
+            SearchLimit::MaxTrials { .. } | SearchLimit::TimeLimit { .. } | SearchLimit::NextBatchNotTried { .. }
+        )
+    }
+}
+
 /// The trial a search under a time limit did not start, in JSON.
 mod expected_end {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -140,6 +140,16 @@ pub enum Warning {
         /// Timing trials planned: candidates × repeats.
         planned: usize,
     },
+    /// The plan cache held an answer for these settings that a budget had cut
+    /// short ([`SearchLimit::cut_short`](crate::SearchLimit::cut_short): a
+    /// time limit, a trial limit): not proven the largest, so not served as
+    /// the answer; the search ran again, starting from it.
+    CachedUnproven {
+        /// The cached answer's batch.
+        batch: usize,
+        /// What had stopped the cached search.
+        stopped_by: crate::SearchLimit,
+    },
 }
 
 impl std::fmt::Display for Warning {
@@ -218,6 +228,11 @@ impl std::fmt::Display for Warning {
                 f,
                 "the time limit stopped the throughput timing after {timed} of {planned} timing trials: \
                  the choice is among the batches timed"
+            ),
+            Warning::CachedUnproven { batch, stopped_by } => write!(
+                f,
+                "the plan cache held batch {batch}, not proven the largest ({stopped_by}): not served as the \
+                 answer, the search ran again from it"
             ),
         }
     }

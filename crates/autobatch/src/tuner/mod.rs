@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use log::warn;
 
 use crate::Strategy;
-use crate::plan::{Accumulation, Objective, Plan, Trial, TrialKind};
+use crate::plan::{Accumulation, Objective, Plan, SearchLimit, Trial, TrialKind, Warning};
 use crate::{CacheKey, Error, MemoryMeter, Workload};
 
 pub use compare::{Comparison, ComparisonRow, ModelVariant};
@@ -379,8 +379,26 @@ impl Settings {
             Some(path) => Some((path.clone(), self.full_cache_key(&*workload, &*meter, capacity_bytes)?)),
             None => None,
         };
+        // a cached answer that a budget cut short is at most where the search starts
+        let mut cached = cache.as_ref().and_then(|(path, key)| crate::cache::lookup(path, key));
+        let unproven =
+            cached.as_ref().and_then(|plan| Some((plan, plan.stopped_by.clone().filter(SearchLimit::cut_short)?)));
+        let resumed = unproven.map(|(plan, stopped_by)| {
+            log::info!(
+                "the cached batch {} is not proven the largest ({stopped_by}): searching from it",
+                plan.largest_batch
+            );
+            let slope = plan.memory_model.as_ref().map(|model| model.bytes_per_sample);
+            (
+                self.resumed_from(plan.largest_batch, slope),
+                Warning::CachedUnproven { batch: plan.largest_batch, stopped_by },
+            )
+        });
+        if resumed.is_some() {
+            cached = None;
+        }
         if let Some((path, key)) = &cache
-            && let Some(plan) = crate::cache::lookup(path, key)
+            && let Some(plan) = cached
         {
             if !self.options.allow_partial_graph && !plan.complete_graph() {
                 let cut = plan.warnings.iter().find_map(|warning| match warning {
@@ -398,10 +416,16 @@ impl Settings {
             }
             return Ok(plan);
         }
-        let plan = Engine::new(self, workload, meter, observer, capacity_bytes).run()?;
+        let (settings, note) = match resumed {
+            Some((settings, note)) => (settings, Some(note)),
+            None => (self.clone(), None),
+        };
+        let mut plan = Engine::new(&settings, workload, meter, observer, capacity_bytes).run()?;
         if let Some((path, key)) = &cache {
             crate::cache::store(path, key, &plan);
         }
+        // said by this run, not by a later one that reads the stored plan
+        plan.warnings.extend(note);
         Ok(plan)
     }
 }

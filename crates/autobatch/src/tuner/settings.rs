@@ -171,6 +171,12 @@ impl Settings {
         self.varied(|s| (s.hint, s.hint_slope) = (Some(hint), Some(bytes_per_sample)))
     }
 
+    /// Starting from `batch`, where an earlier search cut short ended, along
+    /// its slope when it measured one.
+    pub(super) fn resumed_from(&self, batch: usize, bytes_per_sample: Option<f64>) -> Settings {
+        self.varied(|s| (s.hint, s.hint_slope) = (Some(batch), bytes_per_sample))
+    }
+
     /// Below `max_batch`.
     pub(super) fn up_to(&self, max_batch: usize) -> Settings {
         self.varied(|s| s.options.max_batch = Some(max_batch))

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use autobatch::memory::simulated::{MemoryCurve, SimulatedMeter, SimulatedWorkload, Simulation};
-use autobatch::{CacheKey, Error, Plan, Tuner};
+use autobatch::{CacheKey, Error, Plan, Tuner, Warning};
 use candle_core::{DType, Device, Var};
 
 use crate::common::accumulating::Accumulating;
@@ -52,6 +52,40 @@ fn a_hit_skips_probing_and_keeps_the_answer() {
     assert_eq!(steps, 0);
     assert_eq!(third.micro_batch() * third.accumulation_steps() * 4, third.effective_batch());
     assert!(third.effective_batch() >= 1000 && third.micro_batch() <= first.largest_batch);
+}
+
+#[test]
+fn an_answer_a_budget_cut_short_is_never_served_as_final() {
+    let path = scratch("unproven");
+    let tuner = Tuner::new().cache(&path).cache_key(model_key(64, 512));
+    let (truth, _) = run(&Tuner::new(), 16 * GIB);
+    assert!(truth.proven_largest());
+    // stored cut short by the trial limit: batch 1 or 2, not proven
+    let (cut, _) = run(&tuner.clone().max_trials(2), 16 * GIB);
+    assert!(!cut.proven_largest() && cut.largest_batch < truth.largest_batch, "{cut}");
+    // the same settings without the limit: searched again (from the stored
+    // answer), the true answer, and said so
+    let (resumed, steps) = run(&tuner, 16 * GIB);
+    assert!(steps > 0 && !resumed.cached(), "an unproven answer is not a hit");
+    assert_eq!(resumed.largest_batch, truth.largest_batch);
+    assert!(resumed.proven_largest());
+    assert!(
+        resumed
+            .warnings
+            .iter()
+            .any(|w| matches!(w, Warning::CachedUnproven { batch, .. } if *batch == cut.largest_batch)),
+        "{:?}",
+        resumed.warnings
+    );
+    // now the proven answer is stored, and served, without the note
+    let (hit, steps) = run(&tuner, 16 * GIB);
+    assert!(steps == 0 && hit.cached() && hit.largest_batch == truth.largest_batch);
+    assert!(!hit.warnings.iter().any(|w| matches!(w, Warning::CachedUnproven { .. })));
+    // a limit that is the settings' own (the largest batch allowed) is served
+    let capped = tuner.clone().max_batch(4);
+    assert!(!run(&capped, 16 * GIB).0.proven_largest());
+    let (hit, steps) = run(&capped, 16 * GIB);
+    assert!(steps == 0 && hit.cached() && hit.largest_batch == 4);
 }
 
 #[test]

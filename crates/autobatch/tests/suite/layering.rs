@@ -312,10 +312,11 @@ fn the_models_modules_depend_one_way() {
 /// (sizes, the flags' value types, the flags), then what the commands share
 /// (the paths, the charts, the device and budget flags, the model the flags
 /// describe), then the commands. Its root (`main.rs`) sits above them all.
-const CLI_ORDER: [&str; 15] = [
+const CLI_ORDER: [&str; 16] = [
     "parse",
     "limits",
     "failure",
+    "output",
     "progress",
     "values",
     "args",

@@ -193,8 +193,10 @@ fn the_public_surface_does_not_grow() {
 /// fields leave, and raised only on purpose.
 #[test]
 fn the_public_methods_and_fields_do_not_grow() {
-    const MOST_METHODS: usize = 311;
-    const MOST_FIELDS: usize = 193;
+    // 312: SearchLimit::cut_short (whether a cached answer may be served)
+    const MOST_METHODS: usize = 312;
+    // 194: Remedy::measured (a change made and run, not estimated)
+    const MOST_FIELDS: usize = 194;
     let (mut methods, mut fields) = (0, 0);
     let mut folders = vec![src()];
     while let Some(folder) = folders.pop() {

@@ -25,10 +25,18 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
     crate::paths::check(args)
 }
 
-/// Size flags and the reference models they apply to.
+/// Size flags and the reference models they apply to; a config's flags
+/// only with `--config`.
 fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
     if args.config.path.is_some() {
         return Ok(());
+    }
+    if let Some((flag, _)) = args.config.config_only_flags().into_iter().find(|(_, given)| *given) {
+        return Err(Failure::usage(format!(
+            "{flag} applies to a model from a config.json, and --model {} is a reference model: give --config \
+             PATH, or drop {flag}",
+            model_name(args.model.kind)
+        )));
     }
     use ModelKind::*;
     let sizes = &args.sizes;

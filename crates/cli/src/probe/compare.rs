@@ -1,5 +1,6 @@
 //! `--compare`: the model as it is and with each remedy that applies, side by side.
 
+use crate::output::{out, outln};
 use autobatch::estimate::{OptimizerKind, Precision, StaticMemory, TransformerShape};
 use autobatch::{Bytes, Comparison, MemoryMeter, ModelVariant};
 use autobatch_models as models;
@@ -45,9 +46,9 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         crate::plot::compare(path, &format!("remedies for the {} on {on}", model.name()), &bars(&comparison))?;
     }
     if args.output.json {
-        println!("{}", serde_json::to_string_pretty(&json(&comparison)).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&json(&comparison)).expect("plain values serialize"));
     } else {
-        print!("{comparison}");
+        out!("{comparison}");
     }
     if comparison.rows.iter().all(|row| row.plan.is_none()) {
         return Err(Failure::nothing_fits(format!(
@@ -85,7 +86,7 @@ fn candidates(args: &ProbeArgs, model: &ModelConfig, device: &candle_core::Devic
         }
     }
     if let Some((checkpointed, shape)) = model.checkpointed() {
-        let factor = checkpointing_factor(shape);
+        let factor = counted_factor(model, &checkpointed).unwrap_or_else(|| checkpointing_factor(shape));
         candidates.push(candidate("gradient checkpointing", checkpointed.clone(), Some(factor), mixed, optimizer));
         if is_f32 {
             let both = checkpointed.with_dtype(DType::BF16);
@@ -127,6 +128,16 @@ fn lora_candidates(model: &ModelConfig, mixed: bool, optimizer: OptimizerKind) -
         candidates.push(Candidate { name, config, factor: Some(1.0), mixed, optimizer });
     }
     candidates
+}
+
+/// For a config's model, what `changed` keeps of its bytes per sample by the
+/// config's own count of its step (the lean step's ops, not the textbook
+/// transformer's activations).
+fn counted_factor(model: &ModelConfig, changed: &ModelConfig) -> Option<f64> {
+    let (ModelConfig::FromConfig(base), ModelConfig::FromConfig(changed)) = (model, changed) else { return None };
+    let per_sample = |(config, training): &(models::Config, models::Training)| config.bytes_per_sample(training).ok();
+    let (base, changed) = (per_sample(base)?, per_sample(changed)?);
+    (base > 0).then(|| changed as f64 / base as f64)
 }
 
 /// What full recomputation keeps of the activations, by the estimate's
@@ -229,7 +240,7 @@ fn same_activations(a: &ModelConfig, b: &ModelConfig) -> bool {
 }
 
 /// A reference workload as a plain `Workload` for [`Tuner::compare`](autobatch::Tuner::compare).
-struct ReferenceStep(Box<dyn ReferenceWorkload>);
+pub(super) struct ReferenceStep(pub(super) Box<dyn ReferenceWorkload>);
 
 impl autobatch::Workload for ReferenceStep {
     fn step(&mut self, batch: usize) -> candle_core::Result<()> {

@@ -1,6 +1,7 @@
 //! `autobatch probe --find seq-len --batch 8`: the longest input that fits
 //! at a fixed batch, searched and verified like the batch.
 
+use crate::output::{out, outln};
 use autobatch::{MemoryMeter, Resizable, SizeRange};
 use autobatch_models::ConfigModel;
 use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
@@ -112,9 +113,9 @@ where
         crate::plot::longest(path, &title, words.word, &longest)?;
     }
     if args.output.json {
-        println!("{}", longest.to_json_named(words.key));
+        outln!("{}", longest.to_json_named(words.key));
     } else {
-        print!("{}", longest.summary(words.what));
+        out!("{}", longest.summary(words.what));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `autobatch probe`: tune a built-in reference model, or a model from its
 //! `config.json`, on a device.
 
+mod advice;
 mod checks;
 mod compare;
 mod context;
@@ -8,6 +9,7 @@ mod device;
 mod find;
 mod modes;
 
+use crate::output::{errln, outln};
 use autobatch::{MemoryMeter, Tuner};
 
 use crate::args::ProbeArgs;
@@ -21,7 +23,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     checks::check_flags(args)?;
     let tuner = tuner(args);
     tuner.check()?;
-    let say = |line: &str| if args.output.json { eprintln!("{line}") } else { println!("{line}") };
+    let say = |line: &str| if args.output.json { errln!("{line}") } else { outln!("{line}") };
     let model = ModelConfig::from_args(args)?;
     let footprint = model.footprint()?;
     let run = |meter: &mut dyn MemoryMeter, device: &candle_core::Device, on: &str, why: &str| {

@@ -1,6 +1,7 @@
 //! One probe command on a chosen meter: the mode the flags ask for, the same
 //! on the CPU and on a GPU.
 
+use crate::output::outln;
 use autobatch::MemoryMeter;
 use autobatch_models::trainer::ReferenceWorkload;
 
@@ -51,7 +52,7 @@ impl Run<'_> {
                 None => Err(Failure::usage("--seq-lens needs a model with a sequence length")),
             },
             Mode::Batch => {
-                let mut workload = self.model.build(self.device, self.args)?;
+                let workload = self.model.build(self.device, self.args)?;
                 (self.header)(&format!(
                     "probing {} ({}) on {} ({})",
                     workload.description(),
@@ -59,35 +60,44 @@ impl Run<'_> {
                     self.device_words,
                     self.size_from
                 ));
-                self.tune(&mut *workload, meter)
+                self.tune(workload, meter)
             }
         }
     }
 
-    /// One probe of `workload`: its plan, printed (and drawn with `--plot`).
-    fn tune(&self, workload: &mut dyn ReferenceWorkload, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
+    /// One probe of `workload`: its plan, printed (and drawn with `--plot`);
+    /// where nothing fits, the advice measured once the model is dropped.
+    fn tune(&self, mut workload: Box<dyn ReferenceWorkload>, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
         let args = self.args;
         let tuner = self.tuner.clone().observer(Progress::shared(args.output.json));
         let result = if args.plan.eval {
             let mut evaluation = workload.evaluation_workload();
-            tuner.search(workload, meter).evaluating(&mut *evaluation).run()
+            tuner.search(&mut *workload, meter).evaluating(&mut *evaluation).run()
         } else {
-            tuner.run(workload, meter)
+            tuner.run(&mut *workload, meter)
         };
         drop(tuner); // the live rows end before the plan prints
-        let plan = result.map_err(|err| only_applicable_advice(self.model, err))?;
+        let description = workload.description();
+        let plan = match result {
+            Ok(plan) => plan,
+            Err(err @ autobatch::Error::NothingFits { .. }) => {
+                drop(workload); // the changes are measured in the memory the model held
+                return Err(super::advice::measured(self, meter, err));
+            }
+            Err(err) => return Err(Failure::from(only_applicable_advice(self.model, err))),
+        };
         if plan.cached()
             && let Some(path) = &args.plan.cache
         {
             log::info!("the plan came from the cache {}", path.display());
         }
         if args.output.json {
-            println!("{}", plan.to_json());
+            outln!("{}", plan.to_json());
         } else {
-            println!("{}", plan.summary());
+            outln!("{}", plan.summary());
         }
         if let Some(path) = &args.output.plot {
-            crate::plot::plan(path, &format!("{} on {}", workload.description(), self.device_words), &plan)?;
+            crate::plot::plan(path, &format!("{description} on {}", self.device_words), &plan)?;
         }
         Ok(())
     }
@@ -111,10 +121,10 @@ impl Run<'_> {
             crate::plot::sizes(path, &title, &plan)?;
         }
         if args.output.json {
-            println!("{}", plan.to_json());
+            outln!("{}", plan.to_json());
             return Ok(());
         }
-        println!("{plan}");
+        outln!("{plan}");
         let lengths: Vec<usize> = plan.sizes.keys().copied().collect();
         let mut between: Vec<String> = Vec::new();
         for pair in lengths.windows(2) {
@@ -125,7 +135,7 @@ impl Run<'_> {
             }
         }
         if !between.is_empty() {
-            println!("between probed lengths: {}", between.join(", "));
+            outln!("between probed lengths: {}", between.join(", "));
         }
         Ok(())
     }

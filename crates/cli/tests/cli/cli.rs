@@ -234,6 +234,7 @@ fn one_question_at_a_time_and_help_in_groups() {
 fn a_cached_plan_is_reused_without_probing() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap(); // the tool makes no folder
     let cache = dir.join("plans.json");
     let args = ["probe", "--model", "mlp", "--budget", "24MiB", "--json", "--cache", cache.to_str().unwrap()];
     let first: serde_json::Value = serde_json::from_slice(&autobatch(&args).stdout).unwrap();
@@ -451,6 +452,7 @@ fn probe_compare_estimates_checkpointing_near_what_it_measures() {
 fn probe_at_several_sequence_lengths_prints_a_plan_across_them_and_caches_each() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-lengths-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap(); // the tool makes no folder
     let cache = dir.join("plans.json");
     let args = [
         "probe",
@@ -669,7 +671,7 @@ fn nothing_fits_advice_marked_fits_does_fit() {
             assert_eq!(output.status.code(), Some(0), "{args:?}: {}", text(&output.stderr));
             applied += 1;
         }
-        let advice = line.split("(estimated from the measurement): ").nth(1).unwrap_or("");
+        let advice = line.split("(each run at batch 1): ").nth(1).unwrap_or("");
         for item in advice.split("; ").filter(|item| item.ends_with("(fits)")) {
             let flag: Vec<&str> = item.split(": ").next().unwrap().split(' ').collect();
             let args = [&base[..], &flag[..]].concat();
@@ -1020,6 +1022,7 @@ fn a_config_model_is_probed_exactly_in_every_mode() {
     assert!(evaluated["evaluation"]["largest_batch"].as_u64() > evaluated["largest_batch"].as_u64(), "{evaluated}");
     let dir =
         std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("config-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap(); // the tool makes no folder
     let cache = dir.join("plans.json").display().to_string();
     let cached = [&common[..], &["--seq-len", "32", "--cache", &cache]].concat();
     assert_eq!(plan_of(&cached)["cached"], false);

@@ -424,8 +424,9 @@ fn hostile() -> impl Strategy<Value = Hostile> {
             prop::sample::select(vec!["FIFO", "DIR", "DIR.svg", "/proc/x.svg", "/dev/null", "READONLY.svg"]),
         )
             .prop_map(|(flag, path)| Hostile::SpecialPath { flag, path }),
-        // the cache makes its folders; a chart goes into one that exists
-        Just(Hostile::SpecialPath { flag: "--plot", path: "NO-SUCH-DIR/x.svg" }),
+        // every file goes into a folder that exists: none is made
+        prop::sample::select(vec!["--plot", "--cache"])
+            .prop_map(|flag| Hostile::SpecialPath { flag, path: "NO-SUCH-DIR/x.svg" }),
         prop::sample::select(vec!["same.svg", "./same.svg", "LINK.svg"]).prop_map(|plot| Hostile::SamePath { plot }),
         prop::sample::select(vec![
             "11.2MiB",

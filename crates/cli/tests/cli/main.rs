@@ -4,5 +4,6 @@
 
 use autobatch_testkit as common;
 
+mod adversary;
 mod cli;
 mod cli_fuzz;

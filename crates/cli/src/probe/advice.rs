@@ -1,0 +1,116 @@
+//! Nothing fits: each change the advice names, made and run at the smallest
+//! batch, so that what the tool advises is what the change does on this
+//! model (an estimate of a config model's lean step, of an optimizer's update
+//! or of checkpointing can be far from the step's measured peak).
+
+use autobatch::estimate::{Change, OptimizerKind, Precision};
+use autobatch::{Bytes, MemoryMeter};
+use autobatch_models as models;
+use candle_core::DType;
+
+use crate::failure::Failure;
+use crate::model::{ModelConfig, search_tuner};
+
+use super::compare::ReferenceStep;
+use super::context::Run;
+
+/// `err`, a probe's failure, with its advice measured where it is a
+/// nothing-fits at a batch (not at a size): each remedy's total the peak of
+/// the changed model's step at that batch, largest saving first; for a
+/// config model that runs an eager form, the lean step measured too.
+pub fn measured(run: &Run, meter: &mut dyn MemoryMeter, err: autobatch::Error) -> Failure {
+    let mut err = crate::model::only_applicable_advice(run.model, err);
+    let autobatch::Error::NothingFits { batch, size: None, peak_bytes: Some(peak), limit_bytes, remedies, .. } =
+        &mut err
+    else {
+        return Failure::from(err);
+    };
+    let (batch, peak, limit) = (*batch, *peak, *limit_bytes);
+    for remedy in remedies.iter_mut() {
+        let Some((config, mixed, optimizer)) = changed(run, &remedy.change) else { continue };
+        if let Some((total, fits)) = peak_at(run, meter, &config, mixed, optimizer, batch) {
+            remedy.total_bytes = total;
+            remedy.saves_bytes = peak.saturating_sub(total);
+            remedy.fits = fits && total <= limit;
+            remedy.measured = true;
+        }
+    }
+    remedies.sort_by_key(|remedy| (!remedy.fits, std::cmp::Reverse(remedy.saves_bytes)));
+    let mut failure = Failure::from(err);
+    if let Some(lean) = lean_step(run, meter, batch, peak, limit) {
+        failure.message.push_str(&lean);
+    }
+    failure
+}
+
+/// The model `change` makes, with its master weights and optimizer; `None`
+/// where one device cannot run it (ZeRO's ranks).
+fn changed(run: &Run, change: &Change) -> Option<(ModelConfig, bool, OptimizerKind)> {
+    let model = run.model;
+    let (mixed, optimizer) = (run.args.model.precision() == Precision::Mixed, run.args.model.optimizer);
+    Some(match change {
+        Change::Precision { to: Precision::Mixed } => (model.with_dtype(DType::BF16), true, OptimizerKind::AdamW),
+        Change::Precision { to: Precision::Bf16 } => (model.with_dtype(DType::BF16), false, optimizer),
+        Change::Precision { to: Precision::Fp32 } => (model.with_dtype(DType::F32), false, optimizer),
+        Change::Optimizer { to } => (model.clone(), false, *to),
+        Change::GradientCheckpointing => (model.checkpointed()?.0, mixed, optimizer),
+        Change::SequenceLength { seq_len } => (model.with_seq_len(usize::try_from(*seq_len).ok()?)?, mixed, optimizer),
+        _ => return None,
+    })
+}
+
+/// The peak of `config`'s step at `batch` and whether it fits, measured as
+/// the probe measures (its ceiling, its steps per trial); `None` where the
+/// model cannot be built or the step fails otherwise than by not fitting.
+fn peak_at(
+    run: &Run,
+    meter: &mut dyn MemoryMeter,
+    config: &ModelConfig,
+    mixed: bool,
+    optimizer: OptimizerKind,
+    batch: usize,
+) -> Option<(u64, bool)> {
+    let workload = config.build_with(run.device, mixed, optimizer).ok()?;
+    let tuner = search_tuner(run.args).start(batch).max_batch(batch);
+    match tuner.run(&mut ReferenceStep(workload), meter) {
+        Ok(plan) => Some((plan.peak_bytes, true)),
+        Err(autobatch::Error::NothingFits { peak_bytes: Some(peak), .. }) => Some((peak, false)),
+        Err(err) => {
+            log::debug!("advice not measured: {err}");
+            None
+        }
+    }
+}
+
+/// For a config model that runs an eager form (`--attention eager`, `--loss
+/// full`, `--ops eager`): the lean step, measured, said as the flags that
+/// make it.
+fn lean_step(run: &Run, meter: &mut dyn MemoryMeter, batch: usize, peak: u64, limit: u64) -> Option<String> {
+    let ModelConfig::FromConfig(spec) = run.model else { return None };
+    let (config, training) = spec.as_ref();
+    let mut flags = Vec::new();
+    if training.attention != models::Attention::Blocked {
+        flags.push("--attention blocked");
+    }
+    if training.loss != models::Loss::Chunked {
+        flags.push("--loss chunked");
+    }
+    if training.ops != models::Ops::Fused {
+        flags.push("--ops fused");
+    }
+    if flags.is_empty() {
+        return None;
+    }
+    let lean =
+        training.clone().attention(models::Attention::Blocked).loss(models::Loss::Chunked).ops(models::Ops::Fused);
+    let model = ModelConfig::FromConfig(Box::new((config.clone(), lean)));
+    let (mixed, optimizer) = (run.args.model.precision() == Precision::Mixed, run.args.model.optimizer);
+    let (total, fits) = peak_at(run, meter, &model, mixed, optimizer, batch)?;
+    let verdict = if fits && total <= limit { "fits" } else { "still over" };
+    Some(format!(
+        "; the lean step instead of the eager forms ({}): measured {} at batch {batch}, saves {} ({verdict})",
+        flags.join(" "),
+        Bytes(total),
+        Bytes(peak.saturating_sub(total)),
+    ))
+}
