@@ -70,18 +70,18 @@ pub fn check() -> Result<(), Failure> {
     }
 }
 
-/// `print!` to stdout, through [`write`].
+/// `print!` to stdout, through [`write()`].
 macro_rules! out {
     ($($arg:tt)*) => { $crate::output::write($crate::output::Stream::Stdout, format_args!($($arg)*)) };
 }
 
-/// `println!` to stdout, through [`write`].
+/// `println!` to stdout, through [`write()`].
 macro_rules! outln {
     () => { $crate::output::write($crate::output::Stream::Stdout, format_args!("\n")) };
     ($($arg:tt)*) => { $crate::output::write($crate::output::Stream::Stdout, format_args!("{}\n", format_args!($($arg)*))) };
 }
 
-/// `eprintln!` to stderr, through [`write`].
+/// `eprintln!` to stderr, through [`write()`].
 macro_rules! errln {
     ($($arg:tt)*) => { $crate::output::write($crate::output::Stream::Stderr, format_args!("{}\n", format_args!($($arg)*))) };
 }
