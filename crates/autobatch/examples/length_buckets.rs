@@ -102,7 +102,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
     println!();
 
     // train: each step's batch from one bucket, at that bucket's verified batch
-    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), params)?;
+    let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), params)?;
     let shortest = plan.sizes.values().next().expect("a plan has a size");
     let mut training = TrainLoop::new(shortest, &varmap, optimizer)?;
     for step in 1..=20 {

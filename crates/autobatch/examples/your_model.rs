@@ -68,7 +68,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
     println!("{plan}\n");
 
     // train: the plan's micro-batches, guarded, gradients accumulated
-    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), params)?;
+    let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), params)?;
     let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
     for step in 1..=30 {
         meter.reset_peak()?;

@@ -42,7 +42,7 @@
 //! drop(probe);
 //! println!("{plan}");
 //!
-//! let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
+//! let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
 //! let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
 //! let report = training.step(&mut meter, |micro| batch_loss(micro.len))?;
 //! assert_eq!(report.samples, plan.micro_batch() * plan.accumulation_steps());

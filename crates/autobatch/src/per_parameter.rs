@@ -58,6 +58,15 @@ impl Precision {
     }
 }
 
+/// The most elements of a variable this crate's optimizers update at once
+/// (4 MiB in f32): their step's temporaries are bounded by it, not by the
+/// largest variable.
+pub(crate) const SLICE_ELEMENTS: usize = 1 << 20;
+
+/// AdamW's step, bytes per element of a slice (f32, bf16 variables).
+const ADAMW_FP32: u64 = 20;
+const ADAMW_BF16: u64 = 10;
+
 /// The optimizer whose state is counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -107,23 +116,45 @@ impl OptimizerKind {
     }
 
     /// Bytes per parameter of one variable that a step holds at its peak
-    /// above the state, the variable stored at `precision`: the optimizers
-    /// step one variable at a time, so a step holds this much for the largest
-    /// variable (and, in mixed precision, an f32 copy of every gradient).
-    /// Measured on candle-nn's SGD and AdamW and this crate's optimizers
-    /// (docs/optimizers.md, `cargo bench --bench optimizers`); for momentum
-    /// SGD, which neither implements, three copies of the variable.
+    /// above the state, the variable stored at `precision`: per element of
+    /// a slice for the optimizers that update a slice at a time
+    /// ([`slice_elements`](Self::slice_elements)), per element of the
+    /// largest variable for the others (candle-nn's SGD). Measured on this
+    /// crate's optimizers and candle-nn's SGD (docs/optimizers.md, `cargo
+    /// bench --bench optimizers`); for momentum SGD, which neither
+    /// implements, three copies of the variable.
     pub fn step_bytes_per_parameter(self, precision: Precision) -> u64 {
-        // (f32 or mixed, bf16) variables
+        // (f32 or mixed, bf16) variables; mixed precision's f32 masters step
+        // from the bf16 gradients cast a slice at a time
         let (fp32, bf16) = match self {
             OptimizerKind::Sgd => (8, 4),
             OptimizerKind::Momentum => (12, 6),
-            OptimizerKind::AdamW => (56, 28),
+            OptimizerKind::AdamW => (ADAMW_FP32, ADAMW_BF16),
             OptimizerKind::Lion => (16, 8),
-            OptimizerKind::Adafactor => (12, 20),
+            OptimizerKind::Adafactor => (8, 12),
             OptimizerKind::Adam8bit => (21, 21),
         };
-        if precision == Precision::Bf16 { bf16 } else { fp32 }
+        match precision {
+            Precision::Bf16 => bf16,
+            Precision::Fp32 => fp32,
+            // the masters' step on the gradient slice cast to f32 (4 bytes a
+            // parameter more, measured: 24 with AdamW)
+            Precision::Mixed => fp32 + 4,
+        }
+    }
+
+    /// The elements of a variable the step's temporaries span at once: a
+    /// slice for this crate's optimizers ([`optim`](crate::optim)), which
+    /// update in place a slice at a time; `None` for those that make
+    /// whole-variable temporaries (candle-nn's SGD, and momentum SGD as
+    /// PyTorch's unfused form does).
+    pub fn slice_elements(self) -> Option<u64> {
+        match self {
+            OptimizerKind::Sgd | OptimizerKind::Momentum => None,
+            OptimizerKind::AdamW | OptimizerKind::Adafactor | OptimizerKind::Adam8bit | OptimizerKind::Lion => {
+                Some(SLICE_ELEMENTS as u64)
+            }
+        }
     }
 
     /// The candle type that implements it: candle-nn's, or this crate's
@@ -132,7 +163,7 @@ impl OptimizerKind {
         match self {
             OptimizerKind::Sgd => "candle_nn::SGD",
             OptimizerKind::Momentum => "none in candle-nn or autobatch",
-            OptimizerKind::AdamW => "candle_nn::AdamW",
+            OptimizerKind::AdamW => "autobatch::optim::AdamW",
             OptimizerKind::Adafactor => "autobatch::optim::Adafactor",
             OptimizerKind::Adam8bit => "autobatch::optim::AdamW8bit",
             OptimizerKind::Lion => "autobatch::optim::Lion",

@@ -193,20 +193,17 @@ impl TrainingSetup {
 
     /// What the optimizer's step holds above the state at its peak, on one
     /// device: its temporaries for the largest variable (split by tensor
-    /// parallelism), and in mixed precision an f32 copy of every gradient.
+    /// parallelism), or for one slice of it where the optimizer updates a
+    /// slice at a time ([`OptimizerKind::slice_elements`]).
     pub fn step_bytes(&self) -> Result<u64, Error> {
         let overflow = || Error::byte_overflow("the optimizer step's temporaries".to_owned());
         if self.largest_variable == 0 {
             return Ok(0);
         }
         let largest = self.largest_variable.div_ceil(self.sharding.tensor_parallel);
+        let at_once = self.optimizer.slice_elements().map_or(largest, |slice| slice.min(largest));
         let per_parameter = self.optimizer.step_bytes_per_parameter(self.precision);
-        let temporaries = largest.checked_mul(per_parameter).ok_or_else(overflow)?;
-        let gradient_copies = match self.precision {
-            Precision::Mixed => self.state()?.gradients.checked_mul(2).ok_or_else(overflow)?,
-            Precision::Fp32 | Precision::Bf16 => 0,
-        };
-        temporaries.checked_add(gradient_copies).ok_or_else(overflow)
+        at_once.checked_mul(per_parameter).ok_or_else(overflow)
     }
 
     /// The training state one device holds.

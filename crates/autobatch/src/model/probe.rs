@@ -37,9 +37,9 @@ type ThrowawayStep = Box<dyn FnMut(&[Var], &GradStore) -> Result<()>>;
 enum Update {
     /// None: forward and backward only.
     None,
-    /// An optimizer with a dry step (candle-nn's AdamW through its
-    /// bit-identical twin, or one of [`crate::optim`]): its state held, its
-    /// update computed and dropped.
+    /// An optimizer with a dry step (one of [`crate::optim`], AdamW with
+    /// candle-nn's numbers among them): its state held, its update computed
+    /// and dropped.
     Dry {
         name: String,
         /// `None` once freed ([`Workload::free_training_state`]) until the next step.
@@ -269,11 +269,15 @@ impl<L: ProbeLoss> ModelProbe<L> {
         }
     }
 
-    /// Measures candle-nn's AdamW with `params`: its two moments are allocated
-    /// now, as training holds them, and each probe step computes the whole
-    /// update without writing it.
+    /// Measures [`AdamW`](crate::optim::AdamW) with `params` (candle-nn's
+    /// AdamW's numbers, its step bounded by a slice): its two moments are
+    /// allocated now, as training holds them, and each probe step computes
+    /// the whole update without writing it. Train with that type for the
+    /// plan to hold: `candle_nn::AdamW`'s step holds several copies of the
+    /// largest variable more (probe it with
+    /// [`optimizer`](Self::optimizer)`::<candle_nn::AdamW>`).
     pub fn adamw(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
-        self.dry_rebuilt::<AdamW>("candle_nn::AdamW", params)
+        self.dry_rebuilt::<AdamW>("autobatch::optim::AdamW", params)
     }
 
     /// Measures [`Lion`](crate::optim::Lion) (one moment: 4 bytes per parameter).

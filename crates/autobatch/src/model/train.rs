@@ -28,7 +28,8 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 /// use autobatch::{HeapMeter, ModelProbe, TrainLoop, Tuner};
 /// use candle_core::{DType, Device, Module, Tensor};
-/// use candle_nn::{linear, loss, AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+/// use autobatch::optim::AdamW;
+/// use candle_nn::{linear, loss, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 ///
 /// let varmap = VarMap::new();
 /// let model = linear(16, 4, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;

@@ -9,11 +9,13 @@
 //! `4·(rows + cols)` bytes; for each vector, `4` bytes per value; with
 //! `beta1`, one more f32 moment (4 bytes per parameter).
 
+use std::ops::Range;
+
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Result, Tensor, Var};
 use candle_nn::Optimizer;
 
-use super::{States, VariableState};
+use super::{States, VariableState, part, write_part};
 use crate::per_parameter::OptimizerKind;
 
 /// Adafactor's hyper-parameters; the defaults are the paper's as commonly used.
@@ -93,7 +95,12 @@ pub struct Adafactor {
 
 /// √(mean(x²)), as a number.
 fn rms(x: &Tensor) -> Result<f64> {
-    Ok(f64::from(x.sqr()?.mean_all()?.sqrt()?.to_dtype(DType::F32)?.to_scalar::<f32>()?))
+    let n = x.elem_count().max(1);
+    let mut sum = 0f64;
+    for range in super::slices(x.elem_count(), 1) {
+        sum += sum_sq(&f32_part(x, &range)?)?;
+    }
+    Ok((sum / n as f64).sqrt())
 }
 
 impl Adafactor {
@@ -107,44 +114,130 @@ impl Adafactor {
         &self.params
     }
 
-    /// The next weights, second moment(s) and first moment of `state` at step `t`.
-    fn update(&self, state: &State, grad: &Tensor, t: u64) -> Result<(Tensor, Vec<Tensor>, Option<Tensor>)> {
+    /// One variable's update, in slices of whole rows: the statistics of
+    /// `g² + ε₁` (each row's mean, each matrix's column means) gathered over
+    /// the slices, then the update's RMS (for clipping), then the update
+    /// applied; each pass recomputes a slice rather than keeping the whole
+    /// update, so that no temporary is larger than a slice (and the row and
+    /// column vectors).
+    fn update_sliced(&self, state: &State, grad: &Tensor, t: u64, write: bool) -> Result<()> {
         let p = &self.params;
-        // detached: a chain of ops on tensors with a graph keeps every intermediate alive
-        let theta = state.var.as_tensor().detach().to_dtype(DType::F32)?;
-        let grad = grad.detach().to_dtype(DType::F32)?;
+        let n = state.var.elem_count();
+        if n == 0 {
+            return Ok(());
+        }
+        let grad = super::whole_gradient(grad)?;
         let relative = p.lr.unwrap_or_else(|| (1e-2f64).min(1.0 / (t as f64).sqrt()));
-        let lr = if p.scale_parameter { relative * p.eps2.max(rms(&theta)?) } else { relative };
+        let lr = if p.scale_parameter { relative * p.eps2.max(rms(&state.var)?) } else { relative };
         let beta2t = 1.0 - (t as f64).powf(p.decay_rate);
-        let squared = (grad.sqr()? + p.eps1)?;
-        let (update, second) = match &state.second {
+        let squared = |range: &Range<usize>| f32_part(&grad, range)?.sqr()? + p.eps1;
+        match &state.second {
             SecondMoment::Factored { row, col } => {
-                let next_row = ((row.as_tensor().detach() * beta2t)? + (squared.mean(D::Minus1)? * (1.0 - beta2t))?)?;
-                let next_col = ((col.as_tensor().detach() * beta2t)? + (squared.mean(D::Minus2)? * (1.0 - beta2t))?)?;
+                let dims = state.var.dims();
+                let (rows, cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+                let matrices = n / (rows * cols);
+                let (mut row_means, mut col_means) = (Vec::new(), Vec::new());
+                for matrix in 0..matrices {
+                    let mut col_sum: Option<Tensor> = None;
+                    for range in matrix_slices(matrix, rows, cols) {
+                        let sq = squared(&range)?.reshape((range.len() / cols, cols))?;
+                        row_means.push(sq.mean(D::Minus1)?);
+                        let sum = sq.sum(D::Minus2)?;
+                        col_sum = Some(match col_sum {
+                            None => sum,
+                            Some(before) => (before + sum)?,
+                        });
+                    }
+                    if let Some(sum) = col_sum {
+                        col_means.push((sum / rows as f64)?);
+                    }
+                }
+                let row_means = Tensor::cat(&row_means, 0)?.reshape(row.shape())?;
+                let col_means = Tensor::stack(&col_means, 0)?.reshape(col.shape())?;
+                let next_row = ((row.as_tensor().detach() * beta2t)? + (row_means * (1.0 - beta2t))?)?;
+                let next_col = ((col.as_tensor().detach() * beta2t)? + (col_means * (1.0 - beta2t))?)?;
                 let row_factor = next_row.broadcast_div(&next_row.mean_keepdim(D::Minus1)?)?.sqrt()?.recip()?;
-                let col_factor = next_col.sqrt()?.recip()?;
-                let update = row_factor.unsqueeze(D::Minus1)?.broadcast_mul(&col_factor.unsqueeze(D::Minus2)?)?;
-                ((update * &grad)?, vec![next_row, next_col])
+                let (row_factor, col_factor) =
+                    (row_factor.flatten_all()?, next_col.sqrt()?.recip()?.reshape((matrices, cols))?);
+                let update_of = |matrix: usize, range: &Range<usize>| -> Result<Tensor> {
+                    let count = range.len() / cols;
+                    let r = row_factor.narrow(0, range.start / cols, count)?.unsqueeze(1)?;
+                    let c = col_factor.narrow(0, matrix, 1)?;
+                    (r.broadcast_mul(&c)? * f32_part(&grad, range)?.reshape((count, cols))?)?.flatten_all()
+                };
+                let each = || (0..matrices).flat_map(|m| matrix_slices(m, rows, cols).map(move |range| (m, range)));
+                let mut sum_of_squares = 0f64;
+                for (matrix, range) in each() {
+                    sum_of_squares += sum_sq(&update_of(matrix, &range)?)?;
+                }
+                let clip = ((sum_of_squares / n as f64).sqrt() / p.clip_threshold).max(1.0);
+                for (matrix, range) in each() {
+                    self.apply(state, &range, (update_of(matrix, &range)? * (lr / clip))?, lr, write)?;
+                }
+                if write {
+                    row.set(&next_row)?;
+                    col.set(&next_col)?;
+                }
             }
             SecondMoment::Full(v) => {
-                let next_v = ((v.as_tensor().detach() * beta2t)? + (squared * (1.0 - beta2t))?)?;
-                ((next_v.sqrt()?.recip()? * &grad)?, vec![next_v])
+                let next_v_of =
+                    |range: &Range<usize>| (part(v, range)? * beta2t)? + (squared(range)? * (1.0 - beta2t))?;
+                let mut sum_of_squares = 0f64;
+                for range in super::slices(n, 1) {
+                    let update = (next_v_of(&range)?.sqrt()?.recip()? * f32_part(&grad, &range)?)?;
+                    sum_of_squares += sum_sq(&update)?;
+                }
+                let clip = ((sum_of_squares / n as f64).sqrt() / p.clip_threshold).max(1.0);
+                for range in super::slices(n, 1) {
+                    let next_v = next_v_of(&range)?;
+                    let update = (next_v.sqrt()?.recip()? * f32_part(&grad, &range)?)?;
+                    if write {
+                        write_part(v, &range, &next_v)?;
+                    }
+                    drop(next_v);
+                    self.apply(state, &range, (update * (lr / clip))?, lr, write)?;
+                }
             }
-        };
-        let clip = (rms(&update)? / p.clip_threshold).max(1.0);
-        let mut update = (update * (lr / clip))?;
-        let first = match (&state.first, p.beta1) {
-            (Some(m), Some(beta1)) => {
-                let next_m = ((m.as_tensor().detach() * beta1)? + (update * (1.0 - beta1))?)?;
-                update = next_m.clone();
-                Some(next_m)
-            }
-            _ => None,
-        };
-        let decayed = if p.weight_decay != 0.0 { (&theta * (1.0 - p.weight_decay * lr))? } else { theta };
-        let next_theta = (decayed - update)?.to_dtype(state.var.dtype())?;
-        Ok((next_theta, second, first))
+        }
+        Ok(())
     }
+
+    /// A slice's scaled update applied: through the first moment where there
+    /// is one, then to the weights (decayed first).
+    fn apply(&self, state: &State, range: &Range<usize>, mut update: Tensor, lr: f64, write: bool) -> Result<()> {
+        let p = &self.params;
+        if let (Some(m), Some(beta1)) = (&state.first, p.beta1) {
+            let next_m = ((part(m, range)? * beta1)? + (update * (1.0 - beta1))?)?;
+            if write {
+                write_part(m, range, &next_m)?;
+            }
+            update = next_m;
+        }
+        let theta = f32_part(&state.var, range)?;
+        let decayed = if p.weight_decay != 0.0 { (theta * (1.0 - p.weight_decay * lr))? } else { theta };
+        let next_theta = (decayed - update)?.to_dtype(state.var.dtype())?;
+        if write {
+            write_part(&state.var, range, &next_theta)?;
+        }
+        Ok(())
+    }
+}
+
+/// `range` of `tensor`'s elements in f32.
+fn f32_part(tensor: &Tensor, range: &Range<usize>) -> Result<Tensor> {
+    part(tensor, range)?.to_dtype(DType::F32)
+}
+
+/// The sum of `x`'s squares.
+fn sum_sq(x: &Tensor) -> Result<f64> {
+    Ok(f64::from(x.sqr()?.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?))
+}
+
+/// The slices of whole rows of the `matrix`-th `rows × cols` matrix of a
+/// variable (its last two dimensions), as ranges of the variable's elements.
+fn matrix_slices(matrix: usize, rows: usize, cols: usize) -> impl Iterator<Item = Range<usize>> {
+    let base = matrix * rows * cols;
+    super::slices(rows * cols, cols).map(move |range| base + range.start..base + range.end)
 }
 
 impl Optimizer for Adafactor {
@@ -190,8 +283,6 @@ impl Optimizer for Adafactor {
 
 impl super::PerVariable for Adafactor {
     type State = State;
-    /// The weights, the second moment's tensors (row and column, or full), the first moment.
-    type Next = (Tensor, Vec<Tensor>, Option<Tensor>);
 
     fn states(&self) -> &States<State> {
         &self.states
@@ -201,23 +292,8 @@ impl super::PerVariable for Adafactor {
         &mut self.states
     }
 
-    fn next(&self, state: &State, grad: &Tensor, step: u64) -> Result<Self::Next> {
-        self.update(state, grad, step)
-    }
-
-    fn write(state: &State, (theta, second, first): Self::Next) -> Result<()> {
-        match (&state.second, second.as_slice()) {
-            (SecondMoment::Factored { row, col }, [next_row, next_col]) => {
-                row.set(next_row)?;
-                col.set(next_col)?;
-            }
-            (SecondMoment::Full(v), [next_v]) => v.set(next_v)?,
-            _ => unreachable!("update returns the moments of the state's kind"),
-        }
-        if let (Some(m), Some(next_m)) = (&state.first, first) {
-            m.set(&next_m)?;
-        }
-        state.var.set(&theta)
+    fn update(&self, state: &State, grad: &Tensor, step: u64, write: bool) -> Result<()> {
+        self.update_sliced(state, grad, step, write)
     }
 
     fn held_bytes(&self) -> u64 {

@@ -6,7 +6,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-use super::{DryStep, States, VariableState};
+use super::{DryStep, States, VariableState, part, write_part};
 use crate::per_parameter::OptimizerKind;
 
 /// One variable and its two moments.
@@ -20,18 +20,23 @@ pub(crate) struct AdamWState {
     second_moment: Var,
 }
 
-/// AdamW, computed exactly as `candle_nn::AdamW` 0.11 computes it (same tensor
-/// operations in the same order, bit-identical results), with two additions the
-/// probe needs: the moments are readable, and [`dry_step`](AdamW::dry_step) runs
-/// the whole update, allocating every temporary the real step allocates, without
-/// writing anything.
+/// AdamW with `candle_nn::AdamW` 0.11's numbers (the same elementwise
+/// operations, bit-identical results) and a bounded step: each variable is
+/// updated a slice of 2^20 elements at a time, written in place
+/// (`Tensor::slice_set`), so the step's temporaries stay about 20 MiB in f32
+/// whatever the largest variable, where candle-nn's make several copies of
+/// it (56 bytes a parameter: 1.5 GB for a 28M-parameter embedding). Two
+/// additions the probe needs: the moments are readable, and
+/// [`dry_step`](AdamW::dry_step) runs the whole update, allocating every
+/// temporary the real step allocates, without writing anything.
 ///
 /// That is how the reference workloads probe with the optimizer step measured and
 /// still change nothing: no snapshot of weights and moments (which would cost 3×
 /// the parameter bytes during probing and inflate every measured peak), no
 /// throwaway optimizer (2× the parameter bytes of extra moments, and the weights
-/// would still move). `Var::set` copies into existing storage, so skipping it
-/// changes no allocation.
+/// would still move). A slice written in place allocates nothing, so skipping
+/// the write changes no allocation. Train with this type where the probe
+/// measured it ([`ModelProbe::adamw`](crate::ModelProbe::adamw)).
 #[derive(Debug)]
 pub struct AdamW {
     states: States<AdamWState>,
@@ -84,7 +89,6 @@ impl AdamW {
 
 impl super::PerVariable for AdamW {
     type State = AdamWState;
-    type Next = (Tensor, Tensor, Tensor);
 
     fn states(&self) -> &States<AdamWState> {
         &self.states
@@ -94,14 +98,21 @@ impl super::PerVariable for AdamW {
         &mut self.states
     }
 
-    fn next(&self, state: &AdamWState, grad: &Tensor, step: u64) -> Result<Self::Next> {
-        self.update(state, grad, step as usize)
-    }
-
-    fn write(state: &AdamWState, (next_m, next_v, next_theta): Self::Next) -> Result<()> {
-        state.first_moment.set(&next_m)?;
-        state.second_moment.set(&next_v)?;
-        state.var.set(&next_theta)
+    fn update(&self, state: &AdamWState, grad: &Tensor, step: u64, write: bool) -> Result<()> {
+        let AdamWState { var, first_moment, second_moment } = state;
+        let grad = super::whole_gradient(grad)?;
+        for range in super::slices(var.elem_count(), 1) {
+            let [theta, m, v] = [var.as_tensor(), first_moment, second_moment].map(|t| part(t, &range));
+            // a master's gradient comes in its variable's dtype (MixedPrecision)
+            let g = part(&grad, &range)?.to_dtype(var.dtype())?;
+            let (next_m, next_v, next_theta) = self.next(&theta?, &m?, &v?, &g, step as usize)?;
+            if write {
+                write_part(first_moment, &range, &next_m)?;
+                write_part(second_moment, &range, &next_v)?;
+                write_part(var, &range, &next_theta)?;
+            }
+        }
+        Ok(())
     }
 
     fn held_bytes(&self) -> u64 {
@@ -121,17 +132,33 @@ impl VariableState for AdamWState {
 }
 
 impl AdamW {
-    fn update(&self, state: &AdamWState, g: &Tensor, step_t: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    /// The next first and second moments and weights of one slice: candle-nn's
+    /// operations in candle-nn's order, so the result is bit-identical.
+    fn next(
+        &self,
+        theta: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        step_t: usize,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let ParamsAdamW { lr, beta1, beta2, eps, weight_decay } = self.params;
         let scale_m = 1f64 / (1f64 - beta1.powi(step_t as i32));
         let scale_v = 1f64 / (1f64 - beta2.powi(step_t as i32));
-        let next_m = ((state.first_moment.as_tensor() * beta1)? + (g * (1.0 - beta1))?)?;
-        let next_v = ((state.second_moment.as_tensor() * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+        // each intermediate freed as soon as the next exists (a temporary
+        // lives to the end of its statement; an operator on an owned tensor
+        // frees it): the values are candle-nn's, the same elementwise operations
+        let next_m = ((m * beta1)? + (g * (1.0 - beta1))?)?;
+        let squared = g.sqr()?;
+        let squared = (squared * (1.0 - beta2))?;
+        let next_v = ((v * beta2)? + squared)?;
         let m_hat = (&next_m * scale_m)?;
         let v_hat = (&next_v * scale_v)?;
-        let next_theta = (state.var.as_tensor() * (1f64 - lr * weight_decay))?;
-        let adjusted_grad = (m_hat / (v_hat.sqrt()? + eps)?)?;
-        let next_theta = (next_theta - (adjusted_grad * lr)?)?;
+        let root = v_hat.sqrt()?;
+        drop(v_hat);
+        let adjusted_grad = (m_hat / (root + eps)?)?;
+        let step = (adjusted_grad * lr)?;
+        let next_theta = ((theta * (1f64 - lr * weight_decay))? - step)?;
         Ok((next_m, next_v, next_theta))
     }
 }

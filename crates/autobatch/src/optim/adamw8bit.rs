@@ -17,10 +17,12 @@
 //!   by `0 + ε` explodes; bitsandbytes' dynamic code avoids that the same way,
 //!   by spending its bits on exponents.
 
+use std::ops::Range;
+
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-use super::{States, VariableState};
+use super::{States, VariableState, part, write_part};
 use crate::per_parameter::OptimizerKind;
 
 /// Values per quantization block.
@@ -84,6 +86,7 @@ fn blocks(x: &Tensor) -> Result<Tensor> {
 }
 
 /// The first `n` values of `blocks`, shaped like `like`.
+#[cfg(test)]
 fn unblocks(blocks: &Tensor, like: &Tensor) -> Result<Tensor> {
     blocks.flatten_all()?.narrow(0, 0, like.elem_count())?.reshape(like.shape())
 }
@@ -171,28 +174,33 @@ impl AdamW8bit {
     }
 
     /// The first and second moments of `state`, in f32, detached.
-    fn moments(&self, state: &State) -> Result<(Tensor, Tensor)> {
+    /// The moments of `range` of the variable, in f32 (a quantized state's
+    /// blocks decoded, the range a whole number of blocks from a block's start).
+    fn moments(&self, state: &State, range: &Range<usize>) -> Result<(Tensor, Tensor)> {
         match &state.moments {
-            Moments::Full { m, v } => Ok((m.as_tensor().detach(), v.as_tensor().detach())),
+            Moments::Full { m, v } => Ok((part(m, range)?, part(v, range)?)),
             Moments::Quantized { m, v } => {
-                let like = state.var.as_tensor();
-                let m = unblocks(&decode_linear(&m.codes.as_tensor().detach(), &m.scales.as_tensor().detach())?, like)?;
-                let sqrt_v =
-                    unblocks(&decode_log(&v.codes.as_tensor().detach(), &v.scales.as_tensor().detach())?, like)?;
+                let (first, count) = (range.start / BLOCK, range.len().div_ceil(BLOCK));
+                let rows = |q: &Quantized| -> Result<(Tensor, Tensor)> {
+                    Ok((
+                        q.codes.as_tensor().detach().narrow(0, first, count)?,
+                        q.scales.as_tensor().detach().narrow(0, first, count)?,
+                    ))
+                };
+                let within = |blocks: Tensor| blocks.flatten_all()?.narrow(0, 0, range.len());
+                let (codes, scales) = rows(m)?;
+                let m = within(decode_linear(&codes, &scales)?)?;
+                let (codes, scales) = rows(v)?;
+                let sqrt_v = within(decode_log(&codes, &scales)?)?;
                 Ok((m, sqrt_v.sqr()?))
             }
         }
     }
 
-    /// The step's results for `state`. Every input is detached, so no op
-    /// records a graph, and each intermediate is replaced as soon as the next
-    /// one exists: the update's temporaries stay at a few f32 copies of the
-    /// variable (measured in `tests/measured/optimizers.rs` and docs/optimizers.md;
-    /// `candle_nn::AdamW`'s take fourteen), for real and dry steps alike.
-    fn update(&self, state: &State, grad: &Tensor, t: usize) -> Result<Next> {
+    /// The next weights and moments of one slice (`theta`, its gradient `g`
+    /// in f32), the moments quantized again where the state is.
+    fn next(&self, state: &State, theta: Tensor, (m, v): (Tensor, Tensor), g: Tensor, t: usize) -> Result<Next> {
         let ParamsAdamW { lr, beta1, beta2, eps, weight_decay } = self.params;
-        let g = grad.detach().to_dtype(DType::F32)?;
-        let (m, v) = self.moments(state)?;
         // m ← β₁·m + (1 − β₁)·g
         let mut next_m = m.affine(beta1, 0.0)?;
         drop(m);
@@ -221,12 +229,33 @@ impl AdamW8bit {
         let denominator = sqrt_v.affine(bias_v.sqrt(), eps)?;
         drop(sqrt_v);
         step = (step / denominator)?;
-        let theta = state.var.as_tensor().detach().to_dtype(DType::F32)?;
+        let dtype = theta.dtype();
+        let theta = theta.to_dtype(DType::F32)?;
         let mut next_theta = theta.affine(1.0 - lr * weight_decay, 0.0)?;
         drop(theta);
         next_theta = (next_theta - step)?;
-        let theta = next_theta.to_dtype(state.var.dtype())?;
+        let theta = next_theta.to_dtype(dtype)?;
         Ok(Next { theta, moments })
+    }
+
+    /// Writes one slice's next weights and moments.
+    fn write(state: &State, range: &Range<usize>, Next { theta, moments }: Next) -> Result<()> {
+        match (moments, &state.moments) {
+            (NextMoments::Full { m, v }, Moments::Full { m: m_var, v: v_var }) => {
+                write_part(m_var, range, &m)?;
+                write_part(v_var, range, &v)?;
+            }
+            (NextMoments::Quantized { m, v }, Moments::Quantized { m: m_q, v: v_q }) => {
+                let (first, count) = (range.start / BLOCK, range.len().div_ceil(BLOCK));
+                let (codes, scales) = (first * BLOCK..(first + count) * BLOCK, first..first + count);
+                write_part(&m_q.codes, &codes, &m.0)?;
+                write_part(&m_q.scales, &scales, &m.1)?;
+                write_part(&v_q.codes, &codes, &v.0)?;
+                write_part(&v_q.scales, &scales, &v.1)?;
+            }
+            _ => unreachable!("next returns the moments of the state's kind"),
+        }
+        write_part(&state.var, range, &theta)
     }
 }
 
@@ -258,7 +287,6 @@ impl Optimizer for AdamW8bit {
 
 impl super::PerVariable for AdamW8bit {
     type State = State;
-    type Next = Next;
 
     fn states(&self) -> &States<State> {
         &self.states
@@ -268,25 +296,19 @@ impl super::PerVariable for AdamW8bit {
         &mut self.states
     }
 
-    fn next(&self, state: &State, grad: &Tensor, step: u64) -> Result<Next> {
-        self.update(state, grad, step as usize)
-    }
-
-    fn write(state: &State, Next { theta, moments }: Next) -> Result<()> {
-        match (moments, &state.moments) {
-            (NextMoments::Full { m, v }, Moments::Full { m: m_var, v: v_var }) => {
-                m_var.set(&m)?;
-                v_var.set(&v)?;
+    fn update(&self, state: &State, grad: &Tensor, step: u64, write: bool) -> Result<()> {
+        let grad = super::whole_gradient(grad)?;
+        // a quantized state's slices are whole blocks
+        let granule = if matches!(state.moments, Moments::Quantized { .. }) { BLOCK } else { 1 };
+        for range in super::slices(state.var.elem_count(), granule) {
+            let moments = self.moments(state, &range)?;
+            let g = part(&grad, &range)?.to_dtype(DType::F32)?;
+            let next = self.next(state, part(&state.var, &range)?, moments, g, step as usize)?;
+            if write {
+                Self::write(state, &range, next)?;
             }
-            (NextMoments::Quantized { m, v }, Moments::Quantized { m: m_q, v: v_q }) => {
-                m_q.codes.set(&m.0)?;
-                m_q.scales.set(&m.1)?;
-                v_q.codes.set(&v.0)?;
-                v_q.scales.set(&v.1)?;
-            }
-            _ => unreachable!("update returns the moments of the state's kind"),
         }
-        state.var.set(&theta)
+        Ok(())
     }
 
     fn held_bytes(&self) -> u64 {

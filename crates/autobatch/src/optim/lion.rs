@@ -4,7 +4,7 @@
 use candle_core::{Result, Tensor, Var};
 use candle_nn::Optimizer;
 
-use super::States;
+use super::{States, part, write_part};
 use crate::per_parameter::OptimizerKind;
 
 /// Lion's hyper-parameters. The defaults are the paper's: β₁ 0.9, β₂ 0.99,
@@ -58,9 +58,9 @@ impl Lion {
     /// intermediate is replaced as soon as the next exists (`x = x.op()?`
     /// frees the old `x`): the step's temporaries stay at a few copies of the
     /// variable, for real and dry steps alike.
-    fn update(&self, var: &Var, m: &Var, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// The next weights and moment of one slice.
+    fn next(&self, theta: Tensor, m: Tensor, g: Tensor) -> Result<(Tensor, Tensor)> {
         let ParamsLion { lr, beta1, beta2, weight_decay } = self.params;
-        let (theta, m, g) = (var.as_tensor().detach(), m.as_tensor().detach(), g.detach());
         let mut next_m = m.affine(beta2, 0.0)?;
         next_m = (next_m + g.affine(1.0 - beta2, 0.0)?)?;
         let mut c = m.affine(beta1, 0.0)?;
@@ -93,7 +93,6 @@ impl Optimizer for Lion {
 impl super::PerVariable for Lion {
     /// A variable and its moment.
     type State = (Var, Var);
-    type Next = (Tensor, Tensor);
 
     fn states(&self) -> &States<(Var, Var)> {
         &self.states
@@ -104,13 +103,18 @@ impl super::PerVariable for Lion {
     }
 
     /// Lion's update does not depend on the step.
-    fn next(&self, (var, m): &(Var, Var), grad: &Tensor, _step: u64) -> Result<Self::Next> {
-        self.update(var, m, grad)
-    }
-
-    fn write((var, m): &(Var, Var), (next_theta, next_m): Self::Next) -> Result<()> {
-        var.set(&next_theta)?;
-        m.set(&next_m)
+    fn update(&self, (var, m): &(Var, Var), grad: &Tensor, _step: u64, write: bool) -> Result<()> {
+        let grad = super::whole_gradient(grad)?;
+        for range in super::slices(var.elem_count(), 1) {
+            // a master's gradient comes in its variable's dtype (MixedPrecision)
+            let g = part(&grad, &range)?.to_dtype(var.dtype())?;
+            let (next_theta, next_m) = self.next(part(var, &range)?, part(m, &range)?, g)?;
+            if write {
+                write_part(m, &range, &next_m)?;
+                write_part(var, &range, &next_theta)?;
+            }
+        }
+        Ok(())
     }
 
     fn held_bytes(&self) -> u64 {

@@ -46,19 +46,40 @@ impl<O: Optimizer> MixedPrecision<O> {
         self.pairs.iter().map(|(_, master)| master.clone()).collect()
     }
 
-    /// The model's gradients as f32 gradients of the masters.
-    fn master_grads(&self, grads: &GradStore) -> Result<GradStore> {
+    /// The model's gradients as the masters' (the same tensors, not copies:
+    /// each optimizer here casts a slice at a time to its variable's dtype).
+    fn master_grads(&self, grads: &GradStore) -> GradStore {
         let mut master_grads = GradStore::default();
         for (var, master) in &self.pairs {
             if let Some(grad) = grads.get(var.as_tensor()) {
-                master_grads.insert(master.as_tensor(), grad.to_dtype(DType::F32)?);
+                master_grads.insert(master.as_tensor(), grad.clone());
             }
         }
-        Ok(master_grads)
+        master_grads
+    }
+
+    /// Each master rounded to its variable's dtype a slice at a time, written
+    /// into the variable (`write`) or dropped.
+    fn round_back(&self, write: bool) -> Result<()> {
+        for (var, master) in &self.pairs {
+            if var.dtype() == DType::F32 {
+                continue;
+            }
+            for range in super::slices(var.elem_count(), 1) {
+                let rounded = super::part(master, &range)?.to_dtype(var.dtype())?;
+                if write {
+                    super::write_part(var, &range, &rounded)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
-impl<O: Optimizer> Optimizer for MixedPrecision<O> {
+/// Over this crate's optimizers ([`DryStep`]s), which take a master's
+/// gradient in its variable's dtype and cast it a slice at a time: no f32 copy
+/// of the gradients is made (a candle-nn optimizer would need one).
+impl<O: Optimizer + DryStep> Optimizer for MixedPrecision<O> {
     type Config = O::Config;
 
     fn new(vars: Vec<Var>, config: O::Config) -> Result<Self> {
@@ -81,15 +102,8 @@ impl<O: Optimizer> Optimizer for MixedPrecision<O> {
     /// Steps the masters with the model's gradients (cast to f32), then
     /// writes each master back into its variable, rounded to the variable's dtype.
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        let master_grads = self.master_grads(grads)?;
-        self.optimizer.step(&master_grads)?;
-        drop(master_grads);
-        for (var, master) in &self.pairs {
-            if var.dtype() != DType::F32 {
-                var.set(&master.as_tensor().to_dtype(var.dtype())?)?;
-            }
-        }
-        Ok(())
+        self.optimizer.step(&self.master_grads(grads))?;
+        self.round_back(true)
     }
 
     fn learning_rate(&self) -> f64 {
@@ -103,16 +117,8 @@ impl<O: Optimizer> Optimizer for MixedPrecision<O> {
 
 impl<O: Optimizer + DryStep> DryStep for MixedPrecision<O> {
     fn dry_step(&self, grads: &GradStore) -> Result<()> {
-        let master_grads = self.master_grads(grads)?;
-        self.optimizer.dry_step(&master_grads)?;
-        drop(master_grads);
-        // the cast back allocates one variable's copy at a time
-        for (var, master) in &self.pairs {
-            if var.dtype() != DType::F32 {
-                drop(master.as_tensor().to_dtype(var.dtype())?);
-            }
-        }
-        Ok(())
+        self.optimizer.dry_step(&self.master_grads(grads))?;
+        self.round_back(false)
     }
 
     fn state_bytes(&self) -> u64 {

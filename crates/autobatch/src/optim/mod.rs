@@ -39,6 +39,8 @@ mod adamw8bit;
 mod lion;
 mod mixed;
 
+use std::ops::Range;
+
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
@@ -81,30 +83,65 @@ impl VariableState for (Var, Var) {
 
 /// What every optimizer here is made of: a state per float variable and an
 /// update that computes a variable's next values (weights and state) from
-/// its gradient. [`step`] writes them, [`dry_step`] computes and drops them,
-/// one variable at a time, so that both allocate the same temporaries; every
-/// one of them is a [`DryStep`] through this.
+/// its gradient a slice at a time ([`slices`]), writing each slice into the
+/// variable and its state in place ([`step`]) or dropping it
+/// ([`DryStep::dry_step`]): the same temporaries either way, none larger than
+/// a slice, so that a step's transient is bounded by the slice, not by the
+/// largest variable (as `torch.optim.AdamW`'s foreach and fused forms update
+/// in place). Every one of them is a [`DryStep`] through this.
 pub(crate) trait PerVariable {
     /// A variable and its state.
     type State: VariableState;
-    /// A variable's next weights and state.
-    type Next;
 
     fn states(&self) -> &States<Self::State>;
 
     fn states_mut(&mut self) -> &mut States<Self::State>;
 
-    /// The next weights and state of `state`'s variable for `grad`, at step `step` (from 1).
-    fn next(&self, state: &Self::State, grad: &Tensor, step: u64) -> Result<Self::Next>;
-
-    /// Writes `next` into the variable and its state.
-    fn write(state: &Self::State, next: Self::Next) -> Result<()>;
+    /// Computes the next weights and state of `state`'s variable for `grad`
+    /// at step `step` (from 1), slice by slice, writing each (`write`) or
+    /// dropping it.
+    fn update(&self, state: &Self::State, grad: &Tensor, step: u64, write: bool) -> Result<()>;
 
     /// Bytes of state held between steps ([`DryStep::state_bytes`]).
     fn held_bytes(&self) -> u64;
 
     /// The kind the estimate knows it as ([`DryStep::kind`]).
     fn optimizer_kind(&self) -> OptimizerKind;
+}
+
+/// The most elements of a variable an update computes at once: 4 MiB in
+/// f32, so that an update's temporaries (about five slices at their peak)
+/// stay near 20 MiB whatever the variable (a 151,936-row embedding, an
+/// untied head), and a slice is still large enough that its kernels, not
+/// their launches, take the time.
+pub(crate) use crate::per_parameter::SLICE_ELEMENTS;
+
+/// The slices of a variable of `elements` elements (flattened, row-major):
+/// ranges of at most [`SLICE_ELEMENTS`] (at least one `granule`), each a
+/// whole number of `granule`s but the last.
+pub(crate) fn slices(elements: usize, granule: usize) -> impl Iterator<Item = Range<usize>> {
+    let granule = granule.max(1);
+    let width = (SLICE_ELEMENTS / granule).max(1) * granule;
+    (0..elements).step_by(width).map(move |start| start..(start + width).min(elements))
+}
+
+/// `range` of `tensor`'s elements, flattened and detached: a view of a
+/// contiguous tensor (a chain of ops on a tensor with a graph would keep
+/// every intermediate alive until the result is dropped).
+pub(crate) fn part(tensor: &Tensor, range: &Range<usize>) -> Result<Tensor> {
+    tensor.detach().flatten_all()?.narrow(0, range.start, range.len())
+}
+
+/// Writes `values` over `range` of `var`'s elements, in place (no copy of
+/// the variable: `Tensor::slice_set` into its storage, on the CPU and CUDA alike).
+pub(crate) fn write_part(var: &Var, range: &Range<usize>, values: &Tensor) -> Result<()> {
+    var.as_tensor().detach().flatten_all()?.slice_set(&values.flatten_all()?.contiguous()?, 0, range.start)
+}
+
+/// A gradient its slices can be views of: contiguous, detached (a copy only
+/// where backward left it strided).
+pub(crate) fn whole_gradient(grad: &Tensor) -> Result<Tensor> {
+    grad.detach().contiguous()
 }
 
 /// One optimizer step: each variable with a gradient updated in turn.
@@ -114,7 +151,7 @@ pub(crate) fn step<O: PerVariable>(optimizer: &mut O, grads: &GradStore) -> Resu
     let step = optimizer.states().taken;
     for state in &optimizer.states().each {
         if let Some(grad) = grads.get(state.variable().as_tensor()) {
-            O::write(state, optimizer.next(state, grad, step)?)?;
+            optimizer.update(state, grad, step, true)?;
         }
     }
     Ok(())
@@ -126,7 +163,7 @@ impl<O: PerVariable> DryStep for O {
         let step = self.states().taken + 1;
         for state in &self.states().each {
             if let Some(grad) = grads.get(state.variable().as_tensor()) {
-                drop(self.next(state, grad, step)?);
+                self.update(state, grad, step, false)?;
             }
         }
         Ok(())

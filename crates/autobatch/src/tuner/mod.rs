@@ -380,7 +380,16 @@ impl Settings {
             None => None,
         };
         // a cached answer that a budget cut short is at most where the search starts
-        let mut cached = cache.as_ref().and_then(|(path, key)| crate::cache::lookup(path, key));
+        let mut cached = cache.as_ref().and_then(|(path, key)| {
+            let plan = crate::cache::lookup(path, key)?;
+            match self.disagreement(&plan, capacity_bytes) {
+                None => Some(plan),
+                Some(why) => {
+                    warn!("ignoring an entry of the plan cache {} (probing instead): {why}", path.display());
+                    None
+                }
+            }
+        });
         let unproven =
             cached.as_ref().and_then(|plan| Some((plan, plan.stopped_by.clone().filter(SearchLimit::cut_short)?)));
         let resumed = unproven.map(|(plan, stopped_by)| {
@@ -427,6 +436,26 @@ impl Settings {
         // said by this run, not by a later one that reads the stored plan
         plan.warnings.extend(note);
         Ok(plan)
+    }
+}
+
+impl Settings {
+    /// Where a cached plan says it ran under other settings than the key it
+    /// is stored under names (an entry edited by hand): what differs.
+    fn disagreement(&self, plan: &Plan, capacity_bytes: u64) -> Option<String> {
+        let o = &self.options;
+        let differs = [
+            ("ceiling", plan.ceiling().fraction().to_string(), self.ceiling.fraction().to_string()),
+            ("capacity in bytes", plan.capacity_bytes().to_string(), capacity_bytes.to_string()),
+            ("granularity", plan.multiple_of().to_string(), o.multiple_of.to_string()),
+            ("strategy", plan.strategy().to_string(), o.strategy.to_string()),
+        ];
+        let said: Vec<String> = differs
+            .into_iter()
+            .filter(|(_, stored, asked)| stored != asked)
+            .map(|(name, stored, asked)| format!("{name} {stored} where its key says {asked}"))
+            .collect();
+        (!said.is_empty()).then(|| said.join(", "))
     }
 }
 

@@ -148,7 +148,7 @@ fn larger_matmuls_before_between_and_after_trials_change_no_answer() {
 
     // training with the plan, after larger matmuls, peaks under its ceiling
     larger_matmuls_everywhere();
-    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut training = TrainLoop::new(&quiet, &varmap, optimizer).unwrap();
     let mut meter = quiet_meter;
     let mut step = || {

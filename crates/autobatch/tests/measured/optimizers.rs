@@ -530,12 +530,8 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
             // (the weights train on: their values do not change the memory)
             let vars = varmap.all_vars();
             let trained = match name {
-                "adamw" => train_peak(
-                    &mut meter,
-                    candle_nn::AdamW::new(vars, ParamsAdamW::default()).unwrap(),
-                    || loss(b),
-                    held,
-                ),
+                // the probe measured this crate's AdamW, which training runs
+                "adamw" => train_peak(&mut meter, AdamW::new(vars, ParamsAdamW::default()).unwrap(), || loss(b), held),
                 "lion" => train_peak(&mut meter, Lion::new(vars, ParamsLion::default()).unwrap(), || loss(b), held),
                 "adafactor" => {
                     train_peak(&mut meter, Adafactor::new(vars, ParamsAdafactor::default()).unwrap(), || loss(b), held)

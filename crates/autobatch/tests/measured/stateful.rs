@@ -255,7 +255,7 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
     let (at, above) = (peak(&mut probe, &mut meter, side), peak(&mut probe, &mut meter, side + 4));
     assert!(at <= limit && above > limit, "side {side} peaks at {at}, {} at {above}, limit {limit}", side + 4);
     drop(probe);
-    let mut optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let mut optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     optimizer.step(&model.loss(batch, side, 1).unwrap().backward().unwrap()).unwrap(); // the moments exist
     meter.reset_peak().unwrap();
     let grads = model.loss(batch, side, 2).unwrap().backward().unwrap();
@@ -282,7 +282,7 @@ fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
         Tuner::new().target_effective_batch(2 * first.largest_batch + 1).run(&mut probe, &mut meter).unwrap()
     };
     let before = bits(&varmap);
-    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
     for step in 0..3 {
         meter.reset_peak().unwrap();
@@ -379,13 +379,20 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
         .unwrap()
         .buffers_named(|name| name.starts_with("centre."));
     let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    // candle's CPU convolution runs its tiles as rayon tasks whose buffers
+    // overlap or not from one step to the next: the same step's peak takes
+    // one of two values 2.3 MB apart (seen here: 42.79 or 45.12 MB at batch
+    // 249). Each trial is the largest of four steps, as training meets them.
+    const STEPS: usize = 4;
+    let plan = Tuner::new().steps_per_trial(STEPS).run(&mut probe, &mut meter).unwrap();
     no_missing_gradients("declared", &plan.warnings);
     assert!(plan.proven_largest(), "{plan}");
     let (b, limit) = (plan.largest_batch, plan.limit_bytes());
     let mut peak = |batch| {
         meter.reset_peak().unwrap();
-        probe.step(batch).unwrap();
+        for _ in 0..STEPS {
+            probe.step(batch).unwrap();
+        }
         meter.peak().unwrap()
     };
     let (at, above) = (peak(b), peak(b + 1));

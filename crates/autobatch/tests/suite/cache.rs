@@ -154,6 +154,24 @@ fn corrupt_unreadable_and_foreign_files_are_ignored_and_left_alone() {
     assert!(!plan.cached());
 }
 
+/// An entry edited to say it ran under another ceiling, capacity or
+/// granularity than its key names is not served, however plausible its peaks.
+#[test]
+fn an_entry_that_disagrees_with_its_key_is_a_miss() {
+    for (field, value) in [("ceiling", serde_json::json!(0.99)), ("capacity_bytes", serde_json::json!(32 * GIB))] {
+        let path = scratch(&format!("edited-{field}"));
+        let tuner = Tuner::new().cache(&path).cache_key(model_key(64, 512));
+        run(&tuner, 16 * GIB);
+        let mut file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for entry in file["entries"].as_object_mut().unwrap().values_mut() {
+            entry["plan"][field] = value.clone();
+        }
+        std::fs::write(&path, file.to_string()).unwrap();
+        let (plan, steps) = run(&tuner, 16 * GIB);
+        assert!(!plan.cached() && steps > 0, "an entry edited at {field} was served");
+    }
+}
+
 #[test]
 fn a_cache_without_a_model_key_is_an_error_before_any_step() {
     let path = scratch("nokey");

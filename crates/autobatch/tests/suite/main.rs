@@ -12,6 +12,7 @@ mod guard;
 mod heap_meter_without_allocator;
 mod layering;
 mod longest;
+mod optim_slices;
 mod properties;
 mod readme;
 mod sizes;

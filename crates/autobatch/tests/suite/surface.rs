@@ -193,8 +193,9 @@ fn the_public_surface_does_not_grow() {
 /// fields leave, and raised only on purpose.
 #[test]
 fn the_public_methods_and_fields_do_not_grow() {
-    // 312: SearchLimit::cut_short (whether a cached answer may be served)
-    const MOST_METHODS: usize = 312;
+    // 312: SearchLimit::cut_short (whether a cached answer may be served);
+    // 313: OptimizerKind::slice_elements (what an optimizer's step spans at once)
+    const MOST_METHODS: usize = 313;
     // 194: Remedy::measured (a change made and run, not estimated)
     const MOST_FIELDS: usize = 194;
     let (mut methods, mut fields) = (0, 0);

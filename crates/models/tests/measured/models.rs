@@ -215,7 +215,8 @@ fn tune_and_train(family: &str, config: &Config, training: Training, room: u64) 
     let before = bits(model.varmap());
 
     let optimizer =
-        candle_nn::AdamW::new(model.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() }).unwrap();
+        autobatch::optim::AdamW::new(model.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() })
+            .unwrap();
     let mut training = TrainLoop::new(&plan, model.varmap(), optimizer).unwrap();
     let mut losses = Vec::new();
     for step in 0..6 {
@@ -711,7 +712,8 @@ fn lora_trains_over_every_base_under_the_ceiling() {
             ConfigModel::build(&config, &training, &Device::Cpu).unwrap(),
         );
         let mut optimizer =
-            candle_nn::AdamW::new(trained.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() }).unwrap();
+            autobatch::optim::AdamW::new(trained.varmap().all_vars(), ParamsAdamW { lr: 1e-2, ..Default::default() })
+                .unwrap();
         for step in 0..3 {
             optimizer.backward_step(&trained.loss(4, step).unwrap()).unwrap();
         }

@@ -493,7 +493,7 @@ fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
         assert!(verified <= plan.limit_bytes(), "{plan}");
         assert!(plan.trials.iter().any(|t| t.kind == autobatch::TrialKind::Accumulation && t.outcome.fits()));
 
-        let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+        let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
         let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
         let mut losses = Vec::new();
         for step in 0..3 {
@@ -637,7 +637,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     assert!(with.largest_batch > without.largest_batch, "{with}\n{without}");
     assert!(per_sample(&with) < 0.85 * per_sample(&without), "{with}\n{without}");
 
-    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut training = TrainLoop::new(&with, &varmap, optimizer).unwrap();
     let mut losses = Vec::new();
     for step in 0..3 {
@@ -752,7 +752,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let mut probe = probe.adamw(ParamsAdamW::default()).unwrap();
     let key = probe.cache_key().unwrap().to_string();
     assert!(key.contains("blocks.0.qkv.weight: F32 [96, 32]") && key.contains("seq_len: 32"), "{key}");
-    assert!(key.contains("optimizer: candle_nn::AdamW"), "{key}");
+    assert!(key.contains("optimizer: autobatch::optim::AdamW"), "{key}");
     let profile = probe.profile().unwrap();
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     assert_eq!(profile.parameters, parameters as u64);
@@ -806,7 +806,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
         assert!(peak <= plan.limit_bytes + TOLERANCE, "predicted {predicted:?} peaks at {peak}\n{plan}");
     }
     // one optimizer throughout, each step at its bucket's plan
-    let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let shortest = plan.sizes.values().next().unwrap();
     let mut training = TrainLoop::new(shortest, &varmap, optimizer).unwrap();
     for (&size, at_size) in plan.sizes.iter().rev() {
@@ -853,7 +853,7 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     assert!(next > limit - TOLERANCE, "length {} at batch {batch} peaks at {next} <= {limit}", len + 1);
     drop(probe);
     // training at that length and batch: backward, then candle-nn's AdamW
-    let mut optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let mut optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     optimizer.step(&model.loss_of_length(batch, 1, len).unwrap().backward().unwrap()).unwrap(); // the moments exist
     TrackingAllocator::reset_peak();
     let grads = model.loss_of_length(batch, 2, len).unwrap().backward().unwrap();
@@ -910,7 +910,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     assert!(sizes.sizes[&(SEQ / 2)].largest_batch > sizes.sizes[&SEQ].largest_batch, "{sizes}");
     for (&len, plan) in &sizes.sizes {
         assert!(plan.proven_largest(), "{plan}");
-        let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+        let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
         let mut training = TrainLoop::new(plan, &varmap, optimizer).unwrap();
         meter.reset_peak().unwrap();
         training
@@ -955,7 +955,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
             let trial = plan.trials.iter().rev().find(|t| t.kind == kind && t.batch == micro).unwrap();
             let probed = trial.peak_bytes.unwrap() - trial.baseline_bytes;
 
-            let optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+            let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
             let mut training = TrainLoop::new(&plan, varmap, optimizer).unwrap();
             let mut step = |meter: &mut HeapMeter| {
                 let before = meter.in_use().unwrap();
@@ -981,9 +981,9 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
             meter.peak().unwrap() - before
         };
         let (lean, whole) = (held(false), held(true));
-        // the MLP peaks in its update, where the store is held; the GPT in its backward pass
-        let more = if *name == "mlp" { whole > lean } else { whole >= lean };
-        assert!(more, "{name}: {whole} holding the whole store, {lean} the variables' gradients");
+        // never less; more only where the update is the step's peak (AdamW's
+        // update, a slice at a time, is neither model's peak here)
+        assert!(whole >= lean, "{name}: {whole} holding the whole store, {lean} the variables' gradients");
     }
 }
 
