@@ -196,8 +196,9 @@ fn the_public_methods_and_fields_do_not_grow() {
     // 312: SearchLimit::cut_short (whether a cached answer may be served);
     // 313: OptimizerKind::slice_elements (what an optimizer's step spans at once)
     const MOST_METHODS: usize = 313;
-    // 194: Remedy::measured (a change made and run, not estimated)
-    const MOST_FIELDS: usize = 194;
+    // 194: Remedy::measured (a change made and run, not estimated);
+    // 195: MemoryModel::plateau_bytes (the update's peak, apart from the line)
+    const MOST_FIELDS: usize = 195;
     let (mut methods, mut fields) = (0, 0);
     let mut folders = vec![src()];
     while let Some(folder) = folders.pop() {
