@@ -99,6 +99,16 @@ pub trait Workload {
     /// state kept between steps. Nothing by default.
     fn tuning_finished(&mut self) {}
 
+    /// Switches the step's update to a leaner form that computes the same
+    /// numbers (`leaner`: `candle_nn::AdamW` to `autobatch::optim::AdamW`) or
+    /// back, naming both (`(from, to)`); `None` where there is none (the
+    /// default). The tuner runs one step of the leaner form at the answer, for
+    /// the plan to say what switching saves, measured.
+    fn switch_update(&mut self, leaner: bool) -> Option<(String, String)> {
+        let _ = leaner;
+        None
+    }
+
     /// Frees the state the workload holds between steps for training only
     /// (the optimizer's: AdamW's moments), building it again at its next
     /// step; returns the bytes it expects to have freed, 0 when it holds none

@@ -120,6 +120,10 @@ pub struct ModelProbe<L> {
     untrained: Option<UntrainedGradients>,
     /// The element counts of the last step's graph, in its sorted order.
     graph_tensors: Option<Vec<GraphTensor>>,
+    /// `candle_nn::AdamW`'s parameters where it is the optimizer measured,
+    /// and the update parked while this crate's AdamW is measured in its
+    /// place ([`Workload::switch_update`]).
+    leaner: Option<(ParamsAdamW, Option<Update>)>,
     /// The loss and its forward graph stay alive through the update
     /// (training calls `optimizer.backward_step(&loss)`).
     graph_through_update: bool,
@@ -266,6 +270,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
             graph_recorded: false,
             graph_through_update: false,
             grad_store_through_update: false,
+            leaner: None,
         }
     }
 
@@ -353,12 +358,18 @@ impl<L: ProbeLoss> ModelProbe<L> {
         O::Config: Clone + 'static,
     {
         let host = self.vars.iter().map(|(_, var)| host_copy(var.as_tensor())).collect::<Result<Vec<_>>>()?;
+        let config_for_leaner = config.clone();
         let step = move |vars: &[Var], grads: &GradStore| -> Result<()> {
             let mut optimizer = O::new(vars.to_vec(), config.clone())?;
             optimizer.step(grads)
         };
         let name = std::any::type_name::<O>().to_owned();
         self.update = Update::General { name, step: Box::new(step), host };
+        // candle-nn's AdamW has a leaner form with the same numbers: the plan says what it saves
+        self.leaner = (std::any::TypeId::of::<O>() == std::any::TypeId::of::<candle_nn::AdamW>())
+            .then(|| (&config_for_leaner as &dyn std::any::Any).downcast_ref::<ParamsAdamW>().cloned())
+            .flatten()
+            .map(|params| (params, None));
         Ok(self)
     }
 
@@ -689,6 +700,53 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             Update::Dry { optimizer: Some(optimizer), rebuild: None, .. } => optimizer.free_state(),
             _ => 0,
         }
+    }
+
+    /// `candle_nn::AdamW`, measured through a host copy, switched to this
+    /// crate's AdamW (the same numbers, a slice at a time, its moments
+    /// allocated for the step measured) and back.
+    fn switch_update(&mut self, leaner: bool) -> Option<(String, String)> {
+        let vars = self.plain_vars();
+        let (params, parked) = self.leaner.as_mut()?;
+        match (leaner, parked.take()) {
+            (true, None) => {
+                let optimizer = AdamW::new(vars, params.clone()).ok()?;
+                let lean = Update::Dry {
+                    name: "autobatch::optim::AdamW".to_owned(),
+                    optimizer: Some(Box::new(optimizer)),
+                    rebuild: None,
+                    kind: Some(OptimizerKind::AdamW),
+                    master_weights: false,
+                };
+                let mut general = std::mem::replace(&mut self.update, lean);
+                // the host copy of the weights is the general path's alone (on the CPU, on
+                // the heap measured): freed while the lean update is measured
+                if let Update::General { host, .. } = &mut general {
+                    *host = Vec::new();
+                }
+                *parked = Some(general);
+            }
+            // back: the lean optimizer and its moments dropped here, the host copy made again
+            (false, Some(mut update)) => {
+                if let Update::General { host, .. } = &mut update {
+                    match vars.iter().map(|var| host_copy(var.as_tensor())).collect::<Result<Vec<_>>>() {
+                        Ok(copy) => *host = copy,
+                        Err(err) => {
+                            // without its copy the general update could not put the weights back:
+                            // the probe measures none rather than change them
+                            log::warn!("the weights could not be copied to the host again ({err}): no update measured");
+                            update = Update::None;
+                        }
+                    }
+                }
+                self.update = update;
+            }
+            (_, still) => {
+                *parked = still;
+                return None;
+            }
+        }
+        Some(("candle_nn::AdamW".to_owned(), "autobatch::optim::AdamW".to_owned()))
     }
 
     fn tuning_finished(&mut self) {

@@ -140,6 +140,21 @@ pub enum Warning {
         /// Timing trials planned: candidates × repeats.
         planned: usize,
     },
+    /// The step's update has a leaner form that computes the same numbers
+    /// ([`Workload::switch_update`](crate::Workload::switch_update):
+    /// `candle_nn::AdamW`, whose step holds several copies of the largest
+    /// variable, against `autobatch::optim::AdamW`, a slice at a time): one
+    /// step of it at the answer, measured, peaked this much lower.
+    LeanerUpdate {
+        /// The update the step runs.
+        from: String,
+        /// The leaner form.
+        to: String,
+        /// The batch both were measured at: the answer.
+        batch: usize,
+        /// How much lower the leaner form's step peaked.
+        saves_bytes: u64,
+    },
     /// The plan cache held an answer for these settings that a budget had cut
     /// short ([`SearchLimit::cut_short`](crate::SearchLimit::cut_short): a
     /// time limit, a trial limit): not proven the largest, so not served as
@@ -228,6 +243,13 @@ impl std::fmt::Display for Warning {
                 f,
                 "the time limit stopped the throughput timing after {timed} of {planned} timing trials: \
                  the choice is among the batches timed"
+            ),
+            Warning::LeanerUpdate { from, to, batch, saves_bytes } => write!(
+                f,
+                "{from}'s update holds copies of the largest variable that {to} (the same numbers, a slice at a \
+                 time) does not: switching saves {} at batch {batch}, measured, room for more samples (probe with \
+                 ModelProbe::adamw and train with {to})",
+                b(*saves_bytes)
             ),
             Warning::CachedUnproven { batch, stopped_by } => write!(
                 f,

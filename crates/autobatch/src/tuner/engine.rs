@@ -5,7 +5,7 @@ use log::{debug, info, warn};
 
 use super::{Observer, Settings};
 use crate::estimate::{TrainingSetup, TransformerShape};
-use crate::memory::measure::measure;
+use crate::memory::measure::{Measured, measure};
 use crate::oom::meter_error_is_oom;
 use crate::plan::{
     MemoryModel, Objective, Plan, SearchLimit, SearchSettings, Split, ThroughputChoice, ThroughputPoint, Trial,
@@ -152,8 +152,33 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
             }
             self.warn(warning);
         }
+        if let Some(warning) = self.leaner_update()? {
+            self.warn(warning);
+        }
         let profile = self.settings.options.profile.clone().or_else(|| self.workload.profile());
         self.make_plan(space, stopped_by, profile)
+    }
+
+    /// Where the workload's update has a leaner form with the same numbers:
+    /// one step of it at the answer, measured against the answer's peak (not a
+    /// trial of the plan: the plan is what the workload runs).
+    fn leaner_update(&mut self) -> Result<Option<Warning>, Error> {
+        let Some(best) = self.best_index() else { return Ok(None) };
+        let Observation { batch, peak_bytes: Some(peak), .. } = self.records[best].observation else {
+            return Ok(None);
+        };
+        let Some((from, to)) = self.workload.switch_update(true) else { return Ok(None) };
+        let workload = &mut *self.workload;
+        let measured = measure(self.meter, 1, None, || workload.step(batch));
+        self.workload.switch_update(false);
+        let leaner = match measured {
+            Ok(Measured { result: Ok(()), peak: Ok(leaner), .. }) => leaner,
+            // a leaner step that fails says nothing about the plan
+            Ok(_) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let saves_bytes = peak.saturating_sub(leaner);
+        Ok((saves_bytes > 0).then_some(Warning::LeanerUpdate { from, to, batch, saves_bytes }))
     }
 
     fn warm_up(&mut self, batch: usize) -> Result<(), Error> {

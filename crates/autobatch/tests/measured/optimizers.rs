@@ -6,7 +6,7 @@
 //! Heap measurements: its own sequential harness (see autobatch_testkit::harness).
 
 use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
-use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, Tuner};
+use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, Tuner, Warning};
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use candle_nn::{Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap, linear, loss};
 
@@ -472,6 +472,51 @@ impl Decoder {
     }
 }
 
+/// A loop that trains with `candle_nn::AdamW` by its own idiom
+/// (`optimizer.backward_step(&loss)`: the graph held through the update, so
+/// the update's temporaries add to the activations at every batch), probed
+/// as it runs (through a host copy), hears in its plan what this crate's
+/// AdamW (the same numbers, a slice at a time) saves at the answer,
+/// measured; done as it says (probed with `.adamw`, trained with
+/// `optim::AdamW`), the step at that batch peaks that much lower and the
+/// largest batch grows. (A loop that frees the loss first, as `TrainLoop`
+/// does, peaks in its update only at small batches: there the saving is in
+/// the plateau, and at an answer on the line it is none, and not said.)
+fn candle_nns_adamw_is_told_what_switching_saves() {
+    let varmap = VarMap::new();
+    let model = Decoder::new(&varmap);
+    let mut meter = HeapMeter::with_room(56 << 20, 0.9).unwrap();
+    let loss = |batch: usize| model.loss(batch);
+    let mut candle = ModelProbe::new(&varmap, loss)
+        .optimizer::<candle_nn::AdamW>(ParamsAdamW::default())
+        .unwrap()
+        .graph_through_update(true);
+    let plan = Tuner::new().run(&mut candle, &mut meter).unwrap();
+    drop(candle);
+    let said = plan.warnings.iter().find_map(|w| match w {
+        Warning::LeanerUpdate { batch, saves_bytes, .. } => Some((*batch, *saves_bytes)),
+        _ => None,
+    });
+    let (batch, saves) = said.unwrap_or_else(|| panic!("no saving said:\n{plan}"));
+    assert_eq!(batch, plan.largest_batch);
+    assert!(plan.to_string().contains("autobatch::optim::AdamW"), "{plan}");
+    let mut lean = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap().graph_through_update(true);
+    autobatch::Workload::step(&mut lean, batch).unwrap(); // warm, as the switched step ran
+    meter.reset_peak().unwrap();
+    autobatch::Workload::step(&mut lean, batch).unwrap();
+    let lean_peak = meter.peak().unwrap();
+    let measured = plan.peak_bytes.saturating_sub(lean_peak);
+    let gap = measured.abs_diff(saves) as f64 / saves as f64;
+    assert!(gap <= 0.01, "said {saves} saved, the lean step at batch {batch} saves {measured}");
+    let lean_plan = Tuner::new().run(&mut lean, &mut meter).unwrap();
+    assert!(lean_plan.largest_batch > plan.largest_batch, "{lean_plan}\n{plan}");
+    assert!(!lean_plan.warnings.iter().any(|w| matches!(w, Warning::LeanerUpdate { .. })), "{lean_plan}");
+    println!(
+        "  candle_nn::AdamW: largest batch {}; switching saves {saves} bytes there; optim::AdamW: largest batch {}",
+        plan.largest_batch, lean_plan.largest_batch
+    );
+}
+
 /// On a weight-heavy model the optimizers' largest batches order as their
 /// state sizes say: AdamW8bit and Adafactor above AdamW, Lion at least
 /// AdamW's. Each answer checked by brute force: the probe's step at the
@@ -564,6 +609,7 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
 pub fn tests() -> Vec<(&'static str, fn())> {
     vec![
         ("each_step_holds_no_more_than_candle_adamws", each_step_holds_no_more_than_candle_adamws),
+        ("candle_nns_adamw_is_told_what_switching_saves", candle_nns_adamw_is_told_what_switching_saves),
         (
             "a_weight_heavy_models_largest_batch_orders_by_state_size",
             a_weight_heavy_models_largest_batch_orders_by_state_size,
