@@ -212,7 +212,14 @@ fn a_file_the_tool_did_not_write_is_never_written_over() {
 #[test]
 fn nothing_fits_advice_on_a_config_model_holds_when_each_change_is_made() {
     let tiny = config("tiny-llama.json");
-    let budget = "10MiB";
+    // room from what the process holds before a step here (the matmul buffers
+    // differ by host): batch 1 of 512 tokens peaks some 5.6 MiB above it
+    let probed = autobatch(&["probe", "--config", &tiny, "--max-batch", "1", "--budget", "64MiB", "--json"]);
+    let plan: serde_json::Value =
+        serde_json::from_slice(&probed.stdout).unwrap_or_else(|_| panic!("{}", text(&probed.stderr)));
+    let held = plan["trials"][0]["baseline_bytes"].as_u64().unwrap();
+    let budget = format!("{}B", ((held + (49 << 20) / 10) as f64 / 0.9).ceil() as u64);
+    let budget = budget.as_str();
     let output = autobatch(&["probe", "--config", &tiny, "--budget", budget]);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "{stderr}");
@@ -232,7 +239,15 @@ fn nothing_fits_advice_on_a_config_model_holds_when_each_change_is_made() {
 #[test]
 fn serve_advice_names_no_flag_already_set_and_a_length_that_fits() {
     let tiny = config("tiny-llama.json");
-    let set = ["serve", "--config", tiny.as_str(), "--budget", "5MiB", "--weights", "q4_0", "--kv-cache-dtype", "int8"];
+    let quantized = ["serve", "--config", tiny.as_str(), "--weights", "q4_0", "--kv-cache-dtype", "int8"];
+    // a budget from what the process holds here (the matmul buffers differ by
+    // host): a limit 1 MiB above it, under the 512-token step, over a shorter one
+    let checked = autobatch(&[&quantized[..], &["--budget", "64MiB", "--check", "1", "--json"]].concat());
+    let report: serde_json::Value =
+        serde_json::from_slice(&checked.stdout).unwrap_or_else(|_| panic!("{}", text(&checked.stderr)));
+    let held = report["held_bytes"].as_u64().unwrap();
+    let budget = format!("{}B", ((held + (1 << 20)) as f64 / 0.9).ceil() as u64);
+    let set = [&quantized[..], &["--budget", budget.as_str()]].concat();
     let output = autobatch(&set);
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "{stderr}");
