@@ -13,7 +13,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 use std::fmt::Write as _;
 
 use autobatch::TrackingAllocator;
-use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion};
+use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion, Sgd};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
@@ -119,12 +119,14 @@ fn main() {
         measure(DType::BF16, |v| candle_nn::SGD::new(v, 0.01).unwrap(), |o, g| o.step(g).unwrap());
     let rows = [
         Row { name: "`candle_nn::SGD`", state: sgd_state, real: sgd_real, dry: None },
+        row("`optim::Sgd` (candle-nn's numbers)", DType::F32, |v| Sgd::new(v, 0.01).unwrap()),
         Row { name: "`candle_nn::AdamW`", state, real, dry: None },
         row("`optim::AdamW` (candle-nn's numbers)", DType::F32, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
         row("`optim::Lion`", DType::F32, |v| Lion::new(v, ParamsLion::default()).unwrap()),
         row("`optim::Adafactor`", DType::F32, |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap()),
         row("`optim::AdamW8bit`", DType::F32, |v| AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap()),
         Row { name: "`candle_nn::SGD` (bf16 variable)", state: bf16_sgd_state, real: bf16_sgd_real, dry: None },
+        row("`optim::Sgd` (bf16 variable)", DType::BF16, |v| Sgd::new(v, 0.01).unwrap()),
         row("`optim::AdamW` (bf16 variable)", DType::BF16, |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
         row("`optim::Lion` (bf16 variable)", DType::BF16, |v| Lion::new(v, ParamsLion::default()).unwrap()),
         row("`optim::Adafactor` (bf16 variable)", DType::BF16, |v| {
@@ -172,15 +174,17 @@ fn main() {
         "\n## A large variable\n\nThe same on a {LARGE} × {LARGE} f32 matrix ({} parameters, 64 MiB): the \
          step's temporaries in MiB, against the bound the update keeps whatever the variable (at most 64 MiB \
          or 5% of the state, the larger). The library's optimizers update a slice of 2^20 elements at a time \
-         in place (`Tensor::slice_set`), so their step does not grow with the variable; candle-nn's AdamW \
-         makes whole-variable temporaries. Step time: one step of the whole matrix, the median of five \
-         (`optim::AdamW` against `candle_nn::AdamW`: the same arithmetic, in slices or whole).\n",
+         in place (`Tensor::slice_set`), so their step does not grow with the variable; candle-nn's SGD and \
+         AdamW make whole-variable temporaries. Step time: one step of the whole matrix, the median of five \
+         (`optim::AdamW` against `candle_nn::AdamW`, `optim::Sgd` against `candle_nn::SGD`: the same arithmetic, in slices or whole).\n",
         LARGE * LARGE
     )
     .unwrap();
     writeln!(report, "| optimizer | state (MiB) | step (MiB) | bound | step time (median of 5) |").unwrap();
     writeln!(report, "|---|---:|---:|---|---:|").unwrap();
     let large = [
+        large_row("`candle_nn::SGD`", |v| candle_nn::SGD::new(v, 0.01).unwrap()),
+        large_row("`optim::Sgd`", |v| Sgd::new(v, 0.01).unwrap()),
         large_row("`candle_nn::AdamW`", |v| candle_nn::AdamW::new(v, ParamsAdamW::default()).unwrap()),
         large_row("`optim::AdamW`", |v| AdamW::new(v, ParamsAdamW::default()).unwrap()),
         large_row("`optim::Lion`", |v| Lion::new(v, ParamsLion::default()).unwrap()),

@@ -119,10 +119,10 @@ impl OptimizerKind {
     /// above the state, the variable stored at `precision`: per element of
     /// a slice for the optimizers that update a slice at a time
     /// ([`slice_elements`](Self::slice_elements)), per element of the
-    /// largest variable for the others (candle-nn's SGD). Measured on this
-    /// crate's optimizers and candle-nn's SGD (docs/optimizers.md, `cargo
-    /// bench --bench optimizers`); for momentum SGD, which neither
-    /// implements, three copies of the variable.
+    /// largest variable for momentum SGD (three copies of it, as PyTorch's
+    /// unfused form makes; neither candle-nn nor this crate implements it).
+    /// Measured on this crate's optimizers (docs/optimizers.md, `cargo bench
+    /// --bench optimizers`).
     pub fn step_bytes_per_parameter(self, precision: Precision) -> u64 {
         // (f32 or mixed, bf16) variables; mixed precision's f32 masters step
         // from the bf16 gradients cast a slice at a time
@@ -145,15 +145,16 @@ impl OptimizerKind {
 
     /// The elements of a variable the step's temporaries span at once: a
     /// slice for this crate's optimizers ([`optim`](crate::optim)), which
-    /// update in place a slice at a time; `None` for those that make
-    /// whole-variable temporaries (candle-nn's SGD, and momentum SGD as
-    /// PyTorch's unfused form does).
+    /// update in place a slice at a time; `None` for momentum SGD, counted
+    /// with whole-variable temporaries as PyTorch's unfused form makes them.
     pub fn slice_elements(self) -> Option<u64> {
         match self {
-            OptimizerKind::Sgd | OptimizerKind::Momentum => None,
-            OptimizerKind::AdamW | OptimizerKind::Adafactor | OptimizerKind::Adam8bit | OptimizerKind::Lion => {
-                Some(SLICE_ELEMENTS as u64)
-            }
+            OptimizerKind::Momentum => None,
+            OptimizerKind::Sgd
+            | OptimizerKind::AdamW
+            | OptimizerKind::Adafactor
+            | OptimizerKind::Adam8bit
+            | OptimizerKind::Lion => Some(SLICE_ELEMENTS as u64),
         }
     }
 
@@ -161,7 +162,7 @@ impl OptimizerKind {
     /// [`optim`](crate::optim).
     pub fn implementation(self) -> &'static str {
         match self {
-            OptimizerKind::Sgd => "candle_nn::SGD",
+            OptimizerKind::Sgd => "autobatch::optim::Sgd",
             OptimizerKind::Momentum => "none in candle-nn or autobatch",
             OptimizerKind::AdamW => "autobatch::optim::AdamW",
             OptimizerKind::Adafactor => "autobatch::optim::Adafactor",

@@ -146,8 +146,8 @@ pub struct ModelArgs {
 }
 
 /// The optimizers a probe can train with: each has a dry step.
-const PROBE_OPTIMIZERS: [OptimizerKind; 4] =
-    [OptimizerKind::AdamW, OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit];
+const PROBE_OPTIMIZERS: [OptimizerKind; 5] =
+    [OptimizerKind::AdamW, OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Sgd];
 
 impl ModelArgs {
     /// `--precision`, fp32 when not given.

@@ -115,20 +115,30 @@ impl Proj {
     }
 
     /// The weight and bias a fused op multiplies by: a trained weight, or a
-    /// frozen dense one; not candle's own product kept for a frozen weight
-    /// (LoRA's `frozen_gradients`), adapters or a quantized weight.
-    fn fused(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+    /// frozen one, dense or quantized; not candle's own product kept for a
+    /// frozen weight (LoRA's `frozen_gradients`) or adapters.
+    fn fused(&self) -> Option<(ops::Weight<'_>, Option<&Tensor>)> {
         match (&self.kind, self.ops) {
-            (ProjKind::Plain { weight, bias }, Ops::Fused) if weight.track_op() => Some((weight, bias.as_ref())),
-            (ProjKind::Frozen(frozen), Ops::Fused) => frozen.weight().map(|weight| (weight, frozen.bias())),
+            (ProjKind::Plain { weight, bias }, Ops::Fused) if weight.track_op() => {
+                Some((ops::Weight::Dense(weight), bias.as_ref()))
+            }
+            (ProjKind::Frozen(frozen), Ops::Fused) => {
+                let weight = match (frozen.weight(), frozen.quantized_weight()) {
+                    (Some(dense), _) => ops::Weight::Dense(dense),
+                    (None, Some(quantized)) => ops::Weight::Quantized(quantized),
+                    (None, None) => return None,
+                };
+                Some((weight, frozen.bias()))
+            }
             _ => None,
         }
     }
 
-    /// `residual + self(xs)`: one node where the product fuses.
+    /// `residual + self(xs)`: one node where the product fuses (a quantized
+    /// weight too: its dequantized copy lives for the product alone).
     pub(crate) fn added_to(&self, residual: &Tensor, xs: &Tensor) -> Result<Tensor> {
         if let Some((weight, bias)) = self.fused() {
-            return ops::residual_linear(residual, xs, weight, bias);
+            return ops::residual_linear_of(residual, xs, weight, bias);
         }
         if let (ProjKind::Lora(lora), Ops::Fused) = (&self.kind, self.ops)
             && let Some(sum) = lora.fused(Some(residual), xs)
@@ -149,7 +159,7 @@ impl Proj {
         up: Option<&Tensor>,
     ) -> Result<Tensor> {
         if let Some((weight, bias)) = self.fused() {
-            return ops::residual_mlp_down(residual, activation, gate, up, weight, bias);
+            return ops::residual_mlp_down_of(residual, activation, gate, up, weight, bias);
         }
         let activated = match (up, self.ops) {
             (Some(up), Ops::Fused) => ops::gated(activation, gate, up)?,
@@ -162,7 +172,7 @@ impl Proj {
 
 impl Module for Proj {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        if let Some((weight, bias)) = self.fused() {
+        if let Some((ops::Weight::Dense(weight), bias)) = self.fused() {
             return ops::linear(xs, weight, bias);
         }
         match (&self.kind, self.ops) {

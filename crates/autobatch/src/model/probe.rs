@@ -49,8 +49,6 @@ enum Update {
         kind: Option<OptimizerKind>,
         master_weights: bool,
     },
-    /// candle-nn's SGD, computed dry.
-    Sgd { lr: f64 },
     /// Any optimizer: a throwaway one per step, the variables restored after.
     General { name: String, step: ThrowawayStep, host: Vec<Tensor> },
 }
@@ -342,11 +340,14 @@ impl<L: ProbeLoss> ModelProbe<L> {
         Ok(probe)
     }
 
-    /// Measures candle-nn's SGD with learning rate `lr`: no state, its update
-    /// computed and dropped.
-    pub fn sgd(mut self, lr: f64) -> Self {
-        self.update = Update::Sgd { lr };
-        self
+    /// Measures [`Sgd`](crate::optim::Sgd) with learning rate `lr` (no
+    /// state): `candle_nn::SGD`'s numbers, its update a slice at a time.
+    /// Train with that type for the plan to hold: `candle_nn::SGD`'s step
+    /// holds two copies of the largest variable more (probe it with
+    /// [`optimizer`](Self::optimizer)`::<candle_nn::SGD>`).
+    pub fn sgd(self, lr: f64) -> Self {
+        let sgd = crate::optim::Sgd::over(self.plain_vars(), lr);
+        self.dry_named("autobatch::optim::Sgd", sgd)
     }
 
     /// Measures any `candle_nn::Optimizer` built with `config`: a throwaway
@@ -492,15 +493,6 @@ impl<L: ProbeLoss> ModelProbe<L> {
                 }
                 optimizer.as_ref().map_or(Ok(()), |optimizer| optimizer.dry_step(grads))
             }
-            Update::Sgd { lr } => {
-                for (_, var) in &self.vars {
-                    if let Some(grad) = grads.get(var.as_tensor()) {
-                        // what candle_nn::SGD::step computes before `set`
-                        drop(var.as_tensor().sub(&(grad * *lr)?)?);
-                    }
-                }
-                Ok(())
-            }
             Update::General { step, host, .. } => {
                 let vars: Vec<Var> = self.vars.iter().map(|(_, var)| var.clone()).collect();
                 let stepped = step(&vars, grads);
@@ -546,7 +538,6 @@ impl<L: ProbeLoss> ModelProbe<L> {
         match &self.update {
             Update::None => "none".to_owned(),
             Update::Dry { name, .. } => name.clone(),
-            Update::Sgd { .. } => "candle_nn::SGD".to_owned(),
             Update::General { name, .. } => name.clone(),
         }
     }
@@ -775,7 +766,7 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             return None;
         }
         let optimizer = match &self.update {
-            Update::None | Update::Sgd { .. } => OptimizerKind::Sgd,
+            Update::None => OptimizerKind::Sgd,
             Update::Dry { kind, .. } => (*kind)?,
             // its state is not known from outside
             Update::General { .. } => return None,

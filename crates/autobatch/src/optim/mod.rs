@@ -8,6 +8,7 @@
 //! | [`Lion`] | 4: one moment | Chen et al. 2023 |
 //! | [`Adafactor`] | ≈0 for matrices (`4·(rows + cols)` per matrix), 4 for vectors | Shazeer & Stern 2018 |
 //! | [`AdamW8bit`] | ≈2.03: two 8-bit moments, one f32 scale per 256 values each; tensors under 4096 values keep f32 moments | Dettmers et al. 2022 |
+//! | [`Sgd`] | 0 | Robbins & Monro 1951 |
 //!
 //! [`MixedPrecision`] runs any of them on f32 master copies of bf16 variables
 //! (2 + 2 + 12 bytes per parameter with AdamW, as the ZeRO paper counts).
@@ -38,6 +39,7 @@ mod adamw;
 mod adamw8bit;
 mod lion;
 mod mixed;
+mod sgd;
 
 use std::ops::Range;
 
@@ -49,6 +51,7 @@ pub use adamw::AdamW;
 pub use adamw8bit::AdamW8bit;
 pub use lion::{Lion, ParamsLion};
 pub use mixed::MixedPrecision;
+pub use sgd::Sgd;
 
 use crate::per_parameter::OptimizerKind;
 

@@ -3,7 +3,7 @@
 //! slices (past 2^20 elements) and on small ones, property-tested over shapes
 //! and hyper-parameters; a dry step changes nothing.
 
-use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion};
+use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion, Sgd};
 use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
@@ -70,6 +70,22 @@ proptest! {
         let theirs: Vec<Var> = shapes.iter().enumerate().map(|(i, s)| var(s, i as u64)).collect();
         let mut a = AdamW::new(ours.clone(), params.clone()).unwrap();
         let mut b = candle_nn::AdamW::new(theirs.clone(), params).unwrap();
+        for step in 0..20 {
+            a.step(&grads(&ours, step)).unwrap();
+            b.step(&grads(&theirs, step)).unwrap();
+        }
+        for (x, y) in ours.iter().zip(&theirs) {
+            prop_assert_eq!(values(x), values(y));
+        }
+    }
+
+    /// 20 steps in slices equal candle-nn's SGD, whole, to the bit.
+    #[test]
+    fn sgd_in_slices_is_candle_nns_sgd(shapes in shapes(), lr in 1e-4f64..1e-1) {
+        let ours: Vec<Var> = shapes.iter().enumerate().map(|(i, s)| var(s, i as u64)).collect();
+        let theirs: Vec<Var> = shapes.iter().enumerate().map(|(i, s)| var(s, i as u64)).collect();
+        let mut a = Sgd::new(ours.clone(), lr).unwrap();
+        let mut b = candle_nn::SGD::new(theirs.clone(), lr).unwrap();
         for step in 0..20 {
             a.step(&grads(&ours, step)).unwrap();
             b.step(&grads(&theirs, step)).unwrap();

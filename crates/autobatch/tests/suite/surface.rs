@@ -160,8 +160,10 @@ const DEFAULT_FEATURES: [&str; 0] = [];
 fn the_public_surface_does_not_grow() {
     // 87: `Search`, raised on purpose: the four searches that were methods of
     // `Tuner` (run_with_eval, run_distributed, run_sizes, run_longest) are
-    // one search with options
-    const MOST: usize = 87;
+    // one search with options; 88: `optim::Sgd`, raised on purpose by issue
+    // 69 (every optimizer the probe measures updates a slice at a time:
+    // candle-nn's SGD makes two copies of each variable)
+    const MOST: usize = 88;
     const MOST_BEHIND_FEATURES: usize = 9;
     let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());
     for (name, places) in public_paths() {

@@ -5,10 +5,54 @@
 //! gives every input in the graph its gradient; an activation is recomputed
 //! there a block of rows at a time.
 
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Result, Tensor};
 
 use super::activation::{Activation, by_rows, gated_gradients};
 use super::node::{Backward, node};
+
+/// The weight a fused projection multiplies by.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Weight<'a> {
+    /// A tensor, trained or frozen: an input of the node.
+    Dense(&'a Tensor),
+    /// A frozen quantized weight: no input of the node, dequantized for
+    /// each product and let go after it, never kept by the graph.
+    Quantized(&'a Arc<QTensor>),
+}
+
+impl Weight<'_> {
+    /// `(out, in)`.
+    fn dims(&self) -> Result<(usize, usize)> {
+        match self {
+            Weight::Dense(weight) => weight.dims2(),
+            Weight::Quantized(weight) => weight.shape().dims2(),
+        }
+    }
+
+    /// The weight as a tensor outside the graph, in `like`'s dtype where
+    /// it is dequantized.
+    fn value(&self, like: &Tensor) -> Result<Tensor> {
+        match self {
+            Weight::Dense(weight) => Ok(weight.detach()),
+            Weight::Quantized(weight) => dequantized(weight, like),
+        }
+    }
+
+    fn quantized(&self) -> Option<Arc<QTensor>> {
+        match self {
+            Weight::Dense(_) => None,
+            Weight::Quantized(weight) => Some(Arc::clone(weight)),
+        }
+    }
+}
+
+/// `weight` as `(out, in)` in `like`'s dtype on its device.
+fn dequantized(weight: &QTensor, like: &Tensor) -> Result<Tensor> {
+    weight.dequantize(like.device())?.to_dtype(like.dtype())
+}
 
 /// `x · weightᵀ + bias`, one node whose backward pass gives each of `x`,
 /// `weight` and `bias` that takes part in the graph its gradient (a frozen
@@ -30,13 +74,13 @@ use super::node::{Backward, node};
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let shapes = Shapes::of(x, weight, bias, "linear")?;
+    let shapes = Shapes::of(x, weight.dims2()?, bias, "linear")?;
     match bias {
         // one product: candle's matmul node, gradients only for operands in the graph
         None => super::matmul(&x.reshape((shapes.rows, shapes.input))?, &weight.t()?)?.reshape(shapes.output(x)),
         Some(bias) => {
             let value = product(&x.detach(), &weight.detach(), Some(&bias.detach()), &shapes)?;
-            node(&[x, weight, bias], value, Projection { shapes, residual: false, activation: None })
+            node(&[x, weight, bias], value, Projection { shapes, residual: false, activation: None, quantized: None })
         }
     }
 }
@@ -45,13 +89,35 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 /// added to the stream it reads. Shapes as [`linear`]'s; `residual` is the
 /// output's.
 pub fn residual_linear(residual: &Tensor, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let shapes = Shapes::of(x, weight, bias, "residual linear")?;
+    residual_linear_of(residual, x, Weight::Dense(weight), bias)
+}
+
+/// [`residual_linear`] over a dense or a quantized weight.
+pub(crate) fn residual_linear_of(
+    residual: &Tensor,
+    x: &Tensor,
+    weight: Weight,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
+    let shapes = Shapes::of(x, weight.dims()?, bias, "residual linear")?;
     shapes.check_residual(residual, x)?;
-    let value =
-        (residual.detach() + product(&x.detach(), &weight.detach(), bias.map(Tensor::detach).as_ref(), &shapes)?)?;
-    let mut inputs = vec![residual, x, weight];
+    let x_ = x.detach();
+    let value = {
+        let w = weight.value(&x_)?;
+        (residual.detach() + product(&x_, &w, bias.map(Tensor::detach).as_ref(), &shapes)?)?
+    };
+    let mut inputs = vec![residual, x];
+    inputs.extend(weight_input(&weight));
     inputs.extend(bias);
-    node(&inputs, value, Projection { shapes, residual: true, activation: None })
+    node(&inputs, value, Projection { shapes, residual: true, activation: None, quantized: weight.quantized() })
+}
+
+/// The weight as an input of the node: a dense one only.
+fn weight_input<'a>(weight: &Weight<'a>) -> Option<&'a Tensor> {
+    match *weight {
+        Weight::Dense(weight) => Some(weight),
+        Weight::Quantized(_) => None,
+    }
 }
 
 /// `residual + activation(gate) [· up] · weightᵀ + bias`, one node: an
@@ -83,7 +149,19 @@ pub fn residual_mlp_down(
     weight: &Tensor,
     bias: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let shapes = Shapes::of(gate, weight, bias, "MLP down projection")?;
+    residual_mlp_down_of(residual, activation, gate, up, Weight::Dense(weight), bias)
+}
+
+/// [`residual_mlp_down`] over a dense or a quantized weight.
+pub(crate) fn residual_mlp_down_of(
+    residual: &Tensor,
+    activation: Activation,
+    gate: &Tensor,
+    up: Option<&Tensor>,
+    weight: Weight,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
+    let shapes = Shapes::of(gate, weight.dims()?, bias, "MLP down projection")?;
     shapes.check_residual(residual, gate)?;
     if let Some(up) = up
         && up.dims() != gate.dims()
@@ -91,7 +169,7 @@ pub fn residual_mlp_down(
         candle_core::bail!("MLP down projection: a gate of {:?} and an up projection of {:?}", gate.dims(), up.dims())
     }
     let (gate_, up_) = (gate.detach(), up.map(Tensor::detach));
-    let (w, b) = (weight.detach(), bias.map(Tensor::detach));
+    let (w, b) = (weight.value(&gate_)?, bias.map(Tensor::detach));
     // the product a block of rows at a time: the activation never whole
     let flat_residual = residual.detach().reshape((shapes.rows, shapes.out))?;
     let mut inputs = vec![&gate_];
@@ -103,12 +181,14 @@ pub fn residual_mlp_down(
         product(&activated, &w, b.as_ref(), &shapes).map(|p| vec![p])
     })?
     .remove(0);
+    drop(w);
     let value = (flat_residual + value)?.reshape(residual.shape())?;
     let mut graph_inputs = vec![residual, gate];
     graph_inputs.extend(up);
-    graph_inputs.push(weight);
+    graph_inputs.extend(weight_input(&weight));
     graph_inputs.extend(bias);
-    let projection = Projection { shapes, residual: true, activation: Some((activation, up.is_some())) };
+    let activation = Some((activation, up.is_some()));
+    let projection = Projection { shapes, residual: true, activation, quantized: weight.quantized() };
     node(&graph_inputs, value, projection)
 }
 
@@ -132,8 +212,7 @@ struct Shapes {
 }
 
 impl Shapes {
-    fn of(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, op: &str) -> Result<Shapes> {
-        let (out, input) = weight.dims2()?;
+    fn of(x: &Tensor, (out, input): (usize, usize), bias: Option<&Tensor>, op: &str) -> Result<Shapes> {
         let Some((&last, lead)) = x.dims().split_last() else {
             candle_core::bail!("{op}: the input is a scalar; it needs (…, {input})")
         };
@@ -175,12 +254,15 @@ fn product(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, shapes: &Shapes) 
 
 /// The backward pass of the three projections. Inputs in order: the
 /// residual (with `residual`), `x` or the activation's gate (and `up`), the
-/// weight, the bias (with `shapes.bias`).
+/// weight (unless it is `quantized`), the bias (with `shapes.bias`).
 struct Projection {
     shapes: Shapes,
     residual: bool,
     /// The activation `x` goes through first, and whether it is gated.
     activation: Option<(Activation, bool)>,
+    /// A frozen quantized weight, outside the inputs: dequantized for the
+    /// input's gradient, let go after it.
+    quantized: Option<Arc<QTensor>>,
 }
 
 impl Backward for Projection {
@@ -197,19 +279,24 @@ impl Backward for Projection {
         let first = usize::from(self.residual);
         let gated = matches!(self.activation, Some((_, true)));
         let weight_at = first + 1 + usize::from(gated);
-        let weight = &inputs[weight_at];
+        let weight_wanted = self.quantized.is_none() && wanted[weight_at];
+        let bias_at = weight_at + usize::from(self.quantized.is_none());
+        let weight = match &self.quantized {
+            Some(quantized) => &dequantized(quantized, grad)?,
+            None => &inputs[weight_at],
+        };
         let g = grad.reshape((rows, out))?;
         let mut grads = vec![None; inputs.len()];
         if self.residual && wanted[0] {
             grads[0] = Some(grad.clone());
         }
-        if bias && wanted[weight_at + 1] {
+        if bias && wanted[bias_at] {
             let summed = g.to_dtype(DType::F32)?.sum(0)?;
-            grads[weight_at + 1] = Some(summed.to_dtype(inputs[weight_at + 1].dtype())?);
+            grads[bias_at] = Some(summed.to_dtype(inputs[bias_at].dtype())?);
         }
         let Some((activation, _)) = self.activation else {
             let x = inputs[first].reshape((rows, input))?;
-            if wanted[weight_at] {
+            if weight_wanted {
                 grads[weight_at] = Some(g.t()?.matmul(&x)?);
             }
             if wanted[first] {
@@ -222,7 +309,7 @@ impl Backward for Projection {
         // gradients a block of rows at a time
         let (gate, up) = (&inputs[first], gated.then(|| &inputs[first + 1]));
         let flat = |t: &Tensor| t.reshape((rows, input));
-        if wanted[weight_at] {
+        if weight_wanted {
             let activated = activated(activation, &flat(gate)?, up.map(flat).transpose()?.as_ref())?;
             grads[weight_at] = Some(g.t()?.matmul(&activated)?);
         }
@@ -325,6 +412,38 @@ mod tests {
                 );
                 prop_assert!(agreement.holds(), "{activation:?} down off by {agreement}");
             }
+        }
+    }
+
+    /// Over a quantized weight the fused projections equal the same over
+    /// its dequantized copy as a frozen tensor (output and every gradient,
+    /// within 1e-5), the weight no input of the graph.
+    #[test]
+    fn a_quantized_weight_fuses_as_its_dequantized_copy() {
+        use candle_core::quantized::GgmlDType;
+        let (rows, input, out) = (BLOCKED_ROWS, 64, 8);
+        let weight = var(&[out, input], 3, 0.5).as_tensor().detach();
+        let quantized = Arc::new(QTensor::quantize(&weight, GgmlDType::Q8_0).unwrap());
+        let dense = quantized.dequantize(&candle_core::Device::Cpu).unwrap();
+        let like = |t: &Tensor| dense.to_dtype(t.dtype());
+        let (x, up, residual, bias) =
+            (var(&[rows, input], 1, 1.0), var(&[rows, input], 2, 1.0), var(&[rows, out], 4, 1.0), var(&[out], 5, 1.0));
+        let frozen_bias = bias.as_tensor().detach();
+        let b = |t: &Tensor| frozen_bias.to_dtype(t.dtype());
+        let q = Weight::Quantized(&quantized);
+        let agreement = agree(
+            &[&residual, &x],
+            |t| residual_linear_of(t[0], t[1], q, Some(&b(t[0])?)),
+            |t| t[0] + eager_linear(t[1], &like(t[1])?, Some(&b(t[0])?))?,
+        );
+        assert!(agreement.holds(), "quantized residual linear off by {agreement}");
+        for activation in [Activation::Silu, Activation::Gelu] {
+            let agreement = agree(
+                &[&residual, &x, &up],
+                |t| residual_mlp_down_of(t[0], activation, t[1], Some(t[2]), q, None),
+                |t| t[0] + eager_linear(&(exact(activation, t[1])? * t[2])?, &like(t[1])?, None)?,
+            );
+            assert!(agreement.holds(), "{activation:?} quantized gated down off by {agreement}");
         }
     }
 

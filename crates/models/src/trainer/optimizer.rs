@@ -11,11 +11,11 @@ use candle_nn::{Optimizer, ParamsAdamW};
 
 use autobatch::Error;
 use autobatch::estimate::OptimizerKind;
-use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion};
+use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion, Sgd};
 
 /// Which optimizer, and its hyper-parameters: AdamW's as given, the others'
 /// learning rate AdamW's scaled as each paper advises (Lion a third of it,
-/// Adafactor its relative step).
+/// Adafactor its relative step, SGD ten times it).
 #[derive(Clone, Debug)]
 pub(crate) struct OptimizerChoice {
     /// Which optimizer.
@@ -43,11 +43,12 @@ impl OptimizerChoice {
             OptimizerKind::Adam8bit if !self.mixed => {
                 Built::AdamW8bit(AdamW8bit::new(vars, candle_nn::ParamsAdamW { lr, ..Default::default() })?)
             }
+            OptimizerKind::Sgd if !self.mixed => Built::Sgd(Sgd::new(vars, 10.0 * lr)?),
             other => {
                 let valid = if self.mixed {
                     "use adamw in mixed precision (the one optimizer with f32 masters here)"
                 } else {
-                    "use adamw, lion, adafactor or adam8bit (the optimizers with a dry step)"
+                    "use adamw, lion, adafactor, adam8bit or sgd (the optimizers with a dry step)"
                 };
                 return Err(Error::invalid(
                     autobatch::SettingName::Optimizer,
@@ -65,6 +66,7 @@ enum Built {
     Lion(Lion),
     Adafactor(Adafactor),
     AdamW8bit(AdamW8bit),
+    Sgd(Sgd),
 }
 
 impl Built {
@@ -75,6 +77,7 @@ impl Built {
             Built::Lion(o) => o,
             Built::Adafactor(o) => o,
             Built::AdamW8bit(o) => o,
+            Built::Sgd(o) => o,
         }
     }
 
@@ -85,6 +88,7 @@ impl Built {
             Built::Lion(o) => o.step(grads),
             Built::Adafactor(o) => o.step(grads),
             Built::AdamW8bit(o) => o.step(grads),
+            Built::Sgd(o) => o.step(grads),
         }
     }
 
@@ -209,6 +213,7 @@ impl Optimizer for Shared {
             Some(Built::Lion(o)) => o.set_learning_rate(lr / 3.0),
             Some(Built::Adafactor(o)) => o.set_learning_rate(lr),
             Some(Built::AdamW8bit(o)) => o.set_learning_rate(lr),
+            Some(Built::Sgd(o)) => o.set_learning_rate(10.0 * lr),
             None => {}
         }
     }
@@ -246,9 +251,9 @@ mod tests {
     #[test]
     fn a_kind_without_a_dry_step_is_refused() {
         let w = Var::ones(4, DType::F32, &Device::Cpu).unwrap();
-        let sgd = OptimizerChoice { kind: OptimizerKind::Sgd, mixed: false, adamw: ParamsAdamW::default() };
+        let momentum = OptimizerChoice { kind: OptimizerKind::Momentum, mixed: false, adamw: ParamsAdamW::default() };
         assert!(matches!(
-            Shared::build(sgd, vec![w.clone()]),
+            Shared::build(momentum, vec![w.clone()]),
             Err(Error::InvalidSetting { value: autobatch::Value::Optimizer(_), .. })
         ));
         let mixed_lion = OptimizerChoice { kind: OptimizerKind::Lion, mixed: true, adamw: ParamsAdamW::default() };

@@ -641,6 +641,40 @@ fn adapter_gradients_agree_with_the_f32_base() {
     }
 }
 
+/// QLoRA fits more than LoRA over an f32 base: a quantized base holds fewer
+/// fixed bytes and no more a sample (the projections outside the adapters'
+/// targets fuse over a quantized weight as over a dense one, their
+/// activation recomputed, the weight dequantized for one product at a
+/// time). Under the same room, counted from before the model is built, the
+/// q4_0 base's step peaks lower at every batch and its largest batch is
+/// larger, both answers exact.
+fn qlora_holds_less_than_lora_over_an_f32_base() {
+    let config = heavy("llama").with_layers(4).unwrap();
+    let batches = [1, 2, 4, 8, 16];
+    let tuned = |base| {
+        let training = Training::new(64).lora(Lora::new(8, &["q_proj", "v_proj"]).base(base));
+        // the room before the model: its weights count against it
+        let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
+        let model = ConfigModel::build(&config, &training, &Device::Cpu).unwrap();
+        let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+        let peaks: Vec<u64> = batches.iter().map(|&b| peak_of(&mut probe, &mut meter, b)).collect();
+        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE, "{base}: {largest} over\n{plan}");
+        assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{base}:\n{plan}");
+        let per_sample = plan.memory_model.as_ref().unwrap().bytes_per_sample;
+        println!("  {base} base: largest batch {largest}, {per_sample:.0} B a sample, peaks {peaks:?}");
+        (largest, per_sample, peaks)
+    };
+    let (dense, quantized) = (tuned(BaseDtype::F32), tuned(BaseDtype::Q4_0));
+    for ((batch, q4), f32) in batches.iter().zip(&quantized.2).zip(&dense.2) {
+        assert!(q4 < f32, "batch {batch}: the q4_0 base's step peaks at {q4}, the f32 base's at {f32}");
+    }
+    // a sample's bytes: the same ops keep the same tensors (a hundredth for the fit)
+    assert!(quantized.1 <= dense.1 * 1.01, "q4_0 {} a sample against the f32 base's {}", quantized.1, dense.1);
+    assert!(quantized.0 > dense.0, "q4_0 fits {}, the f32 base {}", quantized.0, dense.0);
+}
+
 /// The bytes a base holds per parameter, measured on the heap after the
 /// build: 4, 2, 34/32 and 18/32 for the projections; and the footprint
 /// computed from the config (what `estimate --config --lora` reports)
@@ -1135,6 +1169,7 @@ pub fn tests() -> Vec<(&'static str, fn())> {
         ),
         ("bad_configs_are_refused_by_field", bad_configs_are_refused_by_field),
         ("adapter_gradients_agree_with_the_f32_base", adapter_gradients_agree_with_the_f32_base),
+        ("qlora_holds_less_than_lora_over_an_f32_base", qlora_holds_less_than_lora_over_an_f32_base),
         (
             "a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so",
             a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so,

@@ -552,7 +552,7 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     assert!(failed.count() >= 1, "{plan}");
     assert!(plan.accumulation_peak_bytes().is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
 
-    let optimizer = candle_nn::SGD::new(varmap.all_vars(), 0.01).unwrap();
+    let optimizer = autobatch::optim::Sgd::new(varmap.all_vars(), 0.01).unwrap();
     let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
     for step in 0..3 {
         meter.reset_peak().unwrap();
@@ -586,7 +586,7 @@ fn accumulated_gradients_hold_no_activations() {
         let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
         Tuner::new().target_effective_batch(4 * largest).run(&mut probe, &mut meter).unwrap()
     };
-    let optimizer = candle_nn::SGD::new(varmap.all_vars(), 0.01).unwrap();
+    let optimizer = autobatch::optim::Sgd::new(varmap.all_vars(), 0.01).unwrap();
     let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
     for step in 0..2 {
         meter.reset_peak().unwrap();
