@@ -94,7 +94,10 @@ pub struct StepReport {
 
 impl Guard {
     /// A guard for a plan: each step has `micro_batch × accumulation_steps`
-    /// samples per rank, run `micro_batch` at a time.
+    /// samples per rank, run `micro_batch` at a time; with micro-batches that
+    /// differ by a granule ([`Accumulation`](crate::Accumulation)), the
+    /// plan's micro-steps in order, each `loss_scale` its samples over the
+    /// rank's.
     ///
     /// With uneven ranks ([`Tuner::uneven_ranks`](crate::Tuner::uneven_ranks))
     /// each step runs exactly this rank's share of the plan's split
@@ -129,6 +132,29 @@ impl Guard {
                 schedule: Some(share.clone()),
                 micro_batch,
                 max_micro_batch: micro_batch,
+                grow_after: None,
+                stable_steps: 0,
+            });
+        }
+        if let Some(split) = plan.accumulation().filter(|split| !split.equal_micro_batches()) {
+            // micro-steps that differ by a granule: each weighted by its share of the rank's samples
+            let samples = split.samples_per_rank();
+            let share = RankShare {
+                rank: 0,
+                largest_micro_batch: split.largest_micro_batch,
+                samples,
+                offset: 0,
+                steps: split.accumulation_steps,
+                larger_steps: split.accumulation_steps - split.smaller_steps,
+                larger: split.micro_batch,
+                smaller: split.micro_batch - split.multiple_of,
+            };
+            return Ok(Guard {
+                batch: samples,
+                denominator: samples,
+                schedule: Some(share),
+                micro_batch: split.micro_batch,
+                max_micro_batch: split.micro_batch,
                 grow_after: None,
                 stable_steps: 0,
             });

@@ -45,7 +45,7 @@
 //! let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
 //! let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
 //! let report = training.step(&mut meter, |micro| batch_loss(micro.len))?;
-//! assert_eq!(report.samples, plan.micro_batch() * plan.accumulation_steps());
+//! assert_eq!(report.samples, plan.effective_batch()); // 512, in micro-steps of at most 256
 //! # Ok::<(), autobatch::Error>(())
 //! ```
 //!

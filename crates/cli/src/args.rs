@@ -338,6 +338,10 @@ pub struct PlanningArgs {
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long, requires = "target_effective_batch")]
     pub exact: bool,
+    /// Micro-batches of one size only (more accumulation steps where ones that
+    /// differ by one sample would reach the target in fewer).
+    #[arg(long, requires = "target_effective_batch")]
+    pub equal_micro_batches: bool,
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,
@@ -637,6 +641,10 @@ pub struct PlanArgs {
     /// Fail instead of rounding the effective batch up when no split hits the target.
     #[arg(long)]
     pub exact: bool,
+    /// Micro-batches of one size only (more accumulation steps where ones that
+    /// differ by one sample would reach the target in fewer).
+    #[arg(long, conflicts_with = "uneven")]
+    pub equal_micro_batches: bool,
     /// Print the split as JSON on stdout.
     #[arg(long)]
     pub json: bool,

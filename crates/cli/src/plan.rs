@@ -31,7 +31,11 @@ fn even(args: &PlanArgs) -> Result<Accumulation, Failure> {
              {multiple_of} fits; lower --multiple-of to at most {largest}"
         )));
     }
-    let planned = Accumulation::plan_aligned(args.target.get(), args.world_size.get(), largest, multiple_of);
+    let (target, world_size) = (args.target.get(), args.world_size.get());
+    let planned = match args.equal_micro_batches {
+        true => Accumulation::plan_equal(target, world_size, largest, multiple_of),
+        false => Accumulation::plan_aligned(target, world_size, largest, multiple_of),
+    };
     let split = planned.map_err(|err| plan_error(err, "--world-size"))?;
     match args.exact {
         true => split.require_exact().map_err(|err| plan_error(err, "--world-size")),

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use autobatch::{LongestSize, Outcome, Plan, SizePlan, Trial};
 use plotters::coord::Shift;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
@@ -63,6 +64,63 @@ struct PeakChart<'a> {
     /// The fitted line's bytes at 0 and per unit of x, when there is one.
     line: Option<(f64, f64)>,
 }
+
+/// An axis of counts (a batch, a length, sequences): drawn in `f64` (a line
+/// runs between counts) and ticked at integers alone ([`integer_ticks`]).
+struct CountAxis {
+    range: RangedCoordf64,
+    ticks: Vec<f64>,
+}
+
+impl CountAxis {
+    /// From 0 to `top`.
+    fn to(top: f64) -> CountAxis {
+        CountAxis { range: (0f64..top).into(), ticks: integer_ticks(top) }
+    }
+}
+
+impl Ranged for CountAxis {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        self.range.map(value, limit)
+    }
+
+    /// The integer ticks; no light mesh lines between them.
+    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.weight().allow_light_points() { Vec::new() } else { self.ticks.clone() }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.range()
+    }
+}
+
+/// Ticks of a count's axis from 0 to `top`: integers only, a step of 1, 2
+/// or 5 times a power of ten, at most 11 of them, so that no two ticks read
+/// the same number.
+fn integer_ticks(top: f64) -> Vec<f64> {
+    let wanted = (top / 8.0).max(1.0);
+    let magnitude = 10f64.powf(wanted.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * magnitude).find(|&step| step >= wanted).unwrap_or(wanted);
+    let step = step.round().max(1.0);
+    (0..).map(|i| i as f64 * step).take_while(|&tick| tick <= top).collect()
+}
+
+/// The top of a y axis whose data reach `data_top`, with room above it for
+/// a legend of `entries` rows in a plot `plot_height` pixels tall, so that
+/// the legend covers no line and no point.
+fn above_legend(data_top: f64, entries: usize, plot_height: u32) -> f64 {
+    // plotters' legend: 15 pixels a row and its box's margins, and a little room
+    let legend = (16 * entries + 24) as f64;
+    let free = (1.0 - legend / plot_height as f64).max(0.3);
+    data_top / free
+}
+
+/// The height of the plotting area of a chart of `SIZE` with a caption: what
+/// the margins, the caption and the x axis's labels leave.
+const PLOT_HEIGHT: u32 = SIZE.1 - 2 * 16 - 44 - 30;
 
 fn failed(path: &Path, err: impl std::fmt::Display) -> Failure {
     Failure::runtime(format!("--plot {}: could not draw the chart: {err}", path.display()))
@@ -189,18 +247,24 @@ fn draw_peaks(
     root.fill(&WHITE)?;
     let unit = Unit::for_capacity(chart.capacity_bytes);
     let capacity = unit.of(chart.capacity_bytes as f64);
-    let x_max = chart.points.iter().map(|p| p.x).max().unwrap_or(1).max(chart.chosen) as f64 * 1.08 + 1.0;
-    let y_max = memory_top(unit, capacity, chart.points.iter().filter_map(|p| p.peak_bytes));
+    let x_max = (chart.points.iter().map(|p| p.x).max().unwrap_or(1).max(chart.chosen) as f64 * 1.08 + 1.0).ceil();
+    let data_top = memory_top(unit, capacity, chart.points.iter().filter_map(|p| p.peak_bytes));
+    let outcomes = [Outcome::Fits, Outcome::OverCeiling, Outcome::OutOfMemory];
+    let shown = outcomes.iter().filter(|&&o| chart.points.iter().any(|p| p.outcome == o)).count();
+    let model_shown = chart.line.is_some() || quadratic_fit(&chart.points).is_some();
+    // capacity, ceiling, the model, the answer and each outcome shown
+    let y_max = above_legend(data_top, 3 + usize::from(model_shown) + shown, PLOT_HEIGHT);
     let y_desc = format!("peak memory ({})", unit.name);
     let mut plot = memory_axes(root, chart.title, chart.x_label, &y_desc, (x_max, y_max))?;
     let capacity_label = format!("capacity {}", autobatch::Bytes(chart.capacity_bytes));
     level(&mut plot, capacity, x_max, None, BLACK, capacity_label)?;
     let ceiling_label = format!("ceiling {} = {}", chart.ceiling, autobatch::Bytes(chart.limit_bytes));
     level(&mut plot, unit.of(chart.limit_bytes as f64), x_max, Some((8, 5)), CEILING, ceiling_label)?;
-    draw_memory_model(&mut plot, chart, unit, (x_max, y_max))?;
-    chosen(&mut plot, chart.chosen as f64, y_max, format!("chosen: {} {}", chart.x_label, chart.chosen))?;
+    // nothing above the data's top: the legend's room
+    draw_memory_model(&mut plot, chart, unit, (x_max, data_top))?;
+    chosen(&mut plot, chart.chosen as f64, data_top, format!("chosen: {} {}", chart.x_label, chart.chosen))?;
 
-    let at = |p: &Point| (p.x as f64, p.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(y_max));
+    let at = |p: &Point| (p.x as f64, p.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(data_top));
     let of = |outcome: Outcome| chart.points.iter().filter(move |p| p.outcome == outcome);
     // a mark in the legend only for what happened
     if of(Outcome::Fits).next().is_some() {
@@ -229,8 +293,8 @@ fn memory_top(unit: Unit, capacity: f64, peaks: impl Iterator<Item = u64>) -> f6
     highest.min(2.0 * capacity) * 1.06
 }
 
-/// A chart of memory (in a [`Unit`]) against a count.
-type MemoryChart<'a> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// A chart of memory (in a [`Unit`]) against a count, ticked at integers.
+type MemoryChart<'a> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<CountAxis, RangedCoordf64>>;
 
 /// The axes the peak and serving charts share: memory up to `y_max`
 /// against a count up to `x_max`.
@@ -246,7 +310,7 @@ fn memory_axes<'a>(
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(72)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+        .build_cartesian_2d(CountAxis::to(x_max), 0f64..y_max)?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
@@ -278,10 +342,10 @@ fn level(
     Ok(())
 }
 
-/// The answer, a dashed line up the chart.
-fn chosen(chart: &mut MemoryChart<'_>, x: f64, y_max: f64, label: String) -> Result<(), Box<dyn std::error::Error>> {
+/// The answer, a dashed line up to `top`.
+fn chosen(chart: &mut MemoryChart<'_>, x: f64, top: f64, label: String) -> Result<(), Box<dyn std::error::Error>> {
     chart
-        .draw_series(DashedLineSeries::new([(x, 0.0), (x, y_max)], 4, 4, CHOSEN.stroke_width(1)))?
+        .draw_series(DashedLineSeries::new([(x, 0.0), (x, top)], 4, 4, CHOSEN.stroke_width(1)))?
         .label(label)
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CHOSEN.stroke_width(1)));
     Ok(())
@@ -297,13 +361,19 @@ fn draw_memory_model(
 ) -> Result<(), Box<dyn std::error::Error>> {
     if let Some((fixed, per_unit)) = chart.line {
         let at = |x: f64| unit.of(fixed + per_unit * x);
-        plot.draw_series(LineSeries::new([(0.0, at(0.0)), (x_max, at(x_max))], MODEL.stroke_width(1)))?
-            .label(format!(
-                "memory model: {} + {} per sample",
-                autobatch::Bytes(fixed.max(0.0) as u64),
-                autobatch::Bytes(per_unit.max(0.0) as u64)
-            ))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
+        // up to the data's top (the legend's room is above it)
+        let end = if at(x_max) > y_max && per_unit > 0.0 { (y_max * unit.bytes - fixed) / per_unit } else { x_max };
+        let end = end.clamp(0.0, x_max);
+        plot.draw_series(LineSeries::new(
+            [(0.0, at(0.0).min(y_max)), (end, at(end).min(y_max))],
+            MODEL.stroke_width(1),
+        ))?
+        .label(format!(
+            "memory model: {} + {} per sample",
+            autobatch::Bytes(fixed.max(0.0) as u64),
+            autobatch::Bytes(per_unit.max(0.0) as u64)
+        ))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
     } else if let Some([a, b, c]) = quadratic_fit(&chart.points) {
         let curve = (0..=200).map(|i| x_max * i as f64 / 200.0).map(|x| (x, unit.of(a + b * x + c * x * x)));
         let inside: Vec<(f64, f64)> = curve.filter(|&(_, y)| (0.0..=y_max).contains(&y)).collect();
@@ -343,12 +413,13 @@ fn draw_sizes(
     let longest = plan.sizes.keys().copied().max().unwrap_or(1);
     let shortest = plan.sizes.keys().copied().min().unwrap_or(1);
     let most = plan.sizes.values().map(|plan| plan.largest_batch).max().unwrap_or(1);
+    let (x_max, y_max) = ((longest as f64 * 1.05).ceil(), above_legend(most as f64 * 1.05, 3, PLOT_HEIGHT).ceil());
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 15))
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(64)
-        .build_cartesian_2d(0f64..longest as f64 * 1.05, 0f64..most as f64 * 1.15)?;
+        .build_cartesian_2d(CountAxis::to(x_max), CountAxis::to(y_max))?;
     chart
         .configure_mesh()
         .x_desc("sequence length")
@@ -359,7 +430,7 @@ fn draw_sizes(
     let from = (shortest / 2).max(1);
     let budget: Vec<(f64, f64)> = (from..=longest)
         .map(|len| (len as f64, (plan.token_budget / len) as f64))
-        .filter(|&(_, b)| b <= most as f64 * 1.15)
+        .filter(|&(_, b)| b <= most as f64 * 1.05)
         .collect();
     chart
         .draw_series(DashedLineSeries::new(budget, 6, 4, OVER.stroke_width(2)))?
@@ -535,16 +606,19 @@ fn draw_serving(
     root.fill(&WHITE)?;
     let unit = Unit::for_capacity(plan.capacity_bytes);
     let capacity = unit.of(plan.capacity_bytes as f64);
-    let x_max = plan.trials.iter().map(|t| t.number).max().unwrap_or(1).max(plan.max_sequences) as f64 * 1.1 + 1.0;
-    let y_max = memory_top(unit, capacity, plan.trials.iter().filter_map(|t| t.peak_bytes));
+    let x_max =
+        (plan.trials.iter().map(|t| t.number).max().unwrap_or(1).max(plan.max_sequences) as f64 * 1.1 + 1.0).ceil();
+    let data_top = memory_top(unit, capacity, plan.trials.iter().filter_map(|t| t.peak_bytes));
+    // three bands, the limit, the answer, and one or two kinds of peak
+    let y_max = above_legend(data_top, 6 + usize::from(plan.trials.iter().any(|t| !t.fits)), PLOT_HEIGHT);
     let x_desc = format!("sequences of {} tokens", plan.context);
     let mut chart = memory_axes(root, title, &x_desc, &format!("memory ({})", unit.name), (x_max, y_max))?;
-    draw_serving_bands(&mut chart, plan, counted, unit, (x_max, y_max))?;
+    draw_serving_bands(&mut chart, plan, counted, unit, (x_max, data_top))?;
     let limit_label = format!("limit {}", autobatch::Bytes(plan.limit_bytes));
     level(&mut chart, unit.of(plan.limit_bytes as f64), x_max, Some((8, 5)), CEILING, limit_label)?;
-    chosen(&mut chart, plan.max_sequences as f64, y_max, format!("largest: {} sequences", plan.max_sequences))?;
+    chosen(&mut chart, plan.max_sequences as f64, data_top, format!("largest: {} sequences", plan.max_sequences))?;
     let at = |t: &autobatch::serve::ServeTrial| {
-        (t.number as f64, t.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(y_max))
+        (t.number as f64, t.peak_bytes.map_or(capacity, |b| unit.of(b as f64)).min(data_top))
     };
     chart
         .draw_series(plan.trials.iter().filter(|t| t.fits).map(|t| Circle::new(at(t), 5, FITS.filled())))?
@@ -598,4 +672,22 @@ fn draw_serving_bands(
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], color.filled()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever the axis's length: integers from 0, rising, at most 11,
+    /// and at least two past a length of 1.
+    #[test]
+    fn a_count_axis_is_ticked_at_distinct_integers() {
+        for top in (1..2000).map(f64::from).chain([2.16, 4.3, 12_345.0, 1e9]) {
+            let ticks = integer_ticks(top);
+            assert_eq!(ticks[0], 0.0, "{top}");
+            assert!(ticks.len() <= 11 && (top < 2.0 || ticks.len() >= 2), "{top}: {ticks:?}");
+            assert!(ticks.iter().all(|t| t.fract() == 0.0 && *t <= top), "{top}: {ticks:?}");
+            assert!(ticks.windows(2).all(|w| w[0] < w[1]), "{top}: {ticks:?}");
+        }
+    }
 }

@@ -145,7 +145,7 @@ fn serve_on<M: MemoryMeter>(
                 .map_err(|err| measured_nothing_fits(err, config, shape, &counted, held_before))?
         }
     };
-    report_plan(args, shape, &plan, &counted)
+    report_plan(args, config, shape, &plan, &counted)
 }
 
 /// `--check N` runs N and N + 1 sequences: both must be counts whose caches
@@ -294,6 +294,7 @@ fn report_check(
 /// The plan in words or JSON, and its chart.
 fn report_plan(
     args: &ServeArgs,
+    config: &Config,
     shape: &ServingShape,
     plan: &ServePlan,
     counted: &ServingBytes,
@@ -316,9 +317,28 @@ fn report_plan(
         out!("{}", describe(&args.config, shape, plan, counted, args.concurrency.is_some()));
     }
     if let Some(path) = &args.plot {
-        crate::plot::serving(path, &format!("Serving {}", args.config.display()), plan, counted)?;
+        crate::plot::serving(path, &chart_title(&args.config, config, shape), plan, counted)?;
     }
     Ok(())
+}
+
+/// The serving chart's title: the model by name (its config's file, or the
+/// folder of a `config.json`), its family and size, and how it is served.
+fn chart_title(path: &Path, config: &Config, shape: &ServingShape) -> String {
+    let stem = path.file_stem().and_then(|stem| stem.to_str()).unwrap_or("the model");
+    let name = match (stem, path.parent().and_then(Path::file_name).and_then(|dir| dir.to_str())) {
+        ("config", Some(folder)) if !folder.is_empty() => folder,
+        _ => stem,
+    };
+    format!(
+        "Serving {name} ({}, {} layers, hidden {}): {} weights, KV cache {}, {} tokens",
+        config.family.model_type(),
+        config.layers,
+        config.hidden,
+        shape.weights.name(),
+        dtype_name(shape.cache_dtype),
+        shape.context
+    )
 }
 
 fn dtype_name(dtype: DType) -> &'static str {

@@ -43,16 +43,15 @@ fn main() -> Result<(), autobatch::Error> {
 
     let started = Instant::now();
     for step in 1..=OPTIMIZER_STEPS {
-        let loss = model.train_step_accumulated(plan.micro_batch(), plan.accumulation_steps())?;
+        let loss = model.train_step_planned(&plan)?;
         if step == 1 || step % 20 == 0 {
             println!("step {step:>4}  loss {loss:.4}");
         }
     }
     println!(
-        "{OPTIMIZER_STEPS} optimizer steps of {} samples ({} × {}) in {:.1?}",
+        "{OPTIMIZER_STEPS} optimizer steps of {} samples ({}) in {:.1?}",
         plan.effective_batch(),
-        plan.micro_batch(),
-        plan.accumulation_steps(),
+        plan.accumulation().map_or_else(|| plan.micro_batch().to_string(), |split| split.micro_steps_summary()),
         started.elapsed()
     );
     Ok(())

@@ -6,8 +6,17 @@ use crate::Error;
 
 /// How to reach a target effective batch with micro-batches that fit.
 ///
-/// `micro_batch × accumulation_steps × world_size = effective_batch` always holds,
-/// and `micro_batch ≤ largest_micro_batch`. When `exact` is false the effective
+/// Each rank runs `accumulation_steps` micro-steps per optimizer step: the
+/// first of `micro_batch` samples, the last `smaller_steps` of one granule
+/// (`multiple_of`) less, so that `samples_per_rank() × world_size =
+/// effective_batch` and `micro_batch ≤ largest_micro_batch`. With equal
+/// micro-batches (`smaller_steps` 0) that is `micro_batch × accumulation_steps
+/// × world_size`. Micro-batches that differ by a granule reach the target
+/// exactly in the fewest steps wherever the ranks and the granule divide it
+/// (52 + 4 × 51 = 256 in 5 steps where equal ones need 8 of 32); each
+/// micro-step's mean loss is then weighted by its share of the rank's samples
+/// ([`MicroBatch::loss_scale`](crate::MicroBatch::loss_scale)), so that the
+/// gradient is the one of the whole batch. When `exact` is false the effective
 /// batch is the nearest one above the target that `k₀` accumulation steps allow,
 /// and `deviation` and `lr_scale` say by how much and what would compensate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -15,13 +24,18 @@ use crate::Error;
 pub struct Accumulation {
     /// The effective (global) batch asked for.
     pub target_effective_batch: usize,
-    /// Samples per micro-step on each rank.
+    /// Samples per micro-step on each rank: the largest micro-step, the one
+    /// the device must hold.
     pub micro_batch: usize,
     /// Micro-steps accumulated per optimizer step.
     pub accumulation_steps: usize,
+    /// How many of the micro-steps, the last ones, take `multiple_of` samples
+    /// fewer than `micro_batch`: 0 for equal micro-batches.
+    #[serde(default)]
+    pub smaller_steps: usize,
     /// Number of data-parallel ranks.
     pub world_size: usize,
-    /// `micro_batch × accumulation_steps × world_size`.
+    /// `samples_per_rank() × world_size`.
     pub effective_batch: usize,
     /// The largest micro-batch that fits (the search result).
     pub largest_micro_batch: usize,
@@ -38,13 +52,59 @@ pub struct Accumulation {
 }
 
 impl Accumulation {
+    /// The size of micro-step `step` on each rank (0 past the last).
+    ///
+    /// ```
+    /// use autobatch::Accumulation;
+    ///
+    /// // 256 samples where 57 fit: 5 micro-steps, not 8 of 32
+    /// let split = Accumulation::plan(256, 1, 57)?;
+    /// assert_eq!(split.micro_batches().collect::<Vec<_>>(), [52, 51, 51, 51, 51]);
+    /// assert_eq!((split.micro_batch_at(0), split.micro_batch_at(4), split.micro_batch_at(5)), (52, 51, 0));
+    /// assert_eq!(split.micro_steps_summary(), "1 × 52 + 4 × 51");
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn micro_batch_at(&self, step: usize) -> usize {
+        match step {
+            step if step + self.smaller_steps < self.accumulation_steps => self.micro_batch,
+            step if step < self.accumulation_steps => self.micro_batch - self.multiple_of,
+            _ => 0,
+        }
+    }
+
+    /// The sizes of a rank's micro-steps, in order.
+    pub fn micro_batches(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.accumulation_steps).map(|step| self.micro_batch_at(step))
+    }
+
+    /// Whether every micro-step takes `micro_batch` samples.
+    pub fn equal_micro_batches(&self) -> bool {
+        self.smaller_steps == 0
+    }
+
+    /// Samples per optimizer step on each rank.
+    pub fn samples_per_rank(&self) -> usize {
+        self.effective_batch / self.world_size
+    }
+
+    /// A rank's micro-steps in short: `1 × 52 + 4 × 51`, or `8 × 32`.
+    pub fn micro_steps_summary(&self) -> String {
+        let larger = self.accumulation_steps - self.smaller_steps;
+        let runs =
+            [(larger, self.micro_batch), (self.smaller_steps, self.micro_batch.saturating_sub(self.multiple_of))];
+        let parts: Vec<String> =
+            runs.iter().filter(|(count, _)| *count > 0).map(|(count, size)| format!("{count} × {size}")).collect();
+        parts.join(" + ")
+    }
+
     /// Turns an inexact split into [`Error::InexactTarget`], for callers
     /// that must train at exactly the target.
     ///
     /// ```
     /// use autobatch::Accumulation;
     /// assert!(Accumulation::plan(268, 1, 133).unwrap().require_exact().is_ok());
-    /// assert!(Accumulation::plan(257, 1, 133).unwrap().require_exact().is_err());
+    /// // two ranks cannot share 257 samples alike
+    /// assert!(Accumulation::plan(257, 2, 133).unwrap().require_exact().is_err());
     /// ```
     pub fn require_exact(self) -> Result<Self, Error> {
         if self.exact {
@@ -63,20 +123,24 @@ impl Accumulation {
 
 impl Accumulation {
     /// Splits a target effective batch over `world_size` ranks with micro-batches of
-    /// at most `largest_micro_batch`.
+    /// at most `largest_micro_batch`, in the fewest accumulation steps.
     ///
-    /// With `k₀ = ⌈E / (W·m*)⌉` the fewest accumulation steps, it hits `E` exactly with
-    /// the smallest `k` in `[k₀, 2·k₀]` that `W·k` divides; when there is none it uses
-    /// `k₀` steps and the nearest effective batch above `E`, and says so.
+    /// With `k₀ = ⌈E / (W·m*)⌉` the fewest accumulation steps: where `W`
+    /// divides `E`, `k₀` micro-steps that differ by at most one sample reach it
+    /// exactly (equal ones where `k₀` divides the rank's samples). Otherwise
+    /// (or with [`plan_equal`](Self::plan_equal)) equal micro-batches: the
+    /// smallest `k` in `[k₀, 2·k₀]` that `W·k` divides, or `k₀` steps and the
+    /// nearest effective batch above `E`, said so.
     ///
     /// ```
     /// use autobatch::Accumulation;
     ///
     /// let split = Accumulation::plan(268, 1, 133)?;
-    /// assert_eq!((split.micro_batch, split.accumulation_steps, split.exact), (67, 4, true));
+    /// assert_eq!((split.micro_batch, split.accumulation_steps, split.exact), (90, 3, true));
+    /// assert_eq!(split.micro_steps_summary(), "1 × 90 + 2 × 89");
     ///
-    /// let split = Accumulation::plan(257, 1, 133)?; // 257 is prime
-    /// assert_eq!((split.micro_batch, split.accumulation_steps), (129, 2));
+    /// let split = Accumulation::plan(257, 2, 133)?; // two ranks cannot share 257 samples alike
+    /// assert_eq!((split.micro_batch, split.accumulation_steps), (129, 1));
     /// assert_eq!((split.effective_batch, split.deviation), (258, 1));
     /// # Ok::<(), autobatch::Error>(())
     /// ```
@@ -89,13 +153,15 @@ impl Accumulation {
     }
 
     /// [`Accumulation::plan`] with micro-batches kept to multiples of `multiple_of`
-    /// (e.g. 8 for tensor cores). Exactness then needs `W·multiple_of` to divide the target.
+    /// (e.g. 8 for tensor cores), differing by at most one multiple. Exactness
+    /// then needs `W·multiple_of` to divide the target.
     ///
     /// ```
     /// use autobatch::Accumulation;
     ///
     /// let split = Accumulation::plan_aligned(1024, 4, 100, 8)?;
-    /// assert_eq!((split.micro_batch, split.accumulation_steps, split.world_size), (64, 4, 4));
+    /// assert_eq!((split.micro_batch, split.accumulation_steps, split.world_size), (88, 3, 4));
+    /// assert_eq!(split.micro_steps_summary(), "2 × 88 + 1 × 80"); // 256 samples a rank
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn plan_aligned(
@@ -103,6 +169,37 @@ impl Accumulation {
         world_size: usize,
         largest_micro_batch: usize,
         multiple_of: usize,
+    ) -> Result<Accumulation, Error> {
+        Accumulation::plan_as(target_effective_batch, world_size, largest_micro_batch, multiple_of, false)
+    }
+
+    /// [`Accumulation::plan_aligned`] with equal micro-batches only: more
+    /// steps where micro-batches that differ would reach the target in fewer
+    /// (for a loop that cannot weight its micro-steps' losses).
+    ///
+    /// ```
+    /// use autobatch::Accumulation;
+    ///
+    /// let split = Accumulation::plan_equal(256, 1, 57, 1)?;
+    /// assert_eq!((split.micro_batch, split.accumulation_steps, split.exact), (32, 8, true));
+    /// assert!(split.equal_micro_batches());
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn plan_equal(
+        target_effective_batch: usize,
+        world_size: usize,
+        largest_micro_batch: usize,
+        multiple_of: usize,
+    ) -> Result<Accumulation, Error> {
+        Accumulation::plan_as(target_effective_batch, world_size, largest_micro_batch, multiple_of, true)
+    }
+
+    fn plan_as(
+        target_effective_batch: usize,
+        world_size: usize,
+        largest_micro_batch: usize,
+        multiple_of: usize,
+        equal: bool,
     ) -> Result<Accumulation, Error> {
         let target = target_effective_batch;
         for (setting, value) in [
@@ -137,7 +234,14 @@ impl Accumulation {
             None => 1,
         };
 
-        let (micro_batch, accumulation_steps) = match fewest_exact_steps(target, unit, min_steps) {
+        let exact_steps = fewest_exact_steps(target, unit, min_steps);
+        if !equal
+            && exact_steps != Some(min_steps)
+            && let Some(split) = balanced(target, world_size, largest_micro_batch, multiple_of, min_steps)
+        {
+            return Ok(split);
+        }
+        let (micro_batch, accumulation_steps) = match exact_steps {
             Some(steps) => (target / (world_size * steps), steps),
             None => {
                 let per_step = world_size.checked_mul(min_steps).ok_or_else(|| {
@@ -158,6 +262,7 @@ impl Accumulation {
             target_effective_batch: target,
             micro_batch,
             accumulation_steps,
+            smaller_steps: 0,
             world_size,
             effective_batch,
             largest_micro_batch,
@@ -167,6 +272,35 @@ impl Accumulation {
             lr_scale: effective_batch as f64 / target as f64,
         })
     }
+}
+
+/// `target` exactly in `steps` micro-steps per rank that differ by one granule
+/// `g` at most, where `W·g` divides it: `r` steps of `(q + 1)·g` and `steps − r`
+/// of `q·g`, for the rank's `q·steps + r` granules. `None` where `W·g` does
+/// not divide `target`. With `steps = k₀ = ⌈E / (W·m*)⌉`, `q + 1 ≤ m*/g`
+/// wherever `r > 0`: every micro-step fits.
+fn balanced(target: usize, world_size: usize, largest: usize, g: usize, steps: usize) -> Option<Accumulation> {
+    let unit = world_size.checked_mul(g)?;
+    if !target.is_multiple_of(unit) {
+        return None;
+    }
+    let granules = target / unit;
+    let (whole, rest) = (granules / steps, granules % steps);
+    let micro_batch = (whole + usize::from(rest > 0)) * g;
+    debug_assert!(whole >= 1 && micro_batch <= largest);
+    Some(Accumulation {
+        target_effective_batch: target,
+        micro_batch,
+        accumulation_steps: steps,
+        smaller_steps: if rest > 0 { steps - rest } else { 0 },
+        world_size,
+        effective_batch: target,
+        largest_micro_batch: largest,
+        multiple_of: g,
+        exact: true,
+        deviation: 0,
+        lr_scale: 1.0,
+    })
 }
 
 /// The smallest `k` in `[k₀, 2·k₀]` such that `unit·k` divides `target`, where
@@ -197,16 +331,26 @@ mod tests {
 
     #[test]
     fn design_examples() {
-        let split = Accumulation::plan(268, 1, 133).unwrap();
+        let split = Accumulation::plan_equal(268, 1, 133, 1).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (67, 4, 268));
         assert!(split.exact);
         assert_eq!(split.lr_scale, 1.0);
 
-        let split = Accumulation::plan(257, 1, 133).unwrap();
+        let split = Accumulation::plan_equal(257, 1, 133, 1).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (129, 2, 258));
         assert!(!split.exact);
         assert_eq!(split.deviation, 1);
         assert_eq!(split.lr_scale, 258.0 / 257.0);
+
+        // micro-batches that differ by one: the same targets in fewer steps, exactly
+        let split = Accumulation::plan(268, 1, 133).unwrap();
+        assert_eq!((split.micro_batch, split.accumulation_steps, split.smaller_steps), (90, 3, 2));
+        let split = Accumulation::plan(257, 1, 133).unwrap();
+        assert_eq!(split.micro_batches().collect::<Vec<_>>(), [129, 128]);
+        assert!(split.exact && split.lr_scale == 1.0);
+        // the issue's case: 57 fit, 256 wanted
+        let split = Accumulation::plan(256, 1, 57).unwrap();
+        assert_eq!((split.micro_batch, split.accumulation_steps, split.samples_per_rank()), (52, 5, 256));
     }
 
     #[test]
@@ -219,17 +363,22 @@ mod tests {
     fn prefers_exactness_up_to_twice_the_fewest_steps() {
         // k₀ = ⌈96 / 40⌉ = 3 and 3 divides 96: 32 × 3.
         assert_eq!(Accumulation::plan(96, 1, 40).unwrap().accumulation_steps, 3);
+        assert!(Accumulation::plan(96, 1, 40).unwrap().equal_micro_batches());
         // k₀ = ⌈98 / 40⌉ = 3; 98 = 2·7²: no divisor in [3, 6] → inexact with 3 steps.
-        let split = Accumulation::plan(98, 1, 40).unwrap();
+        let split = Accumulation::plan_equal(98, 1, 40, 1).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (33, 3, 99));
         // k₀ = ⌈98 / 20⌉ = 5; 7 divides 98 and lies in [5, 10].
-        let split = Accumulation::plan(98, 1, 20).unwrap();
+        let split = Accumulation::plan_equal(98, 1, 20, 1).unwrap();
         assert_eq!((split.micro_batch, split.accumulation_steps), (14, 7));
+        // differing by one: 98 in k₀ steps either way
+        assert_eq!(Accumulation::plan(98, 1, 40).unwrap().micro_steps_summary(), "2 × 33 + 1 × 32");
+        assert_eq!(Accumulation::plan(98, 1, 20).unwrap().micro_steps_summary(), "3 × 20 + 2 × 19");
     }
 
     #[test]
     fn aligned_micro_batches_are_multiples_of_the_granularity() {
         let split = Accumulation::plan_aligned(1000, 2, 100, 8).unwrap();
+        assert!(split.equal_micro_batches(), "2·8 does not divide 1000: no exact split of either kind");
         assert_eq!(split.micro_batch % 8, 0);
         assert!(split.micro_batch <= 96);
         assert!(split.effective_batch >= 1000);
@@ -264,7 +413,7 @@ mod tests {
 
     #[test]
     fn require_exact_reports_the_nearest_possible_batch() {
-        let err = Accumulation::plan(257, 1, 133).unwrap().require_exact().unwrap_err();
+        let err = Accumulation::plan_equal(257, 1, 133, 1).unwrap().require_exact().unwrap_err();
         assert!(matches!(err, Error::InexactTarget { target: 257, nearest: 258, largest_micro_batch: Some(133), .. }));
         assert!(err.to_string().contains("258"), "{err}");
     }
@@ -272,7 +421,7 @@ mod tests {
     #[test]
     fn an_inexact_target_names_twice_the_fewest_steps_as_its_bound() {
         for (target, world_size, largest, granule) in
-            [(257, 1, 133, 1), (1001, 4, 100, 8), (999, 2, 7, 3), (usize::MAX - 1, 3, usize::MAX / 2, 1)]
+            [(257, 2, 133, 1), (1001, 4, 100, 8), (999, 2, 7, 3), (usize::MAX - 1, 3, usize::MAX / 2, 1)]
         {
             let split = Accumulation::plan_aligned(target, world_size, largest, granule).unwrap();
             let err = split.clone().require_exact().unwrap_err();

@@ -174,6 +174,9 @@ impl Plan {
         }
         let ranks = if self.world_size() == 1 { "rank" } else { "ranks" };
         let steps = if self.accumulation_steps() == 1 { "step" } else { "steps" };
+        if let Some(split) = self.accumulation().filter(|split| !split.equal_micro_batches()) {
+            return format!("plan: {}", split.micro_steps_line());
+        }
         format!(
             "plan: micro-batch {} × {} accumulation {steps} × {} {ranks} = effective batch {}",
             self.micro_batch(),
@@ -301,9 +304,32 @@ pub(crate) fn accumulation_note(split: &Accumulation) -> String {
     }
 }
 
+impl Accumulation {
+    /// `micro-batches 1 × 90 + 2 × 89 (3 accumulation steps that differ by
+    /// one sample, each loss weighted by its samples) × 1 rank = effective
+    /// batch 268`: the split plainly where micro-steps differ.
+    fn micro_steps_line(&self) -> String {
+        let ranks = if self.world_size == 1 { "rank" } else { "ranks" };
+        let by = if self.multiple_of == 1 { "one sample".to_owned() } else { format!("{} samples", self.multiple_of) };
+        format!(
+            "micro-batches {} ({} accumulation steps that differ by {by}, each loss weighted by its samples) × {} \
+             {ranks} = effective batch {}",
+            self.micro_steps_summary(),
+            self.accumulation_steps,
+            self.world_size,
+            self.effective_batch
+        )
+    }
+}
+
 impl fmt::Display for Accumulation {
-    /// `micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)`
+    /// `micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268
+    /// (target 268, exact)`; where micro-steps differ, `micro-batches 1 × 90 +
+    /// 2 × 89 (3 accumulation steps …) × 1 rank = effective batch 268 (target 268, exact)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.equal_micro_batches() {
+            return write!(f, "{}{}", self.micro_steps_line(), accumulation_note(self));
+        }
         let ranks = if self.world_size == 1 { "rank" } else { "ranks" };
         let steps = if self.accumulation_steps == 1 { "step" } else { "steps" };
         write!(

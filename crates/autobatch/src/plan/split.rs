@@ -14,7 +14,7 @@ use super::{Accumulation, RankSplit};
 /// use autobatch::{Accumulation, Split};
 ///
 /// let split = Split::Accumulated { accumulation: Accumulation::plan(268, 1, 133)?, accumulating_peak_bytes: None };
-/// assert_eq!((split.accumulation_steps(), split.effective_batch()), (4, 268));
+/// assert_eq!((split.accumulation_steps(), split.effective_batch()), (3, 268));
 /// assert_eq!(Split::Single { micro_batch: 96, world_size: 2 }.effective_batch(), 192);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
@@ -142,7 +142,7 @@ mod tests {
         assert_eq!((single.accumulation_steps(), single.world_size(), single.effective_batch()), (1, 4, 384));
         assert_eq!((single.micro_batch_of(3), single.target_effective_batch(), single.exact()), (96, None, true));
 
-        let accumulation = Accumulation::plan(257, 1, 133).unwrap();
+        let accumulation = Accumulation::plan_equal(257, 1, 133, 1).unwrap();
         let accumulated = Split::Accumulated { accumulation, accumulating_peak_bytes: Some(7) };
         assert_eq!(
             (accumulated.micro_batch_of(0), accumulated.accumulation_steps(), accumulated.effective_batch()),

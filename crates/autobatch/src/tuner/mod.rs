@@ -168,6 +168,17 @@ impl Tuner {
         self
     }
 
+    /// Split the target into micro-batches of one size only: more
+    /// accumulation steps where micro-batches that differ by one sample (one
+    /// `multiple_of`) would reach it exactly in fewer (for a loop that does
+    /// not weight each micro-step's loss by its samples, as
+    /// [`TrainLoop`](crate::TrainLoop) and [`Guard`](crate::Guard) do).
+    /// Default false: the fewest steps ([`Accumulation::plan_aligned`]).
+    pub fn equal_micro_batches(mut self, equal: bool) -> Self {
+        self.options.equal_micro_batches = equal;
+        self
+    }
+
     /// Run one uncounted step at the smallest candidate before the first trial,
     /// so that memory a runtime keeps for good once used (cuBLAS workspaces,
     /// loaded kernels, per-thread scratch buffers) is in the baseline. Default true.
@@ -485,12 +496,12 @@ impl Settings {
     fn split(&self, largest_batch: usize) -> Result<crate::Split, Error> {
         match self.options.target_effective_batch {
             Some(target) => {
-                let mut split = Accumulation::plan_aligned(
-                    target,
-                    self.options.world_size,
-                    largest_batch,
-                    self.options.multiple_of,
-                )?;
+                let (world_size, multiple_of) = (self.options.world_size, self.options.multiple_of);
+                let mut split = if self.options.equal_micro_batches {
+                    Accumulation::plan_equal(target, world_size, largest_batch, multiple_of)?
+                } else {
+                    Accumulation::plan_aligned(target, world_size, largest_batch, multiple_of)?
+                };
                 if self.options.exact_effective_batch {
                     split = split.require_exact()?;
                 }

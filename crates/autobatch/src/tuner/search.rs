@@ -103,7 +103,7 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     ///     runs.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
     /// })?;
     /// assert_eq!(plans[0].largest_batch, plans[1].largest_batch); // the 40 GiB rank decides
-    /// assert_eq!(plans[0].micro_batch() * plans[0].accumulation_steps() * 2, 512);
+    /// assert_eq!(plans[0].effective_batch(), 512); // the target, over both ranks
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn across(mut self, ranks: &'a dyn Collective) -> Self {

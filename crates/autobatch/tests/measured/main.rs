@@ -10,9 +10,10 @@ use autobatch_testkit as common;
 
 mod host;
 mod optimizers;
+mod split;
 mod stateful;
 
 fn main() {
-    let tests: Vec<_> = [host::tests(), optimizers::tests(), stateful::tests()].concat();
+    let tests: Vec<_> = [host::tests(), optimizers::tests(), split::tests(), stateful::tests()].concat();
     common::harness::run_sequentially(&tests);
 }

@@ -62,7 +62,8 @@ proptest! {
             prop_assert_eq!(plan.largest_batch, agreed);
             prop_assert_eq!(plan.rank_largest_batch(), Some(*truth));
             prop_assert_eq!(plan.world_size(), world);
-            prop_assert_eq!(plan.micro_batch() * plan.accumulation_steps() * world, plan.effective_batch());
+            let per_rank = plan.accumulation().map_or(plan.micro_batch(), |split| split.micro_batches().sum());
+            prop_assert_eq!(per_rank * world, plan.effective_batch());
             prop_assert!(plan.micro_batch() <= agreed);
             prop_assert!(target.is_none_or(|t| plan.effective_batch() >= t));
             // the agreed batch was run and seen to fit on every rank
@@ -452,7 +453,7 @@ fn the_agreed_batch_accumulates_only_where_every_rank_holds_the_accumulator() {
     assert!(first.micro_batch() <= accumulating, "{} > {accumulating}\n{first}", first.micro_batch());
     for plan in &plans {
         assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (first.micro_batch(), first.accumulation_steps()));
-        assert_eq!(plan.micro_batch() * plan.accumulation_steps() * 3, plan.effective_batch());
+        assert_eq!(plan.accumulation().unwrap().samples_per_rank() * 3, plan.effective_batch());
         assert!(plan.effective_batch() >= 6000);
         assert!(plan.accumulation_peak_bytes().is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
     }

@@ -340,11 +340,48 @@ proptest! {
         }
     }
 
-    /// m·k·W = effective ≥ target, m ≤ largest and a multiple of g, k₀ ≤ k ≤ 2k₀,
-    /// and k is the smallest exact one, or k₀ with the nearest batch above when no k is exact.
+    /// Micro-batches that differ (the default): the rank's micro-steps add up
+    /// to effective / W ≥ target, each fits (≤ largest, a multiple of g, at
+    /// least g) and they differ by one granule at most; where W·g divides the
+    /// target it is reached exactly in k₀ steps, the fewest any split can
+    /// take, and never in more steps than equal micro-batches take;
+    /// elsewhere the split is the equal one.
     #[test]
     fn accumulation_arithmetic(target in 1usize..1_000_000, world in 1usize..=8, largest in 1usize..5_000, g in prop_oneof![Just(1usize), Just(8), 1usize..16]) {
-        let result = Accumulation::plan_aligned(target, world, largest, g);
+        let (Ok(split), Ok(equal)) =
+            (Accumulation::plan_aligned(target, world, largest, g), Accumulation::plan_equal(target, world, largest, g))
+        else {
+            prop_assert_eq!(
+                Accumulation::plan_aligned(target, world, largest, g).is_err(),
+                Accumulation::plan_equal(target, world, largest, g).is_err()
+            );
+            return Ok(());
+        };
+        let usable = largest - largest % g;
+        let sizes: Vec<usize> = split.micro_batches().collect();
+        prop_assert_eq!(sizes.len(), split.accumulation_steps);
+        prop_assert_eq!(sizes.iter().sum::<usize>() * world, split.effective_batch);
+        prop_assert_eq!(split.samples_per_rank() * world, split.effective_batch);
+        prop_assert!(split.effective_batch >= target);
+        prop_assert!(sizes.iter().all(|&m| m >= g && m <= usable && m % g == 0), "{sizes:?}");
+        prop_assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= g, "{sizes:?}");
+        prop_assert_eq!(split.micro_batch, sizes[0]);
+        prop_assert!(split.accumulation_steps <= equal.accumulation_steps);
+        let k0 = target.div_ceil(world * usable);
+        if target % (world * g) == 0 {
+            prop_assert!(split.exact && split.effective_batch == target);
+            prop_assert_eq!(split.accumulation_steps, k0);
+        } else {
+            prop_assert_eq!(&split, &equal);
+        }
+    }
+
+    /// Equal micro-batches: m·k·W = effective ≥ target, m ≤ largest and a
+    /// multiple of g, k₀ ≤ k ≤ 2k₀, and k is the smallest exact one, or k₀
+    /// with the nearest batch above when no k is exact.
+    #[test]
+    fn accumulation_arithmetic_of_equal_micro_batches(target in 1usize..1_000_000, world in 1usize..=8, largest in 1usize..5_000, g in prop_oneof![Just(1usize), Just(8), 1usize..16]) {
+        let result = Accumulation::plan_equal(target, world, largest, g);
         let usable = largest - largest % g;
         if usable == 0 {
             prop_assert!(matches!(result, Err(Error::NoCandidate { .. })), "{result:?}");
@@ -359,6 +396,7 @@ proptest! {
         }
         let split = result.unwrap();
         let (m, k) = (split.micro_batch, split.accumulation_steps);
+        prop_assert!(split.equal_micro_batches());
         prop_assert_eq!(m * k * world, split.effective_batch);
         prop_assert!(split.effective_batch >= target);
         prop_assert!(m >= 1 && m <= usable && m % g == 0);

@@ -196,11 +196,15 @@ fn the_public_surface_does_not_grow() {
 #[test]
 fn the_public_methods_and_fields_do_not_grow() {
     // 312: SearchLimit::cut_short (whether a cached answer may be served);
-    // 313: OptimizerKind::slice_elements (what an optimizer's step spans at once)
-    const MOST_METHODS: usize = 313;
+    // 313: OptimizerKind::slice_elements (what an optimizer's step spans at once);
+    // 320: micro-batches that differ by one sample (issue 74): Accumulation's
+    // micro_batch_at, micro_batches, equal_micro_batches, samples_per_rank,
+    // micro_steps_summary and plan_equal, Tuner::equal_micro_batches
+    const MOST_METHODS: usize = 320;
     // 194: Remedy::measured (a change made and run, not estimated);
-    // 195: MemoryModel::plateau_bytes (the update's peak, apart from the line)
-    const MOST_FIELDS: usize = 195;
+    // 195: MemoryModel::plateau_bytes (the update's peak, apart from the line);
+    // 196: Accumulation::smaller_steps (micro-steps one granule smaller)
+    const MOST_FIELDS: usize = 196;
     let (mut methods, mut fields) = (0, 0);
     let mut folders = vec![src()];
     while let Some(folder) = folders.pop() {

@@ -240,28 +240,41 @@ fn accumulation_reaches_the_target_with_one_to_eight_ranks() {
             let tuner = Tuner::new().target_effective_batch(target).world_size(world_size);
             let plan = run(&tuner, sim.clone()).unwrap();
             assert_eq!(plan.largest_batch, 126);
-            assert_eq!(plan.micro_batch() * plan.accumulation_steps() * world_size, plan.effective_batch());
+            let split = plan.accumulation().unwrap();
+            assert_eq!(split.samples_per_rank() * world_size, plan.effective_batch());
+            assert_eq!(split.micro_batches().sum::<usize>(), split.samples_per_rank());
             assert!(plan.micro_batch() <= 126);
             assert!(plan.effective_batch() >= target);
-            let split = plan.accumulation().unwrap();
             assert_eq!(split.exact, plan.effective_batch() == target);
             if target % world_size == 0 {
-                let k0 = target.div_ceil(world_size * 126);
-                assert!(plan.accumulation_steps() >= k0 && plan.accumulation_steps() <= 2 * k0);
+                // micro-batches that differ by one: exact in the fewest steps
+                assert!(split.exact, "{plan}");
+                assert_eq!(plan.accumulation_steps(), target.div_ceil(world_size * 126), "{plan}");
             }
         }
     }
     let plan = run(&Tuner::new().target_effective_batch(268).max_batch(133), sim.clone()).unwrap();
-    assert_eq!((plan.largest_batch, plan.micro_batch(), plan.accumulation_steps()), (126, 67, 4));
+    assert_eq!((plan.largest_batch, plan.micro_batch(), plan.accumulation_steps()), (126, 90, 3));
     let plan = run(&Tuner::new().target_effective_batch(257), sim.clone()).unwrap();
+    assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (86, 3, 257));
+    assert_eq!(plan.accumulation().unwrap().micro_steps_summary(), "2 × 86 + 1 × 85");
+    assert!(plan.to_string().contains("target 257, exact"), "{plan}");
+    // equal micro-batches, on request: the same steps and the nearest batch above
+    let equal = Tuner::new().target_effective_batch(257).equal_micro_batches(true);
+    let plan = run(&equal, sim.clone()).unwrap();
     assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (86, 3, 258));
     assert!(plan.to_string().contains("target 257, +1"), "{plan}");
+    let plan = run(&Tuner::new().target_effective_batch(268).max_batch(133).equal_micro_batches(true), sim).unwrap();
+    assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (67, 4));
 }
 
 #[test]
 fn exactness_can_be_demanded() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
-    let err = run(&Tuner::new().target_effective_batch(257).exact_effective_batch(true), sim.clone()).unwrap_err();
+    let exact = Tuner::new().target_effective_batch(257).exact_effective_batch(true);
+    // micro-batches that differ by one reach 257 exactly; equal ones cannot
+    assert_eq!(run(&exact, sim.clone()).unwrap().effective_batch(), 257);
+    let err = run(&exact.equal_micro_batches(true), sim.clone()).unwrap_err();
     assert!(
         matches!(err, Error::InexactTarget { target: 257, nearest: 258, largest_micro_batch: Some(_), .. }),
         "{err:?}"
@@ -372,7 +385,13 @@ fn report_shows_each_trial_and_the_plan() {
     assert!(lines[1].contains("fits") && lines[1].contains('%'));
     assert!(report.contains("over ceiling"));
     assert!(report.contains("largest batch 126 (proven largest)"), "{report}");
-    assert!(report.contains("micro-batch 64 × 4 accumulation steps × 1 rank = effective batch 256"), "{report}");
+    assert!(
+        report.contains(
+            "micro-batches 1 × 86 + 2 × 85 (3 accumulation steps that differ by one sample, each loss weighted by \
+             its samples) × 1 rank = effective batch 256"
+        ),
+        "{report}"
+    );
     assert!(report.contains("(target 256, exact)"), "{report}");
 }
 

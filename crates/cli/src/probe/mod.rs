@@ -44,6 +44,7 @@ fn tuner(args: &ProbeArgs) -> Tuner {
         .multiple_of(search.multiple_of.get())
         .world_size(plan.world_size.get())
         .exact_effective_batch(plan.exact)
+        .equal_micro_batches(plan.equal_micro_batches)
         .objective(plan.objective);
     if let Some(max_batch) = search.max_batch {
         tuner = tuner.max_batch(max_batch.get());

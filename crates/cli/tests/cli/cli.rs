@@ -133,7 +133,10 @@ fn bad_flags_and_impossible_configurations_are_one_line_usage_errors() {
     assert_usage_error(&["estimate", "--params", "7X"], "unknown suffix");
     assert_usage_error(&["estimate"], "--params");
     assert_usage_error(&["plan", "--target", "0", "--largest", "8"], "'--target <TARGET>': must be at least 1");
-    assert_usage_error(&["plan", "--target", "257", "--largest", "133", "--exact"], "nearest above is 258");
+    assert_usage_error(
+        &["plan", "--target", "257", "--largest", "133", "--exact", "--equal-micro-batches"],
+        "nearest above is 258",
+    );
 }
 
 #[test]
@@ -172,22 +175,40 @@ fn estimate_reproduces_the_classic_numbers() {
 
 #[test]
 fn plan_does_the_accumulation_arithmetic() {
+    // micro-batches that differ by one sample: the fewest steps, exactly
     let output = autobatch(&["plan", "--target", "268", "--largest", "133"]);
     let stdout = text(&output.stdout);
     assert!(output.status.success());
     assert!(
-        stdout.contains("micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)")
+        stdout.contains(
+            "micro-batches 1 × 90 + 2 × 89 (3 accumulation steps that differ by one sample, each loss weighted by its \
+             samples) × 1 rank = effective batch 268 (target 268, exact)"
+        ),
+        "{stdout}"
     );
-
     let output = autobatch(&["plan", "--target", "257", "--largest", "133", "--json"]);
     let split: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
     assert_eq!((split["micro_batch"].as_u64(), split["accumulation_steps"].as_u64()), (Some(129), Some(2)));
+    assert_eq!((split["smaller_steps"].as_u64(), split["effective_batch"].as_u64()), (Some(1), Some(257)));
+    assert_eq!(split["exact"], true);
+
+    // equal micro-batches, on request
+    let output = autobatch(&["plan", "--target", "268", "--largest", "133", "--equal-micro-batches"]);
+    assert!(
+        text(&output.stdout)
+            .contains("micro-batch 67 × 4 accumulation steps × 1 rank = effective batch 268 (target 268, exact)")
+    );
+    let output = autobatch(&["plan", "--target", "257", "--largest", "133", "--equal-micro-batches", "--json"]);
+    let split: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    assert_eq!((split["micro_batch"].as_u64(), split["accumulation_steps"].as_u64()), (Some(129), Some(2)));
     assert_eq!((split["effective_batch"].as_u64(), split["deviation"].as_u64()), (Some(258), Some(1)));
-    assert_eq!(split["exact"], false);
+    assert_eq!((split["exact"].as_bool(), split["smaller_steps"].as_u64()), (Some(false), Some(0)));
 
     let output =
         autobatch(&["plan", "--target", "1024", "--largest", "100", "--world-size", "4", "--multiple-of", "8"]);
-    assert!(text(&output.stdout).contains("micro-batch 64 × 4 accumulation steps × 4 ranks = effective batch 1024"));
+    assert!(
+        text(&output.stdout).contains("micro-batches 2 × 88 + 1 × 80 (3 accumulation steps that differ by 8 samples")
+    );
 }
 
 #[test]
@@ -611,8 +632,14 @@ fn a_budget_past_the_address_space_limit_is_refused() {
 fn messages_name_flags_not_internals() {
     let cases: [(&[&str], &str); 9] = [
         (&["plan", "--target", "3", "--uneven", "1,1,1,1"], "--target is 3: it must be at least 4 ranks (--uneven)"),
-        (&["plan", "--target", "257", "--largest", "133", "--exact"], "no split hits --target 257 exactly"),
-        (&["probe", "--exact", "--target-effective-batch", "257", "--max-batch", "133"], "drop --exact"),
+        (
+            &["plan", "--target", "257", "--largest", "133", "--exact", "--equal-micro-batches"],
+            "no split hits --target 257 exactly",
+        ),
+        (
+            &["probe", "--exact", "--target-effective-batch", "257", "--max-batch", "133", "--equal-micro-batches"],
+            "drop --exact",
+        ),
         (&["plan", "--target", "18446744073709551615", "--largest", "2", "--world-size", "2"], "--largest"),
         (
             &[
@@ -812,8 +839,14 @@ struct Chart {
     texts: Vec<String>,
     /// (pixel y, value) of the y axis's numeric tick labels.
     y_ticks: Vec<(f64, f64)>,
+    /// The x axis's tick labels, left to right.
+    x_ticks: Vec<String>,
     /// Each polyline's stroke colour and points.
     lines: Vec<(String, Vec<(f64, f64)>)>,
+    /// Each circle's centre.
+    circles: Vec<(f64, f64)>,
+    /// The legend's box: left, top, right, bottom.
+    legend: Option<(f64, f64, f64, f64)>,
 }
 
 impl Chart {
@@ -821,7 +854,15 @@ impl Chart {
         let svg = std::fs::read_to_string(path).unwrap();
         let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
         assert_eq!(doc.root_element().tag_name().name(), "svg");
-        let mut chart = Chart { texts: Vec::new(), y_ticks: Vec::new(), lines: Vec::new() };
+        let mut chart = Chart {
+            texts: Vec::new(),
+            y_ticks: Vec::new(),
+            x_ticks: Vec::new(),
+            lines: Vec::new(),
+            circles: Vec::new(),
+            legend: None,
+        };
+        let number = |node: &roxmltree::Node, name: &str| node.attribute(name).unwrap().parse::<f64>().unwrap();
         for node in doc.descendants().filter(|n| n.is_element()) {
             match node.tag_name().name() {
                 "text" => {
@@ -831,7 +872,20 @@ impl Chart {
                     {
                         chart.y_ticks.push((y.parse().unwrap(), value));
                     }
+                    // the x axis's labels: centred, just under the plot, upright
+                    if node.attribute("text-anchor") == Some("middle")
+                        && node.attribute("dy") == Some("0.76em")
+                        && node.attribute("transform").is_none()
+                        && number(&node, "y") > 500.0
+                    {
+                        chart.x_ticks.push(text.clone());
+                    }
                     chart.texts.push(text);
+                }
+                "circle" => chart.circles.push((number(&node, "cx"), number(&node, "cy"))),
+                "rect" if node.attribute("opacity") == Some("0.9") => {
+                    let (x, y) = (number(&node, "x"), number(&node, "y"));
+                    chart.legend = Some((x, y, x + number(&node, "width"), y + number(&node, "height")));
                 }
                 "polyline" => {
                     let points = node.attribute("points").unwrap_or("").split_whitespace().map(|pair| {
@@ -848,6 +902,43 @@ impl Chart {
 
     fn says(&self, part: &str) -> bool {
         self.texts.iter().any(|t| t.contains(part))
+    }
+
+    /// The x axis reads integers only, each once, rising.
+    fn counts_on_the_x_axis(&self) {
+        let ticks: Vec<u64> = self
+            .x_ticks
+            .iter()
+            .map(|t| t.parse().unwrap_or_else(|_| panic!("an x tick {t:?} that is not an integer: {:?}", self.x_ticks)))
+            .collect();
+        assert!(ticks.len() >= 2 && ticks.windows(2).all(|w| w[0] < w[1]), "x ticks {ticks:?}");
+    }
+
+    /// Nothing but the legend's own swatches lies under the legend: every
+    /// line (along its segments) and every mark outside its box.
+    fn legend_covers_nothing(&self) {
+        let (left, top, right, bottom) = self.legend.expect("a legend");
+        let inside = |&(x, y): &(f64, f64)| (left..=right).contains(&x) && (top..=bottom).contains(&y);
+        // a swatch: a short line at the box's left, inside it
+        let swatch =
+            |points: &[(f64, f64)]| points.iter().all(|&(x, y)| (left..left + 40.0).contains(&x) && inside(&(x, y)));
+        for (stroke, points) in &self.lines {
+            if swatch(points) {
+                continue;
+            }
+            // along each segment, not only at its ends (a line may cross the box)
+            let along = points.windows(2).flat_map(|w| {
+                let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+                (0..=64).map(move |i| {
+                    let t = f64::from(i) / 64.0;
+                    (x0 + t * (x1 - x0), y0 + t * (y1 - y0))
+                })
+            });
+            assert!(!along.clone().any(|p| inside(&p)), "a {stroke} line runs under the legend: {points:?}");
+        }
+        let marks_under = self.circles.iter().filter(|c| inside(c)).count();
+        let swatches = self.circles.iter().filter(|&&(x, _)| (left..left + 40.0).contains(&x)).count();
+        assert!(marks_under <= swatches, "{marks_under} marks under the legend, {swatches} of them swatches");
     }
 
     /// The pixel y of `value` on the y axis, by its first and last tick.
@@ -904,6 +995,26 @@ fn plots_are_svg_with_the_ceiling_where_it_is() {
     let fits = plan["trials"].as_array().unwrap().iter().filter(|t| t["outcome"] == "fits").count();
     let circles = std::fs::read_to_string(&probe).unwrap().matches("<circle").count();
     assert!(circles > fits, "a mark per fitting trial (+ the legend's): {circles} for {fits}");
+    chart.counts_on_the_x_axis();
+    chart.legend_covers_nothing();
+    // a short axis (the largest batch 2): whole batches, never the same number twice
+    let small = path("small.svg");
+    let plan = run(&["probe", "--budget", "16MiB", "--json", "--plot", small.to_str().unwrap()]);
+    assert!(plan["largest_batch"].as_u64() <= Some(4), "{plan}");
+    let chart = Chart::read(&small);
+    chart.counts_on_the_x_axis();
+    chart.legend_covers_nothing();
+
+    // serving: the model by name in the title, not the file's path
+    let served = path("serve.svg");
+    let llama = config("tiny-llama.json");
+    let output = autobatch(&["serve", "--config", &llama, "--budget", "64MiB", "--plot", served.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let chart = Chart::read(&served);
+    assert!(chart.says("Serving tiny-llama (llama, 2 layers, hidden 64)"), "{:?}", chart.texts);
+    assert!(!chart.says(&llama), "the path in {:?}", chart.texts);
+    chart.counts_on_the_x_axis();
+    chart.legend_covers_nothing();
 
     let find = path("find.svg");
     run(&[
@@ -932,6 +1043,8 @@ fn plots_are_svg_with_the_ceiling_where_it_is() {
         "{:?}",
         chart.texts
     );
+    chart.counts_on_the_x_axis();
+    chart.legend_covers_nothing();
 
     let compare = path("compare.svg");
     run(&["probe", "--model", "mlp", "--compare", "--budget", "32MiB", "--json", "--plot", compare.to_str().unwrap()]);

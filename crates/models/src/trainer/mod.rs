@@ -240,13 +240,31 @@ impl<M: Model> Trainer<M> {
         let batch = micro_batch
             .checked_mul(accumulation_steps)
             .ok_or_else(|| Error::batch_overflow(micro_batch, "{micro_batch} or {accumulation_steps}"))?;
-        let guard = Guard::with_batch(batch, micro_batch)?;
+        self.step_guarded(Guard::with_batch(batch, micro_batch)?, accumulation_steps)
+    }
+
+    /// One optimizer step as `plan` splits it, through a [`TrainLoop`]: its
+    /// micro-steps in order (micro-batches that differ by one sample each
+    /// weighted by its samples), the gradient that of the plan's effective
+    /// batch at once. Returns the mean loss.
+    pub fn train_step_planned(&mut self, plan: &autobatch::Plan) -> Result<f32, Error> {
+        self.step_guarded(Guard::new(plan)?, plan.accumulation_steps())
+    }
+
+    fn step_guarded(&mut self, guard: Guard, accumulation_steps: usize) -> Result<f32, Error> {
         let vars = self.plain_vars();
         let mut training = TrainLoop::with_guard(guard, vars.clone(), self.optimizer.clone());
         let model = self.model.borrow();
         // every micro-batch its own samples: the micro-steps of all steps so far, then its index
+        // (a micro-step run again smaller after running out of memory starts where it did)
         let first = self.steps * accumulation_steps as u64;
-        let seed = |micro: MicroBatch| data_seed(self.seed, Some(first + (micro.offset / micro_batch) as u64));
+        let mut starts: Vec<usize> = Vec::new();
+        let mut seed = |micro: MicroBatch| {
+            if starts.last() != Some(&micro.offset) {
+                starts.push(micro.offset);
+            }
+            data_seed(self.seed, Some(first + (starts.len() - 1) as u64))
+        };
         let mut unmetered = Unmetered;
         let report = if model.computes_own_gradients() {
             training.step_with_backward(&mut unmetered, |micro| model.loss_and_gradients(micro.len, seed(micro), &vars))

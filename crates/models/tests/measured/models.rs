@@ -350,9 +350,9 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         assert!(plan.proven_largest() && plan.warnings.is_empty(), "{family}:\n{plan}");
         assert!(peak_of(trainer, &mut meter, largest) <= limit + TOLERANCE, "{family}:\n{plan}");
         assert!(peak_of(trainer, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{family}:\n{plan}");
-        let first = trainer.train_step_accumulated(plan.micro_batch(), plan.accumulation_steps()).unwrap();
+        let first = trainer.train_step_planned(&plan).unwrap();
         meter.reset_peak().unwrap();
-        let second = trainer.train_step_accumulated(plan.micro_batch(), plan.accumulation_steps()).unwrap();
+        let second = trainer.train_step_planned(&plan).unwrap();
         let peak = meter.peak().unwrap();
         assert!(peak <= limit + TOLERANCE, "{family}: training peaks at {peak} > {limit}\n{plan}");
         assert!(first.is_finite() && second.is_finite());
