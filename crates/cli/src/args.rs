@@ -480,9 +480,10 @@ pub struct DeviceArgs {
     /// --zero, --ranks and --tensor-parallel), with the memory each reports.
     #[arg(long)]
     pub which_gpus: bool,
-    /// With --config and --capacity: the largest batch is the one whose
-    /// step stays under this fraction of the capacity (0.9, or 90%).
-    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling, requires = "config", conflicts_with = "params")]
+    /// With --capacity: what may be used, a fraction of the capacity (0.9,
+    /// or 90%, as the probe's): the total must stay under it, and with
+    /// --config the largest batch is the one whose step does.
+    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling)]
     pub ceiling: Ceiling,
     /// With --config and --capacity: split this effective (global) batch
     /// into micro-batch × accumulation × --ranks from the largest batch.

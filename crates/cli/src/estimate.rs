@@ -76,11 +76,16 @@ struct Estimate {
     /// The device's memory, and the card it was named by.
     capacity: Option<(u64, Option<&'static Accelerator>)>,
     /// What the total must stay under: the ceiling's share of the capacity
-    /// for a config's step (as the probe counts it), else the capacity.
+    /// (as the probe counts it).
     room: Option<u64>,
+    /// Whether the total counts a batch's activations (a config's step,
+    /// `--activations`, or the transformer's sizes): only then can it say
+    /// that a batch fits.
+    counts_a_batch: bool,
     advice: Vec<Remedy>,
     fit: Option<Fit>,
     which_gpus: bool,
+    ceiling: autobatch::Ceiling,
 }
 
 impl Estimate {
@@ -116,11 +121,9 @@ impl Estimate {
             None => with_activations(args, setup, activation_precision(args, model.as_ref())?)?,
         };
         let total = setup.total()?;
-        let room = match (&step, capacity) {
-            (Some(_), Some((bytes, _))) => Some(args.device.ceiling.limit_bytes(bytes)),
-            (None, capacity) => capacity.map(|(bytes, _)| bytes),
-            (Some(_), None) => None,
-        };
+        // the probe's ceiling, with or without a config
+        let room = capacity.map(|(bytes, _)| args.device.ceiling.limit_bytes(bytes));
+        let counts_a_batch = step.is_some() || setup.all_activation_bytes()? > 0;
         let fit = match (&step, capacity) {
             (Some(step), Some((bytes, _))) => {
                 let fixed = setup.clone().activations(0).total()?;
@@ -129,7 +132,11 @@ impl Estimate {
             }
             _ => None,
         };
-        let advice = advice(args, &setup, step.as_ref(), room)?;
+        let mut advice = advice(args, &setup, step.as_ref(), room)?;
+        if !counts_a_batch {
+            // what a change leaves for activations is not a batch that fits
+            advice.iter_mut().for_each(|remedy| remedy.fits = false);
+        }
         Ok(Estimate {
             parameters,
             state: setup.state()?,
@@ -140,10 +147,26 @@ impl Estimate {
             setup,
             capacity,
             room,
+            counts_a_batch,
             advice,
             fit,
             which_gpus: args.device.which_gpus,
+            ceiling: args.device.ceiling,
         })
+    }
+
+    /// Whether it fits under `limit`: `Some(true)` only where a batch of at
+    /// least one sample is counted and the total stays under it; `Some(false)`
+    /// where the total does not; `None` where the state alone stays under
+    /// it and the activations are not counted (then no one knows).
+    fn fits_under(&self, limit: u64) -> Option<bool> {
+        match (self.total <= limit, self.counts_a_batch) {
+            (false, _) => Some(false),
+            (true, true) => Some(true),
+            // nothing left for a single activation is no fit either
+            (true, false) if self.total == limit => Some(false),
+            (true, false) => None,
+        }
     }
 
     fn frozen_bytes(&self) -> u64 {
@@ -162,13 +185,22 @@ impl Estimate {
             "frozen_bytes": self.frozen_bytes(),
             "total_bytes": self.total,
             "capacity_bytes": capacity,
-            "fits": self.room.map(|room| self.total <= room),
+            "fits": self.room.map(|room| self.fits_under(room)),
+            "activations_counted": self.counts_a_batch,
             "remedies": self.advice.iter().map(|remedy| {
                 let mut row = serde_json::to_value(remedy).expect("plain values serialize");
                 row["flag"] = change_flag(&remedy.change).into();
+                if let Some(room) = self.room.filter(|_| !self.counts_a_batch) {
+                    row["left_for_activations"] = room.saturating_sub(remedy.total_bytes).into();
+                }
                 row
             }).collect::<Vec<_>>(),
         });
+        if let Some(room) = self.room {
+            json["ceiling"] = self.ceiling.fraction().into();
+            json["limit_bytes"] = room.into();
+            json["left_for_activations"] = room.saturating_sub(self.total.saturating_sub(self.activations)).into();
+        }
         if let Some(card) = card {
             json["capacity_name"] = card.name.into();
         }
@@ -187,7 +219,7 @@ impl Estimate {
                     "name": card.name,
                     "description": card.description,
                     "memory_bytes": card.memory_bytes,
-                    "fits": self.total <= card.memory_bytes,
+                    "fits": self.fits_under(self.ceiling.limit_bytes(card.memory_bytes)),
                 })
             });
             json["which_gpus"] = cards.collect::<Vec<_>>().into();
@@ -201,7 +233,7 @@ impl Estimate {
         self.print_what();
         self.print_table();
         if self.which_gpus {
-            print_which_gpus(self.total);
+            self.print_which_gpus();
         }
         if let Some((capacity, card)) = self.capacity {
             self.print_verdict(capacity, card);
@@ -272,24 +304,45 @@ impl Estimate {
             Some(card) => format!("{} (reports {}, {})", card.name, Bytes(capacity), Bytes(capacity).decimal()),
             None => format!("{} ({})", Bytes(capacity), Bytes(capacity).decimal()),
         };
-        let (room, under) = match &self.fit {
-            Some(fit) => {
-                self.print_fit(fit, &device);
-                (fit.limit_bytes, format!("under {} of {device}", fit.ceiling))
-            }
-            None => (capacity, format!("in {device}")),
-        };
-        if self.total <= room {
-            outln!("fits {under}, with {} to spare", Bytes(room - self.total).decimal());
-            return;
+        let room = self.room.unwrap_or(capacity);
+        if let Some(fit) = &self.fit {
+            self.print_fit(fit, &device);
         }
-        outln!("does not fit {under}: {} over", Bytes(self.total - room).decimal());
+        let under = format!("under {} of {device}", self.ceiling);
+        match self.fits_under(room) {
+            Some(true) => {
+                outln!("fits {under}, with {} to spare", Bytes(room - self.total).decimal());
+                return;
+            }
+            None => {
+                outln!(
+                    "the training state fits {under}, leaving {} for activations; whether a batch fits depends on \
+                     them: give --config, --activations, or the transformer's --layers, --hidden, --heads, --seq-len \
+                     and --batch",
+                    Bytes(room - self.total).decimal()
+                );
+                return;
+            }
+            Some(false) if self.total <= room => {
+                outln!("does not fit {under}: the training state alone takes all {}", Bytes(room).decimal());
+            }
+            Some(false) => outln!("does not fit {under}: {} over", Bytes(self.total - room).decimal()),
+        }
         if self.advice.is_empty() {
             outln!("no single change considered here makes it fit");
         } else {
             outln!("changes, each alone (the flag that applies it):");
             for remedy in &self.advice {
-                outln!("  {} ({})", remedy.decimal(), change_flag(&remedy.change));
+                match self.counts_a_batch {
+                    true => outln!("  {} ({})", remedy.decimal(), change_flag(&remedy.change)),
+                    false => {
+                        let left = match room.checked_sub(remedy.total_bytes).filter(|&left| left > 0) {
+                            Some(left) => format!("leaves {} for activations", Bytes(left).decimal()),
+                            None => "still over".to_owned(),
+                        };
+                        outln!("  {}, {left} ({})", remedy.decimal(), change_flag(&remedy.change));
+                    }
+                }
             }
         }
     }
@@ -460,25 +513,42 @@ fn parse_capacity(text: &str) -> Result<(u64, Option<&'static Accelerator>), Fai
     Ok((card.memory_bytes, Some(card)))
 }
 
-/// `--which-gpus`: every named card, whether `total` bytes per device fit on it.
-fn print_which_gpus(total: u64) {
-    let fitting: Vec<&str> =
-        Accelerator::ALL.iter().filter(|card| total <= card.memory_bytes).map(|card| card.name).collect();
-    if fitting.is_empty() {
-        outln!(
-            "fits on none of the named cards (the largest reports {})",
-            Bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
-        );
-    } else {
-        outln!("fits on: {}", fitting.join(", "));
-    }
-    for card in Accelerator::ALL {
-        let verdict = if total <= card.memory_bytes {
-            format!("fits, {} to spare", Bytes(card.memory_bytes - total).decimal())
-        } else {
-            format!("{} over", Bytes(total - card.memory_bytes).decimal())
+impl Estimate {
+    /// `--which-gpus`: every named card, whether the total per device fits
+    /// under the ceiling of it (or, activations not counted, leaves them room).
+    fn print_which_gpus(&self) {
+        let verdicts: Vec<(&Accelerator, u64, Option<bool>)> = Accelerator::ALL
+            .iter()
+            .map(|card| {
+                let limit = self.ceiling.limit_bytes(card.memory_bytes);
+                (card, limit, self.fits_under(limit))
+            })
+            .collect();
+        // where a batch fits, or (activations not counted) where the state leaves them room
+        let (wanted, word) = match self.counts_a_batch {
+            true => (Some(true), "fits on"),
+            false => (None, "the training state fits on"),
         };
-        outln!("  {:<10} {:>10}  {:<30} {verdict}", card.name, Bytes(card.memory_bytes), card.description);
+        let fitting: Vec<&str> =
+            verdicts.iter().filter(|(_, _, fits)| *fits == wanted).map(|(card, _, _)| card.name).collect();
+        let under = format!("under {} of each", self.ceiling);
+        match fitting.is_empty() {
+            true => outln!(
+                "{word} none of the named cards {under} (the largest reports {})",
+                Bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
+            ),
+            false if self.counts_a_batch => outln!("{word}: {} ({under})", fitting.join(", ")),
+            false => outln!("{word}: {} ({under}; activations not counted)", fitting.join(", ")),
+        }
+        for (card, limit, fits) in verdicts {
+            let verdict = match fits {
+                Some(true) => format!("fits, {} to spare", Bytes(limit - self.total).decimal()),
+                None => format!("leaves {} for activations", Bytes(limit - self.total).decimal()),
+                Some(false) if self.total <= limit => "the state alone takes it all".to_owned(),
+                Some(false) => format!("{} over", Bytes(self.total - limit).decimal()),
+            };
+            outln!("  {:<10} {:>10}  {:<30} {verdict}", card.name, Bytes(card.memory_bytes), card.description);
+        }
     }
 }
 
