@@ -60,8 +60,10 @@ impl Footprint {
         };
         Err(Error::ModelTooLarge {
             model: self.model.clone(),
+            // a count, not a measurement: said as one, so that no budget is sized from it
             needs: format!(
-                "{} of fixed tensors and {per_samples} for {batch} {}",
+                "{} of fixed tensors and {per_samples} for {batch} {} (counted from its configuration before any \
+                 step: a lower bound, the step itself holds more)",
                 Bytes(self.fixed_bytes),
                 if batch == 1 { "sample" } else { "samples" }
             ),
