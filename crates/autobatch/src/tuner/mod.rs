@@ -396,7 +396,12 @@ impl Settings {
             match self.disagreement(&plan, capacity_bytes) {
                 None => Some(plan),
                 Some(why) => {
-                    warn!("ignoring an entry of the plan cache {} (probing instead): {why}", path.display());
+                    // the cache's own target: a tool that leaves the plan's warnings to its report still says this
+                    warn!(
+                        target: "autobatch::cache",
+                        "ignoring an entry of the plan cache {} (probing instead): {why}",
+                        path.display()
+                    );
                     None
                 }
             }

@@ -100,6 +100,33 @@ fn a_cached_search_cut_short_is_searched_again_not_served() {
     assert!(proven && again == answer && plan["cached"].as_bool().unwrap(), "{plan}");
 }
 
+/// A cached entry edited to another ceiling than its key names is not
+/// served, and one line says so at the default verbosity (the tuner's own
+/// warnings are left to the plan's report; this one is the cache's).
+#[test]
+fn an_edited_cache_entry_is_probed_again_and_said() {
+    let dir = scratch("edited-cache");
+    let cache = dir.join("plans.json");
+    let args = ["probe", "--model", "mlp", "--budget", "16MiB", "--max-batch", "4", "--json", "--cache"];
+    let args = [&args[..], &[cache.to_str().unwrap()]].concat();
+    assert!(autobatch(&args).status.success());
+    let mut stored: serde_json::Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    let entry = stored["entries"].as_object_mut().unwrap().values_mut().next().unwrap();
+    entry["plan"]["ceiling"] = serde_json::json!(0.5);
+    std::fs::write(&cache, serde_json::to_vec(&stored).unwrap()).unwrap();
+    let output = autobatch(&args);
+    let (stderr, plan) = (text(&output.stderr), serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap());
+    assert_eq!(plan["cached"], false, "{plan}");
+    let said: Vec<&str> = stderr.lines().filter(|line| line.contains("plan cache")).collect();
+    assert_eq!(
+        said,
+        ["warning: ignoring an entry of the plan cache ".to_owned()
+            + cache.to_str().unwrap()
+            + " (probing instead): ceiling 0.5 where its key says 0.9"],
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_config_flag_beside_a_reference_model_is_refused_not_ignored() {
     for flag in [&["--lora", "4"][..], &["--attention", "eager"], &["--ops", "eager"], &["--loss", "full"]] {
