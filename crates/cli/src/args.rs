@@ -489,6 +489,12 @@ pub struct DeviceArgs {
     /// into micro-batch × accumulation × --ranks from the largest batch.
     #[arg(long, requires_all = ["config", "capacity"], conflicts_with = "params")]
     pub target_effective_batch: Option<Count>,
+    /// With --config: count the step (or with --serve, serving) as it runs
+    /// on the CPU (`probe` and `serve --device cpu`: the CPU heap, where
+    /// candle's matmul widens bf16 operands and products to f32) rather than
+    /// on an accelerator (the default).
+    #[arg(long, requires = "config")]
+    pub on_cpu: bool,
 }
 
 /// How the state is spread over devices.
@@ -611,11 +617,6 @@ pub struct ServingCountArgs {
     /// beside what vLLM's formula gives for the same settings.
     #[arg(long, requires = "config", conflicts_with_all = SERVE_IGNORES)]
     pub serve: bool,
-    /// With --serve: count for `serve --device cpu` (the CPU heap, where
-    /// candle's matmul widens a bf16 weight to f32 for the product) rather
-    /// than for an accelerator (the default).
-    #[arg(long, requires = "serve")]
-    pub on_cpu: bool,
     #[command(flatten)]
     pub settings: ServingArgs,
 }

@@ -9,7 +9,7 @@ use autobatch::estimate::{
     Accelerator, Change, Precision, Recompute, Remedy, Sharding, StaticMemory, TrainingSetup, TransformerShape,
 };
 use autobatch_models::trainer::Footprint;
-use autobatch_models::{Config, Training};
+use autobatch_models::{Compute, Config, Training};
 use candle_core::DType;
 
 use crate::args::{ActivationArgs, EstimateArgs, ShardingArgs};
@@ -27,13 +27,13 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
             &args.serving.settings,
             capacity,
             args.device.ceiling,
-            args.serving.on_cpu,
+            args.device.on_cpu,
             args.json,
         );
     }
-    if args.serving.on_cpu {
-        // a flag's `requires` of a switch (`--serve`, false by default) is always met in clap
-        return Err(Failure::usage("--on-cpu counts serving on the CPU heap: add --serve"));
+    if args.device.on_cpu && args.state.config.is_none() {
+        // clap counts a switch's default as given: its `requires` is checked here
+        return Err(Failure::usage("--on-cpu counts a config's step on the CPU heap: add --config"));
     }
     if args.serving.settings != crate::args::ServingArgs::default() {
         return Err(Failure::usage(
@@ -103,20 +103,22 @@ impl Estimate {
         let setup = TrainingSetup::new(parameters, precision, args.state.optimizer).sharded(sharding).frozen(frozen);
         // a config's model: its whole candle step counted; otherwise the formula's activations
         let step = match &model {
-            Some(model) => Some(Step::new(args, &model.config, model.lora.as_ref().map(|lora| lora.training.clone()))?),
+            Some(model) => Some(Step::new(
+                args,
+                &model.config,
+                model.lora.as_ref().map(|lora| lora.training.clone()),
+                if args.device.on_cpu { Compute::Cpu } else { Compute::Accelerator },
+            )?),
             None => None,
         };
         let setup = match &step {
             Some(_) if args.activations.bytes.is_some() => {
                 return Err(Failure::usage("--activations and --config both say the activations: give one"));
             }
-            // the chunked loss's one chunk and the fused MLP's block of rows are held whatever the batch
+            // the step's widest moment at the batch: its activations, the vocabulary-sized tensors
             Some(step) => {
-                let held = step
-                    .config
-                    .loss_chunk_bytes(&step.training)
-                    .saturating_add(step.config.mlp_block_bytes(&step.training)?);
-                setup.activations(step.activation_bytes()?).other(held)
+                let gradients = setup.state()?.gradients;
+                setup.activations(step.held_bytes(gradients)?)
             }
             None => with_activations(args, setup, activation_precision(args, model.as_ref())?)?,
         };
@@ -126,9 +128,10 @@ impl Estimate {
         let counts_a_batch = step.is_some() || setup.all_activation_bytes()? > 0;
         let fit = match (&step, capacity) {
             (Some(step), Some((bytes, _))) => {
-                let fixed = setup.clone().activations(0).total()?;
+                let base = setup.clone().activations(0).total()?;
+                let gradients = setup.state()?.gradients;
                 let target = args.device.target_effective_batch.map(Count::get);
-                Some(step.fit(fixed, bytes, args.device.ceiling, target, args.sharding.ranks.get())?)
+                Some(step.fit(base, gradients, bytes, args.device.ceiling, target, args.sharding.ranks.get())?)
             }
             _ => None,
         };
@@ -209,6 +212,10 @@ impl Estimate {
             json["limit_bytes"] = fit.limit_bytes.into();
             json["fixed_bytes"] = fit.fixed_bytes.into();
             json["largest_batch"] = fit.largest_batch.into();
+            json["on_cpu"] = self.step.as_ref().is_some_and(|step| step.memory.compute == Compute::Cpu).into();
+            if let Some((largest, factor)) = fit.on_the_cpu {
+                json["on_the_cpu"] = serde_json::json!({ "largest_batch": largest, "factor": factor });
+            }
             if let Some(split) = &fit.split {
                 json["split"] = serde_json::to_value(split).expect("plain values serialize");
             }
@@ -279,8 +286,10 @@ impl Estimate {
             ("optimizer states", state.optimizer_states),
             ("master weights", state.master_weights),
         ];
-        if self.activations > 0 {
-            rows.push(("activations", self.activations));
+        match (&self.step, self.activations) {
+            (Some(_), bytes) => rows.push(("step's tensors", bytes)),
+            (None, 1..) => rows.push(("activations", self.activations)),
+            (None, 0) => {}
         }
         if self.setup.other_bytes > 0 {
             rows.push(("loss chunk", self.setup.other_bytes));
@@ -331,7 +340,13 @@ impl Estimate {
         if self.advice.is_empty() {
             outln!("no single change considered here makes it fit");
         } else {
-            outln!("changes, each alone (the flag that applies it):");
+            // counted, not run: said so, and for which device a config's step was counted
+            let counted = match &self.step {
+                Some(step) if step.memory.compute == Compute::Cpu => "counted for the CPU",
+                Some(_) => "counted for an accelerator",
+                None => "counted",
+            };
+            outln!("changes, each alone, {counted} (the flag that applies it):");
             for remedy in &self.advice {
                 match self.counts_a_batch {
                     true => outln!("  {} ({})", remedy.decimal(), change_flag(&remedy.change)),
@@ -358,6 +373,12 @@ impl Estimate {
                 Bytes(fit.limit_bytes).decimal()
             ),
             largest => outln!("largest batch under {} of {device}: {largest}", fit.ceiling),
+        }
+        if let Some((largest, factor)) = fit.on_the_cpu {
+            outln!(
+                "  on the CPU (probe's default device) candle widens bf16 products to f32: the step holds {factor:.2}x \
+                 these bytes beside its state, largest batch {largest} there (--on-cpu counts it)"
+            );
         }
         if let Some(split) = &fit.split {
             outln!("plan: {split}");

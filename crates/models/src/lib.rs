@@ -70,6 +70,7 @@ pub use inference::{Inference, Serving};
 pub use kv_cache::{Chunk, DEFAULT_BLOCK_SIZE, KvCache, SequenceId};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 pub use serving_bytes::{Moment, ServingBytes, ServingShape};
+pub use step::{Compute, LossChunk, StepMemory, StepMoment};
 
 use crate::splitmix::Rng;
 use crate::trainer::{Footprint, Model, Trainer};
@@ -393,9 +394,12 @@ impl Config {
         Ok(self.split_counts(|one| one.adapter_specs(lora)).and_then(|counts| self.over_layers(counts)))
     }
 
-    /// What a step of this model surely needs, from the config alone: the
-    /// weights, and for what trains its gradient and two AdamW moments; per
-    /// sample, three quarters of [`bytes_per_sample`](Self::bytes_per_sample).
+    /// What a step of this model surely needs on the CPU, from the config
+    /// alone: the weights, and for what trains its gradient and two AdamW
+    /// moments; beside them 85% of the step's widest moment at one sample
+    /// (less a sample's least bytes) and of its least bytes a sample ([`step_memory`](Self::step_memory), which
+    /// holds within 15% of the measured step on the reference configs), so
+    /// that `fixed + batch × per sample` stays under what any batch holds.
     /// What decides, before anything is allocated, that not even the first
     /// batch fits. Every product is checked.
     pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
@@ -413,16 +417,22 @@ impl Config {
             }
             None => (base, base.checked_mul(4 * dtype).ok_or_else(overflow)?),
         };
-        // three quarters of the count: it is within 8% of what the probe measures
-        // in f32, and under it in bf16 on the CPU (which widens bf16 products to f32)
-        let per_sample = self.bytes_per_sample(training)? / 4 * 3;
-        // the fused MLP's block of rows, held whatever the batch
-        let fixed = fixed.checked_add(self.mlp_block_bytes(training)?).ok_or_else(overflow)?;
+        let step = self.step_memory(training, Compute::Cpu)?;
+        let gradients = match &training.lora {
+            Some(_) => 0,
+            None => base.checked_mul(dtype).ok_or_else(overflow)?,
+        };
+        // the state above counts the gradients: the moments before them hold the
+        // rest. Every moment grows by at least the least bytes a sample, so the
+        // widest at one sample plus that many a sample more bounds every batch
+        let least_per_sample = step.moments.iter().map(|moment| moment.bytes_per_sample).min().unwrap_or(0);
+        let widest = step.peak_bytes(gradients, 1)?.saturating_sub(gradients).saturating_sub(least_per_sample);
+        let lower = |bytes: u64| bytes / 20 * 17;
         Ok(Footprint {
             model: self.describe(training),
             parameters: trained,
-            fixed_bytes: fixed,
-            min_bytes_per_sample: per_sample,
+            fixed_bytes: fixed.checked_add(lower(widest)).ok_or_else(overflow)?,
+            min_bytes_per_sample: lower(least_per_sample),
         })
     }
 

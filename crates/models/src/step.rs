@@ -88,15 +88,191 @@ impl Widths {
     }
 }
 
+/// Where a config model's training step computes: the CPU widens what the
+/// accelerator computes in bf16 (candle's CPU matmul has no bf16 kernel: both
+/// operands and the product are made f32 for it), so the same step holds
+/// more there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compute {
+    /// A CUDA device (the default): each op in the dtype it is given.
+    #[default]
+    Accelerator,
+    /// The CPU heap, as `probe --device cpu` measures it: the matmul
+    /// buffers each of this host's threads keeps counted too
+    /// ([`HeapMeter::host_scratch_bytes`](autobatch::HeapMeter::host_scratch_bytes)).
+    Cpu,
+}
+
+/// One moment of a training step: what it holds beside the training state
+/// (`fixed_bytes`, plus the gradients when `holds_gradients`) and what each
+/// sample adds then. A step's peak is the widest of its moments at a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StepMoment {
+    /// What the moment is.
+    pub name: &'static str,
+    /// Whether the parameters' gradients exist then (the backward pass and
+    /// after), or not yet (the forward pass, the loss).
+    pub holds_gradients: bool,
+    /// Bytes held whatever the batch, beside the weights, the optimizer's
+    /// state and (when held) the gradients.
+    pub fixed_bytes: u64,
+    /// Bytes each sample adds.
+    pub bytes_per_sample: u64,
+    /// The chunked loss's chunk of logits, when this is its moment.
+    pub chunk: Option<LossChunk>,
+}
+
+/// The chunked loss's chunk of logits ([`ChunkedCrossEntropy`](crate::ops::ChunkedCrossEntropy)):
+/// `⌈n / rows_per_chunk_row⌉` rows of the step's `n` predicted rows, at
+/// least [`MIN_CHUNK_ROWS`](crate::ops::MIN_CHUNK_ROWS) and at most `n`,
+/// each row `bytes_per_row`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LossChunk {
+    /// Rows a sample predicts, in thousandths (BERT predicts about 15%).
+    pub milli_rows_per_sample: u64,
+    /// Rows of the step per row of a chunk: `⌈vocab / hidden⌉`.
+    pub rows_per_chunk_row: u64,
+    /// Bytes a chunk's row holds (its logits in f32, several at once).
+    pub bytes_per_row: u64,
+}
+
+impl LossChunk {
+    /// The chunk's bytes at `batch`.
+    fn bytes(&self, batch: u64) -> Option<u64> {
+        let rows = batch.checked_mul(self.milli_rows_per_sample)?.div_ceil(1000);
+        let least = rows.min(crate::ops::MIN_CHUNK_ROWS as u64);
+        rows.div_ceil(self.rows_per_chunk_row.max(1)).max(least).checked_mul(self.bytes_per_row)
+    }
+}
+
+impl StepMoment {
+    /// The moment's bytes at `batch`, `gradient_bytes` counted when it holds them.
+    pub fn bytes(&self, gradient_bytes: u64, batch: u64) -> Option<u64> {
+        let chunk = match &self.chunk {
+            Some(chunk) => chunk.bytes(batch)?,
+            None => 0,
+        };
+        self.bytes_per_sample
+            .checked_mul(batch)?
+            .checked_add(self.fixed_bytes)?
+            .checked_add(chunk)?
+            .checked_add(if self.holds_gradients { gradient_bytes } else { 0 })
+    }
+}
+
+/// What a config model's training step holds beside its training state, at
+/// each of its widest moments: the middle of the backward pass (every kept
+/// activation and the widest of the gradients in flight), the chunked loss in
+/// the forward pass (its chunk of logits, the head's gradient in f32, on the
+/// CPU the head's weight widened to f32), the head's gradient narrowed at the
+/// loss's end, and the embedding's gradient made whole at the end of the
+/// backward pass. Counted from the config ([`Config::step_memory`]).
+///
+/// ```
+/// use autobatch_models::{Compute, Config, Training};
+/// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 151936, "hidden_size": 64,
+///     "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4}"#)?;
+/// let step = config.step_memory(&Training::new(32), Compute::Cpu)?;
+/// let gradients = config.parameter_count() * 4;
+/// // a small batch: the chunked loss, its logits and the head's gradient summed in f32
+/// assert_eq!(step.widest_at(gradients, 1).unwrap().name, "the chunked loss");
+/// assert!(step.peak_bytes(gradients, 1)? > 151936 * 64 * 4 + 32 * 151936 * 4);
+/// // a large one: the activations, in the middle of the backward pass
+/// assert_eq!(step.widest_at(gradients, 100_000).unwrap().name, "the backward pass");
+/// assert_eq!(step.largest_batch(gradients, step.peak_bytes(gradients, 40)?), 40);
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StepMemory {
+    /// Where the step was counted for.
+    pub compute: Compute,
+    /// Each moment that can be the widest.
+    pub moments: Vec<StepMoment>,
+}
+
+impl StepMemory {
+    /// The step's peak beside the weights and the optimizer's state at
+    /// `batch`, `gradient_bytes` the parameters' gradients (held by the
+    /// moments of the backward pass).
+    pub fn peak_bytes(&self, gradient_bytes: u64, batch: u64) -> Result<u64, Error> {
+        let mut peak = 0u64;
+        for moment in &self.moments {
+            let bytes = moment
+                .bytes(gradient_bytes, batch)
+                .ok_or_else(|| Error::byte_overflow(format!("{} at a batch of {batch}", moment.name)))?;
+            peak = peak.max(bytes);
+        }
+        Ok(peak)
+    }
+
+    /// The largest batch whose [`peak_bytes`](Self::peak_bytes) stays within
+    /// `room` (what the ceiling leaves beside the weights and the optimizer's
+    /// state); 0 when not even one sample does. Every moment grows with the
+    /// batch: searched by halving, exact.
+    pub fn largest_batch(&self, gradient_bytes: u64, room: u64) -> u64 {
+        let fits = |batch: u64| self.peak_bytes(gradient_bytes, batch).is_ok_and(|bytes| bytes <= room);
+        if !fits(1) {
+            return 0;
+        }
+        let (mut fitting, mut over) = (1u64, 2u64);
+        while fits(over) {
+            fitting = over;
+            match over.checked_mul(2) {
+                Some(next) => over = next,
+                None => return u64::MAX,
+            }
+        }
+        while over - fitting > 1 {
+            let middle = fitting + (over - fitting) / 2;
+            if fits(middle) { fitting = middle } else { over = middle }
+        }
+        fitting
+    }
+
+    /// The bytes a sample adds once the batch is large: the steepest moment's.
+    pub fn bytes_per_sample(&self) -> u64 {
+        let slope = |moment: &StepMoment| {
+            let chunk = moment.chunk.map_or(0, |chunk| {
+                (chunk.bytes_per_row * chunk.milli_rows_per_sample / 1000) / chunk.rows_per_chunk_row.max(1)
+            });
+            moment.bytes_per_sample.saturating_add(chunk)
+        };
+        self.moments.iter().map(slope).max().unwrap_or(0)
+    }
+
+    /// The moment that is the widest at `batch`.
+    pub fn widest_at(&self, gradient_bytes: u64, batch: u64) -> Option<&StepMoment> {
+        self.moments.iter().max_by_key(|moment| moment.bytes(gradient_bytes, batch).unwrap_or(u64::MAX))
+    }
+}
+
+/// f32 tensors of a chunk's logits the chunked loss holds at once, on the
+/// CPU (measured: the logits, their exponentials, the gradient as it is
+/// made, its scaled copy and the product in f32 before it is narrowed) and
+/// on an accelerator (counted: the product made in the model's dtype).
+fn chunk_tensors(compute: Compute, dtype: DType) -> u64 {
+    match (compute, dtype) {
+        (_, DType::F32) | (Compute::Accelerator, _) => 5,
+        (Compute::Cpu, _) => 6,
+    }
+}
+
 impl Config {
     /// Bytes one sample adds to a training step of this model as
-    /// `training` runs it on candle (the eager or the lean attention and
-    /// loss, checkpointing, LoRA), from the config alone: the forward pass's
-    /// tensors, which candle keeps until the loss is dropped, and the widest
-    /// moment of the backward pass beside them. What `estimate --config`
-    /// counts, within 15% of what the probe measures on the reference
-    /// families (crates/models/tests/measured/models.rs).
+    /// `training` runs it on candle once the batch is large (the eager or
+    /// the lean attention and loss, checkpointing, LoRA), from the config
+    /// alone, counted for an accelerator: [`step_memory`](Self::step_memory)'s
+    /// steepest moment. What `estimate --config` counts, within 15% of what
+    /// the probe measures on the reference families
+    /// (crates/models/tests/measured/models.rs).
     pub fn bytes_per_sample(&self, training: &Training) -> Result<u64, Error> {
+        Ok(self.step_memory(training, Compute::Accelerator)?.bytes_per_sample())
+    }
+
+    /// What a training step of this model holds beside its training state
+    /// at each of its widest moments, counted from the config for `compute`.
+    pub fn step_memory(&self, training: &Training, compute: Compute) -> Result<StepMemory, Error> {
         let dtype = self.model_dtype(training)?;
         let s = training.seq_len as f64;
         let w = Widths {
@@ -121,28 +297,94 @@ impl Config {
         let (embedding, head) = (self.embedding_bytes(&w), self.head_bytes(&w, training.loss));
         let layers = self.layers as f64;
         let kept = if training.checkpointing {
-            // each layer's input; one layer's whole forward again while its backward runs
-            embedding + layers * w.h * w.d + block.kept + head.kept
+            // each layer's input; one layer's whole forward again while its backward
+            // runs, beside its input made a variable, its output, the output times the
+            // gradient coming back and that gradient (measured within 10%)
+            embedding + layers * w.h * w.d + block.kept + 4.0 * w.h * w.d + head.kept
         } else {
             embedding + layers * block.kept + head.kept
         };
-        let backward = block.backward.max(head.backward);
-        let bytes = s * (kept + backward);
-        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-            return Err(Error::byte_overflow(format!("a sample of {}", self.describe(training))));
+        let overflow = |what: &str| Error::byte_overflow(format!("{what} of {}", self.describe(training)));
+        let bytes = |value: f64, what: &str| -> Result<u64, Error> {
+            if !value.is_finite() || value >= u64::MAX as f64 {
+                return Err(overflow(what));
+            }
+            Ok(value.ceil() as u64)
+        };
+        let per_sample = |per_token: f64| bytes(s * per_token, "a sample");
+        let (v, h) = (self.vocab as u64, self.hidden as u64);
+        let head_elements = v.checked_mul(h).ok_or_else(|| overflow("the head"))?;
+        let vocab_sized =
+            |bytes_per_value: u64| head_elements.checked_mul(bytes_per_value).ok_or_else(|| overflow("the head"));
+        let trains_embeddings = training.lora.is_none();
+        let mut moments = vec![StepMoment {
+            name: "the backward pass",
+            holds_gradients: true,
+            fixed_bytes: self.mlp_block_bytes(training)?,
+            bytes_per_sample: per_sample(kept + block.backward.max(head.backward) + self.in_flight(&w, compute))?,
+            chunk: None,
+        }];
+        let predicts_tokens = !matches!((self.family, self.bert_head), (Family::Bert, BertHead::Classification { .. }));
+        let native = dtype.size_in_bytes() as u64;
+        if trains_embeddings && predicts_tokens {
+            // the loss hands the head's gradient to candle's backward pass, which
+            // scales it by the loss's gradient and adds it to a zero tensor of its
+            // own: three at once, before any other gradient is made (measured)
+            moments.push(StepMoment {
+                name: "the head's gradient handed to the backward pass",
+                holds_gradients: false,
+                fixed_bytes: vocab_sized(3 * native)?,
+                bytes_per_sample: per_sample(kept)?,
+                chunk: None,
+            });
         }
-        Ok(bytes.ceil() as u64)
-    }
-
-    /// Bytes the chunked loss takes whatever the batch while a sample takes
-    /// fewer rows than a chunk's least ([`MIN_CHUNK_ROWS`](super::ops::MIN_CHUNK_ROWS)):
-    /// a chunk's logits, probabilities and gradient (twice) in f32. 0 for
-    /// the full loss (its logits grow with the batch) and a classifier.
-    pub fn loss_chunk_bytes(&self, training: &Training) -> u64 {
-        match (training.loss, self.family, self.bert_head) {
-            (Loss::Full, _, _) | (_, Family::Bert, BertHead::Classification { .. }) => 0,
-            _ => (super::ops::MIN_CHUNK_ROWS as u64).saturating_mul(self.vocab as u64).saturating_mul(16),
+        if trains_embeddings {
+            // candle's index_select backward: the rows added into a new table
+            moments.push(StepMoment {
+                name: "the embedding's gradient",
+                holds_gradients: true,
+                fixed_bytes: vocab_sized(native)?,
+                bytes_per_sample: per_sample(kept)?,
+                chunk: None,
+            });
         }
+        if training.loss == Loss::Chunked && predicts_tokens {
+            // the head's gradient, summed in f32 over the chunks; the weight widened on the CPU
+            let gradient = if trains_embeddings { vocab_sized(4)? } else { 0 };
+            let widened = if compute == Compute::Cpu && dtype != DType::F32 { vocab_sized(4)? } else { 0 };
+            let tensors = chunk_tensors(compute, dtype);
+            let milli_rows = if self.family == Family::Bert { 150 } else { 1000 };
+            let chunk = LossChunk {
+                milli_rows_per_sample: (training.seq_len as u64)
+                    .checked_mul(milli_rows)
+                    .ok_or_else(|| overflow("a sample"))?,
+                rows_per_chunk_row: self.vocab.div_ceil(self.hidden.max(1)).max(1) as u64,
+                bytes_per_row: v.checked_mul(4 * tensors).ok_or_else(|| overflow("the loss's chunk"))?,
+            };
+            moments.push(StepMoment {
+                name: "the chunked loss",
+                holds_gradients: false,
+                fixed_bytes: gradient.checked_add(widened).ok_or_else(|| overflow("the loss"))?,
+                bytes_per_sample: per_sample(kept)?,
+                chunk: Some(chunk),
+            });
+            if trains_embeddings && dtype != DType::F32 {
+                // the f32 sum narrowed to the model's dtype at the loss's end
+                moments.push(StepMoment {
+                    name: "the head's gradient narrowed",
+                    holds_gradients: false,
+                    fixed_bytes: vocab_sized(4 + native)?,
+                    bytes_per_sample: per_sample(kept)?,
+                    chunk: None,
+                });
+            }
+        }
+        if compute == Compute::Cpu {
+            // the matmul buffers every thread keeps, part of each of its moments
+            let scratch = autobatch::HeapMeter::host_scratch_bytes();
+            moments.iter_mut().for_each(|moment| moment.fixed_bytes = moment.fixed_bytes.saturating_add(scratch));
+        }
+        Ok(StepMemory { compute, moments })
     }
 
     /// Bytes the fused MLP's backward pass takes whatever the batch once a
@@ -161,6 +403,22 @@ impl Config {
         rows.checked_mul(self.intermediate as u64)
             .and_then(|values| values.checked_mul(per_value))
             .ok_or_else(|| Error::byte_overflow(format!("an MLP block of {}", self.describe(training))))
+    }
+
+    /// Bytes per token the backward pass holds whatever the layer: the
+    /// gradients in flight along the residual stream (each sum hands its
+    /// gradient to both inputs, the norms' to theirs), about six of the
+    /// hidden width (measured, from one layer to three; none measured in
+    /// BERT, whose norms after each sum take it in place); on the CPU in a
+    /// 16-bit dtype, the widest projection's operands and product widened to
+    /// f32 for its product and the product narrowed.
+    fn in_flight(&self, w: &Widths, compute: Compute) -> f64 {
+        let residual = if self.family == Family::Bert { 0.0 } else { 6.0 * w.h * w.d };
+        let widened = match compute {
+            Compute::Cpu if w.d < 4.0 => (w.h + w.i) * 4.0 + w.i * w.d,
+            _ => 0.0,
+        };
+        residual + widened
     }
 
     /// One layer's tensors but attention's and the adapters'.
@@ -271,22 +529,23 @@ impl Config {
         PerToken { kept: output + scores + repeated, backward }
     }
 
-    /// LoRA's adapters per token: for each projection a layer adapts, the
-    /// input in the adapters' dtype, its product with A and the scaling, the
-    /// product with B, back in the model's dtype, and the sum.
+    /// LoRA's adapters per token: for each projection a layer adapts, its
+    /// product with A and the scaling (of the rank's width). The adapters'
+    /// other tensors (the input cast to their dtype, the product with B, the
+    /// sum) are about what the frozen base no longer keeps: measured, a LoRA
+    /// step holds what the same step fully fine-tuned holds a sample, within
+    /// 3% (tiny-llama at 256 tokens, a llama of 8 layers at 8 and 64 tokens,
+    /// adapters on q and v or on every projection), where counting them
+    /// over-counted by up to a half.
     fn adapters_bytes(&self, w: &Widths, training: &Training) -> PerToken {
         let Some(lora) = &training.lora else { return PerToken::default() };
         let adapter = lora.adapter_dtype(if w.d == 4.0 { DType::F32 } else { DType::BF16 }).size_in_bytes() as f64;
-        let kept = Config { layers: 1, ..self.clone() }
+        let adapted = Config { layers: 1, ..self.clone() }
             .projections()
             .into_iter()
             .filter(|(name, _, _)| lora.targets(name))
-            .map(|(_, out, input)| {
-                let cast = if adapter != w.d { input as f64 * adapter + out as f64 * w.d } else { 0.0 };
-                cast + 2.0 * lora.rank as f64 * adapter + out as f64 * adapter + out as f64 * w.d
-            })
-            .sum();
-        PerToken { kept, backward: 0.0 }
+            .count() as f64;
+        PerToken { kept: adapted * 2.0 * lora.rank as f64 * adapter, backward: 0.0 }
     }
 
     /// The embeddings' tensors per token.
@@ -314,9 +573,9 @@ impl Config {
             _ => (w.rms_norm(w.h), 1.0),
         };
         match loss {
-            // a chunk's logits hold about as many values as the hidden states: its
-            // logits, probabilities and gradient (twice) in f32 beside them
-            Loss::Chunked => PerToken { kept: norm + rows * w.h * w.d, backward: rows * 16.0 * w.h },
+            // the gradient of the hidden states, computed in the forward pass (the
+            // chunk's logits are the loss's own moment: `step_memory`)
+            Loss::Chunked => PerToken { kept: norm + rows * w.h * w.d, backward: 0.0 },
             Loss::Full => {
                 let widened = if w.d == 4.0 { 0.0 } else { 4.0 };
                 let bias = if self.family == Family::Bert && self.tie_embeddings { w.d } else { 0.0 };

@@ -125,6 +125,16 @@ impl HeapMeter {
         gemm_common::cache::CACHE_INFO[1].cache_bytes as u64
     }
 
+    /// What the matmul buffers of this host will hold once a meter has
+    /// brought this thread and every worker of the global thread pool to
+    /// them: [`thread_buffer_bytes`](Self::thread_buffer_bytes) × (the pool's
+    /// threads + 1), known before any meter is made (an estimate of a CPU
+    /// step counts it).
+    pub fn host_scratch_bytes() -> u64 {
+        let threads = rayon::current_num_threads() as u64 + 1;
+        gemm_common::cache::CACHE_INFO[1].cache_bytes as u64 * threads
+    }
+
     /// The threads that hold [`thread_buffer_bytes`](Self::thread_buffer_bytes)
     /// because a meter brought them to it: this one and the workers of each
     /// thread pool a meter was used in.

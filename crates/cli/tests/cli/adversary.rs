@@ -155,7 +155,11 @@ fn a_training_flag_beside_estimate_serve_is_refused_not_ignored() {
     for flag in training {
         assert_refused(&[&serve[..], flag].concat(), "--serve");
     }
-    assert_refused(&["estimate", "--params", "1B", "--on-cpu"], "--on-cpu counts serving on the CPU heap: add --serve");
+    // --on-cpu counts a config's step (or its serving) on the CPU: a bare parameter count has none
+    assert_refused(
+        &["estimate", "--params", "1B", "--on-cpu"],
+        "--on-cpu counts a config's step on the CPU heap: add --config",
+    );
 }
 
 #[test]
