@@ -23,27 +23,27 @@ struct Case {
 const CASES: &[Case] = &[
     Case {
         config: "qwen2.5-0.5b.json",
-        flags: &["--layers", "2", "--seq-len", "128"],
+        flags: &["--layers", "2", "--seq-len", "64"],
         precision: "bf16",
-        budget: "4GiB",
+        budget: "3300MiB",
     },
     Case {
         config: "qwen2.5-0.5b.json",
-        flags: &["--layers", "2", "--seq-len", "128"],
+        flags: &["--layers", "2", "--seq-len", "64"],
         precision: "fp32",
-        budget: "5GiB",
+        budget: "3900MiB",
     },
     Case {
         config: "qwen2.5-0.5b.json",
         flags: &["--layers", "2", "--seq-len", "128", "--lora", "8"],
         precision: "bf16",
-        budget: "2GiB",
+        budget: "1950MiB",
     },
     Case {
         config: "smollm2-135m.json",
         flags: &["--layers", "2", "--seq-len", "128"],
         precision: "mixed",
-        budget: "1GiB",
+        budget: "1150MiB",
     },
     Case {
         config: "smollm2-135m.json",
