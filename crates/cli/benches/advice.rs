@@ -11,6 +11,8 @@
 use std::fmt::Write as _;
 use std::process::Command;
 
+use autobatch_testkit::advice::{estimate_precision, probe_flags_of};
+
 /// One setup: the config (under crates/models/tests/configs), its flags
 /// beside the precision, the precision, and the budget.
 struct Case {
@@ -78,27 +80,6 @@ fn autobatch(args: &[String]) -> Result<serde_json::Value, String> {
 
 fn owned(args: &[&str]) -> Vec<String> {
     args.iter().map(|arg| (*arg).to_owned()).collect()
-}
-
-fn estimate_precision(precision: &str) -> Vec<String> {
-    match precision {
-        "mixed" => owned(&["--mixed-precision"]),
-        other => owned(&["--dtype", other]),
-    }
-}
-
-/// The probe's flags for an advised change, `None` where one process cannot run it.
-fn probe_flags_of(flag: &str, precision: &str) -> Option<Vec<String>> {
-    let words: Vec<&str> = flag.split(' ').collect();
-    Some(owned(&match words[..] {
-        ["--optimizer", _] if precision == "mixed" => return None,
-        ["--mixed-precision"] => vec!["--precision", "mixed"],
-        ["--dtype", dtype] => vec!["--precision", dtype],
-        ["--recompute", "full"] => vec!["--checkpointing"],
-        ["--optimizer", "momentum"] | ["--zero", _] => return None,
-        ["--optimizer", optimizer] => vec!["--optimizer", optimizer],
-        _ => return None,
-    }))
 }
 
 fn mb(bytes: f64) -> String {

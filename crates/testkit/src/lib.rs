@@ -4,6 +4,7 @@
 //! benches write their figures into, and the GPU check's verdict.
 
 pub mod accumulating;
+pub mod advice;
 pub mod docs;
 pub mod gpu_verdict;
 pub mod harness;

@@ -1318,31 +1318,6 @@ fn json_of(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|err| panic!("{args:?}: {err}"))
 }
 
-/// `estimate`'s precision flags for the probe's `--precision`.
-fn estimate_precision(precision: &str) -> Vec<&str> {
-    match precision {
-        "mixed" => vec!["--mixed-precision"],
-        other => vec!["--dtype", other],
-    }
-}
-
-/// The probe's flags that make the change `estimate` advises with `flag`
-/// at `precision`, `None` for a change the probe cannot run (ZeRO over ranks,
-/// momentum, another optimizer than AdamW over mixed precision's masters).
-fn probe_flags_of(flag: &str, precision: &str) -> Option<Vec<String>> {
-    let words: Vec<&str> = flag.split(' ').collect();
-    let flags: Vec<&str> = match words[..] {
-        ["--optimizer", _] if precision == "mixed" => return None,
-        ["--mixed-precision"] => vec!["--precision", "mixed"],
-        ["--dtype", dtype] => vec!["--precision", dtype],
-        ["--recompute", "full"] => vec!["--checkpointing"],
-        ["--optimizer", "momentum"] | ["--zero", _] => return None,
-        ["--optimizer", optimizer] => vec!["--optimizer", optimizer],
-        _ => panic!("an advised flag the test does not know: {flag}"),
-    };
-    Some(flags.into_iter().map(str::to_owned).collect())
-}
-
 /// `estimate --config … --on-cpu` against `probe` on the same setup, on
 /// config models whose memory is decided by different things: a Qwen2
 /// layout with its 151,936-token vocabulary in bf16, f32 and mixed precision,
@@ -1374,8 +1349,9 @@ fn the_estimate_agrees_with_the_probe_and_each_advised_change_holds_when_run() {
         let probed = plan_of(&[&["probe"][..], &model, &["--precision", precision, "--budget", budget]].concat());
         assert_eq!(probed["proven_largest"], true, "{what}: {probed}");
         let largest = probed["largest_batch"].as_u64().unwrap();
-        let estimate_args =
-            [&["estimate"][..], &model, &estimate_precision(precision), &["--capacity", budget]].concat();
+        let precision_flags = autobatch_testkit::advice::estimate_precision(precision);
+        let precision_flags: Vec<&str> = precision_flags.iter().map(String::as_str).collect();
+        let estimate_args = [&["estimate"][..], &model, &precision_flags, &["--capacity", budget]].concat();
         let estimate = json_of(&[&estimate_args[..], &["--on-cpu", "--json"]].concat());
         let counted = estimate["largest_batch"].as_u64().unwrap();
         println!("  {what}: estimate {counted}, probe {largest}");
@@ -1392,7 +1368,7 @@ fn the_estimate_agrees_with_the_probe_and_each_advised_change_holds_when_run() {
         assert_eq!(over["fits"], false, "{what} at {batch}: {over}");
         for remedy in over["remedies"].as_array().unwrap() {
             let flag = remedy["flag"].as_str().unwrap();
-            let Some(change) = probe_flags_of(flag, precision) else { continue };
+            let Some(change) = autobatch_testkit::advice::probe_flags_of(flag, precision) else { continue };
             // the change replaces the precision or the optimizer the model had
             let mut args: Vec<String> = [&["probe"][..], &model].concat().into_iter().map(str::to_owned).collect();
             if !change.contains(&"--precision".to_owned()) {
