@@ -115,10 +115,11 @@ impl Step {
         let limit_bytes = ceiling.limit_bytes(capacity);
         // the moments that hold the gradients count them; the others do not
         let without_gradients = base.saturating_sub(gradient_bytes);
-        let largest_batch = match limit_bytes.checked_sub(without_gradients) {
-            Some(room) => self.memory.largest_batch(gradient_bytes, room),
+        let largest_under_limit = |memory: &StepMemory| match limit_bytes.checked_sub(without_gradients) {
+            Some(room) => memory.largest_batch(gradient_bytes, room),
             None => 0,
         };
+        let largest_batch = largest_under_limit(&self.memory);
         let fixed_bytes = without_gradients.saturating_add(
             self.memory.peak_bytes(gradient_bytes, 0).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?,
         );
@@ -130,10 +131,7 @@ impl Step {
         };
         let on_the_cpu = match self.on_the_cpu()? {
             Some(cpu) => {
-                let largest = match limit_bytes.checked_sub(without_gradients) {
-                    Some(room) => cpu.largest_batch(gradient_bytes, room),
-                    None => 0,
-                };
+                let largest = largest_under_limit(&cpu);
                 let at = largest_batch.max(1);
                 let widened = held_bytes(&cpu, gradient_bytes, at)? as f64;
                 Some((largest, widened / held_bytes(&self.memory, gradient_bytes, at)?.max(1) as f64))

@@ -234,7 +234,7 @@ impl StepMemory {
     pub fn bytes_per_sample(&self) -> u64 {
         let slope = |moment: &StepMoment| {
             let chunk = moment.chunk.map_or(0, |chunk| {
-                (chunk.bytes_per_row * chunk.milli_rows_per_sample / 1000) / chunk.rows_per_chunk_row.max(1)
+                chunk.bytes_per_row.saturating_mul(chunk.milli_rows_per_sample) / 1000 / chunk.rows_per_chunk_row.max(1)
             });
             moment.bytes_per_sample.saturating_add(chunk)
         };
