@@ -1,10 +1,10 @@
 //! The one error type of the crate.
 //!
-//! An [`Error`] says what went wrong in the crate's own terms: a setting is
-//! named by its builder method or argument (`multiple_of`, `seq_len`). A
-//! caller that exposes the settings under other names (a command line's flags)
-//! renders the same message in its names with [`Error::render`] and a
-//! [`Names`]; it never needs to rewrite the text.
+//! An [`Error`] says what went wrong in the crate's own terms: each variant
+//! holds the facts, typed, and its message is written beside it from them,
+//! naming a setting by its builder method (`Tuner::multiple_of`). A caller
+//! that exposes the settings under other names (a command line's flags)
+//! matches the variant and writes its own line from the same facts.
 //!
 //! It depends only on leaves: the outcome of a trial, the headroom report, the
 //! analytical model's remedies, the optimizer vocabulary and the formatters.
@@ -12,12 +12,12 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-use crate::estimate::change::{Change, Remedy};
+use crate::estimate::change::Remedy;
 use crate::headroom::report::HeadroomReport;
 use crate::per_parameter::OptimizerKind;
 use crate::search::outcome::Outcome;
-use crate::setting::SettingName;
-use crate::setting::SettingName::*;
+use crate::setting::Setting;
+use crate::setting::Setting as S;
 use crate::units::{format_bytes, format_millis, format_percent};
 
 /// The kinds of [`Error`] (see [`Error::kind`]): what decides how to react.
@@ -39,27 +39,78 @@ pub enum ErrorKind {
     Device,
 }
 
-/// A setting an [`Error::InvalidSetting`] is about.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Setting {
-    /// One of the workspace's settings, by its builder method or argument:
-    /// `multiple_of`, `seq_len`, `ceiling`. A [`Names`] can rename it.
-    Named(SettingName),
-    /// A part of the caller's own input, by its place there: a
-    /// `config.json` field, a comparison variant's expectation.
-    Input(String),
+/// What would be valid, where an [`Error::InvalidSetting`] refused a value:
+/// typed where it names another setting, so that a caller naming settings
+/// its own way names that one too.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Valid {
+    /// A count of at least 1.
+    AtLeastOne,
+    /// At least another setting's value (`Tuner::max_batch` at least `Tuner::start`).
+    AtLeast {
+        /// The other setting.
+        setting: Setting,
+        /// Its value.
+        value: usize,
+    },
+    /// A target of at least one micro-batch of `multiple_of` on each of
+    /// `world_size` ranks (the setting `ranks` says how many).
+    MicroBatchPerRank {
+        /// The setting giving the ranks.
+        ranks: Setting,
+        /// The ranks.
+        world_size: usize,
+        /// The granularity ([`Setting::MultipleOf`]).
+        multiple_of: usize,
+    },
+    /// At most one device per parameter: `tensor_parallel` ×
+    /// `partitioned` ZeRO ranks sharing `parameters`.
+    DevicePerParameter {
+        /// Tensor-parallel ranks ([`Setting::TensorParallel`]).
+        tensor_parallel: u64,
+        /// ZeRO ranks the states are partitioned over ([`Setting::DataParallel`]).
+        partitioned: u64,
+        /// The model's parameters.
+        parameters: u64,
+    },
+    /// In words that name no other setting.
+    Said(Cow<'static, str>),
 }
 
-impl std::fmt::Display for Setting {
+impl std::fmt::Display for Valid {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&said_setting(self))
+        match self {
+            Valid::AtLeastOne => f.write_str("it must be at least 1"),
+            Valid::AtLeast { setting, value } => write!(f, "it must be at least {setting}, {value}"),
+            Valid::MicroBatchPerRank { ranks, world_size, multiple_of } => write!(
+                f,
+                "it must be at least {world_size} ranks ({ranks}) × {} {multiple_of} = {}: every rank needs at least \
+                 one micro-batch",
+                S::MultipleOf,
+                world_size.saturating_mul(*multiple_of)
+            ),
+            Valid::DevicePerParameter { tensor_parallel, partitioned, parameters } => write!(
+                f,
+                "there must be at most one device per parameter: {} {tensor_parallel} × {partitioned} ZeRO ranks \
+                 ({}) share {parameters} parameters",
+                S::TensorParallel,
+                S::DataParallel
+            ),
+            Valid::Said(words) => f.write_str(words),
+        }
     }
 }
 
-impl PartialEq<str> for Setting {
-    /// Whether this is the named setting `name` (`setting == "start"`).
-    fn eq(&self, name: &str) -> bool {
-        matches!(self, Setting::Named(own) if own.as_str() == name)
+impl From<&'static str> for Valid {
+    fn from(words: &'static str) -> Self {
+        Valid::Said(words.into())
+    }
+}
+
+impl From<String> for Valid {
+    fn from(words: String) -> Self {
+        Valid::Said(words.into())
     }
 }
 
@@ -94,42 +145,6 @@ impl std::fmt::Display for Value {
             Value::Given => f.write_str("set"),
             Value::Missing => f.write_str("missing"),
         }
-    }
-}
-
-/// How an error's message names the crate's settings and changes.
-///
-/// The default names each setting by itself (`multiple_of`) and gives no
-/// way to apply a remedy: that is [`Error`]'s `Display`. A command line
-/// implements it to print the same messages in its flags:
-///
-/// ```
-/// use autobatch::search::SearchSpace;
-/// use autobatch::{Names, SettingName};
-///
-/// struct Flags;
-/// impl Names for Flags {
-///     fn setting(&self, setting: SettingName) -> String {
-///         format!("--{}", setting.as_str().replace('_', "-"))
-///     }
-/// }
-///
-/// let err = SearchSpace::new(8, Some(4), 1).unwrap_err();
-/// assert_eq!(err.to_string(), "max_batch is 4: it must be at least start, 8");
-/// assert_eq!(err.render(&Flags), "--max-batch is 4: it must be at least --start, 8");
-/// ```
-pub trait Names {
-    /// What to call `setting` (by default its builder name, such as
-    /// `multiple_of`; `size` for the input size a search is over).
-    fn setting(&self, setting: SettingName) -> String {
-        setting.as_str().to_owned()
-    }
-
-    /// What applies `change`, such as a flag with its value, shown before a
-    /// remedy of [`Error::NothingFits`]; `None` shows the remedy alone.
-    fn change(&self, change: &Change) -> Option<String> {
-        let _ = change;
-        None
     }
 }
 
@@ -203,26 +218,25 @@ pub enum Error {
     /// valid: zero where a count is needed, a ceiling outside (0, 1], a
     /// dtype or optimizer not supported, a target below the ranks, a setting
     /// given where it means nothing.
-    #[error("{} is {value}: {}", said_setting(.setting), fill(.valid))]
+    #[error("{setting} is {value}: {valid}")]
     InvalidSetting {
         /// What was set.
         setting: Setting,
         /// What it held.
         value: Value,
-        /// What would be valid, in words; `{name}` in it names another
-        /// setting, rendered by the [`Names`] of [`Error::render`].
-        valid: Cow<'static, str>,
+        /// What would be valid.
+        valid: Valid,
     },
 
     /// No multiple of the granularity lies between `start` and `max_batch`.
     #[error(
         "no multiple of {} {multiple_of} lies in [{} {start}, {} {max_batch}]: lower {}, lower {} or raise {}",
-        said(MultipleOf),
-        said(Start),
-        said(MaxBatch),
-        said(MultipleOf),
-        said(Start),
-        said(MaxBatch)
+        S::MultipleOf,
+        S::Start,
+        S::MaxBatch,
+        S::MultipleOf,
+        S::Start,
+        S::MaxBatch
     )]
     NoCandidate {
         /// The smallest batch allowed.
@@ -233,14 +247,21 @@ pub enum Error {
         multiple_of: usize,
     },
 
-    /// A number past what 64 bits hold: batch arithmetic, or a byte count of
-    /// 2^64 (16 EiB) or more. Refused, never wrapped or saturated.
-    #[error("{what} is past what 64 bits count: {}", fill(.valid))]
-    Overflow {
-        /// What was being counted, and at what value.
+    /// Batch arithmetic past what 64 bits hold. Refused, never wrapped or
+    /// saturated.
+    #[error("batch arithmetic at {value} is past what 64 bits count: use a smaller {}", either(.lower))]
+    BatchOverflow {
+        /// The value the arithmetic started from.
+        value: usize,
+        /// The settings to lower, any of them.
+        lower: &'static [Setting],
+    },
+
+    /// A byte count of 2^64 (16 EiB) or more. Refused, never wrapped or saturated.
+    #[error("{what} is past what 64 bits count: it comes to 2^64 bytes (16 EiB) or more; make the model smaller")]
+    ByteOverflow {
+        /// What was being counted.
         what: String,
-        /// What would not overflow, in words (`{name}` as in `InvalidSetting`).
-        valid: Cow<'static, str>,
     },
 
     /// Exactness was demanded and no micro-batch/accumulation split hits the
@@ -248,7 +269,7 @@ pub enum Error {
     #[error(
         "{}; the nearest above is {nearest}: accept it (drop {}){}",
         inexact(*.target, *.multiple_of, *.world_size, *.accumulation_steps, *.largest_micro_batch),
-        said(ExactEffectiveBatch),
+        S::ExactEffectiveBatch,
         exact_instead(*.multiple_of, *.world_size, .largest_micro_batch.is_some())
     )]
     InexactTarget {
@@ -343,7 +364,7 @@ pub enum Error {
     #[error(
         "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is verified; \
          allow more time (the first trials include the warm-up)",
-        said(TimeLimit),
+        S::TimeLimit,
         format_millis(*.limit_ms)
     )]
     TimeLimit {
@@ -356,7 +377,7 @@ pub enum Error {
     /// The runtime guard ran out of memory with a micro-batch of one sample.
     #[error(
         "out of memory at a micro-batch of 1 (sample {offset} of the step): nothing smaller to try; lower the \
-         model's memory (see `autobatch estimate`)"
+         model's memory (a shorter input, a leaner precision or optimizer, checkpointing)"
     )]
     GuardExhausted {
         /// The sample that did not fit alone.
@@ -403,16 +424,18 @@ pub enum Error {
     /// op without a backward pass) measures less than training a model that
     /// reaches them needs (refused unless
     /// [`Tuner::allow_partial_graph`](crate::Tuner::allow_partial_graph)).
+    /// The `autobatch-models` package's `ops` has differentiable forms of
+    /// candle's fused norms, softmax and rotations.
     #[error(
         "the measured step did not reach the gradients of {} of {of} variables ({}): an op without a backward \
          pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, rotary_emb::rope), so they \
-         would not learn and the batch found would be larger than training the whole model allows; switch to the \
-         differentiable forms, e.g. `use autobatch_models::ops::{{nn::{{layer_norm, LayerNorm}}, \
-         softmax_last_dim}};` in place of candle_nn's (a buffer the forward pass reads without a graph is none: \
-         name it with ModelProbe::buffers_named), or take the partial answer with {}",
+         would not learn and the batch found would be larger than training the whole model allows; write those ops \
+         from differentiable tensor ops (a layer norm from mean, sub, sqr and div; a softmax from exp and sum) in \
+         place of candle_nn's fused ones (a buffer the forward pass reads without a graph is none: name it with \
+         ModelProbe::buffers_named), or take the partial answer with {}",
         .variables.len(),
         first_names(.variables),
-        said(AllowPartialGraph)
+        S::AllowPartialGraph
     )]
     PartialGraph {
         /// The variables with no gradient that the forward pass does not write.
@@ -433,7 +456,7 @@ pub enum Error {
     ModelBuild(candle_core::Error),
 
     /// Tuning at one of several input sizes failed.
-    #[error("at {} {size}: {source}", said(Size))]
+    #[error("at {} {size}: {source}", S::Size)]
     AtSize {
         /// The input size.
         size: usize,
@@ -455,15 +478,14 @@ pub enum Error {
     #[error("another rank could not find a batch that fits (see that rank's error); no rank will train")]
     RankFailed,
 
+    /// An input of a package built on this one refused (a model's
+    /// configuration): that package's own error, whole, to downcast.
+    #[error("{0}")]
+    Input(Box<dyn std::error::Error + Send + Sync>),
+
     /// A memory meter could not measure.
     #[error("memory meter: {0}")]
     Meter(#[source] Box<dyn std::error::Error + Send + Sync>),
-}
-
-impl From<SettingName> for Setting {
-    fn from(name: SettingName) -> Self {
-        Setting::Named(name)
-    }
 }
 
 impl std::fmt::Debug for Error {
@@ -488,107 +510,6 @@ impl std::fmt::Debug for Error {
     }
 }
 
-/// The names of the settings (and of the changes of the remedies) that an
-/// error's message names, as a [`Names`] calls them: taken before the
-/// message is written, so that the message, written beside its variant, asks
-/// for a name by the setting alone ([`said`]).
-struct Said {
-    settings: Vec<(SettingName, String)>,
-    changes: Vec<(Change, String)>,
-}
-
-impl Said {
-    fn of(err: &Error, names: &dyn Names) -> Said {
-        let settings = SettingName::ALL.iter().map(|&setting| (setting, names.setting(setting))).collect();
-        let mut changes = Vec::new();
-        let mut next = Some(err);
-        while let Some(err) = next {
-            next = match err {
-                Error::NothingFits { remedies, .. } => {
-                    let applied = remedies.iter().filter_map(|r| Some((r.change.clone(), names.change(&r.change)?)));
-                    changes.extend(applied);
-                    None
-                }
-                Error::AtSize { source, .. } => Some(source),
-                _ => None,
-            };
-        }
-        Said { settings, changes }
-    }
-}
-
-thread_local! {
-    /// The names [`Error::render`] is writing a message in; none while
-    /// `Display` writes it in the crate's own.
-    static NAMES_IN_EFFECT: std::cell::RefCell<Option<Said>> = const { std::cell::RefCell::new(None) };
-}
-
-/// While it lives, messages written on this thread name settings as the
-/// [`Said`] it holds; then as before it again.
-struct NamesInEffect(Option<Said>);
-
-impl NamesInEffect {
-    fn set(said: Said) -> NamesInEffect {
-        NamesInEffect(NAMES_IN_EFFECT.replace(Some(said)))
-    }
-}
-
-impl Drop for NamesInEffect {
-    fn drop(&mut self) {
-        NAMES_IN_EFFECT.set(self.0.take());
-    }
-}
-
-/// `setting` as the names in effect call it.
-fn said(setting: SettingName) -> String {
-    NAMES_IN_EFFECT.with_borrow(|said| {
-        let named = said.as_ref().and_then(|said| said.settings.iter().find(|(own, _)| *own == setting));
-        named.map_or_else(|| setting.as_str().to_owned(), |(_, name)| name.clone())
-    })
-}
-
-/// What applies `change`, as the names in effect say it, if they do.
-fn applied(change: &Change) -> Option<String> {
-    NAMES_IN_EFFECT.with_borrow(|said| {
-        let said = said.as_ref()?;
-        said.changes.iter().find(|(own, _)| own == change).map(|(_, how)| how.clone())
-    })
-}
-
-fn said_setting(setting: &Setting) -> String {
-    match setting {
-        Setting::Named(name) => said(*name),
-        Setting::Input(place) => place.clone(),
-    }
-}
-
-/// `template` with each `{name}` in it (a [`SettingName`] as the builder
-/// spells it) as the names in effect call that setting; other braces stay as
-/// they are.
-fn fill(template: &str) -> String {
-    let mut filled = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        filled.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        let name_len = after.find('}').filter(|&end| {
-            end > 0 && after[..end].bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        });
-        match name_len.and_then(|end| Some((end, SettingName::from_name(&after[..end])?))) {
-            Some((end, setting)) => {
-                filled.push_str(&said(setting));
-                rest = &after[end + 1..];
-            }
-            None => {
-                filled.push('{');
-                rest = after;
-            }
-        }
-    }
-    filled.push_str(rest);
-    filled
-}
-
 /// [`Error::InexactTarget`]'s first half: what no split hits.
 fn inexact(
     target: usize,
@@ -601,16 +522,16 @@ fn inexact(
         Some(largest) => format!(
             "no split hits {} {target} exactly with {world_size} ranks ({}), micro-batches that are multiples of {} \
              {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
-            said(TargetEffectiveBatch),
-            said(WorldSize),
-            said(MultipleOf),
-            said(LargestMicroBatch),
+            S::TargetEffectiveBatch,
+            S::WorldSize,
+            S::MultipleOf,
+            S::LargestMicroBatch,
             accumulation_steps.saturating_mul(2),
         ),
         None => format!(
             "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}",
-            said(TargetGlobalBatch),
-            said(MultipleOf),
+            S::TargetGlobalBatch,
+            S::MultipleOf,
         ),
     }
 }
@@ -629,8 +550,8 @@ fn exact_instead(multiple_of: usize, world_size: usize, even_ranks: bool) -> Str
 fn smallest_failed(batch: usize, size: Option<usize>, outcome: Outcome, peak_bytes: Option<u64>) -> String {
     let failed = describe_failure(outcome, peak_bytes);
     match size {
-        Some(size) => format!(" at {} {batch}: the shortest {} searched, {size}, {failed}", said(Batch), said(Size)),
-        None => format!(": batch {batch} (the smallest {} and {} allow) {failed}", said(Start), said(MultipleOf)),
+        Some(size) => format!(" at {} {batch}: the shortest {} searched, {size}, {failed}", S::Batch, S::Size),
+        None => format!(": batch {batch} (the smallest {} and {} allow) {failed}", S::Start, S::MultipleOf),
     }
 }
 
@@ -638,23 +559,17 @@ fn smallest_failed(batch: usize, size: Option<usize>, outcome: Outcome, peak_byt
 fn what_would_help(batch: usize, size: Option<usize>, smaller_batch: Option<usize>, remedies: &[Remedy]) -> String {
     if size.is_some() {
         return match batch {
-            1 => format!(": make the model smaller or raise {}", said(Capacity)),
-            _ => format!(": use a smaller {}", said(Batch)),
+            1 => format!(": make the model smaller or raise {}", S::Capacity),
+            _ => format!(": use a smaller {}", S::Batch),
         };
     }
     let mut help = String::new();
     if let Some(smaller) = smaller_batch {
         let _ =
-            write!(help, "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}", said(Start));
+            write!(help, "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}", S::Start);
     }
     if !remedies.is_empty() {
-        let advice: Vec<String> = remedies
-            .iter()
-            .map(|remedy| match applied(&remedy.change) {
-                Some(how) => format!("{how}: {remedy}"),
-                None => remedy.to_string(),
-            })
-            .collect();
+        let advice: Vec<String> = remedies.iter().map(Remedy::to_string).collect();
         let measured = remedies.iter().filter(|remedy| remedy.measured).count();
         let how = match measured {
             0 => "estimated from the measurement".to_owned(),
@@ -664,6 +579,16 @@ fn what_would_help(batch: usize, size: Option<usize>, smaller_batch: Option<usiz
         let _ = write!(help, "; what would help, each alone ({how}): {}", advice.join("; "));
     }
     help
+}
+
+/// `settings` as alternatives: `Tuner::start or Tuner::multiple_of`.
+fn either(settings: &[Setting]) -> String {
+    let names: Vec<&str> = settings.iter().map(|setting| setting.as_str()).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
 }
 
 /// The first few of `names` and how many more: a line people can read.
@@ -730,14 +655,6 @@ fn describe_limit(limit_bytes: Option<u64>, batch: usize) -> String {
 }
 
 impl Error {
-    /// The message with the settings as `names` call them: what `Display`
-    /// shows when `names` is the crate's own (each setting by its name).
-    /// See [`Names`].
-    pub fn render(&self, names: &dyn Names) -> String {
-        let _in_effect = NamesInEffect::set(Said::of(self, names));
-        self.to_string()
-    }
-
     /// Wraps a meter's failure: for [`MemoryMeter`](crate::MemoryMeter) implementations.
     ///
     /// ```
@@ -765,9 +682,11 @@ impl Error {
             Error::AtSize { source, .. } => source.kind(),
             Error::InvalidSetting { .. }
             | Error::NoCandidate { .. }
-            | Error::Overflow { .. }
+            | Error::BatchOverflow { .. }
+            | Error::ByteOverflow { .. }
             | Error::InexactTarget { .. }
             | Error::AlreadyTrained { .. }
+            | Error::Input(_)
             | Error::ModelTooLarge { limit_bytes: None, .. } => ErrorKind::Configuration,
             Error::NothingFits { .. }
             | Error::ModelTooLarge { limit_bytes: Some(_), .. }
@@ -797,11 +716,11 @@ impl Error {
     /// use autobatch::search::SearchSpace;
     ///
     /// let err = SearchSpace::new(1, None, 0).unwrap_err();
-    /// assert!(err.setting().is_some_and(|setting| *setting == *"multiple_of"));
+    /// assert_eq!(err.setting(), Some(autobatch::Setting::MultipleOf));
     /// ```
-    pub fn setting(&self) -> Option<&Setting> {
+    pub fn setting(&self) -> Option<Setting> {
         match self {
-            Error::InvalidSetting { setting, .. } => Some(setting),
+            Error::InvalidSetting { setting, .. } => Some(*setting),
             Error::AtSize { source, .. } => source.setting(),
             _ => None,
         }
@@ -817,59 +736,45 @@ impl Error {
     }
 
     /// [`Error::InvalidSetting`]: `setting` held `value`; `valid` says what
-    /// would be valid (`{name}` names another setting). For a workload's own
-    /// refusals, such as a [`Resizable`](crate::Resizable) size it cannot take.
+    /// would be valid (words, or a [`Valid`] that names another setting). For
+    /// a workload's own refusals, such as a [`Resizable`](crate::Resizable)
+    /// size it cannot take.
     ///
     /// ```
-    /// use autobatch::{Error, Value};
+    /// use autobatch::{Error, Setting, Value};
     ///
-    /// let err = Error::invalid(autobatch::SettingName::Size, Value::Count(600), "it must be at most 512, the longest position");
+    /// let err = Error::invalid(Setting::Size, Value::Count(600), "it must be at most 512, the longest position");
     /// assert_eq!(err.to_string(), "size is 600: it must be at most 512, the longest position");
     /// ```
-    pub fn invalid(setting: impl Into<Setting>, value: Value, valid: impl Into<Cow<'static, str>>) -> Error {
-        Error::InvalidSetting { setting: setting.into(), value, valid: valid.into() }
+    pub fn invalid(setting: Setting, value: Value, valid: impl Into<Valid>) -> Error {
+        Error::InvalidSetting { setting, value, valid: valid.into() }
     }
 
     /// A count that was zero and must be at least 1.
-    pub fn zero(setting: SettingName) -> Error {
-        Error::invalid(setting, Value::Count(0), "it must be at least 1")
+    pub fn zero(setting: Setting) -> Error {
+        Error::invalid(setting, Value::Count(0), Valid::AtLeastOne)
     }
 
     /// A target (the setting `target`) below one micro-batch of `multiple_of`
     /// on each of `world_size` ranks (the setting `ranks`).
     pub(crate) fn target_below_ranks(
-        (target, ranks): (SettingName, SettingName),
+        (target, ranks): (Setting, Setting),
         value: usize,
         world_size: usize,
         multiple_of: usize,
-        smallest: usize,
     ) -> Error {
-        Error::invalid(
-            target,
-            Value::Count(value),
-            format!(
-                "it must be at least {world_size} ranks ({{{}}}) × {{multiple_of}} {multiple_of} = {smallest}: \
-                 every rank needs at least one micro-batch",
-                ranks.as_str()
-            ),
-        )
+        Error::invalid(target, Value::Count(value), Valid::MicroBatchPerRank { ranks, world_size, multiple_of })
     }
 
-    /// Batch arithmetic that would overflow at `value`; `smaller` names the
-    /// settings to lower (`{start} or {multiple_of}`).
-    pub fn batch_overflow(value: usize, smaller: &'static str) -> Error {
-        Error::Overflow {
-            what: format!("batch arithmetic at {value}"),
-            valid: format!("use a smaller {smaller}").into(),
-        }
+    /// Batch arithmetic that would overflow at `value`; `lower` are the
+    /// settings to lower.
+    pub fn batch_overflow(value: usize, lower: &'static [Setting]) -> Error {
+        Error::BatchOverflow { value, lower }
     }
 
     /// A byte count of `what` of 2^64 or more.
     pub fn byte_overflow(what: impl Into<String>) -> Error {
-        Error::Overflow {
-            what: what.into(),
-            valid: "it comes to 2^64 bytes (16 EiB) or more; make the model smaller".into(),
-        }
+        Error::ByteOverflow { what: what.into() }
     }
 
     /// [`Error::NothingFits`] at `batch` with no advice: what a check of an
@@ -931,9 +836,9 @@ mod tests {
     fn each_kind_groups_what_the_caller_does_about_it() {
         let at_size = |source: Error| Error::AtSize { size: 64, source: Box::new(source) };
         let cases = [
-            (Error::zero(crate::SettingName::Start), ErrorKind::Configuration),
+            (Error::zero(crate::Setting::Start), ErrorKind::Configuration),
             (
-                Error::invalid(crate::SettingName::CacheKey, Value::Missing, "give Tuner::cache_key"),
+                Error::invalid(crate::Setting::CacheKey, Value::Missing, "give Tuner::cache_key"),
                 ErrorKind::Configuration,
             ),
             (
@@ -949,7 +854,7 @@ mod tests {
             (Error::PartialGraph { variables: vec!["ln.weight".into()], of: 2 }, ErrorKind::Model),
             (Error::Device(DeviceProblem::AllocatorNotInstalled), ErrorKind::Device),
             (Error::RankFailed, ErrorKind::Device),
-            (at_size(Error::zero(crate::SettingName::Start)), ErrorKind::Configuration),
+            (at_size(Error::zero(crate::Setting::Start)), ErrorKind::Configuration),
             (at_size(Error::TimeLimit { limit_ms: 10, trials: 1 }), ErrorKind::DoesNotFit),
         ];
         for (err, kind) in cases {
@@ -958,28 +863,24 @@ mod tests {
         }
     }
 
-    struct Flags;
-
-    impl Names for Flags {
-        fn setting(&self, setting: SettingName) -> String {
-            format!("--{}", setting.as_str().replace('_', "-"))
-        }
-    }
-
     #[test]
-    fn a_message_names_settings_as_the_caller_does_and_leaves_other_braces() {
-        let err = Error::invalid(
-            crate::SettingName::MaxBatch,
-            Value::Count(4),
-            "it must be at least {start}, 8 {not a name}",
+    fn a_message_names_each_setting_by_its_builder_method() {
+        let err = Error::invalid(S::MaxBatch, Value::Count(4), Valid::AtLeast { setting: S::Start, value: 8 });
+        assert_eq!(err.to_string(), "Tuner::max_batch is 4: it must be at least Tuner::start, 8");
+        let at_size = Error::AtSize { size: 64, source: Box::new(Error::zero(S::MultipleOf)) };
+        assert_eq!(at_size.to_string(), "at size 64: Tuner::multiple_of is 0: it must be at least 1");
+        assert_eq!(at_size.setting(), Some(S::MultipleOf));
+        let overflow = Error::batch_overflow(7, &[S::WorldSize, S::MaxBatch]);
+        assert_eq!(
+            overflow.to_string(),
+            "batch arithmetic at 7 is past what 64 bits count: use a smaller Tuner::world_size or Tuner::max_batch"
         );
-        assert_eq!(err.to_string(), "max_batch is 4: it must be at least start, 8 {not a name}");
-        assert_eq!(err.render(&Flags), "--max-batch is 4: it must be at least --start, 8 {not a name}");
-        let at_size = Error::AtSize { size: 64, source: Box::new(Error::zero(crate::SettingName::MultipleOf)) };
-        assert_eq!(at_size.render(&Flags), "at --size 64: --multiple-of is 0: it must be at least 1");
-        let braces = Error::invalid(crate::SettingName::Batch, Value::Count(0), "{}{x{start}} {y}");
-        assert_eq!(braces.render(&Flags), "--batch is 0: {}{x--start} {y}", "a brace that names no setting stays");
-        assert_eq!(braces.to_string(), "batch is 0: {}{xstart} {y}", "and Display is in the crate's own names again");
+        let below = Error::target_below_ranks((S::TargetEffectiveBatch, S::WorldSize), 3, 4, 8);
+        assert_eq!(
+            below.to_string(),
+            "Tuner::target_effective_batch is 3: it must be at least 4 ranks (Tuner::world_size) × \
+             Tuner::multiple_of 8 = 32: every rank needs at least one micro-batch"
+        );
     }
 
     #[test]
@@ -989,9 +890,9 @@ mod tests {
             .at_fixed_batch(8);
         assert!(matches!(err, Error::NothingFits { batch: 8, size: Some(128), smaller_batch: None, .. }));
         assert_eq!(
-            err.render(&Flags),
-            "nothing fits at --batch 8: the shortest --size searched, 128, peaked at 3.00 MiB; the ceiling is 50% \
-             of 4.00 MiB = 2.00 MiB: use a smaller --batch"
+            err.to_string(),
+            "nothing fits at batch 8: the shortest size searched, 128, peaked at 3.00 MiB; the ceiling is 50% \
+             of 4.00 MiB = 2.00 MiB: use a smaller batch"
         );
     }
 }

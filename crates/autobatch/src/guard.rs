@@ -119,7 +119,7 @@ impl Guard {
         if let (Some(split), Some(rank)) = (&plan.ranks(), plan.rank()) {
             let share = split.shares.get(rank).ok_or_else(|| {
                 Error::invalid(
-                    crate::SettingName::Rank,
+                    crate::Setting::Rank,
                     crate::Value::Count(rank),
                     format!("the plan's split has ranks 0..{}", split.world_size()),
                 )
@@ -159,20 +159,19 @@ impl Guard {
                 stable_steps: 0,
             });
         }
-        let batch = plan
-            .micro_batch()
-            .checked_mul(plan.accumulation_steps())
-            .ok_or_else(|| Error::batch_overflow(plan.micro_batch(), "micro-batch or accumulation steps"))?;
+        let batch = plan.micro_batch().checked_mul(plan.accumulation_steps()).ok_or_else(|| {
+            Error::batch_overflow(plan.micro_batch(), &[crate::Setting::MicroBatch, crate::Setting::AccumulationSteps])
+        })?;
         Self::with_batch(batch, plan.micro_batch())
     }
 
     /// A guard for steps of `batch` samples per rank, run `micro_batch` at a time.
     pub fn with_batch(batch: usize, micro_batch: usize) -> Result<Self, Error> {
         if batch == 0 {
-            return Err(Error::zero(crate::SettingName::Batch));
+            return Err(Error::zero(crate::Setting::Batch));
         }
         if micro_batch == 0 {
-            return Err(Error::zero(crate::SettingName::MicroBatch));
+            return Err(Error::zero(crate::Setting::MicroBatch));
         }
         Ok(Guard {
             batch,

@@ -119,7 +119,7 @@ mod units;
 mod workload;
 
 pub use cache::CacheKey;
-pub use error::{DeviceProblem, Error, ErrorKind, Names, Setting, Value};
+pub use error::{DeviceProblem, Error, ErrorKind, Valid, Value};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]
@@ -137,7 +137,7 @@ pub use plan::{
 };
 pub use search::outcome::Outcome;
 pub use search::strategy::Strategy;
-pub use setting::SettingName;
+pub use setting::Setting;
 pub use tuner::{Comparison, ComparisonRow, ModelVariant, Observer, Search, Tuner};
 pub use units::Bytes;
 pub use workload::{BySize, GraphTensor, Resizable, Workload};

@@ -272,7 +272,7 @@ mod tests {
         assert!(meter_error_is_oom(&crate::Error::meter(Text(DRIVER_OOM))));
         assert!(meter_error_is_oom(&crate::Error::Candle(cuda(CUBLAS_OOM))));
         assert!(!meter_error_is_oom(&crate::Error::meter(Text("DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"\")"))));
-        assert!(!meter_error_is_oom(&crate::Error::zero(crate::SettingName::Batch)));
+        assert!(!meter_error_is_oom(&crate::Error::zero(crate::Setting::Batch)));
     }
 
     /// The real error types of candle's CUDA backend (no GPU needed to build them).

@@ -1,73 +1,77 @@
-//! The names of the settings an error can be about: one per builder method or
-//! argument that checks a value, typed, so that a program renaming them (the
-//! command line's flags) matches every one and misses none. A leaf.
+//! The settings of this crate an error can be about: one per builder method
+//! or argument that checks a value, typed, so that a program naming them its
+//! own way (the command line's flags) matches every one and misses none. A
+//! leaf: it names only this crate's own settings.
 
-macro_rules! setting_names {
+macro_rules! settings {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
-        /// A setting of this workspace, by the builder method or argument that
-        /// sets it: what [`Setting::Named`](crate::Setting::Named) holds and a
-        /// [`Names`](crate::Names) renames.
+        /// A setting of this crate, by the builder method or argument that
+        /// sets it: what [`Error::InvalidSetting`](crate::Error::InvalidSetting)
+        /// is about. Its `Display` is that method (`Tuner::ceiling`). Not
+        /// `non_exhaustive`: a program naming every setting its own way
+        /// matches them all, and does not compile until it names a new one.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum SettingName {
+        pub enum Setting {
             $($(#[$doc])* $variant,)*
         }
 
-        impl SettingName {
-            /// Every setting name, in the order declared.
-            pub const ALL: &'static [SettingName] = &[$(SettingName::$variant),*];
+        impl Setting {
+            /// Every setting, in the order declared.
+            pub const ALL: &'static [Setting] = &[$(Setting::$variant),*];
 
-            /// The name as the builder spells it: `multiple_of`.
+            /// The builder method or argument that sets it: `Tuner::multiple_of`.
             pub fn as_str(self) -> &'static str {
                 match self {
-                    $(SettingName::$variant => $name,)*
+                    $(Setting::$variant => $name,)*
                 }
             }
         }
     };
 }
 
-setting_names! {
-    /// `Tuner::ceiling`: the share of capacity a step may use.
-    Ceiling => "ceiling",
-    /// `Tuner::start`: the smallest batch tried.
-    Start => "start",
-    /// `Tuner::multiple_of`: what every batch is a multiple of.
-    MultipleOf => "multiple_of",
-    /// `Tuner::max_batch`: the largest batch tried.
-    MaxBatch => "max_batch",
-    /// `Tuner::time_limit`: how long a search may run.
-    TimeLimit => "time_limit",
-    /// `ModelProbe::allow_partial_graph`: a step some variables get no gradient from.
-    AllowPartialGraph => "allow_partial_graph",
-    /// `Tuner::objective`: the largest batch or the fastest.
-    Objective => "objective",
-    /// `Tuner::uneven_ranks`: ranks sharing one global batch unevenly.
-    UnevenRanks => "uneven_ranks",
-    /// `Tuner::cache`: the plan cache's file.
-    Cache => "cache",
-    /// `Search::evaluating`: the evaluation step searched too.
-    Evaluation => "evaluation",
-    /// `Tuner::max_trials`.
-    MaxTrials => "max_trials",
-    /// `Tuner::timing_repeats`: the steps a throughput point is timed over.
-    TimingRepeats => "timing_repeats",
-    /// `Tuner::steps_per_trial`.
-    StepsPerTrial => "steps_per_trial",
-    /// `Tuner::target_effective_batch`.
-    TargetEffectiveBatch => "target_effective_batch",
+settings! {
+    /// The share of capacity a step may use.
+    Ceiling => "Tuner::ceiling",
+    /// The smallest batch tried.
+    Start => "Tuner::start",
+    /// What every batch is a multiple of.
+    MultipleOf => "Tuner::multiple_of",
+    /// The largest batch tried.
+    MaxBatch => "Tuner::max_batch",
+    /// How long a search may run.
+    TimeLimit => "Tuner::time_limit",
+    /// A step some variables get no gradient from.
+    AllowPartialGraph => "Tuner::allow_partial_graph",
+    /// The largest batch or the fastest.
+    Objective => "Tuner::objective",
+    /// Ranks sharing one global batch unevenly.
+    UnevenRanks => "Tuner::uneven_ranks",
+    /// The plan cache's file.
+    Cache => "Tuner::cache",
+    /// The evaluation step searched too.
+    Evaluation => "Search::evaluating",
+    /// The most trials a search runs.
+    MaxTrials => "Tuner::max_trials",
+    /// The steps a throughput point is timed over.
+    TimingRepeats => "Tuner::timing_repeats",
+    /// The steps each trial runs.
+    StepsPerTrial => "Tuner::steps_per_trial",
+    /// The effective batch the plan reaches.
+    TargetEffectiveBatch => "Tuner::target_effective_batch",
     /// The global batch shared among uneven ranks.
     TargetGlobalBatch => "target_global_batch",
-    /// `Tuner::exact_effective_batch`.
-    ExactEffectiveBatch => "exact_effective_batch",
+    /// Whether the effective batch must be hit exactly.
+    ExactEffectiveBatch => "Tuner::exact_effective_batch",
     /// The largest micro-batch the accumulation arithmetic starts from.
     LargestMicroBatch => "largest_micro_batch",
-    /// `Tuner::world_size`: the ranks training together.
-    WorldSize => "world_size",
-    /// The ranks' own capacities or shares.
+    /// The ranks training together.
+    WorldSize => "Tuner::world_size",
+    /// The ranks' own largest micro-batches or shares.
     Ranks => "ranks",
     /// One rank's index.
     Rank => "rank",
-    /// A batch, where one is given (a trial, a search over the input size).
+    /// A batch, where one is given (a trial, a headroom check, a search over
+    /// the input size).
     Batch => "batch",
     /// A micro-batch of a plan or a guard.
     MicroBatch => "micro_batch",
@@ -79,98 +83,40 @@ setting_names! {
     Plan => "plan",
     /// The input size a search is over (a sequence length, a resolution).
     Size => "size",
-    /// The input sizes of `Search::sizes`.
-    Sizes => "sizes",
-    /// A sequence length.
-    SeqLen => "seq_len",
+    /// The input sizes of a search over several sizes.
+    Sizes => "Search::sizes",
     /// `HeapMeter::new`'s budget.
-    BudgetBytes => "budget_bytes",
+    BudgetBytes => "HeapMeter::new's budget_bytes",
     /// A device's capacity.
     Capacity => "capacity",
     /// An accelerator by name.
     Accelerator => "accelerator",
-    /// `Headroom`'s least headroom.
-    MinHeadroom => "min_headroom",
+    /// The least headroom a headroom check keeps.
+    MinHeadroom => "Headroom::min_headroom",
     /// A plan cache's key.
-    CacheKey => "cache_key",
-    /// A comparison variant's predicted bytes per sample.
-    BytesPerSampleShare => "bytes_per_sample_share",
-    /// A comparison variant's predicted fixed bytes.
-    FixedBytesChange => "fixed_bytes_change",
-    /// The variant a comparison variant is expected like.
-    Like => "like",
-    /// The optimizer.
-    Optimizer => "optimizer",
-    /// A model's dtype.
-    Dtype => "dtype",
-    /// A quantized base's dtype.
-    BaseDtype => "base_dtype",
+    CacheKey => "Tuner::cache_key",
+    /// A comparison variant's expected place to start from.
+    Like => "Variant::expecting's like",
+    /// A comparison variant's predicted share of bytes per sample.
+    BytesPerSampleShare => "Variant::expecting's bytes_per_sample_share",
+    /// A comparison variant's predicted change of fixed bytes.
+    FixedBytesChange => "Variant::expecting's fixed_bytes_change",
     /// ZeRO's stage.
-    ZeroStage => "zero_stage",
-    /// Data-parallel ranks of the estimate.
-    DataParallel => "data_parallel",
-    /// Tensor-parallel ranks of the estimate.
-    TensorParallel => "tensor_parallel",
-    /// A `config.json` file.
-    Config => "config",
-    /// LoRA's rank.
-    LoraRank => "lora_rank",
-    /// The projections LoRA adapts.
-    LoraTargets => "lora_targets",
-    /// A reference model's layers.
-    Layers => "layers",
-    /// A reference transformer's attention heads.
-    Heads => "heads",
-    /// A reference transformer's model width.
-    DModel => "d_model",
-    /// A reference transformer's vocabulary.
-    Vocab => "vocab",
-    /// A reference MLP's width.
-    Width => "width",
-    /// A reference MLP's hidden layers.
-    Depth => "depth",
-    /// A reference MLP's inputs.
-    Inputs => "inputs",
-    /// A reference model's classes.
-    Classes => "classes",
-    /// A reference convnet's channels.
-    Channels => "channels",
-    /// A reference convnet's input channels.
-    InChannels => "in_channels",
-    /// A reference convnet's image side.
-    Resolution => "resolution",
+    ZeroStage => "Sharding's zero_stage",
+    /// Data-parallel ranks of an estimate.
+    DataParallel => "Sharding's data_parallel",
+    /// Tensor-parallel ranks of an estimate.
+    TensorParallel => "Sharding's tensor_parallel",
     /// Serving: the context of each sequence.
-    MaxModelLen => "max_model_len",
+    MaxModelLen => "ServeProbe::new's max_model_len",
     /// Serving: the tokens one step prefills.
-    MaxNumBatchedTokens => "max_num_batched_tokens",
+    MaxNumBatchedTokens => "ServeProbe::max_num_batched_tokens",
     /// Serving: the sequences served together.
     Sequences => "sequences",
-    /// Serving: tokens per KV cache block.
-    BlockSize => "block_size",
 }
 
-impl SettingName {
-    /// The setting the builder spells `name`, if there is one.
-    pub fn from_name(name: &str) -> Option<SettingName> {
-        SettingName::ALL.iter().copied().find(|setting| setting.as_str() == name)
-    }
-}
-
-impl std::fmt::Display for SettingName {
+impl std::fmt::Display for Setting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_name_reads_back_as_its_setting() {
-        for setting in SettingName::ALL {
-            assert_eq!(SettingName::from_name(setting.as_str()), Some(*setting));
-        }
-        assert_eq!(SettingName::from_name("multiple-of"), None);
     }
 }

@@ -438,6 +438,23 @@ pub struct EstimateArgs {
     pub json: bool,
 }
 
+impl EstimateArgs {
+    /// The arguments with `probe`'s spellings said the one way the estimate
+    /// reads them: `--precision mixed` as `--mixed-precision`, `--precision
+    /// fp32|bf16` as `--dtype`, `--checkpointing` as `--recompute full`.
+    pub fn in_one_vocabulary(mut self) -> EstimateArgs {
+        match self.state.precision.take() {
+            Some(Precision::Mixed) => self.state.mixed_precision = true,
+            Some(precision) => self.state.dtype = Some(precision),
+            None => {}
+        }
+        if std::mem::take(&mut self.activations.checkpointing) {
+            self.activations.recompute = Recompute::Full;
+        }
+        self
+    }
+}
+
 /// What trains and how its state is stored.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "What trains")]
@@ -464,6 +481,10 @@ pub struct StateArgs {
     /// Mixed precision: bf16 weights and gradients, fp32 master weights and optimizer state.
     #[arg(long)]
     pub mixed_precision: bool,
+    /// The precision of training, as `probe` says it: fp32, bf16 (--dtype)
+    /// or mixed (--mixed-precision).
+    #[arg(long, value_parser = choice::<Precision>(), conflicts_with_all = ["dtype", "mixed_precision"])]
+    pub precision: Option<Precision>,
 }
 
 /// The device it should fit on.
@@ -542,6 +563,9 @@ pub struct ActivationArgs {
     /// What the backward pass recomputes instead of keeping.
     #[arg(long, value_parser = choice::<Recompute>(), default_value = "none")]
     pub recompute: Recompute,
+    /// Gradient checkpointing, as `probe` says it: --recompute full.
+    #[arg(long, conflicts_with = "recompute")]
+    pub checkpointing: bool,
 }
 
 /// LoRA adapters on a config's model.
@@ -584,7 +608,7 @@ pub struct StepArgs {
 /// The flags `estimate --serve` does not read: each says how training runs
 /// (its state, its sharding, its activations, its step), or sizes what the
 /// config already sizes; serving is sized by the serving flags alone.
-const SERVE_IGNORES: [&str; 20] = [
+const SERVE_IGNORES: [&str; 22] = [
     "params",
     "lora",
     "lora_targets",
@@ -598,6 +622,8 @@ const SERVE_IGNORES: [&str; 20] = [
     "dtype",
     "optimizer",
     "mixed_precision",
+    "precision",
+    "checkpointing",
     "zero",
     "ranks",
     "tensor_parallel",

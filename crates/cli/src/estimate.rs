@@ -8,6 +8,7 @@ use autobatch::Bytes;
 use autobatch::estimate::{
     Accelerator, Change, Precision, Recompute, Remedy, Sharding, StaticMemory, TrainingSetup, TransformerShape,
 };
+use autobatch_models as models;
 use autobatch_models::trainer::Footprint;
 use autobatch_models::{Compute, Config, Training};
 use candle_core::DType;
@@ -399,7 +400,7 @@ fn sharding(args: &EstimateArgs) -> Result<Sharding, Failure> {
 /// lengths checked against its positions.
 fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
     let Some(path) = &args.state.config else { return Ok(None) };
-    let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
+    let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
     let mut config = Config::from_file(path).map_err(with_path)?;
     if let Some(unapplied) = config.unapplied() {
         log::warn!("{unapplied}");
@@ -506,7 +507,7 @@ fn lora_training(args: &EstimateArgs, config: &Config, rank: usize) -> Result<Lo
     let mut training = Training::new(seq_len).lora(lora);
     training.dtype = args.state.dtype.map(crate::model::dtype_of);
     let path = args.state.config.as_deref().unwrap_or(std::path::Path::new(""));
-    let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
+    let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
     let footprint = config.footprint(&training).map_err(with_path)?;
     let frozen_bytes = config.frozen_bytes(&training).map_err(with_path)?;
     Ok(LoraTraining { training, footprint, frozen_bytes })
@@ -585,17 +586,10 @@ fn describe_sharding(sharding: &Sharding) -> String {
     if parts.is_empty() { String::new() } else { format!(", per device: {}", parts.join(", ")) }
 }
 
-/// The `estimate` flag that makes `change`.
+/// The flags that apply `change` (the one map every command advises with),
+/// or the change in words where no flag applies it.
 fn change_flag(change: &Change) -> String {
-    match change {
-        Change::Precision { to: Precision::Mixed } => "--mixed-precision".to_owned(),
-        Change::Precision { to } => format!("--dtype {}", if *to == Precision::Fp32 { "f32" } else { "bf16" }),
-        Change::Optimizer { to } => format!("--optimizer {}", to.name()),
-        Change::GradientCheckpointing => "--recompute full".to_owned(),
-        Change::SequenceLength { seq_len } => format!("--seq-len {seq_len}"),
-        Change::Zero { stage, .. } => format!("--zero {stage}"),
-        other => other.to_string(),
-    }
+    Flags::ESTIMATE.remedy(change).unwrap_or_else(|| change.to_string())
 }
 
 /// `--activations`, or the transformer activation model when its five sizes

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use autobatch::SettingName;
+use autobatch_models as models;
 
 /// A failed command: what to say and which exit code (see `args::EXIT_CODES`).
 #[derive(Debug)]
@@ -41,7 +41,7 @@ impl Failure {
 }
 
 impl From<autobatch::Error> for Failure {
-    /// The library's message in `probe`'s flags (under `--seq-lens` when it
+    /// The library's failure in `probe`'s flags (under `--seq-lens` when it
     /// failed at one of its lengths).
     fn from(err: autobatch::Error) -> Self {
         let sizes = matches!(err, autobatch::Error::AtSize { .. });
@@ -49,16 +49,23 @@ impl From<autobatch::Error> for Failure {
     }
 }
 
+impl From<models::Error> for Failure {
+    /// The models' failure in `probe`'s flags.
+    fn from(err: models::Error) -> Self {
+        Failure::in_flags(err, &Flags::PROBE)
+    }
+}
+
 impl Failure {
-    /// The library's message with its settings named by `flags`, and the
-    /// exit code of its kind.
-    pub fn in_flags(err: autobatch::Error, flags: &Flags) -> Self {
+    /// The library's failure said in `flags`, with the exit code of its kind.
+    pub fn in_flags(err: impl Into<models::Error>, flags: &Flags) -> Self {
+        let err = err.into();
         let kind = match err.kind() {
             autobatch::ErrorKind::Configuration => Kind::Usage,
             autobatch::ErrorKind::DoesNotFit => Kind::NothingFits,
             _ => Kind::Runtime,
         };
-        Failure { message: one_line(&err.render(flags)), kind }
+        Failure { message: one_line(&flags.line(&err)), kind }
     }
 
     /// The same failure, said to be about `what` (`--config PATH`).
@@ -69,15 +76,16 @@ impl Failure {
 
     /// A failure of the model `--config path` describes, in `flags`: said to
     /// be about the config, unless it names the file itself already.
-    pub fn of_config(err: autobatch::Error, path: &std::path::Path, flags: &Flags) -> Self {
-        let names_the_file = matches!(&err, autobatch::Error::InvalidSetting { setting, .. } if *setting == *"config");
+    pub fn of_config(err: impl Into<models::Error>, path: &std::path::Path, flags: &Flags) -> Self {
+        let err = err.into();
+        let names_the_file = matches!(&err, models::Error::InvalidSetting { setting: models::Setting::ConfigFile, .. });
         let failure = Failure::in_flags(err, flags);
         if names_the_file { failure } else { failure.about(format!("--config {}", path.display())) }
     }
 }
 
 /// The command line's names for the library's settings: the flags a command
-/// sets them with.
+/// sets them with, and its lines for the library's failures in those flags.
 pub struct Flags {
     /// The target: `--target-effective-batch`, or `plan`'s `--target`.
     pub target: &'static str,
@@ -105,62 +113,38 @@ impl Flags {
 
     pub const ESTIMATE: Flags = Flags { dtype: "--dtype", ..Flags::PROBE };
 
-    fn seq_len(&self) -> &'static str {
-        if self.sizes { "--seq-lens up to" } else { "--seq-len" }
-    }
-}
-
-impl autobatch::Names for Flags {
-    /// Every setting the library can name, matched one by one: a setting
-    /// added there does not compile here until it has its flag.
-    fn setting(&self, setting: SettingName) -> String {
-        use SettingName as S;
-        match setting {
-            S::TargetEffectiveBatch | S::TargetGlobalBatch => self.target.to_owned(),
-            S::WorldSize | S::Ranks => self.ranks.to_owned(),
-            S::LargestMicroBatch => self.largest.to_owned(),
-            S::Size => self.size.to_owned(),
-            S::SeqLen => self.seq_len().to_owned(),
-            S::Dtype => self.dtype.to_owned(),
-            S::BudgetBytes | S::Capacity => "--budget".to_owned(),
-            S::ExactEffectiveBatch => "--exact".to_owned(),
-            S::Evaluation => "--eval".to_owned(),
-            S::LoraRank => "--lora".to_owned(),
-            S::ZeroStage => "--zero".to_owned(),
-            S::DataParallel => "--ranks".to_owned(),
-            S::Accelerator => "--capacity".to_owned(),
-            S::Sizes => "--seq-lens".to_owned(),
-            S::Sequences => "--concurrency".to_owned(),
-            // a flag of the setting's own name
-            S::Ceiling
-            | S::Start
-            | S::MultipleOf
-            | S::MaxBatch
-            | S::StepsPerTrial
-            | S::TimeLimit
-            | S::MaxTrials
-            | S::Objective
-            | S::Cache
-            | S::AllowPartialGraph
-            | S::Optimizer
-            | S::TensorParallel
-            | S::Config
-            | S::LoraTargets
-            | S::BaseDtype
-            | S::Layers
-            | S::Heads
-            | S::DModel
-            | S::Vocab
-            | S::Width
-            | S::Depth
-            | S::Inputs
-            | S::Classes
-            | S::Channels
-            | S::Resolution
-            | S::Batch
-            | S::MaxModelLen
-            | S::MaxNumBatchedTokens
-            | S::BlockSize => format!("--{}", setting.as_str().replace('_', "-")),
+    /// What sets the core's `setting` on the command line: one arm a
+    /// setting, so that a setting added to the library does not compile here
+    /// until it has its flag (or its words, where no flag sets it).
+    pub fn flag(&self, setting: autobatch::Setting) -> String {
+        use autobatch::Setting as S;
+        let flag = match setting {
+            S::TargetEffectiveBatch | S::TargetGlobalBatch => self.target,
+            S::WorldSize | S::Ranks => self.ranks,
+            S::LargestMicroBatch => self.largest,
+            S::Size => self.size,
+            S::Ceiling => "--ceiling",
+            S::Start => "--start",
+            S::MultipleOf => "--multiple-of",
+            S::MaxBatch => "--max-batch",
+            S::TimeLimit => "--time-limit",
+            S::AllowPartialGraph => "--allow-partial-graph",
+            S::Objective => "--objective",
+            S::Cache => "--cache",
+            S::Evaluation => "--eval",
+            S::MaxTrials => "--max-trials",
+            S::StepsPerTrial => "--steps-per-trial",
+            S::ExactEffectiveBatch => "--exact",
+            S::Batch => "--batch",
+            S::Sizes => "--seq-lens",
+            S::BudgetBytes | S::Capacity => "--budget",
+            S::Accelerator => "--capacity",
+            S::ZeroStage => "--zero",
+            S::DataParallel => "--ranks",
+            S::TensorParallel => "--tensor-parallel",
+            S::MaxModelLen => "--max-model-len",
+            S::MaxNumBatchedTokens => "--max-num-batched-tokens",
+            S::Sequences => "--concurrency",
             // set by no flag: a library caller's, named as the library names it
             S::Rank
             | S::MicroBatch
@@ -172,24 +156,301 @@ impl autobatch::Names for Flags {
             | S::BytesPerSampleShare
             | S::FixedBytesChange
             | S::Like
-            | S::InChannels
             | S::UnevenRanks
-            | S::TimingRepeats => setting.as_str().to_owned(),
+            | S::TimingRepeats => setting.as_str(),
+        };
+        flag.to_owned()
+    }
+
+    /// What sets the models' `setting` on the command line.
+    pub fn model_flag(&self, setting: &models::Setting) -> String {
+        use models::Setting as S;
+        match setting {
+            S::ConfigFile => "--config".to_owned(),
+            S::ConfigKey(key) => format!("config field {key}"),
+            S::CheckpointTensor(name) => format!("checkpoint tensor {name}"),
+            S::LoraRank => "--lora".to_owned(),
+            S::LoraTargets => "--lora-targets".to_owned(),
+            S::BaseDtype => "--base-dtype".to_owned(),
+            S::Dtype => self.dtype.to_owned(),
+            S::Optimizer => "--optimizer".to_owned(),
+            S::SeqLen => self.seq_len().to_owned(),
+            S::Layers => "--layers".to_owned(),
+            S::Heads => "--heads".to_owned(),
+            S::DModel => "--d-model".to_owned(),
+            S::Vocab => "--vocab".to_owned(),
+            S::Width => "--width".to_owned(),
+            S::Depth => "--depth".to_owned(),
+            S::Inputs => "--inputs".to_owned(),
+            S::Classes => "--classes".to_owned(),
+            S::Channels => "--channels".to_owned(),
+            S::Resolution => "--resolution".to_owned(),
+            S::BlockSize => "--block-size".to_owned(),
+            // set by no flag: named as the library names it
+            S::InChannels | S::KvCacheBlocks | S::KvCacheDtype | S::Sequence | S::Chunk | S::Labels => {
+                setting.to_string()
+            }
         }
     }
 
-    fn change(&self, change: &autobatch::estimate::Change) -> Option<String> {
-        use autobatch::estimate::{Change, Precision};
+    /// The flag the sequence length is set with.
+    fn seq_len(&self) -> &'static str {
+        if self.sizes { "--seq-lens up to" } else { "--seq-len" }
+    }
+
+    /// The flags that apply `change`, the same in every command that advises
+    /// (`probe`'s nothing-fits, `estimate`'s table): one map; `None` where no
+    /// flag does.
+    pub fn remedy(&self, change: &autobatch::estimate::Change) -> Option<String> {
+        use autobatch::estimate::Change;
         Some(match change {
-            Change::Precision { to: Precision::Mixed } => "--precision mixed".to_owned(),
-            Change::Precision { to: Precision::Bf16 } => "--precision bf16".to_owned(),
-            Change::Precision { to: Precision::Fp32 } => "--precision f32".to_owned(),
+            Change::Precision { to } => format!("--precision {}", to.name()),
             Change::Optimizer { to } => format!("--optimizer {}", to.name()),
             Change::GradientCheckpointing => "--checkpointing".to_owned(),
             Change::SequenceLength { seq_len } => format!("{} {seq_len}", self.seq_len()),
+            Change::Zero { stage, .. } => format!("--zero {stage}"),
             _ => return None,
         })
     }
+
+    /// `settings` as alternatives, in flags: `--start or --multiple-of`.
+    fn either(&self, settings: &[autobatch::Setting]) -> String {
+        let flags: Vec<String> = settings.iter().map(|&setting| self.flag(setting)).collect();
+        match flags.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
+    /// What would be valid, in flags.
+    fn valid(&self, valid: &autobatch::Valid) -> String {
+        use autobatch::Valid;
+        match valid {
+            Valid::AtLeast { setting, value } => format!("it must be at least {}, {value}", self.flag(*setting)),
+            Valid::MicroBatchPerRank { ranks, world_size, multiple_of } => format!(
+                "it must be at least {world_size} ranks ({}) × {} {multiple_of} = {}: every rank needs at least one \
+                 micro-batch",
+                self.flag(*ranks),
+                self.flag(autobatch::Setting::MultipleOf),
+                world_size.saturating_mul(*multiple_of)
+            ),
+            Valid::DevicePerParameter { tensor_parallel, partitioned, parameters } => format!(
+                "there must be at most one device per parameter: {} {tensor_parallel} × {partitioned} ZeRO ranks ({}) \
+                 share {parameters} parameters",
+                self.flag(autobatch::Setting::TensorParallel),
+                self.flag(autobatch::Setting::DataParallel)
+            ),
+            other => other.to_string(),
+        }
+    }
+
+    /// The line for `err`: the library's facts, its settings named by their flags.
+    pub fn line(&self, err: &models::Error) -> String {
+        match err {
+            models::Error::InvalidSetting { setting, value, valid } => {
+                format!("{} is {value}: {valid}", self.model_flag(setting))
+            }
+            models::Error::Core(core) => self.core_line(core),
+            other => other.to_string(),
+        }
+    }
+
+    /// The line for the core's `err`, in flags.
+    fn core_line(&self, err: &autobatch::Error) -> String {
+        use autobatch::{Error, Setting as S};
+        match err {
+            Error::InvalidSetting { setting, value, valid } => {
+                format!("{} is {value}: {}", self.flag(*setting), self.valid(valid))
+            }
+            Error::NoCandidate { start, max_batch, multiple_of } => {
+                let [m, s, b] = [S::MultipleOf, S::Start, S::MaxBatch].map(|setting| self.flag(setting));
+                format!(
+                    "no multiple of {m} {multiple_of} lies in [{s} {start}, {b} {max_batch}]: lower {m}, lower {s} or raise {b}"
+                )
+            }
+            Error::BatchOverflow { value, lower } => {
+                format!("batch arithmetic at {value} is past what 64 bits count: use a smaller {}", self.either(lower))
+            }
+            Error::InexactTarget {
+                target,
+                multiple_of,
+                nearest,
+                world_size,
+                accumulation_steps,
+                largest_micro_batch,
+            } => self.inexact(*target, *multiple_of, *nearest, *world_size, *accumulation_steps, *largest_micro_batch),
+            Error::NothingFits {
+                batch,
+                size,
+                outcome,
+                peak_bytes,
+                capacity_bytes,
+                limit_bytes,
+                ceiling,
+                smaller_batch,
+                remedies,
+            } => {
+                let failed = describe_failure(*outcome, *peak_bytes);
+                let smallest = match size {
+                    Some(size) => format!(
+                        " at {} {batch}: the shortest {} searched, {size}, {failed}",
+                        self.flag(S::Batch),
+                        self.size
+                    ),
+                    None => format!(
+                        ": batch {batch} (the smallest {} and {} allow) {failed}",
+                        self.flag(S::Start),
+                        self.flag(S::MultipleOf)
+                    ),
+                };
+                format!(
+                    "nothing fits{smallest}; the ceiling is {} of {} = {}{}",
+                    percent(*ceiling),
+                    autobatch::Bytes(*capacity_bytes),
+                    autobatch::Bytes(*limit_bytes),
+                    self.what_would_help(*batch, *size, *smaller_batch, remedies)
+                )
+            }
+            Error::TimeLimit { limit_ms, trials } => format!(
+                "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is verified; \
+                 allow more time (the first trials include the warm-up)",
+                self.flag(S::TimeLimit),
+                seconds(*limit_ms)
+            ),
+            Error::PartialGraph { variables, of } => format!(
+                "the measured step did not reach the gradients of {} of {of} variables ({}): an op without a backward \
+                 pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, rotary_emb::rope), so \
+                 they would not learn and the batch found would be larger than training the whole model allows; write \
+                 those ops from differentiable tensor ops, or take the partial answer with {}",
+                variables.len(),
+                first_names(variables),
+                self.flag(S::AllowPartialGraph)
+            ),
+            Error::AtSize { size, source } => format!("at {} {size}: {}", self.size, self.core_line(source)),
+            Error::Input(source) => match source.downcast_ref::<models::Error>() {
+                Some(own) => self.line(own),
+                None => source.to_string(),
+            },
+            Error::GuardExhausted { .. } => format!("{err}; see `autobatch estimate`"),
+            other => other.to_string(),
+        }
+    }
+
+    /// [`autobatch::Error::InexactTarget`] in flags.
+    fn inexact(
+        &self,
+        target: usize,
+        multiple_of: usize,
+        nearest: usize,
+        world_size: usize,
+        accumulation_steps: usize,
+        largest: Option<usize>,
+    ) -> String {
+        use autobatch::Setting as S;
+        let m = self.flag(S::MultipleOf);
+        let missed = match largest {
+            Some(largest) => format!(
+                "no split hits {} {target} exactly with {world_size} ranks ({}), micro-batches that are multiples of \
+                 {m} {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
+                self.flag(S::TargetEffectiveBatch),
+                self.flag(S::WorldSize),
+                self.flag(S::LargestMicroBatch),
+                accumulation_steps.saturating_mul(2),
+            ),
+            None => format!(
+                "{} {target} cannot be shared exactly in micro-batches that are multiples of {m} {multiple_of}",
+                self.flag(S::TargetGlobalBatch)
+            ),
+        };
+        let unit = world_size.saturating_mul(multiple_of);
+        let instead = match largest.is_some() {
+            true if unit > 1 => format!(", or use a target divisible by ranks × granularity = {unit}"),
+            true => String::new(),
+            false => format!(" or use a global batch divisible by {multiple_of}"),
+        };
+        format!(
+            "{missed}; the nearest above is {nearest}: accept it (drop {}){instead}",
+            self.flag(S::ExactEffectiveBatch)
+        )
+    }
+
+    /// What would make a nothing-fits fit, in flags.
+    fn what_would_help(
+        &self,
+        batch: usize,
+        size: Option<usize>,
+        smaller_batch: Option<usize>,
+        remedies: &[autobatch::estimate::Remedy],
+    ) -> String {
+        use autobatch::Setting as S;
+        if size.is_some() {
+            return match batch {
+                1 => format!(": make the model smaller or raise {}", self.flag(S::Capacity)),
+                _ => format!(": use a smaller {}", self.flag(S::Batch)),
+            };
+        }
+        let mut help = String::new();
+        if let Some(smaller) = smaller_batch {
+            help += &format!(
+                "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}",
+                self.flag(S::Start)
+            );
+        }
+        if !remedies.is_empty() {
+            let advice: Vec<String> = remedies
+                .iter()
+                .map(|remedy| match self.remedy(&remedy.change) {
+                    Some(how) => format!("{how}: {remedy}"),
+                    None => remedy.to_string(),
+                })
+                .collect();
+            let measured = remedies.iter().filter(|remedy| remedy.measured).count();
+            let how = match measured {
+                0 => "estimated from the measurement".to_owned(),
+                all if all == remedies.len() => format!("each run at batch {batch}"),
+                _ => format!("run at batch {batch} where measured, else estimated"),
+            };
+            help += &format!("; what would help, each alone ({how}): {}", advice.join("; "));
+        }
+        help
+    }
+}
+
+/// How a failed trial failed, for people: `peaked at 9.4 MiB`, `ran out of memory`.
+fn describe_failure(outcome: autobatch::Outcome, peak_bytes: Option<u64>) -> String {
+    let peak = peak_bytes.map(|bytes| autobatch::Bytes(bytes).to_string());
+    match (outcome, peak) {
+        (autobatch::Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
+        (autobatch::Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
+        (_, Some(peak)) => format!("peaked at {peak}"),
+        (_, None) => "went over the ceiling".to_owned(),
+    }
+}
+
+/// A fraction as a percentage: whole where it is whole (`90%`), else to a tenth.
+fn percent(fraction: f64) -> String {
+    let percent = 100.0 * fraction;
+    if (percent - percent.round()).abs() < 0.05 { format!("{percent:.0}%") } else { format!("{percent:.1}%") }
+}
+
+/// Milliseconds in seconds: `3 s`, `0.200 s`.
+fn seconds(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        format!("{} s", millis / 1000)
+    } else {
+        format!("{:.3} s", millis as f64 / 1000.0)
+    }
+}
+
+/// The first few of `names` and how many more: a line people can read.
+fn first_names(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut text = names.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
+    if names.len() > SHOWN {
+        text += &format!(" and {} more", names.len() - SHOWN);
+    }
+    text
 }
 
 /// Folds a multi-line message into one line.
@@ -272,15 +533,116 @@ mod tests {
             .flat_map(|command| command.get_arguments())
             .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
             .collect();
+        use models::Setting as M;
+        let model_settings = [
+            M::ConfigFile,
+            M::ConfigKey("model_type".into()),
+            M::CheckpointTensor("lm_head.weight".into()),
+            M::LoraRank,
+            M::LoraTargets,
+            M::BaseDtype,
+            M::Dtype,
+            M::Optimizer,
+            M::SeqLen,
+            M::Layers,
+            M::Heads,
+            M::DModel,
+            M::Vocab,
+            M::Width,
+            M::Depth,
+            M::Inputs,
+            M::Classes,
+            M::Channels,
+            M::InChannels,
+            M::Resolution,
+            M::BlockSize,
+            M::KvCacheBlocks,
+            M::KvCacheDtype,
+            M::Sequence,
+            M::Chunk,
+            M::Labels,
+        ];
         for flags_of in [&Flags::PROBE, &Flags::ESTIMATE] {
-            for setting in SettingName::ALL {
-                let named = autobatch::Names::setting(flags_of, *setting);
+            let core = autobatch::Setting::ALL.iter().map(|&setting| (format!("{setting:?}"), flags_of.flag(setting)));
+            let own = model_settings.iter().map(|setting| (format!("{setting:?}"), flags_of.model_flag(setting)));
+            for (setting, named) in core.chain(own) {
                 let Some(flag) = named.strip_prefix("--").map(|rest| rest.split(' ').next().unwrap_or(rest)) else {
                     continue;
                 };
-                assert!(flags.contains(&format!("--{flag}")), "{setting:?} is named {named}, not a flag");
+                assert!(flags.contains(&format!("--{flag}")), "{setting} is named {named}, not a flag");
             }
         }
+    }
+
+    #[test]
+    fn each_advised_change_is_said_by_flags_every_command_takes() {
+        use autobatch::estimate::{Change, OptimizerKind, Precision};
+        let cli = crate::args::command();
+        let takes = |command: &str, flag: &str| {
+            let command = cli.find_subcommand(command).unwrap();
+            command.get_arguments().any(|arg| arg.get_long() == flag.strip_prefix("--"))
+        };
+        let changes = [
+            Change::Precision { to: Precision::Mixed },
+            Change::Precision { to: Precision::Bf16 },
+            Change::Precision { to: Precision::Fp32 },
+            Change::Optimizer { to: OptimizerKind::Lion },
+            Change::GradientCheckpointing,
+            Change::SequenceLength { seq_len: 64 },
+        ];
+        for change in changes {
+            let said = Flags::PROBE.remedy(&change).unwrap();
+            let flag = said.split(' ').next().unwrap();
+            assert!(takes("probe", flag) && takes("estimate", flag), "{said}: not a flag of both commands");
+        }
+        assert_eq!(Flags::ESTIMATE.remedy(&Change::Precision { to: Precision::Mixed }).unwrap(), "--precision mixed");
+        assert_eq!(Flags::ESTIMATE.remedy(&Change::GradientCheckpointing).unwrap(), "--checkpointing");
+        let under_sizes = Flags { sizes: true, ..Flags::PROBE };
+        assert_eq!(under_sizes.remedy(&Change::SequenceLength { seq_len: 89 }).unwrap(), "--seq-lens up to 89");
+    }
+
+    #[test]
+    fn each_library_failure_keeps_its_facts_in_flags() {
+        use autobatch::{Error, Setting as S, Valid, Value};
+        let line = |err: Error| Failure::from(err).message;
+        assert_eq!(
+            line(Error::invalid(S::MaxBatch, Value::Count(4), Valid::AtLeast { setting: S::Start, value: 8 })),
+            "--max-batch is 4: it must be at least --start, 8"
+        );
+        assert_eq!(
+            line(Error::NoCandidate { start: 1, max_batch: 7, multiple_of: 8 }),
+            "no multiple of --multiple-of 8 lies in [--start 1, --max-batch 7]: lower --multiple-of, lower --start \
+             or raise --max-batch"
+        );
+        assert_eq!(
+            line(Error::batch_overflow(9, &[S::Start, S::MultipleOf])),
+            "batch arithmetic at 9 is past what 64 bits count: use a smaller --start or --multiple-of"
+        );
+        let inexact = line(Error::InexactTarget {
+            target: 100,
+            multiple_of: 8,
+            nearest: 104,
+            world_size: 1,
+            accumulation_steps: 2,
+            largest_micro_batch: Some(56),
+        });
+        assert!(inexact.starts_with("no split hits --target-effective-batch 100 exactly"), "{inexact}");
+        assert!(inexact.contains("the nearest above is 104: accept it (drop --exact)"), "{inexact}");
+        assert!(line(Error::TimeLimit { limit_ms: 2000, trials: 3 }).starts_with("the time limit (--time-limit 2 s)"));
+        let zero = Error::zero(S::MultipleOf);
+        assert_eq!(zero.to_string(), "Tuner::multiple_of is 0: it must be at least 1", "the library's words");
+        assert_eq!(line(zero), "--multiple-of is 0: it must be at least 1", "the command line's");
+        // a models error that went through the core comes back in flags
+        let rank: Error = models::Config::from_json(
+            r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+                "num_hidden_layers": 1, "num_attention_heads": 2}"#,
+        )
+        .unwrap()
+        .footprint(&models::Training::new(8).lora(models::Lora::new(0, &["q_proj"])))
+        .unwrap_err()
+        .into();
+        assert!(matches!(rank, Error::Input(_)));
+        assert_eq!(line(rank), "--lora is 0: it must be at least 1");
     }
 
     fn nothing_fits_at_a_size(size: usize) -> autobatch::Error {

@@ -46,13 +46,13 @@ fn main() -> ExitCode {
     };
     init_logging(cli.verbose);
     progress::exit_cleanly_on_interrupt();
-    let answered = match &cli.command {
+    let answered = match cli.command {
         // no command: `autobatch probe` with the flags given
         None => probe::run(&cli.probe),
-        Some(Command::Probe(args)) => probe::run(args),
-        Some(Command::Estimate(args)) => estimate::run(args),
-        Some(Command::Plan(args)) => plan::run(args),
-        Some(Command::Serve(args)) => serve::run(args),
+        Some(Command::Probe(args)) => probe::run(&args),
+        Some(Command::Estimate(args)) => estimate::run(&args.in_one_vocabulary()),
+        Some(Command::Plan(args)) => plan::run(&args),
+        Some(Command::Serve(args)) => serve::run(&args),
     };
     // a command that failed says why; one whose answer could not be written, that
     match answered.and_then(|()| output::check()) {

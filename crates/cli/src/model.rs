@@ -49,7 +49,7 @@ impl ModelConfig {
     /// The model of `--config`: its config.json, `--layers`, `--seq-len`,
     /// `--precision` and the LoRA flags.
     pub(crate) fn pretrained(args: &ProbeArgs, path: &std::path::Path) -> Result<Self, Failure> {
-        let with_path = |err: autobatch::Error| Failure::of_config(err, path, &Flags::PROBE);
+        let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::PROBE);
         let mut config = models::Config::from_file(path).map_err(with_path)?;
         if let Some(unapplied) = config.unapplied() {
             log::warn!("{unapplied}");
@@ -92,7 +92,7 @@ impl ModelConfig {
         // refused here, before anything is allocated: a length past the
         // positions or the window, an unknown target
         for length in args.seq_lens() {
-            if let Err(autobatch::Error::InvalidSetting { valid, .. }) = config.check_seq_len(length) {
+            if let Err(models::Error::InvalidSetting { valid, .. }) = config.check_seq_len(length) {
                 return Err(Failure::usage(format!("--config {}: --seq-lens has {length}: {valid}", path.display())));
             }
         }
@@ -158,7 +158,7 @@ impl ModelConfig {
         &self,
         args: &ProbeArgs,
         device: &candle_core::Device,
-    ) -> Option<Result<Box<dyn LengthWorkload>, autobatch::Error>> {
+    ) -> Option<Result<Box<dyn LengthWorkload>, models::Error>> {
         if args.mode.seq_lens.is_empty() {
             return None;
         }
@@ -175,7 +175,7 @@ impl ModelConfig {
     }
 
     /// What the model needs before a step: checked before anything is allocated.
-    pub(crate) fn footprint(&self) -> Result<Footprint, autobatch::Error> {
+    pub(crate) fn footprint(&self) -> Result<Footprint, models::Error> {
         match self {
             ModelConfig::Transformer(config) => config.footprint(),
             ModelConfig::Mlp(config) => config.footprint(),
@@ -190,7 +190,7 @@ impl ModelConfig {
         &self,
         device: &candle_core::Device,
         args: &ProbeArgs,
-    ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+    ) -> Result<Box<dyn ReferenceWorkload>, models::Error> {
         self.build_with(device, args.model.precision() == Precision::Mixed, args.model.optimizer)
     }
 
@@ -200,12 +200,12 @@ impl ModelConfig {
         device: &candle_core::Device,
         mixed: bool,
         optimizer: OptimizerKind,
-    ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+    ) -> Result<Box<dyn ReferenceWorkload>, models::Error> {
         fn finish<M: autobatch_models::trainer::Model + 'static>(
             trainer: autobatch_models::trainer::Trainer<M>,
             mixed: bool,
             optimizer: OptimizerKind,
-        ) -> Result<Box<dyn ReferenceWorkload>, autobatch::Error> {
+        ) -> Result<Box<dyn ReferenceWorkload>, models::Error> {
             let trainer =
                 if optimizer == OptimizerKind::AdamW { trainer } else { trainer.with_optimizer(optimizer)? };
             Ok(Box::new(if mixed { trainer.into_mixed_precision()? } else { trainer }))
@@ -383,7 +383,7 @@ pub(crate) fn search_tuner(args: &ProbeArgs) -> Tuner {
 }
 
 /// The trainer with `--optimizer`, in mixed precision under `--precision mixed`.
-pub(crate) fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result<Trainer<M>, autobatch::Error> {
+pub(crate) fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result<Trainer<M>, models::Error> {
     let trainer = match args.model.optimizer {
         OptimizerKind::AdamW => trainer,
         other => trainer.with_optimizer(other)?,

@@ -286,7 +286,11 @@ pub fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
         None => (text, 1.0),
     };
     match number.parse::<f64>() {
-        Ok(value) if value.is_finite() => autobatch::Ceiling::new(value / scale).map_err(|err| err.to_string()),
+        // what would be valid, in words: clap names the flag and the value
+        Ok(value) if value.is_finite() => autobatch::Ceiling::new(value / scale).map_err(|err| match err {
+            autobatch::Error::InvalidSetting { valid, .. } => valid.to_string(),
+            other => other.to_string(),
+        }),
         _ => Err("must be a fraction in (0, 1], e.g. 0.9 or 90%".to_owned()),
     }
 }

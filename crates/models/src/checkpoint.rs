@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 
 use super::config::{BertHead, Config};
+use crate::Error;
 use crate::family::Family;
-use autobatch::Error;
 
 /// What matching a checkpoint found besides the model's own tensors.
 #[derive(Debug, Default)]
@@ -104,7 +104,7 @@ fn equal(a: &Tensor, b: &Tensor) -> candle_core::Result<bool> {
 }
 
 fn refused(name: &str, why: String) -> Error {
-    Error::invalid(autobatch::Setting::Input(format!("checkpoint tensor {name}")), autobatch::Value::Given, why)
+    Error::invalid(crate::Setting::CheckpointTensor(name.to_owned()), autobatch::Value::Given, why)
 }
 
 /// Matches `given` (a checkpoint's tensors) to `expected` (the model's

@@ -7,8 +7,8 @@ use candle_core::DType;
 use serde_json::Value;
 
 use super::keys::{self, Handling};
+use crate::Error;
 use crate::family::Family;
-use autobatch::Error;
 
 /// The largest `config.json` read: published configs are a few KiB (with a
 /// long `id2label`, some hundred KiB).
@@ -170,7 +170,7 @@ pub enum AttentionBias {
 /// A refused config: the field, what it held, what would be valid.
 pub(crate) fn refuse(field: &str, value: impl std::fmt::Display, valid: impl Into<String>) -> Error {
     Error::invalid(
-        autobatch::Setting::Input(format!("config field {field}")),
+        crate::Setting::ConfigKey(field.to_owned()),
         autobatch::Value::Text(value.to_string()),
         format!("use {}", valid.into()),
     )
@@ -285,11 +285,7 @@ impl Config {
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Config, Error> {
         let path = path.as_ref();
         let unreadable = |why: String| {
-            Error::invalid(
-                autobatch::Setting::Named(autobatch::SettingName::Config),
-                autobatch::Value::Text(path.display().to_string()),
-                why,
-            )
+            Error::invalid(crate::Setting::ConfigFile, autobatch::Value::Text(path.display().to_string()), why)
         };
         let meta = std::fs::metadata(path).map_err(|err| unreadable(format!("name a readable config.json ({err})")))?;
         if meta.is_dir() {
@@ -858,7 +854,7 @@ impl Config {
     pub fn check_seq_len(&self, seq_len: usize) -> Result<(), Error> {
         if seq_len == 0 || seq_len > self.max_positions {
             return Err(Error::invalid(
-                autobatch::SettingName::SeqLen,
+                crate::Setting::SeqLen,
                 autobatch::Value::Count(seq_len),
                 format!("it must be from 1 to the config's max_position_embeddings, {}", self.max_positions),
             ));

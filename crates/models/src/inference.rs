@@ -9,8 +9,8 @@ use super::kv_cache::{Chunk, KvCache};
 use super::lora::BaseDtype;
 use super::weights::Weights;
 use super::{Attention, Network, Training};
+use crate::Error;
 use crate::family::Family;
-use autobatch::Error;
 
 /// A config's decoder (llama, mistral, qwen2, qwen3, gpt2) for inference,
 /// with deterministic weights as [`ConfigModel`](super::ConfigModel) makes them.
@@ -100,7 +100,7 @@ impl Inference {
     ) -> Result<Inference, Error> {
         if config.family == Family::Bert {
             return Err(Error::invalid(
-                autobatch::Setting::Input("config field model_type".to_owned()),
+                crate::Setting::ConfigKey("model_type".to_owned()),
                 autobatch::Value::Text("bert".to_owned()),
                 "serve a decoder: llama, mistral, qwen2, qwen3 or gpt2",
             ));
@@ -109,7 +109,7 @@ impl Inference {
             && float != asked
         {
             return Err(Error::invalid(
-                autobatch::Setting::Input("dtype".to_owned()),
+                crate::Setting::Dtype,
                 autobatch::Value::Text(format!("{asked:?}").to_lowercase()),
                 format!("the weights' own, {}: float weights compute in their dtype", weights.name()),
             ));
@@ -189,9 +189,7 @@ impl Inference {
     /// Every chunk non-empty, where its sequence ends, within the positions
     /// (and the sliding window: the cache keeps every key); no sequence twice.
     fn check(&self, cache: &KvCache, chunks: &[Chunk]) -> Result<(), Error> {
-        let chunk_error = |value: autobatch::Value, valid: String| {
-            Error::invalid(autobatch::Setting::Input("chunk".to_owned()), value, valid)
-        };
+        let chunk_error = |value: autobatch::Value, valid: String| Error::invalid(crate::Setting::Chunk, value, valid);
         if chunks.is_empty() {
             return Err(chunk_error(autobatch::Value::Count(0), "at least one chunk a step".to_owned()));
         }
@@ -252,7 +250,7 @@ impl Serving {
     /// With blocks of `tokens` tokens (at least 1).
     pub fn block_size(mut self, tokens: usize) -> Result<Serving, Error> {
         if tokens == 0 {
-            return Err(Error::zero(autobatch::SettingName::BlockSize));
+            return Err(Error::zero(crate::Setting::BlockSize));
         }
         self.block_size = tokens;
         Ok(self)

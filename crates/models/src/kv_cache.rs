@@ -6,8 +6,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::Config;
+use crate::Error;
 use crate::family::Family;
-use autobatch::Error;
 
 /// Tokens per block by default (vLLM's).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -222,7 +222,7 @@ impl KvCache {
         let more = needed.saturating_sub(table.blocks.len());
         if more > self.free.len() {
             return Err(Error::invalid(
-                autobatch::Setting::Input("KV cache blocks".to_owned()),
+                crate::Setting::KvCacheBlocks,
                 autobatch::Value::Count(needed),
                 format!(
                     "a sequence of {len} tokens needs {more} more blocks of {} tokens; the pool has {} free of {}",
@@ -323,17 +323,17 @@ impl KvCache {
     pub(crate) fn check(config: &Config, block_size: usize, dtype: DType) -> Result<(), Error> {
         if config.family == Family::Bert {
             return Err(Error::invalid(
-                autobatch::Setting::Input("config field model_type".to_owned()),
+                crate::Setting::ConfigKey("model_type".to_owned()),
                 autobatch::Value::Text("bert".to_owned()),
                 "a KV cache serves a decoder: llama, mistral, qwen2, qwen3 or gpt2",
             ));
         }
         if block_size == 0 {
-            return Err(Error::zero(autobatch::SettingName::BlockSize));
+            return Err(Error::zero(crate::Setting::BlockSize));
         }
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16 | KvCache::INT8) {
             return Err(Error::invalid(
-                autobatch::Setting::Input("KV cache dtype".to_owned()),
+                crate::Setting::KvCacheDtype,
                 autobatch::Value::Text(format!("{dtype:?}").to_lowercase()),
                 "f32, bf16, f16, or KvCache::INT8 (8 bits and a scale per token and head)",
             ));
@@ -370,7 +370,7 @@ fn quantize(rows: &Tensor) -> candle_core::Result<(Tensor, Option<Tensor>)> {
 
 fn too_many(blocks: usize, block_size: usize) -> Error {
     Error::invalid(
-        autobatch::Setting::Input("KV cache blocks".to_owned()),
+        crate::Setting::KvCacheBlocks,
         autobatch::Value::Count(blocks),
         format!("blocks × {block_size} tokens must fit in a usize"),
     )
@@ -378,7 +378,7 @@ fn too_many(blocks: usize, block_size: usize) -> Error {
 
 fn unknown(sequence: SequenceId) -> Error {
     Error::invalid(
-        autobatch::Setting::Input("sequence".to_owned()),
+        crate::Setting::Sequence,
         autobatch::Value::Count(sequence.0),
         "a sequence the cache holds (add_sequence)",
     )

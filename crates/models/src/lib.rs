@@ -44,6 +44,7 @@ mod bert;
 mod checkpoint;
 mod config;
 mod decoder;
+mod error;
 mod family;
 mod gpt2;
 mod inference;
@@ -65,6 +66,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 
 pub use config::{AttentionBias, BertHead, Config, Gelu, Llama3Rope, MAX_CONFIG_BYTES, Rope, RopeScaling, YarnRope};
+pub use error::{Error, Setting};
 pub use family::Family;
 pub use inference::{Inference, Serving};
 pub use kv_cache::{Chunk, DEFAULT_BLOCK_SIZE, KvCache, SequenceId};
@@ -74,15 +76,14 @@ pub use step::{Compute, LossChunk, StepMemory, StepMoment};
 
 use crate::splitmix::Rng;
 use crate::trainer::{Footprint, Model, Trainer};
-use autobatch::Error;
 use ops::ChunkedCrossEntropy;
 use weights::{Init, TensorSpec, Weights};
 
 /// An error met building a model: candle's own is the model's
-/// ([`Error::ModelBuild`]), the rest as they are.
+/// ([`autobatch::Error::ModelBuild`]), the rest as they are.
 pub(crate) fn building(err: Error) -> Error {
     match err {
-        Error::Candle(source) => Error::ModelBuild(source),
+        Error::Core(autobatch::Error::Candle(source)) => autobatch::Error::ModelBuild(source).into(),
         other => other,
     }
 }
@@ -356,19 +357,19 @@ impl Config {
     /// A rank of at least 1 and targets that are modules of this family.
     fn check_lora(&self, lora: &Lora) -> Result<(), Error> {
         if lora.rank == 0 {
-            return Err(Error::zero(autobatch::SettingName::LoraRank));
+            return Err(Error::zero(crate::Setting::LoraRank));
         }
         let valid = self.lora_modules();
         if let Some(unknown) = lora.targets.iter().find(|target| !valid.contains(target)) {
             return Err(Error::invalid(
-                autobatch::SettingName::LoraTargets,
+                crate::Setting::LoraTargets,
                 autobatch::Value::Text(unknown.clone()),
                 format!("use modules of a {} layer: {}", self.family.model_type(), valid.join(", ")),
             ));
         }
         if lora.targets.is_empty() {
             return Err(Error::invalid(
-                autobatch::SettingName::LoraTargets,
+                crate::Setting::LoraTargets,
                 autobatch::Value::Missing,
                 format!("use one or more of {}", valid.join(", ")),
             ));
@@ -380,7 +381,7 @@ impl Config {
             .find_map(|(i, target)| lora.targets[..i].contains(target).then_some(target));
         if let Some(twice) = twice {
             return Err(Error::invalid(
-                autobatch::SettingName::LoraTargets,
+                crate::Setting::LoraTargets,
                 autobatch::Value::Text(lora.targets.join(",")),
                 format!("name each module once ({twice} is given twice)"),
             ));
@@ -483,7 +484,7 @@ impl Config {
         let Some(base) = lora.base else { return Ok(asked) };
         let refused = |valid: String| {
             Error::invalid(
-                autobatch::SettingName::BaseDtype,
+                crate::Setting::BaseDtype,
                 autobatch::Value::Text(base.name().into()),
                 format!("use {valid}"),
             )
@@ -715,7 +716,7 @@ impl ConfigModel {
             (false, _) => None,
             (true, Family::Bert) => {
                 return Err(Error::invalid(
-                    autobatch::Setting::Input("config field model_type".to_owned()),
+                    crate::Setting::ConfigKey("model_type".to_owned()),
                     autobatch::Value::Text("bert".to_owned()),
                     "use a decoder (llama, mistral, qwen2, qwen3, gpt2) for gradient checkpointing",
                 ));
@@ -760,7 +761,7 @@ impl ConfigModel {
         }
         if labels_host.len() != b * s {
             return Err(Error::invalid(
-                autobatch::Setting::Input("labels".to_owned()),
+                crate::Setting::Labels,
                 autobatch::Value::Count(labels_host.len()),
                 format!("give one label per input token, {b} × {s}"),
             ));
@@ -776,7 +777,7 @@ impl ConfigModel {
                 let vocab = self.config.vocab as i64;
                 if !(0..vocab).contains(&label) {
                     return Err(Error::invalid(
-                        autobatch::Setting::Input("labels".to_owned()),
+                        crate::Setting::Labels,
                         autobatch::Value::Text(label.to_string()),
                         format!("a token id below the vocabulary, {vocab}, or -100 to ignore the position"),
                     ));
@@ -787,7 +788,7 @@ impl ConfigModel {
         }
         if targets.is_empty() {
             return Err(Error::invalid(
-                autobatch::Setting::Input("labels".to_owned()),
+                crate::Setting::Labels,
                 autobatch::Value::Text("-100 everywhere".to_owned()),
                 "give at least one label that is not -100",
             ));
@@ -918,7 +919,7 @@ impl ConfigModel {
     pub fn set_seq_len(&mut self, seq_len: usize) -> Result<(), Error> {
         if seq_len == 0 || seq_len > self.longest {
             return Err(Error::invalid(
-                autobatch::SettingName::SeqLen,
+                crate::Setting::SeqLen,
                 autobatch::Value::Count(seq_len),
                 format!("it must be from 1 to the sequence length the model was built for, {}", self.longest),
             ));
@@ -1068,8 +1069,16 @@ fn sequences(seed: u64, batch: usize, len: usize, vocab: usize) -> Vec<u32> {
 
 /// Steps at any sequence length from 1 to the one the model was built for.
 impl autobatch::Resizable for Trainer<ConfigModel> {
-    fn resize(&mut self, size: usize) -> Result<(), Error> {
-        self.model_mut().set_seq_len(size)
+    fn resize(&mut self, size: usize) -> Result<(), autobatch::Error> {
+        let longest = self.model().longest_seq_len();
+        if size == 0 || size > longest {
+            return Err(autobatch::Error::invalid(
+                autobatch::Setting::Size,
+                autobatch::Value::Count(size),
+                format!("it must be from 1 to the sequence length the model was built for, {longest}"),
+            ));
+        }
+        self.model_mut().set_seq_len(size).map_err(|_| autobatch::Error::zero(autobatch::Setting::Size))
     }
 
     fn size(&self) -> usize {

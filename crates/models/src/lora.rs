@@ -137,13 +137,13 @@ impl std::fmt::Display for BaseDtype {
 }
 
 impl std::str::FromStr for BaseDtype {
-    type Err = autobatch::Error;
+    type Err = crate::Error;
 
     /// `f32`, `bf16`, `q8_0` or `q4_0` (case-insensitive).
-    fn from_str(text: &str) -> std::result::Result<BaseDtype, autobatch::Error> {
+    fn from_str(text: &str) -> std::result::Result<BaseDtype, crate::Error> {
         BaseDtype::ALL.into_iter().find(|base| base.name().eq_ignore_ascii_case(text)).ok_or_else(|| {
-            autobatch::Error::invalid(
-                autobatch::SettingName::BaseDtype,
+            crate::Error::invalid(
+                crate::Setting::BaseDtype,
                 autobatch::Value::Text(text.to_owned()),
                 "use f32, bf16, q8_0 or q4_0",
             )

@@ -1,8 +1,8 @@
 //! [`Server`] for this crate's decoders: [`Serving`] over
 //! [`Inference`](crate::Inference) and a [`KvCache`].
 
+use crate::Error;
 use crate::{Chunk, KvCache, Serving};
-use autobatch::Error;
 
 use autobatch::serve::Server;
 
@@ -58,7 +58,7 @@ impl Server for Serving {
 /// error stays one).
 fn candle(err: Error) -> candle_core::Error {
     match err {
-        Error::Candle(source) => source,
+        Error::Core(autobatch::Error::Candle(source)) => source,
         other => candle_core::Error::Msg(other.to_string()),
     }
 }

@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use super::config::Config;
 use super::lora::BaseDtype;
+use crate::Error;
 use crate::family::Family;
-use autobatch::Error;
 
 /// How a config is served: its context, the prefill chunk, the cache's
 /// blocks and dtype, the weights' dtype and the dtype it computes in.
@@ -73,13 +73,13 @@ impl Config {
     pub fn serving_bytes(&self, shape: &ServingShape) -> Result<ServingBytes, Error> {
         if self.family == Family::Bert {
             return Err(Error::invalid(
-                autobatch::Setting::Input("config field model_type".to_owned()),
+                crate::Setting::ConfigKey("model_type".to_owned()),
                 autobatch::Value::Text("bert".to_owned()),
                 "serve a decoder: llama, mistral, qwen2, qwen3 or gpt2",
             ));
         }
         if shape.block_size == 0 {
-            return Err(Error::zero(autobatch::SettingName::BlockSize));
+            return Err(Error::zero(crate::Setting::BlockSize));
         }
         let cache_bytes_per_token = super::KvCache::block_bytes(self, 1, shape.cache_dtype);
         let block_bytes = cache_bytes_per_token.saturating_mul(shape.block_size as u64);

@@ -9,8 +9,8 @@ use candle_core::DType;
 
 use super::config::{AttentionBias, BertHead, Config};
 use super::{Attention, Loss, Ops, Training};
+use crate::Error;
 use crate::family::Family;
-use autobatch::Error;
 
 /// Bytes per token of the tensors the forward pass keeps, and of the widest
 /// moment of the backward pass beside them.

@@ -1,31 +1,26 @@
-//! `estimate`'s advice made into `probe` flags, for the test and the bench
-//! that run each advised change and compare what it promised.
+//! `estimate`'s advice run by `probe`, for the test and the bench that run
+//! each advised change and compare what it promised. Both commands say a
+//! change with the same flags (`--precision mixed`, `--checkpointing`).
 
-/// `estimate`'s flags for the probe's `--precision` value.
+/// `estimate`'s flags for the probe's `--precision` value: the same flag.
 pub fn estimate_precision(precision: &str) -> Vec<String> {
-    let flags: &[&str] = match precision {
-        "mixed" => &["--mixed-precision"],
-        other => &["--dtype", other],
-    };
-    flags.iter().map(|flag| (*flag).to_owned()).collect()
+    vec!["--precision".to_owned(), precision.to_owned()]
 }
 
 /// The probe's flags that make the change `estimate` advises with `flag`
-/// (its JSON `remedies[].flag`) at `precision`; `None` for a change the
-/// probe cannot run in one process (ZeRO over ranks, momentum, another
-/// optimizer than AdamW over mixed precision's f32 masters).
+/// (its JSON `remedies[].flag`) at `precision`: the same flags; `None` for a
+/// change the probe cannot run in one process (ZeRO over ranks, momentum,
+/// another optimizer than AdamW over mixed precision's f32 masters).
 pub fn probe_flags_of(flag: &str, precision: &str) -> Option<Vec<String>> {
     let words: Vec<&str> = flag.split(' ').collect();
-    let flags: &[&str] = match words[..] {
-        ["--optimizer", _] if precision == "mixed" => return None,
-        ["--mixed-precision"] => &["--precision", "mixed"],
-        ["--dtype", dtype] => &["--precision", dtype],
-        ["--recompute", "full"] => &["--checkpointing"],
-        ["--optimizer", "momentum"] | ["--zero", _] => return None,
-        ["--optimizer", optimizer] => &["--optimizer", optimizer],
+    match words[..] {
+        ["--optimizer", _] if precision == "mixed" => None,
+        ["--optimizer", "momentum"] | ["--zero", _] => None,
+        ["--precision", _] | ["--checkpointing"] | ["--optimizer", _] => {
+            Some(words.iter().map(|word| (*word).to_owned()).collect())
+        }
         _ => panic!("an advised flag the probe has no counterpart for: {flag}"),
-    };
-    Some(flags.iter().map(|flag| (*flag).to_owned()).collect())
+    }
 }
 
 #[cfg(test)]
@@ -33,14 +28,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_advised_flag_has_its_probe_counterpart() {
-        assert_eq!(probe_flags_of("--dtype bf16", "fp32").unwrap(), ["--precision", "bf16"]);
-        assert_eq!(probe_flags_of("--mixed-precision", "fp32").unwrap(), ["--precision", "mixed"]);
-        assert_eq!(probe_flags_of("--recompute full", "bf16").unwrap(), ["--checkpointing"]);
+    fn each_advised_flag_is_the_probes_own_where_the_probe_can_run_it() {
+        assert_eq!(probe_flags_of("--precision bf16", "fp32").unwrap(), ["--precision", "bf16"]);
+        assert_eq!(probe_flags_of("--precision mixed", "fp32").unwrap(), ["--precision", "mixed"]);
+        assert_eq!(probe_flags_of("--checkpointing", "bf16").unwrap(), ["--checkpointing"]);
         assert_eq!(probe_flags_of("--optimizer lion", "bf16").unwrap(), ["--optimizer", "lion"]);
         assert_eq!(probe_flags_of("--optimizer lion", "mixed"), None);
         assert_eq!(probe_flags_of("--zero 2", "fp32"), None);
-        assert_eq!(estimate_precision("mixed"), ["--mixed-precision"]);
-        assert_eq!(estimate_precision("bf16"), ["--dtype", "bf16"]);
+        assert_eq!(estimate_precision("mixed"), ["--precision", "mixed"]);
     }
 }

@@ -57,7 +57,7 @@ impl ThreadCollective {
     /// every rank (a rank that died would otherwise hang the others).
     pub fn group_with_timeout(world_size: usize, timeout: Duration) -> Result<Vec<ThreadCollective>, Error> {
         if world_size == 0 {
-            return Err(Error::zero(crate::SettingName::WorldSize));
+            return Err(Error::zero(crate::Setting::WorldSize));
         }
         let shared =
             Arc::new(Shared { world_size, timeout, round: Mutex::new(Round::default()), done: Condvar::new() });

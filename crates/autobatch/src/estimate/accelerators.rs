@@ -119,7 +119,7 @@ impl Accelerator {
                 None => String::new(),
             };
             Error::invalid(
-                crate::SettingName::Accelerator,
+                crate::Setting::Accelerator,
                 crate::Value::Text(name.to_owned()),
                 format!("{suggestion}known names are {} (or give its memory, e.g. 80GB)", known_names()),
             )

@@ -84,7 +84,7 @@ impl TransformerShape {
             ))
         };
         if tensor_parallel == 0 {
-            return Err(Error::zero(crate::SettingName::TensorParallel));
+            return Err(Error::zero(crate::Setting::TensorParallel));
         }
         let [l, h, a, s, b, t] =
             [self.layers, self.hidden, self.heads, self.seq_len, self.batch, tensor_parallel].map(u128::from);
@@ -130,7 +130,7 @@ mod tests {
             2 * (10 * sbh + 6 * sbh + 5 * a * s * s * b / 4)
         );
         let huge = TransformerShape { layers: u64::MAX, ..shape };
-        assert!(matches!(huge.activation_bytes(1, Recompute::None), Err(Error::Overflow { .. })));
+        assert!(matches!(huge.activation_bytes(1, Recompute::None), Err(Error::ByteOverflow { .. })));
         assert!(shape.activation_bytes(0, Recompute::None).is_err());
     }
 }

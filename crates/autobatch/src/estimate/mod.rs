@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(state.total(), most * 16);
         assert!(matches!(
             StaticMemory::new(most + 1, Precision::Fp32, OptimizerKind::AdamW),
-            Err(Error::Overflow { .. })
+            Err(Error::ByteOverflow { .. })
         ));
         for parameters in [2_000_000_000_000_000_000u64, 10_000_000_000_000_000_000, u64::MAX] {
             for optimizer in OptimizerKind::ALL {

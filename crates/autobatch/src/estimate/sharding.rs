@@ -50,16 +50,16 @@ impl Sharding {
     pub fn new(zero_stage: u8, data_parallel: u64, tensor_parallel: u64) -> Result<Sharding, Error> {
         if zero_stage > 3 {
             return Err(Error::invalid(
-                crate::SettingName::ZeroStage,
+                crate::Setting::ZeroStage,
                 crate::Value::Count(usize::from(zero_stage)),
                 "use 0 (none), 1 (optimizer states), 2 (+ gradients) or 3 (+ weights)",
             ));
         }
         if data_parallel == 0 {
-            return Err(Error::zero(crate::SettingName::DataParallel));
+            return Err(Error::zero(crate::Setting::DataParallel));
         }
         if tensor_parallel == 0 {
-            return Err(Error::zero(crate::SettingName::TensorParallel));
+            return Err(Error::zero(crate::Setting::TensorParallel));
         }
         Ok(Sharding { zero_stage, data_parallel, tensor_parallel })
     }
@@ -73,18 +73,14 @@ impl Sharding {
         if devices.is_none_or(|devices| devices > parameters) {
             // the setting past the parameters on its own, or the larger of the two
             let (setting, value) = if self.tensor_parallel > parameters || partitioned <= self.tensor_parallel {
-                (crate::SettingName::TensorParallel, self.tensor_parallel)
+                (crate::Setting::TensorParallel, self.tensor_parallel)
             } else {
-                (crate::SettingName::DataParallel, self.data_parallel)
+                (crate::Setting::DataParallel, self.data_parallel)
             };
             return Err(Error::invalid(
                 setting,
                 crate::Value::Count(usize::try_from(value).unwrap_or(usize::MAX)),
-                format!(
-                    "there must be at most one device per parameter: {{tensor_parallel}} {} × {partitioned} ZeRO \
-                     ranks ({{data_parallel}}) share {parameters} parameters",
-                    self.tensor_parallel
-                ),
+                crate::Valid::DevicePerParameter { tensor_parallel: self.tensor_parallel, partitioned, parameters },
             ));
         }
         Ok(())

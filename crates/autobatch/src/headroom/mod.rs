@@ -67,14 +67,14 @@ impl Headroom {
         M: MemoryMeter + ?Sized,
     {
         if self.batch == 0 {
-            return Err(Error::zero(crate::SettingName::Batch));
+            return Err(Error::zero(crate::Setting::Batch));
         }
         if self.steps == 0 {
-            return Err(Error::zero(crate::SettingName::Steps));
+            return Err(Error::zero(crate::Setting::Steps));
         }
         if !(0.0..1.0).contains(&self.min_headroom) {
             return Err(Error::invalid(
-                crate::SettingName::MinHeadroom,
+                crate::Setting::MinHeadroom,
                 crate::Value::Fraction(self.min_headroom),
                 "it must be a fraction in [0, 1): pass e.g. 0.1 to keep 10% of the device free",
             ));

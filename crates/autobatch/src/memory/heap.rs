@@ -59,7 +59,7 @@ impl HeapMeter {
     /// when [`TrackingAllocator`] is not the global allocator (checked, not assumed).
     pub fn new(budget_bytes: u64) -> Result<Self, Error> {
         if budget_bytes == 0 {
-            return Err(Error::zero(crate::SettingName::BudgetBytes));
+            return Err(Error::zero(crate::Setting::BudgetBytes));
         }
         if !TrackingAllocator::is_installed() {
             return Err(Error::Device(crate::DeviceProblem::AllocatorNotInstalled));

@@ -102,7 +102,7 @@ impl<O: Optimizer> TrainLoop<O> {
     fn guard_for(plan: &Plan) -> Result<Guard, Error> {
         if let Some(split) = plan.ranks().filter(|split| split.world_size() > 1) {
             return Err(Error::invalid(
-                crate::SettingName::Plan,
+                crate::Setting::Plan,
                 crate::Value::Text(format!("a global batch shared over {} uneven ranks", split.world_size())),
                 "its micro-batch losses are scaled to the global batch and need the gradients summed over ranks \
                  before the update; TrainLoop has no all-reduce: drive each rank with Guard::new(&plan) and your \

@@ -203,10 +203,10 @@ impl Accumulation {
     ) -> Result<Accumulation, Error> {
         let target = target_effective_batch;
         for (setting, value) in [
-            (crate::SettingName::TargetEffectiveBatch, target),
-            (crate::SettingName::WorldSize, world_size),
-            (crate::SettingName::LargestMicroBatch, largest_micro_batch),
-            (crate::SettingName::MultipleOf, multiple_of),
+            (crate::Setting::TargetEffectiveBatch, target),
+            (crate::Setting::WorldSize, world_size),
+            (crate::Setting::LargestMicroBatch, largest_micro_batch),
+            (crate::Setting::MultipleOf, multiple_of),
         ] {
             if value == 0 {
                 return Err(Error::zero(setting));
@@ -217,15 +217,17 @@ impl Accumulation {
             return Err(Error::NoCandidate { start: 1, max_batch: largest_micro_batch, multiple_of });
         }
         let unit = world_size.checked_mul(multiple_of).ok_or_else(|| {
-            Error::batch_overflow(world_size, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
+            Error::batch_overflow(
+                world_size,
+                &[crate::Setting::TargetEffectiveBatch, crate::Setting::LargestMicroBatch, crate::Setting::WorldSize],
+            )
         })?;
         if target < unit {
             return Err(Error::target_below_ranks(
-                (crate::SettingName::TargetEffectiveBatch, crate::SettingName::WorldSize),
+                (crate::Setting::TargetEffectiveBatch, crate::Setting::WorldSize),
                 target,
                 world_size,
                 multiple_of,
-                unit,
             ));
         }
         // k₀ = ⌈E / (W·m*)⌉; W·m* may overflow only when one step already holds the target.
@@ -245,7 +247,14 @@ impl Accumulation {
             Some(steps) => (target / (world_size * steps), steps),
             None => {
                 let per_step = world_size.checked_mul(min_steps).ok_or_else(|| {
-                    Error::batch_overflow(target, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
+                    Error::batch_overflow(
+                        target,
+                        &[
+                            crate::Setting::TargetEffectiveBatch,
+                            crate::Setting::LargestMicroBatch,
+                            crate::Setting::WorldSize,
+                        ],
+                    )
                 })?;
                 let per_rank = target.div_ceil(per_step);
                 (per_rank.next_multiple_of(multiple_of), min_steps)
@@ -255,7 +264,14 @@ impl Accumulation {
             .checked_mul(accumulation_steps)
             .and_then(|samples| samples.checked_mul(world_size))
             .ok_or_else(|| {
-                Error::batch_overflow(target, "{target_effective_batch}, {largest_micro_batch} or {world_size}")
+                Error::batch_overflow(
+                    target,
+                    &[
+                        crate::Setting::TargetEffectiveBatch,
+                        crate::Setting::LargestMicroBatch,
+                        crate::Setting::WorldSize,
+                    ],
+                )
             })?;
         debug_assert!(micro_batch <= largest && effective_batch >= target);
         Ok(Accumulation {
@@ -390,21 +406,22 @@ mod tests {
     #[test]
     fn zero_and_inconsistent_inputs_are_errors() {
         let zero = |result: Result<Accumulation, Error>| match result {
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(name), value: crate::Value::Count(0), ..
-            }) => name,
+            Err(Error::InvalidSetting { setting: name, value: crate::Value::Count(0), .. }) => name,
             other => panic!("{other:?}"),
         };
-        assert_eq!(zero(Accumulation::plan(0, 1, 8)), crate::SettingName::TargetEffectiveBatch);
-        assert_eq!(zero(Accumulation::plan(8, 0, 8)), crate::SettingName::WorldSize);
-        assert_eq!(zero(Accumulation::plan(8, 1, 0)), crate::SettingName::LargestMicroBatch);
-        assert_eq!(zero(Accumulation::plan_aligned(8, 1, 8, 0)), crate::SettingName::MultipleOf);
+        assert_eq!(zero(Accumulation::plan(0, 1, 8)), crate::Setting::TargetEffectiveBatch);
+        assert_eq!(zero(Accumulation::plan(8, 0, 8)), crate::Setting::WorldSize);
+        assert_eq!(zero(Accumulation::plan(8, 1, 0)), crate::Setting::LargestMicroBatch);
+        assert_eq!(zero(Accumulation::plan_aligned(8, 1, 8, 0)), crate::Setting::MultipleOf);
         assert!(matches!(
             Accumulation::plan(3, 4, 8),
             Err(Error::InvalidSetting { value: crate::Value::Count(3), .. })
         ));
         let below = Accumulation::plan(3, 4, 8).unwrap_err().to_string();
-        assert!(below.starts_with("target_effective_batch is 3: it must be at least 4 ranks (world_size)"), "{below}");
+        assert!(
+            below.starts_with("Tuner::target_effective_batch is 3: it must be at least 4 ranks (Tuner::world_size)"),
+            "{below}"
+        );
         assert!(matches!(
             Accumulation::plan_aligned(64, 1, 7, 8),
             Err(Error::NoCandidate { max_batch: 7, multiple_of: 8, .. })

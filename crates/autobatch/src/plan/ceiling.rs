@@ -45,7 +45,7 @@ impl Ceiling {
             Ok(Ceiling(fraction))
         } else {
             Err(crate::Error::invalid(
-                crate::SettingName::Ceiling,
+                crate::Setting::Ceiling,
                 crate::Value::Fraction(fraction),
                 "it must be a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory",
             ))

@@ -249,9 +249,9 @@ impl RankSplit {
     ) -> Result<RankSplit, Error> {
         let target = target_global_batch;
         for (setting, value) in [
-            (crate::SettingName::TargetGlobalBatch, target),
-            (crate::SettingName::MultipleOf, multiple_of),
-            (crate::SettingName::Ranks, largest_micro_batches.len()),
+            (crate::Setting::TargetGlobalBatch, target),
+            (crate::Setting::MultipleOf, multiple_of),
+            (crate::Setting::Ranks, largest_micro_batches.len()),
         ] {
             if value == 0 {
                 return Err(Error::zero(setting));
@@ -264,15 +264,17 @@ impl RankSplit {
         }
         let granules = target.div_ceil(multiple_of) as u128;
         if granules < world_size as u128 {
-            let smallest = world_size
-                .checked_mul(multiple_of)
-                .ok_or_else(|| Error::batch_overflow(world_size, "{target_global_batch}, {ranks} or {multiple_of}"))?;
+            world_size.checked_mul(multiple_of).ok_or_else(|| {
+                Error::batch_overflow(
+                    world_size,
+                    &[crate::Setting::TargetGlobalBatch, crate::Setting::Ranks, crate::Setting::MultipleOf],
+                )
+            })?;
             return Err(Error::target_below_ranks(
-                (crate::SettingName::TargetGlobalBatch, crate::SettingName::Ranks),
+                (crate::Setting::TargetGlobalBatch, crate::Setting::Ranks),
                 target,
                 world_size,
                 multiple_of,
-                smallest,
             ));
         }
         let total: u128 = capacity.iter().sum();
@@ -285,7 +287,12 @@ impl RankSplit {
             let (base, extra) = (granted / steps, granted % steps);
             // each micro-step ≤ ⌈granted / steps⌉ ≤ capacity, since granted ≤ steps·capacity;
             // granted ≤ ⌈target / multiple_of⌉: only a target within a granule of usize::MAX overflows
-            let overflow = || Error::batch_overflow(target, "{target_global_batch}, {ranks} or {multiple_of}");
+            let overflow = || {
+                Error::batch_overflow(
+                    target,
+                    &[crate::Setting::TargetGlobalBatch, crate::Setting::Ranks, crate::Setting::MultipleOf],
+                )
+            };
             let granules = |count: u128| (count as usize).checked_mul(multiple_of).ok_or_else(overflow);
             let rank_samples = granules(granted)?;
             shares.push(RankShare {
@@ -419,26 +426,18 @@ mod tests {
         assert!(matches!(
             RankSplit::plan(0, &[1], 1),
             Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(crate::SettingName::TargetGlobalBatch),
+                setting: crate::Setting::TargetGlobalBatch,
                 value: crate::Value::Count(0),
                 ..
             })
         ));
         assert!(matches!(
             RankSplit::plan(8, &[], 1),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(crate::SettingName::Ranks),
-                value: crate::Value::Count(0),
-                ..
-            })
+            Err(Error::InvalidSetting { setting: crate::Setting::Ranks, value: crate::Value::Count(0), .. })
         ));
         assert!(matches!(
             RankSplit::plan(8, &[8], 0),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(crate::SettingName::MultipleOf),
-                value: crate::Value::Count(0),
-                ..
-            })
+            Err(Error::InvalidSetting { setting: crate::Setting::MultipleOf, value: crate::Value::Count(0), .. })
         ));
         assert!(matches!(RankSplit::plan(64, &[16, 4], 8), Err(Error::NoCandidate { max_batch: 4, .. })));
         let below = RankSplit::plan(2, &[8, 8, 8], 1).unwrap_err();

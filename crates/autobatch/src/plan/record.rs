@@ -127,7 +127,9 @@ impl TryFrom<PlanRecord> for Plan {
             split,
             search: SearchSettings {
                 capacity_bytes: record.capacity_bytes,
-                ceiling: crate::Ceiling::new(record.ceiling).map_err(|err| err.to_string())?,
+                // the record's key, not the builder: a plan file is read here
+                ceiling: crate::Ceiling::new(record.ceiling)
+                    .map_err(|_| format!("`ceiling` is {}: it must be a fraction in (0, 1]", record.ceiling))?,
                 multiple_of: record.multiple_of,
                 strategy: record.strategy,
             },

@@ -238,7 +238,7 @@ pub struct SizePlan {
 
 impl SizePlan {
     pub(crate) fn new(sizes: BTreeMap<usize, Plan>) -> Result<SizePlan, Error> {
-        let Some(first) = sizes.values().next() else { return Err(Error::zero(crate::SettingName::Sizes)) };
+        let Some(first) = sizes.values().next() else { return Err(Error::zero(crate::Setting::Sizes)) };
         let (limit_bytes, multiple_of) = (first.limit_bytes(), first.multiple_of());
         let token_budget = sizes.iter().map(|(size, plan)| size.saturating_mul(plan.largest_batch)).min().unwrap_or(0);
         let mut points: Vec<(usize, usize, u64)> = Vec::new();
@@ -434,7 +434,7 @@ impl std::fmt::Display for SizePlan {
 /// A size past the `longest` probed: nothing is known there.
 fn out_of_range(size: usize, longest: usize) -> Error {
     Error::invalid(
-        crate::SettingName::Size,
+        crate::Setting::Size,
         crate::Value::Count(size),
         format!(
             "it must be at most the longest size probed, {longest}: probe it (or a longer one) to get a batch for it"

@@ -63,24 +63,24 @@ impl SearchSpace {
     /// ```
     pub fn new(start: usize, max_batch: Option<usize>, multiple_of: usize) -> Result<Self, Error> {
         if start == 0 {
-            return Err(Error::zero(crate::SettingName::Start));
+            return Err(Error::zero(crate::Setting::Start));
         }
         if multiple_of == 0 {
-            return Err(Error::zero(crate::SettingName::MultipleOf));
+            return Err(Error::zero(crate::Setting::MultipleOf));
         }
         if let Some(max_batch) = max_batch
             && max_batch < start
         {
             return Err(Error::invalid(
-                crate::SettingName::MaxBatch,
+                crate::Setting::MaxBatch,
                 crate::Value::Count(max_batch),
-                format!("it must be at least {{start}}, {start}"),
+                crate::Valid::AtLeast { setting: crate::Setting::Start, value: start },
             ));
         }
         let ceiling = max_batch.unwrap_or(usize::MAX);
         let first = start
             .checked_next_multiple_of(multiple_of)
-            .ok_or_else(|| Error::batch_overflow(start, "{start} or {multiple_of}"))?;
+            .ok_or_else(|| Error::batch_overflow(start, &[crate::Setting::Start, crate::Setting::MultipleOf]))?;
         let last = ceiling - ceiling % multiple_of;
         if first > last {
             return Err(Error::NoCandidate { start, max_batch: ceiling, multiple_of });
@@ -339,28 +339,16 @@ mod tests {
         assert!(space.contains(24) && !space.contains(20) && !space.contains(8) && !space.contains(32));
         assert!(matches!(
             SearchSpace::new(0, None, 1),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(crate::SettingName::Start),
-                value: crate::Value::Count(0),
-                ..
-            })
+            Err(Error::InvalidSetting { setting: crate::Setting::Start, value: crate::Value::Count(0), .. })
         ));
         assert!(matches!(
             SearchSpace::new(1, None, 0),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(crate::SettingName::MultipleOf),
-                value: crate::Value::Count(0),
-                ..
-            })
+            Err(Error::InvalidSetting { setting: crate::Setting::MultipleOf, value: crate::Value::Count(0), .. })
         ));
         assert!(matches!(
             SearchSpace::new(8, Some(4), 1),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(crate::SettingName::MaxBatch),
-                value: crate::Value::Count(4),
-                ..
-            })
+            Err(Error::InvalidSetting { setting: crate::Setting::MaxBatch, value: crate::Value::Count(4), .. })
         ));
-        assert!(matches!(SearchSpace::new(usize::MAX, None, 2), Err(Error::Overflow { .. })));
+        assert!(matches!(SearchSpace::new(usize::MAX, None, 2), Err(Error::BatchOverflow { .. })));
     }
 }

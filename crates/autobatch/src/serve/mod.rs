@@ -148,19 +148,19 @@ impl ServeProbe {
     /// `max_model_len` within what the server's model takes.
     fn check<S: Server + ?Sized>(&self, server: &S, sequences: Option<usize>) -> Result<(), Error> {
         if self.max_model_len == 0 {
-            return Err(Error::zero(crate::SettingName::MaxModelLen));
+            return Err(Error::zero(crate::Setting::MaxModelLen));
         }
         if self.max_num_batched_tokens == 0 {
-            return Err(Error::zero(crate::SettingName::MaxNumBatchedTokens));
+            return Err(Error::zero(crate::Setting::MaxNumBatchedTokens));
         }
         if sequences == Some(0) {
-            return Err(Error::zero(crate::SettingName::Sequences));
+            return Err(Error::zero(crate::Setting::Sequences));
         }
         match server.max_context() {
             Some(most) if self.max_model_len > most => Err(Error::invalid(
-                crate::Setting::Input("max_model_len".to_owned()),
+                crate::Setting::MaxModelLen,
                 crate::Value::Count(self.max_model_len),
-                format!("at most the model's positions, {most}"),
+                format!("it must be at most the model's positions, {most}"),
             )),
             _ => Ok(()),
         }

@@ -37,13 +37,17 @@ impl<'a> ModelVariant<'a> {
     /// A variant named `name` running `workload`, built already (it is then
     /// alive, and in the device's memory, while the other variants are tuned).
     pub fn new(name: impl Into<String>, workload: impl Workload + 'a) -> Self {
-        ModelVariant::lazy(name, move || Ok(workload))
+        ModelVariant::lazy(name, move || Ok::<_, Error>(workload))
     }
 
     /// A variant whose workload `build` makes when its turn comes, and which is
     /// dropped after: each variant is measured with only itself on the device.
-    pub fn lazy<W: Workload + 'a>(name: impl Into<String>, build: impl FnOnce() -> Result<W, Error> + 'a) -> Self {
-        let build: Build<'a> = Box::new(move || build().map(|w| Box::new(w) as Box<dyn Workload + 'a>));
+    pub fn lazy<W: Workload + 'a, E: Into<Error>>(
+        name: impl Into<String>,
+        build: impl FnOnce() -> Result<W, E> + 'a,
+    ) -> Self {
+        let build: Build<'a> =
+            Box::new(move || build().map(|w| Box::new(w) as Box<dyn Workload + 'a>).map_err(Into::into));
         ModelVariant { name: name.into(), build, predicted_bytes_per_sample: None, expected: None }
     }
 
@@ -72,27 +76,31 @@ impl<'a> ModelVariant<'a> {
     /// Checks the expectation of the variant at place `index`.
     fn check_expectation(&self, index: usize) -> Result<(), Error> {
         let Some(expected) = self.expected else { return Ok(()) };
-        let invalid = |what: &str, value: String, valid: String| {
-            Error::invalid(
-                crate::Setting::Input(format!("variant '{}' expects {what}", self.name)),
-                crate::Value::Text(value),
-                format!("it must be {valid}"),
-            )
+        let invalid = |setting: crate::Setting, value: String, valid: String| {
+            Error::invalid(setting, crate::Value::Text(value), format!("it must be {valid} (variant '{}')", self.name))
         };
         if expected.like >= index {
             let valid = match index {
                 0 => "given to a later variant: the first has none before it".to_owned(),
                 _ => format!("an earlier variant's place, 0 to {}", index - 1),
             };
-            return Err(invalid("like", expected.like.to_string(), valid));
+            return Err(invalid(crate::Setting::Like, expected.like.to_string(), valid));
         }
         let share = expected.bytes_per_sample_share;
         if !(share.is_finite() && share > 0.0) {
-            return Err(invalid("bytes_per_sample_share", share.to_string(), "a finite number above 0".to_owned()));
+            return Err(invalid(
+                crate::Setting::BytesPerSampleShare,
+                share.to_string(),
+                "a finite number above 0".to_owned(),
+            ));
         }
         let change = expected.fixed_bytes_change;
         if !change.is_finite() {
-            return Err(invalid("fixed_bytes_change", change.to_string(), "a finite number of bytes".to_owned()));
+            return Err(invalid(
+                crate::Setting::FixedBytesChange,
+                change.to_string(),
+                "a finite number of bytes".to_owned(),
+            ));
         }
         Ok(())
     }

@@ -34,9 +34,9 @@ impl Settings {
         let world_size = collective.world_size();
         if self.options.world_size != 1 && self.options.world_size != world_size {
             return Err(Error::invalid(
-                crate::SettingName::WorldSize,
+                crate::Setting::WorldSize,
                 crate::Value::Count(self.options.world_size),
-                format!("the collective has {world_size} ranks: leave {{world_size}} unset for a search across ranks"),
+                format!("the collective has {world_size} ranks: leave it unset for a search across ranks"),
             ));
         }
         let local = self.single_rank();
@@ -159,10 +159,9 @@ impl Settings {
                 collective.all_gather(capacity as u64)?.into_iter().map(|c| c as usize).collect();
             let target = match self.options.target_effective_batch {
                 Some(target) => target,
-                None => capacities
-                    .iter()
-                    .try_fold(0usize, |sum, &c| sum.checked_add(c))
-                    .ok_or_else(|| Error::batch_overflow(capacity, "{world_size} or {max_batch}"))?,
+                None => capacities.iter().try_fold(0usize, |sum, &c| sum.checked_add(c)).ok_or_else(|| {
+                    Error::batch_overflow(capacity, &[crate::Setting::WorldSize, crate::Setting::MaxBatch])
+                })?,
             };
             // every rank computes the same split from the same numbers: an error is everyone's
             let mut split = RankSplit::plan(target, &capacities, self.options.multiple_of)?;

@@ -67,7 +67,7 @@ impl Settings {
         O: Observer + ?Sized,
     {
         if batch == 0 {
-            return Err(Error::zero(crate::SettingName::Batch));
+            return Err(Error::zero(crate::Setting::Batch));
         }
         self.check_for_size_search()?;
         let over_sizes = self.over_sizes(&range);
@@ -104,14 +104,14 @@ impl Settings {
     fn check_for_size_search(&self) -> Result<(), Error> {
         let default = super::Options::default();
         let given = [
-            (crate::SettingName::Start, self.options.start != default.start),
-            (crate::SettingName::MaxBatch, self.options.max_batch.is_some()),
-            (crate::SettingName::MultipleOf, self.options.multiple_of != default.multiple_of),
-            (crate::SettingName::TargetEffectiveBatch, self.options.target_effective_batch.is_some()),
-            (crate::SettingName::WorldSize, self.options.world_size != 1),
-            (crate::SettingName::Objective, self.options.objective != Objective::LargestBatch),
-            (crate::SettingName::UnevenRanks, self.options.uneven_ranks),
-            (crate::SettingName::Cache, self.options.cache_path.is_some()),
+            (crate::Setting::Start, self.options.start != default.start),
+            (crate::Setting::MaxBatch, self.options.max_batch.is_some()),
+            (crate::Setting::MultipleOf, self.options.multiple_of != default.multiple_of),
+            (crate::Setting::TargetEffectiveBatch, self.options.target_effective_batch.is_some()),
+            (crate::Setting::WorldSize, self.options.world_size != 1),
+            (crate::Setting::Objective, self.options.objective != Objective::LargestBatch),
+            (crate::Setting::UnevenRanks, self.options.uneven_ranks),
+            (crate::Setting::Cache, self.options.cache_path.is_some()),
         ];
         match given.into_iter().find(|&(_, set)| set) {
             Some((setting, _)) => Err(Error::invalid(

@@ -290,7 +290,7 @@ impl Tuner {
     /// assert!(Tuner::new().check().is_ok());
     /// let err = Tuner::new().ceiling(1.5).check().unwrap_err();
     /// assert!(matches!(err, Error::InvalidSetting { value: Value::Fraction(_), .. }));
-    /// assert_eq!(err.to_string(), "ceiling is 1.5: it must be a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory");
+    /// assert_eq!(err.to_string(), "Tuner::ceiling is 1.5: it must be a fraction in (0, 1]: pass e.g. 0.9 for 90% of device memory");
     /// ```
     pub fn check(&self) -> Result<(), Error> {
         self.settings().map(|_| ())
@@ -520,9 +520,9 @@ impl Settings {
             }
             None => {
                 // the effective batch must be a number: refuse a product that overflows
-                largest_batch
-                    .checked_mul(self.options.world_size)
-                    .ok_or_else(|| Error::batch_overflow(largest_batch, "{world_size} or {max_batch}"))?;
+                largest_batch.checked_mul(self.options.world_size).ok_or_else(|| {
+                    Error::batch_overflow(largest_batch, &[crate::Setting::WorldSize, crate::Setting::MaxBatch])
+                })?;
                 Ok(crate::Split::Single { micro_batch: largest_batch, world_size: self.options.world_size })
             }
         }
@@ -532,7 +532,7 @@ impl Settings {
     fn model_key<W: Workload + ?Sized>(&self, workload: &W) -> Result<CacheKey, Error> {
         self.options.cache_key.clone().or_else(|| workload.cache_key()).ok_or_else(|| {
             Error::invalid(
-                crate::SettingName::CacheKey,
+                crate::Setting::CacheKey,
                 crate::Value::Missing,
                 "the plan cache needs to know what decides the model's memory: give \
                  Tuner::cache_key(CacheKey::new().variables(..).param(\"seq_len\", ..)) or a workload whose \

@@ -3,7 +3,7 @@
 
 use super::Tuner;
 use crate::collective::Collective;
-use crate::setting::SettingName;
+use crate::setting::Setting;
 use crate::{Error, MemoryMeter, Plan, Value, Workload};
 
 /// A search of one workload on one meter. What it answers is the method that
@@ -116,14 +116,14 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     pub(super) fn batches_only(&self) -> Result<(), Error> {
         if self.evaluation.is_some() {
             return Err(Error::invalid(
-                SettingName::Evaluation,
+                Setting::Evaluation,
                 Value::Given,
                 "a search over the input size is of the training step: search the evaluation step with `run`",
             ));
         }
         if self.ranks.is_some() {
             return Err(Error::invalid(
-                SettingName::Ranks,
+                Setting::Ranks,
                 Value::Given,
                 "a search over the input size runs on one rank: search the ranks' batch with `run`",
             ));
@@ -146,7 +146,7 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
             (Some(evaluation), None) => settings.run_with_eval(self.workload, evaluation, self.meter, &mut observer),
             (None, Some(ranks)) => settings.run_distributed(self.workload, self.meter, ranks, &mut observer),
             (Some(_), Some(_)) => Err(Error::invalid(
-                SettingName::Evaluation,
+                Setting::Evaluation,
                 Value::Given,
                 "the evaluation step is searched on one rank: search it without `across`",
             )),

@@ -86,11 +86,11 @@ impl Settings {
             Settings { ceiling: Ceiling::new(ceiling)?, options: options.clone(), hint: None, hint_slope: None };
         let o = &settings.options;
         for (setting, value) in [
-            (crate::SettingName::StepsPerTrial, Some(o.steps_per_trial)),
-            (crate::SettingName::WorldSize, Some(o.world_size)),
-            (crate::SettingName::MaxTrials, o.max_trials),
-            (crate::SettingName::TimingRepeats, Some(o.timing_repeats)),
-            (crate::SettingName::TargetEffectiveBatch, o.target_effective_batch),
+            (crate::Setting::StepsPerTrial, Some(o.steps_per_trial)),
+            (crate::Setting::WorldSize, Some(o.world_size)),
+            (crate::Setting::MaxTrials, o.max_trials),
+            (crate::Setting::TimingRepeats, Some(o.timing_repeats)),
+            (crate::Setting::TargetEffectiveBatch, o.target_effective_batch),
         ] {
             if value == Some(0) {
                 return Err(Error::zero(setting));
@@ -98,17 +98,15 @@ impl Settings {
         }
         settings.space()?;
         if let Some(target) = o.target_effective_batch {
-            let smallest = o
-                .world_size
-                .checked_mul(o.multiple_of)
-                .ok_or_else(|| Error::batch_overflow(o.world_size, "{world_size} or {multiple_of}"))?;
+            let smallest = o.world_size.checked_mul(o.multiple_of).ok_or_else(|| {
+                Error::batch_overflow(o.world_size, &[crate::Setting::WorldSize, crate::Setting::MultipleOf])
+            })?;
             if target < smallest {
                 return Err(Error::target_below_ranks(
-                    (crate::SettingName::TargetEffectiveBatch, crate::SettingName::WorldSize),
+                    (crate::Setting::TargetEffectiveBatch, crate::Setting::WorldSize),
                     target,
                     o.world_size,
                     o.multiple_of,
-                    smallest,
                 ));
             }
         }
@@ -220,16 +218,12 @@ mod tests {
     fn checking_refuses_the_first_invalid_setting() {
         assert!(matches!(
             Settings::new(1.5, &Options::default()),
-            Err(Error::InvalidSetting { setting: crate::Setting::Named(crate::SettingName::Ceiling), .. })
+            Err(Error::InvalidSetting { setting: crate::Setting::Ceiling, .. })
         ));
         let zero_steps = Options { steps_per_trial: 0, ..Options::default() };
         assert!(matches!(
             Settings::new(0.9, &zero_steps),
-            Err(Error::InvalidSetting {
-                setting: crate::Setting::Named(crate::SettingName::StepsPerTrial),
-                value: crate::Value::Count(0),
-                ..
-            })
+            Err(Error::InvalidSetting { setting: crate::Setting::StepsPerTrial, value: crate::Value::Count(0), .. })
         ));
         let unreachable = Options { world_size: 4, target_effective_batch: Some(2), ..Options::default() };
         let below = Settings::new(0.9, &unreachable).unwrap_err().to_string();

@@ -40,10 +40,10 @@ impl Settings {
         O: Observer + ?Sized,
     {
         if sizes.is_empty() {
-            return Err(Error::zero(crate::SettingName::Sizes));
+            return Err(Error::zero(crate::Setting::Sizes));
         }
         if sizes.contains(&0) {
-            return Err(Error::zero(crate::SettingName::Size));
+            return Err(Error::zero(crate::Setting::Size));
         }
         let mut sizes = sizes.to_vec();
         sizes.sort_unstable();

@@ -178,7 +178,7 @@ fn a_cache_without_a_model_key_is_an_error_before_any_step() {
     let (mut workload, mut meter) = device(16 * GIB);
     let err = Tuner::new().cache(&path).run(&mut workload, &mut meter).unwrap_err();
     assert!(matches!(err, Error::InvalidSetting { value: autobatch::Value::Missing, .. }), "{err}");
-    assert!(err.to_string().starts_with("cache_key is missing: the plan cache needs"), "{err}");
+    assert!(err.to_string().starts_with("Tuner::cache_key is missing: the plan cache needs"), "{err}");
     assert_eq!(workload.steps(), 0);
 }
 

@@ -125,7 +125,7 @@ fn a_world_size_that_disagrees_with_the_collective_is_an_error() {
     let (mut workload, mut meter) = device(80).build();
     let err = Tuner::new().world_size(4).search(&mut workload, &mut meter).across(&ranks[0]).run().unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidSetting { setting, value: autobatch::Value::Count(4), .. } if *setting == *"world_size"),
+        matches!(&err, Error::InvalidSetting { setting, value: autobatch::Value::Count(4), .. } if *setting == autobatch::Setting::WorldSize),
         "{err}"
     );
     assert!(err.to_string().contains("the collective has 1 ranks"), "{err}");
@@ -427,7 +427,7 @@ fn train_loop_refuses_a_plan_for_uneven_ranks() {
     let varmap = candle_nn::VarMap::new();
     let optimizer = <candle_nn::SGD as candle_nn::Optimizer>::new(varmap.all_vars(), 0.1).unwrap();
     let err = autobatch::TrainLoop::new(plan, &varmap, optimizer).unwrap_err();
-    assert!(matches!(&err, Error::InvalidSetting { setting, .. } if *setting == *"plan"), "{err}");
+    assert!(matches!(&err, Error::InvalidSetting { setting, .. } if *setting == autobatch::Setting::Plan), "{err}");
     assert!(err.to_string().contains("a global batch shared over 2 uneven ranks"), "{err}");
 }
 

@@ -135,18 +135,10 @@ fn a_single_sample_that_does_not_fit_and_other_errors_are_reported() {
     assert!(matches!(&err, Error::Workload { .. }) && err.to_string().contains("shape mismatch"), "{err}");
     assert!(matches!(
         Guard::with_batch(0, 4),
-        Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named(autobatch::SettingName::Batch),
-            value: autobatch::Value::Count(0),
-            ..
-        })
+        Err(Error::InvalidSetting { setting: autobatch::Setting::Batch, value: autobatch::Value::Count(0), .. })
     ));
     assert!(matches!(
         Guard::with_batch(8, 0),
-        Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named(autobatch::SettingName::MicroBatch),
-            value: autobatch::Value::Count(0),
-            ..
-        })
+        Err(Error::InvalidSetting { setting: autobatch::Setting::MicroBatch, value: autobatch::Value::Count(0), .. })
     ));
 }

@@ -273,8 +273,9 @@ fn the_core_modules_depend_one_way() {
 /// layers, the architectures on the layers, the trainer below the reference
 /// models it trains, serving on top. Its root (`lib.rs`: ConfigModel, the
 /// model a config describes) sits above them all and is not placed.
-const MODELS_ORDER: [&str; 20] = [
+const MODELS_ORDER: [&str; 21] = [
     "splitmix",
+    "error",
     "ops",
     "family",
     "keys",

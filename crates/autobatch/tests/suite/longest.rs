@@ -95,33 +95,26 @@ fn batch_search_settings_are_refused_not_ignored() {
     let curve = Curve { capacity_gib: 16, fixed: 0, per_token: 1 << 10, per_token_length: 0 };
     let range = SizeRange::up_to(4096);
     for (tuner, setting) in [
-        (Tuner::new().target_effective_batch(64), "target_effective_batch"),
-        (Tuner::new().world_size(2), "world_size"),
-        (Tuner::new().max_batch(8), "max_batch"),
-        (Tuner::new().multiple_of(8), "multiple_of"),
-        (Tuner::new().objective(autobatch::Objective::Throughput), "objective"),
-        (Tuner::new().cache("/tmp/never-written.json"), "cache"),
+        (Tuner::new().target_effective_batch(64), autobatch::Setting::TargetEffectiveBatch),
+        (Tuner::new().world_size(2), autobatch::Setting::WorldSize),
+        (Tuner::new().max_batch(8), autobatch::Setting::MaxBatch),
+        (Tuner::new().multiple_of(8), autobatch::Setting::MultipleOf),
+        (Tuner::new().objective(autobatch::Objective::Throughput), autobatch::Setting::Objective),
+        (Tuner::new().cache("/tmp/never-written.json"), autobatch::Setting::Cache),
     ] {
         let err = run(&tuner, curve, 4, range).unwrap_err();
         assert!(
-            matches!(&err, Error::InvalidSetting { setting: s, value: Value::Given, .. } if *s == *setting),
+            matches!(&err, Error::InvalidSetting { setting: s, value: Value::Given, .. } if *s == setting),
             "{err}"
         );
         assert!(err.is_configuration());
     }
     assert!(matches!(
         run(&Tuner::new(), curve, 0, range),
-        Err(Error::InvalidSetting {
-            setting: Setting::Named(autobatch::SettingName::Batch),
-            value: Value::Count(0),
-            ..
-        })
+        Err(Error::InvalidSetting { setting: Setting::Batch, value: Value::Count(0), .. })
     ));
     let err = run(&Tuner::new(), curve, 4, SizeRange::up_to(100).from(200)).unwrap_err();
-    assert!(
-        matches!(&err, Error::InvalidSetting { setting: Setting::Named(autobatch::SettingName::MaxBatch), .. }),
-        "{err}"
-    );
+    assert!(matches!(&err, Error::InvalidSetting { setting: Setting::MaxBatch, .. }), "{err}");
 }
 
 /// A size the workload cannot take ends the search with the workload's own error.
@@ -140,7 +133,7 @@ fn a_refused_size_is_the_workloads_error() {
         fn resize(&mut self, size: usize) -> Result<(), autobatch::Error> {
             if size > self.max {
                 return Err(Error::invalid(
-                    autobatch::SettingName::Size,
+                    autobatch::Setting::Size,
                     Value::Count(size),
                     format!("it must be at most {}", self.max),
                 ));

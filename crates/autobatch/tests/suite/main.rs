@@ -17,5 +17,4 @@ mod properties;
 mod readme;
 mod sizes;
 mod surface;
-mod templates;
 mod tuner;

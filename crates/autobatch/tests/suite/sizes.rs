@@ -134,19 +134,11 @@ fn bad_sizes_are_errors() {
     let tuner = Tuner::new();
     assert!(matches!(
         tuner.search(&mut workload, &mut meter).sizes(&[]),
-        Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named(autobatch::SettingName::Sizes),
-            value: autobatch::Value::Count(0),
-            ..
-        })
+        Err(Error::InvalidSetting { setting: autobatch::Setting::Sizes, value: autobatch::Value::Count(0), .. })
     ));
     assert!(matches!(
         tuner.search(&mut workload, &mut meter).sizes(&[64, 0]),
-        Err(Error::InvalidSetting {
-            setting: autobatch::Setting::Named(autobatch::SettingName::Size),
-            value: autobatch::Value::Count(0),
-            ..
-        })
+        Err(Error::InvalidSetting { setting: autobatch::Setting::Size, value: autobatch::Value::Count(0), .. })
     ));
     assert_eq!(workload.steps(), 0, "nothing ran");
     // a size where nothing fits says which
@@ -186,7 +178,7 @@ fn the_plan_cache_keeps_sizes_apart() {
     let (mut workload, mut meter) = curve.simulation(128).build();
     let err = Tuner::new().cache(&path).search(&mut workload, &mut meter).sizes(&[128]).unwrap_err();
     assert!(matches!(err, Error::InvalidSetting { value: autobatch::Value::Missing, .. }), "{err}");
-    assert!(err.to_string().starts_with("cache_key is missing: the plan cache needs"), "{err}");
+    assert!(err.to_string().starts_with("Tuner::cache_key is missing: the plan cache needs"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -112,7 +112,10 @@ fn nothing_fits_has_its_own_exit_code() {
 
 #[test]
 fn bad_flags_and_impossible_configurations_are_one_line_usage_errors() {
-    assert_usage_error(&["probe", "--ceiling", "1.5"], "ceiling is 1.5: it must be a fraction in (0, 1]");
+    assert_usage_error(
+        &["probe", "--ceiling", "1.5"],
+        "invalid value '1.5' for '--ceiling <CEILING>': it must be a fraction in (0, 1]",
+    );
     assert_usage_error(&["probe", "--ceiling", "lots"], "--ceiling");
     assert_usage_error(&["probe", "--model", "resnet"], "possible values: transformer, mlp, convnet");
     assert_usage_error(&["probe", "--bogus"], "unexpected argument '--bogus'");
@@ -359,11 +362,13 @@ fn estimate_reproduces_the_zero_papers_figure_one_and_korthikanti_activations() 
 }
 
 /// `args` with `flag` (one advised change) applied: the flag's value replaces
-/// the one given, and a precision flag replaces the other precision flag.
+/// the one given, and a precision flag replaces the other precision flags
+/// (`--checkpointing` the `--recompute` given).
 fn with_flag(args: &[&str], flag: &str) -> Vec<String> {
     let new: Vec<&str> = flag.split(' ').collect();
     let replaced: &[&str] = match new[0] {
-        "--mixed-precision" | "--dtype" => &["--mixed-precision", "--dtype"],
+        "--mixed-precision" | "--dtype" | "--precision" => &["--mixed-precision", "--dtype", "--precision"],
+        "--checkpointing" | "--recompute" => &["--checkpointing", "--recompute"],
         other => &[other][..],
     };
     let mut out: Vec<String> = Vec::new();
@@ -375,7 +380,7 @@ fn with_flag(args: &[&str], flag: &str) -> Vec<String> {
         }
         if replaced.contains(arg) {
             // a flag with a value drops its value too
-            skip = *arg != "--mixed-precision" && index + 1 < args.len();
+            skip = !["--mixed-precision", "--checkpointing"].contains(arg) && index + 1 < args.len();
             continue;
         }
         out.push((*arg).to_owned());
@@ -1475,4 +1480,24 @@ fn serving_is_counted_and_bad_serving_settings_are_usage_errors() {
         &["serve", "--config", "../models/tests/configs/tiny-llama.json", "--max-model-len", "0"],
         "at least 1",
     );
+}
+
+/// `estimate` takes `probe`'s words for precision and checkpointing: the same
+/// answer as its own spellings, which stay.
+#[test]
+fn estimate_takes_the_probes_words_for_precision_and_checkpointing() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/tests/configs/tiny-llama.json");
+    let base = ["estimate", "--config", config, "--seq-len", "64", "--capacity", "1GiB", "--json"];
+    let with = |flags: &[&str]| {
+        let mut json = json_of(&[&base[..], flags].concat());
+        json.as_object_mut().unwrap().remove("command");
+        json
+    };
+    assert_eq!(with(&["--precision", "mixed"]), with(&["--mixed-precision"]));
+    assert_eq!(with(&["--precision", "bf16"]), with(&["--dtype", "bf16"]));
+    assert_eq!(with(&["--precision", "fp32"]), with(&["--dtype", "f32"]));
+    assert_eq!(with(&["--checkpointing"]), with(&["--recompute", "full"]));
+    assert_ne!(with(&["--precision", "mixed"]), with(&["--precision", "bf16"]), "the flag is read");
+    assert_usage_error(&[&base[..], &["--precision", "mixed", "--mixed-precision"]].concat(), "--precision");
+    assert_usage_error(&[&base[..], &["--checkpointing", "--recompute", "full"]].concat(), "--checkpointing");
 }

@@ -4,11 +4,11 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2d, Conv2dConfig, Linear};
 
 use super::{at_least, cross_entropy, detach_linear};
+use crate::Error;
 use crate::params::Params;
 use crate::splitmix::Rng;
 use crate::trainer::footprint::Sizes;
 use crate::trainer::{Footprint, Model, Trainer, check_dtype};
-use autobatch::Error;
 
 /// Size of a [`ConvNet`]: two 3×3 convolutions (`channels`, then
 /// `2 × channels`), each followed by ReLU and 2×2 max-pooling, then a linear
@@ -39,19 +39,19 @@ impl Default for ConvNetConfig {
 impl ConvNetConfig {
     /// Checks the sizes.
     pub fn check(&self) -> Result<(), Error> {
-        at_least(autobatch::SettingName::InChannels, self.in_channels, 2)?;
-        at_least(autobatch::SettingName::Channels, self.channels, 1)?;
-        at_least(autobatch::SettingName::Resolution, self.resolution, 4)?;
+        at_least(crate::Setting::InChannels, self.in_channels, 2)?;
+        at_least(crate::Setting::Channels, self.channels, 1)?;
+        at_least(crate::Setting::Resolution, self.resolution, 4)?;
         if !self.resolution.is_multiple_of(4) {
             return Err(Error::invalid(
-                autobatch::SettingName::Resolution,
+                crate::Setting::Resolution,
                 autobatch::Value::Count(self.resolution),
                 "it must be a multiple of 4 (two 2×2 poolings)",
             ));
         }
         if self.classes < 2 || self.classes > self.in_channels {
             return Err(Error::invalid(
-                autobatch::SettingName::Classes,
+                crate::Setting::Classes,
                 autobatch::Value::Count(self.classes),
                 format!("it must be between 2 and the input channels, {}", self.in_channels),
             ));
@@ -99,7 +99,7 @@ impl ConvNetConfig {
         self.footprint()?;
         if device.is_cpu() && self.dtype == DType::BF16 {
             return Err(Error::invalid(
-                autobatch::SettingName::Dtype,
+                crate::Setting::Dtype,
                 autobatch::Value::Dtype(DType::BF16),
                 "use f32 on the CPU (candle 0.11's CPU conv2d has no bf16 matmul); bf16 works on CUDA",
             ));
@@ -209,7 +209,7 @@ impl autobatch::Resizable for Trainer<ConvNet> {
         let largest = self.model().config.resolution;
         if size < 4 || size > largest || !size.is_multiple_of(4) {
             return Err(autobatch::Error::invalid(
-                autobatch::SettingName::Resolution,
+                autobatch::Setting::Size,
                 autobatch::Value::Count(size),
                 format!("it must be a multiple of 4 from 4 to the model's resolution, {largest}"),
             ));

@@ -4,11 +4,11 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 
 use super::{at_least, cross_entropy, detach_linear};
+use crate::Error;
 use crate::params::Params;
 use crate::splitmix::Rng;
 use crate::trainer::footprint::Sizes;
 use crate::trainer::{Footprint, Model, Trainer, check_dtype};
-use autobatch::Error;
 
 /// Size of an [`Mlp`]: `depth` hidden layers of `width` with GELU.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,10 +37,10 @@ impl Default for MlpConfig {
 impl MlpConfig {
     /// Checks the sizes.
     pub fn check(&self) -> Result<(), Error> {
-        at_least(autobatch::SettingName::Inputs, self.inputs, 1)?;
-        at_least(autobatch::SettingName::Width, self.width, 1)?;
-        at_least(autobatch::SettingName::Depth, self.depth, 1)?;
-        at_least(autobatch::SettingName::Classes, self.classes, 2)?;
+        at_least(crate::Setting::Inputs, self.inputs, 1)?;
+        at_least(crate::Setting::Width, self.width, 1)?;
+        at_least(crate::Setting::Depth, self.depth, 1)?;
+        at_least(crate::Setting::Classes, self.classes, 2)?;
         check_dtype(self.dtype)
     }
 

@@ -30,7 +30,7 @@ mod transformer;
 
 use candle_core::{DType, Tensor};
 
-use autobatch::Error;
+use crate::Error;
 pub use convnet::{ConvNet, ConvNetConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use transformer::{Transformer, TransformerConfig};
@@ -41,7 +41,7 @@ pub(crate) fn detach_linear(layer: &candle_nn::Linear) -> candle_nn::Linear {
 }
 
 /// Checks a model-size setting: at least `min`.
-pub(crate) fn at_least(setting: autobatch::SettingName, value: usize, min: usize) -> Result<(), Error> {
+pub(crate) fn at_least(setting: crate::Setting, value: usize, min: usize) -> Result<(), Error> {
     if value < min {
         return Err(Error::invalid(setting, autobatch::Value::Count(value), format!("it must be at least {min}")));
     }

@@ -5,11 +5,11 @@ use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{Embedding, Linear};
 
 use super::{at_least, cross_entropy, detach_linear};
+use crate::Error;
 use crate::params::Params;
 use crate::splitmix::Rng;
 use crate::trainer::footprint::Sizes;
 use crate::trainer::{Footprint, Model, Trainer, check_dtype};
-use autobatch::Error;
 use autobatch::model::checkpointed;
 
 /// Size of a [`Transformer`]: GPT-style blocks (pre-norm, causal multi-head
@@ -65,14 +65,14 @@ impl TransformerConfig {
 
     /// Checks the sizes.
     pub fn check(&self) -> Result<(), Error> {
-        at_least(autobatch::SettingName::Vocab, self.vocab, 2)?;
-        at_least(autobatch::SettingName::DModel, self.d_model, 1)?;
-        at_least(autobatch::SettingName::Heads, self.heads, 1)?;
-        at_least(autobatch::SettingName::Layers, self.layers, 1)?;
-        at_least(autobatch::SettingName::SeqLen, self.seq_len, 1)?;
+        at_least(crate::Setting::Vocab, self.vocab, 2)?;
+        at_least(crate::Setting::DModel, self.d_model, 1)?;
+        at_least(crate::Setting::Heads, self.heads, 1)?;
+        at_least(crate::Setting::Layers, self.layers, 1)?;
+        at_least(crate::Setting::SeqLen, self.seq_len, 1)?;
         if !self.d_model.is_multiple_of(self.heads) {
             return Err(Error::invalid(
-                autobatch::SettingName::Heads,
+                crate::Setting::Heads,
                 autobatch::Value::Count(self.heads),
                 format!("it must be a divisor of the model width, {}", self.d_model),
             ));
@@ -383,11 +383,11 @@ impl Transformer {
 /// Steps at any sequence length from 1 to the configured `seq_len` (the
 /// learned positions and the causal mask cut to it).
 impl autobatch::Resizable for Trainer<Transformer> {
-    fn resize(&mut self, size: usize) -> Result<(), Error> {
+    fn resize(&mut self, size: usize) -> Result<(), autobatch::Error> {
         let longest = self.model().config.seq_len;
         if size == 0 || size > longest {
-            return Err(Error::invalid(
-                autobatch::SettingName::SeqLen,
+            return Err(autobatch::Error::invalid(
+                autobatch::Setting::Size,
                 autobatch::Value::Count(size),
                 format!("it must be from 1 to the model's sequence length, {longest}"),
             ));

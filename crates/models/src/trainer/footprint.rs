@@ -2,8 +2,8 @@
 //! configuration alone: so that a model too large for the budget is refused
 //! before it allocates (an allocation that fails on the CPU aborts the process).
 
+use crate::Error;
 use autobatch::Bytes;
-use autobatch::Error;
 
 /// The memory of a reference model known from its configuration: its fixed
 /// tensors, and a lower bound on what one sample adds to a training step.
@@ -58,7 +58,7 @@ impl Footprint {
             Some(bytes) => format!("at least {}", Bytes(bytes)),
             None => "more than 16 EiB".to_owned(),
         };
-        Err(Error::ModelTooLarge {
+        Err(autobatch::Error::ModelTooLarge {
             model: self.model.clone(),
             // a count, not a measurement: said as one, so that no budget is sized from it
             needs: format!(
@@ -69,7 +69,8 @@ impl Footprint {
             ),
             batch,
             limit_bytes: Some(limit_bytes),
-        })
+        }
+        .into())
     }
 }
 
@@ -81,12 +82,13 @@ pub(crate) struct Sizes {
 
 impl Sizes {
     fn too_large(&self) -> Error {
-        Error::ModelTooLarge {
+        autobatch::Error::ModelTooLarge {
             model: self.model.clone(),
             needs: "more than 2^64 bytes".to_owned(),
             batch: 1,
             limit_bytes: None,
         }
+        .into()
     }
 
     /// The product of `factors`, checked.
@@ -108,12 +110,13 @@ impl Sizes {
     ) -> Result<Footprint, Error> {
         let footprint = Footprint { model: self.model, parameters, fixed_bytes, min_bytes_per_sample };
         if footprint.min_step_bytes() > isize::MAX as u64 {
-            return Err(Error::ModelTooLarge {
+            return Err(autobatch::Error::ModelTooLarge {
                 needs: format!("at least {}", Bytes(footprint.min_step_bytes())),
                 model: footprint.model,
                 batch: 1,
                 limit_bytes: None,
-            });
+            }
+            .into());
         }
         Ok(footprint)
     }

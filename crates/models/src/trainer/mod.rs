@@ -38,7 +38,9 @@ pub use footprint::Footprint;
 use optimizer::{OptimizerChoice, Shared};
 
 use crate::params::{Params, data_seed};
-use autobatch::{Error, Workload};
+use autobatch::Workload;
+
+use crate::Error;
 
 /// A model that can compute its loss on a synthetic batch.
 pub trait Model {
@@ -125,19 +127,19 @@ impl<M: Model> ProbeLoss for ReferenceLoss<M> {
 struct Unmetered;
 
 impl MemoryMeter for Unmetered {
-    fn capacity(&self) -> Result<u64, Error> {
+    fn capacity(&self) -> Result<u64, autobatch::Error> {
         Ok(u64::MAX)
     }
 
-    fn in_use(&self) -> Result<u64, Error> {
+    fn in_use(&self) -> Result<u64, autobatch::Error> {
         Ok(0)
     }
 
-    fn reset_peak(&mut self) -> Result<(), Error> {
+    fn reset_peak(&mut self) -> Result<(), autobatch::Error> {
         Ok(())
     }
 
-    fn peak(&self) -> Result<u64, Error> {
+    fn peak(&self) -> Result<u64, autobatch::Error> {
         Ok(0)
     }
 }
@@ -184,7 +186,7 @@ impl<M: Model> Trainer<M> {
     /// Probes and trains with the optimizer `choice` from now on.
     fn set_optimizer(&mut self, choice: OptimizerChoice, change: &'static str) -> Result<(), Error> {
         if self.steps > 0 {
-            return Err(Error::AlreadyTrained { steps: self.steps, change });
+            return Err(autobatch::Error::AlreadyTrained { steps: self.steps, change }.into());
         }
         self.optimizer = Shared::build(choice, self.plain_vars())?;
         self.probe = Self::probe(&self.model, &self.vars, self.seed, self.optimizer.clone());
@@ -198,7 +200,7 @@ impl<M: Model> Trainer<M> {
     pub fn into_mixed_precision(mut self) -> Result<Self, Error> {
         if self.dtype != DType::BF16 {
             return Err(Error::invalid(
-                autobatch::SettingName::Dtype,
+                crate::Setting::Dtype,
                 autobatch::Value::Dtype(self.dtype),
                 "use bf16 variables for mixed precision (f32 masters are added)",
             ));
@@ -235,11 +237,14 @@ impl<M: Model> Trainer<M> {
     /// verifies plans. Returns the mean loss.
     pub fn train_step_accumulated(&mut self, micro_batch: usize, accumulation_steps: usize) -> Result<f32, Error> {
         if accumulation_steps == 0 {
-            return Err(Error::zero(autobatch::SettingName::AccumulationSteps));
+            return Err(autobatch::Error::zero(autobatch::Setting::AccumulationSteps).into());
         }
-        let batch = micro_batch
-            .checked_mul(accumulation_steps)
-            .ok_or_else(|| Error::batch_overflow(micro_batch, "{micro_batch} or {accumulation_steps}"))?;
+        let batch = micro_batch.checked_mul(accumulation_steps).ok_or_else(|| {
+            autobatch::Error::batch_overflow(
+                micro_batch,
+                &[autobatch::Setting::MicroBatch, autobatch::Setting::AccumulationSteps],
+            )
+        })?;
         self.step_guarded(Guard::with_batch(batch, micro_batch)?, accumulation_steps)
     }
 
@@ -432,7 +437,7 @@ impl<M: Model> std::fmt::Debug for Trainer<M> {
 pub(crate) fn check_dtype(dtype: DType) -> Result<(), Error> {
     match dtype {
         DType::F32 | DType::BF16 => Ok(()),
-        other => Err(Error::invalid(autobatch::SettingName::Dtype, autobatch::Value::Dtype(other), "use f32 or bf16")),
+        other => Err(Error::invalid(crate::Setting::Dtype, autobatch::Value::Dtype(other), "use f32 or bf16")),
     }
 }
 

@@ -9,7 +9,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-use autobatch::Error;
+use crate::Error;
 use autobatch::estimate::OptimizerKind;
 use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, ParamsAdafactor, ParamsLion, Sgd};
 
@@ -50,11 +50,7 @@ impl OptimizerChoice {
                 } else {
                     "use adamw, lion, adafactor, adam8bit or sgd (the optimizers with a dry step)"
                 };
-                return Err(Error::invalid(
-                    autobatch::SettingName::Optimizer,
-                    autobatch::Value::Optimizer(other),
-                    valid,
-                ));
+                return Err(Error::invalid(crate::Setting::Optimizer, autobatch::Value::Optimizer(other), valid));
             }
         })
     }

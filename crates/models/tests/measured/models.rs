@@ -9,9 +9,10 @@
 use crate::common::bits;
 
 use autobatch::serve::ServeProbe;
-use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Setting, TrainLoop, Tuner, Workload};
+use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Workload};
 use autobatch_models::{
-    Attention, BaseDtype, Config, ConfigModel, Family, Lora, Loss, RopeScaling, Serving, ServingShape, Training,
+    Attention, BaseDtype, Config, ConfigModel, Error as ModelsError, Family, Lora, Loss, RopeScaling, Serving,
+    ServingShape, Setting as ModelsSetting, Training,
 };
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW};
@@ -359,7 +360,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     }
     let bert = ConfigModel::build(&tiny("bert"), &Training::new(8).checkpointing(), &Device::Cpu);
     assert!(
-        matches!(bert, Err(Error::InvalidSetting { setting: Setting::Input(ref field), .. }) if field == "config field model_type")
+        matches!(bert, Err(ModelsError::InvalidSetting { setting: ModelsSetting::ConfigKey(ref key), .. }) if key == "model_type")
     );
 }
 
@@ -434,8 +435,8 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
 
 fn bad_configs_are_refused_by_field() {
     let refused = |json: &str, field: &str| match Config::from_json(json) {
-        Err(Error::InvalidSetting { setting: Setting::Input(got), .. }) => {
-            assert_eq!(got, format!("config field {field}"), "{json}")
+        Err(ModelsError::InvalidSetting { setting: ModelsSetting::ConfigKey(got), .. }) => {
+            assert_eq!(got, field, "{json}")
         }
         other => panic!("{json}: {other:?}"),
     };
@@ -490,10 +491,10 @@ fn bad_configs_are_refused_by_field() {
     // a sequence past the sliding window, or the positions, is refused before anything is built
     let mistral = published("mistral-7b-v0.1.json");
     assert!(
-        matches!(mistral.check_seq_len(8192), Err(Error::InvalidSetting { setting: Setting::Input(ref field), .. }) if field == "config field sliding_window")
+        matches!(mistral.check_seq_len(8192), Err(ModelsError::InvalidSetting { setting: ModelsSetting::ConfigKey(ref key), .. }) if key == "sliding_window")
     );
     assert!(mistral.check_seq_len(4096).is_ok());
-    assert!(matches!(tiny("gpt2").check_seq_len(257), Err(Error::InvalidSetting { .. })));
+    assert!(matches!(tiny("gpt2").check_seq_len(257), Err(ModelsError::InvalidSetting { .. })));
     // given weights: the same logits; a missing tensor or a wrong shape is named
     let config = tiny("qwen2");
     let random = ConfigModel::build(&config, &Training::new(8), &Device::Cpu).unwrap();
@@ -536,8 +537,10 @@ fn bad_configs_are_refused_by_field() {
     let err = ConfigModel::from_tensors(&config, &Training::new(8), copy, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("tie_word_embeddings"), "{err}");
     let unknown = ConfigModel::build(&tiny("llama"), &Training::new(8).lora(Lora::new(4, &["c_attn"])), &Device::Cpu);
-    let Err(Error::InvalidSetting { setting, valid, .. }) = unknown else { panic!("an unknown target was taken") };
-    assert!(setting == *"lora_targets" && valid.contains("q_proj"), "{valid}");
+    let Err(ModelsError::InvalidSetting { setting, valid, .. }) = unknown else {
+        panic!("an unknown target was taken")
+    };
+    assert!(setting == ModelsSetting::LoraTargets && valid.contains("q_proj"), "{valid}");
 }
 
 /// Every projection of a LoRA model's layers, by checkpoint name (the
@@ -778,7 +781,7 @@ fn a_base_the_model_cannot_take_is_refused() {
     )
     .err()
     .unwrap();
-    assert!(matches!(&err, Error::InvalidSetting { setting, .. } if *setting == *"base_dtype"), "{err}");
+    assert!(matches!(&err, ModelsError::InvalidSetting { setting: ModelsSetting::BaseDtype, .. }), "{err}");
     // 48 features in: not whole blocks of 32
     let odd = Config::from_json(
         r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 48, "intermediate_size": 64,

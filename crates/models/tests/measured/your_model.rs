@@ -263,8 +263,8 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert_eq!(*of, varmap.all_vars().len());
     assert!(cut.iter().any(|name| name == "tokens.weight"), "{cut:?}");
     let message = err.to_string();
-    assert!(message.contains("use autobatch_models::ops::{nn::{layer_norm, LayerNorm}"), "{message}");
-    assert!(message.contains("allow_partial_graph"), "{message}");
+    assert!(message.contains("write those ops from differentiable tensor ops"), "{message}");
+    assert!(message.contains("Tuner::allow_partial_graph"), "{message}");
     // the partial answer, when asked for
     let plan = Tuner::new()
         .allow_partial_graph(true)
