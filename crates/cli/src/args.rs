@@ -5,7 +5,10 @@ use autobatch::{Ceiling, Objective, Strategy};
 use autobatch_models::{Attention, BaseDtype, Loss, Ops};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::values::{Count, among, base_dtype, ceiling, choice, lora_alpha, module_name, seed};
+use crate::values::{
+    AttentionArg, Count, DtypeArg, LossArg, ObjectiveArg, OpsArg, OptimizerArg, PrecisionArg, ProbeOptimizerArg,
+    RecomputeArg, StrategyArg, base_dtype, ceiling, lora_alpha, module_name, seed, typed,
+};
 
 pub const EXIT_CODES: &str = "\
 Exit codes:
@@ -130,11 +133,11 @@ pub struct ModelArgs {
     /// How weights, gradients, activations and optimizer state are stored
     /// (`--dtype` is the same flag) [default: fp32; with --config, the
     /// config's torch_dtype].
-    #[arg(long, alias = "dtype", value_parser = choice::<Precision>())]
+    #[arg(long, alias = "dtype", value_parser = typed::<PrecisionArg, Precision>())]
     pub precision: Option<Precision>,
     /// The optimizer the model trains with (its state and step are measured;
     /// --precision mixed runs AdamW on f32 master weights).
-    #[arg(long, value_parser = among(&PROBE_OPTIMIZERS), default_value = "adamw")]
+    #[arg(long, value_parser = typed::<ProbeOptimizerArg, OptimizerKind>(), default_value = "adamw")]
     pub optimizer: OptimizerKind,
     /// Gradient checkpointing over the transformer's blocks (keep each
     /// block's input, recompute the block in the backward pass).
@@ -144,10 +147,6 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 0, value_parser = seed)]
     pub seed: u64,
 }
-
-/// The optimizers a probe can train with: each has a dry step.
-const PROBE_OPTIMIZERS: [OptimizerKind; 5] =
-    [OptimizerKind::AdamW, OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Sgd];
 
 impl ModelArgs {
     /// `--precision`, fp32 when not given.
@@ -245,18 +244,18 @@ pub struct ConfigArgs {
     /// How attention is computed. blocked: in blocks with an online
     /// softmax, the scores recomputed in the backward pass (as SDPA or
     /// FlashAttention-2); eager: the scores made whole and kept [default: blocked].
-    #[arg(long, value_parser = choice::<Attention>(), requires = "config")]
+    #[arg(long, value_parser = typed::<AttentionArg, Attention>(), requires = "config")]
     pub attention: Option<Attention>,
     /// How the head and the loss are computed. chunked: fused in chunks of
     /// tokens, the logits never whole (as Liger Kernel's fused loss); full:
     /// every position's logits made whole [default: chunked].
-    #[arg(long, value_parser = choice::<Loss>(), requires = "config")]
+    #[arg(long, value_parser = typed::<LossArg, Loss>(), requires = "config")]
     pub loss: Option<Loss>,
     /// How norms, rotary positions, activations and projections are
     /// computed. fused: each one node that keeps its inputs and output
     /// (what PyTorch keeps, or less); eager: written as candle ops, every
     /// intermediate kept [default: fused].
-    #[arg(long, value_parser = choice::<Ops>(), requires = "config")]
+    #[arg(long, value_parser = typed::<OpsArg, Ops>(), requires = "config")]
     pub ops: Option<Ops>,
 }
 
@@ -317,7 +316,7 @@ pub struct SearchArgs {
     #[arg(long, default_value_t = Count::ONE)]
     pub steps_per_trial: Count,
     /// Search strategy.
-    #[arg(long, value_parser = choice::<Strategy>(), default_value_t = Strategy::Predictive)]
+    #[arg(long, value_parser = typed::<StrategyArg, Strategy>(), default_value = "predictive")]
     pub strategy: Strategy,
 }
 
@@ -327,7 +326,7 @@ pub struct SearchArgs {
 pub struct PlanningArgs {
     /// Plan from the largest batch that fits, or from the fastest in samples
     /// per second among the largest, ¾ and ½ of it (a few extra timed steps).
-    #[arg(long, value_parser = choice::<Objective>(), default_value = "largest")]
+    #[arg(long, value_parser = typed::<ObjectiveArg, Objective>(), default_value = "largest")]
     pub objective: Objective,
     /// Effective (global) batch to reach with micro-batch × accumulation × ranks.
     #[arg(long)]
@@ -473,17 +472,17 @@ pub struct StateArgs {
     /// Dtype of weights, gradients and optimizer state [default: f32]; not
     /// with --mixed-precision, which has its own. With --base-dtype: the
     /// model's dtype (its activations and unquantized weights), the adapters in f32.
-    #[arg(long, value_parser = among(&[Precision::Fp32, Precision::Bf16]), conflicts_with = "mixed_precision")]
+    #[arg(long, value_parser = typed::<DtypeArg, Precision>(), conflicts_with = "mixed_precision")]
     pub dtype: Option<Precision>,
     /// The optimizer whose state is counted.
-    #[arg(long, value_parser = choice::<OptimizerKind>(), default_value = "adamw")]
+    #[arg(long, value_parser = typed::<OptimizerArg, OptimizerKind>(), default_value = "adamw")]
     pub optimizer: OptimizerKind,
     /// Mixed precision: bf16 weights and gradients, fp32 master weights and optimizer state.
     #[arg(long)]
     pub mixed_precision: bool,
     /// The precision of training, as `probe` says it: fp32, bf16 (--dtype)
     /// or mixed (--mixed-precision).
-    #[arg(long, value_parser = choice::<Precision>(), conflicts_with_all = ["dtype", "mixed_precision"])]
+    #[arg(long, value_parser = typed::<PrecisionArg, Precision>(), conflicts_with_all = ["dtype", "mixed_precision"])]
     pub precision: Option<Precision>,
 }
 
@@ -561,7 +560,7 @@ pub struct ActivationArgs {
     #[arg(long)]
     pub batch: Option<Count>,
     /// What the backward pass recomputes instead of keeping.
-    #[arg(long, value_parser = choice::<Recompute>(), default_value = "none")]
+    #[arg(long, value_parser = typed::<RecomputeArg, Recompute>(), default_value = "none")]
     pub recompute: Recompute,
     /// Gradient checkpointing, as `probe` says it: --recompute full.
     #[arg(long, conflicts_with = "recompute")]
@@ -592,16 +591,16 @@ pub struct LoraArgs {
 pub struct StepArgs {
     /// With --config: how attention is computed (blocked, the default, or
     /// eager: the scores made whole and kept).
-    #[arg(long, value_parser = choice::<Attention>(), default_value = "blocked", requires = "config", conflicts_with = "params")]
+    #[arg(long, value_parser = typed::<AttentionArg, Attention>(), default_value = "blocked", requires = "config", conflicts_with = "params")]
     pub attention: Attention,
     /// With --config: how the head and loss are computed (chunked, the
     /// default, or full: every position's logits made whole).
-    #[arg(long, value_parser = choice::<Loss>(), default_value = "chunked", requires = "config", conflicts_with = "params")]
+    #[arg(long, value_parser = typed::<LossArg, Loss>(), default_value = "chunked", requires = "config", conflicts_with = "params")]
     pub loss: Loss,
     /// With --config: how norms, rotary positions, activations and
     /// projections are computed (fused, the default, or eager: written as
     /// candle ops, every intermediate kept).
-    #[arg(long, value_parser = choice::<Ops>(), default_value = "fused", requires = "config", conflicts_with = "params")]
+    #[arg(long, value_parser = typed::<OpsArg, Ops>(), default_value = "fused", requires = "config", conflicts_with = "params")]
     pub ops: Ops,
 }
 

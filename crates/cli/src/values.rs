@@ -1,14 +1,15 @@
 //! The value types of the command line's flags: counts, the library's own
-//! enums by their names, fractions, seeds.
+//! enums by their names (clap's `ValueEnum`, made the library's type as
+//! parsed), fractions, seeds.
 
-use std::ffi::OsStr;
 use std::fmt;
 use std::str::FromStr;
 
 use autobatch::estimate::{OptimizerKind, Precision, Recompute};
 use autobatch::{Objective, Strategy};
 use autobatch_models::{Attention, Loss, Ops};
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::ValueEnum;
+use clap::builder::TypedValueParser;
 
 /// A count of at least 1: a batch, a size, a number of ranks, steps or
 /// trials. Written as a whole number, also with an exponent (`1e6`).
@@ -56,196 +57,233 @@ pub fn counts(list: &[Count]) -> Vec<usize> {
     list.iter().map(|count| count.get()).collect()
 }
 
-/// A library enum as a flag's value: its variants by the names the library
-/// gives them, each with a line of help.
-pub trait Choice: Copy + Send + Sync + 'static {
-    /// Every variant, in the order help lists them.
-    const ALL: &'static [Self];
-    /// The name the library gives it.
-    fn name(self) -> &'static str;
-    /// One line of `--help`.
-    fn help(self) -> &'static str;
-    /// Other names it is also known by.
-    fn aliases(self) -> &'static [&'static str] {
-        &[]
-    }
+/// A flag's value parsed by clap's derive (`ValueEnum`: the names, their help
+/// from each variant's doc comment, the nearest suggested for a typo), then
+/// made the library's type: typed at parse time.
+pub fn typed<A, T>() -> impl TypedValueParser<Value = T>
+where
+    A: ValueEnum + Clone + Send + Sync + 'static,
+    T: From<A> + Clone + Send + Sync + 'static,
+{
+    clap::builder::EnumValueParser::<A>::new().map(T::from)
 }
 
-/// A flag taking any variant of `T`.
-pub fn choice<T: Choice>() -> ChoiceParser<T> {
-    among(T::ALL)
+/// `--strategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StrategyArg {
+    /// Fit the memory curve on small trials, jump near the answer, verify: the same answer as binary in fewer,
+    /// cheaper trials
+    Predictive,
+    /// Double, then bisect to the exact largest batch
+    Binary,
+    /// Double only: the largest fitting power of two
+    Power,
 }
 
-/// A flag taking the variants of `T` that `allowed` lists (the others do
-/// not apply to the command).
-pub fn among<T: Choice>(allowed: &'static [T]) -> ChoiceParser<T> {
-    ChoiceParser { allowed }
-}
-
-/// Parses a [`Choice`] by name; unknown names get clap's message, which lists
-/// the valid ones and suggests the nearest.
-#[derive(Clone)]
-pub struct ChoiceParser<T: 'static> {
-    allowed: &'static [T],
-}
-
-impl<T: Choice> ChoiceParser<T> {
-    fn possible(&self) -> impl Iterator<Item = (T, PossibleValue)> + '_ {
-        self.allowed.iter().map(|&variant| {
-            (
-                variant,
-                PossibleValue::new(variant.name()).help(variant.help()).aliases(variant.aliases().iter().copied()),
-            )
-        })
-    }
-}
-
-impl<T: Choice> TypedValueParser for ChoiceParser<T> {
-    type Value = T;
-
-    fn parse_ref(&self, cmd: &clap::Command, arg: Option<&clap::Arg>, value: &OsStr) -> Result<T, clap::Error> {
-        let ignore_case = arg.is_some_and(|arg| arg.is_ignore_case_set());
-        let named =
-            value.to_str().and_then(|text| self.possible().find(|(_, possible)| possible.matches(text, ignore_case)));
-        match named {
-            Some((variant, _)) => Ok(variant),
-            None => {
-                // clap's own message for a value that is none of the names
-                let names = PossibleValuesParser::new(self.possible().map(|(_, possible)| possible));
-                Err(match names.parse_ref(cmd, arg, value) {
-                    Err(err) => err,
-                    Ok(_) => clap::Error::new(clap::error::ErrorKind::InvalidValue).with_cmd(cmd),
-                })
-            }
-        }
-    }
-
-    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
-        Some(Box::new(self.possible().map(|(_, possible)| possible)))
-    }
-}
-
-impl Choice for Strategy {
-    const ALL: &'static [Strategy] = &Strategy::ALL;
-    fn name(self) -> &'static str {
-        Strategy::name(self)
-    }
-    fn help(self) -> &'static str {
-        match self {
-            Strategy::Predictive => {
-                "Fit the memory curve on small trials, jump near the answer, verify: the same answer as binary in \
-                 fewer, cheaper trials"
-            }
-            Strategy::Binary => "Double, then bisect to the exact largest batch",
-            Strategy::Power => "Double only: the largest fitting power of two",
-            _ => "",
+impl From<StrategyArg> for Strategy {
+    fn from(arg: StrategyArg) -> Strategy {
+        match arg {
+            StrategyArg::Predictive => Strategy::Predictive,
+            StrategyArg::Binary => Strategy::Binary,
+            StrategyArg::Power => Strategy::Power,
         }
     }
 }
 
-impl Choice for Objective {
-    const ALL: &'static [Objective] = &Objective::ALL;
-    fn name(self) -> &'static str {
-        Objective::name(self)
-    }
-    fn help(self) -> &'static str {
-        match self {
-            Objective::LargestBatch => "The largest batch that fits",
-            Objective::Throughput => "The best measured samples per second near the top",
-            _ => "",
+/// `--objective`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ObjectiveArg {
+    /// The largest batch that fits
+    #[value(name = "largest")]
+    LargestBatch,
+    /// The best measured samples per second near the top
+    Throughput,
+}
+
+impl From<ObjectiveArg> for Objective {
+    fn from(arg: ObjectiveArg) -> Objective {
+        match arg {
+            ObjectiveArg::LargestBatch => Objective::LargestBatch,
+            ObjectiveArg::Throughput => Objective::Throughput,
         }
     }
 }
 
-impl Choice for Precision {
-    const ALL: &'static [Precision] = &Precision::ALL;
-    fn name(self) -> &'static str {
-        Precision::name(self)
-    }
-    fn help(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "32-bit floats",
-            Precision::Bf16 => "bfloat16 weights, gradients, activations and optimizer state",
-            Precision::Mixed => {
-                "bf16 weights, gradients and activations; f32 master weights and optimizer state (2 + 2 + 12 \
-                 bytes per parameter under AdamW)"
-            }
-        }
-    }
-    fn aliases(self) -> &'static [&'static str] {
-        match self {
-            Precision::Fp32 => &["f32"],
-            Precision::Bf16 | Precision::Mixed => &[],
+/// `--precision`, in every command that trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    /// 32-bit floats
+    #[value(alias = "f32")]
+    Fp32,
+    /// bfloat16 weights, gradients, activations and optimizer state
+    Bf16,
+    /// bf16 weights, gradients and activations; f32 master weights and optimizer state (2 + 2 + 12 bytes per
+    /// parameter under AdamW)
+    Mixed,
+}
+
+impl From<PrecisionArg> for Precision {
+    fn from(arg: PrecisionArg) -> Precision {
+        match arg {
+            PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::Mixed => Precision::Mixed,
         }
     }
 }
 
-impl Choice for OptimizerKind {
-    const ALL: &'static [OptimizerKind] = &OptimizerKind::ALL;
-    fn name(self) -> &'static str {
-        OptimizerKind::name(self)
-    }
-    fn help(self) -> &'static str {
-        match self {
-            OptimizerKind::Sgd => "Plain SGD: no state",
-            OptimizerKind::Momentum => "SGD with momentum: one state",
-            OptimizerKind::AdamW => "AdamW: two moments",
-            OptimizerKind::Adafactor => "Adafactor: a factored second moment, no first",
-            OptimizerKind::Adam8bit => "8-bit Adam: two moments in blocks of bytes",
-            OptimizerKind::Lion => "Lion: one momentum",
+/// `estimate --dtype`: the precisions that are one dtype (mixed is two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// 32-bit floats
+    #[value(alias = "f32")]
+    Fp32,
+    /// bfloat16 weights, gradients, activations and optimizer state
+    Bf16,
+}
+
+impl From<DtypeArg> for Precision {
+    fn from(arg: DtypeArg) -> Precision {
+        match arg {
+            DtypeArg::Fp32 => Precision::Fp32,
+            DtypeArg::Bf16 => Precision::Bf16,
         }
     }
 }
 
-impl Choice for Recompute {
-    const ALL: &'static [Recompute] = &Recompute::ALL;
-    fn name(self) -> &'static str {
-        Recompute::name(self)
-    }
-    fn help(self) -> &'static str {
-        match self {
-            Recompute::None => "Keep every activation",
-            Recompute::Selective => "Recompute the attention's softmax and score-times-value parts",
-            Recompute::Full => "Recompute every layer from its input (gradient checkpointing)",
+/// `estimate --optimizer`: every optimizer whose state is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    /// Plain SGD: no state
+    Sgd,
+    /// SGD with momentum: one state
+    Momentum,
+    /// AdamW: two moments
+    #[value(name = "adamw")]
+    AdamW,
+    /// Adafactor: a factored second moment, no first
+    Adafactor,
+    /// 8-bit Adam: two moments in blocks of bytes
+    #[value(name = "adam8bit")]
+    Adam8bit,
+    /// Lion: one momentum
+    Lion,
+}
+
+impl From<OptimizerArg> for OptimizerKind {
+    fn from(arg: OptimizerArg) -> OptimizerKind {
+        match arg {
+            OptimizerArg::Sgd => OptimizerKind::Sgd,
+            OptimizerArg::Momentum => OptimizerKind::Momentum,
+            OptimizerArg::AdamW => OptimizerKind::AdamW,
+            OptimizerArg::Adafactor => OptimizerKind::Adafactor,
+            OptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
+            OptimizerArg::Lion => OptimizerKind::Lion,
         }
     }
 }
 
-impl Choice for Attention {
-    const ALL: &'static [Attention] = &Attention::ALL;
-    fn name(self) -> &'static str {
-        Attention::name(self)
-    }
-    fn help(self) -> &'static str {
-        match self {
-            Attention::Blocked => "In blocks, nothing of heads × s × s kept",
-            Attention::Eager => "The scores made whole and kept for the backward pass",
+/// `probe --optimizer`: the optimizers a probe runs (momentum has no step of
+/// its own in the library).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProbeOptimizerArg {
+    /// AdamW: two moments
+    #[value(name = "adamw")]
+    AdamW,
+    /// Lion: one momentum
+    Lion,
+    /// Adafactor: a factored second moment, no first
+    Adafactor,
+    /// 8-bit Adam: two moments in blocks of bytes
+    #[value(name = "adam8bit")]
+    Adam8bit,
+    /// Plain SGD: no state
+    Sgd,
+}
+
+impl From<ProbeOptimizerArg> for OptimizerKind {
+    fn from(arg: ProbeOptimizerArg) -> OptimizerKind {
+        match arg {
+            ProbeOptimizerArg::AdamW => OptimizerKind::AdamW,
+            ProbeOptimizerArg::Lion => OptimizerKind::Lion,
+            ProbeOptimizerArg::Adafactor => OptimizerKind::Adafactor,
+            ProbeOptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
+            ProbeOptimizerArg::Sgd => OptimizerKind::Sgd,
         }
     }
 }
 
-impl Choice for Ops {
-    const ALL: &'static [Ops] = &Ops::ALL;
-    fn name(self) -> &'static str {
-        Ops::name(self)
-    }
-    fn help(self) -> &'static str {
-        match self {
-            Ops::Fused => "Each one node keeping its inputs and output",
-            Ops::Eager => "Written as candle ops, every intermediate kept",
+/// `--recompute`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RecomputeArg {
+    /// Keep every activation
+    None,
+    /// Recompute the attention's softmax and score-times-value parts
+    Selective,
+    /// Recompute every layer from its input (gradient checkpointing)
+    Full,
+}
+
+impl From<RecomputeArg> for Recompute {
+    fn from(arg: RecomputeArg) -> Recompute {
+        match arg {
+            RecomputeArg::None => Recompute::None,
+            RecomputeArg::Selective => Recompute::Selective,
+            RecomputeArg::Full => Recompute::Full,
         }
     }
 }
 
-impl Choice for Loss {
-    const ALL: &'static [Loss] = &Loss::ALL;
-    fn name(self) -> &'static str {
-        Loss::name(self)
+/// `--attention`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AttentionArg {
+    /// In blocks, nothing of heads × s × s kept
+    Blocked,
+    /// The scores made whole and kept for the backward pass
+    Eager,
+}
+
+impl From<AttentionArg> for Attention {
+    fn from(arg: AttentionArg) -> Attention {
+        match arg {
+            AttentionArg::Blocked => Attention::Blocked,
+            AttentionArg::Eager => Attention::Eager,
+        }
     }
-    fn help(self) -> &'static str {
-        match self {
-            Loss::Chunked => "The head and the loss fused in chunks of tokens",
-            Loss::Full => "Every position's logits made whole",
+}
+
+/// `--ops`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OpsArg {
+    /// Each one node keeping its inputs and output
+    Fused,
+    /// Written as candle ops, every intermediate kept
+    Eager,
+}
+
+impl From<OpsArg> for Ops {
+    fn from(arg: OpsArg) -> Ops {
+        match arg {
+            OpsArg::Fused => Ops::Fused,
+            OpsArg::Eager => Ops::Eager,
+        }
+    }
+}
+
+/// `--loss`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LossArg {
+    /// The head and the loss fused in chunks of tokens
+    Chunked,
+    /// Every position's logits made whole
+    Full,
+}
+
+impl From<LossArg> for Loss {
+    fn from(arg: LossArg) -> Loss {
+        match arg {
+            LossArg::Chunked => Loss::Chunked,
+            LossArg::Full => Loss::Full,
         }
     }
 }
@@ -308,34 +346,47 @@ mod tests {
         assert!("2.5".parse::<Count>().unwrap_err().contains("whole number"));
     }
 
-    fn every_name_parses_back<T: Choice + PartialEq + fmt::Debug>() {
+    /// Every name of `A` parses to the library's variant of that name, and
+    /// every variant of the library's `all` has one.
+    fn each_name_is_the_librarys<A, T>(all: &[T], name: impl Fn(T) -> &'static str)
+    where
+        A: ValueEnum + Clone + Send + Sync + 'static,
+        T: From<A> + Clone + Copy + Send + Sync + PartialEq + fmt::Debug + 'static,
+    {
         let cmd = clap::Command::new("test");
-        for &variant in T::ALL {
-            for name in std::iter::once(variant.name()).chain(variant.aliases().iter().copied()) {
-                assert_eq!(choice::<T>().parse_ref(&cmd, None, OsStr::new(name)).unwrap(), variant, "{name}");
-            }
-            assert!(!variant.help().is_empty(), "{variant:?} has no help");
+        let parser = typed::<A, T>();
+        for arg in A::value_variants() {
+            let value = arg.to_possible_value().unwrap();
+            assert!(value.get_help().is_some(), "{} has no help", value.get_name());
+            let parsed = parser.parse_ref(&cmd, None, std::ffi::OsStr::new(value.get_name())).unwrap();
+            assert_eq!(name(parsed), value.get_name());
         }
-        assert!(choice::<T>().parse_ref(&cmd, None, OsStr::new("no-such-name")).is_err());
+        for &variant in all {
+            assert!(A::value_variants().iter().any(|arg| T::from(arg.clone()) == variant), "{variant:?} has no name");
+        }
+        assert!(parser.parse_ref(&cmd, None, std::ffi::OsStr::new("no-such-name")).is_err());
     }
 
     #[test]
     fn every_library_choice_parses_by_its_names() {
-        every_name_parses_back::<Strategy>();
-        every_name_parses_back::<Objective>();
-        every_name_parses_back::<Precision>();
-        every_name_parses_back::<OptimizerKind>();
-        every_name_parses_back::<Recompute>();
-        every_name_parses_back::<Attention>();
-        every_name_parses_back::<Ops>();
-        every_name_parses_back::<Loss>();
+        each_name_is_the_librarys::<StrategyArg, _>(&Strategy::ALL, Strategy::name);
+        each_name_is_the_librarys::<ObjectiveArg, _>(&Objective::ALL, Objective::name);
+        each_name_is_the_librarys::<PrecisionArg, _>(&Precision::ALL, Precision::name);
+        each_name_is_the_librarys::<OptimizerArg, _>(&OptimizerKind::ALL, OptimizerKind::name);
+        each_name_is_the_librarys::<RecomputeArg, _>(&Recompute::ALL, Recompute::name);
+        each_name_is_the_librarys::<AttentionArg, _>(&Attention::ALL, Attention::name);
+        each_name_is_the_librarys::<OpsArg, _>(&Ops::ALL, Ops::name);
+        each_name_is_the_librarys::<LossArg, _>(&Loss::ALL, Loss::name);
     }
 
     #[test]
-    fn a_subset_refuses_the_others() {
+    fn a_subset_refuses_the_others_and_old_spellings_parse() {
         let cmd = clap::Command::new("test");
-        let two = among(&[Precision::Fp32, Precision::Bf16]);
-        assert_eq!(two.parse_ref(&cmd, None, OsStr::new("f32")).unwrap(), Precision::Fp32);
-        assert!(two.parse_ref(&cmd, None, OsStr::new("mixed")).is_err());
+        let dtype = typed::<DtypeArg, Precision>();
+        assert_eq!(dtype.parse_ref(&cmd, None, std::ffi::OsStr::new("f32")).unwrap(), Precision::Fp32);
+        assert!(dtype.parse_ref(&cmd, None, std::ffi::OsStr::new("mixed")).is_err());
+        let probe = typed::<ProbeOptimizerArg, OptimizerKind>();
+        assert!(probe.parse_ref(&cmd, None, std::ffi::OsStr::new("momentum")).is_err());
+        assert_eq!(probe.parse_ref(&cmd, None, std::ffi::OsStr::new("lion")).unwrap(), OptimizerKind::Lion);
     }
 }

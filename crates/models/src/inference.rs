@@ -5,10 +5,11 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::Config;
+use super::config_model::Network;
 use super::kv_cache::{Chunk, KvCache};
 use super::lora::BaseDtype;
 use super::weights::Weights;
-use super::{Attention, Network, Training};
+use super::{Attention, Training};
 use crate::Error;
 use crate::family::Family;
 

@@ -75,7 +75,7 @@ impl TransformerShape {
 
     /// Activation bytes of all layers at 16 bits, per device, with tensor
     /// parallelism `tensor_parallel` (1 for none) and `recompute`; checked,
-    /// never wrapped ([`Error::Overflow`] past 2^64 − 1).
+    /// never wrapped ([`Error::ByteOverflow`] past 2^64 − 1).
     pub fn activation_bytes(&self, tensor_parallel: u64, recompute: Recompute) -> Result<u64, Error> {
         let overflow = || {
             Error::byte_overflow(format!(

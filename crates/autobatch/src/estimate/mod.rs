@@ -74,7 +74,7 @@ impl StaticMemory {
     /// The state of `parameters` parameters trained at `precision` with
     /// `optimizer`. Every byte count is exact (rounded to the nearest byte only
     /// for 8-bit Adam's fractional bytes per parameter); a state of 2^64 bytes
-    /// or more is [`Error::Overflow`], never a wrapped or saturated number.
+    /// or more is [`Error::ByteOverflow`], never a wrapped or saturated number.
     pub fn new(parameters: u64, precision: Precision, optimizer: OptimizerKind) -> Result<Self, Error> {
         let overflow = || {
             Error::byte_overflow(format!(
@@ -111,7 +111,7 @@ impl StaticMemory {
     }
 
     /// [`total`](Self::total) plus `activation_bytes`, or
-    /// [`Error::Overflow`] past 2^64 − 1 bytes.
+    /// [`Error::ByteOverflow`] past 2^64 − 1 bytes.
     pub fn total_with(&self, activation_bytes: u64) -> Result<u64, Error> {
         self.total().checked_add(activation_bytes).ok_or_else(|| {
             Error::byte_overflow(format!(

@@ -273,7 +273,7 @@ fn the_core_modules_depend_one_way() {
 /// layers, the architectures on the layers, the trainer below the reference
 /// models it trains, serving on top. Its root (`lib.rs`: ConfigModel, the
 /// model a config describes) sits above them all and is not placed.
-const MODELS_ORDER: [&str; 21] = [
+const MODELS_ORDER: [&str; 24] = [
     "splitmix",
     "error",
     "ops",
@@ -283,6 +283,7 @@ const MODELS_ORDER: [&str; 21] = [
     "params",
     "weights",
     "lora",
+    "training",
     "kv_cache",
     "layers",
     "checkpoint",
@@ -292,6 +293,8 @@ const MODELS_ORDER: [&str; 21] = [
     "step",
     "serving_bytes",
     "trainer",
+    "tensors",
+    "config_model",
     "reference",
     "inference",
     "serve",

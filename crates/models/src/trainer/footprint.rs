@@ -40,13 +40,13 @@ impl Footprint {
         self.fixed_bytes.saturating_add(self.min_bytes_per_sample)
     }
 
-    /// [`Error::ModelTooLarge`] when not even batch 1 can stay within
+    /// [`autobatch::Error::ModelTooLarge`] when not even batch 1 can stay within
     /// `limit_bytes` (the ceiling × the capacity).
     pub fn check_within(&self, limit_bytes: u64) -> Result<(), Error> {
         self.check_batch_within(1, limit_bytes)
     }
 
-    /// [`Error::ModelTooLarge`] when a step at `batch` (the smallest batch the
+    /// [`autobatch::Error::ModelTooLarge`] when a step at `batch` (the smallest batch the
     /// search will try) surely goes over `limit_bytes`: refused before the
     /// first step allocates what the machine may not have.
     pub fn check_batch_within(&self, batch: usize, limit_bytes: u64) -> Result<(), Error> {
@@ -75,7 +75,7 @@ impl Footprint {
 }
 
 /// Byte arithmetic on model sizes that reports overflow as
-/// [`Error::ModelTooLarge`] instead of wrapping or panicking.
+/// [`autobatch::Error::ModelTooLarge`] instead of wrapping or panicking.
 pub(crate) struct Sizes {
     pub(crate) model: String,
 }

@@ -1,0 +1,329 @@
+//! A config's tensors by name and shape, counted: its parameters, LoRA's
+//! adapters on its projections, the footprint before any step, the frozen
+//! bytes, the dtype it trains in.
+
+use candle_core::DType;
+
+use crate::family::Family;
+use crate::trainer::Footprint;
+use crate::weights::{Init, TensorSpec};
+use crate::{Attention, BaseDtype, BertHead, Compute, Config, Error, Lora, Loss, Ops, Training, bert, decoder, gpt2};
+
+impl Config {
+    /// The checkpoint's tensors, names and shapes, as [`ConfigModel::build`] makes them.
+    pub(crate) fn tensors(&self) -> Vec<TensorSpec> {
+        match self.family {
+            Family::Gpt2 => gpt2::tensors(self),
+            Family::Bert => bert::tensors(self),
+            _ => decoder::tensors(self),
+        }
+    }
+
+    /// The start of layer `index`'s tensor names.
+    fn layer_prefix(&self, index: usize) -> String {
+        match self.family {
+            Family::Gpt2 => format!("h.{index}."),
+            Family::Bert => format!("bert.encoder.layer.{index}."),
+            _ => format!("model.layers.{index}."),
+        }
+    }
+
+    /// The elements of `specs` outside the layers and in one layer (every
+    /// layer is alike), listed for a one-layer copy: counted without a list
+    /// as long as the layers, every product checked.
+    fn split_counts(&self, specs: impl Fn(&Config) -> Vec<TensorSpec>) -> Option<(u64, u64)> {
+        let one = Config { layers: 1, ..self.clone() };
+        let prefix = self.layer_prefix(0);
+        let (mut outside, mut layer) = (0u64, 0u64);
+        for spec in specs(&one) {
+            let elements = spec.elements()?;
+            if spec.name.starts_with(&prefix) {
+                layer = layer.checked_add(elements)?;
+            } else {
+                outside = outside.checked_add(elements)?;
+            }
+        }
+        Some((outside, layer))
+    }
+
+    /// `outside + layers × layer`, checked.
+    fn over_layers(&self, (outside, layer): (u64, u64)) -> Option<u64> {
+        layer.checked_mul(self.layers as u64)?.checked_add(outside)
+    }
+
+    /// The model's parameters, counted from the config without allocating:
+    /// every tensor of the checkpoint once (a tied head is the embedding), as
+    /// transformers' `num_parameters()` counts them; `u64::MAX` for a config
+    /// past 64 bits (see [`checked_parameter_count`](Self::checked_parameter_count)).
+    ///
+    /// ```
+    /// let gpt2 = autobatch_models::Config::from_json(
+    ///     r#"{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024}"#,
+    /// )?;
+    /// assert_eq!(gpt2.parameter_count(), 124_439_808);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn parameter_count(&self) -> u64 {
+        count_parameters(self).unwrap_or(u64::MAX)
+    }
+
+    /// The projections LoRA can adapt: checkpoint names with (out, in).
+    pub(crate) fn projections(&self) -> Vec<(String, usize, usize)> {
+        match self.family {
+            Family::Gpt2 => gpt2::projections(self),
+            Family::Bert => bert::projections(self),
+            _ => decoder::projections(self),
+        }
+    }
+
+    /// The projections of one layer (every layer has the same).
+    fn layer_projections(&self) -> Vec<(String, usize, usize)> {
+        Config { layers: 1, ..self.clone() }.projections()
+    }
+
+    /// Tensors transformers keeps in the model and never uses (an untied
+    /// BERT head's `cls.predictions.bias`): counted and loaded, never trained.
+    pub(crate) fn unused_tensors(&self) -> Vec<&'static str> {
+        match (self.family, self.bert_head, self.tie_embeddings) {
+            (Family::Bert, BertHead::MaskedLm, false) => vec!["cls.predictions.bias"],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The module names LoRA can target in this family.
+    pub fn lora_modules(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for (name, _, _) in self.layer_projections() {
+            let module = name.rsplit('.').next().unwrap_or(&name).to_owned();
+            if !names.contains(&module) {
+                names.push(module);
+            }
+        }
+        names
+    }
+
+    /// The adapters `lora` adds: `{module}.lora_A.weight` `(r, in)` and
+    /// `{module}.lora_B.weight` `(out, r)` for each module it targets.
+    pub(crate) fn adapters(&self, lora: &Lora) -> Result<Vec<TensorSpec>, Error> {
+        self.check_lora(lora)?;
+        Ok(self.adapter_specs(lora))
+    }
+
+    fn adapter_specs(&self, lora: &Lora) -> Vec<TensorSpec> {
+        let mut specs = Vec::new();
+        for (name, out, input) in self.projections().into_iter().filter(|(name, _, _)| lora.targets(name)) {
+            let std = 1.0 / (input as f32).sqrt();
+            specs.push(TensorSpec::new(format!("{name}.lora_A.weight"), &[lora.rank, input], Init::Normal(std)));
+            specs.push(TensorSpec::new(format!("{name}.lora_B.weight"), &[out, lora.rank], Init::Zeros));
+        }
+        specs
+    }
+
+    /// A rank of at least 1 and targets that are modules of this family.
+    fn check_lora(&self, lora: &Lora) -> Result<(), Error> {
+        if lora.rank == 0 {
+            return Err(Error::zero(crate::Setting::LoraRank));
+        }
+        let valid = self.lora_modules();
+        if let Some(unknown) = lora.targets.iter().find(|target| !valid.contains(target)) {
+            return Err(Error::invalid(
+                crate::Setting::LoraTargets,
+                autobatch::Value::Text(unknown.clone()),
+                format!("use modules of a {} layer: {}", self.family.model_type(), valid.join(", ")),
+            ));
+        }
+        if lora.targets.is_empty() {
+            return Err(Error::invalid(
+                crate::Setting::LoraTargets,
+                autobatch::Value::Missing,
+                format!("use one or more of {}", valid.join(", ")),
+            ));
+        }
+        let twice = lora
+            .targets
+            .iter()
+            .enumerate()
+            .find_map(|(i, target)| lora.targets[..i].contains(target).then_some(target));
+        if let Some(twice) = twice {
+            return Err(Error::invalid(
+                crate::Setting::LoraTargets,
+                autobatch::Value::Text(lora.targets.join(",")),
+                format!("name each module once ({twice} is given twice)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The adapters' elements, counted without a per-layer list.
+    fn adapter_count(&self, lora: &Lora) -> Result<Option<u64>, Error> {
+        self.check_lora(lora)?;
+        Ok(self.split_counts(|one| one.adapter_specs(lora)).and_then(|counts| self.over_layers(counts)))
+    }
+
+    /// What a step of this model surely needs on the CPU, from the config
+    /// alone: the weights, and for what trains its gradient and two AdamW
+    /// moments; beside them 85% of the step's widest moment at one sample
+    /// (less a sample's least bytes) and of its least bytes a sample ([`step_memory`](Self::step_memory), which
+    /// holds within 15% of the measured step on the reference configs), so
+    /// that `fixed + batch × per sample` stays under what any batch holds.
+    /// What decides, before anything is allocated, that not even the first
+    /// batch fits. Every product is checked.
+    pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
+        let model_dtype = self.model_dtype(training)?;
+        let dtype = model_dtype.size_in_bytes() as u64;
+        let overflow = || Error::byte_overflow(format!("the tensors of {}", self.describe(training)));
+        let base = self.checked_parameter_count()?;
+        let (trained, fixed) = match &training.lora {
+            Some(lora) => {
+                let adapters = self.adapter_count(lora)?.ok_or_else(overflow)?;
+                let adapter_bytes = lora.adapter_dtype(model_dtype).size_in_bytes() as u64;
+                let frozen = self.frozen_bytes(training)?;
+                let fixed = adapters.checked_mul(4 * adapter_bytes).and_then(|a| a.checked_add(frozen));
+                (adapters, fixed.ok_or_else(overflow)?)
+            }
+            None => (base, base.checked_mul(4 * dtype).ok_or_else(overflow)?),
+        };
+        let step = self.step_memory(training, Compute::Cpu)?;
+        let gradients = match &training.lora {
+            Some(_) => 0,
+            None => base.checked_mul(dtype).ok_or_else(overflow)?,
+        };
+        // the state above counts the gradients: the moments before them hold the
+        // rest. Every moment grows by at least the least bytes a sample, so the
+        // widest at one sample plus that many a sample more bounds every batch
+        let least_per_sample = step.moments.iter().map(|moment| moment.bytes_per_sample).min().unwrap_or(0);
+        let widest = step.peak_bytes(gradients, 1)?.saturating_sub(gradients).saturating_sub(least_per_sample);
+        let lower = |bytes: u64| bytes / 20 * 17;
+        Ok(Footprint {
+            model: self.describe(training),
+            parameters: trained,
+            fixed_bytes: fixed.checked_add(lower(widest)).ok_or_else(overflow)?,
+            min_bytes_per_sample: lower(least_per_sample),
+        })
+    }
+
+    /// The bytes of a LoRA model's frozen base, from the config alone: its
+    /// weights without gradients or moments, a quantized base's projections
+    /// in whole blocks plus the one weight a product dequantizes at a time;
+    /// 0 without LoRA (every weight trains).
+    ///
+    /// ```
+    /// use autobatch_models::{BaseDtype, Config, Lora, Training};
+    /// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+    ///     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}"#)?;
+    /// let lora = |base| Training::new(32).dtype(candle_core::DType::F32).lora(Lora::new(8, &["q_proj"]).base(base));
+    /// let f32_base = config.frozen_bytes(&lora(BaseDtype::F32))?;
+    /// assert_eq!(f32_base, config.parameter_count() * 4);
+    /// assert!(config.frozen_bytes(&lora(BaseDtype::Q4_0))? < f32_base / 2);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn frozen_bytes(&self, training: &Training) -> Result<u64, Error> {
+        let Some(lora) = &training.lora else { return Ok(0) };
+        let dtype = self.model_dtype(training)?.size_in_bytes() as u64;
+        let base = self.checked_parameter_count()?;
+        let overflow = || Error::byte_overflow(format!("the frozen base of {}", self.describe(training)));
+        let Some(quantized) = lora.base.and_then(BaseDtype::quantized) else {
+            return base.checked_mul(dtype).ok_or_else(overflow);
+        };
+        let sizes: Vec<u64> =
+            self.layer_projections().iter().map(|(_, out, input)| *out as u64 * *input as u64).collect();
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let projections = sizes.iter().sum::<u64>().checked_mul(self.layers as u64).ok_or_else(overflow)?;
+        // whole blocks, and the one weight a product dequantizes (f32, then the model's dtype)
+        let dequantized = if dtype == 4 { 4 } else { 4 + dtype };
+        (projections / quantized.block_size() as u64)
+            .checked_mul(quantized.type_size() as u64)
+            .and_then(|bytes| (base - projections).checked_mul(dtype)?.checked_add(bytes))
+            .and_then(|bytes| largest.checked_mul(dequantized)?.checked_add(bytes))
+            .ok_or_else(overflow)
+    }
+
+    /// The dtype of the model's weights and activations: a float LoRA
+    /// base's, else `training.dtype`, else the config's `torch_dtype`.
+    /// Refused: a float base of another dtype than `training.dtype` asks
+    /// for, a quantized base over projections whose inputs are not whole
+    /// blocks, candle's frozen gradients kept over a quantized base.
+    pub fn model_dtype(&self, training: &Training) -> Result<DType, Error> {
+        let asked = training.dtype.unwrap_or(self.dtype);
+        let Some(lora) = &training.lora else { return Ok(asked) };
+        let Some(base) = lora.base else { return Ok(asked) };
+        let refused = |valid: String| {
+            Error::invalid(
+                crate::Setting::BaseDtype,
+                autobatch::Value::Text(base.name().into()),
+                format!("use {valid}"),
+            )
+        };
+        if let Some(float) = base.float() {
+            return match training.dtype {
+                Some(dtype) if dtype != float => Err(refused(format!(
+                    "{} to match the model's dtype {} (a float base is the model's dtype), or q8_0 or q4_0",
+                    match dtype {
+                        DType::F32 => "f32",
+                        _ => "bf16",
+                    },
+                    dtype.as_str()
+                ))),
+                _ => Ok(float),
+            };
+        }
+        if lora.frozen_gradients {
+            return Err(refused("f32 or bf16 to keep candle's gradients of the frozen weights".into()));
+        }
+        let block = base.quantized().map_or(1, |quantized| quantized.block_size());
+        if let Some((name, _, input)) = self.layer_projections().into_iter().find(|(_, _, input)| input % block != 0) {
+            return Err(refused(format!(
+                "f32 or bf16 here: {name} takes {input} features, not a multiple of {block}, the block of {base}"
+            )));
+        }
+        Ok(asked)
+    }
+
+    /// `llama(vocab 128256, hidden 2048, layers 16, heads 32/8, seq-len 512, bf16, LoRA r 8 on q_proj,v_proj)`.
+    pub fn describe(&self, training: &Training) -> String {
+        let dtype = self.model_dtype(training).unwrap_or(training.dtype.unwrap_or(self.dtype));
+        let heads = if self.kv_heads == self.heads {
+            self.heads.to_string()
+        } else {
+            format!("{}/{}", self.heads, self.kv_heads)
+        };
+        let lora = match &training.lora {
+            Some(lora) => {
+                let base = match lora.base {
+                    Some(base) => format!(", {base} base"),
+                    None => String::new(),
+                };
+                let kept = if lora.frozen_gradients { ", frozen gradients kept" } else { "" };
+                format!(", LoRA r {} on {}{base}{kept}", lora.rank, lora.targets.join(","))
+            }
+            None => String::new(),
+        };
+        let checkpointing = if training.checkpointing { ", checkpointed" } else { "" };
+        // the lean step is the default: the eager forms are named
+        let mut step = String::new();
+        if training.attention == Attention::Eager {
+            step += ", eager attention";
+        }
+        if training.loss == Loss::Full {
+            step += ", full loss";
+        }
+        if training.ops == Ops::Eager {
+            step += ", eager ops";
+        }
+        format!(
+            "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora}{checkpointing}{step})",
+            self.family.model_type(),
+            self.vocab,
+            self.hidden,
+            self.layers,
+            training.seq_len,
+            dtype.as_str()
+        )
+    }
+}
+
+/// The parameters of `config`, counted without a per-layer list; `None`
+/// past 64 bits.
+pub(crate) fn count_parameters(config: &Config) -> Option<u64> {
+    config.over_layers(config.split_counts(Config::tensors)?)
+}
