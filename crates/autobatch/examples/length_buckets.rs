@@ -93,7 +93,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
     let mut probe =
         ModelProbe::by_size(&varmap, LONGEST, |batch, len| model.loss(batch, len, 0)).adamw(params.clone())?;
     let plan = Tuner::new().search(&mut probe, &mut meter).sizes(&[16, 32, 48, LONGEST])?;
-    drop(probe); // frees the probe's AdamW moments before training makes its own
+    // (the probe freed its AdamW moments when the search ended)
     println!("{plan}\n");
     for len in [24, 40, 56] {
         let predicted = plan.batch_for(len)?;

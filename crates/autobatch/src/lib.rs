@@ -37,9 +37,9 @@
 //! let mut meter = HeapMeter::with_room(2 << 20, 0.9)?;
 //! let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default())?;
 //! // a step that leaves a variable without a gradient (candle's fused LayerNorm) is refused:
-//! // Error::PartialGraph names the switch to autobatch_models::ops::nn
+//! // Error::PartialGraph names the variables (autobatch_models::ops has differentiable forms);
+//! // the probe frees its optimizer state when the search ends: train beside it
 //! let plan = Tuner::new().max_batch(256).target_effective_batch(512).run(&mut probe, &mut meter)?;
-//! drop(probe);
 //! println!("{plan}");
 //!
 //! let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;

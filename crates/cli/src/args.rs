@@ -6,8 +6,9 @@ use autobatch_models::{Attention, BaseDtype, Loss, Ops};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::values::{
-    AttentionArg, Count, DtypeArg, LossArg, ObjectiveArg, OpsArg, OptimizerArg, PrecisionArg, ProbeOptimizerArg,
-    RecomputeArg, StrategyArg, base_dtype, ceiling, lora_alpha, module_name, seed, typed,
+    AttentionArg, Capacity, Count, DeviceSpec, DtypeArg, LossArg, ObjectiveArg, OpsArg, OptimizerArg, PrecisionArg,
+    ProbeOptimizerArg, RecomputeArg, StrategyArg, base_dtype, budget, bytes, capacity, ceiling, device, lora_alpha,
+    module_name, parameters, seed, typed,
 };
 
 pub const EXIT_CODES: &str = "\
@@ -89,7 +90,8 @@ pub enum Command {
 
 /// The CPU budget of `autobatch probe` when none is given: small enough that
 /// the default transformer tunes in seconds, and far from any machine's RAM.
-pub const DEFAULT_BUDGET: &str = "256MiB";
+/// `probe`'s CPU budget when `--budget` is not given: 256 MiB.
+pub const DEFAULT_BUDGET: u64 = 256 << 20;
 
 /// `autobatch probe`.
 #[derive(Debug, Args)]
@@ -281,14 +283,14 @@ impl ConfigArgs {
 #[command(next_help_heading = "Search")]
 pub struct SearchArgs {
     /// Device: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[arg(long, default_value = "cpu", value_parser = device)]
+    pub device: DeviceSpec,
     /// CPU memory budget playing device memory, e.g. 512MiB or 4GiB. Keep it
     /// under half the free RAM: the one over-budget trial allocates up to about
     /// twice the budget (a budget above the available RAM is refused)
     /// [default: 256MiB].
-    #[arg(long, allow_hyphen_values = true)]
-    pub budget: Option<String>,
+    #[arg(long, allow_hyphen_values = true, value_parser = budget)]
+    pub budget: Option<u64>,
     /// Most a fitting step may use, as a fraction of capacity, in (0, 1]
     /// (0.9, or 90%).
     #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling)]
@@ -459,8 +461,14 @@ impl EstimateArgs {
 #[command(next_help_heading = "What trains")]
 pub struct StateArgs {
     /// Trainable parameters, e.g. 1e9, 125M or 7B.
-    #[arg(long, allow_hyphen_values = true, required_unless_present = "config", conflicts_with = "config")]
-    pub params: Option<String>,
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        required_unless_present = "config",
+        conflicts_with = "config",
+        value_parser = parameters
+    )]
+    pub params: Option<u64>,
     /// A Hugging Face config.json: the parameters, and the whole training
     /// step on candle counted from it (the activations of the lean step by
     /// default, the head's logits and the loss included) at --seq-len
@@ -494,8 +502,8 @@ pub struct DeviceArgs {
     /// a100-80gb, h200, l4, l40s, rtx4090, rtx3090, v100-16gb, v100-32gb,
     /// mi300x, ...: the memory it reports): says whether it fits, and what
     /// would make it.
-    #[arg(long, allow_hyphen_values = true)]
-    pub capacity: Option<String>,
+    #[arg(long, allow_hyphen_values = true, value_parser = capacity)]
+    pub capacity: Option<Capacity>,
     /// List the named cards this configuration fits on (per device, under
     /// --zero, --ranks and --tensor-parallel), with the memory each reports.
     #[arg(long)]
@@ -539,8 +547,14 @@ pub struct ShardingArgs {
 #[command(next_help_heading = "Activations")]
 pub struct ActivationArgs {
     /// Activation memory at the batch you want, e.g. 6GiB (from a probe); counted in the total.
-    #[arg(id = "activations", long = "activations", value_name = "ACTIVATIONS", allow_hyphen_values = true)]
-    pub bytes: Option<String>,
+    #[arg(
+        id = "activations",
+        long = "activations",
+        value_name = "ACTIVATIONS",
+        allow_hyphen_values = true,
+        value_parser = bytes
+    )]
+    pub bytes: Option<u64>,
     /// Transformer layers: with --hidden, --heads, --seq-len and --batch, the
     /// activations are estimated (Korthikanti et al. 2022, 16-bit) instead of
     /// given. With --config: a copy of the model with this many layers (its
@@ -742,11 +756,11 @@ pub struct ServeArgs {
     #[arg(long, default_value = "0.9", value_parser = ceiling)]
     pub ceiling: Ceiling,
     /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[arg(long, default_value = "cpu", value_parser = device)]
+    pub device: DeviceSpec,
     /// The CPU's memory for the whole process (weights included) [default: 1GiB].
-    #[arg(long)]
-    pub budget: Option<String>,
+    #[arg(long, allow_hyphen_values = true, value_parser = budget)]
+    pub budget: Option<u64>,
     /// The plan as JSON on stdout.
     #[arg(long)]
     pub json: bool,

@@ -1,42 +1,20 @@
 //! `--device` and `--budget`, read and checked the same way for `probe` and
-//! `serve`: where a command runs, and the CPU budget against every limit the
-//! process lives under.
+//! `serve`: where a command runs, with the meter that measures it (chosen
+//! once, [`on_device`]), and the CPU budget against every limit the process
+//! lives under.
 
-use autobatch::Bytes;
+use autobatch::{Bytes, HeapMeter, MemoryMeter};
 
 use crate::failure::Failure;
-use crate::parse::parse_bytes;
-
-/// Where to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeviceSpec {
-    Cpu,
-    Cuda(usize),
-}
-
-pub fn parse_device(text: &str) -> Result<DeviceSpec, Failure> {
-    let invalid = || Failure::usage(format!("invalid device {text:?}: use cpu, cuda or cuda:N (N a GPU ordinal)"));
-    match text {
-        "cpu" => Ok(DeviceSpec::Cpu),
-        "cuda" => Ok(DeviceSpec::Cuda(0)),
-        other => match other.strip_prefix("cuda:") {
-            Some(ordinal) => ordinal.parse().map(DeviceSpec::Cuda).map_err(|_| invalid()),
-            None => Err(invalid()),
-        },
-    }
-}
+use crate::values::DeviceSpec;
 
 /// `--budget` (or `default`) read and checked against every limit the
 /// process lives under, as the probe's CPU budget says; with where it came from.
-pub fn checked_budget(given: Option<&str>, default: &'static str) -> Result<(u64, &'static str), Failure> {
-    let (text, why) = match given {
-        Some(text) => (text, "--budget"),
+pub fn checked_budget(given: Option<u64>, default: u64) -> Result<(u64, &'static str), Failure> {
+    let (budget, why) = match given {
+        Some(bytes) => (bytes, "--budget"),
         None => (default, "the default; set --budget"),
     };
-    let budget = parse_bytes(text).map_err(|err| Failure::usage(format!("--budget: {err}")))?;
-    if budget == 0 {
-        return Err(Failure::usage("--budget is 0: give the memory the step may use, e.g. 256MiB"));
-    }
     let search = budget.saturating_mul(2);
     let twice = match budget.checked_mul(2) {
         Some(bytes) => Bytes(bytes).to_string(),
@@ -77,21 +55,116 @@ pub fn checked_budget(given: Option<&str>, default: &'static str) -> Result<(u64
     Ok((budget, why))
 }
 
-/// Address space each worker thread may reserve beyond what it allocates (an
-/// allocator arena and a stack): counted against `ulimit -v` and `ulimit -d`.
-const PER_THREAD_RESERVE: u64 = 66 << 20;
+/// The device a command runs on, with the meter that measures it: the CPU's
+/// heap under the budget, or a GPU's memory. Past [`on_device`] one path runs,
+/// whichever it is.
+pub struct OnDevice {
+    pub meter: Box<dyn MemoryMeter>,
+    pub device: candle_core::Device,
+    /// The device in words, for the header and the chart: `the CPU under a
+    /// 256 MiB budget`, `NVIDIA H100 80GB HBM3 (79.2 GiB)`.
+    pub words: String,
+    /// Where its size came from: `--budget`, the default, `--device`.
+    pub size_from: &'static str,
+    /// On the CPU, the matmul buffers its worker threads keep for good.
+    pub thread_buffers: Option<ThreadBuffers>,
+}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The matmul buffers candle's CPU threads keep: in use before any step.
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadBuffers {
+    pub bytes: u64,
+    pub threads: usize,
+    pub each: u64,
+}
 
-    #[test]
-    fn devices() {
-        assert_eq!(parse_device("cpu").unwrap(), DeviceSpec::Cpu);
-        assert_eq!(parse_device("cuda").unwrap(), DeviceSpec::Cuda(0));
-        assert_eq!(parse_device("cuda:3").unwrap(), DeviceSpec::Cuda(3));
-        for bad in ["gpu", "cuda:", "cuda:x", "CPU", "cuda:-1"] {
-            assert!(parse_device(bad).is_err(), "{bad}");
+/// `--device` (and on the CPU `--budget`, or `default_budget`), checked, with
+/// its meter.
+pub fn on_device(device: DeviceSpec, budget: Option<u64>, default_budget: u64) -> Result<OnDevice, Failure> {
+    match device {
+        DeviceSpec::Cpu => {
+            check_threads()?;
+            let (budget, size_from) = checked_budget(budget, default_budget)?;
+            let meter = HeapMeter::new(budget)?;
+            let thread_buffers = ThreadBuffers {
+                bytes: meter.thread_scratch_bytes(),
+                threads: meter.buffered_threads(),
+                each: meter.thread_buffer_bytes(),
+            };
+            Ok(OnDevice {
+                meter: Box::new(meter),
+                device: candle_core::Device::Cpu,
+                words: format!("the CPU under a {} budget", Bytes(budget)),
+                size_from,
+                thread_buffers: Some(thread_buffers),
+            })
+        }
+        DeviceSpec::Cuda(ordinal) => on_cuda(ordinal, budget),
+    }
+}
+
+/// `--device cuda:N`: the CUDA meter of that GPU, its capacity the limit's base.
+#[cfg(feature = "cuda")]
+fn on_cuda(ordinal: usize, budget: Option<u64>) -> Result<OnDevice, Failure> {
+    if budget.is_some() {
+        return Err(Failure::usage("--budget is for --device cpu: a GPU's capacity is its memory"));
+    }
+    let meter = autobatch::CudaMeter::new(ordinal)?;
+    let device = meter.device().clone();
+    let words = format!("{} ({})", meter.name(), Bytes(meter.capacity()?));
+    Ok(OnDevice { meter: Box::new(meter), device, words, size_from: "--device", thread_buffers: None })
+}
+
+/// `--device cuda:N` without the `cuda` feature: refused, saying how to build it.
+#[cfg(not(feature = "cuda"))]
+fn on_cuda(ordinal: usize, _: Option<u64>) -> Result<OnDevice, Failure> {
+    Err(Failure::usage(format!(
+        "--device cuda:{ordinal} needs an autobatch built with CUDA: cargo build --release --features cuda"
+    )))
+}
+
+impl OnDevice {
+    /// `failure`, where nothing fits and the CPU threads' matmul buffers take
+    /// much of `limit`, naming them as what does not fit.
+    pub fn blame_thread_buffers(&self, failure: Failure, limit: u64) -> Failure {
+        match (failure.kind, self.thread_buffers) {
+            (crate::failure::Kind::NothingFits, Some(buffers)) if buffers.bytes > limit / 4 => Failure {
+                message: format!(
+                    "{}; {} of the memory in use before each step is the matmul buffer candle keeps on each of \
+                     {} threads ({} each, this host's L2 cache per core): fewer threads (RAYON_NUM_THREADS) \
+                     leave more room",
+                    failure.message,
+                    Bytes(buffers.bytes),
+                    buffers.threads,
+                    Bytes(buffers.each),
+                ),
+                ..failure
+            },
+            _ => failure,
         }
     }
 }
+
+/// Worker threads past this many (or 8 per core, if more) are refused: each
+/// keeps candle's matmul buffer for good (the host's L2 cache per core), and
+/// starting them takes longer than any probe.
+const MOST_THREADS: usize = 256;
+
+/// `RAYON_NUM_THREADS`, when it asks for more threads than make sense here.
+fn check_threads() -> Result<(), Failure> {
+    let Ok(text) = std::env::var("RAYON_NUM_THREADS") else { return Ok(()) };
+    let Ok(threads) = text.trim().parse::<usize>() else { return Ok(()) };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = MOST_THREADS.max(8 * cores);
+    if threads > most {
+        return Err(Failure::usage(format!(
+            "RAYON_NUM_THREADS={threads} asks for more worker threads than this machine can use ({cores} cores): \
+             each keeps a matmul buffer the size of the L2 cache per core; use at most {most}"
+        )));
+    }
+    Ok(())
+}
+
+/// Address space each worker thread may reserve beyond what it allocates (an
+/// allocator arena and a stack): counted against `ulimit -v` and `ulimit -d`.
+const PER_THREAD_RESERVE: u64 = 66 << 20;

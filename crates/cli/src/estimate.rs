@@ -15,14 +15,13 @@ use candle_core::DType;
 
 use crate::args::{ActivationArgs, EstimateArgs, ShardingArgs};
 use crate::failure::{Failure, Flags};
-use crate::parse::{parse_bytes, parse_count};
 use crate::step::{Fit, Step};
 use crate::values::Count;
 
 /// `autobatch estimate`.
 pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
     if let (true, Some(path)) = (args.serving.serve, &args.state.config) {
-        let capacity = args.device.capacity.as_deref().map(parse_capacity).transpose()?.map(|(bytes, _)| bytes);
+        let capacity = args.device.capacity.map(|capacity| capacity.bytes);
         return crate::serve::estimate(
             path,
             &args.serving.settings,
@@ -95,10 +94,7 @@ impl Estimate {
         let model = config_model(args)?;
         let parameters = parameters(args, model.as_ref())?;
         let precision = precision(args, model.as_ref())?;
-        let capacity = args.device.capacity.as_deref().map(parse_capacity).transpose()?;
-        if capacity.is_some_and(|(bytes, _)| bytes == 0) {
-            return Err(Failure::usage("--capacity is 0: give the device's memory, e.g. 80GB or 24GiB"));
-        }
+        let capacity = args.device.capacity.map(|capacity| (capacity.bytes, capacity.card));
         let sharding = sharding(args)?;
         let frozen = model.as_ref().and_then(|model| model.lora.as_ref()).map_or(0, |lora| lora.frozen_bytes);
         let setup = TrainingSetup::new(parameters, precision, args.state.optimizer).sharded(sharding).frozen(frozen);
@@ -427,7 +423,7 @@ fn parameters(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<u64,
     let parameters = match (model, &args.state.params) {
         (Some(FlaggedConfig { lora: Some(lora), .. }), _) => lora.footprint.parameters,
         (Some(model), _) => model.config.parameter_count(),
-        (None, Some(params)) => parse_count(params).map_err(|err| Failure::usage(format!("--params: {err}")))?,
+        (None, Some(params)) => *params,
         (None, None) => return Err(Failure::usage("give --params N or --config path/to/config.json")),
     };
     if parameters == 0 {
@@ -513,28 +509,6 @@ fn lora_training(args: &EstimateArgs, config: &Config, rank: usize) -> Result<Lo
     Ok(LoraTraining { training, footprint, frozen_bytes })
 }
 
-/// `--capacity`: a size (`80GB`, `24GiB`) or a card's name (`h100`), with the card.
-fn parse_capacity(text: &str) -> Result<(u64, Option<&'static Accelerator>), Failure> {
-    let bare_number = !text.trim().is_empty() && text.trim().bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    if bare_number {
-        let card = match Accelerator::nearest(text) {
-            Some(card) => format!("did you mean {} ({})? ", card.name, card.description),
-            None => String::new(),
-        };
-        return Err(Failure::usage(format!(
-            "--capacity {}: a number without a unit; {card}give a card's name, or the memory with its unit \
-             (e.g. 80GB or 24GiB)",
-            text.trim(),
-        )));
-    }
-    if text.trim_start().starts_with(|c: char| c.is_ascii_digit() || c == '.' || c == '-' || c == '+') {
-        let bytes = parse_bytes(text).map_err(|err| Failure::usage(format!("--capacity: {err}")))?;
-        return Ok((bytes, None));
-    }
-    let card = Accelerator::named(text)?;
-    Ok((card.memory_bytes, Some(card)))
-}
-
 impl Estimate {
     /// `--which-gpus`: every named card, whether the total per device fits
     /// under the ceiling of it (or, activations not counted, leaves them room).
@@ -606,9 +580,7 @@ fn with_activations(
                 "--recompute needs the transformer's --layers, --hidden, --heads, --seq-len and --batch",
             ));
         }
-        let given = args.activations.bytes.as_deref().map(crate::parse::parse_bytes).transpose();
-        let bytes = given.map_err(|err| Failure::usage(format!("--activations: {err}")))?.unwrap_or(0);
-        return Ok(setup.activations(bytes));
+        return Ok(setup.activations(args.activations.bytes.unwrap_or(0)));
     };
     let recompute = args.activations.recompute;
     match activation_precision.filter(|precision| *precision != setup.precision) {

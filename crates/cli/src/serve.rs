@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
-use autobatch::{Bytes, Ceiling, HeapMeter, MemoryMeter};
+use autobatch::{Bytes, Ceiling, MemoryMeter};
 use autobatch_models::{BaseDtype, Config, KvCache, Serving, ServingBytes, ServingShape};
 use candle_core::DType;
 use serde_json::json;
@@ -23,7 +23,7 @@ const DEFAULT_CONTEXT: usize = 4096;
 const DEFAULT_CHUNK: usize = 2048;
 
 /// The CPU budget of `serve` when none is given.
-const DEFAULT_BUDGET: &str = "1GiB";
+const DEFAULT_BUDGET: u64 = 1 << 30;
 
 /// What `serve` and `estimate --serve` settle before measuring or counting.
 struct Settled {
@@ -78,40 +78,18 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     }
     let config = load(&args.config, &Flags::PROBE)?;
     let settled = args.serving.settle(config, &args.config)?;
-    match crate::device_flags::parse_device(&args.device)? {
-        crate::device_flags::DeviceSpec::Cpu => {
-            // checked against the machine's memory and the process's limits, as probe's
-            let (budget, _) = crate::device_flags::checked_budget(args.budget.as_deref(), DEFAULT_BUDGET)?;
-            // counted for where it runs: the CPU's matmul widens bf16
-            let settled = Settled { shape: ServingShape { on_cpu: true, ..settled.shape }, ..settled };
-            serve_on(args, &settled, &mut HeapMeter::new(budget)?, &candle_core::Device::Cpu)
-        }
-        crate::device_flags::DeviceSpec::Cuda(ordinal) => on_cuda(args, &settled, ordinal),
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn on_cuda(args: &ServeArgs, settled: &Settled, ordinal: usize) -> Result<(), Failure> {
-    if args.budget.is_some() {
-        return Err(Failure::usage("--budget is for --device cpu: a GPU's capacity is its memory"));
-    }
-    let mut meter = autobatch::CudaMeter::new(ordinal)?;
-    let device = meter.device().clone();
-    serve_on(args, settled, &mut meter, &device)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn on_cuda(_: &ServeArgs, _: &Settled, ordinal: usize) -> Result<(), Failure> {
-    Err(Failure::usage(format!(
-        "--device cuda:{ordinal} needs an autobatch built with CUDA: cargo build --release --features cuda"
-    )))
+    let mut on = crate::device_flags::on_device(args.device, args.budget, DEFAULT_BUDGET)?;
+    // counted for where it runs: the CPU's matmul widens bf16
+    let on_cpu = on.device.is_cpu();
+    let settled = Settled { shape: ServingShape { on_cpu, ..settled.shape }, ..settled };
+    serve_on(args, &settled, on.meter.as_mut(), &on.device)
 }
 
 /// The model built on `device`, then `--check`, or the search and its report.
-fn serve_on<M: MemoryMeter>(
+fn serve_on(
     args: &ServeArgs,
     Settled { config, shape }: &Settled,
-    meter: &mut M,
+    meter: &mut dyn MemoryMeter,
     device: &candle_core::Device,
 ) -> Result<(), Failure> {
     let counted = config.serving_bytes(shape)?;

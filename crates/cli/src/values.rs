@@ -288,6 +288,84 @@ impl From<LossArg> for Loss {
     }
 }
 
+/// `--budget`: a byte size of at least one byte.
+pub fn budget(text: &str) -> Result<u64, String> {
+    match crate::parse::parse_bytes(text) {
+        Ok(0) => Err("is 0: give the memory the step may use, e.g. 256MiB".to_owned()),
+        Ok(bytes) => Ok(bytes),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// `--params`: a count of at least one, with a suffix (`125M`, `7B`) or an exponent.
+pub fn parameters(text: &str) -> Result<u64, String> {
+    match crate::parse::parse_count(text) {
+        Ok(0) => Err("is 0: give the number of trainable parameters, e.g. 125M".to_owned()),
+        Ok(count) => Ok(count),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// A byte size (`--activations`): a number and a unit.
+pub fn bytes(text: &str) -> Result<u64, String> {
+    crate::parse::parse_bytes(text).map_err(|err| err.to_string())
+}
+
+/// `--capacity`: a device's memory, given or a card's.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacity {
+    pub bytes: u64,
+    /// The card named, when one was.
+    pub card: Option<&'static autobatch::estimate::Accelerator>,
+}
+
+/// `--capacity`: a size (`80GB`, `24GiB`) or a card's name (`h100`).
+pub fn capacity(text: &str) -> Result<Capacity, String> {
+    use autobatch::estimate::Accelerator;
+    let bare_number = !text.trim().is_empty() && text.trim().bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    if bare_number {
+        let card = match Accelerator::nearest(text) {
+            Some(card) => format!("did you mean {} ({})? ", card.name, card.description),
+            None => String::new(),
+        };
+        return Err(format!(
+            "a number without a unit; {card}give a card's name, or the memory with its unit (e.g. 80GB or 24GiB)"
+        ));
+    }
+    if text.trim_start().starts_with(|c: char| c.is_ascii_digit() || c == '.' || c == '-' || c == '+') {
+        return match crate::parse::parse_bytes(text).map_err(|err| err.to_string())? {
+            0 => Err("is 0: give the device's memory, e.g. 80GB or 24GiB".to_owned()),
+            bytes => Ok(Capacity { bytes, card: None }),
+        };
+    }
+    match Accelerator::named(text) {
+        Ok(card) => Ok(Capacity { bytes: card.memory_bytes, card: Some(card) }),
+        // what would be valid, in words: clap names the flag and the value
+        Err(autobatch::Error::InvalidSetting { valid, .. }) => Err(valid.to_string()),
+        Err(other) => Err(other.to_string()),
+    }
+}
+
+/// `--device`: where a command runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+}
+
+/// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+pub fn device(text: &str) -> Result<DeviceSpec, String> {
+    let invalid = || "use cpu, cuda or cuda:N (N a GPU ordinal)".to_owned();
+    match text {
+        "cpu" => Ok(DeviceSpec::Cpu),
+        "cuda" => Ok(DeviceSpec::Cuda(0)),
+        other => match other.strip_prefix("cuda:") {
+            Some(ordinal) => ordinal.parse().map(DeviceSpec::Cuda).map_err(|_| invalid()),
+            None => Err(invalid()),
+        },
+    }
+}
+
 /// LoRA's alpha: a positive number.
 pub fn lora_alpha(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
@@ -336,6 +414,16 @@ pub fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn devices() {
+        assert_eq!(device("cpu").unwrap(), DeviceSpec::Cpu);
+        assert_eq!(device("cuda").unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!(device("cuda:3").unwrap(), DeviceSpec::Cuda(3));
+        for bad in ["gpu", "cuda:", "cuda:x", "CPU", "cuda:-1"] {
+            assert!(device(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn a_count_is_a_whole_number_of_at_least_one() {

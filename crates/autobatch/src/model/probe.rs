@@ -65,8 +65,10 @@ enum Update {
 /// [`optimizer`](Self::optimizer) (at the cost of a host copy of the
 /// variables). Variables the forward pass writes (BatchNorm's statistics) are
 /// put back bit for bit, and a variable left without a gradient is named in
-/// the plan ([`Warning::MissingGradients`]). How each is measured and what it
-/// costs: the guide, docs/library.md.
+/// the plan ([`Warning::MissingGradients`]). When the search ends the probe
+/// frees its optimizer's state (built again if it steps again): training can
+/// start beside it, with the memory the plan measured. How each is measured
+/// and what it costs: the guide, docs/library.md.
 ///
 /// ```
 /// #[global_allocator]
@@ -741,6 +743,13 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     }
 
     fn tuning_finished(&mut self) {
+        // the optimizer's state (AdamW's moments) goes with the search: training
+        // builds its own, and a probe still alive beside it holds none (built
+        // again if the probe steps again)
+        let freed = self.free_training_state();
+        if freed > 0 {
+            log::debug!("tuning is over: the probe's optimizer state, {}, freed", crate::Bytes(freed));
+        }
         if let Some(reset) = &mut self.reset
             && let Err(err) = reset()
         {

@@ -257,6 +257,43 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
     assert!(largest[1..].iter().all(|&b| b >= largest[0]), "a leaner state never fits less: {largest:?}");
 }
 
+/// A probe still alive after tuning holds no optimizer state: training beside
+/// it (no `drop(probe)` first) has the memory the plan measured. Its moments
+/// come back if it steps again.
+fn a_probe_kept_after_tuning_holds_no_optimizer_state() {
+    let task = Task::new();
+    let varmap = VarMap::new();
+    let model = Mlp::new(&varmap);
+    let loss = |b: usize| {
+        let (x, y) = task.batch(b, 0);
+        model.loss(&x, &y)
+    };
+    let parameters: u64 = varmap.all_vars().iter().map(|v| v.elem_count() as u64).sum();
+    let moments = 8 * parameters; // AdamW: two f32 moments a parameter
+    let mut meter = HeapMeter::with_room(12 << 20, 0.9).unwrap();
+    for name in ["adamw", "lion", "adamw8bit"] {
+        let before = meter.in_use().unwrap();
+        let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name);
+        let plan = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
+        let held = meter.in_use().unwrap().saturating_sub(before);
+        assert!(held < moments / 8, "{name}: the probe still holds {held} bytes after tuning\n{plan}");
+        // stepping again builds its state again, and the answer is the same
+        let again = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
+        assert_eq!(again.largest_batch, plan.largest_batch, "{name}");
+    }
+    // training beside the live probe stays under the plan's limit
+    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let plan = Tuner::new().max_batch(64).target_effective_batch(128).run(&mut probe, &mut meter).unwrap();
+    let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let mut training = autobatch::TrainLoop::new(&plan, &varmap, optimizer).unwrap();
+    meter.reset_peak().unwrap();
+    training.step(&mut meter, |micro| loss(micro.len)).unwrap();
+    let peak = meter.peak().unwrap();
+    assert!(peak <= plan.limit_bytes(), "training peaked at {peak} over the limit of\n{plan}");
+    println!("  training beside the live probe: peak {peak} under {}", plan.limit_bytes());
+    drop(probe);
+}
+
 /// Mixed precision: bf16 variables, f32 masters and AdamW state. The loss
 /// falls as with f32 AdamW, the state is 12 bytes per parameter on top of the
 /// 2 + 2 of bf16 weights and gradients, and the probe changes nothing.
@@ -618,6 +655,7 @@ pub fn tests() -> Vec<(&'static str, fn())> {
         ("each_holds_the_state_its_docs_say", each_holds_the_state_its_docs_say),
         ("a_dry_step_changes_nothing", a_dry_step_changes_nothing),
         ("model_probe_tunes_with_each_and_changes_nothing", model_probe_tunes_with_each_and_changes_nothing),
+        ("a_probe_kept_after_tuning_holds_no_optimizer_state", a_probe_kept_after_tuning_holds_no_optimizer_state),
         (
             "mixed_precision_learns_and_holds_the_zero_papers_16_bytes",
             mixed_precision_learns_and_holds_the_zero_papers_16_bytes,

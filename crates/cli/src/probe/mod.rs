@@ -5,18 +5,17 @@ mod advice;
 mod checks;
 mod compare;
 mod context;
-mod device;
 mod find;
 mod modes;
 
 use crate::output::{errln, outln};
-use autobatch::{MemoryMeter, Tuner};
+use autobatch::Tuner;
 
-use crate::args::ProbeArgs;
+use crate::args::{DEFAULT_BUDGET, ProbeArgs};
+use crate::device_flags::on_device;
 use crate::failure::Failure;
 use crate::model::{ModelConfig, search_tuner};
 
-use crate::device_flags::{DeviceSpec, parse_device};
 use context::Run;
 
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
@@ -26,14 +25,20 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let say = |line: &str| if args.output.json { errln!("{line}") } else { outln!("{line}") };
     let model = ModelConfig::from_args(args)?;
     let footprint = model.footprint()?;
-    let run = |meter: &mut dyn MemoryMeter, device: &candle_core::Device, on: &str, why: &str| {
-        Run { args, tuner: &tuner, model: &model, device, device_words: on, size_from: why, header: &say }
-            .dispatch(meter)
+    let mut on = on_device(args.search.device, args.search.budget, DEFAULT_BUDGET)?;
+    let limit = args.search.ceiling.limit_bytes(on.meter.capacity()?);
+    checks::check_footprint(args, &model, &footprint, limit)?;
+    let run = Run {
+        args,
+        tuner: &tuner,
+        model: &model,
+        device: &on.device,
+        device_words: &on.words,
+        size_from: on.size_from,
+        header: &say,
     };
-    match parse_device(&args.search.device)? {
-        DeviceSpec::Cpu => device::on_cpu(args, &model, &footprint, Box::new(run)),
-        DeviceSpec::Cuda(ordinal) => device::on_cuda(args, &model, &footprint, ordinal, Box::new(run)),
-    }
+    let answered = run.dispatch(on.meter.as_mut());
+    answered.map_err(|failure| on.blame_thread_buffers(failure, limit))
 }
 
 /// The batch search's tuner: [`search_tuner`] and the batch flags.

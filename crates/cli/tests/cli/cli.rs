@@ -766,7 +766,7 @@ fn estimate_takes_a_card_by_name() {
 
     assert_usage_error(
         &["estimate", "--params", "7B", "--capacity", "h1000"],
-        "--capacity is h1000: did you mean h100",
+        "invalid value 'h1000' for '--capacity <CAPACITY>': did you mean h100",
     );
     assert_usage_error(&["estimate", "--params", "7B", "--capacity", "h1000"], "a100-40gb, l40s, h100, a100-80gb");
 }
