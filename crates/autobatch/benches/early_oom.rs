@@ -150,7 +150,7 @@ fn run<W: Workload, M: MemoryMeter>(
     } else {
         tuner.run(workload, &mut Unread { inner: meter, failed })
     };
-    plan.ok().map(|plan| plan.largest_batch)
+    plan.ok().map(|plan| plan.largest_batch())
 }
 
 fn median(values: &mut [f64]) -> f64 {

@@ -111,7 +111,7 @@ fn case(inputs: usize, width: usize, micro: usize, k: usize) -> (f64, u64, u64, 
     let plan = plan(&varmap, &model, &data, micro, k);
     // the probe's step, over what was held before it (with k > 1, the accumulating micro-step)
     let probed = plan
-        .trials
+        .trials()
         .iter()
         .filter(|t| t.batch == micro && t.outcome.fits())
         .filter_map(|t| Some(t.peak_bytes? - t.baseline_bytes))

@@ -82,7 +82,7 @@
 //!
 //! let (mut step, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 90 << 20)).build();
 //! let plan = Tuner::new().ceiling(0.8).max_batch(64).run(&mut step, &mut meter)?;
-//! assert_eq!(plan.largest_batch, 64, "batch 64 no longer fits under 80%:\n{plan}");
+//! assert_eq!(plan.largest_batch(), 64, "batch 64 no longer fits under 80%:\n{plan}");
 //! assert!(plan.utilization() < 0.5, "headroom shrank:\n{plan}");
 //! # Ok::<(), autobatch::Error>(())
 //! ```

@@ -114,7 +114,8 @@ pub trait Workload {
     /// step; returns the bytes it expects to have freed, 0 when it holds none
     /// it can free (the default). [`Search::evaluating`](crate::Search::evaluating)
     /// calls it to measure evaluation alone, as a separate evaluation or
-    /// serving process runs it.
+    /// serving process runs it; every search calls it when it ends, so that
+    /// a probe kept alive holds no state beside the training that follows.
     fn free_training_state(&mut self) -> u64 {
         0
     }

@@ -147,17 +147,17 @@ fn svg_file(
 
 /// `probe --plot`: every trial's peak against its batch.
 pub fn plan(path: &Path, title: &str, plan: &Plan) -> Result<(), Failure> {
-    let line = plan.memory_model.as_ref().map(|model| (model.fixed_bytes, model.bytes_per_sample));
+    let line = plan.memory_model().map(|model| (model.fixed_bytes, model.bytes_per_sample));
     peaks(
         path,
         PeakChart {
             title,
             x_label: "batch",
-            points: points(&plan.trials),
+            points: points(plan.trials()),
             limit_bytes: plan.limit_bytes(),
             capacity_bytes: plan.capacity_bytes(),
             ceiling: plan.ceiling(),
-            chosen: plan.largest_batch,
+            chosen: plan.largest_batch(),
             line,
         },
     )
@@ -412,7 +412,7 @@ fn draw_sizes(
     root.fill(&WHITE)?;
     let longest = plan.sizes.keys().copied().max().unwrap_or(1);
     let shortest = plan.sizes.keys().copied().min().unwrap_or(1);
-    let most = plan.sizes.values().map(|plan| plan.largest_batch).max().unwrap_or(1);
+    let most = plan.sizes.values().map(|plan| plan.largest_batch()).max().unwrap_or(1);
     let (x_max, y_max) = ((longest as f64 * 1.05).ceil(), above_legend(most as f64 * 1.05, 3, PLOT_HEIGHT).ceil());
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 15))
@@ -446,7 +446,7 @@ fn draw_sizes(
         .draw_series(
             plan.sizes
                 .iter()
-                .map(|(&size, plan)| Circle::new((size as f64, plan.largest_batch as f64), 6, FITS.filled())),
+                .map(|(&size, plan)| Circle::new((size as f64, plan.largest_batch() as f64), 6, FITS.filled())),
         )?
         .label("verified (probed)")
         .legend(|(x, y)| Circle::new((x + 10, y), 6, FITS.filled()));

@@ -131,7 +131,7 @@ fn tuned(config: &Config, training: &Training) -> Option<(usize, f64)> {
             return None;
         }
     };
-    let batch = plan.largest_batch;
+    let batch = plan.largest_batch();
     let started = Instant::now();
     trainer.step(batch).unwrap();
     Some((batch, batch as f64 / started.elapsed().as_secs_f64()))

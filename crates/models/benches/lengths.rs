@@ -98,7 +98,7 @@ fn section() -> String {
     let started = Instant::now();
     let plan = Tuner::new().search(&mut trainer, &mut meter).sizes(&BUCKETS).unwrap();
     let tuning_s = started.elapsed().as_secs_f64();
-    let tuning_steps: usize = plan.sizes.values().flat_map(|plan| &plan.trials).map(|t| t.steps).sum();
+    let tuning_steps: usize = plan.sizes.values().flat_map(|plan| plan.trials()).map(|t| t.steps).sum();
     let limit = plan.limit_bytes;
 
     let lengths = lengths(7);
@@ -113,7 +113,7 @@ fn section() -> String {
     let fastest =
         Tuner::new().objective(Objective::Throughput).search(&mut trainer, &mut meter).sizes(&BUCKETS).unwrap();
     let throughput_s = started.elapsed().as_secs_f64();
-    let throughput_steps: usize = fastest.sizes.values().flat_map(|plan| &plan.trials).map(|t| t.steps).sum();
+    let throughput_steps: usize = fastest.sizes.values().flat_map(|plan| plan.trials()).map(|t| t.steps).sum();
     let chosen = |size: usize| fastest.plan_for(size).unwrap().micro_batch();
     let policies = [
         Policy { name: "one batch tuned at 256, padded to 256", batches: BUCKETS.map(|b| (b, longest, 256)).to_vec() },
@@ -186,9 +186,9 @@ fn section() -> String {
         let _ = writeln!(
             out,
             "| {size} | {} | {} | {} |",
-            at_size.largest_batch,
-            size * at_size.largest_batch,
-            Bytes(at_size.peak_bytes)
+            at_size.largest_batch(),
+            size * at_size.largest_batch(),
+            Bytes(at_size.peak_bytes())
         );
     }
     if let Some(model) = &plan.model {

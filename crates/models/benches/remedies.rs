@@ -117,10 +117,10 @@ fn main() {
                 report,
                 "| {seq_len} | {remedy} | {} | {} | {:.1} ms |",
                 Bytes(per_sample),
-                plan.largest_batch,
+                plan.largest_batch(),
                 time.as_secs_f64() * 1e3
             );
-            eprintln!("seq_len {seq_len} {remedy}: {per_sample} B/sample, largest {}, {time:?}", plan.largest_batch);
+            eprintln!("seq_len {seq_len} {remedy}: {per_sample} B/sample, largest {}, {time:?}", plan.largest_batch());
         }
         let _ = writeln!(
             report,

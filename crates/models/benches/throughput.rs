@@ -35,20 +35,20 @@ fn throughput(report: &mut String) {
         let mut meter = HeapMeter::new(budget).unwrap();
         let plan =
             Tuner::new().ceiling(CEILING).objective(Objective::Throughput).run(&mut *workload, &mut meter).unwrap();
-        let choice = plan.throughput.as_ref().expect("measured");
+        let choice = plan.throughput().expect("measured");
         let rate =
             |batch: usize| choice.candidates.iter().find(|p| p.batch == batch).map_or(0.0, |p| p.samples_per_second);
         let _ = writeln!(
             report,
             "| {name} | {} | {:.0} | {} | {:.0} | {} | {} |",
-            plan.largest_batch,
-            rate(plan.largest_batch),
+            plan.largest_batch(),
+            rate(plan.largest_batch()),
             choice.chosen_batch,
             rate(choice.chosen_batch),
             choice.deepspeed_batch,
             choice.extra_steps
         );
-        eprintln!("throughput {name}: largest {} chosen {}", plan.largest_batch, choice.chosen_batch);
+        eprintln!("throughput {name}: largest {} chosen {}", plan.largest_batch(), choice.chosen_batch);
     }
     let _ = writeln!(
         report,

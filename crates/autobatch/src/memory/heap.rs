@@ -31,8 +31,8 @@ use crate::{Ceiling, Error, MemoryMeter};
 ///     Ok(())
 /// };
 /// let plan = Tuner::new().ceiling(0.5).run(&mut step, &mut meter)?;
-/// assert!(plan.peak_bytes <= plan.limit_bytes());
-/// assert!(plan.largest_batch == 31 || plan.largest_batch == 32, "{plan}");
+/// assert!(plan.peak_bytes() <= plan.limit_bytes());
+/// assert!(plan.largest_batch() == 31 || plan.largest_batch() == 32, "{plan}");
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 ///
@@ -88,7 +88,7 @@ impl HeapMeter {
     ///     Ok(())
     /// };
     /// let plan = Tuner::new().ceiling(0.9).run(&mut step, &mut meter)?;
-    /// assert!(plan.largest_batch == 15 || plan.largest_batch == 16, "{plan}");
+    /// assert!(plan.largest_batch() == 15 || plan.largest_batch() == 16, "{plan}");
     /// # drop(kept);
     /// # Ok::<(), autobatch::Error>(())
     /// ```

@@ -88,7 +88,7 @@ enum Update {
 /// };
 /// let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default())?;
 /// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?)?;
-/// assert!(plan.largest_batch > 0);
+/// assert!(plan.largest_batch() > 0);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 pub struct ModelProbe<L> {
@@ -171,7 +171,7 @@ impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<ForwardOnly<F>> {
     /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
     /// let mut probe = ModelProbe::forward_only(&varmap, forward);
     /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::with_room(2 << 20, 0.9)?)?;
-    /// assert!(plan.largest_batch > 0 && plan.warnings.is_empty());
+    /// assert!(plan.largest_batch() > 0 && plan.warnings().is_empty());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn forward_only(varmap: &VarMap, forward: F) -> Self {
@@ -215,7 +215,7 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     /// };
     /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).adamw(ParamsAdamW::default())?;
     /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?).sizes(&[16, 64])?;
-    /// assert!(plan.sizes[&16].largest_batch > plan.sizes[&64].largest_batch);
+    /// assert!(plan.sizes[&16].largest_batch() > plan.sizes[&64].largest_batch());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn by_size(varmap: &VarMap, size: usize, loss: F) -> Self {
@@ -743,13 +743,6 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     }
 
     fn tuning_finished(&mut self) {
-        // the optimizer's state (AdamW's moments) goes with the search: training
-        // builds its own, and a probe still alive beside it holds none (built
-        // again if the probe steps again)
-        let freed = self.free_training_state();
-        if freed > 0 {
-            log::debug!("tuning is over: the probe's optimizer state, {}, freed", crate::Bytes(freed));
-        }
         if let Some(reset) = &mut self.reset
             && let Err(err) = reset()
         {

@@ -50,33 +50,33 @@ pub struct Plan {
     /// The search result: the largest batch that was run and seen to fit.
     /// With [`Search::across`](crate::Search::across): the
     /// one every rank agreed on.
-    pub largest_batch: usize,
+    pub(crate) largest_batch: usize,
     /// Measured device-wide peak at `largest_batch`.
-    pub peak_bytes: u64,
+    pub(crate) peak_bytes: u64,
     /// What stopped the search before it proved `largest_batch` the largest
     /// fitting candidate (a trial of `largest_batch + multiple_of` seen not
     /// to fit); `None` when it did ([`proven_largest`](Plan::proven_largest)).
-    pub stopped_by: Option<SearchLimit>,
+    pub(crate) stopped_by: Option<SearchLimit>,
     /// How training reaches its effective batch: one step, accumulated
     /// micro-steps, or shares of uneven ranks.
-    pub split: Split,
+    pub(crate) split: Split,
     /// What was searched: the device's capacity, the ceiling, the
     /// granularity and the strategy (read them through
     /// [`capacity_bytes`](Plan::capacity_bytes), [`ceiling`](Plan::ceiling),
     /// [`multiple_of`](Plan::multiple_of), [`strategy`](Plan::strategy)).
     pub(crate) search: SearchSettings,
     /// Every trial, in the order run.
-    pub trials: Vec<Trial>,
+    pub(crate) trials: Vec<Trial>,
     /// Things worth knowing; each was also logged.
-    pub warnings: Vec<Warning>,
+    pub(crate) warnings: Vec<Warning>,
     /// A straight line through the measured peaks, when two or more batches
     /// besides the chosen one were measured in full.
-    pub memory_model: Option<MemoryModel>,
+    pub(crate) memory_model: Option<MemoryModel>,
     /// The evaluation step's own largest batch, when it was probed
     /// ([`Search::evaluating`](crate::Search::evaluating)).
-    pub evaluation: Option<EvaluationPlan>,
+    pub(crate) evaluation: Option<EvaluationPlan>,
     /// With [`Objective::Throughput`]: the candidates timed and the choice.
-    pub throughput: Option<ThroughputChoice>,
+    pub(crate) throughput: Option<ThroughputChoice>,
     /// What finding this plan cost ([`tuning_steps`](Plan::tuning_steps),
     /// [`tuning_seconds`](Plan::tuning_seconds)): every step the tuner ran for it (the
     /// warm-up, the search, re-checks, accumulation checks, timings, an
@@ -94,7 +94,7 @@ pub struct Plan {
     /// ([`MemoryMeter::device_name`](crate::MemoryMeter::device_name)): a
     /// GPU's name, or the CPU heap with the matmul buffer each of its threads
     /// holds (the host's L2 cache per core, part of every baseline).
-    pub device: String,
+    pub(crate) device: String,
     /// Bytes of the gradients candle's backward pass kept for tensors that
     /// are not variables (read through [`untrained_gradient_bytes`](Plan::untrained_gradient_bytes)).
     pub(crate) untrained_gradient_bytes: u64,
@@ -188,6 +188,62 @@ impl std::ops::Add for TuningCost {
 }
 
 impl Plan {
+    /// The search result: the largest batch that was run and seen to fit
+    /// (with [`Search::across`](crate::Search::across), the one every rank agreed on).
+    pub fn largest_batch(&self) -> usize {
+        self.largest_batch
+    }
+
+    /// The measured device-wide peak at [`largest_batch`](Plan::largest_batch).
+    pub fn peak_bytes(&self) -> u64 {
+        self.peak_bytes
+    }
+
+    /// What stopped the search before it proved the largest batch the
+    /// largest fitting candidate; `None` when it did
+    /// ([`proven_largest`](Plan::proven_largest)).
+    pub fn stopped_by(&self) -> Option<&SearchLimit> {
+        self.stopped_by.as_ref()
+    }
+
+    /// How training reaches its effective batch: one step, accumulated
+    /// micro-steps, or shares of uneven ranks.
+    pub fn split(&self) -> &Split {
+        &self.split
+    }
+
+    /// Every trial, in the order run.
+    pub fn trials(&self) -> &[Trial] {
+        &self.trials
+    }
+
+    /// Things worth knowing; each was also logged.
+    pub fn warnings(&self) -> &[Warning] {
+        &self.warnings
+    }
+
+    /// A straight line through the measured peaks, when two or more batches
+    /// besides the chosen one were measured in full.
+    pub fn memory_model(&self) -> Option<&MemoryModel> {
+        self.memory_model.as_ref()
+    }
+
+    /// The evaluation step's own largest batch, when it was probed
+    /// ([`Search::evaluating`](crate::Search::evaluating)).
+    pub fn evaluation(&self) -> Option<&EvaluationPlan> {
+        self.evaluation.as_ref()
+    }
+
+    /// With [`Objective::Throughput`]: the candidates timed and the choice.
+    pub fn throughput(&self) -> Option<&ThroughputChoice> {
+        self.throughput.as_ref()
+    }
+
+    /// The device the trials ran on, as its meter names it.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
     /// The batch to train with on each rank: `≤ largest_batch`, equal to it
     /// without a target. With uneven ranks: this rank's largest micro-step.
     pub fn micro_batch(&self) -> usize {

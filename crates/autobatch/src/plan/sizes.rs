@@ -208,8 +208,8 @@ mod by_size {
 /// assert_eq!(at_200.source, BatchSource::Predicted);
 /// assert!(at_200.batch <= plan.batch_for(128)?.batch && at_200.batch >= at_256.batch);
 /// // any micro-batch padded to 128..=512 tokens with ≤ token_budget tokens fits
-/// assert_eq!(plan.token_budget, plan.sizes.iter().map(|(size, plan)| size * plan.largest_batch).min().unwrap());
-/// assert_eq!(plan.sizes[&256].largest_batch, at_256.batch);
+/// assert_eq!(plan.token_budget, plan.sizes.iter().map(|(size, plan)| size * plan.largest_batch()).min().unwrap());
+/// assert_eq!(plan.sizes[&256].largest_batch(), at_256.batch);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -47,7 +47,10 @@ impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// ```
     pub fn longest(self, batch: usize, range: SizeRange) -> Result<LongestSize, Error> {
         self.batches_only()?;
-        self.tuner.settings()?.run_longest(self.workload, self.meter, batch, range, &mut self.tuner.observing())
+        let settings = self.tuner.settings()?;
+        let longest = settings.run_longest(&mut *self.workload, self.meter, batch, range, &mut self.tuner.observing());
+        let _ = self.workload.free_training_state();
+        longest
     }
 }
 

@@ -54,7 +54,7 @@ use settings::{Options, Settings};
 ///     .world_size(4)
 ///     .run(&mut workload, &mut meter)?;
 /// // (0.85 × 80 GiB − 10 GiB) / 300 MiB = 197.97, rounded down to a multiple of 8
-/// assert_eq!(plan.largest_batch, 192);
+/// assert_eq!(plan.largest_batch(), 192);
 /// // 1024 = 128 × 2 accumulation steps × 4 ranks
 /// assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (128, 2, 1024));
 /// # Ok::<(), autobatch::Error>(())
@@ -321,7 +321,9 @@ impl Tuner {
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.settings()?.search(workload, meter, &mut self.observing())
+        let plan = self.settings()?.search(workload, meter, &mut self.observing());
+        let _ = workload.free_training_state();
+        plan
     }
 
     /// Tells `observer` about every search this tuner runs, as it runs: each

@@ -21,7 +21,7 @@ use crate::{Error, MemoryMeter, Plan, Value, Workload};
 /// let (mut workload, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 64 << 20)).build();
 /// let tuner = Tuner::new();
 /// let plan = tuner.search(&mut workload, &mut meter).run()?;
-/// assert_eq!(plan.largest_batch, tuner.run(&mut workload, &mut meter)?.largest_batch);
+/// assert_eq!(plan.largest_batch(), tuner.run(&mut workload, &mut meter)?.largest_batch());
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[must_use = "a search runs when run, sizes or longest ends it"]
@@ -64,9 +64,9 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     /// let mut evaluation = ModelProbe::forward_only(&varmap, |samples| model.forward(&input(samples)?));
     /// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
     /// let plan = Tuner::new().search(&mut training, &mut meter).evaluating(&mut evaluation).run()?;
-    /// let evaluation = plan.evaluation.unwrap();
-    /// let during = evaluation.during_training.unwrap();
-    /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch);
+    /// let evaluation = plan.evaluation().unwrap();
+    /// let during = evaluation.during_training.as_ref().unwrap();
+    /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn evaluating(mut self, evaluation: &'a mut dyn Workload) -> Self {
@@ -102,7 +102,7 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     ///         .collect();
     ///     runs.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
     /// })?;
-    /// assert_eq!(plans[0].largest_batch, plans[1].largest_batch); // the 40 GiB rank decides
+    /// assert_eq!(plans[0].largest_batch(), plans[1].largest_batch()); // the 40 GiB rank decides
     /// assert_eq!(plans[0].effective_batch(), 512); // the target, over both ranks
     /// # Ok::<(), autobatch::Error>(())
     /// ```
@@ -141,15 +141,18 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     pub fn run(self) -> Result<Plan, Error> {
         let settings = self.tuner.settings()?;
         let mut observer = self.tuner.observing();
-        match (self.evaluation, self.ranks) {
-            (None, None) => settings.search(self.workload, self.meter, &mut observer),
-            (Some(evaluation), None) => settings.run_with_eval(self.workload, evaluation, self.meter, &mut observer),
-            (None, Some(ranks)) => settings.run_distributed(self.workload, self.meter, ranks, &mut observer),
+        let Search { workload, meter, evaluation, ranks, .. } = self;
+        let plan = match (evaluation, ranks) {
+            (None, None) => settings.search(workload, meter, &mut observer),
+            (Some(evaluation), None) => settings.run_with_eval(workload, evaluation, meter, &mut observer),
+            (None, Some(ranks)) => settings.run_distributed(workload, meter, ranks, &mut observer),
             (Some(_), Some(_)) => Err(Error::invalid(
                 Setting::Evaluation,
                 Value::Given,
                 "the evaluation step is searched on one rank: search it without `across`",
             )),
-        }
+        };
+        let _ = workload.free_training_state();
+        plan
     }
 }

@@ -21,7 +21,10 @@ impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// count once. A failure at one size is [`Error::AtSize`].
     pub fn sizes(self, sizes: &[usize]) -> Result<SizePlan, Error> {
         self.batches_only()?;
-        self.tuner.settings()?.run_sizes(self.workload, self.meter, sizes, &mut self.tuner.observing())
+        let plan =
+            self.tuner.settings()?.run_sizes(&mut *self.workload, self.meter, sizes, &mut self.tuner.observing());
+        let _ = self.workload.free_training_state();
+        plan
     }
 }
 

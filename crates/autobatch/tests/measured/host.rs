@@ -136,14 +136,14 @@ fn larger_matmuls_before_between_and_after_trials_change_no_answer() {
     let (quiet, quiet_meter) = tune(false);
     larger_matmuls_everywhere();
     let (busy, _) = tune(true);
-    println!("  largest batch {} quietly, {} with larger matmuls around", quiet.largest_batch, busy.largest_batch);
-    assert!(quiet.largest_batch >= 16, "{quiet}");
-    assert_eq!(busy.largest_batch, quiet.largest_batch, "quiet:\n{quiet}\nbusy:\n{busy}");
+    println!("  largest batch {} quietly, {} with larger matmuls around", quiet.largest_batch(), busy.largest_batch());
+    assert!(quiet.largest_batch() >= 16, "{quiet}");
+    assert_eq!(busy.largest_batch(), quiet.largest_batch(), "quiet:\n{quiet}\nbusy:\n{busy}");
     assert!(
-        busy.peak_bytes.abs_diff(quiet.peak_bytes) <= TOLERANCE,
+        busy.peak_bytes().abs_diff(quiet.peak_bytes()) <= TOLERANCE,
         "peaks {} and {}",
-        quiet.peak_bytes,
-        busy.peak_bytes
+        quiet.peak_bytes(),
+        busy.peak_bytes()
     );
 
     // training with the plan, after larger matmuls, peaks under its ceiling
@@ -191,9 +191,10 @@ fn a_printed_backtrace_changes_no_answer_under_a_budget_sized_from_the_baseline(
     let after = tune();
     println!(
         "  printing a backtrace kept {kept} bytes; largest batch {} before, {} after",
-        before.largest_batch, after.largest_batch
+        before.largest_batch(),
+        after.largest_batch()
     );
-    assert_eq!(after.largest_batch, before.largest_batch, "before:\n{before}\nafter:\n{after}");
+    assert_eq!(after.largest_batch(), before.largest_batch(), "before:\n{before}\nafter:\n{after}");
 }
 
 /// The tests of this file, in the order they run.

@@ -8,12 +8,14 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 use autobatch_testkit as common;
 
+mod guide;
 mod host;
 mod optimizers;
 mod split;
 mod stateful;
 
 fn main() {
-    let tests: Vec<_> = [host::tests(), optimizers::tests(), split::tests(), stateful::tests()].concat();
+    let tests: Vec<_> =
+        [guide::tests(), host::tests(), optimizers::tests(), split::tests(), stateful::tests()].concat();
     common::harness::run_sequentially(&tests);
 }

@@ -238,21 +238,21 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
             Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20, 0.9).unwrap()).unwrap();
         // the one thing to say of this model: candle keeps the input batch's own gradient
         // (its first matmul reads the data), batch × INPUTS features × 4 bytes
-        for warning in &plan.warnings {
+        for warning in plan.warnings() {
             let autobatch::Warning::UntrainedGradients { tensors: 1, bytes, .. } = warning else {
                 panic!("{name}: {warning}\n{plan}")
             };
             // (the largest reading: of a trial at least as large as the answer)
             let per_sample = INPUTS as u64 * 4;
-            assert!(bytes % per_sample == 0 && *bytes >= plan.largest_batch as u64 * per_sample, "{name}:\n{plan}");
+            assert!(bytes % per_sample == 0 && *bytes >= plan.largest_batch() as u64 * per_sample, "{name}:\n{plan}");
         }
         assert_eq!(weights(), before, "{name}: probing changed a weight");
         println!(
             "  {name}: largest batch {} with 12 MiB of room, {:.0} bytes per sample",
-            plan.largest_batch,
-            plan.memory_model.as_ref().map_or(0.0, |m| m.bytes_per_sample)
+            plan.largest_batch(),
+            plan.memory_model().map_or(0.0, |m| m.bytes_per_sample)
         );
-        largest.push(plan.largest_batch);
+        largest.push(plan.largest_batch());
     }
     assert!(largest[1..].iter().all(|&b| b >= largest[0]), "a leaner state never fits less: {largest:?}");
 }
@@ -279,7 +279,7 @@ fn a_probe_kept_after_tuning_holds_no_optimizer_state() {
         assert!(held < moments / 8, "{name}: the probe still holds {held} bytes after tuning\n{plan}");
         // stepping again builds its state again, and the answer is the same
         let again = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
-        assert_eq!(again.largest_batch, plan.largest_batch, "{name}");
+        assert_eq!(again.largest_batch(), plan.largest_batch(), "{name}");
     }
     // training beside the live probe stays under the plan's limit
     let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
@@ -366,15 +366,18 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
     assert_eq!(autobatch::Workload::profile(&probe).unwrap().precision, autobatch::estimate::Precision::Mixed);
     drop(probe);
     assert_eq!(before, bits(&varmap), "probing changed a weight");
-    let per_sample = plan.memory_model.as_ref().map_or(0.0, |m| m.bytes_per_sample);
-    println!("  bf16 MLP: largest batch {} with 12 MiB of room, {per_sample:.0} bytes per sample", plan.largest_batch);
+    let per_sample = plan.memory_model().map_or(0.0, |m| m.bytes_per_sample);
+    println!(
+        "  bf16 MLP: largest batch {} with 12 MiB of room, {per_sample:.0} bytes per sample",
+        plan.largest_batch()
+    );
 
     // and the plan's ceiling holds when training in mixed precision through TrainLoop
     let mut meter = HeapMeter::with_room(12 << 20, 0.9).unwrap();
     let plan = {
         let mut probe = ModelProbe::new(&varmap, loss)
             .dry(MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap());
-        Tuner::new().target_effective_batch(2 * plan.largest_batch).run(&mut probe, &mut meter).unwrap()
+        Tuner::new().target_effective_batch(2 * plan.largest_batch()).run(&mut probe, &mut meter).unwrap()
     };
     assert!(plan.accumulation_peak_bytes().is_some(), "{plan}");
     let optimizer = MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
@@ -530,27 +533,28 @@ fn candle_nns_adamw_is_told_what_switching_saves() {
         .graph_through_update(true);
     let plan = Tuner::new().run(&mut candle, &mut meter).unwrap();
     drop(candle);
-    let said = plan.warnings.iter().find_map(|w| match w {
+    let said = plan.warnings().iter().find_map(|w| match w {
         Warning::LeanerUpdate { batch, saves_bytes, .. } => Some((*batch, *saves_bytes)),
         _ => None,
     });
     let (batch, saves) = said.unwrap_or_else(|| panic!("no saving said:\n{plan}"));
-    assert_eq!(batch, plan.largest_batch);
+    assert_eq!(batch, plan.largest_batch());
     assert!(plan.to_string().contains("autobatch::optim::AdamW"), "{plan}");
     let mut lean = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap().graph_through_update(true);
     autobatch::Workload::step(&mut lean, batch).unwrap(); // warm, as the switched step ran
     meter.reset_peak().unwrap();
     autobatch::Workload::step(&mut lean, batch).unwrap();
     let lean_peak = meter.peak().unwrap();
-    let measured = plan.peak_bytes.saturating_sub(lean_peak);
+    let measured = plan.peak_bytes().saturating_sub(lean_peak);
     let gap = measured.abs_diff(saves) as f64 / saves as f64;
     assert!(gap <= 0.01, "said {saves} saved, the lean step at batch {batch} saves {measured}");
     let lean_plan = Tuner::new().run(&mut lean, &mut meter).unwrap();
-    assert!(lean_plan.largest_batch > plan.largest_batch, "{lean_plan}\n{plan}");
-    assert!(!lean_plan.warnings.iter().any(|w| matches!(w, Warning::LeanerUpdate { .. })), "{lean_plan}");
+    assert!(lean_plan.largest_batch() > plan.largest_batch(), "{lean_plan}\n{plan}");
+    assert!(!lean_plan.warnings().iter().any(|w| matches!(w, Warning::LeanerUpdate { .. })), "{lean_plan}");
     println!(
         "  candle_nn::AdamW: largest batch {}; switching saves {saves} bytes there; optim::AdamW: largest batch {}",
-        plan.largest_batch, lean_plan.largest_batch
+        plan.largest_batch(),
+        lean_plan.largest_batch()
     );
 }
 
@@ -599,7 +603,7 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
             let mut meter = HeapMeter::new(budget).unwrap();
             let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name).graph_through_update(held);
             let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
-            let b = plan.largest_batch;
+            let b = plan.largest_batch();
             assert!(plan.proven_largest(), "{name}:\n{plan}");
             let at = peak(&mut meter, || autobatch::Workload::step(&mut probe, b));
             let above = peak(&mut meter, || autobatch::Workload::step(&mut probe, b + 1));

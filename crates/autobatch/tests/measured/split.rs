@@ -90,7 +90,7 @@ fn a_split_of_micro_batches_that_differ_trains_as_one_large_batch() {
     let uneven = plan(&varmap, &model, &mut meter, false);
     let equal = plan(&varmap, &model, &mut meter, true);
     let split = uneven.accumulation().unwrap();
-    assert_eq!((uneven.largest_batch, split.micro_steps_summary()), (57, "1 × 52 + 4 × 51".to_owned()), "{uneven}");
+    assert_eq!((uneven.largest_batch(), split.micro_steps_summary()), (57, "1 × 52 + 4 × 51".to_owned()), "{uneven}");
     assert!(uneven.to_string().contains("micro-batches 1 × 52 + 4 × 51 (5 accumulation steps"), "{uneven}");
     assert_eq!((equal.micro_batch(), equal.accumulation_steps(), equal.effective_batch()), (32, 8, 256), "{equal}");
 

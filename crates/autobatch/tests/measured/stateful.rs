@@ -151,10 +151,10 @@ fn every_probe_path_changes_no_bit() {
         let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "{name}: tuning changed a variable");
-        no_missing_gradients(name, &plan.warnings);
+        no_missing_gradients(name, plan.warnings());
         assert_eq!(probe.buffers().unwrap(), STATE, "{name}");
         assert_eq!(probe.variables_without_gradient().unwrap(), [] as [&str; 0], "{name}");
-        let b = plan.largest_batch;
+        let b = plan.largest_batch();
         let limit = plan.limit_bytes();
         let mut peak = |probe: &mut ModelProbe<_>, batch| {
             meter.reset_peak().unwrap();
@@ -185,7 +185,7 @@ fn every_other_path_changes_no_bit() {
     .unwrap();
     let plan = Tuner::new().target_effective_batch(1000).run(&mut own_backward, &mut meter).unwrap();
     assert!(plan.accumulation_steps() > 1 && plan.accumulation_peak_bytes().is_some(), "{plan}");
-    no_missing_gradients("with_backward", &plan.warnings);
+    no_missing_gradients("with_backward", plan.warnings());
     drop(own_backward);
     assert_eq!(
         changed(&before, &bits(&varmap)),
@@ -198,7 +198,7 @@ fn every_other_path_changes_no_bit() {
         .unwrap();
     let sizes = Tuner::new().search(&mut by_size, &mut meter).sizes(&[8, SIDE]).unwrap();
     for plan in sizes.sizes.values() {
-        no_missing_gradients("by_size", &plan.warnings);
+        no_missing_gradients("by_size", plan.warnings());
     }
     drop(by_size);
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "by_size: tuning changed a variable");
@@ -210,7 +210,7 @@ fn every_other_path_changes_no_bit() {
     };
     let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0)).adamw(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
-    assert!(plan.evaluation.as_ref().unwrap().largest_batch > plan.largest_batch, "{plan}");
+    assert!(plan.evaluation().unwrap().largest_batch > plan.largest_batch(), "{plan}");
     drop(probe);
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "evaluation: tuning changed a variable");
 
@@ -279,7 +279,7 @@ fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
         let mut probe =
             ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0)).adamw(ParamsAdamW::default()).unwrap();
         let first = Tuner::new().run(&mut probe, &mut meter).unwrap();
-        Tuner::new().target_effective_batch(2 * first.largest_batch + 1).run(&mut probe, &mut meter).unwrap()
+        Tuner::new().target_effective_batch(2 * first.largest_batch() + 1).run(&mut probe, &mut meter).unwrap()
     };
     let before = bits(&varmap);
     let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
@@ -366,7 +366,7 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     let mut buffers: Vec<&str> = probe.read_only_buffers().iter().map(String::as_str).collect();
     buffers.sort();
     assert_eq!(buffers, ["bn1d.running_mean", "bn1d.running_var", "bn2d.running_mean", "bn2d.running_var"]);
-    let missing = plan.warnings.iter().find_map(|w| match w {
+    let missing = plan.warnings().iter().find_map(|w| match w {
         Warning::MissingGradients { variables, .. } => Some(variables.clone()),
         _ => None,
     });
@@ -385,9 +385,9 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     // 249). Each trial is the largest of four steps, as training meets them.
     const STEPS: usize = 4;
     let plan = Tuner::new().steps_per_trial(STEPS).run(&mut probe, &mut meter).unwrap();
-    no_missing_gradients("declared", &plan.warnings);
+    no_missing_gradients("declared", plan.warnings());
     assert!(plan.proven_largest(), "{plan}");
-    let (b, limit) = (plan.largest_batch, plan.limit_bytes());
+    let (b, limit) = (plan.largest_batch(), plan.limit_bytes());
     let mut peak = |batch| {
         meter.reset_peak().unwrap();
         for _ in 0..STEPS {

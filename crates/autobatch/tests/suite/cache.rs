@@ -44,14 +44,14 @@ fn a_hit_skips_probing_and_keeps_the_answer() {
     let (second, steps) = run(&tuner, 16 * GIB);
     assert_eq!(steps, 0, "a hit runs no step");
     assert!(second.cached());
-    assert_eq!((second.largest_batch, second.peak_bytes), (first.largest_batch, first.peak_bytes));
-    assert_eq!(second.trials, first.trials);
+    assert_eq!((second.largest_batch(), second.peak_bytes()), (first.largest_batch(), first.peak_bytes()));
+    assert_eq!(second.trials(), first.trials());
 
     // the accumulation is planned anew from the cached largest batch
     let (third, steps) = run(&tuner.clone().target_effective_batch(1000).world_size(4), 16 * GIB);
     assert_eq!(steps, 0);
     assert_eq!(third.micro_batch() * third.accumulation_steps() * 4, third.effective_batch());
-    assert!(third.effective_batch() >= 1000 && third.micro_batch() <= first.largest_batch);
+    assert!(third.effective_batch() >= 1000 && third.micro_batch() <= first.largest_batch());
 }
 
 #[test]
@@ -62,30 +62,30 @@ fn an_answer_a_budget_cut_short_is_never_served_as_final() {
     assert!(truth.proven_largest());
     // stored cut short by the trial limit: batch 1 or 2, not proven
     let (cut, _) = run(&tuner.clone().max_trials(2), 16 * GIB);
-    assert!(!cut.proven_largest() && cut.largest_batch < truth.largest_batch, "{cut}");
+    assert!(!cut.proven_largest() && cut.largest_batch() < truth.largest_batch(), "{cut}");
     // the same settings without the limit: searched again (from the stored
     // answer), the true answer, and said so
     let (resumed, steps) = run(&tuner, 16 * GIB);
     assert!(steps > 0 && !resumed.cached(), "an unproven answer is not a hit");
-    assert_eq!(resumed.largest_batch, truth.largest_batch);
+    assert_eq!(resumed.largest_batch(), truth.largest_batch());
     assert!(resumed.proven_largest());
     assert!(
         resumed
-            .warnings
+            .warnings()
             .iter()
-            .any(|w| matches!(w, Warning::CachedUnproven { batch, .. } if *batch == cut.largest_batch)),
+            .any(|w| matches!(w, Warning::CachedUnproven { batch, .. } if *batch == cut.largest_batch())),
         "{:?}",
-        resumed.warnings
+        resumed.warnings()
     );
     // now the proven answer is stored, and served, without the note
     let (hit, steps) = run(&tuner, 16 * GIB);
-    assert!(steps == 0 && hit.cached() && hit.largest_batch == truth.largest_batch);
-    assert!(!hit.warnings.iter().any(|w| matches!(w, Warning::CachedUnproven { .. })));
+    assert!(steps == 0 && hit.cached() && hit.largest_batch() == truth.largest_batch());
+    assert!(!hit.warnings().iter().any(|w| matches!(w, Warning::CachedUnproven { .. })));
     // a limit that is the settings' own (the largest batch allowed) is served
     let capped = tuner.clone().max_batch(4);
     assert!(!run(&capped, 16 * GIB).0.proven_largest());
     let (hit, steps) = run(&capped, 16 * GIB);
-    assert!(steps == 0 && hit.cached() && hit.largest_batch == 4);
+    assert!(steps == 0 && hit.cached() && hit.largest_batch() == 4);
 }
 
 #[test]
@@ -239,7 +239,7 @@ fn the_evaluation_step_is_cached_beside_the_training_step() {
     let second = tuner.search(&mut train, &mut meter).evaluating(&mut eval).run().unwrap();
     assert!(second.cached(), "{second}");
     assert_eq!((train.steps(), eval.steps()), (0, 0));
-    assert_eq!(second.evaluation.unwrap().largest_batch, first.evaluation.unwrap().largest_batch);
+    assert_eq!(second.evaluation().unwrap().largest_batch, first.evaluation().unwrap().largest_batch);
 }
 
 #[test]
@@ -310,11 +310,11 @@ fn a_hit_that_now_accumulates_checks_the_accumulator_once() {
     let stored = tuner.run(&mut workload, &mut meter).unwrap();
     assert_eq!(stored.accumulation_steps(), 1);
     let limit = stored.limit_bytes();
-    let fits = Accumulating::largest(&sim(), stored.largest_batch, limit);
-    assert!(fits < stored.largest_batch);
+    let fits = Accumulating::largest(&sim(), stored.largest_batch(), limit);
+    assert!(fits < stored.largest_batch());
 
     let steps = workload.0.steps();
-    let hit = tuner.clone().target_effective_batch(10 * stored.largest_batch).run(&mut workload, &mut meter).unwrap();
+    let hit = tuner.clone().target_effective_batch(10 * stored.largest_batch()).run(&mut workload, &mut meter).unwrap();
     assert!(hit.cached());
     assert!(hit.accumulation_steps() > 1 && hit.micro_batch() <= fits, "{} > {fits}\n{hit}", hit.micro_batch());
     assert!(hit.accumulation_peak_bytes().is_some_and(|peak| peak <= limit), "{hit}");
@@ -322,13 +322,14 @@ fn a_hit_that_now_accumulates_checks_the_accumulator_once() {
 
     // what the check showed is stored: the same target again runs nothing
     let steps = workload.0.steps();
-    let again = tuner.clone().target_effective_batch(10 * stored.largest_batch).run(&mut workload, &mut meter).unwrap();
+    let again =
+        tuner.clone().target_effective_batch(10 * stored.largest_batch()).run(&mut workload, &mut meter).unwrap();
     assert_eq!((again.micro_batch(), again.accumulation_steps()), (hit.micro_batch(), hit.accumulation_steps()));
     assert!(again.cached() && again.accumulation_peak_bytes().is_some());
     assert_eq!(workload.0.steps(), steps);
     // and the stored answer is unchanged: without a target, the largest batch
     let plain = tuner.run(&mut workload, &mut meter).unwrap();
-    assert_eq!((plain.micro_batch(), plain.accumulation_steps()), (stored.largest_batch, 1));
+    assert_eq!((plain.micro_batch(), plain.accumulation_steps()), (stored.largest_batch(), 1));
     assert_eq!(workload.0.steps(), steps);
     let _ = std::fs::remove_file(&path);
 }

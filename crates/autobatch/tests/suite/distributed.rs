@@ -59,7 +59,7 @@ proptest! {
         }
         let plans: Vec<Plan> = on_ranks(&tuner, sims).into_iter().map(Result::unwrap).collect();
         for (plan, truth) in plans.iter().zip(&truths) {
-            prop_assert_eq!(plan.largest_batch, agreed);
+            prop_assert_eq!(plan.largest_batch(), agreed);
             prop_assert_eq!(plan.rank_largest_batch(), Some(*truth));
             prop_assert_eq!(plan.world_size(), world);
             let per_rank = plan.accumulation().map_or(plan.micro_batch(), |split| split.micro_batches().sum());
@@ -67,8 +67,8 @@ proptest! {
             prop_assert!(plan.micro_batch() <= agreed);
             prop_assert!(target.is_none_or(|t| plan.effective_batch() >= t));
             // the agreed batch was run and seen to fit on every rank
-            prop_assert!(plan.trials.iter().any(|t| t.batch == agreed && t.outcome.fits()));
-            prop_assert!(plan.peak_bytes <= plan.limit_bytes());
+            prop_assert!(plan.trials().iter().any(|t| t.batch == agreed && t.outcome.fits()));
+            prop_assert!(plan.peak_bytes() <= plan.limit_bytes());
         }
         let first = &plans[0];
         prop_assert!(plans.iter().all(|p| (p.micro_batch(), p.accumulation_steps()) == (first.micro_batch(), first.accumulation_steps())));
@@ -104,8 +104,8 @@ fn an_agreed_batch_that_fails_on_a_rank_is_searched_below() {
     let sims = vec![small, device(80).blip(truth, 60 * GIB)];
     let results: Vec<Plan> = on_ranks(&Tuner::new(), sims).into_iter().map(Result::unwrap).collect();
     for plan in &results {
-        assert_eq!(plan.largest_batch, truth - 1, "{plan}");
-        assert!(plan.trials.iter().any(|t| t.batch == truth - 1 && t.outcome.fits()));
+        assert_eq!(plan.largest_batch(), truth - 1, "{plan}");
+        assert!(plan.trials().iter().any(|t| t.batch == truth - 1 && t.outcome.fits()));
     }
 }
 
@@ -115,7 +115,7 @@ fn a_single_rank_is_a_plain_run() {
     let (mut workload, mut meter) = device(80).build();
     let plan = Tuner::new().search(&mut workload, &mut meter).across(&ranks[0]).run().unwrap();
     let (mut workload, mut meter) = device(80).build();
-    assert_eq!(plan.largest_batch, Tuner::new().run(&mut workload, &mut meter).unwrap().largest_batch);
+    assert_eq!(plan.largest_batch(), Tuner::new().run(&mut workload, &mut meter).unwrap().largest_batch());
     assert_eq!(ranks[0].world_size(), 1);
 }
 
@@ -173,7 +173,7 @@ proptest! {
         for (rank, (plan, share)) in plans.iter().zip(&split.shares).enumerate() {
             prop_assert_eq!(plan.ranks(), Some(&split));
             prop_assert_eq!(plan.rank(), Some(rank));
-            prop_assert_eq!(plan.largest_batch, truths[rank]);
+            prop_assert_eq!(plan.largest_batch(), truths[rank]);
             prop_assert_eq!(share.largest_micro_batch, truths[rank]);
             prop_assert_eq!(plan.micro_batch(), share.micro_batch());
             prop_assert_eq!(plan.effective_batch(), global);
@@ -326,7 +326,7 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
     let split = plans[0].ranks().cloned().unwrap();
     assert!(split.accumulation_steps > 1 && split.exact);
     // the first share (from the plain largest batches) did not fit: some rank shared again lower
-    let truths: Vec<usize> = plans.iter().map(|p| p.largest_batch).collect();
+    let truths: Vec<usize> = plans.iter().map(|p| p.largest_batch()).collect();
     let first = autobatch::RankSplit::plan(target, &truths, 1).unwrap();
     assert!(first.shares.iter().zip(&split.shares).any(|(a, b)| b.micro_batch() < a.micro_batch()));
     assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), target);
@@ -337,7 +337,7 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
             plan.micro_batch(),
             accumulating[rank]
         );
-        let checked = plan.trials.iter().rev().find(|t| t.kind == autobatch::TrialKind::Accumulation).unwrap();
+        let checked = plan.trials().iter().rev().find(|t| t.kind == autobatch::TrialKind::Accumulation).unwrap();
         assert_eq!((checked.batch, checked.outcome), (plan.micro_batch(), autobatch::Outcome::Fits), "{plan}");
         assert!(plan.accumulation_peak_bytes().unwrap() <= plan.limit_bytes());
         let summary = plan.summary();
@@ -458,7 +458,7 @@ fn the_agreed_batch_accumulates_only_where_every_rank_holds_the_accumulator() {
         assert!(plan.accumulation_peak_bytes().is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
     }
     // the smallest rank's agreed batch did not fit with the accumulator: it was lowered
-    assert!(first.micro_batch() < first.largest_batch, "{first}");
+    assert!(first.micro_batch() < first.largest_batch(), "{first}");
 }
 
 /// A rank whose share fits keeps offering its whole largest batch when
@@ -486,7 +486,7 @@ fn uneven_ranks_that_fit_keep_their_capacity_when_another_shares_again() {
         on_uneven_ranks(&Tuner::new().target_effective_batch(5000), ranks).into_iter().map(Result::unwrap).collect();
     let split = plans[0].ranks().unwrap();
     // rank 1 shared again with less; rank 0 still offered everything it fits
-    assert!(split.shares[1].largest_micro_batch < plans[1].largest_batch, "{split}");
+    assert!(split.shares[1].largest_micro_batch < plans[1].largest_batch(), "{split}");
     assert_eq!(split.shares[0].largest_micro_batch, truth, "{split}");
     assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), 5000);
 }
@@ -561,14 +561,14 @@ fn an_uneven_ranks_plan_reads_back_from_json() {
             .map(Result::unwrap)
             .collect();
     for (rank, plan) in plans.iter().enumerate() {
-        let autobatch::Split::Uneven { ranks, to_target: true, .. } = &plan.split else {
+        let autobatch::Split::Uneven { ranks, to_target: true, .. } = plan.split() else {
             panic!("not an uneven split to a target:\n{plan}");
         };
         assert_eq!((plan.rank(), plan.micro_batch()), (Some(rank), ranks.shares[rank].micro_batch()));
         let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
         assert_eq!(json["micro_batch"].as_u64(), Some(plan.micro_batch() as u64));
         assert_eq!((json["rank"].as_u64(), json["effective_batch"].as_u64()), (Some(rank as u64), Some(1000)));
-        assert_eq!(json["rank_largest_batch"].as_u64(), Some(plan.largest_batch as u64));
+        assert_eq!(json["rank_largest_batch"].as_u64(), Some(plan.largest_batch() as u64));
         assert_eq!(&Plan::from_json(&plan.to_json()).unwrap(), plan);
     }
 }

@@ -238,23 +238,23 @@ proptest! {
         let (mut workload, mut meter) = sim.clone().build();
         match (tuner.run(&mut workload, &mut meter), truth) {
             (Ok(plan), Some(truth)) => {
-                prop_assert_eq!(plan.largest_batch, truth);
-                prop_assert!(plan.peak_bytes <= plan.limit_bytes());
-                prop_assert!(max.is_none_or(|m| plan.largest_batch <= m));
+                prop_assert_eq!(plan.largest_batch(), truth);
+                prop_assert!(plan.peak_bytes() <= plan.limit_bytes());
+                prop_assert!(max.is_none_or(|m| plan.largest_batch() <= m));
                 // proven exactly when the next batch up is a candidate (and was seen not to fit)
                 prop_assert_eq!(plan.proven_largest(), truth < space.last());
                 let stopped = (truth == space.last()).then_some(autobatch::SearchLimit::MaxBatch { max_batch: space.last() });
-                prop_assert_eq!(&plan.stopped_by, &stopped);
+                prop_assert_eq!(plan.stopped_by(), stopped.as_ref());
                 if plan.proven_largest() {
-                    prop_assert!(plan.trials.iter().any(|t| t.batch == truth + g && !t.outcome.fits()));
+                    prop_assert!(plan.trials().iter().any(|t| t.batch == truth + g && !t.outcome.fits()));
                 }
-                prop_assert!(plan.warnings.is_empty());
+                prop_assert!(plan.warnings().is_empty());
             }
             (Err(Error::NothingFits { batch, capacity_bytes, .. }), None) => {
                 prop_assert_eq!(batch, g);
                 prop_assert_eq!(capacity_bytes, capacity);
             }
-            (result, truth) => prop_assert!(false, "tuner {:?} but brute force {:?}", result.map(|p| p.largest_batch), truth),
+            (result, truth) => prop_assert!(false, "tuner {:?} but brute force {:?}", result.map(|p| p.largest_batch()), truth),
         }
     }
 
@@ -299,14 +299,14 @@ proptest! {
         let binary = tuner.clone().strategy(Strategy::Binary).run(&mut binary_workload, &mut binary_meter);
         match (tuner.run(&mut workload, &mut meter), truth) {
             (Ok(plan), Some(truth)) => {
-                prop_assert_eq!(plan.largest_batch, truth);
+                prop_assert_eq!(plan.largest_batch(), truth);
                 prop_assert!(plan.proven_largest());
-                prop_assert!(plan.trials.iter().any(|t| t.batch == truth + g && !t.outcome.fits()));
-                let binary_steps = binary.map(|p| p.trials.len()).unwrap_or(usize::MAX);
-                prop_assert!(plan.trials.len() <= binary_steps + 4, "{} vs Binary's {}: {:?}", plan.trials.len(), binary_steps, plan.trials.iter().map(|t| (t.batch, t.outcome)).collect::<Vec<_>>());
+                prop_assert!(plan.trials().iter().any(|t| t.batch == truth + g && !t.outcome.fits()));
+                let binary_steps = binary.map(|p| p.trials().len()).unwrap_or(usize::MAX);
+                prop_assert!(plan.trials().len() <= binary_steps + 4, "{} vs Binary's {}: {:?}", plan.trials().len(), binary_steps, plan.trials().iter().map(|t| (t.batch, t.outcome)).collect::<Vec<_>>());
             }
             (Err(Error::NothingFits { .. }), None) => {}
-            (result, truth) => prop_assert!(false, "tuner {:?} but brute force {:?}", result.map(|p| p.largest_batch), truth),
+            (result, truth) => prop_assert!(false, "tuner {:?} but brute force {:?}", result.map(|p| p.largest_batch()), truth),
         }
     }
 
@@ -328,11 +328,11 @@ proptest! {
         let (mut workload, mut meter) = sim.build();
         match Tuner::new().run(&mut workload, &mut meter) {
             Ok(plan) => {
-                let chosen = plan.trials.iter().rev().find(|t| t.batch == plan.largest_batch).unwrap();
+                let chosen = plan.trials().iter().rev().find(|t| t.batch == plan.largest_batch()).unwrap();
                 prop_assert_eq!(chosen.outcome, Outcome::Fits);
-                prop_assert_eq!(chosen.peak_bytes, Some(plan.peak_bytes));
-                prop_assert!(plan.peak_bytes <= plan.limit_bytes());
-                prop_assert!(oom_from.is_none_or(|b| plan.largest_batch < b));
+                prop_assert_eq!(chosen.peak_bytes, Some(plan.peak_bytes()));
+                prop_assert!(plan.peak_bytes() <= plan.limit_bytes());
+                prop_assert!(oom_from.is_none_or(|b| plan.largest_batch() < b));
             }
             // blips and noise stay far below the ceiling at batch 1: only a real OOM there leaves nothing
             Err(Error::NothingFits { batch: 1, .. }) => prop_assert_eq!(oom_from, Some(1)),

@@ -95,3 +95,79 @@ fn every_link_and_named_file_exists() {
     }
     assert!(broken.is_empty(), "{broken:#?}");
 }
+
+/// The ```rust blocks of `text`, each as its lines.
+fn rust_blocks(text: &str) -> Vec<Vec<String>> {
+    let mut blocks = Vec::new();
+    let mut block: Option<Vec<String>> = None;
+    for line in text.lines() {
+        match (&mut block, line.trim_start()) {
+            (None, fence) if fence.starts_with("```rust") => block = Some(Vec::new()),
+            (Some(_), "```") => blocks.extend(block.take()),
+            (Some(lines), _) => lines.push(line.trim_end().to_owned()),
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+/// `lines` without the common indentation, the blank lines kept.
+fn dedented(lines: &[String]) -> Vec<String> {
+    let indent = lines.iter().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min();
+    lines.iter().map(|l| l.get(indent.unwrap_or(0)..).unwrap_or("").trim_end().to_owned()).collect()
+}
+
+/// The guide's code is code that runs: each ```rust block of docs/library.md
+/// is, line for line, a `// guide:` … `// end guide` region of the measured
+/// harness's `guide.rs` (which runs it); the README's is the crate docs'
+/// first example (a doctest), its hidden lines left out. A global allocator
+/// and `#[test]` stand for what the running binary has of its own.
+#[test]
+fn the_guides_code_is_run() {
+    let guide = std::fs::read_to_string(root().join("crates/autobatch/tests/measured/guide.rs")).unwrap();
+    let mut regions: Vec<Vec<String>> = Vec::new();
+    let mut region: Option<Vec<String>> = None;
+    for line in guide.lines() {
+        match (&mut region, line.trim()) {
+            (None, marker) if marker.starts_with("// guide:") => region = Some(Vec::new()),
+            (Some(_), "// end guide") => regions.extend(region.take().map(|lines| dedented(&lines))),
+            (Some(lines), _) => lines.push(line.to_owned()),
+            (None, _) => {}
+        }
+    }
+    let own = |line: &String| {
+        let line = line.trim_start();
+        line.starts_with("#[global_allocator]") || line.starts_with("static ALLOCATOR") || line == "#[test]"
+    };
+    let library = std::fs::read_to_string(root().join("docs/library.md")).unwrap();
+    let blocks = rust_blocks(&library);
+    assert!(blocks.len() >= 4, "the guide's blocks were not found: {}", blocks.len());
+    for block in blocks {
+        let mut shown: Vec<String> = dedented(&block).into_iter().filter(|line| !own(line)).collect();
+        while shown.first().is_some_and(|line| line.is_empty()) {
+            shown.remove(0);
+        }
+        assert!(
+            regions.contains(&shown),
+            "docs/library.md shows code that no test runs (tests/measured/guide.rs):\n{}",
+            shown.join("\n")
+        );
+    }
+    // the README's first example is the crate docs' first doctest
+    let lib = std::fs::read_to_string(root().join("crates/autobatch/src/lib.rs")).unwrap();
+    let docs: Vec<&str> = lib
+        .lines()
+        .filter_map(|line| line.strip_prefix("//!"))
+        .map(|line| line.strip_prefix(' ').unwrap_or(line))
+        .collect();
+    let open = docs.iter().position(|line| *line == "```").expect("the crate docs have an example");
+    let close = open + 1 + docs[open + 1..].iter().position(|line| *line == "```").expect("a closed example");
+    let runs: Vec<String> = docs[open + 1..close]
+        .iter()
+        .filter(|line| !line.starts_with("# ") && **line != "#")
+        .map(|line| line.trim_end().to_owned())
+        .collect();
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let shown = rust_blocks(&readme).into_iter().next().expect("the README has an example");
+    assert_eq!(shown, runs, "the README's example is not the crate docs' first (a doctest)");
+}

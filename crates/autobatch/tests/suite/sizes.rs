@@ -41,12 +41,12 @@ proptest! {
         let limit = curve.limit(0.9);
         prop_assert_eq!(plan.sizes.keys().copied().collect::<Vec<_>>(), sizes.clone());
         for (&size, at_size) in &plan.sizes {
-            let b = at_size.largest_batch;
+            let b = at_size.largest_batch();
             prop_assert!(at_size.proven_largest());
             prop_assert!(b.is_multiple_of(multiple_of));
             prop_assert!(curve.bytes(b, size) <= limit, "size {} batch {} does not fit", size, b);
             prop_assert!(curve.bytes(b + multiple_of, size) > limit, "size {} batch {} is not the largest", size, b);
-            prop_assert!(at_size.trials.iter().any(|t| t.batch == b && t.outcome.fits()));
+            prop_assert!(at_size.trials().iter().any(|t| t.batch == b && t.outcome.fits()));
             prop_assert_eq!(plan.batch_for(size).unwrap().source, BatchSource::Verified);
         }
         // the token budget: any batch padded to any length up to the longest fits
@@ -77,15 +77,15 @@ proptest! {
             for len in (short_size + 1..long_size).step_by(step) {
                 let predicted = plan.batch_for(len).unwrap();
                 prop_assert_eq!(predicted.source, BatchSource::Predicted);
-                prop_assert!(predicted.batch <= short.largest_batch, "len {}: {} above the shorter neighbour's {}", len, predicted.batch, short.largest_batch);
-                prop_assert!(predicted.batch >= long.largest_batch);
+                prop_assert!(predicted.batch <= short.largest_batch(), "len {}: {} above the shorter neighbour's {}", len, predicted.batch, short.largest_batch());
+                prop_assert!(predicted.batch >= long.largest_batch());
                 prop_assert!(predicted.batch.is_multiple_of(multiple_of));
                 // an exact model predicts a batch that fits
                 prop_assert!(curve.bytes(predicted.batch, len) <= limit, "len {} batch {} does not fit", len, predicted.batch);
             }
         }
         let below = plan.batch_for(sizes[0] - 1).unwrap();
-        prop_assert_eq!((below.source, below.batch), (BatchSource::Bound, plan.sizes[&sizes[0]].largest_batch));
+        prop_assert_eq!((below.source, below.batch), (BatchSource::Bound, plan.sizes[&sizes[0]].largest_batch()));
     }
 }
 
@@ -110,7 +110,7 @@ fn bucketing_pads_to_the_next_probed_size() {
     let curve = Curve { capacity_gib: 24, fixed: GIB, per_token: 16 << 10, per_token_length: 64 };
     let plan = run(&Tuner::new(), curve, &[64, 128, 256]).unwrap();
     let bucket = plan.bucket_for(100).unwrap();
-    assert_eq!((bucket.size, bucket.batch), (128, plan.plan_for(128).unwrap().largest_batch));
+    assert_eq!((bucket.size, bucket.batch), (128, plan.plan_for(128).unwrap().largest_batch()));
     assert_eq!(plan.bucket_for(64).unwrap().size, 64);
     assert!(matches!(plan.bucket_for(257), Err(Error::InvalidSetting { value: autobatch::Value::Count(257), .. })));
     assert!(plan.bucket_for(257).unwrap_err().to_string().contains("at most the longest size probed, 256"));
@@ -120,7 +120,7 @@ fn bucketing_pads_to_the_next_probed_size() {
     assert_eq!(json["sizes"].as_array().unwrap().len(), 3);
     // each probed size is {size, plan}, shortest first, and reads back as the plan written
     assert_eq!(json["sizes"][1]["size"], 128);
-    assert_eq!(json["sizes"][1]["plan"]["largest_batch"], plan.sizes[&128].largest_batch);
+    assert_eq!(json["sizes"][1]["plan"]["largest_batch"], plan.sizes[&128].largest_batch());
     let read: autobatch::SizePlan = serde_json::from_str(&plan.to_json()).unwrap();
     assert_eq!(read, plan);
     let twice = json.to_string().replace("\"size\":128", "\"size\":64");
@@ -167,9 +167,9 @@ fn the_plan_cache_keeps_sizes_apart() {
     assert_eq!(workload.steps(), steps, "a cached size runs no step");
     assert!(second.cached());
     for ((a_size, a), (b_size, b)) in first.sizes.iter().zip(&second.sizes) {
-        assert_eq!((a_size, a.largest_batch), (b_size, b.largest_batch));
+        assert_eq!((a_size, a.largest_batch()), (b_size, b.largest_batch()));
     }
-    assert_ne!(first.sizes[&128].largest_batch, first.sizes[&512].largest_batch);
+    assert_ne!(first.sizes[&128].largest_batch(), first.sizes[&512].largest_batch());
     // a new size probes only itself
     let third = tuner.search(&mut workload, &mut meter).sizes(&[128, 256, 512]).unwrap();
     assert!(workload.steps() > steps);

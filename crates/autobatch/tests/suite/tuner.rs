@@ -18,11 +18,11 @@ fn assert_exact(tuner: &Tuner, sim: Simulation, ceiling: f64, start: usize, mult
     let space = SearchSpace::new(start, None, multiple_of).unwrap();
     let truth = sim.true_largest(ceiling, &space, 1 << 16).expect("the case has a fitting batch");
     let plan = run(tuner, sim.clone()).unwrap();
-    assert_eq!(plan.largest_batch, truth, "{sim:?}\n{plan}");
+    assert_eq!(plan.largest_batch(), truth, "{sim:?}\n{plan}");
     assert!(plan.proven_largest());
-    assert!(plan.peak_bytes <= plan.limit_bytes());
-    assert_eq!(plan.peak_bytes, sim.device_peak(truth));
-    let trial = plan.trials.iter().rev().find(|t| t.batch == truth).unwrap();
+    assert!(plan.peak_bytes() <= plan.limit_bytes());
+    assert_eq!(plan.peak_bytes(), sim.device_peak(truth));
+    let trial = plan.trials().iter().rev().find(|t| t.batch == truth).unwrap();
     assert_eq!(trial.outcome, Outcome::Fits);
     plan
 }
@@ -32,7 +32,7 @@ fn affine_curve_gives_the_exact_largest_batch() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
     let plan = assert_exact(&Tuner::new(), sim, 0.9, 1, 1);
     // (0.9 × 16 GiB − 2 GiB) / 100 MiB = 126.9
-    assert_eq!(plan.largest_batch, 126);
+    assert_eq!(plan.largest_batch(), 126);
     assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (126, 1, 126));
 }
 
@@ -44,8 +44,8 @@ fn quadratic_and_rounded_curves_are_exact() {
     assert_exact(&Tuner::new().ceiling(0.75), rounded, 0.75, 1, 1);
     let granular = Simulation::new(40 * GIB, MemoryCurve::affine(3 * GIB, 37 * MIB));
     let plan = assert_exact(&Tuner::new().multiple_of(8).start(3), granular, 0.9, 3, 8);
-    assert_eq!(plan.largest_batch % 8, 0);
-    assert!(plan.trials.iter().all(|t| t.batch % 8 == 0));
+    assert_eq!(plan.largest_batch() % 8, 0);
+    assert!(plan.trials().iter().all(|t| t.batch % 8 == 0));
 }
 
 #[test]
@@ -55,17 +55,17 @@ fn ceiling_is_a_fraction_of_the_whole_device_including_other_processes() {
         run(&Tuner::new(), Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).other_process(4 * GIB))
             .unwrap();
     // 4 GiB held elsewhere leave 40.96 fewer samples of 100 MiB.
-    assert_eq!(alone.largest_batch - shared.largest_batch, 41);
-    assert!(shared.peak_bytes >= 4 * GIB);
+    assert_eq!(alone.largest_batch() - shared.largest_batch(), 41);
+    assert!(shared.peak_bytes() >= 4 * GIB);
 }
 
 #[test]
 fn a_real_out_of_memory_below_the_ceiling_is_a_failure() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB)).oom_from(300);
     let plan = run(&Tuner::new(), sim).unwrap();
-    assert_eq!(plan.largest_batch, 299);
-    assert!(plan.trials.iter().any(|t| t.outcome == Outcome::OutOfMemory));
-    assert!(plan.trials.iter().filter(|t| t.batch >= 300).all(|t| t.outcome == Outcome::OutOfMemory));
+    assert_eq!(plan.largest_batch(), 299);
+    assert!(plan.trials().iter().any(|t| t.outcome == Outcome::OutOfMemory));
+    assert!(plan.trials().iter().filter(|t| t.batch >= 300).all(|t| t.outcome == Outcome::OutOfMemory));
 }
 
 #[test]
@@ -73,8 +73,8 @@ fn physical_out_of_memory_and_over_ceiling_are_told_apart() {
     // capacity reached above batch 100; ceiling 50% reached above batch 50
     let sim = Simulation::new(1000 * MIB, MemoryCurve::affine(0, 10 * MIB));
     let plan = run(&Tuner::new().strategy(Strategy::Binary).ceiling(0.5), sim).unwrap();
-    assert_eq!(plan.largest_batch, 50);
-    let outcome_of = |b: usize| plan.trials.iter().find(|t| t.batch == b).map(|t| t.outcome);
+    assert_eq!(plan.largest_batch(), 50);
+    let outcome_of = |b: usize| plan.trials().iter().find(|t| t.batch == b).map(|t| t.outcome);
     assert_eq!(outcome_of(64), Some(Outcome::OverCeiling));
     assert_eq!(outcome_of(128), None, "bisects after the first failure");
     let plan = run(
@@ -82,8 +82,8 @@ fn physical_out_of_memory_and_over_ceiling_are_told_apart() {
         Simulation::new(1000 * MIB, MemoryCurve::affine(0, 10 * MIB)),
     )
     .unwrap();
-    assert_eq!(plan.largest_batch, 100);
-    assert_eq!(plan.trials.iter().find(|t| t.batch == 128).map(|t| t.outcome), Some(Outcome::OutOfMemory));
+    assert_eq!(plan.largest_batch(), 100);
+    assert_eq!(plan.trials().iter().find(|t| t.batch == 128).map(|t| t.outcome), Some(Outcome::OutOfMemory));
 }
 
 #[test]
@@ -137,13 +137,13 @@ fn other_workload_errors_end_the_run_untouched_and_are_not_retried() {
 fn max_batch_caps_the_search_and_is_tried_once() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, MIB));
     let plan = run(&Tuner::new().max_batch(1000), sim.clone()).unwrap();
-    assert_eq!(plan.largest_batch, 1000);
+    assert_eq!(plan.largest_batch(), 1000);
     // batch 1001 would fit: the cap is not proven the largest
     assert!(!plan.proven_largest());
-    assert_eq!(plan.stopped_by, Some(autobatch::SearchLimit::MaxBatch { max_batch: 1000 }));
-    assert_eq!(plan.trials.iter().filter(|t| t.batch == 1000).count(), 1);
+    assert_eq!(plan.stopped_by(), Some(&autobatch::SearchLimit::MaxBatch { max_batch: 1000 }));
+    assert_eq!(plan.trials().iter().filter(|t| t.batch == 1000).count(), 1);
     let plan = run(&Tuner::new().max_batch(1000).multiple_of(64), sim).unwrap();
-    assert_eq!(plan.largest_batch, 960);
+    assert_eq!(plan.largest_batch(), 960);
 }
 
 #[test]
@@ -151,10 +151,10 @@ fn max_trials_returns_the_best_verified_batch_flagged_unproven() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB));
     let full = run(&Tuner::new().strategy(Strategy::Binary), sim.clone()).unwrap();
     let cut = run(&Tuner::new().strategy(Strategy::Binary).max_trials(5), sim).unwrap();
-    assert_eq!(cut.trials.len(), 5);
-    assert_eq!(cut.largest_batch, 16);
+    assert_eq!(cut.trials().len(), 5);
+    assert_eq!(cut.largest_batch(), 16);
     assert!(!cut.proven_largest() && full.proven_largest());
-    assert!(cut.warnings.contains(&Warning::TrialLimit { max_trials: 5 }));
+    assert!(cut.warnings().contains(&Warning::TrialLimit { max_trials: 5 }));
     assert!(cut.to_string().contains("not proven largest"));
 }
 
@@ -162,30 +162,30 @@ fn max_trials_returns_the_best_verified_batch_flagged_unproven() {
 fn max_trials_equal_to_what_the_search_needs_is_proven() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB));
     let full = run(&Tuner::new(), sim.clone()).unwrap();
-    let exact = run(&Tuner::new().max_trials(full.trials.len()), sim).unwrap();
+    let exact = run(&Tuner::new().max_trials(full.trials().len()), sim).unwrap();
     assert!(exact.proven_largest());
-    assert_eq!(exact.largest_batch, full.largest_batch);
+    assert_eq!(exact.largest_batch(), full.largest_batch());
 }
 
 #[test]
 fn no_batch_is_tried_twice_and_every_trial_is_in_the_space() {
     let sim = Simulation::new(64 * GIB, MemoryCurve::quadratic(5 * GIB, 3 * MIB, 5000)).rounding(2 * MIB);
     let plan = run(&Tuner::new().start(5).multiple_of(4).max_batch(5000), sim).unwrap();
-    let mut batches: Vec<usize> = plan.trials.iter().map(|t| t.batch).collect();
+    let mut batches: Vec<usize> = plan.trials().iter().map(|t| t.batch).collect();
     assert!(batches.iter().all(|b| b % 4 == 0 && (8..=5000).contains(b)));
     batches.sort_unstable();
     batches.dedup();
-    assert_eq!(batches.len(), plan.trials.len());
+    assert_eq!(batches.len(), plan.trials().len());
 }
 
 #[test]
 fn steps_per_trial_and_warmup_decide_how_many_steps_run() {
     let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 10 * MIB)).build();
     let plan = Tuner::new().ceiling(0.5).steps_per_trial(3).warmup(false).run(&mut workload, &mut meter).unwrap();
-    assert_eq!(workload.steps(), 3 * plan.trials.len());
+    assert_eq!(workload.steps(), 3 * plan.trials().len());
     let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 10 * MIB)).build();
     let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
-    assert_eq!(workload.steps(), plan.trials.len() + 1);
+    assert_eq!(workload.steps(), plan.trials().len() + 1);
 }
 
 #[test]
@@ -193,23 +193,23 @@ fn a_failed_trial_that_leaks_is_reported_and_the_answer_stays_safe() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).oom_from(100).leak_on_failure(512 * MIB);
     let (mut workload, mut meter) = sim.build();
     let plan = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap();
-    let leaks: Vec<_> = plan.warnings.iter().filter(|w| matches!(w, Warning::Leak { .. })).collect();
+    let leaks: Vec<_> = plan.warnings().iter().filter(|w| matches!(w, Warning::Leak { .. })).collect();
     assert!(!leaks.is_empty(), "{plan}");
     assert!(
         matches!(leaks[0], Warning::Leak { batch: 128, after_bytes, baseline_bytes, .. } if after_bytes - baseline_bytes == 512 * MIB)
     );
     assert!(plan.to_string().contains("warning: memory leaked by the failed trial at batch 128"));
     // the answer fits with the leaked memory still held
-    assert!(plan.peak_bytes <= plan.limit_bytes());
+    assert!(plan.peak_bytes() <= plan.limit_bytes());
     assert!(meter.in_use().unwrap() > 0);
-    assert!(plan.largest_batch < 100);
+    assert!(plan.largest_batch() < 100);
 }
 
 #[test]
 fn slack_the_meter_explains_is_not_a_leak() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).leak_on_failure(MIB).slack(2 * MIB);
     let plan = run(&Tuner::new(), sim).unwrap();
-    assert!(plan.warnings.is_empty(), "{plan}");
+    assert!(plan.warnings().is_empty(), "{plan}");
 }
 
 #[test]
@@ -220,12 +220,12 @@ fn the_answer_is_rechecked_when_the_baseline_rises_after_it_was_measured() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).baseline_rise(12, GIB);
     let (mut workload, mut meter) = sim.clone().build();
     let plan = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap();
-    let rechecks: Vec<_> = plan.trials.iter().filter(|t| t.kind == TrialKind::Recheck).collect();
+    let rechecks: Vec<_> = plan.trials().iter().filter(|t| t.kind == TrialKind::Recheck).collect();
     assert!(!rechecks.is_empty(), "{plan}");
     // (0.9 × 16 − 3) GiB / 100 MiB = 116.7
-    assert_eq!(plan.largest_batch, 116, "{plan}");
-    assert!(plan.warnings.iter().any(|w| matches!(w, Warning::RecheckFailed { .. })));
-    assert!(plan.peak_bytes <= plan.limit_bytes());
+    assert_eq!(plan.largest_batch(), 116, "{plan}");
+    assert!(plan.warnings().iter().any(|w| matches!(w, Warning::RecheckFailed { .. })));
+    assert!(plan.peak_bytes() <= plan.limit_bytes());
     assert!(plan.to_string().contains("(re-check)"));
 }
 
@@ -239,7 +239,7 @@ fn accumulation_reaches_the_target_with_one_to_eight_ranks() {
             }
             let tuner = Tuner::new().target_effective_batch(target).world_size(world_size);
             let plan = run(&tuner, sim.clone()).unwrap();
-            assert_eq!(plan.largest_batch, 126);
+            assert_eq!(plan.largest_batch(), 126);
             let split = plan.accumulation().unwrap();
             assert_eq!(split.samples_per_rank() * world_size, plan.effective_batch());
             assert_eq!(split.micro_batches().sum::<usize>(), split.samples_per_rank());
@@ -254,7 +254,7 @@ fn accumulation_reaches_the_target_with_one_to_eight_ranks() {
         }
     }
     let plan = run(&Tuner::new().target_effective_batch(268).max_batch(133), sim.clone()).unwrap();
-    assert_eq!((plan.largest_batch, plan.micro_batch(), plan.accumulation_steps()), (126, 90, 3));
+    assert_eq!((plan.largest_batch(), plan.micro_batch(), plan.accumulation_steps()), (126, 90, 3));
     let plan = run(&Tuner::new().target_effective_batch(257), sim.clone()).unwrap();
     assert_eq!((plan.micro_batch(), plan.accumulation_steps(), plan.effective_batch()), (86, 3, 257));
     assert_eq!(plan.accumulation().unwrap().micro_steps_summary(), "2 × 86 + 1 × 85");
@@ -323,10 +323,10 @@ fn every_invalid_configuration_is_an_error_before_any_step() {
 fn power_returns_the_largest_fitting_power_of_two() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // b* = 126
     let plan = run(&Tuner::new().strategy(Strategy::Power), sim.clone()).unwrap();
-    assert_eq!(plan.largest_batch, 64);
-    assert_eq!(plan.trials.len(), 8);
+    assert_eq!(plan.largest_batch(), 64);
+    assert_eq!(plan.trials().len(), 8);
     let plan = run(&Tuner::new().strategy(Strategy::Power).multiple_of(3), sim).unwrap();
-    assert_eq!(plan.largest_batch, 96);
+    assert_eq!(plan.largest_batch(), 96);
 }
 
 #[test]
@@ -348,7 +348,7 @@ fn plan_serializes_to_json_and_back() {
     assert_eq!((value["proven_largest"].as_bool(), value["cached"].as_bool()), (Some(true), Some(false)));
     assert!(value.get("split").is_none() && value.get("search").is_none(), "{json}");
     let back = Plan::from_json(&json).unwrap();
-    assert_eq!(back.trials.len(), plan.trials.len());
+    assert_eq!(back.trials().len(), plan.trials().len());
     assert_eq!(back.accumulation(), plan.accumulation());
     // everything reads back as it was, the durations' nanoseconds through float seconds included
     assert_eq!(back, plan);
@@ -381,10 +381,10 @@ fn report_shows_each_trial_and_the_plan() {
     let report = plan.to_string();
     let lines: Vec<&str> = report.lines().collect();
     assert!(lines[0].contains("batch") && lines[0].contains("outcome") && lines[0].contains("util"));
-    assert_eq!(lines.len(), 1 + plan.trials.len() + 5, "{report}");
+    assert_eq!(lines.len(), 1 + plan.trials().len() + 5, "{report}");
     assert!(report.contains("\nmeasured on simulated device\n"), "{report}");
     assert!(lines[lines.len() - 2].starts_with("memory: "), "{report}");
-    assert!(lines.last().unwrap().starts_with(&format!("tuning took {} steps", plan.trials.len() + 1)), "{report}");
+    assert!(lines.last().unwrap().starts_with(&format!("tuning took {} steps", plan.trials().len() + 1)), "{report}");
     assert!(lines[1].contains("fits") && lines[1].contains('%'));
     assert!(report.contains("over ceiling"));
     assert!(report.contains("largest batch 126 (proven largest)"), "{report}");
@@ -403,11 +403,11 @@ fn the_plan_carries_a_memory_model_checked_at_the_chosen_batch() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).other_process(GIB);
     for strategy in [Strategy::Binary, Strategy::Predictive] {
         let plan = run(&Tuner::new().strategy(strategy), sim.clone()).unwrap();
-        let model = plan.memory_model.as_ref().expect("several batches were measured");
+        let model = plan.memory_model().expect("several batches were measured");
         assert!((model.bytes_per_sample - (100 * MIB) as f64).abs() < 1.0, "{model:?}");
         assert!((model.fixed_bytes - (3 * GIB) as f64).abs() < 1024.0, "{model:?}");
         assert!(model.prediction_error.abs() < 1e-6);
-        assert!(!model.fitted_batches.contains(&plan.largest_batch));
+        assert!(!model.fitted_batches.contains(&plan.largest_batch()));
         assert!(plan.to_string().contains("per sample"), "{plan}");
     }
 }
@@ -417,9 +417,9 @@ fn predictive_finds_the_same_batch_in_fewer_trials() {
     let sim = Simulation::new(80 * GIB, MemoryCurve::affine(6 * GIB, 17 * MIB)).rounding(2 * MIB).other_process(GIB);
     let binary = run(&Tuner::new().strategy(Strategy::Binary), sim.clone()).unwrap();
     let predictive = run(&Tuner::new().strategy(Strategy::Predictive), sim).unwrap();
-    assert_eq!(predictive.largest_batch, binary.largest_batch);
+    assert_eq!(predictive.largest_batch(), binary.largest_batch());
     assert!(predictive.proven_largest());
-    assert!(predictive.trials.len() * 2 <= binary.trials.len(), "{predictive}\n{binary}");
+    assert!(predictive.trials().len() * 2 <= binary.trials().len(), "{predictive}\n{binary}");
 }
 
 #[test]
@@ -456,7 +456,7 @@ fn noisy_curves_below_one_sample_of_noise_are_still_exact() {
         let truth = sim.true_largest(0.9, &space, 1 << 16).unwrap();
         for strategy in [Strategy::Binary, Strategy::Predictive] {
             let plan = run(&Tuner::new().strategy(strategy), sim.clone()).unwrap();
-            assert_eq!(plan.largest_batch, truth, "seed {seed}, {strategy}");
+            assert_eq!(plan.largest_batch(), truth, "seed {seed}, {strategy}");
         }
     }
 }
@@ -468,15 +468,15 @@ fn a_step_that_ignores_its_batch_stops_the_search_with_a_warning() {
         let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 0));
         let plan = run(&Tuner::new().strategy(strategy), sim).unwrap();
         assert!(!plan.proven_largest(), "{plan}");
-        assert!(plan.largest_batch >= 1024 && plan.largest_batch <= 4096, "{plan}");
-        assert!(plan.trials.len() <= 16, "{plan}");
-        assert!(plan.warnings.iter().any(|w| matches!(w, Warning::BatchIgnored { smallest_batch: 1, .. })), "{plan}");
+        assert!(plan.largest_batch() >= 1024 && plan.largest_batch() <= 4096, "{plan}");
+        assert!(plan.trials().len() <= 16, "{plan}");
+        assert!(plan.warnings().iter().any(|w| matches!(w, Warning::BatchIgnored { smallest_batch: 1, .. })), "{plan}");
         assert!(plan.to_string().contains("seems not to use its batch"), "{plan}");
     }
     // a step that uses even a few bytes per sample is searched to the end
     let sim = Simulation::new(GIB, MemoryCurve::affine(GIB / 2, 64));
     let plan = run(&Tuner::new(), sim).unwrap();
-    assert!(plan.proven_largest() && plan.warnings.is_empty(), "{plan}");
+    assert!(plan.proven_largest() && plan.warnings().is_empty(), "{plan}");
 }
 
 /// A simulated device whose steps take `time(batch)`: throughput measured for real.
@@ -502,30 +502,30 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
     let (mut step, mut meter) = timed(sim.clone(), slow_above_60);
     let tuner = Tuner::new().strategy(Strategy::Binary).objective(Objective::Throughput).target_effective_batch(400);
     let plan = tuner.run(&mut step, &mut meter).unwrap();
-    let choice = plan.throughput.as_ref().expect("the throughput was measured");
-    assert_eq!(plan.largest_batch, 100, "{plan}");
+    let choice = plan.throughput().expect("the throughput was measured");
+    assert_eq!(plan.largest_batch(), 100, "{plan}");
     assert_eq!(choice.candidates.iter().map(|p| p.batch).collect::<Vec<_>>(), [50, 75, 100]);
     assert_eq!(choice.chosen_batch, 50, "{plan}");
     assert_eq!(choice.deepspeed_batch, 50, "the next candidate is not 5% faster");
     assert!(plan.micro_batch() <= 50 && plan.micro_batch() * plan.accumulation_steps() >= 400, "{plan}");
     assert_eq!(choice.extra_steps, 9, "3 candidates × 3 timed runs");
-    assert_eq!(plan.trials.iter().filter(|t| t.kind == TrialKind::Timing).count(), 9);
+    assert_eq!(plan.trials().iter().filter(|t| t.kind == TrialKind::Timing).count(), 9);
     assert!(plan.to_string().contains("throughput: batch 50 is the fastest"), "{plan}");
 
     // when bigger is faster, the choice is the largest, or within the noise it measured
     let fixed_cost = |b: usize| std::time::Duration::from_micros(3000 + 20 * b as u64);
     let (mut step, mut meter) = timed(sim, fixed_cost);
     let plan = Tuner::new().objective(Objective::Throughput).run(&mut step, &mut meter).unwrap();
-    let choice = plan.throughput.as_ref().unwrap();
+    let choice = plan.throughput().unwrap();
     let rate = |batch: usize| choice.candidates.iter().find(|p| p.batch == batch).unwrap();
-    let (chosen, largest) = (rate(choice.chosen_batch), rate(plan.largest_batch));
+    let (chosen, largest) = (rate(choice.chosen_batch), rate(plan.largest_batch()));
     assert!(
         chosen.samples_per_second >= largest.samples_per_second * (1.0 - largest.spread.max(chosen.spread)),
         "{plan}"
     );
     assert_eq!(plan.micro_batch(), choice.chosen_batch);
     // every fitting trial reports its samples per second
-    assert!(plan.trials.iter().filter(|t| t.outcome.fits()).all(|t| t.samples_per_second().is_some_and(|r| r > 0.0)));
+    assert!(plan.trials().iter().filter(|t| t.outcome.fits()).all(|t| t.samples_per_second().is_some_and(|r| r > 0.0)));
     assert!(matches!(
         Tuner::new().timing_repeats(0).check(),
         Err(Error::InvalidSetting {
@@ -563,11 +563,11 @@ fn a_time_limit_stops_with_the_largest_batch_seen_to_fit_and_says_what_is_open()
 
     // no failure seen yet: everything above the largest fit is open
     let plan = run_with_pause(&tuner, sim.clone(), 4, Duration::from_millis(300)).unwrap();
-    assert_eq!(plan.trials.iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4]);
-    assert_eq!(plan.largest_batch, 4);
+    assert_eq!(plan.trials().iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4]);
+    assert_eq!(plan.largest_batch(), 4);
     assert!(!plan.proven_largest());
     let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: None, expected_end: None };
-    assert_eq!(plan.stopped_by, Some(limit));
+    assert_eq!(plan.stopped_by(), Some(&limit));
     assert!(
         plan.summary()
             .contains("not proven largest: stopped at the 0.200 s time limit: batches above 4 were not tried"),
@@ -581,9 +581,9 @@ fn a_time_limit_stops_with_the_largest_batch_seen_to_fit_and_says_what_is_open()
     // after a failure: the bracket between the largest fit and it is open
     let small = Simulation::new(16 * GIB, MemoryCurve::affine(0, 2 * GIB)); // 0.9 × 16 / 2: answer 7
     let plan = run_with_pause(&tuner, small, 8, Duration::from_millis(300)).unwrap();
-    assert_eq!(plan.trials.iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4, 8]);
+    assert_eq!(plan.trials().iter().map(|t| t.batch).collect::<Vec<_>>(), [1, 2, 4, 8]);
     let limit = SearchLimit::TimeLimit { limit_ms: 200, largest_fit: 4, smallest_failure: Some(8), expected_end: None };
-    assert_eq!(plan.stopped_by, Some(limit));
+    assert_eq!(plan.stopped_by(), Some(&limit));
     assert!(plan.summary().contains("batches 5..=7 are open (batch 8 does not fit)"), "{}", plan.summary());
 
     // too short to see anything fit: an error, not a guess
@@ -599,10 +599,10 @@ fn a_search_that_finishes_within_its_time_limit_is_unchanged() {
     ] {
         let unlimited = run(&Tuner::new(), sim.clone()).unwrap();
         let limited = run(&Tuner::new().time_limit(std::time::Duration::from_secs(3600)), sim).unwrap();
-        let batches = |plan: &Plan| plan.trials.iter().map(|t| (t.batch, t.outcome)).collect::<Vec<_>>();
+        let batches = |plan: &Plan| plan.trials().iter().map(|t| (t.batch, t.outcome)).collect::<Vec<_>>();
         assert_eq!(batches(&limited), batches(&unlimited));
-        assert_eq!((limited.largest_batch, limited.proven_largest()), (unlimited.largest_batch, true));
-        assert_eq!(limited.stopped_by, None);
+        assert_eq!((limited.largest_batch(), limited.proven_largest()), (unlimited.largest_batch(), true));
+        assert_eq!(limited.stopped_by(), None);
     }
 }
 
@@ -619,9 +619,9 @@ fn a_cublas_execution_failure_above_a_batch_that_ran_counts_as_out_of_memory() {
         autobatch::Workload::step(&mut workload, batch)
     };
     let plan = Tuner::new().run(&mut step, &mut meter).unwrap();
-    assert_eq!(plan.largest_batch, 100, "{plan}");
+    assert_eq!(plan.largest_batch(), 100, "{plan}");
     assert!(plan.proven_largest());
-    assert!(plan.trials.iter().any(|t| t.batch == 101 && t.outcome == Outcome::OutOfMemory), "{plan}");
+    assert!(plan.trials().iter().any(|t| t.batch == 101 && t.outcome == Outcome::OutOfMemory), "{plan}");
 
     // at the very first batch nothing ran before: it is the error it says
     let (mut workload, mut meter) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).build();
@@ -673,8 +673,8 @@ fn an_out_of_memory_error_at_the_synchronize_after_a_step_is_a_failed_trial() {
         autobatch::Workload::step(&mut workload, batch)
     };
     let plan = Tuner::new().run(&mut step, &mut meter).unwrap();
-    assert_eq!(plan.largest_batch, 90, "{plan}");
-    assert!(plan.trials.iter().any(|t| t.batch == 91 && t.outcome == Outcome::OutOfMemory), "{plan}");
+    assert_eq!(plan.largest_batch(), 90, "{plan}");
+    assert!(plan.trials().iter().any(|t| t.batch == 91 && t.outcome == Outcome::OutOfMemory), "{plan}");
 
     // any other failure there is the device's, and ends the run
     let (mut workload, meter) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).build();
@@ -721,8 +721,8 @@ fn the_kinds_of_peak_a_meter_reads_are_kept_and_said() {
     // the reserved bytes bind: (0.9 × 16 GiB) / 1.02 − 2 GiB, per 100 MiB
     let limit = plan.limit_bytes() as f64;
     let expected = ((limit / 1.02 - (2 * GIB) as f64) / (100 * MIB) as f64).floor() as usize;
-    assert!(plan.largest_batch.abs_diff(expected) <= 1, "{} vs {expected}", plan.largest_batch);
-    let answer = plan.trials.iter().rev().find(|t| t.batch == plan.largest_batch).unwrap();
+    assert!(plan.largest_batch().abs_diff(expected) <= 1, "{} vs {expected}", plan.largest_batch());
+    let answer = plan.trials().iter().rev().find(|t| t.batch == plan.largest_batch()).unwrap();
     let kinds = answer.peak_kinds.unwrap();
     assert_eq!((answer.peak_bytes, kinds.binding_name()), (Some(kinds.reserved), "reserved"));
     assert!(plan.summary().contains("(reserved binds)"), "{}", plan.summary());
@@ -744,11 +744,11 @@ fn a_trial_expected_to_end_past_the_time_limit_is_not_started() {
     let tuner = Tuner::new().warmup(false).time_limit(std::time::Duration::from_millis(60));
     let plan = tuner.run(&mut step, &mut meter).unwrap();
     // nothing started that could not end in time: at most 60 samples once one fit
-    assert!(plan.trials.iter().all(|t| t.batch <= 60), "{plan}");
-    let Some(autobatch::SearchLimit::TimeLimit { expected_end, largest_fit, .. }) = plan.stopped_by.clone() else {
+    assert!(plan.trials().iter().all(|t| t.batch <= 60), "{plan}");
+    let Some(autobatch::SearchLimit::TimeLimit { expected_end, largest_fit, .. }) = plan.stopped_by().cloned() else {
         panic!("{plan}")
     };
-    assert_eq!(largest_fit, plan.largest_batch);
+    assert_eq!(largest_fit, plan.largest_batch());
     // the search stopped before the limit when the trial it wanted was expected to end past it, and said so
     if let Some((batch, end_ms)) = expected_end {
         assert!(end_ms > 60 && batch > largest_fit, "batch {batch} expected to end at {end_ms} ms\n{plan}");
@@ -772,9 +772,9 @@ fn a_time_limit_cuts_a_long_trial_after_the_step_it_is_in() {
     };
     let tuner = Tuner::new().warmup(false).steps_per_trial(1_000_000).time_limit(std::time::Duration::from_millis(50));
     let plan = tuner.run(&mut step, &mut meter).unwrap();
-    assert_eq!(plan.trials.len(), 1, "{plan}");
-    assert!(plan.trials[0].steps < 1_000, "{plan}");
-    assert!(matches!(plan.stopped_by, Some(autobatch::SearchLimit::TimeLimit { .. })), "{plan}");
+    assert_eq!(plan.trials().len(), 1, "{plan}");
+    assert!(plan.trials()[0].steps < 1_000, "{plan}");
+    assert!(matches!(plan.stopped_by(), Some(autobatch::SearchLimit::TimeLimit { .. })), "{plan}");
 }
 
 #[test]
@@ -783,10 +783,10 @@ fn the_plan_counts_every_step_tuning_ran() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).baseline_rise(6, 64 * MIB);
     let (mut workload, mut meter) = sim.build();
     let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
-    assert!(plan.trials.iter().any(|t| t.kind == TrialKind::Recheck), "{plan}");
+    assert!(plan.trials().iter().any(|t| t.kind == TrialKind::Recheck), "{plan}");
     assert_eq!(plan.tuning_steps(), workload.steps(), "{plan}");
-    assert_eq!(plan.tuning_steps(), plan.trials.len() + 1, "the warm-up is a step too");
-    let seconds: f64 = plan.trials.iter().map(|t| t.duration.as_secs_f64()).sum();
+    assert_eq!(plan.tuning_steps(), plan.trials().len() + 1, "the warm-up is a step too");
+    let seconds: f64 = plan.trials().iter().map(|t| t.duration.as_secs_f64()).sum();
     assert!(plan.tuning_seconds() >= seconds);
     assert!(plan.to_string().contains(&format!("tuning took {} steps", workload.steps())), "{plan}");
 }
@@ -828,15 +828,15 @@ fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
             vec![ModelVariant::new("as it is", plain), ModelVariant::new("leaner", leaner).expecting(0, share, change)];
         let rows = Tuner::new().compare(variants, &mut meter).unwrap().rows;
         let (row, plan) = (&rows[1], rows[1].plan.as_ref().unwrap());
-        assert_eq!(plan.largest_batch, scratch.largest_batch, "share {share}");
+        assert_eq!(plan.largest_batch(), scratch.largest_batch(), "share {share}");
         assert!(plan.proven_largest());
         assert!(rows[0].started_at.is_none());
         let started = row.started_at.unwrap();
-        assert_eq!(plan.trials[0].batch, started);
+        assert_eq!(plan.trials()[0].batch, started);
         if exact_start {
-            assert_eq!(started, scratch.largest_batch);
-            assert_eq!(plan.trials.len(), 2, "{:?}", plan.trials);
-            assert!(plan.trials.len() < scratch.trials.len());
+            assert_eq!(started, scratch.largest_batch());
+            assert_eq!(plan.trials().len(), 2, "{:?}", plan.trials());
+            assert!(plan.trials().len() < scratch.trials().len());
             // the line carried from the first variant, through the peak measured here
             let (bytes_per_sample, fixed_bytes) = row.memory().unwrap();
             assert!((bytes_per_sample - per_sample as f64).abs() < 1.0, "{bytes_per_sample}");
@@ -847,9 +847,9 @@ fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
             // the slope it expected and along the failures' readings down to a
             // fit, the chord to the answer and the batch above: no more steps
             // than a search from scratch
-            assert!(started > 3 * scratch.largest_batch / 2, "{started}");
-            let tried: Vec<usize> = plan.trials.iter().map(|t| t.batch).collect();
-            assert!(tried.len() <= scratch.trials.len(), "{tried:?} against {}", scratch.trials.len());
+            assert!(started > 3 * scratch.largest_batch() / 2, "{started}");
+            let tried: Vec<usize> = plan.trials().iter().map(|t| t.batch).collect();
+            assert!(tried.len() <= scratch.trials().len(), "{tried:?} against {}", scratch.trials().len());
         }
     }
 }
@@ -906,16 +906,16 @@ fn a_time_limit_stops_the_throughput_timing() {
         .strategy(Strategy::Binary)
         .time_limit(std::time::Duration::from_millis(20));
     let plan = tuner.run(&mut step, &mut meter).unwrap();
-    let timed = plan.trials.iter().filter(|t| t.kind == autobatch::TrialKind::Timing).count();
-    let cut = plan.warnings.iter().find_map(|w| match w {
+    let timed = plan.trials().iter().filter(|t| t.kind == autobatch::TrialKind::Timing).count();
+    let cut = plan.warnings().iter().find_map(|w| match w {
         Warning::TimingCut { timed, planned } => Some((*timed, *planned)),
         _ => None,
     });
     let (said, planned) = cut.unwrap_or_else(|| panic!("no timing cut:\n{plan}"));
     assert!(said == timed && timed < planned, "{plan}");
-    let throughput = plan.throughput.as_ref().unwrap();
+    let throughput = plan.throughput().unwrap();
     let chosen = throughput.chosen_batch;
-    assert!(chosen == plan.largest_batch || throughput.candidates.iter().any(|c| c.batch == chosen), "{plan}");
+    assert!(chosen == plan.largest_batch() || throughput.candidates.iter().any(|c| c.batch == chosen), "{plan}");
     assert!(plan.to_string().contains("the time limit"), "{plan}");
 }
 
@@ -938,20 +938,20 @@ fn the_largest_tensor_bounds_the_search_above_an_out_of_memory_reading() {
     let seen = assert_exact(&tuner, sim.clone(), 0.9, 1, 1);
     let (workload, mut meter) = sim.build();
     let unseen = tuner.run(&mut Unseen(workload), &mut meter).unwrap();
-    assert_eq!(unseen.largest_batch, seen.largest_batch);
+    assert_eq!(unseen.largest_batch(), seen.largest_batch());
     assert!(seen.proven_largest() && unseen.proven_largest());
     // past the first failure, the graph's largest tensor (a 256th of the step)
     // keeps every trial within one allocation of the batch the reading reaches
-    let first_failure = seen.trials.iter().position(|t| t.outcome == Outcome::OutOfMemory).unwrap();
-    let window = seen.trials[first_failure].batch.div_ceil(256) + 1;
-    let after: Vec<usize> = seen.trials[first_failure + 1..].iter().map(|t| t.batch).collect();
+    let first_failure = seen.trials().iter().position(|t| t.outcome == Outcome::OutOfMemory).unwrap();
+    let window = seen.trials()[first_failure].batch.div_ceil(256) + 1;
+    let after: Vec<usize> = seen.trials()[first_failure + 1..].iter().map(|t| t.batch).collect();
     assert!(after.iter().all(|&b| b + window >= 2999 && b <= 3000 + window), "{after:?}");
-    let cost = |plan: &Plan| plan.trials.iter().map(|t| t.batch + 4).sum::<usize>();
+    let cost = |plan: &Plan| plan.trials().iter().map(|t| t.batch + 4).sum::<usize>();
     println!(
         "graph seen: {} trials, cost {}; unseen: {} trials, cost {}",
-        seen.trials.len(),
+        seen.trials().len(),
         cost(&seen),
-        unseen.trials.len(),
+        unseen.trials().len(),
         cost(&unseen)
     );
     assert!(cost(&seen) < cost(&unseen), "{} against {} without the graph", cost(&seen), cost(&unseen));

@@ -73,7 +73,7 @@ fn peak_at(
     let workload = config.build_with(run.device, mixed, optimizer).ok()?;
     let tuner = search_tuner(run.args).start(batch).max_batch(batch);
     match tuner.run(&mut ReferenceStep(workload), meter) {
-        Ok(plan) => Some((plan.peak_bytes, true)),
+        Ok(plan) => Some((plan.peak_bytes(), true)),
         Err(autobatch::Error::NothingFits { peak_bytes: Some(peak), .. }) => Some((peak, false)),
         Err(err) => {
             log::debug!("advice not measured: {err}");

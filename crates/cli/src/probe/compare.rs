@@ -214,12 +214,12 @@ fn json(comparison: &Comparison) -> serde_json::Value {
         .map(|row| {
             serde_json::json!({
                 "variant": row.name,
-                "largest_batch": row.plan.as_ref().map(|p| p.largest_batch),
+                "largest_batch": row.plan.as_ref().map(|p| p.largest_batch()),
                 "bytes_per_sample": row.memory().map(|m| m.0),
                 "fixed_bytes": row.memory().map(|m| m.1),
                 "estimated_bytes_per_sample": row.predicted_bytes_per_sample,
                 "started_at": row.started_at,
-                "steps": row.plan.as_ref().map(|p| p.trials.len()),
+                "steps": row.plan.as_ref().map(|p| p.trials().len()),
                 "step_time_s": row.step_time().map(|t| t.as_secs_f64()),
                 "samples_per_second": row.samples_per_second(),
             })

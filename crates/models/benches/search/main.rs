@@ -122,7 +122,7 @@ fn through_tuner<W: Workload + ?Sized, M: MemoryMeter + ?Sized>(
     meter: &mut M,
 ) -> (Option<usize>, Vec<(usize, f64)>) {
     let (plan, steps) = plan_through_tuner(strategy, workload, meter);
-    (plan.map(|plan| plan.largest_batch), steps)
+    (plan.map(|plan| plan.largest_batch()), steps)
 }
 
 fn plan_through_tuner<W: Workload + ?Sized, M: MemoryMeter + ?Sized>(
@@ -330,14 +330,14 @@ fn real(report: &mut String) {
         // (it fits, the next does not); the same run is Predictive's row below
         let (predictive_plan, predictive_steps) = plan_through_tuner(Strategy::Predictive, &mut *workload, &mut meter);
         let predictive_plan = predictive_plan.expect("the reference models fit under their budgets");
-        let truth = predictive_plan.largest_batch;
+        let truth = predictive_plan.largest_batch();
         // three steps at the answer (its peak and T(b*), their median time) and one above it
         let at_truth: Vec<(u64, Duration)> = (0..3).map(|_| step_peak(&mut *workload, truth)).collect();
         let fits_peak = at_truth.iter().map(|&(peak, _)| peak).max().unwrap_or(0);
         let (next_peak, next_time) = step_peak(&mut *workload, truth + 1);
         assert!(fits_peak <= limit + 4096 && next_peak > limit.saturating_sub(4096), "{name}: brute force disagrees");
         let t_star = median(at_truth.iter().map(|&(_, time)| time.as_secs_f64()).collect());
-        let plan_error = predictive_plan.memory_model.as_ref().map(|m| m.prediction_error);
+        let plan_error = predictive_plan.memory_model().map(|m| m.prediction_error);
         // the anchors' algorithms run each batch's step once, shared: a heap
         // peak repeats to the byte, and its time is the first measured
         let mut measured: std::collections::HashMap<usize, (u64, Duration)> =
@@ -352,9 +352,9 @@ fn real(report: &mut String) {
                         _ => plan_through_tuner(strategy, &mut *workload, &mut meter),
                     };
                     durations.extend(steps.iter().map(|&(_, seconds)| seconds));
-                    let trials = plan.iter().flat_map(|plan| &plan.trials);
+                    let trials = plan.iter().flat_map(|plan| plan.trials());
                     peaks.extend(trials.filter_map(|trial| Some((trial.batch, trial.peak_bytes?))));
-                    (plan.map(|plan| plan.largest_batch), steps.into_iter().map(|(batch, _)| batch).collect())
+                    (plan.map(|plan| plan.largest_batch()), steps.into_iter().map(|(batch, _)| batch).collect())
                 }
                 _ => {
                     let mut measure = |b: usize| -> (Outcome, Option<u64>) {

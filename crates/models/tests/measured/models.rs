@@ -199,8 +199,8 @@ fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (Confi
     let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
     let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
-    let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
-    assert!(plan.proven_largest() && plan.warnings.is_empty(), "{family}:\n{plan}");
+    let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
+    assert!(plan.proven_largest() && plan.warnings().is_empty(), "{family}:\n{plan}");
     assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE, "{family}: {largest} over\n{plan}");
     assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{family}:\n{plan}");
     drop(probe);
@@ -212,7 +212,7 @@ fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (Confi
 /// training losses.
 fn tune_and_train(family: &str, config: &Config, training: Training, room: u64) -> (usize, autobatch::Plan, Vec<f64>) {
     let (model, plan, mut meter) = tune(family, config, &training, room);
-    let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+    let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
     let before = bits(model.varmap());
 
     let optimizer =
@@ -298,8 +298,8 @@ fn lora_trains_the_adapters_alone_and_fits_more() {
             )
         } else {
             (
-                tune(family, &config, &Training::new(8), 120 * MIB).1.largest_batch,
-                tune(family, &config, &Training::new(8).lora(lora), 120 * MIB).1.largest_batch,
+                tune(family, &config, &Training::new(8), 120 * MIB).1.largest_batch(),
+                tune(family, &config, &Training::new(8).lora(lora), 120 * MIB).1.largest_batch(),
             )
         };
         assert!(adapted > full, "{family}: LoRA fits {adapted}, full fine-tuning {full}");
@@ -347,8 +347,8 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         let trainer = &mut trainers[1];
         let mut meter = HeapMeter::with_room(6 * MIB, 0.9).unwrap();
         let plan = Tuner::new().target_effective_batch(32).run(trainer, &mut meter).unwrap();
-        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
-        assert!(plan.proven_largest() && plan.warnings.is_empty(), "{family}:\n{plan}");
+        let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
+        assert!(plan.proven_largest() && plan.warnings().is_empty(), "{family}:\n{plan}");
         assert!(peak_of(trainer, &mut meter, largest) <= limit + TOLERANCE, "{family}:\n{plan}");
         assert!(peak_of(trainer, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{family}:\n{plan}");
         let first = trainer.train_step_planned(&plan).unwrap();
@@ -410,14 +410,14 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
         let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
         let mut meter = HeapMeter::with_room(24 * MIB, 0.9).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
-        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(plan.proven_largest(), "{plan}");
         assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE);
         assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE));
         plan
     };
     let plain = tune(false);
-    let held = plain.warnings.iter().find_map(|w| match w {
+    let held = plain.warnings().iter().find_map(|w| match w {
         Warning::UntrainedGradients { tensors, bytes, .. } => Some((*tensors, *bytes)),
         _ => None,
     });
@@ -425,12 +425,13 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
     assert!(tensors >= 4 && bytes >= 4 * 256 * 256 * 4, "{tensors} tensors, {bytes} bytes");
     assert!(plain.to_string().contains("FrozenLinear"), "{plain}");
     let fixed = tune(true);
-    assert!(!fixed.warnings.iter().any(|w| matches!(w, Warning::UntrainedGradients { .. })), "{fixed}");
+    assert!(!fixed.warnings().iter().any(|w| matches!(w, Warning::UntrainedGradients { .. })), "{fixed}");
     println!(
         "  frozen gradients {bytes} bytes in {tensors} tensors; largest batch {} -> {}",
-        plain.largest_batch, fixed.largest_batch
+        plain.largest_batch(),
+        fixed.largest_batch()
     );
-    assert!(fixed.largest_batch > plain.largest_batch, "{plain}\n{fixed}");
+    assert!(fixed.largest_batch() > plain.largest_batch(), "{plain}\n{fixed}");
 }
 
 fn bad_configs_are_refused_by_field() {
@@ -662,10 +663,10 @@ fn qlora_holds_less_than_lora_over_an_f32_base() {
         let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
         let peaks: Vec<u64> = batches.iter().map(|&b| peak_of(&mut probe, &mut meter, b)).collect();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
-        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE, "{base}: {largest} over\n{plan}");
         assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{base}:\n{plan}");
-        let per_sample = plan.memory_model.as_ref().unwrap().bytes_per_sample;
+        let per_sample = plan.memory_model().unwrap().bytes_per_sample;
         println!("  {base} base: largest batch {largest}, {per_sample:.0} B a sample, peaks {peaks:?}");
         (largest, per_sample, peaks)
     };
@@ -719,7 +720,7 @@ fn a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so() {
         // counts the threads' matmul buffers, which `before` holds already
         let scratch = HeapMeter::host_scratch_bytes() as f64;
         let mut smallest = None;
-        for trial in &plan.trials {
+        for trial in plan.trials() {
             let Some(peak) = trial.peak_bytes else { continue };
             let measured = peak.saturating_sub(before) as f64;
             let bound =
@@ -812,10 +813,10 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
         probe.step(batch).unwrap();
         probe.graph_tensors().unwrap().into_iter().map(|tensor| tensor.elements).max().unwrap()
     };
-    let answer = plan.largest_batch;
-    println!("  stopped at {answer}: {}", plan.stopped_by.as_ref().unwrap());
+    let answer = plan.largest_batch();
+    println!("  stopped at {answer}: {}", plan.stopped_by().as_ref().unwrap());
     assert!(
-        matches!(plan.stopped_by, Some(autobatch::SearchLimit::TensorElements { batch, limit: l, .. }) if batch == answer && l == limit),
+        matches!(plan.stopped_by(), Some(autobatch::SearchLimit::TensorElements { batch, limit: l, .. }) if *batch == answer && *l == limit),
         "{plan}"
     );
     assert!(largest(&mut probe, answer) <= limit, "{plan}");
@@ -823,7 +824,7 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
     assert!(plan.utilization() < 0.9 && plan.to_string().contains("elements"), "{plan}");
     // without the limit the memory decides, above it
     let free = Tuner::new().run(&mut probe, &mut meter).unwrap();
-    assert!(free.largest_batch > answer, "{free}");
+    assert!(free.largest_batch() > answer, "{free}");
 }
 
 fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating() {

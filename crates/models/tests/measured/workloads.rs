@@ -40,11 +40,11 @@ fn peak_of<W: Workload>(workload: &mut W, batch: usize) -> u64 {
 fn tune_and_verify<M: Model>(mut trainer: Trainer<M>, room: u64, ceiling: f64, multiple_of: usize) -> usize {
     let mut meter = HeapMeter::with_room(room, ceiling).unwrap();
     let plan = Tuner::new().ceiling(ceiling).multiple_of(multiple_of).run(&mut trainer, &mut meter).unwrap();
-    let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+    let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
     let report = plan.to_string();
     eprintln!("{report}");
     assert!(plan.proven_largest(), "{report}");
-    assert!(plan.peak_bytes <= limit, "{report}");
+    assert!(plan.peak_bytes() <= limit, "{report}");
     drop(plan);
 
     let fits = peak_of(&mut trainer, largest);
@@ -98,7 +98,7 @@ fn assert_probing_changes_nothing<M: Model>(mut trainer: Trainer<M>, room: u64) 
     let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
     let before = meter.in_use().unwrap();
     let plan = Tuner::new().run(&mut trainer, &mut meter).unwrap();
-    let largest = plan.largest_batch;
+    let largest = plan.largest_batch();
     drop(plan);
     let after = meter.in_use().unwrap();
     assert!(after.abs_diff(before) <= TOLERANCE, "heap in use {before} before tuning, {after} after");
@@ -281,14 +281,14 @@ fn the_evaluation_step_gets_its_own_larger_batch() {
     let mut evaluation = model.evaluation();
     let mut meter = HeapMeter::with_room(32 * MIB, 0.9).unwrap();
     let plan = Tuner::new().search(&mut model, &mut meter).evaluating(&mut evaluation).run().unwrap();
-    let eval = plan.evaluation.clone().expect("evaluation planned");
+    let eval = plan.evaluation().expect("evaluation planned");
     eprintln!("{plan}");
     // no gradients, no optimizer, no graph kept: much more fits
-    assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
+    assert!(eval.largest_batch > 2 * plan.largest_batch(), "{plan}");
     assert!(eval.proven_largest && eval.peak_bytes <= plan.limit_bytes());
     // the plan stays in hand, as a trainer holds it while it trains: the
     // searches measured beside it (on the CPU it is on the heap they measure)
-    let (limit, plan_batch) = (plan.limit_bytes(), plan.largest_batch);
+    let (limit, plan_batch) = (plan.limit_bytes(), plan.largest_batch());
     // alone: the trainer freed its optimizer's state for that search
     assert!(peak_of(&mut evaluation, eval.largest_batch) <= limit + TOLERANCE);
     assert!(peak_of(&mut evaluation, eval.largest_batch + 1) > limit - TOLERANCE);
@@ -424,7 +424,7 @@ fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
     eprintln!("{report}");
     assert_eq!(trainer.size(), 64, "put back at its length");
     let limit = plan.limit_bytes;
-    let entries: Vec<(usize, usize)> = plan.sizes.iter().map(|(&size, plan)| (size, plan.largest_batch)).collect();
+    let entries: Vec<(usize, usize)> = plan.sizes.iter().map(|(&size, plan)| (size, plan.largest_batch())).collect();
     let between: Vec<_> = [24, 48].into_iter().map(|len| plan.batch_for(len).unwrap()).collect();
     let model = plan.model.clone().unwrap();
     drop(plan);

@@ -230,7 +230,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
         let mut meter = HeapMeter::new(budget).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
-        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(plan.proven_largest(), "{plan}");
         // brute force: the answer fits, the next batch does not
         assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE);
@@ -241,16 +241,16 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
     // the mask added with broadcast_add: candle keeps a gradient of the
     // scores' size for it (4 heads × 32 × 32 × 4 bytes a sample), and says so
     let plain = tune(&model);
-    let [autobatch::Warning::UntrainedGradients { bytes, .. }] = plain.warnings.as_slice() else { panic!("{plain}") };
-    assert!(*bytes >= plain.largest_batch as u64 * 4 * (SEQ * SEQ) as u64 * 4, "{plain}");
+    let [autobatch::Warning::UntrainedGradients { bytes, .. }] = plain.warnings() else { panic!("{plain}") };
+    assert!(*bytes >= plain.largest_batch() as u64 * 4 * (SEQ * SEQ) as u64 * 4, "{plain}");
     assert!(plain.to_string().contains("add-constant"), "{plain}");
     // doing what it says: no warning, and no less fits (here the peak is the
     // optimizer's update, after the store is gone: the backward pass's is lower)
     model.constant_mask = true;
     let fixed = tune(&model);
-    assert!(fixed.warnings.is_empty(), "{fixed}");
-    assert!(fixed.largest_batch >= plain.largest_batch, "{plain}\n{fixed}");
-    println!("  mask gradient {bytes} bytes; largest batch {} -> {}", plain.largest_batch, fixed.largest_batch);
+    assert!(fixed.warnings().is_empty(), "{fixed}");
+    assert!(fixed.largest_batch() >= plain.largest_batch(), "{plain}\n{fixed}");
+    println!("  mask gradient {bytes} bytes; largest batch {} -> {}", plain.largest_batch(), fixed.largest_batch());
     assert_eq!(bits(&varmap), before, "probing changed a weight");
 }
 
@@ -270,7 +270,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
         .allow_partial_graph(true)
         .run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap())
         .unwrap();
-    let missing = plan.warnings.iter().find_map(|w| match w {
+    let missing = plan.warnings().iter().find_map(|w| match w {
         Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
         _ => None,
     });
@@ -289,21 +289,21 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert!(!plan.complete_graph());
     assert!(!plan.proven_largest(), "{plan}");
     assert_eq!(
-        plan.stopped_by,
-        Some(autobatch::SearchLimit::PartialGraph { variables: variables.len(), of: varmap.all_vars().len() })
+        plan.stopped_by(),
+        Some(&autobatch::SearchLimit::PartialGraph { variables: variables.len(), of: varmap.all_vars().len() })
     );
     let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
     assert_eq!(json["measured_graph"], "partial");
     assert!(text.contains("not proven largest: the measured step reached the gradients of"), "{text}");
     assert_eq!(cut.len(), variables.len());
-    let partial = plan.largest_batch;
+    let partial = plan.largest_batch();
     // after the switch: the whole graph, complete and proven, and less fits than the cut graph said
     let (varmap, model) = gpt(false);
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
     assert!(plan.complete_graph());
     assert!(plan.proven_largest(), "{plan}");
-    assert!(plan.largest_batch < partial, "the cut graph said {partial}, the whole one {}", plan.largest_batch);
+    assert!(plan.largest_batch() < partial, "the cut graph said {partial}, the whole one {}", plan.largest_batch());
 }
 
 /// An LSTM as candle-nn builds it (hundreds of small tensors a step) tunes to
@@ -330,13 +330,13 @@ fn an_answer_does_not_depend_on_what_ran_before() {
         let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default()).unwrap();
         let plan = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
         let limit = plan.limit_bytes();
-        let largest = plan.largest_batch;
+        let largest = plan.largest_batch();
         // brute force with the plan held, as a trainer holds it
         assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE, "{plan}");
         assert!(peak_of(&mut probe, largest + 1) > limit.saturating_sub(TOLERANCE), "{plan}");
         // what the tuner holds beside the model: two graphs and a few bytes a trial, however many trials
         let graph = probe.graph_tensors().map_or(0, |g| g.len() * std::mem::size_of::<autobatch::GraphTensor>()) as u64;
-        let baselines: Vec<u64> = plan.trials.iter().map(|t| t.baseline_bytes).collect();
+        let baselines: Vec<u64> = plan.trials().iter().map(|t| t.baseline_bytes).collect();
         let grown = baselines.iter().max().unwrap() - baselines.iter().min().unwrap();
         let bound = 2 * graph + 16 * 1024;
         assert!(grown <= bound, "the tuner's own memory grew {grown} bytes over {} trials", baselines.len());
@@ -374,7 +374,7 @@ fn your_model_switched_to_the_lean_ops_is_exact_and_fits_more() {
     let tune = |model: &Gpt| {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
-        let (largest, limit) = (plan.largest_batch, plan.limit_bytes());
+        let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE, "{plan}");
         assert!(peak_of(&mut probe, largest + 1) > limit.saturating_sub(TOLERANCE), "{plan}");
         largest
@@ -403,13 +403,13 @@ fn a_forward_only_probe_measures_serving() {
     };
     let mut probe = ModelProbe::forward_only(&varmap, forward);
     let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
-    assert!(plan.warnings.is_empty() && plan.proven_largest(), "{plan}");
-    assert!(plan.largest_batch > 2 * training.largest_batch, "{plan}\n{training}");
+    assert!(plan.warnings().is_empty() && plan.proven_largest(), "{plan}");
+    assert!(plan.largest_batch() > 2 * training.largest_batch(), "{plan}\n{training}");
     assert!(!probe.can_accumulate() && probe.profile().is_none());
     // brute force: the forward pass at the answer fits, one more does not
     let limit = plan.limit_bytes();
-    assert!(peak_of(&mut probe, plan.largest_batch) <= limit + TOLERANCE);
-    assert!(peak_of(&mut probe, plan.largest_batch + 1) > limit.saturating_sub(TOLERANCE));
+    assert!(peak_of(&mut probe, plan.largest_batch()) <= limit + TOLERANCE);
+    assert!(peak_of(&mut probe, plan.largest_batch() + 1) > limit.saturating_sub(TOLERANCE));
     drop(probe);
     // the same forward pass over the variables records a graph: said
     let recorded = |b: usize| -> Result<Tensor> {
@@ -418,7 +418,7 @@ fn a_forward_only_probe_measures_serving() {
     };
     let mut probe = ModelProbe::forward_only(&varmap, recorded);
     let plan = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
-    assert!(plan.warnings.iter().any(|w| matches!(w, Warning::GraphRecorded)), "{plan}");
+    assert!(plan.warnings().iter().any(|w| matches!(w, Warning::GraphRecorded)), "{plan}");
 }
 
 /// A model that keeps state between calls (a cache that grows with every
@@ -440,7 +440,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
     };
     let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
-    assert!(plan.warnings.iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
+    assert!(plan.warnings().iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(!cache.borrow().is_empty());
     let clear = Rc::clone(&cache);
     let mut probe = probe.with_reset(move || {
@@ -448,7 +448,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
         Ok(())
     });
     let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
-    assert!(!plan.warnings.iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
+    assert!(!plan.warnings().iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(cache.borrow().is_empty(), "the reset ran after tuning");
 }
 
@@ -480,18 +480,18 @@ fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
     let loss = |b: usize| model.loss(b, 0);
     let largest = {
         let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
-        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch
+        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch()
     };
     for target in [2 * largest, 3 * largest + 1] {
         let plan = {
             let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
             Tuner::new().target_effective_batch(target).run(&mut probe, &mut meter).unwrap()
         };
-        assert_eq!(plan.largest_batch, largest, "{plan}");
+        assert_eq!(plan.largest_batch(), largest, "{plan}");
         assert!(plan.accumulation_steps() > 1, "{plan}");
         let verified = plan.accumulation_peak_bytes().unwrap_or_else(|| panic!("not verified:\n{plan}"));
         assert!(verified <= plan.limit_bytes(), "{plan}");
-        assert!(plan.trials.iter().any(|t| t.kind == autobatch::TrialKind::Accumulation && t.outcome.fits()));
+        assert!(plan.trials().iter().any(|t| t.kind == autobatch::TrialKind::Accumulation && t.outcome.fits()));
 
         let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
         let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
@@ -538,7 +538,7 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     let tuner = Tuner::new().multiple_of(8);
     let largest = {
         let mut probe = ModelProbe::new(&varmap, loss).sgd(0.01);
-        tuner.clone().run(&mut probe, &mut meter).unwrap().largest_batch
+        tuner.clone().run(&mut probe, &mut meter).unwrap().largest_batch()
     };
     let plan = {
         let mut probe = ModelProbe::new(&varmap, loss).sgd(0.01);
@@ -546,10 +546,10 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     };
     // the gradient copy does not fit beside the largest batch: the micro-batch
     // stepped down, and the split still reaches the target
-    assert_eq!(plan.largest_batch, largest, "{plan}");
+    assert_eq!(plan.largest_batch(), largest, "{plan}");
     assert!(plan.micro_batch() < largest && plan.micro_batch() % 8 == 0, "{plan}");
     assert!(plan.effective_batch() >= 2 * largest, "{plan}");
-    let failed = plan.trials.iter().filter(|t| t.kind == autobatch::TrialKind::Accumulation && !t.outcome.fits());
+    let failed = plan.trials().iter().filter(|t| t.kind == autobatch::TrialKind::Accumulation && !t.outcome.fits());
     assert!(failed.count() >= 1, "{plan}");
     assert!(plan.accumulation_peak_bytes().is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
 
@@ -581,7 +581,7 @@ fn accumulated_gradients_hold_no_activations() {
     let mut meter = HeapMeter::with_room(42 * MIB, 0.9).unwrap();
     let largest = {
         let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
-        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch
+        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch()
     };
     let plan = {
         let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
@@ -627,15 +627,15 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         .unwrap();
     let with = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
     drop(probe);
-    let per_sample = |plan: &autobatch::Plan| plan.memory_model.as_ref().unwrap().bytes_per_sample;
+    let per_sample = |plan: &autobatch::Plan| plan.memory_model().unwrap().bytes_per_sample;
     println!(
         "  largest batch {} -> {}, {:.0} -> {:.0} bytes per sample",
-        without.largest_batch,
-        with.largest_batch,
+        without.largest_batch(),
+        with.largest_batch(),
         per_sample(&without),
         per_sample(&with)
     );
-    assert!(with.largest_batch > without.largest_batch, "{with}\n{without}");
+    assert!(with.largest_batch() > without.largest_batch(), "{with}\n{without}");
     assert!(per_sample(&with) < 0.85 * per_sample(&without), "{with}\n{without}");
 
     let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
@@ -670,7 +670,7 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
         let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
         let plan = {
             let mut probe = probe_with(ModelProbe::new(&varmap, loss));
-            let largest = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch;
+            let largest = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch();
             Tuner::new().target_effective_batch(2 * largest).run(&mut probe, &mut meter).unwrap()
         };
         assert!(plan.accumulation_steps() > 1 && plan.accumulation_peak_bytes().is_some(), "{name}:\n{plan}");
@@ -718,7 +718,7 @@ fn sgd_and_any_optimizer_change_nothing_either() {
     let state = 2 * 4 * varmap.all_vars().iter().map(|v| v.elem_count() as u64).sum::<u64>();
     let (p_any, p_sgd) = (peak_of(&mut any, 1), peak_of(&mut sgd, 1));
     assert!(p_any >= p_sgd + state / 2, "moments of {state} bytes not measured: {p_any} vs {p_sgd}");
-    assert!(with_any.largest_batch <= with_sgd.largest_batch, "{with_any}\n{with_sgd}");
+    assert!(with_any.largest_batch() <= with_sgd.largest_batch(), "{with_any}\n{with_sgd}");
     assert_eq!(bits(&varmap), before);
     assert!(any.cache_key().unwrap().to_string().contains("optimizer: candle_nn::optim::AdamW"));
     assert!(any.profile().is_none(), "a general optimizer's state is unknown");
@@ -732,8 +732,8 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
-    let eval = plan.evaluation.as_ref().unwrap();
-    assert!(eval.largest_batch > 2 * plan.largest_batch, "{plan}");
+    let eval = plan.evaluation().unwrap();
+    assert!(eval.largest_batch > 2 * plan.largest_batch(), "{plan}");
     // alone, the probe's AdamW moments freed: what a forward-only probe finds
     let during = eval.during_training.as_ref().expect("the probe freed AdamW's moments");
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
@@ -741,7 +741,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     assert!(during.largest_batch < eval.largest_batch, "{plan}");
     let mut forward_only = ModelProbe::forward_only(&varmap, |b| evaluation_model.loss(b, 0));
     let alone = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
-    assert_eq!(alone.largest_batch, eval.largest_batch, "{alone}\n{plan}");
+    assert_eq!(alone.largest_batch(), eval.largest_batch, "{alone}\n{plan}");
     // same weights: the same loss
     let (train_loss, eval_loss) = (model.loss(4, 0).unwrap(), evaluation_model.loss(4, 0).unwrap());
     assert_eq!(train_loss.to_scalar::<f32>().unwrap(), eval_loss.to_scalar::<f32>().unwrap());
@@ -770,7 +770,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
     let first = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
     let second = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
-    assert!(!first.cached() && second.cached() && first.largest_batch == second.largest_batch);
+    assert!(!first.cached() && second.cached() && first.largest_batch() == second.largest_batch());
     let _ = std::fs::remove_file(&path);
 }
 
@@ -795,7 +795,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
         plan
     };
     eprintln!("{plan}");
-    let batches: Vec<usize> = plan.sizes.values().map(|plan| plan.largest_batch).collect();
+    let batches: Vec<usize> = plan.sizes.values().map(|plan| plan.largest_batch()).collect();
     assert!(batches[0] > batches[1] && batches[1] > batches[2], "{plan}");
     let predicted = plan.batch_for(24).unwrap();
     assert_eq!(predicted.source, BatchSource::Predicted);
@@ -837,7 +837,7 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
     let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
     // a batch that fits at the shortest lengths and not at SEQ
-    let at_seq = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch;
+    let at_seq = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch();
     let batch = 2 * at_seq;
     let longest = Tuner::new().search(&mut probe, &mut meter).longest(batch, SizeRange::up_to(SEQ)).unwrap();
     eprint!("{}", longest.summary("sequence length"));
@@ -908,7 +908,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
             .unwrap();
     let sizes = Tuner::new().search(&mut probe, &mut meter).sizes(&[SEQ / 2, SEQ]).unwrap();
     drop(probe);
-    assert!(sizes.sizes[&(SEQ / 2)].largest_batch > sizes.sizes[&SEQ].largest_batch, "{sizes}");
+    assert!(sizes.sizes[&(SEQ / 2)].largest_batch() > sizes.sizes[&SEQ].largest_batch(), "{sizes}");
     for (&len, plan) in &sizes.sizes {
         assert!(plan.proven_largest(), "{plan}");
         let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
@@ -953,7 +953,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
             };
             assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (micro, k), "{plan}");
             let kind = if k == 1 { autobatch::TrialKind::Search } else { autobatch::TrialKind::Accumulation };
-            let trial = plan.trials.iter().rev().find(|t| t.kind == kind && t.batch == micro).unwrap();
+            let trial = plan.trials().iter().rev().find(|t| t.kind == kind && t.batch == micro).unwrap();
             let probed = trial.peak_bytes.unwrap() - trial.baseline_bytes;
 
             let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
