@@ -84,6 +84,25 @@ impl Failure {
     }
 }
 
+/// A setting of the core or of the models, for [`Flags::flag`].
+#[derive(Clone, Copy, Debug)]
+pub enum Named<'a> {
+    Core(autobatch::Setting),
+    Model(&'a models::Setting),
+}
+
+impl From<autobatch::Setting> for Named<'_> {
+    fn from(setting: autobatch::Setting) -> Self {
+        Named::Core(setting)
+    }
+}
+
+impl<'a> From<&'a models::Setting> for Named<'a> {
+    fn from(setting: &'a models::Setting) -> Self {
+        Named::Model(setting)
+    }
+}
+
 /// The command line's names for the library's settings: the flags a command
 /// sets them with, and its lines for the library's failures in those flags.
 pub struct Flags {
@@ -113,84 +132,80 @@ impl Flags {
 
     pub const ESTIMATE: Flags = Flags { dtype: "--dtype", ..Flags::PROBE };
 
-    /// What sets the core's `setting` on the command line: one arm a
-    /// setting, so that a setting added to the library does not compile here
-    /// until it has its flag (or its words, where no flag sets it).
-    pub fn flag(&self, setting: autobatch::Setting) -> String {
+    /// What sets `setting` (the core's or the models') on the command line:
+    /// one match, one arm a setting, so that a setting added to either
+    /// package does not compile here until it has its flag (or its words,
+    /// where no flag sets it).
+    pub fn flag<'a>(&self, setting: impl Into<Named<'a>>) -> String {
         use autobatch::Setting as S;
-        let flag = match setting {
-            S::TargetEffectiveBatch | S::TargetGlobalBatch => self.target,
-            S::WorldSize | S::Ranks => self.ranks,
-            S::LargestMicroBatch => self.largest,
-            S::Size => self.size,
-            S::Ceiling => "--ceiling",
-            S::Start => "--start",
-            S::MultipleOf => "--multiple-of",
-            S::MaxBatch => "--max-batch",
-            S::TimeLimit => "--time-limit",
-            S::AllowPartialGraph => "--allow-partial-graph",
-            S::Objective => "--objective",
-            S::Cache => "--cache",
-            S::Evaluation => "--eval",
-            S::MaxTrials => "--max-trials",
-            S::StepsPerTrial => "--steps-per-trial",
-            S::ExactEffectiveBatch => "--exact",
-            S::Batch => "--batch",
-            S::Sizes => "--seq-lens",
-            S::BudgetBytes | S::Capacity => "--budget",
-            S::Accelerator => "--capacity",
-            S::ZeroStage => "--zero",
-            S::DataParallel => "--ranks",
-            S::TensorParallel => "--tensor-parallel",
-            S::MaxModelLen => "--max-model-len",
-            S::MaxNumBatchedTokens => "--max-num-batched-tokens",
-            S::Sequences => "--concurrency",
+        use models::Setting as M;
+        let flag = match setting.into() {
+            Named::Core(S::TargetEffectiveBatch | S::TargetGlobalBatch) => self.target,
+            Named::Core(S::WorldSize | S::Ranks) => self.ranks,
+            Named::Core(S::LargestMicroBatch) => self.largest,
+            Named::Core(S::Size) => self.size,
+            Named::Core(S::Ceiling) => "--ceiling",
+            Named::Core(S::Start) => "--start",
+            Named::Core(S::MultipleOf) => "--multiple-of",
+            Named::Core(S::MaxBatch) => "--max-batch",
+            Named::Core(S::TimeLimit) => "--time-limit",
+            Named::Core(S::AllowPartialGraph) => "--allow-partial-graph",
+            Named::Core(S::Objective) => "--objective",
+            Named::Core(S::Cache) => "--cache",
+            Named::Core(S::Evaluation) => "--eval",
+            Named::Core(S::MaxTrials) => "--max-trials",
+            Named::Core(S::StepsPerTrial) => "--steps-per-trial",
+            Named::Core(S::ExactEffectiveBatch) => "--exact",
+            Named::Core(S::Batch) => "--batch",
+            Named::Core(S::Sizes) => "--seq-lens",
+            Named::Core(S::BudgetBytes | S::Capacity) => "--budget",
+            Named::Core(S::Accelerator) => "--capacity",
+            Named::Core(S::ZeroStage) => "--zero",
+            Named::Core(S::DataParallel) => "--ranks",
+            Named::Core(S::TensorParallel) => "--tensor-parallel",
+            Named::Core(S::MaxModelLen) => "--max-model-len",
+            Named::Core(S::MaxNumBatchedTokens) => "--max-num-batched-tokens",
+            Named::Core(S::Sequences) => "--concurrency",
+            Named::Model(M::ConfigFile) => "--config",
+            Named::Model(M::ConfigKey(key)) => return format!("config field {key}"),
+            Named::Model(M::CheckpointTensor(name)) => return format!("checkpoint tensor {name}"),
+            Named::Model(M::LoraRank) => "--lora",
+            Named::Model(M::LoraTargets) => "--lora-targets",
+            Named::Model(M::BaseDtype) => "--base-dtype",
+            Named::Model(M::Dtype) => self.dtype,
+            Named::Model(M::Optimizer) => "--optimizer",
+            Named::Model(M::SeqLen) => self.seq_len(),
+            Named::Model(M::Layers) => "--layers",
+            Named::Model(M::Heads) => "--heads",
+            Named::Model(M::DModel) => "--d-model",
+            Named::Model(M::Vocab) => "--vocab",
+            Named::Model(M::Width) => "--width",
+            Named::Model(M::Depth) => "--depth",
+            Named::Model(M::Inputs) => "--inputs",
+            Named::Model(M::Classes) => "--classes",
+            Named::Model(M::Channels) => "--channels",
+            Named::Model(M::Resolution) => "--resolution",
+            Named::Model(M::BlockSize) => "--block-size",
             // set by no flag: a library caller's, named as the library names it
-            S::Rank
-            | S::MicroBatch
-            | S::AccumulationSteps
-            | S::Steps
-            | S::Plan
-            | S::MinHeadroom
-            | S::CacheKey
-            | S::BytesPerSampleShare
-            | S::FixedBytesChange
-            | S::Like
-            | S::UnevenRanks
-            | S::TimingRepeats => setting.as_str(),
+            Named::Core(
+                setting @ (S::Rank
+                | S::MicroBatch
+                | S::AccumulationSteps
+                | S::Steps
+                | S::Plan
+                | S::MinHeadroom
+                | S::CacheKey
+                | S::BytesPerSampleShare
+                | S::FixedBytesChange
+                | S::Like
+                | S::UnevenRanks
+                | S::TimingRepeats),
+            ) => setting.as_str(),
+            Named::Model(
+                setting @ (M::InChannels | M::KvCacheBlocks | M::KvCacheDtype | M::Sequence | M::Chunk | M::Labels),
+            ) => return setting.to_string(),
         };
         flag.to_owned()
-    }
-
-    /// What sets the models' `setting` on the command line.
-    pub fn model_flag(&self, setting: &models::Setting) -> String {
-        use models::Setting as S;
-        match setting {
-            S::ConfigFile => "--config".to_owned(),
-            S::ConfigKey(key) => format!("config field {key}"),
-            S::CheckpointTensor(name) => format!("checkpoint tensor {name}"),
-            S::LoraRank => "--lora".to_owned(),
-            S::LoraTargets => "--lora-targets".to_owned(),
-            S::BaseDtype => "--base-dtype".to_owned(),
-            S::Dtype => self.dtype.to_owned(),
-            S::Optimizer => "--optimizer".to_owned(),
-            S::SeqLen => self.seq_len().to_owned(),
-            S::Layers => "--layers".to_owned(),
-            S::Heads => "--heads".to_owned(),
-            S::DModel => "--d-model".to_owned(),
-            S::Vocab => "--vocab".to_owned(),
-            S::Width => "--width".to_owned(),
-            S::Depth => "--depth".to_owned(),
-            S::Inputs => "--inputs".to_owned(),
-            S::Classes => "--classes".to_owned(),
-            S::Channels => "--channels".to_owned(),
-            S::Resolution => "--resolution".to_owned(),
-            S::BlockSize => "--block-size".to_owned(),
-            // set by no flag: named as the library names it
-            S::InChannels | S::KvCacheBlocks | S::KvCacheDtype | S::Sequence | S::Chunk | S::Labels => {
-                setting.to_string()
-            }
-        }
     }
 
     /// The flag the sequence length is set with.
@@ -249,7 +264,7 @@ impl Flags {
     pub fn line(&self, err: &models::Error) -> String {
         match err {
             models::Error::InvalidSetting { setting, value, valid } => {
-                format!("{} is {value}: {valid}", self.model_flag(setting))
+                format!("{} is {value}: {valid}", self.flag(setting))
             }
             models::Error::Core(core) => self.core_line(core),
             other => other.to_string(),
@@ -564,7 +579,7 @@ mod tests {
         ];
         for flags_of in [&Flags::PROBE, &Flags::ESTIMATE] {
             let core = autobatch::Setting::ALL.iter().map(|&setting| (format!("{setting:?}"), flags_of.flag(setting)));
-            let own = model_settings.iter().map(|setting| (format!("{setting:?}"), flags_of.model_flag(setting)));
+            let own = model_settings.iter().map(|setting| (format!("{setting:?}"), flags_of.flag(setting)));
             for (setting, named) in core.chain(own) {
                 let Some(flag) = named.strip_prefix("--").map(|rest| rest.split(' ').next().unwrap_or(rest)) else {
                     continue;
