@@ -119,7 +119,7 @@ fn bert(forked: bool) -> Plan {
     };
     let before = bits(&varmap);
     let mut meter = HeapMeter::new(BUDGET).unwrap();
-    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // the partial answer of an unforked model's cut graph, asked for (refused by default, below)
     let plan = Tuner::new().allow_partial_graph(!forked).run(&mut probe, &mut meter).unwrap();
     assert!(bits(&varmap) == before, "{name}: tuning changed a variable");
@@ -194,7 +194,7 @@ fn bert_fork_longest(batch: usize) {
     };
     let before = bits(&varmap);
     let mut meter = HeapMeter::new(BUDGET).unwrap();
-    let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // the model's 128 positions are the range
     let longest = Tuner::new().search(&mut probe, &mut meter).longest(batch, SizeRange::up_to(128)).unwrap();
     assert!(bits(&varmap) == before, "BERT fork: the length search changed a variable");
@@ -244,7 +244,7 @@ fn qwen2() {
         loss::cross_entropy(&logits, &ids.flatten_all()?)
     };
     let reset = Rc::clone(&model);
-    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap().with_reset(move || {
+    let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap().with_reset(move || {
         reset.borrow_mut().clear_kv_cache();
         Ok(())
     });

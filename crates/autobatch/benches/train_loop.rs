@@ -89,7 +89,9 @@ fn by_hand(
 
 /// The plan `TrainLoop` follows: micro-batch `micro` × `k` steps.
 fn plan(varmap: &VarMap, model: &Sequential, data: &Data, micro: usize, k: usize) -> Plan {
-    let mut probe = ModelProbe::new(varmap, |batch| data.loss(model, 0, batch)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(varmap, |batch| data.loss(model, 0, batch))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
     let plan = tuner.run(&mut probe, &mut HeapMeter::new(BUDGET).unwrap()).unwrap();
     assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (micro, k), "{plan}");
@@ -167,7 +169,7 @@ fn main() {
          micro-batch × k accumulation steps, through `TrainLoop::step` and through the loop a user writes by hand \
          (each micro-step's mean loss scaled by 1/k, its gradients added variable by variable, AdamW's step on the \
          sum, the loss read back once), in {PAIRS} interleaved pairs after a warm step each. Peaks are the heap's \
-         high-water mark over what was held before the step; the plan's probe is `ModelProbe` with `.adamw` at the \
+         high-water mark over what was held before the step; the plan's probe is `ModelProbe` with `.optimizer::<AdamW>` at the \
          same micro-batch (with k > 1 its accumulating micro-step), what the plan's peak promises.\n\n\
          | model | micro-batch × k | time TrainLoop / by hand (median) | peak: the plan's probe | peak TrainLoop | \
          peak by hand |\n|---|---|---|---|---|---|\n"

@@ -23,6 +23,7 @@
 //! #[global_allocator]
 //! static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 //!
+//! use autobatch::optim::AdamW;
 //! use autobatch::{HeapMeter, ModelProbe, TrainLoop, Tuner};
 //! use candle_core::{DType, Device, Module, Tensor};
 //! use candle_nn::{linear, loss, Optimizer, ParamsAdamW, VarBuilder, VarMap};
@@ -35,14 +36,14 @@
 //! };
 //! // device memory, played by the heap: 2 MiB under the (default) 90% ceiling beside what the process holds
 //! let mut meter = HeapMeter::with_room(2 << 20, 0.9)?;
-//! let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default())?;
+//! let mut probe = ModelProbe::new(&varmap, batch_loss).optimizer::<AdamW>(ParamsAdamW::default())?;
 //! // a step that leaves a variable without a gradient (candle's fused LayerNorm) is refused:
 //! // Error::PartialGraph names the variables (autobatch_models::ops has differentiable forms);
 //! // the probe frees its optimizer state when the search ends: train beside it
 //! let plan = Tuner::new().max_batch(256).target_effective_batch(512).run(&mut probe, &mut meter)?;
 //! println!("{plan}");
 //!
-//! let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
+//! let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?; // the type the probe measured
 //! let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
 //! let report = training.step(&mut meter, |micro| batch_loss(micro.len))?;
 //! assert_eq!(report.samples, plan.effective_batch()); // 512, in micro-steps of at most 256

@@ -92,13 +92,14 @@ fn measure(config: &Config, training: &Training) -> (u64, f64) {
 }
 
 /// The whole step (forward, backward and AdamW's update, this crate's, as
-/// `ModelProbe::adamw` measures and training runs it) at `batches`: its
+/// `ModelProbe::optimizer::<AdamW>` measures and training runs it) at `batches`: its
 /// bytes per sample (the slope between them), its peak at the first, and the
 /// faster of two steps there.
 fn measure_whole(config: &Config, training: &Training, (first, second): (usize, usize)) -> (u64, u64, f64) {
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
-    let mut probe =
-        ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let mut meter = HeapMeter::with_room(1 << 30, 0.9).unwrap();
     probe.step(first).unwrap(); // warm
     let mut peak = |batch: usize| {

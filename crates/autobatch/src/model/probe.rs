@@ -8,7 +8,7 @@ use super::buffers::{Buffers, host_copy};
 use super::grads::Accumulator;
 use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
 use crate::estimate::TrainingSetup;
-use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
+use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, Sgd};
 use crate::per_parameter::{OptimizerKind, Precision};
 use crate::{BySize, CacheKey, Error, GraphTensor, Warning, Workload};
 
@@ -58,12 +58,11 @@ enum Update {
 ///
 /// `loss(batch)` returns the scalar loss of `batch` samples, built on the
 /// device as training builds it. Give the probe the optimizer training uses,
-/// so that its state and its update are measured: [`adamw`](Self::adamw),
-/// [`sgd`](Self::sgd), this crate's [`lion`](Self::lion),
-/// [`adafactor`](Self::adafactor) and [`adamw8bit`](Self::adamw8bit), any
-/// [`DryStep`] through [`dry`](Self::dry), any `candle_nn::Optimizer` through
-/// [`optimizer`](Self::optimizer) (at the cost of a host copy of the
-/// variables). Variables the forward pass writes (BatchNorm's statistics) are
+/// so that its state and its update are measured, by its type and
+/// configuration: [`optimizer`](Self::optimizer)`::<AdamW>(params)` (every
+/// optimizer of [`crate::optim`] steps dry, any other `candle_nn::Optimizer`
+/// at the cost of a host copy of the variables), or an optimizer of your own
+/// with a [`DryStep`] through [`dry`](Self::dry). Variables the forward pass writes (BatchNorm's statistics) are
 /// put back bit for bit, and a variable left without a gradient is named in
 /// the plan ([`Warning::MissingGradients`]). When the search ends the probe
 /// frees its optimizer's state (built again if it steps again): training can
@@ -86,7 +85,7 @@ enum Update {
 ///     let y = Tensor::zeros(batch, DType::U32, &Device::Cpu)?;
 ///     loss::cross_entropy(&model.forward(&x)?, &y)
 /// };
-/// let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default())?;
+/// let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
 /// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?)?;
 /// assert!(plan.largest_batch() > 0);
 /// # Ok::<(), autobatch::Error>(())
@@ -213,7 +212,7 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     ///     let logits = head.forward(&embed.forward(&tokens)?)?.reshape((batch * len, 32))?;
     ///     loss::cross_entropy(&logits, &tokens.flatten_all()?)
     /// };
-    /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).adamw(ParamsAdamW::default())?;
+    /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
     /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?).sizes(&[16, 64])?;
     /// assert!(plan.sizes[&16].largest_batch() > plan.sizes[&64].largest_batch());
     /// # Ok::<(), autobatch::Error>(())
@@ -274,32 +273,6 @@ impl<L: ProbeLoss> ModelProbe<L> {
         }
     }
 
-    /// Measures [`AdamW`](crate::optim::AdamW) with `params` (candle-nn's
-    /// AdamW's numbers, its step bounded by a slice): its two moments are
-    /// allocated now, as training holds them, and each probe step computes
-    /// the whole update without writing it. Train with that type for the
-    /// plan to hold: `candle_nn::AdamW`'s step holds several copies of the
-    /// largest variable more (probe it with
-    /// [`optimizer`](Self::optimizer)`::<candle_nn::AdamW>`).
-    pub fn adamw(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
-        self.dry_rebuilt::<AdamW>("autobatch::optim::AdamW", params)
-    }
-
-    /// Measures [`Lion`](crate::optim::Lion) (one moment: 4 bytes per parameter).
-    pub fn lion(self, params: ParamsLion) -> std::result::Result<Self, Error> {
-        self.dry_rebuilt::<Lion>(std::any::type_name::<Lion>(), params)
-    }
-
-    /// Measures [`Adafactor`](crate::optim::Adafactor) (a factored second moment).
-    pub fn adafactor(self, params: ParamsAdafactor) -> std::result::Result<Self, Error> {
-        self.dry_rebuilt::<Adafactor>(std::any::type_name::<Adafactor>(), params)
-    }
-
-    /// Measures [`AdamW8bit`](crate::optim::AdamW8bit) (block-wise 8-bit moments).
-    pub fn adamw8bit(self, params: ParamsAdamW) -> std::result::Result<Self, Error> {
-        self.dry_rebuilt::<AdamW8bit>(std::any::type_name::<AdamW8bit>(), params)
-    }
-
     /// Measures an optimizer built over this probe's variables that can
     /// compute its update without applying it ([`DryStep`]): its state is held
     /// for the probe's life, as training holds it, and each probe step runs
@@ -342,24 +315,69 @@ impl<L: ProbeLoss> ModelProbe<L> {
         Ok(probe)
     }
 
-    /// Measures [`Sgd`](crate::optim::Sgd) with learning rate `lr` (no
-    /// state): `candle_nn::SGD`'s numbers, its update a slice at a time.
-    /// Train with that type for the plan to hold: `candle_nn::SGD`'s step
-    /// holds two copies of the largest variable more (probe it with
-    /// [`optimizer`](Self::optimizer)`::<candle_nn::SGD>`).
-    pub fn sgd(self, lr: f64) -> Self {
-        let sgd = crate::optim::Sgd::over(self.plain_vars(), lr);
-        self.dry_named("autobatch::optim::Sgd", sgd)
-    }
-
-    /// Measures any `candle_nn::Optimizer` built with `config`: a throwaway
-    /// optimizer per probe step, the variables written back from a host copy
-    /// after it (see the type's docs for the cost).
+    /// The optimizer training uses, by its type and configuration, as
+    /// candle-nn builds one (`O::new(vars, config)`): its state is allocated
+    /// now, as training holds it, and each probe step computes its update
+    /// without writing it.
+    ///
+    /// Every optimizer of [`crate::optim`] (`AdamW`, `Lion`, `Adafactor`,
+    /// `AdamW8bit`, `Sgd`, and `MixedPrecision` of each) steps dry: nothing is
+    /// copied, and its state is freed when the search ends and built again
+    /// at the next step. Any other `candle_nn::Optimizer` (`candle_nn::AdamW`,
+    /// `candle_nn::SGD`, your own) is accepted too, at a cost: a throwaway
+    /// optimizer each step and the variables written back from a host copy
+    /// of them (the host copy is the cost, in host memory and time). With
+    /// `candle_nn::AdamW` the tuner also runs one step of
+    /// [`optim::AdamW`](crate::optim::AdamW) (the same numbers, its step a
+    /// slice at a time) at the answer, and the plan says what switching saves
+    /// ([`Warning::LeanerUpdate`]). Train with the type given here for the
+    /// plan to hold. An optimizer of your own with a [`DryStep`] goes through
+    /// [`dry`](Self::dry).
+    ///
+    /// ```
+    /// # #[global_allocator]
+    /// # static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
+    /// use autobatch::optim::{AdamW, Lion, ParamsLion};
+    /// use autobatch::ModelProbe;
+    /// use candle_core::{DType, Device, Tensor};
+    /// use candle_nn::{ParamsAdamW, VarBuilder, VarMap};
+    ///
+    /// let varmap = VarMap::new();
+    /// let weight = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu).get((16, 16), "w")?;
+    /// let loss = |b: usize| Tensor::ones((b, 16), DType::F32, &Device::Cpu)?.matmul(&weight)?.sum_all();
+    /// let adamw = ModelProbe::new(&varmap, loss).optimizer::<AdamW>(ParamsAdamW::default())?;
+    /// let lion = ModelProbe::new(&varmap, loss).optimizer::<Lion>(ParamsLion::default())?;
+    /// let candle = ModelProbe::new(&varmap, loss).optimizer::<candle_nn::AdamW>(ParamsAdamW::default())?;
+    /// # let _ = (adamw, lion, candle);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
     pub fn optimizer<O>(mut self, config: O::Config) -> std::result::Result<Self, Error>
     where
         O: Optimizer + 'static,
         O::Config: Clone + 'static,
     {
+        // this crate's optimizers step dry, each built here so that it can be built again
+        macro_rules! dry {
+            ($($ours:ty),* $(,)?) => {$(
+                if std::any::TypeId::of::<O>() == std::any::TypeId::of::<$ours>()
+                    && let Some(config) = (&config as &dyn std::any::Any).downcast_ref::<<$ours as Optimizer>::Config>()
+                {
+                    return self.dry_rebuilt::<$ours>(&public_name::<$ours>(), config.clone());
+                }
+            )*};
+        }
+        dry!(
+            AdamW,
+            Lion,
+            Adafactor,
+            AdamW8bit,
+            Sgd,
+            MixedPrecision<AdamW>,
+            MixedPrecision<Lion>,
+            MixedPrecision<Adafactor>,
+            MixedPrecision<AdamW8bit>,
+            MixedPrecision<Sgd>,
+        );
         let host = self.vars.iter().map(|(_, var)| host_copy(var.as_tensor())).collect::<Result<Vec<_>>>()?;
         let config_for_leaner = config.clone();
         let step = move |vars: &[Var], grads: &GradStore| -> Result<()> {
@@ -684,8 +702,8 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
     }
 
     /// Frees the optimizer's state (a dry optimizer this probe built: the
-    /// moments of [`adamw`](ModelProbe::adamw), [`lion`](ModelProbe::lion),
-    /// [`adafactor`](ModelProbe::adafactor), [`adamw8bit`](ModelProbe::adamw8bit));
+    /// moments of an optimizer of [`crate::optim`] given to
+    /// [`optimizer`](ModelProbe::optimizer));
     /// the next step builds it again, as it was (a probe never steps it).
     fn free_training_state(&mut self) -> u64 {
         match &mut self.update {
@@ -787,6 +805,17 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
         let largest = floats().map(|var| var.elem_count() as u64).max().unwrap_or(0);
         Some(TrainingSetup::new(parameters, precision, optimizer).largest_variable(largest))
     }
+}
+
+/// An optimizer of this crate by its public path
+/// (`autobatch::optim::MixedPrecision<autobatch::optim::AdamW>`): the name
+/// the plan says and its cache tells optimizers apart by.
+fn public_name<O>() -> String {
+    let mut name = std::any::type_name::<O>().to_owned();
+    for module in ["adamw8bit", "adamw", "adafactor", "lion", "sgd", "mixed"] {
+        name = name.replace(&format!("autobatch::optim::{module}::"), "autobatch::optim::");
+    }
+    name
 }
 
 impl<L> std::fmt::Debug for ModelProbe<L> {

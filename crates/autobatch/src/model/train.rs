@@ -38,7 +38,7 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 ///     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
 /// };
 /// let mut meter = HeapMeter::with_room(2 << 20, 0.9)?; // 2 MiB for the step, on any host
-/// let mut probe = ModelProbe::new(&varmap, batch).adamw(ParamsAdamW::default())?;
+/// let mut probe = ModelProbe::new(&varmap, batch).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
 /// let plan = Tuner::new().max_batch(64).target_effective_batch(256).run(&mut probe, &mut meter)?;
 ///
 /// let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;

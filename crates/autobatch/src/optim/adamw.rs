@@ -1,5 +1,5 @@
 //! AdamW with its state in the open, and a dry-run step for probing: the
-//! optimizer [`ModelProbe::adamw`](crate::ModelProbe::adamw) measures.
+//! optimizer [`ModelProbe::optimizer`](crate::ModelProbe::optimizer)`::<AdamW>` measures.
 //! State: two moments in the variables' dtype, 8 bytes per parameter in f32.
 
 use candle_core::backprop::GradStore;
@@ -36,7 +36,7 @@ pub(crate) struct AdamWState {
 /// throwaway optimizer (2× the parameter bytes of extra moments, and the weights
 /// would still move). A slice written in place allocates nothing, so skipping
 /// the write changes no allocation. Train with this type where the probe
-/// measured it ([`ModelProbe::adamw`](crate::ModelProbe::adamw)).
+/// measured it ([`ModelProbe::optimizer`](crate::ModelProbe::optimizer)).
 #[derive(Debug)]
 pub struct AdamW {
     states: States<AdamWState>,

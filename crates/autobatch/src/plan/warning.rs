@@ -248,7 +248,7 @@ impl std::fmt::Display for Warning {
                 f,
                 "{from}'s update holds copies of the largest variable that {to} (the same numbers, a slice at a \
                  time) does not: switching saves {} at batch {batch}, measured, room for more samples (probe with \
-                 ModelProbe::adamw and train with {to})",
+                 ModelProbe::optimizer::<{to}> and train with it)",
                 b(*saves_bytes)
             ),
             Warning::CachedUnproven { batch, stopped_by } => write!(

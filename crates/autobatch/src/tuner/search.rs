@@ -60,7 +60,7 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     /// let model = linear(256, 256, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
     /// let input = |samples: usize| Tensor::ones((samples, 256), DType::F32, &Device::Cpu);
     /// let mut training = ModelProbe::new(&varmap, |samples| loss::mse(&model.forward(&input(samples)?)?, &input(samples)?))
-    ///     .adamw(ParamsAdamW::default())?;
+    ///     .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
     /// let mut evaluation = ModelProbe::forward_only(&varmap, |samples| model.forward(&input(samples)?));
     /// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
     /// let plan = Tuner::new().search(&mut training, &mut meter).evaluating(&mut evaluation).run()?;

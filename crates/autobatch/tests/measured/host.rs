@@ -126,7 +126,9 @@ fn larger_matmuls_before_between_and_after_trials_change_no_answer() {
     let varmap = VarMap::new();
     let model = Mlp::new(&varmap);
     let tune = |between: bool| {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b)).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let mut meter = HeapMeter::with_room(12 * MIB, 0.9).unwrap();
         let tuner = Tuner::new().ceiling(0.9).max_batch(4096);
         let tuner = if between { tuner.observer(Arc::new(Mutex::new(MatmulsBetweenTrials))) } else { tuner };
@@ -179,7 +181,9 @@ fn a_printed_backtrace_changes_no_answer_under_a_budget_sized_from_the_baseline(
     let varmap = VarMap::new();
     let model = Mlp::new(&varmap);
     let tune = || {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b)).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let mut meter = HeapMeter::with_room(12 * MIB, 0.9).unwrap();
         Tuner::new().ceiling(0.9).max_batch(4096).run(&mut probe, &mut meter).unwrap()
     };

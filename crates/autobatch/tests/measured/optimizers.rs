@@ -203,10 +203,10 @@ fn a_dry_step_changes_nothing() {
 /// `probe` with the optimizer `name` (adamw, lion, adafactor, adamw8bit) at its defaults.
 fn with_optimizer<L: autobatch::model::ProbeLoss>(probe: ModelProbe<L>, name: &str) -> ModelProbe<L> {
     match name {
-        "adamw" => probe.adamw(ParamsAdamW::default()),
-        "lion" => probe.lion(ParamsLion::default()),
-        "adafactor" => probe.adafactor(ParamsAdafactor::default()),
-        _ => probe.adamw8bit(candle_nn::ParamsAdamW::default()),
+        "adamw" => probe.optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()),
+        "lion" => probe.optimizer::<autobatch::optim::Lion>(ParamsLion::default()),
+        "adafactor" => probe.optimizer::<autobatch::optim::Adafactor>(ParamsAdafactor::default()),
+        _ => probe.optimizer::<autobatch::optim::AdamW8bit>(candle_nn::ParamsAdamW::default()),
     }
     .unwrap()
 }
@@ -282,7 +282,8 @@ fn a_probe_kept_after_tuning_holds_no_optimizer_state() {
         assert_eq!(again.largest_batch(), plan.largest_batch(), "{name}");
     }
     // training beside the live probe stays under the plan's limit
-    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().max_batch(64).target_effective_batch(128).run(&mut probe, &mut meter).unwrap();
     let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut training = autobatch::TrainLoop::new(&plan, &varmap, optimizer).unwrap();
@@ -360,8 +361,7 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
         let (x, y) = task.batch(b, 0);
         model.loss(&x, &y)
     };
-    let mut probe = ModelProbe::new(&varmap, loss)
-        .dry(MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap());
+    let mut probe = ModelProbe::new(&varmap, loss).optimizer::<MixedPrecision<AdamW>>(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20, 0.9).unwrap()).unwrap();
     assert_eq!(autobatch::Workload::profile(&probe).unwrap().precision, autobatch::estimate::Precision::Mixed);
     drop(probe);
@@ -540,7 +540,10 @@ fn candle_nns_adamw_is_told_what_switching_saves() {
     let (batch, saves) = said.unwrap_or_else(|| panic!("no saving said:\n{plan}"));
     assert_eq!(batch, plan.largest_batch());
     assert!(plan.to_string().contains("autobatch::optim::AdamW"), "{plan}");
-    let mut lean = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap().graph_through_update(true);
+    let mut lean = ModelProbe::new(&varmap, loss)
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap()
+        .graph_through_update(true);
     autobatch::Workload::step(&mut lean, batch).unwrap(); // warm, as the switched step ran
     meter.reset_peak().unwrap();
     autobatch::Workload::step(&mut lean, batch).unwrap();

@@ -141,9 +141,9 @@ fn every_probe_path_changes_no_bit() {
     for name in ["adamw", "sgd", "lion", "adafactor (dry)", "candle_nn::AdamW (general)", "none"] {
         let probe = ModelProbe::new(&varmap, loss);
         let mut probe = match name {
-            "adamw" => probe.adamw(ParamsAdamW::default()).unwrap(),
-            "sgd" => probe.sgd(0.1),
-            "lion" => probe.lion(ParamsLion::default()).unwrap(),
+            "adamw" => probe.optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap(),
+            "sgd" => probe.optimizer::<autobatch::optim::Sgd>(0.1).unwrap(),
+            "lion" => probe.optimizer::<autobatch::optim::Lion>(ParamsLion::default()).unwrap(),
             "adafactor (dry)" => probe.dry(Adafactor::new(varmap.all_vars(), ParamsAdafactor::default()).unwrap()),
             "candle_nn::AdamW (general)" => probe.optimizer::<candle_nn::AdamW>(ParamsAdamW::default()).unwrap(),
             _ => probe,
@@ -181,7 +181,7 @@ fn every_other_path_changes_no_bit() {
         let grads = loss.backward()?;
         Ok((loss, grads))
     })
-    .adamw(ParamsAdamW::default())
+    .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
     .unwrap();
     let plan = Tuner::new().target_effective_batch(1000).run(&mut own_backward, &mut meter).unwrap();
     assert!(plan.accumulation_steps() > 1 && plan.accumulation_peak_bytes().is_some(), "{plan}");
@@ -194,7 +194,7 @@ fn every_other_path_changes_no_bit() {
     );
 
     let mut by_size = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
-        .adamw(ParamsAdamW::default())
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let sizes = Tuner::new().search(&mut by_size, &mut meter).sizes(&[8, SIDE]).unwrap();
     for plan in sizes.sizes.values() {
@@ -208,7 +208,9 @@ fn every_other_path_changes_no_bit() {
         let (images, _) = data(batch, SIDE, 0)?;
         evaluation_model.logits(&images, false).map(drop)
     };
-    let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
     assert!(plan.evaluation().unwrap().largest_batch > plan.largest_batch(), "{plan}");
     drop(probe);
@@ -216,9 +218,13 @@ fn every_other_path_changes_no_bit() {
 
     let variants = vec![
         ModelVariant::lazy("adamw", || {
-            ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0)).adamw(ParamsAdamW::default())
+            ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0))
+                .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         }),
-        ModelVariant::lazy("lion", || ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0)).lion(ParamsLion::default())),
+        ModelVariant::lazy("lion", || {
+            ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0))
+                .optimizer::<autobatch::optim::Lion>(ParamsLion::default())
+        }),
     ];
     let comparison = Tuner::new().compare(variants, &mut meter).unwrap();
     assert!(comparison.rows.iter().all(|row| row.plan.is_some()));
@@ -237,7 +243,7 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
     let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
     let batch = 64;
     let mut probe = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
-        .adamw(ParamsAdamW::default())
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     // the pooling takes sides that are multiples of 4
     let longest =
@@ -276,8 +282,9 @@ fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
     let evaluation_model = Cnn::new(detached(&varmap)).unwrap();
     let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
     let plan = {
-        let mut probe =
-            ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0)).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let first = Tuner::new().run(&mut probe, &mut meter).unwrap();
         Tuner::new().target_effective_batch(2 * first.largest_batch() + 1).run(&mut probe, &mut meter).unwrap()
     };
@@ -333,7 +340,8 @@ fn a_displayed_error_leaves_the_heap_as_it_was() {
         let labels = Tensor::cat(&[&labels, &labels.narrow(0, 0, 1)?], 0)?;
         loss::cross_entropy(&model.logits(&images, true)?, &labels)
     };
-    let mut probe = ModelProbe::new(&varmap, wrong).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::new(&varmap, wrong).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap_err();
     assert!(err.workload_error().is_some(), "{err}");
     let before = autobatch::TrackingAllocator::live_bytes();
@@ -356,7 +364,8 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
         let (images, labels) = data(batch, SIDE, 0)?;
         loss::cross_entropy(&model.logits(&images, false)?, &labels)
     };
-    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // refused by default, naming the variable and how to declare a buffer
     let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap_err();
     assert!(matches!(&err, autobatch::Error::PartialGraph { variables, .. } if variables == &["centre.mean"]), "{err}");
@@ -375,7 +384,7 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     drop(probe);
 
     let mut probe = ModelProbe::new(&varmap, loss)
-        .adamw(ParamsAdamW::default())
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap()
         .buffers_named(|name| name.starts_with("centre."));
     let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();

@@ -197,7 +197,9 @@ fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (Confi
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
     let before = bits(model.varmap());
     let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
-    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let plan = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
     let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
     assert!(plan.proven_largest() && plan.warnings().is_empty(), "{family}:\n{plan}");
@@ -407,7 +409,8 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
             }
             x.sqr()?.mean_all()
         };
-        let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe =
+            ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
         let mut meter = HeapMeter::with_room(24 * MIB, 0.9).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
@@ -660,7 +663,9 @@ fn qlora_holds_less_than_lora_over_an_f32_base() {
         // the room before the model: its weights count against it
         let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
         let model = ConfigModel::build(&config, &training, &Device::Cpu).unwrap();
-        let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let peaks: Vec<u64> = batches.iter().map(|&b| peak_of(&mut probe, &mut meter, b)).collect();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
@@ -805,7 +810,9 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
     let config = tiny("llama");
     let model = ConfigModel::build(&config, &Training::new(16), &Device::Cpu).unwrap();
     let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
-    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     // the logits, 16 × 96 a sample, are the largest tensor: 20 samples and a bit
     let limit = 16 * 96 * 20 + 100;
     let plan = Tuner::new().element_limit(limit).run(&mut probe, &mut meter).unwrap();

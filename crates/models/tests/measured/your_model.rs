@@ -227,7 +227,9 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
     let before = bits(&varmap);
     let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
     let tune = |model: &Gpt| {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let mut meter = HeapMeter::new(budget).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
@@ -256,7 +258,9 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
 
 fn a_fused_op_that_cuts_gradients_is_named() {
     let (varmap, model) = gpt(true);
-    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     // refused by default, naming the switch this file makes (Norm::new)
     let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap_err();
     let Error::PartialGraph { variables: cut, of } = &err else { panic!("{err:?}") };
@@ -299,7 +303,9 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     let partial = plan.largest_batch();
     // after the switch: the whole graph, complete and proven, and less fits than the cut graph said
     let (varmap, model) = gpt(false);
-    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
     assert!(plan.complete_graph());
     assert!(plan.proven_largest(), "{plan}");
@@ -327,7 +333,8 @@ fn an_answer_does_not_depend_on_what_ran_before() {
     };
     let budget = HeapMeter::with_room(12 * MIB, 0.9).unwrap().budget_bytes();
     let tune = |tuner: Tuner| {
-        let mut probe = ModelProbe::new(&varmap, batch_loss).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe =
+            ModelProbe::new(&varmap, batch_loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
         let plan = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
         let limit = plan.limit_bytes();
         let largest = plan.largest_batch();
@@ -372,7 +379,9 @@ fn your_model_switched_to_the_lean_ops_is_exact_and_fits_more() {
     }
     let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
     let tune = |model: &Gpt| {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE, "{plan}");
@@ -394,7 +403,9 @@ fn a_forward_only_probe_measures_serving() {
     let serving = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let training = {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         Tuner::new().run(&mut probe, &mut meter).unwrap()
     };
     let forward = |b: usize| -> Result<Tensor> {
@@ -438,7 +449,8 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
         let logits = model.forward(&input)?;
         loss::cross_entropy(&logits.reshape((b * SEQ, VOCAB))?, &targets)
     };
-    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
     assert!(plan.warnings().iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(!cache.borrow().is_empty());
@@ -462,7 +474,8 @@ fn an_op_without_a_backward_pass_is_named() {
         let x = layer.forward(&Tensor::ones((b, 16), DType::F32, &Device::Cpu)?)?.reshape((b, 1, 4, 4))?;
         x.max_pool2d_with_stride(3, 1)?.sum_all()
     };
-    let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(6 * MIB, 0.9).unwrap()) {
         Err(err @ Error::BackwardUnsupported { .. }) => {
             let Error::BackwardUnsupported { batch, op, .. } = &err else { unreachable!() };
@@ -479,12 +492,14 @@ fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let loss = |b: usize| model.loss(b, 0);
     let largest = {
-        let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe =
+            ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
         Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch()
     };
     for target in [2 * largest, 3 * largest + 1] {
         let plan = {
-            let mut probe = ModelProbe::new(&varmap, loss).adamw(ParamsAdamW::default()).unwrap();
+            let mut probe =
+                ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
             Tuner::new().target_effective_batch(target).run(&mut probe, &mut meter).unwrap()
         };
         assert_eq!(plan.largest_batch(), largest, "{plan}");
@@ -537,11 +552,11 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     let mut meter = HeapMeter::with_room(56 * MIB, 0.9).unwrap();
     let tuner = Tuner::new().multiple_of(8);
     let largest = {
-        let mut probe = ModelProbe::new(&varmap, loss).sgd(0.01);
+        let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
         tuner.clone().run(&mut probe, &mut meter).unwrap().largest_batch()
     };
     let plan = {
-        let mut probe = ModelProbe::new(&varmap, loss).sgd(0.01);
+        let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
         tuner.target_effective_batch(2 * largest).run(&mut probe, &mut meter).unwrap()
     };
     // the gradient copy does not fit beside the largest batch: the micro-batch
@@ -580,11 +595,11 @@ fn accumulated_gradients_hold_no_activations() {
     };
     let mut meter = HeapMeter::with_room(42 * MIB, 0.9).unwrap();
     let largest = {
-        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
+        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
         Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch()
     };
     let plan = {
-        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).sgd(0.01);
+        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
         Tuner::new().target_effective_batch(4 * largest).run(&mut probe, &mut meter).unwrap()
     };
     let optimizer = autobatch::optim::Sgd::new(varmap.all_vars(), 0.01).unwrap();
@@ -619,11 +634,13 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     drop((plain, plain_grads, grads));
 
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
-    let mut plain = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut plain = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let without = Tuner::new().run(&mut plain, &mut meter).unwrap();
     drop(plain);
     let mut probe = ModelProbe::with_backward(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
-        .adamw(ParamsAdamW::default())
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let with = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
     drop(probe);
@@ -682,15 +699,19 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
             assert!(peak <= plan.limit_bytes(), "{name}: step {step} peaked at {peak}:\n{plan}");
         }
     }
-    check("lion", |p| p.lion(ParamsLion::default()).unwrap(), |v| Lion::new(v, ParamsLion::default()).unwrap());
+    check(
+        "lion",
+        |p| p.optimizer::<autobatch::optim::Lion>(ParamsLion::default()).unwrap(),
+        |v| Lion::new(v, ParamsLion::default()).unwrap(),
+    );
     check(
         "adafactor",
-        |p| p.adafactor(ParamsAdafactor::default()).unwrap(),
+        |p| p.optimizer::<autobatch::optim::Adafactor>(ParamsAdafactor::default()).unwrap(),
         |v| Adafactor::new(v, ParamsAdafactor::default()).unwrap(),
     );
     check(
         "adamw8bit",
-        |p| p.adamw8bit(candle_nn::ParamsAdamW::default()).unwrap(),
+        |p| p.optimizer::<autobatch::optim::AdamW8bit>(candle_nn::ParamsAdamW::default()).unwrap(),
         |v| AdamW8bit::new(v, candle_nn::ParamsAdamW::default()).unwrap(),
     );
 }
@@ -699,7 +720,7 @@ fn sgd_and_any_optimizer_change_nothing_either() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
-    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).sgd(0.5);
+    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.5).unwrap();
     let with_sgd = Tuner::new().run(&mut sgd, &mut meter).unwrap();
     drop(sgd);
     assert_eq!(bits(&varmap), before);
@@ -713,7 +734,10 @@ fn sgd_and_any_optimizer_change_nothing_either() {
     // show (later, or with the graph freed first, the backward pass
     // dominates); SGD has no state
     let mut any = any.graph_through_update(true);
-    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).sgd(0.5).graph_through_update(true);
+    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        .optimizer::<autobatch::optim::Sgd>(0.5)
+        .unwrap()
+        .graph_through_update(true);
     sgd.step(1).unwrap(); // the first step also holds a copy of every variable, to find buffers
     let state = 2 * 4 * varmap.all_vars().iter().map(|v| v.elem_count() as u64).sum::<u64>();
     let (p_any, p_sgd) = (peak_of(&mut any, 1), peak_of(&mut sgd, 1));
@@ -729,7 +753,9 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     // the same model built a second time over the same weights, with no graph
     let evaluation_model = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
     let mut evaluation = |b: usize| evaluation_model.loss(b, 0)?.to_scalar::<f32>().map(drop);
-    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
     let eval = plan.evaluation().unwrap();
@@ -750,7 +776,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
 fn the_cache_key_and_the_advice_come_from_the_variables() {
     let (varmap, model) = gpt(false);
     let probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).key_param("seq_len", SEQ);
-    let mut probe = probe.adamw(ParamsAdamW::default()).unwrap();
+    let mut probe = probe.optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     let key = probe.cache_key().unwrap().to_string();
     assert!(key.contains("blocks.0.qkv.weight: F32 [96, 32]") && key.contains("seq_len: 32"), "{key}");
     assert!(key.contains("optimizer: autobatch::optim::AdamW"), "{key}");
@@ -788,7 +814,9 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     let tuner = Tuner::new().cache(&cache);
     let plan = {
         let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
-        let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::by_size(&varmap, SEQ, loss)
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let plan = tuner.search(&mut probe, &mut meter).sizes(&[8, 16, SEQ]).unwrap();
         let again = tuner.search(&mut probe, &mut meter).sizes(&[8, 16, SEQ]).unwrap();
         assert!(again.cached(), "{again}");
@@ -802,7 +830,9 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     assert!(predicted.batch <= batches[1] && predicted.batch >= batches[2], "{predicted:?}\n{plan}");
     {
         let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
-        let mut probe = ModelProbe::by_size(&varmap, 24, loss).adamw(ParamsAdamW::default()).unwrap();
+        let mut probe = ModelProbe::by_size(&varmap, 24, loss)
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
         let peak = peak_of(&mut probe, predicted.batch);
         assert!(peak <= plan.limit_bytes + TOLERANCE, "predicted {predicted:?} peaks at {peak}\n{plan}");
     }
@@ -835,7 +865,8 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
-    let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).adamw(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::by_size(&varmap, SEQ, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // a batch that fits at the shortest lengths and not at SEQ
     let at_seq = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch();
     let batch = 2 * at_seq;
@@ -876,7 +907,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
     let plan = {
         let mut probe = ModelProbe::with_backward(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
-            .adamw(ParamsAdamW::default())
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         Tuner::new().max_batch(6).target_effective_batch(21).run(&mut probe, &mut meter).unwrap()
     };
@@ -904,7 +935,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
 
     let mut probe =
         ModelProbe::by_size_with_backward(&varmap, SEQ, |b, len| model.checkpointed_loss(&frozen, &vars, b, 0, len))
-            .adamw(ParamsAdamW::default())
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
     let sizes = Tuner::new().search(&mut probe, &mut meter).sizes(&[SEQ / 2, SEQ]).unwrap();
     drop(probe);
@@ -947,7 +978,9 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
         let (micro, loss) = (*micro, loss);
         for k in [1, 4] {
             let plan = {
-                let mut probe = ModelProbe::new(varmap, |b| loss(b, 0)).adamw(ParamsAdamW::default()).unwrap();
+                let mut probe = ModelProbe::new(varmap, |b| loss(b, 0))
+                    .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+                    .unwrap();
                 let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
                 tuner.run(&mut probe, &mut meter).unwrap()
             };
@@ -972,7 +1005,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
         // the store `loss.backward()` returns, held through the update, holds more than the variables' gradients
         let mut held = |whole: bool| {
             let mut probe = ModelProbe::new(varmap, |b| loss(b, 0))
-                .adamw(ParamsAdamW::default())
+                .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
                 .unwrap()
                 .grad_store_through_update(whole);
             probe.step(micro).unwrap();
