@@ -41,9 +41,9 @@ pub enum ErrorKind {
 
 /// What would be valid, where an [`Error::InvalidSetting`] refused a value:
 /// typed where it names another setting, so that a caller naming settings
-/// its own way names that one too.
+/// its own way names that one too (not `non_exhaustive`, as [`Setting`]: a
+/// caller matching every form does not compile until it names a new one).
 #[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
 pub enum Valid {
     /// A count of at least 1.
     AtLeastOne,

@@ -256,7 +256,7 @@ impl Flags {
                 self.flag(autobatch::Setting::TensorParallel),
                 self.flag(autobatch::Setting::DataParallel)
             ),
-            other => other.to_string(),
+            Valid::AtLeastOne | Valid::Said(_) => valid.to_string(),
         }
     }
 
