@@ -45,6 +45,9 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.verbose);
+    for note in parse::notes() {
+        log::warn!("{note}");
+    }
     progress::exit_cleanly_on_interrupt();
     let answered = match cli.command {
         // no command: `autobatch probe` with the flags given

@@ -56,9 +56,23 @@ pub fn parse_bytes(input: &str) -> Result<u64, ParseError> {
     };
     let (bytes, rounded) = exact(number, scale, Rounding::Down).map_err(|why| invalid(why.say("16 EiB")))?;
     if rounded {
-        log::warn!("{} is not a whole number of bytes: rounded down to {bytes} bytes", input.trim());
+        note(format!("{} is not a whole number of bytes: rounded down to {bytes} bytes", input.trim()));
     }
     Ok(bytes)
+}
+
+/// What reading the flags noticed and the user should hear (a size rounded
+/// down): flags are read before logging is set up, so it is kept here until
+/// [`notes`] hands it to the log.
+static NOTES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn note(text: String) {
+    NOTES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(text);
+}
+
+/// What reading the flags noticed, once: for `main` to log as warnings.
+pub fn notes() -> Vec<String> {
+    std::mem::take(&mut *NOTES.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
 }
 
 /// Why text that starts like a number is not one: `NaN`, `inf`, `infinity`.
