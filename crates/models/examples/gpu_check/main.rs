@@ -269,7 +269,7 @@ fn check(
     let plan = Tuner::new().ceiling(CEILING).run(&mut model, meter)?;
     let tuning = started.elapsed();
     println!("{plan}\n(tuned in {tuning:.2?})");
-    let (b, limit) = (plan.largest_batch, plan.limit_bytes());
+    let (b, limit) = (plan.largest_batch(), plan.limit_bytes());
     phase_done(out, name, "tuned", started, serde_json::from_str(&plan.to_json())?);
 
     let phase = Instant::now();
@@ -279,7 +279,7 @@ fn check(
     phase_done(out, name, "b re-measured", phase, serde_json::json!({"batch": b, "peaks": peaks}));
     let phase = Instant::now();
     // b + 1 past the element limit would never finish (or fail to launch): not run
-    let next = if matches!(plan.stopped_by, Some(autobatch::SearchLimit::TensorElements { .. })) {
+    let next = if matches!(plan.stopped_by(), Some(autobatch::SearchLimit::TensorElements { .. })) {
         Next::PastElementLimit
     } else {
         let (next, next_peaks, _) = measured_step(&mut model, meter, b + 1)?;
@@ -321,7 +321,7 @@ fn check(
     let evidence = Evidence {
         largest_batch: b,
         proven_largest: plan.proven_largest(),
-        stopped_by: plan.stopped_by.as_ref().map(ToString::to_string),
+        stopped_by: plan.stopped_by().map(ToString::to_string),
         limit_bytes: limit,
         used_bytes: peaks.used,
         reserved_bytes: peaks.reserved,
@@ -337,7 +337,7 @@ fn check(
         size: name.to_owned(),
         model: description,
         parameters: model.parameter_count(),
-        trials: plan.trials.len(),
+        trials: plan.trials().len(),
         tuning_s: tuning.as_secs_f64(),
         step_s: step_time.as_secs_f64(),
         step_s_threshold_0: released.as_secs_f64(),
@@ -348,7 +348,7 @@ fn check(
         pool_reserved_high_bytes: reserved_high,
         oom_batch,
         // memory outside the pool at a new shape can look like a leak: reported, not judged
-        warnings: plan.warnings.iter().map(ToString::to_string).collect(),
+        warnings: plan.warnings().iter().map(ToString::to_string).collect(),
         pass: decided.pass,
         notes: decided.notes,
     })
