@@ -58,7 +58,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
     let model = NextByte::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
     // device memory, played by the heap: 26 MiB for the steps under the 90% ceiling,
     // beside what the process holds (the model, the threads' matmul buffers)
-    let mut meter = HeapMeter::with_room(26 << 20, 0.9)?;
+    let mut meter = HeapMeter::with_room(26 << 20)?;
 
     // tune: forward, backward and AdamW's update, run for real and changing nothing
     let params = ParamsAdamW { lr: 1e-2, ..Default::default() };

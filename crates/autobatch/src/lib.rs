@@ -34,8 +34,8 @@
 //!     let x = Tensor::ones((samples, 32), DType::F32, &Device::Cpu)?;
 //!     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
 //! };
-//! // device memory, played by the heap: 2 MiB under the (default) 90% ceiling beside what the process holds
-//! let mut meter = HeapMeter::with_room(2 << 20, 0.9)?;
+//! // device memory, played by the heap: 2 MiB for the step under the tuner's ceiling, beside what the process holds
+//! let mut meter = HeapMeter::with_room(2 << 20)?;
 //! let mut probe = ModelProbe::new(&varmap, batch_loss).optimizer::<AdamW>(ParamsAdamW::default())?;
 //! // a step that leaves a variable without a gradient (candle's fused LayerNorm) is refused:
 //! // Error::PartialGraph names the variables (autobatch_models::ops has differentiable forms);
@@ -64,7 +64,7 @@
 //!
 //! ```text
 //! autobatch probe --config config.json --seq-len 2048 --lora 16 --device cuda
-//! autobatch estimate --params 7B --optimizer adamw --mixed-precision --capacity 80GB
+//! autobatch estimate --params 7B --optimizer adamw --precision mixed --capacity 80GB
 //! autobatch plan --target 268 --largest 133
 //! autobatch serve --config config.json --max-model-len 4096
 //! ```

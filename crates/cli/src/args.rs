@@ -474,24 +474,25 @@ pub struct StateArgs {
     /// default, the head's logits and the loss included) at --seq-len
     /// [default: the shorter of 512 and its positions]; with --capacity, the
     /// largest batch under --ceiling. The dtype is its torch_dtype unless
-    /// --dtype says otherwise.
+    /// --precision says otherwise.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
-    /// Dtype of weights, gradients and optimizer state [default: f32]; not
-    /// with --mixed-precision, which has its own. With --base-dtype: the
-    /// model's dtype (its activations and unquantized weights), the adapters in f32.
-    #[arg(long, value_parser = typed::<DtypeArg, Precision>(), conflicts_with = "mixed_precision")]
-    pub dtype: Option<Precision>,
+    /// How weights, gradients and optimizer state are stored: fp32 [default;
+    /// with --config its torch_dtype], bf16, or mixed (bf16 weights and
+    /// gradients, fp32 master weights and optimizer state). With
+    /// --base-dtype: the model's dtype (its activations and unquantized
+    /// weights), the adapters in f32.
+    #[arg(long, value_parser = typed::<PrecisionArg, Precision>(), conflicts_with_all = ["dtype", "mixed_precision"])]
+    pub precision: Option<Precision>,
     /// The optimizer whose state is counted.
     #[arg(long, value_parser = typed::<OptimizerArg, OptimizerKind>(), default_value = "adamw")]
     pub optimizer: OptimizerKind,
-    /// Mixed precision: bf16 weights and gradients, fp32 master weights and optimizer state.
-    #[arg(long)]
+    /// `--precision fp32|bf16`, as 0.1 spelled it.
+    #[arg(long, hide = true, value_parser = typed::<DtypeArg, Precision>(), conflicts_with = "mixed_precision")]
+    pub dtype: Option<Precision>,
+    /// `--precision mixed`, as 0.1 spelled it.
+    #[arg(long, hide = true)]
     pub mixed_precision: bool,
-    /// The precision of training, as `probe` says it: fp32, bf16 (--dtype)
-    /// or mixed (--mixed-precision).
-    #[arg(long, value_parser = typed::<PrecisionArg, Precision>(), conflicts_with_all = ["dtype", "mixed_precision"])]
-    pub precision: Option<Precision>,
 }
 
 /// The device it should fit on.

@@ -1,21 +1,19 @@
 //! `autobatch estimate`: the training state of N parameters (or of a
 //! config's model, its whole step counted), whether it fits, and what would
-//! make it. Counted first ([`Estimate::of`]), then said ([`Estimate::print`],
-//! [`Estimate::json`]).
+//! make it. The flags are converted once into the library's request
+//! ([`count`]: an `Estimator` of `autobatch_models::estimate`), which counts;
+//! this module only says the typed result ([`Counted::print`], [`Counted::json`]).
 
 use crate::output::outln;
-use autobatch::Bytes;
-use autobatch::estimate::{
-    Accelerator, Change, Precision, Recompute, Remedy, Sharding, StaticMemory, TrainingSetup, TransformerShape,
-};
+use autobatch::estimate::{Accelerator, Change, Precision, Recompute, Remedy, Sharding, TransformerShape};
+use autobatch::{Bytes, Ceiling};
 use autobatch_models as models;
-use autobatch_models::trainer::Footprint;
-use autobatch_models::{Compute, Config, Training};
+use autobatch_models::estimate::{Activations, Estimate, Estimator, OnDevice, StepFit};
+use autobatch_models::{Compute, Config, Family, Lora, Training};
 use candle_core::DType;
 
 use crate::args::{ActivationArgs, EstimateArgs, ShardingArgs};
 use crate::failure::{Failure, Flags};
-use crate::step::{Fit, Step};
 use crate::values::Count;
 
 /// `autobatch estimate`.
@@ -40,176 +38,129 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
             "--max-model-len, --max-num-batched-tokens, --block-size, --weights and --kv-cache-dtype count serving: add --serve",
         ));
     }
-    let estimate = Estimate::of(args)?;
+    let counted = count(args)?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&estimate.json()).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&counted.json()).expect("plain values serialize"));
     } else {
-        estimate.print();
+        counted.print();
     }
     Ok(())
 }
 
-/// A config's model as the flags make it: `--layers`' copy, LoRA.
-struct FlaggedConfig {
-    config: Config,
+/// What the words say beside the library's estimate: what only the flags know.
+struct Counted {
+    estimate: Estimate,
     /// The config's own layers, when `--layers` made a copy with other.
     layers_of_config: Option<usize>,
-    lora: Option<LoraTraining>,
-}
-
-/// `--lora`: the training, what trains (the adapters), the frozen base's bytes.
-struct LoraTraining {
-    training: Training,
-    footprint: Footprint,
-    frozen_bytes: u64,
-}
-
-/// What `estimate` counted.
-struct Estimate {
-    parameters: u64,
-    model: Option<FlaggedConfig>,
-    step: Option<Step>,
-    setup: TrainingSetup,
-    state: StaticMemory,
-    activations: u64,
-    total: u64,
-    /// The device's memory, and the card it was named by.
-    capacity: Option<(u64, Option<&'static Accelerator>)>,
-    /// What the total must stay under: the ceiling's share of the capacity
-    /// (as the probe counts it).
-    room: Option<u64>,
-    /// Whether the total counts a batch's activations (a config's step,
-    /// `--activations`, or the transformer's sizes): only then can it say
-    /// that a batch fits.
-    counts_a_batch: bool,
-    advice: Vec<Remedy>,
-    fit: Option<Fit>,
+    /// The card `--capacity` named.
+    card: Option<&'static Accelerator>,
     which_gpus: bool,
-    ceiling: autobatch::Ceiling,
+    ceiling: Ceiling,
 }
 
-impl Estimate {
-    /// Counts what the flags describe.
-    fn of(args: &EstimateArgs) -> Result<Estimate, Failure> {
-        let model = config_model(args)?;
-        let parameters = parameters(args, model.as_ref())?;
-        let precision = precision(args, model.as_ref())?;
-        let capacity = args.device.capacity.map(|capacity| (capacity.bytes, capacity.card));
-        let sharding = sharding(args)?;
-        let frozen = model.as_ref().and_then(|model| model.lora.as_ref()).map_or(0, |lora| lora.frozen_bytes);
-        let setup = TrainingSetup::new(parameters, precision, args.state.optimizer).sharded(sharding).frozen(frozen);
-        // a config's model: its whole candle step counted; otherwise the formula's activations
-        let step = match &model {
-            Some(model) => Some(Step::new(
-                args,
-                &model.config,
-                model.lora.as_ref().map(|lora| lora.training.clone()),
-                if args.device.on_cpu { Compute::Cpu } else { Compute::Accelerator },
-            )?),
-            None => None,
-        };
-        let setup = match &step {
-            Some(_) if args.activations.bytes.is_some() => {
+/// The flags converted once into the library's request, and counted.
+fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
+    let sharding = sharding(args)?;
+    let capacity = args.device.capacity.map(|capacity| capacity.bytes);
+    let ceiling = args.device.ceiling;
+    let (estimate, layers_of_config) = match &args.state.config {
+        Some(path) => {
+            let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
+            let (config, layers_of_config) = config_model(args, path)?;
+            let training = training(args, &config)?;
+            let own_base = training.lora.as_ref().and_then(|lora| lora.base).is_some();
+            if args.activations.bytes.is_some() {
                 return Err(Failure::usage("--activations and --config both say the activations: give one"));
             }
-            // the step's widest moment at the batch: its activations, the vocabulary-sized tensors
-            Some(step) => {
-                let gradients = setup.state()?.gradients;
-                setup.activations(step.held_bytes(gradients)?)
+            let mut request = Estimator::step(config, training)
+                .optimizer(args.state.optimizer)
+                .sharded(sharding)
+                .compute(if args.device.on_cpu { Compute::Cpu } else { Compute::Accelerator })
+                .batch(args.activations.batch.map_or(1, Count::get));
+            if let Some(precision) = precision(args, own_base)? {
+                request = request.precision(precision);
             }
-            None => with_activations(args, setup, activation_precision(args, model.as_ref())?)?,
-        };
-        let total = setup.total()?;
-        // the probe's ceiling, with or without a config
-        let room = capacity.map(|(bytes, _)| args.device.ceiling.limit_bytes(bytes));
-        let counts_a_batch = step.is_some() || setup.all_activation_bytes()? > 0;
-        let fit = match (&step, capacity) {
-            (Some(step), Some((bytes, _))) => {
-                let base = setup.clone().activations(0).total()?;
-                let gradients = setup.state()?.gradients;
-                let target = args.device.target_effective_batch.map(Count::get);
-                Some(step.fit(base, gradients, bytes, args.device.ceiling, target, args.sharding.ranks.get())?)
+            if let Some(capacity) = capacity {
+                request = request.on_device(capacity, ceiling);
             }
-            _ => None,
-        };
-        let mut advice = advice(args, &setup, step.as_ref(), room)?;
-        if !counts_a_batch {
-            // what a change leaves for activations is not a batch that fits
-            advice.iter_mut().for_each(|remedy| remedy.fits = false);
+            if let Some(target) = args.device.target_effective_batch {
+                request = request.target_effective_batch(target.get(), args.sharding.ranks.get());
+            }
+            (request.count().map_err(with_path)?, layers_of_config)
         }
-        Ok(Estimate {
-            parameters,
-            state: setup.state()?,
-            activations: setup.all_activation_bytes()?,
-            total,
-            model,
-            step,
-            setup,
-            capacity,
-            room,
-            counts_a_batch,
-            advice,
-            fit,
-            which_gpus: args.device.which_gpus,
-            ceiling: args.device.ceiling,
-        })
+        None => {
+            let Some(parameters) = args.state.params else {
+                return Err(Failure::usage("give --params N or --config path/to/config.json"));
+            };
+            if parameters == 0 {
+                return Err(Failure::usage("--params is 0: give the number of trainable parameters, e.g. 125M"));
+            }
+            let mut request = Estimator::parameters(parameters)
+                .activations(activations(args)?)
+                .optimizer(args.state.optimizer)
+                .sharded(sharding);
+            if let Some(precision) = precision(args, false)? {
+                request = request.precision(precision);
+            }
+            if let Some(capacity) = capacity {
+                request = request.on_device(capacity, ceiling);
+            }
+            (request.count().map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?, None)
+        }
+    };
+    let card = args.device.capacity.and_then(|capacity| capacity.card);
+    Ok(Counted { estimate, layers_of_config, card, which_gpus: args.device.which_gpus, ceiling })
+}
+
+impl Counted {
+    fn room(&self) -> Option<u64> {
+        self.estimate.on_device().map(|device| device.limit_bytes)
     }
 
-    /// Whether it fits under `limit`: `Some(true)` only where a batch of at
-    /// least one sample is counted and the total stays under it; `Some(false)`
-    /// where the total does not; `None` where the state alone stays under
-    /// it and the activations are not counted (then no one knows).
+    fn advice(&self) -> &[Remedy] {
+        self.estimate.on_device().map_or(&[], |device| &device.remedies)
+    }
+
     fn fits_under(&self, limit: u64) -> Option<bool> {
-        match (self.total <= limit, self.counts_a_batch) {
-            (false, _) => Some(false),
-            (true, true) => Some(true),
-            // nothing left for a single activation is no fit either
-            (true, false) if self.total == limit => Some(false),
-            (true, false) => None,
-        }
-    }
-
-    fn frozen_bytes(&self) -> u64 {
-        self.setup.frozen_bytes
+        self.estimate.fits_under(limit)
     }
 
     /// The estimate as JSON.
     fn json(&self) -> serde_json::Value {
-        let (capacity, card) = (self.capacity.map(|(bytes, _)| bytes), self.capacity.and_then(|(_, card)| card));
+        let (capacity, card) = (self.estimate.on_device().map(|device| device.capacity_bytes), self.card);
         let mut json = serde_json::json!({
-            "sharding": self.setup.sharding,
-            "state": self.state,
-            "activation_bytes": self.activations,
-            "bytes_per_sample": self.step.as_ref().map(|step| step.bytes_per_sample),
-            "batch": self.step.as_ref().map(|step| step.batch),
-            "frozen_bytes": self.frozen_bytes(),
-            "total_bytes": self.total,
+            "sharding": self.estimate.setup().sharding,
+            "state": self.estimate.state(),
+            "activation_bytes": self.estimate.activation_bytes(),
+            "bytes_per_sample": self.estimate.step().map(|step| step.bytes_per_sample),
+            "batch": self.estimate.step().map(|step| step.batch),
+            "frozen_bytes": self.estimate.setup().frozen_bytes,
+            "total_bytes": self.estimate.total_bytes(),
             "capacity_bytes": capacity,
-            "fits": self.room.map(|room| self.fits_under(room)),
-            "activations_counted": self.counts_a_batch,
-            "remedies": self.advice.iter().map(|remedy| {
+            "fits": self.estimate.fits(),
+            "activations_counted": self.estimate.counts_a_batch(),
+            "remedies": self.advice().iter().map(|remedy| {
                 let mut row = serde_json::to_value(remedy).expect("plain values serialize");
                 row["flag"] = change_flag(&remedy.change).into();
-                if let Some(room) = self.room.filter(|_| !self.counts_a_batch) {
+                if let Some(room) = self.room().filter(|_| !self.estimate.counts_a_batch()) {
                     row["left_for_activations"] = room.saturating_sub(remedy.total_bytes).into();
                 }
                 row
             }).collect::<Vec<_>>(),
         });
-        if let Some(room) = self.room {
+        let (total, activations) = (self.estimate.total_bytes(), self.estimate.activation_bytes());
+        if let Some(room) = self.room() {
             json["ceiling"] = self.ceiling.fraction().into();
             json["limit_bytes"] = room.into();
-            json["left_for_activations"] = room.saturating_sub(self.total.saturating_sub(self.activations)).into();
+            json["left_for_activations"] = room.saturating_sub(total.saturating_sub(activations)).into();
         }
         if let Some(card) = card {
             json["capacity_name"] = card.name.into();
         }
-        if let Some(fit) = &self.fit {
-            json["ceiling"] = fit.ceiling.fraction().into();
-            json["limit_bytes"] = fit.limit_bytes.into();
+        if let Some(fit) = self.estimate.fit() {
             json["fixed_bytes"] = fit.fixed_bytes.into();
             json["largest_batch"] = fit.largest_batch.into();
-            json["on_cpu"] = self.step.as_ref().is_some_and(|step| step.memory.compute == Compute::Cpu).into();
+            json["on_cpu"] = self.estimate.step().is_some_and(|step| step.memory.compute == Compute::Cpu).into();
             if let Some((largest, factor)) = fit.on_the_cpu {
                 json["on_the_cpu"] = serde_json::json!({ "largest_batch": largest, "factor": factor });
             }
@@ -239,85 +190,86 @@ impl Estimate {
         if self.which_gpus {
             self.print_which_gpus();
         }
-        if let Some((capacity, card)) = self.capacity {
-            self.print_verdict(capacity, card);
+        if let Some(device) = self.estimate.on_device() {
+            self.print_verdict(device);
         }
     }
 
     /// `training state of … parameters (…)` and what the count is of.
     fn print_what(&self) {
-        let setup = &self.setup;
-        let at = match &self.step {
+        let setup = self.estimate.setup();
+        let step = self.estimate.step();
+        let at = match step {
             Some(step) => format!(", at batch {}", step.batch),
-            None if self.activations > 0 => String::new(),
+            None if self.estimate.activation_bytes() > 0 => String::new(),
             None => ", before activations".to_owned(),
         };
         outln!(
             "training state of {:.3e} parameters ({}, {} optimizer){}{at}",
-            self.parameters,
+            self.estimate.parameters(),
             setup.precision.name(),
             setup.optimizer.name(),
             describe_sharding(&setup.sharding),
         );
-        if let Some(step) = &self.step {
-            outln!("  {}", step.describe());
-        }
-        let Some(model) = &self.model else { return };
-        if let Some(of) = model.layers_of_config {
+        let Some(step) = step else { return };
+        outln!("  {}", step.describe());
+        if let Some(of) = self.layers_of_config {
             outln!(
                 "  a copy of the config with {} of its {of} layers (--layers): parameters and activations",
-                model.config.layers
+                step.config.layers
             );
         }
-        if let Some(lora) = &model.lora {
-            outln!("  {}: {} frozen parameters", model.config.describe(&lora.training), model.config.parameter_count());
+        if step.training.lora.is_some() {
+            outln!("  {}: {} frozen parameters", step.config.describe(&step.training), step.config.parameter_count());
         }
     }
 
     /// Each part's bytes, and per parameter.
     fn print_table(&self) {
-        let state = &self.state;
+        let (estimate, setup) = (&self.estimate, self.estimate.setup());
+        let state = estimate.state();
         let mut rows = vec![
             ("weights", state.weights),
             ("gradients", state.gradients),
             ("optimizer states", state.optimizer_states),
             ("master weights", state.master_weights),
         ];
-        match (&self.step, self.activations) {
+        match (estimate.step(), estimate.activation_bytes()) {
             (Some(_), bytes) => rows.push(("step's tensors", bytes)),
-            (None, 1..) => rows.push(("activations", self.activations)),
+            (None, bytes @ 1..) => rows.push(("activations", bytes)),
             (None, 0) => {}
         }
-        if self.setup.other_bytes > 0 {
-            rows.push(("loss chunk", self.setup.other_bytes));
+        if setup.other_bytes > 0 {
+            rows.push(("loss chunk", setup.other_bytes));
         }
-        if let (Some(model), frozen @ 1..) = (&self.model, self.frozen_bytes()) {
+        if let (Some(step), frozen @ 1..) = (estimate.step(), setup.frozen_bytes) {
             // per frozen parameter: the base's own dtype
-            let per_frozen = frozen as f64 / model.config.parameter_count() as f64;
+            let per_frozen = frozen as f64 / step.config.parameter_count() as f64;
             outln!("  {:<17} {:>10}  {per_frozen:>6.2} B/frozen param", "frozen base", Bytes(frozen).decimal());
         }
-        rows.push(("total", self.total));
+        rows.push(("total", estimate.total_bytes()));
         for (name, bytes) in rows {
-            let per_parameter = bytes as f64 / self.parameters as f64;
+            let per_parameter = bytes as f64 / estimate.parameters() as f64;
             outln!("  {name:<17} {:>10}  {per_parameter:>6.2} B/param", Bytes(bytes).decimal());
         }
     }
 
     /// Against the capacity: the largest batch (a config's step), whether
     /// the total fits, and the changes that would make it.
-    fn print_verdict(&self, capacity: u64, card: Option<&Accelerator>) {
-        let device = match card {
+    fn print_verdict(&self, on_device: &OnDevice) {
+        let capacity = on_device.capacity_bytes;
+        let device = match self.card {
             Some(card) => format!("{} (reports {}, {})", card.name, Bytes(capacity), Bytes(capacity).decimal()),
             None => format!("{} ({})", Bytes(capacity), Bytes(capacity).decimal()),
         };
-        let room = self.room.unwrap_or(capacity);
-        if let Some(fit) = &self.fit {
-            self.print_fit(fit, &device);
+        let (room, total) = (on_device.limit_bytes, self.estimate.total_bytes());
+        if let Some(fit) = &on_device.fit {
+            self.print_fit(fit, on_device, &device);
         }
-        let under = format!("under {} of {device}", self.ceiling);
+        let under = format!("under {} of {device}", on_device.ceiling);
         match self.fits_under(room) {
             Some(true) => {
-                outln!("fits {under}, with {} to spare", Bytes(room - self.total).decimal());
+                outln!("fits {under}, with {} to spare", Bytes(room - total).decimal());
                 return;
             }
             None => {
@@ -325,27 +277,27 @@ impl Estimate {
                     "the training state fits {under}, leaving {} for activations; whether a batch fits depends on \
                      them: give --config, --activations, or the transformer's --layers, --hidden, --heads, --seq-len \
                      and --batch",
-                    Bytes(room - self.total).decimal()
+                    Bytes(room - total).decimal()
                 );
                 return;
             }
-            Some(false) if self.total <= room => {
+            Some(false) if total <= room => {
                 outln!("does not fit {under}: the training state alone takes all {}", Bytes(room).decimal());
             }
-            Some(false) => outln!("does not fit {under}: {} over", Bytes(self.total - room).decimal()),
+            Some(false) => outln!("does not fit {under}: {} over", Bytes(total - room).decimal()),
         }
-        if self.advice.is_empty() {
+        if on_device.remedies.is_empty() {
             outln!("no single change considered here makes it fit");
         } else {
             // counted, not run: said so, and for which device a config's step was counted
-            let counted = match &self.step {
+            let counted = match self.estimate.step() {
                 Some(step) if step.memory.compute == Compute::Cpu => "counted for the CPU",
                 Some(_) => "counted for an accelerator",
                 None => "counted",
             };
             outln!("changes, each alone, {counted} (the flag that applies it):");
-            for remedy in &self.advice {
-                match self.counts_a_batch {
+            for remedy in &on_device.remedies {
+                match self.estimate.counts_a_batch() {
                     true => outln!("  {} ({})", remedy.decimal(), change_flag(&remedy.change)),
                     false => {
                         let left = match room.checked_sub(remedy.total_bytes).filter(|&left| left > 0) {
@@ -360,16 +312,16 @@ impl Estimate {
     }
 
     /// A config's step on the device: the largest batch, the target's split.
-    fn print_fit(&self, fit: &Fit, device: &str) {
+    fn print_fit(&self, fit: &StepFit, on_device: &OnDevice, device: &str) {
         match fit.largest_batch {
             0 => outln!(
                 "largest batch under {} of {device}: none ({} held whatever the batch and {} a sample, against {})",
-                fit.ceiling,
+                on_device.ceiling,
                 Bytes(fit.fixed_bytes).decimal(),
-                Bytes(self.step.as_ref().map_or(0, |step| step.bytes_per_sample)).decimal(),
-                Bytes(fit.limit_bytes).decimal()
+                Bytes(self.estimate.step().map_or(0, |step| step.bytes_per_sample)).decimal(),
+                Bytes(on_device.limit_bytes).decimal()
             ),
-            largest => outln!("largest batch under {} of {device}: {largest}", fit.ceiling),
+            largest => outln!("largest batch under {} of {device}: {largest}", on_device.ceiling),
         }
         if let Some((largest, factor)) = fit.on_the_cpu {
             outln!(
@@ -392,10 +344,9 @@ fn sharding(args: &EstimateArgs) -> Result<Sharding, Failure> {
     Ok(Sharding::new(zero, ranks.get() as u64, tensor_parallel.get() as u64)?)
 }
 
-/// `--config`: the model, a copy with `--layers`, its LoRA training; the
-/// lengths checked against its positions.
-fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
-    let Some(path) = &args.state.config else { return Ok(None) };
+/// `--config`: the model, or a copy with `--layers` (and the config's own
+/// layers then); the length checked against its positions.
+fn config_model(args: &EstimateArgs, path: &std::path::Path) -> Result<(Config, Option<usize>), Failure> {
     let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
     let mut config = Config::from_file(path).map_err(with_path)?;
     if let Some(unapplied) = config.unapplied() {
@@ -411,108 +362,69 @@ fn config_model(args: &EstimateArgs) -> Result<Option<FlaggedConfig>, Failure> {
     if let Some(seq_len) = args.activations.seq_len {
         config.check_seq_len(seq_len.get()).map_err(with_path)?;
     }
-    let lora = match args.lora.rank {
-        Some(rank) => Some(lora_training(args, &config, rank.get())?),
-        None => None,
-    };
-    Ok(Some(FlaggedConfig { config, layers_of_config, lora }))
+    Ok((config, layers_of_config))
 }
 
-/// What trains: `--params`, a config's parameters, or under LoRA its adapters'.
-fn parameters(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<u64, Failure> {
-    let parameters = match (model, &args.state.params) {
-        (Some(FlaggedConfig { lora: Some(lora), .. }), _) => lora.footprint.parameters,
-        (Some(model), _) => model.config.parameter_count(),
-        (None, Some(params)) => *params,
-        (None, None) => return Err(Failure::usage("give --params N or --config path/to/config.json")),
-    };
-    if parameters == 0 {
-        return Err(Failure::usage("--params is 0: give the number of trainable parameters, e.g. 125M"));
-    }
-    Ok(parameters)
-}
-
-/// How what trains is stored: `--mixed-precision`, `--dtype`, else the
-/// config's torch_dtype; f32 adapters beside a base of its own dtype.
-fn precision(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<Precision, Failure> {
-    let own_base = model.and_then(|model| model.lora.as_ref()?.training.lora.as_ref()?.base).is_some();
-    if own_base && args.state.mixed_precision {
-        return Err(Failure::usage(
-            "--mixed-precision keeps f32 masters of bf16 variables; with --base-dtype the adapters are f32 already: drop one of them",
-        ));
-    }
-    if args.state.mixed_precision {
-        return Ok(Precision::Mixed);
-    }
-    let from_config = model.map(|model| match model.config.dtype {
-        DType::BF16 => Precision::Bf16,
-        _ => Precision::Fp32,
-    });
-    Ok(match (own_base, args.state.dtype) {
-        (true, _) => Precision::Fp32,
-        (false, Some(dtype)) => dtype,
-        (false, None) => from_config.unwrap_or(Precision::Fp32),
-    })
-}
-
-/// The activations' precision where it is not what trains: a LoRA base of
-/// its own dtype keeps the activations in the model's dtype, as the probe
-/// measures them.
-fn activation_precision(args: &EstimateArgs, model: Option<&FlaggedConfig>) -> Result<Option<Precision>, Failure> {
-    let Some((config, lora)) = model.and_then(|model| Some((&model.config, model.lora.as_ref()?))) else {
-        return Ok(None);
-    };
-    if args.lora.base_dtype.is_none() {
-        return Ok(None);
-    }
-    let dtype = config.model_dtype(&lora.training).map_err(|err| Failure::in_flags(err, &Flags::ESTIMATE))?;
-    Ok(Some(if dtype == DType::BF16 { Precision::Bf16 } else { Precision::Fp32 }))
-}
-
-/// The changes that would make it fit under `room`, each alone.
-fn advice(
-    args: &EstimateArgs,
-    setup: &TrainingSetup,
-    step: Option<&Step>,
-    room: Option<u64>,
-) -> Result<Vec<Remedy>, Failure> {
-    let Some(room) = room else { return Ok(Vec::new()) };
-    let mut advice = match step {
-        Some(step) => step.remedies(setup, room, setup.remedies(room)?)?,
-        None => setup.remedies(room)?,
-    };
-    // with --base-dtype the adapters are f32 whatever --dtype says: no precision advice
-    if args.lora.base_dtype.is_some() {
-        advice.retain(|remedy| !matches!(remedy.change, Change::Precision { .. }));
-    }
-    Ok(advice)
-}
-
-/// `--lora`: the LoRA training of the config the flags describe, its
-/// footprint (the adapters that train) and its frozen base's bytes.
-fn lora_training(args: &EstimateArgs, config: &Config, rank: usize) -> Result<LoraTraining, Failure> {
-    use autobatch_models::Lora;
-    let mut lora = Lora::new(rank, config.family.lora_targets());
-    if !args.lora.targets.is_empty() {
-        lora.targets = args.lora.targets.clone();
-    }
-    if let Some(base) = args.lora.base_dtype {
-        lora = lora.base(base);
-    }
+/// How the config's model trains: `--seq-len` [default: the shorter of 512
+/// and its positions], `--lora` (its targets, its base), the dtype, the
+/// attention, loss and ops, checkpointing (`--recompute full`).
+fn training(args: &EstimateArgs, config: &Config) -> Result<Training, Failure> {
     let seq_len = args.activations.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
-    let mut training = Training::new(seq_len).lora(lora);
-    training.dtype = args.state.dtype.map(crate::model::dtype_of);
-    let path = args.state.config.as_deref().unwrap_or(std::path::Path::new(""));
-    let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
-    let footprint = config.footprint(&training).map_err(with_path)?;
-    let frozen_bytes = config.frozen_bytes(&training).map_err(with_path)?;
-    Ok(LoraTraining { training, footprint, frozen_bytes })
+    let mut training = Training::new(seq_len);
+    training.dtype = match (args.state.mixed_precision, args.state.dtype) {
+        // a LoRA model's dtype is --dtype's, or the config's
+        (true, _) if args.lora.rank.is_none() => Some(DType::BF16),
+        (_, dtype) => dtype.map(crate::model::dtype_of),
+    };
+    if let Some(rank) = args.lora.rank {
+        let mut lora = Lora::new(rank.get(), config.family.lora_targets());
+        if !args.lora.targets.is_empty() {
+            lora.targets = args.lora.targets.clone();
+        }
+        if let Some(base) = args.lora.base_dtype {
+            lora = lora.base(base);
+        }
+        training = training.lora(lora);
+    }
+    training.attention = args.step.attention;
+    training.loss = args.step.loss;
+    training.ops = args.step.ops;
+    training.checkpointing = match args.activations.recompute {
+        Recompute::None => false,
+        Recompute::Full if config.family == Family::Bert => {
+            return Err(Failure::usage("--recompute full checkpoints a decoder's layers, not BERT's"));
+        }
+        Recompute::Full => true,
+        Recompute::Selective => {
+            return Err(Failure::usage(
+                "--recompute selective is the formula's (Korthikanti et al.); a config's model on candle \
+                 recomputes whole layers: --recompute full",
+            ));
+        }
+    };
+    Ok(training)
 }
 
-impl Estimate {
+/// How what trains is stored: `--precision` (`mixed` read as
+/// `--mixed-precision`, `fp32|bf16` as `--dtype`), else the
+/// library's default (the config's torch_dtype); nothing beside a LoRA base
+/// of its own dtype, whose adapters train in f32 (`--dtype` is the model's there).
+fn precision(args: &EstimateArgs, own_base: bool) -> Result<Option<Precision>, Failure> {
+    match (own_base, args.state.mixed_precision) {
+        (true, true) => Err(Failure::usage(
+            "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype the adapters are f32 already: drop one of them",
+        )),
+        (true, false) => Ok(None),
+        (false, true) => Ok(Some(Precision::Mixed)),
+        (false, false) => Ok(args.state.dtype),
+    }
+}
+
+impl Counted {
     /// `--which-gpus`: every named card, whether the total per device fits
     /// under the ceiling of it (or, activations not counted, leaves them room).
     fn print_which_gpus(&self) {
+        let total = self.estimate.total_bytes();
         let verdicts: Vec<(&Accelerator, u64, Option<bool>)> = Accelerator::ALL
             .iter()
             .map(|card| {
@@ -521,7 +433,7 @@ impl Estimate {
             })
             .collect();
         // where a batch fits, or (activations not counted) where the state leaves them room
-        let (wanted, word) = match self.counts_a_batch {
+        let (wanted, word) = match self.estimate.counts_a_batch() {
             true => (Some(true), "fits on"),
             false => (None, "the training state fits on"),
         };
@@ -533,15 +445,15 @@ impl Estimate {
                 "{word} none of the named cards {under} (the largest reports {})",
                 Bytes(Accelerator::ALL.last().map_or(0, |c| c.memory_bytes))
             ),
-            false if self.counts_a_batch => outln!("{word}: {} ({under})", fitting.join(", ")),
+            false if self.estimate.counts_a_batch() => outln!("{word}: {} ({under})", fitting.join(", ")),
             false => outln!("{word}: {} ({under}; activations not counted)", fitting.join(", ")),
         }
         for (card, limit, fits) in verdicts {
             let verdict = match fits {
-                Some(true) => format!("fits, {} to spare", Bytes(limit - self.total).decimal()),
-                None => format!("leaves {} for activations", Bytes(limit - self.total).decimal()),
-                Some(false) if self.total <= limit => "the state alone takes it all".to_owned(),
-                Some(false) => format!("{} over", Bytes(self.total - limit).decimal()),
+                Some(true) => format!("fits, {} to spare", Bytes(limit - total).decimal()),
+                None => format!("leaves {} for activations", Bytes(limit - total).decimal()),
+                Some(false) if total <= limit => "the state alone takes it all".to_owned(),
+                Some(false) => format!("{} over", Bytes(total - limit).decimal()),
             };
             outln!("  {:<10} {:>10}  {:<30} {verdict}", card.name, Bytes(card.memory_bytes), card.description);
         }
@@ -567,31 +479,15 @@ fn change_flag(change: &Change) -> String {
 }
 
 /// `--activations`, or the transformer activation model when its five sizes
-/// are given (never both), at the precision training uses; with the model, also
-/// what a candle f32 step keeps by the measured ratio.
-fn with_activations(
-    args: &EstimateArgs,
-    setup: TrainingSetup,
-    activation_precision: Option<Precision>,
-) -> Result<TrainingSetup, Failure> {
-    let Some(shape) = transformer_shape(&args.activations, args.sharding.tensor_parallel.get())? else {
-        if args.activations.recompute != Recompute::None {
-            return Err(Failure::usage(
-                "--recompute needs the transformer's --layers, --hidden, --heads, --seq-len and --batch",
-            ));
-        }
-        return Ok(setup.activations(args.activations.bytes.unwrap_or(0)));
-    };
+/// are given (never both).
+fn activations(args: &EstimateArgs) -> Result<Activations, Failure> {
     let recompute = args.activations.recompute;
-    match activation_precision.filter(|precision| *precision != setup.precision) {
-        Some(precision) => {
-            let at_model_dtype = TrainingSetup::new(setup.parameters, precision, setup.optimizer)
-                .sharded(setup.sharding)
-                .transformer(shape, recompute)?
-                .all_activation_bytes()?;
-            Ok(setup.measured_transformer(at_model_dtype, shape, recompute)?)
-        }
-        None => Ok(setup.transformer(shape, recompute)?),
+    match transformer_shape(&args.activations, args.sharding.tensor_parallel.get())? {
+        Some(shape) => Ok(Activations::Transformer { shape, recompute }),
+        None if recompute != Recompute::None => Err(Failure::usage(
+            "--recompute needs the transformer's --layers, --hidden, --heads, --seq-len and --batch",
+        )),
+        None => Ok(args.activations.bytes.map_or(Activations::Unknown, Activations::Bytes)),
     }
 }
 

@@ -116,8 +116,6 @@ pub struct Flags {
     pub sizes: bool,
     /// What the input size is, in words: a sequence length, a resolution.
     pub size: &'static str,
-    /// The flag of the model's dtype: `probe`'s `--precision`, `estimate`'s `--dtype`.
-    pub dtype: &'static str,
 }
 
 impl Flags {
@@ -127,10 +125,9 @@ impl Flags {
         largest: "the largest that fits",
         sizes: false,
         size: "sequence length",
-        dtype: "--precision",
     };
 
-    pub const ESTIMATE: Flags = Flags { dtype: "--dtype", ..Flags::PROBE };
+    pub const ESTIMATE: Flags = Flags { largest: "the largest batch that fits", ..Flags::PROBE };
 
     /// What sets `setting` (the core's or the models') on the command line:
     /// one match, one arm a setting, so that a setting added to either
@@ -172,7 +169,7 @@ impl Flags {
             Named::Model(M::LoraRank) => "--lora",
             Named::Model(M::LoraTargets) => "--lora-targets",
             Named::Model(M::BaseDtype) => "--base-dtype",
-            Named::Model(M::Dtype) => self.dtype,
+            Named::Model(M::Dtype) => "--precision",
             Named::Model(M::Optimizer) => "--optimizer",
             Named::Model(M::SeqLen) => self.seq_len(),
             Named::Model(M::Layers) => "--layers",
@@ -186,6 +183,8 @@ impl Flags {
             Named::Model(M::Channels) => "--channels",
             Named::Model(M::Resolution) => "--resolution",
             Named::Model(M::BlockSize) => "--block-size",
+            Named::Model(M::Parameters) => "--params",
+            Named::Model(M::Precision) => "--precision",
             // set by no flag: a library caller's, named as the library names it
             Named::Core(
                 setting @ (S::Rank
@@ -576,6 +575,8 @@ mod tests {
             M::Sequence,
             M::Chunk,
             M::Labels,
+            M::Parameters,
+            M::Precision,
         ];
         for flags_of in [&Flags::PROBE, &Flags::ESTIMATE] {
             let core = autobatch::Setting::ALL.iter().map(|&setting| (format!("{setting:?}"), flags_of.flag(setting)));

@@ -15,7 +15,6 @@ mod plot;
 mod probe;
 mod progress;
 mod serve;
-mod step;
 mod values;
 
 use std::process::ExitCode;

@@ -72,7 +72,7 @@ fn training(seq_len: usize, lean: bool, ops: Ops) -> Training {
 fn measure(config: &Config, training: &Training) -> (u64, f64) {
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
     let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0));
-    let mut meter = HeapMeter::with_room(1 << 30, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(1 << 30).unwrap();
     probe.step(1).unwrap(); // warm
     let mut peak = |batch: usize| {
         meter.reset_peak().unwrap();
@@ -100,7 +100,7 @@ fn measure_whole(config: &Config, training: &Training, (first, second): (usize, 
     let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
-    let mut meter = HeapMeter::with_room(1 << 30, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(1 << 30).unwrap();
     probe.step(first).unwrap(); // warm
     let mut peak = |batch: usize| {
         meter.reset_peak().unwrap();

@@ -37,7 +37,7 @@ fn main() -> Result<(), autobatch::Error> {
 
     // Tune at start-up: the probe runs real steps and changes no weight.
     let started = Instant::now();
-    let mut meter = HeapMeter::with_room(ROOM, 0.9)?;
+    let mut meter = HeapMeter::with_room(ROOM)?;
     let plan = Tuner::new().ceiling(0.9).target_effective_batch(TARGET_EFFECTIVE_BATCH).run(&mut model, &mut meter)?;
     println!("{plan}\n(tuned in {:.2?})\n", started.elapsed());
 

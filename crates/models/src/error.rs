@@ -63,6 +63,10 @@ pub enum Setting {
     Chunk,
     /// The labels given to [`ConfigModel::loss_of`](crate::ConfigModel::loss_of).
     Labels,
+    /// The parameters an [`Estimator`](crate::estimate::Estimator) counts.
+    Parameters,
+    /// The precision an [`Estimator`](crate::estimate::Estimator) counts the state in.
+    Precision,
 }
 
 impl std::fmt::Display for Setting {
@@ -94,6 +98,8 @@ impl std::fmt::Display for Setting {
             Setting::Sequence => "sequence",
             Setting::Chunk => "chunk",
             Setting::Labels => "labels",
+            Setting::Parameters => "Estimator::parameters",
+            Setting::Precision => "Estimator::precision",
         })
     }
 }

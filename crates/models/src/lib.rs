@@ -35,7 +35,7 @@
 //! assert_eq!(config.parameter_count(), 256 * 64 + 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64);
 //! let model = ConfigModel::build(&config, &Training::new(32), &candle_core::Device::Cpu)?;
 //! let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0)).optimizer::<autobatch::optim::AdamW>(Default::default())?;
-//! let plan = Tuner::new().max_batch(64).run(&mut probe, &mut HeapMeter::with_room(8 << 20, 0.9)?)?;
+//! let plan = Tuner::new().max_batch(64).run(&mut probe, &mut HeapMeter::with_room(8 << 20)?)?;
 //! assert!(plan.largest_batch() >= 1);
 //! # Ok::<(), autobatch::Error>(())
 //! ```
@@ -46,6 +46,7 @@ mod config;
 mod config_model;
 mod decoder;
 mod error;
+pub mod estimate;
 mod family;
 mod gpt2;
 mod inference;

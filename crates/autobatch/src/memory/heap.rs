@@ -23,7 +23,7 @@ use crate::{Ceiling, Error, MemoryMeter};
 ///
 /// // 32 MiB for the step under a 50% ceiling, beside what the process holds
 /// // (`HeapMeter::new(bytes)` sets the budget itself)
-/// let mut meter = HeapMeter::with_room(32 << 20, 0.5)?;
+/// let mut meter = HeapMeter::with_room(32 << 20)?;
 /// // a "step" that needs 1 MiB per sample
 /// let mut step = |batch: usize| -> candle_core::Result<()> {
 ///     let activations = vec![1u8; batch << 20];
@@ -46,6 +46,9 @@ use crate::{Ceiling, Error, MemoryMeter};
 pub struct HeapMeter {
     budget_bytes: u64,
     slack_bytes: u64,
+    /// Sized by its room: what must stay under the ceiling (the heap held
+    /// when it was made and the room).
+    wanted_bytes: Option<u64>,
 }
 
 impl HeapMeter {
@@ -65,15 +68,17 @@ impl HeapMeter {
             return Err(Error::Device(crate::DeviceProblem::AllocatorNotInstalled));
         }
         settle_thread_buffers();
-        Ok(HeapMeter { budget_bytes, slack_bytes: Self::DEFAULT_SLACK_BYTES })
+        Ok(HeapMeter { budget_bytes, slack_bytes: Self::DEFAULT_SLACK_BYTES, wanted_bytes: None })
     }
 
-    /// A meter whose budget leaves `room_bytes` under `ceiling` above the heap
-    /// the process holds now (its weights, other tests' leftovers, the threads'
-    /// matmul buffers, brought to size first): the smallest budget `b` with
-    /// `ceiling × b ≥ in use + room_bytes`. Tune with the same ceiling. The room
-    /// is what a test or an example means by "this much memory for the step",
-    /// on any host and after anything the process did before.
+    /// A meter whose budget leaves `room_bytes` under the tuner's ceiling
+    /// above the heap the process holds now (its weights, other tests'
+    /// leftovers, the threads' matmul buffers, brought to size first): the
+    /// smallest budget `b` with `ceiling × b ≥ in use + room_bytes`, for the
+    /// ceiling the tuner tells it ([`MemoryMeter::under_ceiling`]; until
+    /// then [`Ceiling::default`]). The room is what a test or an example
+    /// means by "this much memory for the step", on any host and after
+    /// anything the process did before, whatever the ceiling.
     ///
     /// ```
     /// #[global_allocator]
@@ -82,28 +87,23 @@ impl HeapMeter {
     /// use autobatch::{HeapMeter, MemoryMeter, Tuner};
     ///
     /// let kept = vec![7u8; 50 << 20]; // 50 MiB the process holds, as weights would be
-    /// let mut meter = HeapMeter::with_room(16 << 20, 0.9)?;
+    /// let mut meter = HeapMeter::with_room(16 << 20)?;
     /// let mut step = |batch: usize| -> candle_core::Result<()> {
     ///     std::hint::black_box(vec![1u8; batch << 20]); // 1 MiB a sample
     ///     Ok(())
     /// };
-    /// let plan = Tuner::new().ceiling(0.9).run(&mut step, &mut meter)?;
-    /// assert!(plan.largest_batch() == 15 || plan.largest_batch() == 16, "{plan}");
+    /// for ceiling in [0.9, 0.5] {
+    ///     let plan = Tuner::new().ceiling(ceiling).run(&mut step, &mut meter)?;
+    ///     assert!(plan.largest_batch() == 15 || plan.largest_batch() == 16, "{plan}");
+    /// }
     /// # drop(kept);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn with_room(room_bytes: u64, ceiling: f64) -> Result<Self, Error> {
-        let ceiling = Ceiling::new(ceiling)?;
-        let meter = HeapMeter::new(1)?;
-        let wanted = meter.in_use()?.saturating_add(room_bytes);
-        let mut budget = (wanted as f64 / ceiling.fraction()).ceil() as u64;
-        while ceiling.limit_bytes(budget) < wanted {
-            budget += 1;
-        }
-        while budget > 1 && ceiling.limit_bytes(budget - 1) >= wanted {
-            budget -= 1;
-        }
-        HeapMeter::new(budget)
+    pub fn with_room(room_bytes: u64) -> Result<Self, Error> {
+        let mut meter = HeapMeter::new(1)?;
+        meter.wanted_bytes = Some(meter.in_use()?.saturating_add(room_bytes));
+        meter.under_ceiling(Ceiling::default());
+        Ok(meter)
     }
 
     /// Sets the bytes of drift in use that do not count as a leak.
@@ -192,6 +192,18 @@ static BUFFERED_THREADS: AtomicUsize = AtomicUsize::new(0);
 impl MemoryMeter for HeapMeter {
     fn capacity(&self) -> Result<u64, Error> {
         Ok(self.budget_bytes)
+    }
+
+    fn under_ceiling(&mut self, ceiling: Ceiling) {
+        let Some(wanted) = self.wanted_bytes else { return };
+        let mut budget = (wanted as f64 / ceiling.fraction()).ceil() as u64;
+        while ceiling.limit_bytes(budget) < wanted {
+            budget += 1;
+        }
+        while budget > 1 && ceiling.limit_bytes(budget - 1) >= wanted {
+            budget -= 1;
+        }
+        self.budget_bytes = budget;
     }
 
     fn in_use(&self) -> Result<u64, Error> {

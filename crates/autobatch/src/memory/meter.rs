@@ -1,6 +1,6 @@
 //! The [`MemoryMeter`] trait, and a meter that measures nothing.
 
-use crate::{Error, PeakKinds};
+use crate::{Ceiling, Error, PeakKinds};
 
 /// How much memory a device has and how much a step used at its peak.
 ///
@@ -54,6 +54,14 @@ pub trait MemoryMeter {
     fn element_limit(&self) -> Option<u64> {
         None
     }
+    /// The ceiling the caller (the tuner: it owns the ceiling) reads this
+    /// meter's capacity under, told before it reads it. A meter whose
+    /// capacity is the device's ignores it (the default); one sized by the
+    /// room it leaves for a step ([`HeapMeter::with_room`](crate::HeapMeter::with_room))
+    /// sizes its capacity so that the room is under this ceiling.
+    fn under_ceiling(&mut self, ceiling: Ceiling) {
+        let _ = ceiling;
+    }
 }
 
 impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
@@ -86,5 +94,8 @@ impl<M: MemoryMeter + ?Sized> MemoryMeter for &mut M {
     }
     fn element_limit(&self) -> Option<u64> {
         (**self).element_limit()
+    }
+    fn under_ceiling(&mut self, ceiling: Ceiling) {
+        (**self).under_ceiling(ceiling)
     }
 }

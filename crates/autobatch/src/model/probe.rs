@@ -86,7 +86,7 @@ enum Update {
 ///     loss::cross_entropy(&model.forward(&x)?, &y)
 /// };
 /// let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
-/// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?)?;
+/// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::with_room(4 << 20)?)?;
 /// assert!(plan.largest_batch() > 0);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
@@ -169,7 +169,7 @@ impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<ForwardOnly<F>> {
     /// let serving = linear(64, 10, detached(&varmap))?;
     /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
     /// let mut probe = ModelProbe::forward_only(&varmap, forward);
-    /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::with_room(2 << 20, 0.9)?)?;
+    /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::with_room(2 << 20)?)?;
     /// assert!(plan.largest_batch() > 0 && plan.warnings().is_empty());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
@@ -213,7 +213,7 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     ///     loss::cross_entropy(&logits, &tokens.flatten_all()?)
     /// };
     /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
-    /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(4 << 20, 0.9)?).sizes(&[16, 64])?;
+    /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(4 << 20)?).sizes(&[16, 64])?;
     /// assert!(plan.sizes[&16].largest_batch() > plan.sizes[&64].largest_batch());
     /// # Ok::<(), autobatch::Error>(())
     /// ```

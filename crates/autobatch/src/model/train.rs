@@ -37,7 +37,7 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 ///     let x = Tensor::ones((samples, 16), DType::F32, &Device::Cpu)?;
 ///     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
 /// };
-/// let mut meter = HeapMeter::with_room(2 << 20, 0.9)?; // 2 MiB for the step, on any host
+/// let mut meter = HeapMeter::with_room(2 << 20)?; // 2 MiB for the step, on any host
 /// let mut probe = ModelProbe::new(&varmap, batch).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
 /// let plan = Tuner::new().max_batch(64).target_effective_batch(256).run(&mut probe, &mut meter)?;
 ///

@@ -79,7 +79,7 @@ pub trait Server {
 ///     }
 /// }
 ///
-/// let mut meter = HeapMeter::with_room(4 << 20, 0.9)?;
+/// let mut meter = HeapMeter::with_room(4 << 20)?;
 /// let plan = ServeProbe::new(256).max_num_batched_tokens(64).run(&mut Toy, &mut meter)?;
 /// assert!(plan.max_sequences > 1 && plan.proven);
 /// # Ok::<(), autobatch::Error>(())
@@ -219,7 +219,9 @@ impl ServeProbe {
         M: MemoryMeter + ?Sized,
     {
         self.check(server, Some(sequences))?;
-        let limit = crate::Ceiling::new(self.ceiling)?.limit_bytes(meter.capacity()?);
+        let ceiling = crate::Ceiling::new(self.ceiling)?;
+        meter.under_ceiling(ceiling);
+        let limit = ceiling.limit_bytes(meter.capacity()?);
         let chunk = self.chunk(self.max_model_len);
         meter.reset_peak()?;
         let started = std::time::Instant::now();

@@ -387,6 +387,7 @@ impl Settings {
         M: MemoryMeter + ?Sized,
         O: Observer + ?Sized,
     {
+        meter.under_ceiling(self.ceiling);
         let capacity_bytes = meter.capacity()?;
         let cache = match &self.options.cache_path {
             Some(path) => Some((path.clone(), self.full_cache_key(&*workload, &*meter, capacity_bytes)?)),
@@ -495,6 +496,7 @@ impl Settings {
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
+        meter.under_ceiling(self.ceiling);
         let capacity_bytes = meter.capacity()?;
         Engine::new(self, workload, meter, &mut (), capacity_bytes).single(batch, kind)
     }

@@ -46,7 +46,7 @@ fn as_a_library() -> std::result::Result<(), autobatch::Error> {
     // guide: as a library
     let varmap = VarMap::new();
     let model = NextByte::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    let mut meter = HeapMeter::with_room(26 << 20, 0.9)?; // or CudaMeter::new(0)? on a GPU
+    let mut meter = HeapMeter::with_room(26 << 20)?; // or CudaMeter::new(0)? on a GPU
 
     // tune: forward, backward and AdamW's update, run for real and changing nothing
     let params = ParamsAdamW { lr: 1e-2, ..Default::default() };
@@ -158,7 +158,7 @@ fn build_my_model() -> impl FnMut(usize) -> Result<()> {
 fn batch_32_keeps_30_percent_free() {
     let mut model = build_my_model(); // a Workload
     // 64 MiB beside what the process holds: the same room on any host (or CudaMeter::new(0) on a GPU runner)
-    let mut meter = autobatch::HeapMeter::with_room(64 << 20, 1.0).unwrap();
+    let mut meter = autobatch::HeapMeter::with_room(64 << 20).unwrap();
     let report = autobatch::Headroom::new(32).min_headroom(0.30).assert(&mut model, &mut meter);
     std::fs::write("headroom.json", report.to_json()).unwrap(); // keep as a CI artifact
 }

@@ -234,8 +234,7 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
     let mut largest = Vec::new();
     for name in ["adamw", "lion", "adafactor", "adamw8bit"] {
         let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name);
-        let plan =
-            Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20, 0.9).unwrap()).unwrap();
+        let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20).unwrap()).unwrap();
         // the one thing to say of this model: candle keeps the input batch's own gradient
         // (its first matmul reads the data), batch × INPUTS features × 4 bytes
         for warning in plan.warnings() {
@@ -270,7 +269,7 @@ fn a_probe_kept_after_tuning_holds_no_optimizer_state() {
     };
     let parameters: u64 = varmap.all_vars().iter().map(|v| v.elem_count() as u64).sum();
     let moments = 8 * parameters; // AdamW: two f32 moments a parameter
-    let mut meter = HeapMeter::with_room(12 << 20, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(12 << 20).unwrap();
     for name in ["adamw", "lion", "adamw8bit"] {
         let before = meter.in_use().unwrap();
         let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name);
@@ -362,7 +361,7 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
         model.loss(&x, &y)
     };
     let mut probe = ModelProbe::new(&varmap, loss).optimizer::<MixedPrecision<AdamW>>(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20, 0.9).unwrap()).unwrap();
+    let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20).unwrap()).unwrap();
     assert_eq!(autobatch::Workload::profile(&probe).unwrap().precision, autobatch::estimate::Precision::Mixed);
     drop(probe);
     assert_eq!(before, bits(&varmap), "probing changed a weight");
@@ -373,7 +372,7 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
     );
 
     // and the plan's ceiling holds when training in mixed precision through TrainLoop
-    let mut meter = HeapMeter::with_room(12 << 20, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(12 << 20).unwrap();
     let plan = {
         let mut probe = ModelProbe::new(&varmap, loss)
             .dry(MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap());
@@ -525,7 +524,7 @@ impl Decoder {
 fn candle_nns_adamw_is_told_what_switching_saves() {
     let varmap = VarMap::new();
     let model = Decoder::new(&varmap);
-    let mut meter = HeapMeter::with_room(56 << 20, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(56 << 20).unwrap();
     let loss = |batch: usize| model.loss(batch);
     let mut candle = ModelProbe::new(&varmap, loss)
         .optimizer::<candle_nn::AdamW>(ParamsAdamW::default())
@@ -574,7 +573,7 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
     let model = Decoder::new(&varmap);
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     // one device for every optimizer: 56 MiB under the ceiling beside the model
-    let budget = HeapMeter::with_room(56 << 20, 0.9).unwrap().budget_bytes();
+    let budget = HeapMeter::with_room(56 << 20).unwrap().budget_bytes();
     let limit = (0.9 * budget as f64).floor() as u64;
     let loss = |batch: usize| model.loss(batch);
     fn peak(meter: &mut HeapMeter, mut step: impl FnMut() -> Result<()>) -> u64 {

@@ -84,7 +84,7 @@ fn applied_gradient(varmap: &VarMap, model: &Mlp, meter: &mut HeapMeter, plan: &
 }
 
 fn a_split_of_micro_batches_that_differ_trains_as_one_large_batch() {
-    let mut meter = HeapMeter::with_room(64 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(64 * MIB).unwrap();
     let varmap = VarMap::new();
     let model = Mlp::new(&varmap);
     let uneven = plan(&varmap, &model, &mut meter, false);

@@ -148,7 +148,7 @@ fn every_probe_path_changes_no_bit() {
             "candle_nn::AdamW (general)" => probe.optimizer::<candle_nn::AdamW>(ParamsAdamW::default()).unwrap(),
             _ => probe,
         };
-        let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
+        let mut meter = HeapMeter::with_room(ROOM).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "{name}: tuning changed a variable");
         no_missing_gradients(name, plan.warnings());
@@ -174,7 +174,7 @@ fn every_probe_path_changes_no_bit() {
 fn every_other_path_changes_no_bit() {
     let (varmap, model) = model();
     let before = bits(&varmap);
-    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(ROOM).unwrap();
 
     let mut own_backward = ModelProbe::with_backward(&varmap, |batch| {
         let loss = model.loss(batch, SIDE, 0)?;
@@ -240,7 +240,7 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
     use candle_nn::Optimizer;
     let (varmap, model) = model();
     let before = bits(&varmap);
-    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(ROOM).unwrap();
     let batch = 64;
     let mut probe = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -280,7 +280,7 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
 fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
     let (varmap, model) = model();
     let evaluation_model = Cnn::new(detached(&varmap)).unwrap();
-    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(ROOM).unwrap();
     let plan = {
         let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -342,7 +342,7 @@ fn a_displayed_error_leaves_the_heap_as_it_was() {
     };
     let mut probe =
         ModelProbe::new(&varmap, wrong).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap_err();
+    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).unwrap_err();
     assert!(err.workload_error().is_some(), "{err}");
     let before = autobatch::TrackingAllocator::live_bytes();
     let text = err.to_string();
@@ -367,11 +367,11 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     let mut probe =
         ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // refused by default, naming the variable and how to declare a buffer
-    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap_err();
+    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).unwrap_err();
     assert!(matches!(&err, autobatch::Error::PartialGraph { variables, .. } if variables == &["centre.mean"]), "{err}");
     assert!(err.to_string().contains("buffers_named"), "{err}");
     let plan =
-        Tuner::new().allow_partial_graph(true).run(&mut probe, &mut HeapMeter::with_room(ROOM, 0.9).unwrap()).unwrap();
+        Tuner::new().allow_partial_graph(true).run(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).unwrap();
     let mut buffers: Vec<&str> = probe.read_only_buffers().iter().map(String::as_str).collect();
     buffers.sort();
     assert_eq!(buffers, ["bn1d.running_mean", "bn1d.running_var", "bn2d.running_mean", "bn2d.running_var"]);
@@ -387,7 +387,7 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap()
         .buffers_named(|name| name.starts_with("centre."));
-    let mut meter = HeapMeter::with_room(ROOM, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(ROOM).unwrap();
     // candle's CPU convolution runs its tiles as rayon tasks whose buffers
     // overlap or not from one step to the next: the same step's peak takes
     // one of two values 2.3 MB apart (seen here: 42.79 or 45.12 MB at batch

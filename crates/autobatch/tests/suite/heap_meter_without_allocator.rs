@@ -14,7 +14,7 @@ fn heap_meter_detects_a_missing_tracking_allocator() {
     assert_eq!(debug, err.to_string());
     assert!(!debug.contains("AllocatorNotInstalled"), "{debug}");
     // a room-sized meter refuses the same way
-    assert!(matches!(HeapMeter::with_room(1 << 20, 0.9), Err(Error::Device(DeviceProblem::AllocatorNotInstalled))));
+    assert!(matches!(HeapMeter::with_room(1 << 20), Err(Error::Device(DeviceProblem::AllocatorNotInstalled))));
 }
 
 #[test]

@@ -273,7 +273,7 @@ fn the_core_modules_depend_one_way() {
 /// layers, the architectures on the layers, the trainer below the reference
 /// models it trains, serving on top. Its root (`lib.rs`: ConfigModel, the
 /// model a config describes) sits above them all and is not placed.
-const MODELS_ORDER: [&str; 24] = [
+const MODELS_ORDER: [&str; 25] = [
     "splitmix",
     "error",
     "ops",
@@ -294,6 +294,7 @@ const MODELS_ORDER: [&str; 24] = [
     "serving_bytes",
     "trainer",
     "tensors",
+    "estimate",
     "config_model",
     "reference",
     "inference",
@@ -316,7 +317,7 @@ fn the_models_modules_depend_one_way() {
 /// (sizes, the flags' value types, the flags), then what the commands share
 /// (the paths, the charts, the device and budget flags, the model the flags
 /// describe), then the commands. Its root (`main.rs`) sits above them all.
-const CLI_ORDER: [&str; 16] = [
+const CLI_ORDER: [&str; 15] = [
     "parse",
     "limits",
     "failure",
@@ -328,7 +329,6 @@ const CLI_ORDER: [&str; 16] = [
     "plot",
     "device_flags",
     "model",
-    "step",
     "serve",
     "estimate",
     "plan",

@@ -1483,7 +1483,7 @@ fn serving_is_counted_and_bad_serving_settings_are_usage_errors() {
 }
 
 /// `estimate` takes `probe`'s words for precision and checkpointing: the same
-/// answer as its own spellings, which stay.
+/// answer as its 0.1 spellings, which stay, hidden from `--help`.
 #[test]
 fn estimate_takes_the_probes_words_for_precision_and_checkpointing() {
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/tests/configs/tiny-llama.json");
@@ -1500,4 +1500,7 @@ fn estimate_takes_the_probes_words_for_precision_and_checkpointing() {
     assert_ne!(with(&["--precision", "mixed"]), with(&["--precision", "bf16"]), "the flag is read");
     assert_usage_error(&[&base[..], &["--precision", "mixed", "--mixed-precision"]].concat(), "--precision");
     assert_usage_error(&[&base[..], &["--checkpointing", "--recompute", "full"]].concat(), "--checkpointing");
+    let help = text(&autobatch(&["estimate", "--help"]).stdout);
+    assert!(help.contains("--precision <PRECISION>"), "{help}");
+    assert!(!help.contains("--dtype") && !help.contains("--mixed-precision"), "one spelling shown:\n{help}");
 }

@@ -196,7 +196,7 @@ fn tune_exactly_and_train_under_the_ceiling(family: &str, config: &Config, train
 fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (ConfigModel, autobatch::Plan, HeapMeter) {
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
     let before = bits(model.varmap());
-    let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(room).unwrap();
     let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
@@ -338,7 +338,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         drop((loss_a, grads_a, loss_b, grads_b));
         let mut trainers = [plain, checkpointed].map(|model| model.into_trainer().unwrap());
         let per_sample = |trainer: &mut autobatch_models::trainer::Trainer<ConfigModel>| {
-            let mut meter = HeapMeter::with_room(64 * MIB, 0.9).unwrap();
+            let mut meter = HeapMeter::with_room(64 * MIB).unwrap();
             trainer.step(8).unwrap();
             let (small, large) = (peak_of(trainer, &mut meter, 2), peak_of(trainer, &mut meter, 6));
             (large - small) as f64 / 4.0
@@ -347,7 +347,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         println!("  {family}: {without:.0} -> {with:.0} bytes per sample checkpointed");
         assert!(with < 0.85 * without, "{family}: {without} -> {with}");
         let trainer = &mut trainers[1];
-        let mut meter = HeapMeter::with_room(6 * MIB, 0.9).unwrap();
+        let mut meter = HeapMeter::with_room(6 * MIB).unwrap();
         let plan = Tuner::new().target_effective_batch(32).run(trainer, &mut meter).unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(plan.proven_largest() && plan.warnings().is_empty(), "{family}:\n{plan}");
@@ -411,7 +411,7 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
         };
         let mut probe =
             ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-        let mut meter = HeapMeter::with_room(24 * MIB, 0.9).unwrap();
+        let mut meter = HeapMeter::with_room(24 * MIB).unwrap();
         let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(plan.proven_largest(), "{plan}");
@@ -661,7 +661,7 @@ fn qlora_holds_less_than_lora_over_an_f32_base() {
     let tuned = |base| {
         let training = Training::new(64).lora(Lora::new(8, &["q_proj", "v_proj"]).base(base));
         // the room before the model: its weights count against it
-        let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
+        let mut meter = HeapMeter::with_room(96 * MIB).unwrap();
         let model = ConfigModel::build(&config, &training, &Device::Cpu).unwrap();
         let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -716,7 +716,7 @@ fn a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so() {
 
         let footprint = config.footprint(&training).unwrap();
         // what the process holds before the model: the trials' peaks are of the whole heap
-        HeapMeter::with_room(MIB, 0.9).unwrap().in_use().unwrap();
+        HeapMeter::with_room(MIB).unwrap().in_use().unwrap();
         let before = autobatch::TrackingAllocator::live_bytes();
         let (model, plan, _) = tune("llama", &config, &training, 48 * MIB);
         drop(model);
@@ -809,7 +809,7 @@ fn a_base_the_model_cannot_take_is_refused() {
 fn no_trial_runs_a_tensor_past_the_element_limit() {
     let config = tiny("llama");
     let model = ConfigModel::build(&config, &Training::new(16), &Device::Cpu).unwrap();
-    let mut meter = HeapMeter::with_room(96 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(96 * MIB).unwrap();
     let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
@@ -995,7 +995,7 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
                 let at = |batch| counted.peak_bytes(gradients, batch).unwrap();
                 let counted = (at(8) - at(4)) as f64 / 4.0;
                 let mut trainer = ConfigModel::build(&config, &training, &Device::Cpu).unwrap().into_trainer().unwrap();
-                let mut meter = HeapMeter::with_room(256 * MIB, 0.9).unwrap();
+                let mut meter = HeapMeter::with_room(256 * MIB).unwrap();
                 // batches where the backward pass's peak is past the optimizer step's
                 trainer.step(8).unwrap();
                 let (small, large) = (peak_of(&mut trainer, &mut meter, 4), peak_of(&mut trainer, &mut meter, 8));
@@ -1023,7 +1023,7 @@ fn the_lean_ops_never_make_the_scores_or_the_logits_whole() {
     let device = Device::Cpu;
     // every thread's matmul buffer in place first: a thread's first product allocates one
     // the size of the host's L2 cache, which would count here on a host with large caches
-    let settled = HeapMeter::with_room(MIB, 0.9).unwrap();
+    let settled = HeapMeter::with_room(MIB).unwrap();
     let above = |run: &dyn Fn()| {
         settled.in_use().unwrap();
         let before = autobatch::TrackingAllocator::live_bytes();
@@ -1107,7 +1107,7 @@ fn serving_capacity_is_exact_by_brute_force() {
     let (context, chunk) = (256, 64);
     for (name, config, weights) in serving_configs() {
         let mut server = Serving::build(&config, weights, None, &device).unwrap();
-        let mut meter = HeapMeter::with_room(6 << 20, 0.9).unwrap();
+        let mut meter = HeapMeter::with_room(6 << 20).unwrap();
         let plan = ServeProbe::new(context).max_num_batched_tokens(chunk).run(&mut server, &mut meter).unwrap();
         let n = plan.max_sequences;
         assert!(plan.proven && n > 2, "{name}: {plan:?}");
@@ -1152,7 +1152,7 @@ fn the_longest_context_at_a_concurrency_is_exact() {
     let device = Device::Cpu;
     let (_, config, weights) = serving_configs().remove(0);
     let mut server = Serving::build(&config, weights, None, &device).unwrap();
-    let mut meter = HeapMeter::with_room(1 << 20, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(1 << 20).unwrap();
     let plan = ServeProbe::new(512).max_num_batched_tokens(64).longest_context(4, &mut server, &mut meter).unwrap();
     let context = plan.context;
     assert!(plan.proven && context > 64 && context < 512, "{plan:?}");

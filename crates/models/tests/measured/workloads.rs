@@ -38,7 +38,7 @@ fn peak_of<W: Workload>(workload: &mut W, batch: usize) -> u64 {
 /// same room on any host), then checks by brute force that the answer fits and
 /// the next candidate does not. Returns the largest batch.
 fn tune_and_verify<M: Model>(mut trainer: Trainer<M>, room: u64, ceiling: f64, multiple_of: usize) -> usize {
-    let mut meter = HeapMeter::with_room(room, ceiling).unwrap();
+    let mut meter = HeapMeter::with_room(room).unwrap();
     let plan = Tuner::new().ceiling(ceiling).multiple_of(multiple_of).run(&mut trainer, &mut meter).unwrap();
     let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
     let report = plan.to_string();
@@ -95,7 +95,7 @@ fn assert_probing_changes_nothing<M: Model>(mut trainer: Trainer<M>, room: u64) 
     let (steps, optimizer_steps) = (trainer.steps_done(), trainer.adamw_steps().unwrap().unwrap());
     // gemm's per-thread buffers are brought to size by the meter: nothing stays
     // for good after the first trial that was not there before it
-    let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(room).unwrap();
     let before = meter.in_use().unwrap();
     let plan = Tuner::new().run(&mut trainer, &mut meter).unwrap();
     let largest = plan.largest_batch();
@@ -125,7 +125,7 @@ fn training_after_probing_is_training_without_it() {
     let config = transformer(16, 32, 1);
     let mut probed = config.build(&Device::Cpu).unwrap();
     let mut untouched = config.build(&Device::Cpu).unwrap();
-    let mut meter = HeapMeter::with_room(32 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(32 * MIB).unwrap();
     Tuner::new().run(&mut probed, &mut meter).unwrap();
     for _ in 0..3 {
         let (a, b) = (probed.train_step(8).unwrap(), untouched.train_step(8).unwrap());
@@ -153,7 +153,7 @@ fn the_dry_optimizer_step_costs_what_the_real_one_costs() {
 /// (whose loop scales gradients, not the loss).
 fn an_accumulating_plan_holds_in_the_reference_models_training() {
     fn check<M: Model>(name: &str, mut trainer: Trainer<M>, room: u64, target: usize) {
-        let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
+        let mut meter = HeapMeter::with_room(room).unwrap();
         let plan = Tuner::new().target_effective_batch(target).run(&mut trainer, &mut meter).unwrap();
         assert!(plan.accumulation_steps() > 1, "{name}: the plan does not accumulate:\n{plan}");
         let checked = plan.accumulation_peak_bytes().unwrap_or_else(|| panic!("{name}: unchecked:\n{plan}"));
@@ -279,7 +279,7 @@ fn the_evaluation_step_gets_its_own_larger_batch() {
     let mut model = transformer(16, 32, 1).build(&Device::Cpu).unwrap();
     let state = model.state_bits().unwrap();
     let mut evaluation = model.evaluation();
-    let mut meter = HeapMeter::with_room(32 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(32 * MIB).unwrap();
     let plan = Tuner::new().search(&mut model, &mut meter).evaluating(&mut evaluation).run().unwrap();
     let eval = plan.evaluation().expect("evaluation planned");
     eprintln!("{plan}");
@@ -334,7 +334,7 @@ fn checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak() {
     // probing changes nothing, training learns
     let mut model = checkpointed;
     let state = model.state_bits().unwrap();
-    let plan = Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB, 0.9).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).unwrap();
     assert!(plan.proven_largest(), "{plan}");
     assert_eq!(model.state_bits().unwrap(), state);
     let first = model.train_step_accumulated(8, 2).unwrap();
@@ -351,7 +351,7 @@ fn the_transformer_trains_in_mixed_precision() {
     assert_eq!(model.profile().unwrap().precision, autobatch::estimate::Precision::Mixed);
     // probing changes no weight, master or moment
     let state = model.state_bits().unwrap();
-    let plan = Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB, 0.9).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).unwrap();
     assert!(plan.proven_largest(), "{plan}");
     assert_eq!(model.state_bits().unwrap(), state);
     // and the loss falls as training goes
@@ -377,7 +377,7 @@ fn the_transformer_trains_with_each_lean_optimizer() {
         assert!(model.adamw_steps().unwrap().is_none());
         assert_eq!(model.profile().unwrap().optimizer, kind);
         let state = model.state_bits().unwrap();
-        Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB, 0.9).unwrap()).unwrap();
+        Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).unwrap();
         assert_eq!(model.state_bits().unwrap(), state, "{kind:?}: probing changed a weight");
         let first = model.train_step(8).unwrap();
         for _ in 0..30 {
@@ -418,7 +418,7 @@ fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
 fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
     use autobatch::{BatchSource, Resizable};
     let mut trainer = transformer(64, 32, 1).build(&Device::Cpu).unwrap();
-    let mut meter = HeapMeter::with_room(38 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(38 * MIB).unwrap();
     let plan = Tuner::new().search(&mut trainer, &mut meter).sizes(&[16, 32, 64]).unwrap();
     let report = plan.to_string();
     eprintln!("{report}");
@@ -466,7 +466,7 @@ where
 {
     let original = trainer.size();
     let state = trainer.state_bits().unwrap();
-    let mut meter = HeapMeter::with_room(room, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(room).unwrap();
     let longest = Tuner::new().search(&mut trainer, &mut meter).longest(batch, range).unwrap();
     let (size, limit, granule) = (longest.largest_size, longest.limit_bytes(), range.multiple_of);
     let report = longest.summary("size");

@@ -225,7 +225,7 @@ fn peak_of<W: Workload>(workload: &mut W, batch: usize) -> u64 {
 fn the_answer_is_exact_and_probing_changes_no_weight() {
     let (varmap, mut model) = gpt(false);
     let before = bits(&varmap);
-    let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
+    let budget = HeapMeter::with_room(20 * MIB).unwrap().budget_bytes();
     let tune = |model: &Gpt| {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -262,7 +262,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     // refused by default, naming the switch this file makes (Norm::new)
-    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap_err();
+    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap_err();
     let Error::PartialGraph { variables: cut, of } = &err else { panic!("{err:?}") };
     assert_eq!(*of, varmap.all_vars().len());
     assert!(cut.iter().any(|name| name == "tokens.weight"), "{cut:?}");
@@ -270,10 +270,8 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert!(message.contains("write those ops from differentiable tensor ops"), "{message}");
     assert!(message.contains("Tuner::allow_partial_graph"), "{message}");
     // the partial answer, when asked for
-    let plan = Tuner::new()
-        .allow_partial_graph(true)
-        .run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap())
-        .unwrap();
+    let plan =
+        Tuner::new().allow_partial_graph(true).run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
     let missing = plan.warnings().iter().find_map(|w| match w {
         Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
         _ => None,
@@ -306,7 +304,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
     assert!(plan.complete_graph());
     assert!(plan.proven_largest(), "{plan}");
     assert!(plan.largest_batch() < partial, "the cut graph said {partial}, the whole one {}", plan.largest_batch());
@@ -331,7 +329,7 @@ fn an_answer_does_not_depend_on_what_ran_before() {
         let last = hidden.narrow(1, steps - 1, 1)?.squeeze(1)?;
         loss::cross_entropy(&head.forward(&last)?, &Tensor::zeros(b, DType::U32, &Device::Cpu)?)
     };
-    let budget = HeapMeter::with_room(12 * MIB, 0.9).unwrap().budget_bytes();
+    let budget = HeapMeter::with_room(12 * MIB).unwrap().budget_bytes();
     let tune = |tuner: Tuner| {
         let mut probe =
             ModelProbe::new(&varmap, batch_loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
@@ -377,7 +375,7 @@ fn your_model_switched_to_the_lean_ops_is_exact_and_fits_more() {
         let error = (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
         assert!(error <= 1e-5 * scale, "a gradient differs by {error} (largest {scale})");
     }
-    let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
+    let budget = HeapMeter::with_room(20 * MIB).unwrap().budget_bytes();
     let tune = |model: &Gpt| {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -401,7 +399,7 @@ fn your_model_switched_to_the_lean_ops_is_exact_and_fits_more() {
 fn a_forward_only_probe_measures_serving() {
     let (varmap, model) = gpt(false);
     let serving = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let training = {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -451,7 +449,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
     };
     let mut probe =
         ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
     assert!(plan.warnings().iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(!cache.borrow().is_empty());
     let clear = Rc::clone(&cache);
@@ -459,7 +457,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
         clear.borrow_mut().clear();
         Ok(())
     });
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB, 0.9).unwrap()).unwrap();
+    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
     assert!(!plan.warnings().iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(cache.borrow().is_empty(), "the reset ran after tuning");
 }
@@ -476,7 +474,7 @@ fn an_op_without_a_backward_pass_is_named() {
     };
     let mut probe =
         ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(6 * MIB, 0.9).unwrap()) {
+    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(6 * MIB).unwrap()) {
         Err(err @ Error::BackwardUnsupported { .. }) => {
             let Error::BackwardUnsupported { batch, op, .. } = &err else { unreachable!() };
             assert_eq!((*batch, op.as_str()), (1, "maxpool2d"));
@@ -489,7 +487,7 @@ fn an_op_without_a_backward_pass_is_named() {
 
 fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
     let (varmap, model) = gpt(false);
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let loss = |b: usize| model.loss(b, 0);
     let largest = {
         let mut probe =
@@ -549,7 +547,7 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     let loss = |b: usize| wide_mlp_loss(&layers, b, 0);
     // with SGD (no state, a small update) the backward pass is the peak, and
     // the accumulator held through it (5 MiB) is worth ~170 samples
-    let mut meter = HeapMeter::with_room(56 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(56 * MIB).unwrap();
     let tuner = Tuner::new().multiple_of(8);
     let largest = {
         let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
@@ -593,7 +591,7 @@ fn accumulated_gradients_hold_no_activations() {
         let labels: Vec<u32> = (0..batch).map(|i| ((offset + i) % 10) as u32).collect();
         loss::cross_entropy(&logits, &Tensor::from_vec(labels, batch, &Device::Cpu)?)
     };
-    let mut meter = HeapMeter::with_room(42 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(42 * MIB).unwrap();
     let largest = {
         let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
         Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch()
@@ -633,7 +631,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     println!("  largest relative gradient difference: {worst:e}");
     drop((plain, plain_grads, grads));
 
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let mut plain = ModelProbe::new(&varmap, |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
@@ -684,7 +682,7 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
         let (varmap, model) = gpt(false);
         let loss = |b: usize| model.loss(b, 0);
         let loss: &dyn Fn(usize) -> Result<Tensor> = &loss;
-        let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+        let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
         let plan = {
             let mut probe = probe_with(ModelProbe::new(&varmap, loss));
             let largest = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch();
@@ -719,7 +717,7 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
 fn sgd_and_any_optimizer_change_nothing_either() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.5).unwrap();
     let with_sgd = Tuner::new().run(&mut sgd, &mut meter).unwrap();
     drop(sgd);
@@ -756,7 +754,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
     let eval = plan.evaluation().unwrap();
     assert!(eval.largest_batch > 2 * plan.largest_batch(), "{plan}");
@@ -784,7 +782,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     assert_eq!(profile.parameters, parameters as u64);
     // nothing fits without room above what the process holds: the advice is computed from the variables
-    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(0, 0.9).unwrap()) {
+    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(0).unwrap()) {
         Err(Error::NothingFits { remedies, .. }) => assert!(!remedies.is_empty()),
         other => panic!("{other:?}"),
     }
@@ -793,7 +791,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let _ = std::fs::remove_file(&path);
     let tuner = Tuner::new().cache(&path);
     // the same device twice: one budget
-    let budget = HeapMeter::with_room(20 * MIB, 0.9).unwrap().budget_bytes();
+    let budget = HeapMeter::with_room(20 * MIB).unwrap().budget_bytes();
     let first = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
     let second = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
     assert!(!first.cached() && second.cached() && first.largest_batch() == second.largest_batch());
@@ -807,7 +805,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
 fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     use autobatch::BatchSource;
     let (varmap, model) = gpt(false);
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let dir = std::env::temp_dir().join(format!("autobatch-your-model-lengths-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cache = dir.join("plans.json");
@@ -863,7 +861,7 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     use autobatch::{Resizable, SizeRange};
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
     let mut probe =
         ModelProbe::by_size(&varmap, SEQ, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
@@ -904,7 +902,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     let (varmap, model) = gpt(false);
     let frozen = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
     let vars = varmap.all_vars();
-    let mut meter = HeapMeter::with_room(20 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let plan = {
         let mut probe = ModelProbe::with_backward(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -973,7 +971,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
         ("gpt", &gpt_vars, Box::new(|b, offset| gpt.loss(b, offset)), 6),
         ("mlp", &mlp_vars, Box::new(|b, offset| wide_mlp_loss(&layers, b, offset)), 96),
     ];
-    let mut meter = HeapMeter::with_room(230 * MIB, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(230 * MIB).unwrap();
     for (name, varmap, loss, micro) in &cases {
         let (micro, loss) = (*micro, loss);
         for k in [1, 4] {
@@ -1107,7 +1105,7 @@ fn a_users_own_server_finds_how_many_sequences_fit() {
         head: linear(HIDDEN, VOCAB, vb.pp("head")).unwrap(),
     };
     let mut server = UsersServer(model);
-    let mut meter = HeapMeter::with_room(4 << 20, 0.9).unwrap();
+    let mut meter = HeapMeter::with_room(4 << 20).unwrap();
     let probe = ServeProbe::new(128).max_num_batched_tokens(32);
     let plan = probe.run(&mut server, &mut meter).unwrap();
     let n = plan.max_sequences;
