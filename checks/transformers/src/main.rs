@@ -181,7 +181,7 @@ fn bert(forked: bool) -> Plan {
 /// answer (backward, then `optimizer.step`) stays under the ceiling, and no
 /// variable changed.
 fn bert_fork_longest(batch: usize) {
-    use autobatch::{Resizable, SizeRange};
+    use autobatch::{Resizable, plan::SizeRange};
     use candle_nn::Optimizer;
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
@@ -253,7 +253,7 @@ fn qwen2() {
     let second = Tuner::new().allow_partial_graph(true).run(&mut probe, &mut meter).unwrap();
     assert_eq!(first.largest_batch(), second.largest_batch(), "{first}\n{second}");
     for plan in [&first, &second] {
-        assert!(!plan.warnings().iter().any(|w| matches!(w, autobatch::Warning::StateKept { .. })), "{plan}");
+        assert!(!plan.warnings().iter().any(|w| matches!(w, autobatch::plan::Warning::StateKept { .. })), "{plan}");
     }
     // the cache was cleared after tuning: a forward pass from position 0 runs
     model.borrow_mut().forward(&tokens(2).unwrap(), 0, None).unwrap();

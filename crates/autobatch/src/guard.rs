@@ -3,7 +3,7 @@
 
 use log::{info, warn};
 
-use crate::{Error, MemoryMeter, Plan, RankShare, is_oom};
+use crate::{Error, MemoryMeter, Plan, is_oom, plan::RankShare};
 
 /// Runs each optimizer step's samples as micro-batches; when a micro-step runs
 /// out of memory, releases what it can, halves the micro-batch (so the
@@ -64,7 +64,7 @@ pub struct MicroBatch {
     pub len: usize,
     /// `len / step samples`: multiply the micro-batch's mean loss by this
     /// (with uneven ranks, `len / global batch`, the split's
-    /// [`loss_weight`](crate::RankSplit::loss_weight): see [`Guard::new`]).
+    /// [`loss_weight`](crate::plan::RankSplit::loss_weight): see [`Guard::new`]).
     pub loss_scale: f64,
 }
 
@@ -95,7 +95,7 @@ pub struct StepReport {
 impl Guard {
     /// A guard for a plan: each step has `micro_batch × accumulation_steps`
     /// samples per rank, run `micro_batch` at a time; with micro-batches that
-    /// differ by a granule ([`Accumulation`](crate::Accumulation)), the
+    /// differ by a granule ([`Accumulation`](crate::plan::Accumulation)), the
     /// plan's micro-steps in order, each `loss_scale` its samples over the
     /// rank's.
     ///
@@ -103,7 +103,7 @@ impl Guard {
     /// each step runs exactly this rank's share of the plan's split
     /// ([`RankShare`]): the same micro-steps, in the same order and sizes
     /// (`share.micro_batches()`), each with `loss_scale` =
-    /// [`split.loss_weight(rank, step)`](crate::RankSplit::loss_weight), its
+    /// [`split.loss_weight(rank, step)`](crate::plan::RankSplit::loss_weight), its
     /// samples over the *global* batch: sum the ranks' gradients (not
     /// average) and the result is the gradient of the global mean loss. Every
     /// rank then runs the same number of micro-steps. A rank with fewer

@@ -5,7 +5,7 @@
 //! candle model, and the plan that follows: micro-batch × gradient-accumulation
 //! steps × ranks = the effective batch you asked for.
 //!
-//! A [`Tuner`] runs your [`Workload`] at batches a pure [`Strategy`] proposes,
+//! A [`Tuner`] runs your [`Workload`] at batches a pure [`Strategy`](search::Strategy) proposes,
 //! while a [`MemoryMeter`] reads each step's peak, and stops at the exact
 //! largest batch that fits: every answer was run and seen to fit, the next
 //! one up was run and did not. When nothing fits you get
@@ -109,7 +109,7 @@ pub mod model;
 mod oom;
 pub mod optim;
 mod per_parameter;
-mod plan;
+pub mod plan;
 pub mod search;
 pub mod serve;
 mod setting;
@@ -131,13 +131,7 @@ pub use memory::tracking::TrackingAllocator;
 pub use model::probe::ModelProbe;
 pub use model::train::TrainLoop;
 pub use oom::{is_oom, may_be_oom};
-pub use plan::{
-    Accumulation, BatchSource, Ceiling, EvaluationPlan, LongestSize, MemoryModel, Objective, PeakKinds, Plan,
-    RankShare, RankSplit, SearchLimit, SizeBatch, SizeModel, SizePlan, SizeRange, Split, ThroughputChoice,
-    ThroughputPoint, Trial, TrialKind, Warning,
-};
-pub use search::outcome::Outcome;
-pub use search::strategy::Strategy;
+pub use plan::result::Plan;
 pub use setting::Setting;
 pub use tuner::{Comparison, ComparisonRow, ModelVariant, Observer, Search, Tuner};
 pub use units::Bytes;

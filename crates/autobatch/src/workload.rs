@@ -80,7 +80,7 @@ pub trait Workload {
 
     /// What the workload noticed while it ran that the plan should say, e.g.
     /// variables that received no gradient. Asked once, after the search.
-    fn diagnose(&mut self) -> Vec<crate::Warning> {
+    fn diagnose(&mut self) -> Vec<crate::plan::Warning> {
         Vec::new()
     }
 

@@ -1,7 +1,7 @@
 //! Command-line arguments: each command's flags, grouped by what they say.
 
 use autobatch::estimate::{OptimizerKind, Precision, Recompute};
-use autobatch::{Ceiling, Objective, Strategy};
+use autobatch::{plan::Ceiling, plan::Objective, search::Strategy};
 use autobatch_models::{Attention, BaseDtype, Loss, Ops};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 

@@ -6,7 +6,7 @@
 
 use crate::output::outln;
 use autobatch::estimate::{Accelerator, Change, Precision, Recompute, Remedy, Sharding, TransformerShape};
-use autobatch::{Bytes, Ceiling};
+use autobatch::{Bytes, plan::Ceiling};
 use autobatch_models as models;
 use autobatch_models::estimate::{Activations, Estimate, Estimator, OnDevice, StepFit};
 use autobatch_models::{Compute, Config, Family, Lora, Training};

@@ -432,11 +432,11 @@ impl Flags {
 }
 
 /// How a failed trial failed, for people: `peaked at 9.4 MiB`, `ran out of memory`.
-fn describe_failure(outcome: autobatch::Outcome, peak_bytes: Option<u64>) -> String {
+fn describe_failure(outcome: autobatch::search::Outcome, peak_bytes: Option<u64>) -> String {
     let peak = peak_bytes.map(|bytes| autobatch::Bytes(bytes).to_string());
     match (outcome, peak) {
-        (autobatch::Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
-        (autobatch::Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
+        (autobatch::search::Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
+        (autobatch::search::Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
         (_, Some(peak)) => format!("peaked at {peak}"),
         (_, None) => "went over the ceiling".to_owned(),
     }
@@ -665,7 +665,7 @@ mod tests {
         autobatch::Error::NothingFits {
             batch: 8,
             size: Some(size),
-            outcome: autobatch::Outcome::OverCeiling,
+            outcome: autobatch::search::Outcome::OverCeiling,
             peak_bytes: Some(3 << 20),
             capacity_bytes: 4 << 20,
             limit_bytes: 2 << 20,

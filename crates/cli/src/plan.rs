@@ -1,7 +1,7 @@
 //! `autobatch plan`: the accumulation arithmetic alone, no device.
 
 use crate::output::outln;
-use autobatch::{Accumulation, RankSplit};
+use autobatch::{plan::Accumulation, plan::RankSplit};
 
 use crate::args::PlanArgs;
 use crate::failure::{Failure, Flags};

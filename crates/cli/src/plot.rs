@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use autobatch::{LongestSize, Outcome, Plan, SizePlan, Trial};
+use autobatch::{Plan, plan::LongestSize, plan::SizePlan, plan::Trial, search::Outcome};
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::coord::types::RangedCoordf64;
@@ -59,7 +59,7 @@ struct PeakChart<'a> {
     points: Vec<Point>,
     limit_bytes: u64,
     capacity_bytes: u64,
-    ceiling: autobatch::Ceiling,
+    ceiling: autobatch::plan::Ceiling,
     chosen: usize,
     /// The fitted line's bytes at 0 and per unit of x, when there is one.
     line: Option<(f64, f64)>,

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use autobatch::{Observer, Trial, TrialKind};
+use autobatch::{Observer, plan::Trial, plan::TrialKind};
 
 /// The exit code of a process ended by SIGINT (128 + 2), as shells report it.
 const INTERRUPTED: i32 = 130;

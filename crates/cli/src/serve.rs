@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
-use autobatch::{Bytes, Ceiling, MemoryMeter};
+use autobatch::{Bytes, MemoryMeter, plan::Ceiling};
 use autobatch_models::{BaseDtype, Config, KvCache, Serving, ServingBytes, ServingShape};
 use candle_core::DType;
 use serde_json::json;

@@ -6,7 +6,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use autobatch::estimate::{OptimizerKind, Precision, Recompute};
-use autobatch::{Objective, Strategy};
+use autobatch::{plan::Objective, search::Strategy};
 use autobatch_models::{Attention, Loss, Ops};
 use clap::ValueEnum;
 use clap::builder::TypedValueParser;
@@ -395,7 +395,7 @@ pub fn seed(text: &str) -> Result<u64, String> {
 
 /// A fraction as a number (`0.9`) or a percentage (`90%`); whether it is in
 /// range is the tuner's to say.
-pub fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
+pub fn ceiling(text: &str) -> Result<autobatch::plan::Ceiling, String> {
     let text = text.trim();
     let (number, scale) = match text.strip_suffix('%') {
         Some(percent) => (percent.trim_end(), 100.0),
@@ -403,7 +403,7 @@ pub fn ceiling(text: &str) -> Result<autobatch::Ceiling, String> {
     };
     match number.parse::<f64>() {
         // what would be valid, in words: clap names the flag and the value
-        Ok(value) if value.is_finite() => autobatch::Ceiling::new(value / scale).map_err(|err| match err {
+        Ok(value) if value.is_finite() => autobatch::plan::Ceiling::new(value / scale).map_err(|err| match err {
             autobatch::Error::InvalidSetting { valid, .. } => valid.to_string(),
             other => other.to_string(),
         }),

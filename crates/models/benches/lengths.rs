@@ -35,7 +35,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use autobatch::{Bytes, HeapMeter, MemoryMeter, Objective, Resizable, Tuner, Workload};
+use autobatch::{Bytes, HeapMeter, MemoryMeter, Resizable, Tuner, Workload, plan::Objective};
 use autobatch_models::reference::TransformerConfig;
 use candle_core::Device;
 

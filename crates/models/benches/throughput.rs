@@ -10,7 +10,7 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 use std::fmt::Write as _;
 
-use autobatch::{HeapMeter, Objective, Tuner};
+use autobatch::{HeapMeter, Tuner, plan::Objective};
 
 #[path = "search/cases.rs"]
 mod cases;

@@ -6,7 +6,7 @@
 //! `autobatch estimate` prints, as a value a trainer can read.
 //!
 //! ```
-//! use autobatch::Ceiling;
+//! use autobatch::plan::Ceiling;
 //! use autobatch_models::estimate::Estimator;
 //! use autobatch_models::{Config, Training};
 //!
@@ -27,7 +27,7 @@
 use autobatch::estimate::{
     Change, OptimizerKind, Precision, Recompute, Remedy, Sharding, StaticMemory, TrainingSetup, TransformerShape,
 };
-use autobatch::{Accumulation, Bytes, Ceiling};
+use autobatch::{Bytes, plan::Accumulation, plan::Ceiling};
 use candle_core::DType;
 
 use crate::{Attention, Compute, Config, Error, Family, Loss, Setting, StepMemory, Training};

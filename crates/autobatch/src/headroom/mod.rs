@@ -81,7 +81,7 @@ impl Headroom {
         }
         let batch = self.batch;
         // a meter sized by its room leaves it under no ceiling: headroom is of the whole capacity
-        meter.under_ceiling(crate::Ceiling::new(1.0)?);
+        meter.under_ceiling(crate::plan::Ceiling::new(1.0)?);
         let capacity_bytes = meter.capacity()?;
         // Ok(false): ran out of memory; other errors end the check
         let ran = |result: candle_core::Result<()>| match result {

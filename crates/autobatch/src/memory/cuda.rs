@@ -7,7 +7,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUmemPool_attribute, 
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 use super::pool::{PoolCounters, peaks_from_counters, pool_sees_allocations};
-use crate::PeakKinds;
+use crate::plan::PeakKinds;
 use crate::{Error, MemoryMeter};
 
 /// A [`MemoryMeter`] for a candle CUDA device: capacity is the device's
@@ -149,7 +149,7 @@ impl CudaMeter {
     /// must be freed (drop the meter, or [`release_ballast`](CudaMeter::release_ballast))
     /// before training. Use it for workloads that allocate outside the pool.
     pub fn with_ballast(mut self, ceiling: f64) -> Result<Self, Error> {
-        crate::Ceiling::new(ceiling)?;
+        crate::plan::Ceiling::new(ceiling)?;
         self.release_ballast()?;
         let bytes = ((1.0 - ceiling) * self.total as f64) as u64;
         if bytes > 0 {

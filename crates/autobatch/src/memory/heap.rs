@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::memory::tracking::TrackingAllocator;
-use crate::{Ceiling, Error, MemoryMeter};
+use crate::{Error, MemoryMeter, plan::Ceiling};
 
 /// A [`MemoryMeter`] for the CPU: capacity is a budget you set, in use and peak
 /// are live heap bytes counted by [`TrackingAllocator`], which must be the
@@ -11,7 +11,7 @@ use crate::{Ceiling, Error, MemoryMeter};
 ///
 /// On the CPU a failed allocation aborts the process, so "out of memory" here
 /// means the measured peak went over the ceiling × budget: the trial ran, and
-/// is classified [`Outcome::OverCeiling`](crate::Outcome::OverCeiling). Keep the
+/// is classified [`Outcome::OverCeiling`](crate::search::Outcome::OverCeiling). Keep the
 /// budget well under physical memory: the over-budget trial of a doubling search
 /// allocates up to about twice it.
 ///

@@ -15,7 +15,7 @@ pub(crate) struct Measured {
     /// The device-wide peak over the steps, as the meter read it.
     pub(crate) peak: Result<u64, Error>,
     /// Its kinds, where the meter reads several.
-    pub(crate) peak_kinds: Option<crate::PeakKinds>,
+    pub(crate) peak_kinds: Option<crate::plan::PeakKinds>,
     /// Wall-clock time of the steps, synchronization included.
     pub(crate) duration: Duration,
     /// The steps that ran (fewer than asked when the deadline passed, or a

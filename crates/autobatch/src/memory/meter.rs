@@ -1,6 +1,6 @@
 //! The [`MemoryMeter`] trait, and a meter that measures nothing.
 
-use crate::{Ceiling, Error, PeakKinds};
+use crate::{Error, plan::Ceiling, plan::PeakKinds};
 
 /// How much memory a device has and how much a step used at its peak.
 ///

@@ -10,7 +10,7 @@ use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
 use crate::estimate::TrainingSetup;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, Sgd};
 use crate::per_parameter::{OptimizerKind, Precision};
-use crate::{BySize, CacheKey, Error, GraphTensor, Warning, Workload};
+use crate::{BySize, CacheKey, Error, GraphTensor, Workload, plan::Warning};
 
 /// A test on a variable's name.
 type NamePredicate = Box<dyn Fn(&str) -> bool>;

@@ -88,7 +88,7 @@ impl<O: Optimizer> TrainLoop<O> {
     /// Trains the following steps with `plan`'s micro-batches and
     /// accumulation, keeping the optimizer and its state: for length-bucketed
     /// training, the plan of the bucket the next batch comes from
-    /// ([`SizePlan::plan_for`](crate::SizePlan::plan_for)).
+    /// ([`SizePlan::plan_for`](crate::plan::SizePlan::plan_for)).
     pub fn switch_plan(&mut self, plan: &Plan) -> Result<(), Error> {
         let guard = Self::guard_for(plan)?;
         self.guard = match self.grow_back_after {

@@ -55,7 +55,7 @@ impl Accumulation {
     /// The size of micro-step `step` on each rank (0 past the last).
     ///
     /// ```
-    /// use autobatch::Accumulation;
+    /// use autobatch::plan::Accumulation;
     ///
     /// // 256 samples where 57 fit: 5 micro-steps, not 8 of 32
     /// let split = Accumulation::plan(256, 1, 57)?;
@@ -101,7 +101,7 @@ impl Accumulation {
     /// that must train at exactly the target.
     ///
     /// ```
-    /// use autobatch::Accumulation;
+    /// use autobatch::plan::Accumulation;
     /// assert!(Accumulation::plan(268, 1, 133).unwrap().require_exact().is_ok());
     /// // two ranks cannot share 257 samples alike
     /// assert!(Accumulation::plan(257, 2, 133).unwrap().require_exact().is_err());
@@ -133,7 +133,7 @@ impl Accumulation {
     /// nearest effective batch above `E`, said so.
     ///
     /// ```
-    /// use autobatch::Accumulation;
+    /// use autobatch::plan::Accumulation;
     ///
     /// let split = Accumulation::plan(268, 1, 133)?;
     /// assert_eq!((split.micro_batch, split.accumulation_steps, split.exact), (90, 3, true));
@@ -157,7 +157,7 @@ impl Accumulation {
     /// then needs `W·multiple_of` to divide the target.
     ///
     /// ```
-    /// use autobatch::Accumulation;
+    /// use autobatch::plan::Accumulation;
     ///
     /// let split = Accumulation::plan_aligned(1024, 4, 100, 8)?;
     /// assert_eq!((split.micro_batch, split.accumulation_steps, split.world_size), (88, 3, 4));
@@ -178,7 +178,7 @@ impl Accumulation {
     /// (for a loop that cannot weight its micro-steps' losses).
     ///
     /// ```
-    /// use autobatch::Accumulation;
+    /// use autobatch::plan::Accumulation;
     ///
     /// let split = Accumulation::plan_equal(256, 1, 57, 1)?;
     /// assert_eq!((split.micro_batch, split.accumulation_steps, split.exact), (32, 8, true));

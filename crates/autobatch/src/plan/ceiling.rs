@@ -4,7 +4,7 @@
 /// (0, 1] of a device's capacity. Checked once, turned into bytes one way.
 ///
 /// ```
-/// use autobatch::Ceiling;
+/// use autobatch::plan::Ceiling;
 ///
 /// let ceiling = Ceiling::new(0.9)?;
 /// assert_eq!(ceiling.limit_bytes(1000), 900);
@@ -67,7 +67,7 @@ impl Ceiling {
 /// As a percentage: whole where it is whole (`90%`), else to a tenth (`85.5%`).
 ///
 /// ```
-/// use autobatch::Ceiling;
+/// use autobatch::plan::Ceiling;
 /// assert_eq!(Ceiling::new(0.9)?.to_string(), "90%");
 /// assert_eq!(Ceiling::new(0.855)?.to_string(), "85.5%");
 /// # Ok::<(), autobatch::Error>(())

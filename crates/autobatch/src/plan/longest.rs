@@ -11,7 +11,7 @@ use crate::units::format_bytes;
 /// `largest` being the longest the workload takes (a transformer's positions).
 ///
 /// ```
-/// use autobatch::SizeRange;
+/// use autobatch::plan::SizeRange;
 ///
 /// let range = SizeRange::up_to(2048).multiple_of(64);
 /// assert_eq!((range.smallest, range.largest, range.multiple_of), (64, 2048, 64));
@@ -67,7 +67,7 @@ pub struct LongestSize {
     /// The device's capacity.
     pub capacity_bytes: u64,
     /// The utilization ceiling.
-    pub ceiling: crate::Ceiling,
+    pub ceiling: crate::plan::Ceiling,
     /// The sizes searched.
     pub range: SizeRange,
     /// Whether the measured step reached every variable's gradient (in

@@ -23,7 +23,7 @@ use crate::Error;
 /// [`loss_scale_for_average`](Self::loss_scale_for_average) instead.
 ///
 /// ```
-/// use autobatch::RankSplit;
+/// use autobatch::plan::RankSplit;
 ///
 /// // an 80 GB rank fits 200, a 40 GB one fits 90: 1000 samples per optimizer step
 /// let split = RankSplit::plan(1000, &[200, 90], 1)?;
@@ -124,10 +124,10 @@ impl RankShare {
 impl RankSplit {
     /// This split when its global batch is the target, else
     /// [`Error::InexactTarget`] with the nearest global batch above, as
-    /// [`Accumulation::require_exact`](crate::Accumulation::require_exact) is for even ranks.
+    /// [`Accumulation::require_exact`](crate::plan::Accumulation::require_exact) is for even ranks.
     ///
     /// ```
-    /// use autobatch::RankSplit;
+    /// use autobatch::plan::RankSplit;
     ///
     /// assert!(RankSplit::plan(1000, &[200, 90], 1).unwrap().require_exact().is_ok());
     /// assert!(RankSplit::plan(1001, &[200, 90], 8).unwrap().require_exact().is_err());

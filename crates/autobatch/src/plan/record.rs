@@ -128,7 +128,7 @@ impl TryFrom<PlanRecord> for Plan {
             search: SearchSettings {
                 capacity_bytes: record.capacity_bytes,
                 // the record's key, not the builder: a plan file is read here
-                ceiling: crate::Ceiling::new(record.ceiling)
+                ceiling: crate::plan::Ceiling::new(record.ceiling)
                     .map_err(|_| format!("`ceiling` is {}: it must be a fraction in (0, 1]", record.ceiling))?,
                 multiple_of: record.multiple_of,
                 strategy: record.strategy,

@@ -377,7 +377,7 @@ mod tests {
         use std::time::Duration;
         let trial = |batch| Trial {
             batch,
-            outcome: crate::Outcome::Fits,
+            outcome: crate::search::Outcome::Fits,
             peak_bytes: Some(1 << 20),
             duration: Duration::from_millis(1),
             baseline_bytes: 0,

@@ -29,10 +29,10 @@ pub enum SearchLimit {
         /// The strategy.
         strategy: Strategy,
     },
-    /// The step did not seem to use its batch ([`Warning::BatchIgnored`](crate::Warning::BatchIgnored)).
+    /// The step did not seem to use its batch ([`Warning::BatchIgnored`](crate::plan::Warning::BatchIgnored)).
     BatchIgnored,
     /// The measured step did not reach the gradients of `variables` of `of`
-    /// variables ([`Warning::MissingGradients`](crate::Warning::MissingGradients)): a cut graph, so the batch
+    /// variables ([`Warning::MissingGradients`](crate::plan::Warning::MissingGradients)): a cut graph, so the batch
     /// that fits it understates what training a whole graph needs.
     PartialGraph {
         /// Variables cut off.

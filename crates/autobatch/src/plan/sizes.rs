@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Outcome, Plan, TrialKind};
+use super::{Plan, TrialKind};
 use crate::Error;
+use crate::search::Outcome;
 
 /// `peak(b, s) ≈ fixed + per_sample·b + per_token·b·s + per_token_length·b·s²`:
 /// weights, gradients and optimizer state; what each sample needs whatever its
@@ -195,7 +196,7 @@ mod by_size {
 ///
 /// ```
 /// use autobatch::memory::simulated::SizedSimulation;
-/// use autobatch::{BatchSource, Tuner};
+/// use autobatch::{plan::BatchSource, Tuner};
 ///
 /// // fixed 1 GiB; 64 KiB per token; 256 B per token per unit of length
 /// let peak = |batch: usize, len: usize| (1u64 << 30) + (batch * len) as u64 * ((64 << 10) + 256 * len as u64);
@@ -329,7 +330,7 @@ impl SizePlan {
     /// The bucket an input of length `len` goes to when batches are padded to
     /// the probed sizes: the shortest probed size at least `len`, with its
     /// verified largest batch. [`Error::InvalidSetting`] past the longest.
-    /// With a target or [`Objective::Throughput`](crate::Objective::Throughput),
+    /// With a target or [`Objective::Throughput`](crate::plan::Objective::Throughput),
     /// train with that size's plan ([`plan_for`](Self::plan_for)): its
     /// micro-batch and accumulation steps.
     pub fn bucket_for(&self, len: usize) -> Result<SizeBatch, Error> {

@@ -11,7 +11,7 @@ use super::{Accumulation, RankSplit};
 /// [`effective_batch`](super::Plan::effective_batch) are read from it.
 ///
 /// ```
-/// use autobatch::{Accumulation, Split};
+/// use autobatch::{plan::Accumulation, plan::Split};
 ///
 /// let split = Split::Accumulated { accumulation: Accumulation::plan(268, 1, 133)?, accumulating_peak_bytes: None };
 /// assert_eq!((split.accumulation_steps(), split.effective_batch()), (3, 268));
@@ -57,7 +57,7 @@ pub enum Split {
 impl Split {
     /// The largest micro-batch rank `rank` runs: the same on every rank with
     /// even ranks; with uneven ranks its share's
-    /// ([`RankShare::micro_batch`](crate::RankShare::micro_batch)), 0 for a
+    /// ([`RankShare::micro_batch`](crate::plan::RankShare::micro_batch)), 0 for a
     /// rank the split does not have.
     pub fn micro_batch_of(&self, rank: usize) -> usize {
         match self {
@@ -134,7 +134,7 @@ impl Split {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Accumulation, RankSplit};
+    use crate::{plan::Accumulation, plan::RankSplit};
 
     #[test]
     fn every_split_reads_its_own_arithmetic() {

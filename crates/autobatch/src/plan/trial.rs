@@ -16,7 +16,7 @@ pub enum TrialKind {
     /// The chosen batch run again because memory in use rose after it was first
     /// measured: the answer must fit in memory as it is when training starts.
     Recheck,
-    /// A timed run of a fitting batch, for [`Objective::Throughput`](crate::Objective::Throughput).
+    /// A timed run of a fitting batch, for [`Objective::Throughput`](crate::plan::Objective::Throughput).
     Timing,
     /// A micro-step of gradient accumulation, the accumulator held: verifies
     /// the plan's micro-batch when it accumulates
@@ -89,7 +89,7 @@ pub struct Trial {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_kinds: Option<PeakKinds>,
     /// The input size tried, in a search over the size at one batch
-    /// ([`LongestSize::trials`](crate::LongestSize::trials)); `None` in a
+    /// ([`LongestSize::trials`](crate::plan::LongestSize::trials)); `None` in a
     /// search over the batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<usize>,

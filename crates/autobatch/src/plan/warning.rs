@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// How much of the training graph the probe's step measured, as JSON says it
 /// (`measured_graph`: `complete` or `partial`); read as
 /// [`Plan::complete_graph`](crate::Plan::complete_graph) and
-/// [`LongestSize::complete_graph`](crate::LongestSize::complete_graph).
+/// [`LongestSize::complete_graph`](crate::plan::LongestSize::complete_graph).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum MeasuredGraph {
@@ -132,7 +132,7 @@ pub enum Warning {
         trained_bytes: u64,
     },
     /// The time limit ([`Tuner::time_limit`](crate::Tuner::time_limit))
-    /// stopped the throughput timing ([`Objective::Throughput`](crate::Objective::Throughput)) before every
+    /// stopped the throughput timing ([`Objective::Throughput`](crate::plan::Objective::Throughput)) before every
     /// candidate was timed: the choice is among those that were.
     TimingCut {
         /// Timing trials that ran.
@@ -156,14 +156,14 @@ pub enum Warning {
         saves_bytes: u64,
     },
     /// The plan cache held an answer for these settings that a budget had cut
-    /// short ([`SearchLimit::cut_short`](crate::SearchLimit::cut_short): a
+    /// short ([`SearchLimit::cut_short`](crate::plan::SearchLimit::cut_short): a
     /// time limit, a trial limit): not proven the largest, so not served as
     /// the answer; the search ran again, starting from it.
     CachedUnproven {
         /// The cached answer's batch.
         batch: usize,
         /// What had stopped the cached search.
-        stopped_by: crate::SearchLimit,
+        stopped_by: crate::plan::SearchLimit,
     },
 }
 

@@ -2,7 +2,7 @@
 
 /// A least-squares line through (batch, peak bytes) points: what the
 /// predictive search jumps with, and what a plan's
-/// [`MemoryModel`](crate::MemoryModel) and a comparison's rows report.
+/// [`MemoryModel`](crate::plan::MemoryModel) and a comparison's rows report.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct LinearFit {
     /// Bytes at batch 0: weights, gradients, optimizer state, workspaces.
@@ -54,7 +54,7 @@ impl LinearFit {
 /// with partial pivoting), so that terms of very different sizes (a batch, a
 /// batch times a squared length) stay well conditioned. The one solver of
 /// the crate: the batch line above and the size model of
-/// [`SizePlan`](crate::SizePlan) use it.
+/// [`SizePlan`](crate::plan::SizePlan) use it.
 pub(crate) fn least_squares(rows: &[(Vec<f64>, f64, f64)]) -> Option<Vec<f64>> {
     let n = rows.first()?.0.len();
     if rows.len() < n || rows.iter().any(|(features, _, _)| features.len() != n) {

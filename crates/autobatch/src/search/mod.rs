@@ -18,8 +18,8 @@ use crate::Error;
 pub(crate) use fit::LinearFit;
 pub(crate) use fit::least_squares;
 pub use outcome::Observation;
-pub(crate) use outcome::Outcome;
-pub(crate) use strategy::Strategy;
+pub use outcome::Outcome;
+pub use strategy::Strategy;
 
 /// The batches a search may try: multiples of `multiple_of` from `start`
 /// (rounded up) to `max_batch` (rounded down).
@@ -208,7 +208,7 @@ impl Strategy {
     ///
     /// ```
     /// use autobatch::search::{Observation, SearchSpace};
-    /// use autobatch::{Outcome, Strategy};
+    /// use autobatch::{search::Outcome, search::Strategy};
     ///
     /// let space = SearchSpace::new(1, None, 1)?;
     /// let fits = |b: usize| if b <= 5 { Outcome::Fits } else { Outcome::OverCeiling };

@@ -119,7 +119,7 @@ impl ServeProbe {
     }
 
     /// The share of the device's capacity the peak may reach: a fraction
-    /// (`0.85`) or a [`Ceiling`](crate::Ceiling); checked as the tuner checks it.
+    /// (`0.85`) or a [`Ceiling`](crate::plan::Ceiling); checked as the tuner checks it.
     pub fn ceiling(mut self, ceiling: impl Into<f64>) -> ServeProbe {
         self.ceiling = ceiling.into();
         self
@@ -219,7 +219,7 @@ impl ServeProbe {
         M: MemoryMeter + ?Sized,
     {
         self.check(server, Some(sequences))?;
-        let ceiling = crate::Ceiling::new(self.ceiling)?;
+        let ceiling = crate::plan::Ceiling::new(self.ceiling)?;
         meter.under_ceiling(ceiling);
         let limit = ceiling.limit_bytes(meter.capacity()?);
         let chunk = self.chunk(self.max_model_len);

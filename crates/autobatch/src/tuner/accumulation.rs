@@ -80,7 +80,7 @@ impl Settings {
     {
         let too_small = |plan: &Plan, batch: usize| {
             let device = (plan.capacity_bytes(), plan.limit_bytes(), plan.ceiling().fraction());
-            Error::nothing_fits_at(batch, crate::Outcome::OverCeiling, None, device)
+            Error::nothing_fits_at(batch, crate::search::Outcome::OverCeiling, None, device)
         };
         for _ in 0..CHECK_ROUNDS {
             self.apply_split(plan, cap)?;

@@ -118,7 +118,7 @@ fn expected_batch(earlier: &ComparisonRow, expected: &Expectation) -> Option<(us
     let nearest = plan
         .trials
         .iter()
-        .filter(|t| t.batch != plan.largest_batch && t.outcome != crate::Outcome::OutOfMemory)
+        .filter(|t| t.batch != plan.largest_batch && t.outcome != crate::search::Outcome::OutOfMemory)
         .filter_map(|t| Some((t.batch as f64, t.peak_bytes? as f64)))
         .min_by(|a, b| (a.0 - b0).abs().total_cmp(&(b.0 - b0).abs()))?;
     let slope = (nearest.1 - p0) / (nearest.0 - b0);

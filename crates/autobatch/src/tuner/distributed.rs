@@ -4,7 +4,7 @@ use super::Settings;
 use crate::collective::Collective;
 use crate::plan::Distributed;
 use crate::plan::{RankSplit, TrialKind};
-use crate::{Error, MemoryMeter, Plan, Split, Workload};
+use crate::{Error, MemoryMeter, Plan, Workload, plan::Split};
 
 /// What each rank reports about the agreed batch; the all-reduced minimum is
 /// what every rank then acts on (one failure outranks everything).

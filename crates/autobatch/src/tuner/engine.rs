@@ -13,7 +13,7 @@ use crate::plan::{
 };
 use crate::search::{Observation, SearchSpace};
 use crate::units::format_bytes;
-use crate::{Error, GraphTensor, MemoryMeter, Outcome, Strategy, Workload, is_oom, may_be_oom};
+use crate::{Error, GraphTensor, MemoryMeter, Workload, is_oom, may_be_oom, search::Outcome, search::Strategy};
 
 /// A step whose peak grew by less than a byte per sample while the batch grew
 /// this many times over is not using its batch: the search stops there.

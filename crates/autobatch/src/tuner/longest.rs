@@ -14,7 +14,7 @@ impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// `answer + range.multiple_of` was seen not to (else the range's
     /// longest size is the answer, and the result says so).
     ///
-    /// The search is the tuner's own, over the size: [`Strategy::Predictive`](crate::Strategy::Predictive)
+    /// The search is the tuner's own, over the size: [`Strategy::Predictive`](crate::search::Strategy::Predictive)
     /// fits the peaks it measured (memory grows linearly in the length, and
     /// quadratically with attention: its parabola forecast meets both) and
     /// jumps near the answer; warm-up, re-check, [`max_trials`](crate::Tuner::max_trials),
@@ -31,7 +31,7 @@ impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     ///
     /// ```
     /// use autobatch::memory::simulated::SizedSimulation;
-    /// use autobatch::{SizeRange, Tuner};
+    /// use autobatch::{plan::SizeRange, Tuner};
     ///
     /// // 1 GiB fixed, 4 KiB per token and 1 KiB per token squared, at batch 8
     /// let sim = SizedSimulation::new(16 << 30, 64, |batch, len| {
@@ -146,7 +146,7 @@ impl<W: Resizable + ?Sized> Workload for AtBatch<'_, W> {
         self.workload.step(self.batch)
     }
 
-    fn diagnose(&mut self) -> Vec<crate::Warning> {
+    fn diagnose(&mut self) -> Vec<crate::plan::Warning> {
         self.workload.diagnose()
     }
 

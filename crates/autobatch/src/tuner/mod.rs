@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 
 use log::warn;
 
-use crate::Strategy;
 use crate::plan::{Accumulation, Objective, Plan, SearchLimit, Trial, TrialKind, Warning};
+use crate::search::Strategy;
 use crate::{CacheKey, Error, MemoryMeter, Workload};
 
 pub use compare::{Comparison, ComparisonRow, ModelVariant};
@@ -43,7 +43,7 @@ use settings::{Options, Settings};
 ///
 /// ```
 /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-/// use autobatch::{Strategy, Tuner};
+/// use autobatch::{search::Strategy, Tuner};
 ///
 /// let (mut workload, mut meter) = Simulation::new(80 << 30, MemoryCurve::affine(10 << 30, 300 << 20)).build();
 /// let plan = Tuner::new()
@@ -68,7 +68,7 @@ pub struct Tuner {
 
 impl Default for Tuner {
     fn default() -> Self {
-        Tuner { ceiling: crate::Ceiling::default().fraction(), options: Options::default(), observer: None }
+        Tuner { ceiling: crate::plan::Ceiling::default().fraction(), options: Options::default(), observer: None }
     }
 }
 
@@ -82,7 +82,7 @@ impl Tuner {
 
     /// The most a fitting step may use, as a fraction in (0, 1] of the device's
     /// capacity (device-wide, not of the memory free at start): a fraction
-    /// (`0.85`) or a [`Ceiling`](crate::Ceiling) already checked. Default 0.90.
+    /// (`0.85`) or a [`Ceiling`](crate::plan::Ceiling) already checked. Default 0.90.
     pub fn ceiling(mut self, ceiling: impl Into<f64>) -> Self {
         self.ceiling = ceiling.into();
         self
@@ -119,7 +119,7 @@ impl Tuner {
     /// graphs the fitting trials measured ([`Workload::graph_tensors`]),
     /// each tensor's count is followed as a line in the batch, and the
     /// search stops below the batch where one would pass the limit
-    /// ([`SearchLimit::TensorElements`](crate::SearchLimit::TensorElements)).
+    /// ([`SearchLimit::TensorElements`](crate::plan::SearchLimit::TensorElements)).
     /// Default: the meter's ([`MemoryMeter::element_limit`]: 2^32 − 1 on
     /// CUDA, where candle's kernels count elements in 32 bits; none on the
     /// CPU). A workload that does not show its graph (a closure) is not capped.
@@ -214,7 +214,7 @@ impl Tuner {
     /// micro-batch in proportion to what fits on it, instead of every rank the
     /// batch of the smallest device. The global batch (the target effective
     /// batch; without one, the sum of the ranks' largest batches) stays exact,
-    /// and `plan.ranks()` ([`RankSplit`](crate::RankSplit)) has every rank's
+    /// and `plan.ranks()` ([`RankSplit`](crate::plan::RankSplit)) has every rank's
     /// micro-steps and the loss weights that keep the gradient the global mean.
     /// Default false.
     pub fn uneven_ranks(mut self, uneven: bool) -> Self {
@@ -236,7 +236,7 @@ impl Tuner {
     /// Stops the search once `limit` has passed since [`run`](Tuner::run)
     /// began (warm-up included), with the largest batch seen to fit: the
     /// plan is not proven largest, and
-    /// [`SearchLimit::TimeLimit`](crate::SearchLimit::TimeLimit) says which
+    /// [`SearchLimit::TimeLimit`](crate::plan::SearchLimit::TimeLimit) says which
     /// batches remain open. The limit is checked between trials: once a
     /// batch has fit, a trial whose expected time (the largest trial's time
     /// per sample, times its batch) would end past the limit is not started;
@@ -248,7 +248,7 @@ impl Tuner {
     /// ```
     /// use std::time::Duration;
     /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-    /// use autobatch::{SearchLimit, Tuner};
+    /// use autobatch::{plan::SearchLimit, Tuner};
     ///
     /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 1 << 20)).build();
     /// let plan = Tuner::new().time_limit(Duration::ZERO).warmup(false).run(&mut workload, &mut meter);
@@ -311,7 +311,7 @@ impl Tuner {
     /// [`Error::NothingFits`], never a default.
     ///
     /// Memory that does not come back after a failed trial is reported as a
-    /// [`Warning::Leak`](crate::Warning::Leak) in the plan rather than an error: the trials after it
+    /// [`Warning::Leak`](crate::plan::Warning::Leak) in the plan rather than an error: the trials after it
     /// ran with less memory, so the answer stays safe, and the caller decides
     /// whether a leaking workload is acceptable. When memory in use rose after the
     /// chosen batch was measured, the batch is run again (a
@@ -335,7 +335,7 @@ impl Tuner {
     /// use std::sync::{Arc, Mutex};
     ///
     /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
-    /// use autobatch::{Observer, Strategy, Trial, Tuner};
+    /// use autobatch::{Observer, search::Strategy, plan::Trial, Tuner};
     ///
     /// struct Rows(Vec<String>);
     /// impl Observer for Rows {
@@ -430,7 +430,7 @@ impl Settings {
         {
             if !self.options.allow_partial_graph && !plan.complete_graph() {
                 let cut = plan.warnings.iter().find_map(|warning| match warning {
-                    crate::Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
+                    crate::plan::Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
                     _ => None,
                 });
                 let (variables, of) = cut.unwrap_or_default();
@@ -502,7 +502,7 @@ impl Settings {
     }
 
     /// How to reach the target (or, without one, the largest batch on every rank) from `largest_batch`.
-    fn split(&self, largest_batch: usize) -> Result<crate::Split, Error> {
+    fn split(&self, largest_batch: usize) -> Result<crate::plan::Split, Error> {
         match self.options.target_effective_batch {
             Some(target) => {
                 let (world_size, multiple_of) = (self.options.world_size, self.options.multiple_of);
@@ -520,14 +520,14 @@ impl Settings {
                         split.effective_batch, split.deviation, target
                     );
                 }
-                Ok(crate::Split::Accumulated { accumulation: split, accumulating_peak_bytes: None })
+                Ok(crate::plan::Split::Accumulated { accumulation: split, accumulating_peak_bytes: None })
             }
             None => {
                 // the effective batch must be a number: refuse a product that overflows
                 largest_batch.checked_mul(self.options.world_size).ok_or_else(|| {
                     Error::batch_overflow(largest_batch, &[crate::Setting::WorldSize, crate::Setting::MaxBatch])
                 })?;
-                Ok(crate::Split::Single { micro_batch: largest_batch, world_size: self.options.world_size })
+                Ok(crate::plan::Split::Single { micro_batch: largest_batch, world_size: self.options.world_size })
             }
         }
     }

@@ -78,7 +78,7 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     /// the smallest of the ranks' largest, verified on every rank, the
     /// accumulation planned for the collective's world size; with
     /// [`uneven_ranks`](Tuner::uneven_ranks), each rank's own batch and the
-    /// global batch shared in proportion ([`RankSplit::plan`](crate::RankSplit::plan)).
+    /// global batch shared in proportion ([`RankSplit::plan`](crate::plan::RankSplit::plan)).
     /// When a rank cannot tune, every rank fails ([`Error::RankFailed`] on the
     /// others), so that none trains alone.
     ///

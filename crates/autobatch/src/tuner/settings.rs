@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::estimate::TrainingSetup;
 use crate::plan::Objective;
 use crate::search::SearchSpace;
-use crate::{CacheKey, Ceiling, Error, SizeRange, Strategy};
+use crate::{CacheKey, Error, plan::Ceiling, plan::SizeRange, search::Strategy};
 
 /// The builder's values besides the ceiling, as given: nothing here is
 /// checked until [`Settings::new`].

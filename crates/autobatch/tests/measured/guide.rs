@@ -73,7 +73,7 @@ fn any_closure() -> std::result::Result<(), autobatch::Error> {
     let (mut device, mut meter) = Simulation::new(80 << 30, MemoryCurve::affine(8 << 30, 64 << 20)).build();
     let mut my_train_step = |batch: usize| autobatch::Workload::step(&mut device, batch);
     // guide: any closure
-    use autobatch::{Strategy, Tuner};
+    use autobatch::{Tuner, search::Strategy};
 
     // One training step at a given batch: forward, loss, backward, optimizer step.
     // It must leave weights and optimizer state as it found them.

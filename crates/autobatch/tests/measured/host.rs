@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use autobatch::{HeapMeter, MemoryMeter, ModelProbe, Observer, TrackingAllocator, TrainLoop, Trial, Tuner};
+use autobatch::{HeapMeter, MemoryMeter, ModelProbe, Observer, TrackingAllocator, TrainLoop, Tuner, plan::Trial};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap, linear, loss};
 

@@ -6,7 +6,7 @@
 //! Heap measurements: its own sequential harness (see autobatch_testkit::harness).
 
 use autobatch::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, ParamsAdafactor, ParamsLion};
-use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, Tuner, Warning};
+use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, Tuner, plan::Warning};
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use candle_nn::{Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap, linear, loss};
 
@@ -238,7 +238,7 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
         // the one thing to say of this model: candle keeps the input batch's own gradient
         // (its first matmul reads the data), batch × INPUTS features × 4 bytes
         for warning in plan.warnings() {
-            let autobatch::Warning::UntrainedGradients { tensors: 1, bytes, .. } = warning else {
+            let autobatch::plan::Warning::UntrainedGradients { tensors: 1, bytes, .. } = warning else {
                 panic!("{name}: {warning}\n{plan}")
             };
             // (the largest reading: of a trial at least as large as the answer)

@@ -14,7 +14,7 @@ use crate::common::bits;
 use autobatch::ModelVariant;
 use autobatch::model::{detached, detached_sharing};
 use autobatch::optim::{Adafactor, ParamsAdafactor, ParamsLion};
-use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Warning, Workload};
+use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Workload, plan::Warning};
 use candle_core::{DType, Device, Module, ModuleT, Result, Tensor, Var};
 use candle_nn::{
     BatchNorm, BatchNormConfig, Conv2d, Conv2dConfig, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap, batch_norm,
@@ -236,7 +236,7 @@ fn every_other_path_changes_no_bit() {
 /// answer's step fits and one granule more does not, and a real training step
 /// at the answer (backward, then candle-nn's AdamW) stays under the ceiling.
 fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
-    use autobatch::{Resizable, SizeRange};
+    use autobatch::{Resizable, plan::SizeRange};
     use candle_nn::Optimizer;
     let (varmap, model) = model();
     let before = bits(&varmap);

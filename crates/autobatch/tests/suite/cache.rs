@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use autobatch::memory::simulated::{MemoryCurve, SimulatedMeter, SimulatedWorkload, Simulation};
-use autobatch::{CacheKey, Error, Plan, Tuner, Warning};
+use autobatch::{CacheKey, Error, Plan, Tuner, plan::Warning};
 use candle_core::{DType, Device, Var};
 
 use crate::common::accumulating::Accumulating;

@@ -89,7 +89,7 @@ fn when_nothing_fits_on_one_rank_no_rank_trains() {
 fn a_workload_error_on_one_rank_stops_every_rank() {
     let sims = vec![device(80), device(80).error_at(64), device(40), device(24)];
     // Binary doubles through 64, where rank 1's workload fails
-    let results = on_ranks(&Tuner::new().strategy(autobatch::Strategy::Binary), sims);
+    let results = on_ranks(&Tuner::new().strategy(autobatch::search::Strategy::Binary), sims);
     assert!(matches!(results[1], Err(Error::Workload { batch: 64, .. })), "{:?}", results[1]);
     assert!(results.iter().enumerate().filter(|(i, _)| *i != 1).all(|(_, r)| matches!(r, Err(Error::RankFailed))));
 }
@@ -327,7 +327,7 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
     assert!(split.accumulation_steps > 1 && split.exact);
     // the first share (from the plain largest batches) did not fit: some rank shared again lower
     let truths: Vec<usize> = plans.iter().map(|p| p.largest_batch()).collect();
-    let first = autobatch::RankSplit::plan(target, &truths, 1).unwrap();
+    let first = autobatch::plan::RankSplit::plan(target, &truths, 1).unwrap();
     assert!(first.shares.iter().zip(&split.shares).any(|(a, b)| b.micro_batch() < a.micro_batch()));
     assert_eq!(split.shares.iter().map(|s| s.samples).sum::<usize>(), target);
     for (rank, plan) in plans.iter().enumerate() {
@@ -337,8 +337,8 @@ fn uneven_ranks_verify_their_accumulating_micro_steps_and_share_again() {
             plan.micro_batch(),
             accumulating[rank]
         );
-        let checked = plan.trials().iter().rev().find(|t| t.kind == autobatch::TrialKind::Accumulation).unwrap();
-        assert_eq!((checked.batch, checked.outcome), (plan.micro_batch(), autobatch::Outcome::Fits), "{plan}");
+        let checked = plan.trials().iter().rev().find(|t| t.kind == autobatch::plan::TrialKind::Accumulation).unwrap();
+        assert_eq!((checked.batch, checked.outcome), (plan.micro_batch(), autobatch::search::Outcome::Fits), "{plan}");
         assert!(plan.accumulation_peak_bytes().unwrap() <= plan.limit_bytes());
         let summary = plan.summary();
         assert!(summary.contains(&format!("plan (rank {rank} of 3, uneven): micro-steps ")), "{summary}");
@@ -561,7 +561,7 @@ fn an_uneven_ranks_plan_reads_back_from_json() {
             .map(Result::unwrap)
             .collect();
     for (rank, plan) in plans.iter().enumerate() {
-        let autobatch::Split::Uneven { ranks, to_target: true, .. } = plan.split() else {
+        let autobatch::plan::Split::Uneven { ranks, to_target: true, .. } = plan.split() else {
             panic!("not an uneven split to a target:\n{plan}");
         };
         assert_eq!((plan.rank(), plan.micro_batch()), (Some(rank), ranks.shares[rank].micro_batch()));

@@ -6,7 +6,8 @@
 
 use autobatch::search::SearchSpace;
 use autobatch::{
-    Error, LongestSize, Outcome, Resizable, SearchLimit, Setting, SizeRange, Strategy as Search, Tuner, Value,
+    Error, Resizable, Setting, Tuner, Value, plan::LongestSize, plan::SearchLimit, plan::SizeRange, search::Outcome,
+    search::Strategy as Search,
 };
 use proptest::prelude::*;
 
@@ -99,7 +100,7 @@ fn batch_search_settings_are_refused_not_ignored() {
         (Tuner::new().world_size(2), autobatch::Setting::WorldSize),
         (Tuner::new().max_batch(8), autobatch::Setting::MaxBatch),
         (Tuner::new().multiple_of(8), autobatch::Setting::MultipleOf),
-        (Tuner::new().objective(autobatch::Objective::Throughput), autobatch::Setting::Objective),
+        (Tuner::new().objective(autobatch::plan::Objective::Throughput), autobatch::Setting::Objective),
         (Tuner::new().cache("/tmp/never-written.json"), autobatch::Setting::Cache),
     ] {
         let err = run(&tuner, curve, 4, range).unwrap_err();

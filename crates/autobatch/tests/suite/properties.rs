@@ -2,7 +2,7 @@
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
 use autobatch::search::{Observation, SearchSpace};
-use autobatch::{Accumulation, Error, Outcome, RankSplit, Strategy, Tuner};
+use autobatch::{Error, Tuner, plan::Accumulation, plan::RankSplit, search::Outcome, search::Strategy};
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 
@@ -243,7 +243,7 @@ proptest! {
                 prop_assert!(max.is_none_or(|m| plan.largest_batch() <= m));
                 // proven exactly when the next batch up is a candidate (and was seen not to fit)
                 prop_assert_eq!(plan.proven_largest(), truth < space.last());
-                let stopped = (truth == space.last()).then_some(autobatch::SearchLimit::MaxBatch { max_batch: space.last() });
+                let stopped = (truth == space.last()).then_some(autobatch::plan::SearchLimit::MaxBatch { max_batch: space.last() });
                 prop_assert_eq!(plan.stopped_by(), stopped.as_ref());
                 if plan.proven_largest() {
                     prop_assert!(plan.trials().iter().any(|t| t.batch == truth + g && !t.outcome.fits()));

@@ -6,7 +6,7 @@
 
 use autobatch::memory::simulated::SizedSimulation;
 use autobatch::search::SearchSpace;
-use autobatch::{BatchSource, Error, Resizable, SizePlan, Tuner, Workload};
+use autobatch::{Error, Resizable, Tuner, Workload, plan::BatchSource, plan::SizePlan};
 use proptest::prelude::*;
 
 use crate::common::token_curve::{Curve, GIB};
@@ -121,10 +121,12 @@ fn bucketing_pads_to_the_next_probed_size() {
     // each probed size is {size, plan}, shortest first, and reads back as the plan written
     assert_eq!(json["sizes"][1]["size"], 128);
     assert_eq!(json["sizes"][1]["plan"]["largest_batch"], plan.sizes[&128].largest_batch());
-    let read: autobatch::SizePlan = serde_json::from_str(&plan.to_json()).unwrap();
+    let read: autobatch::plan::SizePlan = serde_json::from_str(&plan.to_json()).unwrap();
     assert_eq!(read, plan);
     let twice = json.to_string().replace("\"size\":128", "\"size\":64");
-    assert!(serde_json::from_str::<autobatch::SizePlan>(&twice).unwrap_err().to_string().contains("probed twice"));
+    assert!(
+        serde_json::from_str::<autobatch::plan::SizePlan>(&twice).unwrap_err().to_string().contains("probed twice")
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
 use autobatch::search::SearchSpace;
-use autobatch::{Error, MemoryMeter, Outcome, Plan, Strategy, TrialKind, Tuner, Warning};
+use autobatch::{Error, MemoryMeter, Plan, Tuner, plan::TrialKind, plan::Warning, search::Outcome, search::Strategy};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -140,7 +140,7 @@ fn max_batch_caps_the_search_and_is_tried_once() {
     assert_eq!(plan.largest_batch(), 1000);
     // batch 1001 would fit: the cap is not proven the largest
     assert!(!plan.proven_largest());
-    assert_eq!(plan.stopped_by(), Some(&autobatch::SearchLimit::MaxBatch { max_batch: 1000 }));
+    assert_eq!(plan.stopped_by(), Some(&autobatch::plan::SearchLimit::MaxBatch { max_batch: 1000 }));
     assert_eq!(plan.trials().iter().filter(|t| t.batch == 1000).count(), 1);
     let plan = run(&Tuner::new().max_batch(1000).multiple_of(64), sim).unwrap();
     assert_eq!(plan.largest_batch(), 960);
@@ -367,7 +367,7 @@ fn a_plan_whose_numbers_disagree_with_its_split_is_refused() {
     assert!(edited("micro_batch", 7.into()).unwrap_err().to_string().contains("disagree with its split"));
     assert!(edited("proven_largest", false.into()).is_err());
     assert!(
-        edited("ranks", serde_json::to_value(autobatch::RankSplit::plan(1000, &[200, 90], 1).unwrap()).unwrap())
+        edited("ranks", serde_json::to_value(autobatch::plan::RankSplit::plan(1000, &[200, 90], 1).unwrap()).unwrap())
             .is_err()
     );
     assert!(edited("rank", 1.into()).unwrap_err().to_string().contains("come together"));
@@ -495,7 +495,7 @@ fn timed(
 
 #[test]
 fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
-    use autobatch::Objective;
+    use autobatch::plan::Objective;
     // 100 fits; above 60 samples each step costs twice as much per sample
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 137 * MIB));
     let slow_above_60 = |b: usize| std::time::Duration::from_micros(if b <= 60 { 50 } else { 100 } * b as u64);
@@ -556,7 +556,7 @@ fn run_with_pause(
 
 #[test]
 fn a_time_limit_stops_with_the_largest_batch_seen_to_fit_and_says_what_is_open() {
-    use autobatch::SearchLimit;
+    use autobatch::plan::SearchLimit;
     use std::time::Duration;
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // answer 126
     let tuner = Tuner::new().strategy(Strategy::Binary).time_limit(Duration::from_millis(200));
@@ -709,10 +709,10 @@ fn the_kinds_of_peak_a_meter_reads_are_kept_and_said() {
         fn peak(&self) -> Result<u64, Error> {
             Ok(self.peak_kinds()?.unwrap().binding())
         }
-        fn peak_kinds(&self) -> Result<Option<autobatch::PeakKinds>, Error> {
+        fn peak_kinds(&self) -> Result<Option<autobatch::plan::PeakKinds>, Error> {
             // fragmentation reserves 2% above the live bytes
             let used = self.0.peak()?;
-            Ok(Some(autobatch::PeakKinds { used, reserved: used + used / 50, device: used / 2 }))
+            Ok(Some(autobatch::plan::PeakKinds { used, reserved: used + used / 50, device: used / 2 }))
         }
     }
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
@@ -745,7 +745,8 @@ fn a_trial_expected_to_end_past_the_time_limit_is_not_started() {
     let plan = tuner.run(&mut step, &mut meter).unwrap();
     // nothing started that could not end in time: at most 60 samples once one fit
     assert!(plan.trials().iter().all(|t| t.batch <= 60), "{plan}");
-    let Some(autobatch::SearchLimit::TimeLimit { expected_end, largest_fit, .. }) = plan.stopped_by().cloned() else {
+    let Some(autobatch::plan::SearchLimit::TimeLimit { expected_end, largest_fit, .. }) = plan.stopped_by().cloned()
+    else {
         panic!("{plan}")
     };
     assert_eq!(largest_fit, plan.largest_batch());
@@ -774,7 +775,7 @@ fn a_time_limit_cuts_a_long_trial_after_the_step_it_is_in() {
     let plan = tuner.run(&mut step, &mut meter).unwrap();
     assert_eq!(plan.trials().len(), 1, "{plan}");
     assert!(plan.trials()[0].steps < 1_000, "{plan}");
-    assert!(matches!(plan.stopped_by(), Some(autobatch::SearchLimit::TimeLimit { .. })), "{plan}");
+    assert!(matches!(plan.stopped_by(), Some(autobatch::plan::SearchLimit::TimeLimit { .. })), "{plan}");
 }
 
 #[test]
@@ -893,7 +894,7 @@ fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
 /// timing trial starts, the plan says so and trains at the largest batch.
 #[test]
 fn a_time_limit_stops_the_throughput_timing() {
-    use autobatch::{Objective, Warning};
+    use autobatch::{plan::Objective, plan::Warning};
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)); // answer 126
     let (mut workload, mut meter) = sim.build();
     let mut step = |batch: usize| {
@@ -906,7 +907,7 @@ fn a_time_limit_stops_the_throughput_timing() {
         .strategy(Strategy::Binary)
         .time_limit(std::time::Duration::from_millis(20));
     let plan = tuner.run(&mut step, &mut meter).unwrap();
-    let timed = plan.trials().iter().filter(|t| t.kind == autobatch::TrialKind::Timing).count();
+    let timed = plan.trials().iter().filter(|t| t.kind == autobatch::plan::TrialKind::Timing).count();
     let cut = plan.warnings().iter().find_map(|w| match w {
         Warning::TimingCut { timed, planned } => Some((*timed, *planned)),
         _ => None,
@@ -964,7 +965,7 @@ fn the_largest_tensor_bounds_the_search_above_an_out_of_memory_reading() {
 fn a_search_refuses_the_options_its_question_does_not_take() {
     use autobatch::collective::ThreadCollective;
     use autobatch::memory::simulated::{MemoryCurve, Simulation, SizedSimulation};
-    use autobatch::{Setting, SizeRange};
+    use autobatch::{Setting, plan::SizeRange};
 
     let ranks = ThreadCollective::group(1).unwrap();
     let sim = || Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 64 << 20)).build();

@@ -2,7 +2,7 @@
 //! at a fixed batch, searched and verified like the batch.
 
 use crate::output::{out, outln};
-use autobatch::{MemoryMeter, Resizable, SizeRange};
+use autobatch::{MemoryMeter, Resizable, plan::SizeRange};
 use autobatch_models::ConfigModel;
 use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
 

@@ -4,7 +4,7 @@
 //! device's end for every algorithm alike (as a ballast would make it).
 
 use autobatch::search::{Observation, SearchSpace};
-use autobatch::{Outcome, Strategy};
+use autobatch::{search::Outcome, search::Strategy};
 
 /// One measured trial: the outcome and the peak, if it ran to the end.
 pub type Measure<'a> = dyn FnMut(usize) -> (Outcome, Option<u64>) + 'a;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use autobatch::memory::simulated::{MemoryCurve, Simulation};
 use autobatch::search::SearchSpace;
-use autobatch::{HeapMeter, MemoryMeter, Outcome, Strategy, TrackingAllocator, Tuner, Workload};
+use autobatch::{HeapMeter, MemoryMeter, TrackingAllocator, Tuner, Workload, search::Outcome, search::Strategy};
 use autobatch_models::trainer::ReferenceWorkload;
 use baselines::Algorithm;
 

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 mod lean;
 use autobatch_testkit::gpu_verdict::{Evidence, Next, verdict};
 
-use autobatch::PeakKinds;
+use autobatch::plan::PeakKinds;
 use autobatch::{Bytes, CudaMeter, MemoryMeter, Tuner, Workload, may_be_oom};
 use autobatch_models::reference::TransformerConfig;
 use candle_core::DType;
@@ -279,7 +279,7 @@ fn check(
     phase_done(out, name, "b re-measured", phase, serde_json::json!({"batch": b, "peaks": peaks}));
     let phase = Instant::now();
     // b + 1 past the element limit would never finish (or fail to launch): not run
-    let next = if matches!(plan.stopped_by(), Some(autobatch::SearchLimit::TensorElements { .. })) {
+    let next = if matches!(plan.stopped_by(), Some(autobatch::plan::SearchLimit::TensorElements { .. })) {
         Next::PastElementLimit
     } else {
         let (next, next_peaks, _) = measured_step(&mut model, meter, b + 1)?;

@@ -390,7 +390,7 @@ impl<M: Model> Workload for Trainer<M> {
         self.probe.can_accumulate()
     }
 
-    fn diagnose(&mut self) -> Vec<autobatch::Warning> {
+    fn diagnose(&mut self) -> Vec<autobatch::plan::Warning> {
         self.probe.diagnose()
     }
 

@@ -371,7 +371,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
 /// weights' gradients candle keeps; with `FrozenLinear` they are gone, and
 /// more fits (both exact by brute force).
 fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
-    use autobatch::Warning;
+    use autobatch::plan::Warning;
     use autobatch_models::ops::FrozenLinear;
     use candle_core::Module;
     let cpu = &Device::Cpu;
@@ -823,7 +823,7 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
     let answer = plan.largest_batch();
     println!("  stopped at {answer}: {}", plan.stopped_by().as_ref().unwrap());
     assert!(
-        matches!(plan.stopped_by(), Some(autobatch::SearchLimit::TensorElements { batch, limit: l, .. }) if *batch == answer && *l == limit),
+        matches!(plan.stopped_by(), Some(autobatch::plan::SearchLimit::TensorElements { batch, limit: l, .. }) if *batch == answer && *l == limit),
         "{plan}"
     );
     assert!(largest(&mut probe, answer) <= limit, "{plan}");

@@ -17,7 +17,7 @@
 
 use autobatch::estimate::OptimizerKind;
 use autobatch::{
-    Error, HeapMeter, MemoryMeter, Resizable, Setting, SizeRange, TrackingAllocator, Tuner, Value, Workload,
+    Error, HeapMeter, MemoryMeter, Resizable, Setting, TrackingAllocator, Tuner, Value, Workload, plan::SizeRange,
 };
 use autobatch_models::reference::{ConvNetConfig, MlpConfig, TransformerConfig};
 use autobatch_models::trainer::{Model, Trainer};
@@ -416,7 +416,7 @@ fn heap_meter_measures_live_bytes_and_a_resettable_peak() {
 /// lengths in between fit and stay within their neighbours, and a resized
 /// model trains at the length it was set to.
 fn the_transformer_tuned_at_several_lengths_is_exact_at_each() {
-    use autobatch::{BatchSource, Resizable};
+    use autobatch::{Resizable, plan::BatchSource};
     let mut trainer = transformer(64, 32, 1).build(&Device::Cpu).unwrap();
     let mut meter = HeapMeter::with_room(38 * MIB).unwrap();
     let plan = Tuner::new().search(&mut trainer, &mut meter).sizes(&[16, 32, 64]).unwrap();

@@ -9,7 +9,9 @@
 
 use crate::common::bits;
 
-use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Warning, Workload};
+use autobatch::{
+    Error, HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Workload, plan::Warning,
+};
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap, embedding, linear, loss, ops};
 
@@ -243,7 +245,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
     // the mask added with broadcast_add: candle keeps a gradient of the
     // scores' size for it (4 heads × 32 × 32 × 4 bytes a sample), and says so
     let plain = tune(&model);
-    let [autobatch::Warning::UntrainedGradients { bytes, .. }] = plain.warnings() else { panic!("{plain}") };
+    let [autobatch::plan::Warning::UntrainedGradients { bytes, .. }] = plain.warnings() else { panic!("{plain}") };
     assert!(*bytes >= plain.largest_batch() as u64 * 4 * (SEQ * SEQ) as u64 * 4, "{plain}");
     assert!(plain.to_string().contains("add-constant"), "{plain}");
     // doing what it says: no warning, and no less fits (here the peak is the
@@ -292,7 +294,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert!(!plan.proven_largest(), "{plan}");
     assert_eq!(
         plan.stopped_by(),
-        Some(&autobatch::SearchLimit::PartialGraph { variables: variables.len(), of: varmap.all_vars().len() })
+        Some(&autobatch::plan::SearchLimit::PartialGraph { variables: variables.len(), of: varmap.all_vars().len() })
     );
     let json: serde_json::Value = serde_json::from_str(&plan.to_json()).unwrap();
     assert_eq!(json["measured_graph"], "partial");
@@ -350,7 +352,7 @@ fn an_answer_does_not_depend_on_what_ran_before() {
     let first = tune(Tuner::new());
     drop(batch_loss(8).unwrap().backward().unwrap());
     println!("  an LSTM of {steps} steps: largest batch {first}");
-    let second = tune(Tuner::new().target_effective_batch(4 * first + 3).strategy(autobatch::Strategy::Binary));
+    let second = tune(Tuner::new().target_effective_batch(4 * first + 3).strategy(autobatch::search::Strategy::Binary));
     assert_eq!(first, second, "the same model, another answer after the first run");
 }
 
@@ -504,7 +506,7 @@ fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
         assert!(plan.accumulation_steps() > 1, "{plan}");
         let verified = plan.accumulation_peak_bytes().unwrap_or_else(|| panic!("not verified:\n{plan}"));
         assert!(verified <= plan.limit_bytes(), "{plan}");
-        assert!(plan.trials().iter().any(|t| t.kind == autobatch::TrialKind::Accumulation && t.outcome.fits()));
+        assert!(plan.trials().iter().any(|t| t.kind == autobatch::plan::TrialKind::Accumulation && t.outcome.fits()));
 
         let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
         let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
@@ -562,7 +564,8 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     assert_eq!(plan.largest_batch(), largest, "{plan}");
     assert!(plan.micro_batch() < largest && plan.micro_batch() % 8 == 0, "{plan}");
     assert!(plan.effective_batch() >= 2 * largest, "{plan}");
-    let failed = plan.trials().iter().filter(|t| t.kind == autobatch::TrialKind::Accumulation && !t.outcome.fits());
+    let failed =
+        plan.trials().iter().filter(|t| t.kind == autobatch::plan::TrialKind::Accumulation && !t.outcome.fits());
     assert!(failed.count() >= 1, "{plan}");
     assert!(plan.accumulation_peak_bytes().is_some_and(|peak| peak <= plan.limit_bytes()), "{plan}");
 
@@ -803,7 +806,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
 /// AdamW, a length in between fits at its predicted batch, and the plan
 /// cache keeps the lengths apart.
 fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
-    use autobatch::BatchSource;
+    use autobatch::plan::BatchSource;
     let (varmap, model) = gpt(false);
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let dir = std::env::temp_dir().join(format!("autobatch-your-model-lengths-{}", std::process::id()));
@@ -858,7 +861,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
 /// does not, no weight changed, the probe is left at its length, and a real
 /// training step at the answer stays under the ceiling.
 fn your_models_longest_length_at_a_batch_is_exact() {
-    use autobatch::{Resizable, SizeRange};
+    use autobatch::{Resizable, plan::SizeRange};
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
@@ -983,7 +986,8 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
                 tuner.run(&mut probe, &mut meter).unwrap()
             };
             assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (micro, k), "{plan}");
-            let kind = if k == 1 { autobatch::TrialKind::Search } else { autobatch::TrialKind::Accumulation };
+            let kind =
+                if k == 1 { autobatch::plan::TrialKind::Search } else { autobatch::plan::TrialKind::Accumulation };
             let trial = plan.trials().iter().rev().find(|t| t.kind == kind && t.batch == micro).unwrap();
             let probed = trial.peak_bytes.unwrap() - trial.baseline_bytes;
 
