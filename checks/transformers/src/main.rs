@@ -138,7 +138,7 @@ fn bert(forked: bool) -> Plan {
         // its forward pass alone, over the same weights detached
         let serving = Bert::load(detached(&varmap).pp("bert"), true);
         let forward = |batch: usize| serving.hidden(&tokens(batch)?);
-        let mut forward_only = ModelProbe::forward_only(&varmap, forward);
+        let mut forward_only = ModelProbe::new(&varmap, forward).forward_only();
         let served = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
         assert!(served.warnings().is_empty() && served.largest_batch() > plan.largest_batch(), "{served}");
         exact("BERT fork, forward only", &mut forward_only, &mut meter, &served);

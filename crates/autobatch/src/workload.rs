@@ -139,8 +139,8 @@ pub trait Resizable: Workload {
 
 /// A closure of the batch and an input size, run at a size that can change:
 /// a [`Resizable`] workload ([`BySize::new`]), or the loss of a probe
-/// ([`ModelProbe::by_size`](crate::ModelProbe::by_size),
-/// [`ModelProbe::by_size_with_backward`](crate::ModelProbe::by_size_with_backward)).
+/// ([`ModelProbe::by_size`](crate::ModelProbe::by_size), its closure
+/// returning the loss or the loss and its gradients).
 pub struct BySize<F> {
     pub(crate) closure: F,
     /// The size the closure runs at now.

@@ -118,6 +118,30 @@ impl ProbeArgs {
         crate::values::counts(&self.mode.seq_lens)
     }
 
+    /// The flags that size a reference model, whether each was given, and
+    /// the `--model`s it applies to: declared beside the flags, since clap
+    /// has no rule for "only with --model X" (`--model` has a default), and
+    /// checked before anything is built.
+    pub fn reference_model_flags(&self) -> [(&'static str, bool, &'static [ModelKind]); 13] {
+        use ModelKind::*;
+        let sizes = &self.sizes;
+        [
+            ("--seq-lens", !self.mode.seq_lens.is_empty(), &[Transformer]),
+            ("--vocab", sizes.vocab.is_some(), &[Transformer]),
+            ("--d-model", sizes.d_model.is_some(), &[Transformer]),
+            ("--heads", sizes.heads.is_some(), &[Transformer]),
+            ("--layers", sizes.layers.is_some(), &[Transformer]),
+            ("--seq-len", sizes.seq_len.is_some(), &[Transformer]),
+            ("--inputs", sizes.inputs.is_some(), &[Mlp]),
+            ("--width", sizes.width.is_some(), &[Mlp]),
+            ("--depth", sizes.depth.is_some(), &[Mlp]),
+            ("--channels", sizes.channels.is_some(), &[Convnet]),
+            ("--resolution", sizes.resolution.is_some(), &[Convnet]),
+            ("--classes", sizes.classes.is_some(), &[Mlp, Convnet]),
+            ("--checkpointing", self.model.checkpointing, &[Transformer]),
+        ]
+    }
+
     /// The length the model is built for: `--seq-len`, else the longest of
     /// `--seq-lens`.
     pub fn seq_len(&self) -> Option<usize> {
@@ -594,9 +618,11 @@ pub struct LoraArgs {
     /// c_attn for gpt2; query,value for bert].
     #[arg(id = "lora_targets", long = "lora-targets", value_name = "LORA_TARGETS", value_delimiter = ',', value_parser = module_name, requires = "lora")]
     pub targets: Vec<String>,
-    /// The frozen base's dtype (f32, bf16, q8_0, q4_0), the adapters in f32
-    /// [default: the model's dtype, adapters in it too].
-    #[arg(long, value_parser = base_dtype, requires = "lora")]
+    /// The frozen weights' dtype (f32, bf16, q8_0, q4_0): with --lora the
+    /// base's, the adapters in f32 [default: the model's dtype, adapters in
+    /// it too]; with --serve every weight's (all frozen) [default: the
+    /// config's torch_dtype], as `probe --base-dtype` and `serve --base-dtype` say it.
+    #[arg(long, alias = "weights", value_parser = base_dtype)]
     pub base_dtype: Option<BaseDtype>,
 }
 
@@ -622,11 +648,10 @@ pub struct StepArgs {
 /// The flags `estimate --serve` does not read: each says how training runs
 /// (its state, its sharding, its activations, its step), or sizes what the
 /// config already sizes; serving is sized by the serving flags alone.
-const SERVE_IGNORES: [&str; 22] = [
+const SERVE_IGNORES: [&str; 21] = [
     "params",
     "lora",
     "lora_targets",
-    "base_dtype",
     "batch",
     "seq_len",
     "layers",
@@ -706,10 +731,6 @@ pub struct ServingArgs {
     /// Tokens per KV cache block (vLLM's --block-size) [default: 16].
     #[arg(long, help_heading = "Serving")]
     pub block_size: Option<Count>,
-    /// How the weights are stored: f32, bf16, q8_0 or q4_0 [default: the
-    /// config's torch_dtype]; quantized, the rest computes in the config's dtype.
-    #[arg(long, value_parser = base_dtype, help_heading = "Serving")]
-    pub weights: Option<BaseDtype>,
     /// The KV cache's dtype: f32, bf16, f16, or int8 (a byte a value and an
     /// f32 scale per token and head) [default: the dtype the model computes in].
     #[arg(long, value_enum, help_heading = "Serving")]
@@ -745,6 +766,12 @@ pub struct ServeArgs {
     pub config: std::path::PathBuf,
     #[command(flatten)]
     pub serving: ServingArgs,
+    /// How the weights are stored, every one frozen as LoRA's base is
+    /// (`probe --base-dtype`): f32, bf16, q8_0 or q4_0 [default: the
+    /// config's torch_dtype]; quantized, the rest computes in the config's
+    /// dtype. `--weights`, as 0.1 spelled it, still works.
+    #[arg(long, alias = "weights", value_parser = base_dtype, help_heading = "Serving")]
+    pub base_dtype: Option<BaseDtype>,
     /// The longest context this many sequences hold, instead of how many
     /// sequences hold --max-model-len (then the longest it may be).
     #[arg(long)]

@@ -23,6 +23,7 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
         return crate::serve::estimate(
             path,
             &args.serving.settings,
+            args.lora.base_dtype,
             capacity,
             args.device.ceiling,
             args.device.on_cpu,
@@ -35,7 +36,13 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
     }
     if args.serving.settings != crate::args::ServingArgs::default() {
         return Err(Failure::usage(
-            "--max-model-len, --max-num-batched-tokens, --block-size, --weights and --kv-cache-dtype count serving: add --serve",
+            "--max-model-len, --max-num-batched-tokens, --block-size and --kv-cache-dtype count serving: add --serve",
+        ));
+    }
+    if args.lora.base_dtype.is_some() && args.lora.rank.is_none() {
+        // one flag for the frozen weights: LoRA's base, or with --serve every weight
+        return Err(Failure::usage(
+            "--base-dtype is the frozen weights' dtype: add --lora RANK (a frozen base), or --serve",
         ));
     }
     let counted = count(args)?;

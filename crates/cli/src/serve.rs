@@ -32,8 +32,9 @@ struct Settled {
 }
 
 impl ServingArgs {
-    /// The settings for `config`, checked against it.
-    fn settle(&self, config: Config, path: &Path) -> Result<Settled, Failure> {
+    /// The settings for `config`, checked against it, its weights stored as
+    /// `base_dtype` says.
+    fn settle(&self, base_dtype: Option<BaseDtype>, config: Config, path: &Path) -> Result<Settled, Failure> {
         let longest = config.sliding_window.map_or(config.max_positions, |w| w.min(config.max_positions));
         let context = self.max_model_len.map_or(DEFAULT_CONTEXT.min(longest), Count::get);
         if context > longest {
@@ -47,7 +48,7 @@ impl ServingArgs {
                 path.display()
             )));
         }
-        let weights = self.weights.unwrap_or(if config.dtype == DType::F32 { BaseDtype::F32 } else { BaseDtype::Bf16 });
+        let weights = base_dtype.unwrap_or(if config.dtype == DType::F32 { BaseDtype::F32 } else { BaseDtype::Bf16 });
         let dtype = weights.float().unwrap_or(if config.dtype == DType::F32 { DType::F32 } else { DType::BF16 });
         let chunk = self.max_num_batched_tokens.map_or(DEFAULT_CHUNK, Count::get);
         let shape = ServingShape {
@@ -77,7 +78,7 @@ pub fn run(args: &ServeArgs) -> Result<(), Failure> {
         crate::paths::check_serve(&args.config, path)?;
     }
     let config = load(&args.config, &Flags::PROBE)?;
-    let settled = args.serving.settle(config, &args.config)?;
+    let settled = args.serving.settle(args.base_dtype, config, &args.config)?;
     let mut on = crate::device_flags::on_device(args.device, args.budget, DEFAULT_BUDGET)?;
     // counted for where it runs: the CPU's matmul widens bf16
     let on_cpu = on.device.is_cpu();
@@ -228,7 +229,7 @@ fn advice(config: &Config, shape: &ServingShape, held: u64, limit: u64, fewest: 
         advice.push(format!("--max-model-len {fit} (the longest that fits by the count, with room)"));
     }
     if shape.weights != BaseDtype::Q4_0 {
-        advice.push(said("--weights q4_0", &ServingShape { weights: BaseDtype::Q4_0, ..*shape }));
+        advice.push(said("--base-dtype q4_0", &ServingShape { weights: BaseDtype::Q4_0, ..*shape }));
     }
     if shape.cache_dtype != KvCache::INT8 {
         advice.push(said("--kv-cache-dtype int8", &ServingShape { cache_dtype: KvCache::INT8, ..*shape }));
@@ -405,13 +406,14 @@ fn percent(part: u64, whole: u64) -> String {
 pub fn estimate(
     path: &Path,
     serving: &ServingArgs,
+    base_dtype: Option<BaseDtype>,
     capacity: Option<u64>,
     ceiling: Ceiling,
     on_cpu: bool,
     json: bool,
 ) -> Result<(), Failure> {
     let config = load(path, &Flags::ESTIMATE)?;
-    let Settled { config, shape } = serving.settle(config, path)?;
+    let Settled { config, shape } = serving.settle(base_dtype, config, path)?;
     let shape = ServingShape { on_cpu, ..shape };
     let counted = config.serving_bytes(&shape)?;
     let limit = capacity.map(|capacity| ceiling.limit_bytes(capacity));

@@ -50,7 +50,7 @@ use super::grads::Accumulator;
 ///   built over detached weights ([`detached`](super::detached)), run in the
 ///   forward pass so that it records no graph;
 /// - `head`: from the last block's output to the scalar loss (the mean loss:
-///   [`TrainLoop::step_with_backward`](crate::TrainLoop::step_with_backward)
+///   [`TrainLoop::step`](crate::TrainLoop::step)
 ///   scales it and its gradients for accumulation).
 ///
 /// Returns the loss (detached) and the gradients of `vars`. The gradients

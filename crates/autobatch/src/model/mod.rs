@@ -23,9 +23,36 @@ pub(crate) mod train;
 
 pub use checkpoint::checkpointed;
 pub use detached::{detached, detached_sharing};
-pub use loss::{ForwardOnly, ProbeLoss, WithBackward};
+pub use loss::{ForwardOnly, LossOutput, ProbeLoss};
 
 use candle_core::Var;
+
+/// The variables a [`ModelProbe`](crate::ModelProbe) measures: a
+/// `&VarMap`'s (by name, sorted, so that every run sees the same order), or
+/// named variables held elsewhere (`Vec<(String, Var)>`).
+pub trait Variables {
+    /// The variables, by name.
+    fn into_named(self) -> Vec<(String, Var)>;
+}
+
+impl Variables for &candle_nn::VarMap {
+    fn into_named(self) -> Vec<(String, Var)> {
+        named_vars(self)
+    }
+}
+
+/// A reference to any of them (`&&VarMap` in a loop over models).
+impl<V: Variables + Copy> Variables for &V {
+    fn into_named(self) -> Vec<(String, Var)> {
+        (*self).into_named()
+    }
+}
+
+impl Variables for Vec<(String, Var)> {
+    fn into_named(self) -> Vec<(String, Var)> {
+        self
+    }
+}
 
 /// The variables of a `VarMap`, by name (sorted, so that every run sees the
 /// same order).

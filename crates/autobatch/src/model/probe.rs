@@ -2,11 +2,12 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
-use candle_nn::{Optimizer, ParamsAdamW, VarMap};
+use candle_nn::{Optimizer, ParamsAdamW};
 
+use super::Variables;
 use super::buffers::{Buffers, host_copy};
 use super::grads::Accumulator;
-use super::loss::{ForwardOnly, ProbeLoss, WithBackward};
+use super::loss::{ForwardOnly, LossOutput, ProbeLoss};
 use crate::estimate::TrainingSetup;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, Sgd};
 use crate::per_parameter::{OptimizerKind, Precision};
@@ -131,22 +132,28 @@ pub struct ModelProbe<L> {
     grad_store_through_update: bool,
 }
 
-impl<L: FnMut(usize) -> Result<Tensor>> ModelProbe<L> {
-    /// A probe of the variables of `varmap`, with `loss(batch)` the scalar loss
-    /// of `batch` samples. No optimizer yet: add the one training uses.
-    pub fn new(varmap: &VarMap, loss: L) -> Self {
-        Self::from_vars(super::named_vars(varmap), loss)
-    }
-
-    /// A probe of named variables held elsewhere than in a `VarMap`.
-    pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>, loss: L) -> Self {
-        ModelProbe::with_loss(vars.into_iter().collect(), loss)
+impl<L> ModelProbe<L> {
+    /// A probe of `vars` (a `&VarMap`, or named variables held elsewhere)
+    /// with `loss(batch)`: the scalar loss of `batch` samples (the probe runs
+    /// its backward pass), or the loss and the variables' gradients of a
+    /// backward pass of its own (gradient checkpointing through
+    /// [`checkpointed`](super::checkpointed); the probe then holds both
+    /// through the optimizer's update). The closure [`TrainLoop::step`](crate::TrainLoop::step)
+    /// takes returns the same (`|micro| loss(micro.len)`). No optimizer yet:
+    /// add the one training uses ([`optimizer`](Self::optimizer)); for the
+    /// forward pass alone, [`forward_only`](Self::forward_only); for a loss of
+    /// an input size as well, [`by_size`](ModelProbe::by_size).
+    pub fn new<T: LossOutput>(vars: impl Variables, loss: L) -> Self
+    where
+        L: FnMut(usize) -> Result<T>,
+    {
+        ModelProbe::with_loss(vars, loss)
     }
 }
 
-impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<ForwardOnly<F>> {
-    /// A probe of a model's forward pass alone, for serving and evaluation:
-    /// `forward(batch)` runs the model on `batch` samples and returns its
+impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<F> {
+    /// This probe of a model's forward pass alone, for serving and evaluation:
+    /// its closure runs the model on `batch` samples and returns its
     /// output (or an evaluation loss). No optimizer state is held, no backward
     /// pass runs and no gradient is checked. Build the model it runs from
     /// [`detached`](super::detached)`(&varmap)` so that its forward pass
@@ -168,31 +175,21 @@ impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<ForwardOnly<F>> {
     /// let _training = linear(64, 10, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
     /// let serving = linear(64, 10, detached(&varmap))?;
     /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
-    /// let mut probe = ModelProbe::forward_only(&varmap, forward);
+    /// let mut probe = ModelProbe::new(&varmap, forward).forward_only();
     /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::with_room(2 << 20)?)?;
     /// assert!(plan.largest_batch() > 0 && plan.warnings().is_empty());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn forward_only(varmap: &VarMap, forward: F) -> Self {
-        ModelProbe::with_loss(super::named_vars(varmap), ForwardOnly(forward))
+    pub fn forward_only(self) -> ModelProbe<ForwardOnly<F>> {
+        self.map_loss(ForwardOnly)
     }
 }
 
-impl<F: FnMut(usize) -> Result<(Tensor, GradStore)>> ModelProbe<WithBackward<F>> {
-    /// A probe whose step computes the loss and the gradients itself:
-    /// `loss_and_gradients(batch)` returns the loss of `batch` samples and the
-    /// variables' gradients, e.g. through [`checkpointed`](super::checkpointed)
-    /// for gradient checkpointing. The probe then holds what the closure
-    /// returns (the loss and the store) through the optimizer's update.
-    pub fn with_backward(varmap: &VarMap, loss_and_gradients: F) -> Self {
-        ModelProbe::with_loss(super::named_vars(varmap), WithBackward(loss_and_gradients))
-    }
-}
-
-impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
+impl<F> ModelProbe<BySize<F>> {
     /// A probe whose loss depends on an input size as well as the batch:
     /// `loss(batch, size)` is the scalar loss of `batch` samples of `size`
-    /// (tokens, pixels per side), starting at `size`. It is
+    /// (tokens, pixels per side), starting at `size`, or that loss and its
+    /// gradients, as for [`new`](ModelProbe::new). It is
     /// [`Resizable`](crate::Resizable), for
     /// [`Search::sizes`](crate::Search::sizes).
     ///
@@ -217,20 +214,11 @@ impl<F: FnMut(usize, usize) -> Result<Tensor>> ModelProbe<BySize<F>> {
     /// assert!(plan.sizes[&16].largest_batch() > plan.sizes[&64].largest_batch());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn by_size(varmap: &VarMap, size: usize, loss: F) -> Self {
-        ModelProbe::with_loss(super::named_vars(varmap), BySize { closure: loss, size })
-    }
-}
-
-impl<F: FnMut(usize, usize) -> Result<(Tensor, GradStore)>> ModelProbe<BySize<WithBackward<F>>> {
-    /// [`by_size`](ModelProbe::by_size) for a step that computes the loss and
-    /// the gradients itself ([`with_backward`](ModelProbe::with_backward), e.g.
-    /// gradient checkpointing with [`checkpointed`](super::checkpointed)):
-    /// `loss_and_gradients(batch, size)` returns the loss of `batch` samples
-    /// of `size` and the variables' gradients. It is
-    /// [`Resizable`](crate::Resizable), for [`Search::sizes`](crate::Search::sizes).
-    pub fn by_size_with_backward(varmap: &VarMap, size: usize, loss_and_gradients: F) -> Self {
-        ModelProbe::with_loss(super::named_vars(varmap), BySize { closure: WithBackward(loss_and_gradients), size })
+    pub fn by_size<T: LossOutput>(vars: impl Variables, size: usize, loss: F) -> Self
+    where
+        F: FnMut(usize, usize) -> Result<T>,
+    {
+        ModelProbe::with_loss(vars, BySize { closure: loss, size })
     }
 }
 
@@ -249,9 +237,10 @@ where
 }
 
 impl<L: ProbeLoss> ModelProbe<L> {
-    /// A probe of named variables with any [`ProbeLoss`](super::ProbeLoss): a
-    /// closure's, a backward of its own, or a loss type of a model crate.
-    pub fn with_loss(vars: Vec<(String, Var)>, loss: L) -> Self {
+    /// A probe of `vars` with a loss type of a model crate (any
+    /// [`ProbeLoss`](super::ProbeLoss)); a closure goes to [`new`](ModelProbe::new).
+    pub fn with_loss(vars: impl Variables, loss: L) -> Self {
+        let vars = vars.into_named();
         let key = CacheKey::new().variables(vars.iter().map(|(name, var)| (name.as_str(), var)));
         ModelProbe {
             vars,
@@ -270,6 +259,28 @@ impl<L: ProbeLoss> ModelProbe<L> {
             graph_through_update: false,
             grad_store_through_update: false,
             leaner: None,
+        }
+    }
+
+    /// The same probe with its loss wrapped (settings, state and key kept).
+    fn map_loss<M>(self, wrap: impl FnOnce(L) -> M) -> ModelProbe<M> {
+        ModelProbe {
+            loss: wrap(self.loss),
+            vars: self.vars,
+            update: self.update,
+            key: self.key,
+            gradients: self.gradients,
+            missing: self.missing,
+            untrained: self.untrained,
+            graph_tensors: self.graph_tensors,
+            read_only: self.read_only,
+            declared: self.declared,
+            buffers: self.buffers,
+            reset: self.reset,
+            graph_recorded: self.graph_recorded,
+            graph_through_update: self.graph_through_update,
+            grad_store_through_update: self.grad_store_through_update,
+            leaner: self.leaner,
         }
     }
 

@@ -2,9 +2,10 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
-use candle_nn::{Optimizer, VarMap};
+use candle_nn::Optimizer;
 
 use super::grads::Accumulator;
+use super::{LossOutput, Variables};
 use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 
 /// Trains with a [`Plan`]: each optimizer step runs the plan's
@@ -56,14 +57,11 @@ pub struct TrainLoop<O> {
 }
 
 impl<O: Optimizer> TrainLoop<O> {
-    /// A loop over the variables of `varmap` (those `optimizer` was built
-    /// over), with the plan's micro-batch and accumulation steps.
-    pub fn new(plan: &Plan, varmap: &VarMap, optimizer: O) -> Result<Self, Error> {
-        Self::from_vars(plan, super::named_vars(varmap).into_iter().map(|(_, var)| var), optimizer)
-    }
-
-    /// A loop over variables held elsewhere than in a `VarMap`.
-    pub fn from_vars(plan: &Plan, vars: impl IntoIterator<Item = Var>, optimizer: O) -> Result<Self, Error> {
+    /// A loop over `vars` (a `&VarMap`, or named variables held elsewhere:
+    /// those `optimizer` was built over, as the probe takes them), with the
+    /// plan's micro-batch and accumulation steps.
+    pub fn new(plan: &Plan, vars: impl Variables, optimizer: O) -> Result<Self, Error> {
+        let vars = vars.into_named().into_iter().map(|(_, var)| var);
         Ok(TrainLoop {
             guard: Self::guard_for(plan)?,
             grow_back_after: None,
@@ -112,43 +110,33 @@ impl<O: Optimizer> TrainLoop<O> {
     }
 
     /// One optimizer step. `micro_step(micro)` returns the mean loss of the
-    /// step's samples `micro.offset .. micro.offset + micro.len`; the loop
-    /// scales it, runs backward, accumulates, and after the last micro-step
-    /// applies the optimizer. The report's `loss` is the step's mean loss.
+    /// step's samples `micro.offset .. micro.offset + micro.len` (the loop
+    /// scales it, runs backward and accumulates), or that loss and the
+    /// variables' gradients of a backward pass of its own (gradient
+    /// checkpointing, [`checkpointed`](super::checkpointed): the loop scales
+    /// both by `micro.loss_scale`, the gradients as it adds them up, one
+    /// variable at a time): what the probe's closure returns. After the last
+    /// micro-step it applies the optimizer, so the step's gradient is the
+    /// gradient of its mean loss whatever the split. The report's `loss` is
+    /// the step's mean loss.
     ///
     /// An out-of-memory micro-step is run again smaller (the guard); any other
     /// error is returned with the optimizer not stepped. A failure while
     /// adding gradients is not retried (the sum would be partial): it comes
     /// back as [`Error::Workload`].
-    pub fn step<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
+    pub fn step<M, F, T>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
     where
         M: MemoryMeter + ?Sized,
-        F: FnMut(MicroBatch) -> candle_core::Result<Tensor>,
+        F: FnMut(MicroBatch) -> candle_core::Result<T>,
+        T: LossOutput,
     {
-        self.run(meter, |micro| {
-            let loss = micro_step(micro)?;
-            let scaled = (loss * micro.loss_scale)?;
-            let grads = scaled.backward()?;
-            Ok((scaled.detach(), grads, 1.0))
-        })
-    }
-
-    /// [`step`](Self::step) for a micro-step that runs its own backward pass
-    /// (gradient checkpointing, [`checkpointed`](super::checkpointed)):
-    /// `micro_step(micro)` returns the mean loss of its samples and the
-    /// variables' gradients of that loss, as [`step`](Self::step)'s closure
-    /// returns the loss: the loop scales both by `micro.loss_scale` (the
-    /// gradients as it adds them up, one variable at a time), so the step's
-    /// gradient is the gradient of its mean loss whatever the split. The
-    /// report's `loss` is the step's mean loss.
-    pub fn step_with_backward<M, F>(&mut self, meter: &mut M, mut micro_step: F) -> Result<StepReport, Error>
-    where
-        M: MemoryMeter + ?Sized,
-        F: FnMut(MicroBatch) -> candle_core::Result<(Tensor, GradStore)>,
-    {
-        self.run(meter, |micro| {
-            let (loss, grads) = micro_step(micro)?;
-            Ok(((loss.detach() * micro.loss_scale)?, grads, micro.loss_scale))
+        self.run(meter, |micro| match micro_step(micro)?.into_parts() {
+            (loss, None) => {
+                let scaled = (loss * micro.loss_scale)?;
+                let grads = scaled.backward()?;
+                Ok((scaled.detach(), grads, 1.0))
+            }
+            (loss, Some(grads)) => Ok(((loss.detach() * micro.loss_scale)?, grads, micro.loss_scale)),
         })
     }
 

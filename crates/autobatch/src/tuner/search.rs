@@ -61,7 +61,7 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     /// let input = |samples: usize| Tensor::ones((samples, 256), DType::F32, &Device::Cpu);
     /// let mut training = ModelProbe::new(&varmap, |samples| loss::mse(&model.forward(&input(samples)?)?, &input(samples)?))
     ///     .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
-    /// let mut evaluation = ModelProbe::forward_only(&varmap, |samples| model.forward(&input(samples)?));
+    /// let mut evaluation = ModelProbe::new(&varmap, |samples| model.forward(&input(samples)?)).forward_only();
     /// let mut meter = HeapMeter::with_room(4 << 20)?;
     /// let plan = Tuner::new().search(&mut training, &mut meter).evaluating(&mut evaluation).run()?;
     /// let evaluation = plan.evaluation().unwrap();

@@ -176,7 +176,7 @@ fn every_other_path_changes_no_bit() {
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(ROOM).unwrap();
 
-    let mut own_backward = ModelProbe::with_backward(&varmap, |batch| {
+    let mut own_backward = ModelProbe::new(&varmap, |batch| {
         let loss = model.loss(batch, SIDE, 0)?;
         let grads = loss.backward()?;
         Ok((loss, grads))

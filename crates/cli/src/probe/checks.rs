@@ -5,7 +5,7 @@ use autobatch_models as models;
 use autobatch_models::reference::{ConvNetConfig, TransformerConfig};
 use autobatch_models::trainer::Footprint;
 
-use crate::args::{ModelKind, ProbeArgs};
+use crate::args::ProbeArgs;
 use crate::failure::Failure;
 use crate::model::{ModelConfig, model_name};
 use crate::values::Count;
@@ -38,25 +38,8 @@ fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
             model_name(args.model.kind)
         )));
     }
-    use ModelKind::*;
-    let sizes = &args.sizes;
-    let flags: [(&str, bool, &[ModelKind]); 13] = [
-        ("--seq-lens", !args.mode.seq_lens.is_empty(), &[Transformer]),
-        ("--vocab", sizes.vocab.is_some(), &[Transformer]),
-        ("--d-model", sizes.d_model.is_some(), &[Transformer]),
-        ("--heads", sizes.heads.is_some(), &[Transformer]),
-        ("--layers", sizes.layers.is_some(), &[Transformer]),
-        ("--seq-len", sizes.seq_len.is_some(), &[Transformer]),
-        ("--inputs", sizes.inputs.is_some(), &[Mlp]),
-        ("--width", sizes.width.is_some(), &[Mlp]),
-        ("--depth", sizes.depth.is_some(), &[Mlp]),
-        ("--channels", sizes.channels.is_some(), &[Convnet]),
-        ("--resolution", sizes.resolution.is_some(), &[Convnet]),
-        ("--classes", sizes.classes.is_some(), &[Mlp, Convnet]),
-        ("--checkpointing", args.model.checkpointing, &[Transformer]),
-    ];
     let model = args.model.kind;
-    for (flag, given, models) in flags {
+    for (flag, given, models) in args.reference_model_flags() {
         if given && !models.contains(&model) {
             let names: Vec<String> = models.iter().map(|m| format!("--model {}", model_name(*m))).collect();
             return Err(Failure::usage(format!(

@@ -1504,3 +1504,26 @@ fn estimate_takes_the_probes_words_for_precision_and_checkpointing() {
     assert!(help.contains("--precision <PRECISION>"), "{help}");
     assert!(!help.contains("--dtype") && !help.contains("--mixed-precision"), "one spelling shown:\n{help}");
 }
+
+/// The frozen weights' dtype is `--base-dtype` in every command (LoRA's base,
+/// every weight when serving); `serve`'s 0.1 spelling, `--weights`, stays,
+/// hidden, and gives the same count.
+#[test]
+fn the_frozen_weights_dtype_is_one_flag() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/tests/configs/tiny-llama.json");
+    let base = ["estimate", "--config", config, "--serve", "--capacity", "1GiB", "--json"];
+    let with = |flags: &[&str]| {
+        let mut json = json_of(&[&base[..], flags].concat());
+        json.as_object_mut().unwrap().remove("command");
+        json
+    };
+    assert_eq!(with(&["--base-dtype", "q4_0"]), with(&["--weights", "q4_0"]));
+    assert_eq!(with(&["--base-dtype", "q4_0"])["weights"], "q4_0", "the JSON key stays");
+    assert_ne!(with(&["--base-dtype", "q4_0"]), with(&["--base-dtype", "f32"]), "the flag is read");
+    assert_usage_error(&["estimate", "--config", config, "--base-dtype", "q8_0"], "--lora");
+    for command in ["serve", "estimate"] {
+        let help = text(&autobatch(&[command, "--help"]).stdout);
+        assert!(help.contains("--base-dtype <BASE_DTYPE>"), "{help}");
+        assert!(!help.contains("--weights <"), "one spelling listed:\n{help}");
+    }
+}

@@ -69,7 +69,7 @@ pub trait Model {
 
     /// Whether [`loss_and_gradients`](Model::loss_and_gradients) runs its own
     /// backward pass: training then scales its gradients, not its loss
-    /// ([`TrainLoop::step_with_backward`](autobatch::TrainLoop::step_with_backward)).
+    /// ([`TrainLoop::step`](autobatch::TrainLoop::step), its closure returning the gradients).
     /// False by default.
     fn computes_own_gradients(&self) -> bool {
         false
@@ -272,7 +272,7 @@ impl<M: Model> Trainer<M> {
         };
         let mut unmetered = Unmetered;
         let report = if model.computes_own_gradients() {
-            training.step_with_backward(&mut unmetered, |micro| model.loss_and_gradients(micro.len, seed(micro), &vars))
+            training.step(&mut unmetered, |micro| model.loss_and_gradients(micro.len, seed(micro), &vars))
         } else {
             training.step(&mut unmetered, |micro| model.loss(micro.len, seed(micro)))
         }?;
@@ -292,11 +292,12 @@ impl<M: Model> Trainer<M> {
     /// evaluation batch.
     pub fn evaluation(&self) -> ModelProbe<ForwardOnly<impl FnMut(usize) -> candle_core::Result<Tensor> + use<M>>> {
         let (model, seed) = (self.model.borrow().detached(), self.seed);
-        ModelProbe::forward_only(&self.varmap, move |batch| {
+        ModelProbe::new(&self.varmap, move |batch| {
             let loss = model.loss(batch, data_seed(seed, None))?;
             loss.to_scalar::<f32>()?;
             Ok(loss)
         })
+        .forward_only()
     }
 
     /// Optimizer steps taken by training (probing takes none).

@@ -412,7 +412,7 @@ fn a_forward_only_probe_measures_serving() {
         let (input, _) = serving.data_of_length(b, 0, SEQ)?;
         serving.forward(&input)
     };
-    let mut probe = ModelProbe::forward_only(&varmap, forward);
+    let mut probe = ModelProbe::new(&varmap, forward).forward_only();
     let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
     assert!(plan.warnings().is_empty() && plan.proven_largest(), "{plan}");
     assert!(plan.largest_batch() > 2 * training.largest_batch(), "{plan}\n{training}");
@@ -427,7 +427,7 @@ fn a_forward_only_probe_measures_serving() {
         let (input, _) = model.data_of_length(b, 0, SEQ)?;
         model.forward(&input)
     };
-    let mut probe = ModelProbe::forward_only(&varmap, recorded);
+    let mut probe = ModelProbe::new(&varmap, recorded).forward_only();
     let plan = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
     assert!(plan.warnings().iter().any(|w| matches!(w, Warning::GraphRecorded)), "{plan}");
 }
@@ -640,7 +640,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         .unwrap();
     let without = Tuner::new().run(&mut plain, &mut meter).unwrap();
     drop(plain);
-    let mut probe = ModelProbe::with_backward(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
+    let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let with = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
@@ -662,7 +662,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     for step in 0..3 {
         meter.reset_peak().unwrap();
         let report = training
-            .step_with_backward(&mut meter, |micro| {
+            .step(&mut meter, |micro| {
                 model.checkpointed_loss(&frozen, &vars, micro.len, step * 1000 + micro.offset, SEQ)
             })
             .unwrap();
@@ -766,7 +766,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     assert_eq!(during.state_bytes, 8 * parameters as u64);
     assert!(during.largest_batch < eval.largest_batch, "{plan}");
-    let mut forward_only = ModelProbe::forward_only(&varmap, |b| evaluation_model.loss(b, 0));
+    let mut forward_only = ModelProbe::new(&varmap, |b| evaluation_model.loss(b, 0)).forward_only();
     let alone = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
     assert_eq!(alone.largest_batch(), eval.largest_batch, "{alone}\n{plan}");
     // same weights: the same loss
@@ -896,10 +896,10 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     assert!(trained <= limit, "training at batch {batch}, length {len} peaked at {trained} > {limit}");
 }
 
-/// `TrainLoop::step_with_backward` scales the loss and the gradients itself:
+/// `TrainLoop::step` scales the loss and the gradients a closure returns itself:
 /// one accumulated step with checkpointing moves the weights as `step` does
 /// with the plain backward pass (no scale applied by hand). And a
-/// checkpointed model tunes at several lengths (`by_size_with_backward`),
+/// checkpointed model tunes at several lengths (`by_size`, its closure returning the gradients),
 /// each length's plan training under the ceiling.
 fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     let (varmap, model) = gpt(false);
@@ -907,7 +907,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     let vars = varmap.all_vars();
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let plan = {
-        let mut probe = ModelProbe::with_backward(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
+        let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         Tuner::new().max_batch(6).target_effective_batch(21).run(&mut probe, &mut meter).unwrap()
@@ -916,15 +916,15 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     let weights = || -> Vec<Tensor> { vars.iter().map(|v| v.as_tensor().copy().unwrap()).collect() };
     let start = weights();
     let sgd = || <candle_nn::SGD as Optimizer>::new(vars.clone(), 0.5).unwrap();
-    let mut plain = TrainLoop::from_vars(&plan, vars.clone(), sgd()).unwrap();
+    let mut plain = TrainLoop::new(&plan, &varmap, sgd()).unwrap();
     let plain_report = plain.step(&mut meter, |micro| model.loss(micro.len, micro.offset)).unwrap();
     let after_plain = weights();
     for (var, value) in vars.iter().zip(&start) {
         var.set(value).unwrap();
     }
-    let mut checkpointed = TrainLoop::from_vars(&plan, vars.clone(), sgd()).unwrap();
+    let mut checkpointed = TrainLoop::new(&plan, &varmap, sgd()).unwrap();
     let report = checkpointed
-        .step_with_backward(&mut meter, |micro| model.checkpointed_loss(&frozen, &vars, micro.len, micro.offset, SEQ))
+        .step(&mut meter, |micro| model.checkpointed_loss(&frozen, &vars, micro.len, micro.offset, SEQ))
         .unwrap();
     let (a, b) = (plain_report.loss.unwrap(), report.loss.unwrap());
     assert!((a - b).abs() <= 1e-6 * a.abs(), "mean losses {a} and {b}");
@@ -934,10 +934,9 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
         assert!(diff <= 1e-4 * moved.max(1e-6), "the steps differ by {diff}, the weights moved by {moved}");
     }
 
-    let mut probe =
-        ModelProbe::by_size_with_backward(&varmap, SEQ, |b, len| model.checkpointed_loss(&frozen, &vars, b, 0, len))
-            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
-            .unwrap();
+    let mut probe = ModelProbe::by_size(&varmap, SEQ, |b, len| model.checkpointed_loss(&frozen, &vars, b, 0, len))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
     let sizes = Tuner::new().search(&mut probe, &mut meter).sizes(&[SEQ / 2, SEQ]).unwrap();
     drop(probe);
     assert!(sizes.sizes[&(SEQ / 2)].largest_batch() > sizes.sizes[&SEQ].largest_batch(), "{sizes}");
@@ -947,9 +946,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
         let mut training = TrainLoop::new(plan, &varmap, optimizer).unwrap();
         meter.reset_peak().unwrap();
         training
-            .step_with_backward(&mut meter, |micro| {
-                model.checkpointed_loss(&frozen, &vars, micro.len, micro.offset, len)
-            })
+            .step(&mut meter, |micro| model.checkpointed_loss(&frozen, &vars, micro.len, micro.offset, len))
             .unwrap();
         let peak = meter.peak().unwrap();
         assert!(peak <= plan.limit_bytes(), "length {len}: training peaked at {peak}:\n{plan}");
