@@ -1,4 +1,4 @@
-//! What a tuning run produces: the [`Plan`](crate::Plan) (at the crate root) and
+//! What a tuning run produces: the [`Plan`] (at the crate root) and
 //! its parts, read through its accessors: the [`Split`] of the effective
 //! batch ([`Accumulation`], or a [`RankSplit`] over uneven ranks), the
 //! [`Trial`]s, the [`Warning`]s, the [`SearchLimit`] that stopped it, the

@@ -46,7 +46,6 @@ impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn longest(self, batch: usize, range: SizeRange) -> Result<LongestSize, Error> {
-        self.batches_only()?;
         let settings = self.tuner.settings()?;
         let longest = settings.run_longest(&mut *self.workload, self.meter, batch, range, &mut self.tuner.observing());
         let _ = self.workload.free_training_state();

@@ -1,10 +1,9 @@
 //! One search, set up by [`Tuner::search`]: a workload on a meter, its
 //! options, and the question that ends it.
 
-use super::Tuner;
+use super::{Observer, Settings, Tuner};
 use crate::collective::Collective;
-use crate::setting::Setting;
-use crate::{Error, MemoryMeter, Plan, Value, Workload};
+use crate::{Error, MemoryMeter, Plan, Workload};
 
 /// A search of one workload on one meter. What it answers is the method that
 /// ends it: [`run`](Search::run), the largest batch and the plan;
@@ -13,6 +12,34 @@ use crate::{Error, MemoryMeter, Plan, Value, Workload};
 /// does are its options: [`evaluating`](Search::evaluating) the evaluation
 /// step too, [`across`](Search::across) the ranks of a data-parallel job.
 /// The tuner's settings and its [`observer`](Tuner::observer) apply to all.
+///
+/// An option is part of the search's type (`O`: `Alone`, `Evaluating` or
+/// `Across`, which you need not name), so a search no question takes does
+/// not compile: one option
+/// at a time, and the searches over the input size take none (the
+/// evaluation step is searched on one rank; a size search is of the
+/// training step on one device).
+///
+/// ```compile_fail
+/// # use autobatch::memory::simulated::{MemoryCurve, Simulation};
+/// # use autobatch::collective::ThreadCollective;
+/// # let ranks = ThreadCollective::group(1)?;
+/// # let (mut training, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 1 << 20)).build();
+/// # let (mut evaluation, _) = Simulation::new(1 << 30, MemoryCurve::affine(0, 1 << 20)).build();
+/// // the evaluation step across ranks: no such search
+/// autobatch::Tuner::new().search(&mut training, &mut meter).evaluating(&mut evaluation).across(&ranks[0]).run()?;
+/// # Ok::<(), autobatch::Error>(())
+/// ```
+///
+/// ```compile_fail
+/// # use autobatch::memory::simulated::{MemoryCurve, SizedSimulation};
+/// # use autobatch::collective::ThreadCollective;
+/// # let ranks = ThreadCollective::group(1)?;
+/// # let (mut workload, mut meter) = SizedSimulation::new(1 << 30, 64, |b, s| (b * s) as u64).build();
+/// // a size search across ranks: no such search
+/// autobatch::Tuner::new().search(&mut workload, &mut meter).across(&ranks[0]).sizes(&[32, 64])?;
+/// # Ok::<(), autobatch::Error>(())
+/// ```
 ///
 /// ```
 /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
@@ -25,24 +52,34 @@ use crate::{Error, MemoryMeter, Plan, Value, Workload};
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[must_use = "a search runs when run, sizes or longest ends it"]
-pub struct Search<'a, W: ?Sized, M: ?Sized> {
+pub struct Search<'a, W: ?Sized, M: ?Sized, O = Alone> {
     pub(super) tuner: &'a Tuner,
     pub(super) workload: &'a mut W,
     pub(super) meter: &'a mut M,
-    evaluation: Option<&'a mut dyn Workload>,
-    ranks: Option<&'a dyn Collective>,
+    option: O,
 }
+
+/// A [`Search`] without an option: [`run`](Search::run),
+/// [`sizes`](Search::sizes) and [`longest`](Search::longest) end it.
+pub struct Alone;
+
+/// A [`Search`] of the evaluation step too ([`Search::evaluating`]):
+/// [`run`](Search::run) ends it.
+pub struct Evaluating<'a>(&'a mut dyn Workload);
+
+/// A [`Search`] on every rank ([`Search::across`]): [`run`](Search::run) ends it.
+pub struct Across<'a>(&'a dyn Collective);
 
 impl Tuner {
     /// A search of `workload` on `meter` with this tuner's settings, to be
     /// given its options and ended by its question (see [`Search`]).
     /// `tuner.run(w, m)` is `tuner.search(w, m).run()`.
     pub fn search<'a, W: ?Sized, M: ?Sized>(&'a self, workload: &'a mut W, meter: &'a mut M) -> Search<'a, W, M> {
-        Search { tuner: self, workload, meter, evaluation: None, ranks: None }
+        Search { tuner: self, workload, meter, option: Alone }
     }
 }
 
-impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
+impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M, Alone> {
     /// Also find the evaluation step's own largest batch (forward only:
     /// usually larger), from the training answer: with the training state
     /// held, as between training steps, then alone when the workload can free
@@ -69,9 +106,8 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     /// assert!(evaluation.largest_batch >= during.largest_batch && during.largest_batch > plan.largest_batch());
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn evaluating(mut self, evaluation: &'a mut dyn Workload) -> Self {
-        self.evaluation = Some(evaluation);
-        self
+    pub fn evaluating(self, evaluation: &'a mut dyn Workload) -> Search<'a, W, M, Evaluating<'a>> {
+        Search { tuner: self.tuner, workload: self.workload, meter: self.meter, option: Evaluating(evaluation) }
     }
 
     /// Search on every rank of a data-parallel job and agree on one batch:
@@ -106,53 +142,49 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M> {
     /// assert_eq!(plans[0].effective_batch(), 512); // the target, over both ranks
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn across(mut self, ranks: &'a dyn Collective) -> Self {
-        self.ranks = Some(ranks);
-        self
-    }
-
-    /// Refuses the options that [`run`](Search::run) alone takes: the
-    /// searches over the input size are of one step on one device.
-    pub(super) fn batches_only(&self) -> Result<(), Error> {
-        if self.evaluation.is_some() {
-            return Err(Error::invalid(
-                Setting::Evaluation,
-                Value::Given,
-                "a search over the input size is of the training step: search the evaluation step with `run`",
-            ));
-        }
-        if self.ranks.is_some() {
-            return Err(Error::invalid(
-                Setting::Ranks,
-                Value::Given,
-                "a search over the input size runs on one rank: search the ranks' batch with `run`",
-            ));
-        }
-        Ok(())
+    pub fn across(self, ranks: &'a dyn Collective) -> Search<'a, W, M, Across<'a>> {
+        Search { tuner: self.tuner, workload: self.workload, meter: self.meter, option: Across(ranks) }
     }
 }
 
-impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
-    /// The largest batch that fits under the ceiling, and the plan from it
-    /// (what [`Tuner::run`] answers); with [`evaluating`](Search::evaluating)
-    /// the evaluation step's too, [`across`](Search::across) the ranks' agreed
-    /// one. The evaluation step is searched on one rank: both options at once
-    /// are refused.
-    pub fn run(self) -> Result<Plan, Error> {
+impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O> Search<'a, W, M, O> {
+    /// Runs `search` with the tuner's settings and observer, then frees the
+    /// workload's training state (no ritual before training).
+    fn finish(
+        self,
+        search: impl FnOnce(&Settings, &mut W, &mut M, O, &mut dyn Observer) -> Result<Plan, Error>,
+    ) -> Result<Plan, Error> {
         let settings = self.tuner.settings()?;
         let mut observer = self.tuner.observing();
-        let Search { workload, meter, evaluation, ranks, .. } = self;
-        let plan = match (evaluation, ranks) {
-            (None, None) => settings.search(workload, meter, &mut observer),
-            (Some(evaluation), None) => settings.run_with_eval(workload, evaluation, meter, &mut observer),
-            (None, Some(ranks)) => settings.run_distributed(workload, meter, ranks, &mut observer),
-            (Some(_), Some(_)) => Err(Error::invalid(
-                Setting::Evaluation,
-                Value::Given,
-                "the evaluation step is searched on one rank: search it without `across`",
-            )),
-        };
-        let _ = workload.free_training_state();
+        let plan = search(&settings, &mut *self.workload, &mut *self.meter, self.option, &mut observer);
+        let _ = self.workload.free_training_state();
         plan
+    }
+}
+
+impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M, Alone> {
+    /// The largest batch that fits under the ceiling, and the plan from it
+    /// (what [`Tuner::run`] answers).
+    pub fn run(self) -> Result<Plan, Error> {
+        self.finish(|settings, workload, meter, Alone, observer| settings.search(workload, meter, observer))
+    }
+}
+
+impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M, Evaluating<'_>> {
+    /// The largest training batch and the plan from it, with the evaluation
+    /// step's own largest batch ([`Plan::evaluation`]).
+    pub fn run(self) -> Result<Plan, Error> {
+        self.finish(|settings, workload, meter, Evaluating(evaluation), observer| {
+            settings.run_with_eval(workload, evaluation, meter, observer)
+        })
+    }
+}
+
+impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M, Across<'_>> {
+    /// The batch every rank agreed on, and the plan from it over the ranks.
+    pub fn run(self) -> Result<Plan, Error> {
+        self.finish(|settings, workload, meter, Across(ranks), observer| {
+            settings.run_distributed(workload, meter, ranks, observer)
+        })
     }
 }

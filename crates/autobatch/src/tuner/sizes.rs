@@ -20,7 +20,6 @@ impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// is left at the size it had. The sizes must be non-zero; duplicates
     /// count once. A failure at one size is [`Error::AtSize`].
     pub fn sizes(self, sizes: &[usize]) -> Result<SizePlan, Error> {
-        self.batches_only()?;
         let plan =
             self.tuner.settings()?.run_sizes(&mut *self.workload, self.meter, sizes, &mut self.tuner.observing());
         let _ = self.workload.free_training_state();

@@ -959,29 +959,30 @@ fn the_largest_tensor_bounds_the_search_above_an_out_of_memory_reading() {
 }
 
 /// A search's options go with the question they belong to: the evaluation
-/// step and the ranks are options of `run`, and not of the searches over
-/// the input size; both at once are refused too, each naming the option.
+/// step and the ranks are options of `run`, one at a time, and not of the
+/// searches over the input size. They are in the search's type (the
+/// combinations do not compile: `Search`'s `compile_fail` doctests); what
+/// each option's search answers is tested beside it.
 #[test]
-fn a_search_refuses_the_options_its_question_does_not_take() {
+fn a_search_takes_the_options_its_question_takes() {
     use autobatch::collective::ThreadCollective;
     use autobatch::memory::simulated::{MemoryCurve, Simulation, SizedSimulation};
-    use autobatch::{Setting, plan::SizeRange};
+    use autobatch::plan::SizeRange;
 
     let ranks = ThreadCollective::group(1).unwrap();
     let sim = || Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 64 << 20)).build();
     let (mut training, mut meter) = sim();
     let (mut evaluation, _) = sim();
     let tuner = Tuner::new();
-    let both = tuner.search(&mut training, &mut meter).evaluating(&mut evaluation).across(&ranks[0]).run().unwrap_err();
-    assert_eq!(both.setting(), Some(Setting::Evaluation), "{both}");
+    let alone = tuner.search(&mut training, &mut meter).run().unwrap();
+    let evaluating = tuner.search(&mut training, &mut meter).evaluating(&mut evaluation).run().unwrap();
+    let across = tuner.search(&mut training, &mut meter).across(&ranks[0]).run().unwrap();
+    assert_eq!(evaluating.largest_batch(), alone.largest_batch());
+    assert!(evaluating.evaluation().is_some() && alone.evaluation().is_none());
+    assert_eq!(across.largest_batch(), alone.largest_batch(), "one rank agrees with itself");
 
     let sized = SizedSimulation::new(16 << 30, 64, |batch, len| (1 << 30) + (batch * len * 4096) as u64);
     let (mut workload, mut meter) = sized.build();
-    let (mut evaluation, _) = sim();
-    let err = tuner.search(&mut workload, &mut meter).evaluating(&mut evaluation).sizes(&[64, 128]).unwrap_err();
-    assert!(err.to_string().starts_with("Search::evaluating is set: a search over the input size"), "{err}");
-    let err = tuner.search(&mut workload, &mut meter).across(&ranks[0]).longest(8, SizeRange::up_to(512)).unwrap_err();
-    assert!(err.to_string().starts_with("ranks is set: a search over the input size runs on one rank"), "{err}");
-    // and without them, the same searches answer
+    assert!(tuner.search(&mut workload, &mut meter).sizes(&[64, 128]).is_ok());
     assert!(tuner.search(&mut workload, &mut meter).longest(8, SizeRange::up_to(512)).is_ok());
 }
