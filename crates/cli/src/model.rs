@@ -2,7 +2,6 @@
 //! architecture), built with its optimizer: what `probe` and `--find` both
 //! tune.
 
-use autobatch::Tuner;
 use autobatch::estimate::OptimizerKind;
 use autobatch_models as models;
 use autobatch_models::reference::{ConvNetConfig, MlpConfig, TransformerConfig};
@@ -156,19 +155,16 @@ impl ModelConfig {
     /// `--seq-lens` asks for several lengths.
     pub(crate) fn at_lengths(
         &self,
-        args: &ProbeArgs,
         device: &candle_core::Device,
+        optimizing: Optimizing,
     ) -> Option<Result<Box<dyn LengthWorkload>, models::Error>> {
-        if args.mode.seq_lens.is_empty() {
-            return None;
-        }
         Some(match self {
             ModelConfig::Transformer(config) => {
-                config.build(device).and_then(|trainer| with_optimizer(args, trainer)).map(|t| Box::new(t) as _)
+                config.build(device).and_then(|trainer| optimizing.apply(trainer)).map(|t| Box::new(t) as _)
             }
             ModelConfig::FromConfig(spec) => models::ConfigModel::build(&spec.0, &spec.1, device)
                 .and_then(models::ConfigModel::into_trainer)
-                .and_then(|trainer| with_optimizer(args, trainer))
+                .and_then(|trainer| optimizing.apply(trainer))
                 .map(|t| Box::new(t) as _),
             _ => return None,
         })
@@ -184,17 +180,8 @@ impl ModelConfig {
         }
     }
 
-    /// The model and the optimizer `--optimizer` names, in mixed precision
-    /// when `--precision mixed` (the config's dtype is then bf16).
-    pub(crate) fn build(
-        &self,
-        device: &candle_core::Device,
-        args: &ProbeArgs,
-    ) -> Result<Box<dyn ReferenceWorkload>, models::Error> {
-        self.build_with(device, args.model.precision() == Precision::Mixed, args.model.optimizer)
-    }
-
-    /// [`build`](Self::build) with another of the crate's optimizers.
+    /// The model with `optimizer`, in mixed precision when `mixed` (the
+    /// config's dtype is then bf16).
     pub(crate) fn build_with(
         &self,
         device: &candle_core::Device,
@@ -364,29 +351,21 @@ pub(crate) fn dtype_of(precision: Precision) -> DType {
     }
 }
 
-/// The settings of any search, over batches or over sizes: the ceiling, how
-/// trials run, the strategy and when to stop.
-pub(crate) fn search_tuner(args: &ProbeArgs) -> Tuner {
-    let search = &args.search;
-    let mut tuner = Tuner::new()
-        .ceiling(search.ceiling)
-        .steps_per_trial(search.steps_per_trial.get())
-        .allow_partial_graph(args.plan.allow_partial_graph)
-        .strategy(search.strategy);
-    if let Some(max_trials) = search.max_trials {
-        tuner = tuner.max_trials(max_trials.get());
-    }
-    if let Some(limit) = search.time_limit {
-        tuner = tuner.time_limit(limit);
-    }
-    tuner
+/// How the model trains: the optimizer, and whether in mixed precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Optimizing {
+    pub optimizer: OptimizerKind,
+    /// `--precision mixed`: bf16 variables, f32 masters.
+    pub mixed: bool,
 }
 
-/// The trainer with `--optimizer`, in mixed precision under `--precision mixed`.
-pub(crate) fn with_optimizer<M: Model>(args: &ProbeArgs, trainer: Trainer<M>) -> Result<Trainer<M>, models::Error> {
-    let trainer = match args.model.optimizer {
-        OptimizerKind::AdamW => trainer,
-        other => trainer.with_optimizer(other)?,
-    };
-    if args.model.precision() == Precision::Mixed { trainer.into_mixed_precision() } else { Ok(trainer) }
+impl Optimizing {
+    /// `trainer` with this optimizer, in mixed precision when asked.
+    pub fn apply<M: Model>(self, trainer: Trainer<M>) -> Result<Trainer<M>, models::Error> {
+        let trainer = match self.optimizer {
+            OptimizerKind::AdamW => trainer,
+            other => trainer.with_optimizer(other)?,
+        };
+        if self.mixed { trainer.into_mixed_precision() } else { Ok(trainer) }
+    }
 }

@@ -9,7 +9,7 @@ use autobatch_models as models;
 use candle_core::DType;
 
 use crate::failure::Failure;
-use crate::model::{ModelConfig, search_tuner};
+use crate::model::{ModelConfig, Optimizing};
 
 use super::compare::ReferenceStep;
 use super::context::Run;
@@ -47,7 +47,7 @@ pub fn measured(run: &Run, meter: &mut dyn MemoryMeter, err: autobatch::Error) -
 /// where one device cannot run it (ZeRO's ranks).
 fn changed(run: &Run, change: &Change) -> Option<(ModelConfig, bool, OptimizerKind)> {
     let model = run.model;
-    let (mixed, optimizer) = (run.args.model.precision() == Precision::Mixed, run.args.model.optimizer);
+    let Optimizing { mixed, optimizer } = run.request.optimizing;
     Some(match change {
         Change::Precision { to: Precision::Mixed } => (model.with_dtype(DType::BF16), true, OptimizerKind::AdamW),
         Change::Precision { to: Precision::Bf16 } => (model.with_dtype(DType::BF16), false, optimizer),
@@ -71,7 +71,7 @@ fn peak_at(
     batch: usize,
 ) -> Option<(u64, bool)> {
     let workload = config.build_with(run.device, mixed, optimizer).ok()?;
-    let tuner = search_tuner(run.args).start(batch).max_batch(batch);
+    let tuner = run.request.search.clone().start(batch).max_batch(batch);
     match tuner.run(&mut ReferenceStep(workload), meter) {
         Ok(plan) => Some((plan.peak_bytes(), true)),
         Err(autobatch::Error::NothingFits { peak_bytes: Some(peak), .. }) => Some((peak, false)),
@@ -104,7 +104,7 @@ fn lean_step(run: &Run, meter: &mut dyn MemoryMeter, batch: usize, peak: u64, li
     let lean =
         training.clone().attention(models::Attention::Blocked).loss(models::Loss::Chunked).ops(models::Ops::Fused);
     let model = ModelConfig::FromConfig(Box::new((config.clone(), lean)));
-    let (mixed, optimizer) = (run.args.model.precision() == Precision::Mixed, run.args.model.optimizer);
+    let Optimizing { mixed, optimizer } = run.request.optimizing;
     let (total, fits) = peak_at(run, meter, &model, mixed, optimizer, batch)?;
     let verdict = if fits && total <= limit { "fits" } else { "still over" };
     Some(format!(

@@ -5,10 +5,12 @@ use autobatch_models as models;
 use autobatch_models::reference::{ConvNetConfig, TransformerConfig};
 use autobatch_models::trainer::Footprint;
 
-use crate::args::ProbeArgs;
+use crate::args::{FindArg, ModelKind, ProbeArgs};
 use crate::failure::Failure;
 use crate::model::{ModelConfig, model_name};
 use crate::values::Count;
+
+use super::request::{Question, Request};
 
 /// The checks of the flags alone that depend on their values (clap's rules
 /// refuse the flags that never go together): the reference models' sizes,
@@ -21,7 +23,7 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
         ));
     }
     check_seq_lens(args)?;
-    super::find::check_flags(args)?;
+    check_find(args)?;
     crate::paths::check(args)
 }
 
@@ -57,21 +59,18 @@ fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
 /// else the configured size), or under `--find` `--batch` at the shortest
 /// size searched. A lower bound where the model is built for a longer size
 /// than a step runs at: the search measures the rest and says when nothing fits.
-pub fn check_footprint(
-    args: &ProbeArgs,
-    model: &ModelConfig,
-    footprint: &Footprint,
-    limit: u64,
-) -> Result<(), Failure> {
-    let (batch, size) = match (args.mode.find, args.mode.batch) {
-        (Some(_), Some(batch)) => (batch.get(), args.search.multiple_of.get()),
-        _ => (smallest_batch(args)?, args.seq_lens().into_iter().max().unwrap_or(usize::MAX)),
+pub fn check_footprint(request: &Request, footprint: &Footprint, limit: u64) -> Result<(), Failure> {
+    let (batch, size) = match &request.question {
+        Question::Find { batch, granule } => (*batch, *granule),
+        Question::Lengths(lengths) => (request.first_batch, lengths.iter().copied().max().unwrap_or(usize::MAX)),
+        _ => (request.first_batch, usize::MAX),
     };
-    let at_size = match model {
+    let finding = matches!(request.question, Question::Find { .. });
+    let at_size = match &request.model {
         ModelConfig::Transformer(c) if size < c.seq_len => {
             ModelConfig::Transformer(TransformerConfig { seq_len: size, ..c.clone() })
         }
-        ModelConfig::ConvNet(c) if args.mode.find.is_some() => {
+        ModelConfig::ConvNet(c) if finding => {
             ModelConfig::ConvNet(ConvNetConfig { resolution: size.max(4).min(c.resolution), ..c.clone() })
         }
         ModelConfig::FromConfig(spec) if size < spec.1.seq_len => {
@@ -81,21 +80,13 @@ pub fn check_footprint(
         _ => return Ok(footprint.check_batch_within(batch, limit)?),
     };
     let at_size = at_size.footprint()?;
-    let first_step = match args.mode.find {
+    let first_step = match finding {
         // the model is built at its largest size (its positions, its causal mask,
         // a head over the largest image) and its first step runs at the smallest
-        Some(_) => Footprint { min_bytes_per_sample: at_size.min_bytes_per_sample, ..footprint.clone() },
-        None => at_size,
+        true => Footprint { min_bytes_per_sample: at_size.min_bytes_per_sample, ..footprint.clone() },
+        false => at_size,
     };
     Ok(first_step.check_batch_within(batch, limit)?)
-}
-
-/// The first batch the search will run (the warm-up's): `--start` rounded up
-/// to `--multiple-of`.
-fn smallest_batch(args: &ProbeArgs) -> Result<usize, autobatch::Error> {
-    let search = &args.search;
-    let max_batch = search.max_batch.map(Count::get);
-    Ok(autobatch::search::SearchSpace::new(search.start.get(), max_batch, search.multiple_of.get())?.first())
 }
 
 /// `--seq-lens`: each length once, the model taking the longest.
@@ -112,4 +103,31 @@ fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// `--find`'s flags that depend on their values (clap refuses the batch
+/// search's flags under `--find`): the model whose input it searches, and a
+/// granule that input sizes can have.
+fn check_find(args: &ProbeArgs) -> Result<(), Failure> {
+    let Some(find) = args.mode.find else { return Ok(()) };
+    let (flag, model) = match find {
+        FindArg::SeqLen => ("--find seq-len", ModelKind::Transformer),
+        FindArg::Resolution => ("--find resolution", ModelKind::Convnet),
+    };
+    if args.config.path.is_some() && find == FindArg::Resolution {
+        return Err(Failure::usage(
+            "--find resolution searches the convnet's image side: a --config model takes --find seq-len",
+        ));
+    }
+    if args.model.kind != model && args.config.path.is_none() {
+        let name = if model == ModelKind::Transformer { "transformer" } else { "convnet" };
+        return Err(Failure::usage(format!("{flag} searches a --model {name}'s input: add --model {name}")));
+    }
+    let granule = args.search.multiple_of.get();
+    if find == FindArg::Resolution && granule > 1 && !granule.is_multiple_of(4) {
+        return Err(Failure::usage(format!(
+            "--multiple-of {granule} is not a multiple of 4: --find resolution tries image sides that are (4, 8, 12, ...)"
+        )));
+    }
+    Ok(())
 }

@@ -7,12 +7,12 @@ use autobatch_models as models;
 use autobatch_models::trainer::ReferenceWorkload;
 use candle_core::DType;
 
-use crate::args::ProbeArgs;
 use crate::failure::Failure;
 use crate::model::ModelConfig;
 use crate::progress::Progress;
 
 use super::context::Run;
+use crate::model::Optimizing;
 
 /// What the analytical model expects of bf16's bytes per sample, relative
 /// to f32: half.
@@ -31,10 +31,10 @@ struct Candidate {
 
 /// The model as it is and with each remedy that applies, tuned side by side.
 pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
-    let Run { args, tuner, model, device, device_words: on, .. } = *run;
-    let candidates = candidates(args, model, device);
-    let variants = variants(&candidates, model, device, args)?;
-    let tuner = tuner.clone().observer(Progress::shared(args.output.json));
+    let Run { request, model, device, device_words: on, .. } = *run;
+    let candidates = candidates(request.optimizing, model, device);
+    let variants = variants(&candidates, model, device, request.optimizing)?;
+    let tuner = request.tuner.clone().observer(Progress::shared(request.json));
     let compared = tuner.compare(variants, meter);
     drop(tuner); // the live rows end before the table prints
     let mut comparison = compared?;
@@ -42,10 +42,10 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
     for (row, candidate) in comparison.rows.iter_mut().zip(&candidates).skip(1) {
         row.predicted_bytes_per_sample = base.zip(candidate.factor).map(|(base, factor)| base * factor);
     }
-    if let Some(path) = &args.output.plot {
+    if let Some(path) = &request.plot {
         crate::plot::compare(path, &format!("remedies for the {} on {on}", model.name()), &bars(&comparison))?;
     }
-    if args.output.json {
+    if request.json {
         outln!("{}", serde_json::to_string_pretty(&json(&comparison)).expect("plain values serialize"));
     } else {
         out!("{comparison}");
@@ -53,7 +53,7 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
     if comparison.rows.iter().all(|row| row.plan.is_none()) {
         return Err(Failure::nothing_fits(format!(
             "nothing fits: not even the smallest batch of any variant stays under the ceiling of {} of {}",
-            args.search.ceiling,
+            request.ceiling,
             Bytes(meter.capacity()?)
         )));
     }
@@ -63,8 +63,8 @@ pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
 /// The model as it is, then each remedy that applies to it: the other step
 /// of a config model, bf16 and mixed precision, checkpointing, the other
 /// LoRA bases, the lean optimizers.
-fn candidates(args: &ProbeArgs, model: &ModelConfig, device: &candle_core::Device) -> Vec<Candidate> {
-    let (mixed, optimizer) = (args.model.precision() == Precision::Mixed, args.model.optimizer);
+fn candidates(optimizing: Optimizing, model: &ModelConfig, device: &candle_core::Device) -> Vec<Candidate> {
+    let Optimizing { mixed, optimizer } = optimizing;
     let candidate = |name: &str, config: ModelConfig, factor: Option<f64>, mixed: bool, optimizer: OptimizerKind| {
         Candidate { name: name.to_owned(), config, factor, mixed, optimizer }
     };
@@ -167,10 +167,9 @@ fn variants<'a>(
     candidates: &'a [Candidate],
     model: &ModelConfig,
     device: &'a candle_core::Device,
-    args: &ProbeArgs,
+    optimizing: Optimizing,
 ) -> Result<Vec<ModelVariant<'a>>, Failure> {
-    let as_is_mixed = args.model.precision() == Precision::Mixed;
-    let parameters = model.build_with(device, as_is_mixed, args.model.optimizer)?.parameter_count() as u64;
+    let parameters = model.build_with(device, optimizing.mixed, optimizing.optimizer)?.parameter_count() as u64;
     let state = |candidate: &Candidate| {
         let precision = match (candidate.mixed, candidate.config.dtype()) {
             (true, _) => Precision::Mixed,

@@ -1,16 +1,13 @@
-//! What every mode of a probe command needs: the flags, the tuner, the
-//! model and the device they run on. A leaf of the probe's rooms: the modes
-//! take it, it knows none of them.
+//! What every mode of a probe command needs: the request its flags were
+//! converted into, and the device it runs on. A leaf of the probe's rooms:
+//! the modes take it, it knows none of them.
 
-use autobatch::Tuner;
-
-use crate::args::ProbeArgs;
+use super::request::Request;
 use crate::model::ModelConfig;
 
 /// One probe command on a chosen device: what every mode needs to know.
 pub struct Run<'a> {
-    pub args: &'a ProbeArgs,
-    pub tuner: &'a Tuner,
+    pub request: &'a Request,
     pub model: &'a ModelConfig,
     pub device: &'a candle_core::Device,
     /// The device in words, for the header and the chart.
