@@ -72,31 +72,72 @@ fn load(path: &Path, flags: &Flags) -> Result<Config, Failure> {
     Ok(config)
 }
 
+/// What `serve` asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Question {
+    /// How many sequences of `--max-model-len` fit.
+    Sequences,
+    /// `--concurrency N`: the longest context N sequences hold.
+    LongestContext(usize),
+    /// `--check N`: N and N + 1 sequences run, each said to fit or not.
+    Check(usize),
+}
+
+/// `serve`'s flags, converted once ([`Request::of`]): past it nothing reads a flag.
+struct Request {
+    path: std::path::PathBuf,
+    settled: Settled,
+    question: Question,
+    device: crate::values::DeviceSpec,
+    budget: Option<u64>,
+    ceiling: autobatch::plan::Ceiling,
+    json: bool,
+    plot: Option<std::path::PathBuf>,
+}
+
+impl Request {
+    fn of(args: &ServeArgs) -> Result<Request, Failure> {
+        if let Some(path) = &args.plot {
+            crate::paths::check_serve(&args.config, path)?;
+        }
+        let config = load(&args.config, &Flags::PROBE)?;
+        let question = match (args.concurrency, args.check) {
+            (_, Some(sequences)) => Question::Check(sequences.get()),
+            (Some(sequences), None) => Question::LongestContext(sequences.get()),
+            (None, None) => Question::Sequences,
+        };
+        Ok(Request {
+            settled: args.serving.settle(args.base_dtype, config, &args.config)?,
+            path: args.config.clone(),
+            question,
+            device: args.device,
+            budget: args.budget,
+            ceiling: args.ceiling,
+            json: args.json,
+            plot: args.plot.clone(),
+        })
+    }
+}
+
 /// `autobatch serve`: the probe on the CPU (or a GPU).
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
-    if let Some(path) = &args.plot {
-        crate::paths::check_serve(&args.config, path)?;
-    }
-    let config = load(&args.config, &Flags::PROBE)?;
-    let settled = args.serving.settle(args.base_dtype, config, &args.config)?;
-    let mut on = crate::device_flags::on_device(args.device, args.budget, DEFAULT_BUDGET)?;
+    let mut request = Request::of(args)?;
+    let mut on = crate::device_flags::on_device(request.device, request.budget, DEFAULT_BUDGET)?;
     // counted for where it runs: the CPU's matmul widens bf16
-    let on_cpu = on.device.is_cpu();
-    let settled = Settled { shape: ServingShape { on_cpu, ..settled.shape }, ..settled };
-    serve_on(args, &settled, on.meter.as_mut(), &on.device)
+    request.settled.shape.on_cpu = on.device.is_cpu();
+    serve_on(&request, on.meter.as_mut(), &on.device)
 }
 
 /// The model built on `device`, then `--check`, or the search and its report.
-fn serve_on(
-    args: &ServeArgs,
-    Settled { config, shape }: &Settled,
-    meter: &mut dyn MemoryMeter,
-    device: &candle_core::Device,
-) -> Result<(), Failure> {
+fn serve_on(request: &Request, meter: &mut dyn MemoryMeter, device: &candle_core::Device) -> Result<(), Failure> {
+    let Settled { config, shape } = &request.settled;
     let counted = config.serving_bytes(shape)?;
-    let limit = args.ceiling.limit_bytes(meter.capacity()?);
-    let concurrency = args.concurrency.map(Count::get);
-    let check = args.check.map(Count::get);
+    let limit = request.ceiling.limit_bytes(meter.capacity()?);
+    let (concurrency, check) = match request.question {
+        Question::Sequences => (None, None),
+        Question::LongestContext(sequences) => (Some(sequences), None),
+        Question::Check(sequences) => (None, Some(sequences)),
+    };
     if let Some(sequences) = check {
         check_count_is_countable(sequences, &counted)?;
     }
@@ -106,11 +147,11 @@ fn serve_on(
     let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
     let server = Serving::build(config, shape.weights, weights_dtype, device)?;
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
-    let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(args.ceiling);
+    let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(request.ceiling);
     if let Some(sequences) = check {
         let held = meter.in_use()?;
         let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
-        return report_check(args, shape, limit, held, &trials);
+        return report_check(request, limit, held, &trials);
     }
     let plan = match concurrency {
         Some(sequences) => probe.longest_context(sequences, &mut server, meter)?,
@@ -124,7 +165,7 @@ fn serve_on(
                 .map_err(|err| measured_nothing_fits(err, config, shape, &counted, held_before))?
         }
     };
-    report_plan(args, config, shape, &plan, &counted)
+    report_plan(request, &plan, &counted)
 }
 
 /// `--check N` runs N and N + 1 sequences: both must be counts whose caches
@@ -239,16 +280,11 @@ fn advice(config: &Config, shape: &ServingShape, held: u64, limit: u64, fewest: 
 }
 
 /// `--check`'s two trials, in words or JSON.
-fn report_check(
-    args: &ServeArgs,
-    shape: &ServingShape,
-    limit: u64,
-    held: u64,
-    trials: &[ServeTrial],
-) -> Result<(), Failure> {
-    if args.json {
+fn report_check(request: &Request, limit: u64, held: u64, trials: &[ServeTrial]) -> Result<(), Failure> {
+    let shape = &request.settled.shape;
+    if request.json {
         let report = json!({
-            "config": args.config,
+            "config": request.path,
             "context": shape.context,
             "limit_bytes": limit,
             "held_bytes": held,
@@ -271,17 +307,12 @@ fn report_check(
 }
 
 /// The plan in words or JSON, and its chart.
-fn report_plan(
-    args: &ServeArgs,
-    config: &Config,
-    shape: &ServingShape,
-    plan: &ServePlan,
-    counted: &ServingBytes,
-) -> Result<(), Failure> {
+fn report_plan(request: &Request, plan: &ServePlan, counted: &ServingBytes) -> Result<(), Failure> {
+    let Settled { config, shape } = &request.settled;
     let other_held = plan.held_bytes.saturating_sub(counted.weight_bytes);
-    if args.json {
+    if request.json {
         let report = json!({
-            "config": args.config,
+            "config": request.path,
             "weights": shape.weights.name(),
             "dtype": dtype_name(shape.dtype),
             "kv_cache_dtype": dtype_name(shape.cache_dtype),
@@ -293,10 +324,11 @@ fn report_plan(
         });
         outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
     } else {
-        out!("{}", describe(&args.config, shape, plan, counted, args.concurrency.is_some()));
+        let by_context = matches!(request.question, Question::LongestContext(_));
+        out!("{}", describe(&request.path, shape, plan, counted, by_context));
     }
-    if let Some(path) = &args.plot {
-        crate::plot::serving(path, &chart_title(&args.config, config, shape), plan, counted)?;
+    if let Some(path) = &request.plot {
+        crate::plot::serving(path, &chart_title(&request.path, config, shape), plan, counted)?;
     }
     Ok(())
 }
