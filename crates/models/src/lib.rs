@@ -19,7 +19,9 @@
 //! command line's toy sizes, the tests and the benchmarks run) and [`ops`],
 //! differentiable forms of the candle ops that cut the graph, and the ops of
 //! a frozen base, that these architectures are built from and that a user's
-//! own model file can switch to.
+//! own model file can switch to; and [`estimate`], a config's whole step (or
+//! N parameters' state) counted without running it, against a device: what
+//! `autobatch estimate` prints, as a typed value.
 //!
 //! ```
 //! # #[global_allocator]
