@@ -6,7 +6,7 @@
 //!   refuses it; no variable changes;
 //! - the same BERT forked with `autobatch_models::ops::nn::LayerNorm` (three lines): the
 //!   whole graph, an exact answer by brute force, below the demoted one;
-//! - its forward pass alone (`ModelProbe::forward_only` over `detached`);
+//! - its forward pass alone (`ModelProbe::new(..).forward_only()` over `detached`);
 //! - its longest input at twice that batch (`Search::longest`), exact, and
 //!   a real training step there under the ceiling;
 //! - Qwen2, whose KV cache grows with every forward pass, probed twice in a
