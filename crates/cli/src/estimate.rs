@@ -8,7 +8,7 @@ use crate::output::outln;
 use autobatch::estimate::{Accelerator, Change, Precision, Recompute, Remedy, Sharding, TransformerShape};
 use autobatch::{Bytes, plan::Ceiling};
 use autobatch_models as models;
-use autobatch_models::estimate::{Activations, Estimate, Estimator, OnDevice, StepFit};
+use autobatch_models::estimate::{Activations, Estimate, Estimator, OnDevice, StepFit, Verdict};
 use autobatch_models::{Compute, Config, Family, Lora, Training};
 use candle_core::DType;
 
@@ -129,7 +129,7 @@ impl Counted {
     }
 
     fn fits_under(&self, limit: u64) -> Option<bool> {
-        self.estimate.fits_under(limit)
+        self.estimate.fits_under(limit).known()
     }
 
     /// The estimate as JSON.
@@ -144,7 +144,7 @@ impl Counted {
             "frozen_bytes": self.estimate.setup().frozen_bytes,
             "total_bytes": self.estimate.total_bytes(),
             "capacity_bytes": capacity,
-            "fits": self.estimate.fits(),
+            "fits": self.estimate.fits().map(Verdict::known),
             "activations_counted": self.estimate.counts_a_batch(),
             "remedies": self.advice().iter().map(|remedy| {
                 let mut row = serde_json::to_value(remedy).expect("plain values serialize");

@@ -345,23 +345,44 @@ impl Estimate {
         self.device.as_ref()?.fit.as_ref()
     }
 
-    /// Whether it fits under `limit_bytes`: `Some(true)` only where a batch
-    /// of at least one sample is counted and the total stays under it;
-    /// `Some(false)` where the total does not (or leaves nothing for an
-    /// activation); `None` where the state alone stays under it and the
-    /// activations are not counted (then no one knows).
-    pub fn fits_under(&self, limit_bytes: u64) -> Option<bool> {
+    /// Whether it fits under `limit_bytes` (see [`Verdict`]).
+    pub fn fits_under(&self, limit_bytes: u64) -> Verdict {
         match (self.total_bytes <= limit_bytes, self.counts_a_batch) {
-            (false, _) => Some(false),
-            (true, true) => Some(true),
-            (true, false) if self.total_bytes == limit_bytes => Some(false),
-            (true, false) => None,
+            (false, _) => Verdict::DoesNotFit,
+            (true, true) => Verdict::Fits,
+            // nothing left for a single activation is no fit either
+            (true, false) if self.total_bytes == limit_bytes => Verdict::DoesNotFit,
+            (true, false) => Verdict::StateFits,
         }
     }
 
-    /// [`fits_under`](Self::fits_under) the device's limit.
-    pub fn fits(&self) -> Option<Option<bool>> {
+    /// [`fits_under`](Self::fits_under) the device's limit, where a device was given.
+    pub fn fits(&self) -> Option<Verdict> {
         self.device.as_ref().map(|device| self.fits_under(device.limit_bytes))
+    }
+}
+
+/// Whether an [`Estimate`] fits under a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A batch of at least one sample is counted and the total stays under it.
+    Fits,
+    /// The total does not stay under it, or leaves nothing for an activation.
+    DoesNotFit,
+    /// The state stays under it, and the activations are not counted: whether
+    /// a batch fits is not known (give them, or count a config's step).
+    StateFits,
+}
+
+impl Verdict {
+    /// `Some(fits)` where it is known, `None` where only the state was
+    /// counted (JSON's `fits`: `true`, `false` or `null`).
+    pub fn known(self) -> Option<bool> {
+        match self {
+            Verdict::Fits => Some(true),
+            Verdict::DoesNotFit => Some(false),
+            Verdict::StateFits => None,
+        }
     }
 }
 
@@ -607,14 +628,15 @@ mod tests {
     #[test]
     fn parameters_alone_say_no_batch_fits_until_their_activations_are_counted() {
         let state_only = Estimator::parameters(1_000_000).on_device(1 << 30, Ceiling::default()).count().unwrap();
-        assert_eq!(state_only.fits(), Some(None));
+        assert_eq!(state_only.fits(), Some(Verdict::StateFits));
         assert!(state_only.on_device().unwrap().remedies.iter().all(|remedy| !remedy.fits));
         let with = Estimator::parameters(1_000_000)
             .activations(Activations::Bytes(100 << 20))
             .on_device(1 << 30, Ceiling::default())
             .count()
             .unwrap();
-        assert_eq!(with.fits(), Some(Some(true)));
+        assert_eq!(with.fits(), Some(Verdict::Fits));
+        assert_eq!(with.fits_under(with.total_bytes() - 1), Verdict::DoesNotFit);
         assert_eq!(with.total_bytes(), 16_000_000 + (100 << 20));
     }
 }
