@@ -11,11 +11,11 @@
 //! - Upstream [GitHub repo](https://github.com/google-research/bert).
 //! - See bert in [candle-examples](https://github.com/huggingface/candle/tree/main/candle-examples/) for runnable code
 //!
-use autobatch_models::ops::nn::{layer_norm, LayerNorm}; // autobatch: was super::with_tracing's
+use autobatch_models::ops::nn::{LayerNorm, layer_norm}; // autobatch: was super::with_tracing's
 use candle::{DType, Device, Result, Tensor};
 use candle_core as candle; // autobatch: the crate's name outside candle
-use candle_nn::{embedding, Embedding, Module, VarBuilder};
-use candle_transformers::models::with_tracing::{linear, Linear}; // autobatch: the rest of with_tracing
+use candle_nn::{Embedding, Module, VarBuilder, embedding};
+use candle_transformers::models::with_tracing::{Linear, linear}; // autobatch: the rest of with_tracing
 use serde::Deserialize;
 
 pub const DTYPE: DType = DType::F32;

@@ -28,7 +28,7 @@ use std::rc::Rc;
 use autobatch::model::detached;
 use autobatch::{Error, HeapMeter, MemoryMeter, ModelProbe, Plan, Tuner, Workload};
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::{linear, loss, ParamsAdamW, VarBuilder, VarMap};
+use candle_nn::{ParamsAdamW, VarBuilder, VarMap, linear, loss};
 
 const BUDGET: u64 = 64 << 20;
 const SEQ: usize = 64;
@@ -119,9 +119,10 @@ fn bert(forked: bool) -> Plan {
     };
     let before = bits(&varmap);
     let mut meter = HeapMeter::new(BUDGET).unwrap();
-    let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // the partial answer of an unforked model's cut graph, asked for (refused by default, below)
-    let plan = Tuner::new().allow_partial_graph(!forked).run(&mut probe, &mut meter).unwrap();
+    let plan = Tuner::new().allow_partial_graph(!forked).search(&mut probe, &mut meter).run().unwrap();
     assert!(bits(&varmap) == before, "{name}: tuning changed a variable");
     let of = varmap.all_vars().len();
     let cut = probe.variables_without_gradient().unwrap().len();
@@ -139,7 +140,7 @@ fn bert(forked: bool) -> Plan {
         let serving = Bert::load(detached(&varmap).pp("bert"), true);
         let forward = |batch: usize| serving.hidden(&tokens(batch)?);
         let mut forward_only = ModelProbe::new(&varmap, forward).forward_only();
-        let served = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
+        let served = Tuner::new().search(&mut forward_only, &mut meter).run().unwrap();
         assert!(served.warnings().is_empty() && served.largest_batch() > plan.largest_batch(), "{served}");
         exact("BERT fork, forward only", &mut forward_only, &mut meter, &served);
         println!(
@@ -152,7 +153,7 @@ fn bert(forked: bool) -> Plan {
         let eval = with_eval.evaluation().unwrap();
         let during = eval.during_training.as_ref().expect("the probe frees AdamW's moments");
         assert!(during.largest_batch <= served.largest_batch(), "{with_eval}");
-        let alone = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
+        let alone = Tuner::new().search(&mut forward_only, &mut meter).run().unwrap();
         assert_eq!(alone.largest_batch(), eval.largest_batch, "{alone}\n{with_eval}");
         assert_eq!(alone.largest_batch(), served.largest_batch(), "{alone}\n{served}");
         exact("BERT fork, forward only alone", &mut forward_only, &mut meter, &alone);
@@ -167,7 +168,7 @@ fn bert(forked: bool) -> Plan {
     } else {
         assert!(!plan.complete_graph(), "{plan}");
         assert!(!plan.proven_largest() && cut > 0, "{plan}");
-        match Tuner::new().run(&mut probe, &mut meter) {
+        match Tuner::new().search(&mut probe, &mut meter).run() {
             Err(Error::PartialGraph { variables, .. }) => assert_eq!(variables.len(), cut),
             other => panic!("the tuner took the partial graph by default: {other:?}"),
         }
@@ -194,7 +195,8 @@ fn bert_fork_longest(batch: usize) {
     };
     let before = bits(&varmap);
     let mut meter = HeapMeter::new(BUDGET).unwrap();
-    let mut probe = ModelProbe::by_size(&varmap, SEQ, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
+    let mut probe =
+        ModelProbe::by_size(&varmap, SEQ, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // the model's 128 positions are the range
     let longest = Tuner::new().search(&mut probe, &mut meter).longest(batch, SizeRange::up_to(128)).unwrap();
     assert!(bits(&varmap) == before, "BERT fork: the length search changed a variable");
@@ -244,13 +246,16 @@ fn qwen2() {
         loss::cross_entropy(&logits, &ids.flatten_all()?)
     };
     let reset = Rc::clone(&model);
-    let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap().with_reset(move || {
-        reset.borrow_mut().clear_kv_cache();
-        Ok(())
-    });
+    let mut probe = ModelProbe::new(&varmap, loss)
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap()
+        .with_reset(move || {
+            reset.borrow_mut().clear_kv_cache();
+            Ok(())
+        });
     let mut meter = HeapMeter::new(BUDGET).unwrap();
-    let first = Tuner::new().allow_partial_graph(true).run(&mut probe, &mut meter).unwrap();
-    let second = Tuner::new().allow_partial_graph(true).run(&mut probe, &mut meter).unwrap();
+    let first = Tuner::new().allow_partial_graph(true).search(&mut probe, &mut meter).run().unwrap();
+    let second = Tuner::new().allow_partial_graph(true).search(&mut probe, &mut meter).run().unwrap();
     assert_eq!(first.largest_batch(), second.largest_batch(), "{first}\n{second}");
     for plan in [&first, &second] {
         assert!(!plan.warnings().iter().any(|w| matches!(w, autobatch::plan::Warning::StateKept { .. })), "{plan}");

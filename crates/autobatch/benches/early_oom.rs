@@ -146,9 +146,9 @@ fn run<W: Workload, M: MemoryMeter>(
     let tuner = Tuner::new().ceiling(CEILING);
     let plan = if reading {
         let mut meter = meter;
-        tuner.run(workload, &mut meter)
+        tuner.search(workload, &mut meter).run()
     } else {
-        tuner.run(workload, &mut Unread { inner: meter, failed })
+        tuner.search(workload, &mut Unread { inner: meter, failed }).run()
     };
     plan.ok().map(|plan| plan.largest_batch())
 }

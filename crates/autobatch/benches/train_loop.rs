@@ -93,7 +93,7 @@ fn plan(varmap: &VarMap, model: &Sequential, data: &Data, micro: usize, k: usize
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
-    let plan = tuner.run(&mut probe, &mut HeapMeter::new(BUDGET).unwrap()).unwrap();
+    let plan = tuner.search(&mut probe, &mut HeapMeter::new(BUDGET).unwrap()).run().unwrap();
     assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (micro, k), "{plan}");
     plan
 }

@@ -20,7 +20,12 @@ fn main() -> Result<(), autobatch::Error> {
         .other_process(3 * GIB)
         .oom_from(170);
     let (mut workload, mut meter) = simulation.build();
-    let plan = Tuner::new().ceiling(0.9).multiple_of(8).target_effective_batch(1024).run(&mut workload, &mut meter)?;
+    let plan = Tuner::new()
+        .ceiling(0.9)
+        .multiple_of(8)
+        .target_effective_batch(1024)
+        .search(&mut workload, &mut meter)
+        .run()?;
     println!("{plan}");
     Ok(())
 }

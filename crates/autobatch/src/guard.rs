@@ -25,7 +25,7 @@ use crate::{Error, MemoryMeter, Plan, is_oom, plan::RankShare};
 /// use autobatch::{Guard, Tuner};
 ///
 /// let (mut workload, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 100 << 20)).build();
-/// let plan = Tuner::new().target_effective_batch(256).run(&mut workload, &mut meter)?;
+/// let plan = Tuner::new().target_effective_batch(256).search(&mut workload, &mut meter).run()?;
 /// let mut guard = Guard::new(&plan)?.grow_back_after(100);
 /// let mut seen = vec![0u32; 256];
 /// let report = guard.step(&mut meter, |micro| {

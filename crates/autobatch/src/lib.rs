@@ -40,7 +40,7 @@
 //! // a step that leaves a variable without a gradient (candle's fused LayerNorm) is refused:
 //! // Error::PartialGraph names the variables (autobatch_models::ops has differentiable forms);
 //! // the probe frees its optimizer state when the search ends: train beside it
-//! let plan = Tuner::new().max_batch(256).target_effective_batch(512).run(&mut probe, &mut meter)?;
+//! let plan = Tuner::new().max_batch(256).target_effective_batch(512).search(&mut probe, &mut meter).run()?;
 //! println!("{plan}");
 //!
 //! let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?; // the type the probe measured
@@ -82,7 +82,7 @@
 //! use autobatch::Tuner;
 //!
 //! let (mut step, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 90 << 20)).build();
-//! let plan = Tuner::new().ceiling(0.8).max_batch(64).run(&mut step, &mut meter)?;
+//! let plan = Tuner::new().ceiling(0.8).max_batch(64).search(&mut step, &mut meter).run()?;
 //! assert_eq!(plan.largest_batch(), 64, "batch 64 no longer fits under 80%:\n{plan}");
 //! assert!(plan.utilization() < 0.5, "headroom shrank:\n{plan}");
 //! # Ok::<(), autobatch::Error>(())

@@ -108,9 +108,9 @@ settings! {
     /// Tensor-parallel ranks of an estimate.
     TensorParallel => "Sharding's tensor_parallel",
     /// Serving: the context of each sequence.
-    MaxModelLen => "ServeProbe::new's max_model_len",
+    MaxModelLen => "Scheduling::new's max_model_len",
     /// Serving: the tokens one step prefills.
-    MaxNumBatchedTokens => "ServeProbe::max_num_batched_tokens",
+    MaxNumBatchedTokens => "Scheduling::max_num_batched_tokens",
     /// Serving: the sequences served together.
     Sequences => "sequences",
 }

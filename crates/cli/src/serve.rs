@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
-use autobatch::{Bytes, MemoryMeter, plan::Ceiling};
+use autobatch::serve::{Scheduling, ServePlan, ServeTrial};
+use autobatch::{Bytes, MemoryMeter, Tuner, plan::Ceiling};
 use autobatch_models::{BaseDtype, Config, KvCache, Serving, ServingBytes, ServingShape};
 use candle_core::DType;
 use serde_json::json;
@@ -19,7 +19,7 @@ use crate::values::Count;
 const DEFAULT_CONTEXT: usize = 4096;
 
 /// `--max-num-batched-tokens` when not given: vLLM's for online serving,
-/// as `ServeProbe::new` takes it.
+/// as `Scheduling::new` takes it.
 const DEFAULT_CHUNK: usize = 2048;
 
 /// The CPU budget of `serve` when none is given.
@@ -147,21 +147,25 @@ fn serve_on(request: &Request, meter: &mut dyn MemoryMeter, device: &candle_core
     let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
     let server = Serving::build(config, shape.weights, weights_dtype, device)?;
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
-    let probe = ServeProbe::new(shape.context).max_num_batched_tokens(shape.chunk).ceiling(request.ceiling);
+    let scheduling = Scheduling::new(shape.context).max_num_batched_tokens(shape.chunk);
+    let tuner = Tuner::new().ceiling(request.ceiling);
     if let Some(sequences) = check {
         let held = meter.in_use()?;
-        let trials = [probe.measure(sequences, &mut server, meter)?, probe.measure(sequences + 1, &mut server, meter)?];
+        let trials = [
+            tuner.search(&mut server, meter).measure(sequences, &scheduling)?,
+            tuner.search(&mut server, meter).measure(sequences + 1, &scheduling)?,
+        ];
         return report_check(request, limit, held, &trials);
     }
     let plan = match concurrency {
-        Some(sequences) => probe.longest_context(sequences, &mut server, meter)?,
+        Some(sequences) => tuner.search(&mut server, meter).context(sequences, &scheduling)?,
         None => {
             // the count says where to start: the answer is the same
             let expected = counted.max_sequences(limit, meter.in_use()?.saturating_sub(counted.weight_bytes));
             let slope = (counted.cache_bytes_per_sequence + counted.step_bytes_per_sequence) as f64;
-            probe
-                .expect(expected.max(1), slope)
-                .run(&mut server, meter)
+            tuner
+                .search(&mut server, meter)
+                .sequences(&scheduling.expect(expected.max(1), slope))
                 .map_err(|err| measured_nothing_fits(err, config, shape, &counted, held_before))?
         }
     };

@@ -125,7 +125,7 @@ fn measure_whole(config: &Config, training: &Training, (first, second): (usize, 
 fn tuned(config: &Config, training: &Training) -> Option<(usize, f64)> {
     let mut trainer = ConfigModel::build(config, training, &Device::Cpu).unwrap().into_trainer().unwrap();
     let mut meter = HeapMeter::new(2 << 30).unwrap();
-    let plan = match Tuner::new().run(&mut trainer, &mut meter) {
+    let plan = match Tuner::new().search(&mut trainer, &mut meter).run() {
         Ok(plan) => plan,
         Err(err) => {
             eprintln!("{}: {err}", config.describe(training));

@@ -40,7 +40,7 @@ fn step_time<W: Workload>(model: &mut W, batch: usize) -> Duration {
 }
 
 /// `autobatch probe --compare` on the default transformer and MLP, through the
-/// library's `Tuner::compare`.
+/// library's `Search::compare`.
 fn comparisons(report: &mut String) {
     use autobatch::ModelVariant;
     use autobatch_models::reference::MlpConfig;
@@ -82,8 +82,8 @@ fn comparisons(report: &mut String) {
             ],
         ),
     ];
-    for (command, budget, variants) in cases {
-        let comparison = Tuner::new().compare(variants, &mut HeapMeter::new(budget).unwrap()).unwrap();
+    for (command, budget, mut variants) in cases {
+        let comparison = Tuner::new().search(&mut variants, &mut HeapMeter::new(budget).unwrap()).compare().unwrap();
         let _ = write!(
             report,
             "\n`{command}` (the estimate column is printed by the binary):\n\n```text\n{comparison}```\n"
@@ -109,7 +109,7 @@ fn main() {
                 TransformerConfig { d_model: 128, heads: 8, layers: 4, seq_len, checkpointing, ..Default::default() };
             let mut model = config.build(&Device::Cpu).unwrap();
             let per_sample = (peak(&mut model, 6) - peak(&mut model, 2)) / 4;
-            let plan = Tuner::new().run(&mut model, &mut HeapMeter::new(BUDGET).unwrap()).unwrap();
+            let plan = Tuner::new().search(&mut model, &mut HeapMeter::new(BUDGET).unwrap()).run().unwrap();
             let time = step_time(&mut model, 8);
             times.push(time);
             let remedy = if checkpointing { "gradient checkpointing" } else { "none" };

@@ -18,8 +18,8 @@ static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::n
 
 use std::fmt::Write as _;
 
-use autobatch::serve::{ServePlan, ServeProbe};
-use autobatch::{Bytes, HeapMeter, MemoryMeter};
+use autobatch::serve::{Scheduling, ServePlan};
+use autobatch::{Bytes, HeapMeter, MemoryMeter, Tuner};
 use autobatch_models::{BaseDtype, Config, KvCache, Serving, ServingShape};
 use candle_core::{DType, Device};
 
@@ -71,15 +71,16 @@ fn probe(case: &Case, expect: bool) -> (ServePlan, u64, usize, f64, f64, f64) {
     let held = meter.in_use().unwrap();
     let other = held.saturating_sub(counted.weight_bytes);
     let expected = counted.max_sequences(limit, other);
-    let probe = ServeProbe::new(case.context).max_num_batched_tokens(case.chunk);
+    let shape = Scheduling::new(case.context).max_num_batched_tokens(case.chunk);
     let slope = (counted.cache_bytes_per_sequence + counted.step_bytes_per_sequence) as f64;
+    let tuner = Tuner::new();
     let plan = if expect {
-        probe.clone().expect(expected.max(1), slope).run(&mut server, &mut meter).unwrap()
+        tuner.search(&mut server, &mut meter).sequences(&shape.clone().expect(expected.max(1), slope)).unwrap()
     } else {
-        probe.run(&mut server, &mut meter).unwrap()
+        tuner.search(&mut server, &mut meter).sequences(&shape).unwrap()
     };
-    let at_answer = probe.measure(plan.max_sequences, &mut server, &mut meter).unwrap().seconds;
-    let profile = probe.measure(1, &mut server, &mut meter).unwrap().seconds;
+    let at_answer = tuner.search(&mut server, &mut meter).measure(plan.max_sequences, &shape).unwrap().seconds;
+    let profile = tuner.search(&mut server, &mut meter).measure(1, &shape).unwrap().seconds;
     let vllm = counted.vllm_concurrency(plan.limit_bytes, plan.held_bytes.saturating_sub(counted.weight_bytes));
     (plan, counted.cache_bytes_per_token, expected, vllm, at_answer, profile)
 }
@@ -88,7 +89,7 @@ fn main() {
     let mut section = String::from(
         "## Serving capacity\n\n`cargo bench --bench serve`: the most sequences whose full KV caches at the context and \
          the worst step (one sequence prefilling a chunk while every other decodes) fit under 90% of a CPU budget, \
-         found by `ServeProbe` as `autobatch serve` runs it (the search starting where the count expects the answer) \
+         found by a tuner's search of the server as `autobatch serve` runs it (the search starting where the count expects the answer) \
          and with no expectation; the count from the config (`Config::serving_bytes`) and vLLM's formula for the \
          same settings beside it. Cost: the sequences of every trial over the answer (a decode-step equivalent is one \
          worst step at the answer; each trial also prefills one chunk), and the trials' time over one worst step at \

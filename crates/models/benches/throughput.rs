@@ -33,8 +33,12 @@ fn throughput(report: &mut String) {
     for (name, build, budget) in real_cases() {
         let mut workload = build();
         let mut meter = HeapMeter::new(budget).unwrap();
-        let plan =
-            Tuner::new().ceiling(CEILING).objective(Objective::Throughput).run(&mut *workload, &mut meter).unwrap();
+        let plan = Tuner::new()
+            .ceiling(CEILING)
+            .objective(Objective::Throughput)
+            .search(&mut *workload, &mut meter)
+            .run()
+            .unwrap();
         let choice = plan.throughput().expect("measured");
         let rate =
             |batch: usize| choice.candidates.iter().find(|p| p.batch == batch).map_or(0.0, |p| p.samples_per_second);

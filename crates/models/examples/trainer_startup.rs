@@ -38,7 +38,11 @@ fn main() -> Result<(), autobatch::Error> {
     // Tune at start-up: the probe runs real steps and changes no weight.
     let started = Instant::now();
     let mut meter = HeapMeter::with_room(ROOM)?;
-    let plan = Tuner::new().ceiling(0.9).target_effective_batch(TARGET_EFFECTIVE_BATCH).run(&mut model, &mut meter)?;
+    let plan = Tuner::new()
+        .ceiling(0.9)
+        .target_effective_batch(TARGET_EFFECTIVE_BATCH)
+        .search(&mut model, &mut meter)
+        .run()?;
     println!("{plan}\n(tuned in {:.2?})\n", started.elapsed());
 
     let started = Instant::now();

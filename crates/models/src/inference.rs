@@ -225,7 +225,7 @@ impl Inference {
 }
 
 /// A config's decoder served from a paged [`KvCache`]: what
-/// [`ServeProbe`](autobatch::serve::ServeProbe) measures for `autobatch serve`.
+/// a tuner's search ([`Scheduling`](autobatch::serve::Scheduling)) measures for `autobatch serve`.
 pub struct Serving {
     model: Inference,
     block_size: usize,

@@ -30,7 +30,7 @@ use crate::{Error, MemoryMeter, plan::Ceiling};
 ///     std::hint::black_box(&activations);
 ///     Ok(())
 /// };
-/// let plan = Tuner::new().ceiling(0.5).run(&mut step, &mut meter)?;
+/// let plan = Tuner::new().ceiling(0.5).search(&mut step, &mut meter).run()?;
 /// assert!(plan.peak_bytes() <= plan.limit_bytes());
 /// assert!(plan.largest_batch() == 31 || plan.largest_batch() == 32, "{plan}");
 /// # Ok::<(), autobatch::Error>(())
@@ -93,7 +93,7 @@ impl HeapMeter {
     ///     Ok(())
     /// };
     /// for ceiling in [0.9, 0.5] {
-    ///     let plan = Tuner::new().ceiling(ceiling).run(&mut step, &mut meter)?;
+    ///     let plan = Tuner::new().ceiling(ceiling).search(&mut step, &mut meter).run()?;
     ///     assert!(plan.largest_batch() == 15 || plan.largest_batch() == 16, "{plan}");
     /// }
     /// # drop(kept);

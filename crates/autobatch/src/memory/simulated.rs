@@ -18,7 +18,7 @@
 //! let (mut workload, mut meter) = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 << 20))
 //!     .other_process(GIB)
 //!     .build();
-//! let plan = Tuner::new().ceiling(0.9).run(&mut workload, &mut meter)?;
+//! let plan = Tuner::new().ceiling(0.9).search(&mut workload, &mut meter).run()?;
 //! // (0.9 × 16 GiB − 1 GiB − 2 GiB) / 100 MiB = 116.7
 //! assert_eq!(plan.largest_batch(), 116);
 //! # Ok::<(), autobatch::Error>(())
@@ -309,7 +309,7 @@ impl Simulation {
     }
 
     /// This simulation's step as a workload on the device `meter` watches
-    /// (another model on the same device, as [`Tuner::compare`](crate::Tuner::compare)
+    /// (another model on the same device, as [`Search::compare`](crate::Search::compare)
     /// measures variants): the device's capacity, other processes, resident
     /// bytes, slack and name are the meter's simulation's; the step's curve
     /// and failures are this one's.
@@ -320,7 +320,7 @@ impl Simulation {
     ///
     /// let (first, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 100 << 20)).build();
     /// let mut second = Simulation::new(0, MemoryCurve::affine(2 << 30, 50 << 20)).build_on(&meter);
-    /// let plan = Tuner::new().run(&mut second, &mut meter)?;
+    /// let plan = Tuner::new().search(&mut second, &mut meter).run()?;
     /// assert_eq!(plan.largest_batch(), ((0.9 * (16u64 << 30) as f64) as u64 - (2 << 30)) as usize / (50 << 20));
     /// # drop(first);
     /// # Ok::<(), autobatch::Error>(())
@@ -493,7 +493,7 @@ impl std::error::Error for SimulatedOutOfMemory {}
 /// let truth = sim.true_largest(0.9, 128, &space, 1 << 20);
 /// let (mut workload, mut meter) = sim.build();
 /// workload.resize(128)?;
-/// assert_eq!(Some(Tuner::new().run(&mut workload, &mut meter)?.largest_batch()), truth);
+/// assert_eq!(Some(Tuner::new().search(&mut workload, &mut meter).run()?.largest_batch()), truth);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 pub struct SizedSimulation {

@@ -87,7 +87,7 @@ enum Update {
 ///     loss::cross_entropy(&model.forward(&x)?, &y)
 /// };
 /// let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
-/// let plan = Tuner::new().max_batch(512).run(&mut probe, &mut HeapMeter::with_room(4 << 20)?)?;
+/// let plan = Tuner::new().max_batch(512).search(&mut probe, &mut HeapMeter::with_room(4 << 20)?).run()?;
 /// assert!(plan.largest_batch() > 0);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
@@ -176,7 +176,7 @@ impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<F> {
     /// let serving = linear(64, 10, detached(&varmap))?;
     /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
     /// let mut probe = ModelProbe::new(&varmap, forward).forward_only();
-    /// let plan = Tuner::new().max_batch(4096).run(&mut probe, &mut HeapMeter::with_room(2 << 20)?)?;
+    /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(2 << 20)?).run()?;
     /// assert!(plan.largest_batch() > 0 && plan.warnings().is_empty());
     /// # Ok::<(), autobatch::Error>(())
     /// ```

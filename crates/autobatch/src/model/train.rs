@@ -40,7 +40,7 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 /// };
 /// let mut meter = HeapMeter::with_room(2 << 20)?; // 2 MiB for the step, on any host
 /// let mut probe = ModelProbe::new(&varmap, batch).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
-/// let plan = Tuner::new().max_batch(64).target_effective_batch(256).run(&mut probe, &mut meter)?;
+/// let plan = Tuner::new().max_batch(64).target_effective_batch(256).search(&mut probe, &mut meter).run()?;
 ///
 /// let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
 /// let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;

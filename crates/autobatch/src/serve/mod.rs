@@ -1,14 +1,15 @@
 //! Serving capacity: how many sequences at a given context fit beside their
-//! KV caches and the worst step a server runs, measured as a [`Tuner`]
-//! measures a training batch.
+//! KV caches and the worst step a server runs, measured as a [`Tuner`](crate::Tuner)
+//! measures a training batch, with the tuner's ceiling and settings.
 //!
 //! A server's memory goes mostly to the KV cache of every sequence in flight;
 //! each step adds a transient: the activations of the tokens it runs (a
 //! prompt's chunk while every other sequence decodes one token), the keys
-//! and values attention reads, the logits. [`ServeProbe`] allocates the full
-//! caches of `n` sequences at `max_model_len` tokens, runs that worst step
-//! and reads the peak, and searches `n` as the tuner searches a batch: the
-//! answer was run and fits, the next one up was run and does not.
+//! and values attention reads, the logits. A search of a [`Server`]
+//! ([`Tuner::search`](crate::Tuner::search)) allocates the full caches of `n` sequences at the
+//! [`Scheduling`]'s `max_model_len` tokens, runs that worst step and reads
+//! the peak, and searches `n` as the tuner searches a batch: the answer was
+//! run and fits, the next one up was run and does not.
 //!
 //! A candle server implements [`Server`] over its own model and cache;
 //! `autobatch_models::Serving` is the one for the decoders that crate builds
@@ -16,7 +17,8 @@
 
 use serde::Serialize;
 
-use crate::{Error, MemoryMeter, Plan, Tuner, Workload};
+use crate::tuner::search::{Alone, Search};
+use crate::{Error, MemoryMeter, Plan, Workload};
 
 /// What a server does that the probe measures.
 pub trait Server {
@@ -48,8 +50,13 @@ pub trait Server {
     }
 }
 
-/// Searches the largest number of sequences (or the longest context) a
-/// server holds under a memory ceiling.
+/// The shape of the traffic a server is searched for: each sequence's
+/// context (`max_model_len`) and the prefill chunk of its worst step
+/// (`max_num_batched_tokens`), as vLLM's scheduler takes them. The
+/// questions are a search's ([`Tuner::search`](crate::Tuner::search) of a [`Server`]):
+/// [`sequences`](Search::sequences), [`context`](Search::context) and
+/// [`measure`](Search::measure); the ceiling, the most sequences
+/// ([`Tuner::max_batch`](crate::Tuner::max_batch)) and the observer are the tuner's.
 ///
 /// A server of one's own: each sequence's cache a tensor of keys and values,
 /// the worst step a projection of the tokens it runs
@@ -60,8 +67,8 @@ pub trait Server {
 /// #[global_allocator]
 /// static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 ///
-/// use autobatch::serve::{ServeProbe, Server};
-/// use autobatch::HeapMeter;
+/// use autobatch::serve::{Scheduling, Server};
+/// use autobatch::{HeapMeter, Tuner};
 /// use candle_core::{DType, Device, Result, Tensor};
 ///
 /// struct Toy;
@@ -80,61 +87,44 @@ pub trait Server {
 /// }
 ///
 /// let mut meter = HeapMeter::with_room(4 << 20)?;
-/// let plan = ServeProbe::new(256).max_num_batched_tokens(64).run(&mut Toy, &mut meter)?;
+/// let shape = Scheduling::new(256).max_num_batched_tokens(64);
+/// let plan = Tuner::new().search(&mut Toy, &mut meter).sequences(&shape)?;
 /// assert!(plan.max_sequences > 1 && plan.proven);
+/// // the answer fits and the next one up does not, each run alone
+/// let answer = Tuner::new().search(&mut Toy, &mut meter).measure(plan.max_sequences, &shape)?;
+/// let next = Tuner::new().search(&mut Toy, &mut meter).measure(plan.max_sequences + 1, &shape)?;
+/// assert!(answer.fits && !next.fits);
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct ServeProbe {
+pub struct Scheduling {
     max_model_len: usize,
     max_num_batched_tokens: usize,
-    ceiling: f64,
-    max_sequences: Option<usize>,
     expected: Option<(usize, f64)>,
 }
 
 /// `max_num_batched_tokens` by default: vLLM's for online serving.
 const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 
-impl ServeProbe {
+impl Scheduling {
     /// Sequences of `max_model_len` tokens, the prefill chunk 2048 tokens
-    /// (vLLM's `max_num_batched_tokens` online; or the whole context, if shorter),
-    /// under the tuner's default 90% ceiling.
-    pub fn new(max_model_len: usize) -> ServeProbe {
-        ServeProbe {
-            max_model_len,
-            max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
-            ceiling: 0.9,
-            max_sequences: None,
-            expected: None,
-        }
+    /// (vLLM's `max_num_batched_tokens` online; or the whole context, if shorter).
+    pub fn new(max_model_len: usize) -> Scheduling {
+        Scheduling { max_model_len, max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS, expected: None }
     }
 
     /// The most tokens one step prefills (vLLM's `max_num_batched_tokens`):
     /// the worst step prefills this many (at most the context) while every
     /// other sequence decodes.
-    pub fn max_num_batched_tokens(mut self, tokens: usize) -> ServeProbe {
+    pub fn max_num_batched_tokens(mut self, tokens: usize) -> Scheduling {
         self.max_num_batched_tokens = tokens;
         self
     }
 
-    /// The share of the device's capacity the peak may reach: a fraction
-    /// (`0.85`) or a [`Ceiling`](crate::plan::Ceiling); checked as the tuner checks it.
-    pub fn ceiling(mut self, ceiling: impl Into<f64>) -> ServeProbe {
-        self.ceiling = ceiling.into();
-        self
-    }
-
-    /// Search no more sequences than this.
-    pub fn max_sequences(mut self, sequences: usize) -> ServeProbe {
-        self.max_sequences = Some(sequences);
-        self
-    }
-
-    /// Where the answer is expected, each sequence there adding about
-    /// `bytes_per_sequence`: the search starts there (a good expectation
-    /// takes two trials beside the first); the answer is the same.
-    pub fn expect(mut self, sequences: usize, bytes_per_sequence: f64) -> ServeProbe {
+    /// Where the most sequences are expected, each sequence there adding
+    /// about `bytes_per_sequence`: the search starts there (a good
+    /// expectation takes two trials beside the first); the answer is the same.
+    pub fn expect(mut self, sequences: usize, bytes_per_sequence: f64) -> Scheduling {
         self.expected = Some((sequences, bytes_per_sequence));
         self
     }
@@ -165,67 +155,52 @@ impl ServeProbe {
             _ => Ok(()),
         }
     }
+}
 
-    fn tuner(&self) -> Tuner {
-        let tuner = Tuner::new().ceiling(self.ceiling);
-        match self.max_sequences {
-            Some(most) => tuner.max_batch(most),
-            None => tuner,
-        }
-    }
-
-    /// The largest number of sequences whose full caches at `max_model_len`
-    /// and the worst step stay under the ceiling, run and proven by the next
-    /// one up.
-    pub fn run<S, M>(&self, server: &mut S, meter: &mut M) -> Result<ServePlan, Error>
-    where
-        S: Server + ?Sized,
-        M: MemoryMeter + ?Sized,
-    {
-        self.check(server, None)?;
-        let context = self.max_model_len;
-        let chunk = self.chunk(context);
+/// The questions a search of a [`Server`] answers (see [`Scheduling`]).
+impl<S: Server + ?Sized, M: MemoryMeter + ?Sized> Search<'_, S, M, Alone> {
+    /// The largest number of sequences whose full caches at the shape's
+    /// `max_model_len` and the worst step stay under the tuner's ceiling,
+    /// run and proven by the next one up (searched up to the tuner's
+    /// [`max_batch`](crate::Tuner::max_batch), when set).
+    pub fn sequences(self, shape: &Scheduling) -> Result<ServePlan, Error> {
+        let (tuner, server, meter) = self.parts();
+        shape.check(server, None)?;
+        let context = shape.max_model_len;
+        let chunk = shape.chunk(context);
         let mut workload = Trials { server, context: Varies::Sequences(context), chunk, cache_bytes: Vec::new() };
-        let tuner = self.tuner();
-        let plan = match self.expected {
-            Some((hint, slope)) => tuner.run_expecting(&mut workload, meter, hint.max(1), slope)?,
-            None => tuner.run(&mut workload, meter)?,
-        };
+        let plan = tuner.search_numbers(&mut workload, meter, None, shape.expected)?;
         Ok(ServePlan::of(plan, &workload, context, chunk))
     }
 
-    /// The longest context (in tokens, up to `max_model_len`) at which
-    /// `sequences` sequences' full caches and the worst step stay under the
-    /// ceiling, run and proven by the next token up (or `max_model_len`).
-    pub fn longest_context<S, M>(&self, sequences: usize, server: &mut S, meter: &mut M) -> Result<ServePlan, Error>
-    where
-        S: Server + ?Sized,
-        M: MemoryMeter + ?Sized,
-    {
-        self.check(server, Some(sequences))?;
-        let chunk = self.max_num_batched_tokens;
+    /// The longest context (in tokens, up to the shape's `max_model_len`)
+    /// at which `sequences` sequences' full caches and the worst step stay
+    /// under the tuner's ceiling, run and proven by the next token up (or
+    /// `max_model_len`).
+    pub fn context(self, sequences: usize, shape: &Scheduling) -> Result<ServePlan, Error> {
+        let (tuner, server, meter) = self.parts();
+        shape.check(server, Some(sequences))?;
+        let chunk = shape.max_num_batched_tokens;
         let mut workload = Trials { server, context: Varies::Context(sequences), chunk, cache_bytes: Vec::new() };
-        let plan = Tuner::new().ceiling(self.ceiling).max_batch(self.max_model_len).run(&mut workload, meter)?;
+        let plan = tuner.search_numbers(&mut workload, meter, Some(shape.max_model_len), None)?;
         let context = plan.largest_batch;
         Ok(ServePlan::of(plan, &workload, context, chunk.min(context)))
     }
 
-    /// One trial, no search: `sequences` full caches at `max_model_len` and
-    /// the worst step, its peak read and judged against the ceiling (an
-    /// out-of-memory error does not fit). What a check by brute force runs.
-    pub fn measure<S, M>(&self, sequences: usize, server: &mut S, meter: &mut M) -> Result<ServeTrial, Error>
-    where
-        S: Server + ?Sized,
-        M: MemoryMeter + ?Sized,
-    {
-        self.check(server, Some(sequences))?;
-        let ceiling = crate::plan::Ceiling::new(self.ceiling)?;
+    /// One trial, no search: `sequences` full caches at the shape's
+    /// `max_model_len` and the worst step, its peak read and judged against
+    /// the tuner's ceiling (an out-of-memory error does not fit). What a
+    /// check by brute force runs.
+    pub fn measure(self, sequences: usize, shape: &Scheduling) -> Result<ServeTrial, Error> {
+        let (tuner, server, meter) = self.parts();
+        shape.check(server, Some(sequences))?;
+        let ceiling = tuner.checked_ceiling()?;
         meter.under_ceiling(ceiling);
         let limit = ceiling.limit_bytes(meter.capacity()?);
-        let chunk = self.chunk(self.max_model_len);
+        let chunk = shape.chunk(shape.max_model_len);
         meter.reset_peak()?;
         let started = std::time::Instant::now();
-        let ran = server.allocate(sequences, self.max_model_len, chunk).and_then(|mut caches| {
+        let ran = server.allocate(sequences, shape.max_model_len, chunk).and_then(|mut caches| {
             let bytes = server.cache_bytes(&caches);
             server.worst_step(&mut caches, chunk).map(|()| bytes)
         });

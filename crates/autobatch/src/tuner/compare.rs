@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use log::debug;
 
-use super::{Settings, Tuner};
+use super::Settings;
+use super::search::{Alone, Search};
 use crate::search::LinearFit;
 use crate::units::format_bytes;
 use crate::{Error, MemoryMeter, Plan, Workload};
@@ -58,7 +59,7 @@ impl<'a> ModelVariant<'a> {
     }
 
     /// Starts its search where the variant at place `like` (an earlier one
-    /// in the list given to [`Tuner::compare`], from 0) would reach the
+    /// in the list given to [`Search::compare`], from 0) would reach the
     /// limit with its bytes per sample times `bytes_per_sample_share` (1 for
     /// a change that leaves the activations alone, 0.5 for halving them) and
     /// its fixed bytes plus `fixed_bytes_change` (what is held whatever the
@@ -182,18 +183,19 @@ impl ComparisonRow {
     }
 }
 
-/// Variants tuned side by side: [`Tuner::compare`].
+/// Variants tuned side by side: [`Search::compare`].
 #[derive(Clone, Debug)]
 pub struct Comparison {
     /// One row per variant, in the order given.
     pub rows: Vec<ComparisonRow>,
 }
 
-impl Tuner {
-    /// Tunes each variant with this tuner's settings on the same device and
+impl<'v, M: MemoryMeter + ?Sized> Search<'_, Vec<ModelVariant<'v>>, M, Alone> {
+    /// Tunes each variant with the tuner's settings on the same device and
     /// returns what each found: the measured effect of each remedy on the
     /// model itself. A variant where nothing fits is a row without a plan; any
-    /// other error stops the comparison.
+    /// other error stops the comparison. The variants are taken from the
+    /// vector, each built, tuned and dropped in its turn.
     ///
     /// ```
     /// use autobatch::memory::simulated::{MemoryCurve, Simulation};
@@ -202,25 +204,21 @@ impl Tuner {
     ///
     /// let (plain, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 100 << 20)).build();
     /// let leaner = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 40 << 20)).build_on(&meter);
-    /// let comparison = Tuner::new().compare(
-    ///     vec![ModelVariant::new("as it is", plain), ModelVariant::new("checkpointing", leaner).predicted(40.0 * 1048576.0)],
-    ///     &mut meter,
-    /// )?;
+    /// let mut variants =
+    ///     vec![ModelVariant::new("as it is", plain), ModelVariant::new("checkpointing", leaner).predicted(40.0 * 1048576.0)];
+    /// let comparison = Tuner::new().search(&mut variants, &mut meter).compare()?;
     /// assert!(comparison.rows[1].largest_batch() > 2 * comparison.rows[0].largest_batch());
     /// println!("{comparison}");
     /// # Ok::<(), autobatch::Error>(())
     /// ```
-    pub fn compare<M: MemoryMeter + ?Sized>(
-        &self,
-        variants: Vec<ModelVariant<'_>>,
-        meter: &mut M,
-    ) -> Result<Comparison, Error> {
-        self.settings()?.compare(variants, meter, &mut self.observing())
+    pub fn compare(self) -> Result<Comparison, Error> {
+        let (tuner, variants, meter) = self.parts();
+        tuner.settings()?.compare(std::mem::take(variants), meter, &mut tuner.observing())
     }
 }
 
 impl Settings {
-    /// [`Tuner::compare`] with these settings.
+    /// [`Search::compare`] with these settings.
     pub(super) fn compare<M, O>(
         &self,
         variants: Vec<ModelVariant<'_>>,

@@ -15,7 +15,7 @@ mod engine;
 mod evaluation;
 mod longest;
 mod observer;
-mod search;
+pub(crate) mod search;
 mod settings;
 mod sizes;
 
@@ -38,7 +38,7 @@ use settings::{Options, Settings};
 /// gradient accumulation from it.
 ///
 /// Builder methods take and return `Self`; nothing is checked until
-/// [`run`](Tuner::run) (or [`check`](Tuner::check)), which reports any invalid
+/// [`run`](Search::run) (or [`check`](Tuner::check)), which reports any invalid
 /// setting as an [`Error`] before touching the device.
 ///
 /// ```
@@ -52,7 +52,7 @@ use settings::{Options, Settings};
 ///     .strategy(Strategy::Binary)
 ///     .target_effective_batch(1024)
 ///     .world_size(4)
-///     .run(&mut workload, &mut meter)?;
+///     .search(&mut workload, &mut meter).run()?;
 /// // (0.85 × 80 GiB − 10 GiB) / 300 MiB = 197.97, rounded down to a multiple of 8
 /// assert_eq!(plan.largest_batch(), 192);
 /// // 1024 = 128 × 2 accumulation steps × 4 ranks
@@ -161,7 +161,7 @@ impl Tuner {
     }
 
     /// Demand that the effective batch equals the target exactly: when no split
-    /// hits it, [`run`](Tuner::run) fails with [`Error::InexactTarget`]
+    /// hits it, [`run`](Search::run) fails with [`Error::InexactTarget`]
     /// instead of returning the nearest batch above. Default false.
     pub fn exact_effective_batch(mut self, exact: bool) -> Self {
         self.options.exact_effective_batch = exact;
@@ -233,7 +233,7 @@ impl Tuner {
         self
     }
 
-    /// Stops the search once `limit` has passed since [`run`](Tuner::run)
+    /// Stops the search once `limit` has passed since [`run`](Search::run)
     /// began (warm-up included), with the largest batch seen to fit: the
     /// plan is not proven largest, and
     /// [`SearchLimit::TimeLimit`](crate::plan::SearchLimit::TimeLimit) says which
@@ -251,7 +251,7 @@ impl Tuner {
     /// use autobatch::{plan::SearchLimit, Tuner};
     ///
     /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 1 << 20)).build();
-    /// let plan = Tuner::new().time_limit(Duration::ZERO).warmup(false).run(&mut workload, &mut meter);
+    /// let plan = Tuner::new().time_limit(Duration::ZERO).warmup(false).search(&mut workload, &mut meter).run();
     /// assert!(matches!(plan, Err(autobatch::Error::TimeLimit { .. })));
     /// # Ok::<(), autobatch::Error>(())
     /// ```
@@ -301,31 +301,6 @@ impl Tuner {
         Settings::new(self.ceiling, &self.options)
     }
 
-    /// Probes `workload` on the device `meter` watches and returns the plan.
-    ///
-    /// Every trial resets the meter's peak, runs the step
-    /// `steps_per_trial` times, synchronizes, reads the peak and releases cached
-    /// memory. Out-of-memory errors (see [`is_oom`](crate::is_oom)) and peaks over the ceiling
-    /// are failed trials; any other workload error ends the run as
-    /// [`Error::Workload`]. When even the smallest candidate fails the result is
-    /// [`Error::NothingFits`], never a default.
-    ///
-    /// Memory that does not come back after a failed trial is reported as a
-    /// [`Warning::Leak`](crate::plan::Warning::Leak) in the plan rather than an error: the trials after it
-    /// ran with less memory, so the answer stays safe, and the caller decides
-    /// whether a leaking workload is acceptable. When memory in use rose after the
-    /// chosen batch was measured, the batch is run again (a
-    /// [`TrialKind::Recheck`] trial) so that the answer fits the memory as it is now.
-    pub fn run<W, M>(&self, workload: &mut W, meter: &mut M) -> Result<Plan, Error>
-    where
-        W: Workload + ?Sized,
-        M: MemoryMeter + ?Sized,
-    {
-        let plan = self.settings()?.search(workload, meter, &mut self.observing());
-        let _ = workload.free_training_state();
-        plan
-    }
-
     /// Tells `observer` about every search this tuner runs, as it runs: each
     /// trial as it starts and ends, each size, variant or evaluation search
     /// as it starts. For live progress in a command-line tool or a trainer's
@@ -345,7 +320,7 @@ impl Tuner {
     /// }
     /// let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 100 << 20)).build();
     /// let rows = Arc::new(Mutex::new(Rows(Vec::new())));
-    /// Tuner::new().strategy(Strategy::Binary).observer(rows.clone()).run(&mut workload, &mut meter)?;
+    /// Tuner::new().strategy(Strategy::Binary).observer(rows.clone()).search(&mut workload, &mut meter).run()?;
     /// assert_eq!(rows.lock().unwrap().0[..3], ["1 fits", "2 fits", "4 fits"]);
     /// # Ok::<(), autobatch::Error>(())
     /// ```
@@ -361,20 +336,35 @@ impl Tuner {
 }
 
 impl Tuner {
-    /// [`run`](Tuner::run) expecting its answer near `hint`, each sample
-    /// there adding about `bytes_per_sample`: the search starts there.
-    pub(crate) fn run_expecting<W, M>(
+    /// The ceiling, checked as every search checks it.
+    pub(crate) fn checked_ceiling(&self) -> Result<crate::plan::Ceiling, Error> {
+        Ok(self.settings()?.ceiling)
+    }
+
+    /// A search of another question's numbers (a server's sequences or
+    /// context) with this tuner's settings: up to `most` when given, starting
+    /// where `expected` (a number, bytes per unit) puts the answer; never
+    /// served from or stored in the plan cache, which holds training plans.
+    pub(crate) fn search_numbers<W, M>(
         &self,
         workload: &mut W,
         meter: &mut M,
-        hint: usize,
-        bytes_per_sample: f64,
+        most: Option<usize>,
+        expected: Option<(usize, f64)>,
     ) -> Result<Plan, Error>
     where
         W: Workload + ?Sized,
         M: MemoryMeter + ?Sized,
     {
-        self.settings()?.hinted_along(hint, bytes_per_sample).search(workload, meter, &mut ())
+        let mut settings = self.settings()?;
+        settings.options.cache_path = None;
+        if let Some(most) = most {
+            settings = settings.up_to(most);
+        }
+        if let Some((hint, bytes_per_unit)) = expected {
+            settings = settings.hinted_along(hint.max(1), bytes_per_unit);
+        }
+        settings.search(workload, meter, &mut self.observing())
     }
 }
 

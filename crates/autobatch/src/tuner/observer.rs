@@ -44,7 +44,7 @@ pub trait Observer {
         let _ = batch;
     }
     /// The variant `name` of a comparison is about to be tuned (see
-    /// [`Tuner::compare`](crate::Tuner::compare)); its trials follow.
+    /// [`Search::compare`](crate::Search::compare)); its trials follow.
     fn variant_started(&mut self, name: &str) {
         let _ = name;
     }

@@ -5,13 +5,19 @@ use super::{Observer, Settings, Tuner};
 use crate::collective::Collective;
 use crate::{Error, MemoryMeter, Plan, Workload};
 
-/// A search of one workload on one meter. What it answers is the method that
-/// ends it: [`run`](Search::run), the largest batch and the plan;
-/// [`sizes`](Search::sizes), the largest batch at each input size;
-/// [`longest`](Search::longest), the longest input at a batch. What else it
-/// does are its options: [`evaluating`](Search::evaluating) the evaluation
-/// step too, [`across`](Search::across) the ranks of a data-parallel job.
-/// The tuner's settings and its [`observer`](Tuner::observer) apply to all.
+/// A search of one subject on one meter: the one way a tuner runs. What it
+/// answers is the method that ends it, and the subject's type says which
+/// there are. Of a [`Workload`] (a model's step): [`run`](Search::run), the
+/// largest batch and the plan; [`sizes`](Search::sizes), the largest batch
+/// at each input size; [`longest`](Search::longest), the longest input at a
+/// batch; its options [`evaluating`](Search::evaluating) the evaluation step
+/// too and [`across`](Search::across) the ranks of a data-parallel job. Of
+/// variants (a `Vec` of [`ModelVariant`](crate::ModelVariant)):
+/// [`compare`](Search::compare), each tuned side by side. Of a
+/// [`Server`](crate::serve::Server): [`sequences`](Search::sequences),
+/// [`context`](Search::context), [`measure`](Search::measure) (see
+/// [`Scheduling`](crate::serve::Scheduling)). The tuner's settings, its
+/// ceiling and its [`observer`](Tuner::observer) apply to all.
 ///
 /// An option is part of the search's type (`O`: `Alone`, `Evaluating` or
 /// `Across`, which you need not name), so a search no question takes does
@@ -48,7 +54,7 @@ use crate::{Error, MemoryMeter, Plan, Workload};
 /// let (mut workload, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(2 << 30, 64 << 20)).build();
 /// let tuner = Tuner::new();
 /// let plan = tuner.search(&mut workload, &mut meter).run()?;
-/// assert_eq!(plan.largest_batch(), tuner.run(&mut workload, &mut meter)?.largest_batch());
+/// assert!(plan.proven_largest());
 /// # Ok::<(), autobatch::Error>(())
 /// ```
 #[must_use = "a search runs when run, sizes or longest ends it"]
@@ -73,13 +79,18 @@ pub struct Across<'a>(&'a dyn Collective);
 impl Tuner {
     /// A search of `workload` on `meter` with this tuner's settings, to be
     /// given its options and ended by its question (see [`Search`]).
-    /// `tuner.run(w, m)` is `tuner.search(w, m).run()`.
     pub fn search<'a, W: ?Sized, M: ?Sized>(&'a self, workload: &'a mut W, meter: &'a mut M) -> Search<'a, W, M> {
         Search { tuner: self, workload, meter, option: Alone }
     }
 }
 
 impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M, Alone> {
+    /// The tuner, the subject and the meter: for a question asked in another
+    /// module (a server's).
+    pub(crate) fn parts(self) -> (&'a Tuner, &'a mut W, &'a mut M) {
+        (self.tuner, self.workload, self.meter)
+    }
+
     /// Also find the evaluation step's own largest batch (forward only:
     /// usually larger), from the training answer: with the training state
     /// held, as between training steps, then alone when the workload can free
@@ -163,8 +174,24 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O> Search<'a, W, M, O> {
 }
 
 impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M, Alone> {
-    /// The largest batch that fits under the ceiling, and the plan from it
-    /// (what [`Tuner::run`] answers).
+    /// Probes the workload on the device the meter watches: the largest
+    /// batch that fits under the ceiling, and the plan from it.
+    ///
+    /// Every trial resets the meter's peak, runs the step
+    /// `steps_per_trial` times, synchronizes, reads the peak and releases cached
+    /// memory. Out-of-memory errors (see [`is_oom`](crate::is_oom)) and peaks over the ceiling
+    /// are failed trials; any other workload error ends the run as
+    /// [`Error::Workload`]. When even the smallest candidate fails the result is
+    /// [`Error::NothingFits`], never a default.
+    ///
+    /// Memory that does not come back after a failed trial is reported as a
+    /// [`Warning::Leak`](crate::plan::Warning::Leak) in the plan rather than an error: the trials after it
+    /// ran with less memory, so the answer stays safe, and the caller decides
+    /// whether a leaking workload is acceptable. When memory in use rose after the
+    /// chosen batch was measured, the batch is run again (a
+    /// [`TrialKind::Recheck`](crate::plan::TrialKind::Recheck) trial) so that the answer fits the memory as it is now.
+    /// The workload's training state is freed after the search
+    /// ([`Workload::free_training_state`]): training starts beside nothing of it.
     pub fn run(self) -> Result<Plan, Error> {
         self.finish(|settings, workload, meter, Alone, observer| settings.search(workload, meter, observer))
     }

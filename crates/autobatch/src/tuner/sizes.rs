@@ -14,7 +14,7 @@ impl<W: Resizable + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M> {
     /// batch and size fitted to all the measurements, the token budget per
     /// micro-batch, and [`SizePlan::batch_for`] for sizes in between.
     ///
-    /// Each size is a full [`run`](crate::Tuner::run) with this tuner's settings
+    /// Each size is a full [`run`](crate::Search::run) with this tuner's settings
     /// (target, accumulation check, objective); with a [`cache`](crate::Tuner::cache)
     /// each size is stored under the model's key plus the size. The workload
     /// is left at the size it had. The sizes must be non-zero; duplicates

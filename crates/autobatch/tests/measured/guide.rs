@@ -52,7 +52,7 @@ fn as_a_library() -> std::result::Result<(), autobatch::Error> {
     let params = ParamsAdamW { lr: 1e-2, ..Default::default() };
     let mut probe =
         ModelProbe::new(&varmap, |batch| model.loss(batch, 0)).optimizer::<autobatch::optim::AdamW>(params.clone())?;
-    let plan = Tuner::new().multiple_of(8).target_effective_batch(4096).run(&mut probe, &mut meter)?;
+    let plan = Tuner::new().multiple_of(8).target_effective_batch(4096).search(&mut probe, &mut meter).run()?;
     // the probe freed its AdamW moments when the search ended: train beside it
 
     // train: the plan's micro-batches, guarded, only the variables' gradients accumulated
@@ -85,7 +85,8 @@ fn any_closure() -> std::result::Result<(), autobatch::Error> {
         .target_effective_batch(1024) // what the optimizer should see
         .world_size(4) // data-parallel ranks
         .strategy(Strategy::Predictive) // the default: fit, jump near the answer, verify
-        .run(&mut step, &mut meter)?; // meter: how the device's memory is measured
+        .search(&mut step, &mut meter) // meter: how the device's memory is measured
+        .run()?;
 
     println!("{plan}"); // trial table and the plan
     // plan.micro_batch() × plan.accumulation_steps() × plan.world_size() == plan.effective_batch()

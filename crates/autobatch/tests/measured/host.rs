@@ -132,7 +132,7 @@ fn larger_matmuls_before_between_and_after_trials_change_no_answer() {
         let mut meter = HeapMeter::with_room(12 * MIB).unwrap();
         let tuner = Tuner::new().ceiling(0.9).max_batch(4096);
         let tuner = if between { tuner.observer(Arc::new(Mutex::new(MatmulsBetweenTrials))) } else { tuner };
-        let plan = tuner.run(&mut probe, &mut meter).unwrap();
+        let plan = tuner.search(&mut probe, &mut meter).run().unwrap();
         (plan, meter)
     };
     let (quiet, quiet_meter) = tune(false);
@@ -185,7 +185,7 @@ fn a_printed_backtrace_changes_no_answer_under_a_budget_sized_from_the_baseline(
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let mut meter = HeapMeter::with_room(12 * MIB).unwrap();
-        Tuner::new().ceiling(0.9).max_batch(4096).run(&mut probe, &mut meter).unwrap()
+        Tuner::new().ceiling(0.9).max_batch(4096).search(&mut probe, &mut meter).run().unwrap()
     };
     let before = tune();
     let held = TrackingAllocator::live_bytes();

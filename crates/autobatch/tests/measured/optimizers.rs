@@ -234,7 +234,11 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
     let mut largest = Vec::new();
     for name in ["adamw", "lion", "adafactor", "adamw8bit"] {
         let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name);
-        let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20).unwrap()).unwrap();
+        let plan = Tuner::new()
+            .max_batch(8192)
+            .search(&mut probe, &mut HeapMeter::with_room(12 << 20).unwrap())
+            .run()
+            .unwrap();
         // the one thing to say of this model: candle keeps the input batch's own gradient
         // (its first matmul reads the data), batch × INPUTS features × 4 bytes
         for warning in plan.warnings() {
@@ -273,17 +277,17 @@ fn a_probe_kept_after_tuning_holds_no_optimizer_state() {
     for name in ["adamw", "lion", "adamw8bit"] {
         let before = meter.in_use().unwrap();
         let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name);
-        let plan = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
+        let plan = Tuner::new().max_batch(64).search(&mut probe, &mut meter).run().unwrap();
         let held = meter.in_use().unwrap().saturating_sub(before);
         assert!(held < moments / 8, "{name}: the probe still holds {held} bytes after tuning\n{plan}");
         // stepping again builds its state again, and the answer is the same
-        let again = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
+        let again = Tuner::new().max_batch(64).search(&mut probe, &mut meter).run().unwrap();
         assert_eq!(again.largest_batch(), plan.largest_batch(), "{name}");
     }
     // training beside the live probe stays under the plan's limit
     let mut probe =
         ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().max_batch(64).target_effective_batch(128).run(&mut probe, &mut meter).unwrap();
+    let plan = Tuner::new().max_batch(64).target_effective_batch(128).search(&mut probe, &mut meter).run().unwrap();
     let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut training = autobatch::TrainLoop::new(&plan, &varmap, optimizer).unwrap();
     meter.reset_peak().unwrap();
@@ -361,7 +365,8 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
         model.loss(&x, &y)
     };
     let mut probe = ModelProbe::new(&varmap, loss).optimizer::<MixedPrecision<AdamW>>(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().max_batch(8192).run(&mut probe, &mut HeapMeter::with_room(12 << 20).unwrap()).unwrap();
+    let plan =
+        Tuner::new().max_batch(8192).search(&mut probe, &mut HeapMeter::with_room(12 << 20).unwrap()).run().unwrap();
     assert_eq!(autobatch::Workload::profile(&probe).unwrap().precision, autobatch::estimate::Precision::Mixed);
     drop(probe);
     assert_eq!(before, bits(&varmap), "probing changed a weight");
@@ -376,7 +381,7 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
     let plan = {
         let mut probe = ModelProbe::new(&varmap, loss)
             .dry(MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap());
-        Tuner::new().target_effective_batch(2 * plan.largest_batch()).run(&mut probe, &mut meter).unwrap()
+        Tuner::new().target_effective_batch(2 * plan.largest_batch()).search(&mut probe, &mut meter).run().unwrap()
     };
     assert!(plan.accumulation_peak_bytes().is_some(), "{plan}");
     let optimizer = MixedPrecision::<AdamW>::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
@@ -530,7 +535,7 @@ fn candle_nns_adamw_is_told_what_switching_saves() {
         .optimizer::<candle_nn::AdamW>(ParamsAdamW::default())
         .unwrap()
         .graph_through_update(true);
-    let plan = Tuner::new().run(&mut candle, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut candle, &mut meter).run().unwrap();
     drop(candle);
     let said = plan.warnings().iter().find_map(|w| match w {
         Warning::LeanerUpdate { batch, saves_bytes, .. } => Some((*batch, *saves_bytes)),
@@ -550,7 +555,7 @@ fn candle_nns_adamw_is_told_what_switching_saves() {
     let measured = plan.peak_bytes().saturating_sub(lean_peak);
     let gap = measured.abs_diff(saves) as f64 / saves as f64;
     assert!(gap <= 0.01, "said {saves} saved, the lean step at batch {batch} saves {measured}");
-    let lean_plan = Tuner::new().run(&mut lean, &mut meter).unwrap();
+    let lean_plan = Tuner::new().search(&mut lean, &mut meter).run().unwrap();
     assert!(lean_plan.largest_batch() > plan.largest_batch(), "{lean_plan}\n{plan}");
     assert!(!lean_plan.warnings().iter().any(|w| matches!(w, Warning::LeanerUpdate { .. })), "{lean_plan}");
     println!(
@@ -604,7 +609,7 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
         for held in [false, true] {
             let mut meter = HeapMeter::new(budget).unwrap();
             let mut probe = with_optimizer(ModelProbe::new(&varmap, loss), name).graph_through_update(held);
-            let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+            let plan = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
             let b = plan.largest_batch();
             assert!(plan.proven_largest(), "{name}:\n{plan}");
             let at = peak(&mut meter, || autobatch::Workload::step(&mut probe, b));

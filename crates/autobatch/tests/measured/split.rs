@@ -57,7 +57,7 @@ fn weights(varmap: &VarMap) -> Vec<(String, Vec<f32>)> {
 fn plan(varmap: &VarMap, model: &Mlp, meter: &mut HeapMeter, equal: bool) -> Plan {
     let mut probe = ModelProbe::new(varmap, |b| model.loss(0, b)).optimizer::<autobatch::optim::Sgd>(LR).unwrap();
     let tuner = Tuner::new().max_batch(57).target_effective_batch(256).equal_micro_batches(equal);
-    tuner.run(&mut probe, meter).unwrap()
+    tuner.search(&mut probe, meter).run().unwrap()
 }
 
 /// `(w_before − w_after) / lr` of one `TrainLoop` step with `plan`: the

@@ -149,7 +149,7 @@ fn every_probe_path_changes_no_bit() {
             _ => probe,
         };
         let mut meter = HeapMeter::with_room(ROOM).unwrap();
-        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let plan = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
         assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "{name}: tuning changed a variable");
         no_missing_gradients(name, plan.warnings());
         assert_eq!(probe.buffers().unwrap(), STATE, "{name}");
@@ -183,7 +183,7 @@ fn every_other_path_changes_no_bit() {
     })
     .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
     .unwrap();
-    let plan = Tuner::new().target_effective_batch(1000).run(&mut own_backward, &mut meter).unwrap();
+    let plan = Tuner::new().target_effective_batch(1000).search(&mut own_backward, &mut meter).run().unwrap();
     assert!(plan.accumulation_steps() > 1 && plan.accumulation_peak_bytes().is_some(), "{plan}");
     no_missing_gradients("with_backward", plan.warnings());
     drop(own_backward);
@@ -216,7 +216,7 @@ fn every_other_path_changes_no_bit() {
     drop(probe);
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "evaluation: tuning changed a variable");
 
-    let variants = vec![
+    let mut variants = vec![
         ModelVariant::lazy("adamw", || {
             ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0))
                 .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
@@ -226,7 +226,7 @@ fn every_other_path_changes_no_bit() {
                 .optimizer::<autobatch::optim::Lion>(ParamsLion::default())
         }),
     ];
-    let comparison = Tuner::new().compare(variants, &mut meter).unwrap();
+    let comparison = Tuner::new().search(&mut variants, &mut meter).compare().unwrap();
     assert!(comparison.rows.iter().all(|row| row.plan.is_some()));
     assert_eq!(changed(&before, &bits(&varmap)), [] as [String; 0], "compare: tuning changed a variable");
 }
@@ -285,8 +285,8 @@ fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
         let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
-        let first = Tuner::new().run(&mut probe, &mut meter).unwrap();
-        Tuner::new().target_effective_batch(2 * first.largest_batch() + 1).run(&mut probe, &mut meter).unwrap()
+        let first = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
+        Tuner::new().target_effective_batch(2 * first.largest_batch() + 1).search(&mut probe, &mut meter).run().unwrap()
     };
     let before = bits(&varmap);
     let optimizer = autobatch::optim::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
@@ -342,7 +342,7 @@ fn a_displayed_error_leaves_the_heap_as_it_was() {
     };
     let mut probe =
         ModelProbe::new(&varmap, wrong).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).unwrap_err();
+    let err = Tuner::new().search(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).run().unwrap_err();
     assert!(err.workload_error().is_some(), "{err}");
     let before = autobatch::TrackingAllocator::live_bytes();
     let text = err.to_string();
@@ -367,11 +367,14 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     let mut probe =
         ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // refused by default, naming the variable and how to declare a buffer
-    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).unwrap_err();
+    let err = Tuner::new().search(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).run().unwrap_err();
     assert!(matches!(&err, autobatch::Error::PartialGraph { variables, .. } if variables == &["centre.mean"]), "{err}");
     assert!(err.to_string().contains("buffers_named"), "{err}");
-    let plan =
-        Tuner::new().allow_partial_graph(true).run(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap()).unwrap();
+    let plan = Tuner::new()
+        .allow_partial_graph(true)
+        .search(&mut probe, &mut HeapMeter::with_room(ROOM).unwrap())
+        .run()
+        .unwrap();
     let mut buffers: Vec<&str> = probe.read_only_buffers().iter().map(String::as_str).collect();
     buffers.sort();
     assert_eq!(buffers, ["bn1d.running_mean", "bn1d.running_var", "bn2d.running_mean", "bn2d.running_var"]);
@@ -393,7 +396,7 @@ fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     // one of two values 2.3 MB apart (seen here: 42.79 or 45.12 MB at batch
     // 249). Each trial is the largest of four steps, as training meets them.
     const STEPS: usize = 4;
-    let plan = Tuner::new().steps_per_trial(STEPS).run(&mut probe, &mut meter).unwrap();
+    let plan = Tuner::new().steps_per_trial(STEPS).search(&mut probe, &mut meter).run().unwrap();
     no_missing_gradients("declared", plan.warnings());
     assert!(plan.proven_largest(), "{plan}");
     let (b, limit) = (plan.largest_batch(), plan.limit_bytes());

@@ -31,7 +31,7 @@ fn model_key(hidden: usize, seq_len: usize) -> CacheKey {
 
 fn run(tuner: &Tuner, capacity: u64) -> (Plan, usize) {
     let (mut workload, mut meter) = device(capacity);
-    let plan = tuner.run(&mut workload, &mut meter).unwrap();
+    let plan = tuner.search(&mut workload, &mut meter).run().unwrap();
     (plan, workload.steps())
 }
 
@@ -108,7 +108,7 @@ fn any_change_that_decides_memory_misses() {
     // another device of the same capacity
     let (mut workload, mut meter) =
         Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).name("sim-B").build();
-    let plan = base.run(&mut workload, &mut meter).unwrap();
+    let plan = base.search(&mut workload, &mut meter).run().unwrap();
     assert!(!plan.cached() && workload.steps() > 0, "another device must miss");
     // and every one of them is now a hit
     assert!(run(&base.clone().ceiling(0.8), 16 * GIB).0.cached());
@@ -176,7 +176,7 @@ fn an_entry_that_disagrees_with_its_key_is_a_miss() {
 fn a_cache_without_a_model_key_is_an_error_before_any_step() {
     let path = scratch("nokey");
     let (mut workload, mut meter) = device(16 * GIB);
-    let err = Tuner::new().cache(&path).run(&mut workload, &mut meter).unwrap_err();
+    let err = Tuner::new().cache(&path).search(&mut workload, &mut meter).run().unwrap_err();
     assert!(matches!(err, Error::InvalidSetting { value: autobatch::Value::Missing, .. }), "{err}");
     assert!(err.to_string().starts_with("Tuner::cache_key is missing: the plan cache needs"), "{err}");
     assert_eq!(workload.steps(), 0);
@@ -307,14 +307,19 @@ fn a_hit_that_now_accumulates_checks_the_accumulator_once() {
     let tuner = Tuner::new().cache(&path).cache_key(model_key(64, 512));
     let (workload, mut meter) = sim().build();
     let mut workload = Accumulating(workload);
-    let stored = tuner.run(&mut workload, &mut meter).unwrap();
+    let stored = tuner.search(&mut workload, &mut meter).run().unwrap();
     assert_eq!(stored.accumulation_steps(), 1);
     let limit = stored.limit_bytes();
     let fits = Accumulating::largest(&sim(), stored.largest_batch(), limit);
     assert!(fits < stored.largest_batch());
 
     let steps = workload.0.steps();
-    let hit = tuner.clone().target_effective_batch(10 * stored.largest_batch()).run(&mut workload, &mut meter).unwrap();
+    let hit = tuner
+        .clone()
+        .target_effective_batch(10 * stored.largest_batch())
+        .search(&mut workload, &mut meter)
+        .run()
+        .unwrap();
     assert!(hit.cached());
     assert!(hit.accumulation_steps() > 1 && hit.micro_batch() <= fits, "{} > {fits}\n{hit}", hit.micro_batch());
     assert!(hit.accumulation_peak_bytes().is_some_and(|peak| peak <= limit), "{hit}");
@@ -322,13 +327,17 @@ fn a_hit_that_now_accumulates_checks_the_accumulator_once() {
 
     // what the check showed is stored: the same target again runs nothing
     let steps = workload.0.steps();
-    let again =
-        tuner.clone().target_effective_batch(10 * stored.largest_batch()).run(&mut workload, &mut meter).unwrap();
+    let again = tuner
+        .clone()
+        .target_effective_batch(10 * stored.largest_batch())
+        .search(&mut workload, &mut meter)
+        .run()
+        .unwrap();
     assert_eq!((again.micro_batch(), again.accumulation_steps()), (hit.micro_batch(), hit.accumulation_steps()));
     assert!(again.cached() && again.accumulation_peak_bytes().is_some());
     assert_eq!(workload.0.steps(), steps);
     // and the stored answer is unchanged: without a target, the largest batch
-    let plain = tuner.run(&mut workload, &mut meter).unwrap();
+    let plain = tuner.search(&mut workload, &mut meter).run().unwrap();
     assert_eq!((plain.micro_batch(), plain.accumulation_steps()), (stored.largest_batch(), 1));
     assert_eq!(workload.0.steps(), steps);
     let _ = std::fs::remove_file(&path);

@@ -115,7 +115,7 @@ fn a_single_rank_is_a_plain_run() {
     let (mut workload, mut meter) = device(80).build();
     let plan = Tuner::new().search(&mut workload, &mut meter).across(&ranks[0]).run().unwrap();
     let (mut workload, mut meter) = device(80).build();
-    assert_eq!(plan.largest_batch(), Tuner::new().run(&mut workload, &mut meter).unwrap().largest_batch());
+    assert_eq!(plan.largest_batch(), Tuner::new().search(&mut workload, &mut meter).run().unwrap().largest_batch());
     assert_eq!(ranks[0].world_size(), 1);
 }
 

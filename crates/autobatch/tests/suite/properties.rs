@@ -236,7 +236,7 @@ proptest! {
         let space = SearchSpace::new(1, max, g).unwrap();
         let truth = sim.true_largest(ceiling, &space, 1 << 20);
         let (mut workload, mut meter) = sim.clone().build();
-        match (tuner.run(&mut workload, &mut meter), truth) {
+        match (tuner.search(&mut workload, &mut meter).run(), truth) {
             (Ok(plan), Some(truth)) => {
                 prop_assert_eq!(plan.largest_batch(), truth);
                 prop_assert!(plan.peak_bytes() <= plan.limit_bytes());
@@ -296,8 +296,8 @@ proptest! {
         let (mut workload, mut meter) = sim.clone().build();
         let (mut binary_workload, mut binary_meter) = sim.build();
         let tuner = Tuner::new().multiple_of(g);
-        let binary = tuner.clone().strategy(Strategy::Binary).run(&mut binary_workload, &mut binary_meter);
-        match (tuner.run(&mut workload, &mut meter), truth) {
+        let binary = tuner.clone().strategy(Strategy::Binary).search(&mut binary_workload, &mut binary_meter).run();
+        match (tuner.search(&mut workload, &mut meter).run(), truth) {
             (Ok(plan), Some(truth)) => {
                 prop_assert_eq!(plan.largest_batch(), truth);
                 prop_assert!(plan.proven_largest());
@@ -326,7 +326,7 @@ proptest! {
             sim = sim.oom_from(b);
         }
         let (mut workload, mut meter) = sim.build();
-        match Tuner::new().run(&mut workload, &mut meter) {
+        match Tuner::new().search(&mut workload, &mut meter).run() {
             Ok(plan) => {
                 let chosen = plan.trials().iter().rev().find(|t| t.batch == plan.largest_batch()).unwrap();
                 prop_assert_eq!(chosen.outcome, Outcome::Fits);
@@ -525,7 +525,7 @@ proptest! {
             && target.is_none_or(|t| t >= world * g);
         prop_assert_eq!(tuner.check().is_ok(), valid, "{:?}", tuner.check());
         let (mut workload, mut meter) = Simulation::new(1 << 30, MemoryCurve::affine(0, 1 << 20)).build();
-        let result = tuner.run(&mut workload, &mut meter);
+        let result = tuner.search(&mut workload, &mut meter).run();
         if !valid {
             prop_assert!(result.is_err());
             prop_assert_eq!(workload.steps(), 0);

@@ -207,7 +207,7 @@ const DEFAULT_FEATURES: [&str; 0] = [];
 /// This crate's surface (the models are a crate of their own,
 /// `autobatch-models`) is counted, so that it only shrinks: at most 84 items
 /// a default build makes public (issue 32's bound, 80, reached; raised on
-/// purpose by issue 51's serving probe: ServeProbe, ServePlan, ServeTrial,
+/// purpose by issue 51's serving probe: Scheduling, ServePlan, ServeTrial,
 /// Server; and by issue 50's typed settings, SettingName, and the named
 /// GraphTensor where a bare `(u64, DType)` had been traded for a lower count). Items behind an opt-in feature (the CUDA meter, the NCCL
 /// collective, the simulated devices for tests) are counted apart. Lower a

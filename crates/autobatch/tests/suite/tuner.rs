@@ -9,7 +9,7 @@ const GIB: u64 = 1 << 30;
 
 fn run(tuner: &Tuner, sim: Simulation) -> Result<Plan, Error> {
     let (mut workload, mut meter) = sim.build();
-    tuner.run(&mut workload, &mut meter)
+    tuner.search(&mut workload, &mut meter).run()
 }
 
 /// The largest candidate that brute force finds fitting, and checks that the
@@ -113,7 +113,7 @@ fn a_nothing_fits_search_with_a_larger_start_reports_that_start() {
 #[test]
 fn other_workload_errors_end_the_run_untouched_and_are_not_retried() {
     let (mut workload, mut meter) = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 10 * MIB)).error_at(64).build();
-    let err = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap_err();
+    let err = Tuner::new().strategy(Strategy::Binary).search(&mut workload, &mut meter).run().unwrap_err();
     let Error::Workload { batch, source } = &err else { panic!("expected a workload error, got {err:?}") };
     assert_eq!(*batch, 64);
     assert!(source.to_string().contains("simulated failure at batch 64"), "{source}");
@@ -128,7 +128,7 @@ fn other_workload_errors_end_the_run_untouched_and_are_not_retried() {
         if batch >= 4 { Err(candle_core::Error::Msg(format!("bad shape at {batch}"))) } else { Ok(()) }
     };
     let (_, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 1)).build();
-    let err = Tuner::new().strategy(Strategy::Binary).warmup(false).run(&mut step, &mut meter).unwrap_err();
+    let err = Tuner::new().strategy(Strategy::Binary).warmup(false).search(&mut step, &mut meter).run().unwrap_err();
     assert!(matches!(err.workload_error(), Some(candle_core::Error::Msg(m)) if m == "bad shape at 4"));
     assert_eq!(calls, 3);
 }
@@ -181,10 +181,11 @@ fn no_batch_is_tried_twice_and_every_trial_is_in_the_space() {
 #[test]
 fn steps_per_trial_and_warmup_decide_how_many_steps_run() {
     let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 10 * MIB)).build();
-    let plan = Tuner::new().ceiling(0.5).steps_per_trial(3).warmup(false).run(&mut workload, &mut meter).unwrap();
+    let plan =
+        Tuner::new().ceiling(0.5).steps_per_trial(3).warmup(false).search(&mut workload, &mut meter).run().unwrap();
     assert_eq!(workload.steps(), 3 * plan.trials().len());
     let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, 10 * MIB)).build();
-    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut workload, &mut meter).run().unwrap();
     assert_eq!(workload.steps(), plan.trials().len() + 1);
 }
 
@@ -192,7 +193,7 @@ fn steps_per_trial_and_warmup_decide_how_many_steps_run() {
 fn a_failed_trial_that_leaks_is_reported_and_the_answer_stays_safe() {
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(GIB, 100 * MIB)).oom_from(100).leak_on_failure(512 * MIB);
     let (mut workload, mut meter) = sim.build();
-    let plan = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap();
+    let plan = Tuner::new().strategy(Strategy::Binary).search(&mut workload, &mut meter).run().unwrap();
     let leaks: Vec<_> = plan.warnings().iter().filter(|w| matches!(w, Warning::Leak { .. })).collect();
     assert!(!leaks.is_empty(), "{plan}");
     assert!(
@@ -219,7 +220,7 @@ fn the_answer_is_rechecked_when_the_baseline_rises_after_it_was_measured() {
     // 160, 144 (12th: rise), 136, 132, 130, 128, 127.
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).baseline_rise(12, GIB);
     let (mut workload, mut meter) = sim.clone().build();
-    let plan = Tuner::new().strategy(Strategy::Binary).run(&mut workload, &mut meter).unwrap();
+    let plan = Tuner::new().strategy(Strategy::Binary).search(&mut workload, &mut meter).run().unwrap();
     let rechecks: Vec<_> = plan.trials().iter().filter(|t| t.kind == TrialKind::Recheck).collect();
     assert!(!rechecks.is_empty(), "{plan}");
     // (0.9 × 16 − 3) GiB / 100 MiB = 116.7
@@ -313,7 +314,7 @@ fn every_invalid_configuration_is_an_error_before_any_step() {
     ];
     for (tuner, message) in cases {
         let (mut workload, mut meter) = Simulation::new(GIB, MemoryCurve::affine(0, MIB)).build();
-        let err = tuner.run(&mut workload, &mut meter).expect_err(message);
+        let err = tuner.search(&mut workload, &mut meter).run().expect_err(message);
         assert!(err.to_string().contains(message), "want {message:?} in {err}");
         assert_eq!(workload.steps(), 0, "{message}: no step may run");
     }
@@ -501,7 +502,7 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
     let slow_above_60 = |b: usize| std::time::Duration::from_micros(if b <= 60 { 50 } else { 100 } * b as u64);
     let (mut step, mut meter) = timed(sim.clone(), slow_above_60);
     let tuner = Tuner::new().strategy(Strategy::Binary).objective(Objective::Throughput).target_effective_batch(400);
-    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    let plan = tuner.search(&mut step, &mut meter).run().unwrap();
     let choice = plan.throughput().expect("the throughput was measured");
     assert_eq!(plan.largest_batch(), 100, "{plan}");
     assert_eq!(choice.candidates.iter().map(|p| p.batch).collect::<Vec<_>>(), [50, 75, 100]);
@@ -515,7 +516,7 @@ fn the_throughput_objective_picks_the_fastest_batch_near_the_top() {
     // when bigger is faster, the choice is the largest, or within the noise it measured
     let fixed_cost = |b: usize| std::time::Duration::from_micros(3000 + 20 * b as u64);
     let (mut step, mut meter) = timed(sim, fixed_cost);
-    let plan = Tuner::new().objective(Objective::Throughput).run(&mut step, &mut meter).unwrap();
+    let plan = Tuner::new().objective(Objective::Throughput).search(&mut step, &mut meter).run().unwrap();
     let choice = plan.throughput().unwrap();
     let rate = |batch: usize| choice.candidates.iter().find(|p| p.batch == batch).unwrap();
     let (chosen, largest) = (rate(choice.chosen_batch), rate(plan.largest_batch()));
@@ -551,7 +552,7 @@ fn run_with_pause(
         }
         autobatch::Workload::step(&mut workload, batch)
     };
-    tuner.run(&mut step, &mut meter)
+    tuner.search(&mut step, &mut meter).run()
 }
 
 #[test]
@@ -618,7 +619,7 @@ fn a_cublas_execution_failure_above_a_batch_that_ran_counts_as_out_of_memory() {
         }
         autobatch::Workload::step(&mut workload, batch)
     };
-    let plan = Tuner::new().run(&mut step, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut step, &mut meter).run().unwrap();
     assert_eq!(plan.largest_batch(), 100, "{plan}");
     assert!(plan.proven_largest());
     assert!(plan.trials().iter().any(|t| t.batch == 101 && t.outcome == Outcome::OutOfMemory), "{plan}");
@@ -629,7 +630,7 @@ fn a_cublas_execution_failure_above_a_batch_that_ran_counts_as_out_of_memory() {
         let _ = autobatch::Workload::step(&mut workload, batch);
         Err::<(), _>(candle_core::Error::Msg("CublasError(CUBLAS_STATUS_EXECUTION_FAILED)".into()))
     };
-    let err = Tuner::new().warmup(false).run(&mut step, &mut meter).unwrap_err();
+    let err = Tuner::new().warmup(false).search(&mut step, &mut meter).run().unwrap_err();
     assert!(matches!(err, Error::Workload { batch: 1, .. }), "{err}");
 }
 
@@ -672,7 +673,7 @@ fn an_out_of_memory_error_at_the_synchronize_after_a_step_is_a_failed_trial() {
         }
         autobatch::Workload::step(&mut workload, batch)
     };
-    let plan = Tuner::new().run(&mut step, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut step, &mut meter).run().unwrap();
     assert_eq!(plan.largest_batch(), 90, "{plan}");
     assert!(plan.trials().iter().any(|t| t.batch == 91 && t.outcome == Outcome::OutOfMemory), "{plan}");
 
@@ -686,7 +687,7 @@ fn an_out_of_memory_error_at_the_synchronize_after_a_step_is_a_failed_trial() {
         }
         autobatch::Workload::step(&mut workload, batch)
     };
-    let err = Tuner::new().run(&mut step, &mut meter).unwrap_err();
+    let err = Tuner::new().search(&mut step, &mut meter).run().unwrap_err();
     assert!(matches!(err, Error::Meter(_)) && err.to_string().contains("ILLEGAL_ADDRESS"), "{err}");
 }
 
@@ -717,7 +718,7 @@ fn the_kinds_of_peak_a_meter_reads_are_kept_and_said() {
     }
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB));
     let (mut workload, meter) = sim.build();
-    let plan = Tuner::new().run(&mut workload, &mut Kinds(meter)).unwrap();
+    let plan = Tuner::new().search(&mut workload, &mut Kinds(meter)).run().unwrap();
     // the reserved bytes bind: (0.9 × 16 GiB) / 1.02 − 2 GiB, per 100 MiB
     let limit = plan.limit_bytes() as f64;
     let expected = ((limit / 1.02 - (2 * GIB) as f64) / (100 * MIB) as f64).floor() as usize;
@@ -742,7 +743,7 @@ fn a_trial_expected_to_end_past_the_time_limit_is_not_started() {
         autobatch::Workload::step(&mut workload, batch)
     };
     let tuner = Tuner::new().warmup(false).time_limit(std::time::Duration::from_millis(60));
-    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    let plan = tuner.search(&mut step, &mut meter).run().unwrap();
     // nothing started that could not end in time: at most 60 samples once one fit
     assert!(plan.trials().iter().all(|t| t.batch <= 60), "{plan}");
     let Some(autobatch::plan::SearchLimit::TimeLimit { expected_end, largest_fit, .. }) = plan.stopped_by().cloned()
@@ -772,7 +773,7 @@ fn a_time_limit_cuts_a_long_trial_after_the_step_it_is_in() {
         autobatch::Workload::step(&mut workload, batch)
     };
     let tuner = Tuner::new().warmup(false).steps_per_trial(1_000_000).time_limit(std::time::Duration::from_millis(50));
-    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    let plan = tuner.search(&mut step, &mut meter).run().unwrap();
     assert_eq!(plan.trials().len(), 1, "{plan}");
     assert!(plan.trials()[0].steps < 1_000, "{plan}");
     assert!(matches!(plan.stopped_by(), Some(autobatch::plan::SearchLimit::TimeLimit { .. })), "{plan}");
@@ -783,7 +784,7 @@ fn the_plan_counts_every_step_tuning_ran() {
     // warm-up, search, and the re-check memory that rose after the answer asks for
     let sim = Simulation::new(16 * GIB, MemoryCurve::affine(2 * GIB, 100 * MIB)).baseline_rise(6, 64 * MIB);
     let (mut workload, mut meter) = sim.build();
-    let plan = Tuner::new().run(&mut workload, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut workload, &mut meter).run().unwrap();
     assert!(plan.trials().iter().any(|t| t.kind == TrialKind::Recheck), "{plan}");
     assert_eq!(plan.tuning_steps(), workload.steps(), "{plan}");
     assert_eq!(plan.tuning_steps(), plan.trials().len() + 1, "the warm-up is a step too");
@@ -801,7 +802,7 @@ fn a_cached_plan_costs_only_the_steps_it_ran_now() {
     let first = run(&tuner, sim.clone()).unwrap();
     assert!(first.tuning_steps() > 0 && !first.cached());
     let (mut workload, mut meter) = sim.build();
-    let second = tuner.run(&mut workload, &mut meter).unwrap();
+    let second = tuner.search(&mut workload, &mut meter).run().unwrap();
     assert!(second.cached());
     assert_eq!((second.tuning_steps(), workload.steps()), (0, 0));
     assert!(!second.to_string().contains("tuning took"), "{second}");
@@ -820,14 +821,14 @@ fn compare_starts_a_variant_where_its_expectation_puts_it_and_stays_exact() {
     let curve = |fixed| MemoryCurve::affine(fixed, per_sample);
     let scratch = {
         let (mut workload, mut meter) = Simulation::new(16 << 30, curve(lean)).build();
-        Tuner::new().run(&mut workload, &mut meter).unwrap()
+        Tuner::new().search(&mut workload, &mut meter).run().unwrap()
     };
     for (change, share, exact_start) in [(-2.0 * (1u64 << 30) as f64, 1.0, true), (0.0, 0.5, false)] {
         let (plain, mut meter) = Simulation::new(16 << 30, curve(fixed)).build();
         let leaner = Simulation::new(16 << 30, curve(lean)).build_on(&meter);
-        let variants =
+        let mut variants =
             vec![ModelVariant::new("as it is", plain), ModelVariant::new("leaner", leaner).expecting(0, share, change)];
-        let rows = Tuner::new().compare(variants, &mut meter).unwrap().rows;
+        let rows = Tuner::new().search(&mut variants, &mut meter).compare().unwrap().rows;
         let (row, plan) = (&rows[1], rows[1].plan.as_ref().unwrap());
         assert_eq!(plan.largest_batch(), scratch.largest_batch(), "share {share}");
         assert!(plan.proven_largest());
@@ -862,13 +863,13 @@ fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
         let (workload, _meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
         ModelVariant::new("lean", workload).expecting(like, share, change)
     };
-    for (variants, what) in [
+    for (mut variants, what) in [
         (vec![variant(1.0, 0.0, 0)], autobatch::Setting::Like),
         (vec![variant(1.0, 0.0, 0), variant(1.0, 0.0, 1)], autobatch::Setting::Like),
         (vec![variant(1.0, 0.0, 0).predicted(1.0), variant(0.0, 0.0, 0)], autobatch::Setting::Like),
     ] {
         let (_, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
-        match Tuner::new().compare(variants, &mut meter) {
+        match Tuner::new().search(&mut variants, &mut meter).compare() {
             Err(err) if err.is_configuration() => {
                 assert_eq!(err.setting(), Some(what), "{err}");
                 assert_eq!(err.kind(), autobatch::ErrorKind::Configuration);
@@ -883,8 +884,8 @@ fn an_expectation_that_cannot_be_used_is_refused_before_any_trial() {
         (1.0, f64::INFINITY, autobatch::Setting::FixedBytesChange),
     ] {
         let (first, mut meter) = Simulation::new(16 << 30, MemoryCurve::affine(1 << 30, 1 << 20)).build();
-        let variants = vec![autobatch::ModelVariant::new("as it is", first), variant(share, change, 0)];
-        let err = Tuner::new().compare(variants, &mut meter).unwrap_err();
+        let mut variants = vec![autobatch::ModelVariant::new("as it is", first), variant(share, change, 0)];
+        let err = Tuner::new().search(&mut variants, &mut meter).compare().unwrap_err();
         assert!(matches!(&err, Error::InvalidSetting { setting, .. } if *setting == what), "{err}");
         assert!(err.to_string().contains("lean") && err.to_string().contains("must be"), "{err}");
     }
@@ -906,7 +907,7 @@ fn a_time_limit_stops_the_throughput_timing() {
         .objective(Objective::Throughput)
         .strategy(Strategy::Binary)
         .time_limit(std::time::Duration::from_millis(20));
-    let plan = tuner.run(&mut step, &mut meter).unwrap();
+    let plan = tuner.search(&mut step, &mut meter).run().unwrap();
     let timed = plan.trials().iter().filter(|t| t.kind == autobatch::plan::TrialKind::Timing).count();
     let cut = plan.warnings().iter().find_map(|w| match w {
         Warning::TimingCut { timed, planned } => Some((*timed, *planned)),
@@ -938,7 +939,7 @@ fn the_largest_tensor_bounds_the_search_above_an_out_of_memory_reading() {
     let tuner = Tuner::new();
     let seen = assert_exact(&tuner, sim.clone(), 0.9, 1, 1);
     let (workload, mut meter) = sim.build();
-    let unseen = tuner.run(&mut Unseen(workload), &mut meter).unwrap();
+    let unseen = tuner.search(&mut Unseen(workload), &mut meter).run().unwrap();
     assert_eq!(unseen.largest_batch(), seen.largest_batch());
     assert!(seen.proven_largest() && unseen.proven_largest());
     // past the first failure, the graph's largest tensor (a 256th of the step)

@@ -72,7 +72,7 @@ fn peak_at(
 ) -> Option<(u64, bool)> {
     let workload = config.build_with(run.device, mixed, optimizer).ok()?;
     let tuner = run.request.search.clone().start(batch).max_batch(batch);
-    match tuner.run(&mut ReferenceStep(workload), meter) {
+    match tuner.search(&mut ReferenceStep(workload), meter).run() {
         Ok(plan) => Some((plan.peak_bytes(), true)),
         Err(autobatch::Error::NothingFits { peak_bytes: Some(peak), .. }) => Some((peak, false)),
         Err(err) => {

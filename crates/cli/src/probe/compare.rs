@@ -33,9 +33,9 @@ struct Candidate {
 pub fn compare(run: &Run, meter: &mut dyn MemoryMeter) -> Result<(), Failure> {
     let Run { request, model, device, device_words: on, .. } = *run;
     let candidates = candidates(request.optimizing, model, device);
-    let variants = variants(&candidates, model, device, request.optimizing)?;
+    let mut variants = variants(&candidates, model, device, request.optimizing)?;
     let tuner = request.tuner.clone().observer(Progress::shared(request.json));
-    let compared = tuner.compare(variants, meter);
+    let compared = tuner.search(&mut variants, meter).compare();
     drop(tuner); // the live rows end before the table prints
     let mut comparison = compared?;
     let base = comparison.rows.first().and_then(|row| row.memory()).map(|(per_sample, _)| per_sample);
@@ -238,7 +238,7 @@ fn same_activations(a: &ModelConfig, b: &ModelConfig) -> bool {
     }
 }
 
-/// A reference workload as a plain `Workload` for [`Tuner::compare`](autobatch::Tuner::compare).
+/// A reference workload as a plain `Workload` for [`Search::compare`](autobatch::Search::compare).
 pub(super) struct ReferenceStep(pub(super) Box<dyn ReferenceWorkload>);
 
 impl autobatch::Workload for ReferenceStep {

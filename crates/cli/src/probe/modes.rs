@@ -55,7 +55,7 @@ impl Run<'_> {
             let mut evaluation = workload.evaluation_workload();
             tuner.search(&mut *workload, meter).evaluating(&mut *evaluation).run()
         } else {
-            tuner.run(&mut *workload, meter)
+            tuner.search(&mut *workload, meter).run()
         };
         drop(tuner); // the live rows end before the plan prints
         let description = workload.description();

@@ -131,7 +131,7 @@ fn plan_through_tuner<W: Workload + ?Sized, M: MemoryMeter + ?Sized>(
     meter: &mut M,
 ) -> (Option<autobatch::Plan>, Vec<(usize, f64)>) {
     let mut recorded = Recorded { inner: workload, steps: Vec::new() };
-    let plan = Tuner::new().ceiling(CEILING).strategy(strategy).run(&mut recorded, meter);
+    let plan = Tuner::new().ceiling(CEILING).strategy(strategy).search(&mut recorded, meter).run();
     (plan.ok(), recorded.steps)
 }
 

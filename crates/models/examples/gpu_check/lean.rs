@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use autobatch::serve::{ServePlan, ServeProbe, ServeTrial};
-use autobatch::{Bytes, CudaMeter, MemoryMeter, ModelProbe, Workload};
+use autobatch::serve::{Scheduling, ServePlan, ServeTrial};
+use autobatch::{Bytes, CudaMeter, MemoryMeter, ModelProbe, Tuner, Workload};
 use autobatch_models::{Attention, BaseDtype, Config, ConfigModel, Loss, Ops, Serving, Training};
 use candle_core::DType;
 use serde::Serialize;
@@ -113,9 +113,10 @@ pub fn serve(meter: &mut CudaMeter, name: &str, context: usize) -> Result<ServeR
     let config = config(name, None)?;
     let device = meter.device().clone();
     let mut server = Serving::build(&config, BaseDtype::Bf16, None, &device)?;
-    let probe = ServeProbe::new(context).ceiling(0.9);
+    let shape = Scheduling::new(context);
+    let tuner = Tuner::new().ceiling(0.9);
     let started = Instant::now();
-    let plan = probe.run(&mut server, meter)?;
+    let plan = tuner.search(&mut server, meter).sequences(&shape)?;
     println!(
         "serve {name} at {context} tokens: {} sequences (proven {}), peak {} of a {} limit, in {:.1?}",
         plan.max_sequences,
@@ -125,7 +126,10 @@ pub fn serve(meter: &mut CudaMeter, name: &str, context: usize) -> Result<ServeR
         started.elapsed()
     );
     let n = plan.max_sequences;
-    let check = vec![probe.measure(n, &mut server, meter)?, probe.measure(n + 1, &mut server, meter)?];
+    let check = vec![
+        tuner.search(&mut server, meter).measure(n, &shape)?,
+        tuner.search(&mut server, meter).measure(n + 1, &shape)?,
+    ];
     let pass = check[0].fits && !check[1].fits;
     for trial in &check {
         let peak = trial.peak_bytes.map_or("not read".to_owned(), |b| Bytes(b).to_string());

@@ -42,7 +42,7 @@
 //! (`lean.rs`); with no argument both run after the sizes, while time is left.
 //!
 //! `gpu_check remedies` instead tunes the small size as it is, with gradient
-//! checkpointing, in bf16 and with both (`Tuner::compare`, as `autobatch probe
+//! checkpointing, in bf16 and with both (`Search::compare`, as `autobatch probe
 //! --compare`), and writes `gpu-remedies.md`: the remedies' effect measured on a GPU.
 
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 
 use crate::common::bits;
 
-use autobatch::serve::ServeProbe;
+use autobatch::serve::Scheduling;
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Workload};
 use autobatch_models::{
     Attention, BaseDtype, Config, ConfigModel, Error as ModelsError, Family, Lora, Loss, RopeScaling, Serving,
@@ -200,7 +200,7 @@ fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (Confi
     let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
-    let plan = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
+    let plan = Tuner::new().target_effective_batch(64).search(&mut probe, &mut meter).run().unwrap();
     let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
     assert!(plan.proven_largest() && plan.warnings().is_empty(), "{family}:\n{plan}");
     assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE, "{family}: {largest} over\n{plan}");
@@ -348,7 +348,7 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
         assert!(with < 0.85 * without, "{family}: {without} -> {with}");
         let trainer = &mut trainers[1];
         let mut meter = HeapMeter::with_room(6 * MIB).unwrap();
-        let plan = Tuner::new().target_effective_batch(32).run(trainer, &mut meter).unwrap();
+        let plan = Tuner::new().target_effective_batch(32).search(trainer, &mut meter).run().unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(plan.proven_largest() && plan.warnings().is_empty(), "{family}:\n{plan}");
         assert!(peak_of(trainer, &mut meter, largest) <= limit + TOLERANCE, "{family}:\n{plan}");
@@ -412,7 +412,7 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
         let mut probe =
             ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
         let mut meter = HeapMeter::with_room(24 * MIB).unwrap();
-        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let plan = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(plan.proven_largest(), "{plan}");
         assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE);
@@ -667,7 +667,7 @@ fn qlora_holds_less_than_lora_over_an_f32_base() {
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let peaks: Vec<u64> = batches.iter().map(|&b| peak_of(&mut probe, &mut meter, b)).collect();
-        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let plan = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(peak_of(&mut probe, &mut meter, largest) <= limit + TOLERANCE, "{base}: {largest} over\n{plan}");
         assert!(peak_of(&mut probe, &mut meter, largest + 1) > limit.saturating_sub(TOLERANCE), "{base}:\n{plan}");
@@ -815,7 +815,7 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
         .unwrap();
     // the logits, 16 × 96 a sample, are the largest tensor: 20 samples and a bit
     let limit = 16 * 96 * 20 + 100;
-    let plan = Tuner::new().element_limit(limit).run(&mut probe, &mut meter).unwrap();
+    let plan = Tuner::new().element_limit(limit).search(&mut probe, &mut meter).run().unwrap();
     let largest = |probe: &mut ModelProbe<_>, batch: usize| {
         probe.step(batch).unwrap();
         probe.graph_tensors().unwrap().into_iter().map(|tensor| tensor.elements).max().unwrap()
@@ -830,7 +830,7 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
     assert!(largest(&mut probe, answer + 1) > limit, "{plan}");
     assert!(plan.utilization() < 0.9 && plan.to_string().contains("elements"), "{plan}");
     // without the limit the memory decides, above it
-    let free = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    let free = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
     assert!(free.largest_batch() > answer, "{free}");
 }
 
@@ -1108,7 +1108,8 @@ fn serving_capacity_is_exact_by_brute_force() {
     for (name, config, weights) in serving_configs() {
         let mut server = Serving::build(&config, weights, None, &device).unwrap();
         let mut meter = HeapMeter::with_room(6 << 20).unwrap();
-        let plan = ServeProbe::new(context).max_num_batched_tokens(chunk).run(&mut server, &mut meter).unwrap();
+        let shape = Scheduling::new(context).max_num_batched_tokens(chunk);
+        let plan = Tuner::new().search(&mut server, &mut meter).sequences(&shape).unwrap();
         let n = plan.max_sequences;
         assert!(plan.proven && n > 2, "{name}: {plan:?}");
         let fits = serving_peak(&mut server, &mut meter, n, context, chunk);
@@ -1153,7 +1154,8 @@ fn the_longest_context_at_a_concurrency_is_exact() {
     let (_, config, weights) = serving_configs().remove(0);
     let mut server = Serving::build(&config, weights, None, &device).unwrap();
     let mut meter = HeapMeter::with_room(1 << 20).unwrap();
-    let plan = ServeProbe::new(512).max_num_batched_tokens(64).longest_context(4, &mut server, &mut meter).unwrap();
+    let shape = Scheduling::new(512).max_num_batched_tokens(64);
+    let plan = Tuner::new().search(&mut server, &mut meter).context(4, &shape).unwrap();
     let context = plan.context;
     assert!(plan.proven && context > 64 && context < 512, "{plan:?}");
     let fits = serving_peak(&mut server, &mut meter, 4, context, 64);

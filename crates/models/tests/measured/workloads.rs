@@ -39,7 +39,7 @@ fn peak_of<W: Workload>(workload: &mut W, batch: usize) -> u64 {
 /// the next candidate does not. Returns the largest batch.
 fn tune_and_verify<M: Model>(mut trainer: Trainer<M>, room: u64, ceiling: f64, multiple_of: usize) -> usize {
     let mut meter = HeapMeter::with_room(room).unwrap();
-    let plan = Tuner::new().ceiling(ceiling).multiple_of(multiple_of).run(&mut trainer, &mut meter).unwrap();
+    let plan = Tuner::new().ceiling(ceiling).multiple_of(multiple_of).search(&mut trainer, &mut meter).run().unwrap();
     let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
     let report = plan.to_string();
     eprintln!("{report}");
@@ -97,7 +97,7 @@ fn assert_probing_changes_nothing<M: Model>(mut trainer: Trainer<M>, room: u64) 
     // for good after the first trial that was not there before it
     let mut meter = HeapMeter::with_room(room).unwrap();
     let before = meter.in_use().unwrap();
-    let plan = Tuner::new().run(&mut trainer, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut trainer, &mut meter).run().unwrap();
     let largest = plan.largest_batch();
     drop(plan);
     let after = meter.in_use().unwrap();
@@ -126,7 +126,7 @@ fn training_after_probing_is_training_without_it() {
     let mut probed = config.build(&Device::Cpu).unwrap();
     let mut untouched = config.build(&Device::Cpu).unwrap();
     let mut meter = HeapMeter::with_room(32 * MIB).unwrap();
-    Tuner::new().run(&mut probed, &mut meter).unwrap();
+    Tuner::new().search(&mut probed, &mut meter).run().unwrap();
     for _ in 0..3 {
         let (a, b) = (probed.train_step(8).unwrap(), untouched.train_step(8).unwrap());
         assert_eq!(a.to_bits(), b.to_bits());
@@ -154,7 +154,7 @@ fn the_dry_optimizer_step_costs_what_the_real_one_costs() {
 fn an_accumulating_plan_holds_in_the_reference_models_training() {
     fn check<M: Model>(name: &str, mut trainer: Trainer<M>, room: u64, target: usize) {
         let mut meter = HeapMeter::with_room(room).unwrap();
-        let plan = Tuner::new().target_effective_batch(target).run(&mut trainer, &mut meter).unwrap();
+        let plan = Tuner::new().target_effective_batch(target).search(&mut trainer, &mut meter).run().unwrap();
         assert!(plan.accumulation_steps() > 1, "{name}: the plan does not accumulate:\n{plan}");
         let checked = plan.accumulation_peak_bytes().unwrap_or_else(|| panic!("{name}: unchecked:\n{plan}"));
         let (micro, steps, limit) = (plan.micro_batch(), plan.accumulation_steps(), plan.limit_bytes());
@@ -266,7 +266,7 @@ fn nothing_fits_comes_with_remedies_for_a_reference_model() {
     let gradients = 4 * mlp.parameter_count() as u64;
     let budget = TrackingAllocator::live_bytes() + gradients / 2;
     let mut meter = HeapMeter::new(budget).unwrap();
-    let err = Tuner::new().ceiling(1.0).run(&mut mlp, &mut meter).unwrap_err();
+    let err = Tuner::new().ceiling(1.0).search(&mut mlp, &mut meter).run().unwrap_err();
     let Error::NothingFits { remedies, .. } = &err else { panic!("{err}") };
     let changes: Vec<&Change> = remedies.iter().map(|r| &r.change).collect();
     assert!(changes.contains(&&Change::Precision { to: Precision::Bf16 }), "{err}");
@@ -334,7 +334,7 @@ fn checkpointing_the_transformer_keeps_every_gradient_and_lowers_the_peak() {
     // probing changes nothing, training learns
     let mut model = checkpointed;
     let state = model.state_bits().unwrap();
-    let plan = Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().search(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).run().unwrap();
     assert!(plan.proven_largest(), "{plan}");
     assert_eq!(model.state_bits().unwrap(), state);
     let first = model.train_step_accumulated(8, 2).unwrap();
@@ -351,7 +351,7 @@ fn the_transformer_trains_in_mixed_precision() {
     assert_eq!(model.profile().unwrap().precision, autobatch::estimate::Precision::Mixed);
     // probing changes no weight, master or moment
     let state = model.state_bits().unwrap();
-    let plan = Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().search(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).run().unwrap();
     assert!(plan.proven_largest(), "{plan}");
     assert_eq!(model.state_bits().unwrap(), state);
     // and the loss falls as training goes
@@ -377,7 +377,7 @@ fn the_transformer_trains_with_each_lean_optimizer() {
         assert!(model.adamw_steps().unwrap().is_none());
         assert_eq!(model.profile().unwrap().optimizer, kind);
         let state = model.state_bits().unwrap();
-        Tuner::new().run(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).unwrap();
+        Tuner::new().search(&mut model, &mut HeapMeter::with_room(12 * MIB).unwrap()).run().unwrap();
         assert_eq!(model.state_bits().unwrap(), state, "{kind:?}: probing changed a weight");
         let first = model.train_step(8).unwrap();
         for _ in 0..30 {

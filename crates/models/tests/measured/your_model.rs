@@ -233,7 +233,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let mut meter = HeapMeter::new(budget).unwrap();
-        let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+        let plan = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(plan.proven_largest(), "{plan}");
         // brute force: the answer fits, the next batch does not
@@ -264,7 +264,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     // refused by default, naming the switch this file makes (Norm::new)
-    let err = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap_err();
+    let err = Tuner::new().search(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).run().unwrap_err();
     let Error::PartialGraph { variables: cut, of } = &err else { panic!("{err:?}") };
     assert_eq!(*of, varmap.all_vars().len());
     assert!(cut.iter().any(|name| name == "tokens.weight"), "{cut:?}");
@@ -272,8 +272,11 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     assert!(message.contains("write those ops from differentiable tensor ops"), "{message}");
     assert!(message.contains("Tuner::allow_partial_graph"), "{message}");
     // the partial answer, when asked for
-    let plan =
-        Tuner::new().allow_partial_graph(true).run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new()
+        .allow_partial_graph(true)
+        .search(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap())
+        .run()
+        .unwrap();
     let missing = plan.warnings().iter().find_map(|w| match w {
         Warning::MissingGradients { variables, of } => Some((variables.clone(), *of)),
         _ => None,
@@ -306,7 +309,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().search(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).run().unwrap();
     assert!(plan.complete_graph());
     assert!(plan.proven_largest(), "{plan}");
     assert!(plan.largest_batch() < partial, "the cut graph said {partial}, the whole one {}", plan.largest_batch());
@@ -335,7 +338,7 @@ fn an_answer_does_not_depend_on_what_ran_before() {
     let tune = |tuner: Tuner| {
         let mut probe =
             ModelProbe::new(&varmap, batch_loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-        let plan = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
+        let plan = tuner.search(&mut probe, &mut HeapMeter::new(budget).unwrap()).run().unwrap();
         let limit = plan.limit_bytes();
         let largest = plan.largest_batch();
         // brute force with the plan held, as a trainer holds it
@@ -382,7 +385,7 @@ fn your_model_switched_to_the_lean_ops_is_exact_and_fits_more() {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
-        let plan = Tuner::new().run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
+        let plan = Tuner::new().search(&mut probe, &mut HeapMeter::new(budget).unwrap()).run().unwrap();
         let (largest, limit) = (plan.largest_batch(), plan.limit_bytes());
         assert!(peak_of(&mut probe, largest) <= limit + TOLERANCE, "{plan}");
         assert!(peak_of(&mut probe, largest + 1) > limit.saturating_sub(TOLERANCE), "{plan}");
@@ -406,14 +409,14 @@ fn a_forward_only_probe_measures_serving() {
         let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
-        Tuner::new().run(&mut probe, &mut meter).unwrap()
+        Tuner::new().search(&mut probe, &mut meter).run().unwrap()
     };
     let forward = |b: usize| -> Result<Tensor> {
         let (input, _) = serving.data_of_length(b, 0, SEQ)?;
         serving.forward(&input)
     };
     let mut probe = ModelProbe::new(&varmap, forward).forward_only();
-    let plan = Tuner::new().run(&mut probe, &mut meter).unwrap();
+    let plan = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
     assert!(plan.warnings().is_empty() && plan.proven_largest(), "{plan}");
     assert!(plan.largest_batch() > 2 * training.largest_batch(), "{plan}\n{training}");
     assert!(!probe.can_accumulate() && probe.profile().is_none());
@@ -428,7 +431,7 @@ fn a_forward_only_probe_measures_serving() {
         model.forward(&input)
     };
     let mut probe = ModelProbe::new(&varmap, recorded).forward_only();
-    let plan = Tuner::new().max_batch(64).run(&mut probe, &mut meter).unwrap();
+    let plan = Tuner::new().max_batch(64).search(&mut probe, &mut meter).run().unwrap();
     assert!(plan.warnings().iter().any(|w| matches!(w, Warning::GraphRecorded)), "{plan}");
 }
 
@@ -451,7 +454,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
     };
     let mut probe =
         ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().search(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).run().unwrap();
     assert!(plan.warnings().iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(!cache.borrow().is_empty());
     let clear = Rc::clone(&cache);
@@ -459,7 +462,7 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
         clear.borrow_mut().clear();
         Ok(())
     });
-    let plan = Tuner::new().run(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).unwrap();
+    let plan = Tuner::new().search(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).run().unwrap();
     assert!(!plan.warnings().iter().any(|w| matches!(w, Warning::StateKept { .. })), "{plan}");
     assert!(cache.borrow().is_empty(), "the reset ran after tuning");
 }
@@ -476,7 +479,7 @@ fn an_op_without_a_backward_pass_is_named() {
     };
     let mut probe =
         ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(6 * MIB).unwrap()) {
+    match Tuner::new().search(&mut probe, &mut HeapMeter::with_room(6 * MIB).unwrap()).run() {
         Err(err @ Error::BackwardUnsupported { .. }) => {
             let Error::BackwardUnsupported { batch, op, .. } = &err else { unreachable!() };
             assert_eq!((*batch, op.as_str()), (1, "maxpool2d"));
@@ -494,13 +497,13 @@ fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
     let largest = {
         let mut probe =
             ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch()
+        Tuner::new().search(&mut probe, &mut meter).run().unwrap().largest_batch()
     };
     for target in [2 * largest, 3 * largest + 1] {
         let plan = {
             let mut probe =
                 ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
-            Tuner::new().target_effective_batch(target).run(&mut probe, &mut meter).unwrap()
+            Tuner::new().target_effective_batch(target).search(&mut probe, &mut meter).run().unwrap()
         };
         assert_eq!(plan.largest_batch(), largest, "{plan}");
         assert!(plan.accumulation_steps() > 1, "{plan}");
@@ -553,11 +556,11 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
     let tuner = Tuner::new().multiple_of(8);
     let largest = {
         let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
-        tuner.clone().run(&mut probe, &mut meter).unwrap().largest_batch()
+        tuner.clone().search(&mut probe, &mut meter).run().unwrap().largest_batch()
     };
     let plan = {
         let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
-        tuner.target_effective_batch(2 * largest).run(&mut probe, &mut meter).unwrap()
+        tuner.target_effective_batch(2 * largest).search(&mut probe, &mut meter).run().unwrap()
     };
     // the gradient copy does not fit beside the largest batch: the micro-batch
     // stepped down, and the split still reaches the target
@@ -597,11 +600,11 @@ fn accumulated_gradients_hold_no_activations() {
     let mut meter = HeapMeter::with_room(42 * MIB).unwrap();
     let largest = {
         let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
-        Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch()
+        Tuner::new().search(&mut probe, &mut meter).run().unwrap().largest_batch()
     };
     let plan = {
         let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
-        Tuner::new().target_effective_batch(4 * largest).run(&mut probe, &mut meter).unwrap()
+        Tuner::new().target_effective_batch(4 * largest).search(&mut probe, &mut meter).run().unwrap()
     };
     let optimizer = autobatch::optim::Sgd::new(varmap.all_vars(), 0.01).unwrap();
     let mut training = TrainLoop::new(&plan, &varmap, optimizer).unwrap();
@@ -638,12 +641,12 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     let mut plain = ModelProbe::new(&varmap, |b| model.loss(b, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
-    let without = Tuner::new().run(&mut plain, &mut meter).unwrap();
+    let without = Tuner::new().search(&mut plain, &mut meter).run().unwrap();
     drop(plain);
     let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
-    let with = Tuner::new().target_effective_batch(64).run(&mut probe, &mut meter).unwrap();
+    let with = Tuner::new().target_effective_batch(64).search(&mut probe, &mut meter).run().unwrap();
     drop(probe);
     let per_sample = |plan: &autobatch::Plan| plan.memory_model().unwrap().bytes_per_sample;
     println!(
@@ -688,8 +691,8 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
         let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
         let plan = {
             let mut probe = probe_with(ModelProbe::new(&varmap, loss));
-            let largest = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch();
-            Tuner::new().target_effective_batch(2 * largest).run(&mut probe, &mut meter).unwrap()
+            let largest = Tuner::new().search(&mut probe, &mut meter).run().unwrap().largest_batch();
+            Tuner::new().target_effective_batch(2 * largest).search(&mut probe, &mut meter).run().unwrap()
         };
         assert!(plan.accumulation_steps() > 1 && plan.accumulation_peak_bytes().is_some(), "{name}:\n{plan}");
         let mut training = TrainLoop::new(&plan, &varmap, make(varmap.all_vars())).unwrap();
@@ -722,13 +725,13 @@ fn sgd_and_any_optimizer_change_nothing_either() {
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.5).unwrap();
-    let with_sgd = Tuner::new().run(&mut sgd, &mut meter).unwrap();
+    let with_sgd = Tuner::new().search(&mut sgd, &mut meter).run().unwrap();
     drop(sgd);
     assert_eq!(bits(&varmap), before);
     let mut any = ModelProbe::new(&varmap, |b| model.loss(b, 0))
         .optimizer::<candle_nn::AdamW>(ParamsAdamW { lr: 0.5, ..Default::default() })
         .unwrap();
-    let with_any = Tuner::new().run(&mut any, &mut meter).unwrap();
+    let with_any = Tuner::new().search(&mut any, &mut meter).run().unwrap();
     assert_eq!(bits(&varmap), before, "the general path did not restore the weights");
     // the throwaway AdamW's new moments are measured: with the graph held
     // through the update, at batch 1, the update is the step's peak and they
@@ -767,7 +770,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     assert_eq!(during.state_bytes, 8 * parameters as u64);
     assert!(during.largest_batch < eval.largest_batch, "{plan}");
     let mut forward_only = ModelProbe::new(&varmap, |b| evaluation_model.loss(b, 0)).forward_only();
-    let alone = Tuner::new().run(&mut forward_only, &mut meter).unwrap();
+    let alone = Tuner::new().search(&mut forward_only, &mut meter).run().unwrap();
     assert_eq!(alone.largest_batch(), eval.largest_batch, "{alone}\n{plan}");
     // same weights: the same loss
     let (train_loss, eval_loss) = (model.loss(4, 0).unwrap(), evaluation_model.loss(4, 0).unwrap());
@@ -785,7 +788,7 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     assert_eq!(profile.parameters, parameters as u64);
     // nothing fits without room above what the process holds: the advice is computed from the variables
-    match Tuner::new().run(&mut probe, &mut HeapMeter::with_room(0).unwrap()) {
+    match Tuner::new().search(&mut probe, &mut HeapMeter::with_room(0).unwrap()).run() {
         Err(Error::NothingFits { remedies, .. }) => assert!(!remedies.is_empty()),
         other => panic!("{other:?}"),
     }
@@ -795,8 +798,8 @@ fn the_cache_key_and_the_advice_come_from_the_variables() {
     let tuner = Tuner::new().cache(&path);
     // the same device twice: one budget
     let budget = HeapMeter::with_room(20 * MIB).unwrap().budget_bytes();
-    let first = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
-    let second = tuner.run(&mut probe, &mut HeapMeter::new(budget).unwrap()).unwrap();
+    let first = tuner.search(&mut probe, &mut HeapMeter::new(budget).unwrap()).run().unwrap();
+    let second = tuner.search(&mut probe, &mut HeapMeter::new(budget).unwrap()).run().unwrap();
     assert!(!first.cached() && second.cached() && first.largest_batch() == second.largest_batch());
     let _ = std::fs::remove_file(&path);
 }
@@ -869,7 +872,7 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     let mut probe =
         ModelProbe::by_size(&varmap, SEQ, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // a batch that fits at the shortest lengths and not at SEQ
-    let at_seq = Tuner::new().run(&mut probe, &mut meter).unwrap().largest_batch();
+    let at_seq = Tuner::new().search(&mut probe, &mut meter).run().unwrap().largest_batch();
     let batch = 2 * at_seq;
     let longest = Tuner::new().search(&mut probe, &mut meter).longest(batch, SizeRange::up_to(SEQ)).unwrap();
     eprint!("{}", longest.summary("sequence length"));
@@ -910,7 +913,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
         let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
-        Tuner::new().max_batch(6).target_effective_batch(21).run(&mut probe, &mut meter).unwrap()
+        Tuner::new().max_batch(6).target_effective_batch(21).search(&mut probe, &mut meter).run().unwrap()
     };
     assert!(plan.accumulation_steps() > 1, "{plan}");
     let weights = || -> Vec<Tensor> { vars.iter().map(|v| v.as_tensor().copy().unwrap()).collect() };
@@ -980,7 +983,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
                     .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
                     .unwrap();
                 let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
-                tuner.run(&mut probe, &mut meter).unwrap()
+                tuner.search(&mut probe, &mut meter).run().unwrap()
             };
             assert_eq!((plan.micro_batch(), plan.accumulation_steps()), (micro, k), "{plan}");
             let kind =
@@ -1026,7 +1029,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
 /// with every cache full and the worst step, one more does not, both run
 /// with no search; the caches' bytes per token are the layer's.
 fn a_users_own_server_finds_how_many_sequences_fit() {
-    use autobatch::serve::{ServeProbe, Server};
+    use autobatch::serve::{Scheduling, Server};
     use candle_nn::kv_cache::KvCache;
     const HIDDEN: usize = 32;
     const HEADS: usize = 4;
@@ -1107,14 +1110,14 @@ fn a_users_own_server_finds_how_many_sequences_fit() {
     };
     let mut server = UsersServer(model);
     let mut meter = HeapMeter::with_room(4 << 20).unwrap();
-    let probe = ServeProbe::new(128).max_num_batched_tokens(32);
-    let plan = probe.run(&mut server, &mut meter).unwrap();
+    let shape = Scheduling::new(128).max_num_batched_tokens(32);
+    let plan = Tuner::new().search(&mut server, &mut meter).sequences(&shape).unwrap();
     let n = plan.max_sequences;
     assert!(plan.proven && n > 10 && plan.kv_blocks.is_none(), "{plan:?}");
     // keys and values of every head, f32, over the tokens held
     assert_eq!(plan.cache_bytes_per_token, (2 * HIDDEN * 4) as f64, "{plan:?}");
-    let (fits, over) =
-        (probe.measure(n, &mut server, &mut meter).unwrap(), probe.measure(n + 1, &mut server, &mut meter).unwrap());
+    let fits = Tuner::new().search(&mut server, &mut meter).measure(n, &shape).unwrap();
+    let over = Tuner::new().search(&mut server, &mut meter).measure(n + 1, &shape).unwrap();
     assert!(fits.fits && !over.fits, "{n}: {fits:?}, {}: {over:?}", n + 1);
 }
 
