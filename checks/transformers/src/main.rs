@@ -112,9 +112,9 @@ fn bert(forked: bool) -> Plan {
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let head = linear(128, VOCAB, vb.pp("head")).unwrap();
     let model = Bert::load(vb.pp("bert"), forked);
-    let loss = |batch: usize| -> Result<Tensor> {
-        let ids = tokens(batch)?;
-        let logits = head.forward(&model.hidden(&ids)?)?.reshape((batch * SEQ, VOCAB))?;
+    let loss = |batch: autobatch::MicroBatch| -> Result<Tensor> {
+        let ids = tokens(batch.len)?;
+        let logits = head.forward(&model.hidden(&ids)?)?.reshape((batch.len * SEQ, VOCAB))?;
         loss::cross_entropy(&logits, &ids.flatten_all()?)
     };
     let before = bits(&varmap);
@@ -138,7 +138,7 @@ fn bert(forked: bool) -> Plan {
         exact(name, &mut probe, &mut meter, &plan);
         // its forward pass alone, over the same weights detached
         let serving = Bert::load(detached(&varmap).pp("bert"), true);
-        let forward = |batch: usize| serving.hidden(&tokens(batch)?);
+        let forward = |batch: autobatch::MicroBatch| serving.hidden(&tokens(batch.len)?);
         let mut forward_only = ModelProbe::new(&varmap, forward).forward_only();
         let served = Tuner::new().search(&mut forward_only, &mut meter).run().unwrap();
         assert!(served.warnings().is_empty() && served.largest_batch() > plan.largest_batch(), "{served}");
@@ -188,9 +188,9 @@ fn bert_fork_longest(batch: usize) {
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let head = linear(128, VOCAB, vb.pp("head")).unwrap();
     let model = Bert::load(vb.pp("bert"), true);
-    let loss = |batch: usize, len: usize| -> Result<Tensor> {
-        let ids = tokens_of_length(batch, len)?;
-        let logits = head.forward(&model.hidden(&ids)?)?.reshape((batch * len, VOCAB))?;
+    let loss = |batch: autobatch::MicroBatch, len: usize| -> Result<Tensor> {
+        let ids = tokens_of_length(batch.len, len)?;
+        let logits = head.forward(&model.hidden(&ids)?)?.reshape((batch.len * len, VOCAB))?;
         loss::cross_entropy(&logits, &ids.flatten_all()?)
     };
     let before = bits(&varmap);
@@ -208,9 +208,9 @@ fn bert_fork_longest(batch: usize) {
     let above = peak(&mut probe, &mut meter, batch);
     assert!(at <= limit && above > limit, "length {len} peaks at {at}, {} at {above}, limit {limit}", len + 1);
     let mut optimizer = candle_nn::AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
-    optimizer.step(&loss(batch, len).unwrap().backward().unwrap()).unwrap(); // the moments exist
+    optimizer.step(&loss(autobatch::MicroBatch::of(batch), len).unwrap().backward().unwrap()).unwrap(); // the moments exist
     meter.reset_peak().unwrap();
-    let grads = loss(batch, len).unwrap().backward().unwrap();
+    let grads = loss(autobatch::MicroBatch::of(batch), len).unwrap().backward().unwrap();
     optimizer.step(&grads).unwrap();
     drop(grads);
     let trained = meter.peak().unwrap();
@@ -239,10 +239,10 @@ fn qwen2() {
     let head = linear(64, VOCAB, vb.pp("head")).unwrap();
     let model = Rc::new(RefCell::new(Model::new(&config, vb.pp("model")).unwrap()));
     let forward = Rc::clone(&model);
-    let loss = move |batch: usize| -> Result<Tensor> {
-        let ids = tokens(batch)?;
+    let loss = move |batch: autobatch::MicroBatch| -> Result<Tensor> {
+        let ids = tokens(batch.len)?;
         let hidden = forward.borrow_mut().forward(&ids, 0, None)?;
-        let logits = head.forward(&hidden)?.reshape((batch * SEQ, VOCAB))?;
+        let logits = head.forward(&hidden)?.reshape((batch.len * SEQ, VOCAB))?;
         loss::cross_entropy(&logits, &ids.flatten_all()?)
     };
     let reset = Rc::clone(&model);

@@ -89,7 +89,7 @@ fn by_hand(
 
 /// The plan `TrainLoop` follows: micro-batch `micro` × `k` steps.
 fn plan(varmap: &VarMap, model: &Sequential, data: &Data, micro: usize, k: usize) -> Plan {
-    let mut probe = ModelProbe::new(varmap, |batch| data.loss(model, 0, batch))
+    let mut probe = ModelProbe::new(varmap, |batch| data.loss(model, 0, batch.len))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);

@@ -90,7 +90,7 @@ fn main() -> std::result::Result<(), autobatch::Error> {
 
     // tune at four lengths: forward, backward and AdamW's update, changing nothing
     let params = ParamsAdamW { lr: 1e-2, ..Default::default() };
-    let mut probe = ModelProbe::by_size(&varmap, LONGEST, |batch, len| model.loss(batch, len, 0))
+    let mut probe = ModelProbe::by_size(&varmap, LONGEST, |batch, len| model.loss(batch.len, len, 0))
         .optimizer::<autobatch::optim::AdamW>(params.clone())?;
     let plan = Tuner::new().search(&mut probe, &mut meter).sizes(&[16, 32, 48, LONGEST])?;
     // (the probe freed its AdamW moments when the search ended)

@@ -62,8 +62,8 @@ fn main() -> std::result::Result<(), autobatch::Error> {
 
     // tune: forward, backward and AdamW's update, run for real and changing nothing
     let params = ParamsAdamW { lr: 1e-2, ..Default::default() };
-    let mut probe =
-        ModelProbe::new(&varmap, |batch| model.loss(batch, 0)).optimizer::<autobatch::optim::AdamW>(params.clone())?;
+    let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch.len, 0))
+        .optimizer::<autobatch::optim::AdamW>(params.clone())?;
     let plan = Tuner::new().multiple_of(8).target_effective_batch(4096).search(&mut probe, &mut meter).run()?;
     // (the probe freed its AdamW moments when the search ended)
     println!("{plan}\n");

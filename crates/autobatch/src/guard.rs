@@ -69,6 +69,17 @@ pub struct MicroBatch {
 }
 
 impl MicroBatch {
+    /// The first `len` samples, unscaled: what a probe's loss closure is
+    /// given at batch `len` (a step of that many samples, in one micro-step).
+    ///
+    /// ```
+    /// let micro = autobatch::MicroBatch::of(8);
+    /// assert_eq!((micro.offset, micro.len, micro.loss_scale), (0, 8, 1.0));
+    /// ```
+    pub fn of(len: usize) -> MicroBatch {
+        MicroBatch { offset: 0, len, loss_scale: 1.0 }
+    }
+
     /// Whether it takes no sample (an uneven rank's micro-step past its
     /// samples): there is nothing to compute, and its loss scale is 0.
     pub fn is_empty(&self) -> bool {

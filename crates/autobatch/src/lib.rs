@@ -24,15 +24,16 @@
 //! static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
 //!
 //! use autobatch::optim::AdamW;
-//! use autobatch::{HeapMeter, ModelProbe, TrainLoop, Tuner};
+//! use autobatch::{HeapMeter, MicroBatch, ModelProbe, TrainLoop, Tuner};
 //! use candle_core::{DType, Device, Module, Tensor};
 //! use candle_nn::{linear, loss, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 //!
 //! let varmap = VarMap::new();
 //! let model = linear(32, 4, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-//! let batch_loss = |samples: usize| {
-//!     let x = Tensor::ones((samples, 32), DType::F32, &Device::Cpu)?;
-//!     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
+//! // the loss of a micro-batch: the probe's at batch n is the first n samples
+//! let batch_loss = |batch: MicroBatch| {
+//!     let x = Tensor::ones((batch.len, 32), DType::F32, &Device::Cpu)?;
+//!     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(batch.len, DType::U32, &Device::Cpu)?)
 //! };
 //! // device memory, played by the heap: 2 MiB for the step under the tuner's ceiling, beside what the process holds
 //! let mut meter = HeapMeter::with_room(2 << 20)?;
@@ -45,7 +46,7 @@
 //!
 //! let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?; // the type the probe measured
 //! let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
-//! let report = training.step(&mut meter, |micro| batch_loss(micro.len))?;
+//! let report = training.step(&mut meter, batch_loss)?; // the loss the probe measured
 //! assert_eq!(report.samples, plan.effective_batch()); // 512, in micro-steps of at most 256
 //! # Ok::<(), autobatch::Error>(())
 //! ```

@@ -71,7 +71,7 @@ fn training(seq_len: usize, lean: bool, ops: Ops) -> Training {
 /// of a pass at batch 2, of a forward and backward pass.
 fn measure(config: &Config, training: &Training) -> (u64, f64) {
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
-    let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0));
+    let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch.len, 0));
     let mut meter = HeapMeter::with_room(1 << 30).unwrap();
     probe.step(1).unwrap(); // warm
     let mut peak = |batch: usize| {
@@ -97,7 +97,7 @@ fn measure(config: &Config, training: &Training) -> (u64, f64) {
 /// faster of two steps there.
 fn measure_whole(config: &Config, training: &Training, (first, second): (usize, usize)) -> (u64, u64, f64) {
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
-    let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0))
+    let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch.len, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let mut meter = HeapMeter::with_room(1 << 30).unwrap();

@@ -36,7 +36,7 @@
 //! }"#)?;
 //! assert_eq!(config.parameter_count(), 256 * 64 + 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64);
 //! let model = ConfigModel::build(&config, &Training::new(32), &candle_core::Device::Cpu)?;
-//! let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0)).optimizer::<autobatch::optim::AdamW>(Default::default())?;
+//! let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch.len, 0)).optimizer::<autobatch::optim::AdamW>(Default::default())?;
 //! let plan = Tuner::new().max_batch(64).search(&mut probe, &mut HeapMeter::with_room(8 << 20)?).run()?;
 //! assert!(plan.largest_batch() >= 1);
 //! # Ok::<(), autobatch::Error>(())

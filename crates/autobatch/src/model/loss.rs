@@ -5,7 +5,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor};
 
-use crate::BySize;
+use crate::{BySize, MicroBatch};
 
 /// What a loss closure returns, for [`ModelProbe`](crate::ModelProbe) and
 /// [`TrainLoop::step`](crate::TrainLoop::step) alike: the loss (the probe and
@@ -74,11 +74,11 @@ fn with_gradients(output: impl LossOutput) -> Result<(Tensor, GradStore)> {
 
 impl<F, T> ProbeLoss for F
 where
-    F: FnMut(usize) -> Result<T>,
+    F: FnMut(MicroBatch) -> Result<T>,
     T: LossOutput,
 {
     fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
-        with_gradients(self(batch)?)
+        with_gradients(self(MicroBatch::of(batch))?)
     }
 
     fn scales_gradients(&self) -> bool {
@@ -89,9 +89,9 @@ where
 /// A forward pass closure: see [`ModelProbe::forward_only`](crate::ModelProbe::forward_only).
 pub struct ForwardOnly<F>(pub(super) F);
 
-impl<F: FnMut(usize) -> Result<Tensor>> ProbeLoss for ForwardOnly<F> {
+impl<F: FnMut(MicroBatch) -> Result<Tensor>> ProbeLoss for ForwardOnly<F> {
     fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
-        Ok(((self.0)(batch)?, GradStore::default()))
+        Ok(((self.0)(MicroBatch::of(batch))?, GradStore::default()))
     }
 
     fn computes_gradients(&self) -> bool {
@@ -101,11 +101,11 @@ impl<F: FnMut(usize) -> Result<Tensor>> ProbeLoss for ForwardOnly<F> {
 
 impl<F, T> ProbeLoss for BySize<F>
 where
-    F: FnMut(usize, usize) -> Result<T>,
+    F: FnMut(MicroBatch, usize) -> Result<T>,
     T: LossOutput,
 {
     fn loss_and_gradients(&mut self, batch: usize) -> Result<(Tensor, GradStore)> {
-        with_gradients((self.closure)(batch, self.size)?)
+        with_gradients((self.closure)(MicroBatch::of(batch), self.size)?)
     }
 
     fn scales_gradients(&self) -> bool {

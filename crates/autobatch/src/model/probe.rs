@@ -11,7 +11,7 @@ use super::loss::{ForwardOnly, LossOutput, ProbeLoss};
 use crate::estimate::TrainingSetup;
 use crate::optim::{Adafactor, AdamW, AdamW8bit, DryStep, Lion, MixedPrecision, Sgd};
 use crate::per_parameter::{OptimizerKind, Precision};
-use crate::{BySize, CacheKey, Error, GraphTensor, Workload, plan::Warning};
+use crate::{BySize, CacheKey, Error, GraphTensor, MicroBatch, Workload, plan::Warning};
 
 /// A test on a variable's name.
 type NamePredicate = Box<dyn Fn(&str) -> bool>;
@@ -81,9 +81,9 @@ enum Update {
 /// let varmap = VarMap::new();
 /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
 /// let model = linear(64, 10, vb.pp("head"))?;
-/// let loss = |batch: usize| {
-///     let x = Tensor::randn(0f32, 1., (batch, 64), &Device::Cpu)?;
-///     let y = Tensor::zeros(batch, DType::U32, &Device::Cpu)?;
+/// let loss = |batch: autobatch::MicroBatch| {
+///     let x = Tensor::randn(0f32, 1., (batch.len, 64), &Device::Cpu)?;
+///     let y = Tensor::zeros(batch.len, DType::U32, &Device::Cpu)?;
 ///     loss::cross_entropy(&model.forward(&x)?, &y)
 /// };
 /// let mut probe = ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
@@ -134,24 +134,26 @@ pub struct ModelProbe<L> {
 
 impl<L> ModelProbe<L> {
     /// A probe of `vars` (a `&VarMap`, or named variables held elsewhere)
-    /// with `loss(batch)`: the scalar loss of `batch` samples (the probe runs
-    /// its backward pass), or the loss and the variables' gradients of a
-    /// backward pass of its own (gradient checkpointing through
-    /// [`checkpointed`](super::checkpointed); the probe then holds both
-    /// through the optimizer's update). The closure [`TrainLoop::step`](crate::TrainLoop::step)
-    /// takes returns the same (`|micro| loss(micro.len)`). No optimizer yet:
+    /// with `loss(batch)`: the scalar loss of the [`MicroBatch`]'s samples
+    /// (at batch n the probe gives it [`MicroBatch::of(n)`](MicroBatch::of),
+    /// the first n; it runs the backward pass), or the loss and the
+    /// variables' gradients of a backward pass of its own (gradient
+    /// checkpointing through [`checkpointed`](super::checkpointed); the probe
+    /// then holds both through the optimizer's update). The same closure is
+    /// what [`TrainLoop::step`](crate::TrainLoop::step) takes: the loss the
+    /// probe measured is the loss training runs. No optimizer yet:
     /// add the one training uses ([`optimizer`](Self::optimizer)); for the
     /// forward pass alone, [`forward_only`](Self::forward_only); for a loss of
     /// an input size as well, [`by_size`](ModelProbe::by_size).
     pub fn new<T: LossOutput>(vars: impl Variables, loss: L) -> Self
     where
-        L: FnMut(usize) -> Result<T>,
+        L: FnMut(MicroBatch) -> Result<T>,
     {
         ModelProbe::with_loss(vars, loss)
     }
 }
 
-impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<F> {
+impl<F: FnMut(MicroBatch) -> Result<Tensor>> ModelProbe<F> {
     /// This probe of a model's forward pass alone, for serving and evaluation:
     /// its closure runs the model on `batch` samples and returns its
     /// output (or an evaluation loss). No optimizer state is held, no backward
@@ -174,7 +176,7 @@ impl<F: FnMut(usize) -> Result<Tensor>> ModelProbe<F> {
     /// let varmap = VarMap::new();
     /// let _training = linear(64, 10, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
     /// let serving = linear(64, 10, detached(&varmap))?;
-    /// let forward = |batch: usize| serving.forward(&Tensor::ones((batch, 64), DType::F32, &Device::Cpu)?);
+    /// let forward = |batch: autobatch::MicroBatch| serving.forward(&Tensor::ones((batch.len, 64), DType::F32, &Device::Cpu)?);
     /// let mut probe = ModelProbe::new(&varmap, forward).forward_only();
     /// let plan = Tuner::new().max_batch(4096).search(&mut probe, &mut HeapMeter::with_room(2 << 20)?).run()?;
     /// assert!(plan.largest_batch() > 0 && plan.warnings().is_empty());
@@ -204,9 +206,9 @@ impl<F> ModelProbe<BySize<F>> {
     /// let varmap = VarMap::new();
     /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     /// let (embed, head) = (embedding(32, 16, vb.pp("embed"))?, linear(16, 32, vb.pp("head"))?);
-    /// let loss = |batch: usize, len: usize| {
-    ///     let tokens = Tensor::zeros((batch, len), DType::U32, &Device::Cpu)?;
-    ///     let logits = head.forward(&embed.forward(&tokens)?)?.reshape((batch * len, 32))?;
+    /// let loss = |batch: autobatch::MicroBatch, len: usize| {
+    ///     let tokens = Tensor::zeros((batch.len, len), DType::U32, &Device::Cpu)?;
+    ///     let logits = head.forward(&embed.forward(&tokens)?)?.reshape((batch.len * len, 32))?;
     ///     loss::cross_entropy(&logits, &tokens.flatten_all()?)
     /// };
     /// let mut probe = ModelProbe::by_size(&varmap, 64, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
@@ -216,7 +218,7 @@ impl<F> ModelProbe<BySize<F>> {
     /// ```
     pub fn by_size<T: LossOutput>(vars: impl Variables, size: usize, loss: F) -> Self
     where
-        F: FnMut(usize, usize) -> Result<T>,
+        F: FnMut(MicroBatch, usize) -> Result<T>,
     {
         ModelProbe::with_loss(vars, BySize { closure: loss, size })
     }
@@ -355,7 +357,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
     ///
     /// let varmap = VarMap::new();
     /// let weight = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu).get((16, 16), "w")?;
-    /// let loss = |b: usize| Tensor::ones((b, 16), DType::F32, &Device::Cpu)?.matmul(&weight)?.sum_all();
+    /// let loss = |b: autobatch::MicroBatch| Tensor::ones((b.len, 16), DType::F32, &Device::Cpu)?.matmul(&weight)?.sum_all();
     /// let adamw = ModelProbe::new(&varmap, loss).optimizer::<AdamW>(ParamsAdamW::default())?;
     /// let lion = ModelProbe::new(&varmap, loss).optimizer::<Lion>(ParamsLion::default())?;
     /// let candle = ModelProbe::new(&varmap, loss).optimizer::<candle_nn::AdamW>(ParamsAdamW::default())?;
@@ -420,7 +422,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
     /// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     /// let frozen = vb.get((4, 4), "encoder.frozen")?; // kept in the VarMap, never trained
     /// let weight = vb.get((4, 4), "head.weight")?;
-    /// let loss = |b: usize| Tensor::ones((b, 4), DType::F32, &Device::Cpu)?.matmul(&frozen.detach())?.matmul(&weight)?.sum_all();
+    /// let loss = |b: autobatch::MicroBatch| Tensor::ones((b.len, 4), DType::F32, &Device::Cpu)?.matmul(&frozen.detach())?.matmul(&weight)?.sum_all();
     /// let mut probe = ModelProbe::new(&varmap, loss).buffers_named(|name| name.starts_with("encoder."));
     /// autobatch::Workload::step(&mut probe, 2)?;
     /// assert_eq!(probe.read_only_buffers(), ["encoder.frozen"]);

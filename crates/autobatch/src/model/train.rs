@@ -34,9 +34,10 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 ///
 /// let varmap = VarMap::new();
 /// let model = linear(16, 4, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-/// let batch = |samples: usize| -> candle_core::Result<Tensor> {
-///     let x = Tensor::ones((samples, 16), DType::F32, &Device::Cpu)?;
-///     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(samples, DType::U32, &Device::Cpu)?)
+/// // one loss for the probe and for training: of a micro-batch's samples
+/// let batch = |micro: autobatch::MicroBatch| -> candle_core::Result<Tensor> {
+///     let x = Tensor::ones((micro.len, 16), DType::F32, &Device::Cpu)?;
+///     loss::cross_entropy(&model.forward(&x)?, &Tensor::zeros(micro.len, DType::U32, &Device::Cpu)?)
 /// };
 /// let mut meter = HeapMeter::with_room(2 << 20)?; // 2 MiB for the step, on any host
 /// let mut probe = ModelProbe::new(&varmap, batch).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
@@ -44,7 +45,7 @@ use crate::{Error, Guard, MemoryMeter, MicroBatch, Plan, StepReport};
 ///
 /// let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
 /// let mut training = TrainLoop::new(&plan, &varmap, optimizer)?;
-/// let report = training.step(&mut meter, |micro| batch(micro.len))?;
+/// let report = training.step(&mut meter, batch)?;
 /// assert_eq!(report.samples, 256);
 /// assert!(report.loss.is_some());
 /// # Ok::<(), autobatch::Error>(())

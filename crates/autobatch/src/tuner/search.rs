@@ -107,9 +107,9 @@ impl<'a, W: ?Sized, M: ?Sized> Search<'a, W, M, Alone> {
     /// let varmap = VarMap::new();
     /// let model = linear(256, 256, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
     /// let input = |samples: usize| Tensor::ones((samples, 256), DType::F32, &Device::Cpu);
-    /// let mut training = ModelProbe::new(&varmap, |samples| loss::mse(&model.forward(&input(samples)?)?, &input(samples)?))
+    /// let mut training = ModelProbe::new(&varmap, |batch| loss::mse(&model.forward(&input(batch.len)?)?, &input(batch.len)?))
     ///     .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())?;
-    /// let mut evaluation = ModelProbe::new(&varmap, |samples| model.forward(&input(samples)?)).forward_only();
+    /// let mut evaluation = ModelProbe::new(&varmap, |batch| model.forward(&input(batch.len)?)).forward_only();
     /// let mut meter = HeapMeter::with_room(4 << 20)?;
     /// let plan = Tuner::new().search(&mut training, &mut meter).evaluating(&mut evaluation).run()?;
     /// let evaluation = plan.evaluation().unwrap();

@@ -126,7 +126,7 @@ fn larger_matmuls_before_between_and_after_trials_change_no_answer() {
     let varmap = VarMap::new();
     let model = Mlp::new(&varmap);
     let tune = |between: bool| {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b))
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let mut meter = HeapMeter::with_room(12 * MIB).unwrap();
@@ -181,7 +181,7 @@ fn a_printed_backtrace_changes_no_answer_under_a_budget_sized_from_the_baseline(
     let varmap = VarMap::new();
     let model = Mlp::new(&varmap);
     let tune = || {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b))
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let mut meter = HeapMeter::with_room(12 * MIB).unwrap();

@@ -227,8 +227,8 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
         all.into_iter().map(|(n, v)| (n, v.into_iter().map(f32::to_bits).collect::<Vec<_>>())).collect::<Vec<_>>()
     };
     let before = weights();
-    let loss = |b: usize| {
-        let (x, y) = task.batch(b, 0);
+    let loss = |b: autobatch::MicroBatch| {
+        let (x, y) = task.batch(b.len, 0);
         model.loss(&x, &y)
     };
     let mut largest = Vec::new();
@@ -267,8 +267,8 @@ fn a_probe_kept_after_tuning_holds_no_optimizer_state() {
     let task = Task::new();
     let varmap = VarMap::new();
     let model = Mlp::new(&varmap);
-    let loss = |b: usize| {
-        let (x, y) = task.batch(b, 0);
+    let loss = |b: autobatch::MicroBatch| {
+        let (x, y) = task.batch(b.len, 0);
         model.loss(&x, &y)
     };
     let parameters: u64 = varmap.all_vars().iter().map(|v| v.elem_count() as u64).sum();
@@ -291,7 +291,7 @@ fn a_probe_kept_after_tuning_holds_no_optimizer_state() {
     let optimizer = AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut training = autobatch::TrainLoop::new(&plan, &varmap, optimizer).unwrap();
     meter.reset_peak().unwrap();
-    training.step(&mut meter, |micro| loss(micro.len)).unwrap();
+    training.step(&mut meter, loss).unwrap();
     let peak = meter.peak().unwrap();
     assert!(peak <= plan.limit_bytes(), "training peaked at {peak} over the limit of\n{plan}");
     println!("  training beside the live probe: peak {peak} under {}", plan.limit_bytes());
@@ -360,8 +360,8 @@ fn mixed_precision_learns_and_holds_the_zero_papers_16_bytes() {
             .collect()
     };
     let before = bits(&varmap);
-    let loss = |b: usize| {
-        let (x, y) = task.batch(b, 0);
+    let loss = |b: autobatch::MicroBatch| {
+        let (x, y) = task.batch(b.len, 0);
         model.loss(&x, &y)
     };
     let mut probe = ModelProbe::new(&varmap, loss).optimizer::<MixedPrecision<AdamW>>(ParamsAdamW::default()).unwrap();
@@ -530,7 +530,7 @@ fn candle_nns_adamw_is_told_what_switching_saves() {
     let varmap = VarMap::new();
     let model = Decoder::new(&varmap);
     let mut meter = HeapMeter::with_room(56 << 20).unwrap();
-    let loss = |batch: usize| model.loss(batch);
+    let loss = |batch: autobatch::MicroBatch| model.loss(batch.len);
     let mut candle = ModelProbe::new(&varmap, loss)
         .optimizer::<candle_nn::AdamW>(ParamsAdamW::default())
         .unwrap()
@@ -580,7 +580,7 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
     // one device for every optimizer: 56 MiB under the ceiling beside the model
     let budget = HeapMeter::with_room(56 << 20).unwrap().budget_bytes();
     let limit = (0.9 * budget as f64).floor() as u64;
-    let loss = |batch: usize| model.loss(batch);
+    let loss = |batch: autobatch::MicroBatch| model.loss(batch.len);
     fn peak(meter: &mut HeapMeter, mut step: impl FnMut() -> Result<()>) -> u64 {
         meter.reset_peak().unwrap();
         step().unwrap();
@@ -624,15 +624,28 @@ fn a_weight_heavy_models_largest_batch_orders_by_state_size() {
             let vars = varmap.all_vars();
             let trained = match name {
                 // the probe measured this crate's AdamW, which training runs
-                "adamw" => train_peak(&mut meter, AdamW::new(vars, ParamsAdamW::default()).unwrap(), || loss(b), held),
-                "lion" => train_peak(&mut meter, Lion::new(vars, ParamsLion::default()).unwrap(), || loss(b), held),
-                "adafactor" => {
-                    train_peak(&mut meter, Adafactor::new(vars, ParamsAdafactor::default()).unwrap(), || loss(b), held)
-                }
+                "adamw" => train_peak(
+                    &mut meter,
+                    AdamW::new(vars, ParamsAdamW::default()).unwrap(),
+                    || loss(autobatch::MicroBatch::of(b)),
+                    held,
+                ),
+                "lion" => train_peak(
+                    &mut meter,
+                    Lion::new(vars, ParamsLion::default()).unwrap(),
+                    || loss(autobatch::MicroBatch::of(b)),
+                    held,
+                ),
+                "adafactor" => train_peak(
+                    &mut meter,
+                    Adafactor::new(vars, ParamsAdafactor::default()).unwrap(),
+                    || loss(autobatch::MicroBatch::of(b)),
+                    held,
+                ),
                 _ => train_peak(
                     &mut meter,
                     AdamW8bit::new(vars, candle_nn::ParamsAdamW::default()).unwrap(),
-                    || loss(b),
+                    || loss(autobatch::MicroBatch::of(b)),
                     held,
                 ),
             };

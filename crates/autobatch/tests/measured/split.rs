@@ -55,7 +55,7 @@ fn weights(varmap: &VarMap) -> Vec<(String, Vec<f32>)> {
 
 /// The plan for 256 samples where 57 fit (`max_batch`), split as `equal` says.
 fn plan(varmap: &VarMap, model: &Mlp, meter: &mut HeapMeter, equal: bool) -> Plan {
-    let mut probe = ModelProbe::new(varmap, |b| model.loss(0, b)).optimizer::<autobatch::optim::Sgd>(LR).unwrap();
+    let mut probe = ModelProbe::new(varmap, |b| model.loss(0, b.len)).optimizer::<autobatch::optim::Sgd>(LR).unwrap();
     let tuner = Tuner::new().max_batch(57).target_effective_batch(256).equal_micro_batches(equal);
     tuner.search(&mut probe, meter).run().unwrap()
 }

@@ -137,7 +137,7 @@ fn the_forward_pass_writes_the_state() {
 fn every_probe_path_changes_no_bit() {
     let (varmap, model) = model();
     let before = bits(&varmap);
-    let loss = |batch: usize| model.loss(batch, SIDE, 0);
+    let loss = |batch: autobatch::MicroBatch| model.loss(batch.len, SIDE, 0);
     for name in ["adamw", "sgd", "lion", "adafactor (dry)", "candle_nn::AdamW (general)", "none"] {
         let probe = ModelProbe::new(&varmap, loss);
         let mut probe = match name {
@@ -177,7 +177,7 @@ fn every_other_path_changes_no_bit() {
     let mut meter = HeapMeter::with_room(ROOM).unwrap();
 
     let mut own_backward = ModelProbe::new(&varmap, |batch| {
-        let loss = model.loss(batch, SIDE, 0)?;
+        let loss = model.loss(batch.len, SIDE, 0)?;
         let grads = loss.backward()?;
         Ok((loss, grads))
     })
@@ -193,7 +193,7 @@ fn every_other_path_changes_no_bit() {
         "with_backward (accumulating): tuning changed a variable"
     );
 
-    let mut by_size = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
+    let mut by_size = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch.len, side, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let sizes = Tuner::new().search(&mut by_size, &mut meter).sizes(&[8, SIDE]).unwrap();
@@ -208,7 +208,7 @@ fn every_other_path_changes_no_bit() {
         let (images, _) = data(batch, SIDE, 0)?;
         evaluation_model.logits(&images, false).map(drop)
     };
-    let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0))
+    let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch.len, SIDE, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let plan = Tuner::new().search(&mut probe, &mut meter).evaluating(&mut evaluation).run().unwrap();
@@ -218,11 +218,11 @@ fn every_other_path_changes_no_bit() {
 
     let mut variants = vec![
         ModelVariant::lazy("adamw", || {
-            ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0))
+            ModelProbe::new(&varmap, |b| model.loss(b.len, SIDE, 0))
                 .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         }),
         ModelVariant::lazy("lion", || {
-            ModelProbe::new(&varmap, |b| model.loss(b, SIDE, 0))
+            ModelProbe::new(&varmap, |b| model.loss(b.len, SIDE, 0))
                 .optimizer::<autobatch::optim::Lion>(ParamsLion::default())
         }),
     ];
@@ -242,7 +242,7 @@ fn the_largest_image_side_at_a_batch_is_exact_and_changes_no_bit() {
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(ROOM).unwrap();
     let batch = 64;
-    let mut probe = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch, side, 0))
+    let mut probe = ModelProbe::by_size(&varmap, SIDE, |batch, side| model.loss(batch.len, side, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     // the pooling takes sides that are multiples of 4
@@ -282,7 +282,7 @@ fn training_stays_under_the_ceiling_and_evaluation_sees_its_statistics() {
     let evaluation_model = Cnn::new(detached(&varmap)).unwrap();
     let mut meter = HeapMeter::with_room(ROOM).unwrap();
     let plan = {
-        let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch, SIDE, 0))
+        let mut probe = ModelProbe::new(&varmap, |batch| model.loss(batch.len, SIDE, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let first = Tuner::new().search(&mut probe, &mut meter).run().unwrap();
@@ -334,8 +334,8 @@ fn a_displayed_error_leaves_the_heap_as_it_was() {
     // TODO: Audit that the environment access only happens in single-threaded code.
     unsafe { std::env::set_var("RUST_BACKTRACE", "1") };
     let (varmap, model) = model();
-    let wrong = |batch: usize| -> Result<Tensor> {
-        let (images, labels) = data(batch, SIDE, 0)?;
+    let wrong = |batch: autobatch::MicroBatch| -> Result<Tensor> {
+        let (images, labels) = data(batch.len, SIDE, 0)?;
         // a shape mismatch: the labels of one sample more than the images
         let labels = Tensor::cat(&[&labels, &labels.narrow(0, 0, 1)?], 0)?;
         loss::cross_entropy(&model.logits(&images, true)?, &labels)
@@ -360,8 +360,8 @@ fn a_displayed_error_leaves_the_heap_as_it_was() {
 fn buffers_read_in_evaluation_mode_are_no_cut_graph() {
     let (varmap, model) = model();
     let before = bits(&varmap);
-    let loss = |batch: usize| -> Result<Tensor> {
-        let (images, labels) = data(batch, SIDE, 0)?;
+    let loss = |batch: autobatch::MicroBatch| -> Result<Tensor> {
+        let (images, labels) = data(batch.len, SIDE, 0)?;
         loss::cross_entropy(&model.logits(&images, false)?, &labels)
     };
     let mut probe =

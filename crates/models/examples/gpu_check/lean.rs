@@ -67,7 +67,7 @@ pub fn steps(meter: &mut CudaMeter, seq_len: usize, dtype: DType) -> Result<Vec<
     for (form, attention, loss, ops) in forms() {
         let training = Training::new(seq_len).dtype(dtype).attention(attention).loss(loss).ops(ops);
         let model = ConfigModel::build(&config, &training, meter.device())?;
-        let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch, 0));
+        let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch.len, 0));
         pass_peak(&mut probe, meter, 1)?; // warm: kernels loaded, cuBLAS workspaces made
         let (one, two) = (pass_peak(&mut probe, meter, 1)?, pass_peak(&mut probe, meter, 2)?);
         let mut times = Vec::new();

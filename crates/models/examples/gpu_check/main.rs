@@ -266,7 +266,7 @@ fn check(
     let description = autobatch_models::trainer::Model::describe(&*model.model());
     println!("== {name}: {description}, {} parameters", model.parameter_count());
     let started = Instant::now();
-    let plan = Tuner::new().ceiling(CEILING).run(&mut model, meter)?;
+    let plan = Tuner::new().ceiling(CEILING).search(&mut model, meter).run()?;
     let tuning = started.elapsed();
     println!("{plan}\n(tuned in {tuning:.2?})");
     let (b, limit) = (plan.largest_batch(), plan.limit_bytes());
@@ -421,13 +421,13 @@ fn remedies(out: &str, device: &str, meter: &mut CudaMeter) -> Result<(), Box<dy
         let cuda = cuda.clone();
         ModelVariant::lazy(name, move || config.build(&cuda))
     };
-    let variants = vec![
+    let mut variants = vec![
         variant("as it is", false, DType::F32),
         variant("bf16", false, DType::BF16),
         variant("gradient checkpointing", true, DType::F32),
         variant("checkpointing + bf16", true, DType::BF16),
     ];
-    let comparison = Tuner::new().ceiling(CEILING).compare(variants, meter)?;
+    let comparison = Tuner::new().ceiling(CEILING).search(&mut variants, meter).compare()?;
     let report = format!(
         "# Remedies on {device}\n\n`gpu_check remedies`: the reference transformer (vocab {}, d_model {}, {} heads, \
          {} layers, {} tokens) at a {CEILING} ceiling.\n\n```text\n{comparison}```\n",

@@ -290,10 +290,12 @@ impl<M: Model> Trainer<M> {
     /// optimizer), the loss read back as an evaluation loop reads it: what
     /// [`Search::evaluating`](autobatch::Search::evaluating) probes for the
     /// evaluation batch.
-    pub fn evaluation(&self) -> ModelProbe<ForwardOnly<impl FnMut(usize) -> candle_core::Result<Tensor> + use<M>>> {
+    pub fn evaluation(
+        &self,
+    ) -> ModelProbe<ForwardOnly<impl FnMut(autobatch::MicroBatch) -> candle_core::Result<Tensor> + use<M>>> {
         let (model, seed) = (self.model.borrow().detached(), self.seed);
         ModelProbe::new(&self.varmap, move |batch| {
-            let loss = model.loss(batch, data_seed(seed, None))?;
+            let loss = model.loss(batch.len, data_seed(seed, None))?;
             loss.to_scalar::<f32>()?;
             Ok(loss)
         })

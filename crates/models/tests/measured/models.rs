@@ -197,7 +197,7 @@ fn tune(family: &str, config: &Config, training: &Training, room: u64) -> (Confi
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
     let before = bits(model.varmap());
     let mut meter = HeapMeter::with_room(room).unwrap();
-    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b.len, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let plan = Tuner::new().target_effective_batch(64).search(&mut probe, &mut meter).run().unwrap();
@@ -401,7 +401,8 @@ fn a_users_lora_model_is_told_of_the_frozen_gradients_and_the_fix_fits_more() {
                 }
             })
             .collect();
-        let loss = |batch: usize| -> candle_core::Result<Tensor> {
+        let loss = |micro: autobatch::MicroBatch| -> candle_core::Result<Tensor> {
+            let batch = micro.len;
             let ids: Vec<u32> = (0..batch).map(|i| (i % 16) as u32).collect();
             let mut x = table.index_select(&Tensor::from_vec(ids, batch, cpu)?, 0)?;
             for (layer, (a, b)) in layers.iter().zip(&adapters) {
@@ -663,7 +664,7 @@ fn qlora_holds_less_than_lora_over_an_f32_base() {
         // the room before the model: its weights count against it
         let mut meter = HeapMeter::with_room(96 * MIB).unwrap();
         let model = ConfigModel::build(&config, &training, &Device::Cpu).unwrap();
-        let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
+        let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b.len, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let peaks: Vec<u64> = batches.iter().map(|&b| peak_of(&mut probe, &mut meter, b)).collect();
@@ -810,7 +811,7 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
     let config = tiny("llama");
     let model = ConfigModel::build(&config, &Training::new(16), &Device::Cpu).unwrap();
     let mut meter = HeapMeter::with_room(96 * MIB).unwrap();
-    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b, 0))
+    let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b.len, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     // the logits, 16 × 96 a sample, are the largest tensor: 20 samples and a bit

@@ -10,7 +10,7 @@
 use crate::common::bits;
 
 use autobatch::{
-    Error, HeapMeter, MemoryMeter, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Workload, plan::Warning,
+    Error, HeapMeter, MemoryMeter, MicroBatch, ModelProbe, TrackingAllocator, TrainLoop, Tuner, Workload, plan::Warning,
 };
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap, embedding, linear, loss, ops};
@@ -229,7 +229,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
     let before = bits(&varmap);
     let budget = HeapMeter::with_room(20 * MIB).unwrap().budget_bytes();
     let tune = |model: &Gpt| {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let mut meter = HeapMeter::new(budget).unwrap();
@@ -260,7 +260,7 @@ fn the_answer_is_exact_and_probing_changes_no_weight() {
 
 fn a_fused_op_that_cuts_gradients_is_named() {
     let (varmap, model) = gpt(true);
-    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     // refused by default, naming the switch this file makes (Norm::new)
@@ -306,7 +306,7 @@ fn a_fused_op_that_cuts_gradients_is_named() {
     let partial = plan.largest_batch();
     // after the switch: the whole graph, complete and proven, and less fits than the cut graph said
     let (varmap, model) = gpt(false);
-    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let plan = Tuner::new().search(&mut probe, &mut HeapMeter::with_room(20 * MIB).unwrap()).run().unwrap();
@@ -328,7 +328,8 @@ fn an_answer_does_not_depend_on_what_ran_before() {
     let rnn = lstm(16, 48, LSTMConfig::default(), vb.pp("lstm")).unwrap();
     let head = linear(48, 8, vb.pp("head")).unwrap();
     let steps = 48;
-    let batch_loss = |b: usize| -> Result<Tensor> {
+    let batch_loss = |micro: autobatch::MicroBatch| -> Result<Tensor> {
+        let b = micro.len;
         let x = Tensor::ones((b, steps, 16), DType::F32, &Device::Cpu)?;
         let hidden = rnn.states_to_tensor(&rnn.seq(&x)?)?;
         let last = hidden.narrow(1, steps - 1, 1)?.squeeze(1)?;
@@ -353,7 +354,7 @@ fn an_answer_does_not_depend_on_what_ran_before() {
         largest
     };
     let first = tune(Tuner::new());
-    drop(batch_loss(8).unwrap().backward().unwrap());
+    drop(batch_loss(autobatch::MicroBatch::of(8)).unwrap().backward().unwrap());
     println!("  an LSTM of {steps} steps: largest batch {first}");
     let second = tune(Tuner::new().target_effective_batch(4 * first + 3).strategy(autobatch::search::Strategy::Binary));
     assert_eq!(first, second, "the same model, another answer after the first run");
@@ -382,7 +383,7 @@ fn your_model_switched_to_the_lean_ops_is_exact_and_fits_more() {
     }
     let budget = HeapMeter::with_room(20 * MIB).unwrap().budget_bytes();
     let tune = |model: &Gpt| {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         let plan = Tuner::new().search(&mut probe, &mut HeapMeter::new(budget).unwrap()).run().unwrap();
@@ -406,13 +407,13 @@ fn a_forward_only_probe_measures_serving() {
     let serving = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let training = {
-        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+        let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         Tuner::new().search(&mut probe, &mut meter).run().unwrap()
     };
-    let forward = |b: usize| -> Result<Tensor> {
-        let (input, _) = serving.data_of_length(b, 0, SEQ)?;
+    let forward = |b: autobatch::MicroBatch| -> Result<Tensor> {
+        let (input, _) = serving.data_of_length(b.len, 0, SEQ)?;
         serving.forward(&input)
     };
     let mut probe = ModelProbe::new(&varmap, forward).forward_only();
@@ -426,8 +427,8 @@ fn a_forward_only_probe_measures_serving() {
     assert!(peak_of(&mut probe, plan.largest_batch() + 1) > limit.saturating_sub(TOLERANCE));
     drop(probe);
     // the same forward pass over the variables records a graph: said
-    let recorded = |b: usize| -> Result<Tensor> {
-        let (input, _) = model.data_of_length(b, 0, SEQ)?;
+    let recorded = |b: autobatch::MicroBatch| -> Result<Tensor> {
+        let (input, _) = model.data_of_length(b.len, 0, SEQ)?;
         model.forward(&input)
     };
     let mut probe = ModelProbe::new(&varmap, recorded).forward_only();
@@ -445,7 +446,8 @@ fn state_kept_between_steps_is_named_and_a_reset_clears_it() {
     let (varmap, model) = gpt(false);
     let cache: Rc<RefCell<Vec<Tensor>>> = Rc::default();
     let kept = Rc::clone(&cache);
-    let loss = move |b: usize| -> Result<Tensor> {
+    let loss = move |micro: autobatch::MicroBatch| -> Result<Tensor> {
+        let b = micro.len;
         let (input, targets) = model.data_of_length(b, 0, SEQ)?;
         // the model keeps what it saw: 64 KiB a sample, as a larger model's KV cache would
         kept.borrow_mut().push(Tensor::zeros((b, 16 << 10), DType::F32, &Device::Cpu)?);
@@ -473,7 +475,8 @@ fn an_op_without_a_backward_pass_is_named() {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let layer = linear(16, 16, vb.pp("fc")).unwrap();
-    let loss = |b: usize| -> Result<Tensor> {
+    let loss = |micro: autobatch::MicroBatch| -> Result<Tensor> {
+        let b = micro.len;
         let x = layer.forward(&Tensor::ones((b, 16), DType::F32, &Device::Cpu)?)?.reshape((b, 1, 4, 4))?;
         x.max_pool2d_with_stride(3, 1)?.sum_all()
     };
@@ -493,7 +496,7 @@ fn an_op_without_a_backward_pass_is_named() {
 fn training_with_accumulation_at_the_largest_batch_stays_under_the_ceiling() {
     let (varmap, model) = gpt(false);
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
-    let loss = |b: usize| model.loss(b, 0);
+    let loss = |b: autobatch::MicroBatch| model.loss(b.len, 0);
     let largest = {
         let mut probe =
             ModelProbe::new(&varmap, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
@@ -549,7 +552,7 @@ fn an_accumulating_plan_steps_its_micro_batch_down_until_the_accumulator_fits() 
         linear(1024, 1024, vb.pp("fc2")).unwrap(),
         linear(1024, 10, vb.pp("out")).unwrap(),
     ];
-    let loss = |b: usize| wide_mlp_loss(&layers, b, 0);
+    let loss = |b: autobatch::MicroBatch| wide_mlp_loss(&layers, b.len, 0);
     // with SGD (no state, a small update) the backward pass is the peak, and
     // the accumulator held through it (5 MiB) is worth ~170 samples
     let mut meter = HeapMeter::with_room(56 * MIB).unwrap();
@@ -599,11 +602,11 @@ fn accumulated_gradients_hold_no_activations() {
     };
     let mut meter = HeapMeter::with_room(42 * MIB).unwrap();
     let largest = {
-        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |b| loss(b.len, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
         Tuner::new().search(&mut probe, &mut meter).run().unwrap().largest_batch()
     };
     let plan = {
-        let mut probe = ModelProbe::new(&varmap, |b| loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
+        let mut probe = ModelProbe::new(&varmap, |b| loss(b.len, 0)).optimizer::<autobatch::optim::Sgd>(0.01).unwrap();
         Tuner::new().target_effective_batch(4 * largest).search(&mut probe, &mut meter).run().unwrap()
     };
     let optimizer = autobatch::optim::Sgd::new(varmap.all_vars(), 0.01).unwrap();
@@ -638,12 +641,12 @@ fn checkpointing_keeps_the_gradients_and_lowers_the_peak() {
     drop((plain, plain_grads, grads));
 
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
-    let mut plain = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+    let mut plain = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let without = Tuner::new().search(&mut plain, &mut meter).run().unwrap();
     drop(plain);
-    let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
+    let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b.len, 0, SEQ))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let with = Tuner::new().target_effective_batch(64).search(&mut probe, &mut meter).run().unwrap();
@@ -682,12 +685,14 @@ fn training_with_each_lean_optimizer_stays_under_the_ceiling() {
     use autobatch::optim::{Adafactor, AdamW8bit, Lion, ParamsAdafactor, ParamsLion};
     fn check<O: Optimizer>(
         name: &str,
-        probe_with: impl Fn(ModelProbe<&dyn Fn(usize) -> Result<Tensor>>) -> ModelProbe<&dyn Fn(usize) -> Result<Tensor>>,
+        probe_with: impl Fn(
+            ModelProbe<&dyn Fn(MicroBatch) -> Result<Tensor>>,
+        ) -> ModelProbe<&dyn Fn(MicroBatch) -> Result<Tensor>>,
         make: impl Fn(Vec<candle_core::Var>) -> O,
     ) {
         let (varmap, model) = gpt(false);
-        let loss = |b: usize| model.loss(b, 0);
-        let loss: &dyn Fn(usize) -> Result<Tensor> = &loss;
+        let loss = |micro: MicroBatch| model.loss(micro.len, 0);
+        let loss: &dyn Fn(MicroBatch) -> Result<Tensor> = &loss;
         let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
         let plan = {
             let mut probe = probe_with(ModelProbe::new(&varmap, loss));
@@ -724,11 +729,11 @@ fn sgd_and_any_optimizer_change_nothing_either() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
-    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0)).optimizer::<autobatch::optim::Sgd>(0.5).unwrap();
+    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b.len, 0)).optimizer::<autobatch::optim::Sgd>(0.5).unwrap();
     let with_sgd = Tuner::new().search(&mut sgd, &mut meter).run().unwrap();
     drop(sgd);
     assert_eq!(bits(&varmap), before);
-    let mut any = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+    let mut any = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
         .optimizer::<candle_nn::AdamW>(ParamsAdamW { lr: 0.5, ..Default::default() })
         .unwrap();
     let with_any = Tuner::new().search(&mut any, &mut meter).run().unwrap();
@@ -738,7 +743,7 @@ fn sgd_and_any_optimizer_change_nothing_either() {
     // show (later, or with the graph freed first, the backward pass
     // dominates); SGD has no state
     let mut any = any.graph_through_update(true);
-    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+    let mut sgd = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
         .optimizer::<autobatch::optim::Sgd>(0.5)
         .unwrap()
         .graph_through_update(true);
@@ -757,7 +762,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     // the same model built a second time over the same weights, with no graph
     let evaluation_model = Gpt::new(32, 4, 2, false, autobatch::model::detached(&varmap)).unwrap();
     let mut evaluation = |b: usize| evaluation_model.loss(b, 0)?.to_scalar::<f32>().map(drop);
-    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b, 0))
+    let mut probe = ModelProbe::new(&varmap, |b| model.loss(b.len, 0))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
@@ -769,7 +774,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
     let parameters: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
     assert_eq!(during.state_bytes, 8 * parameters as u64);
     assert!(during.largest_batch < eval.largest_batch, "{plan}");
-    let mut forward_only = ModelProbe::new(&varmap, |b| evaluation_model.loss(b, 0)).forward_only();
+    let mut forward_only = ModelProbe::new(&varmap, |b| evaluation_model.loss(b.len, 0)).forward_only();
     let alone = Tuner::new().search(&mut forward_only, &mut meter).run().unwrap();
     assert_eq!(alone.largest_batch(), eval.largest_batch, "{alone}\n{plan}");
     // same weights: the same loss
@@ -779,7 +784,7 @@ fn the_evaluation_step_of_your_model_gets_its_own_larger_batch() {
 
 fn the_cache_key_and_the_advice_come_from_the_variables() {
     let (varmap, model) = gpt(false);
-    let probe = ModelProbe::new(&varmap, |b| model.loss(b, 0)).key_param("seq_len", SEQ);
+    let probe = ModelProbe::new(&varmap, |b| model.loss(b.len, 0)).key_param("seq_len", SEQ);
     let mut probe = probe.optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     let key = probe.cache_key().unwrap().to_string();
     assert!(key.contains("blocks.0.qkv.weight: F32 [96, 32]") && key.contains("seq_len: 32"), "{key}");
@@ -817,7 +822,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     let cache = dir.join("plans.json");
     let tuner = Tuner::new().cache(&cache);
     let plan = {
-        let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
+        let loss = |batch: autobatch::MicroBatch, len: usize| model.loss_of_length(batch.len, 0, len);
         let mut probe = ModelProbe::by_size(&varmap, SEQ, loss)
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
@@ -833,7 +838,7 @@ fn your_model_tuned_at_several_lengths_trains_under_the_ceiling_at_each() {
     assert_eq!(predicted.source, BatchSource::Predicted);
     assert!(predicted.batch <= batches[1] && predicted.batch >= batches[2], "{predicted:?}\n{plan}");
     {
-        let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
+        let loss = |batch: autobatch::MicroBatch, len: usize| model.loss_of_length(batch.len, 0, len);
         let mut probe = ModelProbe::by_size(&varmap, 24, loss)
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
@@ -868,7 +873,7 @@ fn your_models_longest_length_at_a_batch_is_exact() {
     let (varmap, model) = gpt(false);
     let before = bits(&varmap);
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
-    let loss = |batch: usize, len: usize| model.loss_of_length(batch, 0, len);
+    let loss = |batch: autobatch::MicroBatch, len: usize| model.loss_of_length(batch.len, 0, len);
     let mut probe =
         ModelProbe::by_size(&varmap, SEQ, loss).optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default()).unwrap();
     // a batch that fits at the shortest lengths and not at SEQ
@@ -910,7 +915,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
     let vars = varmap.all_vars();
     let mut meter = HeapMeter::with_room(20 * MIB).unwrap();
     let plan = {
-        let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b, 0, SEQ))
+        let mut probe = ModelProbe::new(&varmap, |b| model.checkpointed_loss(&frozen, &vars, b.len, 0, SEQ))
             .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
             .unwrap();
         Tuner::new().max_batch(6).target_effective_batch(21).search(&mut probe, &mut meter).run().unwrap()
@@ -937,7 +942,7 @@ fn checkpointing_needs_no_hand_applied_scale_and_tunes_by_length() {
         assert!(diff <= 1e-4 * moved.max(1e-6), "the steps differ by {diff}, the weights moved by {moved}");
     }
 
-    let mut probe = ModelProbe::by_size(&varmap, SEQ, |b, len| model.checkpointed_loss(&frozen, &vars, b, 0, len))
+    let mut probe = ModelProbe::by_size(&varmap, SEQ, |b, len| model.checkpointed_loss(&frozen, &vars, b.len, 0, len))
         .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
         .unwrap();
     let sizes = Tuner::new().search(&mut probe, &mut meter).sizes(&[SEQ / 2, SEQ]).unwrap();
@@ -979,7 +984,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
         let (micro, loss) = (*micro, loss);
         for k in [1, 4] {
             let plan = {
-                let mut probe = ModelProbe::new(varmap, |b| loss(b, 0))
+                let mut probe = ModelProbe::new(varmap, |b| loss(b.len, 0))
                     .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
                     .unwrap();
                 let tuner = Tuner::new().start(micro).max_batch(micro).target_effective_batch(micro * k);
@@ -1006,7 +1011,7 @@ fn the_plan_peak_is_what_a_train_loop_step_holds() {
         }
         // the store `loss.backward()` returns, held through the update, holds more than the variables' gradients
         let mut held = |whole: bool| {
-            let mut probe = ModelProbe::new(varmap, |b| loss(b, 0))
+            let mut probe = ModelProbe::new(varmap, |b| loss(b.len, 0))
                 .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
                 .unwrap()
                 .grad_store_through_update(whole);
