@@ -170,14 +170,17 @@ impl ModelConfig {
         })
     }
 
-    /// What the model needs before a step: checked before anything is allocated.
-    pub(crate) fn footprint(&self) -> Result<Footprint, models::Error> {
-        match self {
+    /// What the model needs before a step, trained as `optimizing` says:
+    /// checked before anything is allocated.
+    pub(crate) fn footprint(&self, optimizing: Optimizing) -> Result<Footprint, models::Error> {
+        let adamw = match self {
             ModelConfig::Transformer(config) => config.footprint(),
             ModelConfig::Mlp(config) => config.footprint(),
             ModelConfig::ConvNet(config) => config.footprint(),
             ModelConfig::FromConfig(spec) => spec.0.footprint(&spec.1),
-        }
+        }?;
+        let precision = if optimizing.mixed { Precision::Mixed } else { adamw.state.precision };
+        adamw.trained_with(optimizing.optimizer, precision)
     }
 
     /// The model with `optimizer`, in mixed precision when `mixed` (the

@@ -218,15 +218,8 @@ impl Estimator<OfStep> {
                 valid: "beside a LoRA base of its own dtype (Lora::base) the adapters train in f32: fp32".into(),
             });
         }
-        let (parameters, frozen_bytes) = match &training.lora {
-            Some(_) => (config.footprint(training)?.parameters, config.frozen_bytes(training)?),
-            None => (config.parameter_count(), 0),
-        };
-        let default_precision = match config.dtype {
-            DType::BF16 if !own_base => Precision::Bf16,
-            _ => Precision::Fp32,
-        };
-        let setup = self.setup(parameters, default_precision, frozen_bytes);
+        let stored = config.training_setup(training)?;
+        let setup = self.setup(stored.parameters, stored.precision, stored.frozen_bytes);
         let memory = config.step_memory(training, *compute)?;
         let step = StepEstimate {
             config: config.clone(),
@@ -612,6 +605,25 @@ mod tests {
         assert!(lora.parameters() < full.parameters() / 10);
         assert_eq!(lora.setup().frozen_bytes, config.parameter_count() * 4);
         assert!(lora.total_bytes() < full.total_bytes());
+    }
+
+    /// What trains is stored in the dtype the step runs in: `Training::dtype`
+    /// over the config's `torch_dtype`, as the footprint counts it.
+    #[test]
+    fn the_state_is_the_footprints_in_the_dtype_the_step_runs_in() {
+        let bf16 = Config { dtype: DType::BF16, ..llama() };
+        for (training, precision) in [
+            (Training::new(64), Precision::Bf16),
+            (Training::new(64).dtype(DType::F32), Precision::Fp32),
+            (Training::new(64).lora(Lora::new(8, &["q_proj"])), Precision::Bf16),
+            (Training::new(64).lora(Lora::new(8, &["q_proj"]).base(crate::BaseDtype::Q8_0)), Precision::Fp32),
+        ] {
+            let estimate = Estimator::step(bf16.clone(), training.clone()).count().unwrap();
+            assert_eq!(estimate.setup().precision, precision, "{training:?}");
+            let footprint = bf16.footprint(&training).unwrap();
+            assert_eq!(estimate.state(), &footprint.state, "{training:?}");
+            assert_eq!(estimate.setup().frozen_bytes, bf16.frozen_bytes(&training).unwrap());
+        }
     }
 
     #[test]

@@ -5,7 +5,10 @@
 use candle_core::DType;
 
 use crate::family::Family;
+use autobatch::estimate::TrainingSetup;
+
 use crate::trainer::Footprint;
+use crate::trainer::footprint::adamw_state;
 use crate::weights::{Init, TensorSpec};
 use crate::{Attention, BaseDtype, BertHead, Compute, Config, Error, Lora, Loss, Ops, Training, bert, decoder, gpt2};
 
@@ -160,44 +163,70 @@ impl Config {
         Ok(self.split_counts(|one| one.adapter_specs(lora)).and_then(|counts| self.over_layers(counts)))
     }
 
-    /// What a step of this model surely needs on the CPU, from the config
-    /// alone: the weights, and for what trains its gradient and two AdamW
-    /// moments; beside them 85% of the step's widest moment at one sample
-    /// (less a sample's least bytes) and of its least bytes a sample ([`step_memory`](Self::step_memory), which
-    /// holds within 15% of the measured step on the reference configs), so
-    /// that `fixed + batch × per sample` stays under what any batch holds.
-    /// What decides, before anything is allocated, that not even the first
-    /// batch fits. Every product is checked.
-    pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
+    /// What trains, how it is stored and what stays frozen beside it, with
+    /// AdamW's state: the one count of a step's state, which the footprint
+    /// ([`footprint`](Self::footprint)) and the estimate
+    /// ([`Estimator::step`](crate::estimate::Estimator::step)) both start from. What
+    /// trains is every parameter, in the model's dtype, or LoRA's adapters (in
+    /// f32 over a base of its own dtype) beside the frozen base
+    /// ([`frozen_bytes`](Self::frozen_bytes)).
+    ///
+    /// ```
+    /// use autobatch::estimate::{OptimizerKind, Precision};
+    /// use autobatch_models::{Config, Lora, Training};
+    /// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+    ///     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "torch_dtype": "bfloat16"}"#)?;
+    /// let full = config.training_setup(&Training::new(32))?;
+    /// assert_eq!((full.parameters, full.precision, full.optimizer), (config.parameter_count(), Precision::Bf16, OptimizerKind::AdamW));
+    /// // bf16 weights, gradients and two moments
+    /// assert_eq!(full.state()?.total(), config.parameter_count() * 2 * 4);
+    /// let lora = config.training_setup(&Training::new(32).lora(Lora::new(8, &["q_proj"])))?;
+    /// assert!(lora.parameters < config.parameter_count() / 10);
+    /// assert_eq!(lora.frozen_bytes, config.parameter_count() * 2);
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn training_setup(&self, training: &Training) -> Result<TrainingSetup, Error> {
         let model_dtype = self.model_dtype(training)?;
-        let dtype = model_dtype.size_in_bytes() as u64;
-        let overflow = || Error::byte_overflow(format!("the tensors of {}", self.describe(training)));
-        let base = self.checked_parameter_count()?;
-        let (trained, fixed) = match &training.lora {
+        let (trained, dtype) = match &training.lora {
             Some(lora) => {
-                let adapters = self.adapter_count(lora)?.ok_or_else(overflow)?;
-                let adapter_bytes = lora.adapter_dtype(model_dtype).size_in_bytes() as u64;
-                let frozen = self.frozen_bytes(training)?;
-                let fixed = adapters.checked_mul(4 * adapter_bytes).and_then(|a| a.checked_add(frozen));
-                (adapters, fixed.ok_or_else(overflow)?)
+                let overflow = || Error::byte_overflow(format!("the adapters of {}", self.describe(training)));
+                (self.adapter_count(lora)?.ok_or_else(overflow)?, lora.adapter_dtype(model_dtype))
             }
-            None => (base, base.checked_mul(4 * dtype).ok_or_else(overflow)?),
+            None => (self.checked_parameter_count()?, model_dtype),
         };
+        let state = adamw_state(trained, dtype)?;
+        Ok(TrainingSetup::new(trained, state.precision, state.optimizer).frozen(self.frozen_bytes(training)?))
+    }
+
+    /// What a step of this model surely needs on the CPU, from the config
+    /// alone: the state ([`training_setup`](Self::training_setup): AdamW's,
+    /// [`Footprint::trained_with`] for another optimizer or precision) and a
+    /// frozen base; beside them 85% of the step's widest moment at one sample
+    /// (less a sample's least bytes) and of its least bytes a sample
+    /// ([`step_memory`](Self::step_memory), which holds within 15% of the
+    /// measured step on the reference configs), so that `fixed + batch × per
+    /// sample` stays under what any batch holds. What decides, before
+    /// anything is allocated, that not even the first batch fits. Every
+    /// product is checked.
+    pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
+        let setup = self.training_setup(training)?;
+        let state = setup.state()?;
         let step = self.step_memory(training, Compute::Cpu)?;
-        let gradients = match &training.lora {
-            Some(_) => 0,
-            None => base.checked_mul(dtype).ok_or_else(overflow)?,
-        };
-        // the state above counts the gradients: the moments before them hold the
-        // rest. Every moment grows by at least the least bytes a sample, so the
-        // widest at one sample plus that many a sample more bounds every batch
+        // the state counts the gradients: the moments before them hold the rest.
+        // Every moment grows by at least the least bytes a sample, so the widest
+        // at one sample plus that many a sample more bounds every batch
         let least_per_sample = step.moments.iter().map(|moment| moment.bytes_per_sample).min().unwrap_or(0);
-        let widest = step.peak_bytes(gradients, 1)?.saturating_sub(gradients).saturating_sub(least_per_sample);
+        let widest =
+            step.peak_bytes(state.gradients, 1)?.saturating_sub(state.gradients).saturating_sub(least_per_sample);
         let lower = |bytes: u64| bytes / 20 * 17;
+        let fixed_bytes = [setup.frozen_bytes, lower(widest)]
+            .into_iter()
+            .try_fold(state.total(), u64::checked_add)
+            .ok_or_else(|| Error::byte_overflow(format!("the tensors of {}", self.describe(training))))?;
         Ok(Footprint {
             model: self.describe(training),
-            parameters: trained,
-            fixed_bytes: fixed.checked_add(lower(widest)).ok_or_else(overflow)?,
+            state,
+            fixed_bytes,
             min_bytes_per_sample: lower(least_per_sample),
         })
     }

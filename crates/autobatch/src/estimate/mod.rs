@@ -52,7 +52,7 @@ pub use setup::TrainingSetup;
 pub use sharding::Sharding;
 
 /// The training state of a model before any activation, in bytes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StaticMemory {
     /// Trainable parameters.
     pub parameters: u64,

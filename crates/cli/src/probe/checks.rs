@@ -79,7 +79,7 @@ pub fn check_footprint(request: &Request, footprint: &Footprint, limit: u64) -> 
         }
         _ => return Ok(footprint.check_batch_within(batch, limit)?),
     };
-    let at_size = at_size.footprint()?;
+    let at_size = at_size.footprint(request.optimizing)?;
     let first_step = match finding {
         // the model is built at its largest size (its positions, its causal mask,
         // a head over the largest image) and its first step runs at the smallest

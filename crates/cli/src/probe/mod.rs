@@ -23,7 +23,7 @@ use request::Request;
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let request = Request::of(args)?;
     let say = |line: &str| if request.json { errln!("{line}") } else { outln!("{line}") };
-    let footprint = request.model.footprint()?;
+    let footprint = request.model.footprint(request.optimizing)?;
     let mut on = on_device(request.device, request.budget, DEFAULT_BUDGET)?;
     let limit = request.ceiling.limit_bytes(on.meter.capacity()?);
     checks::check_footprint(&request, &footprint, limit)?;

@@ -97,6 +97,27 @@ fn json_plan_is_on_stdout_and_trials_on_stderr() {
     assert!(stderr.contains("trial") && stderr.contains("batch"), "the live rows go to stderr: {stderr}");
 }
 
+/// The pre-check counts the state of the optimizer the probe runs: plain
+/// SGD keeps no moments, so a weight-heavy model whose AdamW state alone
+/// passes the limit is probed with `--optimizer sgd` (the pre-check counted
+/// AdamW's whatever the optimizer, and refused it), and its answer is exact.
+#[test]
+fn the_pre_check_counts_the_state_of_the_optimizer_probed() {
+    let mlp = ["probe", "--model", "mlp", "--width", "1024", "--depth", "4"];
+    let sgd = [&mlp[..], &["--optimizer", "sgd"]].concat();
+    let (_, batch_one) = baseline_and_batch_one(&sgd);
+    let config = autobatch_models::reference::MlpConfig { width: 1024, depth: 4, ..Default::default() };
+    let adamw = config.footprint().unwrap().min_step_bytes();
+    assert!(batch_one < adamw, "SGD's batch 1 ({batch_one}) is under AdamW's state ({adamw}) on any host");
+    // a limit between them: the ceiling's 90% of the budget
+    let budget = ((batch_one + adamw) / 2 * 10 / 9).to_string();
+    let refused = autobatch(&[&mlp[..], &["--budget", &budget]].concat());
+    let stderr = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("counted from its configuration"), "AdamW's state is over the limit: {stderr}");
+    assert_exact_through_the_binary(&[&sgd[..], &["--budget", &budget]].concat(), "sgd");
+}
+
 #[test]
 fn nothing_fits_has_its_own_exit_code() {
     let output = autobatch(&["probe", "--model", "mlp", "--budget", "3MiB"]);
@@ -1230,14 +1251,21 @@ fn a_lora_base_is_probed_exactly_compared_and_estimated() {
                 .lora(autobatch_models::Lora::new(8, &["q_proj", "v_proj"]).base(autobatch_models::BaseDtype::Q4_0)),
         )
         .unwrap();
+    // one count of the state: the estimate's is the footprint's, to the byte
     let state = &estimate["state"];
-    let counted: u64 = ["weights", "gradients", "optimizer_states", "master_weights"]
-        .iter()
-        .map(|k| state[k].as_u64().unwrap())
-        .sum::<u64>()
-        + estimate["frozen_bytes"].as_u64().unwrap();
+    for (key, bytes) in [
+        ("weights", footprint.state.weights),
+        ("gradients", footprint.state.gradients),
+        ("optimizer_states", footprint.state.optimizer_states),
+        ("master_weights", footprint.state.master_weights),
+    ] {
+        assert_eq!(state[key].as_u64(), Some(bytes), "{key}: {estimate}");
+    }
+    assert_eq!(state["weights"].as_u64(), Some(footprint.state.parameters * 4), "f32 adapters: {estimate}");
+    let counted = footprint.state.total() + estimate["frozen_bytes"].as_u64().unwrap();
     // and 85% of the step's widest moment at one sample (on the CPU: the
-    // footprint decides before a probe's first step), less a sample's least
+    // footprint decides before a probe's first step) beside the gradients the
+    // state counts, less a sample's least
     let training = autobatch_models::Training::new(512)
         .lora(autobatch_models::Lora::new(8, &["q_proj", "v_proj"]).base(autobatch_models::BaseDtype::Q4_0));
     let step = autobatch_models::Config::from_file(std::path::Path::new(&heavy))
@@ -1245,10 +1273,10 @@ fn a_lora_base_is_probed_exactly_compared_and_estimated() {
         .step_memory(&training, autobatch_models::Compute::Cpu)
         .unwrap();
     let least = step.moments.iter().map(|moment| moment.bytes_per_sample).min().unwrap();
-    let widest = step.peak_bytes(0, 1).unwrap() - least;
+    let gradients = footprint.state.gradients;
+    let widest = step.peak_bytes(gradients, 1).unwrap() - gradients - least;
     assert_eq!(counted + widest / 20 * 17, footprint.fixed_bytes, "{estimate}");
     assert_eq!(footprint.min_bytes_per_sample, least / 20 * 17);
-    assert_eq!(state["weights"].as_u64(), Some(footprint.parameters * 4), "f32 adapters: {estimate}");
     // flags that contradict each other
     assert_usage_error(&[&common[..], &["--base-dtype", "q5_k"]].concat(), "q4_0");
     assert_usage_error(

@@ -7,7 +7,7 @@ use super::{at_least, cross_entropy, detach_linear};
 use crate::Error;
 use crate::params::Params;
 use crate::splitmix::Rng;
-use crate::trainer::footprint::Sizes;
+use crate::trainer::footprint::{Sizes, adamw_state};
 use crate::trainer::{Footprint, Model, Trainer, check_dtype};
 
 /// Size of a [`ConvNet`]: two 3×3 convolutions (`channels`, then
@@ -88,10 +88,10 @@ impl ConvNetConfig {
             n.product(&[classes, features])?,
             classes,
         ])?;
-        let fixed_bytes = n.product(&[4, parameters, dtype])?;
+        let state = adamw_state(parameters, self.dtype)?;
         // the image in f32 and the first convolution's output
         let min_bytes_per_sample = n.sum(&[n.product(&[c_in, r, r, 4])?, n.product(&[c, r, r, dtype])?])?;
-        n.footprint(parameters, fixed_bytes, min_bytes_per_sample)
+        n.footprint(state, 0, min_bytes_per_sample)
     }
 
     /// Builds the model and its AdamW optimizer on `device`.

@@ -7,7 +7,7 @@ use super::{at_least, cross_entropy, detach_linear};
 use crate::Error;
 use crate::params::Params;
 use crate::splitmix::Rng;
-use crate::trainer::footprint::Sizes;
+use crate::trainer::footprint::{Sizes, adamw_state};
 use crate::trainer::{Footprint, Model, Trainer, check_dtype};
 
 /// Size of an [`Mlp`]: `depth` hidden layers of `width` with GELU.
@@ -72,9 +72,10 @@ impl MlpConfig {
             n.product(&[w, classes])?,
             classes,
         ])?;
-        let fixed_bytes = n.sum(&[n.product(&[4, parameters, dtype])?, n.product(&[inputs, classes, 4])?])?;
+        let state = adamw_state(parameters, self.dtype)?;
+        let teacher = n.product(&[inputs, classes, 4])?;
         let min_bytes_per_sample = n.sum(&[n.product(&[inputs, 4])?, n.product(&[depth, w, dtype])?])?;
-        n.footprint(parameters, fixed_bytes, min_bytes_per_sample)
+        n.footprint(state, teacher, min_bytes_per_sample)
     }
 
     /// Builds the model and its AdamW optimizer on `device`.

@@ -8,7 +8,7 @@ use super::{at_least, cross_entropy, detach_linear};
 use crate::Error;
 use crate::params::Params;
 use crate::splitmix::Rng;
-use crate::trainer::footprint::Sizes;
+use crate::trainer::footprint::{Sizes, adamw_state};
 use crate::trainer::{Footprint, Model, Trainer, check_dtype};
 use autobatch::model::checkpointed;
 
@@ -115,14 +115,14 @@ impl TransformerConfig {
             n.product(&[d, v])?, // head weight
             v,                   // head bias
         ])?;
-        let fixed_bytes = n.sum(&[
-            n.product(&[4, parameters, dtype])?, // weights, gradients, two moments
-            n.product(&[s, s, dtype])?,          // the causal mask
-            n.product(&[v, 4])?,                 // the successor table
+        let state = adamw_state(parameters, self.dtype)?;
+        let constant_inputs = n.sum(&[
+            n.product(&[s, s, dtype])?, // the causal mask
+            n.product(&[v, 4])?,        // the successor table
         ])?;
         // one layer's attention scores and their softmax, and the logits in f32
         let min_bytes_per_sample = n.sum(&[n.product(&[2, h, s, s, dtype])?, n.product(&[s, v, 4])?])?;
-        n.footprint(parameters, fixed_bytes, min_bytes_per_sample)
+        n.footprint(state, constant_inputs, min_bytes_per_sample)
     }
 
     /// Builds the model and its AdamW optimizer on `device`.

@@ -2,18 +2,27 @@
 //! configuration alone: so that a model too large for the budget is refused
 //! before it allocates (an allocation that fails on the CPU aborts the process).
 
-use crate::Error;
 use autobatch::Bytes;
+use autobatch::estimate::{OptimizerKind, Precision, StaticMemory};
+use candle_core::DType;
+
+use crate::Error;
 
 /// The memory of a reference model known from its configuration: its fixed
 /// tensors, and a lower bound on what one sample adds to a training step.
 ///
 /// ```
+/// use autobatch::estimate::{OptimizerKind, Precision};
 /// use autobatch_models::reference::TransformerConfig;
 ///
 /// let footprint = TransformerConfig::default().footprint()?;
-/// assert!(footprint.fixed_bytes > 4 * 4 * footprint.parameters);
+/// // f32 weights, gradients and AdamW's two moments, beside the causal mask
+/// assert_eq!(footprint.state.total(), 4 * 4 * footprint.state.parameters);
+/// assert!(footprint.fixed_bytes > footprint.state.total());
 /// assert!(footprint.check_within(256 << 20).is_ok());
+/// // plain SGD keeps no moments: half the state
+/// let sgd = footprint.trained_with(OptimizerKind::Sgd, Precision::Fp32)?;
+/// assert_eq!(footprint.fixed_bytes - sgd.fixed_bytes, footprint.state.total() / 2);
 /// let long = TransformerConfig { seq_len: 100_000, ..TransformerConfig::default() };
 /// assert!(long.footprint()?.check_within(256 << 20).is_err()); // a 40 GB causal mask
 /// # Ok::<(), autobatch::Error>(())
@@ -22,11 +31,14 @@ use autobatch::Bytes;
 pub struct Footprint {
     /// The model and its size, as [`Model::describe`](super::Model::describe) says it.
     pub model: String,
-    /// Trainable parameters.
-    pub parameters: u64,
-    /// Bytes held whatever the batch: weights, gradients and both AdamW moments
-    /// (4 copies of the parameters), and the model's constant inputs (a causal
-    /// mask, a teacher matrix).
+    /// The training state of what trains: its weights, gradients and
+    /// optimizer state (AdamW's two moments in the weights' dtype unless
+    /// [`trained_with`](Self::trained_with) says otherwise), as the estimate
+    /// counts it ([`StaticMemory`]). Part of `fixed_bytes`.
+    pub state: StaticMemory,
+    /// Bytes held whatever the batch: the state, a frozen base (LoRA's), the
+    /// model's constant inputs (a causal mask, a teacher matrix) and what a
+    /// step surely holds beside them.
     pub fixed_bytes: u64,
     /// Bytes one sample adds at least: its inputs and the activations the
     /// training step surely keeps (attention scores, logits). The real figure is
@@ -35,6 +47,23 @@ pub struct Footprint {
 }
 
 impl Footprint {
+    /// The same model trained with `optimizer` at `precision`: the state
+    /// counted again, the rest of `fixed_bytes` as it is. What decides, before
+    /// a probe allocates, for a model that does not train with AdamW in its
+    /// weights' dtype (`Precision::Mixed` adds f32 masters and f32 moments to
+    /// bf16 weights).
+    ///
+    /// # Errors
+    ///
+    /// The core's byte overflow where the state passes `u64`.
+    pub fn trained_with(&self, optimizer: OptimizerKind, precision: Precision) -> Result<Footprint, Error> {
+        let state = StaticMemory::new(self.state.parameters, precision, optimizer)?;
+        let fixed_bytes = (self.fixed_bytes - self.state.total())
+            .checked_add(state.total())
+            .ok_or_else(|| Error::byte_overflow(format!("the fixed tensors of {}", self.model)))?;
+        Ok(Footprint { state, fixed_bytes, ..self.clone() })
+    }
+
     /// `fixed_bytes + min_bytes_per_sample`: what batch 1 needs at least.
     pub fn min_step_bytes(&self) -> u64 {
         self.fixed_bytes.saturating_add(self.min_bytes_per_sample)
@@ -101,14 +130,16 @@ impl Sizes {
         terms.iter().try_fold(0u64, |acc, &t| acc.checked_add(t)).ok_or_else(|| self.too_large())
     }
 
-    /// The footprint, refused when this process could not even address it.
+    /// The footprint of `state` beside `other_fixed_bytes`, refused when this
+    /// process could not even address it.
     pub(crate) fn footprint(
         self,
-        parameters: u64,
-        fixed_bytes: u64,
+        state: StaticMemory,
+        other_fixed_bytes: u64,
         min_bytes_per_sample: u64,
     ) -> Result<Footprint, Error> {
-        let footprint = Footprint { model: self.model, parameters, fixed_bytes, min_bytes_per_sample };
+        let fixed_bytes = self.sum(&[state.total(), other_fixed_bytes])?;
+        let footprint = Footprint { model: self.model, state, fixed_bytes, min_bytes_per_sample };
         if footprint.min_step_bytes() > isize::MAX as u64 {
             return Err(autobatch::Error::ModelTooLarge {
                 needs: format!("at least {}", Bytes(footprint.min_step_bytes())),
@@ -120,4 +151,13 @@ impl Sizes {
         }
         Ok(footprint)
     }
+}
+
+/// The state of `parameters` trained in `dtype` with AdamW, its moments in
+/// that dtype (as the library's AdamW keeps them): what a model built here
+/// holds before any step.
+pub(crate) fn adamw_state(parameters: u64, dtype: DType) -> Result<StaticMemory, Error> {
+    super::check_dtype(dtype)?;
+    let precision = if dtype == DType::BF16 { Precision::Bf16 } else { Precision::Fp32 };
+    Ok(StaticMemory::new(parameters, precision, OptimizerKind::AdamW)?)
 }

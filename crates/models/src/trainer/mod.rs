@@ -347,10 +347,20 @@ impl<M: Model> Trainer<M> {
         self.dtype
     }
 
-    /// Bytes of weights, gradients and both AdamW moments: what the model's
-    /// state costs before any activation (4 copies of the parameters in candle).
-    pub fn state_bytes(&self) -> u64 {
-        4 * (self.parameter_count() * self.dtype.size_in_bytes()) as u64
+    /// The training state: weights, gradients and the optimizer's state (and
+    /// in mixed precision the f32 masters), counted as the estimate and the
+    /// footprint count it ([`StaticMemory`](autobatch::estimate::StaticMemory)) for
+    /// this trainer's optimizer and precision. What the model's state costs
+    /// before any activation: with AdamW, 4 copies of the parameters.
+    ///
+    /// # Errors
+    ///
+    /// The core's byte overflow where the count passes `u64`.
+    pub fn state(&self) -> Result<autobatch::estimate::StaticMemory, Error> {
+        let choice = self.optimizer.choice();
+        let stored = footprint::adamw_state(self.parameter_count() as u64, self.dtype)?;
+        let precision = if choice.mixed { autobatch::estimate::Precision::Mixed } else { stored.precision };
+        Ok(autobatch::estimate::StaticMemory::new(stored.parameters, precision, choice.kind)?)
     }
 
     /// Every weight and both moments of every weight (and, in mixed precision,

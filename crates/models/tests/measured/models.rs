@@ -742,6 +742,58 @@ fn a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so() {
     }
 }
 
+/// The footprint with each optimizer the library ships, in bf16 and in
+/// mixed precision, is what a step surely holds: under the measured peak of
+/// the first batches. The state is counted once ([`Config::training_setup`]),
+/// and a model AdamW's moments would refuse is not refused with SGD (the
+/// probe's pre-check counted AdamW's whatever the optimizer).
+fn the_footprint_holds_whatever_the_optimizer() {
+    use autobatch::estimate::{OptimizerKind, Precision};
+    let config = heavy("llama");
+    let cases = [
+        (OptimizerKind::Sgd, DType::F32, false),
+        (OptimizerKind::Lion, DType::F32, false),
+        (OptimizerKind::Adafactor, DType::F32, false),
+        (OptimizerKind::Adam8bit, DType::F32, false),
+        (OptimizerKind::AdamW, DType::F32, false),
+        (OptimizerKind::Lion, DType::BF16, false),
+        (OptimizerKind::AdamW, DType::BF16, false),
+        (OptimizerKind::AdamW, DType::BF16, true),
+    ];
+    let scratch = HeapMeter::host_scratch_bytes();
+    for (kind, dtype, mixed) in cases {
+        let training = Training::new(16).dtype(dtype);
+        let adamw = config.footprint(&training).unwrap();
+        assert_eq!(adamw.state, config.training_setup(&training).unwrap().state().unwrap());
+        let precision = if mixed { Precision::Mixed } else { adamw.state.precision };
+        let footprint = adamw.trained_with(kind, precision).unwrap();
+        let what = format!("{} {}{}", kind.name(), dtype.as_str(), if mixed { " mixed" } else { "" });
+        // what the process holds before the model, its threads' matmul buffers included
+        HeapMeter::with_room(MIB).unwrap().in_use().unwrap();
+        let before = autobatch::TrackingAllocator::live_bytes();
+        let trainer = ConfigModel::build(&config, &training, &Device::Cpu).unwrap().into_trainer().unwrap();
+        let trainer = if kind == OptimizerKind::AdamW { trainer } else { trainer.with_optimizer(kind).unwrap() };
+        let mut trainer = if mixed { trainer.into_mixed_precision().unwrap() } else { trainer };
+        for batch in [1u64, 4] {
+            autobatch::TrackingAllocator::reset_peak();
+            trainer.step(batch as usize).unwrap();
+            let measured = autobatch::TrackingAllocator::peak_bytes().saturating_sub(before);
+            let bound = (footprint.fixed_bytes + batch * footprint.min_bytes_per_sample).saturating_sub(scratch);
+            assert!(bound <= measured, "{what}: at batch {batch} the footprint's {bound} is over {measured}");
+            println!(
+                "  {what}: the footprint is {:.3} of the measured peak at batch {batch}",
+                bound as f64 / measured as f64
+            );
+            if kind == OptimizerKind::Sgd && batch == 1 {
+                assert!(adamw.min_step_bytes().saturating_sub(scratch) > measured, "{what}: AdamW's count refuses it");
+            }
+        }
+        if kind == OptimizerKind::Sgd {
+            assert_eq!(adamw.fixed_bytes - footprint.fixed_bytes, adamw.state.optimizer_states, "{what}");
+        }
+    }
+}
+
 /// A LoRA fine-tune over each base through `TrainLoop` with the plan: exact
 /// by brute force, every step under the limit, the loss falls, and the
 /// base is what it was (with the adapters' B back at zero the logits are
@@ -1209,6 +1261,7 @@ pub fn tests() -> Vec<(&'static str, fn())> {
             a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so,
         ),
         ("lora_trains_over_every_base_under_the_ceiling", lora_trains_over_every_base_under_the_ceiling),
+        ("the_footprint_holds_whatever_the_optimizer", the_footprint_holds_whatever_the_optimizer),
         ("a_base_the_model_cannot_take_is_refused", a_base_the_model_cannot_take_is_refused),
         ("no_trial_runs_a_tensor_past_the_element_limit", no_trial_runs_a_tensor_past_the_element_limit),
         (

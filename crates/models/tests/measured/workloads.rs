@@ -210,7 +210,7 @@ fn bf16_halves_the_model_state_where_the_cpu_supports_it() {
     let mut bf16_lm = TransformerConfig { dtype: DType::BF16, ..transformer(16, 32, 1) }.build(&Device::Cpu).unwrap();
     assert_eq!(bf16_lm.dtype(), DType::BF16);
     assert_eq!(bf16_lm.parameter_count(), f32_lm.parameter_count());
-    assert_eq!(2 * bf16_lm.state_bytes(), f32_lm.state_bytes());
+    assert_eq!(2 * bf16_lm.state().unwrap().total(), f32_lm.state().unwrap().total());
     let first = bf16_lm.train_step(8).unwrap();
     assert!(first.is_finite());
 
@@ -261,7 +261,7 @@ fn invalid_model_settings_are_errors() {
 fn nothing_fits_comes_with_remedies_for_a_reference_model() {
     use autobatch::estimate::{Change, OptimizerKind, Precision};
     let mut mlp = MlpConfig { inputs: 128, width: 768, depth: 3, ..MlpConfig::default() }.build(&Device::Cpu).unwrap();
-    let state = mlp.state_bytes();
+    let state = mlp.state().unwrap().total();
     // the weights and moments are held already: room for half the gradients
     let gradients = 4 * mlp.parameter_count() as u64;
     let budget = TrackingAllocator::live_bytes() + gradients / 2;
@@ -384,7 +384,16 @@ fn the_transformer_trains_with_each_lean_optimizer() {
             model.train_step(8).unwrap();
         }
         let last = model.train_step(8).unwrap();
-        println!("  {}: loss {first:.3} -> {last:.3}, {} bytes of state", kind.name(), model.optimizer_state_bytes());
+        let counted = model.state().unwrap();
+        assert_eq!(counted, model.profile().unwrap().state().unwrap(), "{kind:?}: the state is counted once");
+        println!(
+            "  {}: loss {first:.3} -> {last:.3}, {} bytes of state ({} counted)",
+            kind.name(),
+            model.optimizer_state_bytes(),
+            counted.optimizer_states
+        );
+        // the count is what the estimate and the footprint add: never more than the optimizer holds
+        assert!(counted.optimizer_states <= model.optimizer_state_bytes(), "{kind:?}");
         assert!(last < first / 2.0, "{kind:?}: {first} -> {last}");
     }
     let momentum = transformer(16, 32, 1).build(&Device::Cpu).unwrap().with_optimizer(OptimizerKind::Momentum);
