@@ -654,7 +654,7 @@ mod tests {
                 "num_hidden_layers": 1, "num_attention_heads": 2}"#,
         )
         .unwrap()
-        .footprint(&models::Training::new(8).lora(models::Lora::new(0, &["q_proj"])))
+        .footprint(&models::Training::new(8).lora(models::Lora::new(0, &["q_proj"])), models::Compute::Cpu)
         .unwrap_err()
         .into();
         assert!(matches!(rank, Error::Input(_)));

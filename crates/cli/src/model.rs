@@ -96,7 +96,7 @@ impl ModelConfig {
             }
         }
         config.check_seq_len(seq_len).map_err(with_path)?;
-        config.footprint(&training).map_err(with_path)?;
+        config.footprint(&training, models::Compute::Cpu).map_err(with_path)?;
         Ok(ModelConfig::FromConfig(Box::new((config, training))))
     }
 
@@ -170,14 +170,18 @@ impl ModelConfig {
         })
     }
 
-    /// What the model needs before a step, trained as `optimizing` says:
-    /// checked before anything is allocated.
-    pub(crate) fn footprint(&self, optimizing: Optimizing) -> Result<Footprint, models::Error> {
+    /// What the model needs before a step on `compute`, trained as
+    /// `optimizing` says: checked before anything is allocated.
+    pub(crate) fn footprint(
+        &self,
+        optimizing: Optimizing,
+        compute: models::Compute,
+    ) -> Result<Footprint, models::Error> {
         let adamw = match self {
             ModelConfig::Transformer(config) => config.footprint(),
             ModelConfig::Mlp(config) => config.footprint(),
             ModelConfig::ConvNet(config) => config.footprint(),
-            ModelConfig::FromConfig(spec) => spec.0.footprint(&spec.1),
+            ModelConfig::FromConfig(spec) => spec.0.footprint(&spec.1, compute),
         }?;
         let precision = if optimizing.mixed { Precision::Mixed } else { adamw.state.precision };
         adamw.trained_with(optimizing.optimizer, precision)

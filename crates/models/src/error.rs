@@ -108,13 +108,13 @@ impl std::fmt::Display for Setting {
 /// error (a search, a meter, candle), handed on as it came.
 ///
 /// ```
-/// use autobatch_models::{Error, Lora, Setting, Training};
+/// use autobatch_models::{Compute, Error, Lora, Setting, Training};
 ///
 /// let config = autobatch_models::Config::from_json(
 ///     r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
 ///         "num_hidden_layers": 1, "num_attention_heads": 2}"#,
 /// )?;
-/// let err = config.footprint(&Training::new(8).lora(Lora::new(0, &["q_proj"]))).unwrap_err();
+/// let err = config.footprint(&Training::new(8).lora(Lora::new(0, &["q_proj"])), Compute::Cpu).unwrap_err();
 /// assert!(matches!(err, Error::InvalidSetting { setting: Setting::LoraRank, .. }));
 /// assert_eq!(err.to_string(), "Lora::new's rank is 0: it must be at least 1");
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -620,9 +620,24 @@ mod tests {
         ] {
             let estimate = Estimator::step(bf16.clone(), training.clone()).count().unwrap();
             assert_eq!(estimate.setup().precision, precision, "{training:?}");
-            let footprint = bf16.footprint(&training).unwrap();
+            let footprint = bf16.footprint(&training, Compute::Cpu).unwrap();
             assert_eq!(estimate.state(), &footprint.state, "{training:?}");
             assert_eq!(estimate.setup().frozen_bytes, bf16.frozen_bytes(&training).unwrap());
+        }
+    }
+
+    /// The footprint counts the step where it runs: the CPU holds more
+    /// (16-bit products widened to f32, its own temporaries), so a GPU
+    /// probe's pre-check counts less than the CPU's, the state the same.
+    #[test]
+    fn the_footprint_counts_the_step_where_it_runs() {
+        let bf16 = Config { dtype: DType::BF16, ..llama() };
+        for training in [Training::new(256), Training::new(256).dtype(DType::F32)] {
+            let cpu = bf16.footprint(&training, Compute::Cpu).unwrap();
+            let accelerator = bf16.footprint(&training, Compute::Accelerator).unwrap();
+            assert_eq!(cpu.state, accelerator.state);
+            assert!(accelerator.fixed_bytes < cpu.fixed_bytes, "{accelerator:?} {cpu:?}");
+            assert!(accelerator.min_bytes_per_sample <= cpu.min_bytes_per_sample, "{accelerator:?} {cpu:?}");
         }
     }
 

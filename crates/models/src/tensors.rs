@@ -198,7 +198,8 @@ impl Config {
         Ok(TrainingSetup::new(trained, state.precision, state.optimizer).frozen(self.frozen_bytes(training)?))
     }
 
-    /// What a step of this model surely needs on the CPU, from the config
+    /// What a step of this model surely needs on `compute` (the CPU widens
+    /// 16-bit products to f32, an accelerator does not), from the config
     /// alone: the state ([`training_setup`](Self::training_setup): AdamW's,
     /// [`Footprint::trained_with`] for another optimizer or precision) and a
     /// frozen base; beside them 85% of the step's widest moment at one sample
@@ -208,10 +209,10 @@ impl Config {
     /// sample` stays under what any batch holds. What decides, before
     /// anything is allocated, that not even the first batch fits. Every
     /// product is checked.
-    pub fn footprint(&self, training: &Training) -> Result<Footprint, Error> {
+    pub fn footprint(&self, training: &Training, compute: Compute) -> Result<Footprint, Error> {
         let setup = self.training_setup(training)?;
         let state = setup.state()?;
-        let step = self.step_memory(training, Compute::Cpu)?;
+        let step = self.step_memory(training, compute)?;
         // the state counts the gradients: the moments before them hold the rest.
         // Every moment grows by at least the least bytes a sample, so the widest
         // at one sample plus that many a sample more bounds every batch

@@ -2,6 +2,7 @@
 
 use autobatch::estimate::{OptimizerKind, Precision};
 use autobatch_models as models;
+use autobatch_models::Compute;
 use autobatch_models::reference::{ConvNetConfig, TransformerConfig};
 use autobatch_models::trainer::Footprint;
 
@@ -59,7 +60,7 @@ fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
 /// else the configured size), or under `--find` `--batch` at the shortest
 /// size searched. A lower bound where the model is built for a longer size
 /// than a step runs at: the search measures the rest and says when nothing fits.
-pub fn check_footprint(request: &Request, footprint: &Footprint, limit: u64) -> Result<(), Failure> {
+pub fn check_footprint(request: &Request, footprint: &Footprint, compute: Compute, limit: u64) -> Result<(), Failure> {
     let (batch, size) = match &request.question {
         Question::Find { batch, granule } => (*batch, *granule),
         Question::Lengths(lengths) => (request.first_batch, lengths.iter().copied().max().unwrap_or(usize::MAX)),
@@ -79,7 +80,7 @@ pub fn check_footprint(request: &Request, footprint: &Footprint, limit: u64) -> 
         }
         _ => return Ok(footprint.check_batch_within(batch, limit)?),
     };
-    let at_size = at_size.footprint(request.optimizing)?;
+    let at_size = at_size.footprint(request.optimizing, compute)?;
     let first_step = match finding {
         // the model is built at its largest size (its positions, its causal mask,
         // a head over the largest image) and its first step runs at the smallest

@@ -14,6 +14,8 @@ use crate::output::{errln, outln};
 use crate::args::{DEFAULT_BUDGET, ProbeArgs};
 use crate::device_flags::on_device;
 use crate::failure::Failure;
+use crate::values::DeviceSpec;
+use autobatch_models::Compute;
 
 use context::Run;
 use request::Request;
@@ -23,10 +25,14 @@ use request::Request;
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let request = Request::of(args)?;
     let say = |line: &str| if request.json { errln!("{line}") } else { outln!("{line}") };
-    let footprint = request.model.footprint(request.optimizing)?;
+    let compute = match request.device {
+        DeviceSpec::Cpu => Compute::Cpu,
+        DeviceSpec::Cuda(_) => Compute::Accelerator,
+    };
+    let footprint = request.model.footprint(request.optimizing, compute)?;
     let mut on = on_device(request.device, request.budget, DEFAULT_BUDGET)?;
     let limit = request.ceiling.limit_bytes(on.meter.capacity()?);
-    checks::check_footprint(&request, &footprint, limit)?;
+    checks::check_footprint(&request, &footprint, compute, limit)?;
     let run = Run {
         request: &request,
         model: &request.model,

@@ -1249,6 +1249,7 @@ fn a_lora_base_is_probed_exactly_compared_and_estimated() {
         .footprint(
             &autobatch_models::Training::new(512)
                 .lora(autobatch_models::Lora::new(8, &["q_proj", "v_proj"]).base(autobatch_models::BaseDtype::Q4_0)),
+            autobatch_models::Compute::Cpu,
         )
         .unwrap();
     // one count of the state: the estimate's is the footprint's, to the byte

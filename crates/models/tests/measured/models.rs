@@ -11,7 +11,7 @@ use crate::common::bits;
 use autobatch::serve::Scheduling;
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Workload};
 use autobatch_models::{
-    Attention, BaseDtype, Config, ConfigModel, Error as ModelsError, Family, Lora, Loss, RopeScaling, Serving,
+    Attention, BaseDtype, Compute, Config, ConfigModel, Error as ModelsError, Family, Lora, Loss, RopeScaling, Serving,
     ServingShape, Setting as ModelsSetting, Training,
 };
 use candle_core::{DType, Device, Tensor};
@@ -715,7 +715,7 @@ fn a_base_holds_its_bytes_per_parameter_and_the_footprint_says_so() {
         assert!((0.0..=64.0 * 1024.0).contains(&overhead), "{base}: {per_parameter} != {expected}");
         drop(model);
 
-        let footprint = config.footprint(&training).unwrap();
+        let footprint = config.footprint(&training, Compute::Cpu).unwrap();
         // what the process holds before the model: the trials' peaks are of the whole heap
         HeapMeter::with_room(MIB).unwrap().in_use().unwrap();
         let before = autobatch::TrackingAllocator::live_bytes();
@@ -763,7 +763,7 @@ fn the_footprint_holds_whatever_the_optimizer() {
     let scratch = HeapMeter::host_scratch_bytes();
     for (kind, dtype, mixed) in cases {
         let training = Training::new(16).dtype(dtype);
-        let adamw = config.footprint(&training).unwrap();
+        let adamw = config.footprint(&training, Compute::Cpu).unwrap();
         assert_eq!(adamw.state, config.training_setup(&training).unwrap().state().unwrap());
         let precision = if mixed { Precision::Mixed } else { adamw.state.precision };
         let footprint = adamw.trained_with(kind, precision).unwrap();
@@ -847,7 +847,7 @@ fn a_base_the_model_cannot_take_is_refused() {
         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}"#,
     )
     .unwrap();
-    let err = odd.footprint(&Training::new(8).lora(lora.clone().base(BaseDtype::Q4_0))).err().unwrap();
+    let err = odd.footprint(&Training::new(8).lora(lora.clone().base(BaseDtype::Q4_0)), Compute::Cpu).err().unwrap();
     assert!(err.to_string().contains("48") && err.to_string().contains("q4_0"), "{err}");
     let mut kept = lora.base(BaseDtype::Q8_0);
     kept.frozen_gradients = true;
@@ -890,13 +890,13 @@ fn no_trial_runs_a_tensor_past_the_element_limit() {
 fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocating() {
     let llama = published("llama-3.2-1b.json");
     let before = autobatch::TrackingAllocator::live_bytes();
-    let footprint = llama.footprint(&Training::new(512)).unwrap();
+    let footprint = llama.footprint(&Training::new(512), Compute::Cpu).unwrap();
     assert!(autobatch::TrackingAllocator::live_bytes() < before + MIB, "the footprint allocated");
     // bf16: weights, gradients and two moments of 1.24 B parameters, and 85% of
     // the step's widest moment at one sample on the CPU (beside its gradients),
     // less a sample's least bytes
     let state = 1_235_814_400 * 2 * 4;
-    let step = llama.step_memory(&Training::new(512), autobatch_models::Compute::Cpu).unwrap();
+    let step = llama.step_memory(&Training::new(512), Compute::Cpu).unwrap();
     let least = step.moments.iter().map(|moment| moment.bytes_per_sample).min().unwrap();
     let gradients = 1_235_814_400 * 2;
     let widest = step.peak_bytes(gradients, 1).unwrap() - gradients - least;
@@ -905,7 +905,7 @@ fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocati
     // gradient, its weight widened and a chunk of 256 rows, less the state's gradients
     assert!(widest > 256 * 128_256 * 6 * 4 / 2, "the head's vocabulary-sized moments: {widest}");
     assert!(footprint.check_within(1 << 30).is_err());
-    let lora = llama.footprint(&Training::new(512).lora(Lora::new(8, &["q_proj", "v_proj"]))).unwrap();
+    let lora = llama.footprint(&Training::new(512).lora(Lora::new(8, &["q_proj", "v_proj"])), Compute::Cpu).unwrap();
     // no gradients nor moments for the base; the vocabulary-sized moments stay (the head is frozen, not gone)
     assert!(lora.fixed_bytes < footprint.fixed_bytes / 2, "{lora:?}");
 }
@@ -1042,7 +1042,7 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
         for (attention, loss) in [(Attention::Blocked, Loss::Chunked), (Attention::Eager, Loss::Full)] {
             for seq_len in [128, 256] {
                 let training = Training::new(seq_len).attention(attention).loss(loss);
-                let counted = config.step_memory(&training, autobatch_models::Compute::Cpu).unwrap();
+                let counted = config.step_memory(&training, Compute::Cpu).unwrap();
                 // the moments of the backward pass hold the gradients (f32 here), the loss's not
                 let gradients = config.parameter_count() * 4;
                 let at = |batch| counted.peak_bytes(gradients, batch).unwrap();
