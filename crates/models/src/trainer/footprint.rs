@@ -58,7 +58,10 @@ impl Footprint {
     /// The core's byte overflow where the state passes `u64`.
     pub fn trained_with(&self, optimizer: OptimizerKind, precision: Precision) -> Result<Footprint, Error> {
         let state = StaticMemory::new(self.state.parameters, precision, optimizer)?;
-        let fixed_bytes = (self.fixed_bytes - self.state.total())
+        // what is fixed beside the state (none, for a footprint made by hand with less than its state)
+        let fixed_bytes = self
+            .fixed_bytes
+            .saturating_sub(self.state.total())
             .checked_add(state.total())
             .ok_or_else(|| Error::byte_overflow(format!("the fixed tensors of {}", self.model)))?;
         Ok(Footprint { state, fixed_bytes, ..self.clone() })
@@ -160,4 +163,28 @@ pub(crate) fn adamw_state(parameters: u64, dtype: DType) -> Result<StaticMemory,
     super::check_dtype(dtype)?;
     let precision = if dtype == DType::BF16 { Precision::Bf16 } else { Precision::Fp32 };
     Ok(StaticMemory::new(parameters, precision, OptimizerKind::AdamW)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Trained again, a footprint keeps what is fixed beside its state and
+    /// counts the new state; one made by hand with less than its state gets
+    /// the new state alone, and a state past `u64` is an error, never a panic.
+    #[test]
+    fn another_optimizer_replaces_the_state_alone() {
+        let state = adamw_state(1000, DType::F32).unwrap();
+        let footprint =
+            Footprint { model: "m".into(), fixed_bytes: state.total() + 123, state, min_bytes_per_sample: 7 };
+        let sgd = footprint.trained_with(OptimizerKind::Sgd, Precision::Fp32).unwrap();
+        assert_eq!((sgd.fixed_bytes, sgd.min_bytes_per_sample), (8000 + 123, 7));
+        let mixed = footprint.trained_with(OptimizerKind::AdamW, Precision::Mixed).unwrap();
+        assert_eq!(mixed.fixed_bytes, 16_000 + 123);
+        let by_hand = Footprint { fixed_bytes: 10, ..footprint.clone() };
+        assert_eq!(by_hand.trained_with(OptimizerKind::Sgd, Precision::Fp32).unwrap().fixed_bytes, 8000);
+        let sgd_state = StaticMemory::new(u64::MAX / 17, Precision::Fp32, OptimizerKind::Sgd).unwrap();
+        let huge = Footprint { fixed_bytes: sgd_state.total() + u64::MAX / 4, state: sgd_state, ..footprint };
+        assert!(huge.trained_with(OptimizerKind::AdamW, Precision::Fp32).is_err());
+    }
 }
