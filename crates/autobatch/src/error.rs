@@ -518,17 +518,26 @@ fn inexact(
     accumulation_steps: usize,
     largest_micro_batch: Option<usize>,
 ) -> String {
-    match largest_micro_batch {
-        Some(largest) => format!(
-            "no split hits {} {target} exactly with {world_size} ranks ({}), micro-batches that are multiples of {} \
-             {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
+    // a target that W·g divides is missed only by equal micro-batches
+    let unit = world_size.saturating_mul(multiple_of);
+    match (largest_micro_batch, target.is_multiple_of(unit)) {
+        (Some(largest), true) => format!(
+            "no split hits {} {target} exactly with {world_size} ranks ({}), equal micro-batches that are multiples \
+             of {} {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
             S::TargetEffectiveBatch,
             S::WorldSize,
             S::MultipleOf,
             S::LargestMicroBatch,
             accumulation_steps.saturating_mul(2),
         ),
-        None => format!(
+        (Some(_), false) => format!(
+            "no split hits {} {target} exactly with {world_size} ranks ({}) and micro-batches that are multiples of \
+             {} {multiple_of}: every rank takes a whole number of them, so the effective batch is a multiple of {unit}",
+            S::TargetEffectiveBatch,
+            S::WorldSize,
+            S::MultipleOf,
+        ),
+        (None, _) => format!(
             "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}",
             S::TargetGlobalBatch,
             S::MultipleOf,

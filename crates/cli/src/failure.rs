@@ -363,21 +363,29 @@ impl Flags {
     ) -> String {
         use autobatch::Setting as S;
         let m = self.flag(S::MultipleOf);
-        let missed = match largest {
-            Some(largest) => format!(
-                "no split hits {} {target} exactly with {world_size} ranks ({}), micro-batches that are multiples of \
-                 {m} {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
+        let unit = world_size.saturating_mul(multiple_of);
+        // a target that W·g divides is missed only by equal micro-batches
+        let missed = match (largest, target.is_multiple_of(unit)) {
+            (Some(largest), true) => format!(
+                "no split hits {} {target} exactly with {world_size} ranks ({}), equal micro-batches that are \
+                 multiples of {m} {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
                 self.flag(S::TargetEffectiveBatch),
                 self.flag(S::WorldSize),
                 self.flag(S::LargestMicroBatch),
                 accumulation_steps.saturating_mul(2),
             ),
-            None => format!(
+            (Some(_), false) => format!(
+                "no split hits {} {target} exactly with {world_size} ranks ({}) and micro-batches that are multiples \
+                 of {m} {multiple_of}: every rank takes a whole number of them, so the effective batch is a multiple \
+                 of {unit}",
+                self.flag(S::TargetEffectiveBatch),
+                self.flag(S::WorldSize),
+            ),
+            (None, _) => format!(
                 "{} {target} cannot be shared exactly in micro-batches that are multiples of {m} {multiple_of}",
                 self.flag(S::TargetGlobalBatch)
             ),
         };
-        let unit = world_size.saturating_mul(multiple_of);
         let instead = match largest.is_some() {
             true if unit > 1 => format!(", or use a target divisible by ranks × granularity = {unit}"),
             true => String::new(),

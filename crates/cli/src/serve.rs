@@ -188,9 +188,11 @@ fn check_count_is_countable(sequences: usize, counted: &ServingBytes) -> Result<
     )))
 }
 
-/// Nothing is built when the count says the weights, the caches of the
-/// fewest sequences asked for and the worst step pass the limit beside what
-/// the process holds: a model of gigabytes is not made to be refused.
+/// Nothing is built when the weights and the caches of the fewest sequences
+/// asked for pass the limit beside what the process holds: a model of
+/// gigabytes is not made to be refused. Only what surely is allocated counts
+/// here (a lower bound); the step's own bytes are the measurement's to settle,
+/// so a count near the limit never refuses what would fit.
 fn refuse_before_building(
     config: &Config,
     shape: &ServingShape,
@@ -200,17 +202,16 @@ fn refuse_before_building(
     sequences: Option<usize>,
 ) -> Result<(), Failure> {
     let fewest = sequences.unwrap_or(1);
-    let needed = counted.bytes_at(fewest, held);
+    let needed = counted.least_bytes_at(fewest, held);
     if needed <= limit {
         return Ok(());
     }
     Err(Failure::nothing_fits(format!(
-        "nothing fits: the weights ({}), {fewest} sequence's cache of {} tokens ({}) and the worst step ({}) beside the \
-         {} the process holds need {}, over the {} limit; what would help: {}",
+        "nothing fits: the weights ({}) and {fewest} sequence's cache of {} tokens ({}) beside the {} the process \
+         holds need at least {} before any step's own bytes, over the {} limit; what would help: {}",
         Bytes(counted.weight_bytes),
         counted.context,
         Bytes(counted.cache_bytes_per_sequence.saturating_mul(fewest as u64)),
-        Bytes(counted.step_bytes_at(fewest)),
         Bytes(held),
         Bytes(needed),
         Bytes(limit),
@@ -525,4 +526,41 @@ fn describe_concurrency(
         counted.vllm_blocks(limit, 0) * shape.block_size as u64,
         counted.vllm_concurrency(limit, 0)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A check by count refuses only what surely cannot fit: the weights and
+    /// the caches over the limit; a full count (with the step's own bytes)
+    /// over it by a byte is a measurement's to settle (issue 84: `serve
+    /// --check 412` refused before any step where 412 was proven to fit).
+    #[test]
+    fn the_count_before_building_refuses_only_by_a_lower_bound() {
+        let config = Config::from_json(
+            r#"{"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                "n_positions": 128, "activation_function": "gelu_new"}"#,
+        )
+        .unwrap();
+        let shape = ServingShape {
+            context: 128,
+            chunk: 128,
+            block_size: 16,
+            weights: BaseDtype::F32,
+            dtype: DType::F32,
+            cache_dtype: DType::F32,
+            on_cpu: true,
+        };
+        let counted = config.serving_bytes(&shape).unwrap();
+        let (held, sequences) = (6 << 20, 400);
+        let full = counted.bytes_at(sequences, held);
+        let least = counted.least_bytes_at(sequences, held);
+        assert!(least < full && counted.step_bytes_at(sequences) > 0);
+        let refused = |limit| refuse_before_building(&config, &shape, &counted, held, limit, Some(sequences));
+        assert!(refused(full - 1).is_ok(), "the step's own bytes are measured, not refused by count");
+        assert!(refused(least).is_ok());
+        let failure = refused(least - 1).unwrap_err();
+        assert!(failure.message.contains("need at least"), "{}", failure.message);
+    }
 }

@@ -192,6 +192,16 @@ impl ServingBytes {
             .saturating_add(self.step_bytes_at(sequences))
     }
 
+    /// What `sequences` sequences surely take beside what is `held`: the
+    /// weights and their caches, in whole blocks, without the step's own
+    /// bytes (a count a measurement could settle either way). A lower bound:
+    /// what only this passes the limit cannot fit, whatever a step measures.
+    pub fn least_bytes_at(&self, sequences: usize, held_bytes: u64) -> u64 {
+        held_bytes
+            .saturating_add(self.weight_bytes)
+            .saturating_add(self.cache_bytes_per_sequence.saturating_mul(sequences as u64))
+    }
+
     /// The most sequences whose caches and worst step fit under `limit_bytes`
     /// beside what is `held` (other than the weights); 0 when none does.
     pub fn max_sequences(&self, limit_bytes: u64, held_bytes: u64) -> usize {

@@ -125,12 +125,14 @@ impl Accumulation {
     /// Splits a target effective batch over `world_size` ranks with micro-batches of
     /// at most `largest_micro_batch`, in the fewest accumulation steps.
     ///
-    /// With `k₀ = ⌈E / (W·m*)⌉` the fewest accumulation steps: where `W`
-    /// divides `E`, `k₀` micro-steps that differ by at most one sample reach it
-    /// exactly (equal ones where `k₀` divides the rank's samples). Otherwise
-    /// (or with [`plan_equal`](Self::plan_equal)) equal micro-batches: the
-    /// smallest `k` in `[k₀, 2·k₀]` that `W·k` divides, or `k₀` steps and the
-    /// nearest effective batch above `E`, said so.
+    /// With `k₀ = ⌈E / (W·m*)⌉` the fewest accumulation steps, `k₀`
+    /// micro-steps that differ by at most one sample reach the nearest
+    /// effective batch at or above `E` that `W` ranks can share alike: `E`
+    /// itself where `W` divides it, else the next multiple of `W`, said so
+    /// (equal micro-steps where `k₀` divides the rank's samples). With
+    /// [`plan_equal`](Self::plan_equal), equal micro-batches: the smallest `k`
+    /// in `[k₀, 2·k₀]` that `W·k` divides, or `k₀` steps and the nearest
+    /// effective batch above `E`, said so.
     ///
     /// ```
     /// use autobatch::plan::Accumulation;
@@ -154,7 +156,9 @@ impl Accumulation {
 
     /// [`Accumulation::plan`] with micro-batches kept to multiples of `multiple_of`
     /// (e.g. 8 for tensor cores), differing by at most one multiple. Exactness
-    /// then needs `W·multiple_of` to divide the target.
+    /// then needs `W·multiple_of` to divide the target; where it does not, the
+    /// split reaches the next multiple of `W·multiple_of` in the same fewest
+    /// steps (543 over 4 ranks in multiples of 8 where 37 fit: 544, in 5 steps).
     ///
     /// ```
     /// use autobatch::plan::Accumulation;
@@ -162,6 +166,10 @@ impl Accumulation {
     /// let split = Accumulation::plan_aligned(1024, 4, 100, 8)?;
     /// assert_eq!((split.micro_batch, split.accumulation_steps, split.world_size), (88, 3, 4));
     /// assert_eq!(split.micro_steps_summary(), "2 × 88 + 1 × 80"); // 256 samples a rank
+    ///
+    /// let split = Accumulation::plan_aligned(543, 4, 37, 8)?;
+    /// assert_eq!((split.effective_batch, split.accumulation_steps, split.deviation), (544, 5, 1));
+    /// assert_eq!(split.micro_steps_summary(), "2 × 32 + 3 × 24"); // 136 samples a rank
     /// # Ok::<(), autobatch::Error>(())
     /// ```
     pub fn plan_aligned(
@@ -236,13 +244,26 @@ impl Accumulation {
             None => 1,
         };
 
-        let exact_steps = fewest_exact_steps(target, unit, min_steps);
-        if !equal
-            && exact_steps != Some(min_steps)
-            && let Some(split) = balanced(target, world_size, largest_micro_batch, multiple_of, min_steps)
-        {
-            return Ok(split);
+        if !equal {
+            // micro-batches that differ by a granule reach every whole number of
+            // granules per rank from k₀ to k₀·m*/g in k₀ steps: the nearest
+            // effective batch at or above the target is the next multiple of W·g
+            let reachable = target.div_ceil(unit).checked_mul(unit).ok_or_else(|| {
+                Error::batch_overflow(
+                    target,
+                    &[crate::Setting::TargetEffectiveBatch, crate::Setting::WorldSize, crate::Setting::MultipleOf],
+                )
+            })?;
+            let split = balanced(reachable, world_size, largest_micro_batch, multiple_of, min_steps);
+            return Ok(Accumulation {
+                target_effective_batch: target,
+                exact: reachable == target,
+                deviation: reachable - target,
+                lr_scale: reachable as f64 / target as f64,
+                ..split
+            });
         }
+        let exact_steps = fewest_exact_steps(target, unit, min_steps);
         let (micro_batch, accumulation_steps) = match exact_steps {
             Some(steps) => (target / (world_size * steps), steps),
             None => {
@@ -290,21 +311,18 @@ impl Accumulation {
     }
 }
 
-/// `target` exactly in `steps` micro-steps per rank that differ by one granule
-/// `g` at most, where `W·g` divides it: `r` steps of `(q + 1)·g` and `steps − r`
-/// of `q·g`, for the rank's `q·steps + r` granules. `None` where `W·g` does
-/// not divide `target`. With `steps = k₀ = ⌈E / (W·m*)⌉`, `q + 1 ≤ m*/g`
-/// wherever `r > 0`: every micro-step fits.
-fn balanced(target: usize, world_size: usize, largest: usize, g: usize, steps: usize) -> Option<Accumulation> {
-    let unit = world_size.checked_mul(g)?;
-    if !target.is_multiple_of(unit) {
-        return None;
-    }
-    let granules = target / unit;
+/// `target`, a multiple of `W·g`, exactly in `steps` micro-steps per rank that
+/// differ by one granule `g` at most: `r` steps of `(q + 1)·g` and `steps − r`
+/// of `q·g`, for the rank's `q·steps + r` granules. With `steps = k₀ = ⌈E /
+/// (W·m*)⌉` and `target` the first multiple of `W·g` at or above `E` (at most
+/// `k₀·W·m*`, itself such a multiple), `q ≥ 1` and `q + 1 ≤ m*/g` wherever
+/// `r > 0`: every micro-step fits.
+fn balanced(target: usize, world_size: usize, largest: usize, g: usize, steps: usize) -> Accumulation {
+    let granules = target / (world_size * g);
     let (whole, rest) = (granules / steps, granules % steps);
     let micro_batch = (whole + usize::from(rest > 0)) * g;
-    debug_assert!(whole >= 1 && micro_batch <= largest);
-    Some(Accumulation {
+    debug_assert!(target.is_multiple_of(world_size * g) && whole >= 1 && micro_batch <= largest);
+    Accumulation {
         target_effective_batch: target,
         micro_batch,
         accumulation_steps: steps,
@@ -316,7 +334,7 @@ fn balanced(target: usize, world_size: usize, largest: usize, g: usize, steps: u
         exact: true,
         deviation: 0,
         lr_scale: 1.0,
-    })
+    }
 }
 
 /// The smallest `k` in `[k₀, 2·k₀]` such that `unit·k` divides `target`, where
@@ -394,13 +412,14 @@ mod tests {
     #[test]
     fn aligned_micro_batches_are_multiples_of_the_granularity() {
         let split = Accumulation::plan_aligned(1000, 2, 100, 8).unwrap();
-        assert!(split.equal_micro_batches(), "2·8 does not divide 1000: no exact split of either kind");
-        assert_eq!(split.micro_batch % 8, 0);
-        assert!(split.micro_batch <= 96);
-        assert!(split.effective_batch >= 1000);
-        // 1000 is not a multiple of 2·8: never exact.
+        assert!(split.micro_batches().all(|m| m % 8 == 0 && m <= 96));
+        // 1000 is not a multiple of 2·8: never exact; 1008 is the next one, in the fewest steps
         assert!(!split.exact);
-        assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (88, 6, 1056));
+        assert_eq!((split.micro_batch, split.accumulation_steps, split.effective_batch), (88, 6, 1008));
+        assert_eq!(split.micro_steps_summary(), "3 × 88 + 3 × 80");
+        // equal micro-batches cannot: 6 × 88 a rank
+        let equal = Accumulation::plan_equal(1000, 2, 100, 8).unwrap();
+        assert_eq!((equal.micro_batch, equal.accumulation_steps, equal.effective_batch), (88, 6, 1056));
     }
 
     #[test]
@@ -437,13 +456,41 @@ mod tests {
 
     #[test]
     fn an_inexact_target_names_twice_the_fewest_steps_as_its_bound() {
+        // equal micro-batches miss a target W·g divides within 2·k₀ steps
+        for (target, world_size, largest, granule) in [(98, 1, 40, 1), (196, 2, 40, 1), (294, 1, 120, 3)] {
+            let split = Accumulation::plan_equal(target, world_size, largest, granule).unwrap();
+            let err = split.clone().require_exact().unwrap_err();
+            let bound = format!("equal micro-batches that are multiples of Tuner::multiple_of {granule}");
+            assert!(err.to_string().contains(&bound), "{bound} in {err}");
+            let bound = format!("at most {} accumulation steps", 2 * split.accumulation_steps);
+            assert!(err.to_string().contains(&bound), "{bound} in {err}");
+            assert!(Accumulation::plan_aligned(target, world_size, largest, granule).unwrap().exact);
+        }
+    }
+
+    #[test]
+    fn a_target_the_ranks_and_granule_do_not_divide_says_so_in_any_number_of_steps() {
         for (target, world_size, largest, granule) in
             [(257, 2, 133, 1), (1001, 4, 100, 8), (999, 2, 7, 3), (usize::MAX - 1, 3, usize::MAX / 2, 1)]
         {
             let split = Accumulation::plan_aligned(target, world_size, largest, granule).unwrap();
-            let err = split.clone().require_exact().unwrap_err();
-            let bound = format!("at most {} accumulation steps", 2 * split.accumulation_steps);
-            assert!(err.to_string().contains(&bound), "{bound} in {err}");
+            assert_eq!(split.effective_batch, target.div_ceil(world_size * granule) * world_size * granule);
+            let err = split.clone().require_exact().unwrap_err().to_string();
+            let unit = world_size * granule;
+            assert!(err.contains(&format!("so the effective batch is a multiple of {unit}")), "{err}");
+            assert!(err.contains(&format!("the nearest above is {}", split.effective_batch)), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_issues_targets_reach_the_nearest_batch_in_the_fewest_steps() {
+        // issue 84: equal micro-batches overshot to 640, 270 and 12
+        for (target, world_size, largest, granule, nearest, steps) in
+            [(543, 4, 37, 8, 544, 5), (256, 1, 57, 3, 258, 5), (9, 2, 4, 1, 10, 2)]
+        {
+            let split = Accumulation::plan_aligned(target, world_size, largest, granule).unwrap();
+            assert_eq!((split.effective_batch, split.accumulation_steps), (nearest, steps), "{target}");
+            assert_eq!(split.micro_batches().sum::<usize>() * world_size, nearest);
         }
     }
 

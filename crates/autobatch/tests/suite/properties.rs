@@ -342,10 +342,10 @@ proptest! {
 
     /// Micro-batches that differ (the default): the rank's micro-steps add up
     /// to effective / W ≥ target, each fits (≤ largest, a multiple of g, at
-    /// least g) and they differ by one granule at most; where W·g divides the
-    /// target it is reached exactly in k₀ steps, the fewest any split can
-    /// take, and never in more steps than equal micro-batches take;
-    /// elsewhere the split is the equal one.
+    /// least g) and they differ by one granule at most; the effective batch is
+    /// the first multiple of W·g at or above the target (the target itself
+    /// where W·g divides it), reached in k₀ steps, the fewest any split can
+    /// take, and never in more steps than equal micro-batches take.
     #[test]
     fn accumulation_arithmetic(target in 1usize..1_000_000, world in 1usize..=8, largest in 1usize..5_000, g in prop_oneof![Just(1usize), Just(8), 1usize..16]) {
         let (Ok(split), Ok(equal)) =
@@ -368,12 +368,52 @@ proptest! {
         prop_assert_eq!(split.micro_batch, sizes[0]);
         prop_assert!(split.accumulation_steps <= equal.accumulation_steps);
         let k0 = target.div_ceil(world * usable);
-        if target % (world * g) == 0 {
-            prop_assert!(split.exact && split.effective_batch == target);
-            prop_assert_eq!(split.accumulation_steps, k0);
-        } else {
-            prop_assert_eq!(&split, &equal);
-        }
+        prop_assert_eq!(split.accumulation_steps, k0);
+        prop_assert_eq!(split.effective_batch, target.div_ceil(world * g) * world * g);
+        prop_assert!(split.effective_batch <= equal.effective_batch || equal.accumulation_steps > k0);
+        prop_assert_eq!(split.exact, split.effective_batch == target);
+        prop_assert_eq!(split.deviation, split.effective_batch - target);
+    }
+
+    /// The default split against every split there is, enumerated: each rank
+    /// runs the same number of micro-steps of any sizes that fit (multiples
+    /// of g from g to the largest); among the fewest steps that reach the
+    /// target, the smallest effective batch at or above it. The planner must
+    /// name those steps and that batch.
+    #[test]
+    fn the_split_is_the_nearest_batch_in_the_fewest_steps_of_all_splits(
+        target in 1usize..400,
+        world in 1usize..=4,
+        largest in 1usize..48,
+        g in 1usize..6,
+    ) {
+        let usable = largest - largest % g;
+        let Ok(split) = Accumulation::plan_aligned(target, world, largest, g) else {
+            prop_assert!(usable == 0 || target < world * g);
+            return Ok(());
+        };
+        // sums[s] after k rounds: whether k micro-steps of allowed sizes add up to s samples
+        let sizes: Vec<usize> = (1..=usable / g).map(|granules| granules * g).collect();
+        let mut sums = vec![false; target + usable + 1];
+        sums[0] = true;
+        let mut steps = 0;
+        let best = loop {
+            let mut next = vec![false; sums.len()];
+            for (sum, _) in sums.iter().enumerate().filter(|(_, reached)| **reached) {
+                for size in &sizes {
+                    if let Some(slot) = next.get_mut(sum + size) {
+                        *slot = true;
+                    }
+                }
+            }
+            sums = next;
+            steps += 1;
+            if let Some(per_rank) = (0..sums.len()).find(|&per_rank| sums[per_rank] && per_rank * world >= target) {
+                break per_rank * world;
+            }
+        };
+        prop_assert_eq!(split.accumulation_steps, steps);
+        prop_assert_eq!(split.effective_batch, best);
     }
 
     /// Equal micro-batches: m·k·W = effective ≥ target, m ≤ largest and a
