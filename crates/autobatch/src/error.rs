@@ -54,6 +54,13 @@ pub enum Valid {
         /// Its value.
         value: usize,
     },
+    /// A multiple of another setting's value (a batch checked, of `Tuner::multiple_of`).
+    MultipleOf {
+        /// The other setting.
+        setting: Setting,
+        /// Its value.
+        value: usize,
+    },
     /// A target of at least one micro-batch of `multiple_of` on each of
     /// `world_size` ranks (the setting `ranks` says how many).
     MicroBatchPerRank {
@@ -83,6 +90,7 @@ impl std::fmt::Display for Valid {
         match self {
             Valid::AtLeastOne => f.write_str("it must be at least 1"),
             Valid::AtLeast { setting, value } => write!(f, "it must be at least {setting}, {value}"),
+            Valid::MultipleOf { setting, value } => write!(f, "it must be a multiple of {setting}, {value}"),
             Valid::MicroBatchPerRank { ranks, world_size, multiple_of } => write!(
                 f,
                 "it must be at least {world_size} ranks ({ranks}) × {} {multiple_of} = {}: every rank needs at least \

@@ -413,6 +413,15 @@ pub struct ModeArgs {
     /// The batch --find holds fixed.
     #[arg(long, requires = "find")]
     pub batch: Option<Count>,
+    /// No search: run batch N and the next one up (N + --multiple-of), each
+    /// once after a warm-up step, and say whether N fits and is the largest
+    /// that does. Exit 3 when N does not fit; no advice is measured.
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with_all = ["compare", "seq_lens", "find", "start", "max_batch", "target_effective_batch", "world_size", "exact", "objective", "cache", "eval", "plot", "time_limit", "max_trials"],
+    )]
+    pub check: Option<Count>,
 }
 
 /// The input size `probe --find` searches.

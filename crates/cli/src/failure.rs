@@ -242,6 +242,9 @@ impl Flags {
         use autobatch::Valid;
         match valid {
             Valid::AtLeast { setting, value } => format!("it must be at least {}, {value}", self.flag(*setting)),
+            Valid::MultipleOf { setting, value } => {
+                format!("it must be a multiple of {}, {value}", self.flag(*setting))
+            }
             Valid::MicroBatchPerRank { ranks, world_size, multiple_of } => format!(
                 "it must be at least {world_size} ranks ({}) × {} {multiple_of} = {}: every rank needs at least one \
                  micro-batch",

@@ -4,11 +4,12 @@
 //! [`Trial`]s, the [`Warning`]s, the [`SearchLimit`] that stopped it, the
 //! [`MemoryModel`] fitted to the trials, a batch per length
 //! ([`SizePlan`]), the [`EvaluationPlan`], the throughput curve
-//! ([`ThroughputChoice`]); and the [`Ceiling`] and [`Objective`] a tuner
-//! is given.
+//! ([`ThroughputChoice`]), a batch checked ([`BatchCheck`]); and the
+//! [`Ceiling`] and [`Objective`] a tuner is given.
 
 mod accumulation;
 mod ceiling;
+mod check;
 mod longest;
 mod memory_model;
 mod ranks;
@@ -25,6 +26,7 @@ mod warning;
 pub use accumulation::Accumulation;
 pub use ceiling::Ceiling;
 pub(crate) use ceiling::utilization;
+pub use check::BatchCheck;
 pub use longest::{LongestSize, SizeRange};
 pub use memory_model::MemoryModel;
 pub use ranks::{RankShare, RankSplit};

@@ -104,6 +104,22 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
         result
     }
 
+    /// A warm-up at `batch`, then a trial at `batch` and one at `next`, no
+    /// search around them (`Search::check`); then the workload hears that
+    /// tuning is over, whatever the outcome.
+    pub(super) fn check(mut self, batch: usize, next: usize) -> Result<[Trial; 2], Error> {
+        let result = self.check_trials(batch, next);
+        self.workload.tuning_finished();
+        result
+    }
+
+    fn check_trials(&mut self, batch: usize, next: usize) -> Result<[Trial; 2], Error> {
+        if self.settings.options.warmup {
+            self.warm_up(batch)?;
+        }
+        Ok([self.trial(batch, TrialKind::Search)?, self.trial(next, TrialKind::Search)?])
+    }
+
     /// Warm-up, search, re-check, what the workload noticed, plan; then the
     /// workload hears that tuning is over, whatever the outcome.
     pub(super) fn run(mut self) -> Result<Plan, Error> {

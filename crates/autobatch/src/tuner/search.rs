@@ -1,9 +1,11 @@
 //! One search, set up by [`Tuner::search`]: a workload on a meter, its
 //! options, and the question that ends it.
 
+use super::engine::Engine;
 use super::{Observer, Settings, Tuner};
 use crate::collective::Collective;
-use crate::{Error, MemoryMeter, Plan, Workload};
+use crate::plan::BatchCheck;
+use crate::{Error, MemoryMeter, Plan, Setting, Valid, Value, Workload};
 
 /// A search of one subject on one meter: the one way a tuner runs. What it
 /// answers is the method that ends it, and the subject's type says which
@@ -194,6 +196,43 @@ impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M, Alone> {
     /// ([`Workload::free_training_state`]): training starts beside nothing of it.
     pub fn run(self) -> Result<Plan, Error> {
         self.finish(|settings, workload, meter, Alone, observer| settings.search(workload, meter, observer))
+    }
+}
+
+impl<W: Workload + ?Sized, M: MemoryMeter + ?Sized> Search<'_, W, M, Alone> {
+    /// Whether `batch` fits, and whether it is the largest that does: a
+    /// warm-up step, then `batch` and the next candidate up (one
+    /// [`multiple_of`](Tuner::multiple_of) more) each run as a trial, with no
+    /// search and no plan. The question "does N fit, and N + 1 not?" in two
+    /// trials where a search bounded to N would call N + 1 nothing fitting.
+    /// The workload's training state is freed after, as after a search.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidSetting`] for a batch of 0 or one that is not a
+    /// multiple of [`Tuner::multiple_of`]; the tuner's own settings' errors;
+    /// a workload's error other than running out of memory.
+    pub fn check(self, batch: usize) -> Result<BatchCheck, Error> {
+        let settings = self.tuner.settings()?;
+        let granule = settings.options.multiple_of;
+        if batch == 0 {
+            return Err(Error::zero(Setting::Batch));
+        }
+        if !batch.is_multiple_of(granule) {
+            return Err(Error::invalid(
+                Setting::Batch,
+                Value::Count(batch),
+                Valid::MultipleOf { setting: Setting::MultipleOf, value: granule },
+            ));
+        }
+        let next = batch.checked_add(granule).ok_or(Error::batch_overflow(batch, &[Setting::Batch]))?;
+        self.meter.under_ceiling(settings.ceiling);
+        let capacity_bytes = self.meter.capacity()?;
+        let mut observer = self.tuner.observing();
+        let engine = Engine::new(&settings, &mut *self.workload, &mut *self.meter, &mut observer, capacity_bytes);
+        let trials = engine.check(batch, next);
+        let _ = self.workload.free_training_state();
+        Ok(BatchCheck { batch, trials: trials?, capacity_bytes, ceiling: settings.ceiling })
     }
 }
 

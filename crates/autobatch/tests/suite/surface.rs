@@ -223,7 +223,7 @@ fn the_public_surface_does_not_grow() {
     // `WithBackward` for `model::Variables` and `model::LossOutput` (one
     // constructor for a VarMap or named variables, one closure shape for the
     // probe and the loop, where seven constructors and two step methods were)
-    const MOST: usize = 88;
+    const MOST: usize = 89; // 89: plan::BatchCheck (issue 84)
     const MOST_BEHIND_FEATURES: usize = 9;
     let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());
     for (name, places) in public_paths() {
@@ -272,12 +272,15 @@ fn the_public_methods_and_fields_do_not_grow() {
     // gone), one TrainLoop::step (step_with_backward, from_vars gone); 321,
     // raised on purpose: Search::run once per option (alone, evaluating,
     // across), so that a search no question takes does not compile
-    const MOST_METHODS: usize = 321;
+    // 323, raised on purpose: a batch checked, not searched (issue 84):
+    // Search::check and BatchCheck's fits, is_largest and summary
+    const MOST_METHODS: usize = 323;
     // 194: Remedy::measured (a change made and run, not estimated);
     // 195: MemoryModel::plateau_bytes (the update's peak, apart from the line);
     // 196: Accumulation::smaller_steps (micro-steps one granule smaller);
     // 186: Plan's ten fields read by accessors (issue 72)
-    const MOST_FIELDS: usize = 186;
+    // 190: BatchCheck's batch, trials, capacity and ceiling (issue 84)
+    const MOST_FIELDS: usize = 190;
     let (mut methods, mut fields) = (0, 0);
     let mut folders = vec![src()];
     while let Some(folder) = folders.pop() {

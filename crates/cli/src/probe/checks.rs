@@ -25,6 +25,19 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
     }
     check_seq_lens(args)?;
     check_find(args)?;
+    if let Some(batch) = args.mode.check.map(Count::get) {
+        let granule = args.search.multiple_of.get();
+        if !batch.is_multiple_of(granule) {
+            let (below, above) = (batch / granule * granule, batch.div_ceil(granule).saturating_mul(granule));
+            let instead = match below {
+                0 => format!("check {above}"),
+                _ => format!("check {below} or {above}"),
+            };
+            return Err(Failure::usage(format!(
+                "--check {batch} is not a multiple of --multiple-of {granule}: {instead}"
+            )));
+        }
+    }
     crate::paths::check(args)
 }
 
@@ -63,6 +76,7 @@ fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
 pub fn check_footprint(request: &Request, footprint: &Footprint, compute: Compute, limit: u64) -> Result<(), Failure> {
     let (batch, size) = match &request.question {
         Question::Find { batch, granule } => (*batch, *granule),
+        Question::Check { batch } => (*batch, usize::MAX),
         Question::Lengths(lengths) => (request.first_batch, lengths.iter().copied().max().unwrap_or(usize::MAX)),
         _ => (request.first_batch, usize::MAX),
     };

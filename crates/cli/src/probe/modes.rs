@@ -26,6 +26,7 @@ impl Run<'_> {
                 Some(workload) => self.tune_lengths(&mut *workload?, meter, lengths),
                 None => Err(Failure::usage("--seq-lens needs a model with a sequence length")),
             },
+            Question::Check { batch } => self.check(meter, *batch),
             Question::Batch { eval } => {
                 let Optimizing { mixed, optimizer } = self.request.optimizing;
                 let workload = self.model.build_with(self.device, mixed, optimizer)?;
@@ -79,6 +80,48 @@ impl Run<'_> {
         }
         if let Some(path) = &request.plot {
             crate::plot::plan(path, &format!("{description} on {}", self.device_words), &plan)?;
+        }
+        Ok(())
+    }
+
+    /// `--check N`: N and the next batch up, run; the verdict, no search and
+    /// no advice (exit 3 where N does not fit).
+    fn check(&self, meter: &mut dyn MemoryMeter, batch: usize) -> Result<(), Failure> {
+        let request = self.request;
+        let Optimizing { mixed, optimizer } = request.optimizing;
+        let mut workload = self.model.build_with(self.device, mixed, optimizer)?;
+        (self.header)(&format!(
+            "checking batch {batch} of {} ({}) on {} ({})",
+            workload.description(),
+            self.model.parameters_said(workload.parameter_count()),
+            self.device_words,
+            self.size_from
+        ));
+        let tuner = request.tuner.clone().observer(Progress::shared(request.json));
+        let result = tuner.search(&mut *workload, meter).check(batch);
+        drop(tuner); // the live rows end before the verdict prints
+        let check = result.map_err(Failure::from)?;
+        let limit_bytes = check.ceiling.limit_bytes(check.capacity_bytes);
+        match request.json {
+            true => {
+                let value = serde_json::json!({
+                    "batch": batch,
+                    "fits": check.fits(),
+                    "largest": check.is_largest(),
+                    "capacity_bytes": check.capacity_bytes,
+                    "ceiling": check.ceiling,
+                    "limit_bytes": limit_bytes,
+                    "trials": check.trials,
+                });
+                outln!("{}", serde_json::to_string_pretty(&value).expect("plain values serialize"));
+            }
+            false => outln!("{}", check.summary()),
+        }
+        if !check.fits() {
+            return Err(Failure::nothing_fits(format!(
+                "batch {batch} does not fit under the ceiling ({} limit)",
+                autobatch::Bytes(limit_bytes)
+            )));
         }
         Ok(())
     }

@@ -25,12 +25,17 @@ pub enum Question {
     Find { batch: usize, granule: usize },
     /// `--compare`: the model as it is and with each remedy, side by side.
     Compare,
+    /// `--check N`: N and the next batch up run, no search.
+    Check { batch: usize },
 }
 
 impl Question {
     /// The question of the flags, of which clap lets at most one through.
     pub fn of(args: &ProbeArgs) -> Result<Question, Failure> {
         let mode = &args.mode;
+        if let Some(batch) = mode.check {
+            return Ok(Question::Check { batch: batch.get() });
+        }
         Ok(match (mode.compare, mode.find, args.seq_lens()) {
             (true, _, _) => Question::Compare,
             (false, Some(_), _) => {
@@ -164,5 +169,6 @@ mod tests {
         assert_eq!(on_gpu, Question::Find { batch: 4, granule: 8 });
         assert_eq!(question(&["--seq-lens", "64,128"]), Question::Lengths(vec![64, 128]));
         assert_eq!(question(&["--seq-lens", "64,128", "--device", "cuda"]), Question::Lengths(vec![64, 128]));
+        assert_eq!(question(&["--check", "12"]), Question::Check { batch: 12 });
     }
 }

@@ -880,6 +880,42 @@ fn find_seq_len_is_verified_by_running_the_answer_and_the_next_length() {
     assert!(text(&output.stderr).contains("nothing fits at --batch 3000"), "{}", text(&output.stderr));
 }
 
+/// `--check N`: N and N + 1 run, no search; at the answer of a search the
+/// verdict is "the largest", one below it "fits, and so does", one above it
+/// exit 3, each as the search measured it.
+#[test]
+fn check_runs_the_batch_and_the_next_one_and_says_which_fits() {
+    let budget = ["probe", "--model", "mlp", "--budget", "16MiB", "--json"];
+    let output = autobatch(&budget);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let plan: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    let largest = plan["largest_batch"].as_u64().unwrap();
+    assert_eq!(plan["proven_largest"], true, "{plan}");
+    let check = |batch: u64| {
+        let output = autobatch(&[&budget[..], &["--check", &batch.to_string()]].concat());
+        let verdict: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+        (output.status.code(), verdict)
+    };
+    let (code, verdict) = check(largest);
+    assert_eq!((code, &verdict["fits"], &verdict["largest"]), (Some(0), &true.into(), &true.into()), "{verdict}");
+    let batches: Vec<u64> =
+        verdict["trials"].as_array().unwrap().iter().map(|t| t["batch"].as_u64().unwrap()).collect();
+    assert_eq!(batches, [largest, largest + 1], "{verdict}");
+    let (code, verdict) = check(largest - 1);
+    assert_eq!((code, &verdict["fits"], &verdict["largest"]), (Some(0), &true.into(), &false.into()), "{verdict}");
+    let (code, verdict) = check(largest + 1);
+    assert_eq!((code, &verdict["fits"]), (Some(3), &false.into()), "{verdict}");
+    // in words: the verdict first
+    let output = autobatch(&["probe", "--model", "mlp", "--budget", "16MiB", "--check", &largest.to_string()]);
+    let said = text(&output.stdout);
+    assert!(said.contains(&format!("batch {largest} is the largest that fits")), "{said}");
+
+    assert_usage_error(&["probe", "--check", "4", "--start", "2"], "--check does not go with --start");
+    assert_usage_error(&["probe", "--check", "4", "--compare"], "does not go with --compare");
+    assert_usage_error(&["probe", "--check", "6", "--multiple-of", "4"], "check 4 or 8");
+    assert_usage_error(&["probe", "--check", "0"], "--check");
+}
+
 #[test]
 fn find_flags_that_do_not_apply_are_refused() {
     assert_usage_error(&["probe", "--find", "seq-len"], "--batch");
