@@ -9,6 +9,9 @@ use autobatch_models as models;
 pub struct Failure {
     pub message: String,
     pub kind: Kind,
+    /// Under `--json`, the failure as a document for stdout (a refusal's
+    /// advice), beside the line on stderr.
+    pub json: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,15 +23,15 @@ pub enum Kind {
 
 impl Failure {
     pub fn usage(message: impl Into<String>) -> Self {
-        Failure { message: message.into(), kind: Kind::Usage }
+        Failure { message: message.into(), kind: Kind::Usage, json: None }
     }
 
     pub fn runtime(message: impl Into<String>) -> Self {
-        Failure { message: message.into(), kind: Kind::Runtime }
+        Failure { message: message.into(), kind: Kind::Runtime, json: None }
     }
 
     pub fn nothing_fits(message: impl Into<String>) -> Self {
-        Failure { message: message.into(), kind: Kind::NothingFits }
+        Failure { message: message.into(), kind: Kind::NothingFits, json: None }
     }
 
     pub fn exit_code(&self) -> ExitCode {
@@ -65,7 +68,7 @@ impl Failure {
             autobatch::ErrorKind::DoesNotFit => Kind::NothingFits,
             _ => Kind::Runtime,
         };
-        Failure { message: one_line(&flags.line(&err)), kind }
+        Failure { message: one_line(&flags.line(&err)), kind, json: None }
     }
 
     /// The same failure, said to be about `what` (`--config PATH`).

@@ -76,6 +76,9 @@ fn end_quietly_on_a_closed_pipe() {
 }
 
 fn report(failure: Failure) -> ExitCode {
+    if let Some(json) = &failure.json {
+        output::outln!("{}", serde_json::to_string_pretty(json).expect("plain values serialize"));
+    }
     // where stderr cannot take the line either, the exit code alone says it
     errln!("error: {}", failure.message);
     failure.exit_code()

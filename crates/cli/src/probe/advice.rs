@@ -8,8 +8,9 @@ use autobatch::{Bytes, MemoryMeter};
 use autobatch_models as models;
 use candle_core::DType;
 
-use crate::failure::Failure;
+use crate::failure::{Failure, Flags};
 use crate::model::{ModelConfig, Optimizing};
+use serde_json::json;
 
 use super::compare::ReferenceStep;
 use super::context::Run;
@@ -36,9 +37,49 @@ pub fn measured(run: &Run, meter: &mut dyn MemoryMeter, err: autobatch::Error) -
         }
     }
     remedies.sort_by_key(|remedy| (!remedy.fits, std::cmp::Reverse(remedy.saves_bytes)));
+    let mut changes: Vec<serde_json::Value> = remedies
+        .iter()
+        .map(|remedy| {
+            json!({
+                "flags": Flags::PROBE.remedy(&remedy.change),
+                "change": remedy.change.to_string(),
+                "total_bytes": remedy.total_bytes,
+                "measured": remedy.measured,
+                "fits": remedy.fits,
+            })
+        })
+        .collect();
     let mut failure = Failure::from(err);
     if let Some(lean) = lean_step(run, meter, batch, peak, limit) {
         failure.message.push_str(&lean);
+    }
+    // what a fine-tuner weighs beside: LoRA, a quantized base, run alike
+    let Optimizing { mixed, optimizer } = run.request.optimizing;
+    for (flags, adapted) in super::refusal::adapter_changes(run.model, run.request.optimizing) {
+        let Some((total, fits)) = peak_at(run, meter, &adapted, mixed, optimizer, batch) else { continue };
+        let fits = fits && total <= limit;
+        let verdict = if fits { "fits" } else { "still over" };
+        failure.message.push_str(&format!(
+            "; {flags}: measured {} at batch {batch}, saves {} ({verdict})",
+            Bytes(total),
+            Bytes(peak.saturating_sub(total))
+        ));
+        changes.push(json!({ "flags": flags, "total_bytes": total, "measured": true, "fits": fits }));
+    }
+    let smallest = super::refusal::SmallestBudget::measured(peak, run.request.ceiling);
+    failure.message.push_str(&format!("; {}", smallest.said(run, batch)));
+    if run.request.json {
+        failure.json = Some(json!({
+            "nothing_fits": {
+                "before_any_step": false,
+                "batch": batch,
+                "peak_bytes": peak,
+                "limit_bytes": limit,
+                "changes": changes,
+                "smallest_budget": smallest.json(),
+                "message": failure.message,
+            }
+        }));
     }
     failure
 }
@@ -62,7 +103,7 @@ fn changed(run: &Run, change: &Change) -> Option<(ModelConfig, bool, OptimizerKi
 /// The peak of `config`'s step at `batch` and whether it fits, measured as
 /// the probe measures (its ceiling, its steps per trial); `None` where the
 /// model cannot be built or the step fails otherwise than by not fitting.
-fn peak_at(
+pub(super) fn peak_at(
     run: &Run,
     meter: &mut dyn MemoryMeter,
     config: &ModelConfig,

@@ -7,6 +7,7 @@ mod compare;
 mod context;
 mod find;
 mod modes;
+mod refusal;
 mod request;
 
 use crate::output::{errln, outln};
@@ -18,7 +19,7 @@ use crate::values::DeviceSpec;
 use autobatch_models::Compute;
 
 use context::Run;
-use request::Request;
+use request::{Question, Request};
 
 /// `autobatch probe`: the flags converted once into a [`Request`], run on
 /// the device it names.
@@ -32,7 +33,6 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let footprint = request.model.footprint(request.optimizing, compute)?;
     let mut on = on_device(request.device, request.budget, DEFAULT_BUDGET)?;
     let limit = request.ceiling.limit_bytes(on.meter.capacity()?);
-    checks::check_footprint(&request, &footprint, compute, limit)?;
     let run = Run {
         request: &request,
         model: &request.model,
@@ -41,6 +41,23 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
         size_from: on.size_from,
         header: &say,
     };
+    if let Err(refused) = checks::check_footprint(&request, &footprint, compute, limit) {
+        let failure = match (refused.kind, &request.question) {
+            // a batch search's refusal says what would help; a size search's is at its shortest size
+            (crate::failure::Kind::NothingFits, Question::Batch { .. } | Question::Check { .. }) => {
+                let batch = match request.question {
+                    Question::Check { batch } => batch,
+                    _ => request.first_batch,
+                };
+                // a CPU step's count has the matmul buffers the threads keep; not the rest
+                let buffers = on.thread_buffers.map_or(0, |buffers| buffers.bytes);
+                let held = on.meter.in_use()?.saturating_sub(buffers);
+                refusal::advised(&run, on.meter.as_mut(), compute, (limit, held), batch, refused)
+            }
+            _ => refused,
+        };
+        return Err(on.blame_thread_buffers(failure, limit));
+    }
     let answered = run.dispatch(on.meter.as_mut());
     answered.map_err(|failure| on.blame_thread_buffers(failure, limit))
 }

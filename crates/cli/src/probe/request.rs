@@ -63,6 +63,8 @@ pub struct Request {
     pub tuner: Tuner,
     /// The first batch the batch search runs (its warm-up).
     pub first_batch: usize,
+    /// What every batch is a multiple of (`--multiple-of`).
+    pub granule: usize,
     pub device: DeviceSpec,
     pub budget: Option<u64>,
     pub ceiling: Ceiling,
@@ -96,6 +98,7 @@ impl Request {
             search,
             tuner,
             first_batch,
+            granule: space.multiple_of.get(),
             device: space.device,
             budget: space.budget,
             ceiling: space.ceiling,

@@ -1603,3 +1603,60 @@ fn the_frozen_weights_dtype_is_one_flag() {
         assert!(!help.contains("--weights <"), "one spelling listed:\n{help}");
     }
 }
+
+/// A refusal before any step (the pre-check's count over the limit) says
+/// what would help, each change alone, as `estimate` counts it and as its
+/// step measured; every change said to fit is applied here and fits, every
+/// one said to be over is applied and does not, each within 10% of the peak
+/// printed; the smallest budget printed fits batch 1 (issue 84). The budget
+/// is set from the pre-check's own count, so that the refusal comes before
+/// any step on any host.
+#[test]
+fn a_refusal_before_any_step_says_what_fits_and_each_holds_when_applied() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("refusal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    let json = r#"{"model_type": "llama", "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 688,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "torch_dtype": "float32"}"#;
+    std::fs::write(&path, json).unwrap();
+    let config = autobatch_models::Config::from_json(json).unwrap();
+    let footprint = config.footprint(&autobatch_models::Training::new(128), autobatch_models::Compute::Cpu).unwrap();
+    // its limit (90% of it) just under the count of batch 1: refused before any step
+    let budget = format!("{}B", footprint.min_step_bytes() / 9 * 10 - 1024);
+    let model = ["probe", "--config", path.to_str().unwrap(), "--seq-len", "128"];
+    let output = autobatch(&[&model[..], &["--budget", &budget, "--json"]].concat());
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    let said: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let refusal = &said["nothing_fits"];
+    assert_eq!(refusal["before_any_step"], true, "{said}");
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("what would help, each alone") && !stderr.contains("make the model or"), "{stderr}");
+    let changes = refusal["changes"].as_array().unwrap();
+    assert!(changes.iter().any(|change| change["flags"] == "--lora 16"), "a full fine-tune weighs LoRA: {said}");
+    let mut fitting = 0;
+    for change in changes {
+        let flags: Vec<&str> = change["flags"].as_str().unwrap().split(' ').collect();
+        let batch = change["batch"].as_u64().unwrap().to_string();
+        let Some(peak) = change["measured_peak_bytes"].as_u64() else { continue };
+        // a length replaces the model's
+        let model = if flags[0] == "--seq-len" { &model[..3] } else { &model[..] };
+        let applied = autobatch(&[model, &flags, &["--budget", &budget, "--check", &batch, "--json"]].concat());
+        let check: serde_json::Value = serde_json::from_slice(&applied.stdout)
+            .unwrap_or_else(|err| panic!("{flags:?}: {err}: {}", text(&applied.stderr)));
+        if check["nothing_fits"]["before_any_step"] == true {
+            // refused by the count before a step: only a change said to be over may be
+            assert_eq!(change["fits"], false, "{flags:?}: {change}, applied: {check}");
+            continue;
+        }
+        let measured = check["trials"][0]["peak_bytes"].as_u64().unwrap();
+        assert!(measured.abs_diff(peak) * 10 <= peak, "{flags:?}: printed {peak}, measured {measured}");
+        assert_eq!(check["fits"], change["fits"], "{flags:?}: {change} against {check}");
+        fitting += usize::from(change["fits"] == true);
+    }
+    assert!(fitting > 0, "LoRA, SGD or Adafactor fits under this limit on any host: {said}");
+    let smallest = refusal["smallest_budget"]["bytes"].as_u64().unwrap();
+    let applied = autobatch(&[&model[..], &["--budget", &format!("{smallest}B"), "--check", "1"]].concat());
+    assert_eq!(applied.status.code(), Some(0), "the smallest budget printed: {}", text(&applied.stdout));
+    std::fs::remove_dir_all(&dir).ok();
+}
