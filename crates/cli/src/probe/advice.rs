@@ -5,7 +5,6 @@
 
 use autobatch::estimate::{Change, OptimizerKind, Precision};
 use autobatch::{Bytes, MemoryMeter};
-use autobatch_models as models;
 use candle_core::DType;
 
 use crate::failure::{Failure, Flags};
@@ -49,14 +48,20 @@ pub fn measured(run: &Run, meter: &mut dyn MemoryMeter, err: autobatch::Error) -
             })
         })
         .collect();
+    let advised: Vec<String> = remedies.iter().filter_map(|remedy| Flags::PROBE.remedy(&remedy.change)).collect();
     let mut failure = Failure::from(err);
     if let Some(lean) = lean_step(run, meter, batch, peak, limit) {
         failure.message.push_str(&lean);
     }
-    // what a fine-tuner weighs beside: LoRA, a quantized base, run alike
-    let Optimizing { mixed, optimizer } = run.request.optimizing;
-    for (flags, adapted) in super::refusal::adapter_changes(run.model, run.request.optimizing) {
-        let Some((total, fits)) = peak_at(run, meter, &adapted, mixed, optimizer, batch) else { continue };
+    // every other change a user of the flags weighs, each alone, run alike:
+    // the estimate's remedies leave some out (LoRA, a quantized base, and
+    // any whose counted saving was small)
+    let lean = super::refusal::lean_step(run.model).map(|(flags, _)| flags);
+    for (flags, changed, Optimizing { mixed, optimizer }) in super::refusal::alone(run.model, run.request.optimizing) {
+        if advised.contains(&flags) || lean.as_ref() == Some(&flags) {
+            continue;
+        }
+        let Some((total, fits)) = peak_at(run, meter, &changed, mixed, optimizer, batch) else { continue };
         let fits = fits && total <= limit;
         let verdict = if fits { "fits" } else { "still over" };
         failure.message.push_str(&format!(
@@ -127,30 +132,12 @@ pub(super) fn peak_at(
 /// full`, `--ops eager`): the lean step, measured, said as the flags that
 /// make it.
 fn lean_step(run: &Run, meter: &mut dyn MemoryMeter, batch: usize, peak: u64, limit: u64) -> Option<String> {
-    let ModelConfig::FromConfig(spec) = run.model else { return None };
-    let (config, training) = spec.as_ref();
-    let mut flags = Vec::new();
-    if training.attention != models::Attention::Blocked {
-        flags.push("--attention blocked");
-    }
-    if training.loss != models::Loss::Chunked {
-        flags.push("--loss chunked");
-    }
-    if training.ops != models::Ops::Fused {
-        flags.push("--ops fused");
-    }
-    if flags.is_empty() {
-        return None;
-    }
-    let lean =
-        training.clone().attention(models::Attention::Blocked).loss(models::Loss::Chunked).ops(models::Ops::Fused);
-    let model = ModelConfig::FromConfig(Box::new((config.clone(), lean)));
+    let (flags, model) = super::refusal::lean_step(run.model)?;
     let Optimizing { mixed, optimizer } = run.request.optimizing;
     let (total, fits) = peak_at(run, meter, &model, mixed, optimizer, batch)?;
     let verdict = if fits && total <= limit { "fits" } else { "still over" };
     Some(format!(
-        "; the lean step instead of the eager forms ({}): measured {} at batch {batch}, saves {} ({verdict})",
-        flags.join(" "),
+        "; the lean step instead of the eager forms ({flags}): measured {} at batch {batch}, saves {} ({verdict})",
         Bytes(total),
         Bytes(peak.saturating_sub(total)),
     ))

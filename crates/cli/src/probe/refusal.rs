@@ -166,27 +166,8 @@ fn changes(run: &Run, compute: Compute, limit: u64, held: u64, batch: usize) -> 
     let model = run.model;
     let optimizing = run.request.optimizing;
     let same = |flags: String, model: ModelConfig, optimizing: Optimizing| Changed { flags, model, optimizing, batch };
-    let mut changes = Vec::new();
-    if !optimizing.mixed {
-        for to in [OptimizerKind::Sgd, OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit] {
-            if to != optimizing.optimizer {
-                let flags = Flags::PROBE.remedy(&Change::Optimizer { to }).unwrap_or_default();
-                changes.push(same(flags, model.clone(), Optimizing { optimizer: to, ..optimizing }));
-            }
-        }
-    }
-    let own_float_base = model.lora().and_then(|lora| lora.base).is_some_and(|base| base.float().is_some());
-    let f32_only = matches!(model, ModelConfig::ConvNet(_));
-    if model.dtype() == DType::F32 && !optimizing.mixed && !own_float_base && !f32_only {
-        let flags = Flags::PROBE.remedy(&Change::Precision { to: Precision::Bf16 }).unwrap_or_default();
-        changes.push(same(flags, model.with_dtype(DType::BF16), optimizing));
-    }
-    if let Some((checkpointed, _)) = model.checkpointed() {
-        changes.push(same("--checkpointing".to_owned(), checkpointed, optimizing));
-    }
-    for (flags, adapted) in adapter_changes(model, optimizing) {
-        changes.push(same(flags, adapted, optimizing));
-    }
+    let mut changes: Vec<Changed> =
+        alone(model, optimizing).into_iter().map(|(flags, model, optimizing)| same(flags, model, optimizing)).collect();
     // the longest sequence the count fits, where the model has one
     if let Some(longest) = longest_fitting(model, optimizing, compute, limit, held, batch) {
         let flags = Flags::PROBE.remedy(&Change::SequenceLength { seq_len: longest as u64 }).unwrap_or_default();
@@ -207,6 +188,61 @@ fn changes(run: &Run, compute: Compute, limit: u64, held: u64, batch: usize) -> 
         }
     }
     changes
+}
+
+/// The changes of the flags that apply to this model whatever its length
+/// and batch, each alone, with the model and training it makes: the other
+/// optimizers, bf16, checkpointing, LoRA or a q4_0 base, the lean step in
+/// place of eager forms.
+pub(super) fn alone(model: &ModelConfig, optimizing: Optimizing) -> Vec<(String, ModelConfig, Optimizing)> {
+    let mut changes = Vec::new();
+    if !optimizing.mixed {
+        for to in [OptimizerKind::Sgd, OptimizerKind::Lion, OptimizerKind::Adafactor, OptimizerKind::Adam8bit] {
+            if to != optimizing.optimizer {
+                let flags = Flags::PROBE.remedy(&Change::Optimizer { to }).unwrap_or_default();
+                changes.push((flags, model.clone(), Optimizing { optimizer: to, ..optimizing }));
+            }
+        }
+    }
+    let own_float_base = model.lora().and_then(|lora| lora.base).is_some_and(|base| base.float().is_some());
+    let f32_only = matches!(model, ModelConfig::ConvNet(_));
+    if model.dtype() == DType::F32 && !optimizing.mixed && !own_float_base && !f32_only {
+        let flags = Flags::PROBE.remedy(&Change::Precision { to: Precision::Bf16 }).unwrap_or_default();
+        changes.push((flags, model.with_dtype(DType::BF16), optimizing));
+    }
+    if let Some((checkpointed, _)) = model.checkpointed() {
+        changes.push(("--checkpointing".to_owned(), checkpointed, optimizing));
+    }
+    for (flags, adapted) in adapter_changes(model, optimizing) {
+        changes.push((flags, adapted, optimizing));
+    }
+    if let Some((flags, lean)) = lean_step(model) {
+        changes.push((flags, lean, optimizing));
+    }
+    changes
+}
+
+/// A config model that runs an eager form (`--attention eager`, `--loss
+/// full`, `--ops eager`): the lean step, with the flags that make it.
+pub(super) fn lean_step(model: &ModelConfig) -> Option<(String, ModelConfig)> {
+    let ModelConfig::FromConfig(spec) = model else { return None };
+    let (config, training) = spec.as_ref();
+    let mut flags = Vec::new();
+    if training.attention != models::Attention::Blocked {
+        flags.push("--attention blocked");
+    }
+    if training.loss != models::Loss::Chunked {
+        flags.push("--loss chunked");
+    }
+    if training.ops != models::Ops::Fused {
+        flags.push("--ops fused");
+    }
+    if flags.is_empty() {
+        return None;
+    }
+    let lean =
+        training.clone().attention(models::Attention::Blocked).loss(models::Loss::Chunked).ops(models::Ops::Fused);
+    Some((flags.join(" "), ModelConfig::FromConfig(Box::new((config.clone(), lean)))))
 }
 
 /// What a fine-tuner weighs for a config model beside the core's remedies:
