@@ -454,6 +454,9 @@ pub fn estimate(
     let shape = ServingShape { on_cpu, ..shape };
     let counted = config.serving_bytes(&shape)?;
     let limit = capacity.map(|capacity| ceiling.limit_bytes(capacity));
+    // on the CPU the process holds the matmul buffers of its threads before
+    // any step (what `serve` measures as held before the trials)
+    let held = if on_cpu { autobatch::HeapMeter::host_scratch_bytes() } else { 0 };
     if json {
         let report = json!({
             "config": path,
@@ -463,16 +466,19 @@ pub fn estimate(
             "counted": counted,
             "capacity_bytes": capacity,
             "limit_bytes": limit,
-            "max_sequences": limit.map(|limit| counted.max_sequences(limit, 0)),
-            "vllm_blocks": limit.map(|limit| counted.vllm_blocks(limit, 0)),
-            "vllm_max_concurrency": limit.map(|limit| counted.vllm_concurrency(limit, 0)),
+            "held_bytes": held,
+            "max_sequences": limit.map(|limit| counted.max_sequences(limit, held)),
+            "vllm_blocks": limit.map(|limit| counted.vllm_blocks(limit, held)),
+            "vllm_max_concurrency": limit.map(|limit| counted.vllm_concurrency(limit, held)),
         });
         outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
         return Ok(());
     }
     out!("{}", describe_count(path, &config, &shape, &counted));
     match (capacity, limit) {
-        (Some(capacity), Some(limit)) => out!("{}", describe_concurrency(&shape, &counted, capacity, ceiling, limit)),
+        (Some(capacity), Some(limit)) => {
+            out!("{}", describe_concurrency(&shape, &counted, capacity, ceiling, (limit, held)))
+        }
         _ => outln!("give --capacity (e.g. h100 or 24GiB) for the concurrency it holds"),
     }
     Ok(())
@@ -512,19 +518,23 @@ fn describe_concurrency(
     counted: &ServingBytes,
     capacity: u64,
     ceiling: Ceiling,
-    limit: u64,
+    (limit, held): (u64, u64),
 ) -> String {
+    let beside = match held {
+        0 => String::new(),
+        held => format!(" beside the {} the CPU's matmul buffers hold before any step", Bytes(held)),
+    };
     format!(
-        "largest concurrency under {ceiling} of {}: {} sequences of {} tokens\n\
+        "largest concurrency under {ceiling} of {}{beside}: {} sequences of {} tokens\n\
          vLLM's formula for the same settings: {} blocks ({} tokens), maximum concurrency {:.2}x (the limit less \
          the weights and a profile run of the chunk without cache, over the block's bytes; it counts no decoding \
          sequence's own bytes and no block rounding)\n",
         Bytes(capacity),
-        counted.max_sequences(limit, 0),
+        counted.max_sequences(limit, held),
         shape.context,
-        counted.vllm_blocks(limit, 0),
-        counted.vllm_blocks(limit, 0) * shape.block_size as u64,
-        counted.vllm_concurrency(limit, 0)
+        counted.vllm_blocks(limit, held),
+        counted.vllm_blocks(limit, held) * shape.block_size as u64,
+        counted.vllm_concurrency(limit, held)
     )
 }
 
