@@ -302,7 +302,12 @@ impl Counted {
                 Some(_) => "counted for an accelerator",
                 None => "counted",
             };
-            outln!("changes, each alone, {counted} (the flag that applies it):");
+            let pairs = on_device.remedies.iter().any(|remedy| matches!(remedy.change, Change::Both { .. }));
+            let which = match pairs {
+                true => "each alone, and in pairs where no single change fits on one device",
+                false => "each alone",
+            };
+            outln!("changes, {which}, {counted} (the flags that apply it):");
             for remedy in &on_device.remedies {
                 match self.estimate.counts_a_batch() {
                     true => outln!("  {} ({})", remedy.decimal(), change_flag(&remedy.change)),
@@ -314,6 +319,23 @@ impl Counted {
                         outln!("  {}, {left} ({})", remedy.decimal(), change_flag(&remedy.change));
                     }
                 }
+            }
+        }
+        if !self.which_gpus && self.fits_under(on_device.limit_bytes) == Some(false) {
+            // a larger card is a change too: the smallest named one it fits on as it is
+            let fits_on = Accelerator::ALL
+                .iter()
+                .filter(|card| self.fits_under(self.ceiling.limit_bytes(card.memory_bytes)) == Some(true))
+                .min_by_key(|card| card.memory_bytes);
+            match fits_on {
+                Some(card) => outln!(
+                    "as it is, the smallest named card it fits on is {} ({}) under {} (--capacity {}; --which-gpus lists every card)",
+                    card.name,
+                    Bytes(card.memory_bytes),
+                    self.ceiling,
+                    card.name
+                ),
+                None => outln!("as it is, it fits on none of the named cards (--which-gpus lists them)"),
             }
         }
     }

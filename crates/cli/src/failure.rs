@@ -225,7 +225,10 @@ impl Flags {
             Change::Optimizer { to } => format!("--optimizer {}", to.name()),
             Change::GradientCheckpointing => "--checkpointing".to_owned(),
             Change::SequenceLength { seq_len } => format!("{} {seq_len}", self.seq_len()),
-            Change::Zero { stage, .. } => format!("--zero {stage}"),
+            Change::Zero { stage, ranks } => format!("--ranks {ranks} --zero {stage}"),
+            Change::Lora { rank } => format!("--lora {rank}"),
+            Change::QuantizedBase => "--base-dtype q4_0".to_owned(),
+            Change::Both { first, second } => format!("{} {}", self.remedy(first)?, self.remedy(second)?),
             _ => return None,
         })
     }

@@ -30,7 +30,7 @@ use autobatch::estimate::{
 use autobatch::{Bytes, plan::Accumulation, plan::Ceiling};
 use candle_core::DType;
 
-use crate::{Attention, Compute, Config, Error, Family, Loss, Setting, StepMemory, Training};
+use crate::{Attention, BaseDtype, Compute, Config, Error, Family, Lora, Loss, Setting, StepMemory, Training};
 
 /// The activations beside N parameters' state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -236,13 +236,190 @@ impl Estimator<OfStep> {
                 let limit_bytes = ceiling.limit_bytes(capacity_bytes);
                 let base = setup.clone().activations(0).total()?;
                 let fit = step.fit(base, gradients, limit_bytes, *target)?;
-                let remedies = step.remedies(&setup, limit_bytes, setup.remedies(limit_bytes)?)?;
+                let remedies = self.remedies(setup.total()?, limit_bytes)?;
                 Some(OnDevice { capacity_bytes, ceiling, limit_bytes, remedies, fit: Some(fit) })
             }
             None => None,
         };
         Estimate::new(setup, Some(step), true, device)
     }
+}
+
+/// The LoRA rank advised where every weight trains: the PEFT examples' 16.
+const ADVISED_LORA_RANK: usize = 16;
+
+/// The ranks a ZeRO stage is weighed over on one device's count: the
+/// fewest of these at which it fits.
+const ZERO_RANKS: [u64; 7] = [2, 4, 8, 16, 32, 64, 128];
+
+impl Estimator<OfStep> {
+    /// The changes that would help a fine-tuner, each alone, largest saving
+    /// first: the optimizers, ZeRO (over the ranks given, else the fewest
+    /// ranks at which stage 3 fits), bf16, checkpointing, LoRA where every
+    /// weight trains, a 4-bit base where LoRA's is not, the longest length
+    /// that fits (else half the length); each counted as this request counts
+    /// its step. Where no single change fits, the pairs of them that do,
+    /// least total first (at most three).
+    fn remedies(&self, now: u64, available: u64) -> Result<Vec<Remedy>, Error> {
+        let singles = self.single_changes(available);
+        let mut advice = Vec::new();
+        for change in &singles {
+            let Some(total) = self.total_with(change) else { continue };
+            // a change that saves under 1% of the total helps only one that is that close
+            let fits = total <= available;
+            if total < now && ((now - total).saturating_mul(100) >= now || fits) {
+                advice.push(Remedy {
+                    change: change.clone(),
+                    saves_bytes: now - total,
+                    total_bytes: total,
+                    fits,
+                    measured: false,
+                });
+            }
+        }
+        // on this one device: ZeRO needs more of them
+        let one_device = |change: &Change| !matches!(change, Change::Zero { .. });
+        if !advice.iter().any(|remedy| remedy.fits && one_device(&remedy.change)) {
+            let mut helping: Vec<Change> =
+                advice.iter().map(|remedy| remedy.change.clone()).filter(|change| one_device(change)).collect();
+            if self.subject.training.lora.is_none() {
+                // with LoRA, its base in 4 bits: QLoRA for a full fine-tune
+                helping.push(Change::QuantizedBase);
+            }
+            let mut pairs = Vec::new();
+            for (i, first) in helping.iter().enumerate() {
+                for second in &helping[i + 1..] {
+                    if same_kind(first, second) {
+                        continue;
+                    }
+                    let both = Change::Both { first: Box::new(first.clone()), second: Box::new(second.clone()) };
+                    if let Some(total) = self.total_with(&both).filter(|&total| total <= available) {
+                        pairs.push(Remedy {
+                            change: both,
+                            saves_bytes: now.saturating_sub(total),
+                            total_bytes: total,
+                            fits: true,
+                            measured: false,
+                        });
+                    }
+                }
+            }
+            pairs.sort_by_key(|remedy| remedy.total_bytes);
+            advice.extend(pairs.into_iter().take(3));
+        }
+        advice.sort_by_key(|remedy| (!remedy.fits, std::cmp::Reverse(remedy.saves_bytes)));
+        Ok(advice)
+    }
+
+    /// The single changes that apply to this request.
+    fn single_changes(&self, available: u64) -> Vec<Change> {
+        let OfStep { config, training, .. } = &self.subject;
+        let mut changes = Vec::new();
+        for to in [OptimizerKind::Sgd, OptimizerKind::Adafactor, OptimizerKind::Adam8bit, OptimizerKind::Lion] {
+            if to != self.optimizer {
+                changes.push(Change::Optimizer { to });
+            }
+        }
+        let base = training.lora.as_ref().and_then(|lora| lora.base);
+        let stored = config.training_setup(training).map(|setup| self.precision.unwrap_or(setup.precision));
+        if stored.is_ok_and(|precision| precision == Precision::Fp32) && base.is_none() {
+            changes.push(Change::Precision { to: Precision::Bf16 });
+        }
+        if !training.checkpointing && config.family != Family::Bert {
+            changes.push(Change::GradientCheckpointing);
+        }
+        match &training.lora {
+            None => changes.push(Change::Lora { rank: ADVISED_LORA_RANK as u64 }),
+            Some(lora) if lora.base != Some(BaseDtype::Q4_0) => changes.push(Change::QuantizedBase),
+            Some(_) => {}
+        }
+        // ZeRO partitions what trains: nothing to gain beside LoRA's adapters
+        if training.lora.is_none() {
+            let sharding = self.sharding;
+            match sharding.data_parallel {
+                1 => {
+                    let fewest = ZERO_RANKS.into_iter().find(|&ranks| {
+                        self.total_with(&Change::Zero { stage: 3, ranks }).is_some_and(|total| total <= available)
+                    });
+                    changes.extend(fewest.map(|ranks| Change::Zero { stage: 3, ranks }));
+                }
+                ranks => changes.extend((sharding.zero_stage + 1..=3).map(|stage| Change::Zero { stage, ranks })),
+            }
+        }
+        if let Some(seq_len) =
+            self.longest_fitting(available).or((training.seq_len >= 2).then_some(training.seq_len / 2))
+        {
+            changes.push(Change::SequenceLength { seq_len: seq_len as u64 });
+        }
+        changes
+    }
+
+    /// The longest sequence below this request's whose step alone fits.
+    fn longest_fitting(&self, available: u64) -> Option<usize> {
+        let current = self.subject.training.seq_len;
+        let fits = |seq_len: usize| {
+            self.total_with(&Change::SequenceLength { seq_len: seq_len as u64 }).is_some_and(|total| total <= available)
+        };
+        if current < 2 || !fits(1) {
+            return None;
+        }
+        let (mut fit, mut over) = (1, current);
+        while over - fit > 1 {
+            let middle = fit + (over - fit) / 2;
+            if fits(middle) { fit = middle } else { over = middle }
+        }
+        Some(fit)
+    }
+
+    /// The total of this request with `change` made, counted as this request
+    /// counts; `None` where it does not apply or the model refuses it.
+    fn total_with(&self, change: &Change) -> Option<u64> {
+        let mut changed = self.clone();
+        changed.device = None;
+        changed.subject.target = None;
+        changed.change(change)?;
+        changed.count().ok().map(|estimate| estimate.total_bytes())
+    }
+
+    /// This request with `change` made; `None` where it does not apply.
+    fn change(&mut self, change: &Change) -> Option<()> {
+        let training = &mut self.subject.training;
+        match change {
+            Change::Optimizer { to } => self.optimizer = *to,
+            Change::Precision { to: Precision::Bf16 } => {
+                *training = training.clone().dtype(DType::BF16);
+                self.precision = Some(Precision::Bf16);
+            }
+            Change::Precision { .. } => return None,
+            Change::GradientCheckpointing => *training = training.clone().checkpointing(),
+            Change::SequenceLength { seq_len } => training.seq_len = usize::try_from(*seq_len).ok()?,
+            Change::Zero { stage, ranks } => {
+                self.sharding = Sharding::new(*stage, *ranks, self.sharding.tensor_parallel).ok()?;
+            }
+            Change::Lora { rank } => {
+                let targets = self.subject.config.family.lora_targets();
+                *training = training.clone().lora(Lora::new(usize::try_from(*rank).ok()?, targets));
+            }
+            Change::QuantizedBase => {
+                let lora = training.lora.clone()?;
+                *training = training.clone().lora(lora.base(BaseDtype::Q4_0));
+                // the adapters beside a base of its own dtype train in f32
+                self.precision = None;
+                training.dtype = None;
+            }
+            Change::Both { first, second } => {
+                self.change(first)?;
+                self.change(second)?;
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+}
+
+/// Two changes of one kind (two optimizers, two lengths) are not a pair.
+fn same_kind(first: &Change, second: &Change) -> bool {
+    std::mem::discriminant(first) == std::mem::discriminant(second)
 }
 
 /// What an [`Estimator`] counted.
@@ -454,45 +631,6 @@ impl StepEstimate {
         Ok(StepFit { fixed_bytes, largest_batch, split, on_the_cpu })
     }
 
-    /// The changes that would help, each alone, from the step itself: bf16
-    /// (the state and the activations), checkpointing; `state_only` are the
-    /// setup's remedies that do not touch the activations (the optimizer,
-    /// ZeRO), kept.
-    fn remedies(&self, setup: &TrainingSetup, available: u64, state_only: Vec<Remedy>) -> Result<Vec<Remedy>, Error> {
-        let now = setup.total()?;
-        let mut advice: Vec<Remedy> = state_only
-            .into_iter()
-            .filter(|remedy| matches!(remedy.change, Change::Optimizer { .. } | Change::Zero { .. }))
-            .collect();
-        let mut consider = |change: Change, precision: Precision, training: Training| -> Result<(), Error> {
-            let memory = self.config.step_memory(&training, self.memory.compute)?;
-            let mut changed = setup.clone();
-            changed.precision = precision;
-            let gradients = changed.state()?.gradients;
-            let changed = changed.activations(held_bytes(&memory, gradients, self.batch as u64)?);
-            let total = changed.total()?;
-            // a change that saves under 1% of the total does not help anyone fit
-            if total < now && (now - total).saturating_mul(100) >= now {
-                let fits = total <= available;
-                advice.push(Remedy { change, saves_bytes: now - total, total_bytes: total, fits, measured: false });
-            }
-            Ok(())
-        };
-        let base = self.training.lora.as_ref().and_then(|lora| lora.base);
-        if setup.precision == Precision::Fp32 && base.is_none() {
-            consider(
-                Change::Precision { to: Precision::Bf16 },
-                Precision::Bf16,
-                self.training.clone().dtype(DType::BF16),
-            )?;
-        }
-        if !self.training.checkpointing && self.config.family != Family::Bert {
-            consider(Change::GradientCheckpointing, setup.precision, self.training.clone().checkpointing())?;
-        }
-        advice.sort_by_key(|remedy| std::cmp::Reverse(remedy.saves_bytes));
-        Ok(advice)
-    }
-
     /// The step counted on the CPU where it was counted for an accelerator in
     /// a 16-bit dtype (candle's CPU matmul widens it to f32): why a probe on
     /// the CPU finds another batch.
@@ -532,7 +670,6 @@ fn held_bytes(memory: &StepMemory, gradient_bytes: u64, batch: u64) -> Result<u6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Lora;
 
     fn llama() -> Config {
         Config::from_json(
@@ -594,6 +731,118 @@ mod tests {
             .count()
             .unwrap();
         assert_eq!(applied.total_bytes(), bf16.total_bytes);
+    }
+
+    /// `change` made by hand through the public request, counted: what an
+    /// advised remedy's total is checked against.
+    fn applied(config: &Config, training: &Training, change: &Change) -> Estimator<OfStep> {
+        let mut training = training.clone();
+        let mut steps = vec![change.clone()];
+        let (mut optimizer, mut sharding, mut precision) = (OptimizerKind::AdamW, Sharding::default(), None);
+        while let Some(change) = steps.pop() {
+            match change {
+                Change::Both { first, second } => steps.extend([*second, *first]),
+                Change::Optimizer { to } => optimizer = to,
+                Change::Zero { stage, ranks } => sharding = Sharding::new(stage, ranks, 1).unwrap(),
+                Change::Precision { to } => {
+                    training = training.dtype(DType::BF16);
+                    precision = Some(to);
+                }
+                Change::GradientCheckpointing => training = training.checkpointing(),
+                Change::SequenceLength { seq_len } => training.seq_len = seq_len as usize,
+                Change::Lora { rank } => {
+                    training = training.lora(Lora::new(rank as usize, config.family.lora_targets()))
+                }
+                Change::QuantizedBase => {
+                    let lora = training.lora.clone().unwrap().base(BaseDtype::Q4_0);
+                    training = training.lora(lora);
+                    training.dtype = None;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut built = Estimator::step(config.clone(), training).optimizer(optimizer).sharded(sharding);
+        if let Some(precision) = precision {
+            built = built.precision(precision);
+        }
+        built
+    }
+
+    fn published(name: &str) -> Config {
+        let json = match name {
+            "mistral" => include_str!("../tests/configs/mistral-7b-v0.1.json"),
+            "llama" => include_str!("../tests/configs/llama-3.2-1b.json"),
+            other => panic!("{other}"),
+        };
+        Config::from_json(json).unwrap()
+    }
+
+    /// The changes a fine-tuner weighs (issue 84): QLoRA beside LoRA, LoRA
+    /// and ZeRO beside a full fine-tune, the longest length that fits, and
+    /// the pairs that fit where no single change on one device does; each
+    /// applied by hand gives the total it said, and "fits" fits.
+    #[test]
+    fn the_advice_weighs_what_a_fine_tuner_would_and_each_total_holds() {
+        let gib = 1u64 << 30;
+        let cases = [
+            ("mistral", Training::new(2048).lora(Lora::new(16, Family::Mistral.lora_targets())), 16 * gib),
+            ("mistral", Training::new(2048), 24 * gib),
+            ("llama", Training::new(2048), 4 * gib),
+        ];
+        for (name, training, capacity) in cases {
+            let config = published(name);
+            let estimate = Estimator::step(config.clone(), training.clone())
+                .on_device(capacity, Ceiling::new(0.9).unwrap())
+                .count()
+                .unwrap();
+            let device = estimate.on_device().unwrap();
+            assert_eq!(estimate.fits(), Some(Verdict::DoesNotFit), "{name}: a case where nothing fits as it is");
+            for remedy in &device.remedies {
+                let total = applied(&config, &training, &remedy.change).count().unwrap().total_bytes();
+                assert_eq!(total, remedy.total_bytes, "{name}: {} applied", remedy.change);
+                assert_eq!(remedy.fits, total <= device.limit_bytes, "{name}: {}", remedy.change);
+            }
+            let has = |wanted: fn(&Change) -> bool| device.remedies.iter().any(|remedy| wanted(&remedy.change));
+            match (name, training.lora.is_some()) {
+                ("mistral", true) => {
+                    assert!(has(|change| *change == Change::QuantizedBase), "QLoRA beside LoRA: {:?}", device.remedies);
+                    assert!(has(|change| matches!(change, Change::SequenceLength { .. })));
+                }
+                ("mistral", false) => {
+                    assert!(has(|change| matches!(change, Change::Lora { rank: 16 })), "{:?}", device.remedies);
+                    assert!(has(|change| matches!(change, Change::Zero { stage: 3, .. })), "{:?}", device.remedies);
+                }
+                _ => {
+                    let pair = device.remedies.iter().find(|remedy| matches!(remedy.change, Change::Both { .. }));
+                    assert!(
+                        pair.is_some_and(|pair| pair.fits),
+                        "a pair where no single change fits: {:?}",
+                        device.remedies
+                    );
+                }
+            }
+        }
+    }
+
+    /// A change that saves under 1% of the total is still advised where it
+    /// is enough: a step a few megabytes over.
+    #[test]
+    fn a_small_saving_that_is_enough_is_advised() {
+        let config = llama();
+        let training = Training::new(64);
+        let total = Estimator::step(config.clone(), training.clone()).count().unwrap().total_bytes();
+        let sgd =
+            applied(&config, &training, &Change::Optimizer { to: OptimizerKind::Sgd }).count().unwrap().total_bytes();
+        // a limit between the two: the saving is what makes it fit
+        let limit = sgd + (total - sgd) / 2;
+        let capacity = (limit as f64 / 0.9).floor() as u64;
+        let estimate =
+            Estimator::step(config, training).on_device(capacity, Ceiling::new(0.9).unwrap()).count().unwrap();
+        let remedies = &estimate.on_device().unwrap().remedies;
+        assert!(
+            remedies.iter().any(|remedy| remedy.change == Change::Optimizer { to: OptimizerKind::Sgd } && remedy.fits),
+            "{remedies:?}"
+        );
     }
 
     #[test]

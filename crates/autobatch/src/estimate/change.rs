@@ -40,6 +40,21 @@ pub enum Change {
         /// The data-parallel ranks.
         ranks: u64,
     },
+    /// Train low-rank adapters of this rank beside a frozen base (LoRA)
+    /// instead of every weight.
+    Lora {
+        /// The adapters' rank.
+        rank: u64,
+    },
+    /// Keep LoRA's frozen base in 4-bit blocks (QLoRA's base).
+    QuantizedBase,
+    /// Two changes made together, where no single one fits.
+    Both {
+        /// The first change.
+        first: Box<Change>,
+        /// The second change.
+        second: Box<Change>,
+    },
 }
 
 impl std::fmt::Display for Change {
@@ -60,6 +75,9 @@ impl std::fmt::Display for Change {
                 ];
                 write!(f, "ZeRO stage {stage}: {} partitioned over {ranks} ranks", what[usize::from(*stage).min(3)])
             }
+            Change::Lora { rank } => write!(f, "LoRA adapters of rank {rank}, the base frozen"),
+            Change::QuantizedBase => f.write_str("a 4-bit frozen base (QLoRA)"),
+            Change::Both { first, second } => write!(f, "{first}, with {second}"),
         }
     }
 }

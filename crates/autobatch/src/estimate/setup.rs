@@ -266,6 +266,12 @@ impl TrainingSetup {
                 }
                 changed.sharding = Sharding::new(stage, ranks, self.sharding.tensor_parallel)?;
             }
+            // a model's own: what N parameters are made of is not known here
+            Change::Lora { .. } | Change::QuantizedBase => return Ok(None),
+            Change::Both { ref first, ref second } => {
+                let Some(once) = self.apply(first)? else { return Ok(None) };
+                return once.apply(second);
+            }
         }
         Ok(Some(changed))
     }
