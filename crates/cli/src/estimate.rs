@@ -167,6 +167,7 @@ impl Counted {
         if let Some(fit) = self.estimate.fit() {
             json["fixed_bytes"] = fit.fixed_bytes.into();
             json["largest_batch"] = fit.largest_batch.into();
+            json["bytes_per_sample_there"] = fit.bytes_per_sample_there.into();
             json["on_cpu"] = self.estimate.step().is_some_and(|step| step.memory.compute == Compute::Cpu).into();
             if let Some((largest, factor)) = fit.on_the_cpu {
                 json["on_the_cpu"] = serde_json::json!({ "largest_batch": largest, "factor": factor });
@@ -344,13 +345,18 @@ impl Counted {
     fn print_fit(&self, fit: &StepFit, on_device: &OnDevice, device: &str) {
         match fit.largest_batch {
             0 => outln!(
-                "largest batch under {} of {device}: none ({} held whatever the batch and {} a sample, against {})",
+                "largest batch under {} of {device}: none ({} held whatever the batch and {} a sample at batch 1, \
+                 against {})",
                 on_device.ceiling,
                 Bytes(fit.fixed_bytes).decimal(),
-                Bytes(self.estimate.step().map_or(0, |step| step.bytes_per_sample)).decimal(),
+                Bytes(fit.bytes_per_sample_there).decimal(),
                 Bytes(on_device.limit_bytes).decimal()
             ),
-            largest => outln!("largest batch under {} of {device}: {largest}", on_device.ceiling),
+            largest => outln!(
+                "largest batch under {} of {device}: {largest} ({} a sample there)",
+                on_device.ceiling,
+                Bytes(fit.bytes_per_sample_there).decimal()
+            ),
         }
         if let Some((largest, factor)) = fit.on_the_cpu {
             outln!(

@@ -354,11 +354,14 @@ impl Estimator<OfStep> {
         changes
     }
 
-    /// The longest sequence below this request's whose step alone fits.
+    /// The longest sequence below this request's whose step alone fits with
+    /// a twentieth of the limit to spare: a length chosen at the edge of the
+    /// count would be said to fit where the count's few percent decide.
     fn longest_fitting(&self, available: u64) -> Option<usize> {
         let current = self.subject.training.seq_len;
+        let room = available - available / 20;
         let fits = |seq_len: usize| {
-            self.total_with(&Change::SequenceLength { seq_len: seq_len as u64 }).is_some_and(|total| total <= available)
+            self.total_with(&Change::SequenceLength { seq_len: seq_len as u64 }).is_some_and(|total| total <= room)
         };
         if current < 2 || !fits(1) {
             return None;
@@ -580,6 +583,11 @@ pub struct StepFit {
     pub fixed_bytes: u64,
     /// The largest batch whose total stays under the limit; 0 when none.
     pub largest_batch: u64,
+    /// The bytes a sample adds around the largest batch (around 1 where
+    /// none fits): the slope a probe measures there, steeper than the step's
+    /// [`bytes_per_sample`](StepEstimate::bytes_per_sample) until the batch
+    /// fills the chunked loss's chunk.
+    pub bytes_per_sample_there: u64,
     /// The target's micro-batch × accumulation × ranks.
     pub split: Option<Accumulation>,
     /// Counted for an accelerator in a 16-bit dtype: the same step on the
@@ -615,6 +623,7 @@ impl StepEstimate {
         };
         let largest_batch = largest_under_limit(&self.memory);
         let fixed_bytes = without_gradients.saturating_add(self.memory.peak_bytes(gradient_bytes, 0)?);
+        let bytes_per_sample_there = self.memory.bytes_per_sample_at(gradient_bytes, largest_batch.max(1))?;
         let split = match (target, usize::try_from(largest_batch).ok().filter(|&b| b > 0)) {
             (Some((effective, ranks)), Some(largest)) => Some(Accumulation::plan(effective, ranks, largest)?),
             _ => None,
@@ -628,7 +637,7 @@ impl StepEstimate {
             }
             None => None,
         };
-        Ok(StepFit { fixed_bytes, largest_batch, split, on_the_cpu })
+        Ok(StepFit { fixed_bytes, largest_batch, bytes_per_sample_there, split, on_the_cpu })
     }
 
     /// The step counted on the CPU where it was counted for an accelerator in
@@ -654,7 +663,7 @@ impl StepEstimate {
             Compute::Cpu => "on the CPU",
         };
         format!(
-            "{}: {form} {on}, {} a sample",
+            "{}: {form} {on}, {} a sample once the batch is large",
             self.config.describe(&self.training),
             Bytes(self.bytes_per_sample).decimal()
         )

@@ -241,6 +241,19 @@ impl StepMemory {
         self.moments.iter().map(slope).max().unwrap_or(0)
     }
 
+    /// The bytes a sample adds around `batch`: the step's slope over the
+    /// three batches `batch − 1`, `batch`, `batch + 1` (1 to 3 at the
+    /// smallest), as a probe measures it there. Below the batch that fills
+    /// the chunked loss's chunk it is steeper than
+    /// [`bytes_per_sample`](Self::bytes_per_sample): each sample's rows of
+    /// logits are then held whole.
+    pub fn bytes_per_sample_at(&self, gradient_bytes: u64, batch: u64) -> Result<u64, Error> {
+        let low = batch.saturating_sub(1).max(1);
+        let high = low.checked_add(2).ok_or_else(|| Error::byte_overflow(format!("a step at a batch of {batch}")))?;
+        let rise = self.peak_bytes(gradient_bytes, high)?.saturating_sub(self.peak_bytes(gradient_bytes, low)?);
+        Ok(rise / 2)
+    }
+
     /// The moment that is the widest at `batch`.
     pub fn widest_at(&self, gradient_bytes: u64, batch: u64) -> Option<&StepMoment> {
         self.moments.iter().max_by_key(|moment| moment.bytes(gradient_bytes, batch).unwrap_or(u64::MAX))

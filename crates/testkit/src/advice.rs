@@ -13,12 +13,25 @@ pub fn estimate_precision(precision: &str) -> Vec<String> {
 /// another optimizer than AdamW over mixed precision's f32 masters).
 pub fn probe_flags_of(flag: &str, precision: &str) -> Option<Vec<String>> {
     let words: Vec<&str> = flag.split(' ').collect();
+    // several flags (a pair of changes): each the probe's, or none
+    let starts: Vec<usize> = (0..words.len()).filter(|&i| words[i].starts_with("--")).collect();
+    if starts.len() > 1 && words[0] != "--ranks" {
+        let mut all = Vec::new();
+        for (i, &start) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).copied().unwrap_or(words.len());
+            all.extend(probe_flags_of(&words[start..end].join(" "), precision)?);
+        }
+        return Some(all);
+    }
     match words[..] {
         ["--optimizer", _] if precision == "mixed" => None,
-        ["--optimizer", "momentum"] | ["--zero", _] => None,
-        ["--precision", _] | ["--checkpointing"] | ["--optimizer", _] => {
-            Some(words.iter().map(|word| (*word).to_owned()).collect())
-        }
+        ["--optimizer", "momentum"] | ["--zero", _] | ["--ranks", _] | ["--ranks", _, "--zero", _] => None,
+        ["--precision", _]
+        | ["--checkpointing"]
+        | ["--optimizer", _]
+        | ["--lora", _]
+        | ["--base-dtype", _]
+        | ["--seq-len", _] => Some(words.iter().map(|word| (*word).to_owned()).collect()),
         _ => panic!("an advised flag the probe has no counterpart for: {flag}"),
     }
 }
@@ -35,6 +48,9 @@ mod tests {
         assert_eq!(probe_flags_of("--optimizer lion", "bf16").unwrap(), ["--optimizer", "lion"]);
         assert_eq!(probe_flags_of("--optimizer lion", "mixed"), None);
         assert_eq!(probe_flags_of("--zero 2", "fp32"), None);
+        assert_eq!(probe_flags_of("--ranks 4 --zero 3", "fp32"), None);
+        assert_eq!(probe_flags_of("--checkpointing --lora 16", "fp32").unwrap(), ["--checkpointing", "--lora", "16"]);
+        assert_eq!(probe_flags_of("--lora 16 --ranks 4 --zero 3", "fp32"), None);
         assert_eq!(estimate_precision("mixed"), ["--precision", "mixed"]);
     }
 }

@@ -386,6 +386,18 @@ fn estimate_reproduces_the_zero_papers_figure_one_and_korthikanti_activations() 
 /// the one given, and a precision flag replaces the other precision flags
 /// (`--checkpointing` the `--recompute` given).
 fn with_flag(args: &[&str], flag: &str) -> Vec<String> {
+    // several flags (`--ranks 8 --zero 3`, a pair of changes): each in turn
+    let words: Vec<&str> = flag.split(' ').collect();
+    let starts: Vec<usize> = (0..words.len()).filter(|&i| words[i].starts_with("--")).collect();
+    if starts.len() > 1 {
+        let mut out: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+        for (i, &start) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).copied().unwrap_or(words.len());
+            let current: Vec<&str> = out.iter().map(String::as_str).collect();
+            out = with_flag(&current, &words[start..end].join(" "));
+        }
+        return out;
+    }
     let new: Vec<&str> = flag.split(' ').collect();
     let replaced: &[&str] = match new[0] {
         "--mixed-precision" | "--dtype" | "--precision" => &["--mixed-precision", "--dtype", "--precision"],
@@ -1450,9 +1462,15 @@ fn the_estimate_agrees_with_the_probe_and_each_advised_change_holds_when_run() {
         // every one of); the small ones every change
         let runs = if model[1] == qwen { 1 } else { usize::MAX };
         for (remedy, flag, change) in runnable.take(runs) {
-            // the change replaces the precision or the optimizer the model had
+            // the change replaces the precision, the optimizer or the length the model had
+            let has = |flag: &str| change.iter().any(|word| word == flag);
+            let model: Vec<&str> = match has("--seq-len") {
+                true => model.chunks(2).filter(|pair| pair[0] != "--seq-len").flatten().copied().collect(),
+                false => model.clone(),
+            };
             let mut args: Vec<String> = [&["probe"][..], &model].concat().into_iter().map(str::to_owned).collect();
-            if !change.contains(&"--precision".to_owned()) {
+            // a quantized base sets the adapters' precision itself (f32)
+            if !has("--precision") && !has("--base-dtype") {
                 args.extend(["--precision".to_owned(), precision.to_owned()]);
             }
             args.extend(change);
