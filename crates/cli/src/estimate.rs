@@ -74,6 +74,16 @@ fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
         Some(path) => {
             let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
             let (config, layers_of_config) = config_model(args, path)?;
+            // Megatron and vLLM split attention by whole heads, keys and values too
+            let tensor_parallel = args.sharding.tensor_parallel.get();
+            for (field, heads) in [("num_attention_heads", config.heads), ("num_key_value_heads", config.kv_heads)] {
+                if !heads.is_multiple_of(tensor_parallel) {
+                    return Err(Failure::usage(format!(
+                        "--tensor-parallel {tensor_parallel} does not divide the config's {field}, {heads}: each \
+                         device takes whole heads; use a divisor of {heads}"
+                    )));
+                }
+            }
             let training = training(args, &config)?;
             let own_base = training.lora.as_ref().and_then(|lora| lora.base).is_some();
             if args.activations.bytes.is_some() {
@@ -120,6 +130,19 @@ fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
 }
 
 impl Counted {
+    /// The named cards a capacity given in bytes is a little under (up to
+    /// 10%): `24GB` is 22.4 GiB, where an RTX 4090 sold as "24 GB" reports
+    /// 24.0 GiB, and the answer can differ by a batch.
+    fn near_cards(&self, capacity: u64) -> Vec<&'static Accelerator> {
+        if self.card.is_some() {
+            return Vec::new();
+        }
+        Accelerator::ALL
+            .iter()
+            .filter(|card| card.memory_bytes > capacity && card.memory_bytes <= capacity + capacity / 10)
+            .collect()
+    }
+
     fn room(&self) -> Option<u64> {
         self.estimate.on_device().map(|device| device.limit_bytes)
     }
@@ -163,6 +186,12 @@ impl Counted {
         }
         if let Some(card) = card {
             json["capacity_name"] = card.name.into();
+        }
+        if let Some(capacity) = capacity {
+            let near: Vec<&str> = self.near_cards(capacity).iter().map(|card| card.name).collect();
+            if !near.is_empty() {
+                json["cards_a_little_larger"] = near.into();
+            }
         }
         if let Some(fit) = self.estimate.fit() {
             json["fixed_bytes"] = fit.fixed_bytes.into();
@@ -271,6 +300,19 @@ impl Counted {
             None => format!("{} ({})", Bytes(capacity), Bytes(capacity).decimal()),
         };
         let (room, total) = (on_device.limit_bytes, self.estimate.total_bytes());
+        let near = self.near_cards(capacity);
+        if !near.is_empty() {
+            let named: Vec<String> =
+                near.iter().map(|card| format!("{} {}", card.name, Bytes(card.memory_bytes))).collect();
+            outln!(
+                "note: {} is {}, a little under what cards sold near that size report ({}): to count one as it reports \
+                 itself, name it (--capacity {})",
+                Bytes(capacity).decimal(),
+                Bytes(capacity),
+                named.join(", "),
+                near[0].name
+            );
+        }
         if let Some(fit) = &on_device.fit {
             self.print_fit(fit, on_device, &device);
         }
@@ -358,10 +400,15 @@ impl Counted {
                 Bytes(fit.bytes_per_sample_there).decimal()
             ),
         }
-        if let Some((largest, factor)) = fit.on_the_cpu {
+        // about another device than the one counted: said so, and only where
+        // it tells something (none fits here: none fits on the CPU either)
+        if let Some((largest, factor)) =
+            fit.on_the_cpu.filter(|&(cpu, _)| fit.largest_batch > 0 && cpu != fit.largest_batch)
+        {
             outln!(
-                "  on the CPU (probe's default device) candle widens bf16 products to f32: the step holds {factor:.2}x \
-                 these bytes beside its state, largest batch {largest} there (--on-cpu counts it)"
+                "  aside, about the CPU rather than this device: `probe` on the CPU (its default) would find batch \
+                 {largest}, as candle's CPU matmul widens bf16 products to f32 ({factor:.2}x these bytes beside the \
+                 state; --on-cpu counts it)"
             );
         }
         if let Some(split) = &fit.split {

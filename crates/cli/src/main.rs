@@ -109,5 +109,5 @@ fn init_logging(verbose: u8) {
         };
         writeln!(out, "{level}: {}", record.args())
     });
-    builder.parse_default_env().target(env_logger::Target::Stderr).init();
+    builder.parse_default_env().target(env_logger::Target::Pipe(Box::new(output::LogWriter))).init();
 }

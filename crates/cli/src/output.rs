@@ -70,6 +70,26 @@ pub fn check() -> Result<(), Failure> {
     }
 }
 
+/// The log's stream (warnings, `-v`'s lines): stderr, its failures
+/// remembered as every other write's (a warning lost to `2>/dev/full` ends
+/// the command with exit 1, as a lost answer does).
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut err = std::io::stderr().lock();
+        let written = err.write_all(bytes).and_then(|()| err.flush());
+        if let Err(failed) = &written {
+            remember(Stream::Stderr, failed);
+        }
+        written.map(|()| bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().lock().flush()
+    }
+}
+
 /// `print!` to stdout, through [`write()`].
 macro_rules! out {
     ($($arg:tt)*) => { $crate::output::write($crate::output::Stream::Stdout, format_args!($($arg)*)) };

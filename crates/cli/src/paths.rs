@@ -80,6 +80,12 @@ fn check_files(inputs: &[(&str, &Path)], outputs: &[(&str, &Path, Kind)]) -> Res
 /// `path` can take the file `kind` is, by the rule above.
 fn writable(flag: &str, path: &Path, kind: Kind) -> Result<(), Failure> {
     let refuse = |why: String| Failure::usage(format!("{flag} {}: {why}", path.display()));
+    // `x.svg/` reads as `x.svg` to Path's components, but the system takes it
+    // for a folder: refused here, not when the file is written at the end
+    let text = path.as_os_str().as_encoded_bytes();
+    if text.ends_with(b"/") || text.ends_with(b"/.") || text == b"." || text.ends_with(b"/..") || text == b".." {
+        return Err(refuse("names a folder (it ends in a slash or a dot folder); name a file".to_owned()));
+    }
     if kind == Kind::Chart {
         let is_svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
         if !is_svg {
@@ -213,6 +219,29 @@ mod tests {
         assert!(same_file(&dir.join("missing/../c2.svg"), &cache));
         assert!(same_file(&dir.join("missing/deeper/../../c2.svg"), &dir.join("./c2.svg")));
         assert!(!same_file(&dir.join("missing/c2.svg"), &cache));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod trailing {
+    use super::*;
+
+    /// `x.svg/` and `k7.json/` name folders to the system though their last
+    /// component reads as a file's: refused before any trial (issue 85),
+    /// where the chart failed after the search and the cache warned after it.
+    #[test]
+    fn a_path_ending_in_a_slash_is_refused_before_anything_runs() {
+        let dir = std::env::temp_dir().join(format!("autobatch-trailing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (flag, name, kind) in [("--plot", "x.svg/", Kind::Chart), ("--cache", "k7.json/", Kind::Cache)] {
+            let path = PathBuf::from(format!("{}/{name}", dir.display()));
+            let refused = writable(flag, &path, kind).unwrap_err();
+            assert!(refused.message.contains("names a folder"), "{}", refused.message);
+            let file = dir.join(name.trim_end_matches('/'));
+            assert!(writable(flag, &file, kind).is_ok(), "{}", file.display());
+        }
+        assert!(writable("--cache", &dir.join("k7.json/."), Kind::Cache).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

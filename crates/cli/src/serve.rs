@@ -143,7 +143,15 @@ fn serve_on(request: &Request, meter: &mut dyn MemoryMeter, device: &candle_core
     }
     // what the process holds before the model: what the count adds the weights to
     let held_before = meter.in_use()?;
-    refuse_before_building(config, shape, &counted, held_before, limit, concurrency.or(check))?;
+    match concurrency {
+        // the longest context at N sequences is searched from one token: its count is the shortest's
+        Some(sequences) => {
+            let shortest = ServingShape { context: 1, chunk: 1, ..*shape };
+            let at_shortest = config.serving_bytes(&shortest)?;
+            refuse_before_building(config, shape, &at_shortest, held_before, limit, Asked::Concurrency(sequences))?
+        }
+        None => refuse_before_building(config, shape, &counted, held_before, limit, Asked::of(check))?,
+    }
     let weights_dtype = shape.weights.float().is_none().then_some(shape.dtype);
     let server = Serving::build(config, shape.weights, weights_dtype, device)?;
     let mut server = server.block_size(shape.block_size)?.cache_dtype(shape.cache_dtype)?;
@@ -158,7 +166,21 @@ fn serve_on(request: &Request, meter: &mut dyn MemoryMeter, device: &candle_core
         return report_check(request, limit, held, &trials);
     }
     let plan = match concurrency {
-        Some(sequences) => tuner.search(&mut server, meter).context(sequences, &scheduling)?,
+        Some(sequences) => tuner.search(&mut server, meter).context(sequences, &scheduling).map_err(|err| {
+            let nothing_fits = matches!(err, autobatch::Error::NothingFits { .. });
+            let failure = Failure::from(err);
+            match nothing_fits {
+                true => Failure {
+                    message: format!(
+                        "{}; what would help: {}",
+                        failure.message,
+                        fewer_sequences(config, shape, held_before, limit, sequences)
+                    ),
+                    ..failure
+                },
+                false => failure,
+            }
+        })?,
         None => {
             // the count says where to start: the answer is the same
             let expected = counted.max_sequences(limit, meter.in_use()?.saturating_sub(counted.weight_bytes));
@@ -199,24 +221,75 @@ fn refuse_before_building(
     counted: &ServingBytes,
     held: u64,
     limit: u64,
-    sequences: Option<usize>,
+    asked: Asked,
 ) -> Result<(), Failure> {
-    let fewest = sequences.unwrap_or(1);
+    let fewest = asked.sequences();
     let needed = counted.least_bytes_at(fewest, held);
     if needed <= limit {
         return Ok(());
     }
+    let mut help = advice(config, shape, held, limit, fewest, 0);
+    if let Asked::Concurrency(sequences) = asked {
+        help = format!("{}; {help}", fewer_sequences(config, shape, held, limit, sequences));
+    }
     Err(Failure::nothing_fits(format!(
-        "nothing fits: the weights ({}) and {fewest} sequence's cache of {} tokens ({}) beside the {} the process \
+        "nothing fits: the weights ({}) and {fewest} sequence's cache of {} ({}) beside the {} the process \
          holds need at least {} before any step's own bytes, over the {} limit; what would help: {}",
         Bytes(counted.weight_bytes),
-        counted.context,
+        if counted.context == 1 { "1 token".to_owned() } else { format!("{} tokens", counted.context) },
         Bytes(counted.cache_bytes_per_sequence.saturating_mul(fewest as u64)),
         Bytes(held),
         Bytes(needed),
         Bytes(limit),
-        advice(config, shape, held, limit, fewest, 0),
+        help,
     )))
+}
+
+/// The sequences a serve command asks for before anything is built.
+#[derive(Clone, Copy, Debug)]
+enum Asked {
+    /// The most sequences (at least one), or `--check N`'s N.
+    Sequences(usize),
+    /// `--concurrency N`: the longest context at N sequences, from one token.
+    Concurrency(usize),
+}
+
+impl Asked {
+    fn of(check: Option<usize>) -> Asked {
+        Asked::Sequences(check.unwrap_or(1))
+    }
+
+    fn sequences(self) -> usize {
+        match self {
+            Asked::Sequences(sequences) | Asked::Concurrency(sequences) => sequences,
+        }
+    }
+}
+
+/// `--concurrency` smaller: the most sequences whose caches at the context
+/// asked for fit by the count with room, else at one block of tokens.
+fn fewer_sequences(config: &Config, shape: &ServingShape, held: u64, limit: u64, asked: usize) -> String {
+    let most = |shape: &ServingShape| {
+        config.serving_bytes(shape).map_or(0, |counted| {
+            let room = limit.saturating_sub(counted.step_bytes_at(1) / 4);
+            counted.max_sequences(room, held)
+        })
+    };
+    let at_context = most(shape).min(asked.saturating_sub(1));
+    if at_context > 0 {
+        return format!(
+            "--concurrency {at_context} (the most whose caches of --max-model-len {} fit by the count, with room)",
+            shape.context
+        );
+    }
+    let block = ServingShape { context: shape.block_size, chunk: shape.chunk.min(shape.block_size), ..*shape };
+    match most(&block).min(asked.saturating_sub(1)) {
+        0 => "not even one sequence fits by the count: a smaller --concurrency does not help".to_owned(),
+        fewer => format!(
+            "--concurrency {fewer} (the most whose caches of one block, {} tokens, fit by the count)",
+            block.context
+        ),
+    }
 }
 
 /// The fewest sequences measured over the limit, though the count fit them:
@@ -567,7 +640,8 @@ mod tests {
         let full = counted.bytes_at(sequences, held);
         let least = counted.least_bytes_at(sequences, held);
         assert!(least < full && counted.step_bytes_at(sequences) > 0);
-        let refused = |limit| refuse_before_building(&config, &shape, &counted, held, limit, Some(sequences));
+        let refused =
+            |limit| refuse_before_building(&config, &shape, &counted, held, limit, Asked::Sequences(sequences));
         assert!(refused(full - 1).is_ok(), "the step's own bytes are measured, not refused by count");
         assert!(refused(least).is_ok());
         let failure = refused(least - 1).unwrap_err();

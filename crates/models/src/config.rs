@@ -170,10 +170,25 @@ pub enum AttentionBias {
 /// A refused config: the field, what it held, what would be valid.
 pub(crate) fn refuse(field: &str, value: impl std::fmt::Display, valid: impl Into<String>) -> Error {
     Error::invalid(
-        crate::Setting::ConfigKey(field.to_owned()),
-        autobatch::Value::Text(value.to_string()),
+        crate::Setting::ConfigKey(shortened(field)),
+        autobatch::Value::Text(shortened(&value.to_string())),
         format!("use {}", valid.into()),
     )
+}
+
+/// The most characters of a value from a file said back in a message.
+const SAID_AT_MOST: usize = 80;
+
+/// `text` as a message says it back: whole up to [`SAID_AT_MOST`]
+/// characters, else its start and how much was cut (a million-character
+/// `model_type` is not one line of a terminal).
+pub(crate) fn shortened(text: &str) -> String {
+    let length = text.chars().count();
+    if length <= SAID_AT_MOST {
+        return text.to_owned();
+    }
+    let start: String = text.chars().take(SAID_AT_MOST).collect();
+    format!("{start}… (cut: {length} characters in all)")
 }
 
 /// What a count or an id must be (`valid`), and for a number written with a
@@ -225,11 +240,16 @@ impl<'a> Fields<'a> {
 
     /// A whole number, zero allowed (a token id).
     fn id(&self, name: &str) -> Result<Option<usize>, Error> {
+        self.whole_from_zero(name, "a token id")
+    }
+
+    /// A whole number from 0 that is `what` (a token id, a layer count).
+    fn whole_from_zero(&self, name: &str, what: &str) -> Result<Option<usize>, Error> {
         match self.value(name) {
             None => Ok(None),
             Some(value) => match value.as_u64().and_then(|v| usize::try_from(v).ok()) {
                 Some(id) => Ok(Some(id)),
-                None => Err(refuse(&self.name(name), value, whole("a token id, a whole number from 0", value))),
+                None => Err(refuse(&self.name(name), value, whole(&format!("{what}, a whole number from 0"), value))),
             },
         }
     }
@@ -387,7 +407,7 @@ impl Config {
         if !config.unknown_keys.is_empty() {
             log::warn!(
                 "config keys not read (transformers may compute another model with them): {}",
-                config.unknown_keys.join(", ")
+                shortened(&config.unknown_keys.iter().map(|key| shortened(key)).collect::<Vec<_>>().join(", "))
             );
         }
         Ok(config)
@@ -541,7 +561,7 @@ impl Config {
             Family::Qwen2 | Family::Qwen3 => {
                 // transformers drops the window unless use_sliding_window
                 let use_window = fields.flag("use_sliding_window")?.unwrap_or(false);
-                let from_layer = fields.id("max_window_layers")?.unwrap_or(28);
+                let from_layer = fields.whole_from_zero("max_window_layers", "a number of layers")?.unwrap_or(28);
                 let sliding = layer_types.unwrap_or(from_layer < layers);
                 window.filter(|_| use_window && sliding)
             }
@@ -820,12 +840,58 @@ impl Config {
         Ok(())
     }
 
-    /// The parameter count with every product checked: an error naming the
-    /// config's sizes when it (or 16 bytes for each parameter) passes 64 bits.
+    /// The parameter count with every product checked: where it (or 16 bytes
+    /// for each parameter) passes 64 bits, an error naming the config field
+    /// at fault (the largest whose value alone makes it so), its value and
+    /// the most it may be. The config is counted as it is written, before any
+    /// copy with other layers ([`with_layers`](Self::with_layers)).
     pub fn checked_parameter_count(&self) -> Result<u64, Error> {
-        let count = super::count_parameters(self).filter(|count| count.checked_mul(16).is_some());
-        count.ok_or_else(|| {
-            Error::byte_overflow(format!(
+        let countable =
+            |config: &Config| super::count_parameters(config).filter(|count| count.checked_mul(16).is_some());
+        if let Some(count) = countable(self) {
+            return Ok(count);
+        }
+        let gpt2 = self.family == Family::Gpt2;
+        type Setter = fn(&mut Config, usize);
+        let fields: [(&str, usize, Setter); 9] = [
+            ("vocab_size", self.vocab, |c, v| c.vocab = v),
+            (if gpt2 { "n_embd" } else { "hidden_size" }, self.hidden, |c, v| c.hidden = v),
+            (if gpt2 { "n_layer" } else { "num_hidden_layers" }, self.layers, |c, v| c.layers = v),
+            (if gpt2 { "n_head" } else { "num_attention_heads" }, self.heads, |c, v| c.heads = v),
+            ("num_key_value_heads", self.kv_heads, |c, v| c.kv_heads = v),
+            ("head_dim", self.head_dim, |c, v| c.head_dim = v),
+            (if gpt2 { "n_inner" } else { "intermediate_size" }, self.intermediate, |c, v| c.intermediate = v),
+            (if gpt2 { "n_positions" } else { "max_position_embeddings" }, self.max_positions, |c, v| {
+                c.max_positions = v
+            }),
+            ("type_vocab_size", self.type_vocab, |c, v| c.type_vocab = v),
+        ];
+        let with = |set: fn(&mut Config, usize), value: usize| {
+            let mut changed = self.clone();
+            set(&mut changed, value);
+            countable(&changed).is_some()
+        };
+        // the field at fault: one that, at 1, leaves the rest countable
+        let fault =
+            fields.iter().filter(|(_, value, set)| *value > 1 && with(*set, 1)).max_by_key(|(_, value, _)| *value);
+        match fault {
+            Some(&(field, value, set)) => {
+                let (mut fit, mut over) = (1usize, value);
+                while over - fit > 1 {
+                    let middle = fit + (over - fit) / 2;
+                    if with(set, middle) { fit = middle } else { over = middle }
+                }
+                Err(refuse(
+                    field,
+                    value,
+                    format!(
+                        "at most {fit}: past it the {} config's parameters, 16 bytes each in training, pass what 64 \
+                         bits count (a config is counted as it is written, before any copy with other layers)",
+                        self.family.model_type()
+                    ),
+                ))
+            }
+            None => Err(Error::byte_overflow(format!(
                 "the parameters of a {} config of vocab_size {}, hidden_size {}, {} layers, intermediate_size {} \
                  and {} positions",
                 self.family.model_type(),
@@ -834,8 +900,8 @@ impl Config {
                 self.layers,
                 self.intermediate,
                 self.max_positions
-            ))
-        })
+            ))),
+        }
     }
 
     /// The same model with `layers` layers: a shallower (or deeper) copy to
@@ -870,5 +936,87 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused_field(json: &str) -> (String, String) {
+        match Config::from_json(json) {
+            Err(err @ Error::InvalidSetting { .. }) => {
+                let Error::InvalidSetting { setting: crate::Setting::ConfigKey(field), .. } = &err else {
+                    panic!("{err:?}")
+                };
+                (field.clone(), err.to_string())
+            }
+            other => panic!("{json}: {other:?}"),
+        }
+    }
+
+    fn llama(extra: &str) -> String {
+        format!(
+            r#"{{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "num_attention_heads": 4 {extra}}}"#
+        )
+    }
+
+    /// A config whose parameters pass 64 bits names the field at fault, its
+    /// value and the most it may be (issue 85: "the parameters of a llama
+    /// config of vocab_size 256, … is past what 64 bits count" named none);
+    /// the rule is the config as written, whatever copy is made of it later.
+    #[test]
+    fn a_count_past_64_bits_names_the_field_at_fault_and_the_most_it_may_be() {
+        {
+            let (extra, field) = (r#", "head_dim": 4611686018427387904"#, "head_dim");
+            let json = llama(extra);
+            let (got, said) = refused_field(&json);
+            assert_eq!(got, field, "{said}");
+            assert!(said.contains("use at most"), "{said}");
+            let most: u64 = said.split("use at most ").nth(1).unwrap().split(':').next().unwrap().parse().unwrap();
+            let at_most = json.replace("4611686018427387904", &most.to_string());
+            // countable there (another rule may still refuse it: head_dim is even)
+            let counted = Config::from_json(&at_most).map_err(|err| err.to_string());
+            assert!(
+                counted.as_ref().err().is_none_or(|err| !err.contains("64 bits")),
+                "{field} at {most}: {counted:?}"
+            );
+            let past = json.replace("4611686018427387904", &(most + 1).to_string());
+            assert_eq!(refused_field(&past).0, field, "{field} at {} is not", most + 1);
+        }
+        let layers = llama("").replace(r#""num_hidden_layers": 2"#, r#""num_hidden_layers": 9223372036854775808"#);
+        let (field, said) = refused_field(&layers);
+        assert_eq!(field, "num_hidden_layers");
+        assert!(said.contains("before any copy with other layers"), "the rule, said: {said}");
+        // a countable config of a billion layers is read; a copy of one layer is made of it
+        let billion = llama("").replace(r#""num_hidden_layers": 2"#, r#""num_hidden_layers": 1000000000"#);
+        assert_eq!(Config::from_json(&billion).unwrap().with_layers(1).unwrap().layers, 1);
+    }
+
+    /// A value said back is cut to a readable length, and says so (issue 85:
+    /// a million-character `model_type` was echoed whole).
+    #[test]
+    fn a_long_value_is_said_back_cut() {
+        let long = "x".repeat(1_000_000);
+        let (field, said) = refused_field(&format!(r#"{{"model_type": "{long}", "vocab_size": 8}}"#));
+        assert_eq!(field, "model_type");
+        assert!(said.len() < 1000 && said.contains("(cut: 1000000 characters in all)"), "{}", said.len());
+        let key = "k".repeat(10_000);
+        let (field, said) = refused_field(&llama(&format!(r#", "hidden_act": "{key}""#)));
+        assert_eq!(field, "hidden_act");
+        assert!(said.len() < 1000, "{}", said.len());
+    }
+
+    /// `max_window_layers` is a number of layers, said so (issue 85: "use a
+    /// token id").
+    #[test]
+    fn max_window_layers_is_refused_as_a_number_of_layers() {
+        let json = r#"{"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "use_sliding_window": true, "sliding_window": 64,
+            "max_window_layers": -1}"#;
+        let (field, said) = refused_field(json);
+        assert_eq!(field, "max_window_layers");
+        assert!(said.contains("a number of layers, a whole number from 0") && !said.contains("token id"), "{said}");
     }
 }

@@ -355,5 +355,9 @@ impl Config {
 /// The parameters of `config`, counted without a per-layer list; `None`
 /// past 64 bits.
 pub(crate) fn count_parameters(config: &Config) -> Option<u64> {
+    // the sizes the tensors' shapes are products of: none may wrap
+    config.heads.checked_mul(config.head_dim)?;
+    config.kv_heads.checked_mul(config.head_dim)?;
+    config.hidden.checked_mul(3)?;
     config.over_layers(config.split_counts(Config::tensors)?)
 }

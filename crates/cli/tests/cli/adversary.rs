@@ -75,6 +75,18 @@ fn a_full_disk_on_stdout_or_stderr_is_exit_1_and_a_line_not_a_panic() {
         let code = if writes_to_stderr { 1 } else { 0 };
         assert_eq!(output.status.code(), Some(code), "{args:?} 2> /dev/full");
     }
+    // a warning is a write too: lost to a full stderr, the command says so by
+    // its exit code (issue 85: a config with an unknown key exited 0)
+    let dir = scratch("warning-to-full");
+    let path = dir.join("config.json");
+    let json = std::fs::read_to_string(config("tiny-llama.json")).unwrap();
+    std::fs::write(&path, json.replacen('{', r#"{"an_unknown_key": 1,"#, 1)).unwrap();
+    let args = ["probe", "--config", path.to_str().unwrap(), "--layers", "1", "--seq-len", "16", "--budget", "32MiB"];
+    let said = command(&args).stdout(Stdio::null()).output().unwrap();
+    assert!(text(&said.stderr).contains("warning: "), "the config warns: {}", text(&said.stderr));
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let output = command(&args).stderr(full).stdout(Stdio::null()).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "a warning lost to 2> /dev/full");
 }
 
 #[test]

@@ -1719,3 +1719,50 @@ fn a_refusal_after_a_step_weighs_every_change_and_each_holds() {
     let applied = autobatch(&[&model[..], &["--budget", &format!("{smallest}B"), "--check", "1"]].concat());
     assert_eq!(applied.status.code(), Some(0), "the smallest budget printed: {}", text(&applied.stderr));
 }
+
+/// `serve --concurrency N` searches the longest context from one token: the
+/// count before building refuses only what one token's caches cannot hold,
+/// and a refusal names a smaller concurrency that, applied, runs (issue 85).
+#[test]
+fn serve_concurrency_is_counted_from_one_token_and_its_refusal_names_a_smaller_one() {
+    let tiny = config("tiny-llama.json");
+    let serve = ["serve", "--config", tiny.as_str(), "--budget", "64MiB"];
+    let output = autobatch(&[&serve[..], &["--concurrency", "100000"]].concat());
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    let fewer: usize = stderr.split("--concurrency ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(fewer > 1 && fewer < 100_000, "{stderr}");
+    let applied = autobatch(&[&serve[..], &["--concurrency", &fewer.to_string(), "--json"]].concat());
+    assert_eq!(applied.status.code(), Some(0), "--concurrency {fewer}: {}", text(&applied.stderr));
+    // many sequences of a short context: not refused by the longest context's count
+    let short = autobatch(&[&serve[..], &["--concurrency", &(fewer * 8).to_string(), "--json"]].concat());
+    assert_eq!(short.status.code(), Some(0), "{}", text(&short.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&short.stdout).unwrap();
+    assert!(plan["plan"]["context"].as_u64().unwrap() < 512, "{plan}");
+}
+
+/// Issue 85's estimate findings: tensor parallelism must divide the heads
+/// and the KV heads; a device where nothing fits carries no CPU line that
+/// reads as its answer ("largest batch 0 there"); a capacity a little under
+/// a named card's says so and names it.
+#[test]
+fn estimate_refuses_a_split_head_and_says_only_what_holds_for_the_device_asked() {
+    let tiny = config("tiny-llama.json");
+    assert_usage_error(
+        &["estimate", "--config", &tiny, "--tensor-parallel", "3"],
+        "--tensor-parallel 3 does not divide the config's num_attention_heads, 4",
+    );
+    assert_usage_error(
+        &["estimate", "--config", &tiny, "--tensor-parallel", "4"],
+        "--tensor-parallel 4 does not divide the config's num_key_value_heads, 2",
+    );
+    let none = autobatch(&["estimate", "--config", &tiny, "--capacity", "1B", "--precision", "bf16"]);
+    let said = text(&none.stdout);
+    assert!(said.contains("none") && !said.contains("largest batch 0"), "{said}");
+    let mistral = config("mistral-7b-v0.1.json");
+    let qlora = ["estimate", "--config", &mistral, "--lora", "16", "--base-dtype", "q4_0", "--seq-len", "512"];
+    let decimal = text(&autobatch(&[&qlora[..], &["--capacity", "24GB"]].concat()).stdout);
+    assert!(decimal.contains("note: 24.0 GB is 22.4 GiB") && decimal.contains("rtx4090 24.0 GiB"), "{decimal}");
+    let named = text(&autobatch(&[&qlora[..], &["--capacity", "rtx4090"]].concat()).stdout);
+    assert!(!named.contains("note:"), "{named}");
+}
