@@ -21,7 +21,7 @@ type Rebuild = Box<dyn Fn() -> Result<Box<dyn DryStep>>>;
 
 /// Gradients a backward pass kept for tensors that are not the variables
 /// (frozen weights, constants), beside the variables' own.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct UntrainedGradients {
     /// How many such tensors.
     tensors: usize,
@@ -29,6 +29,10 @@ struct UntrainedGradients {
     bytes: u64,
     /// The variables' gradients' bytes, beside them.
     trained_bytes: u64,
+    /// The largest ones' shapes, largest first (at most four).
+    shapes: Vec<Vec<usize>>,
+    /// How many have the batch as their first dimension (the input, a target).
+    of_the_batch: usize,
 }
 
 /// A throwaway optimizer's step over the variables.
@@ -543,7 +547,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
         }
     }
 
-    fn check_gradients(&mut self, grads: &GradStore) {
+    fn check_gradients(&mut self, grads: &GradStore, batch: usize) {
         if self.gradients.is_none() {
             self.gradients = Some(self.vars.iter().map(|(_, var)| grads.get(var.as_tensor()).is_some()).collect());
         }
@@ -553,6 +557,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let bytes = |tensor: &Tensor| (tensor.elem_count() * tensor.dtype().size_in_bytes()) as u64;
         let trained: std::collections::HashSet<_> = self.vars.iter().map(|(_, var)| var.as_tensor().id()).collect();
         let (mut count, mut held, mut kept) = (0, 0, 0);
+        let mut untrained: Vec<(u64, Vec<usize>)> = Vec::new();
         for id in grads.get_ids() {
             let Some(grad) = grads.get_id(*id) else { continue };
             if trained.contains(id) {
@@ -560,10 +565,15 @@ impl<L: ProbeLoss> ModelProbe<L> {
             } else {
                 count += 1;
                 held += bytes(grad);
+                untrained.push((bytes(grad), grad.dims().to_vec()));
             }
         }
-        if self.untrained.is_none_or(|most| held > most.bytes) {
-            self.untrained = Some(UntrainedGradients { tensors: count, bytes: held, trained_bytes: kept });
+        if self.untrained.as_ref().is_none_or(|most| held > most.bytes) {
+            untrained.sort_by_key(|(bytes, _)| std::cmp::Reverse(*bytes));
+            let of_the_batch = untrained.iter().filter(|(_, dims)| dims.first() == Some(&batch)).count();
+            let shapes = untrained.into_iter().take(4).map(|(_, dims)| dims).collect();
+            let found = UntrainedGradients { tensors: count, bytes: held, trained_bytes: kept, shapes, of_the_batch };
+            self.untrained = Some(found);
         }
     }
 
@@ -629,7 +639,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
             return Ok(());
         }
         let held = self.graph_through_update.then_some(loss);
-        self.check_gradients(&grads);
+        self.check_gradients(&grads, batch);
         // what training steps with: the variables' gradients only (TrainLoop),
         // or the whole store `loss.backward()` returned
         let grads = if self.grad_store_through_update || self.graph_through_update {
@@ -650,7 +660,7 @@ impl<L: ProbeLoss> ModelProbe<L> {
         let (loss, grads) = self.loss.loss_and_gradients(batch)?;
         self.graph_tensors = Some(graph_tensors(&loss));
         let held = self.graph_through_update.then_some(loss);
-        self.check_gradients(&grads);
+        self.check_gradients(&grads, batch);
         // any scale but 1 allocates what training's does (the value is never used)
         let scale = if self.loss.scales_gradients() { 0.5 } else { 1.0 };
         accumulator.add_scaled(grads, &vars, scale)?;
@@ -708,8 +718,10 @@ impl<L: ProbeLoss> Workload for ModelProbe<L> {
             warnings.push(Warning::MissingGradients { variables: missing.clone(), of });
         }
         // the tuner keeps them in the plan's memory, and warns where they outweigh the trained ones
-        if let Some(UntrainedGradients { tensors, bytes, trained_bytes }) = self.untrained.filter(|u| u.bytes > 0) {
-            warnings.push(Warning::UntrainedGradients { tensors, bytes, trained_bytes });
+        if let Some(UntrainedGradients { tensors, bytes, trained_bytes, shapes, of_the_batch }) =
+            self.untrained.clone().filter(|u| u.bytes > 0)
+        {
+            warnings.push(Warning::UntrainedGradients { tensors, bytes, trained_bytes, shapes, of_the_batch });
         }
         warnings
     }

@@ -209,5 +209,15 @@ fn check_measured(plan: &Plan) -> Result<(), String> {
             plan.largest_batch, plan.peak_bytes
         ));
     }
+    // "proven largest" is a claim about the next batch up: its failed trial is the evidence
+    let next = plan.largest_batch.saturating_add(plan.multiple_of());
+    let shown = plan.trials.iter().any(|t| t.batch == next && !t.outcome.fits());
+    if plan.proven_largest() && !shown {
+        return Err(format!(
+            "it says batch {} is the proven largest, and no trial of batch {next} failed: a claim without its \
+             evidence",
+            plan.largest_batch
+        ));
+    }
     Ok(())
 }

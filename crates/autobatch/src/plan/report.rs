@@ -246,8 +246,22 @@ impl Plan {
     /// (the time over one step at the largest batch, as measured there).
     fn tuning_note(&self) -> String {
         let steps = if self.tuning.steps == 1 { "step" } else { "steps" };
+        // what the steps were, where the table of trials does not show them all
+        let in_trials: usize = self.trials.iter().map(|t| t.steps).sum();
+        let trials = self.trials.len();
+        let each = match self.trials.first().map(|t| t.steps) {
+            Some(steps) if steps > 1 && self.trials.iter().all(|t| t.steps == steps) => format!(" of {steps} steps"),
+            _ => String::new(),
+        };
+        let what = match self.tuning.steps.checked_sub(in_trials) {
+            Some(0) | None => String::new(),
+            Some(1) => format!(" (a warm-up step, then {trials} trial{}{each})", if trials == 1 { "" } else { "s" }),
+            Some(other) => {
+                format!(" ({other} warm-up steps, then {trials} trial{}{each})", if trials == 1 { "" } else { "s" })
+            }
+        };
         let mut note = format!(
-            "tuning took {} {steps}, {}",
+            "tuning took {} {steps}{what}, {}",
             self.tuning.steps,
             format_duration(std::time::Duration::from_secs_f64(self.tuning.seconds.max(0.0)))
         );

@@ -130,6 +130,14 @@ pub enum Warning {
         bytes: u64,
         /// The trained variables' gradient bytes, beside them.
         trained_bytes: u64,
+        /// The largest ones' shapes, largest first (at most four): candle
+        /// names no tensor, so they are told by their shapes.
+        #[serde(default)]
+        shapes: Vec<Vec<usize>>,
+        /// How many have the batch as their first dimension: the step's own
+        /// input or target, not a frozen weight or a mask.
+        #[serde(default)]
+        of_the_batch: usize,
     },
     /// The time limit ([`Tuner::time_limit`](crate::Tuner::time_limit))
     /// stopped the throughput timing ([`Objective::Throughput`](crate::plan::Objective::Throughput)) before every
@@ -223,17 +231,39 @@ impl std::fmt::Display for Warning {
                 b(*first_baseline_bytes),
                 b(*recheck_baseline_bytes)
             ),
-            Warning::UntrainedGradients { tensors, bytes, trained_bytes } => write!(
-                f,
-                "the backward pass kept gradients for {tensors} tensors that are not trained variables, {} \
-                 beside the variables' {}, held until the gradient store is dropped (part of the backward \
-                 pass's peak, and of the update's where the store lives through it): candle computes one for \
-                 every operand outside the graph (a frozen weight, an attention mask, the input batch read by a \
-                 matmul); autobatch's ops compute none: FrozenLinear for a frozen projection, its matmul for a \
-                 product with the input batch, its add-constant op for a mask",
-                b(*bytes),
-                b(*trained_bytes)
-            ),
+            Warning::UntrainedGradients { tensors, bytes, trained_bytes, shapes, of_the_batch } => {
+                let said: Vec<String> = shapes.iter().map(|dims| format!("{dims:?}")).collect();
+                let which = match (said.len(), *tensors) {
+                    (0, _) => String::new(),
+                    (shown, all) if shown < all => {
+                        format!(" (the largest shaped {} and {} more)", said.join(", "), all - shown)
+                    }
+                    _ => format!(" (shaped {})", said.join(", ")),
+                };
+                let fix = match *of_the_batch == *tensors {
+                    // the batch's own tensors: a frozen projection's fix is no help
+                    true => {
+                        "each has the batch as its first dimension: the step's input or target, read by a \
+                             matmul or a convolution, whose gradient candle computes though nothing uses it; \
+                             autobatch_models::ops's matmul computes none for a product with the input (candle's \
+                             convolutions always compute it)"
+                    }
+                    false => {
+                        "candle computes one for every operand outside the graph (a frozen weight, an \
+                              attention mask, the input batch read by a matmul); autobatch's ops compute none: \
+                              FrozenLinear for a frozen projection, its matmul for a product with the input \
+                              batch, its add-constant op for a mask"
+                    }
+                };
+                write!(
+                    f,
+                    "the backward pass kept gradients for {tensors} tensors that are not trained variables{which}, {} \
+                     beside the variables' {}, held until the gradient store is dropped (part of the backward \
+                     pass's peak, and of the update's where the store lives through it): {fix}",
+                    b(*bytes),
+                    b(*trained_bytes)
+                )
+            }
             Warning::TimingCut { timed: 0, planned } => write!(
                 f,
                 "the time limit came before the throughput timing ({planned} timing trials): the plan trains at \

@@ -242,9 +242,16 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
         // the one thing to say of this model: candle keeps the input batch's own gradient
         // (its first matmul reads the data), batch × INPUTS features × 4 bytes
         for warning in plan.warnings() {
-            let autobatch::plan::Warning::UntrainedGradients { tensors: 1, bytes, .. } = warning else {
+            let autobatch::plan::Warning::UntrainedGradients { tensors: 1, bytes, shapes, of_the_batch, .. } = warning
+            else {
                 panic!("{name}: {warning}\n{plan}")
             };
+            // told by its shape, and as the batch's own: no frozen projection's fix (issue 85)
+            assert_eq!((shapes.len(), *of_the_batch), (1, 1), "{name}: {warning}");
+            assert_eq!(shapes[0][1], INPUTS, "{name}: {warning}");
+            let said = warning.to_string();
+            assert!(said.contains(&format!("{:?}", shapes[0])), "{said}");
+            assert!(said.contains("the step's input or target") && !said.contains("FrozenLinear"), "{said}");
             // (the largest reading: of a trial at least as large as the answer)
             let per_sample = INPUTS as u64 * 4;
             assert!(bytes % per_sample == 0 && *bytes >= plan.largest_batch() as u64 * per_sample, "{name}:\n{plan}");

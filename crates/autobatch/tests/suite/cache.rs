@@ -342,3 +342,24 @@ fn a_hit_that_now_accumulates_checks_the_accumulator_once() {
     assert_eq!(workload.0.steps(), steps);
     let _ = std::fs::remove_file(&path);
 }
+
+/// A plan read back claims only what its trials show: one edited to say
+/// "proven largest" (its `stopped_by` removed) with no failed trial one
+/// granule up is refused, and the cache probes again (issue 85).
+#[test]
+fn a_plan_that_claims_a_proof_it_does_not_carry_is_refused() {
+    let (mut workload, mut meter) = device(16 * GIB);
+    let cut = Tuner::new().max_trials(2).search(&mut workload, &mut meter).run().unwrap();
+    assert!(!cut.proven_largest());
+    let mut edited: serde_json::Value = serde_json::from_str(&cut.to_json()).unwrap();
+    edited["stopped_by"] = serde_json::Value::Null;
+    edited["proven_largest"] = true.into();
+    let err = serde_json::from_value::<Plan>(edited).unwrap_err().to_string();
+    assert!(err.contains("a claim without its evidence"), "{err}");
+    // a proven plan read back is the same plan
+    let (mut workload, mut meter) = device(16 * GIB);
+    let proven = Tuner::new().search(&mut workload, &mut meter).run().unwrap();
+    assert!(proven.proven_largest());
+    let read: Plan = serde_json::from_str(&proven.to_json()).unwrap();
+    assert_eq!(read.largest_batch(), proven.largest_batch());
+}

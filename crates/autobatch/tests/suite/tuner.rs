@@ -385,7 +385,9 @@ fn report_shows_each_trial_and_the_plan() {
     assert_eq!(lines.len(), 1 + plan.trials().len() + 5, "{report}");
     assert!(report.contains("\nmeasured on simulated device\n"), "{report}");
     assert!(lines[lines.len() - 2].starts_with("memory: "), "{report}");
-    assert!(lines.last().unwrap().starts_with(&format!("tuning took {} steps", plan.trials().len() + 1)), "{report}");
+    let trials = plan.trials().len();
+    let said = format!("tuning took {} steps (a warm-up step, then {trials} trials)", trials + 1);
+    assert!(lines.last().unwrap().starts_with(&said), "each step said, the table's and the warm-up: {report}");
     assert!(lines[1].contains("fits") && lines[1].contains('%'));
     assert!(report.contains("over ceiling"));
     assert!(report.contains("largest batch 126 (proven largest)"), "{report}");
