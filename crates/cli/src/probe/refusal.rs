@@ -184,7 +184,13 @@ fn changes(run: &Run, compute: Compute, limit: u64, held: u64, batch: usize) -> 
                 let middle = fit + (over - fit) / 2;
                 if fits(middle) { fit = middle } else { over = middle }
             }
-            changes.push(Changed { flags: format!("--start {fit}"), model: model.clone(), optimizing, batch: fit });
+            // the flag that sets the first batch: --check's own, else --start
+            let flag = if matches!(run.request.question, super::request::Question::Check { .. }) {
+                "--check"
+            } else {
+                "--start"
+            };
+            changes.push(Changed { flags: format!("{flag} {fit}"), model: model.clone(), optimizing, batch: fit });
         }
     }
     changes
@@ -287,11 +293,14 @@ fn longest_fitting(
         ModelConfig::FromConfig(spec) => spec.1.seq_len,
         _ => return None,
     };
+    // a twentieth of the limit to spare: a length at the count's edge would
+    // be decided by the count's few percent
+    let room = limit - limit / 20;
     let fits = |len: usize| {
         model
             .with_seq_len(len)
             .and_then(|shorter| count(&shorter, optimizing, compute, batch))
-            .is_some_and(|total| held.saturating_add(total) <= limit)
+            .is_some_and(|total| held.saturating_add(total) <= room)
     };
     if current <= 1 || !fits(1) {
         return None;
