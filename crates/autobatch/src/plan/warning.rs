@@ -245,7 +245,7 @@ impl std::fmt::Display for Warning {
                     true => {
                         "each has the batch as its first dimension: the step's input or target, read by a \
                              matmul or a convolution, whose gradient candle computes though nothing uses it; \
-                             autobatch_models::ops's matmul computes none for a product with the input (candle's \
+                             autobatch's own matmul op computes none for a product with the input (candle's \
                              convolutions always compute it)"
                     }
                     false => {
@@ -255,9 +255,13 @@ impl std::fmt::Display for Warning {
                               batch, its add-constant op for a mask"
                     }
                 };
+                let kept = match tensors {
+                    1 => "1 tensor that is not a trained variable".to_owned(),
+                    many => format!("{many} tensors that are not trained variables"),
+                };
                 write!(
                     f,
-                    "the backward pass kept gradients for {tensors} tensors that are not trained variables{which}, {} \
+                    "the backward pass kept gradients for {kept}{which}, {} \
                      beside the variables' {}, held until the gradient store is dropped (part of the backward \
                      pass's peak, and of the update's where the store lives through it): {fix}",
                     b(*bytes),
