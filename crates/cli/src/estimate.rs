@@ -47,8 +47,12 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
     }
     let counted = count(args)?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&counted.json()).expect("plain values serialize"));
+        let json = crate::hub::annotate(counted.json());
+        outln!("{}", serde_json::to_string_pretty(&json).expect("plain values serialize"));
     } else {
+        if let Some(said) = crate::hub::source().and_then(crate::hub::ConfigSource::said) {
+            outln!("{said}");
+        }
         counted.print();
     }
     Ok(())
@@ -430,7 +434,9 @@ fn sharding(args: &EstimateArgs) -> Result<Sharding, Failure> {
 /// layers then); the length checked against its positions.
 fn config_model(args: &EstimateArgs, path: &std::path::Path) -> Result<(Config, Option<usize>), Failure> {
     let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
-    let mut config = Config::from_file(path).map_err(with_path)?;
+    let source = crate::hub::resolve(path)?;
+    let mut config = Config::from_file(source.path()).map_err(with_path)?;
+    crate::hub::remember(source);
     if let Some(unapplied) = config.unapplied() {
         log::warn!("{unapplied}");
     }

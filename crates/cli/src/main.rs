@@ -5,6 +5,7 @@ mod args;
 mod device_flags;
 mod estimate;
 mod failure;
+mod hub;
 mod limits;
 mod model;
 mod output;

@@ -49,7 +49,8 @@ impl ModelConfig {
     /// `--precision` and the LoRA flags.
     pub(crate) fn pretrained(args: &ProbeArgs, path: &std::path::Path) -> Result<Self, Failure> {
         let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::PROBE);
-        let mut config = models::Config::from_file(path).map_err(with_path)?;
+        let source = crate::hub::resolve(path)?;
+        let mut config = models::Config::from_file(source.path()).map_err(with_path)?;
         if let Some(unapplied) = config.unapplied() {
             log::warn!("{unapplied}");
         }
@@ -97,6 +98,10 @@ impl ModelConfig {
         }
         config.check_seq_len(seq_len).map_err(with_path)?;
         config.footprint(&training, models::Compute::Cpu).map_err(with_path)?;
+        if let Some(said) = source.said() {
+            log::info!("{said}");
+        }
+        crate::hub::remember(source);
         Ok(ModelConfig::FromConfig(Box::new((config, training))))
     }
 

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::args::{ServeArgs, ServingArgs};
 use crate::failure::{Failure, Flags};
-use crate::output::{out, outln};
+use crate::output::{errln, out, outln};
 use crate::values::Count;
 
 /// The longest context `serve` takes when `--max-model-len` is not given.
@@ -65,7 +65,9 @@ impl ServingArgs {
 }
 
 fn load(path: &Path, flags: &Flags) -> Result<Config, Failure> {
-    let config = Config::from_file(path).map_err(|err| Failure::of_config(err, path, flags))?;
+    let source = crate::hub::resolve(path)?;
+    let config = Config::from_file(source.path()).map_err(|err| Failure::of_config(err, path, flags))?;
+    crate::hub::remember(source);
     if let Some(unapplied) = config.unapplied() {
         log::warn!("{unapplied}");
     }
@@ -120,8 +122,17 @@ impl Request {
 }
 
 /// `autobatch serve`: the probe on the CPU (or a GPU).
+/// Says where the config came from, where it was not a plain path: on
+/// stdout beside the answer, on stderr under `--json`.
+fn say_source(json: bool) {
+    if let Some(said) = crate::hub::source().and_then(crate::hub::ConfigSource::said) {
+        if json { errln!("{said}") } else { outln!("{said}") }
+    }
+}
+
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut request = Request::of(args)?;
+    say_source(request.json);
     let mut on = crate::device_flags::on_device(request.device, request.budget, DEFAULT_BUDGET)?;
     // counted for where it runs: the CPU's matmul widens bf16
     request.settled.shape.on_cpu = on.device.is_cpu();
@@ -368,7 +379,7 @@ fn report_check(request: &Request, limit: u64, held: u64, trials: &[ServeTrial])
             "held_bytes": held,
             "trials": trials,
         });
-        outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&crate::hub::annotate(report)).expect("plain values serialize"));
         return Ok(());
     }
     for trial in trials {
@@ -400,7 +411,7 @@ fn report_plan(request: &Request, plan: &ServePlan, counted: &ServingBytes) -> R
             "vllm_blocks": counted.vllm_blocks(plan.limit_bytes, other_held),
             "vllm_max_concurrency": counted.vllm_concurrency(plan.limit_bytes, other_held),
         });
-        outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&crate::hub::annotate(report)).expect("plain values serialize"));
     } else {
         let by_context = matches!(request.question, Question::LongestContext(_));
         out!("{}", describe(&request.path, shape, plan, counted, by_context));
@@ -523,6 +534,7 @@ pub fn estimate(
     json: bool,
 ) -> Result<(), Failure> {
     let config = load(path, &Flags::ESTIMATE)?;
+    say_source(json);
     let Settled { config, shape } = serving.settle(base_dtype, config, path)?;
     let shape = ServingShape { on_cpu, ..shape };
     let counted = config.serving_bytes(&shape)?;
@@ -544,7 +556,7 @@ pub fn estimate(
             "vllm_blocks": limit.map(|limit| counted.vllm_blocks(limit, held)),
             "vllm_max_concurrency": limit.map(|limit| counted.vllm_concurrency(limit, held)),
         });
-        outln!("{}", serde_json::to_string_pretty(&report).expect("plain values serialize"));
+        outln!("{}", serde_json::to_string_pretty(&crate::hub::annotate(report)).expect("plain values serialize"));
         return Ok(());
     }
     out!("{}", describe_count(path, &config, &shape, &counted));

@@ -243,10 +243,10 @@ impl std::fmt::Display for Warning {
                 let fix = match *of_the_batch == *tensors {
                     // the batch's own tensors: a frozen projection's fix is no help
                     true => {
-                        "each has the batch as its first dimension: the step's input or target, read by a \
-                             matmul or a convolution, whose gradient candle computes though nothing uses it; \
-                             autobatch's own matmul op computes none for a product with the input (candle's \
-                             convolutions always compute it)"
+                        "each has the batch as its first dimension: the step's input, a target or a mask \
+                         built for the batch, whose gradient candle computes though nothing uses it; autobatch's \
+                         ops compute none: its matmul for a product with the input, its add-constant op for a \
+                         mask (candle's convolutions always compute their input's)"
                     }
                     false => {
                         "candle computes one for every operand outside the graph (a frozen weight, an \

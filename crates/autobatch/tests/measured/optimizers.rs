@@ -251,7 +251,7 @@ fn model_probe_tunes_with_each_and_changes_nothing() {
             assert_eq!(shapes[0][1], INPUTS, "{name}: {warning}");
             let said = warning.to_string();
             assert!(said.contains(&format!("{:?}", shapes[0])), "{said}");
-            assert!(said.contains("the step's input or target") && !said.contains("FrozenLinear"), "{said}");
+            assert!(said.contains("the step's input, a target or a mask") && !said.contains("FrozenLinear"), "{said}");
             // (the largest reading: of a trial at least as large as the answer)
             let per_sample = INPUTS as u64 * 4;
             assert!(bytes % per_sample == 0 && *bytes >= plan.largest_batch() as u64 * per_sample, "{name}:\n{plan}");

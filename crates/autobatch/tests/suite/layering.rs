@@ -315,9 +315,9 @@ fn the_models_modules_depend_one_way() {
 
 /// The command line's modules, lowest first: reading what people type
 /// (sizes, the flags' value types, the flags), then what the commands share
-/// (the paths, the charts, the device and budget flags, the model the flags
+/// (the paths, the Hub's cache, the charts, the device and budget flags, the model the flags
 /// describe), then the commands. Its root (`main.rs`) sits above them all.
-const CLI_ORDER: [&str; 15] = [
+const CLI_ORDER: [&str; 16] = [
     "parse",
     "limits",
     "failure",
@@ -326,6 +326,7 @@ const CLI_ORDER: [&str; 15] = [
     "values",
     "args",
     "paths",
+    "hub",
     "plot",
     "device_flags",
     "model",

@@ -87,7 +87,7 @@ where
         crate::plot::longest(path, &title, words.word, &longest)?;
     }
     if request.json {
-        outln!("{}", longest.to_json_named(words.key));
+        outln!("{}", crate::hub::annotated(&longest.to_json_named(words.key)));
     } else {
         out!("{}", longest.summary(words.what));
     }

@@ -26,6 +26,9 @@ use request::{Question, Request};
 pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
     let request = Request::of(args)?;
     let say = |line: &str| if request.json { errln!("{line}") } else { outln!("{line}") };
+    if let Some(said) = crate::hub::source().and_then(crate::hub::ConfigSource::said) {
+        say(&said);
+    }
     let compute = match request.device {
         DeviceSpec::Cpu => Compute::Cpu,
         DeviceSpec::Cuda(_) => Compute::Accelerator,

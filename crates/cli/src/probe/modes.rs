@@ -74,7 +74,7 @@ impl Run<'_> {
             log::info!("the plan came from the cache {}", path.display());
         }
         if request.json {
-            outln!("{}", plan.to_json());
+            outln!("{}", crate::hub::annotated(&plan.to_json()));
         } else {
             outln!("{}", plan.summary());
         }
@@ -113,6 +113,7 @@ impl Run<'_> {
                     "limit_bytes": limit_bytes,
                     "trials": check.trials,
                 });
+                let value = crate::hub::annotate(value);
                 outln!("{}", serde_json::to_string_pretty(&value).expect("plain values serialize"));
             }
             false => outln!("{}", check.summary()),
@@ -150,7 +151,7 @@ impl Run<'_> {
             crate::plot::sizes(path, &title, &plan)?;
         }
         if request.json {
-            outln!("{}", plan.to_json());
+            outln!("{}", crate::hub::annotated(&plan.to_json()));
             return Ok(());
         }
         outln!("{plan}");

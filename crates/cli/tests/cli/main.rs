@@ -7,3 +7,4 @@ use autobatch_testkit as common;
 mod adversary;
 mod cli;
 mod cli_fuzz;
+mod hub;

@@ -1,0 +1,160 @@
+//! `--config ORG/NAME[@REVISION]` read offline from a cache laid out as the
+//! Hub's clients lay it out (refs, snapshots whose files link into blobs),
+//! built here: no test touches the network.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn config(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../models/tests/configs/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// A Hub cache with `org/tiny`: `main` and the tag `v1` (a one-layer copy),
+/// a ref whose snapshot has no config.json, and one named by its commit.
+struct Hub {
+    root: PathBuf,
+    main: String,
+    v1: String,
+}
+
+impl Hub {
+    fn new(name: &str) -> Hub {
+        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hub-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let repo = root.join("hub").join("models--org--tiny");
+        let (main, v1, bare) = ("a".repeat(40), "b".repeat(40), "c".repeat(40));
+        let two_layers = config("tiny-llama.json");
+        let one_layer = two_layers.replace(r#""num_hidden_layers": 2"#, r#""num_hidden_layers": 1"#);
+        for (commit, json, blob) in [(&main, &two_layers, "1".repeat(64)), (&v1, &one_layer, "2".repeat(64))] {
+            std::fs::create_dir_all(repo.join("blobs")).unwrap();
+            std::fs::write(repo.join("blobs").join(&blob), json).unwrap();
+            let snapshot = repo.join("snapshots").join(commit);
+            std::fs::create_dir_all(&snapshot).unwrap();
+            std::os::unix::fs::symlink(Path::new("../../blobs").join(&blob), snapshot.join("config.json")).unwrap();
+        }
+        std::fs::create_dir_all(repo.join("snapshots").join(&bare)).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        for (reference, commit) in [("main", &main), ("v1", &v1), ("bare", &bare)] {
+            std::fs::write(repo.join("refs").join(reference), commit).unwrap();
+        }
+        Hub { root, main, v1 }
+    }
+
+    /// The binary with this cache as `HF_HUB_CACHE`, offline.
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_autobatch"))
+            .args(args)
+            .env("HF_HUB_CACHE", self.root.join("hub"))
+            .env("HF_HUB_OFFLINE", "1")
+            .env_remove("HF_HOME")
+            .env_remove("HF_TOKEN")
+            .env_remove("RUST_LOG")
+            .current_dir(&self.root)
+            .output()
+            .unwrap()
+    }
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn a_hub_name_is_read_from_the_cache_and_said_with_its_commit() {
+    let hub = Hub::new("read");
+    let main = json(&hub.run(&["estimate", "--config", "org/tiny", "--json"]));
+    let source = &main["config_source"];
+    assert_eq!(
+        (&source["from"], &source["repo"], &source["revision"]),
+        (&"hub".into(), &"org/tiny".into(), &"main".into())
+    );
+    assert_eq!(source["commit"], hub.main.as_str(), "{main}");
+    assert_eq!(source["fetched"], false);
+    // a tag, and a commit, name their own snapshots
+    let v1 = json(&hub.run(&["estimate", "--config", "org/tiny@v1", "--json"]));
+    assert_eq!(v1["config_source"]["commit"], hub.v1.as_str());
+    let by_commit = json(&hub.run(&["estimate", "--config", &format!("org/tiny@{}", hub.v1), "--json"]));
+    assert_eq!(by_commit["state"], v1["state"]);
+    assert!(v1["state"]["parameters"].as_u64() < main["state"]["parameters"].as_u64(), "one layer against two");
+    // in words, where the answer is
+    let said = text(&hub.run(&["estimate", "--config", "org/tiny"]).stdout);
+    assert!(
+        said.starts_with(&format!("config: org/tiny@main, commit {}, from the Hugging Face cache", hub.main)),
+        "{said}"
+    );
+    // probe and serve read it the same way, and their JSON carries it
+    let probe = json(&hub.run(&[
+        "probe",
+        "--config",
+        "org/tiny",
+        "--layers",
+        "1",
+        "--seq-len",
+        "16",
+        "--budget",
+        "32MiB",
+        "--json",
+    ]));
+    assert_eq!(probe["config_source"]["commit"], hub.main.as_str(), "{probe}");
+    let serve =
+        json(&hub.run(&["serve", "--config", "org/tiny@v1", "--budget", "32MiB", "--max-model-len", "64", "--json"]));
+    assert_eq!(serve["config_source"]["commit"], hub.v1.as_str(), "{serve}");
+    // HF_HOME/hub when HF_HUB_CACHE is not set
+    let output = Command::new(env!("CARGO_BIN_EXE_autobatch"))
+        .args(["estimate", "--config", "org/tiny", "--json"])
+        .env("HF_HOME", &hub.root)
+        .env("HF_HUB_OFFLINE", "1")
+        .env_remove("HF_HUB_CACHE")
+        .output()
+        .unwrap();
+    assert_eq!(json(&output)["config_source"]["commit"], hub.main.as_str());
+}
+
+/// Each way a name is not found says where it looked and how to fetch it.
+#[test]
+fn a_name_not_in_the_cache_says_where_it_looked_and_how_to_fetch_it() {
+    let hub = Hub::new("missing");
+    let refused = |args: &[&str], says: &[&str]| {
+        let output = hub.run(args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        for said in says {
+            assert!(stderr.contains(said), "{args:?}: want {said:?} in {stderr}");
+        }
+    };
+    refused(
+        &["estimate", "--config", "org/absent"],
+        &[
+            "neither a file nor in the Hugging Face cache",
+            "models--org--absent",
+            "huggingface-cli download org/absent config.json",
+            "HF_HUB_OFFLINE",
+        ],
+    );
+    refused(&["probe", "--config", "org/tiny@nope"], &["refs/nope", "--revision nope"]);
+    refused(&["serve", "--config", "org/tiny@bare"], &["has no config.json", &"c".repeat(40)]);
+    // not a Hub name at all: the file reader's own words
+    refused(&["estimate", "--config", "no/such/file.json"], &["name a readable config.json"]);
+}
+
+/// A name that is also a local path reads the local file, and says so.
+#[test]
+fn a_local_file_of_the_same_name_wins_and_is_said() {
+    let hub = Hub::new("local");
+    std::fs::create_dir_all(hub.root.join("org")).unwrap();
+    let one_layer = config("tiny-llama.json").replace(r#""num_hidden_layers": 2"#, r#""num_hidden_layers": 1"#);
+    std::fs::write(hub.root.join("org").join("tiny"), one_layer).unwrap();
+    let local = json(&hub.run(&["estimate", "--config", "org/tiny", "--json"]));
+    assert_eq!(
+        (&local["config_source"]["from"], &local["config_source"]["hub_name_too"]),
+        (&"file".into(), &true.into())
+    );
+    let said = text(&hub.run(&["estimate", "--config", "org/tiny"]).stdout);
+    assert!(said.starts_with("config: the local file org/tiny (a Hub model has that name too"), "{said}");
+}
