@@ -158,3 +158,103 @@ fn a_local_file_of_the_same_name_wins_and_is_said() {
     let said = text(&hub.run(&["estimate", "--config", "org/tiny"]).stdout);
     assert!(said.starts_with("config: the local file org/tiny (a Hub model has that name too"), "{said}");
 }
+
+/// A stand-in for the Hub on loopback (`HF_ENDPOINT`), answering every
+/// request as `answer` says: what the fetch does with the Hub's answers,
+/// seen without the network.
+fn fake_hub(answer: impl Fn(&str) -> String + Send + 'static) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                request.push(byte[0]);
+            }
+            let _ = stream.write_all(answer(&String::from_utf8_lossy(&request)).as_bytes());
+        }
+    });
+    format!("http://{address}")
+}
+
+impl Hub {
+    /// The binary with this cache, online against `endpoint`.
+    fn fetch(&self, args: &[&str], endpoint: &str, token: Option<&str>) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_autobatch"));
+        command
+            .args(args)
+            .env("HF_HUB_CACHE", self.root.join("hub"))
+            .env("HF_ENDPOINT", endpoint)
+            .env("HOME", &self.root)
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_HOME")
+            .env_remove("HF_TOKEN")
+            .current_dir(&self.root);
+        if let Some(token) = token {
+            command.env("HF_TOKEN", token);
+        }
+        command.output().unwrap()
+    }
+}
+
+/// A name not in the cache is fetched into it (then read from it, offline),
+/// and the Hub's refusals say what they are: a gated model is "gated", with
+/// what to do, not a status code; the token is sent where one is set.
+#[test]
+fn a_name_not_in_the_cache_is_fetched_and_a_gated_one_says_so() {
+    let hub = Hub::new("fetch");
+    let body = config("tiny-llama.json");
+    let commit = "d".repeat(40);
+    let (body_served, commit_served) = (body.clone(), commit.clone());
+    let endpoint = fake_hub(move |request| {
+        let len = body_served.len();
+        let start = request
+            .lines()
+            .find_map(|line| line.to_ascii_lowercase().strip_prefix("range: bytes=").map(str::to_owned))
+            .and_then(|range| range.split('-').next().and_then(|s| s.parse::<usize>().ok()))
+            .unwrap_or(0);
+        let end = if request.to_ascii_lowercase().contains("range: bytes=0-0") { 0 } else { len - 1 };
+        let part = &body_served[start..=end];
+        format!(
+            "HTTP/1.1 206 Partial Content\r\nx-repo-commit: {commit_served}\r\netag: \"{}\"\r\ncontent-range: bytes \
+             {start}-{end}/{len}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{part}",
+            "e".repeat(64),
+            part.len()
+        )
+    });
+    let fetched = json(&hub.fetch(&["estimate", "--config", "org/new", "--json"], &endpoint, None));
+    let source = &fetched["config_source"];
+    assert_eq!((&source["fetched"], &source["commit"]), (&true.into(), &commit.as_str().into()), "{fetched}");
+    // in the cache as the Hub's clients lay it out: read again offline
+    let again = json(&hub.run(&["estimate", "--config", "org/new", "--json"]));
+    assert_eq!(
+        (&again["config_source"]["fetched"], &again["config_source"]["commit"]),
+        (&false.into(), &commit.as_str().into())
+    );
+    assert_eq!(again["state"], fetched["state"]);
+
+    let tokens = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = tokens.clone();
+    let gated = fake_hub(move |request| {
+        let token = request
+            .lines()
+            .find_map(|line| line.strip_prefix("authorization: ").or(line.strip_prefix("Authorization: ")));
+        seen.lock().unwrap().push(token.map(str::to_owned));
+        "HTTP/1.1 401 Unauthorized\r\nx-error-code: GatedRepo\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            .to_owned()
+    });
+    let output = hub.fetch(&["estimate", "--config", "meta-llama/Llama-3.1-8B"], &gated, None);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("meta-llama/Llama-3.1-8B is gated") && stderr.contains("HF_TOKEN") && !stderr.contains("401"),
+        "{stderr}"
+    );
+    let output = hub.fetch(&["estimate", "--config", "meta-llama/Llama-3.1-8B"], &gated, Some("hf_abc"));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("the token from HF_TOKEN may not read it"), "{stderr}");
+    assert!(tokens.lock().unwrap().iter().any(|token| token.as_deref() == Some("Bearer hf_abc")), "the token was sent");
+}
