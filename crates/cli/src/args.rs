@@ -283,13 +283,20 @@ pub struct ConfigArgs {
     /// intermediate kept [default: fused].
     #[arg(long, value_parser = typed::<OpsArg, Ops>(), requires = "config")]
     pub ops: Option<Ops>,
+    /// Load the checkpoint beside the config instead of random weights:
+    /// model.safetensors, or the shards model.safetensors.index.json names;
+    /// from the same Hub snapshot for a Hub name (fetched into the cache
+    /// where allowed), else from the config's folder. The memory does not
+    /// depend on the values: this runs the step of the checkpoint as saved.
+    #[arg(long, requires = "config")]
+    pub weights: bool,
 }
 
 impl ConfigArgs {
     /// The flags that apply only to a config's model, and whether each was
     /// given: clap's `requires = "config"` does not hold them when `--model`
     /// (which conflicts with `--config`) is given, so they are checked by hand.
-    pub fn config_only_flags(&self) -> [(&'static str, bool); 7] {
+    pub fn config_only_flags(&self) -> [(&'static str, bool); 8] {
         [
             ("--lora", self.lora.is_some()),
             ("--lora-alpha", self.lora_alpha.is_some()),
@@ -298,6 +305,7 @@ impl ConfigArgs {
             ("--attention", self.attention.is_some()),
             ("--loss", self.loss.is_some()),
             ("--ops", self.ops.is_some()),
+            ("--weights", self.weights),
         ]
     }
 }

@@ -70,6 +70,10 @@ impl ConfigSource {
                 path.display()
             )),
         }
+        .map(|said| match checkpoint() {
+            Some(files) => format!("{said}; weights: {} checkpoint file(s) beside it", files.len()),
+            None => said,
+        })
     }
 }
 
@@ -91,7 +95,11 @@ pub fn source() -> Option<&'static ConfigSource> {
 /// config: the name, revision and commit of a Hub snapshot, or the file.
 pub fn annotate(mut json: serde_json::Value) -> serde_json::Value {
     if let (Some(source), Some(object)) = (source(), json.as_object_mut()) {
-        object.insert("config_source".to_owned(), serde_json::to_value(source).expect("plain values serialize"));
+        let mut said = serde_json::to_value(source).expect("plain values serialize");
+        if let Some(files) = checkpoint() {
+            said["weights"] = serde_json::to_value(files).expect("plain values serialize");
+        }
+        object.insert("config_source".to_owned(), said);
     }
     json
 }
@@ -258,36 +266,7 @@ fn cached(name: &HubName, repo_dir: &Path) -> Cached {
 
 /// The config fetched into the cache with `hf-hub`, then read from it.
 fn fetch(given: &Path, name: &HubName, cache: &Path) -> Result<ConfigSource, Failure> {
-    let token = token(cache);
-    log::info!("fetching {CONFIG} of {}@{} into {}", name.repo, name.revision, cache.display());
-    // from the cache given (ApiBuilder::new reads the home folder's, and
-    // panics without one); HF_ENDPOINT as the Hub's clients read it
-    let mut builder = hf_hub::api::sync::ApiBuilder::from_cache(hf_hub::Cache::new(cache.to_path_buf()));
-    if let Some(endpoint) = std::env::var("HF_ENDPOINT").ok().filter(|endpoint| !endpoint.is_empty()) {
-        builder = builder.with_endpoint(endpoint);
-    }
-    let api = builder
-        .with_token(token.as_ref().map(|(token, _)| token.clone()))
-        .with_progress(false)
-        .build()
-        .map_err(|err| Failure::runtime(format!("--config {}: the Hub client: {err}", given.display())))?;
-    let repo = hf_hub::Repo::with_revision(name.repo.clone(), hf_hub::RepoType::Model, name.revision.clone());
-    let fetched = api.repo(repo).get(CONFIG).map_err(|err| {
-        let (status, code, transport) = match &err {
-            hf_hub::api::sync::ApiError::RequestError(request) => match request.as_ref() {
-                ureq::Error::Status(status, response) => {
-                    (Some(*status), response.header("x-error-code").map(str::to_owned), None)
-                }
-                ureq::Error::Transport(transport) => (None, None, Some(transport.to_string())),
-            },
-            other => (None, None, Some(other.to_string())),
-        };
-        Failure::usage(format!(
-            "--config {}: {}",
-            given.display(),
-            fetch_error(name, status, code.as_deref(), token.as_ref().map(|(_, from)| *from), transport.as_deref())
-        ))
-    })?;
+    let fetched = fetch_file(given, name, cache, CONFIG)?;
     let commit = match name.is_commit() {
         true => name.revision.clone(),
         false => {
@@ -305,11 +284,154 @@ fn fetch(given: &Path, name: &HubName, cache: &Path) -> Result<ConfigSource, Fai
     })
 }
 
+/// `file` of the repo's revision fetched into the cache with `hf-hub`: its
+/// path in the snapshot.
+fn fetch_file(given: &Path, name: &HubName, cache: &Path, file: &str) -> Result<PathBuf, Failure> {
+    let token = token(cache);
+    log::info!("fetching {file} of {}@{} into {}", name.repo, name.revision, cache.display());
+    // from the cache given (ApiBuilder::new reads the home folder's, and
+    // panics without one); HF_ENDPOINT as the Hub's clients read it
+    let mut builder = hf_hub::api::sync::ApiBuilder::from_cache(hf_hub::Cache::new(cache.to_path_buf()));
+    if let Some(endpoint) = std::env::var("HF_ENDPOINT").ok().filter(|endpoint| !endpoint.is_empty()) {
+        builder = builder.with_endpoint(endpoint);
+    }
+    let api = builder
+        .with_token(token.as_ref().map(|(token, _)| token.clone()))
+        .with_progress(false)
+        .build()
+        .map_err(|err| Failure::runtime(format!("--config {}: the Hub client: {err}", given.display())))?;
+    let repo = hf_hub::Repo::with_revision(name.repo.clone(), hf_hub::RepoType::Model, name.revision.clone());
+    api.repo(repo).get(file).map_err(|err| {
+        let (status, code, transport) = match &err {
+            hf_hub::api::sync::ApiError::RequestError(request) => match request.as_ref() {
+                ureq::Error::Status(status, response) => {
+                    (Some(*status), response.header("x-error-code").map(str::to_owned), None)
+                }
+                ureq::Error::Transport(transport) => (None, None, Some(transport.to_string())),
+            },
+            other => (None, None, Some(other.to_string())),
+        };
+        let token_from = token.as_ref().map(|(_, from)| *from);
+        let why = fetch_error(name, file, status, code.as_deref(), token_from, transport.as_deref());
+        Failure::usage(format!("--config {}: {why}", given.display()))
+    })
+}
+
+/// The checkpoint's files in the cache.
+static CHECKPOINT: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+
+/// The checkpoint files `--weights` found, where it was given.
+pub fn checkpoint() -> Option<&'static [PathBuf]> {
+    CHECKPOINT.get().map(Vec::as_slice)
+}
+
+/// A checkpoint's single file, and its shards' index.
+const SINGLE: &str = "model.safetensors";
+const INDEX: &str = "model.safetensors.index.json";
+
+/// `--weights`: the checkpoint beside the config `source` read, as
+/// transformers saves it (`model.safetensors`, else the shards
+/// `model.safetensors.index.json` names), from the same Hub snapshot (each
+/// file fetched into the cache where missing and allowed) or the config's
+/// folder; kept for the model's build.
+pub fn find_checkpoint(source: &ConfigSource) -> Result<&'static [PathBuf], Failure> {
+    let files = checkpoint_files(source)?;
+    log::info!("weights: {} file(s) beside the config, from {}", files.len(), files[0].display());
+    Ok(CHECKPOINT.get_or_init(|| files).as_slice())
+}
+
+fn checkpoint_files(source: &ConfigSource) -> Result<Vec<PathBuf>, Failure> {
+    let folder = source.path().parent().unwrap_or(Path::new(".")).to_path_buf();
+    // a file of the checkpoint: in the folder, or fetched into the snapshot (a Hub name, online)
+    let hub = match source {
+        ConfigSource::Hub { repo, commit, .. } => {
+            Some((HubName { repo: repo.clone(), revision: commit.clone() }, commit))
+        }
+        ConfigSource::File { .. } => None,
+    };
+    let get = |file: &str| -> Result<Option<PathBuf>, Failure> {
+        let path = folder.join(file);
+        if path.is_file() {
+            return Ok(Some(path));
+        }
+        match (&hub, cache_dir()) {
+            (Some((name, _)), Some(cache)) if !offline() => {
+                let given = PathBuf::from(&name.repo);
+                match fetch_file(&given, name, &cache, file) {
+                    Ok(path) => Ok(Some(path)),
+                    // the Hub says it has no such file: the other layout may be there
+                    Err(failure) if failure.message.contains(&format!("has no {file}")) => Ok(None),
+                    Err(failure) => Err(failure),
+                }
+            }
+            _ => Ok(None),
+        }
+    };
+    if let Some(single) = get(SINGLE)? {
+        return Ok(vec![single]);
+    }
+    let Some(index) = get(INDEX)? else {
+        let how = match (&hub, offline()) {
+            (Some((name, commit)), true) => format!(
+                " (HF_HUB_OFFLINE is set: fetch them with `huggingface-cli download {} --revision {commit} \
+                 --include '*.safetensors*'`)",
+                name.repo
+            ),
+            _ => String::new(),
+        };
+        return Err(Failure::usage(format!(
+            "--weights: no {SINGLE} or {INDEX} beside the config, in {}{how}; drop --weights to probe random \
+             weights (the memory is the same)",
+            folder.display()
+        )));
+    };
+    let text = std::fs::read_to_string(&index)
+        .map_err(|err| Failure::usage(format!("--weights: {} cannot be read: {err}", index.display())))?;
+    let shards = shard_names(&text)
+        .map_err(|why| Failure::usage(format!("--weights: {} is not a safetensors index: {why}", index.display())))?;
+    let mut files = Vec::new();
+    for shard in shards {
+        match get(&shard)? {
+            Some(path) => files.push(path),
+            None => {
+                return Err(Failure::usage(format!(
+                    "--weights: {} names the shard {shard}, which is not in {}",
+                    index.display(),
+                    folder.display()
+                )));
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The shard files a `model.safetensors.index.json` names (its
+/// `weight_map`'s values), each once, in order; plain file names only.
+fn shard_names(index: &str) -> Result<Vec<String>, String> {
+    let value: serde_json::Value = serde_json::from_str(index).map_err(|err| err.to_string())?;
+    let map = value.get("weight_map").and_then(serde_json::Value::as_object).ok_or("no weight_map object")?;
+    let mut shards: Vec<String> = Vec::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| format!("the file of {tensor} is not a name"))?;
+        if file.is_empty() || file.contains(['/', '\\']) || file.starts_with('.') {
+            return Err(format!("the file of {tensor}, {file:?}, is not a plain file name"));
+        }
+        if !shards.iter().any(|known| known == file) {
+            shards.push(file.to_owned());
+        }
+    }
+    if shards.is_empty() {
+        return Err("an empty weight_map".to_owned());
+    }
+    Ok(shards)
+}
+
 /// Why a fetch failed, in words that say what to do: the Hub answers 401
 /// for a gated or private model and for one that does not exist (its
 /// `X-Error-Code` tells them apart), 404 for a revision or a file it lacks.
 pub fn fetch_error(
     name: &HubName,
+    file: &str,
     status: Option<u16>,
     code: Option<&str>,
     token_from: Option<&str>,
@@ -332,9 +454,10 @@ pub fn fetch_error(
             "{repo} has no revision {revision} on the Hub: give a branch, a tag or a commit it has (@main, the \
              default)"
         ),
-        (_, Some("EntryNotFound")) => {
+        (_, Some("EntryNotFound")) if file == CONFIG => {
             format!("{repo}@{revision} has no {CONFIG} on the Hub: it is not a model transformers can load")
         }
+        (_, Some("EntryNotFound")) => format!("{repo}@{revision} has no {file} on the Hub"),
         (_, Some("RepoNotFound")) | (Some(401), None) => match token_from {
             None => {
                 format!("no model {repo} on the Hub, or a private one: check the name, or set HF_TOKEN if it is yours")
@@ -346,7 +469,7 @@ pub fn fetch_error(
              https://huggingface.co/{repo}) or need another token",
             token_from.map(|from| format!(" from {from}")).unwrap_or_default()
         ),
-        (Some(404), _) => format!("the Hub has no {CONFIG} at {repo}@{revision} (404): check the name and revision"),
+        (Some(404), _) => format!("the Hub has no {file} at {repo}@{revision} (404): check the name and revision"),
         (Some(status), _) => format!("the Hub answered {status} for {repo}@{revision}: try again, {offline}"),
         (None, _) => format!(
             "could not fetch {repo}@{revision} from the Hub ({}): check the network, {offline}",
@@ -387,15 +510,15 @@ mod tests {
     #[test]
     fn a_failed_fetch_says_what_to_do() {
         let name = HubName::parse("meta-llama/Llama-3.1-8B@main").unwrap();
-        let gated = fetch_error(&name, Some(401), Some("GatedRepo"), None, None);
+        let gated = fetch_error(&name, CONFIG, Some(401), Some("GatedRepo"), None, None);
         assert!(gated.contains("is gated") && gated.contains("HF_TOKEN") && !gated.contains("404"), "{gated}");
-        let refused = fetch_error(&name, Some(403), Some("GatedRepo"), Some("HF_TOKEN"), None);
+        let refused = fetch_error(&name, CONFIG, Some(403), Some("GatedRepo"), Some("HF_TOKEN"), None);
         assert!(refused.contains("the token from HF_TOKEN may not read it"), "{refused}");
-        let revision = fetch_error(&name, Some(404), Some("RevisionNotFound"), None, None);
+        let revision = fetch_error(&name, CONFIG, Some(404), Some("RevisionNotFound"), None, None);
         assert!(revision.contains("no revision main"), "{revision}");
-        let missing = fetch_error(&name, Some(401), Some("RepoNotFound"), None, None);
+        let missing = fetch_error(&name, CONFIG, Some(401), Some("RepoNotFound"), None, None);
         assert!(missing.contains("no model meta-llama/Llama-3.1-8B on the Hub"), "{missing}");
-        let offline = fetch_error(&name, None, None, None, Some("dns failed"));
+        let offline = fetch_error(&name, CONFIG, None, None, None, Some("dns failed"));
         assert!(offline.contains("dns failed") && offline.contains("HF_HUB_OFFLINE=1"), "{offline}");
     }
 }

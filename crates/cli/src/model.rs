@@ -98,8 +98,8 @@ impl ModelConfig {
         }
         config.check_seq_len(seq_len).map_err(with_path)?;
         config.footprint(&training, models::Compute::Cpu).map_err(with_path)?;
-        if let Some(said) = source.said() {
-            log::info!("{said}");
+        if args.config.weights {
+            crate::hub::find_checkpoint(&source)?;
         }
         crate::hub::remember(source);
         Ok(ModelConfig::FromConfig(Box::new((config, training))))
@@ -167,7 +167,7 @@ impl ModelConfig {
             ModelConfig::Transformer(config) => {
                 config.build(device).and_then(|trainer| optimizing.apply(trainer)).map(|t| Box::new(t) as _)
             }
-            ModelConfig::FromConfig(spec) => models::ConfigModel::build(&spec.0, &spec.1, device)
+            ModelConfig::FromConfig(spec) => config_model(&spec.0, &spec.1, device)
                 .and_then(models::ConfigModel::into_trainer)
                 .and_then(|trainer| optimizing.apply(trainer))
                 .map(|t| Box::new(t) as _),
@@ -214,7 +214,7 @@ impl ModelConfig {
             ModelConfig::Mlp(config) => finish(config.build(device)?, mixed, optimizer),
             ModelConfig::ConvNet(config) => finish(config.build(device)?, mixed, optimizer),
             ModelConfig::FromConfig(spec) => {
-                finish(models::ConfigModel::build(&spec.0, &spec.1, device)?.into_trainer()?, mixed, optimizer)
+                finish(config_model(&spec.0, &spec.1, device)?.into_trainer()?, mixed, optimizer)
             }
         }
     }
@@ -326,6 +326,20 @@ impl ModelConfig {
             ModelConfig::ConvNet(_) => "convnet",
             ModelConfig::FromConfig(spec) => spec.0.family.model_type(),
         }
+    }
+}
+
+/// A config's model: its checkpoint's weights where `--weights` found one
+/// (the shapes a changed model does not share start fresh or are left out),
+/// else random ones.
+pub(crate) fn config_model(
+    config: &models::Config,
+    training: &models::Training,
+    device: &candle_core::Device,
+) -> Result<models::ConfigModel, models::Error> {
+    match crate::hub::checkpoint() {
+        Some(files) => models::ConfigModel::from_safetensors(config, training, files, device),
+        None => models::ConfigModel::build(config, training, device),
     }
 }
 

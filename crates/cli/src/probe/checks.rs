@@ -25,6 +25,12 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
     }
     check_seq_lens(args)?;
     check_find(args)?;
+    if args.config.weights && args.sizes.layers.is_some() {
+        return Err(Failure::usage(
+            "--weights loads the checkpoint as saved, with the config's own layers: drop --layers (or --weights: \
+             random weights take the same memory)",
+        ));
+    }
     if let Some(batch) = args.mode.check.map(Count::get) {
         let granule = args.search.multiple_of.get();
         if !batch.is_multiple_of(granule) {

@@ -3,7 +3,6 @@
 
 use crate::output::{out, outln};
 use autobatch::{MemoryMeter, Resizable, plan::SizeRange};
-use autobatch_models::ConfigModel;
 use autobatch_models::trainer::{Model, ReferenceWorkload, Trainer};
 
 use crate::failure::{Failure, Flags};
@@ -38,7 +37,7 @@ pub fn run(run: &Run, meter: &mut dyn MemoryMeter, batch: usize, granule: usize)
             let (config, training) = spec.as_ref();
             let range = SizeRange::up_to(training.seq_len).multiple_of(granule);
             check_range(range, "--seq-len")?;
-            let trainer = optimizing.apply(ConfigModel::build(config, training, device)?.into_trainer()?)?;
+            let trainer = optimizing.apply(crate::model::config_model(config, training, device)?.into_trainer()?)?;
             let words = SizeWords { word: "seq-len", key: "largest_seq_len", what: "sequence length" };
             find_in(run, trainer, meter, batch, range, words)
         }

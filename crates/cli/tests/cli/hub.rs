@@ -258,3 +258,97 @@ fn a_name_not_in_the_cache_is_fetched_and_a_gated_one_says_so() {
     assert!(stderr.contains("the token from HF_TOKEN may not read it"), "{stderr}");
     assert!(tokens.lock().unwrap().iter().any(|token| token.as_deref() == Some("Bearer hf_abc")), "the token was sent");
 }
+
+/// The tensors of a random `tiny-llama` as transformers names them.
+fn tiny_tensors(layers: usize) -> std::collections::HashMap<String, candle_core::Tensor> {
+    let config = autobatch_models::Config::from_json(&config("tiny-llama.json")).unwrap().with_layers(layers).unwrap();
+    let model =
+        autobatch_models::ConfigModel::build(&config, &autobatch_models::Training::new(16), &candle_core::Device::Cpu)
+            .unwrap();
+    let data = model.varmap().data().lock().unwrap();
+    data.iter().map(|(name, var)| (name.clone(), var.as_tensor().clone())).collect()
+}
+
+/// `file` written into the snapshot of `commit` as the Hub lays it: a blob,
+/// and a link to it in the snapshot.
+fn put(hub: &Hub, commit: &str, file: &str, bytes: &[u8]) {
+    let repo = hub.root.join("hub").join("models--org--tiny");
+    let blob = format!("{:064x}", bytes.len() as u128 * 7919 + file.len() as u128);
+    std::fs::write(repo.join("blobs").join(&blob), bytes).unwrap();
+    std::os::unix::fs::symlink(Path::new("../../blobs").join(&blob), repo.join("snapshots").join(commit).join(file))
+        .unwrap();
+}
+
+fn safetensors(tensors: &std::collections::HashMap<String, candle_core::Tensor>) -> Vec<u8> {
+    let path = std::env::temp_dir().join(format!("autobatch-hub-{}-{}.safetensors", std::process::id(), tensors.len()));
+    candle_core::safetensors::save(tensors, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    bytes
+}
+
+/// `--weights` loads the checkpoint beside the config, from the same
+/// snapshot: one file, or the shards an index names; a checkpoint that is
+/// not the config's is refused by its tensor (it was read), and a snapshot
+/// without one says how to fetch it.
+#[test]
+fn weights_come_from_the_same_snapshot_whole_or_sharded() {
+    let hub = Hub::new("weights");
+    let tensors = tiny_tensors(2);
+    put(&hub, &hub.main, "model.safetensors", &safetensors(&tensors));
+    let probe = ["probe", "--seq-len", "16", "--budget", "32MiB", "--check", "1", "--json"];
+    fn with<'a>(probe: &[&'a str], config: &'a str) -> Vec<&'a str> {
+        [probe, &["--config", config, "--weights"]].concat()
+    }
+    let whole = json(&hub.run(&with(&probe, "org/tiny")));
+    let weights = whole["config_source"]["weights"].as_array().unwrap();
+    assert_eq!(weights.len(), 1, "{whole}");
+    assert!(weights[0].as_str().unwrap().ends_with(&format!("snapshots/{}/model.safetensors", hub.main)));
+    // sharded: two files and their index, in the v1 snapshot (its config has one layer)
+    let (mut first, mut second) = (std::collections::HashMap::new(), std::collections::HashMap::new());
+    let mut map = serde_json::Map::new();
+    for (i, (name, tensor)) in tiny_tensors(1).iter().enumerate() {
+        let (shard, file) = if i % 2 == 0 {
+            (&mut first, "model-00001-of-00002.safetensors")
+        } else {
+            (&mut second, "model-00002-of-00002.safetensors")
+        };
+        shard.insert(name.clone(), tensor.clone());
+        map.insert(name.clone(), file.into());
+    }
+    put(&hub, &hub.v1, "model-00001-of-00002.safetensors", &safetensors(&first));
+    put(&hub, &hub.v1, "model-00002-of-00002.safetensors", &safetensors(&second));
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
+    put(&hub, &hub.v1, "model.safetensors.index.json", index.to_string().as_bytes());
+    let sharded = json(&hub.run(&with(&probe, "org/tiny@v1")));
+    assert_eq!(sharded["config_source"]["weights"].as_array().unwrap().len(), 2, "{sharded}");
+    // the file is read: a checkpoint of another shape is refused by its tensor
+    let mut wrong = tensors.clone();
+    wrong.insert(
+        "model.embed_tokens.weight".into(),
+        candle_core::Tensor::zeros((3, 3), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap(),
+    );
+    std::fs::create_dir_all(hub.root.join("local")).unwrap();
+    std::fs::write(hub.root.join("local").join("config.json"), config("tiny-llama.json")).unwrap();
+    std::fs::write(hub.root.join("local").join("model.safetensors"), safetensors(&wrong)).unwrap();
+    let output = hub.run(&with(&probe, "local/config.json"));
+    assert_ne!(output.status.code(), Some(0), "a wrong checkpoint loads: {}", text(&output.stdout));
+    assert!(text(&output.stderr).contains("model.embed_tokens.weight"), "{}", text(&output.stderr));
+    // none beside the config, offline: where it looked and how to fetch it
+    let output = hub.run(&with(&probe, "org/tiny@bare"));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("has no config.json"), "the bare snapshot has no config either: {stderr}");
+    std::fs::create_dir_all(hub.root.join("bare")).unwrap();
+    std::fs::write(hub.root.join("bare").join("config.json"), config("tiny-llama.json")).unwrap();
+    let output = hub.run(&with(&probe, "bare/config.json"));
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--weights: no model.safetensors or model.safetensors.index.json beside the config"),
+        "{stderr}"
+    );
+    // a checkpoint is loaded as saved: its own layers
+    let output = hub.run(&[&with(&probe, "org/tiny")[..], &["--layers", "1"]].concat());
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("--weights loads the checkpoint as saved"), "{}", text(&output.stderr));
+}
