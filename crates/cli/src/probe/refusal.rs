@@ -21,9 +21,19 @@ use super::context::Run;
 /// The tail of the core's refusal, which said only what kind of change helps.
 const GENERIC: &str = "; make the model or the smallest batch smaller, or raise the capacity";
 
-/// The most a CPU step is run for the smallest budget (beside what the
-/// process holds): past it the budget is counted, not measured.
+/// The most a CPU step is run with room (beside what the process holds):
+/// past it a total is counted, not measured.
 const MEASURED_UP_TO: u64 = 4 << 30;
+
+/// A change is run only where its count is within this many times the
+/// limit: one twice over is over whatever the count's few percent say, and
+/// running it (a thousand layers under 32 MiB) would cost minutes to say so.
+const RUN_WITHIN: u64 = 2;
+
+/// Whether a step counted at `counted` is run with room under `limit`.
+fn worth_running(counted: u64, limit: u64) -> bool {
+    counted <= MEASURED_UP_TO && counted <= limit.saturating_mul(RUN_WITHIN)
+}
 
 /// LoRA's rank where full fine-tuning does not fit: the PEFT examples' 16.
 const LORA_RANK: usize = 16;
@@ -113,7 +123,7 @@ pub fn advised(
         let counted = held.saturating_add(total);
         let on: Option<&mut dyn MemoryMeter> = match roomy.as_mut() {
             // every total said is a measurement where the CPU can hold the step
-            Some(roomy) if counted <= MEASURED_UP_TO => Some(roomy),
+            Some(roomy) if worth_running(counted, limit) => Some(roomy),
             Some(_) => None,
             // a device's own memory: only what the count fits is run there
             None => (counted <= limit).then_some(&mut *meter),
@@ -128,14 +138,17 @@ pub fn advised(
         weighed.push(Weighed { flags: change.flags, batch: change.batch, counted, run: ran });
     }
     weighed.sort_by_key(|w| (!w.fits(), w.measured_peak().unwrap_or(w.counted)));
-    let smallest = smallest_budget(run, roomy.as_mut(), compute, held, batch);
+    let smallest = smallest_budget(run, roomy.as_mut(), compute, (limit, held), batch);
     let mut message = failure.message.strip_suffix(GENERIC).unwrap_or(&failure.message).to_owned();
     if weighed.is_empty() {
         message.push_str("; no single change of the flags applies here");
     } else {
         let said: Vec<String> = weighed.iter().map(Weighed::said).collect();
         let how = match run.device.is_cpu() {
-            true => "each counted as `autobatch estimate` counts it, then run at its batch with room",
+            true => {
+                "each counted as `autobatch estimate` counts it, then run at its batch with room where the count \
+                     is within twice the limit"
+            }
             false => "each counted as `autobatch estimate` counts it; each the count fits run before it is said to fit",
         };
         message.push_str(&format!("; what would help, each alone ({how}): {}", said.join("; ")));
@@ -372,13 +385,14 @@ fn smallest_budget(
     run: &Run,
     roomy: Option<&mut HeapMeter>,
     compute: Compute,
-    held: u64,
+    (limit, held): (u64, u64),
     batch: usize,
 ) -> Option<SmallestBudget> {
     let optimizing = run.request.optimizing;
     let counted = held.saturating_add(count(run.model, optimizing, compute, batch)?);
     let budget_for = |bytes: u64| budget_for(bytes, run.request.ceiling);
-    let measured = roomy.filter(|_| counted <= MEASURED_UP_TO).and_then(|roomy| {
+    // the smallest budget is measured where the step is small enough to run here quickly
+    let measured = roomy.filter(|_| worth_running(counted, limit.saturating_mul(2))).and_then(|roomy| {
         super::advice::peak_at(run, roomy, run.model, optimizing.mixed, optimizing.optimizer, batch)
             .map(|(peak, _)| peak)
     });
