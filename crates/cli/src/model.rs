@@ -329,6 +329,17 @@ impl ModelConfig {
     }
 }
 
+/// The largest number in `[fit, over)` that `fits`, where `fits(fit)` holds,
+/// `over` is past what fits, and `fits` holds up to some number and not
+/// after: bisected, one shared loop for every count that grows with it.
+pub(crate) fn last_fitting(mut fit: usize, mut over: usize, fits: impl Fn(usize) -> bool) -> usize {
+    while over - fit > 1 {
+        let middle = fit + (over - fit) / 2;
+        if fits(middle) { fit = middle } else { over = middle }
+    }
+    fit
+}
+
 /// A config's model: its checkpoint's weights where `--weights` found one
 /// (the shapes a changed model does not share start fresh or are left out),
 /// else random ones.

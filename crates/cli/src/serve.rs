@@ -350,11 +350,7 @@ fn advice(config: &Config, shape: &ServingShape, held: u64, limit: u64, fewest: 
     let mut advice = Vec::new();
     let shorter = |context: usize| ServingShape { context, chunk: shape.chunk.min(context), ..*shape };
     // the longest context that fits: the count grows with it
-    let (mut fit, mut over) = (0, shape.context);
-    while over - fit > 1 {
-        let middle = fit + (over - fit) / 2;
-        if fits(&shorter(middle)) { fit = middle } else { over = middle }
-    }
+    let fit = crate::model::last_fitting(0, shape.context, |middle| fits(&shorter(middle)));
     if fit > 0 {
         advice.push(format!("--max-model-len {fit} (the longest that fits by the count, with room)"));
     }

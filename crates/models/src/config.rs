@@ -176,6 +176,17 @@ pub(crate) fn refuse(field: &str, value: impl std::fmt::Display, valid: impl Int
     )
 }
 
+/// The largest number in `[fit, over)` that `fits`, where `fits(fit)` holds,
+/// `over` is past what fits, and `fits` holds up to some number and not
+/// after: bisected, one shared loop for every count that grows with it.
+pub(crate) fn last_fitting(mut fit: usize, mut over: usize, fits: impl Fn(usize) -> bool) -> usize {
+    while over - fit > 1 {
+        let middle = fit + (over - fit) / 2;
+        if fits(middle) { fit = middle } else { over = middle }
+    }
+    fit
+}
+
 /// The most characters of a value from a file said back in a message.
 const SAID_AT_MOST: usize = 80;
 
@@ -876,11 +887,7 @@ impl Config {
             fields.iter().filter(|(_, value, set)| *value > 1 && with(*set, 1)).max_by_key(|(_, value, _)| *value);
         match fault {
             Some(&(field, value, set)) => {
-                let (mut fit, mut over) = (1usize, value);
-                while over - fit > 1 {
-                    let middle = fit + (over - fit) / 2;
-                    if with(set, middle) { fit = middle } else { over = middle }
-                }
+                let fit = last_fitting(1, value, |middle| with(set, middle));
                 Err(refuse(
                     field,
                     value,

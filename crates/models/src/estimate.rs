@@ -366,12 +366,7 @@ impl Estimator<OfStep> {
         if current < 2 || !fits(1) {
             return None;
         }
-        let (mut fit, mut over) = (1, current);
-        while over - fit > 1 {
-            let middle = fit + (over - fit) / 2;
-            if fits(middle) { fit = middle } else { over = middle }
-        }
-        Some(fit)
+        Some(crate::config::last_fitting(1, current, fits))
     }
 
     /// The total of this request with `change` made, counted as this request

@@ -211,16 +211,7 @@ impl ServingBytes {
         }
         // bytes_at grows with n: bisect between a fit and a bound past it
         let most = limit_bytes / (self.cache_bytes_per_sequence + self.step_bytes_per_sequence).max(1) + 1;
-        let (mut fit, mut over) = (1usize, usize::try_from(most).unwrap_or(usize::MAX).max(2));
-        while over - fit > 1 {
-            let middle = fit + (over - fit) / 2;
-            if fits(middle) {
-                fit = middle;
-            } else {
-                over = middle;
-            }
-        }
-        fit
+        crate::config::last_fitting(1, usize::try_from(most).unwrap_or(usize::MAX).max(2), fits)
     }
 
     /// vLLM's number of cache blocks at `limit_bytes` (its `gpu_memory_utilization

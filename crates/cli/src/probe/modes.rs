@@ -28,15 +28,7 @@ impl Run<'_> {
             },
             Question::Check { batch } => self.check(meter, *batch),
             Question::Batch { eval } => {
-                let Optimizing { mixed, optimizer } = self.request.optimizing;
-                let workload = self.model.build_with(self.device, mixed, optimizer)?;
-                (self.header)(&format!(
-                    "probing {} ({}) on {} ({})",
-                    workload.description(),
-                    self.model.parameters_said(workload.parameter_count()),
-                    self.device_words,
-                    self.size_from
-                ));
+                let workload = self.built("probing")?;
                 self.tune(workload, meter, *eval)
             }
         }
@@ -84,19 +76,26 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// `--check N`: N and the next batch up, run; the verdict, no search and
-    /// no advice (exit 3 where N does not fit).
-    fn check(&self, meter: &mut dyn MemoryMeter, batch: usize) -> Result<(), Failure> {
-        let request = self.request;
-        let Optimizing { mixed, optimizer } = request.optimizing;
-        let mut workload = self.model.build_with(self.device, mixed, optimizer)?;
+    /// The model built with its optimizer, and the header that says what
+    /// runs where: `{doing} model (parameters) on device (where its size came from)`.
+    fn built(&self, doing: &str) -> Result<Box<dyn ReferenceWorkload>, Failure> {
+        let Optimizing { mixed, optimizer } = self.request.optimizing;
+        let workload = self.model.build_with(self.device, mixed, optimizer)?;
         (self.header)(&format!(
-            "checking batch {batch} of {} ({}) on {} ({})",
+            "{doing} {} ({}) on {} ({})",
             workload.description(),
             self.model.parameters_said(workload.parameter_count()),
             self.device_words,
             self.size_from
         ));
+        Ok(workload)
+    }
+
+    /// `--check N`: N and the next batch up, run; the verdict, no search and
+    /// no advice (exit 3 where N does not fit).
+    fn check(&self, meter: &mut dyn MemoryMeter, batch: usize) -> Result<(), Failure> {
+        let request = self.request;
+        let mut workload = self.built(&format!("checking batch {batch} of"))?;
         let tuner = request.tuner.clone().observer(Progress::shared(request.json));
         let result = tuner.search(&mut *workload, meter).check(batch);
         drop(tuner); // the live rows end before the verdict prints

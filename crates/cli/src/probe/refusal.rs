@@ -192,11 +192,7 @@ fn changes(run: &Run, compute: Compute, limit: u64, held: u64, batch: usize) -> 
     if batch > 1 && run.request.granule == 1 {
         let fits = |b: usize| count(model, optimizing, compute, b).is_some_and(|t| held.saturating_add(t) <= limit);
         if fits(1) {
-            let (mut fit, mut over) = (1, batch);
-            while over - fit > 1 {
-                let middle = fit + (over - fit) / 2;
-                if fits(middle) { fit = middle } else { over = middle }
-            }
+            let fit = crate::model::last_fitting(1, batch, fits);
             // the flag that sets the first batch: --check's own, else --start
             let flag = if matches!(run.request.question, super::request::Question::Check { .. }) {
                 "--check"
@@ -318,12 +314,7 @@ fn longest_fitting(
     if current <= 1 || !fits(1) {
         return None;
     }
-    let (mut fit, mut over) = (1, current);
-    while over - fit > 1 {
-        let middle = fit + (over - fit) / 2;
-        if fits(middle) { fit = middle } else { over = middle }
-    }
-    Some(fit)
+    Some(crate::model::last_fitting(1, current, fits))
 }
 
 /// A step's total at `batch`, counted: a config's step as `estimate` counts
