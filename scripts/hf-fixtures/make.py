@@ -62,6 +62,10 @@ CASES = {
     "bert-classifier": (transformers.BertConfig, transformers.BertForSequenceClassification, dict(
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=64, pad_token_id=0, num_labels=3)),
+    # norms after attention and the MLP, q/k norms over the whole projection, grouped-query attention
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, dict(
+        DECODER, num_key_value_heads=2, tie_word_embeddings=False, pad_token_id=0,
+        rope_parameters=dict(rope_type="default", rope_theta=500000.0))),
 }
 
 

@@ -479,8 +479,12 @@ fn training(args: &EstimateArgs, config: &Config) -> Result<Training, Failure> {
     training.ops = args.step.ops;
     training.checkpointing = match args.activations.recompute {
         Recompute::None => false,
-        Recompute::Full if config.family == Family::Bert => {
-            return Err(Failure::usage("--recompute full checkpoints a decoder's layers, not BERT's"));
+        Recompute::Full if !config.family.checkpoints() => {
+            return Err(Failure::usage(format!(
+                "--recompute full checkpoints a decoder's layers ({}), not {}'s",
+                Family::listed(Family::checkpoints),
+                config.family.model_type()
+            )));
         }
         Recompute::Full => true,
         Recompute::Selective => {

@@ -64,10 +64,12 @@ impl ModelConfig {
         training.attention = args.config.attention.unwrap_or(training.attention);
         training.loss = args.config.loss.unwrap_or(training.loss);
         training.ops = args.config.ops.unwrap_or(training.ops);
-        if args.model.checkpointing && config.family == models::Family::Bert {
+        if args.model.checkpointing && !config.family.checkpoints() {
             return Err(Failure::usage(format!(
-                "--config {}: --checkpointing checkpoints a decoder's layers (llama, mistral, qwen2, qwen3, gpt2), not BERT's",
-                path.display()
+                "--config {}: --checkpointing checkpoints a decoder's layers ({}), not {}'s",
+                path.display(),
+                models::Family::listed(models::Family::checkpoints),
+                config.family.model_type()
             )));
         }
         training.dtype = args.model.precision.map(dtype_of);
@@ -291,7 +293,7 @@ impl ModelConfig {
                 ModelConfig::Transformer(TransformerConfig { checkpointing: true, ..c.clone() }),
                 (c.layers, c.d_model, c.heads, c.seq_len),
             )),
-            ModelConfig::FromConfig(spec) if !spec.1.checkpointing && spec.0.family != models::Family::Bert => {
+            ModelConfig::FromConfig(spec) if !spec.1.checkpointing && spec.0.family.checkpoints() => {
                 let (config, training) = spec.as_ref();
                 Some((
                     ModelConfig::FromConfig(Box::new((config.clone(), training.clone().checkpointing()))),
@@ -361,7 +363,7 @@ pub(crate) fn config_model(
 pub(crate) fn only_applicable_advice(model: &ModelConfig, mut err: autobatch::Error) -> autobatch::Error {
     use autobatch::estimate::{Change, Precision};
     let ModelConfig::FromConfig(spec) = model else { return err };
-    let bert = spec.0.family == models::Family::Bert;
+    let bert = !spec.0.family.checkpoints();
     let base = spec.1.lora.as_ref().and_then(|lora| lora.base);
     if let autobatch::Error::NothingFits { remedies, .. } = &mut err {
         remedies.retain(|remedy| match remedy.change {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 
-use super::config::{BertHead, Config};
+use super::config::Config;
 use crate::Error;
 use crate::family::Family;
 
@@ -21,26 +21,9 @@ pub(crate) struct Matched {
     pub(crate) ignored: Vec<String>,
 }
 
-/// The checkpoint names tried for the model's name `ours`: itself, and with
-/// the base model's prefix added or removed.
-fn spellings(family: Family, ours: &str) -> Vec<String> {
-    let prefix = format!("{}.", family.base_model_prefix());
-    let mut names = vec![ours.to_owned()];
-    match family {
-        // this crate names GPT-2's base tensors without the prefix (`wte.weight`)
-        Family::Gpt2 if ours != "lm_head.weight" => names.push(format!("{prefix}{ours}")),
-        _ => {
-            if let Some(bare) = ours.strip_prefix(&prefix) {
-                names.push(bare.to_owned());
-            }
-        }
-    }
-    names
-}
-
 /// `ours` and the other spelling a checkpoint may use, for a message.
 pub(crate) fn both_spellings(family: Family, ours: &str) -> String {
-    spellings(family, ours).join(" or ")
+    family.architecture().spellings(ours).join(" or ")
 }
 
 /// Tensors transformers ignores when it loads this model from a checkpoint
@@ -48,36 +31,19 @@ pub(crate) fn both_spellings(family: Family, ours: &str) -> String {
 fn ignored_by_transformers(config: &Config, name: &str) -> Option<&'static str> {
     let bare =
         name.strip_prefix(config.family.base_model_prefix()).and_then(|rest| rest.strip_prefix('.')).unwrap_or(name);
-    if bare.ends_with(".attn.bias") && config.family == Family::Gpt2 || bare.ends_with(".attn.masked_bias") {
+    if bare.ends_with(".attn.masked_bias") {
         return Some("GPT-2's causal-mask buffer");
     }
     if bare.ends_with("rotary_emb.inv_freq") {
         return Some("a rotary buffer, computed from the config");
     }
-    if bare == "embeddings.position_ids" {
-        return Some("BERT's position-id buffer");
-    }
-    if config.family == Family::Bert {
-        let masked_lm = config.bert_head == BertHead::MaskedLm;
-        if name.starts_with("cls.seq_relationship.") {
-            return Some("the next-sentence head of pre-training");
-        }
-        if masked_lm && bare.starts_with("pooler.") {
-            return Some("the pooler, which BertForMaskedLM does not have");
-        }
-        if !masked_lm && name.starts_with("cls.predictions.") {
-            return Some("the masked-LM head, which a classifier does not have");
-        }
-    }
-    None
+    config.family.architecture().ignored(config, name, bare)
 }
 
 /// A head a checkpoint may lack that training starts fresh, as transformers
 /// starts it: a classifier fine-tuned from a pre-trained encoder.
 pub(crate) fn starts_fresh(config: &Config, ours: &str) -> bool {
-    config.family == Family::Bert
-        && matches!(config.bert_head, BertHead::Classification { .. })
-        && ours.starts_with("classifier.")
+    config.family.architecture().starts_fresh(config, ours)
 }
 
 /// A tied head's copy in a checkpoint and what it is tied to (our names).
@@ -85,14 +51,7 @@ fn tied_copies(config: &Config) -> Vec<(&'static str, &'static str)> {
     if !config.tie_embeddings {
         return Vec::new();
     }
-    match config.family {
-        Family::Gpt2 => vec![("lm_head.weight", "wte.weight")],
-        Family::Bert => vec![
-            ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
-            ("cls.predictions.decoder.bias", "cls.predictions.bias"),
-        ],
-        _ => vec![("lm_head.weight", "model.embed_tokens.weight")],
-    }
+    config.family.architecture().tied_copies(config)
 }
 
 fn equal(a: &Tensor, b: &Tensor) -> candle_core::Result<bool> {
@@ -119,7 +78,8 @@ pub(crate) fn match_names(
 ) -> Result<Matched, Error> {
     let mut matched = Matched::default();
     for ours in expected {
-        let mut found = spellings(config.family, ours).into_iter().filter(|name| given.contains_key(name));
+        let mut found =
+            config.family.architecture().spellings(ours).into_iter().filter(|name| given.contains_key(name));
         let Some(name) = found.next() else { continue };
         if let Some(twice) = found.next() {
             return Err(refused(
@@ -131,7 +91,10 @@ pub(crate) fn match_names(
         matched.tensors.insert(ours.clone(), tensor);
     }
     for (copy, source) in tied_copies(config) {
-        let Some((name, tensor)) = spellings(config.family, copy)
+        let Some((name, tensor)) = config
+            .family
+            .architecture()
+            .spellings(copy)
             .into_iter()
             .find_map(|name| given.remove(&name).map(|tensor| (name, tensor)))
         else {
@@ -176,14 +139,18 @@ pub(crate) fn match_names(
 mod tests {
     use super::*;
 
+    fn spellings(model_type: &str, ours: &str) -> Vec<String> {
+        Family::named(model_type).unwrap().architecture().spellings(ours)
+    }
+
     #[test]
     fn names_are_tried_with_and_without_the_base_models_prefix() {
-        assert_eq!(spellings(Family::Gpt2, "wte.weight"), ["wte.weight", "transformer.wte.weight"]);
-        assert_eq!(spellings(Family::Gpt2, "lm_head.weight"), ["lm_head.weight"]);
-        assert_eq!(spellings(Family::Llama, "model.norm.weight"), ["model.norm.weight", "norm.weight"]);
-        assert_eq!(spellings(Family::Llama, "lm_head.weight"), ["lm_head.weight"]);
+        assert_eq!(spellings("gpt2", "wte.weight"), ["wte.weight", "transformer.wte.weight"]);
+        assert_eq!(spellings("gpt2", "lm_head.weight"), ["lm_head.weight"]);
+        assert_eq!(spellings("llama", "model.norm.weight"), ["model.norm.weight", "norm.weight"]);
+        assert_eq!(spellings("llama", "lm_head.weight"), ["lm_head.weight"]);
         assert_eq!(
-            spellings(Family::Bert, "bert.encoder.layer.0.output.dense.weight"),
+            spellings("bert", "bert.encoder.layer.0.output.dense.weight"),
             ["bert.encoder.layer.0.output.dense.weight", "encoder.layer.0.output.dense.weight"]
         );
     }

@@ -6,7 +6,6 @@
 use candle_core::DType;
 use serde_json::Value;
 
-use super::keys::{self, Handling};
 use crate::Error;
 use crate::family::Family;
 
@@ -134,6 +133,10 @@ pub struct Config {
     pub attention_bias: AttentionBias,
     /// `mlp_bias` (Llama).
     pub mlp_bias: bool,
+    /// Norms on the queries and keys (Qwen3, OLMo 2).
+    pub qk_norm: QkNorm,
+    /// Where a decoder block's norms sit.
+    pub norms: BlockNorms,
     /// The GELU of GPT-2's and BERT's MLPs (the decoders of the Llama kind use SiLU).
     pub gelu: Gelu,
     /// `sliding_window` when some layer attends within one: a sequence
@@ -154,6 +157,29 @@ pub struct Config {
     /// Keys neither read nor known to leave the computation unchanged
     /// (warned about when the config is read).
     pub unknown_keys: Vec<String>,
+}
+
+/// RMS norms on the queries and keys, before rotary positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// None (Llama, Mistral, Qwen2, GPT-2, BERT).
+    None,
+    /// One over each head's `head_dim` (Qwen3's `q_norm`, `k_norm`).
+    PerHead,
+    /// One over the whole projection, before it is split into heads (OLMo 2).
+    Projection,
+}
+
+/// Where a decoder block's RMS norms sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockNorms {
+    /// Before attention and before the MLP (`input_layernorm`,
+    /// `post_attention_layernorm`): Llama and most decoders; GPT-2 and BERT
+    /// (whose own norms their families place).
+    Pre,
+    /// On attention's and the MLP's outputs before each joins the stream
+    /// (`post_attention_layernorm`, `post_feedforward_layernorm`): OLMo 2.
+    Post,
 }
 
 /// Which attention projections have a bias.
@@ -216,26 +242,26 @@ fn whole(valid: &str, value: &Value) -> String {
 
 /// A JSON object's fields, read with the config's own names in the errors
 /// (`rope_parameters.factor` inside an object).
-struct Fields<'a> {
-    object: &'a serde_json::Map<String, Value>,
-    prefix: &'a str,
+pub(crate) struct Fields<'a> {
+    pub(crate) object: &'a serde_json::Map<String, Value>,
+    pub(crate) prefix: &'a str,
 }
 
 impl<'a> Fields<'a> {
-    fn top(object: &'a serde_json::Map<String, Value>) -> Fields<'a> {
+    pub(crate) fn top(object: &'a serde_json::Map<String, Value>) -> Fields<'a> {
         Fields { object, prefix: "" }
     }
 
-    fn name(&self, name: &str) -> String {
+    pub(crate) fn name(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
 
-    fn value(&self, name: &str) -> Option<&'a Value> {
+    pub(crate) fn value(&self, name: &str) -> Option<&'a Value> {
         self.object.get(name).filter(|value| !value.is_null())
     }
 
     /// A whole number of at least 1 under the first of `names` present.
-    fn count(&self, names: &[&str]) -> Result<Option<usize>, Error> {
+    pub(crate) fn count(&self, names: &[&str]) -> Result<Option<usize>, Error> {
         for name in names {
             if let Some(value) = self.value(name) {
                 return match value.as_u64().and_then(|v| usize::try_from(v).ok()) {
@@ -250,12 +276,12 @@ impl<'a> Fields<'a> {
     }
 
     /// A whole number, zero allowed (a token id).
-    fn id(&self, name: &str) -> Result<Option<usize>, Error> {
+    pub(crate) fn id(&self, name: &str) -> Result<Option<usize>, Error> {
         self.whole_from_zero(name, "a token id")
     }
 
     /// A whole number from 0 that is `what` (a token id, a layer count).
-    fn whole_from_zero(&self, name: &str, what: &str) -> Result<Option<usize>, Error> {
+    pub(crate) fn whole_from_zero(&self, name: &str, what: &str) -> Result<Option<usize>, Error> {
         match self.value(name) {
             None => Ok(None),
             Some(value) => match value.as_u64().and_then(|v| usize::try_from(v).ok()) {
@@ -265,12 +291,12 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn required(&self, names: &[&str]) -> Result<usize, Error> {
+    pub(crate) fn required(&self, names: &[&str]) -> Result<usize, Error> {
         self.count(names)?
             .ok_or_else(|| refuse(&self.name(names[0]), "missing", "a whole number of at least 1 (required)"))
     }
 
-    fn number(&self, name: &str) -> Result<Option<f64>, Error> {
+    pub(crate) fn number(&self, name: &str) -> Result<Option<f64>, Error> {
         match self.value(name) {
             None => Ok(None),
             Some(value) => match value.as_f64().filter(|v| v.is_finite() && *v > 0.0) {
@@ -281,7 +307,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A probability in [0, 1).
-    fn probability(&self, name: &str) -> Result<Option<f64>, Error> {
+    pub(crate) fn probability(&self, name: &str) -> Result<Option<f64>, Error> {
         match self.value(name) {
             None => Ok(None),
             Some(value) => match value.as_f64().filter(|v| (0.0..1.0).contains(v)) {
@@ -291,7 +317,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn flag(&self, name: &str) -> Result<Option<bool>, Error> {
+    pub(crate) fn flag(&self, name: &str) -> Result<Option<bool>, Error> {
         match self.value(name) {
             None => Ok(None),
             Some(Value::Bool(flag)) => Ok(Some(*flag)),
@@ -300,7 +326,7 @@ impl<'a> Fields<'a> {
     }
 
     /// Text, or an error naming the field when it holds something else.
-    fn text(&self, name: &str) -> Result<Option<&'a str>, Error> {
+    pub(crate) fn text(&self, name: &str) -> Result<Option<&'a str>, Error> {
         match self.value(name) {
             None => Ok(None),
             Some(Value::String(text)) => Ok(Some(text)),
@@ -310,120 +336,6 @@ impl<'a> Fields<'a> {
 }
 
 impl Config {
-    /// Reads a `config.json` file: a regular file of at most
-    /// [`MAX_CONFIG_BYTES`] (a named pipe, a device or a folder is refused
-    /// before it is opened), UTF-8 with or without a byte-order mark.
-    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Config, Error> {
-        let path = path.as_ref();
-        let unreadable = |why: String| {
-            Error::invalid(crate::Setting::ConfigFile, autobatch::Value::Text(path.display().to_string()), why)
-        };
-        let meta = std::fs::metadata(path).map_err(|err| unreadable(format!("name a readable config.json ({err})")))?;
-        if meta.is_dir() {
-            return Err(unreadable("it is a folder: name the config.json in it".to_owned()));
-        }
-        if !meta.is_file() {
-            return Err(unreadable("it is not a regular file (a pipe or a device): name a config.json".to_owned()));
-        }
-        if meta.len() > MAX_CONFIG_BYTES {
-            return Err(unreadable(format!(
-                "it holds {} bytes; a config.json is at most {} (4 MiB): name the model's config.json",
-                meta.len(),
-                MAX_CONFIG_BYTES
-            )));
-        }
-        use std::io::Read;
-        let mut bytes = Vec::new();
-        std::fs::File::open(path)
-            .and_then(|file| file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
-            .map_err(|err| unreadable(format!("name a readable config.json ({err})")))?;
-        if bytes.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(unreadable("it grew past 4 MiB while read: name the model's config.json".to_owned()));
-        }
-        let text =
-            String::from_utf8(bytes).map_err(|_| unreadable("it is not UTF-8 text: name a config.json".into()))?;
-        Config::from_json(&text)
-    }
-
-    /// Reads the text of a `config.json` (a leading byte-order mark is skipped).
-    ///
-    /// ```
-    /// let config = autobatch_models::Config::from_json(r#"{
-    ///     "model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-    ///     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2
-    /// }"#)?;
-    /// assert_eq!(config.head_dim, 16);
-    /// assert!(autobatch_models::Config::from_json(r#"{"model_type": "t5"}"#).is_err());
-    /// # Ok::<(), autobatch::Error>(())
-    /// ```
-    pub fn from_json(text: &str) -> Result<Config, Error> {
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let value: Value =
-            serde_json::from_str(text).map_err(|err| refuse("config", "not JSON", format!("a JSON object ({err})")))?;
-        let Some(object) = value.as_object() else {
-            return Err(refuse("config", "not an object", "a JSON object of the model's settings"));
-        };
-        let fields = Fields::top(object);
-        let family = match fields.value("model_type") {
-            None => return Err(refuse("model_type", "missing", Family::MODEL_TYPES)),
-            Some(Value::String(model_type)) => match model_type.as_str() {
-                "llama" => Family::Llama,
-                "mistral" => Family::Mistral,
-                "qwen2" => Family::Qwen2,
-                "qwen3" => Family::Qwen3,
-                "gpt2" => Family::Gpt2,
-                "bert" => Family::Bert,
-                other => return Err(refuse("model_type", other, Family::MODEL_TYPES)),
-            },
-            Some(other) => return Err(refuse("model_type", other, format!("one of {} as text", Family::MODEL_TYPES))),
-        };
-        let mut unknown_keys = Vec::new();
-        let mut dropout = Vec::new();
-        for (key, value) in object {
-            match keys::handling(family, key) {
-                Some(Handling::Read) | Some(Handling::Inert(_)) => {}
-                Some(Handling::RefusedUnless(allowed)) => {
-                    if !value.is_null() && !allowed.iter().any(|ok| ok.matches(value)) {
-                        let valid: Vec<String> = allowed.iter().map(|ok| ok.to_string()).collect();
-                        let valid = match valid.as_slice() {
-                            // only its absence (or null) is computed here
-                            [] => format!("no {key}, or null (what it asks is not computed here)"),
-                            _ => format!("{} (anything else is not computed here)", valid.join(" or ")),
-                        };
-                        return Err(refuse(key, value, valid));
-                    }
-                }
-                Some(Handling::Dropout) => {
-                    if let Some(p) = fields.probability(key)?.filter(|p| *p > 0.0) {
-                        dropout.push((key.clone(), p));
-                    }
-                }
-                None => unknown_keys.push(key.clone()),
-            }
-        }
-        let mut config = match family {
-            Family::Gpt2 => Config::gpt2(&fields)?,
-            Family::Bert => Config::bert(&fields)?,
-            _ => Config::llama_like(family, &fields)?,
-        };
-        config.dropout = dropout;
-        config.unknown_keys = unknown_keys;
-        config.check_shape()?;
-        if let (key, Some("float16")) = Config::dtype_given(&fields)? {
-            log::warn!(
-                "{key} float16 is trained here in bf16: the same two bytes a value, so the bytes measured and \
-                 counted are float16's (candle's CPU computes no f16 matmul backward worth measuring)"
-            );
-        }
-        if !config.unknown_keys.is_empty() {
-            log::warn!(
-                "config keys not read (transformers may compute another model with them): {}",
-                shortened(&config.unknown_keys.iter().map(|key| shortened(key)).collect::<Vec<_>>().join(", "))
-            );
-        }
-        Ok(config)
-    }
-
     /// What transformers computes in training that the step here does not:
     /// the dropout the config asks for (a probe measures the step without
     /// dropout's masks), for a warning; `None` when there is nothing.
@@ -441,14 +353,14 @@ impl Config {
 
     /// The key the dtype is read from (transformers 5's `dtype`, else
     /// `torch_dtype`) and its value, if given.
-    fn dtype_given<'a>(fields: &Fields<'a>) -> Result<(&'static str, Option<&'a str>), Error> {
+    pub(crate) fn dtype_given<'a>(fields: &Fields<'a>) -> Result<(&'static str, Option<&'a str>), Error> {
         Ok(match fields.text("dtype")? {
             Some(dtype) => ("dtype", Some(dtype)),
             None => ("torch_dtype", fields.text("torch_dtype")?),
         })
     }
 
-    fn dtype(fields: &Fields) -> Result<DType, Error> {
+    pub(crate) fn dtype(fields: &Fields) -> Result<DType, Error> {
         let (key, given) = Config::dtype_given(fields)?;
         Ok(match given {
             None | Some("float32") => DType::F32,
@@ -460,7 +372,11 @@ impl Config {
     }
 
     /// `architectures[0]`, when it is one of `accepted` (or absent).
-    fn architecture<'a>(fields: &Fields<'a>, accepted: &[&str], what: &str) -> Result<Option<&'a str>, Error> {
+    pub(crate) fn architecture<'a>(
+        fields: &Fields<'a>,
+        accepted: &[&str],
+        what: &str,
+    ) -> Result<Option<&'a str>, Error> {
         let Some(value) = fields.value("architectures") else { return Ok(None) };
         let first = match value.as_array().map(|list| list.as_slice()) {
             Some([]) => return Ok(None),
@@ -474,120 +390,11 @@ impl Config {
         }
     }
 
-    fn llama_like(family: Family, fields: &Fields) -> Result<Config, Error> {
-        let class = match family {
-            Family::Llama => "Llama",
-            Family::Mistral => "Mistral",
-            Family::Qwen2 => "Qwen2",
-            _ => "Qwen3",
-        };
-        let (causal, base) = (format!("{class}ForCausalLM"), format!("{class}Model"));
-        Config::architecture(fields, &[causal.as_str(), base.as_str()], "a language model trained on its next tokens")?;
-        let hidden = fields.required(&["hidden_size"])?;
-        let heads = fields.required(&["num_attention_heads"])?;
-        let layers = fields.required(&["num_hidden_layers"])?;
-        let kv_heads = fields.count(&["num_key_value_heads"])?.unwrap_or(heads);
-        let head_dim = match fields.count(&["head_dim"])? {
-            Some(head_dim) => head_dim,
-            None if hidden.is_multiple_of(heads) => hidden / heads,
-            None => return Err(refuse("num_attention_heads", heads, format!("a divisor of hidden_size {hidden}"))),
-        };
-        let act = fields.text("hidden_act")?.unwrap_or("silu");
-        if act != "silu" {
-            return Err(refuse("hidden_act", act, "silu (SwiGLU)"));
-        }
-        // transformers: Qwen2 has q/k/v biases whatever the config says, Mistral none
-        let attention_bias = match family {
-            Family::Qwen2 => AttentionBias::Qkv,
-            Family::Mistral => AttentionBias::None,
-            _ if fields.flag("attention_bias")? == Some(true) => AttentionBias::All,
-            _ => AttentionBias::None,
-        };
-        let max_positions = fields.count(&["max_position_embeddings"])?.unwrap_or(2048);
-        Ok(Config {
-            family,
-            vocab: fields.required(&["vocab_size"])?,
-            hidden,
-            layers,
-            heads,
-            kv_heads,
-            head_dim,
-            intermediate: fields.required(&["intermediate_size"])?,
-            max_positions,
-            norm_eps: fields.number("rms_norm_eps")?.unwrap_or(1e-6),
-            rope: Some(Config::rope(fields, max_positions)?),
-            tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(false),
-            attention_bias,
-            mlp_bias: family == Family::Llama && fields.flag("mlp_bias")? == Some(true),
-            gelu: Gelu::Tanh,
-            sliding_window: Config::sliding_window(family, fields, layers)?,
-            type_vocab: 0,
-            bert_head: BertHead::MaskedLm,
-            padding_idx: fields.id("pad_token_id")?,
-            dtype: Config::dtype(fields)?,
-            dropout: Vec::new(),
-            unknown_keys: Vec::new(),
-        })
-    }
-
-    /// The window of the layers that attend within one, if any: Mistral's
-    /// every layer (`sliding_window`); Qwen's `layer_types` (transformers 5)
-    /// or the layers from `max_window_layers` on with `use_sliding_window`
-    /// (transformers 4).
-    fn sliding_window(family: Family, fields: &Fields, layers: usize) -> Result<Option<usize>, Error> {
-        let window = fields.count(&["sliding_window"])?;
-        if family == Family::Mistral {
-            // transformers' default window when the key is absent; null: none
-            return Ok(if fields.object.contains_key("sliding_window") { window } else { Some(4096) });
-        }
-        let layer_types = match fields.value("layer_types") {
-            None => None,
-            Some(Value::Array(types)) => {
-                let mut sliding = false;
-                for kind in types {
-                    match kind.as_str() {
-                        Some("full_attention") => {}
-                        Some("sliding_attention") => sliding = true,
-                        _ => {
-                            return Err(refuse(
-                                "layer_types",
-                                kind,
-                                "full_attention or sliding_attention for each layer",
-                            ));
-                        }
-                    }
-                }
-                if types.len() != layers {
-                    return Err(refuse(
-                        "layer_types",
-                        format!("a list of {}", types.len()),
-                        format!("one entry for each of num_hidden_layers {layers}"),
-                    ));
-                }
-                Some(sliding)
-            }
-            Some(other) => return Err(refuse("layer_types", other, "a list of attention kinds, one per layer")),
-        };
-        Ok(match family {
-            Family::Qwen2 | Family::Qwen3 => {
-                // transformers drops the window unless use_sliding_window
-                let use_window = fields.flag("use_sliding_window")?.unwrap_or(false);
-                let from_layer = fields.whole_from_zero("max_window_layers", "a number of layers")?.unwrap_or(28);
-                let sliding = layer_types.unwrap_or(from_layer < layers);
-                window.filter(|_| use_window && sliding)
-            }
-            _ if layer_types == Some(true) => {
-                return Err(refuse("layer_types", "sliding_attention", "full_attention for every layer"));
-            }
-            _ => None,
-        })
-    }
-
     /// Rotary positions from `rope_parameters` (transformers 5) or
     /// `rope_theta` and `rope_scaling` (transformers 4), as transformers
     /// reads them: `rope_scaling` takes precedence where both are given, a
     /// `rope_theta` inside the object over one beside it.
-    fn rope(fields: &Fields, max_positions: usize) -> Result<Rope, Error> {
+    pub(crate) fn rope(fields: &Fields, max_positions: usize) -> Result<Rope, Error> {
         let top_theta = fields.number("rope_theta")?;
         let (key, object) = match (fields.value("rope_scaling"), fields.value("rope_parameters")) {
             (Some(scaling), _) => ("rope_scaling", scaling),
@@ -666,7 +473,7 @@ impl Config {
     }
 
     /// A scaled RoPE's `factor`: at least 1, and needed.
-    fn rope_factor(scaling: &Fields, kind: &str) -> Result<f64, Error> {
+    pub(crate) fn rope_factor(scaling: &Fields, kind: &str) -> Result<f64, Error> {
         match scaling.number("factor")? {
             Some(factor) if factor >= 1.0 => Ok(factor),
             Some(factor) => Err(refuse(&scaling.name("factor"), factor, "a factor of at least 1")),
@@ -676,7 +483,7 @@ impl Config {
 
     /// A scaled RoPE's pre-training length: transformers takes the positions
     /// when it is not given.
-    fn rope_original(scaling: &Fields, max_positions: usize) -> Result<usize, Error> {
+    pub(crate) fn rope_original(scaling: &Fields, max_positions: usize) -> Result<usize, Error> {
         Ok(scaling.count(&["original_max_position_embeddings"])?.unwrap_or(max_positions))
     }
 
@@ -726,7 +533,7 @@ impl Config {
     }
 
     /// GPT-2's and BERT's GELU, by its transformers name.
-    fn gelu(key: &str, name: &str) -> Result<Gelu, Error> {
+    pub(crate) fn gelu(key: &str, name: &str) -> Result<Gelu, Error> {
         match name {
             "gelu" => Ok(Gelu::Erf),
             "gelu_new" | "gelu_pytorch_tanh" => Ok(Gelu::Tanh),
@@ -734,192 +541,37 @@ impl Config {
         }
     }
 
-    fn gpt2(fields: &Fields) -> Result<Config, Error> {
-        Config::architecture(fields, &["GPT2LMHeadModel", "GPT2Model"], "a language model trained on its next tokens")?;
-        let hidden = fields.required(&["n_embd", "hidden_size"])?;
-        let heads = fields.required(&["n_head", "num_attention_heads"])?;
-        if !hidden.is_multiple_of(heads) {
-            return Err(refuse("n_head", heads, format!("a divisor of n_embd {hidden}")));
-        }
-        let gelu = Config::gelu("activation_function", fields.text("activation_function")?.unwrap_or("gelu_new"))?;
-        let intermediate = match fields.count(&["n_inner"])? {
-            Some(inner) => inner,
-            None => hidden
-                .checked_mul(4)
-                .ok_or_else(|| refuse("n_embd", hidden, "a width whose MLP (4 × n_embd) is countable"))?,
-        };
-        Ok(Config {
-            family: Family::Gpt2,
-            vocab: fields.required(&["vocab_size"])?,
-            hidden,
-            layers: fields.required(&["n_layer", "num_hidden_layers"])?,
-            heads,
-            kv_heads: heads,
-            head_dim: hidden / heads,
-            intermediate,
-            max_positions: fields.count(&["n_positions", "max_position_embeddings"])?.unwrap_or(1024),
-            norm_eps: fields.number("layer_norm_epsilon")?.unwrap_or(1e-5),
-            rope: None,
-            tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(true),
-            attention_bias: AttentionBias::All,
-            mlp_bias: true,
-            gelu,
-            sliding_window: None,
-            type_vocab: 0,
-            bert_head: BertHead::MaskedLm,
-            // GPT-2's embedding has no padding_idx
-            padding_idx: None,
-            dtype: Config::dtype(fields)?,
-            dropout: Vec::new(),
-            unknown_keys: Vec::new(),
-        })
-    }
-
-    fn bert(fields: &Fields) -> Result<Config, Error> {
-        let hidden = fields.required(&["hidden_size"])?;
-        let heads = fields.required(&["num_attention_heads"])?;
-        if !hidden.is_multiple_of(heads) {
-            return Err(refuse("num_attention_heads", heads, format!("a divisor of hidden_size {hidden}")));
-        }
-        let gelu = Config::gelu("hidden_act", fields.text("hidden_act")?.unwrap_or("gelu"))?;
-        let architecture = Config::architecture(
-            fields,
-            &["BertForMaskedLM", "BertForSequenceClassification", "BertForPreTraining", "BertModel"],
-            "a head to train: the masked-LM head, or a classifier",
-        )?;
-        let bert_head = match architecture.unwrap_or("BertForMaskedLM") {
-            "BertForSequenceClassification" => {
-                let from_labels = fields.value("id2label").and_then(Value::as_object).map(|labels| labels.len());
-                let labels = fields.count(&["num_labels"])?.or(from_labels).unwrap_or(2);
-                if labels < 2 {
+    /// `layer_types` (transformers 5): one attention kind per layer; whether
+    /// any layer attends within a sliding window, `None` when not given.
+    pub(crate) fn sliding_layers(fields: &Fields, layers: usize) -> Result<Option<bool>, Error> {
+        match fields.value("layer_types") {
+            None => Ok(None),
+            Some(Value::Array(types)) => {
+                let mut sliding = false;
+                for kind in types {
+                    match kind.as_str() {
+                        Some("full_attention") => {}
+                        Some("sliding_attention") => sliding = true,
+                        _ => {
+                            return Err(refuse(
+                                "layer_types",
+                                kind,
+                                "full_attention or sliding_attention for each layer",
+                            ));
+                        }
+                    }
+                }
+                if types.len() != layers {
                     return Err(refuse(
-                        "num_labels",
-                        labels,
-                        "at least 2 classes (one is regression, not computed here)",
+                        "layer_types",
+                        format!("a list of {}", types.len()),
+                        format!("one entry for each of num_hidden_layers {layers}"),
                     ));
                 }
-                BertHead::Classification { labels }
+                Ok(Some(sliding))
             }
-            // a pre-training or bare checkpoint is fine-tuned with the masked-LM head
-            _ => BertHead::MaskedLm,
-        };
-        Ok(Config {
-            family: Family::Bert,
-            vocab: fields.required(&["vocab_size"])?,
-            hidden,
-            layers: fields.required(&["num_hidden_layers"])?,
-            heads,
-            kv_heads: heads,
-            head_dim: hidden / heads,
-            intermediate: fields.required(&["intermediate_size"])?,
-            max_positions: fields.count(&["max_position_embeddings"])?.unwrap_or(512),
-            norm_eps: fields.number("layer_norm_eps")?.unwrap_or(1e-12),
-            rope: None,
-            tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(true),
-            attention_bias: AttentionBias::All,
-            mlp_bias: true,
-            gelu,
-            sliding_window: None,
-            type_vocab: fields.count(&["type_vocab_size"])?.unwrap_or(2),
-            bert_head,
-            padding_idx: Some(fields.id("pad_token_id")?.unwrap_or(0)),
-            dtype: Config::dtype(fields)?,
-            dropout: Vec::new(),
-            unknown_keys: Vec::new(),
-        })
-    }
-
-    /// The shapes the forward pass needs to agree, and every size the
-    /// model's tensors are made of countable: the parameters, and their
-    /// bytes at 16 per parameter (weights, gradients and two f32 moments),
-    /// fit in 64 bits, checked before anything is allocated.
-    fn check_shape(&self) -> Result<(), Error> {
-        if self.kv_heads > self.heads || !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(refuse(
-                "num_key_value_heads",
-                self.kv_heads,
-                format!("a divisor of num_attention_heads {}", self.heads),
-            ));
+            Some(other) => Err(refuse("layer_types", other, "a list of attention kinds, one per layer")),
         }
-        if self.family.is_llama_like() && !self.head_dim.is_multiple_of(2) {
-            return Err(refuse("head_dim", self.head_dim, "an even number (rotary positions rotate pairs)"));
-        }
-        if let Some(padding) = self.padding_idx.filter(|&id| id >= self.vocab) {
-            return Err(refuse("pad_token_id", padding, format!("an id below vocab_size {}", self.vocab)));
-        }
-        self.checked_parameter_count()?;
-        Ok(())
-    }
-
-    /// The parameter count with every product checked: where it (or 16 bytes
-    /// for each parameter) passes 64 bits, an error naming the config field
-    /// at fault (the largest whose value alone makes it so), its value and
-    /// the most it may be. The config is counted as it is written, before any
-    /// copy with other layers ([`with_layers`](Self::with_layers)).
-    pub fn checked_parameter_count(&self) -> Result<u64, Error> {
-        let countable =
-            |config: &Config| super::count_parameters(config).filter(|count| count.checked_mul(16).is_some());
-        if let Some(count) = countable(self) {
-            return Ok(count);
-        }
-        let gpt2 = self.family == Family::Gpt2;
-        type Setter = fn(&mut Config, usize);
-        let fields: [(&str, usize, Setter); 9] = [
-            ("vocab_size", self.vocab, |c, v| c.vocab = v),
-            (if gpt2 { "n_embd" } else { "hidden_size" }, self.hidden, |c, v| c.hidden = v),
-            (if gpt2 { "n_layer" } else { "num_hidden_layers" }, self.layers, |c, v| c.layers = v),
-            (if gpt2 { "n_head" } else { "num_attention_heads" }, self.heads, |c, v| c.heads = v),
-            ("num_key_value_heads", self.kv_heads, |c, v| c.kv_heads = v),
-            ("head_dim", self.head_dim, |c, v| c.head_dim = v),
-            (if gpt2 { "n_inner" } else { "intermediate_size" }, self.intermediate, |c, v| c.intermediate = v),
-            (if gpt2 { "n_positions" } else { "max_position_embeddings" }, self.max_positions, |c, v| {
-                c.max_positions = v
-            }),
-            ("type_vocab_size", self.type_vocab, |c, v| c.type_vocab = v),
-        ];
-        let with = |set: fn(&mut Config, usize), value: usize| {
-            let mut changed = self.clone();
-            set(&mut changed, value);
-            countable(&changed).is_some()
-        };
-        // the field at fault: one that, at 1, leaves the rest countable
-        let fault =
-            fields.iter().filter(|(_, value, set)| *value > 1 && with(*set, 1)).max_by_key(|(_, value, _)| *value);
-        match fault {
-            Some(&(field, value, set)) => {
-                let fit = last_fitting(1, value, |middle| with(set, middle));
-                Err(refuse(
-                    field,
-                    value,
-                    format!(
-                        "at most {fit}: past it the {} config's parameters, 16 bytes each in training, pass what 64 \
-                         bits count (a config is counted as it is written, before any copy with other layers)",
-                        self.family.model_type()
-                    ),
-                ))
-            }
-            None => Err(Error::byte_overflow(format!(
-                "the parameters of a {} config of vocab_size {}, hidden_size {}, {} layers, intermediate_size {} \
-                 and {} positions",
-                self.family.model_type(),
-                self.vocab,
-                self.hidden,
-                self.layers,
-                self.intermediate,
-                self.max_positions
-            ))),
-        }
-    }
-
-    /// The same model with `layers` layers: a shallower (or deeper) copy to
-    /// probe, every layer alike.
-    pub fn with_layers(mut self, layers: usize) -> Result<Config, Error> {
-        if layers == 0 {
-            return Err(refuse("num_hidden_layers", 0, "at least 1"));
-        }
-        self.layers = layers;
-        self.checked_parameter_count()?;
-        Ok(self)
     }
 
     /// A sequence length this model can step at: at most its positions and

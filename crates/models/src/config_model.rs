@@ -4,12 +4,13 @@
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 
+use crate::families::{Network, bert};
 use crate::family::Family;
 use crate::ops::ChunkedCrossEntropy;
 use crate::splitmix::Rng;
 use crate::trainer::{Model, Trainer};
 use crate::weights::{TensorSpec, Weights};
-use crate::{BertHead, Config, Error, Loss, Training, bert, checkpoint, decoder, gpt2, layers, ops};
+use crate::{BertHead, Config, Error, Loss, Training, checkpoint, layers, ops};
 
 /// An error met building a model: candle's own is the model's
 /// ([`autobatch::Error::ModelBuild`]), the rest as they are.
@@ -20,35 +21,10 @@ pub(crate) fn building(err: Error) -> Error {
     }
 }
 
-/// The network of one family over its weights.
-pub(crate) enum Network {
-    Decoder(decoder::Decoder),
-    Gpt2(gpt2::Gpt2),
-    Bert(bert::Bert),
-}
-
-impl Network {
-    pub(crate) fn new(config: &Config, weights: &Weights, training: &Training) -> candle_core::Result<Network> {
-        let lora = training.lora.as_ref();
-        let forms = layers::Forms { attention: training.attention, ops: training.ops };
-        Ok(match config.family {
-            Family::Gpt2 => Network::Gpt2(gpt2::Gpt2::new(config, weights, lora, forms)?),
-            Family::Bert => Network::Bert(bert::Bert::new(config, weights, lora, forms)?),
-            _ => Network::Decoder(decoder::Decoder::new(config, weights, lora, forms)?),
-        })
-    }
-
-    /// The final norm of the last block's output `(b, s, hidden)` and the
-    /// head's weight and bias: a decoder's (or GPT-2's) fused loss's inputs.
-    fn head_parts(&self, xs: &Tensor) -> candle_core::Result<(Tensor, Tensor, Option<Tensor>)> {
-        let (features, dense) = match self {
-            Network::Decoder(network) => (network.final_norm(xs)?, network.head_dense()),
-            Network::Gpt2(network) => (network.final_norm(xs)?, network.head_dense()),
-            Network::Bert(_) => candle_core::bail!("BERT's head is its masked-LM head"),
-        };
-        let Some((weight, bias)) = dense else { candle_core::bail!("the head has adapters") };
-        Ok((features, weight, bias))
-    }
+/// The network of a config over its weights, as its family builds it.
+pub(crate) fn build_network(config: &Config, weights: &Weights, training: &Training) -> candle_core::Result<Network> {
+    let forms = layers::Forms { attention: training.attention, ops: training.ops };
+    config.family.architecture().network(config, weights, training.lora.as_ref(), forms)
 }
 
 /// A model built from its config, with deterministic weights: a `VarMap` of
@@ -165,20 +141,24 @@ impl ConfigModel {
         let mut weights = weights;
         if let Some(quantized) = training.lora.as_ref().and_then(|lora| lora.base?.quantized()) {
             for (name, _, _) in config.projections() {
-                weights.quantize(&format!("{name}.weight"), config.family == Family::Gpt2, quantized)?;
+                weights.quantize(
+                    &format!("{name}.weight"),
+                    config.family.architecture().weights_in_out(),
+                    quantized,
+                )?;
             }
         }
-        let network = Network::new(config, &weights, training)?;
-        let frozen = match (training.checkpointing, config.family) {
+        let network = build_network(config, &weights, training)?;
+        let frozen = match (training.checkpointing, config.family.checkpoints()) {
             (false, _) => None,
-            (true, Family::Bert) => {
+            (true, false) => {
                 return Err(Error::invalid(
                     crate::Setting::ConfigKey("model_type".to_owned()),
-                    autobatch::Value::Text("bert".to_owned()),
-                    "use a decoder (llama, mistral, qwen2, qwen3, gpt2) for gradient checkpointing",
+                    autobatch::Value::Text(config.family.model_type().to_owned()),
+                    format!("use a decoder ({}) for gradient checkpointing", Family::listed(Family::checkpoints)),
                 ));
             }
-            (true, _) => Some(Network::new(config, &weights.detached(), training)?),
+            (true, true) => Some(build_network(config, &weights.detached(), training)?),
         };
         Ok(ConfigModel {
             config: config.clone(),
@@ -475,7 +455,7 @@ impl Model for ConfigModel {
     fn detached(&self) -> ConfigModel {
         let weights = self.weights.detached();
         let network =
-            Network::new(&self.config, &weights, &self.training).expect("the same weights build the same network");
+            build_network(&self.config, &weights, &self.training).expect("the same weights build the same network");
         ConfigModel {
             config: self.config.clone(),
             training: self.training.clone(),

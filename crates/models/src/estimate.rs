@@ -30,7 +30,7 @@ use autobatch::estimate::{
 use autobatch::{Bytes, plan::Accumulation, plan::Ceiling};
 use candle_core::DType;
 
-use crate::{Attention, BaseDtype, Compute, Config, Error, Family, Lora, Loss, Setting, StepMemory, Training};
+use crate::{Attention, BaseDtype, Compute, Config, Error, Lora, Loss, Setting, StepMemory, Training};
 
 /// The activations beside N parameters' state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -325,7 +325,7 @@ impl Estimator<OfStep> {
         if stored.is_ok_and(|precision| precision == Precision::Fp32) && base.is_none() {
             changes.push(Change::Precision { to: Precision::Bf16 });
         }
-        if !training.checkpointing && config.family != Family::Bert {
+        if !training.checkpointing && config.family.checkpoints() {
             changes.push(Change::GradientCheckpointing);
         }
         match &training.lora {
@@ -789,7 +789,11 @@ mod tests {
     fn the_advice_weighs_what_a_fine_tuner_would_and_each_total_holds() {
         let gib = 1u64 << 30;
         let cases = [
-            ("mistral", Training::new(2048).lora(Lora::new(16, Family::Mistral.lora_targets())), 16 * gib),
+            (
+                "mistral",
+                Training::new(2048).lora(Lora::new(16, crate::Family::named("mistral").unwrap().lora_targets())),
+                16 * gib,
+            ),
             ("mistral", Training::new(2048), 24 * gib),
             ("llama", Training::new(2048), 4 * gib),
         ];

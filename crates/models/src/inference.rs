@@ -5,15 +5,15 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::Config;
-use super::config_model::Network;
+use super::config_model::build_network;
 use super::kv_cache::{Chunk, KvCache};
 use super::lora::BaseDtype;
 use super::weights::Weights;
 use super::{Attention, Training};
 use crate::Error;
-use crate::family::Family;
+use crate::families::Network;
 
-/// A config's decoder (llama, mistral, qwen2, qwen3, gpt2) for inference,
+/// A config's decoder (llama, mistral, qwen2, qwen3, olmo2, gpt2) for inference,
 /// with deterministic weights as [`ConfigModel`](super::ConfigModel) makes them.
 ///
 /// A step takes chunks of several sequences at once: a prompt's chunk
@@ -99,13 +99,7 @@ impl Inference {
         given: Option<std::collections::HashMap<String, Tensor>>,
         device: &Device,
     ) -> Result<Inference, Error> {
-        if config.family == Family::Bert {
-            return Err(Error::invalid(
-                crate::Setting::ConfigKey("model_type".to_owned()),
-                autobatch::Value::Text("bert".to_owned()),
-                "serve a decoder: llama, mistral, qwen2, qwen3 or gpt2",
-            ));
-        }
+        config.family.check_generates("serve")?;
         if let (Some(float), Some(asked)) = (weights.float(), dtype)
             && float != asked
         {
@@ -138,11 +132,11 @@ impl Inference {
         };
         if let Some(quantized) = weights.quantized() {
             for (name, _, _) in config.projections() {
-                built.quantize(&format!("{name}.weight"), config.family == Family::Gpt2, quantized)?;
+                built.quantize(&format!("{name}.weight"), config.family.architecture().weights_in_out(), quantized)?;
             }
         }
         let weight_bytes = built.bytes();
-        let network = Network::new(config, &built, &training.attention(Attention::Blocked))?;
+        let network = build_network(config, &built, &training.attention(Attention::Blocked))?;
         Ok(Inference { config: config.clone(), network, dtype, weights, weight_bytes })
     }
 
@@ -314,9 +308,11 @@ mod tests {
         let mistral = r#"{"model_type": "mistral", "vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 1,
             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24, "max_position_embeddings": 64,
             "sliding_window": 64}"#;
+        let olmo2 = r#"{"model_type": "olmo2", "vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24, "max_position_embeddings": 64}"#;
         let gpt2 =
             r#"{"model_type": "gpt2", "vocab_size": 40, "n_embd": 16, "n_layer": 2, "n_head": 2, "n_positions": 64}"#;
-        [("llama", llama), ("qwen3", qwen3), ("qwen2", qwen2), ("mistral", mistral), ("gpt2", gpt2)]
+        [("llama", llama), ("qwen3", qwen3), ("qwen2", qwen2), ("mistral", mistral), ("olmo2", olmo2), ("gpt2", gpt2)]
             .into_iter()
             .map(|(name, json)| (name, Config::from_json(json).unwrap()))
             .collect()

@@ -6,8 +6,6 @@
 
 use serde_json::Value;
 
-use crate::family::Family;
-
 /// What reading a config does with one key.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Handling {
@@ -52,12 +50,12 @@ impl std::fmt::Display for Allowed {
     }
 }
 
-const FALSE: &[Allowed] = &[Allowed::Bool(false)];
-const TRUE: &[Allowed] = &[Allowed::Bool(true)];
+pub(crate) const FALSE: &[Allowed] = &[Allowed::Bool(false)];
+pub(crate) const TRUE: &[Allowed] = &[Allowed::Bool(true)];
 
 /// Keys of every family: what transformers' `PretrainedConfig` writes
 /// (generation settings included, as transformers 4 wrote them).
-const COMMON: &[(&str, Handling)] = &[
+pub(crate) const COMMON: &[(&str, Handling)] = &[
     ("model_type", Handling::Read),
     ("architectures", Handling::Read),
     ("dtype", Handling::Read),
@@ -130,7 +128,7 @@ const COMMON: &[(&str, Handling)] = &[
 ];
 
 /// Keys of the decoders of the Llama kind.
-const LLAMA_LIKE: &[(&str, Handling)] = &[
+pub(crate) const LLAMA_LIKE: &[(&str, Handling)] = &[
     ("hidden_size", Handling::Read),
     ("intermediate_size", Handling::Read),
     ("num_hidden_layers", Handling::Read),
@@ -148,121 +146,18 @@ const LLAMA_LIKE: &[(&str, Handling)] = &[
     ("pretraining_tp", Handling::Inert("transformers 4 split the products in slices that sum to the same")),
 ];
 
-const LLAMA: &[(&str, Handling)] = &[
-    ("attention_bias", Handling::Read),
-    ("mlp_bias", Handling::Read),
-    // SmolLM's configs (written by nanotron): transformers' Llama does not read them
-    ("rope_interleaved", Handling::Inert("nanotron's; transformers' Llama does not read it")),
-    ("is_llama_config", Handling::Inert("nanotron's; transformers' Llama does not read it")),
-];
-
-const MISTRAL: &[(&str, Handling)] = &[("sliding_window", Handling::Read)];
-
-const QWEN: &[(&str, Handling)] = &[
-    ("sliding_window", Handling::Read),
-    ("use_sliding_window", Handling::Read),
-    ("max_window_layers", Handling::Read),
-    ("layer_types", Handling::Read),
-    ("use_mrope", Handling::RefusedUnless(FALSE)),
-];
-
-const QWEN2: &[(&str, Handling)] =
-    &[("attention_bias", Handling::Inert("Qwen2 has q/k/v biases and no o bias whatever it says"))];
-
-const QWEN3: &[(&str, Handling)] = &[("attention_bias", Handling::Read)];
-
-const GPT2: &[(&str, Handling)] = &[
-    ("n_embd", Handling::Read),
-    ("hidden_size", Handling::Read),
-    ("n_layer", Handling::Read),
-    ("num_hidden_layers", Handling::Read),
-    ("n_head", Handling::Read),
-    ("num_attention_heads", Handling::Read),
-    ("n_inner", Handling::Read),
-    ("n_positions", Handling::Read),
-    ("max_position_embeddings", Handling::Read),
-    ("n_ctx", Handling::Inert("transformers 2's name of n_positions; transformers does not read it")),
-    ("layer_norm_epsilon", Handling::Read),
-    ("activation_function", Handling::Read),
-    ("pad_token_id", Handling::Inert("GPT-2's embedding has no padding row")),
-    ("attn_pdrop", Handling::Dropout),
-    ("embd_pdrop", Handling::Dropout),
-    ("resid_pdrop", Handling::Dropout),
-    ("summary_type", Handling::Inert("GPT2DoubleHeadsModel's head")),
-    ("summary_use_proj", Handling::Inert("GPT2DoubleHeadsModel's head")),
-    ("summary_activation", Handling::Inert("GPT2DoubleHeadsModel's head")),
-    ("summary_proj_to_labels", Handling::Inert("GPT2DoubleHeadsModel's head")),
-    ("summary_first_dropout", Handling::Inert("GPT2DoubleHeadsModel's head")),
-    ("scale_attn_weights", Handling::RefusedUnless(TRUE)),
-    ("scale_attn_by_inverse_layer_idx", Handling::RefusedUnless(FALSE)),
-    ("reorder_and_upcast_attn", Handling::RefusedUnless(FALSE)),
-];
-
-const BERT: &[(&str, Handling)] = &[
-    ("hidden_size", Handling::Read),
-    ("intermediate_size", Handling::Read),
-    ("num_hidden_layers", Handling::Read),
-    ("num_attention_heads", Handling::Read),
-    ("hidden_act", Handling::Read),
-    ("max_position_embeddings", Handling::Read),
-    ("type_vocab_size", Handling::Read),
-    ("layer_norm_eps", Handling::Read),
-    ("pad_token_id", Handling::Read),
-    ("hidden_dropout_prob", Handling::Dropout),
-    ("attention_probs_dropout_prob", Handling::Dropout),
-    ("classifier_dropout", Handling::Dropout),
-    ("position_embedding_type", Handling::RefusedUnless(&[Allowed::Text("absolute")])),
-];
-
-/// What reading a config of `family` does with `key`; `None`: a key
-/// transformers does not write for it.
-pub(crate) fn handling(family: Family, key: &str) -> Option<Handling> {
-    table(family).find(|(name, _)| *name == key).map(|(_, handling)| handling)
+/// What reading a config whose family has the key `tables` does with
+/// `key`; `None`: a key transformers does not write for it.
+pub(crate) fn handling(tables: &[&[(&'static str, Handling)]], key: &str) -> Option<Handling> {
+    table(tables).find(|(name, _)| *name == key).map(|(_, handling)| handling)
 }
 
-/// Every key of `family`'s table, with its handling: the family's own
+/// Every key of a family's `tables`, with its handling: the family's own
 /// first, then the common ones.
-pub(crate) fn table(family: Family) -> impl Iterator<Item = (&'static str, Handling)> {
-    let own: &[&[(&str, Handling)]] = match family {
-        Family::Llama => &[LLAMA, LLAMA_LIKE],
-        Family::Mistral => &[MISTRAL, LLAMA_LIKE],
-        Family::Qwen2 => &[QWEN2, QWEN, LLAMA_LIKE],
-        Family::Qwen3 => &[QWEN3, QWEN, LLAMA_LIKE],
-        Family::Gpt2 => &[GPT2],
-        Family::Bert => &[BERT],
-    };
-    own.iter().chain([COMMON].iter()).flat_map(|list| list.iter().copied())
-}
-
-/// The key table as docs/models.md shows it: one row per key, the families
-/// it applies to, what reading does with it.
-#[cfg(test)]
-pub(crate) fn markdown_table() -> String {
-    let mut rows: Vec<(String, String, Vec<&str>)> = Vec::new();
-    for family in Family::ALL {
-        for (key, handling) in table(family) {
-            let what = match handling {
-                Handling::Read => "read".to_owned(),
-                Handling::Inert(why) => format!("not read: {why}"),
-                Handling::RefusedUnless([]) => "refused".to_owned(),
-                Handling::RefusedUnless(allowed) => {
-                    let values: Vec<String> = allowed.iter().map(|a| a.to_string().replace('"', "")).collect();
-                    format!("refused unless {}", values.join(" or "))
-                }
-                Handling::Dropout => "read, not applied: warned about when above 0".to_owned(),
-            };
-            match rows.iter_mut().find(|(k, w, _)| k == key && *w == what) {
-                Some(row) => row.2.push(family.model_type()),
-                None => rows.push((key.to_owned(), what, vec![family.model_type()])),
-            }
-        }
-    }
-    let mut table = String::from("| key | families | what reading does |\n|---|---|---|\n");
-    for (key, what, families) in rows {
-        let families = if families.len() == Family::ALL.len() { "all".to_owned() } else { families.join(", ") };
-        table += &format!("| `{key}` | {families} | {what} |\n");
-    }
-    table
+pub(crate) fn table<'a>(
+    tables: &'a [&'a [(&'static str, Handling)]],
+) -> impl Iterator<Item = (&'static str, Handling)> + 'a {
+    tables.iter().chain([COMMON].iter()).flat_map(|list| list.iter().copied())
 }
 
 #[cfg(test)]
@@ -270,22 +165,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_guide_shows_the_table_the_reader_uses() {
-        let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/models.md")).unwrap();
-        let table = markdown_table();
-        assert!(guide.contains(&table), "docs/models.md's key table is not the reader's; paste this one:\n{table}");
-    }
-
-    #[test]
-    fn every_family_reads_its_shape_and_refuses_what_it_does_not_compute() {
-        for family in Family::ALL {
-            for key in ["model_type", "vocab_size", "num_hidden_layers", "tie_word_embeddings"] {
-                let handling = handling(family, key).or_else(|| handling(family, "n_layer"));
-                assert_eq!(handling, Some(Handling::Read), "{family:?} {key}");
-            }
-            assert!(matches!(handling(family, "quantization_config"), Some(Handling::RefusedUnless([]))));
-            assert_eq!(handling(family, "a_key_nobody_writes"), None);
-        }
+    fn allowed_values_match_as_written() {
         assert!(Allowed::Empty.matches(&serde_json::json!({})));
         assert!(!Allowed::Empty.matches(&serde_json::json!({"0": [1]})));
         assert!(Allowed::Bool(false).matches(&serde_json::json!(false)));

@@ -7,7 +7,6 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::Config;
 use crate::Error;
-use crate::family::Family;
 
 /// Tokens per block by default (vLLM's).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -81,7 +80,7 @@ pub struct KvCache {
 
 impl KvCache {
     /// A pool of `blocks` blocks of `block_size` tokens for every layer of
-    /// `config` (a decoder: llama, mistral, qwen2, qwen3 or gpt2), in `dtype`
+    /// `config` (a decoder: llama, mistral, qwen2, qwen3, olmo2 or gpt2), in `dtype`
     /// (f32, bf16 or f16; `U8`: 8 bits, see [`INT8`](Self::INT8)), allocated now.
     pub fn new(
         config: &Config,
@@ -321,13 +320,7 @@ impl KvCache {
 impl KvCache {
     /// A cache of `dtype` in blocks of `block_size` for `config`, refused where it cannot be.
     pub(crate) fn check(config: &Config, block_size: usize, dtype: DType) -> Result<(), Error> {
-        if config.family == Family::Bert {
-            return Err(Error::invalid(
-                crate::Setting::ConfigKey("model_type".to_owned()),
-                autobatch::Value::Text("bert".to_owned()),
-                "a KV cache serves a decoder: llama, mistral, qwen2, qwen3 or gpt2",
-            ));
-        }
+        config.family.check_generates("a KV cache serves")?;
         if block_size == 0 {
             return Err(Error::zero(crate::Setting::BlockSize));
         }

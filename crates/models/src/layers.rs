@@ -170,6 +170,23 @@ impl Proj {
     }
 }
 
+impl Proj {
+    /// `self(activation(gate) · up)` (`activation(gate)` without `up`): an
+    /// MLP's down projection whose output is normed before the residual,
+    /// one node where the product fuses.
+    pub(crate) fn activated(&self, activation: Activation, gate: &Tensor, up: Option<&Tensor>) -> Result<Tensor> {
+        if let Some((weight, bias)) = self.fused() {
+            return ops::mlp_down_of(None, activation, gate, up, weight, bias);
+        }
+        let activated = match (up, self.ops) {
+            (Some(up), Ops::Fused) => ops::gated(activation, gate, up)?,
+            (Some(up), Ops::Eager) => (activation.apply(gate)? * up)?,
+            (None, _) => activation.apply(gate)?,
+        };
+        self.forward(&activated)
+    }
+}
+
 impl Module for Proj {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         if let Some((ops::Weight::Dense(weight), bias)) = self.fused() {

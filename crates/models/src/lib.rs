@@ -1,6 +1,6 @@
 //! The architectures people fine-tune, built from a Hugging Face
 //! `config.json`: Llama (2, 3, 3.1, 3.2, TinyLlama, SmolLM), Mistral, Qwen2,
-//! Qwen3, GPT-2 and BERT, every op differentiable, their tensors named as in
+//! Qwen3, OLMo 2, GPT-2 and BERT (one file each under `families/`), every op differentiable, their tensors named as in
 //! the checkpoint (`model.layers.0.self_attn.q_proj.weight`), filled with
 //! deterministic values (a step's memory does not depend on them).
 //!
@@ -42,15 +42,14 @@
 //! # Ok::<(), autobatch::Error>(())
 //! ```
 
-mod bert;
 mod checkpoint;
 mod config;
 mod config_model;
 mod decoder;
 mod error;
 pub mod estimate;
+mod families;
 mod family;
-mod gpt2;
 mod inference;
 mod keys;
 mod kv_cache;
@@ -58,6 +57,8 @@ mod layers;
 mod lora;
 pub mod ops;
 mod params;
+mod per_token;
+mod reading;
 pub mod reference;
 mod serve;
 mod serving_bytes;
@@ -68,7 +69,10 @@ pub mod trainer;
 mod training;
 mod weights;
 
-pub use config::{AttentionBias, BertHead, Config, Gelu, Llama3Rope, MAX_CONFIG_BYTES, Rope, RopeScaling, YarnRope};
+pub use config::{
+    AttentionBias, BertHead, BlockNorms, Config, Gelu, Llama3Rope, MAX_CONFIG_BYTES, QkNorm, Rope, RopeScaling,
+    YarnRope,
+};
 pub use config_model::ConfigModel;
 pub use error::{Error, Setting};
 pub use family::Family;
@@ -80,4 +84,3 @@ pub use step::{Compute, LossChunk, StepMemory, StepMoment};
 pub use training::{Attention, Loss, Ops, Training};
 
 pub(crate) use config_model::building;
-pub(crate) use tensors::count_parameters;

@@ -9,7 +9,6 @@ use serde::Serialize;
 use super::config::Config;
 use super::lora::BaseDtype;
 use crate::Error;
-use crate::family::Family;
 
 /// How a config is served: its context, the prefill chunk, the cache's
 /// blocks and dtype, the weights' dtype and the dtype it computes in.
@@ -71,13 +70,7 @@ impl Config {
     /// last token, the keys the prefilled sequence reads gathered from its
     /// blocks).
     pub fn serving_bytes(&self, shape: &ServingShape) -> Result<ServingBytes, Error> {
-        if self.family == Family::Bert {
-            return Err(Error::invalid(
-                crate::Setting::ConfigKey("model_type".to_owned()),
-                autobatch::Value::Text("bert".to_owned()),
-                "serve a decoder: llama, mistral, qwen2, qwen3 or gpt2",
-            ));
-        }
+        self.family.check_generates("serve")?;
         if shape.block_size == 0 {
             return Err(Error::zero(crate::Setting::BlockSize));
         }

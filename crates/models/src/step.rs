@@ -7,86 +7,10 @@
 
 use candle_core::DType;
 
-use super::config::{AttentionBias, BertHead, Config};
+use super::config::Config;
 use super::{Attention, Loss, Ops, Training};
 use crate::Error;
-use crate::family::Family;
-
-/// Bytes per token of the tensors the forward pass keeps, and of the widest
-/// moment of the backward pass beside them.
-#[derive(Clone, Copy, Debug, Default)]
-struct PerToken {
-    kept: f64,
-    backward: f64,
-}
-
-impl std::ops::Add for PerToken {
-    type Output = PerToken;
-
-    fn add(self, other: PerToken) -> PerToken {
-        PerToken { kept: self.kept + other.kept, backward: self.backward + other.backward }
-    }
-}
-
-/// The widths a layer's tensors have, and their dtypes' bytes.
-struct Widths {
-    h: f64,
-    q: f64,
-    kv: f64,
-    i: f64,
-    vocab: f64,
-    heads: f64,
-    /// The model's dtype (weights, activations).
-    d: f64,
-    /// Whether norms compute in f32 beside a 16-bit dtype (a copy each way).
-    widened: bool,
-    /// The fused ops ([`Ops::Fused`]): each one tensor kept.
-    fused: bool,
-}
-
-impl Widths {
-    /// An RMS norm of width `w` (candle-nn's `rms_norm_slow`: squared,
-    /// divided, scaled; in f32 for a 16-bit input).
-    fn rms_norm(&self, w: f64) -> f64 {
-        if self.fused {
-            w * self.d
-        } else if self.widened {
-            4.0 * w * 3.0 + 2.0 * w * 2.0
-        } else {
-            3.0 * w * self.d
-        }
-    }
-
-    /// A layer norm of width `w` (candle-nn's `layer_norm_slow`: centred,
-    /// squared, divided, scaled, shifted).
-    fn layer_norm(&self, w: f64) -> f64 {
-        if self.fused {
-            w * self.d
-        } else if self.widened {
-            4.0 * w * 4.0 + 2.0 * w * 3.0
-        } else {
-            5.0 * w * self.d
-        }
-    }
-
-    /// A projection to `out` features: the product, and the bias added
-    /// (one tensor fused).
-    fn linear(&self, out: f64, bias: bool) -> f64 {
-        out * self.d * if bias && !self.fused { 2.0 } else { 1.0 }
-    }
-
-    /// A projection to `out` features added to the residual stream: the
-    /// product (with its bias) and the sum, one tensor fused.
-    fn residual_linear(&self, out: f64, bias: bool) -> f64 {
-        if self.fused { out * self.d } else { self.linear(out, bias) + out * self.d }
-    }
-
-    /// Heads split from a projection's output and made contiguous: a copy of
-    /// `w`, none fused (the heads are views).
-    fn heads(&self, w: f64) -> f64 {
-        if self.fused { 0.0 } else { w * self.d }
-    }
-}
+use crate::per_token::{PerToken, Widths};
 
 /// Where a config model's training step computes: the CPU widens what the
 /// accelerator computes in bf16 (candle's CPU matmul has no bf16 kernel: both
@@ -302,12 +226,13 @@ impl Config {
         let eager = training.attention == Attention::Eager;
         // per layer, per token: the block, its attention, its adapters
         let attention = self.attention_bytes(&w, s, eager);
-        let mut block = self.block(&w, eager) + self.adapters_bytes(&w, training);
+        let mut block = self.family.architecture().block_bytes(self, &w, eager) + self.adapters_bytes(&w, training);
         block.kept += attention.kept;
         // the fused MLP's moment and blocked attention's are apart; the eager ones' overlap
         block.backward =
             if w.fused { block.backward.max(attention.backward) } else { block.backward + attention.backward };
-        let (embedding, head) = (self.embedding_bytes(&w), self.head_bytes(&w, training.loss));
+        let (embedding, head) =
+            (self.family.architecture().embedding_bytes(self, &w), self.head_bytes(&w, training.loss));
         let layers = self.layers as f64;
         let kept = if training.checkpointing {
             // each layer's input; one layer's whole forward again while its backward
@@ -337,14 +262,15 @@ impl Config {
             bytes_per_sample: per_sample(kept + block.backward.max(head.backward) + self.in_flight(&w, compute))?,
             chunk: None,
         }];
-        let predicts_tokens = !matches!((self.family, self.bert_head), (Family::Bert, BertHead::Classification { .. }));
+        let family = self.family.architecture();
+        let predicted_milli_rows = family.predicted_milli_rows(self);
+        let predicts_tokens = predicted_milli_rows > 0;
         let native = dtype.size_in_bytes() as u64;
         if trains_embeddings && predicts_tokens {
             // the loss hands the head's gradient to candle's backward pass, which
             // scales it by the loss's gradient and adds it to a zero tensor of its
-            // own: three at once, before any other gradient is made (measured; BERT's
-            // masked-LM head, its bias beside, about 3.7: BERT-base at batches 4 and 12)
-            let tenths = if self.family == Family::Bert { 37 } else { 30 };
+            // own: three at once, before any other gradient is made (measured)
+            let tenths = family.head_gradient_tenths();
             moments.push(StepMoment {
                 name: "the head's gradient handed to the backward pass",
                 holds_gradients: false,
@@ -368,10 +294,9 @@ impl Config {
             let gradient = if trains_embeddings { vocab_sized(4)? } else { 0 };
             let widened = if compute == Compute::Cpu && dtype != DType::F32 { vocab_sized(4)? } else { 0 };
             let tensors = chunk_tensors(compute, dtype);
-            let milli_rows = if self.family == Family::Bert { 150 } else { 1000 };
             let chunk = LossChunk {
                 milli_rows_per_sample: (training.seq_len as u64)
-                    .checked_mul(milli_rows)
+                    .checked_mul(predicted_milli_rows)
                     .ok_or_else(|| overflow("a sample"))?,
                 rows_per_chunk_row: self.vocab.div_ceil(self.hidden.max(1)).max(1) as u64,
                 bytes_per_row: v.checked_mul(4 * tensors).ok_or_else(|| overflow("the loss's chunk"))?,
@@ -423,94 +348,17 @@ impl Config {
     /// Bytes per token the backward pass holds whatever the layer: the
     /// gradients in flight along the residual stream (each sum hands its
     /// gradient to both inputs, the norms' to theirs), about six of the
-    /// hidden width (measured, from one layer to three; none measured in
-    /// BERT, whose norms after each sum take it in place); on the CPU in a
+    /// hidden width (measured, from one layer to three; the family says);
+    /// on the CPU in a
     /// 16-bit dtype, the widest projection's operands and product widened to
     /// f32 for its product and the product narrowed.
     fn in_flight(&self, w: &Widths, compute: Compute) -> f64 {
-        let residual = if self.family == Family::Bert { 0.0 } else { 6.0 * w.h * w.d };
+        let residual = self.family.architecture().residual_in_flight() * w.h * w.d;
         let widened = match compute {
             Compute::Cpu if w.d < 4.0 => (w.h + w.i) * 4.0 + w.i * w.d,
             _ => 0.0,
         };
         residual + widened
-    }
-
-    /// One layer's tensors but attention's and the adapters'.
-    fn block(&self, w: &Widths, eager_attention: bool) -> PerToken {
-        let d = w.d;
-        // an MLP's activation (and a gate's product): kept eager, recomputed fused
-        let activation = |width: f64| if w.fused { 0.0 } else { width * d };
-        match self.family {
-            Family::Gpt2 => PerToken {
-                // ln_1, c_attn with its bias, q/k/v made contiguous, c_proj and the
-                // residual, ln_2, c_fc, gelu, c_proj and the residual
-                kept: 2.0 * w.layer_norm(w.h)
-                    + w.linear(3.0 * w.h, true)
-                    + 3.0 * if eager_attention { w.h * d } else { w.heads(w.h) }
-                    + w.residual_linear(w.h, true)
-                    + w.linear(w.i, true)
-                    + activation(w.i)
-                    + w.residual_linear(w.h, true),
-                backward: self.mlp_backward(w, true),
-            },
-            Family::Bert => PerToken {
-                // query, key, value with biases, made contiguous, the output and its
-                // residual, its norm, the intermediate, gelu, the output and its
-                // residual, its norm
-                kept: 3.0 * w.linear(w.h, true)
-                    + 3.0 * if eager_attention { w.h * d } else { w.heads(w.h) }
-                    + w.residual_linear(w.h, true)
-                    + w.layer_norm(w.h)
-                    + w.linear(w.i, true)
-                    + activation(w.i)
-                    + w.residual_linear(w.h, true)
-                    + w.layer_norm(w.h),
-                backward: self.mlp_backward(w, true),
-            },
-            _ => {
-                let qkv_bias = self.attention_bias != AttentionBias::None;
-                let qk_norms = if self.family == Family::Qwen3 { w.rms_norm(w.q) + w.rms_norm(w.kv) } else { 0.0 };
-                // eager: a half negated, the halves joined, two products, their sum;
-                // fused: one tensor, none inside blocked attention
-                let rotary = match (w.fused, eager_attention) {
-                    (false, _) => 4.5 * (w.q + w.kv) * d,
-                    (true, true) => (w.q + w.kv) * d,
-                    (true, false) => 0.0,
-                };
-                let contiguous = if eager_attention && w.fused { 2.0 * w.kv * d } else { w.heads(w.q + 2.0 * w.kv) };
-                PerToken {
-                    // the input norm, q/k/v (made contiguous eager), the q/k norms,
-                    // rotary positions on q and k, o and the residual, the post norm,
-                    // gate, up, silu and their product, down and the residual
-                    kept: 2.0 * w.rms_norm(w.h)
-                        + w.linear(w.q, qkv_bias)
-                        + 2.0 * w.linear(w.kv, qkv_bias)
-                        + contiguous
-                        + qk_norms
-                        + rotary
-                        + w.residual_linear(w.h, self.attention_bias == AttentionBias::All)
-                        + 2.0 * w.linear(w.i, self.mlp_bias)
-                        + 2.0 * activation(w.i)
-                        + w.residual_linear(w.h, self.mlp_bias),
-                    backward: self.mlp_backward(w, false) + 4.0 * (w.q + 2.0 * w.kv) * d,
-                }
-            }
-        }
-    }
-
-    /// The widest moment of the backward pass through the MLP: eager, the
-    /// gradients of its intermediates with their sums (GELU's backward
-    /// about twice SiLU's temporaries, with the attention's beside); fused,
-    /// the gradients of its two halves (or of one with GELU), the
-    /// activation's recomputed a block of rows at a time.
-    fn mlp_backward(&self, w: &Widths, gelu: bool) -> f64 {
-        match (w.fused, gelu) {
-            (false, true) => 16.0 * w.i * w.d + 12.0 * w.h * w.d,
-            (false, false) => 8.0 * w.i * w.d,
-            (true, true) => 2.0 * w.i * w.d + 4.0 * w.h * w.d,
-            (true, false) => 2.0 * w.i * w.d,
-        }
     }
 
     /// Attention's tensors per token at `s` tokens: blocked, the output (and
@@ -527,7 +375,7 @@ impl Config {
             // them (the gradients' blocks and their joins), measured too
             let backward = if w.fused {
                 let block = s.min(super::ops::DEFAULT_BLOCK as f64);
-                let joined = if self.family == Family::Bert { 32.0 * w.q } else { 0.0 };
+                let joined = self.family.architecture().attention_backward_beside() * w.q;
                 20.0 * w.heads * block * block / s + joined
             } else {
                 0.0
@@ -563,37 +411,25 @@ impl Config {
         PerToken { kept: adapted * 2.0 * lora.rank as f64 * adapter, backward: 0.0 }
     }
 
-    /// The embeddings' tensors per token.
-    fn embedding_bytes(&self, w: &Widths) -> f64 {
-        match self.family {
-            // the token rows, the positions added
-            Family::Gpt2 => 2.0 * w.h * w.d,
-            // the word rows, positions and token types added, the norm
-            Family::Bert => 3.0 * w.h * w.d + w.layer_norm(w.h),
-            _ => w.h * w.d,
-        }
-    }
-
     /// The head's and the loss's tensors per token: the final norm (BERT's
     /// transform), then, chunked, the gradient of the hidden states the
     /// fused loss computes in the forward pass; in full, the logits, their
     /// f32 copy and log-softmax's three tensors kept, and their gradients at
     /// the start of the backward pass.
     fn head_bytes(&self, w: &Widths, loss: Loss) -> PerToken {
-        let (norm, rows) = match (self.family, self.bert_head) {
-            (Family::Bert, BertHead::Classification { .. }) => return PerToken::default(),
-            // the transform with its bias, gelu, its norm; about 15% of the rows predicted
-            (Family::Bert, BertHead::MaskedLm) => (w.linear(w.h, true) + w.h * w.d + w.layer_norm(w.h), 0.15),
-            (Family::Gpt2, _) => (w.layer_norm(w.h), 1.0),
-            _ => (w.rms_norm(w.h), 1.0),
-        };
+        let family = self.family.architecture();
+        let rows = family.predicted_milli_rows(self) as f64 / 1000.0;
+        if rows == 0.0 {
+            return PerToken::default();
+        }
+        let norm = family.head_input_bytes(self, w);
         match loss {
             // the gradient of the hidden states, computed in the forward pass (the
             // chunk's logits are the loss's own moment: `step_memory`)
             Loss::Chunked => PerToken { kept: norm + rows * w.h * w.d, backward: 0.0 },
             Loss::Full => {
                 let widened = if w.d == 4.0 { 0.0 } else { 4.0 };
-                let bias = if self.family == Family::Bert && self.tie_embeddings { w.d } else { 0.0 };
+                let bias = if family.logits_bias(self) { w.d } else { 0.0 };
                 PerToken {
                     kept: norm + w.vocab * (w.d + bias + widened + 12.0),
                     // log-softmax's backward: the gradients of its output, of the

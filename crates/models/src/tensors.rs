@@ -4,31 +4,23 @@
 
 use candle_core::DType;
 
-use crate::family::Family;
 use autobatch::estimate::TrainingSetup;
 
+use crate::config::{last_fitting, refuse};
 use crate::trainer::Footprint;
 use crate::trainer::footprint::adamw_state;
 use crate::weights::{Init, TensorSpec};
-use crate::{Attention, BaseDtype, BertHead, Compute, Config, Error, Lora, Loss, Ops, Training, bert, decoder, gpt2};
+use crate::{Attention, BaseDtype, Compute, Config, Error, Lora, Loss, Ops, Training};
 
 impl Config {
     /// The checkpoint's tensors, names and shapes, as [`ConfigModel::build`] makes them.
     pub(crate) fn tensors(&self) -> Vec<TensorSpec> {
-        match self.family {
-            Family::Gpt2 => gpt2::tensors(self),
-            Family::Bert => bert::tensors(self),
-            _ => decoder::tensors(self),
-        }
+        self.family.architecture().tensors(self)
     }
 
     /// The start of layer `index`'s tensor names.
     fn layer_prefix(&self, index: usize) -> String {
-        match self.family {
-            Family::Gpt2 => format!("h.{index}."),
-            Family::Bert => format!("bert.encoder.layer.{index}."),
-            _ => format!("model.layers.{index}."),
-        }
+        self.family.architecture().layer_prefix(index)
     }
 
     /// The elements of `specs` outside the layers and in one layer (every
@@ -70,13 +62,99 @@ impl Config {
         count_parameters(self).unwrap_or(u64::MAX)
     }
 
+    /// The shapes the forward pass needs to agree, and every size the
+    /// model's tensors are made of countable: the parameters, and their
+    /// bytes at 16 per parameter (weights, gradients and two f32 moments),
+    /// fit in 64 bits, checked before anything is allocated.
+    pub(crate) fn check_shape(&self) -> Result<(), Error> {
+        if self.kv_heads > self.heads || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(refuse(
+                "num_key_value_heads",
+                self.kv_heads,
+                format!("a divisor of num_attention_heads {}", self.heads),
+            ));
+        }
+        if self.rope.is_some() && !self.head_dim.is_multiple_of(2) {
+            return Err(refuse("head_dim", self.head_dim, "an even number (rotary positions rotate pairs)"));
+        }
+        if let Some(padding) = self.padding_idx.filter(|&id| id >= self.vocab) {
+            return Err(refuse("pad_token_id", padding, format!("an id below vocab_size {}", self.vocab)));
+        }
+        self.checked_parameter_count()?;
+        Ok(())
+    }
+
+    /// The parameter count with every product checked: where it (or 16 bytes
+    /// for each parameter) passes 64 bits, an error naming the config field
+    /// at fault (the largest whose value alone makes it so), its value and
+    /// the most it may be. The config is counted as it is written, before any
+    /// copy with other layers ([`with_layers`](Self::with_layers)).
+    pub fn checked_parameter_count(&self) -> Result<u64, Error> {
+        let countable = |config: &Config| count_parameters(config).filter(|count| count.checked_mul(16).is_some());
+        if let Some(count) = countable(self) {
+            return Ok(count);
+        }
+        let key = |field| self.family.architecture().config_key(field);
+        type Setter = fn(&mut Config, usize);
+        let fields: [(&str, usize, Setter); 9] = [
+            ("vocab_size", self.vocab, |c, v| c.vocab = v),
+            (key("hidden_size"), self.hidden, |c, v| c.hidden = v),
+            (key("num_hidden_layers"), self.layers, |c, v| c.layers = v),
+            (key("num_attention_heads"), self.heads, |c, v| c.heads = v),
+            ("num_key_value_heads", self.kv_heads, |c, v| c.kv_heads = v),
+            ("head_dim", self.head_dim, |c, v| c.head_dim = v),
+            (key("intermediate_size"), self.intermediate, |c, v| c.intermediate = v),
+            (key("max_position_embeddings"), self.max_positions, |c, v| c.max_positions = v),
+            ("type_vocab_size", self.type_vocab, |c, v| c.type_vocab = v),
+        ];
+        let with = |set: fn(&mut Config, usize), value: usize| {
+            let mut changed = self.clone();
+            set(&mut changed, value);
+            countable(&changed).is_some()
+        };
+        // the field at fault: one that, at 1, leaves the rest countable
+        let fault =
+            fields.iter().filter(|(_, value, set)| *value > 1 && with(*set, 1)).max_by_key(|(_, value, _)| *value);
+        match fault {
+            Some(&(field, value, set)) => {
+                let fit = last_fitting(1, value, |middle| with(set, middle));
+                Err(refuse(
+                    field,
+                    value,
+                    format!(
+                        "at most {fit}: past it the {} config's parameters, 16 bytes each in training, pass what 64 \
+                         bits count (a config is counted as it is written, before any copy with other layers)",
+                        self.family.model_type()
+                    ),
+                ))
+            }
+            None => Err(Error::byte_overflow(format!(
+                "the parameters of a {} config of vocab_size {}, hidden_size {}, {} layers, intermediate_size {} \
+                 and {} positions",
+                self.family.model_type(),
+                self.vocab,
+                self.hidden,
+                self.layers,
+                self.intermediate,
+                self.max_positions
+            ))),
+        }
+    }
+
+    /// The same model with `layers` layers: a shallower (or deeper) copy to
+    /// probe, every layer alike.
+    pub fn with_layers(mut self, layers: usize) -> Result<Config, Error> {
+        if layers == 0 {
+            return Err(refuse("num_hidden_layers", 0, "at least 1"));
+        }
+        self.layers = layers;
+        self.checked_parameter_count()?;
+        Ok(self)
+    }
+
     /// The projections LoRA can adapt: checkpoint names with (out, in).
     pub(crate) fn projections(&self) -> Vec<(String, usize, usize)> {
-        match self.family {
-            Family::Gpt2 => gpt2::projections(self),
-            Family::Bert => bert::projections(self),
-            _ => decoder::projections(self),
-        }
+        self.family.architecture().projections(self)
     }
 
     /// The projections of one layer (every layer has the same).
@@ -87,10 +165,7 @@ impl Config {
     /// Tensors transformers keeps in the model and never uses (an untied
     /// BERT head's `cls.predictions.bias`): counted and loaded, never trained.
     pub(crate) fn unused_tensors(&self) -> Vec<&'static str> {
-        match (self.family, self.bert_head, self.tie_embeddings) {
-            (Family::Bert, BertHead::MaskedLm, false) => vec!["cls.predictions.bias"],
-            _ => Vec::new(),
-        }
+        self.family.architecture().unused_tensors(self)
     }
 
     /// The module names LoRA can target in this family.
@@ -354,7 +429,7 @@ impl Config {
 
 /// The parameters of `config`, counted without a per-layer list; `None`
 /// past 64 bits.
-pub(crate) fn count_parameters(config: &Config) -> Option<u64> {
+fn count_parameters(config: &Config) -> Option<u64> {
     // the sizes the tensors' shapes are products of: none may wrap
     config.heads.checked_mul(config.head_dim)?;
     config.kv_heads.checked_mul(config.head_dim)?;

@@ -1393,7 +1393,7 @@ fn bad_configs_are_one_line_before_any_allocation() {
         "c_attn",
     );
     assert_usage_error(&["probe", "--lora", "4"], "--config");
-    assert_usage_error(&["probe", "--config", &config("tiny-bert.json"), "--checkpointing"], "not BERT's");
+    assert_usage_error(&["probe", "--config", &config("tiny-bert.json"), "--checkpointing"], "not bert's");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

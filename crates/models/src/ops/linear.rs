@@ -161,8 +161,24 @@ pub(crate) fn residual_mlp_down_of(
     weight: Weight,
     bias: Option<&Tensor>,
 ) -> Result<Tensor> {
+    mlp_down_of(Some(residual), activation, gate, up, weight, bias)
+}
+
+/// `activation(gate) [· up] · weightᵀ + bias`, one node, the activation
+/// recomputed in the backward pass: an MLP's down projection whose output is
+/// normed before it joins the stream (OLMo 2's and Gemma's norms after the MLP).
+pub(crate) fn mlp_down_of(
+    residual: Option<&Tensor>,
+    activation: Activation,
+    gate: &Tensor,
+    up: Option<&Tensor>,
+    weight: Weight,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
     let shapes = Shapes::of(gate, weight.dims()?, bias, "MLP down projection")?;
-    shapes.check_residual(residual, gate)?;
+    if let Some(residual) = residual {
+        shapes.check_residual(residual, gate)?;
+    }
     if let Some(up) = up
         && up.dims() != gate.dims()
     {
@@ -171,10 +187,10 @@ pub(crate) fn residual_mlp_down_of(
     let (gate_, up_) = (gate.detach(), up.map(Tensor::detach));
     let (w, b) = (weight.value(&gate_)?, bias.map(Tensor::detach));
     // the product a block of rows at a time: the activation never whole
-    let flat_residual = residual.detach().reshape((shapes.rows, shapes.out))?;
     let mut inputs = vec![&gate_];
     inputs.extend(up_.as_ref());
-    let value = by_rows(&inputs, &[shapes.out], residual.dtype(), |block| {
+    let dtype = residual.map_or(gate.dtype(), Tensor::dtype);
+    let value = by_rows(&inputs, &[shapes.out], dtype, |block| {
         let rows = block[0].dim(0)?;
         let activated = activated(activation, &block[0], block.get(1))?;
         let shapes = Shapes { rows, ..shapes };
@@ -182,13 +198,20 @@ pub(crate) fn residual_mlp_down_of(
     })?
     .remove(0);
     drop(w);
-    let value = (flat_residual + value)?.reshape(residual.shape())?;
-    let mut graph_inputs = vec![residual, gate];
+    let value = match residual {
+        Some(residual) => {
+            let flat_residual = residual.detach().reshape((shapes.rows, shapes.out))?;
+            (flat_residual + value)?.reshape(residual.shape())?
+        }
+        None => value.reshape(shapes.output(gate))?,
+    };
+    let mut graph_inputs: Vec<&Tensor> = residual.into_iter().collect();
+    graph_inputs.push(gate);
     graph_inputs.extend(up);
     graph_inputs.extend(weight_input(&weight));
     graph_inputs.extend(bias);
     let activation = Some((activation, up.is_some()));
-    let projection = Projection { shapes, residual: true, activation, quantized: weight.quantized() };
+    let projection = Projection { shapes, residual: residual.is_some(), activation, quantized: weight.quantized() };
     node(&graph_inputs, value, projection)
 }
 
@@ -268,7 +291,8 @@ struct Projection {
 impl Backward for Projection {
     fn name(&self) -> &'static str {
         match (self.residual, self.activation) {
-            (false, _) => "fused-linear",
+            (false, None) => "fused-linear",
+            (false, Some(_)) => "fused-mlp-down-projection-unadded",
             (true, None) => "fused-residual-linear",
             (true, Some(_)) => "fused-mlp-down-projection",
         }

@@ -65,7 +65,7 @@ pub(crate) use activation::ROWS_AT_ONCE;
 pub use activation::{Activation, activation, gated, geglu, swiglu};
 pub use adapters::lora_linear;
 pub use attention::{BlockedAttention, DEFAULT_BLOCK, attention};
-pub(crate) use linear::{Weight, residual_linear_of, residual_mlp_down_of};
+pub(crate) use linear::{Weight, mlp_down_of, residual_linear_of, residual_mlp_down_of};
 pub use linear::{linear, residual_linear, residual_mlp_down};
 pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX, MIN_CHUNK_ROWS};
 pub use norm::{layer_norm, rms_norm};

@@ -7,11 +7,16 @@ use candle_core::{Module, Result, Tensor};
 
 use crate::ops::add_constant;
 
-use super::config::{Config, Gelu};
-use super::kv_cache::{Chunk, KvCache};
-use super::layers::{Forms, Layout, Norm, Proj, attention, cached_attention, gelu, last_tokens};
-use super::lora::Lora;
-use super::weights::{Init, TensorSpec, Weights};
+use super::{Architecture, Network};
+use crate::Error;
+use crate::config::{AttentionBias, BertHead, BlockNorms, Config, Fields, Gelu, QkNorm, refuse};
+use crate::family::Family;
+use crate::keys::{FALSE, Handling, TRUE};
+use crate::kv_cache::{Chunk, KvCache};
+use crate::layers::{Forms, Layout, Norm, Proj, attention, cached_attention, gelu, last_tokens};
+use crate::lora::Lora;
+use crate::per_token::{PerToken, Widths};
+use crate::weights::{Init, TensorSpec, Weights};
 
 const STD: f32 = 0.02;
 
@@ -192,4 +197,175 @@ impl Gpt2 {
     pub(crate) fn head_dense(&self) -> Option<(Tensor, Option<Tensor>)> {
         self.head.dense()
     }
+}
+
+const GPT2: &[(&str, Handling)] = &[
+    ("n_embd", Handling::Read),
+    ("hidden_size", Handling::Read),
+    ("n_layer", Handling::Read),
+    ("num_hidden_layers", Handling::Read),
+    ("n_head", Handling::Read),
+    ("num_attention_heads", Handling::Read),
+    ("n_inner", Handling::Read),
+    ("n_positions", Handling::Read),
+    ("max_position_embeddings", Handling::Read),
+    ("n_ctx", Handling::Inert("transformers 2's name of n_positions; transformers does not read it")),
+    ("layer_norm_epsilon", Handling::Read),
+    ("activation_function", Handling::Read),
+    ("pad_token_id", Handling::Inert("GPT-2's embedding has no padding row")),
+    ("attn_pdrop", Handling::Dropout),
+    ("embd_pdrop", Handling::Dropout),
+    ("resid_pdrop", Handling::Dropout),
+    ("summary_type", Handling::Inert("GPT2DoubleHeadsModel's head")),
+    ("summary_use_proj", Handling::Inert("GPT2DoubleHeadsModel's head")),
+    ("summary_activation", Handling::Inert("GPT2DoubleHeadsModel's head")),
+    ("summary_proj_to_labels", Handling::Inert("GPT2DoubleHeadsModel's head")),
+    ("summary_first_dropout", Handling::Inert("GPT2DoubleHeadsModel's head")),
+    ("scale_attn_weights", Handling::RefusedUnless(TRUE)),
+    ("scale_attn_by_inverse_layer_idx", Handling::RefusedUnless(FALSE)),
+    ("reorder_and_upcast_attn", Handling::RefusedUnless(FALSE)),
+];
+
+/// GPT-2 as a family: its keys, its config, its `Conv1D` layout and
+/// `transformer.` names, its bytes.
+pub(crate) struct Gpt2Family;
+
+impl Architecture for Gpt2Family {
+    fn model_type(&self) -> &'static str {
+        "gpt2"
+    }
+
+    fn keys(&self) -> &'static [&'static [(&'static str, Handling)]] {
+        &[GPT2]
+    }
+
+    fn read(&self, family: Family, fields: &Fields) -> std::result::Result<Config, Error> {
+        read_gpt2(family, fields)
+    }
+
+    fn config_key(&self, field: &'static str) -> &'static str {
+        match field {
+            "hidden_size" => "n_embd",
+            "num_hidden_layers" => "n_layer",
+            "num_attention_heads" => "n_head",
+            "intermediate_size" => "n_inner",
+            "max_position_embeddings" => "n_positions",
+            other => other,
+        }
+    }
+
+    fn lora_targets(&self) -> &'static [&'static str] {
+        &["c_attn"]
+    }
+
+    fn base_model_prefix(&self) -> &'static str {
+        "transformer"
+    }
+
+    fn tensors(&self, config: &Config) -> Vec<TensorSpec> {
+        tensors(config)
+    }
+
+    fn projections(&self, config: &Config) -> Vec<(String, usize, usize)> {
+        projections(config)
+    }
+
+    fn layer_prefix(&self, index: usize) -> String {
+        format!("h.{index}.")
+    }
+
+    fn weights_in_out(&self) -> bool {
+        true
+    }
+
+    /// This crate names GPT-2's base tensors without the prefix
+    /// (`wte.weight`); a checkpoint may write it.
+    fn spellings(&self, ours: &str) -> Vec<String> {
+        let mut names = vec![ours.to_owned()];
+        if ours != "lm_head.weight" {
+            names.push(format!("transformer.{ours}"));
+        }
+        names
+    }
+
+    fn ignored(&self, _config: &Config, _name: &str, bare: &str) -> Option<&'static str> {
+        bare.ends_with(".attn.bias").then_some("GPT-2's causal-mask buffer")
+    }
+
+    fn tied_copies(&self, _config: &Config) -> Vec<(&'static str, &'static str)> {
+        vec![("lm_head.weight", "wte.weight")]
+    }
+
+    fn network(&self, config: &Config, weights: &Weights, lora: Option<&Lora>, forms: Forms) -> Result<Network> {
+        Ok(Network::Gpt2(Gpt2::new(config, weights, lora, forms)?))
+    }
+
+    /// ln_1, c_attn with its bias, q/k/v made contiguous, c_proj and the
+    /// residual, ln_2, c_fc, gelu, c_proj and the residual.
+    fn block_bytes(&self, _config: &Config, w: &Widths, eager_attention: bool) -> PerToken {
+        // the MLP's activation: kept eager, recomputed fused
+        let activation = if w.fused { 0.0 } else { w.i * w.d };
+        PerToken {
+            kept: 2.0 * w.layer_norm(w.h)
+                + w.linear(3.0 * w.h, true)
+                + 3.0 * if eager_attention { w.h * w.d } else { w.heads(w.h) }
+                + w.residual_linear(w.h, true)
+                + w.linear(w.i, true)
+                + activation
+                + w.residual_linear(w.h, true),
+            backward: w.mlp_backward(true),
+        }
+    }
+
+    /// The token rows, the positions added.
+    fn embedding_bytes(&self, _config: &Config, w: &Widths) -> f64 {
+        2.0 * w.h * w.d
+    }
+
+    fn head_input_bytes(&self, _config: &Config, w: &Widths) -> f64 {
+        w.layer_norm(w.h)
+    }
+}
+
+fn read_gpt2(family: Family, fields: &Fields) -> std::result::Result<Config, Error> {
+    Config::architecture(fields, &["GPT2LMHeadModel", "GPT2Model"], "a language model trained on its next tokens")?;
+    let hidden = fields.required(&["n_embd", "hidden_size"])?;
+    let heads = fields.required(&["n_head", "num_attention_heads"])?;
+    if !hidden.is_multiple_of(heads) {
+        return Err(refuse("n_head", heads, format!("a divisor of n_embd {hidden}")));
+    }
+    let gelu = Config::gelu("activation_function", fields.text("activation_function")?.unwrap_or("gelu_new"))?;
+    let intermediate = match fields.count(&["n_inner"])? {
+        Some(inner) => inner,
+        None => hidden
+            .checked_mul(4)
+            .ok_or_else(|| refuse("n_embd", hidden, "a width whose MLP (4 × n_embd) is countable"))?,
+    };
+    Ok(Config {
+        family,
+        vocab: fields.required(&["vocab_size"])?,
+        hidden,
+        layers: fields.required(&["n_layer", "num_hidden_layers"])?,
+        heads,
+        kv_heads: heads,
+        head_dim: hidden / heads,
+        intermediate,
+        max_positions: fields.count(&["n_positions", "max_position_embeddings"])?.unwrap_or(1024),
+        norm_eps: fields.number("layer_norm_epsilon")?.unwrap_or(1e-5),
+        rope: None,
+        tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(true),
+        attention_bias: AttentionBias::All,
+        mlp_bias: true,
+        qk_norm: QkNorm::None,
+        norms: BlockNorms::Pre,
+        gelu,
+        sliding_window: None,
+        type_vocab: 0,
+        bert_head: BertHead::MaskedLm,
+        // GPT-2's embedding has no padding_idx
+        padding_idx: None,
+        dtype: Config::dtype(fields)?,
+        dropout: Vec::new(),
+        unknown_keys: Vec::new(),
+    })
 }

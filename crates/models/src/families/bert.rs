@@ -6,10 +6,15 @@
 
 use candle_core::{D, Module, Result, Tensor};
 
-use super::config::{BertHead, Config, Gelu};
-use super::layers::{Forms, Layout, Norm, Proj, attention, embed, gelu, split_heads};
-use super::lora::Lora;
-use super::weights::{Init, TensorSpec, Weights};
+use super::{Architecture, Network};
+use crate::Error;
+use crate::config::{AttentionBias, BertHead, BlockNorms, Config, Fields, Gelu, QkNorm, refuse};
+use crate::family::Family;
+use crate::keys::{Allowed, Handling};
+use crate::layers::{Forms, Layout, Norm, Proj, attention, embed, gelu, split_heads};
+use crate::lora::Lora;
+use crate::per_token::{PerToken, Widths};
+use crate::weights::{Init, TensorSpec, Weights};
 
 const STD: f32 = 0.02;
 
@@ -235,6 +240,215 @@ impl Bert {
     pub(crate) fn predicts_tokens(&self) -> bool {
         matches!(self.head, Head::MaskedLm { .. })
     }
+}
+
+/// BERT as a family: an encoder (no generation, no checkpointing), its
+/// heads, its `bert.` names, its bytes.
+pub(crate) struct BertFamily;
+
+impl Architecture for BertFamily {
+    fn model_type(&self) -> &'static str {
+        "bert"
+    }
+
+    fn keys(&self) -> &'static [&'static [(&'static str, Handling)]] {
+        &[BERT]
+    }
+
+    fn read(&self, family: Family, fields: &Fields) -> std::result::Result<Config, Error> {
+        read_bert(family, fields)
+    }
+
+    fn lora_targets(&self) -> &'static [&'static str] {
+        &["query", "value"]
+    }
+
+    fn base_model_prefix(&self) -> &'static str {
+        "bert"
+    }
+
+    fn generates(&self) -> bool {
+        false
+    }
+
+    fn checkpoints(&self) -> bool {
+        false
+    }
+
+    fn tensors(&self, config: &Config) -> Vec<TensorSpec> {
+        tensors(config)
+    }
+
+    fn projections(&self, config: &Config) -> Vec<(String, usize, usize)> {
+        projections(config)
+    }
+
+    fn layer_prefix(&self, index: usize) -> String {
+        format!("bert.encoder.layer.{index}.")
+    }
+
+    /// An untied masked-LM head's `cls.predictions.bias`: transformers keeps
+    /// it and never uses it.
+    fn unused_tensors(&self, config: &Config) -> Vec<&'static str> {
+        match (config.bert_head, config.tie_embeddings) {
+            (BertHead::MaskedLm, false) => vec!["cls.predictions.bias"],
+            _ => Vec::new(),
+        }
+    }
+
+    fn ignored(&self, config: &Config, name: &str, bare: &str) -> Option<&'static str> {
+        let masked_lm = config.bert_head == BertHead::MaskedLm;
+        if bare == "embeddings.position_ids" {
+            Some("BERT's position-id buffer")
+        } else if name.starts_with("cls.seq_relationship.") {
+            Some("the next-sentence head of pre-training")
+        } else if masked_lm && bare.starts_with("pooler.") {
+            Some("the pooler, which BertForMaskedLM does not have")
+        } else if !masked_lm && name.starts_with("cls.predictions.") {
+            Some("the masked-LM head, which a classifier does not have")
+        } else {
+            None
+        }
+    }
+
+    /// A classifier fine-tuned from a pre-trained encoder starts fresh.
+    fn starts_fresh(&self, config: &Config, ours: &str) -> bool {
+        matches!(config.bert_head, BertHead::Classification { .. }) && ours.starts_with("classifier.")
+    }
+
+    fn tied_copies(&self, _config: &Config) -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+            ("cls.predictions.decoder.bias", "cls.predictions.bias"),
+        ]
+    }
+
+    fn network(&self, config: &Config, weights: &Weights, lora: Option<&Lora>, forms: Forms) -> Result<Network> {
+        Ok(Network::Bert(Bert::new(config, weights, lora, forms)?))
+    }
+
+    /// Query, key, value with biases, made contiguous, the output and its
+    /// residual, its norm, the intermediate, gelu, the output and its
+    /// residual, its norm.
+    fn block_bytes(&self, _config: &Config, w: &Widths, eager_attention: bool) -> PerToken {
+        // the MLP's activation: kept eager, recomputed fused
+        let activation = if w.fused { 0.0 } else { w.i * w.d };
+        PerToken {
+            kept: 3.0 * w.linear(w.h, true)
+                + 3.0 * if eager_attention { w.h * w.d } else { w.heads(w.h) }
+                + w.residual_linear(w.h, true)
+                + w.layer_norm(w.h)
+                + w.linear(w.i, true)
+                + activation
+                + w.residual_linear(w.h, true)
+                + w.layer_norm(w.h),
+            backward: w.mlp_backward(true),
+        }
+    }
+
+    /// The word rows, positions and token types added, the norm.
+    fn embedding_bytes(&self, _config: &Config, w: &Widths) -> f64 {
+        3.0 * w.h * w.d + w.layer_norm(w.h)
+    }
+
+    /// The masked-LM head's transform with its bias, gelu, its norm.
+    fn head_input_bytes(&self, _config: &Config, w: &Widths) -> f64 {
+        w.linear(w.h, true) + w.h * w.d + w.layer_norm(w.h)
+    }
+
+    /// About 15% of the tokens masked; a classifier predicts none.
+    fn predicted_milli_rows(&self, config: &Config) -> u64 {
+        match config.bert_head {
+            BertHead::MaskedLm => 150,
+            BertHead::Classification { .. } => 0,
+        }
+    }
+
+    /// Measured: BERT-base at batches 4 and 12, its bias beside.
+    fn head_gradient_tenths(&self) -> u64 {
+        37
+    }
+
+    fn residual_in_flight(&self) -> f64 {
+        0.0
+    }
+
+    fn attention_backward_beside(&self) -> f64 {
+        32.0
+    }
+
+    fn logits_bias(&self, config: &Config) -> bool {
+        config.tie_embeddings
+    }
+}
+
+const BERT: &[(&str, Handling)] = &[
+    ("hidden_size", Handling::Read),
+    ("intermediate_size", Handling::Read),
+    ("num_hidden_layers", Handling::Read),
+    ("num_attention_heads", Handling::Read),
+    ("hidden_act", Handling::Read),
+    ("max_position_embeddings", Handling::Read),
+    ("type_vocab_size", Handling::Read),
+    ("layer_norm_eps", Handling::Read),
+    ("pad_token_id", Handling::Read),
+    ("hidden_dropout_prob", Handling::Dropout),
+    ("attention_probs_dropout_prob", Handling::Dropout),
+    ("classifier_dropout", Handling::Dropout),
+    ("position_embedding_type", Handling::RefusedUnless(&[Allowed::Text("absolute")])),
+];
+
+fn read_bert(family: Family, fields: &Fields) -> std::result::Result<Config, Error> {
+    let hidden = fields.required(&["hidden_size"])?;
+    let heads = fields.required(&["num_attention_heads"])?;
+    if !hidden.is_multiple_of(heads) {
+        return Err(refuse("num_attention_heads", heads, format!("a divisor of hidden_size {hidden}")));
+    }
+    let gelu = Config::gelu("hidden_act", fields.text("hidden_act")?.unwrap_or("gelu"))?;
+    let architecture = Config::architecture(
+        fields,
+        &["BertForMaskedLM", "BertForSequenceClassification", "BertForPreTraining", "BertModel"],
+        "a head to train: the masked-LM head, or a classifier",
+    )?;
+    let bert_head = match architecture.unwrap_or("BertForMaskedLM") {
+        "BertForSequenceClassification" => {
+            let from_labels =
+                fields.value("id2label").and_then(serde_json::Value::as_object).map(|labels| labels.len());
+            let labels = fields.count(&["num_labels"])?.or(from_labels).unwrap_or(2);
+            if labels < 2 {
+                return Err(refuse("num_labels", labels, "at least 2 classes (one is regression, not computed here)"));
+            }
+            BertHead::Classification { labels }
+        }
+        // a pre-training or bare checkpoint is fine-tuned with the masked-LM head
+        _ => BertHead::MaskedLm,
+    };
+    Ok(Config {
+        family,
+        vocab: fields.required(&["vocab_size"])?,
+        hidden,
+        layers: fields.required(&["num_hidden_layers"])?,
+        heads,
+        kv_heads: heads,
+        head_dim: hidden / heads,
+        intermediate: fields.required(&["intermediate_size"])?,
+        max_positions: fields.count(&["max_position_embeddings"])?.unwrap_or(512),
+        norm_eps: fields.number("layer_norm_eps")?.unwrap_or(1e-12),
+        rope: None,
+        tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(true),
+        attention_bias: AttentionBias::All,
+        mlp_bias: true,
+        qk_norm: QkNorm::None,
+        norms: BlockNorms::Pre,
+        gelu,
+        sliding_window: None,
+        type_vocab: fields.count(&["type_vocab_size"])?.unwrap_or(2),
+        bert_head,
+        padding_idx: Some(fields.id("pad_token_id")?.unwrap_or(0)),
+        dtype: Config::dtype(fields)?,
+        dropout: Vec::new(),
+        unknown_keys: Vec::new(),
+    })
 }
 
 /// Masked-LM loss as Hugging Face computes it: log-probabilities over every
