@@ -66,6 +66,42 @@ CASES = {
     "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, dict(
         DECODER, num_key_value_heads=2, tie_word_embeddings=False, pad_token_id=0,
         rope_parameters=dict(rope_type="default", rope_theta=500000.0))),
+    # a sliding window shorter than the sequence on every layer
+    "mistral-window": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(
+        DECODER, num_key_value_heads=2, sliding_window=4, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # a window on the layers layer_types names (the second), not the others
+    "qwen2-window": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(
+        DECODER, num_key_value_heads=2, tie_word_embeddings=True, use_sliding_window=True, sliding_window=3,
+        max_window_layers=1, layer_types=["full_attention", "sliding_attention"],
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # embeddings times sqrt(hidden), norms of 1 + weight before and after attention and the MLP, GeGLU,
+    # a head_dim of its own, its query scalar, both soft caps low enough to bite, a window of 4 on
+    # every other layer (the first), the head tied
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, dict(
+        DECODER, num_key_value_heads=2, head_dim=12, query_pre_attn_scalar=10, sliding_window=4,
+        attn_logit_softcapping=1.5, final_logit_softcapping=2.0, tie_word_embeddings=True, pad_token_id=0,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Gemma 2's decoder without soft caps, q/k norms of 1 + weight on each head, a sliding layer then
+    # a full one, each with its own rotary base (the full one's scaled)
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, dict(
+        DECODER, num_key_value_heads=2, head_dim=12, query_pre_attn_scalar=10, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True, pad_token_id=0,
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=1000000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    # q/k/v and gate/up each one projection, three quarters of each head rotating (Phi-4 mini's share),
+    # LongRoPE past 8 positions (the 9 tokens take the long factors), every layer within a window of 5
+    "phi3-longrope": (transformers.Phi3Config, transformers.Phi3ForCausalLM, dict(
+        DECODER, num_key_value_heads=2, sliding_window=5, tie_word_embeddings=False, pad_token_id=0,
+        original_max_position_embeddings=8,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                             short_factor=[1.0, 1.5, 2.0], long_factor=[2.0, 4.0, 9.0]))),
+    # the same within its original positions: the short factors, every dimension rotating
+    "phi3-short": (transformers.Phi3Config, transformers.Phi3ForCausalLM, dict(
+        DECODER, num_key_value_heads=4, tie_word_embeddings=False, pad_token_id=0,
+        original_max_position_embeddings=16,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                             short_factor=[1.0, 1.2, 1.5, 3.0], long_factor=[2.0, 3.0, 5.0, 8.0]))),
 }
 
 
@@ -74,7 +110,13 @@ def v4_layout(config: dict) -> dict:
     `rope_scaling` at the top level, `torch_dtype` for `dtype`."""
     config = dict(config)
     rope = config.pop("rope_parameters", None)
-    if rope is not None:
+    if rope is not None and "full_attention" in rope:
+        # Gemma 3: the full layers' base and scaling at the top, the sliding layers' base beside
+        full, local = dict(rope["full_attention"]), rope["sliding_attention"]
+        config["rope_theta"] = full.pop("rope_theta")
+        config["rope_local_base_freq"] = local["rope_theta"]
+        config["rope_scaling"] = None if full.get("rope_type", "default") == "default" else full
+    elif rope is not None:
         rope = dict(rope)
         config["rope_theta"] = rope.pop("rope_theta", 10000.0)
         config["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope

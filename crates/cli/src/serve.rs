@@ -35,16 +35,12 @@ impl ServingArgs {
     /// The settings for `config`, checked against it, its weights stored as
     /// `base_dtype` says.
     fn settle(&self, base_dtype: Option<BaseDtype>, config: Config, path: &Path) -> Result<Settled, Failure> {
-        let longest = config.sliding_window.map_or(config.max_positions, |w| w.min(config.max_positions));
+        let longest = config.max_positions;
         let context = self.max_model_len.map_or(DEFAULT_CONTEXT.min(longest), Count::get);
         if context > longest {
-            let why = if config.sliding_window.is_some_and(|w| w < config.max_positions) {
-                "its sliding window (the cache here keeps every key)"
-            } else {
-                "its max_position_embeddings"
-            };
             return Err(Failure::usage(format!(
-                "--max-model-len {context}: the model at {} takes at most {longest} tokens, {why}",
+                "--max-model-len {context}: the model at {} takes at most {longest} tokens, its \
+                 max_position_embeddings",
                 path.display()
             )));
         }

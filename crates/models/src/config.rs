@@ -44,9 +44,27 @@ pub struct YarnRope {
     pub truncate: bool,
 }
 
+/// LongRoPE (`rope_type` `longrope`, Phi-3's): each frequency divided by
+/// its own factor, the short ones up to `original_max_position_embeddings`
+/// tokens and the long ones past them (by the longest position a forward
+/// pass sees, as transformers chooses), cos and sin scaled by
+/// `attention_factor`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// `short_factor`: one per rotated pair of a head's dimensions.
+    pub short_factor: Vec<f64>,
+    /// `long_factor`.
+    pub long_factor: Vec<f64>,
+    /// `original_max_position_embeddings`: past it, the long factors.
+    pub original_max_position_embeddings: usize,
+    /// `attention_factor`, or `√(1 + ln f / ln original)` of `f` =
+    /// `factor` (the positions over the original ones when not given).
+    pub attention_factor: f64,
+}
+
 /// How rotary positions are scaled (`rope_parameters` in transformers 5,
 /// `rope_scaling` in transformers 4).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// `default`: none.
     None,
@@ -66,10 +84,12 @@ pub enum RopeScaling {
     Llama3(Llama3Rope),
     /// `yarn`.
     Yarn(YarnRope),
+    /// `longrope` (Phi-3's `su` and `yarn` too).
+    LongRope(LongRope),
 }
 
 /// Rotary positions: the base and its scaling.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
     /// `rope_theta` (10000 when not given, as transformers defaults it).
     pub theta: f64,
@@ -126,6 +146,15 @@ pub struct Config {
     pub norm_eps: f64,
     /// Rotary positions (the decoders of the Llama kind; `None` for GPT-2 and BERT).
     pub rope: Option<Rope>,
+    /// The sliding layers' rotary positions where they differ from the
+    /// others' (Gemma 3's `rope_local_base_freq`, `sliding_attention`).
+    pub local_rope: Option<Rope>,
+    /// The share of a head's dimensions that rotate, the first ones
+    /// (`partial_rotary_factor`, Phi's; 1 elsewhere).
+    pub partial_rotary_factor: f64,
+    /// q, k and v in one projection (`qkv_proj`), the MLP's gate and up in
+    /// another (`gate_up_proj`): Phi-3's.
+    pub fused_projections: bool,
     /// `tie_word_embeddings`: the head is the token embedding.
     pub tie_embeddings: bool,
     /// Biases on the q, k, v (and output) projections: `attention_bias`, or
@@ -137,11 +166,33 @@ pub struct Config {
     pub qk_norm: QkNorm,
     /// Where a decoder block's norms sit.
     pub norms: BlockNorms,
+    /// RMS norms scale by `1 + weight`, their weights stored as the offset
+    /// (Gemma).
+    pub norm_plus_one: bool,
+    /// The token embeddings multiplied by this, rounded to the model's dtype
+    /// (Gemma: √hidden).
+    pub embedding_scale: Option<f64>,
+    /// The activation of a decoder's gated MLP: SiLU (SwiGLU), or GELU's
+    /// tanh form (GeGLU, Gemma's `gelu_pytorch_tanh`).
+    pub mlp_activation: crate::ops::Activation,
+    /// What the attention scores `q·kᵀ` are multiplied by where not `1/√d`
+    /// (Gemma: `query_pre_attn_scalar^-½`).
+    pub attention_scale: Option<f64>,
+    /// The scores soft-capped, `cap · tanh(s / cap)` (Gemma 2's
+    /// `attn_logit_softcapping`).
+    pub attention_softcap: Option<f64>,
+    /// The logits soft-capped (Gemma 2's `final_logit_softcapping`), inside
+    /// the chunked loss too.
+    pub final_softcap: Option<f64>,
     /// The GELU of GPT-2's and BERT's MLPs (the decoders of the Llama kind use SiLU).
     pub gelu: Gelu,
-    /// `sliding_window` when some layer attends within one: a sequence
-    /// longer than it attends differently, and is refused.
+    /// `sliding_window` when some layer attends within one: each of its
+    /// queries sees the last `sliding_window` positions up to its own.
     pub sliding_window: Option<usize>,
+    /// Which layers attend within `sliding_window`, by index, read
+    /// cyclically past the list's end (a deeper copy repeats the pattern):
+    /// `[true]` where every layer does, empty where none does.
+    pub sliding_layers: Vec<bool>,
     /// `type_vocab_size` (BERT).
     pub type_vocab: usize,
     /// BERT's head.
@@ -180,6 +231,10 @@ pub enum BlockNorms {
     /// On attention's and the MLP's outputs before each joins the stream
     /// (`post_attention_layernorm`, `post_feedforward_layernorm`): OLMo 2.
     Post,
+    /// Both: before and after attention and the MLP (`input_layernorm`,
+    /// `post_attention_layernorm`, `pre_feedforward_layernorm`,
+    /// `post_feedforward_layernorm`): Gemma 2 and 3.
+    Sandwich,
 }
 
 /// Which attention projections have a bias.
@@ -401,6 +456,18 @@ impl Config {
             (None, Some(parameters)) => ("rope_parameters", parameters),
             (None, None) => return Ok(Rope { theta: top_theta.unwrap_or(10_000.0), scaling: RopeScaling::None }),
         };
+        Config::rope_of(key, object, top_theta, max_positions)
+    }
+
+    /// Rotary positions from the RoPE object `object` under `key` (its
+    /// `rope_type` and what that type reads), `top_theta` where it has no
+    /// `rope_theta` of its own.
+    pub(crate) fn rope_of(
+        key: &str,
+        object: &Value,
+        top_theta: Option<f64>,
+        max_positions: usize,
+    ) -> Result<Rope, Error> {
         let Some(object) = object.as_object() else {
             return Err(refuse(key, object, "an object with a rope_type, or null"));
         };
@@ -541,17 +608,17 @@ impl Config {
         }
     }
 
-    /// `layer_types` (transformers 5): one attention kind per layer; whether
-    /// any layer attends within a sliding window, `None` when not given.
-    pub(crate) fn sliding_layers(fields: &Fields, layers: usize) -> Result<Option<bool>, Error> {
+    /// `layer_types` (transformers 5): one attention kind per layer, whether
+    /// each attends within a sliding window; `None` when not given.
+    pub(crate) fn layer_types(fields: &Fields, layers: usize) -> Result<Option<Vec<bool>>, Error> {
         match fields.value("layer_types") {
             None => Ok(None),
             Some(Value::Array(types)) => {
-                let mut sliding = false;
+                let mut sliding = Vec::with_capacity(types.len());
                 for kind in types {
                     match kind.as_str() {
-                        Some("full_attention") => {}
-                        Some("sliding_attention") => sliding = true,
+                        Some("full_attention") => sliding.push(false),
+                        Some("sliding_attention") => sliding.push(true),
                         _ => {
                             return Err(refuse(
                                 "layer_types",
@@ -574,24 +641,29 @@ impl Config {
         }
     }
 
-    /// A sequence length this model can step at: at most its positions and
-    /// within its sliding window.
+    /// The dimensions of a head that rotate: the first
+    /// `head_dim × partial_rotary_factor` (rounded down, as transformers does).
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+
+    /// The window layer `layer` attends within, if it slides.
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        let slides = match self.sliding_layers.as_slice() {
+            [] => false,
+            pattern => pattern[layer % pattern.len()],
+        };
+        self.sliding_window.filter(|_| slides)
+    }
+
+    /// A sequence length this model can step at: from 1 to its positions
+    /// (a sliding window is computed: each query attends within it).
     pub fn check_seq_len(&self, seq_len: usize) -> Result<(), Error> {
         if seq_len == 0 || seq_len > self.max_positions {
             return Err(Error::invalid(
                 crate::Setting::SeqLen,
                 autobatch::Value::Count(seq_len),
                 format!("it must be from 1 to the config's max_position_embeddings, {}", self.max_positions),
-            ));
-        }
-        if let Some(window) = self.sliding_window.filter(|&window| seq_len > window) {
-            return Err(refuse(
-                "sliding_window",
-                window,
-                format!(
-                    "at least the sequence length, {seq_len}: a longer sequence attends within a window, which \
-                     changes the memory and is not computed here"
-                ),
             ));
         }
         Ok(())

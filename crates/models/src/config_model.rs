@@ -316,7 +316,12 @@ impl ConfigModel {
                     candle_core::bail!("a BERT classifier predicts no tokens")
                 };
                 let features = pick(features.reshape((b * s, self.config.hidden))?)?;
-                ChunkedCrossEntropy::default().forward(&features, &weight, bias.as_ref(), &targets)
+                ChunkedCrossEntropy::default().softcap(self.config.final_softcap).forward(
+                    &features,
+                    &weight,
+                    bias.as_ref(),
+                    &targets,
+                )
             }
             (_, Loss::Full) => layers::cross_entropy(&pick(self.forward(input)?.reshape((b * s, vocab))?)?, &targets),
             (network, Loss::Chunked) => {
@@ -327,7 +332,12 @@ impl ConfigModel {
                 };
                 let (features, weight, bias) = network.head_parts(&trunk)?;
                 let features = pick(features.reshape((b * s, self.config.hidden))?)?;
-                ChunkedCrossEntropy::default().forward(&features, &weight, bias.as_ref(), &targets)
+                ChunkedCrossEntropy::default().softcap(self.config.final_softcap).forward(
+                    &features,
+                    &weight,
+                    bias.as_ref(),
+                    &targets,
+                )
             }
         }
     }
@@ -423,7 +433,12 @@ impl Model for ConfigModel {
                 Loss::Chunked => {
                     let (features, weight, bias) = self.network.head_parts(h)?;
                     let features = features.reshape((rows, self.config.hidden))?;
-                    ChunkedCrossEntropy::default().forward(&features, &weight, bias.as_ref(), &targets)?
+                    ChunkedCrossEntropy::default().softcap(self.config.final_softcap).forward(
+                        &features,
+                        &weight,
+                        bias.as_ref(),
+                        &targets,
+                    )?
                 }
             };
             loss = Some(head.detach());
@@ -474,7 +489,7 @@ impl Model for ConfigModel {
 struct Step<'a> {
     network: &'a Network,
     index: usize,
-    tables: Option<&'a (Tensor, Tensor)>,
+    tables: Option<&'a crate::decoder::Tables>,
 }
 
 impl candle_core::Module for Step<'_> {

@@ -6,10 +6,10 @@
 use candle_core::{Module, Result, Tensor};
 
 use super::config::{
-    AttentionBias, BertHead, BlockNorms, Config, Fields, Gelu, Llama3Rope, QkNorm, RopeScaling, YarnRope, refuse,
+    AttentionBias, BertHead, BlockNorms, Config, Fields, Gelu, Llama3Rope, QkNorm, Rope, RopeScaling, YarnRope, refuse,
 };
 use super::kv_cache::{Chunk, KvCache};
-use super::layers::{Forms, Layout, Norm, Proj, rotate};
+use super::layers::{Forms, Layout, Norm, Proj, Scores, rotate};
 use super::layers::{attention, cached_attention, embed, last_tokens, rotary_tables, rotary_tables_at};
 use super::lora::Lora;
 use super::weights::{Init, TensorSpec, Weights};
@@ -25,10 +25,12 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
     let (h, q, kv, i) =
         (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
     let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[config.vocab, h], Init::Normal(STD))];
+    // a norm that scales by 1 + weight starts at 0, as transformers starts it
+    let norm_init = if config.norm_plus_one { Init::Zeros } else { Init::Ones };
     for layer in 0..config.layers {
         let at = |part: &str| format!("model.layers.{layer}.{part}");
         let qkv_bias = config.attention_bias != AttentionBias::None;
-        for (name, out, input, bias) in [
+        let apart = [
             ("self_attn.q_proj", q, h, qkv_bias),
             ("self_attn.k_proj", kv, h, qkv_bias),
             ("self_attn.v_proj", kv, h, qkv_bias),
@@ -36,7 +38,16 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
             ("mlp.gate_proj", i, h, config.mlp_bias),
             ("mlp.up_proj", i, h, config.mlp_bias),
             ("mlp.down_proj", h, i, config.mlp_bias),
-        ] {
+        ];
+        // saturated where past usize: the count of a config past 64 bits refuses it, not a panic
+        let joined = [
+            ("self_attn.qkv_proj", q.saturating_add(kv.saturating_mul(2)), h, qkv_bias),
+            ("self_attn.o_proj", h, q, config.attention_bias == AttentionBias::All),
+            ("mlp.gate_up_proj", i.saturating_mul(2), h, config.mlp_bias),
+            ("mlp.down_proj", h, i, config.mlp_bias),
+        ];
+        let projections: &[(&str, usize, usize, bool)] = if config.fused_projections { &joined } else { &apart };
+        for &(name, out, input, bias) in projections {
             specs.push(TensorSpec::new(at(&format!("{name}.weight")), &[out, input], Init::Normal(STD)));
             if bias {
                 specs.push(TensorSpec::new(at(&format!("{name}.bias")), &[out], Init::Zeros));
@@ -48,14 +59,14 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
             QkNorm::Projection => (q, kv),
         };
         if config.qk_norm != QkNorm::None {
-            specs.push(TensorSpec::new(at("self_attn.q_norm.weight"), &[q_norm], Init::Ones));
-            specs.push(TensorSpec::new(at("self_attn.k_norm.weight"), &[k_norm], Init::Ones));
+            specs.push(TensorSpec::new(at("self_attn.q_norm.weight"), &[q_norm], norm_init));
+            specs.push(TensorSpec::new(at("self_attn.k_norm.weight"), &[k_norm], norm_init));
         }
         for norm in norm_names(config.norms) {
-            specs.push(TensorSpec::new(at(&format!("{norm}.weight")), &[h], Init::Ones));
+            specs.push(TensorSpec::new(at(&format!("{norm}.weight")), &[h], norm_init));
         }
     }
-    specs.push(TensorSpec::new("model.norm.weight", &[h], Init::Ones));
+    specs.push(TensorSpec::new("model.norm.weight", &[h], norm_init));
     if !config.tie_embeddings {
         specs.push(TensorSpec::new("lm_head.weight", &[config.vocab, h], Init::Normal(STD)));
     }
@@ -67,6 +78,9 @@ fn norm_names(norms: BlockNorms) -> &'static [&'static str] {
     match norms {
         BlockNorms::Pre => &["input_layernorm", "post_attention_layernorm"],
         BlockNorms::Post => &["post_attention_layernorm", "post_feedforward_layernorm"],
+        BlockNorms::Sandwich => {
+            &["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        }
     }
 }
 
@@ -74,19 +88,28 @@ fn norm_names(norms: BlockNorms) -> &'static [&'static str] {
 pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
     let (h, q, kv, i) =
         (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
+    let apart = vec![
+        ("self_attn.q_proj", q, h),
+        ("self_attn.k_proj", kv, h),
+        ("self_attn.v_proj", kv, h),
+        ("self_attn.o_proj", h, q),
+        ("mlp.gate_proj", i, h),
+        ("mlp.up_proj", i, h),
+        ("mlp.down_proj", h, i),
+    ];
+    let joined = vec![
+        ("self_attn.qkv_proj", q.saturating_add(kv.saturating_mul(2)), h),
+        ("self_attn.o_proj", h, q),
+        ("mlp.gate_up_proj", i.saturating_mul(2), h),
+        ("mlp.down_proj", h, i),
+    ];
+    let projections = if config.fused_projections { joined } else { apart };
     (0..config.layers)
         .flat_map(|layer| {
-            [
-                ("self_attn.q_proj", q, h),
-                ("self_attn.k_proj", kv, h),
-                ("self_attn.v_proj", kv, h),
-                ("self_attn.o_proj", h, q),
-                ("mlp.gate_proj", i, h),
-                ("mlp.up_proj", i, h),
-                ("mlp.down_proj", h, i),
-            ]
-            .into_iter()
-            .map(move |(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
+            projections
+                .iter()
+                .map(move |&(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -96,7 +119,15 @@ pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
 /// (biases, windows, q/k norms) and sets it.
 pub(crate) fn read(family: Family, fields: &Fields, class: &str) -> std::result::Result<Config, Error> {
     let (causal, base) = (format!("{class}ForCausalLM"), format!("{class}Model"));
-    Config::architecture(fields, &[causal.as_str(), base.as_str()], "a language model trained on its next tokens")?;
+    let mut config = read_as(family, fields, &[causal.as_str(), base.as_str()])?;
+    config.rope = Some(Config::rope(fields, config.max_positions)?);
+    Ok(config)
+}
+
+/// [`read`] of a family whose `architectures` may name `classes`, its
+/// rotary positions left for the family to read (`rope` `None`).
+pub(crate) fn read_as(family: Family, fields: &Fields, classes: &[&str]) -> std::result::Result<Config, Error> {
+    Config::architecture(fields, classes, "a language model trained on its next tokens")?;
     let hidden = fields.required(&["hidden_size"])?;
     let heads = fields.required(&["num_attention_heads"])?;
     let layers = fields.required(&["num_hidden_layers"])?;
@@ -106,10 +137,6 @@ pub(crate) fn read(family: Family, fields: &Fields, class: &str) -> std::result:
         None if hidden.is_multiple_of(heads) => hidden / heads,
         None => return Err(refuse("num_attention_heads", heads, format!("a divisor of hidden_size {hidden}"))),
     };
-    let act = fields.text("hidden_act")?.unwrap_or("silu");
-    if act != "silu" {
-        return Err(refuse("hidden_act", act, "silu (SwiGLU)"));
-    }
     let max_positions = fields.count(&["max_position_embeddings"])?.unwrap_or(2048);
     Ok(Config {
         family,
@@ -122,14 +149,24 @@ pub(crate) fn read(family: Family, fields: &Fields, class: &str) -> std::result:
         intermediate: fields.required(&["intermediate_size"])?,
         max_positions,
         norm_eps: fields.number("rms_norm_eps")?.unwrap_or(1e-6),
-        rope: Some(Config::rope(fields, max_positions)?),
+        rope: None,
+        local_rope: None,
+        partial_rotary_factor: 1.0,
+        fused_projections: false,
         tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(false),
         attention_bias: AttentionBias::None,
         mlp_bias: false,
         qk_norm: QkNorm::None,
         norms: BlockNorms::Pre,
+        norm_plus_one: false,
+        embedding_scale: None,
+        mlp_activation: crate::ops::Activation::Silu,
+        attention_scale: None,
+        attention_softcap: None,
+        final_softcap: None,
         gelu: Gelu::Tanh,
         sliding_window: None,
+        sliding_layers: Vec::new(),
         type_vocab: 0,
         bert_head: BertHead::MaskedLm,
         padding_idx: fields.id("pad_token_id")?,
@@ -137,6 +174,25 @@ pub(crate) fn read(family: Family, fields: &Fields, class: &str) -> std::result:
         dropout: Vec::new(),
         unknown_keys: Vec::new(),
     })
+}
+
+/// `hidden_act` SiLU (SwiGLU), all a Llama-kind MLP computes.
+pub(crate) fn silu(fields: &Fields) -> std::result::Result<(), Error> {
+    let act = fields.text("hidden_act")?.unwrap_or("silu");
+    if act != "silu" {
+        return Err(refuse("hidden_act", act, "silu (SwiGLU)"));
+    }
+    Ok(())
+}
+
+/// A GeGLU MLP's GELU under `key` (`default` when absent), by its
+/// transformers name: the tanh form, or the exact one.
+pub(crate) fn gelu(fields: &Fields, key: &str, default: &str) -> std::result::Result<Activation, Error> {
+    match fields.text(key)?.unwrap_or(default) {
+        "gelu_pytorch_tanh" | "gelu_new" => Ok(Activation::Gelu),
+        "gelu" => Ok(Activation::GeluErf),
+        other => Err(refuse(key, other, "gelu_pytorch_tanh, gelu_new or gelu (GeGLU)")),
+    }
 }
 
 /// `attention_bias`: every attention projection's bias, or none.
@@ -147,7 +203,7 @@ pub(crate) fn attention_bias(fields: &Fields) -> std::result::Result<AttentionBi
 /// No window: a `layer_types` that names a sliding layer is refused (the
 /// family attends in full everywhere).
 pub(crate) fn full_attention(fields: &Fields, layers: usize) -> std::result::Result<Option<usize>, Error> {
-    if Config::sliding_layers(fields, layers)? == Some(true) {
+    if Config::layer_types(fields, layers)?.is_some_and(|types| types.contains(&true)) {
         return Err(refuse("layer_types", "sliding_attention", "full_attention for every layer"));
     }
     Ok(None)
@@ -179,6 +235,11 @@ pub(crate) fn block_bytes(config: &Config, w: &Widths, eager_attention: bool) ->
             w.linear(w.h, config.attention_bias == AttentionBias::All),
             w.linear(w.h, config.mlp_bias),
         ),
+        BlockNorms::Sandwich => (
+            4.0 * w.rms_norm(w.h) + 2.0 * w.h * d,
+            w.linear(w.h, config.attention_bias == AttentionBias::All),
+            w.linear(w.h, config.mlp_bias),
+        ),
     };
     // eager: a half negated, the halves joined, two products, their sum;
     // fused: one tensor, none inside blocked attention
@@ -188,8 +249,12 @@ pub(crate) fn block_bytes(config: &Config, w: &Widths, eager_attention: bool) ->
         (true, false) => 0.0,
     };
     let contiguous = if eager_attention && w.fused { 2.0 * w.kv * d } else { w.heads(w.q + 2.0 * w.kv) };
+    // joined projections: q, k and v split from one product and copied as
+    // their heads are made, the gate and up halves made contiguous
+    let split = if config.fused_projections { (w.q + 2.0 * w.kv + 2.0 * w.i) * d } else { 0.0 };
     PerToken {
         kept: norms
+            + split
             + w.linear(w.q, qkv_bias)
             + 2.0 * w.linear(w.kv, qkv_bias)
             + contiguous
@@ -206,9 +271,7 @@ pub(crate) fn block_bytes(config: &Config, w: &Widths, eager_attention: bool) ->
 struct Block {
     /// Before attention (`Pre`).
     input_norm: Option<Norm>,
-    q: Proj,
-    k: Proj,
-    v: Proj,
+    qkv: Qkv,
     o: Proj,
     q_norm: Option<Norm>,
     k_norm: Option<Norm>,
@@ -220,9 +283,41 @@ struct Block {
     mlp_norm: Option<Norm>,
     /// On the MLP's output before it joins the stream (`Post`).
     mlp_out_norm: Option<Norm>,
-    gate: Proj,
-    up: Proj,
+    gate_up: GateUp,
     down: Proj,
+    /// Its attention's window, soft cap and scale.
+    scores: Scores,
+    /// It rotates by the sliding layers' own tables (Gemma 3's local base).
+    local_rope: bool,
+}
+
+/// q, k and v: three projections, or one whose output they split (Phi-3's
+/// `qkv_proj`).
+enum Qkv {
+    Apart { q: Proj, k: Proj, v: Proj },
+    Joined(Proj),
+}
+
+/// An MLP's gate and up projections, apart or joined (`gate_up_proj`).
+enum GateUp {
+    Apart { gate: Proj, up: Proj },
+    Joined(Proj),
+}
+
+/// The rotary tables of a sequence: every layer's, and the sliding layers'
+/// where they differ.
+pub(crate) struct Tables {
+    global: (Tensor, Tensor),
+    local: Option<(Tensor, Tensor)>,
+}
+
+impl Tables {
+    fn of(&self, local: bool) -> &(Tensor, Tensor) {
+        match (&self.local, local) {
+            (Some(tables), true) => tables,
+            _ => &self.global,
+        }
+    }
 }
 
 /// A decoder of the Llama kind over its weights.
@@ -234,7 +329,18 @@ pub(crate) struct Decoder {
     inverse_frequencies: Vec<f64>,
     /// What cos and sin are scaled by (YaRN's attention factor).
     rotary_scale: f64,
+    /// The sliding layers' frequencies and scale where they differ (Gemma 3).
+    local_frequencies: Option<(Vec<f64>, f64)>,
+    /// LongRoPE's long frequencies and scale, and past how many positions
+    /// they apply.
+    long_frequencies: Option<(Vec<f64>, f64, usize)>,
     padding_idx: Option<usize>,
+    /// The embeddings multiplied by this (Gemma's √hidden).
+    embedding_scale: Option<f64>,
+    /// The gated MLP's activation.
+    activation: Activation,
+    /// The logits soft-capped at this.
+    final_softcap: Option<f64>,
     forms: Forms,
     heads: usize,
     kv_heads: usize,
@@ -244,41 +350,79 @@ pub(crate) struct Decoder {
 impl Decoder {
     pub(crate) fn new(config: &Config, weights: &Weights, lora: Option<&Lora>, forms: Forms) -> Result<Decoder> {
         let (eps, ops) = (config.norm_eps, forms.ops);
+        let rms = |weights: &Weights, name: &str| {
+            Ok::<_, candle_core::Error>(Norm::rms(weights, name, eps, ops)?.plus_one(config.norm_plus_one))
+        };
         let mut blocks = Vec::with_capacity(config.layers);
         for layer in 0..config.layers {
             let at = |part: &str| format!("model.layers.{layer}.{part}");
             let proj = |part: &str| Proj::new(weights, &at(part), Layout::OutIn, lora, ops);
-            let norm = |part: &str| Norm::rms(weights, &at(part), eps, ops);
+            let norm = |part: &str| rms(weights, &at(part));
             let qk_norm = config.qk_norm != QkNorm::None;
+            // norms before attention and the MLP, after them, or both
+            let sandwich = config.norms == BlockNorms::Sandwich;
             let (pre, post) = (config.norms == BlockNorms::Pre, config.norms == BlockNorms::Post);
             let norm_if = |on: bool, part: &str| on.then(|| norm(part)).transpose();
             blocks.push(Block {
-                input_norm: norm_if(pre, "input_layernorm")?,
-                q: proj("self_attn.q_proj")?,
-                k: proj("self_attn.k_proj")?,
-                v: proj("self_attn.v_proj")?,
+                input_norm: norm_if(pre || sandwich, "input_layernorm")?,
+                qkv: if config.fused_projections {
+                    Qkv::Joined(proj("self_attn.qkv_proj")?)
+                } else {
+                    Qkv::Apart {
+                        q: proj("self_attn.q_proj")?,
+                        k: proj("self_attn.k_proj")?,
+                        v: proj("self_attn.v_proj")?,
+                    }
+                },
                 o: proj("self_attn.o_proj")?,
                 q_norm: qk_norm.then(|| norm("self_attn.q_norm")).transpose()?,
                 k_norm: qk_norm.then(|| norm("self_attn.k_norm")).transpose()?,
                 qk_norm_whole: config.qk_norm == QkNorm::Projection,
-                attention_out_norm: norm_if(post, "post_attention_layernorm")?,
-                mlp_norm: norm_if(pre, "post_attention_layernorm")?,
-                mlp_out_norm: norm_if(post, "post_feedforward_layernorm")?,
-                gate: proj("mlp.gate_proj")?,
-                up: proj("mlp.up_proj")?,
+                attention_out_norm: norm_if(post || sandwich, "post_attention_layernorm")?,
+                mlp_norm: match config.norms {
+                    BlockNorms::Pre => Some(norm("post_attention_layernorm")?),
+                    BlockNorms::Post => None,
+                    BlockNorms::Sandwich => Some(norm("pre_feedforward_layernorm")?),
+                },
+                mlp_out_norm: norm_if(post || sandwich, "post_feedforward_layernorm")?,
+                scores: Scores {
+                    window: config.window_of(layer),
+                    softcap: config.attention_softcap,
+                    scale: config.attention_scale,
+                },
+                local_rope: config.local_rope.is_some() && config.window_of(layer).is_some(),
+                gate_up: if config.fused_projections {
+                    GateUp::Joined(proj("mlp.gate_up_proj")?)
+                } else {
+                    GateUp::Apart { gate: proj("mlp.gate_proj")?, up: proj("mlp.up_proj")? }
+                },
                 down: proj("mlp.down_proj")?,
             });
         }
         let (inverse_frequencies, rotary_scale) = rotary_frequencies(config);
+        let local_frequencies =
+            config.local_rope.as_ref().map(|rope| rope_frequencies(rope, config.rotary_dim(), false));
+        let long_frequencies = match &config.rope {
+            Some(rope @ Rope { scaling: RopeScaling::LongRope(long), .. }) => {
+                let (frequencies, scale) = rope_frequencies(rope, config.rotary_dim(), true);
+                Some((frequencies, scale, long.original_max_position_embeddings))
+            }
+            _ => None,
+        };
         let head_name = if config.tie_embeddings { "model.embed_tokens" } else { "lm_head" };
         Ok(Decoder {
             embed: weights.get("model.embed_tokens.weight")?,
             blocks,
-            norm: Norm::rms(weights, "model.norm", eps, ops)?,
+            norm: rms(weights, "model.norm")?,
             head: Proj::unadapted(weights, head_name, Layout::OutIn, lora, ops)?,
             inverse_frequencies,
             rotary_scale,
+            local_frequencies,
+            long_frequencies,
             padding_idx: config.padding_idx,
+            embedding_scale: config.embedding_scale,
+            activation: config.mlp_activation,
+            final_softcap: config.final_softcap,
             forms,
             heads: config.heads,
             kv_heads: config.kv_heads,
@@ -303,18 +447,50 @@ impl Decoder {
 
     /// The token embeddings `(b, s, hidden)` of ids `(b, s)`.
     pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
-        embed(&self.embed, ids, self.padding_idx)
+        let xs = embed(&self.embed, ids, self.padding_idx)?;
+        match self.embedding_scale {
+            // the scale rounded to the embeddings' dtype first, as transformers rounds it
+            Some(scale) => xs.affine(
+                Tensor::new(scale as f32, xs.device())?
+                    .to_dtype(xs.dtype())?
+                    .to_dtype(candle_core::DType::F64)?
+                    .to_scalar::<f64>()?,
+                0.0,
+            ),
+            None => Ok(xs),
+        }
     }
 
     /// The rotary tables for the sequence `xs` `(b, s, hidden)` holds.
-    pub(crate) fn tables(&self, xs: &Tensor) -> Result<(Tensor, Tensor)> {
-        rotary_tables(&self.inverse_frequencies, self.rotary_scale, xs.dim(1)?, xs.dtype(), xs.device())
+    pub(crate) fn tables(&self, xs: &Tensor) -> Result<Tables> {
+        let (s, dtype, device) = (xs.dim(1)?, xs.dtype(), xs.device());
+        let (frequencies, scale) = self.frequencies(s);
+        Ok(Tables {
+            global: rotary_tables(frequencies, scale, s, dtype, device)?,
+            local: self
+                .local_frequencies
+                .as_ref()
+                .map(|(frequencies, scale)| rotary_tables(frequencies, *scale, s, dtype, device))
+                .transpose()?,
+        })
+    }
+
+    /// Every layer's frequencies and scale for a forward pass whose longest
+    /// position is `longest − 1`: LongRoPE's long ones past its original
+    /// positions, as transformers chooses them.
+    fn frequencies(&self, longest: usize) -> (&[f64], f64) {
+        match &self.long_frequencies {
+            Some((frequencies, scale, original)) if longest > *original => (frequencies, *scale),
+            _ => (&self.inverse_frequencies, self.rotary_scale),
+        }
     }
 
     /// Block `index` of the decoder.
-    pub(crate) fn block(&self, index: usize, xs: &Tensor, tables: &(Tensor, Tensor)) -> Result<Tensor> {
+    pub(crate) fn block(&self, index: usize, xs: &Tensor, tables: &Tables) -> Result<Tensor> {
+        let tables = tables.of(self.blocks[index].local_rope);
         let (q, k, v) = self.queries_keys_values(index, xs)?;
-        self.after_attention(index, xs, &attention(&q, &k, &v, true, Some(tables), self.forms)?)
+        let scores = self.blocks[index].scores;
+        self.after_attention(index, xs, &attention(&q, &k, &v, true, Some(tables), self.forms, scores)?)
     }
 
     /// Block `index`'s queries `(b, heads, s, d)`, keys and values `(b,
@@ -333,16 +509,28 @@ impl Decoder {
             (Some(q), Some(k)) => ((None, None), (Some(q), Some(k))),
             _ => ((None, None), (None, None)),
         };
-        let heads = |proj: &Proj, norm: Option<&Norm>, count: usize| {
-            let projected = proj.forward(&h)?;
+        let (q_width, kv_width) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let (q, k, v) = match &block.qkv {
+            Qkv::Apart { q, k, v } => (q.forward(&h)?, k.forward(&h)?, v.forward(&h)?),
+            // split from one product (each split copied where the heads are made)
+            Qkv::Joined(qkv) => {
+                let all = qkv.forward(&h)?;
+                (
+                    all.narrow(2, 0, q_width)?,
+                    all.narrow(2, q_width, kv_width)?,
+                    all.narrow(2, q_width + kv_width, kv_width)?,
+                )
+            }
+        };
+        let heads = |projected: Tensor, norm: Option<&Norm>, count: usize| {
             let projected = match norm {
                 Some(norm) => norm.forward(&projected)?,
                 None => projected,
             };
             projected.reshape((b, s, count, self.head_dim))
         };
-        let (mut q, mut k) = (heads(&block.q, whole.0, self.heads)?, heads(&block.k, whole.1, self.kv_heads)?);
-        let v = heads(&block.v, None, self.kv_heads)?;
+        let (mut q, mut k) = (heads(q, whole.0, self.heads)?, heads(k, whole.1, self.kv_heads)?);
+        let v = heads(v, None, self.kv_heads)?;
         if let (Some(q_norm), Some(k_norm)) = each {
             q = q_norm.forward(&q)?;
             k = k_norm.forward(&k)?;
@@ -362,12 +550,18 @@ impl Decoder {
             Some(norm) => norm.forward(&xs)?,
             None => xs.clone(),
         };
-        let (gate, up) = (block.gate.forward(&h)?, block.up.forward(&h)?);
-        match &block.mlp_out_norm {
-            Some(norm) => {
-                ops::residual(&xs, &norm.forward(&block.down.activated(Activation::Silu, &gate, Some(&up))?)?)
+        let (gate, up) = match &block.gate_up {
+            GateUp::Apart { gate, up } => (gate.forward(&h)?, up.forward(&h)?),
+            // the first half the gate, the second the up projection (Phi-3's chunk)
+            GateUp::Joined(gate_up) => {
+                let both = gate_up.forward(&h)?;
+                let half = both.dim(2)? / 2;
+                (both.narrow(2, 0, half)?.contiguous()?, both.narrow(2, half, half)?.contiguous()?)
             }
-            None => block.down.activated_added_to(&xs, Activation::Silu, &gate, Some(&up)),
+        };
+        match &block.mlp_out_norm {
+            Some(norm) => ops::residual(&xs, &norm.forward(&block.down.activated(self.activation, &gate, Some(&up))?)?),
+            None => block.down.activated_added_to(&xs, self.activation, &gate, Some(&up)),
         }
     }
 
@@ -378,13 +572,21 @@ impl Decoder {
     pub(crate) fn forward_cached(&self, ids: &Tensor, chunks: &[Chunk], cache: &KvCache) -> Result<Tensor> {
         let mut xs = self.embed(ids)?;
         let positions: Vec<usize> = chunks.iter().flat_map(|chunk| chunk.positions()).collect();
-        let tables =
-            rotary_tables_at(&self.inverse_frequencies, self.rotary_scale, &positions, xs.dtype(), xs.device())?;
-        let (cos, sin) = &tables;
+        let at =
+            |frequencies: &[f64], scale: f64| rotary_tables_at(frequencies, scale, &positions, xs.dtype(), xs.device());
+        let longest = positions.iter().max().map_or(0, |last| last + 1);
+        let (frequencies, scale) = self.frequencies(longest);
+        let tables = Tables {
+            global: at(frequencies, scale)?,
+            local: self.local_frequencies.as_ref().map(|(frequencies, scale)| at(frequencies, *scale)).transpose()?,
+        };
         for index in 0..self.blocks.len() {
+            let (cos, sin) = tables.of(self.blocks[index].local_rope);
             let (q, k, v) = self.queries_keys_values(index, &xs)?;
             let (q, k) = (rotate(&q, cos, sin, self.forms.ops)?, rotate(&k, cos, sin, self.forms.ops)?);
-            let attended = cached_attention(&q, &k, &v.contiguous()?, chunks, cache, index, self.forms.attention)?;
+            let scores = self.blocks[index].scores;
+            let attended =
+                cached_attention(&q, &k, &v.contiguous()?, chunks, cache, index, self.forms.attention, scores)?;
             xs = self.after_attention(index, &xs, &attended)?;
         }
         self.head(&last_tokens(&xs, chunks)?)
@@ -392,7 +594,11 @@ impl Decoder {
 
     /// The final norm and the head: logits of the last block's output.
     pub(crate) fn head(&self, xs: &Tensor) -> Result<Tensor> {
-        self.head.forward(&self.norm.forward(xs)?)
+        let logits = self.head.forward(&self.norm.forward(xs)?)?;
+        match self.final_softcap {
+            Some(cap) => (logits / cap)?.tanh()? * cap,
+            None => Ok(logits),
+        }
     }
 
     /// The final norm of the last block's output: what the head multiplies.
@@ -410,15 +616,26 @@ impl Decoder {
 /// computes them for the config's `rope_type`, and the factor cos and sin
 /// are scaled by (YaRN's attention factor; 1 otherwise).
 pub(crate) fn rotary_frequencies(config: &Config) -> (Vec<f64>, f64) {
-    let d = config.head_dim;
-    let Some(rope) = config.rope else { return (Vec::new(), 1.0) };
+    match &config.rope {
+        Some(rope) => rope_frequencies(rope, config.rotary_dim(), false),
+        None => (Vec::new(), 1.0),
+    }
+}
+
+/// [`rotary_frequencies`] of one `rope` over `d` rotated dimensions of a
+/// head (LongRoPE's `long` factors, or its short ones).
+fn rope_frequencies(rope: &Rope, d: usize, long: bool) -> (Vec<f64>, f64) {
     let base: Vec<f64> = (0..d / 2).map(|i| 1.0 / rope.theta.powf(2.0 * i as f64 / d as f64)).collect();
-    match rope.scaling {
+    match &rope.scaling {
         // dynamic NTK changes the base only past the positions, where no step here runs
         RopeScaling::None | RopeScaling::Dynamic { .. } => (base, 1.0),
-        RopeScaling::Linear { factor } => (base.into_iter().map(|f| f / factor).collect(), 1.0),
-        RopeScaling::Llama3(scaling) => (llama3(base, &scaling), 1.0),
-        RopeScaling::Yarn(yarn) => (yarn_frequencies(&base, rope.theta, d, &yarn), yarn.attention_factor),
+        RopeScaling::Linear { factor } => (base.into_iter().map(|f| f / *factor).collect(), 1.0),
+        RopeScaling::Llama3(scaling) => (llama3(base, scaling), 1.0),
+        RopeScaling::Yarn(yarn) => (yarn_frequencies(&base, rope.theta, d, yarn), yarn.attention_factor),
+        RopeScaling::LongRope(scaling) => {
+            let factors = if long { &scaling.long_factor } else { &scaling.short_factor };
+            (base.iter().zip(factors).map(|(frequency, factor)| frequency / factor).collect(), scaling.attention_factor)
+        }
     }
 }
 

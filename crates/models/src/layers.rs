@@ -2,7 +2,7 @@
 //! (trained, frozen or with LoRA adapters), norms, rotary tables and
 //! attention.
 
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{D, DType, Device, Module, Result, Tensor};
 
 use super::kv_cache::{Chunk, KvCache};
 use super::lora::{Lora, LoraLinear};
@@ -210,22 +210,33 @@ pub(crate) struct Norm {
     bias: Option<Tensor>,
     eps: f32,
     ops: Ops,
+    /// It scales by `1 + weight` (Gemma's weights are stored as the offset).
+    plus_one: bool,
 }
 
 impl Norm {
     pub(crate) fn rms(weights: &Weights, name: &str, eps: f64, ops: Ops) -> Result<Norm> {
-        Ok(Norm { weight: weights.get(&format!("{name}.weight"))?, bias: None, eps: eps as f32, ops })
+        Ok(Norm { weight: weights.get(&format!("{name}.weight"))?, bias: None, eps: eps as f32, ops, plus_one: false })
+    }
+
+    /// The same norm scaling by `1 + weight` where `plus_one`.
+    pub(crate) fn plus_one(mut self, plus_one: bool) -> Norm {
+        self.plus_one = plus_one;
+        self
     }
 
     pub(crate) fn layer(weights: &Weights, name: &str, eps: f64, ops: Ops) -> Result<Norm> {
         let (weight, bias) = (weights.get(&format!("{name}.weight"))?, weights.get(&format!("{name}.bias"))?);
-        Ok(Norm { weight, bias: Some(bias), eps: eps as f32, ops })
+        Ok(Norm { weight, bias: Some(bias), eps: eps as f32, ops, plus_one: false })
     }
 }
 
 impl Module for Norm {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        let (weight, eps) = (&self.weight, self.eps);
+        // `1 + weight` made for this call: a tensor of the norm's width, its
+        // gradient the weight's
+        let offset = if self.plus_one { Some(self.weight.affine(1.0, 1.0)?) } else { None };
+        let (weight, eps) = (offset.as_ref().unwrap_or(&self.weight), self.eps);
         match (&self.bias, self.ops) {
             (None, Ops::Fused) => ops::rms_norm(xs, weight, eps),
             (Some(bias), Ops::Fused) => ops::layer_norm(xs, weight, bias, eps),
@@ -290,10 +301,36 @@ pub(crate) fn rotary_tables_at(
     Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
 }
 
+/// How one layer's attention scores are made beyond `softmax(q·kᵀ/√d)`:
+/// a sliding window, a soft cap, a scale of the family's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Scores {
+    /// Each query sees the last `window` positions up to its own.
+    pub(crate) window: Option<usize>,
+    /// `cap · tanh(score / cap)` before the mask.
+    pub(crate) softcap: Option<f64>,
+    /// What `q·kᵀ` is multiplied by; `None`: `1 / √d`.
+    pub(crate) scale: Option<f64>,
+}
+
+impl Scores {
+    /// The blocked attention of these scores, causal or not.
+    fn blocked(&self, causal: bool) -> BlockedAttention {
+        let config = if causal { BlockedAttention::causal() } else { BlockedAttention::bidirectional() };
+        config.window(self.window).softcap(self.softcap).scale(self.scale)
+    }
+
+    /// Whether they are `softmax(q·kᵀ/√d)` as it is.
+    fn plain(&self) -> bool {
+        *self == Scores::default()
+    }
+}
+
 /// Attention of the chunks' queries `(1, heads, T, d)` over their
 /// sequences' cached keys: each chunk's keys and values `(1, kv_heads, T,
 /// d)` written into `cache` at `layer` first, then its queries attend
 /// causally to every key of its sequence so far. `(1, T, heads × d)`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn cached_attention(
     q: &Tensor,
     k: &Tensor,
@@ -302,6 +339,7 @@ pub(crate) fn cached_attention(
     cache: &KvCache,
     layer: usize,
     form: Attention,
+    scores: Scores,
 ) -> Result<Tensor> {
     let (_, heads, _, d) = q.dims4()?;
     let mut outputs = Vec::with_capacity(chunks.len());
@@ -313,8 +351,9 @@ pub(crate) fn cached_attention(
         let (keys, values) = cache.gather(layer, chunk.sequence, chunk.start + len, q.dtype())?;
         let queries = q.narrow(2, offset, len)?.contiguous()?;
         let out = match form {
-            Attention::Blocked => BlockedAttention::causal().forward(&queries, &keys, &values, None)?,
-            Attention::Eager => crate::ops::attention(&queries, &keys, &values, None, true)?,
+            Attention::Blocked => scores.blocked(true).forward(&queries, &keys, &values, None)?,
+            Attention::Eager if scores.plain() => crate::ops::attention(&queries, &keys, &values, None, true)?,
+            Attention::Eager => scores.blocked(true).eager(&queries, &keys, &values, None)?,
         };
         outputs.push(out.transpose(1, 2)?.reshape((1, len, heads * d))?);
         offset += len;
@@ -345,13 +384,19 @@ pub(crate) fn attention(
     causal: bool,
     rotary: Option<&(Tensor, Tensor)>,
     forms: Forms,
+    scores: Scores,
 ) -> Result<Tensor> {
     let (b, heads, s, d) = q.dims4()?;
     let attended = match forms.attention {
         Attention::Blocked => {
-            let config = if causal { BlockedAttention::causal() } else { BlockedAttention::bidirectional() };
+            let config = scores.blocked(causal);
+            // tables of fewer pairs than a head has rotate q and k before
+            let whole = rotary.is_some_and(|(cos, _)| cos.dim(1).is_ok_and(|half| 2 * half == d));
             match (rotary, forms.ops) {
-                (Some((cos, sin)), Ops::Fused) => config.forward_rotary(q, k, v, None, cos, sin)?,
+                (Some((cos, sin)), Ops::Fused) if whole => config.forward_rotary(q, k, v, None, cos, sin)?,
+                (Some((cos, sin)), Ops::Fused) => {
+                    config.forward(&rotate(q, cos, sin, Ops::Fused)?, &rotate(k, cos, sin, Ops::Fused)?, v, None)?
+                }
                 (Some((cos, sin)), Ops::Eager) => config.forward(
                     &eager::rope(&q.contiguous()?, cos, sin)?,
                     &eager::rope(&k.contiguous()?, cos, sin)?,
@@ -366,7 +411,7 @@ pub(crate) fn attention(
                 Some((cos, sin)) => (rotate(q, cos, sin, forms.ops)?, rotate(k, cos, sin, forms.ops)?),
                 None => (q.contiguous()?, k.contiguous()?),
             };
-            eager_attention(&q, &k, &v.contiguous()?, causal, forms.ops)?
+            eager_attention(&q, &k, &v.contiguous()?, causal, forms.ops, scores)?
         }
     };
     attended.transpose(1, 2)?.reshape((b, s, heads * d))
@@ -374,14 +419,22 @@ pub(crate) fn attention(
 
 /// Attention with the scores made whole, as transformers' eager attention
 /// computes it: `(b, heads, s, d)` of contiguous `q`, `k`, `v`.
-fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, ops: Ops) -> Result<Tensor> {
+fn eager_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, ops: Ops, settings: Scores) -> Result<Tensor> {
     let (_, heads, s, d) = q.dims4()?;
     let kv_heads = k.dim(1)?;
     let (k, v) = (repeat_kv(k, heads / kv_heads)?, repeat_kv(v, heads / kv_heads)?);
     // keys and values from frozen layers are outside the graph: no gradient for them
-    let scores = (matmul(q, &k.t()?)? / (d as f64).sqrt())?;
+    let scores = match settings.scale {
+        None => (matmul(q, &k.t()?)? / (d as f64).sqrt())?,
+        Some(scale) => (matmul(q, &k.t()?)? * scale)?,
+    };
+    let scores = match settings.softcap {
+        Some(cap) => ((scores / cap)?.tanh()? * cap)?,
+        None => scores,
+    };
     // the mask is a constant: added without a gradient of the scores' size of its own
-    let scores = if causal { add_constant(&scores, &causal_mask(s, q.dtype(), q.device())?)? } else { scores };
+    let mask = |s| causal_mask(s, settings.window, q.dtype(), q.device());
+    let scores = if causal { add_constant(&scores, &mask(s)?)? } else { scores };
     let weights = match ops {
         Ops::Fused => ops::softmax_last_dim(&scores)?,
         Ops::Eager => eager::softmax_last_dim(&scores)?,
@@ -398,10 +451,12 @@ fn repeat_kv(xs: &Tensor, n: usize) -> Result<Tensor> {
     xs.unsqueeze(2)?.expand((b, kv_heads, n, s, d))?.reshape((b, kv_heads * n, s, d))
 }
 
-/// 0 on and below the diagonal, −∞ above: what a causal score adds.
-fn causal_mask(s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+/// 0 on and below the diagonal (within `window` of it), −∞ elsewhere: what
+/// a causal score adds.
+fn causal_mask(s: usize, window: Option<usize>, dtype: DType, device: &Device) -> Result<Tensor> {
+    let hidden = |i: usize, j: usize| j > i || window.is_some_and(|window| j + window <= i);
     let mask: Vec<f32> =
-        (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+        (0..s).flat_map(|i| (0..s).map(move |j| if hidden(i, j) { f32::NEG_INFINITY } else { 0.0 })).collect();
     Tensor::from_vec(mask, (s, s), device)?.to_dtype(dtype)
 }
 
@@ -414,6 +469,13 @@ pub(crate) fn split_heads(xs: &Tensor, heads: usize, head_dim: usize) -> Result<
 /// Rotary positions on `(b, heads, s, d)` (any layout), the halves rotated
 /// (Hugging Face's `rotate_half`): contiguous.
 pub(crate) fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
+    // tables of fewer pairs than a head has: its first dimensions rotate, the rest pass (Phi's)
+    let (d, rotated) = (xs.dim(D::Minus1)?, 2 * cos.dim(D::Minus1)?);
+    if rotated < d {
+        let head = xs.narrow(D::Minus1, 0, rotated)?.contiguous()?;
+        let rest = xs.narrow(D::Minus1, rotated, d - rotated)?.contiguous()?;
+        return Tensor::cat(&[&rotate(&head, cos, sin, ops)?, &rest], D::Minus1);
+    }
     match ops {
         Ops::Fused => ops::rope(xs, cos, sin),
         Ops::Eager => eager::rope(&xs.contiguous()?, cos, sin),

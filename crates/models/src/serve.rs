@@ -50,7 +50,7 @@ impl Server for Serving {
 
     fn max_context(&self) -> Option<usize> {
         let config = self.model().config();
-        Some(config.sliding_window.map_or(config.max_positions, |window| window.min(config.max_positions)))
+        Some(config.max_positions)
     }
 }
 

@@ -1378,8 +1378,11 @@ fn bad_configs_are_one_line_before_any_allocation() {
         assert_eq!(stderr.lines().filter(|l| l.starts_with("error: ")).count(), 1, "{path}: {stderr}");
         assert!(stderr.contains(says) && !stderr.contains("panicked"), "{path}: want {says:?} in {stderr}");
     }
-    // past the sliding window, past the positions, flags that do not apply
-    assert_usage_error(&["probe", "--config", &config("mistral-7b-v0.1.json"), "--seq-len", "8192"], "sliding_window");
+    // past the positions (a sliding window is computed, not refused), flags that do not apply
+    assert_usage_error(
+        &["probe", "--config", &config("mistral-7b-v0.1.json"), "--seq-len", "32769"],
+        "max_position_embeddings",
+    );
     assert_usage_error(
         &["probe", "--config", &config("tiny-gpt2.json"), "--seq-len", "513"],
         "max_position_embeddings",

@@ -11,7 +11,7 @@ use crate::Error;
 use crate::config::{AttentionBias, BertHead, BlockNorms, Config, Fields, Gelu, QkNorm, refuse};
 use crate::family::Family;
 use crate::keys::{Allowed, Handling};
-use crate::layers::{Forms, Layout, Norm, Proj, attention, embed, gelu, split_heads};
+use crate::layers::{Forms, Layout, Norm, Proj, Scores, attention, embed, gelu, split_heads};
 use crate::lora::Lora;
 use crate::per_token::{PerToken, Widths};
 use crate::weights::{Init, TensorSpec, Weights};
@@ -184,7 +184,7 @@ impl Bert {
         for layer in &self.layers {
             let split = |proj: &Proj| split_heads(&proj.forward(&xs)?, self.heads, head_dim);
             let (q, k, v) = (split(&layer.query)?, split(&layer.key)?, split(&layer.value)?);
-            let attended = attention(&q, &k, &v, false, None, self.forms)?;
+            let attended = attention(&q, &k, &v, false, None, self.forms, Scores::default())?;
             xs = layer.attention_norm.forward(&layer.attention_out.added_to(&xs, &attended)?)?;
             let intermediate = layer.intermediate.forward(&xs)?;
             xs = layer.output_norm.forward(&layer.output.activated_added_to(
@@ -435,13 +435,23 @@ fn read_bert(family: Family, fields: &Fields) -> std::result::Result<Config, Err
         max_positions: fields.count(&["max_position_embeddings"])?.unwrap_or(512),
         norm_eps: fields.number("layer_norm_eps")?.unwrap_or(1e-12),
         rope: None,
+        local_rope: None,
+        partial_rotary_factor: 1.0,
+        fused_projections: false,
         tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(true),
         attention_bias: AttentionBias::All,
         mlp_bias: true,
         qk_norm: QkNorm::None,
         norms: BlockNorms::Pre,
+        norm_plus_one: false,
+        embedding_scale: None,
+        mlp_activation: crate::ops::Activation::Silu,
+        attention_scale: None,
+        attention_softcap: None,
+        final_softcap: None,
         gelu,
         sliding_window: None,
+        sliding_layers: Vec::new(),
         type_vocab: fields.count(&["type_vocab_size"])?.unwrap_or(2),
         bert_head,
         padding_idx: Some(fields.id("pad_token_id")?.unwrap_or(0)),

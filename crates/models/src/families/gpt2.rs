@@ -13,7 +13,7 @@ use crate::config::{AttentionBias, BertHead, BlockNorms, Config, Fields, Gelu, Q
 use crate::family::Family;
 use crate::keys::{FALSE, Handling, TRUE};
 use crate::kv_cache::{Chunk, KvCache};
-use crate::layers::{Forms, Layout, Norm, Proj, attention, cached_attention, gelu, last_tokens};
+use crate::layers::{Forms, Layout, Norm, Proj, Scores, attention, cached_attention, gelu, last_tokens};
 use crate::lora::Lora;
 use crate::per_token::{PerToken, Widths};
 use crate::weights::{Init, TensorSpec, Weights};
@@ -143,7 +143,7 @@ impl Gpt2 {
     /// Block `index`.
     pub(crate) fn block(&self, index: usize, xs: &Tensor) -> Result<Tensor> {
         let (q, k, v) = self.queries_keys_values(index, xs)?;
-        self.after_attention(index, xs, &attention(&q, &k, &v, true, None, self.forms)?)
+        self.after_attention(index, xs, &attention(&q, &k, &v, true, None, self.forms, Scores::default())?)
     }
 
     /// Block `index`'s queries, keys and values `(b, heads, s, d)`: views
@@ -177,7 +177,7 @@ impl Gpt2 {
         for index in 0..self.blocks.len() {
             let (q, k, v) = self.queries_keys_values(index, &xs)?;
             let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-            let attended = cached_attention(&q, &k, &v, chunks, cache, index, self.forms.attention)?;
+            let attended = cached_attention(&q, &k, &v, chunks, cache, index, self.forms.attention, Scores::default())?;
             xs = self.after_attention(index, &xs, &attended)?;
         }
         self.head(&last_tokens(&xs, chunks)?)
@@ -353,13 +353,23 @@ fn read_gpt2(family: Family, fields: &Fields) -> std::result::Result<Config, Err
         max_positions: fields.count(&["n_positions", "max_position_embeddings"])?.unwrap_or(1024),
         norm_eps: fields.number("layer_norm_epsilon")?.unwrap_or(1e-5),
         rope: None,
+        local_rope: None,
+        partial_rotary_factor: 1.0,
+        fused_projections: false,
         tie_embeddings: fields.flag("tie_word_embeddings")?.unwrap_or(true),
         attention_bias: AttentionBias::All,
         mlp_bias: true,
         qk_norm: QkNorm::None,
         norms: BlockNorms::Pre,
+        norm_plus_one: false,
+        embedding_scale: None,
+        mlp_activation: crate::ops::Activation::Silu,
+        attention_scale: None,
+        attention_softcap: None,
+        final_softcap: None,
         gelu,
         sliding_window: None,
+        sliding_layers: Vec::new(),
         type_vocab: 0,
         bert_head: BertHead::MaskedLm,
         // GPT-2's embedding has no padding_idx

@@ -29,6 +29,7 @@ impl Architecture for Llama {
     }
 
     fn read(&self, family: Family, fields: &Fields) -> Result<Config, Error> {
+        decoder::silu(fields)?;
         let mut config = decoder::read(family, fields, "Llama")?;
         config.attention_bias = decoder::attention_bias(fields)?;
         config.mlp_bias = fields.flag("mlp_bias")? == Some(true);

@@ -1,5 +1,5 @@
 //! Mistral (`mistral`): Mistral 7B, no biases, every layer within
-//! `sliding_window` (at least the sequence length here).
+//! `sliding_window`.
 
 use super::Architecture;
 use crate::Error;
@@ -22,11 +22,13 @@ impl Architecture for Mistral {
     }
 
     fn read(&self, family: Family, fields: &Fields) -> Result<Config, Error> {
+        decoder::silu(fields)?;
         let mut config = decoder::read(family, fields, "Mistral")?;
         // transformers: no bias whatever the config says; its default window
         // when the key is absent, none when it is null
         let window = fields.count(&["sliding_window"])?;
         config.sliding_window = if fields.object.contains_key("sliding_window") { window } else { Some(4096) };
+        config.sliding_layers = vec![true];
         Ok(config)
     }
 }

@@ -21,10 +21,13 @@ use crate::per_token::{PerToken, Widths};
 use crate::weights::{TensorSpec, Weights};
 
 pub(crate) mod bert;
+mod gemma2;
+mod gemma3;
 pub(crate) mod gpt2;
 mod llama;
 mod mistral;
 mod olmo2;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -35,6 +38,9 @@ const ARCHITECTURES: &[&dyn Architecture] = &[
     &qwen2::Qwen2,
     &qwen3::Qwen3,
     &olmo2::Olmo2,
+    &gemma2::Gemma2,
+    &gemma3::Gemma3,
+    &phi3::Phi3,
     &gpt2::Gpt2Family,
     &bert::BertFamily,
 ];
@@ -149,9 +155,9 @@ pub(crate) trait Architecture: Sync {
         decoder::block_bytes(config, w, eager_attention)
     }
 
-    /// The embeddings' tensors per token.
-    fn embedding_bytes(&self, _config: &Config, w: &Widths) -> f64 {
-        w.h * w.d
+    /// The embeddings' tensors per token (and their scaled copy, Gemma's).
+    fn embedding_bytes(&self, config: &Config, w: &Widths) -> f64 {
+        if config.embedding_scale.is_some() { 2.0 * w.h * w.d } else { w.h * w.d }
     }
 
     /// The tensors per token before the head: the final norm (BERT's transform).
@@ -232,7 +238,7 @@ impl Family {
     }
 
     /// The `model_type`s of the families `which` holds for, listed for a
-    /// message: `llama, mistral, qwen2, qwen3, olmo2, gpt2, bert`.
+    /// message: `llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, gpt2, bert`.
     pub fn listed(which: impl Fn(Family) -> bool) -> String {
         Family::all().into_iter().filter(|family| which(*family)).map(Family::model_type).collect::<Vec<_>>().join(", ")
     }
@@ -316,7 +322,10 @@ mod tests {
             assert_eq!(family.architecture().model_type(), family.model_type());
             assert_eq!(all.iter().filter(|other| other.model_type() == family.model_type()).count(), 1);
         }
-        assert_eq!(Family::listed(|_| true), "llama, mistral, qwen2, qwen3, olmo2, gpt2, bert");
+        assert_eq!(
+            Family::listed(|_| true),
+            "llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, gpt2, bert"
+        );
     }
 
     /// The key table as docs/models.md shows it: one row per key, the families

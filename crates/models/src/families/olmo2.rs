@@ -24,6 +24,7 @@ impl Architecture for Olmo2 {
     }
 
     fn read(&self, family: Family, fields: &Fields) -> Result<Config, Error> {
+        decoder::silu(fields)?;
         let mut config = decoder::read(family, fields, "Olmo2")?;
         // transformers' Olmo2Config default, not Llama's
         config.norm_eps = fields.number("rms_norm_eps")?.unwrap_or(1e-5);

@@ -32,22 +32,26 @@ impl Architecture for Qwen2 {
     }
 
     fn read(&self, family: Family, fields: &Fields) -> Result<Config, Error> {
+        decoder::silu(fields)?;
         let mut config = decoder::read(family, fields, "Qwen2")?;
         config.attention_bias = AttentionBias::Qkv;
-        config.sliding_window = window(fields, config.layers)?;
+        (config.sliding_window, config.sliding_layers) = window(fields, config.layers)?;
         Ok(config)
     }
 }
 
-/// Qwen's window, if any layer attends within one: the layers
+/// Qwen's window and the layers that attend within it: those
 /// `layer_types` names (transformers 5), or those from `max_window_layers`
 /// on (transformers 4); none unless `use_sliding_window`, as transformers
 /// drops it.
-pub(super) fn window(fields: &Fields, layers: usize) -> Result<Option<usize>, Error> {
+pub(super) fn window(fields: &Fields, layers: usize) -> Result<(Option<usize>, Vec<bool>), Error> {
     let window = fields.count(&["sliding_window"])?;
-    let layer_types = Config::sliding_layers(fields, layers)?;
+    let layer_types = Config::layer_types(fields, layers)?;
     let use_window = fields.flag("use_sliding_window")?.unwrap_or(false);
     let from_layer = fields.whole_from_zero("max_window_layers", "a number of layers")?.unwrap_or(28);
-    let sliding = layer_types.unwrap_or(from_layer < layers);
-    Ok(window.filter(|_| use_window && sliding))
+    let sliding = layer_types.unwrap_or_else(|| (0..layers).map(|layer| layer >= from_layer).collect());
+    match window {
+        Some(window) if use_window && sliding.contains(&true) => Ok((Some(window), sliding)),
+        _ => Ok((None, Vec::new())),
+    }
 }

@@ -23,10 +23,11 @@ impl Architecture for Qwen3 {
     }
 
     fn read(&self, family: Family, fields: &Fields) -> Result<Config, Error> {
+        decoder::silu(fields)?;
         let mut config = decoder::read(family, fields, "Qwen3")?;
         config.attention_bias = decoder::attention_bias(fields)?;
         config.qk_norm = QkNorm::PerHead;
-        config.sliding_window = window(fields, config.layers)?;
+        (config.sliding_window, config.sliding_layers) = window(fields, config.layers)?;
         Ok(config)
     }
 }

@@ -44,23 +44,76 @@ pub struct BlockedAttention {
     pub scale: Option<f64>,
     /// Queries and keys per block.
     pub block: usize,
+    /// Causally, each query sees only the last `window` positions up to its
+    /// own (key `j` by query `i` where `i − window < j ≤ i`, as transformers'
+    /// sliding window masks): the key blocks wholly before it are skipped.
+    pub window: Option<usize>,
+    /// The scores soft-capped before the mask, `cap · tanh(score / cap)`
+    /// (Gemma 2's `attn_logit_softcapping`).
+    pub softcap: Option<f64>,
 }
 
 impl BlockedAttention {
     /// Causal attention (a decoder's), blocks of [`DEFAULT_BLOCK`].
     pub fn causal() -> BlockedAttention {
-        BlockedAttention { causal: true, scale: None, block: DEFAULT_BLOCK }
+        BlockedAttention { causal: true, scale: None, block: DEFAULT_BLOCK, window: None, softcap: None }
     }
 
     /// Bidirectional attention (an encoder's), blocks of [`DEFAULT_BLOCK`].
     pub fn bidirectional() -> BlockedAttention {
-        BlockedAttention { causal: false, scale: None, block: DEFAULT_BLOCK }
+        BlockedAttention { causal: false, scale: None, block: DEFAULT_BLOCK, window: None, softcap: None }
     }
 
     /// With blocks of `block` queries and keys.
     pub fn block(mut self, block: usize) -> BlockedAttention {
         self.block = block;
         self
+    }
+
+    /// Within a sliding window of `window` positions (causal attention only).
+    pub fn window(mut self, window: Option<usize>) -> BlockedAttention {
+        self.window = window;
+        self
+    }
+
+    /// The scores soft-capped at `cap`.
+    pub fn softcap(mut self, cap: Option<f64>) -> BlockedAttention {
+        self.softcap = cap;
+        self
+    }
+
+    /// The scores multiplied by `scale` (`None`: `1 / √d`).
+    pub fn scale(mut self, scale: Option<f64>) -> BlockedAttention {
+        self.scale = scale;
+        self
+    }
+
+    /// The eager form of the same attention: the scores made whole with
+    /// candle's differentiable ops (what this equals; `q` contiguous).
+    pub fn eager(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let shape = Shapes::of(q, k, v, mask, self)?;
+        let scale = self.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
+        let groups = shape.heads / shape.kv_heads;
+        let (k, v) = (repeat_heads(k, groups)?, repeat_heads(v, groups)?);
+        let scores = (crate::ops::matmul(q, &k.t()?)? * scale)?;
+        let scores = match self.softcap {
+            Some(cap) => ((scores / cap)?.tanh()? * cap)?,
+            None => scores,
+        };
+        let scores = match mask {
+            Some(mask) => {
+                let (b, s_k) = mask.dims2()?;
+                crate::ops::add_constant(&scores, &mask.to_dtype(scores.dtype())?.reshape((b, 1, 1, s_k))?)?
+            }
+            None => scores,
+        };
+        let scores = if shape.causal {
+            let mask = causal_block(&shape, shape.q_offset, shape.s_q, 0, shape.s_k, q.device())?;
+            crate::ops::add_constant(&scores, &mask.to_dtype(scores.dtype())?)?
+        } else {
+            scores
+        };
+        crate::ops::matmul(&crate::ops::softmax_last_dim(&scores)?, &v)
     }
 
     /// The attention of `q` over `k` and `v` (any layout: heads split from a
@@ -176,7 +229,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, caus
         None => scores,
     };
     let scores = if causal {
-        let mask = causal_block(s_k - s, s, 0, s_k, q.device())?.to_dtype(scores.dtype())?;
+        let mask = causal_mask(s_k - s, s, 0, s_k, None, q.device())?.to_dtype(scores.dtype())?;
         crate::ops::add_constant(&scores, &mask)?
     } else {
         scores
@@ -197,6 +250,8 @@ struct Shapes {
     causal: bool,
     /// The position of the first query among the keys'.
     q_offset: usize,
+    window: Option<usize>,
+    softcap: Option<f64>,
 }
 
 impl Shapes {
@@ -220,6 +275,16 @@ impl Shapes {
         if config.block == 0 {
             candle_core::bail!("blocked attention: blocks of 0 queries")
         }
+        if let Some(window) = config.window
+            && (window == 0 || !config.causal)
+        {
+            candle_core::bail!("blocked attention: a window of {window} (causal attention within 1 key or more)")
+        }
+        if let Some(cap) = config.softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            candle_core::bail!("blocked attention: a soft cap of {cap} (a positive number)")
+        }
         if let Some(mask) = mask
             && mask.dims() != [b, s_k]
         {
@@ -228,7 +293,19 @@ impl Shapes {
         // causally, the queries are the last s_q of the keys' positions (a
         // chunk of a sequence whose earlier keys are cached)
         let q_offset = if config.causal { s_k - s_q } else { 0 };
-        Ok(Shapes { b, heads, kv_heads, s_q, s_k, d, block: config.block, causal: config.causal, q_offset })
+        Ok(Shapes {
+            b,
+            heads,
+            kv_heads,
+            s_q,
+            s_k,
+            d,
+            block: config.block,
+            causal: config.causal,
+            q_offset,
+            window: config.window,
+            softcap: config.softcap,
+        })
     }
 
     /// The query blocks, as (start, length).
@@ -237,10 +314,19 @@ impl Shapes {
     }
 
     /// The key blocks a query block at `start` of `len` sees: all of them,
-    /// or causally those that start at or before its last query.
+    /// or causally those that start at or before its last query (within a
+    /// window, those that end after its first query's window starts).
     fn key_blocks(&self, start: usize, len: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
-        let last = self.q_offset + start + len - 1;
-        blocks(self.s_k, self.block).filter(move |&(key, _)| !self.causal || key <= last)
+        let (first, last) = (self.q_offset + start, self.q_offset + start + len - 1);
+        let seen_from = self.window.map_or(0, |window| (first + 1).saturating_sub(window));
+        blocks(self.s_k, self.block).filter(move |&(key, len)| !self.causal || (key <= last && key + len > seen_from))
+    }
+
+    /// Whether the scores of the block of queries `q0..q0 + q_len` (their
+    /// positions) over keys `k0..k0 + k_len` have an entry a causal mask or
+    /// the window hides.
+    fn masks(&self, q0: usize, q_len: usize, k0: usize, k_len: usize) -> bool {
+        self.causal && (k0 + k_len - 1 > q0 || self.window.is_some_and(|window| k0 + window < q0 + q_len))
     }
 }
 
@@ -248,13 +334,34 @@ fn blocks(len: usize, block: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..len).step_by(block).map(move |start| (start, block.min(len - start)))
 }
 
-/// 0 where key `k0 + j` may be seen by query `q0 + i`, −∞ where it comes
-/// after it: `(q_len, k_len)` in f32.
-fn causal_block(q0: usize, q_len: usize, k0: usize, k_len: usize, device: &candle_core::Device) -> Result<Tensor> {
+/// 0 where key `k0 + j` may be seen by query `q0 + i` (positions), −∞ where
+/// it comes after it or, within a `window`, at or before `q0 + i − window`:
+/// `(q_len, k_len)` in f32.
+fn causal_mask(
+    q0: usize,
+    q_len: usize,
+    k0: usize,
+    k_len: usize,
+    window: Option<usize>,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    let hidden = |q: usize, k: usize| k > q || window.is_some_and(|window| k + window <= q);
     let values: Vec<f32> = (0..q_len)
-        .flat_map(|i| (0..k_len).map(move |j| if k0 + j > q0 + i { f32::NEG_INFINITY } else { 0.0 }))
+        .flat_map(|i| (0..k_len).map(move |j| if hidden(q0 + i, k0 + j) { f32::NEG_INFINITY } else { 0.0 }))
         .collect();
     Tensor::from_vec(values, (q_len, k_len), device)
+}
+
+/// [`causal_mask`] of a call's shape.
+fn causal_block(
+    shape: &Shapes,
+    q0: usize,
+    q_len: usize,
+    k0: usize,
+    k_len: usize,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    causal_mask(q0, q_len, k0, k_len, shape.window, device)
 }
 
 /// `(b, kv_heads, n, d)` → `(b, kv_heads · groups, n, d)`, each kv head repeated.
@@ -275,8 +382,10 @@ fn sum_groups(xs: &Tensor, kv_heads: usize) -> Result<Tensor> {
     xs.reshape((b, kv_heads, heads / kv_heads, n, d))?.sum(2)
 }
 
-/// One block of scores in f32: `q_i · k_jᵀ · scale` (`q_i` contiguous), with
-/// the key mask and the causal mask where they apply.
+/// One block of scores in f32: `q_i · k_jᵀ · scale` (`q_i` contiguous),
+/// soft-capped where the shape says, with the key mask and the causal (and
+/// window) mask where they apply; and, soft-capped, the cap's derivative at
+/// each score (`1 − tanh²`), what the scores' gradient is multiplied by.
 fn scores(
     q: &Tensor,
     k: &Tensor,
@@ -285,17 +394,27 @@ fn scores(
     (q0, q_len): (usize, usize),
     (k0, k_len): (usize, usize),
     scale: f64,
-) -> Result<Tensor> {
+) -> Result<(Tensor, Option<Tensor>)> {
     let s = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
+    let (s, derivative) = match shape.softcap {
+        Some(cap) => {
+            let tanh = (s / cap)?.tanh()?;
+            let derivative = tanh.sqr()?.affine(-1.0, 1.0)?;
+            ((tanh * cap)?, Some(derivative))
+        }
+        None => (s, None),
+    };
     let s = match mask {
         Some(mask) => s.broadcast_add(&mask.narrow(1, k0, k_len)?.reshape((shape.b, 1, 1, k_len))?)?,
         None => s,
     };
-    if shape.causal && k0 + k_len - 1 > shape.q_offset + q0 {
-        s.broadcast_add(&causal_block(shape.q_offset + q0, q_len, k0, k_len, q.device())?)
+    let q_position = shape.q_offset + q0;
+    let s = if shape.masks(q_position, q_len, k0, k_len) {
+        s.broadcast_add(&causal_block(shape, q_position, q_len, k0, k_len, q.device())?)?
     } else {
-        Ok(s)
-    }
+        s
+    };
+    Ok((s, derivative))
 }
 
 /// The output `(b, heads, s_q, d)` in q's dtype and each row's log-sum-exp
@@ -322,7 +441,7 @@ fn forward(
         for (k0, k_len) in shape.key_blocks(q0, q_len) {
             let k_j = repeat_heads(&k.narrow(2, k0, k_len)?, groups)?;
             let v_j = repeat_heads(&v.narrow(2, k0, k_len)?, groups)?;
-            let s = scores(&q_i, &k_j, mask, shape, (q0, q_len), (k0, k_len), scale)?;
+            let (s, _) = scores(&q_i, &k_j, mask, shape, (q0, q_len), (k0, k_len), scale)?;
             let new_max = max.maximum(&s.max_keepdim(D::Minus1)?)?;
             let p = s.broadcast_sub(&new_max)?.exp()?;
             let rescale = (&max - &new_max)?.exp()?;
@@ -373,15 +492,22 @@ fn backward(
         let (do_i, lse_i, rows_i) = (grad.narrow(2, q0, q_len)?, lse.narrow(2, q0, q_len)?, rows.narrow(2, q0, q_len)?);
         let do_i = do_i.contiguous()?;
         let mut dq_i = Tensor::zeros((shape.b, shape.heads, q_len, shape.d), DType::F32, q.device())?;
-        for (index, (k0, k_len)) in shape.key_blocks(q0, q_len).enumerate() {
+        for (k0, k_len) in shape.key_blocks(q0, q_len) {
+            // the key block's place among all of them (a window skips the first ones)
+            let index = k0 / shape.block;
             let k_j = repeat_heads(&k.narrow(2, k0, k_len)?, groups)?.contiguous()?;
             let v_j = repeat_heads(&v.narrow(2, k0, k_len)?, groups)?.contiguous()?.to_dtype(DType::F32)?;
-            let s = scores(&q_i, &k_j, mask, shape, (q0, q_len), (k0, k_len), scale)?;
+            let (s, derivative) = scores(&q_i, &k_j, mask, shape, (q0, q_len), (k0, k_len), scale)?;
             let k_j = k_j.to_dtype(DType::F32)?;
             let p = s.broadcast_sub(&lse_i)?.exp()?;
             add(&mut dv[index], p.t()?.matmul(&do_i)?)?;
             let dp = do_i.matmul(&v_j.t()?)?;
             let ds = (p * dp.broadcast_sub(&rows_i)?)?;
+            // through the soft cap: its derivative at each score
+            let ds = match derivative {
+                Some(derivative) => (ds * derivative)?,
+                None => ds,
+            };
             dq_i = (dq_i + (ds.matmul(&k_j)? * scale)?)?;
             add(&mut dk[index], (ds.t()?.matmul(&q_f)? * scale)?)?;
         }
@@ -393,7 +519,7 @@ fn backward(
             .zip(&key_blocks)
             .map(|(part, &(_, len))| match part {
                 Some(part) => sum_groups(&part, shape.kv_heads),
-                // a key block no query sees (none, causally: the last query sees every key)
+                // a key block no query sees (causally none but before a window)
                 None => Tensor::zeros((shape.b, shape.kv_heads, len, shape.d), DType::F32, like.device()),
             })
             .collect::<Result<_>>()?;
@@ -452,6 +578,32 @@ mod tests {
         masked: bool,
         dtype: DType,
     ) -> f32 {
+        compare_with(
+            b,
+            heads,
+            kv,
+            s,
+            d,
+            BlockedAttention { causal, block, ..BlockedAttention::causal() },
+            masked,
+            dtype,
+        )
+    }
+
+    /// [`compare`] of any settings: blocked against [`BlockedAttention::eager`]
+    /// where the settings go past the plain [`attention`].
+    #[allow(clippy::too_many_arguments)]
+    fn compare_with(
+        b: usize,
+        heads: usize,
+        kv: usize,
+        s: usize,
+        d: usize,
+        config: BlockedAttention,
+        masked: bool,
+        dtype: DType,
+    ) -> f32 {
+        let causal = config.causal;
         let device = Device::Cpu;
         let var = |heads| {
             Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap().to_dtype(dtype).unwrap())
@@ -465,11 +617,13 @@ mod tests {
         });
         let weights = Tensor::randn(0f32, 1.0, (b, heads, s, d), &device).unwrap().to_dtype(dtype).unwrap();
         let run = |blocked: bool| {
+            let plain = config.window.is_none() && config.softcap.is_none() && config.scale.is_none();
             let out = if blocked {
-                let config = BlockedAttention { causal, scale: None, block };
                 config.forward(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask.as_ref()).unwrap()
-            } else {
+            } else if plain {
                 attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask.as_ref(), causal).unwrap()
+            } else {
+                config.eager(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask.as_ref()).unwrap()
             };
             let grads = (&out * &weights).unwrap().sum_all().unwrap().backward().unwrap();
             let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
@@ -509,6 +663,72 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Within a sliding window (shorter and longer than the blocks and
+        /// the sequence), soft-capped or not, at a scale of its own: the
+        /// blocked output and every gradient equal the eager ones within
+        /// 1e-5 in f32, the key blocks a window hides skipped.
+        #[test]
+        fn blocked_equals_eager_within_a_window_and_a_soft_cap(
+            s in 1usize..40,
+            block in 1usize..17,
+            groups in prop::sample::select(vec![1usize, 2]),
+            window in prop::option::of(1usize..45),
+            softcap in prop::option::of(prop::sample::select(vec![0.5f64, 2.0, 50.0])),
+            scale in prop::option::of(prop::sample::select(vec![0.1f64, 0.25])),
+            masked: bool,
+        ) {
+            let config = BlockedAttention { block, ..BlockedAttention::causal() }.window(window).softcap(softcap).scale(scale);
+            // no padding mask within a window: a query whose whole window is padding has
+            // scores of −1e9 and a log-sum-exp f32 cannot tell from them (−1e9 + ln 2 rounds
+            // to −1e9); the decoders that slide pass no key mask
+            let error = compare_with(2, 2 * groups, 2, s, 8, config, masked && window.is_none(), DType::F32);
+            prop_assert!(error <= 1e-5, "off by {error:e}");
+        }
+    }
+
+    /// The eager form, row by row as the definition reads: query `i` over
+    /// keys `max(0, i − window + 1)..=i`, its scores `q·k · scale`
+    /// soft-capped, their softmax, the values weighed.
+    #[test]
+    #[allow(clippy::needless_range_loop)] // indices, as the definition reads
+    fn the_eager_form_within_a_window_is_the_definition() {
+        let device = Device::Cpu;
+        let (s, d, window, cap, scale) = (11usize, 4usize, 3usize, 1.5f64, 0.3f64);
+        let q = Tensor::randn(0f32, 1.0, (1, 1, s, d), &device).unwrap();
+        let (k, v) = (
+            Tensor::randn(0f32, 1.0, (1, 1, s, d), &device).unwrap(),
+            Tensor::randn(0f32, 1.0, (1, 1, s, d), &device).unwrap(),
+        );
+        let config = BlockedAttention::causal().window(Some(window)).softcap(Some(cap)).scale(Some(scale));
+        let eager = config.eager(&q, &k, &v, None).unwrap();
+        let blocked = config.block(2).forward(&q, &k, &v, None).unwrap();
+        let [q, k, v] = [q, k, v].map(|t| t.squeeze(0).unwrap().squeeze(0).unwrap().to_vec2::<f32>().unwrap());
+        for (i, q_i) in q.iter().enumerate() {
+            let seen: Vec<usize> = (i.saturating_sub(window - 1)..=i).collect();
+            let scores: Vec<f64> = seen
+                .iter()
+                .map(|&j| {
+                    let dot: f64 = (0..d).map(|c| q_i[c] as f64 * k[j][c] as f64).sum::<f64>() * scale;
+                    cap * (dot / cap).tanh()
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for c in 0..d {
+                let expected: f64 = seen.iter().zip(&weights).map(|(&j, w)| w / total * v[j][c] as f64).sum();
+                for (form, out) in [("eager", &eager), ("blocked", &blocked)] {
+                    let got =
+                        out.get(0).unwrap().get(0).unwrap().get(i).unwrap().get(c).unwrap().to_scalar::<f32>().unwrap();
+                    assert!((got as f64 - expected).abs() < 1e-5, "{form} at ({i}, {c}): {got} against {expected}");
+                }
+            }
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
         /// The last `c` queries over every key (a chunk whose earlier keys
@@ -527,7 +747,7 @@ mod tests {
             let (heads, kv, d) = (2 * groups, 2, 8);
             let q = Var::from_tensor(&Tensor::randn(0f32, 1.0, (1, heads, s, d), &device).unwrap()).unwrap();
             let (k, v) = (Tensor::randn(0f32, 1.0, (1, kv, s, d), &device).unwrap(), Tensor::randn(0f32, 1.0, (1, kv, s, d), &device).unwrap());
-            let config = BlockedAttention { causal: true, scale: None, block };
+            let config = BlockedAttention { block, ..BlockedAttention::causal() };
             let whole = config.forward(q.as_tensor(), &k, &v, None).unwrap().narrow(2, s - c, c).unwrap();
             let last = q.as_tensor().narrow(2, s - c, c).unwrap();
             let blocked = config.forward(&last, &k, &v, None).unwrap();

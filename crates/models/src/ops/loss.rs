@@ -36,7 +36,7 @@ pub const IGNORE_INDEX: i64 = -100;
 /// assert!(grads.get(&hidden).is_some() && grads.get(&weight).is_some());
 /// # Ok::<(), candle_core::Error>(())
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ChunkedCrossEntropy {
     /// Rows per chunk; `None`: Liger Kernel's rule, `⌈n / ⌈vocab / h⌉⌉`
     /// of `n` rows of width `h` (a chunk's logits hold about as many values
@@ -44,12 +44,21 @@ pub struct ChunkedCrossEntropy {
     /// adds its share to the head weight's whole gradient, work of the
     /// weight's size that a chunk of a few rows would not pay for.
     pub rows: Option<usize>,
+    /// The logits soft-capped before the softmax, `cap · tanh(z / cap)`
+    /// (Gemma 2's `final_logit_softcapping`); the gradient through the cap.
+    pub softcap: Option<f64>,
 }
 
 impl ChunkedCrossEntropy {
     /// Chunks of `rows` rows.
     pub fn rows(rows: usize) -> ChunkedCrossEntropy {
-        ChunkedCrossEntropy { rows: Some(rows) }
+        ChunkedCrossEntropy { rows: Some(rows), softcap: None }
+    }
+
+    /// With the logits soft-capped at `cap` (none where `None`).
+    pub fn softcap(mut self, cap: Option<f64>) -> ChunkedCrossEntropy {
+        self.softcap = cap;
+        self
     }
 
     /// The mean cross entropy of `hidden` `(n, h)` through the head
@@ -88,6 +97,15 @@ impl ChunkedCrossEntropy {
                 None => logits,
             };
             let logits = logits.to_dtype(DType::F32)?;
+            // soft-capped: the capped logits, and the cap's derivative for the gradient
+            let (logits, derivative) = match self.softcap {
+                Some(cap) => {
+                    let tanh = (logits / cap)?.tanh()?;
+                    let derivative = tanh.sqr()?.affine(-1.0, 1.0)?;
+                    ((tanh * cap)?, Some(derivative))
+                }
+                None => (logits, None),
+            };
             let lse = logits.log_sum_exp(D::Minus1)?.unsqueeze(1)?;
             let ids: Vec<u32> = chunk.iter().map(|t| t.unwrap_or(0)).collect();
             let ids = Tensor::from_vec(ids, (len, 1), device)?;
@@ -102,6 +120,10 @@ impl ChunkedCrossEntropy {
             let probabilities = logits.broadcast_sub(&lse)?.exp()?;
             let grad = probabilities.scatter_add(&ids, &counts.neg()?, 1)?;
             let grad = (grad.broadcast_mul(&counts)? / counted as f64)?;
+            let grad = match &derivative {
+                Some(derivative) => (grad * derivative)?,
+                None => grad,
+            };
             let grad_native = grad.to_dtype(w.dtype())?;
             if wants.hidden {
                 grad_hidden.push(grad_native.matmul(&w)?);
