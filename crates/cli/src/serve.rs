@@ -561,13 +561,31 @@ pub fn estimate(
     Ok(())
 }
 
+/// The blocks one sequence holds at the context: every layer's, or, with
+/// sliding layers, those of the layers that keep every key and the window's.
+fn sequence_blocks(config: &Config, shape: &ServingShape) -> String {
+    let blocks = shape.context.div_ceil(shape.block_size);
+    let sliding = (0..config.layers).filter(|&layer| config.window_of(layer).is_some()).count();
+    if sliding == 0 {
+        return format!("{blocks} blocks");
+    }
+    let window = KvCache::window_blocks_for(config, shape.block_size, shape.context - 1, 1);
+    match config.layers - sliding {
+        0 => format!("{window} blocks: every layer keeps its window of {}", config.sliding_window.unwrap_or(0)),
+        full => format!(
+            "{blocks} blocks in {full} layers, {window} in the {sliding} that keep a window of {}",
+            config.sliding_window.unwrap_or(0)
+        ),
+    }
+}
+
 /// `estimate --serve`: the weights, the cache per token and per sequence,
 /// the worst step's own bytes, as counted.
 fn describe_count(path: &Path, config: &Config, shape: &ServingShape, counted: &ServingBytes) -> String {
     format!(
         "serving {} at {} tokens: weights {} ({}), KV cache {} in blocks of {} tokens\n\
          \x20 KV cache per token       {:>10}  (2 × {} layers × {} kv heads × {} dims × {} bytes)\n\
-         \x20 per sequence             {:>10}  ({} blocks)\n\
+         \x20 per sequence             {:>10}  ({})\n\
          \x20 the worst step's own     {:>10}  with one sequence (a {}-token prefill), + {} per other sequence\n",
         path.display(),
         shape.context,
@@ -581,7 +599,7 @@ fn describe_count(path: &Path, config: &Config, shape: &ServingShape, counted: &
         config.head_dim,
         shape.cache_dtype.size_in_bytes(),
         Bytes(counted.cache_bytes_per_sequence),
-        shape.context.div_ceil(shape.block_size),
+        sequence_blocks(config, shape),
         Bytes(counted.step_bytes),
         shape.chunk,
         Bytes(counted.step_bytes_per_sequence)

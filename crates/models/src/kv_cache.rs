@@ -42,11 +42,30 @@ struct LayerPool {
     scales: Option<(Tensor, Tensor)>,
 }
 
-/// A sequence's block table and how many tokens it holds.
+/// A sequence's block table in one group: the physical blocks of its
+/// logical blocks `first ..` (those before `first`, wholly outside every
+/// query's window from now on, given back).
 #[derive(Clone, Debug, Default)]
 struct Table {
+    first: usize,
     blocks: Vec<usize>,
-    len: usize,
+}
+
+/// The layers that keep every key, or those that keep the last `window`
+/// positions (a sliding layer's cache holds its window, not the context):
+/// their blocks, the free ones, and each sequence's table.
+struct Group {
+    window: Option<usize>,
+    blocks: usize,
+    free: Vec<usize>,
+    tables: Vec<Option<Table>>,
+}
+
+impl Group {
+    fn new(window: Option<usize>, blocks: usize) -> Group {
+        // handed out from the lowest: a sequence's blocks in order
+        Group { window, blocks, free: (0..blocks).rev().collect(), tables: Vec::new() }
+    }
 }
 
 /// The keys and values of every sequence in flight, in blocks.
@@ -74,14 +93,20 @@ pub struct KvCache {
     kv_heads: usize,
     head_dim: usize,
     layers: Vec<LayerPool>,
-    free: Vec<usize>,
-    tables: Vec<Option<Table>>,
+    /// Each layer's group.
+    layer_group: Vec<usize>,
+    /// The layers that keep every key first, then those within a window.
+    groups: Vec<Group>,
+    /// Tokens each sequence slot holds (`None`: removed).
+    lens: Vec<Option<usize>>,
 }
 
 impl KvCache {
     /// A pool of `blocks` blocks of `block_size` tokens for every layer of
     /// `config` (a decoder: llama, mistral, qwen2, qwen3, olmo2 or gpt2), in `dtype`
     /// (f32, bf16 or f16; `U8`: 8 bits, see [`INT8`](Self::INT8)), allocated now.
+    /// The sliding layers (Mistral's, Gemma's) get as many blocks: see
+    /// [`with_window_blocks`](Self::with_window_blocks) for fewer.
     pub fn new(
         config: &Config,
         blocks: usize,
@@ -89,11 +114,36 @@ impl KvCache {
         dtype: DType,
         device: &Device,
     ) -> Result<KvCache, Error> {
+        KvCache::with_window_blocks(config, blocks, blocks, block_size, dtype, device)
+    }
+
+    /// [`new`](Self::new) with `window_blocks` blocks for the layers that
+    /// attend within a sliding window: each sequence holds there only the
+    /// blocks its queries can still see ([`window_blocks_for`](Self::window_blocks_for)).
+    pub fn with_window_blocks(
+        config: &Config,
+        blocks: usize,
+        window_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<KvCache, Error> {
         KvCache::check(config, block_size, dtype)?;
-        let rows = blocks.checked_mul(block_size).ok_or_else(|| too_many(blocks, block_size))?;
-        let shape = (rows, config.kv_heads, config.head_dim);
+        let windows: Vec<Option<usize>> = (0..config.layers).map(|layer| config.window_of(layer)).collect();
+        let mut groups = Vec::new();
+        if windows.iter().any(Option::is_none) {
+            groups.push(Group::new(None, blocks));
+        }
+        if let Some(window) = windows.iter().flatten().next() {
+            groups.push(Group::new(Some(*window), window_blocks));
+        }
+        let layer_group: Vec<usize> =
+            windows.iter().map(|window| usize::from(window.is_some() && groups.len() == 2)).collect();
         let mut layers = Vec::with_capacity(config.layers);
-        for _ in 0..config.layers {
+        for &group in &layer_group {
+            let group_blocks = groups[group].blocks;
+            let rows = group_blocks.checked_mul(block_size).ok_or_else(|| too_many(group_blocks, block_size))?;
+            let shape = (rows, config.kv_heads, config.head_dim);
             let scales = (dtype == KvCache::INT8)
                 .then(|| -> candle_core::Result<(Tensor, Tensor)> {
                     let shape = (rows, config.kv_heads, 1);
@@ -112,10 +162,24 @@ impl KvCache {
             kv_heads: config.kv_heads,
             head_dim: config.head_dim,
             layers,
-            // handed out from the lowest: a sequence's blocks in order
-            free: (0..blocks).rev().collect(),
-            tables: Vec::new(),
+            layer_group,
+            groups,
+            lens: Vec::new(),
         })
+    }
+
+    /// The blocks a layer within a `window` of `config` holds for a sequence
+    /// of `held` tokens taking `new` more in one step, blocks of `block_size`:
+    /// those from the first its new queries can see to its last (every one
+    /// where no layer slides).
+    pub fn window_blocks_for(config: &Config, block_size: usize, held: usize, new: usize) -> usize {
+        let last = (held + new).div_ceil(block_size.max(1));
+        match config.sliding_window {
+            Some(window) if !config.sliding_layers.is_empty() => {
+                last - (held + 1).saturating_sub(window) / block_size.max(1)
+            }
+            _ => last,
+        }
     }
 
     /// The 8-bit cache's dtype: each key and value of a token's head stored
@@ -133,9 +197,25 @@ impl KvCache {
         pool_bytes(config.layers, block_size, config.kv_heads, config.head_dim, dtype)
     }
 
-    /// The bytes one of its blocks takes.
+    /// The bytes one block of `block_size` tokens takes over `config`'s
+    /// layers that slide (`sliding`) or keep every key.
+    pub fn group_block_bytes(config: &Config, block_size: usize, dtype: DType, sliding: bool) -> u64 {
+        let layers = (0..config.layers).filter(|&layer| config.window_of(layer).is_some() == sliding).count();
+        pool_bytes(layers, block_size, config.kv_heads, config.head_dim, dtype)
+    }
+
+    /// The bytes one of its blocks takes over every layer.
     pub fn bytes_per_block(&self) -> u64 {
         pool_bytes(self.layers.len(), self.block_size, self.kv_heads, self.head_dim, self.dtype)
+    }
+
+    /// The bytes its pools hold: each layer's blocks.
+    pub fn bytes(&self) -> u64 {
+        let per_layer_block = pool_bytes(1, self.block_size, self.kv_heads, self.head_dim, self.dtype);
+        self.layer_group
+            .iter()
+            .map(|&group| per_layer_block.saturating_mul(self.groups[group].blocks as u64))
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Tokens per block.
@@ -153,51 +233,63 @@ impl KvCache {
         self.layers.first().map_or(Device::Cpu, |layer| layer.keys.device().clone())
     }
 
-    /// Blocks in the pool.
+    /// Blocks in the pool of the layers that keep every key (where every
+    /// layer slides, of theirs).
     pub fn blocks(&self) -> usize {
-        self.layers.first().map_or(0, |layer| layer.keys.dim(0).unwrap_or(0) / self.block_size)
+        self.groups.first().map_or(0, |group| group.blocks)
     }
 
-    /// Blocks no sequence holds.
+    /// Blocks of that pool no sequence holds.
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.groups.first().map_or(0, |group| group.free.len())
     }
 
-    /// Blocks a sequence of `tokens` tokens holds.
+    /// Blocks a sequence of `tokens` tokens holds where every key is kept.
     pub fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size)
     }
 
     /// A new, empty sequence.
     pub fn add_sequence(&mut self) -> SequenceId {
-        let slot = self.tables.iter().position(Option::is_none).unwrap_or(self.tables.len());
-        if slot == self.tables.len() {
-            self.tables.push(None);
+        let slot = self.lens.iter().position(Option::is_none).unwrap_or(self.lens.len());
+        if slot == self.lens.len() {
+            self.lens.push(None);
         }
-        self.tables[slot] = Some(Table::default());
+        self.lens[slot] = Some(0);
+        for group in &mut self.groups {
+            if group.tables.len() <= slot {
+                group.tables.resize(slot + 1, None);
+            }
+            group.tables[slot] = Some(Table::default());
+        }
         SequenceId(slot)
     }
 
     /// Ends `sequence`: its blocks go back to the pool.
     pub fn remove_sequence(&mut self, sequence: SequenceId) {
-        if let Some(table) = self.tables.get_mut(sequence.0).and_then(Option::take) {
-            self.free.extend(table.blocks.into_iter().rev());
+        if self.lens.get_mut(sequence.0).and_then(Option::take).is_none() {
+            return;
+        }
+        for group in &mut self.groups {
+            if let Some(table) = group.tables.get_mut(sequence.0).and_then(Option::take) {
+                group.free.extend(table.blocks.into_iter().rev());
+            }
         }
     }
 
     /// Tokens `sequence` holds (0 for one removed).
     pub fn len(&self, sequence: SequenceId) -> usize {
-        self.table(sequence).map_or(0, |table| table.len)
+        self.lens.get(sequence.0).copied().flatten().unwrap_or(0)
     }
 
     /// Whether no sequence holds a token.
     pub fn is_empty(&self) -> bool {
-        self.tables.iter().flatten().all(|table| table.len == 0)
+        self.lens.iter().flatten().all(|&len| len == 0)
     }
 
     /// Sequences in flight.
     pub fn sequences(&self) -> Vec<SequenceId> {
-        (0..self.tables.len()).filter(|&i| self.tables[i].is_some()).map(SequenceId).collect()
+        (0..self.lens.len()).filter(|&i| self.lens[i].is_some()).map(SequenceId).collect()
     }
 
     /// Takes `tokens` more positions for `sequence` without computing them
@@ -205,36 +297,63 @@ impl KvCache {
     /// a long prompt leaves it, for measuring. Refused when the pool has too
     /// few free blocks.
     pub fn fill(&mut self, sequence: SequenceId, tokens: usize) -> Result<(), Error> {
-        let len = self.len(sequence);
-        self.reserve(sequence, len + tokens)?;
-        Ok(())
+        let len = self.len(sequence) + tokens;
+        // no query runs over the filled positions: a window keeps what the next one sees
+        self.grow(sequence, len, len)
     }
 
-    fn table(&self, sequence: SequenceId) -> Option<&Table> {
-        self.tables.get(sequence.0).and_then(Option::as_ref)
+    fn table(&self, group: usize, sequence: SequenceId) -> Option<&Table> {
+        self.groups.get(group).and_then(|group| group.tables.get(sequence.0)).and_then(Option::as_ref)
     }
 
-    /// Grows `sequence` to `len` tokens, taking the blocks that needs.
+    /// Grows `sequence` to `len` tokens, taking the blocks that needs (a
+    /// window's blocks no new query sees given back first).
     pub(crate) fn reserve(&mut self, sequence: SequenceId, len: usize) -> Result<(), Error> {
-        let needed = self.blocks_for(len);
-        let table = self.table(sequence).ok_or_else(|| unknown(sequence))?;
-        let more = needed.saturating_sub(table.blocks.len());
-        if more > self.free.len() {
-            return Err(Error::invalid(
-                crate::Setting::KvCacheBlocks,
-                autobatch::Value::Count(needed),
-                format!(
-                    "a sequence of {len} tokens needs {more} more blocks of {} tokens; the pool has {} free of {}",
-                    self.block_size,
-                    self.free.len(),
-                    self.blocks()
-                ),
-            ));
+        let held = self.len(sequence);
+        self.grow(sequence, len, held)
+    }
+
+    /// [`reserve`](Self::reserve), the first query that runs at `queried_from`.
+    fn grow(&mut self, sequence: SequenceId, len: usize, queried_from: usize) -> Result<(), Error> {
+        if self.lens.get(sequence.0).copied().flatten().is_none() {
+            return Err(unknown(sequence));
         }
-        let taken: Vec<usize> = (0..more).filter_map(|_| self.free.pop()).collect();
-        let table = self.tables[sequence.0].as_mut().ok_or_else(|| unknown(sequence))?;
-        table.blocks.extend(taken);
-        table.len = table.len.max(len);
+        let block_size = self.block_size;
+        let last = len.div_ceil(block_size);
+        // what each group gives back and takes, checked for all before any changes
+        let mut plans = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let table = group.tables[sequence.0].as_ref().ok_or_else(|| unknown(sequence))?;
+            let first = match group.window {
+                Some(window) => ((queried_from + 1).saturating_sub(window) / block_size).max(table.first),
+                None => 0,
+            };
+            let given_back = (first - table.first).min(table.blocks.len());
+            let kept = table.blocks.len() - given_back;
+            let more = last.saturating_sub(first).saturating_sub(kept);
+            if more > group.free.len() + given_back {
+                return Err(Error::invalid(
+                    crate::Setting::KvCacheBlocks,
+                    autobatch::Value::Count(last - first),
+                    format!(
+                        "a sequence of {len} tokens needs {more} more blocks of {block_size} tokens; the pool has {} \
+                         free of {}",
+                        group.free.len(),
+                        group.blocks
+                    ),
+                ));
+            }
+            plans.push((first, given_back, more));
+        }
+        for (group, (first, given_back, more)) in self.groups.iter_mut().zip(plans) {
+            let table = group.tables[sequence.0].as_mut().ok_or_else(|| unknown(sequence))?;
+            group.free.extend(table.blocks.drain(..given_back).rev());
+            table.first = first;
+            let taken: Vec<usize> = (0..more).filter_map(|_| group.free.pop()).collect();
+            table.blocks.extend(taken);
+        }
+        let held = self.lens[sequence.0].get_or_insert(0);
+        *held = (*held).max(len);
         Ok(())
     }
 
@@ -249,7 +368,9 @@ impl KvCache {
         keys: &Tensor,
         values: &Tensor,
     ) -> candle_core::Result<()> {
-        let table = self.table(sequence).ok_or_else(|| candle_core::Error::Msg(format!("no sequence {sequence:?}")))?;
+        let table = self
+            .table(self.layer_group[layer], sequence)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no sequence {sequence:?}")))?;
         let pool = &self.layers[layer];
         // (n, kv_heads, head_dim), as the pool lays tokens out
         let as_rows = |t: &Tensor| t.transpose(0, 1)?.contiguous();
@@ -267,7 +388,11 @@ impl KvCache {
             let position = start + done;
             let (block, within) = (position / self.block_size, position % self.block_size);
             let run = (self.block_size - within).min(n - done);
-            let row = table.blocks[block] * self.block_size + within;
+            let physical =
+                block.checked_sub(table.first).and_then(|index| table.blocks.get(index)).ok_or_else(|| {
+                    candle_core::Error::Msg(format!("position {position} of {sequence:?} is not reserved"))
+                })?;
+            let row = physical * self.block_size + within;
             set(&pool.keys, &keys, done, run, row)?;
             set(&pool.values, &values, done, run, row)?;
             if let (Some((key_pool, value_pool)), Some(key_scales), Some(value_scales)) =
@@ -281,9 +406,11 @@ impl KvCache {
         Ok(())
     }
 
-    /// `layer`'s keys and values of the first `len` positions of `sequence`,
-    /// `(1, kv_heads, len, head_dim)` each, in `dtype`: a copy gathered from
-    /// its blocks.
+    /// `layer`'s keys and values of the first `len` positions of `sequence`
+    /// (of a sliding layer, from the first block it still holds: the queries
+    /// of the step are the last positions either way, and see within their
+    /// window), `(1, kv_heads, n, head_dim)` each, in `dtype`: a copy
+    /// gathered from its blocks.
     pub(crate) fn gather(
         &self,
         layer: usize,
@@ -291,15 +418,24 @@ impl KvCache {
         len: usize,
         dtype: DType,
     ) -> candle_core::Result<(Tensor, Tensor)> {
-        let table = self.table(sequence).ok_or_else(|| candle_core::Error::Msg(format!("no sequence {sequence:?}")))?;
+        let group = self.layer_group[layer];
+        let table =
+            self.table(group, sequence).ok_or_else(|| candle_core::Error::Msg(format!("no sequence {sequence:?}")))?;
         let pool = &self.layers[layer];
-        let count = len.div_ceil(self.block_size);
+        // a window's layer: its blocks from the first it still holds
+        let from = table.first * self.block_size;
+        let count = len.div_ceil(self.block_size) - table.first;
         let ids: Vec<u32> = table.blocks[..count].iter().map(|&b| b as u32).collect();
         let ids = Tensor::from_vec(ids, count, pool.keys.device())?;
-        // (len, kv_heads, width) of a pool whose rows are `width` wide
+        let pool_blocks = self.groups[group].blocks;
+        // (len − from, kv_heads, width) of a pool whose rows are `width` wide
         let rows = |pool: &Tensor, width: usize| -> candle_core::Result<Tensor> {
-            let blocks = pool.reshape((self.blocks(), self.block_size, self.kv_heads, width))?;
-            blocks.index_select(&ids, 0)?.reshape((count * self.block_size, self.kv_heads, width))?.narrow(0, 0, len)
+            let blocks = pool.reshape((pool_blocks, self.block_size, self.kv_heads, width))?;
+            blocks.index_select(&ids, 0)?.reshape((count * self.block_size, self.kv_heads, width))?.narrow(
+                0,
+                0,
+                len - from,
+            )
         };
         let read = |pool: &Tensor, scales: Option<&Tensor>| -> candle_core::Result<Tensor> {
             let values = rows(pool, self.head_dim)?;
@@ -375,4 +511,55 @@ fn unknown(sequence: SequenceId) -> Error {
         autobatch::Value::Count(sequence.0),
         "a sequence the cache holds (add_sequence)",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemma 2's pattern at a window of 8: layer 0 slides, layer 1 keeps
+    /// every key.
+    fn sliding_config() -> Config {
+        Config::from_json(
+            r#"{"model_type": "gemma2", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": 32,
+            "max_position_embeddings": 64, "sliding_window": 8}"#,
+        )
+        .unwrap()
+    }
+
+    /// A sliding layer's cache holds the blocks its next queries see, not
+    /// the context: given back as the sequence grows, taken again from the
+    /// pool, and its pool sized to the windows alone is enough.
+    #[test]
+    fn a_sliding_layer_holds_its_window_not_the_context() {
+        let config = sliding_config();
+        let (held, new) = (30, 1);
+        let window = KvCache::window_blocks_for(&config, 4, held, new);
+        // positions 23 .. 31 are seen by the query at 30: blocks 5, 6, 7
+        assert_eq!(window, 3);
+        let mut cache = KvCache::with_window_blocks(&config, 9, window, 4, DType::F32, &Device::Cpu).unwrap();
+        let sequence = cache.add_sequence();
+        cache.fill(sequence, held).unwrap();
+        cache.reserve(sequence, held + new).unwrap();
+        assert_eq!((cache.len(sequence), cache.free_blocks()), (31, 1));
+        // the pools: 9 blocks in the full layer, 3 in the sliding one
+        let per_layer_block = 2 * 4 * 8 * 4;
+        assert_eq!(cache.bytes(), (9 + 3) * per_layer_block);
+        // written and gathered: the sliding layer's keys from block 5 on
+        let keys = Tensor::ones((1, 1, 8), DType::F32, &Device::Cpu).unwrap();
+        cache.write(0, sequence, 30, &keys, &keys).unwrap();
+        let (gathered, _) = cache.gather(0, sequence, 31, DType::F32).unwrap();
+        assert_eq!(gathered.dims(), [1, 1, 31 - 20, 8]);
+        let (whole, _) = cache.gather(1, sequence, 31, DType::F32).unwrap();
+        assert_eq!(whole.dims(), [1, 1, 31, 8]);
+        // a position the window gave back is refused, not written elsewhere
+        assert!(cache.write(0, sequence, 3, &keys, &keys).is_err());
+        // growing by a block gives one back and takes one
+        cache.reserve(sequence, 33).unwrap();
+        let (gathered, _) = cache.gather(0, sequence, 33, DType::F32).unwrap();
+        assert_eq!(gathered.dims()[2], 33 - 24);
+        cache.remove_sequence(sequence);
+        assert_eq!(cache.free_blocks(), 9);
+    }
 }

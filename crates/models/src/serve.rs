@@ -13,8 +13,18 @@ impl Server for Serving {
         let config = self.model().config();
         let block_size = self.tokens_per_block();
         let blocks = sequences.saturating_mul(context.div_ceil(block_size));
-        let mut cache =
-            KvCache::new(config, blocks, block_size, self.kv_cache_dtype(), self.device()).map_err(candle)?;
+        // a sliding layer's blocks: each sequence's window at its step (the prefilling one's wider)
+        let window = |last_step: usize| KvCache::window_blocks_for(config, block_size, context - last_step, last_step);
+        let window_blocks = window(chunk).saturating_add(sequences.saturating_sub(1).saturating_mul(window(1)));
+        let mut cache = KvCache::with_window_blocks(
+            config,
+            blocks,
+            window_blocks,
+            block_size,
+            self.kv_cache_dtype(),
+            self.device(),
+        )
+        .map_err(candle)?;
         for index in 0..sequences {
             let sequence = cache.add_sequence();
             let last_step = if index == 0 { chunk } else { 1 };
@@ -24,7 +34,7 @@ impl Server for Serving {
     }
 
     fn cache_bytes(&self, cache: &KvCache) -> u64 {
-        cache.blocks() as u64 * cache.bytes_per_block()
+        cache.bytes()
     }
 
     fn worst_step(&mut self, cache: &mut KvCache, chunk: usize) -> candle_core::Result<()> {

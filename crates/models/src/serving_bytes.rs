@@ -45,9 +45,12 @@ pub struct ServingBytes {
     pub block_bytes: u64,
     /// Tokens per block.
     pub block_size: usize,
-    /// One sequence's cache at the context: its blocks, the last one whole.
+    /// One sequence's cache at the context: its blocks, the last one whole
+    /// (a sliding layer's, the blocks its decoding query still sees).
     pub cache_bytes_per_sequence: u64,
-    /// The worst step's own bytes with one sequence (its prefill chunk alone).
+    /// The worst step's own bytes with one sequence (its prefill chunk alone;
+    /// with sliding layers, the blocks its chunk's first queries see beyond a
+    /// decoding sequence's).
     pub step_bytes: u64,
     /// What each other sequence's decoded token adds to the worst step at
     /// most (the steepest of its moments).
@@ -78,20 +81,36 @@ impl Config {
         let block_bytes = cache_bytes_per_token.saturating_mul(shape.block_size as u64);
         let blocks = shape.context.div_ceil(shape.block_size) as u64;
         let chunk = shape.chunk.min(shape.context);
+        // the layers that keep every key hold the context; a sliding layer its
+        // window at the step (a decoding sequence's, and the prefilling one's
+        // wider by what its chunk's first queries still see)
+        let (cache, sliding) = (shape.cache_dtype, true);
+        let full_block = super::KvCache::group_block_bytes(self, shape.block_size, cache, !sliding);
+        let window_block = super::KvCache::group_block_bytes(self, shape.block_size, cache, sliding);
+        let window_blocks = |last_step: usize| {
+            super::KvCache::window_blocks_for(self, shape.block_size, shape.context - last_step, last_step)
+        };
+        let cache_bytes_per_sequence =
+            blocks.saturating_mul(full_block).saturating_add((window_blocks(1) as u64).saturating_mul(window_block));
+        let prefill_window =
+            (window_blocks(chunk).saturating_sub(window_blocks(1)) as u64).saturating_mul(window_block);
         let moments = |tokens: f64, sequences: f64, gathered: f64| self.moments(shape, tokens, sequences, gathered);
         let (one, two) =
             (moments(chunk as f64, 1.0, shape.context as f64), moments(chunk as f64 + 1.0, 2.0, shape.context as f64));
-        // each moment is a line in the sequences: its bytes with one, and the slope
-        let moments = [0, 1, 2]
-            .map(|k| Moment { at_one: one[k].ceil() as u64, per_sequence: (two[k] - one[k]).max(0.0).ceil() as u64 });
+        // each moment is a line in the sequences: its bytes with one (and the
+        // prefilling sequence's wider window), and the slope
+        let moments = [0, 1, 2].map(|k| Moment {
+            at_one: (one[k].ceil() as u64).saturating_add(prefill_window),
+            per_sequence: (two[k] - one[k]).max(0.0).ceil() as u64,
+        });
         let widest = |bytes: [f64; 3]| bytes.into_iter().fold(0.0, f64::max).ceil() as u64;
         Ok(ServingBytes {
             weight_bytes: self.serving_weight_bytes(shape.weights, shape.dtype),
             cache_bytes_per_token,
             block_bytes,
             block_size: shape.block_size,
-            cache_bytes_per_sequence: blocks.saturating_mul(block_bytes),
-            step_bytes: widest(one),
+            cache_bytes_per_sequence,
+            step_bytes: widest(one).saturating_add(prefill_window),
             step_bytes_per_sequence: moments.iter().map(|m| m.per_sequence).max().unwrap_or(0),
             moments,
             profile_bytes: widest(self.moments(shape, chunk as f64, 1.0, 0.0)),

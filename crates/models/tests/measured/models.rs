@@ -1334,10 +1334,55 @@ fn the_longest_context_at_a_concurrency_is_exact() {
     assert!(fits <= plan.limit_bytes && over > plan.limit_bytes, "{context}: {fits}, {over}, {}", plan.limit_bytes);
 }
 
+/// A model whose layers slide (Gemma 2's every other one, a window of 32)
+/// served at 256 tokens: a sliding layer's cache holds its window, so more
+/// sequences fit than where every layer keeps the context; the answer is
+/// exact by brute force, the cache the count's to the byte.
+fn a_sliding_layers_cache_holds_its_window_when_served() {
+    let device = Device::Cpu;
+    let (context, chunk) = (256, 64);
+    let json = r#"{"model_type": "gemma2", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
+        "max_position_embeddings": 512, "sliding_window": 32}"#;
+    let sliding = Config::from_json(json).unwrap();
+    let full = Config { sliding_window: None, sliding_layers: Vec::new(), ..sliding.clone() };
+    let mut answers = Vec::new();
+    for (name, config) in [("sliding", &sliding), ("every key kept", &full)] {
+        let mut server = Serving::build(config, BaseDtype::F32, None, &device).unwrap();
+        let mut meter = HeapMeter::with_room(6 << 20).unwrap();
+        let shape = Scheduling::new(context).max_num_batched_tokens(chunk);
+        let plan = Tuner::new().search(&mut server, &mut meter).sequences(&shape).unwrap();
+        let n = plan.max_sequences;
+        let fits = serving_peak(&mut server, &mut meter, n, context, chunk);
+        let over = serving_peak(&mut server, &mut meter, n + 1, context, chunk);
+        assert!(plan.proven && fits <= plan.limit_bytes && over > plan.limit_bytes, "{name}: {n}: {fits}, {over}");
+        let dtype = server.model().dtype();
+        let shape = ServingShape {
+            context,
+            chunk,
+            block_size: 16,
+            weights: BaseDtype::F32,
+            dtype,
+            cache_dtype: dtype,
+            on_cpu: true,
+        };
+        let counted = config.serving_bytes(&shape).unwrap();
+        // the decoding sequences' caches, and the prefilling one's wider window
+        let window = autobatch_models::KvCache::window_blocks_for(config, 16, context - chunk, chunk) as u64
+            - autobatch_models::KvCache::window_blocks_for(config, 16, context - 1, 1) as u64;
+        let sliding_block = autobatch_models::KvCache::group_block_bytes(config, 16, dtype, true);
+        assert_eq!(counted.cache_bytes_per_sequence * n as u64 + window * sliding_block, plan.cache_bytes, "{name}");
+        eprintln!("{name}: {n} sequences, caches {} bytes", plan.cache_bytes);
+        answers.push(n);
+    }
+    assert!(answers[0] > answers[1], "the window lets more fit: {answers:?}");
+}
+
 /// The tests of this file, in the order they run.
 pub fn tests() -> Vec<(&'static str, fn())> {
     vec![
         ("serving_capacity_is_exact_by_brute_force", serving_capacity_is_exact_by_brute_force),
+        ("a_sliding_layers_cache_holds_its_window_when_served", a_sliding_layers_cache_holds_its_window_when_served),
         ("the_longest_context_at_a_concurrency_is_exact", the_longest_context_at_a_concurrency_is_exact),
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
         ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
