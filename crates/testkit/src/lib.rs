@@ -1,13 +1,15 @@
 //! What the workspace's tests and benches share, and only they (never
 //! published): the sequential harness of the files that measure the heap,
 //! simulated workloads, the checks of lines people read, the docs pages
-//! benches write their figures into, and the GPU check's verdict.
+//! benches write their figures into, the GPU check's verdict, and the
+//! layering check each package runs over its own modules.
 
 pub mod accumulating;
 pub mod advice;
 pub mod docs;
 pub mod gpu_verdict;
 pub mod harness;
+pub mod layering;
 pub mod token_curve;
 
 /// Every variable of `varmap` (f32), by name, as bits: equal bits, equal model.

@@ -11,8 +11,8 @@ use crate::failure::{Failure, Flags};
 use crate::model::{ModelConfig, Optimizing};
 use serde_json::json;
 
-use super::compare::ReferenceStep;
 use super::context::Run;
+use super::measure::peak_at;
 
 /// `err`, a probe's failure, with its advice measured where it is a
 /// nothing-fits at a batch (not at a size): each remedy's total the peak of
@@ -103,29 +103,6 @@ fn changed(run: &Run, change: &Change) -> Option<(ModelConfig, bool, OptimizerKi
         Change::SequenceLength { seq_len } => (model.with_seq_len(usize::try_from(*seq_len).ok()?)?, mixed, optimizer),
         _ => return None,
     })
-}
-
-/// The peak of `config`'s step at `batch` and whether it fits, measured as
-/// the probe measures (its ceiling, its steps per trial); `None` where the
-/// model cannot be built or the step fails otherwise than by not fitting.
-pub(super) fn peak_at(
-    run: &Run,
-    meter: &mut dyn MemoryMeter,
-    config: &ModelConfig,
-    mixed: bool,
-    optimizer: OptimizerKind,
-    batch: usize,
-) -> Option<(u64, bool)> {
-    let workload = config.build_with(run.device, mixed, optimizer).ok()?;
-    let tuner = run.request.search.clone().start(batch).max_batch(batch);
-    match tuner.search(&mut ReferenceStep(workload), meter).run() {
-        Ok(plan) => Some((plan.peak_bytes(), true)),
-        Err(autobatch::Error::NothingFits { peak_bytes: Some(peak), .. }) => Some((peak, false)),
-        Err(err) => {
-            log::debug!("advice not measured: {err}");
-            None
-        }
-    }
 }
 
 /// For a config model that runs an eager form (`--attention eager`, `--loss

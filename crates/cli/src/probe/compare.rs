@@ -4,7 +4,6 @@ use crate::output::{out, outln};
 use autobatch::estimate::{OptimizerKind, Precision, StaticMemory, TransformerShape};
 use autobatch::{Bytes, Comparison, MemoryMeter, ModelVariant};
 use autobatch_models as models;
-use autobatch_models::trainer::ReferenceWorkload;
 use candle_core::DType;
 
 use crate::failure::Failure;
@@ -12,6 +11,7 @@ use crate::model::ModelConfig;
 use crate::progress::Progress;
 
 use super::context::Run;
+use super::measure::ReferenceStep;
 use crate::model::Optimizing;
 
 /// What the analytical model expects of bf16's bytes per sample, relative
@@ -235,26 +235,5 @@ fn same_activations(a: &ModelConfig, b: &ModelConfig) -> bool {
         (ModelConfig::ConvNet(a), ModelConfig::ConvNet(b)) => a == b,
         (ModelConfig::FromConfig(a), ModelConfig::FromConfig(b)) => a == b,
         _ => false,
-    }
-}
-
-/// A reference workload as a plain `Workload` for [`Search::compare`](autobatch::Search::compare).
-pub(super) struct ReferenceStep(pub(super) Box<dyn ReferenceWorkload>);
-
-impl autobatch::Workload for ReferenceStep {
-    fn step(&mut self, batch: usize) -> candle_core::Result<()> {
-        self.0.step(batch)
-    }
-    fn accumulating_step(&mut self, batch: usize) -> candle_core::Result<()> {
-        self.0.accumulating_step(batch)
-    }
-    fn can_accumulate(&self) -> bool {
-        self.0.can_accumulate()
-    }
-    fn profile(&self) -> Option<autobatch::estimate::TrainingSetup> {
-        self.0.profile()
-    }
-    fn graph_tensors(&self) -> Option<Vec<autobatch::GraphTensor>> {
-        self.0.graph_tensors()
     }
 }

@@ -6,6 +6,8 @@ mod checks;
 mod compare;
 mod context;
 mod find;
+mod footprint;
+mod measure;
 mod modes;
 mod refusal;
 mod request;
@@ -44,7 +46,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
         size_from: on.size_from,
         header: &say,
     };
-    if let Err(refused) = checks::check_footprint(&request, &footprint, compute, limit) {
+    if let Err(refused) = footprint::check_footprint(&request, &footprint, compute, limit) {
         let failure = match (refused.kind, &request.question) {
             // a batch search's refusal says what would help; a size search's is at its shortest size
             (crate::failure::Kind::NothingFits, Question::Batch { .. } | Question::Check { .. }) => {

@@ -130,7 +130,7 @@ pub fn advised(
         };
         let ran = on.map(|on| {
             let Optimizing { mixed, optimizer } = change.optimizing;
-            match super::advice::peak_at(run, on, &change.model, mixed, optimizer, change.batch) {
+            match super::measure::peak_at(run, on, &change.model, mixed, optimizer, change.batch) {
                 Some((peak, _)) => Ok((peak, peak <= limit)),
                 None => Err("the changed model did not build or step here".to_owned()),
             }
@@ -384,7 +384,7 @@ fn smallest_budget(
     let budget_for = |bytes: u64| budget_for(bytes, run.request.ceiling);
     // the smallest budget is measured where the step is small enough to run here quickly
     let measured = roomy.filter(|_| worth_running(counted, limit.saturating_mul(2))).and_then(|roomy| {
-        super::advice::peak_at(run, roomy, run.model, optimizing.mixed, optimizing.optimizer, batch)
+        super::measure::peak_at(run, roomy, run.model, optimizing.mixed, optimizing.optimizer, batch)
             .map(|(peak, _)| peak)
     });
     Some(match measured {

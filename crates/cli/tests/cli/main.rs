@@ -8,3 +8,4 @@ mod adversary;
 mod cli;
 mod cli_fuzz;
 mod hub;
+mod layering;

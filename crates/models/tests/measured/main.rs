@@ -11,12 +11,20 @@ use autobatch_testkit as common;
 
 mod gpu_verdict;
 mod headroom;
+mod layering;
 mod models;
 mod workloads;
 mod your_model;
 
 fn main() {
-    let tests: Vec<_> =
-        [models::tests(), workloads::tests(), your_model::tests(), headroom::tests(), gpu_verdict::tests()].concat();
+    let tests: Vec<_> = [
+        layering::tests(),
+        models::tests(),
+        workloads::tests(),
+        your_model::tests(),
+        headroom::tests(),
+        gpu_verdict::tests(),
+    ]
+    .concat();
     common::harness::run_sequentially(&tests);
 }
