@@ -641,6 +641,11 @@ pub struct LoraArgs {
     /// config's torch_dtype], as `probe --base-dtype` and `serve --base-dtype` say it.
     #[arg(long, alias = "weights", value_parser = base_dtype)]
     pub base_dtype: Option<BaseDtype>,
+    /// LoRA's alpha (the adapters' scale is alpha / rank) [default: 2 ×
+    /// the rank, PEFT's]: the same memory whatever it is; taken so that the
+    /// estimate counts the training `probe` runs from the same flags.
+    #[arg(id = "estimate_lora_alpha", long = "lora-alpha", value_parser = lora_alpha, requires = "lora")]
+    pub alpha: Option<f64>,
 }
 
 /// How a config's step computes attention and the loss.

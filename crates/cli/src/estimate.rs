@@ -9,8 +9,7 @@ use autobatch::estimate::{Accelerator, Change, Precision, Recompute, Remedy, Sha
 use autobatch::{Bytes, plan::Ceiling};
 use autobatch_models as models;
 use autobatch_models::estimate::{Activations, Estimate, Estimator, OnDevice, StepFit, Verdict};
-use autobatch_models::{Compute, Config, Family, Lora, Training};
-use candle_core::DType;
+use autobatch_models::{Compute, Config, Training};
 
 use crate::args::{ActivationArgs, EstimateArgs, ShardingArgs};
 use crate::failure::{Failure, Flags};
@@ -453,48 +452,35 @@ fn config_model(args: &EstimateArgs, path: &std::path::Path) -> Result<(Config, 
     Ok((config, layers_of_config))
 }
 
-/// How the config's model trains: `--seq-len` [default: the shorter of 512
-/// and its positions], `--lora` (its targets, its base), the dtype, the
-/// attention, loss and ops, checkpointing (`--recompute full`).
-fn training(args: &EstimateArgs, config: &Config) -> Result<Training, Failure> {
-    let seq_len = args.activations.seq_len.map_or_else(|| config.max_positions.min(512), Count::get);
-    let mut training = Training::new(seq_len);
-    training.dtype = match (args.state.mixed_precision, args.state.dtype) {
-        // a LoRA model's dtype is --dtype's, or the config's
-        (true, _) if args.lora.rank.is_none() => Some(DType::BF16),
-        (_, dtype) => dtype.map(crate::model::dtype_of),
-    };
-    if let Some(rank) = args.lora.rank {
-        let mut lora = Lora::new(rank.get(), config.family.lora_targets());
-        if !args.lora.targets.is_empty() {
-            lora.targets = args.lora.targets.clone();
-        }
-        if let Some(base) = args.lora.base_dtype {
-            lora = lora.base(base);
-        }
-        training = training.lora(lora);
+/// How the config's model trains: the flags made one with probe's
+/// ([`config_training`](crate::model::config_training), the one conversion),
+/// `--recompute full` its checkpointing.
+pub(crate) fn training(args: &EstimateArgs, config: &Config) -> Result<Training, Failure> {
+    if args.activations.recompute == Recompute::Selective {
+        return Err(Failure::usage(
+            "--recompute selective is the formula's (Korthikanti et al.); a config's model on candle \
+             recomputes whole layers: --recompute full",
+        ));
     }
-    training.attention = args.step.attention;
-    training.loss = args.step.loss;
-    training.ops = args.step.ops;
-    training.checkpointing = match args.activations.recompute {
-        Recompute::None => false,
-        Recompute::Full if !config.family.checkpoints() => {
-            return Err(Failure::usage(format!(
-                "--recompute full checkpoints a decoder's layers ({}), not {}'s",
-                Family::listed(Family::checkpoints),
-                config.family.model_type()
-            )));
-        }
-        Recompute::Full => true,
-        Recompute::Selective => {
-            return Err(Failure::usage(
-                "--recompute selective is the formula's (Korthikanti et al.); a config's model on candle \
-                 recomputes whole layers: --recompute full",
-            ));
-        }
+    let precision = match (args.state.mixed_precision, args.state.dtype) {
+        (true, _) => Some(Precision::Mixed),
+        (false, dtype) => dtype,
     };
-    Ok(training)
+    let flags = crate::model::TrainingFlags {
+        seq_len: args.activations.seq_len.map(Count::get),
+        seed: None,
+        precision,
+        checkpointing: (args.activations.recompute == Recompute::Full).then_some("--recompute full"),
+        attention: Some(args.step.attention),
+        loss: Some(args.step.loss),
+        ops: Some(args.step.ops),
+        lora: args.lora.rank.map(Count::get),
+        lora_targets: &args.lora.targets,
+        lora_alpha: args.lora.alpha,
+        base_dtype: args.lora.base_dtype,
+    };
+    let path = args.state.config.as_deref().unwrap_or(std::path::Path::new(""));
+    crate::model::config_training(config, &flags, path, &Flags::ESTIMATE)
 }
 
 /// How what trains is stored: `--precision` (`mixed` read as

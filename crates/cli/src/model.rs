@@ -57,40 +57,20 @@ impl ModelConfig {
         if let Some(layers) = args.sizes.layers {
             config = config.with_layers(layers.get()).map_err(with_path)?;
         }
-        let seq_len = args.seq_len().unwrap_or_else(|| config.max_positions.min(512));
-        let mut training = models::Training::new(seq_len);
-        training.seed = args.model.seed;
-        training.checkpointing = args.model.checkpointing;
-        training.attention = args.config.attention.unwrap_or(training.attention);
-        training.loss = args.config.loss.unwrap_or(training.loss);
-        training.ops = args.config.ops.unwrap_or(training.ops);
-        if args.model.checkpointing && !config.family.checkpoints() {
-            return Err(Failure::usage(format!(
-                "--config {}: --checkpointing checkpoints a decoder's layers ({}), not {}'s",
-                path.display(),
-                models::Family::listed(models::Family::checkpoints),
-                config.family.model_type()
-            )));
-        }
-        training.dtype = args.model.precision.map(dtype_of);
-        if let Some(rank) = args.config.lora {
-            let mut lora = models::Lora::new(rank.get(), config.family.lora_targets());
-            if !args.config.lora_targets.is_empty() {
-                lora.targets = args.config.lora_targets.clone();
-            }
-            if let Some(alpha) = args.config.lora_alpha {
-                lora.alpha = alpha;
-            }
-            if let Some(base) = args.config.base_dtype {
-                if args.model.precision == Some(Precision::Mixed) {
-                    return Err(Failure::usage(format!(
-                        "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype {base} the adapters are f32 already: drop one of them"
-                    )));
-                }
-                lora = lora.base(base);
-            }
-            training = training.lora(lora);
-        }
+        let flags = TrainingFlags {
+            seq_len: args.seq_len(),
+            seed: Some(args.model.seed),
+            precision: args.model.precision,
+            checkpointing: args.model.checkpointing.then_some("--checkpointing"),
+            attention: args.config.attention,
+            loss: args.config.loss,
+            ops: args.config.ops,
+            lora: args.config.lora.map(Count::get),
+            lora_targets: &args.config.lora_targets,
+            lora_alpha: args.config.lora_alpha,
+            base_dtype: args.config.base_dtype,
+        };
+        let training = config_training(&config, &flags, path, &Flags::PROBE)?;
         // refused here, before anything is allocated: a length past the
         // positions or the window, an unknown target
         for length in args.seq_lens() {
@@ -98,7 +78,7 @@ impl ModelConfig {
                 return Err(Failure::usage(format!("--config {}: --seq-lens has {length}: {valid}", path.display())));
             }
         }
-        config.check_seq_len(seq_len).map_err(with_path)?;
+        config.check_seq_len(training.seq_len).map_err(with_path)?;
         config.footprint(&training, models::Compute::Cpu).map_err(with_path)?;
         if args.config.weights {
             crate::hub::find_checkpoint(&source)?;
@@ -390,6 +370,83 @@ pub(crate) fn dtype_of(precision: Precision) -> DType {
     }
 }
 
+/// The flags that say how a config's model trains, as every command reads
+/// them (`probe`'s and `estimate`'s words made one before they get here).
+pub(crate) struct TrainingFlags<'a> {
+    /// `--seq-len` (the longest of `--seq-lens`).
+    pub seq_len: Option<usize>,
+    /// `--seed`.
+    pub seed: Option<u64>,
+    /// `--precision`.
+    pub precision: Option<Precision>,
+    /// Checkpointing, and the flag that asked for it (`--checkpointing`,
+    /// `--recompute full`).
+    pub checkpointing: Option<&'static str>,
+    pub attention: Option<models::Attention>,
+    pub loss: Option<models::Loss>,
+    pub ops: Option<models::Ops>,
+    /// `--lora`: the rank.
+    pub lora: Option<usize>,
+    pub lora_targets: &'a [String],
+    pub lora_alpha: Option<f64>,
+    pub base_dtype: Option<models::BaseDtype>,
+}
+
+/// How `config`'s model trains under `flags`: the one conversion every
+/// command makes (`--seq-len` [default: the shorter of 512 and the
+/// positions], the precision, checkpointing, the step's forms, LoRA), so
+/// that `probe` and `estimate` answer for the same training, and refuse the
+/// same (a float base of another dtype than the precision asks for, too).
+/// `path` names the config in a refusal, `names` the command's flags.
+pub(crate) fn config_training(
+    config: &models::Config,
+    flags: &TrainingFlags,
+    path: &std::path::Path,
+    names: &Flags,
+) -> Result<models::Training, Failure> {
+    let what = format!("--config {}", path.display());
+    let seq_len = flags.seq_len.unwrap_or_else(|| config.max_positions.min(512));
+    let mut training = models::Training::new(seq_len);
+    if let Some(seed) = flags.seed {
+        training.seed = seed;
+    }
+    if let Some(flag) = flags.checkpointing {
+        if !config.family.checkpoints() {
+            return Err(Failure::usage(format!(
+                "{what}: {flag} checkpoints a decoder's layers ({}), not {}'s",
+                models::Family::listed(models::Family::checkpoints),
+                config.family.model_type()
+            )));
+        }
+        training.checkpointing = true;
+    }
+    training.attention = flags.attention.unwrap_or(training.attention);
+    training.loss = flags.loss.unwrap_or(training.loss);
+    training.ops = flags.ops.unwrap_or(training.ops);
+    training.dtype = flags.precision.map(dtype_of);
+    if let Some(rank) = flags.lora {
+        let mut lora = models::Lora::new(rank, config.family.lora_targets());
+        if !flags.lora_targets.is_empty() {
+            lora.targets = flags.lora_targets.to_vec();
+        }
+        if let Some(alpha) = flags.lora_alpha {
+            lora.alpha = alpha;
+        }
+        if let Some(base) = flags.base_dtype {
+            if flags.precision == Some(Precision::Mixed) {
+                return Err(Failure::usage(format!(
+                    "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype {base} the adapters \
+                     are f32 already: drop one of them"
+                )));
+            }
+            lora = lora.base(base);
+        }
+        training = training.lora(lora);
+    }
+    config.model_dtype(&training).map_err(|err| Failure::of_config(err, path, names))?;
+    Ok(training)
+}
+
 /// How the model trains: the optimizer, and whether in mixed precision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Optimizing {
@@ -406,5 +463,130 @@ impl Optimizing {
             other => trainer.with_optimizer(other)?,
         };
         if self.mixed { trainer.into_mixed_precision() } else { Ok(trainer) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::args::{Cli, Command};
+
+    /// A tiny llama config on disk, for the commands to read: a file of its
+    /// own each call (tests run in parallel).
+    fn config_path() -> std::path::PathBuf {
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("autobatch-training-flags-{}-{call}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(
+            &path,
+            r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "max_position_embeddings": 512, "torch_dtype": "float32"}"#,
+        )
+        .unwrap();
+        path
+    }
+
+    /// The training `probe` and `estimate` build from the same flags, or
+    /// their refusals (`Err` with the message).
+    fn both(
+        flags: &[String],
+    ) -> (Result<autobatch_models::Training, String>, Result<autobatch_models::Training, String>) {
+        let path = config_path();
+        let config = autobatch_models::Config::from_file(&path).unwrap();
+        let line = |command: &str| {
+            let mut line =
+                vec!["autobatch".to_owned(), command.to_owned(), "--config".to_owned(), path.display().to_string()];
+            line.extend(flags.iter().cloned());
+            line
+        };
+        let probe = match Cli::parse_from(line("probe")).map(|cli| cli.command) {
+            Ok(Some(Command::Probe(args))) => match super::ModelConfig::from_args(&args) {
+                Ok(super::ModelConfig::FromConfig(spec)) => Ok(spec.1),
+                Ok(_) => Err("not a config model".to_owned()),
+                Err(failure) => Err(failure.message),
+            },
+            other => Err(format!("{:?}", other.err())),
+        };
+        let estimate = match Cli::parse_from(line("estimate")).map(|cli| cli.command) {
+            Ok(Some(Command::Estimate(args))) => {
+                crate::estimate::training(&args.in_one_vocabulary(), &config).map_err(|failure| failure.message)
+            }
+            other => Err(format!("{:?}", other.err())),
+        };
+        (probe, estimate)
+    }
+
+    /// The flags both take, taken alike: none, and LoRA in mixed precision
+    /// (bf16 in both now), and a refusal in both (mixed beside a base dtype).
+    #[test]
+    fn the_same_flags_give_the_same_training_or_the_same_refusal() {
+        let strings = |flags: &[&str]| flags.iter().map(|flag| (*flag).to_owned()).collect::<Vec<_>>();
+        let (probe, estimate) = both(&[]);
+        let (probe, estimate) = (probe.unwrap(), estimate.unwrap());
+        assert_eq!(probe, autobatch_models::Training { seed: probe.seed, ..estimate });
+        let (probe, estimate) = both(&strings(&["--lora", "4", "--precision", "mixed", "--lora-alpha", "8"]));
+        let (probe, estimate) = (probe.unwrap(), estimate.unwrap());
+        assert_eq!(probe.dtype, Some(candle_core::DType::BF16));
+        assert_eq!(probe, autobatch_models::Training { seed: probe.seed, ..estimate });
+        let (probe, estimate) = both(&strings(&["--lora", "4", "--precision", "mixed", "--base-dtype", "q4_0"]));
+        assert!(probe.is_err() && estimate.is_err(), "{probe:?} {estimate:?}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Every combination of the training flags: `probe` and `estimate`
+        /// build the same training (the seed aside: `estimate` runs no
+        /// step), or both refuse it (issue 88: `--lora R --precision mixed`
+        /// trained in bf16 in one and in the config's dtype in the other, and
+        /// `estimate` took no `--lora-alpha`).
+        #[test]
+        fn probe_and_estimate_build_the_same_training(
+            seq_len in prop::option::of(prop::sample::select(vec![16usize, 64, 512])),
+            precision in prop::option::of(prop::sample::select(vec!["fp32", "bf16", "mixed"])),
+            checkpointing: bool,
+            attention in prop::option::of(prop::sample::select(vec!["blocked", "eager"])),
+            loss in prop::option::of(prop::sample::select(vec!["chunked", "full"])),
+            ops in prop::option::of(prop::sample::select(vec!["fused", "eager"])),
+            lora in prop::option::of(prop::sample::select(vec![4usize, 16])),
+            targets in prop::option::of(prop::sample::select(vec!["q_proj", "q_proj,k_proj,v_proj,o_proj"])),
+            alpha in prop::option::of(prop::sample::select(vec!["8", "32.5"])),
+            base in prop::option::of(prop::sample::select(vec!["bf16", "q8_0", "q4_0"])),
+        ) {
+            let mut flags: Vec<String> = Vec::new();
+            let mut push = |flag: &str, value: Option<String>| {
+                if let Some(value) = value {
+                    flags.push(flag.to_owned());
+                    flags.push(value);
+                }
+            };
+            push("--seq-len", seq_len.map(|s| s.to_string()));
+            push("--precision", precision.map(str::to_owned));
+            push("--attention", attention.map(str::to_owned));
+            push("--loss", loss.map(str::to_owned));
+            push("--ops", ops.map(str::to_owned));
+            push("--lora", lora.map(|r| r.to_string()));
+            if lora.is_some() {
+                push("--lora-targets", targets.map(str::to_owned));
+                push("--lora-alpha", alpha.map(str::to_owned));
+                push("--base-dtype", base.map(str::to_owned));
+            }
+            if checkpointing {
+                flags.push("--checkpointing".to_owned());
+            }
+            let (probe, estimate) = both(&flags);
+            match (probe, estimate) {
+                (Ok(probe), Ok(estimate)) => {
+                    let estimate = autobatch_models::Training { seed: probe.seed, ..estimate };
+                    prop_assert_eq!(probe, estimate, "{:?}", flags);
+                }
+                (Err(_), Err(_)) => {}
+                (probe, estimate) => prop_assert!(false, "{flags:?}: probe {probe:?}, estimate {estimate:?}"),
+            }
+        }
     }
 }

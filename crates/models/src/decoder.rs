@@ -494,8 +494,8 @@ impl Decoder {
     }
 
     /// Block `index`'s queries `(b, heads, s, d)`, keys and values `(b,
-    /// kv_heads, s, d)`, normed (Qwen3), not rotated: views of the
-    /// projections' outputs, no copy.
+    /// kv_heads, s, d)`, normed (Qwen3, OLMo 2), not rotated: views of the
+    /// projections' outputs, no copy (copies of a joined projection's splits).
     fn queries_keys_values(&self, index: usize, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let block = &self.blocks[index];
         let (b, s, _) = xs.dims3()?;
