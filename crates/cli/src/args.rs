@@ -481,14 +481,16 @@ pub struct EstimateArgs {
 }
 
 impl EstimateArgs {
-    /// The arguments with `probe`'s spellings said the one way the estimate
-    /// reads them: `--precision mixed` as `--mixed-precision`, `--precision
-    /// fp32|bf16` as `--dtype`, `--checkpointing` as `--recompute full`.
+    /// The arguments in the words the help lists, the way the estimate reads
+    /// them: the hidden old spellings folded into them (`--mixed-precision`
+    /// as `--precision mixed`, `--dtype fp32|bf16` as `--precision`), and
+    /// probe's `--checkpointing` as `--recompute full`.
     pub fn in_one_vocabulary(mut self) -> EstimateArgs {
-        match self.state.precision.take() {
-            Some(Precision::Mixed) => self.state.mixed_precision = true,
-            Some(precision) => self.state.dtype = Some(precision),
-            None => {}
+        if std::mem::take(&mut self.state.mixed_precision) {
+            self.state.precision = Some(Precision::Mixed);
+        }
+        if let Some(dtype) = self.state.dtype.take() {
+            self.state.precision = Some(dtype);
         }
         if std::mem::take(&mut self.activations.checkpointing) {
             self.activations.recompute = Recompute::Full;

@@ -462,10 +462,7 @@ pub(crate) fn training(args: &EstimateArgs, config: &Config) -> Result<Training,
              recomputes whole layers: --recompute full",
         ));
     }
-    let precision = match (args.state.mixed_precision, args.state.dtype) {
-        (true, _) => Some(Precision::Mixed),
-        (false, dtype) => dtype,
-    };
+    let precision = args.state.precision;
     let flags = crate::model::TrainingFlags {
         seq_len: args.activations.seq_len.map(Count::get),
         seed: None,
@@ -483,18 +480,16 @@ pub(crate) fn training(args: &EstimateArgs, config: &Config) -> Result<Training,
     crate::model::config_training(config, &flags, path, &Flags::ESTIMATE)
 }
 
-/// How what trains is stored: `--precision` (`mixed` read as
-/// `--mixed-precision`, `fp32|bf16` as `--dtype`), else the
-/// library's default (the config's torch_dtype); nothing beside a LoRA base
-/// of its own dtype, whose adapters train in f32 (`--dtype` is the model's there).
+/// How what trains is stored: `--precision`, else the library's default
+/// (the config's torch_dtype); nothing beside a LoRA base of its own dtype,
+/// whose adapters train in f32 (`--precision` is the model's there).
 fn precision(args: &EstimateArgs, own_base: bool) -> Result<Option<Precision>, Failure> {
-    match (own_base, args.state.mixed_precision) {
-        (true, true) => Err(Failure::usage(
+    match (own_base, args.state.precision) {
+        (true, Some(Precision::Mixed)) => Err(Failure::usage(
             "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype the adapters are f32 already: drop one of them",
         )),
-        (true, false) => Ok(None),
-        (false, true) => Ok(Some(Precision::Mixed)),
-        (false, false) => Ok(args.state.dtype),
+        (true, _) => Ok(None),
+        (false, precision) => Ok(precision),
     }
 }
 
