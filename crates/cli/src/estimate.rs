@@ -17,18 +17,6 @@ use crate::values::Count;
 
 /// `autobatch estimate`.
 pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
-    if let (true, Some(path)) = (args.serving.serve, &args.state.config) {
-        let capacity = args.device.capacity.map(|capacity| capacity.bytes);
-        return crate::serve::estimate(
-            path,
-            &args.serving.settings,
-            args.lora.base_dtype,
-            capacity,
-            args.device.ceiling,
-            args.device.on_cpu,
-            args.json,
-        );
-    }
     if args.device.on_cpu && args.state.config.is_none() {
         // clap counts a switch's default as given: its `requires` is checked here
         return Err(Failure::usage("--on-cpu counts a config's step on the CPU heap: add --config"));

@@ -515,16 +515,14 @@ fn percent(part: u64, whole: u64) -> String {
     format!("{:.0}%", 100.0 * part as f64 / whole.max(1) as f64)
 }
 
-/// `autobatch estimate --config … --serve`: the count alone.
-pub fn estimate(
-    path: &Path,
-    serving: &ServingArgs,
-    base_dtype: Option<BaseDtype>,
-    capacity: Option<u64>,
-    ceiling: Ceiling,
-    on_cpu: bool,
-    json: bool,
-) -> Result<(), Failure> {
+/// `autobatch estimate --config … --serve`: the count alone (`main` routes
+/// the estimate of serving here; the training estimate knows nothing of it).
+pub fn estimate(args: &crate::args::EstimateArgs) -> Result<(), Failure> {
+    let Some(path) = args.state.config.as_deref() else {
+        return Err(Failure::usage("--serve counts a config's serving: add --config"));
+    };
+    let (serving, base_dtype, ceiling) = (&args.serving.settings, args.lora.base_dtype, args.device.ceiling);
+    let (capacity, on_cpu, json) = (args.device.capacity.map(|capacity| capacity.bytes), args.device.on_cpu, args.json);
     let config = load(path, &Flags::ESTIMATE)?;
     say_source(json);
     let Settled { config, shape } = serving.settle(base_dtype, config, path)?;
