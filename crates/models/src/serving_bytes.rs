@@ -88,7 +88,12 @@ impl Config {
         let full_block = super::KvCache::group_block_bytes(self, shape.block_size, cache, !sliding);
         let window_block = super::KvCache::group_block_bytes(self, shape.block_size, cache, sliding);
         let window_blocks = |last_step: usize| {
-            super::KvCache::window_blocks_for(self, shape.block_size, shape.context - last_step, last_step)
+            super::KvCache::window_blocks_for(
+                self,
+                shape.block_size,
+                shape.context.saturating_sub(last_step),
+                last_step,
+            )
         };
         let cache_bytes_per_sequence =
             blocks.saturating_mul(full_block).saturating_add((window_blocks(1) as u64).saturating_mul(window_block));
