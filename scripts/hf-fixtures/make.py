@@ -102,7 +102,45 @@ CASES = {
         original_max_position_embeddings=16,
         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
                              short_factor=[1.0, 1.2, 1.5, 3.0], long_factor=[2.0, 3.0, 5.0, 8.0]))),
+    # a mixture of 4 SwiGLU experts in every layer, each token to its top 2, renormalized
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, dict(
+        DECODER, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # q/k norms, 6 experts of their own width, 3 a token renormalized, the first of 3 layers dense
+    "qwen3-moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, dict(
+        DECODER, num_hidden_layers=3, num_key_value_heads=2, num_experts=6, num_experts_per_tok=3,
+        moe_intermediate_size=16, norm_topk_prob=True, mlp_only_layers=[0], tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # every other layer sparse (the second), the chosen probabilities as they are (not renormalized)
+    "qwen3-moe-step": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, dict(
+        DECODER, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
+        norm_topk_prob=False, decoder_sparse_step=2, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 }
+
+
+def checkpoint_gradients(model, name: str, grad: torch.Tensor) -> dict:
+    """A gradient under the checkpoint's names: transformers 5 keeps a mixture's
+    experts as one 3D parameter each for gate-up and down, and saves them per
+    expert (Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`, Qwen's
+    `mlp.experts.N.gate_proj/up_proj/down_proj`); the rest as it is."""
+    mixtral = model.config.model_type == "mixtral"
+    module = "block_sparse_moe" if mixtral else "mlp"
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    if name.endswith("mlp.experts.gate_up_proj"):
+        stem = name[: -len("mlp.experts.gate_up_proj")] + f"{module}.experts"
+        half = grad.shape[1] // 2
+        out = {}
+        for e in range(grad.shape[0]):
+            out[f"{stem}.{e}.{gate}.weight"] = grad[e, :half]
+            out[f"{stem}.{e}.{up}.weight"] = grad[e, half:]
+        return out
+    if name.endswith("mlp.experts.down_proj"):
+        stem = name[: -len("mlp.experts.down_proj")] + f"{module}.experts"
+        return {f"{stem}.{e}.{down}.weight": grad[e] for e in range(grad.shape[0])}
+    if mixtral and name.endswith("mlp.gate.weight"):
+        return {name.replace("mlp.gate.weight", "block_sparse_moe.gate.weight"): grad}
+    return {name: grad}
 
 
 def v4_layout(config: dict) -> dict:
@@ -167,7 +205,8 @@ def main():
         }
         for parameter_name, parameter in model.named_parameters():
             if parameter.grad is not None:
-                tensors[f"grad.{parameter_name}"] = parameter.grad.float().contiguous()
+                for saved, grad in checkpoint_gradients(model, parameter_name, parameter.grad).items():
+                    tensors[f"grad.{saved}"] = grad.float().contiguous()
         tensors["num_parameters"] = torch.tensor([model.num_parameters()], dtype=torch.int64)
         save_file(tensors, folder / "reference.safetensors",
                   metadata={"transformers": transformers.__version__, "torch": torch.__version__})

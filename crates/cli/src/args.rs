@@ -240,7 +240,7 @@ pub struct SizeArgs {
 #[command(next_help_heading = "Model from a config")]
 pub struct ConfigArgs {
     /// A Hugging Face config.json (model_type llama, mistral, qwen2, qwen3,
-    /// olmo2, gpt2 or bert): that architecture, with random weights, instead of a
+    /// olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2 or bert): that architecture, with random weights, instead of a
     /// reference model. --seq-len, --seq-lens, --layers and --precision
     /// apply to it.
     #[arg(
@@ -785,7 +785,8 @@ impl From<CacheDtype> for candle_core::DType {
 /// `autobatch serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// A Hugging Face config.json of a decoder (llama, mistral, qwen2, qwen3, olmo2, gpt2).
+    /// A Hugging Face config.json of a decoder (llama, mistral, qwen2, qwen3, olmo2,
+    /// gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2).
     #[arg(long)]
     pub config: std::path::PathBuf,
     #[command(flatten)]

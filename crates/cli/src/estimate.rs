@@ -184,6 +184,9 @@ impl Counted {
                 json["cards_a_little_larger"] = near.into();
             }
         }
+        if let Some(experts) = self.estimate.step().and_then(experts_counted) {
+            json["experts"] = experts.to_json();
+        }
         if let Some(fit) = self.estimate.fit() {
             json["fixed_bytes"] = fit.fixed_bytes.into();
             json["largest_batch"] = fit.largest_batch.into();
@@ -249,6 +252,9 @@ impl Counted {
         }
         if step.training.lora.is_some() {
             outln!("  {}: {} frozen parameters", step.config.describe(&step.training), step.config.parameter_count());
+        }
+        if let Some(experts) = experts_said(step) {
+            outln!("  {experts}");
         }
     }
 
@@ -581,4 +587,73 @@ fn transformer_shape(given: &ActivationArgs, tensor_parallel: usize) -> Result<O
     }
     let [layers, hidden, heads, seq_len, batch] = [layers, hidden, heads, seq_len, batch].map(|size| size as u64);
     Ok(Some(TransformerShape { layers, hidden, heads, seq_len, batch }))
+}
+
+/// A mixture of experts' counts: its parameters, those in the experts and
+/// those a token passes through, and a sample's bytes at the worst routing
+/// (what the estimate counts, as the probe measures it) and routed evenly.
+struct ExpertsCounted {
+    count: usize,
+    per_token: usize,
+    parameters: u64,
+    in_experts: u64,
+    active: u64,
+    worst_bytes_per_sample: u64,
+    balanced_bytes_per_sample: Option<u64>,
+}
+
+impl ExpertsCounted {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "experts": self.count,
+            "experts_per_token": self.per_token,
+            "parameters": self.parameters,
+            "expert_parameters": self.in_experts,
+            "active_parameters": self.active,
+            "routing": "worst",
+            "bytes_per_sample": self.worst_bytes_per_sample,
+            "balanced_bytes_per_sample": self.balanced_bytes_per_sample,
+        })
+    }
+}
+
+fn experts_counted(step: &autobatch_models::estimate::StepEstimate) -> Option<ExpertsCounted> {
+    let experts = step.config.experts.as_ref()?;
+    let (in_experts, active) = step.config.expert_parameter_counts();
+    let balanced = step.training.clone().routing(autobatch_models::Routing::Router);
+    Some(ExpertsCounted {
+        count: experts.count,
+        per_token: experts.per_token,
+        parameters: step.config.parameter_count(),
+        in_experts,
+        active,
+        worst_bytes_per_sample: step.bytes_per_sample,
+        balanced_bytes_per_sample: step
+            .config
+            .step_memory(&balanced, step.memory.compute)
+            .ok()
+            .map(|memory| memory.bytes_per_sample()),
+    })
+}
+
+/// A mixture of experts in words: what is counted of it, and at which routing.
+fn experts_said(step: &autobatch_models::estimate::StepEstimate) -> Option<String> {
+    let counted = experts_counted(step)?;
+    let share = counted.in_experts as f64 / counted.parameters.max(1) as f64 * 100.0;
+    let balanced = match counted.balanced_bytes_per_sample {
+        Some(bytes) => format!(", {} routed evenly", Bytes(bytes)),
+        None => String::new(),
+    };
+    Some(format!(
+        "a mixture of {} experts, {} a token: {} parameters, {:.1}% in the experts, {} active a token; \
+         a sample's bytes counted at the worst routing (every token to the same {} experts, as the probe \
+         measures): {}{balanced}",
+        counted.count,
+        counted.per_token,
+        counted.parameters,
+        share,
+        counted.active,
+        counted.per_token,
+        Bytes(counted.worst_bytes_per_sample)
+    ))
 }

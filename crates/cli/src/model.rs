@@ -300,6 +300,21 @@ impl ModelConfig {
         Some((name.to_owned(), ModelConfig::FromConfig(Box::new((config.clone(), training)))))
     }
 
+    /// A mixture of experts probed at the worst routing (the default), with
+    /// its tokens routed by its router instead (about even on random
+    /// weights): the balanced figure a plan reports beside its answer; the
+    /// experts' count and each token's.
+    pub(crate) fn routed_by_router(&self) -> Option<(ModelConfig, usize, usize)> {
+        let ModelConfig::FromConfig(spec) = self else { return None };
+        let (config, training) = spec.as_ref();
+        let experts = config.experts.as_ref()?;
+        if training.routing != models::Routing::Worst {
+            return None;
+        }
+        let training = training.clone().routing(models::Routing::Router);
+        Some((ModelConfig::FromConfig(Box::new((config.clone(), training))), experts.count, experts.per_token))
+    }
+
     /// What the model is called in titles: `transformer`, `llama`.
     pub(crate) fn name(&self) -> &'static str {
         match self {

@@ -193,6 +193,9 @@ pub struct Config {
     /// cyclically past the list's end (a deeper copy repeats the pattern):
     /// `[true]` where every layer does, empty where none does.
     pub sliding_layers: Vec<bool>,
+    /// A mixture of experts in place of the MLP (Mixtral, Qwen3-MoE), on
+    /// the layers [`Experts::at`] names; `None`: a dense MLP everywhere.
+    pub experts: Option<Experts>,
     /// `type_vocab_size` (BERT).
     pub type_vocab: usize,
     /// BERT's head.
@@ -208,6 +211,64 @@ pub struct Config {
     /// Keys neither read nor known to leave the computation unchanged
     /// (warned about when the config is read).
     pub unknown_keys: Vec<String>,
+}
+
+/// A sparse MLP: a router choosing `per_token` of `count` gated experts
+/// for each token, their outputs summed by the router's weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Experts {
+    /// `num_local_experts` (`num_experts`).
+    pub count: usize,
+    /// `num_experts_per_tok`: the experts each token is sent to.
+    pub per_token: usize,
+    /// Each expert's intermediate size (Qwen3-MoE's `moe_intermediate_size`;
+    /// Mixtral's `intermediate_size`).
+    pub intermediate: usize,
+    /// The chosen experts' probabilities renormalized to sum to 1
+    /// (Mixtral always; Qwen3-MoE's `norm_topk_prob`).
+    pub normalized: bool,
+    /// Every `sparse_step`-th layer is sparse (Qwen's `decoder_sparse_step`; 1: all).
+    pub sparse_step: usize,
+    /// Layers with a dense MLP of `intermediate_size` whatever the step
+    /// (Qwen's `mlp_only_layers`).
+    pub dense_layers: Vec<usize>,
+    /// How the checkpoint names the router and the experts.
+    pub names: ExpertNames,
+}
+
+/// How a checkpoint names a sparse MLP's tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertNames {
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.N.w1` (gate),
+    /// `w3` (up), `w2` (down): Mixtral's.
+    Mixtral,
+    /// `mlp.gate`, `mlp.experts.N.gate_proj`, `up_proj`, `down_proj`: Qwen's.
+    Qwen,
+}
+
+impl ExpertNames {
+    /// The sparse MLP's module within a layer.
+    pub fn module(self) -> &'static str {
+        match self {
+            ExpertNames::Mixtral => "block_sparse_moe",
+            ExpertNames::Qwen => "mlp",
+        }
+    }
+
+    /// An expert's gate, up and down projections.
+    pub fn projections(self) -> [&'static str; 3] {
+        match self {
+            ExpertNames::Mixtral => ["w1", "w3", "w2"],
+            ExpertNames::Qwen => ["gate_proj", "up_proj", "down_proj"],
+        }
+    }
+}
+
+impl Experts {
+    /// Whether layer `layer` is sparse.
+    pub fn at(&self, layer: usize) -> bool {
+        !self.dense_layers.contains(&layer) && (layer + 1).is_multiple_of(self.sparse_step)
+    }
 }
 
 /// RMS norms on the queries and keys, before rotary positions.
@@ -645,6 +706,11 @@ impl Config {
     /// `head_dim × partial_rotary_factor` (rounded down, as transformers does).
     pub fn rotary_dim(&self) -> usize {
         (self.head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+
+    /// The experts of layer `layer`, if it is sparse.
+    pub fn experts_at(&self, layer: usize) -> Option<&Experts> {
+        self.experts.as_ref().filter(|experts| experts.at(layer))
     }
 
     /// The window layer `layer` attends within, if it slides.

@@ -23,7 +23,7 @@ pub(crate) fn building(err: Error) -> Error {
 
 /// The network of a config over its weights, as its family builds it.
 pub(crate) fn build_network(config: &Config, weights: &Weights, training: &Training) -> candle_core::Result<Network> {
-    let forms = layers::Forms { attention: training.attention, ops: training.ops };
+    let forms = layers::Forms { attention: training.attention, ops: training.ops, routing: training.routing };
     config.family.architecture().network(config, weights, training.lora.as_ref(), forms)
 }
 

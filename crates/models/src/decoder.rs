@@ -12,6 +12,7 @@ use super::kv_cache::{Chunk, KvCache};
 use super::layers::{Forms, Layout, Norm, Proj, Scores, rotate};
 use super::layers::{attention, cached_attention, embed, last_tokens, rotary_tables, rotary_tables_at};
 use super::lora::Lora;
+use super::moe::{self, SparseMlp};
 use super::weights::{Init, TensorSpec, Weights};
 use crate::Error;
 use crate::family::Family;
@@ -47,6 +48,10 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
             ("mlp.down_proj", h, i, config.mlp_bias),
         ];
         let projections: &[(&str, usize, usize, bool)] = if config.fused_projections { &joined } else { &apart };
+        let experts = config.experts_at(layer);
+        // a sparse layer's MLP is its router and experts
+        let projections =
+            if experts.is_some() { &projections[..projections.len() - mlp_entries(config)] } else { projections };
         for &(name, out, input, bias) in projections {
             specs.push(TensorSpec::new(at(&format!("{name}.weight")), &[out, input], Init::Normal(STD)));
             if bias {
@@ -62,6 +67,9 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
             specs.push(TensorSpec::new(at("self_attn.q_norm.weight"), &[q_norm], norm_init));
             specs.push(TensorSpec::new(at("self_attn.k_norm.weight"), &[k_norm], norm_init));
         }
+        if let Some(experts) = experts {
+            specs.extend(moe::tensors(config, experts, layer));
+        }
         for norm in norm_names(config.norms) {
             specs.push(TensorSpec::new(at(&format!("{norm}.weight")), &[h], norm_init));
         }
@@ -71,6 +79,12 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
         specs.push(TensorSpec::new("lm_head.weight", &[config.vocab, h], Init::Normal(STD)));
     }
     specs
+}
+
+/// The dense MLP's projections at the end of a layer's list: gate, up and
+/// down, or the joined gate-up and down.
+fn mlp_entries(config: &Config) -> usize {
+    if config.fused_projections { 2 } else { 3 }
 }
 
 /// A block's norms by checkpoint name, in the order they are listed.
@@ -105,11 +119,17 @@ pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
     ];
     let projections = if config.fused_projections { joined } else { apart };
     (0..config.layers)
-        .flat_map(|layer| {
-            projections
+        .flat_map(|layer| match config.experts_at(layer) {
+            // the attention's, then the experts'
+            Some(experts) => projections[..projections.len() - mlp_entries(config)]
                 .iter()
-                .map(move |&(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
-                .collect::<Vec<_>>()
+                .map(|&(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
+                .chain(moe::projections(config, experts, layer))
+                .collect::<Vec<_>>(),
+            None => projections
+                .iter()
+                .map(|&(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
+                .collect::<Vec<_>>(),
         })
         .collect()
 }
@@ -167,6 +187,7 @@ pub(crate) fn read_as(family: Family, fields: &Fields, classes: &[&str]) -> std:
         gelu: Gelu::Tanh,
         sliding_window: None,
         sliding_layers: Vec::new(),
+        experts: None,
         type_vocab: 0,
         bert_head: BertHead::MaskedLm,
         padding_idx: fields.id("pad_token_id")?,
@@ -252,7 +273,7 @@ pub(crate) fn block_bytes(config: &Config, w: &Widths, eager_attention: bool) ->
     // joined projections: q, k and v split from one product and copied as
     // their heads are made, the gate and up halves made contiguous
     let split = if config.fused_projections { (w.q + 2.0 * w.kv + 2.0 * w.i) * d } else { 0.0 };
-    PerToken {
+    let attention = PerToken {
         kept: norms
             + split
             + w.linear(w.q, qkv_bias)
@@ -260,12 +281,18 @@ pub(crate) fn block_bytes(config: &Config, w: &Widths, eager_attention: bool) ->
             + contiguous
             + qk_norms
             + rotary
-            + o_out
-            + 2.0 * w.linear(w.i, config.mlp_bias)
-            + 2.0 * activation(w.i)
-            + down_out,
-        backward: w.mlp_backward(false) + 4.0 * (w.q + 2.0 * w.kv) * d,
-    }
+            + o_out,
+        backward: 4.0 * (w.q + 2.0 * w.kv) * d,
+    };
+    // a layer of one kind (Config::layer_kinds): its MLP dense, or its experts
+    let mlp = match config.experts_at(0) {
+        Some(experts) => moe::block_bytes(experts, w),
+        None => PerToken {
+            kept: 2.0 * w.linear(w.i, config.mlp_bias) + 2.0 * activation(w.i) + down_out,
+            backward: w.mlp_backward(false),
+        },
+    };
+    attention + mlp
 }
 
 struct Block {
@@ -283,8 +310,7 @@ struct Block {
     mlp_norm: Option<Norm>,
     /// On the MLP's output before it joins the stream (`Post`).
     mlp_out_norm: Option<Norm>,
-    gate_up: GateUp,
-    down: Proj,
+    mlp: Mlp,
     /// Its attention's window, soft cap and scale.
     scores: Scores,
     /// It rotates by the sliding layers' own tables (Gemma 3's local base).
@@ -296,6 +322,12 @@ struct Block {
 enum Qkv {
     Apart { q: Proj, k: Proj, v: Proj },
     Joined(Proj),
+}
+
+/// A block's MLP: dense, or a mixture of experts.
+enum Mlp {
+    Dense { gate_up: GateUp, down: Proj },
+    Sparse(SparseMlp),
 }
 
 /// An MLP's gate and up projections, apart or joined (`gate_up_proj`).
@@ -391,12 +423,19 @@ impl Decoder {
                     scale: config.attention_scale,
                 },
                 local_rope: config.local_rope.is_some() && config.window_of(layer).is_some(),
-                gate_up: if config.fused_projections {
-                    GateUp::Joined(proj("mlp.gate_up_proj")?)
-                } else {
-                    GateUp::Apart { gate: proj("mlp.gate_proj")?, up: proj("mlp.up_proj")? }
+                mlp: match config.experts_at(layer) {
+                    Some(experts) => {
+                        Mlp::Sparse(SparseMlp::new(experts, layer, weights, lora, config.mlp_activation, forms)?)
+                    }
+                    None => Mlp::Dense {
+                        gate_up: if config.fused_projections {
+                            GateUp::Joined(proj("mlp.gate_up_proj")?)
+                        } else {
+                            GateUp::Apart { gate: proj("mlp.gate_proj")?, up: proj("mlp.up_proj")? }
+                        },
+                        down: proj("mlp.down_proj")?,
+                    },
                 },
-                down: proj("mlp.down_proj")?,
             });
         }
         let (inverse_frequencies, rotary_scale) = rotary_frequencies(config);
@@ -550,7 +589,16 @@ impl Decoder {
             Some(norm) => norm.forward(&xs)?,
             None => xs.clone(),
         };
-        let (gate, up) = match &block.gate_up {
+        let (gate_up, down) = match &block.mlp {
+            Mlp::Dense { gate_up, down } => (gate_up, down),
+            Mlp::Sparse(sparse) => {
+                return match &block.mlp_out_norm {
+                    Some(norm) => ops::residual(&xs, &norm.forward(&sparse.forward(&h, None)?)?),
+                    None => sparse.forward(&h, Some(&xs)),
+                };
+            }
+        };
+        let (gate, up) = match gate_up {
             GateUp::Apart { gate, up } => (gate.forward(&h)?, up.forward(&h)?),
             // the first half the gate, the second the up projection (Phi-3's chunk)
             GateUp::Joined(gate_up) => {
@@ -560,8 +608,8 @@ impl Decoder {
             }
         };
         match &block.mlp_out_norm {
-            Some(norm) => ops::residual(&xs, &norm.forward(&block.down.activated(self.activation, &gate, Some(&up))?)?),
-            None => block.down.activated_added_to(&xs, self.activation, &gate, Some(&up)),
+            Some(norm) => ops::residual(&xs, &norm.forward(&down.activated(self.activation, &gate, Some(&up))?)?),
+            None => down.activated_added_to(&xs, self.activation, &gate, Some(&up)),
         }
     }
 

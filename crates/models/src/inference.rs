@@ -13,7 +13,7 @@ use super::{Attention, Training};
 use crate::Error;
 use crate::families::Network;
 
-/// A config's decoder (llama, mistral, qwen2, qwen3, olmo2, gpt2) for inference,
+/// A config's decoder (every family but BERT) for inference,
 /// with deterministic weights as [`ConfigModel`](super::ConfigModel) makes them.
 ///
 /// A step takes chunks of several sequences at once: a prompt's chunk
@@ -109,7 +109,10 @@ impl Inference {
                 format!("the weights' own, {}: float weights compute in their dtype", weights.name()),
             ));
         }
-        let training = Training { dtype: weights.float().or(dtype), seed, ..Training::new(1) };
+        // a checkpoint's experts take the tokens its router sends them; random
+        // weights (a serving plan's measure) the costliest routing
+        let routing = if given.is_some() { crate::Routing::Router } else { crate::Routing::Worst };
+        let training = Training { dtype: weights.float().or(dtype), seed, routing, ..Training::new(1) };
         let dtype = config.model_dtype(&training)?;
         crate::trainer::check_dtype(dtype)?;
         let stored = weights.float().unwrap_or(dtype);

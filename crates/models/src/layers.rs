@@ -15,6 +15,7 @@ use crate::{Attention, Ops};
 pub(crate) struct Forms {
     pub(crate) attention: Attention,
     pub(crate) ops: Ops,
+    pub(crate) routing: crate::Routing,
 }
 
 /// A weight's layout in its checkpoint.

@@ -55,6 +55,7 @@ mod keys;
 mod kv_cache;
 mod layers;
 mod lora;
+mod moe;
 pub mod ops;
 mod params;
 mod per_token;
@@ -70,8 +71,8 @@ mod training;
 mod weights;
 
 pub use config::{
-    AttentionBias, BertHead, BlockNorms, Config, Gelu, Llama3Rope, MAX_CONFIG_BYTES, QkNorm, Rope, RopeScaling,
-    YarnRope,
+    AttentionBias, BertHead, BlockNorms, Config, ExpertNames, Experts, Gelu, Llama3Rope, MAX_CONFIG_BYTES, QkNorm,
+    Rope, RopeScaling, YarnRope,
 };
 pub use config_model::ConfigModel;
 pub use error::{Error, Setting};
@@ -81,6 +82,6 @@ pub use kv_cache::{Chunk, DEFAULT_BLOCK_SIZE, KvCache, SequenceId};
 pub use lora::{BaseDtype, Lora, LoraLinear};
 pub use serving_bytes::{Moment, ServingBytes, ServingShape};
 pub use step::{Compute, LossChunk, StepMemory, StepMoment};
-pub use training::{Attention, Loss, Ops, Training};
+pub use training::{Attention, Loss, Ops, Routing, Training};
 
 pub(crate) use config_model::building;

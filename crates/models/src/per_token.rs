@@ -33,6 +33,8 @@ pub(crate) struct Widths {
     pub(crate) widened: bool,
     /// The fused ops ([`Ops::Fused`](crate::Ops::Fused)): each one tensor kept.
     pub(crate) fused: bool,
+    /// A mixture of experts routed the worst way ([`Routing::Worst`](crate::Routing::Worst)).
+    pub(crate) worst_routing: bool,
 }
 
 impl Widths {

@@ -222,15 +222,22 @@ impl Config {
             d: dtype.size_in_bytes() as f64,
             widened: dtype != DType::F32,
             fused: training.ops == Ops::Fused,
+            worst_routing: training.routing == crate::Routing::Worst,
         };
         let eager = training.attention == Attention::Eager;
-        // per layer, per token: the block, its attention, its adapters
+        // per layer, per token: the block, its attention, its adapters; for
+        // each kind of layer (dense, sparse), the layers of it
         let attention = self.attention_bytes(&w, s, eager);
-        let mut block = self.family.architecture().block_bytes(self, &w, eager) + self.adapters_bytes(&w, training);
-        block.kept += attention.kept;
-        // the fused MLP's moment and blocked attention's are apart; the eager ones' overlap
-        block.backward =
-            if w.fused { block.backward.max(attention.backward) } else { block.backward + attention.backward };
+        let (mut layers_kept, mut block) = (0.0, PerToken::default());
+        for (one, count) in self.layer_kinds().into_iter().filter(|(_, count)| *count > 0) {
+            let mut kind = one.family.architecture().block_bytes(&one, &w, eager) + one.adapters_bytes(&w, training);
+            kind.kept += attention.kept;
+            // the fused MLP's moment and blocked attention's are apart; the eager ones' overlap
+            kind.backward =
+                if w.fused { kind.backward.max(attention.backward) } else { kind.backward + attention.backward };
+            layers_kept += count as f64 * kind.kept;
+            block = PerToken { kept: block.kept.max(kind.kept), backward: block.backward.max(kind.backward) };
+        }
         let (embedding, head) =
             (self.family.architecture().embedding_bytes(self, &w), self.head_bytes(&w, training.loss));
         let layers = self.layers as f64;
@@ -240,7 +247,7 @@ impl Config {
             // gradient coming back and that gradient (measured within 10%)
             embedding + layers * w.h * w.d + block.kept + 4.0 * w.h * w.d + head.kept
         } else {
-            embedding + layers * block.kept + head.kept
+            embedding + layers_kept + head.kept
         };
         let overflow = |what: &str| Error::byte_overflow(format!("{what} of {}", self.describe(training)));
         let bytes = |value: f64, what: &str| -> Result<u64, Error> {
@@ -344,7 +351,15 @@ impl Config {
         // measured: about three block-sized tensors at once in f32, six f32 ones beside a 16-bit model
         let per_value = if dtype == DType::F32 { 3 * 4 } else { 6 * 4 };
         let rows = super::ops::ROWS_AT_ONCE as u64;
-        rows.checked_mul(self.intermediate as u64)
+        // the widest MLP's: a dense one's, or an expert's where every layer is sparse
+        let widest = self
+            .layer_kinds()
+            .into_iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(one, _)| one.experts.map_or(one.intermediate, |experts| experts.intermediate))
+            .max()
+            .unwrap_or(self.intermediate);
+        rows.checked_mul(widest as u64)
             .and_then(|values| values.checked_mul(per_value))
             .ok_or_else(|| Error::byte_overflow(format!("an MLP block of {}", self.describe(training))))
     }
@@ -409,11 +424,14 @@ impl Config {
     fn adapters_bytes(&self, w: &Widths, training: &Training) -> PerToken {
         let Some(lora) = &training.lora else { return PerToken::default() };
         let adapter = lora.adapter_dtype(if w.d == 4.0 { DType::F32 } else { DType::BF16 }).size_in_bytes() as f64;
-        let adapted = Config { layers: 1, ..self.clone() }
+        // an expert's adapters see the rows routed to it: k of E a token
+        let routed = self.experts.as_ref().map_or(1.0, |e| e.per_token as f64 / e.count as f64);
+        let adapted: f64 = Config { layers: 1, ..self.clone() }
             .projections()
             .into_iter()
             .filter(|(name, _, _)| lora.targets(name))
-            .count() as f64;
+            .map(|(name, _, _)| if name.contains(".experts.") { routed } else { 1.0 })
+            .sum();
         PerToken { kept: adapted * 2.0 * lora.rank as f64 * adapter, backward: 0.0 }
     }
 

@@ -23,27 +23,49 @@ impl Config {
         self.family.architecture().layer_prefix(index)
     }
 
-    /// The elements of `specs` outside the layers and in one layer (every
-    /// layer is alike), listed for a one-layer copy: counted without a list
-    /// as long as the layers, every product checked.
-    fn split_counts(&self, specs: impl Fn(&Config) -> Vec<TensorSpec>) -> Option<(u64, u64)> {
-        let one = Config { layers: 1, ..self.clone() };
+    /// The elements of `specs` outside the layers and in every layer,
+    /// listed for a one-layer copy of each kind of layer (dense, sparse):
+    /// counted without a list as long as the layers, every product checked.
+    fn counted(&self, specs: impl Fn(&Config) -> Vec<TensorSpec>) -> Option<u64> {
         let prefix = self.layer_prefix(0);
-        let (mut outside, mut layer) = (0u64, 0u64);
-        for spec in specs(&one) {
-            let elements = spec.elements()?;
-            if spec.name.starts_with(&prefix) {
-                layer = layer.checked_add(elements)?;
-            } else {
-                outside = outside.checked_add(elements)?;
+        let mut total = 0u64;
+        for (index, (one, layers)) in self.layer_kinds().into_iter().enumerate() {
+            let (mut outside, mut layer) = (0u64, 0u64);
+            for spec in specs(&one) {
+                let elements = spec.elements()?;
+                if spec.name.starts_with(&prefix) {
+                    layer = layer.checked_add(elements)?;
+                } else {
+                    outside = outside.checked_add(elements)?;
+                }
             }
+            // what lies outside the layers, once
+            let outside = if index == 0 { outside } else { 0 };
+            total = total.checked_add(layer.checked_mul(layers)?)?.checked_add(outside)?;
         }
-        Some((outside, layer))
+        Some(total)
     }
 
-    /// `outside + layers × layer`, checked.
-    fn over_layers(&self, (outside, layer): (u64, u64)) -> Option<u64> {
-        layer.checked_mul(self.layers as u64)?.checked_add(outside)
+    /// A one-layer copy of each kind of layer the model has and how many
+    /// of it: a dense one, and a sparse one (its experts) where it has experts.
+    pub(crate) fn layer_kinds(&self) -> Vec<(Config, u64)> {
+        let dense = Config { layers: 1, experts: None, ..self.clone() };
+        let Some(experts) = &self.experts else {
+            return vec![(dense, self.layers as u64)];
+        };
+        // the multiples of the step, less the dense layers among them, counted without a walk
+        let mut dense_listed: Vec<usize> = experts
+            .dense_layers
+            .iter()
+            .copied()
+            .filter(|&layer| layer < self.layers && (layer + 1).is_multiple_of(experts.sparse_step))
+            .collect();
+        dense_listed.sort_unstable();
+        dense_listed.dedup();
+        let sparse_count = (self.layers / experts.sparse_step - dense_listed.len()) as u64;
+        let every = crate::config::Experts { sparse_step: 1, dense_layers: Vec::new(), ..experts.clone() };
+        let sparse = Config { layers: 1, experts: Some(every), ..self.clone() };
+        vec![(dense, self.layers as u64 - sparse_count), (sparse, sparse_count)]
     }
 
     /// The model's parameters, counted from the config without allocating:
@@ -60,6 +82,31 @@ impl Config {
     /// ```
     pub fn parameter_count(&self) -> u64 {
         count_parameters(self).unwrap_or(u64::MAX)
+    }
+
+    /// A mixture of experts' parameters in its experts (every expert of
+    /// every sparse layer), and those a token passes through: the rest and
+    /// its `k` experts a sparse layer. Both the whole count without experts.
+    ///
+    /// ```
+    /// let mixtral = autobatch_models::Config::from_json(
+    ///     r#"{"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    ///         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    ///         "num_local_experts": 8, "num_experts_per_tok": 2}"#,
+    /// )?;
+    /// assert_eq!(mixtral.parameter_count(), 46_702_792_704);
+    /// let (experts, active) = mixtral.expert_parameter_counts();
+    /// assert_eq!((experts, active), (45_097_156_608, 12_879_925_248));
+    /// # Ok::<(), autobatch::Error>(())
+    /// ```
+    pub fn expert_parameter_counts(&self) -> (u64, u64) {
+        let total = self.parameter_count();
+        let Some(experts) = &self.experts else { return (0, total) };
+        let sparse = self.layer_kinds().into_iter().find(|(one, _)| one.experts.is_some()).map_or(0, |(_, n)| n);
+        let per_expert = 3 * self.hidden as u64 * experts.intermediate as u64;
+        let all = sparse.saturating_mul(experts.count as u64).saturating_mul(per_expert);
+        let idle = sparse.saturating_mul((experts.count - experts.per_token) as u64).saturating_mul(per_expert);
+        (all, total.saturating_sub(idle))
     }
 
     /// The shapes the forward pass needs to agree, and every size the
@@ -235,7 +282,7 @@ impl Config {
     /// The adapters' elements, counted without a per-layer list.
     fn adapter_count(&self, lora: &Lora) -> Result<Option<u64>, Error> {
         self.check_lora(lora)?;
-        Ok(self.split_counts(|one| one.adapter_specs(lora)).and_then(|counts| self.over_layers(counts)))
+        Ok(self.counted(|one| one.adapter_specs(lora)))
     }
 
     /// What trains, how it is stored and what stays frozen beside it, with
@@ -415,8 +462,19 @@ impl Config {
         if training.ops == Ops::Eager {
             step += ", eager ops";
         }
+        // the worst routing is the default: the router's is named
+        let experts = match &self.experts {
+            Some(experts) => {
+                let routed = if training.routing == crate::Routing::Router { ", routed by its router" } else { "" };
+                format!(
+                    ", {} experts of {} ({} a token{routed})",
+                    experts.count, experts.intermediate, experts.per_token
+                )
+            }
+            None => String::new(),
+        };
         format!(
-            "{}(vocab {}, hidden {}, layers {}, heads {heads}, seq-len {}, {}{lora}{checkpointing}{step})",
+            "{}(vocab {}, hidden {}, layers {}, heads {heads}{experts}, seq-len {}, {}{lora}{checkpointing}{step})",
             self.family.model_type(),
             self.vocab,
             self.hidden,
@@ -434,5 +492,5 @@ fn count_parameters(config: &Config) -> Option<u64> {
     config.heads.checked_mul(config.head_dim)?;
     config.kv_heads.checked_mul(config.head_dim)?;
     config.hidden.checked_mul(3)?;
-    config.over_layers(config.split_counts(Config::tensors)?)
+    config.counted(Config::tensors)
 }

@@ -57,6 +57,28 @@ impl Loss {
     }
 }
 
+/// Where a mixture of experts sends each token (models without experts
+/// are the same either way).
+///
+/// The step's memory depends on the routing: each expert computes on the
+/// tokens sent to it, so its transient products, forward and backward, are
+/// as large as its share of the batch. Random weights route about evenly,
+/// while real data may send most tokens to a few experts, and a batch found
+/// under the first can run out of memory under the second. The weights and
+/// the loss's path are the same under both: only the router's choice is
+/// forced, the chosen experts' weights are still its probabilities.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Routing {
+    /// The costliest routing: every token to the same `k` experts (its
+    /// products as large as the batch), and each other expert one token at
+    /// least (every expert's gradient exists, as it does in training).
+    #[default]
+    Worst,
+    /// The router's own choice, its top `k` (about even for random weights):
+    /// what transformers computes.
+    Router,
+}
+
 /// How a config model computes its norms, rotary positions, MLP
 /// activations and projections.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -107,6 +129,9 @@ pub struct Training {
     pub loss: Loss,
     /// How norms, rotary positions, activations and projections are computed (fused by default).
     pub ops: Ops,
+    /// Where a mixture of experts' router sends the tokens (the costliest
+    /// routing by default, so that an answer holds whatever the data does).
+    pub routing: Routing,
 }
 
 impl Training {
@@ -121,7 +146,14 @@ impl Training {
             attention: Attention::Blocked,
             loss: Loss::Chunked,
             ops: Ops::Fused,
+            routing: Routing::Worst,
         }
+    }
+
+    /// With a mixture of experts' tokens routed as `routing` says.
+    pub fn routing(mut self, routing: Routing) -> Training {
+        self.routing = routing;
+        self
     }
 
     /// With attention computed as `attention` says.

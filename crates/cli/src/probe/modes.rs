@@ -65,15 +65,50 @@ impl Run<'_> {
         {
             log::info!("the plan came from the cache {}", path.display());
         }
+        drop(workload); // the balanced routing's model is measured alone
+        let routing = if eval { None } else { self.balanced_routing(meter, plan.largest_batch())? };
         if request.json {
-            outln!("{}", crate::hub::annotated(&plan.to_json()));
+            let mut json = plan.to_json();
+            if let Some(routing) = &routing {
+                let mut value: serde_json::Value = serde_json::from_str(&json).expect("a plan's own JSON reads back");
+                value["routing"] = routing.to_json();
+                json = serde_json::to_string_pretty(&value).expect("plain values serialize");
+            }
+            outln!("{}", crate::hub::annotated(&json));
         } else {
             outln!("{}", plan.summary());
+            if let Some(routing) = &routing {
+                outln!("{routing}");
+            }
         }
         if let Some(path) = &request.plot {
             crate::plot::plan(path, &format!("{description} on {}", self.device_words), &plan)?;
         }
         Ok(())
+    }
+
+    /// A mixture of experts' answer beside the one its router's own choice
+    /// gives (about even on random weights): the probe measures the worst
+    /// routing, so that the answer holds whatever the data does; the gap is
+    /// what a balanced measurement would have promised too much. `None` for
+    /// a model without experts.
+    fn balanced_routing(&self, meter: &mut dyn MemoryMeter, largest: usize) -> Result<Option<Routed>, Failure> {
+        let Some((balanced, experts, per_token)) = self.model.routed_by_router() else { return Ok(None) };
+        let Optimizing { mixed, optimizer } = self.request.optimizing;
+        let mut workload = balanced.build_with(self.device, mixed, optimizer)?;
+        (self.header)("probing the same model with its tokens routed by its router, for the balanced figure");
+        // an expert the router sends no token to has no gradient: not a cut graph
+        let tuner = self.request.tuner.clone().allow_partial_graph(true).observer(Progress::shared(self.request.json));
+        let result = tuner.search(&mut *workload, meter).run();
+        drop(tuner);
+        let balanced = match result {
+            Ok(plan) => Some(plan.largest_batch()),
+            Err(err) => {
+                log::warn!("the balanced routing's probe: {err}");
+                None
+            }
+        };
+        Ok(Some(Routed { experts, per_token, largest, balanced }))
     }
 
     /// The model built with its optimizer, and the header that says what
@@ -167,5 +202,58 @@ impl Run<'_> {
             outln!("between probed lengths: {}", between.join(", "));
         }
         Ok(())
+    }
+}
+
+/// What a mixture of experts' plan says of its routing.
+struct Routed {
+    experts: usize,
+    per_token: usize,
+    /// The largest batch at the worst routing: the answer.
+    largest: usize,
+    /// The largest batch with the router's own choice, where its probe ran.
+    balanced: Option<usize>,
+}
+
+impl Routed {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "measured": "worst",
+            "experts": self.experts,
+            "experts_per_token": self.per_token,
+            "largest_batch": self.largest,
+            "balanced_largest_batch": self.balanced,
+            "largest_batch_either_routing": self.balanced.map_or(self.largest, |balanced| balanced.min(self.largest)),
+        })
+    }
+}
+
+impl std::fmt::Display for Routed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "routing: measured with every token sent to the same {} of {} experts (the worst routing: \
+             each other expert a token), so that {} holds whatever the data routes",
+            self.per_token, self.experts, self.largest
+        )?;
+        match self.balanced {
+            Some(balanced) if balanced > self.largest => write!(
+                f,
+                "; routed by the router (about even on random weights) {balanced} fit: {} more than a batch \
+                 routed the worst way holds",
+                balanced - self.largest
+            ),
+            Some(balanced) if balanced == self.largest => {
+                write!(f, "; routed by the router (about even on random weights) {balanced} fit too")
+            }
+            // the step's own tensors are the same under any routing to a few bytes; on the
+            // CPU the matmul threads' buffers follow the experts' shapes
+            Some(balanced) => write!(
+                f,
+                "; routed by the router (about even on random weights) only {balanced} fit (buffers sized by \
+                 the experts' shapes): take {balanced}, which holds either way"
+            ),
+            None => write!(f, "; the router's own routing was not measured"),
+        }
     }
 }

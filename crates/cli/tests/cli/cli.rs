@@ -1261,6 +1261,41 @@ fn a_config_model_is_probed_exactly_in_every_mode() {
     assert_eq!(estimate["state"]["weights"].as_u64(), Some(1_235_814_400 * 2), "{estimate}");
 }
 
+/// A mixture of experts through the binary: the answer, measured at the
+/// worst routing, is exact (it runs alone, a batch more exits 3); the plan
+/// names its routing and the router's own answer beside it; the estimate
+/// says what its experts hold and what a token uses; serve takes it.
+#[test]
+fn a_mixture_of_experts_is_probed_at_the_worst_routing() {
+    let moe = config("tiny-mixtral.json");
+    let base = ["probe", "--config", &moe, "--seq-len", "32", "--budget", "48MiB"];
+    assert_exact_through_the_binary(&base, "tiny-mixtral.json");
+    let plan = plan_of(&base);
+    let routing = &plan["routing"];
+    assert_eq!(routing["measured"], "worst", "{plan}");
+    assert_eq!((routing["experts"].as_u64(), routing["experts_per_token"].as_u64()), (Some(8), Some(2)), "{plan}");
+    assert_eq!(routing["largest_batch"], plan["largest_batch"], "{plan}");
+    let balanced = routing["balanced_largest_batch"].as_u64().unwrap();
+    let either = routing["largest_batch_either_routing"].as_u64().unwrap();
+    assert_eq!(either, balanced.min(plan["largest_batch"].as_u64().unwrap()), "{plan}");
+    let text_plan = autobatch(&base);
+    assert!(text(&text_plan.stdout).contains("routing: measured with every token sent to the same 2 of 8 experts"));
+    // the published Mixtral-8x7B: every expert counted, two a token active
+    let estimate = autobatch(&["estimate", "--config", &config("mixtral-8x7b-v0.1.json"), "--layers", "2", "--json"]);
+    assert_eq!(estimate.status.code(), Some(0), "{}", text(&estimate.stderr));
+    let estimate: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap();
+    let experts = &estimate["experts"];
+    // two layers: 8 experts of 3 × 4096 × 14336 each, 2 of them a token
+    let per_expert = 3 * 4096 * 14336u64;
+    assert_eq!(experts["expert_parameters"].as_u64(), Some(2 * 8 * per_expert), "{estimate}");
+    let total = experts["parameters"].as_u64().unwrap();
+    assert_eq!(experts["active_parameters"].as_u64(), Some(total - 2 * 6 * per_expert), "{estimate}");
+    let (worst, even) = (experts["bytes_per_sample"].as_u64().unwrap(), experts["balanced_bytes_per_sample"].as_u64());
+    assert!(even.is_some_and(|even| even <= worst), "{estimate}");
+    let served = autobatch(&["serve", "--config", &moe, "--budget", "64MiB"]);
+    assert_eq!(served.status.code(), Some(0), "{}", text(&served.stderr));
+}
+
 /// LoRA over a quantized base through the binary: exact by brute force as
 /// an outside test checks it (every base is, in-process, in the models' own
 /// `lora_trains_over_every_base_under_the_ceiling`); `--compare` shows every

@@ -452,6 +452,7 @@ fn read_bert(family: Family, fields: &Fields) -> std::result::Result<Config, Err
         gelu,
         sliding_window: None,
         sliding_layers: Vec::new(),
+        experts: None,
         type_vocab: fields.count(&["type_vocab_size"])?.unwrap_or(2),
         bert_head,
         padding_idx: Some(fields.id("pad_token_id")?.unwrap_or(0)),

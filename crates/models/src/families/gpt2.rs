@@ -370,6 +370,7 @@ fn read_gpt2(family: Family, fields: &Fields) -> std::result::Result<Config, Err
         gelu,
         sliding_window: None,
         sliding_layers: Vec::new(),
+        experts: None,
         type_vocab: 0,
         bert_head: BertHead::MaskedLm,
         // GPT-2's embedding has no padding_idx

@@ -26,10 +26,12 @@ mod gemma3;
 pub(crate) mod gpt2;
 mod llama;
 mod mistral;
+mod mixtral;
 mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 
 /// Every family, in the order messages list them.
 const ARCHITECTURES: &[&dyn Architecture] = &[
@@ -41,6 +43,8 @@ const ARCHITECTURES: &[&dyn Architecture] = &[
     &gemma2::Gemma2,
     &gemma3::Gemma3,
     &phi3::Phi3,
+    &mixtral::Mixtral,
+    &qwen3_moe::Qwen3Moe,
     &gpt2::Gpt2Family,
     &bert::BertFamily,
 ];
@@ -238,7 +242,7 @@ impl Family {
     }
 
     /// The `model_type`s of the families `which` holds for, listed for a
-    /// message: `llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, gpt2, bert`.
+    /// message: `llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2, bert`.
     pub fn listed(which: impl Fn(Family) -> bool) -> String {
         Family::all().into_iter().filter(|family| which(*family)).map(Family::model_type).collect::<Vec<_>>().join(", ")
     }
@@ -324,7 +328,7 @@ mod tests {
         }
         assert_eq!(
             Family::listed(|_| true),
-            "llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, gpt2, bert"
+            "llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2, bert"
         );
     }
 

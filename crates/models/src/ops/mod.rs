@@ -57,6 +57,7 @@ pub mod nn;
 mod node;
 mod norm;
 mod rotary;
+mod routed;
 mod softmax;
 #[cfg(test)]
 mod testing;
@@ -70,6 +71,7 @@ pub use linear::{linear, residual_linear, residual_mlp_down};
 pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX, MIN_CHUNK_ROWS};
 pub use norm::{layer_norm, rms_norm};
 pub use rotary::{rope, rope_i, rope_thd};
+pub(crate) use routed::{routed_sum, routed_sum_eager};
 pub use softmax::softmax_last_dim;
 
 use std::sync::Arc;

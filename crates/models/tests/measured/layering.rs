@@ -10,7 +10,7 @@ use crate::common::layering::{Crate, depend_one_way, reaches};
 /// on it, everything that asks a family what it computes above them, the trainer below the reference
 /// models it trains, serving on top. Its root (`lib.rs`: ConfigModel, the
 /// model a config describes) sits above them all and is not placed.
-const MODELS_ORDER: [&str; 26] = [
+const MODELS_ORDER: [&str; 27] = [
     "splitmix",
     "error",
     "ops",
@@ -24,6 +24,7 @@ const MODELS_ORDER: [&str; 26] = [
     "kv_cache",
     "layers",
     "per_token",
+    "moe",
     "decoder",
     "families",
     "checkpoint",

@@ -11,8 +11,8 @@ use crate::common::bits;
 use autobatch::serve::Scheduling;
 use autobatch::{HeapMeter, MemoryMeter, ModelProbe, TrainLoop, Tuner, Workload};
 use autobatch_models::{
-    Attention, BaseDtype, Compute, Config, ConfigModel, Error as ModelsError, Family, Lora, Loss, RopeScaling, Serving,
-    ServingShape, Setting as ModelsSetting, Training,
+    Attention, BaseDtype, Compute, Config, ConfigModel, Error as ModelsError, Family, Lora, Loss, RopeScaling, Routing,
+    Serving, ServingShape, Setting as ModelsSetting, Training,
 };
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW};
@@ -39,6 +39,9 @@ fn published_parameter_counts_are_computed_exactly() {
         ("gemma-2-2b.json", 2_614_341_888),
         ("gemma-3-1b-pt.json", 999_885_952),
         ("phi-3-mini-4k-instruct.json", 3_821_079_552),
+        // mixtures of experts (transformers 5.25, the meta device): every expert counted
+        ("mixtral-8x7b-v0.1.json", 46_702_792_704),
+        ("qwen3-30b-a3b.json", 30_532_122_624),
         // BertForMaskedLM: the encoder without the pooler, the MLM head's transform, its norm and its bias
         ("bert-base-uncased.json", 109_514_298),
     ];
@@ -133,6 +136,19 @@ fn tiny(family: &str) -> Config {
             "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.0, 1.5, 1.5, 2.0, 2.0],
                              "long_factor": [1.0, 2.0, 3.0, 4.0, 6.0, 8.0]}}"#
         }
+        // 4 experts, 2 a token, in every layer
+        "mixtral" => {
+            r#"{"model_type": "mixtral", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "max_position_embeddings": 256}"#
+        }
+        // 8 narrow experts, 2 a token, renormalized; the first layer dense
+        "qwen3_moe" => {
+            r#"{"model_type": "qwen3_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "moe_intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true, "mlp_only_layers": [0],
+            "max_position_embeddings": 256}"#
+        }
         "gpt2" => {
             r#"{"model_type": "gpt2", "vocab_size": 96, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}"#
         }
@@ -150,8 +166,21 @@ fn tiny(family: &str) -> Config {
     Config::from_json(json).unwrap_or_else(|err| panic!("{family}: {err}"))
 }
 
-const FAMILIES: [&str; 11] =
-    ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3_text", "phi3", "gpt2", "bert", "bert-classifier"];
+const FAMILIES: [&str; 13] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "olmo2",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "mixtral",
+    "qwen3_moe",
+    "gpt2",
+    "bert",
+    "bert-classifier",
+];
 
 /// The LoRA targets people use in each family.
 fn lora_for(family: &str) -> Lora {
@@ -964,6 +993,112 @@ fn the_footprint_refuses_a_published_model_under_a_small_budget_without_allocati
     assert!(lora.fixed_bytes < footprint.fixed_bytes / 2, "{lora:?}");
 }
 
+/// A mixture of experts whose experts hold most of a layer's products.
+fn experts_heavy() -> Config {
+    Config::from_json(
+        r#"{"model_type": "mixtral", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "max_position_embeddings": 256}"#,
+    )
+    .unwrap()
+}
+
+/// The answer holds whatever the router does: tuned at the worst routing
+/// (the default: every token to the same two experts, each other expert a
+/// token) and at the router's own (about even on random weights), exact
+/// both. At the worst routing's answer a step peaks under the ceiling
+/// routed either way; the router's answer, larger, runs over it when the
+/// data routes the worst way, and a training run at the plan routed the
+/// worst way stays under it.
+fn the_answer_holds_whatever_the_router_does() {
+    // measured: the same peak to the byte at 64 tokens (each expert's products in flight are
+    // the batch's share, their sum the same under any routing); with one expert a token of 32,
+    // the hot expert's transient products as large as the batch hold ~1.2 MB more at 58 samples
+    for (config, seq_len, strictly) in [(experts_heavy(), 64, false), (many_experts(), 32, true)] {
+        answer_holds_whatever_the_router_does(&config, seq_len, 24 * MIB, strictly);
+    }
+}
+
+/// 32 experts, one a token: at short sequences the router leaves many
+/// without a token (no gradient for them), the worst routing none.
+fn many_experts() -> Config {
+    Config::from_json(
+        r#"{"model_type": "mixtral", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 256,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 32,
+        "num_experts_per_tok": 1, "max_position_embeddings": 256}"#,
+    )
+    .unwrap()
+}
+
+fn answer_holds_whatever_the_router_does(config: &Config, seq_len: usize, room: u64, strictly: bool) {
+    let config = config.clone();
+    let worst = Training::new(seq_len);
+    let router = Training::new(seq_len).routing(Routing::Router);
+    let (_, worst_plan, _) = tune("mixtral, the worst routing", &config, &worst, room);
+    // the router may leave an expert without a token, and its weights without a gradient
+    let router_plan = {
+        let model = ConfigModel::build(&config, &router, &Device::Cpu).unwrap();
+        let mut meter = HeapMeter::with_room(room).unwrap();
+        let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b.len, 0))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
+        Tuner::new().allow_partial_graph(true).search(&mut probe, &mut meter).run().unwrap()
+    };
+    let (at_worst, at_router) = (worst_plan.largest_batch(), router_plan.largest_batch());
+    println!("  largest batch: {at_worst} at the worst routing, {at_router} at the router's");
+    assert!(at_router >= at_worst, "the worst routing holds more than the router's: {at_worst} vs {at_router}");
+    let limit = worst_plan.limit_bytes();
+    let peak = |training: &Training, batch: usize| {
+        let model = ConfigModel::build(&config, training, &Device::Cpu).unwrap();
+        let mut meter = HeapMeter::with_room(room).unwrap();
+        let mut probe = ModelProbe::new(model.varmap(), |b| model.loss(b.len, 0))
+            .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+            .unwrap();
+        peak_of(&mut probe, &mut meter, batch)
+    };
+    let (worst_peak, router_peak) = (peak(&worst, at_worst), peak(&router, at_worst));
+    println!("  at {at_worst}: {worst_peak} routed the worst way, {router_peak} by the router (limit {limit})");
+    assert!(worst_peak <= limit + TOLERANCE && router_peak <= limit + TOLERANCE);
+    assert!(worst_peak + TOLERANCE >= router_peak, "the worst routing holds more: {worst_peak} vs {router_peak}");
+    assert!(!strictly || worst_peak > router_peak, "the hot expert's products: {worst_peak} vs {router_peak}");
+    if at_router > at_worst {
+        let over = peak(&worst, at_router);
+        println!("  the router's answer {at_router} routed the worst way: {over} (limit {limit})");
+        assert!(over > limit + TOLERANCE, "the balanced answer holds the worst routing: {over} <= {limit}");
+    }
+    // training with the plan, every batch routed the worst way
+    tune_exactly_and_train_under_the_ceiling("mixtral, trained at the worst routing", &config, worst, room);
+}
+
+/// A mixture of experts with LoRA on its experts' projections as well as
+/// attention's (the targets on request) tunes exactly and trains under the
+/// ceiling, each expert's adapters learning; a q4_0 base holds Mixtral-8x7B's
+/// weights in about a quarter of bf16's (the experts are nearly all of them).
+fn a_mixture_of_experts_adapts_its_experts_and_quantizes_them() {
+    let config = tiny("mixtral");
+    let lora = Lora::new(4, &["q_proj", "v_proj", "w1", "w2", "w3"]);
+    let model = ConfigModel::build(&config, &Training::new(32).lora(lora.clone()), &Device::Cpu).unwrap();
+    let adapters: usize = model.varmap().all_vars().iter().map(|var| var.elem_count()).sum();
+    drop(model);
+    // attention's two and 4 experts' three, 2 layers: (r·in + out·r) each
+    let per_layer = 4 * (64 + 64) + 4 * (64 + 32) + 4 * 3 * 4 * (64 + 96);
+    assert_eq!(adapters, 2 * per_layer, "{lora:?}");
+    tune_exactly_and_train_under_the_ceiling(
+        "mixtral, LoRA on the experts",
+        &config,
+        Training::new(32).lora(lora),
+        6 * MIB,
+    );
+    let mixtral = published("mixtral-8x7b-v0.1.json");
+    let base = |dtype| {
+        let training = Training::new(512).lora(Lora::new(8, &["q_proj", "v_proj"]).base(dtype));
+        mixtral.frozen_bytes(&training).unwrap() as f64
+    };
+    let ratio = base(BaseDtype::Q4_0) / base(BaseDtype::Bf16);
+    println!("  Mixtral-8x7B's base in q4_0: {ratio:.3} of bf16's");
+    assert!((0.25..0.30).contains(&ratio), "{ratio}");
+}
+
 /// The checkpoints transformers saved (tests/fixtures/hf, made by
 /// scripts/hf-fixtures.sh), loaded as saved: the parameter count, the logits,
 /// the loss and every parameter's gradient equal transformers', read from
@@ -987,7 +1122,12 @@ fn saved_checkpoints_compute_what_transformers_computes() {
             let config = Config::from_file(case.join(layout)).unwrap_or_else(|err| panic!("{what}: {err}"));
             assert_eq!(config.parameter_count(), expected_count, "{what}: transformers' num_parameters()");
             assert!(config.unknown_keys.is_empty(), "{what}: keys not read: {:?}", config.unknown_keys);
-            let training = Training::new(ids.dim(1).unwrap()).dtype(DType::F32).attention(attention).loss(loss_form);
+            // the experts take the tokens the router sends them, as in transformers
+            let training = Training::new(ids.dim(1).unwrap())
+                .dtype(DType::F32)
+                .attention(attention)
+                .loss(loss_form)
+                .routing(Routing::Router);
             let model =
                 ConfigModel::from_safetensors(&config, &training, &[case.join("model.safetensors")], &Device::Cpu)
                     .unwrap_or_else(|err| panic!("{what}: {err}"));
@@ -1014,8 +1154,15 @@ fn saved_checkpoints_compute_what_transformers_computes() {
                 };
                 let expected =
                     reference.get(&hf_name).unwrap_or_else(|| panic!("{what}: transformers has no {hf_name}"));
-                let ours = grads.get(var).unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
-                close(ours, expected, &format!("the gradient of {name}"));
+                match grads.get(var) {
+                    Some(ours) => close(ours, expected, &format!("the gradient of {name}")),
+                    // an expert no token went to: transformers' 3D parameter holds zeros for it
+                    None => {
+                        let largest = expected.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+                        assert!(name.contains(".experts."), "{what}: no gradient for {name}");
+                        assert_eq!(largest.to_scalar::<f32>().unwrap(), 0.0, "{what}: no gradient for {name}");
+                    }
+                }
             }
         }
     }
@@ -1113,6 +1260,19 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
             r#"{"model_type": "phi3", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
             "sliding_window": 64}"#,
+        ),
+        (
+            "mixtral",
+            r#"{"model_type": "mixtral", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "num_local_experts": 8, "num_experts_per_tok": 2}"#,
+        ),
+        (
+            "qwen3_moe",
+            r#"{"model_type": "qwen3_moe", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 96, "norm_topk_prob": true,
+            "mlp_only_layers": [0]}"#,
         ),
         (
             "gpt2",
@@ -1385,6 +1545,11 @@ pub fn tests() -> Vec<(&'static str, fn())> {
         ("a_sliding_layers_cache_holds_its_window_when_served", a_sliding_layers_cache_holds_its_window_when_served),
         ("the_longest_context_at_a_concurrency_is_exact", the_longest_context_at_a_concurrency_is_exact),
         ("published_parameter_counts_are_computed_exactly", published_parameter_counts_are_computed_exactly),
+        ("the_answer_holds_whatever_the_router_does", the_answer_holds_whatever_the_router_does),
+        (
+            "a_mixture_of_experts_adapts_its_experts_and_quantizes_them",
+            a_mixture_of_experts_adapts_its_experts_and_quantizes_them,
+        ),
         ("saved_checkpoints_compute_what_transformers_computes", saved_checkpoints_compute_what_transformers_computes),
         (
             "served_checkpoints_compute_what_transformers_computes",
