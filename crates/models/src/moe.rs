@@ -52,8 +52,8 @@ pub(crate) fn projections(config: &Config, experts: &Experts, layer: usize) -> V
 /// A sparse MLP's tensors per token (the layer's input norm and attention
 /// aside): the router's logits and probabilities (in f32), the chosen
 /// weights; each of the token's `k` rows gathered, its gate and up products
-/// (the activation too, eager), its expert's output and the rows joined;
-/// the sum back into the stream. The backward pass's widest moment is an
+/// (the activation too, eager), its expert's output (joined and weighted
+/// too, eager); the sum back into the stream. The backward pass's widest moment is an
 /// expert's halves' gradients: as many rows as the batch's tokens for the
 /// experts the worst routing loads, `k / E` of them routed evenly, beside
 /// the joined rows' gradient split to the experts.
@@ -61,7 +61,9 @@ pub(crate) fn block_bytes(experts: &Experts, w: &Widths) -> PerToken {
     let (d, e, k, i) = (w.d, experts.count as f64, experts.per_token as f64, experts.intermediate as f64);
     let widened = if d == 4.0 { 0.0 } else { e * 4.0 + k * d };
     let router = e * d + widened + e * 4.0 + 3.0 * k * 4.0 + k * d;
-    let rows = k * (2.0 * w.h * d + 2.0 * i * d + w.h * d) + if w.fused { 0.0 } else { k * (2.0 * i * d + w.h * d) };
+    // gathered, gate and up, the expert's output; eager: the activation and
+    // the product, the outputs joined and weighted
+    let rows = k * (2.0 * w.h * d + 2.0 * i * d) + if w.fused { 0.0 } else { k * (2.0 * i * d + 2.0 * w.h * d) };
     let share = if w.worst_routing { 1.0 } else { (k / e).min(1.0) };
     let halves = if w.fused { 2.0 * share * i * d } else { 8.0 * share * i * d };
     PerToken { kept: router + rows + w.h * d, backward: halves + 2.0 * k * w.h * d }
@@ -154,16 +156,14 @@ impl SparseMlp {
         let count = order.len();
         let token_of = Tensor::from_vec(order.iter().map(|row| row.0).collect::<Vec<_>>(), count, device)?;
         let slot_of = Tensor::from_vec(order.iter().map(|row| row.1).collect::<Vec<_>>(), count, device)?;
-        let rows = Tensor::cat(&outputs, 0)?;
-        drop(outputs);
         let weights = top.index_select(&slot_of, 0)?;
         let base = match residual {
             Some(residual) => residual.reshape((tokens, hidden))?,
             None => Tensor::zeros((tokens, hidden), h.dtype(), device)?,
         };
         let summed = match self.forms.ops {
-            Ops::Fused => ops::routed_sum(&base, &rows, &weights, &token_of)?,
-            Ops::Eager => ops::routed_sum_eager(&base, &rows, &weights, &token_of)?,
+            Ops::Fused => ops::routed_sum(&base, &outputs, &weights, &token_of)?,
+            Ops::Eager => ops::routed_sum_eager(&base, &outputs, &weights, &token_of)?,
         };
         summed.reshape(dims)
     }

@@ -8,10 +8,11 @@
 //! (which the graph holds anyway, as the ops before it made them) and its
 //! output, and recomputes anything else it needs in its backward pass.
 //!
-//! candle's custom ops take at most three inputs. A node over four or five
-//! (a residual, a gated activation's two halves, a weight and its bias)
-//! takes its first two directly and the rest through a *bundle*: a node of
-//! one element whose inputs are the rest. The node's backward pass leaves
+//! candle's custom ops take at most three inputs. A node over more (a
+//! residual, a gated activation's two halves, a weight and its bias; a
+//! mixture's experts' outputs) takes its first two directly and the rest
+//! through a *bundle*: a node of one element whose inputs are the rest
+//! (past three, itself bundling its own rest). The node's backward pass leaves
 //! the rest's gradients with the bundle, whose own backward pass, which
 //! candle runs after the node's (the bundle comes before it in the graph),
 //! hands them out.
@@ -38,7 +39,7 @@ pub(crate) trait Backward: Send + Sync + 'static {
 }
 
 /// `value`, computed from `inputs` off the graph, as one node of the graph
-/// over `inputs` (one to five) whose backward pass is `backward`; `value`
+/// over `inputs` (one or more) whose backward pass is `backward`; `value`
 /// itself when no input takes part in the graph.
 pub(crate) fn node(inputs: &[&Tensor], value: Tensor, backward: impl Backward) -> Result<Tensor> {
     let wanted: Vec<bool> = inputs.iter().map(|input| input.track_op()).collect();
@@ -59,13 +60,14 @@ pub(crate) fn node(inputs: &[&Tensor], value: Tensor, backward: impl Backward) -
         [a] => a.apply_op1(fused(1, None)),
         [a, b] => a.apply_op2(b, fused(2, None)),
         [a, b, c] => a.apply_op3(b, c, fused(3, None)),
-        [a, b, ref rest @ ..] if rest.len() <= 3 => {
+        // past three: the rest bundled, itself a node (bundling its own rest past three)
+        [a, b, ref rest @ ..] => {
             let stash = Arc::new(Mutex::new(None));
             let marker = Tensor::zeros(1, DType::F32, a.device())?;
             let bundle = node(rest, marker, Unbundle { stash: stash.clone() })?;
             a.apply_op3(b, &bundle, fused(2, Some(stash)))
         }
-        _ => candle_core::bail!("a fused op of {} inputs: one to five are supported", inputs.len()),
+        [] => candle_core::bail!("a fused op of no input"),
     }
 }
 
@@ -325,9 +327,17 @@ mod tests {
     }
 
     #[test]
-    fn six_inputs_are_refused() {
-        let a = Var::new(&[1f32], &Device::Cpu).unwrap();
-        let inputs = vec![a.as_tensor(); 6];
-        assert!(sum_node(&inputs).is_err());
+    fn many_inputs_each_get_their_gradient_through_nested_bundles() {
+        for count in [6, 7, 12, 33] {
+            let vars: Vec<Var> = (0..count).map(|i| Var::new(&[i as f32, 1.0], &Device::Cpu).unwrap()).collect();
+            let inputs: Vec<&Tensor> = vars.iter().map(Var::as_tensor).collect();
+            let out = sum_node(&inputs).unwrap();
+            let weights = Tensor::new(&[2f32, 3.0], &Device::Cpu).unwrap();
+            let grads = (out * &weights).unwrap().sum_all().unwrap().backward().unwrap();
+            for (i, var) in vars.iter().enumerate() {
+                let grad = grads.get(var).unwrap_or_else(|| panic!("{count} inputs: {i} got none"));
+                assert_eq!(grad.to_vec1::<f32>().unwrap(), [2.0, 3.0], "{count} inputs, input {i}");
+            }
+        }
     }
 }
