@@ -116,6 +116,11 @@ CASES = {
         DECODER, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
         norm_topk_prob=False, decoder_sparse_step=2, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # q/k/v biases, 6 experts, 2 a token, and a shared expert of its own width behind a sigmoid gate
+    "qwen2-moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM, dict(
+        DECODER, num_key_value_heads=2, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=40, norm_topk_prob=False, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 }
 
 

@@ -234,6 +234,11 @@ pub struct Experts {
     pub dense_layers: Vec<usize>,
     /// How the checkpoint names the router and the experts.
     pub names: ExpertNames,
+    /// A shared expert every token goes through, of this intermediate size,
+    /// gated by a sigmoid of the input (Qwen2-MoE's
+    /// `shared_expert_intermediate_size`, `mlp.shared_expert`,
+    /// `mlp.shared_expert_gate`).
+    pub shared: Option<usize>,
 }
 
 /// How a checkpoint names a sparse MLP's tensors.

@@ -32,6 +32,13 @@ pub(crate) fn tensors(config: &Config, experts: &Experts, layer: usize) -> Vec<T
             .into_iter()
             .map(|(name, out, input)| TensorSpec::new(format!("{name}.weight"), &[out, input], Init::Normal(STD))),
     );
+    if experts.shared.is_some() {
+        specs.push(TensorSpec::new(
+            format!("{module}.shared_expert_gate.weight"),
+            &[1, config.hidden],
+            Init::Normal(STD),
+        ));
+    }
     specs
 }
 
@@ -41,12 +48,17 @@ pub(crate) fn projections(config: &Config, experts: &Experts, layer: usize) -> V
     let (h, i) = (config.hidden, experts.intermediate);
     let [gate, up, down] = experts.names.projections();
     let module = format!("model.layers.{layer}.{}", experts.names.module());
-    (0..experts.count)
+    let mut all: Vec<(String, usize, usize)> = (0..experts.count)
         .flat_map(|expert| {
             let at = |name: &str| format!("{module}.experts.{expert}.{name}");
             [(at(gate), i, h), (at(up), i, h), (at(down), h, i)]
         })
-        .collect()
+        .collect();
+    if let Some(shared) = experts.shared {
+        let at = |name: &str| format!("{module}.shared_expert.{name}");
+        all.extend([(at(gate), shared, h), (at(up), shared, h), (at(down), h, shared)]);
+    }
+    all
 }
 
 /// A sparse MLP's tensors per token (the layer's input norm and attention
@@ -66,7 +78,18 @@ pub(crate) fn block_bytes(experts: &Experts, w: &Widths) -> PerToken {
     let rows = k * (2.0 * w.h * d + 2.0 * i * d) + if w.fused { 0.0 } else { k * (2.0 * i * d + 2.0 * w.h * d) };
     let share = if w.worst_routing { 1.0 } else { (k / e).min(1.0) };
     let halves = if w.fused { 2.0 * share * i * d } else { 8.0 * share * i * d };
-    PerToken { kept: router + rows + w.h * d, backward: halves + 2.0 * k * w.h * d }
+    let sparse = PerToken { kept: router + rows + w.h * d, backward: halves + 2.0 * k * w.h * d };
+    match experts.shared {
+        // gate and up (the activation too, eager), the output, its gate's sigmoid, the
+        // scaled output and the sum; its own halves' gradients for every token
+        Some(shared) => {
+            let s = shared as f64;
+            let activation = if w.fused { 0.0 } else { 2.0 * s * d };
+            let kept = 2.0 * s * d + activation + 3.0 * w.h * d + 2.0 * d;
+            PerToken { kept: sparse.kept + kept, backward: sparse.backward.max(w.mlp_backward_of(s, false)) }
+        }
+        None => sparse,
+    }
 }
 
 /// One expert: a gated MLP.
@@ -80,6 +103,8 @@ struct Expert {
 pub(crate) struct SparseMlp {
     router: Proj,
     experts: Vec<Expert>,
+    /// The shared expert and its gate (Qwen2-MoE).
+    shared: Option<(Expert, Proj)>,
     per_token: usize,
     normalized: bool,
     activation: Activation,
@@ -106,6 +131,21 @@ impl SparseMlp {
                     Ok(Expert { gate: proj(at(gate))?, up: proj(at(up))?, down: proj(at(down))? })
                 })
                 .collect::<Result<_>>()?,
+            shared: match experts.shared {
+                Some(_) => {
+                    let at = |name: &str| format!("{module}.shared_expert.{name}");
+                    let expert = Expert { gate: proj(at(gate))?, up: proj(at(up))?, down: proj(at(down))? };
+                    let gate = Proj::unadapted(
+                        weights,
+                        &format!("{module}.shared_expert_gate"),
+                        Layout::OutIn,
+                        lora,
+                        forms.ops,
+                    )?;
+                    Some((expert, gate))
+                }
+                None => None,
+            },
             per_token: experts.per_token,
             normalized: experts.normalized,
             activation,
@@ -164,6 +204,19 @@ impl SparseMlp {
         let summed = match self.forms.ops {
             Ops::Fused => ops::routed_sum(&base, &outputs, &weights, &token_of)?,
             Ops::Eager => ops::routed_sum_eager(&base, &outputs, &weights, &token_of)?,
+        };
+        let summed = match &self.shared {
+            // every token through the shared expert, scaled by the sigmoid of its gate
+            Some((expert, gate)) => {
+                let output = expert.down.activated(
+                    self.activation,
+                    &expert.gate.forward(&flat)?,
+                    Some(&expert.up.forward(&flat)?),
+                )?;
+                let scale = candle_nn::ops::sigmoid(&gate.forward(&flat)?)?;
+                ops::residual(&summed, &output.broadcast_mul(&scale)?)?
+            }
+            None => summed,
         };
         summed.reshape(dims)
     }

@@ -86,12 +86,17 @@ impl Widths {
     /// the gradients of its two halves (or of one with GELU), the
     /// activation's recomputed a block of rows at a time.
     pub(crate) fn mlp_backward(&self, gelu: bool) -> f64 {
+        self.mlp_backward_of(self.i, gelu)
+    }
+
+    /// [`mlp_backward`](Self::mlp_backward) of an MLP `i` wide.
+    pub(crate) fn mlp_backward_of(&self, i: f64, gelu: bool) -> f64 {
         let w = self;
         match (w.fused, gelu) {
-            (false, true) => 16.0 * w.i * w.d + 12.0 * w.h * w.d,
-            (false, false) => 8.0 * w.i * w.d,
-            (true, true) => 2.0 * w.i * w.d + 4.0 * w.h * w.d,
-            (true, false) => 2.0 * w.i * w.d,
+            (false, true) => 16.0 * i * w.d + 12.0 * w.h * w.d,
+            (false, false) => 8.0 * i * w.d,
+            (true, true) => 2.0 * i * w.d + 4.0 * w.h * w.d,
+            (true, false) => 2.0 * i * w.d,
         }
     }
 }

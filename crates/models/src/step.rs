@@ -356,7 +356,9 @@ impl Config {
             .layer_kinds()
             .into_iter()
             .filter(|(_, count)| *count > 0)
-            .map(|(one, _)| one.experts.map_or(one.intermediate, |experts| experts.intermediate))
+            .map(|(one, _)| {
+                one.experts.map_or(one.intermediate, |experts| experts.intermediate.max(experts.shared.unwrap_or(0)))
+            })
             .max()
             .unwrap_or(self.intermediate);
         rows.checked_mul(widest as u64)

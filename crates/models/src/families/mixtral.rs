@@ -93,5 +93,5 @@ pub(super) fn experts(
     if (0..layers).all(|layer| dense_layers.contains(&layer) || !(layer + 1).is_multiple_of(sparse_step)) {
         log::debug!("no sparse layer among {layers}: every MLP is dense");
     }
-    Ok(Experts { count, per_token, intermediate, normalized, sparse_step, dense_layers, names })
+    Ok(Experts { count, per_token, intermediate, normalized, sparse_step, dense_layers, names, shared: None })
 }

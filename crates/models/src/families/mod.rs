@@ -30,6 +30,7 @@ mod mixtral;
 mod olmo2;
 mod phi3;
 mod qwen2;
+mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 
@@ -44,6 +45,7 @@ const ARCHITECTURES: &[&dyn Architecture] = &[
     &gemma3::Gemma3,
     &phi3::Phi3,
     &mixtral::Mixtral,
+    &qwen2_moe::Qwen2Moe,
     &qwen3_moe::Qwen3Moe,
     &gpt2::Gpt2Family,
     &bert::BertFamily,
@@ -242,7 +244,7 @@ impl Family {
     }
 
     /// The `model_type`s of the families `which` holds for, listed for a
-    /// message: `llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2, bert`.
+    /// message: `llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen2_moe, qwen3_moe, gpt2, bert`.
     pub fn listed(which: impl Fn(Family) -> bool) -> String {
         Family::all().into_iter().filter(|family| which(*family)).map(Family::model_type).collect::<Vec<_>>().join(", ")
     }
@@ -328,7 +330,7 @@ mod tests {
         }
         assert_eq!(
             Family::listed(|_| true),
-            "llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2, bert"
+            "llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen2_moe, qwen3_moe, gpt2, bert"
         );
     }
 

@@ -42,6 +42,7 @@ fn published_parameter_counts_are_computed_exactly() {
         // mixtures of experts (transformers 5.25, the meta device): every expert counted
         ("mixtral-8x7b-v0.1.json", 46_702_792_704),
         ("qwen3-30b-a3b.json", 30_532_122_624),
+        ("qwen1.5-moe-a2.7b.json", 14_315_784_192),
         // BertForMaskedLM: the encoder without the pooler, the MLM head's transform, its norm and its bias
         ("bert-base-uncased.json", 109_514_298),
     ];
@@ -142,6 +143,13 @@ fn tiny(family: &str) -> Config {
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
             "num_experts_per_tok": 2, "max_position_embeddings": 256}"#
         }
+        // 6 experts, 2 a token, a shared expert behind its sigmoid gate, q/k/v biases
+        "qwen2_moe" => {
+            r#"{"model_type": "qwen2_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 6, "num_experts_per_tok": 2,
+            "max_position_embeddings": 256}"#
+        }
         // 8 narrow experts, 2 a token, renormalized; the first layer dense
         "qwen3_moe" => {
             r#"{"model_type": "qwen3_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
@@ -166,7 +174,7 @@ fn tiny(family: &str) -> Config {
     Config::from_json(json).unwrap_or_else(|err| panic!("{family}: {err}"))
 }
 
-const FAMILIES: [&str; 13] = [
+const FAMILIES: [&str; 14] = [
     "llama",
     "mistral",
     "qwen2",
@@ -176,6 +184,7 @@ const FAMILIES: [&str; 13] = [
     "gemma3_text",
     "phi3",
     "mixtral",
+    "qwen2_moe",
     "qwen3_moe",
     "gpt2",
     "bert",
@@ -1266,6 +1275,13 @@ fn the_count_of_a_samples_bytes_agrees_with_the_measurement() {
             r#"{"model_type": "mixtral", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
             "num_local_experts": 8, "num_experts_per_tok": 2}"#,
+        ),
+        (
+            "qwen2_moe",
+            r#"{"model_type": "qwen2_moe", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 320,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 96,
+            "shared_expert_intermediate_size": 192}"#,
         ),
         (
             "qwen3_moe",
