@@ -250,39 +250,16 @@ pub struct ConfigArgs {
         conflicts_with_all = ["model", "vocab", "d_model", "heads", "inputs", "width", "depth", "channels", "resolution", "classes"],
     )]
     pub path: Option<std::path::PathBuf>,
-    /// LoRA adapters of this rank, the base frozen (its projections keep no
-    /// gradient).
-    #[arg(long, requires = "config")]
-    pub lora: Option<Count>,
-    /// LoRA's alpha: the adapters' update is scaled by alpha / rank [default: 2 × rank].
-    #[arg(long, value_parser = lora_alpha, requires = "lora")]
-    pub lora_alpha: Option<f64>,
-    /// The modules LoRA adapts, by their checkpoint names, comma-separated
-    /// [default: q_proj,v_proj; c_attn for gpt2; query,value for bert].
-    #[arg(long, value_delimiter = ',', value_parser = module_name, requires = "lora")]
-    pub lora_targets: Vec<String>,
+    #[command(flatten)]
+    pub lora: LoraFlags,
     /// The frozen base's dtype, the adapters in f32. f32 or bf16: the whole
     /// base (and the activations) in it; q8_0 or q4_0 (QLoRA): the layers'
     /// projections quantized, the rest in the model's dtype [default: the
     /// model's dtype, adapters in it too].
     #[arg(long, value_parser = base_dtype, requires = "lora")]
     pub base_dtype: Option<BaseDtype>,
-    /// How attention is computed. blocked: in blocks with an online
-    /// softmax, the scores recomputed in the backward pass (as SDPA or
-    /// FlashAttention-2); eager: the scores made whole and kept [default: blocked].
-    #[arg(long, value_parser = typed::<AttentionArg, Attention>(), requires = "config")]
-    pub attention: Option<Attention>,
-    /// How the head and the loss are computed. chunked: fused in chunks of
-    /// tokens, the logits never whole (as Liger Kernel's fused loss); full:
-    /// every position's logits made whole [default: chunked].
-    #[arg(long, value_parser = typed::<LossArg, Loss>(), requires = "config")]
-    pub loss: Option<Loss>,
-    /// How norms, rotary positions, activations and projections are
-    /// computed. fused: each one node that keeps its inputs and output
-    /// (what PyTorch keeps, or less); eager: written as candle ops, every
-    /// intermediate kept [default: fused].
-    #[arg(long, value_parser = typed::<OpsArg, Ops>(), requires = "config")]
-    pub ops: Option<Ops>,
+    #[command(flatten)]
+    pub step: StepForms,
     /// Load the checkpoint beside the config instead of random weights:
     /// model.safetensors, or the shards model.safetensors.index.json names;
     /// from the same Hub snapshot for a Hub name (fetched into the cache
@@ -298,16 +275,61 @@ impl ConfigArgs {
     /// (which conflicts with `--config`) is given, so they are checked by hand.
     pub fn config_only_flags(&self) -> [(&'static str, bool); 8] {
         [
-            ("--lora", self.lora.is_some()),
-            ("--lora-alpha", self.lora_alpha.is_some()),
-            ("--lora-targets", !self.lora_targets.is_empty()),
+            ("--lora", self.lora.rank.is_some()),
+            ("--lora-alpha", self.lora.alpha.is_some()),
+            ("--lora-targets", !self.lora.targets.is_empty()),
             ("--base-dtype", self.base_dtype.is_some()),
-            ("--attention", self.attention.is_some()),
-            ("--loss", self.loss.is_some()),
-            ("--ops", self.ops.is_some()),
+            ("--attention", self.step.attention.is_some()),
+            ("--loss", self.step.loss.is_some()),
+            ("--ops", self.step.ops.is_some()),
             ("--weights", self.weights),
         ]
     }
+}
+
+/// LoRA on a config's model, as `probe` and `estimate` both take it:
+/// defined once here.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "LoRA")]
+pub struct LoraFlags {
+    /// With --config: LoRA adapters of this rank are what trains; the base
+    /// is frozen (its projections keep no gradient, its weights no
+    /// optimizer state).
+    #[arg(id = "lora", long = "lora", value_name = "LORA", requires = "config")]
+    pub rank: Option<Count>,
+    /// LoRA's alpha: the adapters' update is scaled by alpha / rank
+    /// [default: 2 × rank, PEFT's]; the same memory whatever it is.
+    #[arg(id = "lora_alpha", long = "lora-alpha", value_name = "LORA_ALPHA", value_parser = lora_alpha, requires = "lora")]
+    pub alpha: Option<f64>,
+    /// The modules LoRA adapts, by their checkpoint names, comma-separated
+    /// [default: q_proj,v_proj; c_attn for gpt2; query,value for bert;
+    /// qkv_proj for phi3]; a mixture's experts too on request (w1,w2,w3 for
+    /// mixtral; gate_proj,up_proj,down_proj for qwen2_moe and qwen3_moe).
+    #[arg(id = "lora_targets", long = "lora-targets", value_name = "LORA_TARGETS", value_delimiter = ',', value_parser = module_name, requires = "lora")]
+    pub targets: Vec<String>,
+}
+
+/// How a config's step computes attention, the loss and the other ops, as
+/// `probe` and `estimate` both take it: defined once here.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Model from a config")]
+pub struct StepForms {
+    /// With --config: how attention is computed. blocked: in blocks with an
+    /// online softmax, the scores recomputed in the backward pass (as SDPA
+    /// or FlashAttention-2); eager: the scores made whole and kept [default: blocked].
+    #[arg(long, value_parser = typed::<AttentionArg, Attention>(), requires = "config")]
+    pub attention: Option<Attention>,
+    /// With --config: how the head and the loss are computed. chunked: fused
+    /// in chunks of tokens, the logits never whole (as Liger Kernel's fused
+    /// loss); full: every position's logits made whole [default: chunked].
+    #[arg(long, value_parser = typed::<LossArg, Loss>(), requires = "config")]
+    pub loss: Option<Loss>,
+    /// With --config: how norms, rotary positions, activations and
+    /// projections are computed. fused: each one node that keeps its inputs
+    /// and output (what PyTorch keeps, or less); eager: written as candle
+    /// ops, every intermediate kept [default: fused].
+    #[arg(long, value_parser = typed::<OpsArg, Ops>(), requires = "config")]
+    pub ops: Option<Ops>,
 }
 
 /// Where the search runs and how it tries batches.
@@ -470,9 +492,11 @@ pub struct EstimateArgs {
     #[command(flatten)]
     pub activations: ActivationArgs,
     #[command(flatten)]
-    pub lora: LoraArgs,
+    pub lora: LoraFlags,
     #[command(flatten)]
-    pub step: StepArgs,
+    pub base: BaseArgs,
+    #[command(flatten)]
+    pub step: StepForms,
     #[command(flatten)]
     pub serving: ServingCountArgs,
     /// Print the estimate as JSON on stdout.
@@ -625,48 +649,16 @@ pub struct ActivationArgs {
     pub checkpointing: bool,
 }
 
-/// LoRA adapters on a config's model.
+/// The frozen weights' dtype in an estimate: LoRA's base, or every weight served.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "LoRA")]
-pub struct LoraArgs {
-    /// With --config: LoRA adapters of this rank are what trains; the base is
-    /// frozen, its weights counted without gradients or optimizer state.
-    #[arg(id = "lora", long = "lora", value_name = "LORA", requires = "config", conflicts_with = "params")]
-    pub rank: Option<Count>,
-    /// The modules LoRA adapts, comma-separated [default: q_proj,v_proj;
-    /// c_attn for gpt2; query,value for bert].
-    #[arg(id = "lora_targets", long = "lora-targets", value_name = "LORA_TARGETS", value_delimiter = ',', value_parser = module_name, requires = "lora")]
-    pub targets: Vec<String>,
+pub struct BaseArgs {
     /// The frozen weights' dtype (f32, bf16, q8_0, q4_0): with --lora the
     /// base's, the adapters in f32 [default: the model's dtype, adapters in
     /// it too]; with --serve every weight's (all frozen) [default: the
     /// config's torch_dtype], as `probe --base-dtype` and `serve --base-dtype` say it.
     #[arg(long, alias = "weights", value_parser = base_dtype)]
     pub base_dtype: Option<BaseDtype>,
-    /// LoRA's alpha (the adapters' scale is alpha / rank) [default: 2 ×
-    /// the rank, PEFT's]: the same memory whatever it is; taken so that the
-    /// estimate counts the training `probe` runs from the same flags.
-    #[arg(id = "estimate_lora_alpha", long = "lora-alpha", value_parser = lora_alpha, requires = "lora")]
-    pub alpha: Option<f64>,
-}
-
-/// How a config's step computes attention and the loss.
-#[derive(Debug, Args)]
-#[command(next_help_heading = "Model from a config")]
-pub struct StepArgs {
-    /// With --config: how attention is computed (blocked, the default, or
-    /// eager: the scores made whole and kept).
-    #[arg(long, value_parser = typed::<AttentionArg, Attention>(), default_value = "blocked", requires = "config", conflicts_with = "params")]
-    pub attention: Attention,
-    /// With --config: how the head and loss are computed (chunked, the
-    /// default, or full: every position's logits made whole).
-    #[arg(long, value_parser = typed::<LossArg, Loss>(), default_value = "chunked", requires = "config", conflicts_with = "params")]
-    pub loss: Loss,
-    /// With --config: how norms, rotary positions, activations and
-    /// projections are computed (fused, the default, or eager: written as
-    /// candle ops, every intermediate kept).
-    #[arg(long, value_parser = typed::<OpsArg, Ops>(), default_value = "fused", requires = "config", conflicts_with = "params")]
-    pub ops: Ops,
 }
 
 /// The flags `estimate --serve` does not read: each says how training runs

@@ -26,7 +26,7 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
             "--max-model-len, --max-num-batched-tokens, --block-size and --kv-cache-dtype count serving: add --serve",
         ));
     }
-    if args.lora.base_dtype.is_some() && args.lora.rank.is_none() {
+    if args.base.base_dtype.is_some() && args.lora.rank.is_none() {
         // one flag for the frozen weights: LoRA's base, or with --serve every weight
         return Err(Failure::usage(
             "--base-dtype is the frozen weights' dtype: add --lora RANK (a frozen base), or --serve",
@@ -462,13 +462,7 @@ pub(crate) fn training(args: &EstimateArgs, config: &Config) -> Result<Training,
         seed: None,
         precision,
         checkpointing: (args.activations.recompute == Recompute::Full).then_some("--recompute full"),
-        attention: Some(args.step.attention),
-        loss: Some(args.step.loss),
-        ops: Some(args.step.ops),
-        lora: args.lora.rank.map(Count::get),
-        lora_targets: &args.lora.targets,
-        lora_alpha: args.lora.alpha,
-        base_dtype: args.lora.base_dtype,
+        ..crate::model::TrainingFlags::of(&args.lora, &args.step, args.base.base_dtype)
     };
     let path = args.state.config.as_deref().unwrap_or(std::path::Path::new(""));
     crate::model::config_training(config, &flags, path, &Flags::ESTIMATE)

@@ -62,13 +62,7 @@ impl ModelConfig {
             seed: Some(args.model.seed),
             precision: args.model.precision,
             checkpointing: args.model.checkpointing.then_some("--checkpointing"),
-            attention: args.config.attention,
-            loss: args.config.loss,
-            ops: args.config.ops,
-            lora: args.config.lora.map(Count::get),
-            lora_targets: &args.config.lora_targets,
-            lora_alpha: args.config.lora_alpha,
-            base_dtype: args.config.base_dtype,
+            ..TrainingFlags::of(&args.config.lora, &args.config.step, args.config.base_dtype)
         };
         let training = config_training(&config, &flags, path, &Flags::PROBE)?;
         // refused here, before anything is allocated: a length past the
@@ -405,6 +399,31 @@ pub(crate) struct TrainingFlags<'a> {
     pub lora_targets: &'a [String],
     pub lora_alpha: Option<f64>,
     pub base_dtype: Option<models::BaseDtype>,
+}
+
+impl<'a> TrainingFlags<'a> {
+    /// The flag groups every command shares (LoRA's, the step's forms) and
+    /// the base's dtype; the length, the seed, the precision and
+    /// checkpointing left for the command to say in its words.
+    pub(crate) fn of(
+        lora: &'a crate::args::LoraFlags,
+        step: &crate::args::StepForms,
+        base_dtype: Option<models::BaseDtype>,
+    ) -> TrainingFlags<'a> {
+        TrainingFlags {
+            seq_len: None,
+            seed: None,
+            precision: None,
+            checkpointing: None,
+            attention: step.attention,
+            loss: step.loss,
+            ops: step.ops,
+            lora: lora.rank.map(Count::get),
+            lora_targets: &lora.targets,
+            lora_alpha: lora.alpha,
+            base_dtype,
+        }
+    }
 }
 
 /// How `config`'s model trains under `flags`: the one conversion every

@@ -521,7 +521,7 @@ pub fn estimate(args: &crate::args::EstimateArgs) -> Result<(), Failure> {
     let Some(path) = args.state.config.as_deref() else {
         return Err(Failure::usage("--serve counts a config's serving: add --config"));
     };
-    let (serving, base_dtype, ceiling) = (&args.serving.settings, args.lora.base_dtype, args.device.ceiling);
+    let (serving, base_dtype, ceiling) = (&args.serving.settings, args.base.base_dtype, args.device.ceiling);
     let (capacity, on_cpu, json) = (args.device.capacity.map(|capacity| capacity.bytes), args.device.on_cpu, args.json);
     let config = load(path, &Flags::ESTIMATE)?;
     say_source(json);
