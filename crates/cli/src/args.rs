@@ -345,10 +345,8 @@ pub struct SearchArgs {
     /// [default: 256MiB].
     #[arg(long, allow_hyphen_values = true, value_parser = budget)]
     pub budget: Option<u64>,
-    /// Most a fitting step may use, as a fraction of capacity, in (0, 1]
-    /// (0.9, or 90%).
-    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling)]
-    pub ceiling: Ceiling,
+    #[command(flatten)]
+    pub ceiling: CeilingFlag,
     /// Smallest batch to try.
     #[arg(long, default_value_t = Count::ONE)]
     pub start: Count,
@@ -463,6 +461,26 @@ pub enum FindArg {
     Resolution,
 }
 
+/// `--json`, the same flag in every command.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct JsonOutput {
+    /// Print the answer (the plan, the estimate, the split, the serving
+    /// plan) as JSON on stdout; trials, progress and logs go to stderr.
+    #[arg(id = "json", long = "json", help_heading = "Output")]
+    pub on: bool,
+}
+
+/// `--ceiling`, the same flag in every command.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct CeilingFlag {
+    /// The most a step (or serving's peak) may use, a fraction of the
+    /// capacity in (0, 1]: 0.9 or 90%. With estimate, of --capacity: the
+    /// total must stay under it, and with --config the largest batch is the
+    /// one whose step does.
+    #[arg(id = "ceiling", long = "ceiling", value_name = "CEILING", default_value_t = Ceiling::default(), value_parser = ceiling)]
+    pub fraction: Ceiling,
+}
+
 /// Where the answer goes.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Output")]
@@ -475,9 +493,8 @@ pub struct OutputArgs {
     /// against the input size).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
-    /// Print the plan as JSON on stdout (trials and logs go to stderr).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonOutput,
 }
 
 /// `autobatch estimate`.
@@ -499,9 +516,8 @@ pub struct EstimateArgs {
     pub step: StepForms,
     #[command(flatten)]
     pub serving: ServingCountArgs,
-    /// Print the estimate as JSON on stdout.
-    #[arg(long, help_heading = "Output")]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonOutput,
 }
 
 impl EstimateArgs {
@@ -576,11 +592,8 @@ pub struct DeviceArgs {
     /// --zero, --ranks and --tensor-parallel), with the memory each reports.
     #[arg(long)]
     pub which_gpus: bool,
-    /// With --capacity: what may be used, a fraction of the capacity (0.9,
-    /// or 90%, as the probe's): the total must stay under it, and with
-    /// --config the largest batch is the one whose step does.
-    #[arg(long, default_value_t = Ceiling::default(), value_parser = ceiling)]
-    pub ceiling: Ceiling,
+    #[command(flatten)]
+    pub ceiling: CeilingFlag,
     /// With --config and --capacity: split this effective (global) batch
     /// into micro-batch × accumulation × --ranks from the largest batch.
     #[arg(long, requires_all = ["config", "capacity"], conflicts_with = "params")]
@@ -728,9 +741,8 @@ pub struct PlanArgs {
     /// differ by one sample would reach the target in fewer).
     #[arg(long, conflicts_with = "uneven")]
     pub equal_micro_batches: bool,
-    /// Print the split as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonOutput,
 }
 
 /// How a model is served: what `serve` measures and `estimate --serve` counts.
@@ -797,18 +809,16 @@ pub struct ServeArgs {
     /// the worst step, and say whether each fits (a check by brute force).
     #[arg(long, value_name = "N", conflicts_with_all = ["concurrency", "plot"])]
     pub check: Option<Count>,
-    /// The share of memory the peak may reach, as a fraction or a percentage.
-    #[arg(long, default_value = "0.9", value_parser = ceiling)]
-    pub ceiling: Ceiling,
+    #[command(flatten)]
+    pub ceiling: CeilingFlag,
     /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
     #[arg(long, default_value = "cpu", value_parser = device)]
     pub device: DeviceSpec,
     /// The CPU's memory for the whole process (weights included) [default: 1GiB].
     #[arg(long, allow_hyphen_values = true, value_parser = budget)]
     pub budget: Option<u64>,
-    /// The plan as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: JsonOutput,
     /// Draw memory against the sequences (the held bytes, the caches and the
     /// step's own apart) into this SVG file (not with --concurrency).
     #[arg(long, conflicts_with = "concurrency")]

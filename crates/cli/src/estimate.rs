@@ -33,7 +33,7 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
         ));
     }
     let counted = count(args)?;
-    if args.json {
+    if args.json.on {
         let json = crate::hub::annotate(counted.json());
         outln!("{}", serde_json::to_string_pretty(&json).expect("plain values serialize"));
     } else {
@@ -60,7 +60,7 @@ struct Counted {
 fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
     let sharding = sharding(args)?;
     let capacity = args.device.capacity.map(|capacity| capacity.bytes);
-    let ceiling = args.device.ceiling;
+    let ceiling = args.device.ceiling.fraction;
     let (estimate, layers_of_config) = match &args.state.config {
         Some(path) => {
             let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);

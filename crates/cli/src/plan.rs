@@ -13,7 +13,7 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
         Some(_) => even(args).map(|split| (split.to_string(), serde_json::to_string_pretty(&split)))?,
         None => uneven(args).map(|split| (split.to_string(), serde_json::to_string_pretty(&split)))?,
     };
-    if args.json {
+    if args.json.on {
         outln!("{}", json.expect("plain values serialize"));
     } else {
         outln!("{text}");

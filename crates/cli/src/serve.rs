@@ -110,8 +110,8 @@ impl Request {
             question,
             device: args.device,
             budget: args.budget,
-            ceiling: args.ceiling,
-            json: args.json,
+            ceiling: args.ceiling.fraction,
+            json: args.json.on,
             plot: args.plot.clone(),
         })
     }
@@ -521,8 +521,9 @@ pub fn estimate(args: &crate::args::EstimateArgs) -> Result<(), Failure> {
     let Some(path) = args.state.config.as_deref() else {
         return Err(Failure::usage("--serve counts a config's serving: add --config"));
     };
-    let (serving, base_dtype, ceiling) = (&args.serving.settings, args.base.base_dtype, args.device.ceiling);
-    let (capacity, on_cpu, json) = (args.device.capacity.map(|capacity| capacity.bytes), args.device.on_cpu, args.json);
+    let (serving, base_dtype, ceiling) = (&args.serving.settings, args.base.base_dtype, args.device.ceiling.fraction);
+    let (capacity, on_cpu, json) =
+        (args.device.capacity.map(|capacity| capacity.bytes), args.device.on_cpu, args.json.on);
     let config = load(path, &Flags::ESTIMATE)?;
     say_source(json);
     let Settled { config, shape } = serving.settle(base_dtype, config, path)?;

@@ -101,8 +101,8 @@ impl Request {
             granule: space.multiple_of.get(),
             device: space.device,
             budget: space.budget,
-            ceiling: space.ceiling,
-            json: args.output.json,
+            ceiling: space.ceiling.fraction,
+            json: args.output.json.on,
             plot: args.output.plot.clone(),
             cache: args.plan.cache.clone(),
         })
@@ -114,7 +114,7 @@ impl Request {
 fn search_tuner(args: &ProbeArgs) -> Tuner {
     let search = &args.search;
     let mut tuner = Tuner::new()
-        .ceiling(search.ceiling)
+        .ceiling(search.ceiling.fraction)
         .steps_per_trial(search.steps_per_trial.get())
         .allow_partial_graph(args.plan.allow_partial_graph)
         .strategy(search.strategy);
