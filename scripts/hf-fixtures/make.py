@@ -121,6 +121,17 @@ CASES = {
         DECODER, num_key_value_heads=2, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16,
         shared_expert_intermediate_size=40, norm_topk_prob=False, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # the routers' load-balancing loss added at a weight that shows (output_router_logits)
+    "mixtral-aux": (transformers.MixtralConfig, transformers.MixtralForCausalLM, dict(
+        DECODER, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+        output_router_logits=True, router_aux_loss_coef=0.5,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # the same over the sparse layers alone (the first of 3 dense)
+    "qwen3-moe-aux": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, dict(
+        DECODER, num_hidden_layers=3, num_key_value_heads=2, num_experts=6, num_experts_per_tok=3,
+        moe_intermediate_size=16, norm_topk_prob=True, mlp_only_layers=[0], tie_word_embeddings=False,
+        output_router_logits=True, router_aux_loss_coef=0.3,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 }
 
 

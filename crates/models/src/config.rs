@@ -234,6 +234,9 @@ pub struct Experts {
     pub dense_layers: Vec<usize>,
     /// How the checkpoint names the router and the experts.
     pub names: ExpertNames,
+    /// The router's load-balancing loss added to the loss at this weight
+    /// (`router_aux_loss_coef`, where `output_router_logits` asks for it).
+    pub aux_loss: Option<f64>,
     /// A shared expert every token goes through, of this intermediate size,
     /// gated by a sigmoid of the input (Qwen2-MoE's
     /// `shared_expert_intermediate_size`, `mlp.shared_expert`,

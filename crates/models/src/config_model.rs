@@ -158,6 +158,14 @@ impl ConfigModel {
                     format!("use a decoder ({}) for gradient checkpointing", Family::listed(Family::checkpoints)),
                 ));
             }
+            // the routers' loss needs every layer's probabilities in one graph
+            (true, true) if config.experts.as_ref().is_some_and(|experts| experts.aux_loss.is_some()) => {
+                return Err(Error::invalid(
+                    crate::Setting::ConfigKey("output_router_logits".to_owned()),
+                    autobatch::Value::Text("true, with gradient checkpointing".to_owned()),
+                    "use false with checkpointing (the routers' load-balancing loss is computed without it)",
+                ));
+            }
             (true, true) => Some(build_network(config, &weights.detached(), training)?),
         };
         Ok(ConfigModel {
@@ -298,6 +306,22 @@ impl ConfigModel {
     /// [`Loss`] says. BERT's masked-LM loss in full is transformers': the
     /// log-probabilities at every position, the rows of them counted.
     fn token_loss(&self, input: &Tensor, rows: Option<Vec<u32>>, targets: Vec<u32>) -> candle_core::Result<Tensor> {
+        let loss = self.cross_entropy(input, rows, targets)?;
+        // the routers' load-balancing loss of the same forward pass, where asked for
+        match &self.network {
+            Network::Decoder(network) => match network.router_aux_loss()? {
+                Some(aux) => {
+                    let aux = aux.to_dtype(loss.dtype())?;
+                    loss + aux
+                }
+                None => Ok(loss),
+            },
+            _ => Ok(loss),
+        }
+    }
+
+    /// [`token_loss`](Self::token_loss)'s cross entropy.
+    fn cross_entropy(&self, input: &Tensor, rows: Option<Vec<u32>>, targets: Vec<u32>) -> candle_core::Result<Tensor> {
         let (b, s) = input.dims2()?;
         let (count, vocab) = (targets.len(), self.config.vocab);
         let targets = Tensor::from_vec(targets, count, &self.device)?;

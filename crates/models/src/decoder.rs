@@ -12,7 +12,7 @@ use super::kv_cache::{Chunk, KvCache};
 use super::layers::{Forms, Layout, Norm, Proj, Scores, rotate};
 use super::layers::{attention, cached_attention, embed, last_tokens, rotary_tables, rotary_tables_at};
 use super::lora::Lora;
-use super::moe::{self, SparseMlp};
+use super::moe::{self, RouterStats, SparseMlp};
 use super::weights::{Init, TensorSpec, Weights};
 use crate::Error;
 use crate::family::Family;
@@ -354,6 +354,9 @@ impl Tables {
 
 /// A decoder of the Llama kind over its weights.
 pub(crate) struct Decoder {
+    /// The load-balancing loss's weight, and the routers' statistics of
+    /// the last training forward pass (`output_router_logits`).
+    aux_loss: Option<(f64, std::sync::Mutex<Vec<RouterStats>>)>,
     embed: Tensor,
     blocks: Vec<Block>,
     norm: Norm,
@@ -450,6 +453,7 @@ impl Decoder {
         };
         let head_name = if config.tie_embeddings { "model.embed_tokens" } else { "lm_head" };
         Ok(Decoder {
+            aux_loss: config.experts.as_ref().and_then(|e| e.aux_loss).map(|w| (w, std::sync::Mutex::new(Vec::new()))),
             embed: weights.get("model.embed_tokens.weight")?,
             blocks,
             norm: rms(weights, "model.norm")?,
@@ -476,6 +480,9 @@ impl Decoder {
 
     /// The last block's output `(b, s, hidden)` for token ids `(b, s)`.
     pub(crate) fn trunk(&self, ids: &Tensor) -> Result<Tensor> {
+        if let Some((_, stats)) = &self.aux_loss {
+            stats.lock().map_err(|_| candle_core::Error::Msg("the router's statistics".into()))?.clear();
+        }
         let mut xs = self.embed(ids)?;
         let tables = self.tables(&xs)?;
         for index in 0..self.blocks.len() {
@@ -529,7 +536,19 @@ impl Decoder {
         let tables = tables.of(self.blocks[index].local_rope);
         let (q, k, v) = self.queries_keys_values(index, xs)?;
         let scores = self.blocks[index].scores;
-        self.after_attention(index, xs, &attention(&q, &k, &v, true, Some(tables), self.forms, scores)?)
+        let stats = self.aux_loss.as_ref().map(|(_, stats)| stats);
+        self.after_attention(index, xs, &attention(&q, &k, &v, true, Some(tables), self.forms, scores)?, stats)
+    }
+
+    /// The load-balancing loss of the last forward pass's routers, at its
+    /// weight, where the config asks for it (`output_router_logits`).
+    pub(crate) fn router_aux_loss(&self) -> Result<Option<Tensor>> {
+        let Some((weight, stats)) = &self.aux_loss else { return Ok(None) };
+        let stats = std::mem::take(&mut *stats.lock().map_err(|_| candle_core::Error::Msg("the router".into()))?);
+        if stats.is_empty() {
+            return Ok(None);
+        }
+        moe::load_balancing_loss(&stats, *weight).map(Some)
     }
 
     /// Block `index`'s queries `(b, heads, s, d)`, keys and values `(b,
@@ -579,7 +598,13 @@ impl Decoder {
 
     /// The rest of block `index` once attention gave `attended` `(b, s,
     /// heads × d)`: the output projection, the residual and the MLP.
-    fn after_attention(&self, index: usize, xs: &Tensor, attended: &Tensor) -> Result<Tensor> {
+    fn after_attention(
+        &self,
+        index: usize,
+        xs: &Tensor,
+        attended: &Tensor,
+        stats: Option<&std::sync::Mutex<Vec<RouterStats>>>,
+    ) -> Result<Tensor> {
         let block = &self.blocks[index];
         let xs = match &block.attention_out_norm {
             Some(norm) => ops::residual(xs, &norm.forward(&block.o.forward(attended)?)?)?,
@@ -593,8 +618,8 @@ impl Decoder {
             Mlp::Dense { gate_up, down } => (gate_up, down),
             Mlp::Sparse(sparse) => {
                 return match &block.mlp_out_norm {
-                    Some(norm) => ops::residual(&xs, &norm.forward(&sparse.forward(&h, None)?)?),
-                    None => sparse.forward(&h, Some(&xs)),
+                    Some(norm) => ops::residual(&xs, &norm.forward(&sparse.forward(&h, None, stats)?)?),
+                    None => sparse.forward(&h, Some(&xs), stats),
                 };
             }
         };
@@ -635,7 +660,7 @@ impl Decoder {
             let scores = self.blocks[index].scores;
             let attended =
                 cached_attention(&q, &k, &v.contiguous()?, chunks, cache, index, self.forms.attention, scores)?;
-            xs = self.after_attention(index, &xs, &attended)?;
+            xs = self.after_attention(index, &xs, &attended, None)?;
         }
         self.head(&last_tokens(&xs, chunks)?)
     }

@@ -9,6 +9,8 @@
 //! routing ([`Routing::Worst`]): the memory a step holds depends on it, the
 //! weights and the loss's path do not.
 
+use std::sync::Mutex;
+
 use candle_core::{D, DType, Module, Result, Tensor};
 
 use crate::config::{Config, Experts};
@@ -154,8 +156,15 @@ impl SparseMlp {
     }
 
     /// `residual + self(h)` for `h` `(b, s, hidden)` (the sum alone without
-    /// a residual: an output normed before it joins the stream).
-    pub(crate) fn forward(&self, h: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+    /// a residual: an output normed before it joins the stream); with
+    /// `stats`, the router's probabilities and its own choice pushed there
+    /// (for the load-balancing loss).
+    pub(crate) fn forward(
+        &self,
+        h: &Tensor,
+        residual: Option<&Tensor>,
+        stats: Option<&Mutex<Vec<RouterStats>>>,
+    ) -> Result<Tensor> {
         let dims = h.dims().to_vec();
         let hidden = h.dim(D::Minus1)?;
         let flat = h.reshape(((), hidden))?;
@@ -166,9 +175,21 @@ impl SparseMlp {
             Ops::Fused => ops::softmax_last_dim(&logits)?,
             Ops::Eager => candle_nn::ops::softmax(&logits, D::Minus1)?,
         };
-        let chosen = match self.forms.routing {
-            Routing::Router => top_k(&probs.to_vec2::<f32>()?, self.per_token),
-            Routing::Worst => worst(tokens, self.experts.len(), self.per_token),
+        let own = match (self.forms.routing, stats) {
+            (Routing::Router, _) | (Routing::Worst, Some(_)) => Some(top_k(&probs.to_vec2::<f32>()?, self.per_token)),
+            (Routing::Worst, None) => None,
+        };
+        if let (Some(stats), Some(own)) = (stats, &own) {
+            let mut counts = vec![0f32; self.experts.len()];
+            for &expert in own.iter().flatten() {
+                counts[expert] += 1.0;
+            }
+            let mut stats = stats.lock().map_err(|_| candle_core::Error::Msg("the router's statistics".into()))?;
+            stats.push(RouterStats { probs: probs.clone(), counts });
+        }
+        let chosen = match (self.forms.routing, own) {
+            (Routing::Router, Some(own)) => own,
+            _ => worst(tokens, self.experts.len(), self.per_token),
         };
         let device = h.device();
         let index: Vec<u32> = chosen.iter().flatten().map(|&e| e as u32).collect();
@@ -220,6 +241,35 @@ impl SparseMlp {
         };
         summed.reshape(dims)
     }
+}
+
+/// One sparse layer's router in a forward pass: its probabilities `(tokens,
+/// experts)` (in the graph) and how many of its own top-`k` choices went to
+/// each expert.
+pub(crate) struct RouterStats {
+    probs: Tensor,
+    counts: Vec<f32>,
+}
+
+/// transformers' `load_balancing_loss_func` over every sparse layer's
+/// router, times `weight`: the experts times the sum over experts of the
+/// share of choices it got and its mean probability, over all the layers'
+/// tokens together (no attention mask). Its gradient reaches the routers
+/// through the probabilities; the choices count as constants.
+pub(crate) fn load_balancing_loss(stats: &[RouterStats], weight: f64) -> Result<Tensor> {
+    let Some(first) = stats.first() else { candle_core::bail!("the load-balancing loss of no sparse layer") };
+    let experts = first.counts.len();
+    let probs = Tensor::cat(&stats.iter().map(|stat| stat.probs.clone()).collect::<Vec<_>>(), 0)?;
+    let rows = probs.dim(0)? as f64;
+    let mut counts = vec![0f32; experts];
+    for stat in stats {
+        for (total, count) in counts.iter_mut().zip(&stat.counts) {
+            *total += count;
+        }
+    }
+    let counts = Tensor::from_vec(counts, experts, probs.device())?;
+    let per_expert = probs.sum(0)?.mul(&counts)?;
+    per_expert.sum_all()? * (weight * experts as f64 / (rows * rows))
 }
 
 /// Each row's `k` most probable experts, the most probable first.

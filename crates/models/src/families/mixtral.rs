@@ -10,18 +10,15 @@ use crate::Error;
 use crate::config::{Config, ExpertNames, Experts, Fields, refuse};
 use crate::decoder;
 use crate::family::Family;
-use crate::keys::{FALSE, Handling, LLAMA_LIKE};
+use crate::keys::{Handling, LLAMA_LIKE};
 
 /// The keys every mixture of experts here shares.
 pub(super) const EXPERTS: &[(&str, Handling)] = &[
     ("num_local_experts", Handling::Read),
     ("num_experts_per_tok", Handling::Read),
     // transformers adds the router's load-balancing loss only when asked
-    ("output_router_logits", Handling::RefusedUnless(FALSE)),
-    (
-        "router_aux_loss_coef",
-        Handling::Inert("the auxiliary loss's weight: no auxiliary loss without output_router_logits"),
-    ),
+    ("output_router_logits", Handling::Read),
+    ("router_aux_loss_coef", Handling::Read),
 ];
 
 const MIXTRAL: &[(&str, Handling)] = &[("sliding_window", Handling::Read), ("router_jitter_noise", Handling::Read)];
@@ -93,5 +90,10 @@ pub(super) fn experts(
     if (0..layers).all(|layer| dense_layers.contains(&layer) || !(layer + 1).is_multiple_of(sparse_step)) {
         log::debug!("no sparse layer among {layers}: every MLP is dense");
     }
-    Ok(Experts { count, per_token, intermediate, normalized, sparse_step, dense_layers, names, shared: None })
+    // the load-balancing loss at its weight, where asked for (0.001: transformers' default)
+    let aux_loss = match fields.flag("output_router_logits")? {
+        Some(true) => Some(fields.number("router_aux_loss_coef")?.unwrap_or(0.001)),
+        _ => None,
+    };
+    Ok(Experts { count, per_token, intermediate, normalized, sparse_step, dense_layers, names, aux_loss, shared: None })
 }

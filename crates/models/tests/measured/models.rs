@@ -1098,6 +1098,15 @@ fn a_mixture_of_experts_adapts_its_experts_and_quantizes_them() {
         Training::new(32).lora(lora),
         6 * MIB,
     );
+    // the routers' load-balancing loss needs every layer's probabilities in one graph
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/mixtral-aux/config.json"),
+    )
+    .unwrap();
+    let aux = Config::from_json(&text).unwrap();
+    assert_eq!(aux.experts.as_ref().and_then(|experts| experts.aux_loss), Some(0.5));
+    let refused = ConfigModel::build(&aux, &Training::new(8).checkpointing(), &Device::Cpu).err().unwrap();
+    assert!(refused.to_string().contains("output_router_logits"), "{refused}");
     let mixtral = published("mixtral-8x7b-v0.1.json");
     let base = |dtype| {
         let training = Training::new(512).lora(Lora::new(8, &["q_proj", "v_proj"]).base(dtype));
