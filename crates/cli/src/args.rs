@@ -7,8 +7,8 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::values::{
     AttentionArg, Capacity, Count, DeviceSpec, DtypeArg, LossArg, ObjectiveArg, OpsArg, OptimizerArg, PrecisionArg,
-    ProbeOptimizerArg, RecomputeArg, StrategyArg, base_dtype, budget, bytes, capacity, ceiling, device, lora_alpha,
-    module_name, parameters, seed, typed,
+    RecomputeArg, StrategyArg, base_dtype, budget, bytes, capacity, ceiling, device, lora_alpha, module_name,
+    parameters, seed, typed,
 };
 
 pub const EXIT_CODES: &str = "\
@@ -161,10 +161,8 @@ pub struct ModelArgs {
     /// config's torch_dtype].
     #[arg(long, alias = "dtype", value_parser = typed::<PrecisionArg, Precision>())]
     pub precision: Option<Precision>,
-    /// The optimizer the model trains with (its state and step are measured;
-    /// --precision mixed runs AdamW on f32 master weights).
-    #[arg(long, value_parser = typed::<ProbeOptimizerArg, OptimizerKind>(), default_value = "adamw")]
-    pub optimizer: OptimizerKind,
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
     /// Gradient checkpointing over the transformer's blocks (keep each
     /// block's input, recompute the block in the backward pass).
     #[arg(long)]
@@ -336,15 +334,8 @@ pub struct StepForms {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Search")]
 pub struct SearchArgs {
-    /// Device: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu", value_parser = device)]
-    pub device: DeviceSpec,
-    /// CPU memory budget playing device memory, e.g. 512MiB or 4GiB. Keep it
-    /// under half the free RAM: the one over-budget trial allocates up to about
-    /// twice the budget (a budget above the available RAM is refused)
-    /// [default: 256MiB].
-    #[arg(long, allow_hyphen_values = true, value_parser = budget)]
-    pub budget: Option<u64>,
+    #[command(flatten)]
+    pub on: DeviceBudget,
     #[command(flatten)]
     pub ceiling: CeilingFlag,
     /// Smallest batch to try.
@@ -461,6 +452,31 @@ pub enum FindArg {
     Resolution,
 }
 
+/// `--optimizer`, as `probe` and `estimate` take it.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct OptimizerFlag {
+    /// The optimizer: its state counted (estimate), its state and its step
+    /// measured (probe, which runs every one but momentum). --precision
+    /// mixed runs AdamW on f32 master weights.
+    #[arg(id = "optimizer", long = "optimizer", value_name = "OPTIMIZER", value_parser = typed::<OptimizerArg, OptimizerKind>(), default_value = "adamw")]
+    pub kind: OptimizerKind,
+}
+
+/// `--device` and `--budget`, as `probe` and `serve` take them.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct DeviceBudget {
+    /// Where to run: cpu (the heap under --budget), cuda or cuda:N.
+    #[arg(long, default_value = "cpu", value_parser = device)]
+    pub device: DeviceSpec,
+    /// CPU memory budget playing device memory, e.g. 512MiB or 4GiB. Keep it
+    /// under half the free RAM: the one over-budget trial allocates up to
+    /// about twice the budget (a budget above the available RAM is refused)
+    /// [default: 256MiB for probe; 1GiB for serve, the whole process's,
+    /// weights included].
+    #[arg(long, allow_hyphen_values = true, value_parser = budget)]
+    pub budget: Option<u64>,
+}
+
 /// `--json`, the same flag in every command.
 #[derive(Clone, Copy, Debug, Args)]
 pub struct JsonOutput {
@@ -567,9 +583,8 @@ pub struct StateArgs {
     /// weights), the adapters in f32.
     #[arg(long, value_parser = typed::<PrecisionArg, Precision>(), conflicts_with_all = ["dtype", "mixed_precision"])]
     pub precision: Option<Precision>,
-    /// The optimizer whose state is counted.
-    #[arg(long, value_parser = typed::<OptimizerArg, OptimizerKind>(), default_value = "adamw")]
-    pub optimizer: OptimizerKind,
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
     /// `--precision fp32|bf16`, as 0.1 spelled it.
     #[arg(long, hide = true, value_parser = typed::<DtypeArg, Precision>(), conflicts_with = "mixed_precision")]
     pub dtype: Option<Precision>,
@@ -811,12 +826,8 @@ pub struct ServeArgs {
     pub check: Option<Count>,
     #[command(flatten)]
     pub ceiling: CeilingFlag,
-    /// Where to run: cpu (the heap under --budget) or cuda, cuda:N.
-    #[arg(long, default_value = "cpu", value_parser = device)]
-    pub device: DeviceSpec,
-    /// The CPU's memory for the whole process (weights included) [default: 1GiB].
-    #[arg(long, allow_hyphen_values = true, value_parser = budget)]
-    pub budget: Option<u64>,
+    #[command(flatten)]
+    pub on: DeviceBudget,
     #[command(flatten)]
     pub json: JsonOutput,
     /// Draw memory against the sequences (the held bytes, the caches and the

@@ -81,7 +81,7 @@ fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
                 return Err(Failure::usage("--activations and --config both say the activations: give one"));
             }
             let mut request = Estimator::step(config, training)
-                .optimizer(args.state.optimizer)
+                .optimizer(args.state.optimizer.kind)
                 .sharded(sharding)
                 .compute(if args.device.on_cpu { Compute::Cpu } else { Compute::Accelerator })
                 .batch(args.activations.batch.map_or(1, Count::get));
@@ -105,7 +105,7 @@ fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
             }
             let mut request = Estimator::parameters(parameters)
                 .activations(activations(args)?)
-                .optimizer(args.state.optimizer)
+                .optimizer(args.state.optimizer.kind)
                 .sharded(sharding);
             if let Some(precision) = precision(args, false)? {
                 request = request.precision(precision);

@@ -183,36 +183,6 @@ impl From<OptimizerArg> for OptimizerKind {
     }
 }
 
-/// `probe --optimizer`: the optimizers a probe runs (momentum has no step of
-/// its own in the library).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ProbeOptimizerArg {
-    /// AdamW: two moments
-    #[value(name = "adamw")]
-    AdamW,
-    /// Lion: one momentum
-    Lion,
-    /// Adafactor: a factored second moment, no first
-    Adafactor,
-    /// 8-bit Adam: two moments in blocks of bytes
-    #[value(name = "adam8bit")]
-    Adam8bit,
-    /// Plain SGD: no state
-    Sgd,
-}
-
-impl From<ProbeOptimizerArg> for OptimizerKind {
-    fn from(arg: ProbeOptimizerArg) -> OptimizerKind {
-        match arg {
-            ProbeOptimizerArg::AdamW => OptimizerKind::AdamW,
-            ProbeOptimizerArg::Lion => OptimizerKind::Lion,
-            ProbeOptimizerArg::Adafactor => OptimizerKind::Adafactor,
-            ProbeOptimizerArg::Adam8bit => OptimizerKind::Adam8bit,
-            ProbeOptimizerArg::Sgd => OptimizerKind::Sgd,
-        }
-    }
-}
-
 /// `--recompute`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RecomputeArg {
@@ -473,8 +443,5 @@ mod tests {
         let dtype = typed::<DtypeArg, Precision>();
         assert_eq!(dtype.parse_ref(&cmd, None, std::ffi::OsStr::new("f32")).unwrap(), Precision::Fp32);
         assert!(dtype.parse_ref(&cmd, None, std::ffi::OsStr::new("mixed")).is_err());
-        let probe = typed::<ProbeOptimizerArg, OptimizerKind>();
-        assert!(probe.parse_ref(&cmd, None, std::ffi::OsStr::new("momentum")).is_err());
-        assert_eq!(probe.parse_ref(&cmd, None, std::ffi::OsStr::new("lion")).unwrap(), OptimizerKind::Lion);
     }
 }

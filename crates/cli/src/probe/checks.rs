@@ -12,9 +12,16 @@ use autobatch::estimate::{OptimizerKind, Precision};
 /// `--precision mixed`, `--seq-lens`, `--find` and the output paths.
 pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
     check_size_flags(args)?;
-    if args.model.precision() == Precision::Mixed && args.model.optimizer != OptimizerKind::AdamW {
+    if args.model.precision() == Precision::Mixed && args.model.optimizer.kind != OptimizerKind::AdamW {
         return Err(Failure::usage(
             "--precision mixed runs AdamW on f32 master weights: drop --optimizer, or use --precision fp32 or bf16",
+        ));
+    }
+    // the one optimizer estimate counts that no probe steps
+    if args.model.optimizer.kind == OptimizerKind::Momentum {
+        return Err(Failure::usage(
+            "--optimizer momentum is counted by `autobatch estimate`; the probe runs adamw, lion, adafactor, \
+             adam8bit or sgd",
         ));
     }
     check_seq_lens(args)?;
