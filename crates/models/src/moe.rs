@@ -165,7 +165,7 @@ impl SparseMlp {
         residual: Option<&Tensor>,
         stats: Option<&Mutex<Vec<RouterStats>>>,
     ) -> Result<Tensor> {
-        let dims = h.dims().to_vec();
+        let (dims, device) = (h.dims().to_vec(), h.device());
         let hidden = h.dim(D::Minus1)?;
         let flat = h.reshape(((), hidden))?;
         let tokens = flat.dim(0)?;
@@ -175,6 +175,46 @@ impl SparseMlp {
             Ops::Fused => ops::softmax_last_dim(&logits)?,
             Ops::Eager => candle_nn::ops::softmax(&logits, D::Minus1)?,
         };
+        let chosen = self.choose(&probs, stats)?;
+        // each expert's rows, in the experts' order: (token, its slot among the token's k)
+        let mut sent: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.experts.len()];
+        for (token, experts) in chosen.iter().enumerate() {
+            for (slot, &expert) in experts.iter().enumerate() {
+                sent[expert].push((token as u32, (token * self.per_token + slot) as u32));
+            }
+        }
+        let mut outputs = Vec::new();
+        for (expert, rows) in self.experts.iter().zip(&sent).filter(|(_, rows)| !rows.is_empty()) {
+            let ids = Tensor::from_vec(rows.iter().map(|row| row.0).collect::<Vec<_>>(), rows.len(), device)?;
+            outputs.push(expert.forward(&flat.index_select(&ids, 0)?, self.activation)?);
+        }
+        let order: Vec<(u32, u32)> = sent.into_iter().flatten().collect();
+        let token_of = Tensor::from_vec(order.iter().map(|row| row.0).collect::<Vec<_>>(), order.len(), device)?;
+        let slot_of = Tensor::from_vec(order.iter().map(|row| row.1).collect::<Vec<_>>(), order.len(), device)?;
+        let weights = self.chosen_weights(&probs, &chosen)?.to_dtype(h.dtype())?.index_select(&slot_of, 0)?;
+        let base = match residual {
+            Some(residual) => residual.reshape((tokens, hidden))?,
+            None => Tensor::zeros((tokens, hidden), h.dtype(), device)?,
+        };
+        let summed = match self.forms.ops {
+            Ops::Fused => ops::routed_sum(&base, &outputs, &weights, &token_of)?,
+            Ops::Eager => ops::routed_sum_eager(&base, &outputs, &weights, &token_of)?,
+        };
+        let summed = match &self.shared {
+            // every token through the shared expert, scaled by the sigmoid of its gate
+            Some((expert, gate)) => {
+                let scale = candle_nn::ops::sigmoid(&gate.forward(&flat)?)?;
+                ops::residual(&summed, &expert.forward(&flat, self.activation)?.broadcast_mul(&scale)?)?
+            }
+            None => summed,
+        };
+        summed.reshape(dims)
+    }
+
+    /// Each token's `k` experts: the router's top `k`, or the worst routing;
+    /// with `stats`, the router's own choice counted there beside its
+    /// probabilities.
+    fn choose(&self, probs: &Tensor, stats: Option<&Mutex<Vec<RouterStats>>>) -> Result<Vec<Vec<usize>>> {
         let own = match (self.forms.routing, stats) {
             (Routing::Router, _) | (Routing::Worst, Some(_)) => Some(top_k(&probs.to_vec2::<f32>()?, self.per_token)),
             (Routing::Worst, None) => None,
@@ -187,59 +227,27 @@ impl SparseMlp {
             let mut stats = stats.lock().map_err(|_| candle_core::Error::Msg("the router's statistics".into()))?;
             stats.push(RouterStats { probs: probs.clone(), counts });
         }
-        let chosen = match (self.forms.routing, own) {
+        Ok(match (self.forms.routing, own) {
             (Routing::Router, Some(own)) => own,
-            _ => worst(tokens, self.experts.len(), self.per_token),
-        };
-        let device = h.device();
-        let index: Vec<u32> = chosen.iter().flatten().map(|&e| e as u32).collect();
-        let index = Tensor::from_vec(index, (tokens, self.per_token), device)?;
-        let mut top = probs.gather(&index, 1)?;
-        if self.normalized {
-            top = top.broadcast_div(&top.sum_keepdim(1)?)?;
-        }
-        let top = top.to_dtype(h.dtype())?.flatten_all()?;
-        // the rows sent to each expert, in the experts' order: (token, slot in top)
-        let mut sent: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.experts.len()];
-        for (token, experts) in chosen.iter().enumerate() {
-            for (slot, &expert) in experts.iter().enumerate() {
-                sent[expert].push((token as u32, (token * self.per_token + slot) as u32));
-            }
-        }
-        let mut outputs = Vec::new();
-        for (expert, rows) in self.experts.iter().zip(&sent).filter(|(_, rows)| !rows.is_empty()) {
-            let ids = Tensor::from_vec(rows.iter().map(|row| row.0).collect::<Vec<_>>(), rows.len(), device)?;
-            let x = flat.index_select(&ids, 0)?;
-            let (gate, up) = (expert.gate.forward(&x)?, expert.up.forward(&x)?);
-            outputs.push(expert.down.activated(self.activation, &gate, Some(&up))?);
-        }
-        let order: Vec<(u32, u32)> = sent.into_iter().flatten().collect();
-        let count = order.len();
-        let token_of = Tensor::from_vec(order.iter().map(|row| row.0).collect::<Vec<_>>(), count, device)?;
-        let slot_of = Tensor::from_vec(order.iter().map(|row| row.1).collect::<Vec<_>>(), count, device)?;
-        let weights = top.index_select(&slot_of, 0)?;
-        let base = match residual {
-            Some(residual) => residual.reshape((tokens, hidden))?,
-            None => Tensor::zeros((tokens, hidden), h.dtype(), device)?,
-        };
-        let summed = match self.forms.ops {
-            Ops::Fused => ops::routed_sum(&base, &outputs, &weights, &token_of)?,
-            Ops::Eager => ops::routed_sum_eager(&base, &outputs, &weights, &token_of)?,
-        };
-        let summed = match &self.shared {
-            // every token through the shared expert, scaled by the sigmoid of its gate
-            Some((expert, gate)) => {
-                let output = expert.down.activated(
-                    self.activation,
-                    &expert.gate.forward(&flat)?,
-                    Some(&expert.up.forward(&flat)?),
-                )?;
-                let scale = candle_nn::ops::sigmoid(&gate.forward(&flat)?)?;
-                ops::residual(&summed, &output.broadcast_mul(&scale)?)?
-            }
-            None => summed,
-        };
-        summed.reshape(dims)
+            _ => worst(probs.dim(0)?, self.experts.len(), self.per_token),
+        })
+    }
+
+    /// The chosen experts' probabilities `(tokens · k)`, token by token,
+    /// renormalized over the chosen where the family does.
+    fn chosen_weights(&self, probs: &Tensor, chosen: &[Vec<usize>]) -> Result<Tensor> {
+        let index: Vec<u32> = chosen.iter().flatten().map(|&expert| expert as u32).collect();
+        let index = Tensor::from_vec(index, (chosen.len(), self.per_token), probs.device())?;
+        let top = probs.gather(&index, 1)?;
+        let top = if self.normalized { top.broadcast_div(&top.sum_keepdim(1)?)? } else { top };
+        top.flatten_all()
+    }
+}
+
+impl Expert {
+    /// `down(activation(gate(x)) · up(x))`, the down projection one node.
+    fn forward(&self, x: &Tensor, activation: Activation) -> Result<Tensor> {
+        self.down.activated(activation, &self.gate.forward(x)?, Some(&self.up.forward(x)?))
     }
 }
 
