@@ -1,6 +1,8 @@
 //! The architectures people fine-tune, built from a Hugging Face
 //! `config.json`: Llama (2, 3, 3.1, 3.2, TinyLlama, SmolLM), Mistral, Qwen2,
-//! Qwen3, OLMo 2, GPT-2 and BERT (one file each under `families/`), every op differentiable, their tensors named as in
+//! Qwen3, OLMo 2, Gemma 2 and 3, Phi-3, the mixtures of experts Mixtral,
+//! Qwen2-MoE and Qwen3-MoE (probed at their worst routing), GPT-2 and BERT
+//! (one file each under `families/`), every op differentiable, their tensors named as in
 //! the checkpoint (`model.layers.0.self_attn.q_proj.weight`), filled with
 //! deterministic values (a step's memory does not depend on them).
 //!
