@@ -23,36 +23,14 @@ const STD: f32 = 0.02;
 
 /// The checkpoint's tensors (the adapters' too, with `lora`).
 pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
-    let (h, q, kv, i) =
-        (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
+    let h = config.hidden;
     let mut specs = vec![TensorSpec::new("model.embed_tokens.weight", &[config.vocab, h], Init::Normal(STD))];
     // a norm that scales by 1 + weight starts at 0, as transformers starts it
     let norm_init = if config.norm_plus_one { Init::Zeros } else { Init::Ones };
     for layer in 0..config.layers {
         let at = |part: &str| format!("model.layers.{layer}.{part}");
-        let qkv_bias = config.attention_bias != AttentionBias::None;
-        let apart = [
-            ("self_attn.q_proj", q, h, qkv_bias),
-            ("self_attn.k_proj", kv, h, qkv_bias),
-            ("self_attn.v_proj", kv, h, qkv_bias),
-            ("self_attn.o_proj", h, q, config.attention_bias == AttentionBias::All),
-            ("mlp.gate_proj", i, h, config.mlp_bias),
-            ("mlp.up_proj", i, h, config.mlp_bias),
-            ("mlp.down_proj", h, i, config.mlp_bias),
-        ];
-        // saturated where past usize: the count of a config past 64 bits refuses it, not a panic
-        let joined = [
-            ("self_attn.qkv_proj", q.saturating_add(kv.saturating_mul(2)), h, qkv_bias),
-            ("self_attn.o_proj", h, q, config.attention_bias == AttentionBias::All),
-            ("mlp.gate_up_proj", i.saturating_mul(2), h, config.mlp_bias),
-            ("mlp.down_proj", h, i, config.mlp_bias),
-        ];
-        let projections: &[(&str, usize, usize, bool)] = if config.fused_projections { &joined } else { &apart };
         let experts = config.experts_at(layer);
-        // a sparse layer's MLP is its router and experts
-        let projections =
-            if experts.is_some() { &projections[..projections.len() - mlp_entries(config)] } else { projections };
-        for &(name, out, input, bias) in projections {
+        for (name, out, input, bias) in dense_projections(config, layer) {
             specs.push(TensorSpec::new(at(&format!("{name}.weight")), &[out, input], Init::Normal(STD)));
             if bias {
                 specs.push(TensorSpec::new(at(&format!("{name}.bias")), &[out], Init::Zeros));
@@ -61,7 +39,7 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
         let (q_norm, k_norm) = match config.qk_norm {
             QkNorm::None => (0, 0),
             QkNorm::PerHead => (config.head_dim, config.head_dim),
-            QkNorm::Projection => (q, kv),
+            QkNorm::Projection => (config.heads * config.head_dim, config.kv_heads * config.head_dim),
         };
         if config.qk_norm != QkNorm::None {
             specs.push(TensorSpec::new(at("self_attn.q_norm.weight"), &[q_norm], norm_init));
@@ -81,12 +59,6 @@ pub(crate) fn tensors(config: &Config) -> Vec<TensorSpec> {
     specs
 }
 
-/// The dense MLP's projections at the end of a layer's list: gate, up and
-/// down, or the joined gate-up and down.
-fn mlp_entries(config: &Config) -> usize {
-    if config.fused_projections { 2 } else { 3 }
-}
-
 /// A block's norms by checkpoint name, in the order they are listed.
 fn norm_names(norms: BlockNorms) -> &'static [&'static str] {
     match norms {
@@ -98,38 +70,46 @@ fn norm_names(norms: BlockNorms) -> &'static [&'static str] {
     }
 }
 
-/// The modules LoRA can adapt, by checkpoint name, with their (out, in).
-pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
+/// A layer's projections of the Llama kind, by name within the layer, with
+/// their (out, in) and whether each has a bias: attention's (q, k and v
+/// apart or joined, o), then the MLP's unless the layer is sparse (its
+/// router and experts are [`moe`]'s).
+fn dense_projections(config: &Config, layer: usize) -> Vec<(&'static str, usize, usize, bool)> {
     let (h, q, kv, i) =
         (config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate);
-    let apart = vec![
-        ("self_attn.q_proj", q, h),
-        ("self_attn.k_proj", kv, h),
-        ("self_attn.v_proj", kv, h),
-        ("self_attn.o_proj", h, q),
-        ("mlp.gate_proj", i, h),
-        ("mlp.up_proj", i, h),
-        ("mlp.down_proj", h, i),
-    ];
-    let joined = vec![
-        ("self_attn.qkv_proj", q.saturating_add(kv.saturating_mul(2)), h),
-        ("self_attn.o_proj", h, q),
-        ("mlp.gate_up_proj", i.saturating_mul(2), h),
-        ("mlp.down_proj", h, i),
-    ];
-    let projections = if config.fused_projections { joined } else { apart };
+    let (qkv_bias, o_bias) =
+        (config.attention_bias != AttentionBias::None, config.attention_bias == AttentionBias::All);
+    let mlp_bias = config.mlp_bias;
+    // saturated where past usize: the count of a config past 64 bits refuses it, not a panic
+    let mut projections = match config.fused_projections {
+        true => vec![("self_attn.qkv_proj", q.saturating_add(kv.saturating_mul(2)), h, qkv_bias)],
+        false => vec![
+            ("self_attn.q_proj", q, h, qkv_bias),
+            ("self_attn.k_proj", kv, h, qkv_bias),
+            ("self_attn.v_proj", kv, h, qkv_bias),
+        ],
+    };
+    projections.push(("self_attn.o_proj", h, q, o_bias));
+    if config.experts_at(layer).is_none() {
+        match config.fused_projections {
+            true => projections.push(("mlp.gate_up_proj", i.saturating_mul(2), h, mlp_bias)),
+            false => projections.extend([("mlp.gate_proj", i, h, mlp_bias), ("mlp.up_proj", i, h, mlp_bias)]),
+        }
+        projections.push(("mlp.down_proj", h, i, mlp_bias));
+    }
+    projections
+}
+
+/// The modules LoRA can adapt, by checkpoint name, with their (out, in).
+pub(crate) fn projections(config: &Config) -> Vec<(String, usize, usize)> {
     (0..config.layers)
-        .flat_map(|layer| match config.experts_at(layer) {
+        .flat_map(|layer| {
+            let dense = dense_projections(config, layer)
+                .into_iter()
+                .map(move |(name, out, input, _)| (format!("model.layers.{layer}.{name}"), out, input));
             // the attention's, then the experts'
-            Some(experts) => projections[..projections.len() - mlp_entries(config)]
-                .iter()
-                .map(|&(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
-                .chain(moe::projections(config, experts, layer))
-                .collect::<Vec<_>>(),
-            None => projections
-                .iter()
-                .map(|&(name, out, input)| (format!("model.layers.{layer}.{name}"), out, input))
-                .collect::<Vec<_>>(),
+            let experts = config.experts_at(layer).map(|experts| moe::projections(config, experts, layer));
+            dense.chain(experts.into_iter().flatten()).collect::<Vec<_>>()
         })
         .collect()
 }
