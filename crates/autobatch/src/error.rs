@@ -4,21 +4,25 @@
 //! holds the facts, typed, and its message is written beside it from them,
 //! naming a setting by its builder method (`Tuner::multiple_of`). A caller
 //! that exposes the settings under other names (a command line's flags)
-//! matches the variant and writes its own line from the same facts.
+//! gives its names to [`Error::message`]: each sentence is written once, in
+//! `message.rs`.
 //!
 //! It depends only on leaves: the outcome of a trial, the headroom report, the
 //! analytical model's remedies, the optimizer vocabulary and the formatters.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
+
+mod message;
+
+pub(crate) use message::BuilderNames;
+pub use message::Names;
 
 use crate::estimate::change::Remedy;
 use crate::headroom::report::HeadroomReport;
 use crate::per_parameter::OptimizerKind;
 use crate::search::outcome::Outcome;
 use crate::setting::Setting;
-use crate::setting::Setting as S;
-use crate::units::{format_bytes, format_millis, format_percent};
+use crate::units::format_bytes;
 
 /// The kinds of [`Error`] (see [`Error::kind`]): what decides how to react.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,27 +90,9 @@ pub enum Valid {
 }
 
 impl std::fmt::Display for Valid {
+    /// The settings named by builder method.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Valid::AtLeastOne => f.write_str("it must be at least 1"),
-            Valid::AtLeast { setting, value } => write!(f, "it must be at least {setting}, {value}"),
-            Valid::MultipleOf { setting, value } => write!(f, "it must be a multiple of {setting}, {value}"),
-            Valid::MicroBatchPerRank { ranks, world_size, multiple_of } => write!(
-                f,
-                "it must be at least {world_size} ranks ({ranks}) × {} {multiple_of} = {}: every rank needs at least \
-                 one micro-batch",
-                S::MultipleOf,
-                world_size.saturating_mul(*multiple_of)
-            ),
-            Valid::DevicePerParameter { tensor_parallel, partitioned, parameters } => write!(
-                f,
-                "there must be at most one device per parameter: {} {tensor_parallel} × {partitioned} ZeRO ranks \
-                 ({}) share {parameters} parameters",
-                S::TensorParallel,
-                S::DataParallel
-            ),
-            Valid::Said(words) => f.write_str(words),
-        }
+        f.write_str(&self.message(&BuilderNames))
     }
 }
 
@@ -226,7 +212,7 @@ pub enum Error {
     /// valid: zero where a count is needed, a ceiling outside (0, 1], a
     /// dtype or optimizer not supported, a target below the ranks, a setting
     /// given where it means nothing.
-    #[error("{setting} is {value}: {valid}")]
+    #[error("{}", self.message(&BuilderNames))]
     InvalidSetting {
         /// What was set.
         setting: Setting,
@@ -237,15 +223,7 @@ pub enum Error {
     },
 
     /// No multiple of the granularity lies between `start` and `max_batch`.
-    #[error(
-        "no multiple of {} {multiple_of} lies in [{} {start}, {} {max_batch}]: lower {}, lower {} or raise {}",
-        S::MultipleOf,
-        S::Start,
-        S::MaxBatch,
-        S::MultipleOf,
-        S::Start,
-        S::MaxBatch
-    )]
+    #[error("{}", self.message(&BuilderNames))]
     NoCandidate {
         /// The smallest batch allowed.
         start: usize,
@@ -257,7 +235,7 @@ pub enum Error {
 
     /// Batch arithmetic past what 64 bits hold. Refused, never wrapped or
     /// saturated.
-    #[error("batch arithmetic at {value} is past what 64 bits count: use a smaller {}", either(.lower))]
+    #[error("{}", self.message(&BuilderNames))]
     BatchOverflow {
         /// The value the arithmetic started from.
         value: usize,
@@ -274,12 +252,7 @@ pub enum Error {
 
     /// Exactness was demanded and no micro-batch/accumulation split hits the
     /// target (the effective batch of even ranks, the global batch of uneven ones).
-    #[error(
-        "{}; the nearest above is {nearest}: accept it (drop {}){}",
-        inexact(*.target, *.multiple_of, *.world_size, *.accumulation_steps, *.largest_micro_batch),
-        S::ExactEffectiveBatch,
-        exact_instead(*.multiple_of, *.world_size, .largest_micro_batch.is_some())
-    )]
+    #[error("{}", self.message(&BuilderNames))]
     InexactTarget {
         /// The target.
         target: usize,
@@ -311,14 +284,7 @@ pub enum Error {
     /// Not even the smallest candidate fits under the ceiling: the smallest
     /// batch, or, in a search over the input size at a fixed batch
     /// ([`Search::longest`](crate::Search::longest)), the shortest size.
-    #[error(
-        "nothing fits{}; the ceiling is {} of {} = {}{}",
-        smallest_failed(*.batch, *.size, *.outcome, *.peak_bytes),
-        format_percent(*.ceiling),
-        format_bytes(*.capacity_bytes),
-        format_bytes(*.limit_bytes),
-        what_would_help(*.batch, *.size, *.smaller_batch, .remedies)
-    )]
+    #[error("{}", self.message(&BuilderNames))]
     NothingFits {
         /// The smallest batch tried, or the fixed batch of a size search.
         batch: usize,
@@ -369,12 +335,7 @@ pub enum Error {
 
     /// [`Tuner::time_limit`](crate::Tuner::time_limit) passed before any
     /// batch was seen to fit.
-    #[error(
-        "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is verified; \
-         allow more time (the first trials include the warm-up)",
-        S::TimeLimit,
-        format_millis(*.limit_ms)
-    )]
+    #[error("{}", self.message(&BuilderNames))]
     TimeLimit {
         /// The limit, in milliseconds.
         limit_ms: u64,
@@ -434,17 +395,7 @@ pub enum Error {
     /// [`Tuner::allow_partial_graph`](crate::Tuner::allow_partial_graph)).
     /// The `autobatch-models` package's `ops` has differentiable forms of
     /// candle's fused norms, softmax and rotations.
-    #[error(
-        "the measured step did not reach the gradients of {} of {of} variables ({}): an op without a backward \
-         pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, rotary_emb::rope), so they \
-         would not learn and the batch found would be larger than training the whole model allows; write those ops \
-         from differentiable tensor ops (a layer norm from mean, sub, sqr and div; a softmax from exp and sum) in \
-         place of candle_nn's fused ones (a buffer the forward pass reads without a graph is none: name it with \
-         ModelProbe::buffers_named), or take the partial answer with {}",
-        .variables.len(),
-        first_names(.variables),
-        S::AllowPartialGraph
-    )]
+    #[error("{}", self.message(&BuilderNames))]
     PartialGraph {
         /// The variables with no gradient that the forward pass does not write.
         variables: Vec<String>,
@@ -464,7 +415,7 @@ pub enum Error {
     ModelBuild(candle_core::Error),
 
     /// Tuning at one of several input sizes failed.
-    #[error("at {} {size}: {source}", S::Size)]
+    #[error("{}", self.message(&BuilderNames))]
     AtSize {
         /// The input size.
         size: usize,
@@ -488,7 +439,7 @@ pub enum Error {
 
     /// An input of a package built on this one refused (a model's
     /// configuration): that package's own error, whole, to downcast.
-    #[error("{0}")]
+    #[error("{}", self.message(&BuilderNames))]
     Input(Box<dyn std::error::Error + Send + Sync>),
 
     /// A memory meter could not measure.
@@ -515,96 +466,6 @@ impl std::fmt::Debug for Error {
             cause = err.source();
         }
         Ok(())
-    }
-}
-
-/// [`Error::InexactTarget`]'s first half: what no split hits.
-fn inexact(
-    target: usize,
-    multiple_of: usize,
-    world_size: usize,
-    accumulation_steps: usize,
-    largest_micro_batch: Option<usize>,
-) -> String {
-    // a target that W·g divides is missed only by equal micro-batches
-    let unit = world_size.saturating_mul(multiple_of);
-    match (largest_micro_batch, target.is_multiple_of(unit)) {
-        (Some(largest), true) => format!(
-            "no split hits {} {target} exactly with {world_size} ranks ({}), equal micro-batches that are multiples \
-             of {} {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
-            S::TargetEffectiveBatch,
-            S::WorldSize,
-            S::MultipleOf,
-            S::LargestMicroBatch,
-            accumulation_steps.saturating_mul(2),
-        ),
-        (Some(_), false) => format!(
-            "no split hits {} {target} exactly with {world_size} ranks ({}) and micro-batches that are multiples of \
-             {} {multiple_of}: every rank takes a whole number of them, so the effective batch is a multiple of {unit}",
-            S::TargetEffectiveBatch,
-            S::WorldSize,
-            S::MultipleOf,
-        ),
-        (None, _) => format!(
-            "{} {target} cannot be shared exactly in micro-batches that are multiples of {} {multiple_of}",
-            S::TargetGlobalBatch,
-            S::MultipleOf,
-        ),
-    }
-}
-
-/// [`Error::InexactTarget`]'s other way out: a target that does divide.
-fn exact_instead(multiple_of: usize, world_size: usize, even_ranks: bool) -> String {
-    let unit = world_size.saturating_mul(multiple_of);
-    match even_ranks {
-        true if unit > 1 => format!(", or use a target divisible by ranks × granularity = {unit}"),
-        true => String::new(),
-        false => format!(" or use a global batch divisible by {multiple_of}"),
-    }
-}
-
-/// [`Error::NothingFits`]: the smallest candidate, and how it failed.
-fn smallest_failed(batch: usize, size: Option<usize>, outcome: Outcome, peak_bytes: Option<u64>) -> String {
-    let failed = describe_failure(outcome, peak_bytes);
-    match size {
-        Some(size) => format!(" at {} {batch}: the shortest {} searched, {size}, {failed}", S::Batch, S::Size),
-        None => format!(": batch {batch} (the smallest {} and {} allow) {failed}", S::Start, S::MultipleOf),
-    }
-}
-
-/// [`Error::NothingFits`]: what would make it fit.
-fn what_would_help(batch: usize, size: Option<usize>, smaller_batch: Option<usize>, remedies: &[Remedy]) -> String {
-    if size.is_some() {
-        return match batch {
-            1 => format!(": make the model smaller or raise {}", S::Capacity),
-            _ => format!(": use a smaller {}", S::Batch),
-        };
-    }
-    let mut help = String::new();
-    if let Some(smaller) = smaller_batch {
-        let _ =
-            write!(help, "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}", S::Start);
-    }
-    if !remedies.is_empty() {
-        let advice: Vec<String> = remedies.iter().map(Remedy::to_string).collect();
-        let measured = remedies.iter().filter(|remedy| remedy.measured).count();
-        let how = match measured {
-            0 => "estimated from the measurement".to_owned(),
-            all if all == remedies.len() => format!("each run at batch {batch}"),
-            _ => format!("run at batch {batch} where measured, else estimated"),
-        };
-        let _ = write!(help, "; what would help, each alone ({how}): {}", advice.join("; "));
-    }
-    help
-}
-
-/// `settings` as alternatives: `Tuner::start or Tuner::multiple_of`.
-fn either(settings: &[Setting]) -> String {
-    let names: Vec<&str> = settings.iter().map(|setting| setting.as_str()).collect();
-    match names.split_last() {
-        Some((last, [])) => (*last).to_owned(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-        None => String::new(),
     }
 }
 
@@ -848,6 +709,7 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::setting::Setting as S;
 
     #[test]
     fn each_kind_groups_what_the_caller_does_about_it() {

@@ -121,7 +121,7 @@ mod units;
 mod workload;
 
 pub use cache::CacheKey;
-pub use error::{DeviceProblem, Error, ErrorKind, Valid, Value};
+pub use error::{DeviceProblem, Error, ErrorKind, Names, Valid, Value};
 pub use guard::{Guard, MicroBatch, StepReport};
 pub use headroom::{Headroom, HeadroomReport};
 #[cfg(feature = "cuda")]

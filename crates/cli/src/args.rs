@@ -6,9 +6,9 @@ use autobatch_models::{Attention, BaseDtype, Loss, Ops};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::values::{
-    AttentionArg, Capacity, Count, DeviceSpec, DtypeArg, LossArg, ObjectiveArg, OpsArg, OptimizerArg, PrecisionArg,
-    RecomputeArg, StrategyArg, base_dtype, budget, bytes, capacity, ceiling, device, lora_alpha, module_name,
-    parameters, seed, typed,
+    AttentionArg, Capacity, Count, DeviceSpec, LossArg, ObjectiveArg, OpsArg, OptimizerArg, PrecisionArg, RecomputeArg,
+    StrategyArg, base_dtype, budget, bytes, capacity, ceiling, device, lora_alpha, module_name, parameters, seed,
+    typed,
 };
 
 pub const EXIT_CODES: &str = "\
@@ -64,13 +64,58 @@ pub fn command() -> clap::Command {
             false => arg,
         }
     }
-    Cli::command()
-        .mut_args(|arg| match arg.get_id().as_str() {
-            // the top level lists the commands; the probe's flags are probe's help
-            "verbose" | "help" | "version" => arg,
-            _ => negatives_are_values(arg).hide(true),
+    let top = Cli::command().mut_args(|arg| match arg.get_id().as_str() {
+        // the top level lists the commands; the probe's flags are probe's help
+        "verbose" | "help" | "version" => arg,
+        _ => negatives_are_values(arg).hide(true),
+    });
+    probe_relations(top)
+        .mut_subcommand("probe", probe_relations)
+        .mut_subcommand("estimate", |estimate| {
+            old_weights_spelling(estimate).mut_arg("target_effective_batch", |arg| {
+                arg.requires_all(["config", "capacity"]).conflicts_with("params")
+            })
+        })
+        .mut_subcommand("serve", |serve| {
+            old_weights_spelling(serve)
+                .mut_arg("config", |arg| arg.required(true))
+                .mut_arg("check", |arg| arg.conflicts_with_all(["concurrency", "plot"]))
         })
         .mut_subcommands(|command| command.mut_args(negatives_are_values))
+}
+
+/// The relations of the flags defined once that hold in `probe` alone (the
+/// ids they name exist only there): a split's exactness needs a target,
+/// `--base-dtype` is LoRA's base, `--batch` is the one `--find` holds.
+fn probe_relations(probe: clap::Command) -> clap::Command {
+    const NOT_WITH_CHECK: [&str; 14] = [
+        "compare",
+        "seq_lens",
+        "find",
+        "start",
+        "max_batch",
+        "target_effective_batch",
+        "world_size",
+        "exact",
+        "objective",
+        "cache",
+        "eval",
+        "plot",
+        "time_limit",
+        "max_trials",
+    ];
+    probe
+        .mut_arg("check", |arg| arg.conflicts_with_all(NOT_WITH_CHECK))
+        .mut_arg("exact", |arg| arg.requires("target_effective_batch"))
+        .mut_arg("equal_micro_batches", |arg| arg.requires("target_effective_batch"))
+        .mut_arg("base_dtype", |arg| arg.requires("lora"))
+        .mut_arg("batch", |arg| arg.requires("find"))
+}
+
+/// `--weights`, 0.1's spelling of `--base-dtype`, where it is not probe's
+/// own switch (load the checkpoint).
+fn old_weights_spelling(command: clap::Command) -> clap::Command {
+    command.mut_arg("base_dtype", |arg| arg.alias("weights"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -129,23 +174,23 @@ impl ProbeArgs {
             ("--seq-lens", !self.mode.seq_lens.is_empty(), &[Transformer]),
             ("--vocab", sizes.vocab.is_some(), &[Transformer]),
             ("--d-model", sizes.d_model.is_some(), &[Transformer]),
-            ("--heads", sizes.heads.is_some(), &[Transformer]),
-            ("--layers", sizes.layers.is_some(), &[Transformer]),
-            ("--seq-len", sizes.seq_len.is_some(), &[Transformer]),
+            ("--heads", sizes.shape.heads.is_some(), &[Transformer]),
+            ("--layers", sizes.shape.layers.is_some(), &[Transformer]),
+            ("--seq-len", sizes.shape.seq_len.is_some(), &[Transformer]),
             ("--inputs", sizes.inputs.is_some(), &[Mlp]),
             ("--width", sizes.width.is_some(), &[Mlp]),
             ("--depth", sizes.depth.is_some(), &[Mlp]),
             ("--channels", sizes.channels.is_some(), &[Convnet]),
             ("--resolution", sizes.resolution.is_some(), &[Convnet]),
             ("--classes", sizes.classes.is_some(), &[Mlp, Convnet]),
-            ("--checkpointing", self.model.checkpointing, &[Transformer]),
+            ("--checkpointing", self.model.checkpointing.on, &[Transformer]),
         ]
     }
 
     /// The length the model is built for: `--seq-len`, else the longest of
     /// `--seq-lens`.
     pub fn seq_len(&self) -> Option<usize> {
-        self.sizes.seq_len.or(self.mode.seq_lens.iter().max().copied()).map(Count::get)
+        self.sizes.shape.seq_len.or(self.mode.seq_lens.iter().max().copied()).map(Count::get)
     }
 }
 
@@ -154,19 +199,21 @@ impl ProbeArgs {
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
     /// The reference model to tune (not with --config).
-    #[arg(id = "model", long = "model", value_name = "MODEL", value_enum, default_value_t = ModelKind::Transformer)]
+    #[arg(
+        id = "model",
+        long = "model",
+        value_name = "MODEL",
+        value_enum,
+        default_value_t = ModelKind::Transformer,
+        conflicts_with = "config"
+    )]
     pub kind: ModelKind,
-    /// How weights, gradients, activations and optimizer state are stored
-    /// (`--dtype` is the same flag) [default: fp32; with --config, the
-    /// config's torch_dtype].
-    #[arg(long, alias = "dtype", value_parser = typed::<PrecisionArg, Precision>())]
-    pub precision: Option<Precision>,
+    #[command(flatten)]
+    pub precision: PrecisionFlag,
     #[command(flatten)]
     pub optimizer: OptimizerFlag,
-    /// Gradient checkpointing over the transformer's blocks (keep each
-    /// block's input, recompute the block in the backward pass).
-    #[arg(long)]
-    pub checkpointing: bool,
+    #[command(flatten)]
+    pub checkpointing: CheckpointingFlag,
     /// Seed of the weights and synthetic data.
     #[arg(long, default_value_t = 0, value_parser = seed)]
     pub seed: u64,
@@ -175,7 +222,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// `--precision`, fp32 when not given.
     pub fn precision(&self) -> Precision {
-        self.precision.unwrap_or(Precision::Fp32)
+        self.precision.asked().unwrap_or(Precision::Fp32)
     }
 }
 
@@ -196,40 +243,30 @@ pub enum ModelKind {
 #[command(next_help_heading = "Model size")]
 pub struct SizeArgs {
     /// Transformer: vocabulary size [default: 256].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub vocab: Option<Count>,
     /// Transformer: hidden size [default: 64].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub d_model: Option<Count>,
-    /// Transformer: attention heads, a divisor of --d-model [default: 4].
-    #[arg(long)]
-    pub heads: Option<Count>,
-    /// Transformer blocks: the reference transformer's [default: 2], or with
-    /// --config a shallower (or deeper) copy of the model [default: its own].
-    #[arg(long)]
-    pub layers: Option<Count>,
-    /// Tokens per sample; probe at the longest training will see [default:
-    /// 64 for the reference transformer; with --config, the shorter of 512
-    /// and the model's positions].
-    #[arg(long)]
-    pub seq_len: Option<Count>,
+    #[command(flatten)]
+    pub shape: ShapeFlags,
     /// MLP: input features [default: 64].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub inputs: Option<Count>,
     /// MLP: hidden width [default: 256].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub width: Option<Count>,
     /// MLP: hidden layers [default: 3].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub depth: Option<Count>,
     /// Convnet: channels of the first convolution [default: 16].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub channels: Option<Count>,
     /// Convnet: image side, a multiple of 4; probe at the largest training will see [default: 32].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub resolution: Option<Count>,
     /// MLP or convnet: output classes [default: 10 for mlp, 3 for convnet].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     pub classes: Option<Count>,
 }
 
@@ -237,25 +274,12 @@ pub struct SizeArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Model from a config")]
 pub struct ConfigArgs {
-    /// A Hugging Face config.json (model_type llama, mistral, qwen2, qwen3,
-    /// olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2 or bert): that architecture, with random weights, instead of a
-    /// reference model. --seq-len, --seq-lens, --layers and --precision
-    /// apply to it.
-    #[arg(
-        id = "config",
-        long = "config",
-        value_name = "CONFIG",
-        conflicts_with_all = ["model", "vocab", "d_model", "heads", "inputs", "width", "depth", "channels", "resolution", "classes"],
-    )]
-    pub path: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub file: ConfigFlag,
     #[command(flatten)]
     pub lora: LoraFlags,
-    /// The frozen base's dtype, the adapters in f32. f32 or bf16: the whole
-    /// base (and the activations) in it; q8_0 or q4_0 (QLoRA): the layers'
-    /// projections quantized, the rest in the model's dtype [default: the
-    /// model's dtype, adapters in it too].
-    #[arg(long, value_parser = base_dtype, requires = "lora")]
-    pub base_dtype: Option<BaseDtype>,
+    #[command(flatten)]
+    pub base: BaseDtypeFlag,
     #[command(flatten)]
     pub step: StepForms,
     /// Load the checkpoint beside the config instead of random weights:
@@ -276,7 +300,7 @@ impl ConfigArgs {
             ("--lora", self.lora.rank.is_some()),
             ("--lora-alpha", self.lora.alpha.is_some()),
             ("--lora-targets", !self.lora.targets.is_empty()),
-            ("--base-dtype", self.base_dtype.is_some()),
+            ("--base-dtype", self.base.base_dtype.is_some()),
             ("--attention", self.step.attention.is_some()),
             ("--loss", self.step.loss.is_some()),
             ("--ops", self.step.ops.is_some()),
@@ -341,10 +365,8 @@ pub struct SearchArgs {
     /// Smallest batch to try.
     #[arg(long, default_value_t = Count::ONE)]
     pub start: Count,
-    /// Only try batches that are multiples of this (e.g. 8); with --find,
-    /// the input size's granule.
-    #[arg(long, default_value_t = Count::ONE)]
-    pub multiple_of: Count,
+    #[command(flatten)]
+    pub granule: MultipleOfFlag,
     /// Largest batch to try.
     #[arg(long)]
     pub max_batch: Option<Count>,
@@ -373,19 +395,10 @@ pub struct PlanningArgs {
     /// per second among the largest, ¾ and ½ of it (a few extra timed steps).
     #[arg(long, value_parser = typed::<ObjectiveArg, Objective>(), default_value = "largest")]
     pub objective: Objective,
-    /// Effective (global) batch to reach with micro-batch × accumulation × ranks.
-    #[arg(long)]
-    pub target_effective_batch: Option<Count>,
-    /// Data-parallel ranks.
-    #[arg(long, default_value_t = Count::ONE)]
-    pub world_size: Count,
-    /// Fail instead of rounding the effective batch up when no split hits the target.
-    #[arg(long, requires = "target_effective_batch")]
-    pub exact: bool,
-    /// Micro-batches of one size only (more accumulation steps where ones that
-    /// differ by one sample would reach the target in fewer).
-    #[arg(long, requires = "target_effective_batch")]
-    pub equal_micro_batches: bool,
+    #[command(flatten)]
+    pub target: TargetFlag,
+    #[command(flatten)]
+    pub split: SplitFlags,
     /// Also find the evaluation step's largest batch (forward only).
     #[arg(long)]
     pub eval: bool,
@@ -429,18 +442,10 @@ pub struct ModeArgs {
         conflicts_with_all = ["start", "max_batch", "target_effective_batch", "world_size", "exact", "objective", "cache", "eval"],
     )]
     pub find: Option<FindArg>,
-    /// The batch --find holds fixed.
-    #[arg(long, requires = "find")]
-    pub batch: Option<Count>,
-    /// No search: run batch N and the next one up (N + --multiple-of), each
-    /// once after a warm-up step, and say whether N fits and is the largest
-    /// that does. Exit 3 when N does not fit; no advice is measured.
-    #[arg(
-        long,
-        value_name = "N",
-        conflicts_with_all = ["compare", "seq_lens", "find", "start", "max_batch", "target_effective_batch", "world_size", "exact", "objective", "cache", "eval", "plot", "time_limit", "max_trials"],
-    )]
-    pub check: Option<Count>,
+    #[command(flatten)]
+    pub batch: BatchFlag,
+    #[command(flatten)]
+    pub check: CheckFlag,
 }
 
 /// The input size `probe --find` searches.
@@ -450,6 +455,172 @@ pub enum FindArg {
     SeqLen,
     /// The convnet's image side.
     Resolution,
+}
+
+/// `--config`, as every command that reads a model takes it.
+#[derive(Clone, Debug, Args)]
+pub struct ConfigFlag {
+    /// A Hugging Face config.json, or a Hub name (model_type llama, mistral,
+    /// qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen2_moe,
+    /// qwen3_moe, gpt2 or bert; serve takes the decoders): that architecture.
+    /// probe runs its step in place of a reference model (with random
+    /// weights unless --weights); estimate counts its parameters and its whole step
+    /// (the head's logits and the loss included; with --capacity, the
+    /// largest batch under --ceiling); serve measures it serving. Its
+    /// torch_dtype is the dtype unless --precision (or --base-dtype) says
+    /// otherwise; --seq-len [default: the shorter of 512 and its positions]
+    /// and --layers apply to it.
+    #[arg(id = "config", long = "config", value_name = "CONFIG")]
+    pub path: Option<std::path::PathBuf>,
+}
+
+/// `--precision`, as `probe` and `estimate` take it, with its old spellings
+/// (`--dtype`, an alias; `--mixed-precision`, hidden).
+#[derive(Clone, Copy, Debug, Args)]
+pub struct PrecisionFlag {
+    /// How weights, gradients, activations and optimizer state are stored:
+    /// fp32 [default; with --config its torch_dtype], bf16, or mixed (bf16
+    /// weights, gradients and activations; fp32 master weights and optimizer
+    /// state). With --base-dtype: the model's dtype (its activations and
+    /// unquantized weights), the adapters in f32.
+    #[arg(
+        id = "precision",
+        long = "precision",
+        alias = "dtype",
+        value_name = "PRECISION",
+        value_parser = typed::<PrecisionArg, Precision>(),
+        conflicts_with = "mixed_precision"
+    )]
+    pub given: Option<Precision>,
+    /// `--precision mixed`, as 0.1 spelled it.
+    #[arg(id = "mixed_precision", long = "mixed-precision", hide = true)]
+    pub mixed: bool,
+}
+
+impl PrecisionFlag {
+    /// The precision asked for, in whichever spelling; `None` where none was.
+    pub fn asked(&self) -> Option<Precision> {
+        if self.mixed { Some(Precision::Mixed) } else { self.given }
+    }
+}
+
+/// `--checkpointing`, as `probe` and `estimate` take it.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct CheckpointingFlag {
+    /// Gradient checkpointing over the transformer's blocks: keep each
+    /// block's input, recompute the block in the backward pass (estimate:
+    /// --recompute full).
+    #[arg(id = "checkpointing", long = "checkpointing")]
+    pub on: bool,
+}
+
+/// A transformer's `--layers`, `--heads` and `--seq-len`, as `probe` and
+/// `estimate` take them.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct ShapeFlags {
+    /// Transformer blocks: the reference transformer's [default: 2] (probe),
+    /// the formula's with --hidden, --heads, --seq-len and --batch
+    /// (estimate: Korthikanti et al. 2022, 16-bit); with --config a
+    /// shallower (or deeper) copy of the model [default: its own].
+    #[arg(id = "layers", long = "layers", value_name = "LAYERS")]
+    pub layers: Option<Count>,
+    /// Transformer attention heads, a divisor of the width [default: 4 for
+    /// the reference transformer] (not with --config, which has its own).
+    #[arg(id = "heads", long = "heads", value_name = "HEADS", conflicts_with = "config")]
+    pub heads: Option<Count>,
+    /// Tokens per sample: probe at the longest training will see [default:
+    /// 64 for the reference transformer; with --config, the shorter of 512
+    /// and the model's positions].
+    #[arg(id = "seq_len", long = "seq-len", value_name = "SEQ_LEN")]
+    pub seq_len: Option<Count>,
+}
+
+/// `--batch`, a batch held fixed: the one `probe --find` searches the input
+/// size at, the micro-batch `estimate` counts the activations of.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct BatchFlag {
+    /// The batch held fixed: the one --find searches the input size at
+    /// (probe), the micro-batch per device the activations are counted at
+    /// (estimate).
+    #[arg(id = "batch", long = "batch", value_name = "BATCH")]
+    pub size: Option<Count>,
+}
+
+/// The frozen weights' dtype, `--base-dtype`, as `probe`, `estimate` and
+/// `serve` take it (`--weights`, 0.1's spelling, is an alias where it is not
+/// probe's own switch: see [`command`]).
+#[derive(Clone, Copy, Debug, Args)]
+pub struct BaseDtypeFlag {
+    /// The frozen weights' dtype: f32 or bf16, the whole base (and the
+    /// activations) in it; q8_0 or q4_0 (QLoRA), the layers' projections
+    /// quantized, the rest in the model's dtype. With --lora, the base's,
+    /// the adapters in f32 [default: the model's dtype, adapters in it too];
+    /// serving (serve, estimate --serve), every weight's, all frozen
+    /// [default: the config's torch_dtype].
+    #[arg(id = "base_dtype", long = "base-dtype", value_name = "BASE_DTYPE", value_parser = base_dtype)]
+    pub base_dtype: Option<BaseDtype>,
+}
+
+/// `--world-size`, `--exact` and `--equal-micro-batches`: how a target is
+/// split, as `probe` and `plan` take them.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct SplitFlags {
+    /// Data-parallel ranks.
+    #[arg(id = "world_size", long = "world-size", value_name = "WORLD_SIZE", default_value_t = Count::ONE)]
+    pub world_size: Count,
+    /// Fail instead of rounding the effective batch up when no split hits the target.
+    #[arg(id = "exact", long = "exact")]
+    pub exact: bool,
+    /// Micro-batches of one size only (more accumulation steps where ones that
+    /// differ by one sample would reach the target in fewer).
+    #[arg(id = "equal_micro_batches", long = "equal-micro-batches")]
+    pub equal_micro_batches: bool,
+}
+
+/// `--multiple-of`, as `probe` and `plan` take it.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct MultipleOfFlag {
+    /// Keep (micro-)batches to multiples of this (e.g. 8); with probe
+    /// --find, the input size's granule.
+    #[arg(id = "multiple_of", long = "multiple-of", value_name = "MULTIPLE_OF", default_value_t = Count::ONE)]
+    pub multiple_of: Count,
+}
+
+/// `--plot`, as `probe` and `serve` take it.
+#[derive(Clone, Debug, Args)]
+pub struct PlotFlag {
+    /// Draw what was measured into this SVG file. probe: peak memory against
+    /// the batch for every trial, with the ceiling, the capacity, the fitted
+    /// memory model and the chosen batch (with --seq-lens: the largest batch
+    /// against the length and the token budget; with --compare: each
+    /// variant's largest batch and bytes per sample; with --find: peak
+    /// against the input size). serve: memory against the sequences, the
+    /// held bytes, the caches and the step's own apart (not with
+    /// --concurrency).
+    #[arg(id = "plot", long = "plot", value_name = "FILE.svg", help_heading = "Output")]
+    pub path: Option<std::path::PathBuf>,
+}
+
+/// `--target-effective-batch`, as `probe` and `estimate` take it.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct TargetFlag {
+    /// Effective (global) batch to reach with micro-batch × accumulation ×
+    /// ranks, split from the largest batch (estimate: with --config and
+    /// --capacity, over --ranks).
+    #[arg(id = "target_effective_batch", long = "target-effective-batch", value_name = "TARGET_EFFECTIVE_BATCH")]
+    pub batch: Option<Count>,
+}
+
+/// `--check N`, as `probe` and `serve` take it: no search, N and the next up run.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct CheckFlag {
+    /// No search: run N and the next one up, each once after a warm-up
+    /// step, and say whether N fits and is the most that does. probe: batch
+    /// N and N + --multiple-of, exit 3 when N does not fit, no advice
+    /// measured; serve: N and N + 1 sequences at --max-model-len, each with
+    /// the worst step (a check by brute force).
+    #[arg(id = "check", long = "check", value_name = "N")]
+    pub n: Option<Count>,
 }
 
 /// `--optimizer`, as `probe` and `estimate` take it.
@@ -501,14 +672,8 @@ pub struct CeilingFlag {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Output")]
 pub struct OutputArgs {
-    /// Draw what the search measured into this SVG file: peak memory against
-    /// the batch for every trial with the ceiling, the capacity, the fitted
-    /// memory model and the chosen batch (with --seq-lens: the largest batch
-    /// against the length and the token budget; with --compare: each
-    /// variant's largest batch and bytes per sample; with --find: peak
-    /// against the input size).
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub plot: PlotFlag,
     #[command(flatten)]
     pub json: JsonOutput,
 }
@@ -536,25 +701,6 @@ pub struct EstimateArgs {
     pub json: JsonOutput,
 }
 
-impl EstimateArgs {
-    /// The arguments in the words the help lists, the way the estimate reads
-    /// them: the hidden old spellings folded into them (`--mixed-precision`
-    /// as `--precision mixed`, `--dtype fp32|bf16` as `--precision`), and
-    /// probe's `--checkpointing` as `--recompute full`.
-    pub fn in_one_vocabulary(mut self) -> EstimateArgs {
-        if std::mem::take(&mut self.state.mixed_precision) {
-            self.state.precision = Some(Precision::Mixed);
-        }
-        if let Some(dtype) = self.state.dtype.take() {
-            self.state.precision = Some(dtype);
-        }
-        if std::mem::take(&mut self.activations.checkpointing) {
-            self.activations.recompute = Recompute::Full;
-        }
-        self
-    }
-}
-
 /// What trains and how its state is stored.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "What trains")]
@@ -568,29 +714,12 @@ pub struct StateArgs {
         value_parser = parameters
     )]
     pub params: Option<u64>,
-    /// A Hugging Face config.json: the parameters, and the whole training
-    /// step on candle counted from it (the activations of the lean step by
-    /// default, the head's logits and the loss included) at --seq-len
-    /// [default: the shorter of 512 and its positions]; with --capacity, the
-    /// largest batch under --ceiling. The dtype is its torch_dtype unless
-    /// --precision says otherwise.
-    #[arg(long)]
-    pub config: Option<std::path::PathBuf>,
-    /// How weights, gradients and optimizer state are stored: fp32 [default;
-    /// with --config its torch_dtype], bf16, or mixed (bf16 weights and
-    /// gradients, fp32 master weights and optimizer state). With
-    /// --base-dtype: the model's dtype (its activations and unquantized
-    /// weights), the adapters in f32.
-    #[arg(long, value_parser = typed::<PrecisionArg, Precision>(), conflicts_with_all = ["dtype", "mixed_precision"])]
-    pub precision: Option<Precision>,
+    #[command(flatten)]
+    pub config: ConfigFlag,
+    #[command(flatten)]
+    pub precision: PrecisionFlag,
     #[command(flatten)]
     pub optimizer: OptimizerFlag,
-    /// `--precision fp32|bf16`, as 0.1 spelled it.
-    #[arg(long, hide = true, value_parser = typed::<DtypeArg, Precision>(), conflicts_with = "mixed_precision")]
-    pub dtype: Option<Precision>,
-    /// `--precision mixed`, as 0.1 spelled it.
-    #[arg(long, hide = true)]
-    pub mixed_precision: bool,
 }
 
 /// The device it should fit on.
@@ -609,10 +738,8 @@ pub struct DeviceArgs {
     pub which_gpus: bool,
     #[command(flatten)]
     pub ceiling: CeilingFlag,
-    /// With --config and --capacity: split this effective (global) batch
-    /// into micro-batch × accumulation × --ranks from the largest batch.
-    #[arg(long, requires_all = ["config", "capacity"], conflicts_with = "params")]
-    pub target_effective_batch: Option<Count>,
+    #[command(flatten)]
+    pub target: TargetFlag,
     /// With --config: count the step (or with --serve, serving) as it runs
     /// on the CPU (`probe` and `serve --device cpu`: the CPU heap, where
     /// candle's matmul widens bf16 operands and products to f32) rather than
@@ -651,48 +778,40 @@ pub struct ActivationArgs {
         value_parser = bytes
     )]
     pub bytes: Option<u64>,
-    /// Transformer layers: with --hidden, --heads, --seq-len and --batch, the
-    /// activations are estimated (Korthikanti et al. 2022, 16-bit) instead of
-    /// given. With --config: a copy of the model with this many layers (its
-    /// parameters and its activations).
-    #[arg(long)]
-    pub layers: Option<Count>,
+    #[command(flatten)]
+    pub shape: ShapeFlags,
     /// Transformer hidden size (not with --config, which has its own).
     #[arg(long, conflicts_with = "config")]
     pub hidden: Option<Count>,
-    /// Transformer attention heads (not with --config, which has its own).
-    #[arg(long, conflicts_with = "config")]
-    pub heads: Option<Count>,
-    /// Tokens per sample.
-    #[arg(long)]
-    pub seq_len: Option<Count>,
-    /// Micro-batch per device.
-    #[arg(long)]
-    pub batch: Option<Count>,
-    /// What the backward pass recomputes instead of keeping.
-    #[arg(long, value_parser = typed::<RecomputeArg, Recompute>(), default_value = "none")]
+    #[command(flatten)]
+    pub batch: BatchFlag,
+    /// What the backward pass recomputes instead of keeping (--checkpointing
+    /// is --recompute full).
+    #[arg(long, value_parser = typed::<RecomputeArg, Recompute>(), default_value = "none", conflicts_with = "checkpointing")]
     pub recompute: Recompute,
-    /// Gradient checkpointing, as `probe` says it: --recompute full.
-    #[arg(long, conflicts_with = "recompute")]
-    pub checkpointing: bool,
+    #[command(flatten)]
+    pub checkpointing: CheckpointingFlag,
+}
+
+impl ActivationArgs {
+    /// What the backward pass recomputes: `--recompute`, or `--checkpointing`'s full.
+    pub fn recompute(&self) -> Recompute {
+        if self.checkpointing.on { Recompute::Full } else { self.recompute }
+    }
 }
 
 /// The frozen weights' dtype in an estimate: LoRA's base, or every weight served.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "LoRA")]
 pub struct BaseArgs {
-    /// The frozen weights' dtype (f32, bf16, q8_0, q4_0): with --lora the
-    /// base's, the adapters in f32 [default: the model's dtype, adapters in
-    /// it too]; with --serve every weight's (all frozen) [default: the
-    /// config's torch_dtype], as `probe --base-dtype` and `serve --base-dtype` say it.
-    #[arg(long, alias = "weights", value_parser = base_dtype)]
-    pub base_dtype: Option<BaseDtype>,
+    #[command(flatten)]
+    pub base: BaseDtypeFlag,
 }
 
 /// The flags `estimate --serve` does not read: each says how training runs
 /// (its state, its sharding, its activations, its step), or sizes what the
 /// config already sizes; serving is sized by the serving flags alone.
-const SERVE_IGNORES: [&str; 21] = [
+const SERVE_IGNORES: [&str; 20] = [
     "params",
     "lora",
     "lora_targets",
@@ -702,7 +821,6 @@ const SERVE_IGNORES: [&str; 21] = [
     "activations",
     "recompute",
     "target_effective_batch",
-    "dtype",
     "optimizer",
     "mixed_precision",
     "precision",
@@ -741,21 +859,12 @@ pub struct PlanArgs {
     /// Mixed GPUs: the largest micro-batch of each rank, comma-separated
     /// (e.g. 200,90); the target is shared in proportion, exactly, with
     /// each rank's micro-steps and loss weights.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["largest", "world_size"])]
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["largest", "world_size", "equal_micro_batches"])]
     pub uneven: Vec<Count>,
-    /// Data-parallel ranks.
-    #[arg(long, default_value_t = Count::ONE)]
-    pub world_size: Count,
-    /// Keep micro-batches to multiples of this.
-    #[arg(long, default_value_t = Count::ONE)]
-    pub multiple_of: Count,
-    /// Fail instead of rounding the effective batch up when no split hits the target.
-    #[arg(long)]
-    pub exact: bool,
-    /// Micro-batches of one size only (more accumulation steps where ones that
-    /// differ by one sample would reach the target in fewer).
-    #[arg(long, conflicts_with = "uneven")]
-    pub equal_micro_batches: bool,
+    #[command(flatten)]
+    pub split: SplitFlags,
+    #[command(flatten)]
+    pub granule: MultipleOfFlag,
     #[command(flatten)]
     pub json: JsonOutput,
 }
@@ -804,34 +913,24 @@ impl From<CacheDtype> for candle_core::DType {
 /// `autobatch serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// A Hugging Face config.json of a decoder (llama, mistral, qwen2, qwen3, olmo2,
-    /// gemma2, gemma3_text, phi3, mixtral, qwen3_moe, gpt2).
-    #[arg(long)]
-    pub config: std::path::PathBuf,
+    #[command(flatten)]
+    pub config: ConfigFlag,
     #[command(flatten)]
     pub serving: ServingArgs,
-    /// How the weights are stored, every one frozen as LoRA's base is
-    /// (`probe --base-dtype`): f32, bf16, q8_0 or q4_0 [default: the
-    /// config's torch_dtype]; quantized, the rest computes in the config's
-    /// dtype. `--weights`, as 0.1 spelled it, still works.
-    #[arg(long, alias = "weights", value_parser = base_dtype, help_heading = "Serving")]
-    pub base_dtype: Option<BaseDtype>,
+    #[command(flatten)]
+    pub base: BaseDtypeFlag,
     /// The longest context this many sequences hold, instead of how many
     /// sequences hold --max-model-len (then the longest it may be).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "plot")]
     pub concurrency: Option<Count>,
-    /// No search: run N sequences and N + 1 at --max-model-len, each with
-    /// the worst step, and say whether each fits (a check by brute force).
-    #[arg(long, value_name = "N", conflicts_with_all = ["concurrency", "plot"])]
-    pub check: Option<Count>,
+    #[command(flatten)]
+    pub check: CheckFlag,
     #[command(flatten)]
     pub ceiling: CeilingFlag,
     #[command(flatten)]
     pub on: DeviceBudget,
     #[command(flatten)]
     pub json: JsonOutput,
-    /// Draw memory against the sequences (the held bytes, the caches and the
-    /// step's own apart) into this SVG file (not with --concurrency).
-    #[arg(long, conflicts_with = "concurrency")]
-    pub plot: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub plot: PlotFlag,
 }

@@ -3,6 +3,7 @@
 //! once, [`on_device`]), and the CPU budget against every limit the process
 //! lives under.
 
+use autobatch::plan::Ceiling;
 use autobatch::{Bytes, HeapMeter, MemoryMeter};
 
 use crate::failure::Failure;
@@ -68,6 +69,8 @@ pub struct OnDevice {
     pub size_from: &'static str,
     /// On the CPU, the matmul buffers its worker threads keep for good.
     pub thread_buffers: Option<ThreadBuffers>,
+    /// The most a step may use: the ceiling × the device's capacity.
+    pub limit: u64,
 }
 
 /// The matmul buffers candle's CPU threads keep: in use before any step.
@@ -79,9 +82,15 @@ pub struct ThreadBuffers {
 }
 
 /// `--device` (and on the CPU `--budget`, or `default_budget`), checked, with
-/// its meter.
-pub fn on_device(device: DeviceSpec, budget: Option<u64>, default_budget: u64) -> Result<OnDevice, Failure> {
-    match device {
+/// its meter and the limit `ceiling` puts on it: the one place a command's
+/// limit is computed.
+pub fn on_device(
+    device: DeviceSpec,
+    budget: Option<u64>,
+    default_budget: u64,
+    ceiling: Ceiling,
+) -> Result<OnDevice, Failure> {
+    let mut on = match device {
         DeviceSpec::Cpu => {
             check_threads()?;
             let (budget, size_from) = checked_budget(budget, default_budget)?;
@@ -91,16 +100,19 @@ pub fn on_device(device: DeviceSpec, budget: Option<u64>, default_budget: u64) -
                 threads: meter.buffered_threads(),
                 each: meter.thread_buffer_bytes(),
             };
-            Ok(OnDevice {
+            OnDevice {
                 meter: Box::new(meter),
                 device: candle_core::Device::Cpu,
                 words: format!("the CPU under a {} budget", Bytes(budget)),
                 size_from,
                 thread_buffers: Some(thread_buffers),
-            })
+                limit: 0,
+            }
         }
-        DeviceSpec::Cuda(ordinal) => on_cuda(ordinal, budget),
-    }
+        DeviceSpec::Cuda(ordinal) => on_cuda(ordinal, budget)?,
+    };
+    on.limit = ceiling.limit_bytes(on.meter.capacity()?);
+    Ok(on)
 }
 
 /// `--device cuda:N`: the CUDA meter of that GPU, its capacity the limit's base.
@@ -112,7 +124,7 @@ fn on_cuda(ordinal: usize, budget: Option<u64>) -> Result<OnDevice, Failure> {
     let meter = autobatch::CudaMeter::new(ordinal)?;
     let device = meter.device().clone();
     let words = format!("{} ({})", meter.name(), Bytes(meter.capacity()?));
-    Ok(OnDevice { meter: Box::new(meter), device, words, size_from: "--device", thread_buffers: None })
+    Ok(OnDevice { meter: Box::new(meter), device, words, size_from: "--device", thread_buffers: None, limit: 0 })
 }
 
 /// `--device cuda:N` without the `cuda` feature: refused, saying how to build it.
@@ -125,10 +137,10 @@ fn on_cuda(ordinal: usize, _: Option<u64>) -> Result<OnDevice, Failure> {
 
 impl OnDevice {
     /// `failure`, where nothing fits and the CPU threads' matmul buffers take
-    /// much of `limit`, naming them as what does not fit.
-    pub fn blame_thread_buffers(&self, failure: Failure, limit: u64) -> Failure {
+    /// much of the limit, naming them as what does not fit.
+    pub fn blame_thread_buffers(&self, failure: Failure) -> Failure {
         match (failure.kind, self.thread_buffers) {
-            (crate::failure::Kind::NothingFits, Some(buffers)) if buffers.bytes > limit / 4 => Failure {
+            (crate::failure::Kind::NothingFits, Some(buffers)) if buffers.bytes > self.limit / 4 => Failure {
                 message: format!(
                     "{}; {} of the memory in use before each step is the matmul buffer candle keeps on each of \
                      {} threads ({} each, this host's L2 cache per core): fewer threads (RAYON_NUM_THREADS) \

@@ -17,7 +17,7 @@ use crate::values::Count;
 
 /// `autobatch estimate`.
 pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
-    if args.device.on_cpu && args.state.config.is_none() {
+    if args.device.on_cpu && args.state.config.path.is_none() {
         // clap counts a switch's default as given: its `requires` is checked here
         return Err(Failure::usage("--on-cpu counts a config's step on the CPU heap: add --config"));
     }
@@ -26,7 +26,7 @@ pub fn run(args: &EstimateArgs) -> Result<(), Failure> {
             "--max-model-len, --max-num-batched-tokens, --block-size and --kv-cache-dtype count serving: add --serve",
         ));
     }
-    if args.base.base_dtype.is_some() && args.lora.rank.is_none() {
+    if args.base.base.base_dtype.is_some() && args.lora.rank.is_none() {
         // one flag for the frozen weights: LoRA's base, or with --serve every weight
         return Err(Failure::usage(
             "--base-dtype is the frozen weights' dtype: add --lora RANK (a frozen base), or --serve",
@@ -61,7 +61,7 @@ fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
     let sharding = sharding(args)?;
     let capacity = args.device.capacity.map(|capacity| capacity.bytes);
     let ceiling = args.device.ceiling.fraction;
-    let (estimate, layers_of_config) = match &args.state.config {
+    let (estimate, layers_of_config) = match &args.state.config.path {
         Some(path) => {
             let with_path = |err: models::Error| Failure::of_config(err, path, &Flags::ESTIMATE);
             let (config, layers_of_config) = config_model(args, path)?;
@@ -84,14 +84,14 @@ fn count(args: &EstimateArgs) -> Result<Counted, Failure> {
                 .optimizer(args.state.optimizer.kind)
                 .sharded(sharding)
                 .compute(if args.device.on_cpu { Compute::Cpu } else { Compute::Accelerator })
-                .batch(args.activations.batch.map_or(1, Count::get));
+                .batch(args.activations.batch.size.map_or(1, Count::get));
             if let Some(precision) = precision(args, own_base)? {
                 request = request.precision(precision);
             }
             if let Some(capacity) = capacity {
                 request = request.on_device(capacity, ceiling);
             }
-            if let Some(target) = args.device.target_effective_batch {
+            if let Some(target) = args.device.target.batch {
                 request = request.target_effective_batch(target.get(), args.sharding.ranks.get());
             }
             (request.count().map_err(with_path)?, layers_of_config)
@@ -435,12 +435,12 @@ fn config_model(args: &EstimateArgs, path: &std::path::Path) -> Result<(Config, 
     }
     // --layers makes a shallower (or deeper) copy: its parameters and its activations
     let mut layers_of_config = None;
-    if let Some(layers) = args.activations.layers {
+    if let Some(layers) = args.activations.shape.layers {
         layers_of_config = Some(config.layers);
         config = config.with_layers(layers.get()).map_err(with_path)?;
     }
     // the lengths the step runs at: at most the positions, within a sliding window
-    if let Some(seq_len) = args.activations.seq_len {
+    if let Some(seq_len) = args.activations.shape.seq_len {
         config.check_seq_len(seq_len.get()).map_err(with_path)?;
     }
     Ok((config, layers_of_config))
@@ -450,21 +450,25 @@ fn config_model(args: &EstimateArgs, path: &std::path::Path) -> Result<(Config, 
 /// ([`config_training`](crate::model::config_training), the one conversion),
 /// `--recompute full` its checkpointing.
 pub(crate) fn training(args: &EstimateArgs, config: &Config) -> Result<Training, Failure> {
-    if args.activations.recompute == Recompute::Selective {
+    if args.activations.recompute() == Recompute::Selective {
         return Err(Failure::usage(
             "--recompute selective is the formula's (Korthikanti et al.); a config's model on candle \
              recomputes whole layers: --recompute full",
         ));
     }
-    let precision = args.state.precision;
+    let precision = args.state.precision.asked();
     let flags = crate::model::TrainingFlags {
-        seq_len: args.activations.seq_len.map(Count::get),
+        seq_len: args.activations.shape.seq_len.map(Count::get),
         seed: None,
         precision,
-        checkpointing: (args.activations.recompute == Recompute::Full).then_some("--recompute full"),
-        ..crate::model::TrainingFlags::of(&args.lora, &args.step, args.base.base_dtype)
+        checkpointing: match (args.activations.checkpointing.on, args.activations.recompute()) {
+            (true, _) => Some("--checkpointing"),
+            (false, Recompute::Full) => Some("--recompute full"),
+            (false, _) => None,
+        },
+        ..crate::model::TrainingFlags::of(&args.lora, &args.step, args.base.base.base_dtype)
     };
-    let path = args.state.config.as_deref().unwrap_or(std::path::Path::new(""));
+    let path = args.state.config.path.as_deref().unwrap_or(std::path::Path::new(""));
     crate::model::config_training(config, &flags, path, &Flags::ESTIMATE)
 }
 
@@ -472,7 +476,7 @@ pub(crate) fn training(args: &EstimateArgs, config: &Config) -> Result<Training,
 /// (the config's torch_dtype); nothing beside a LoRA base of its own dtype,
 /// whose adapters train in f32 (`--precision` is the model's there).
 fn precision(args: &EstimateArgs, own_base: bool) -> Result<Option<Precision>, Failure> {
-    match (own_base, args.state.precision) {
+    match (own_base, args.state.precision.asked()) {
         (true, Some(Precision::Mixed)) => Err(Failure::usage(
             "--precision mixed keeps f32 masters of bf16 variables; with --base-dtype the adapters are f32 already: drop one of them",
         )),
@@ -542,7 +546,7 @@ fn change_flag(change: &Change) -> String {
 /// `--activations`, or the transformer activation model when its five sizes
 /// are given (never both).
 fn activations(args: &EstimateArgs) -> Result<Activations, Failure> {
-    let recompute = args.activations.recompute;
+    let recompute = args.activations.recompute();
     match transformer_shape(&args.activations, args.sharding.tensor_parallel.get())? {
         Some(shape) => Ok(Activations::Transformer { shape, recompute }),
         None if recompute != Recompute::None => Err(Failure::usage(
@@ -555,7 +559,8 @@ fn activations(args: &EstimateArgs) -> Result<Activations, Failure> {
 /// The transformer the five sizes describe, when any is given (then all
 /// must be, and not `--activations` too).
 fn transformer_shape(given: &ActivationArgs, tensor_parallel: usize) -> Result<Option<TransformerShape>, Failure> {
-    let sizes = [given.layers, given.hidden, given.heads, given.seq_len, given.batch].map(|size| size.map(Count::get));
+    let sizes = [given.shape.layers, given.hidden, given.shape.heads, given.shape.seq_len, given.batch.size]
+        .map(|size| size.map(Count::get));
     let named = ["--layers", "--hidden", "--heads", "--seq-len", "--batch"];
     if sizes.iter().all(Option::is_none) {
         return Ok(None);

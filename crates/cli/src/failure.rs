@@ -1,5 +1,6 @@
 //! How a command fails: one line on stderr and a documented exit code.
 
+use std::borrow::Cow;
 use std::process::ExitCode;
 
 use autobatch_models as models;
@@ -233,255 +234,40 @@ impl Flags {
         })
     }
 
-    /// `settings` as alternatives, in flags: `--start or --multiple-of`.
-    fn either(&self, settings: &[autobatch::Setting]) -> String {
-        let flags: Vec<String> = settings.iter().map(|&setting| self.flag(setting)).collect();
-        match flags.split_last() {
-            Some((last, [])) => last.clone(),
-            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-            None => String::new(),
-        }
-    }
-
-    /// What would be valid, in flags.
-    fn valid(&self, valid: &autobatch::Valid) -> String {
-        use autobatch::Valid;
-        match valid {
-            Valid::AtLeast { setting, value } => format!("it must be at least {}, {value}", self.flag(*setting)),
-            Valid::MultipleOf { setting, value } => {
-                format!("it must be a multiple of {}, {value}", self.flag(*setting))
-            }
-            Valid::MicroBatchPerRank { ranks, world_size, multiple_of } => format!(
-                "it must be at least {world_size} ranks ({}) × {} {multiple_of} = {}: every rank needs at least one \
-                 micro-batch",
-                self.flag(*ranks),
-                self.flag(autobatch::Setting::MultipleOf),
-                world_size.saturating_mul(*multiple_of)
-            ),
-            Valid::DevicePerParameter { tensor_parallel, partitioned, parameters } => format!(
-                "there must be at most one device per parameter: {} {tensor_parallel} × {partitioned} ZeRO ranks ({}) \
-                 share {parameters} parameters",
-                self.flag(autobatch::Setting::TensorParallel),
-                self.flag(autobatch::Setting::DataParallel)
-            ),
-            Valid::AtLeastOne | Valid::Said(_) => valid.to_string(),
-        }
-    }
-
-    /// The line for `err`: the library's facts, its settings named by their flags.
+    /// The line for `err`: the library's message, its settings named by
+    /// their flags (the core and the models write each sentence; this names).
     pub fn line(&self, err: &models::Error) -> String {
-        match err {
-            models::Error::InvalidSetting { setting, value, valid } => {
-                format!("{} is {value}: {valid}", self.flag(setting))
-            }
-            models::Error::Core(core) => self.core_line(core),
-            other => other.to_string(),
+        let line = err.message(self);
+        match err.core() {
+            // the command line has a command that says what a step keeps
+            Some(autobatch::Error::GuardExhausted { .. }) => format!("{line}; see `autobatch estimate`"),
+            _ => line,
         }
-    }
-
-    /// The line for the core's `err`, in flags.
-    fn core_line(&self, err: &autobatch::Error) -> String {
-        use autobatch::{Error, Setting as S};
-        match err {
-            Error::InvalidSetting { setting, value, valid } => {
-                format!("{} is {value}: {}", self.flag(*setting), self.valid(valid))
-            }
-            Error::NoCandidate { start, max_batch, multiple_of } => {
-                let [m, s, b] = [S::MultipleOf, S::Start, S::MaxBatch].map(|setting| self.flag(setting));
-                format!(
-                    "no multiple of {m} {multiple_of} lies in [{s} {start}, {b} {max_batch}]: lower {m}, lower {s} or raise {b}"
-                )
-            }
-            Error::BatchOverflow { value, lower } => {
-                format!("batch arithmetic at {value} is past what 64 bits count: use a smaller {}", self.either(lower))
-            }
-            Error::InexactTarget {
-                target,
-                multiple_of,
-                nearest,
-                world_size,
-                accumulation_steps,
-                largest_micro_batch,
-            } => self.inexact(*target, *multiple_of, *nearest, *world_size, *accumulation_steps, *largest_micro_batch),
-            Error::NothingFits {
-                batch,
-                size,
-                outcome,
-                peak_bytes,
-                capacity_bytes,
-                limit_bytes,
-                ceiling,
-                smaller_batch,
-                remedies,
-            } => {
-                let failed = describe_failure(*outcome, *peak_bytes);
-                let smallest = match size {
-                    Some(size) => format!(
-                        " at {} {batch}: the shortest {} searched, {size}, {failed}",
-                        self.flag(S::Batch),
-                        self.size
-                    ),
-                    None => format!(
-                        ": batch {batch} (the smallest {} and {} allow) {failed}",
-                        self.flag(S::Start),
-                        self.flag(S::MultipleOf)
-                    ),
-                };
-                format!(
-                    "nothing fits{smallest}; the ceiling is {} of {} = {}{}",
-                    percent(*ceiling),
-                    autobatch::Bytes(*capacity_bytes),
-                    autobatch::Bytes(*limit_bytes),
-                    self.what_would_help(*batch, *size, *smaller_batch, remedies)
-                )
-            }
-            Error::TimeLimit { limit_ms, trials } => format!(
-                "the time limit ({} {}) passed after {trials} trials with no batch seen to fit: nothing is verified; \
-                 allow more time (the first trials include the warm-up)",
-                self.flag(S::TimeLimit),
-                seconds(*limit_ms)
-            ),
-            Error::PartialGraph { variables, of } => format!(
-                "the measured step did not reach the gradients of {} of {of} variables ({}): an op without a backward \
-                 pass cut the graph (candle's fused LayerNorm, RmsNorm, ops::softmax_last_dim, rotary_emb::rope), so \
-                 they would not learn and the batch found would be larger than training the whole model allows; write \
-                 those ops from differentiable tensor ops, or take the partial answer with {}",
-                variables.len(),
-                first_names(variables),
-                self.flag(S::AllowPartialGraph)
-            ),
-            Error::AtSize { size, source } => format!("at {} {size}: {}", self.size, self.core_line(source)),
-            Error::Input(source) => match source.downcast_ref::<models::Error>() {
-                Some(own) => self.line(own),
-                None => source.to_string(),
-            },
-            Error::GuardExhausted { .. } => format!("{err}; see `autobatch estimate`"),
-            other => other.to_string(),
-        }
-    }
-
-    /// [`autobatch::Error::InexactTarget`] in flags.
-    fn inexact(
-        &self,
-        target: usize,
-        multiple_of: usize,
-        nearest: usize,
-        world_size: usize,
-        accumulation_steps: usize,
-        largest: Option<usize>,
-    ) -> String {
-        use autobatch::Setting as S;
-        let m = self.flag(S::MultipleOf);
-        let unit = world_size.saturating_mul(multiple_of);
-        // a target that W·g divides is missed only by equal micro-batches
-        let missed = match (largest, target.is_multiple_of(unit)) {
-            (Some(largest), true) => format!(
-                "no split hits {} {target} exactly with {world_size} ranks ({}), equal micro-batches that are \
-                 multiples of {m} {multiple_of} and at most {largest} ({}), and at most {} accumulation steps",
-                self.flag(S::TargetEffectiveBatch),
-                self.flag(S::WorldSize),
-                self.flag(S::LargestMicroBatch),
-                accumulation_steps.saturating_mul(2),
-            ),
-            (Some(_), false) => format!(
-                "no split hits {} {target} exactly with {world_size} ranks ({}) and micro-batches that are multiples \
-                 of {m} {multiple_of}: every rank takes a whole number of them, so the effective batch is a multiple \
-                 of {unit}",
-                self.flag(S::TargetEffectiveBatch),
-                self.flag(S::WorldSize),
-            ),
-            (None, _) => format!(
-                "{} {target} cannot be shared exactly in micro-batches that are multiples of {m} {multiple_of}",
-                self.flag(S::TargetGlobalBatch)
-            ),
-        };
-        let instead = match largest.is_some() {
-            true if unit > 1 => format!(", or use a target divisible by ranks × granularity = {unit}"),
-            true => String::new(),
-            false => format!(" or use a global batch divisible by {multiple_of}"),
-        };
-        format!(
-            "{missed}; the nearest above is {nearest}: accept it (drop {}){instead}",
-            self.flag(S::ExactEffectiveBatch)
-        )
-    }
-
-    /// What would make a nothing-fits fit, in flags.
-    fn what_would_help(
-        &self,
-        batch: usize,
-        size: Option<usize>,
-        smaller_batch: Option<usize>,
-        remedies: &[autobatch::estimate::Remedy],
-    ) -> String {
-        use autobatch::Setting as S;
-        if size.is_some() {
-            return match batch {
-                1 => format!(": make the model smaller or raise {}", self.flag(S::Capacity)),
-                _ => format!(": use a smaller {}", self.flag(S::Batch)),
-            };
-        }
-        let mut help = String::new();
-        if let Some(smaller) = smaller_batch {
-            help += &format!(
-                "; batch {smaller} would fit by the measured bytes per sample: use {} {smaller}",
-                self.flag(S::Start)
-            );
-        }
-        if !remedies.is_empty() {
-            let advice: Vec<String> = remedies
-                .iter()
-                .map(|remedy| match self.remedy(&remedy.change) {
-                    Some(how) => format!("{how}: {remedy}"),
-                    None => remedy.to_string(),
-                })
-                .collect();
-            let measured = remedies.iter().filter(|remedy| remedy.measured).count();
-            let how = match measured {
-                0 => "estimated from the measurement".to_owned(),
-                all if all == remedies.len() => format!("each run at batch {batch}"),
-                _ => format!("run at batch {batch} where measured, else estimated"),
-            };
-            help += &format!("; what would help, each alone ({how}): {}", advice.join("; "));
-        }
-        help
     }
 }
 
-/// How a failed trial failed, for people: `peaked at 9.4 MiB`, `ran out of memory`.
-fn describe_failure(outcome: autobatch::search::Outcome, peak_bytes: Option<u64>) -> String {
-    let peak = peak_bytes.map(|bytes| autobatch::Bytes(bytes).to_string());
-    match (outcome, peak) {
-        (autobatch::search::Outcome::OutOfMemory, Some(peak)) => format!("ran out of memory (peak seen {peak})"),
-        (autobatch::search::Outcome::OutOfMemory, None) => "ran out of memory".to_owned(),
-        (_, Some(peak)) => format!("peaked at {peak}"),
-        (_, None) => "went over the ceiling".to_owned(),
+impl autobatch::Names for Flags {
+    fn setting(&self, setting: autobatch::Setting) -> Cow<'static, str> {
+        self.flag(setting).into()
+    }
+
+    fn change(&self, change: &autobatch::estimate::Change) -> Option<String> {
+        self.remedy(change)
+    }
+
+    /// The models' own error, in flags too.
+    fn input(&self, err: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+        match err.downcast_ref::<models::Error>() {
+            Some(own) => own.message(self),
+            None => err.to_string(),
+        }
     }
 }
 
-/// A fraction as a percentage: whole where it is whole (`90%`), else to a tenth.
-fn percent(fraction: f64) -> String {
-    let percent = 100.0 * fraction;
-    if (percent - percent.round()).abs() < 0.05 { format!("{percent:.0}%") } else { format!("{percent:.1}%") }
-}
-
-/// Milliseconds in seconds: `3 s`, `0.200 s`.
-fn seconds(millis: u64) -> String {
-    if millis.is_multiple_of(1000) {
-        format!("{} s", millis / 1000)
-    } else {
-        format!("{:.3} s", millis as f64 / 1000.0)
+impl models::Names for Flags {
+    fn model_setting(&self, setting: &models::Setting) -> Cow<'static, str> {
+        self.flag(setting).into()
     }
-}
-
-/// The first few of `names` and how many more: a line people can read.
-fn first_names(names: &[String]) -> String {
-    const SHOWN: usize = 8;
-    let mut text = names.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
-    if names.len() > SHOWN {
-        text += &format!(" and {} more", names.len() - SHOWN);
-    }
-    text
 }
 
 /// Folds a multi-line message into one line.
@@ -555,6 +341,41 @@ fn why_alone(flag: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The library's sentences are the library's: the command line names
+    /// the settings in them (issue 88), and says a variant the way the
+    /// library does, its flags in place of the builder methods.
+    #[test]
+    fn each_message_is_the_librarys_in_flags() {
+        use autobatch::{Setting as S, Valid, Value};
+        let source = include_str!("failure.rs");
+        let code = source.split("#[cfg(test)]").next().unwrap();
+        for sentence in ["what would help", "the nearest above is", "no split hits", "64 bits count", "nothing fits"] {
+            assert!(!code.contains(sentence), "failure.rs writes the library's \"{sentence}\" itself");
+        }
+        let cases = [
+            autobatch::Error::invalid(S::MaxBatch, Value::Count(4), Valid::AtLeast { setting: S::Start, value: 8 }),
+            autobatch::Error::batch_overflow(7, &[S::WorldSize, S::MaxBatch]),
+            autobatch::Error::AtSize { size: 64, source: Box::new(autobatch::Error::zero(S::MultipleOf)) },
+        ];
+        let lines: Vec<String> = cases.into_iter().map(|err| Failure::from(err).message).collect();
+        assert_eq!(
+            lines,
+            [
+                "--max-batch is 4: it must be at least --start, 8",
+                "batch arithmetic at 7 is past what 64 bits count: use a smaller --world-size or --max-batch",
+                "at sequence length 64: --multiple-of is 0: it must be at least 1",
+            ]
+        );
+        // the models' own error, inside the core's, in flags too
+        let own = models::Error::InvalidSetting {
+            setting: models::Setting::LoraRank,
+            value: Value::Count(0),
+            valid: "it must be at least 1".into(),
+        };
+        let inside = autobatch::Error::from(own);
+        assert_eq!(Failure::from(inside).message, "--lora is 0: it must be at least 1");
+    }
 
     #[test]
     fn every_flag_a_setting_is_named_by_exists() {

@@ -54,10 +54,10 @@ fn main() -> ExitCode {
         None => probe::run(&cli.probe),
         Some(Command::Probe(args)) => probe::run(&args),
         // `estimate --serve` counts serving: serve's count, not a training step's
-        Some(Command::Estimate(args)) if args.serving.serve && args.state.config.is_some() => {
-            serve::estimate(&args.in_one_vocabulary())
+        Some(Command::Estimate(args)) if args.serving.serve && args.state.config.path.is_some() => {
+            serve::estimate(&args)
         }
-        Some(Command::Estimate(args)) => estimate::run(&args.in_one_vocabulary()),
+        Some(Command::Estimate(args)) => estimate::run(&args),
         Some(Command::Plan(args)) => plan::run(&args),
         Some(Command::Serve(args)) => serve::run(&args),
     };

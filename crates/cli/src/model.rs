@@ -54,15 +54,15 @@ impl ModelConfig {
         if let Some(unapplied) = config.unapplied() {
             log::warn!("{unapplied}");
         }
-        if let Some(layers) = args.sizes.layers {
+        if let Some(layers) = args.sizes.shape.layers {
             config = config.with_layers(layers.get()).map_err(with_path)?;
         }
         let flags = TrainingFlags {
             seq_len: args.seq_len(),
             seed: Some(args.model.seed),
-            precision: args.model.precision,
-            checkpointing: args.model.checkpointing.then_some("--checkpointing"),
-            ..TrainingFlags::of(&args.config.lora, &args.config.step, args.config.base_dtype)
+            precision: args.model.precision.asked(),
+            checkpointing: args.model.checkpointing.on.then_some("--checkpointing"),
+            ..TrainingFlags::of(&args.config.lora, &args.config.step, args.config.base.base_dtype)
         };
         let training = config_training(&config, &flags, path, &Flags::PROBE)?;
         // refused here, before anything is allocated: a length past the
@@ -82,7 +82,7 @@ impl ModelConfig {
     }
 
     pub(crate) fn from_args(args: &ProbeArgs) -> Result<Self, Failure> {
-        if let Some(path) = &args.config.path {
+        if let Some(path) = &args.config.file.path {
             return ModelConfig::pretrained(args, path);
         }
         Ok(ModelConfig::reference(args))
@@ -99,12 +99,12 @@ impl ModelConfig {
                 ModelConfig::Transformer(TransformerConfig {
                     vocab: size(sizes.vocab, d.vocab),
                     d_model: size(sizes.d_model, d.d_model),
-                    heads: size(sizes.heads, d.heads),
-                    layers: size(sizes.layers, d.layers),
+                    heads: size(sizes.shape.heads, d.heads),
+                    layers: size(sizes.shape.layers, d.layers),
                     seq_len: args.seq_len().unwrap_or(d.seq_len),
                     dtype,
                     seed,
-                    checkpointing: args.model.checkpointing,
+                    checkpointing: args.model.checkpointing.on,
                 })
             }
             ModelKind::Mlp => {
@@ -547,7 +547,7 @@ mod tests {
         };
         let estimate = match Cli::parse_from(line("estimate")).map(|cli| cli.command) {
             Ok(Some(Command::Estimate(args))) => {
-                crate::estimate::training(&args.in_one_vocabulary(), &config).map_err(|failure| failure.message)
+                crate::estimate::training(&args, &config).map_err(|failure| failure.message)
             }
             other => Err(format!("{:?}", other.err())),
         };

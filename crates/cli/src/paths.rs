@@ -38,10 +38,10 @@ pub fn check(args: &ProbeArgs) -> Result<(), Failure> {
     if let Some(path) = &args.plan.cache {
         outputs.push(("--cache", path.as_path(), Kind::Cache));
     }
-    if let Some(path) = &args.output.plot {
+    if let Some(path) = &args.output.plot.path {
         outputs.push(("--plot", path.as_path(), Kind::Chart));
     }
-    let inputs: Vec<(&str, &Path)> = args.config.path.iter().map(|path| ("--config", path.as_path())).collect();
+    let inputs: Vec<(&str, &Path)> = args.config.file.path.iter().map(|path| ("--config", path.as_path())).collect();
     check_files(&inputs, &outputs)
 }
 

@@ -24,20 +24,20 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
 /// `plan --largest 48`: the target over `--world-size` equal ranks.
 fn even(args: &PlanArgs) -> Result<Accumulation, Failure> {
     let largest = args.largest.map_or(0, |largest| largest.get());
-    let multiple_of = args.multiple_of.get();
+    let multiple_of = args.granule.multiple_of.get();
     if largest < multiple_of {
         return Err(Failure::usage(format!(
             "--largest {largest} is below --multiple-of {multiple_of}: no micro-batch that is a multiple of \
              {multiple_of} fits; lower --multiple-of to at most {largest}"
         )));
     }
-    let (target, world_size) = (args.target.get(), args.world_size.get());
-    let planned = match args.equal_micro_batches {
+    let (target, world_size) = (args.target.get(), args.split.world_size.get());
+    let planned = match args.split.equal_micro_batches {
         true => Accumulation::plan_equal(target, world_size, largest, multiple_of),
         false => Accumulation::plan_aligned(target, world_size, largest, multiple_of),
     };
     let split = planned.map_err(|err| plan_error(err, "--world-size"))?;
-    match args.exact {
+    match args.split.exact {
         true => split.require_exact().map_err(|err| plan_error(err, "--world-size")),
         false => Ok(split),
     }
@@ -45,7 +45,7 @@ fn even(args: &PlanArgs) -> Result<Accumulation, Failure> {
 
 /// `plan --uneven 200,90`: the target shared among ranks of uneven capacity.
 fn uneven(args: &PlanArgs) -> Result<RankSplit, Failure> {
-    let (largest, multiple_of) = (counts(&args.uneven), args.multiple_of.get());
+    let (largest, multiple_of) = (counts(&args.uneven), args.granule.multiple_of.get());
     if let Some(rank) = largest.iter().position(|&largest| largest < multiple_of) {
         return Err(Failure::usage(format!(
             "--uneven: rank {rank}'s largest micro-batch {} is below --multiple-of {multiple_of}: it cannot take one",
@@ -53,7 +53,7 @@ fn uneven(args: &PlanArgs) -> Result<RankSplit, Failure> {
         )));
     }
     let split = RankSplit::plan(args.target.get(), &largest, multiple_of).map_err(|err| plan_error(err, "--uneven"))?;
-    match args.exact {
+    match args.split.exact {
         true => split.require_exact().map_err(|err| plan_error(err, "--uneven")),
         false => Ok(split),
     }

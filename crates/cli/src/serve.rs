@@ -11,6 +11,7 @@ use candle_core::DType;
 use serde_json::json;
 
 use crate::args::{ServeArgs, ServingArgs};
+use crate::device_flags::OnDevice;
 use crate::failure::{Failure, Flags};
 use crate::output::{errln, out, outln};
 use crate::values::Count;
@@ -95,24 +96,26 @@ struct Request {
 
 impl Request {
     fn of(args: &ServeArgs) -> Result<Request, Failure> {
-        if let Some(path) = &args.plot {
-            crate::paths::check_serve(&args.config, path)?;
+        // clap requires serve's --config (args::command)
+        let Some(path) = &args.config.path else { return Err(Failure::usage("serve needs --config")) };
+        if let Some(plot) = &args.plot.path {
+            crate::paths::check_serve(path, plot)?;
         }
-        let config = load(&args.config, &Flags::PROBE)?;
-        let question = match (args.concurrency, args.check) {
+        let config = load(path, &Flags::PROBE)?;
+        let question = match (args.concurrency, args.check.n) {
             (_, Some(sequences)) => Question::Check(sequences.get()),
             (Some(sequences), None) => Question::LongestContext(sequences.get()),
             (None, None) => Question::Sequences,
         };
         Ok(Request {
-            settled: args.serving.settle(args.base_dtype, config, &args.config)?,
-            path: args.config.clone(),
+            settled: args.serving.settle(args.base.base_dtype, config, path)?,
+            path: path.clone(),
             question,
             device: args.on.device,
             budget: args.on.budget,
             ceiling: args.ceiling.fraction,
             json: args.json.on,
-            plot: args.plot.clone(),
+            plot: args.plot.path.clone(),
         })
     }
 }
@@ -129,17 +132,17 @@ fn say_source(json: bool) {
 pub fn run(args: &ServeArgs) -> Result<(), Failure> {
     let mut request = Request::of(args)?;
     say_source(request.json);
-    let mut on = crate::device_flags::on_device(request.device, request.budget, DEFAULT_BUDGET)?;
+    let mut on = crate::device_flags::on_device(request.device, request.budget, DEFAULT_BUDGET, request.ceiling)?;
     // counted for where it runs: the CPU's matmul widens bf16
     request.settled.shape.on_cpu = on.device.is_cpu();
-    serve_on(&request, on.meter.as_mut(), &on.device)
+    serve_on(&request, &mut on)
 }
 
-/// The model built on `device`, then `--check`, or the search and its report.
-fn serve_on(request: &Request, meter: &mut dyn MemoryMeter, device: &candle_core::Device) -> Result<(), Failure> {
+/// The model built on the device, then `--check`, or the search and its report.
+fn serve_on(request: &Request, on: &mut OnDevice) -> Result<(), Failure> {
+    let (meter, device, limit) = (on.meter.as_mut(), &on.device, on.limit);
     let Settled { config, shape } = &request.settled;
     let counted = config.serving_bytes(shape)?;
-    let limit = request.ceiling.limit_bytes(meter.capacity()?);
     let (concurrency, check) = match request.question {
         Question::Sequences => (None, None),
         Question::LongestContext(sequences) => (Some(sequences), None),
@@ -518,10 +521,11 @@ fn percent(part: u64, whole: u64) -> String {
 /// `autobatch estimate --config … --serve`: the count alone (`main` routes
 /// the estimate of serving here; the training estimate knows nothing of it).
 pub fn estimate(args: &crate::args::EstimateArgs) -> Result<(), Failure> {
-    let Some(path) = args.state.config.as_deref() else {
+    let Some(path) = args.state.config.path.as_deref() else {
         return Err(Failure::usage("--serve counts a config's serving: add --config"));
     };
-    let (serving, base_dtype, ceiling) = (&args.serving.settings, args.base.base_dtype, args.device.ceiling.fraction);
+    let (serving, base_dtype, ceiling) =
+        (&args.serving.settings, args.base.base.base_dtype, args.device.ceiling.fraction);
     let (capacity, on_cpu, json) =
         (args.device.capacity.map(|capacity| capacity.bytes), args.device.on_cpu, args.json.on);
     let config = load(path, &Flags::ESTIMATE)?;

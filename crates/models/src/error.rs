@@ -123,7 +123,7 @@ impl std::fmt::Display for Setting {
 #[non_exhaustive]
 pub enum Error {
     /// One of this crate's inputs has a value that is not valid.
-    #[error("{setting} is {value}: {valid}")]
+    #[error("{}", self.message(&Methods))]
     InvalidSetting {
         /// What was set.
         setting: Setting,
@@ -136,6 +136,73 @@ pub enum Error {
     /// The core's error: a search, a meter, a step of candle.
     #[error(transparent)]
     Core(#[from] autobatch::Error),
+}
+
+/// How a caller names this crate's settings, beside the core's
+/// ([`autobatch::Names`]): what it gives [`Error::message`] so that each
+/// message is written once; `Display` names them by builder method
+/// (`Lora::new's rank`).
+///
+/// ```
+/// use std::borrow::Cow;
+/// use autobatch_models::{Error, Names, Setting};
+///
+/// struct Flags;
+/// impl autobatch::Names for Flags {
+///     fn setting(&self, setting: autobatch::Setting) -> Cow<'static, str> {
+///         setting.as_str().into()
+///     }
+/// }
+/// impl Names for Flags {
+///     fn model_setting(&self, setting: &Setting) -> Cow<'static, str> {
+///         match setting {
+///             Setting::LoraRank => "--lora".into(),
+///             other => other.to_string().into(),
+///         }
+///     }
+/// }
+///
+/// let config = autobatch_models::Config::from_json(
+///     r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+///         "num_hidden_layers": 1, "num_attention_heads": 2}"#,
+/// )?;
+/// let training = autobatch_models::Training::new(8).lora(autobatch_models::Lora::new(0, &["q_proj"]));
+/// let err = config.footprint(&training, autobatch_models::Compute::Cpu).unwrap_err();
+/// assert_eq!(err.message(&Flags), "--lora is 0: it must be at least 1");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Names: autobatch::Names {
+    /// What sets `setting`, as the caller's users know it.
+    fn model_setting(&self, setting: &Setting) -> Cow<'static, str>;
+}
+
+/// The names `Display` uses: each setting by its builder method or key.
+struct Methods;
+
+impl autobatch::Names for Methods {
+    fn setting(&self, setting: autobatch::Setting) -> Cow<'static, str> {
+        setting.as_str().into()
+    }
+}
+
+impl Names for Methods {
+    fn model_setting(&self, setting: &Setting) -> Cow<'static, str> {
+        setting.to_string().into()
+    }
+}
+
+impl Error {
+    /// The error's message with every setting, this crate's and the core's,
+    /// named by `names`: what its `Display` writes with the builder methods'
+    /// names, a command line with its flags.
+    pub fn message(&self, names: &dyn Names) -> String {
+        match self {
+            Error::InvalidSetting { setting, value, valid } => {
+                format!("{} is {value}: {valid}", names.model_setting(setting))
+            }
+            Error::Core(core) => core.message(names),
+        }
+    }
 }
 
 impl From<candle_core::Error> for Error {

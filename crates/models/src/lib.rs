@@ -77,7 +77,7 @@ pub use config::{
     Rope, RopeScaling, YarnRope,
 };
 pub use config_model::ConfigModel;
-pub use error::{Error, Setting};
+pub use error::{Error, Names, Setting};
 pub use family::Family;
 pub use inference::{Inference, Serving};
 pub use kv_cache::{Chunk, DEFAULT_BLOCK_SIZE, KvCache, SequenceId};

@@ -26,14 +26,14 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
     }
     check_seq_lens(args)?;
     check_find(args)?;
-    if args.config.weights && args.sizes.layers.is_some() {
+    if args.config.weights && args.sizes.shape.layers.is_some() {
         return Err(Failure::usage(
             "--weights loads the checkpoint as saved, with the config's own layers: drop --layers (or --weights: \
              random weights take the same memory)",
         ));
     }
-    if let Some(batch) = args.mode.check.map(Count::get) {
-        let granule = args.search.multiple_of.get();
+    if let Some(batch) = args.mode.check.n.map(Count::get) {
+        let granule = args.search.granule.multiple_of.get();
         if !batch.is_multiple_of(granule) {
             let (below, above) = (batch / granule * granule, batch.div_ceil(granule).saturating_mul(granule));
             let instead = match below {
@@ -51,7 +51,7 @@ pub fn check_flags(args: &ProbeArgs) -> Result<(), Failure> {
 /// Size flags and the reference models they apply to; a config's flags
 /// only with `--config`.
 fn check_size_flags(args: &ProbeArgs) -> Result<(), Failure> {
-    if args.config.path.is_some() {
+    if args.config.file.path.is_some() {
         return Ok(());
     }
     if let Some((flag, _)) = args.config.config_only_flags().into_iter().find(|(_, given)| *given) {
@@ -82,7 +82,7 @@ fn check_seq_lens(args: &ProbeArgs) -> Result<(), Failure> {
     if let Some(twice) = lengths.iter().enumerate().find_map(|(i, len)| lengths[..i].contains(len).then_some(len)) {
         return Err(Failure::usage(format!("--seq-lens: {twice} is given twice; list each length once")));
     }
-    match args.sizes.seq_len.map(Count::get) {
+    match args.sizes.shape.seq_len.map(Count::get) {
         Some(seq_len) if seq_len < longest => Err(Failure::usage(format!(
             "--seq-len {seq_len} is shorter than the longest of --seq-lens, {longest}: the model must take every \
              length probed; drop --seq-len or make it at least {longest}"
@@ -100,16 +100,16 @@ fn check_find(args: &ProbeArgs) -> Result<(), Failure> {
         FindArg::SeqLen => ("--find seq-len", ModelKind::Transformer),
         FindArg::Resolution => ("--find resolution", ModelKind::Convnet),
     };
-    if args.config.path.is_some() && find == FindArg::Resolution {
+    if args.config.file.path.is_some() && find == FindArg::Resolution {
         return Err(Failure::usage(
             "--find resolution searches the convnet's image side: a --config model takes --find seq-len",
         ));
     }
-    if args.model.kind != model && args.config.path.is_none() {
+    if args.model.kind != model && args.config.file.path.is_none() {
         let name = if model == ModelKind::Transformer { "transformer" } else { "convnet" };
         return Err(Failure::usage(format!("{flag} searches a --model {name}'s input: add --model {name}")));
     }
-    let granule = args.search.multiple_of.get();
+    let granule = args.search.granule.multiple_of.get();
     if find == FindArg::Resolution && granule > 1 && !granule.is_multiple_of(4) {
         return Err(Failure::usage(format!(
             "--multiple-of {granule} is not a multiple of 4: --find resolution tries image sides that are (4, 8, 12, ...)"

@@ -36,8 +36,8 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
         DeviceSpec::Cuda(_) => Compute::Accelerator,
     };
     let footprint = request.model.footprint(request.optimizing, compute)?;
-    let mut on = on_device(request.device, request.budget, DEFAULT_BUDGET)?;
-    let limit = request.ceiling.limit_bytes(on.meter.capacity()?);
+    let mut on = on_device(request.device, request.budget, DEFAULT_BUDGET, request.ceiling)?;
+    let limit = on.limit;
     let run = Run {
         request: &request,
         model: &request.model,
@@ -61,8 +61,8 @@ pub fn run(args: &ProbeArgs) -> Result<(), Failure> {
             }
             _ => refused,
         };
-        return Err(on.blame_thread_buffers(failure, limit));
+        return Err(on.blame_thread_buffers(failure));
     }
     let answered = run.dispatch(on.meter.as_mut());
-    answered.map_err(|failure| on.blame_thread_buffers(failure, limit))
+    answered.map_err(|failure| on.blame_thread_buffers(failure))
 }

@@ -33,16 +33,16 @@ impl Question {
     /// The question of the flags, of which clap lets at most one through.
     pub fn of(args: &ProbeArgs) -> Result<Question, Failure> {
         let mode = &args.mode;
-        if let Some(batch) = mode.check {
+        if let Some(batch) = mode.check.n {
             return Ok(Question::Check { batch: batch.get() });
         }
         Ok(match (mode.compare, mode.find, args.seq_lens()) {
             (true, _, _) => Question::Compare,
             (false, Some(_), _) => {
-                let Some(batch) = mode.batch else {
+                let Some(batch) = mode.batch.size else {
                     return Err(Failure::usage("--find holds a --batch fixed: add --batch N"));
                 };
-                Question::Find { batch: batch.get(), granule: args.search.multiple_of.get() }
+                Question::Find { batch: batch.get(), granule: args.search.granule.multiple_of.get() }
             }
             (false, None, lengths) if !lengths.is_empty() => Question::Lengths(lengths),
             (false, None, _) => Question::Batch { eval: args.plan.eval },
@@ -85,7 +85,7 @@ impl Request {
         let first_batch = autobatch::search::SearchSpace::new(
             space.start.get(),
             space.max_batch.map(Count::get),
-            space.multiple_of.get(),
+            space.granule.multiple_of.get(),
         )?
         .first();
         Ok(Request {
@@ -98,12 +98,12 @@ impl Request {
             search,
             tuner,
             first_batch,
-            granule: space.multiple_of.get(),
+            granule: space.granule.multiple_of.get(),
             device: space.on.device,
             budget: space.on.budget,
             ceiling: space.ceiling.fraction,
             json: args.output.json.on,
-            plot: args.output.plot.clone(),
+            plot: args.output.plot.path.clone(),
             cache: args.plan.cache.clone(),
         })
     }
@@ -132,15 +132,15 @@ fn batch_tuner(args: &ProbeArgs, search: Tuner) -> Tuner {
     let (space, plan) = (&args.search, &args.plan);
     let mut tuner = search
         .start(space.start.get())
-        .multiple_of(space.multiple_of.get())
-        .world_size(plan.world_size.get())
-        .exact_effective_batch(plan.exact)
-        .equal_micro_batches(plan.equal_micro_batches)
+        .multiple_of(space.granule.multiple_of.get())
+        .world_size(plan.split.world_size.get())
+        .exact_effective_batch(plan.split.exact)
+        .equal_micro_batches(plan.split.equal_micro_batches)
         .objective(plan.objective);
     if let Some(max_batch) = space.max_batch {
         tuner = tuner.max_batch(max_batch.get());
     }
-    if let Some(target) = plan.target_effective_batch {
+    if let Some(target) = plan.target.batch {
         tuner = tuner.target_effective_batch(target.get());
     }
     if let Some(path) = &plan.cache {
