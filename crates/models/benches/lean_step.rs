@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! cargo bench --bench lean_step            # writes its two sections of docs/benchmarks.md
+//! cargo bench --bench lean_step -- fixed   # the fixed peak alone, two ways (its own section)
+//! cargo bench --bench lean_step -- short   # bytes a token at 64 tokens against 1024 (its own section)
 //! cargo bench --bench lean_step -- tuned   # the tuned batches alone (or: tables)
 //! ```
 //!
@@ -95,11 +97,23 @@ fn measure(config: &Config, training: &Training) -> (u64, f64) {
 /// `ModelProbe::optimizer::<AdamW>` measures and training runs it) at `batches`: its
 /// bytes per sample (the slope between them), its peak at the first, and the
 /// faster of two steps there.
-fn measure_whole(config: &Config, training: &Training, (first, second): (usize, usize)) -> (u64, u64, f64) {
+fn measure_whole(config: &Config, training: &Training, batches: (usize, usize)) -> (u64, u64, f64) {
+    measure_step(config, training, batches, true)
+}
+
+/// [`measure_whole`], the gradients `own` (the loss and gradients the probe
+/// and the training loop run: the tables' gradients made once) or those of
+/// `loss.backward()` (a user's step over the model's loss).
+fn measure_step(config: &Config, training: &Training, (first, second): (usize, usize), own: bool) -> (u64, u64, f64) {
+    use autobatch_models::trainer::Model;
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
-    let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss(batch.len, 0))
-        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
-        .unwrap();
+    let vars = model.varmap().all_vars();
+    let mut probe = ModelProbe::new(model.varmap(), |batch| match own {
+        true => model.loss_and_gradients(batch.len, 0, &vars),
+        false => model.loss(batch.len, 0).and_then(|loss| Ok((loss.clone(), loss.backward()?))),
+    })
+    .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+    .unwrap();
     let mut meter = HeapMeter::with_room(1 << 30).unwrap();
     probe.step(first).unwrap(); // warm
     let mut peak = |batch: usize| {
@@ -140,12 +154,123 @@ fn tuned(config: &Config, training: &Training) -> Option<(usize, f64)> {
 
 fn main() {
     let part = std::env::args().skip(1).find(|arg| !arg.starts_with('-'));
+    if part.as_deref() == Some("short") {
+        short_lengths();
+        return;
+    }
+    if part.as_deref() == Some("fixed") {
+        fixed_peaks();
+        return;
+    }
     if part.as_deref() != Some("tuned") {
         tables();
     }
     if part.as_deref() != Some("tables") {
         tuned_batches();
     }
+}
+
+/// The fixed peak (the whole step at batch 1 of 64 tokens) with the
+/// embedding's and head's gradients made once, as the probe and the training
+/// loop run the step, against `loss.backward()`'s (candle's backward pass
+/// over the model's loss, as a user's loop over `ConfigModel::loss` runs it)
+/// and PyTorch's, in one run: `cargo bench --bench lean_step -- fixed`.
+fn fixed_peaks() {
+    let (config, training) = (config("smollm2-135m.json", 2), training(64, true, Ops::Fused));
+    let [candles, once] = [false, true].map(|own| measure_step(&config, &training, (1, 2), own).1 as f64);
+    let mb = |bytes: f64| format!("{:.1} MB", bytes / 1e6);
+    let section = format!(
+        "### The fixed peak\n\n`cargo bench --bench lean_step -- fixed`: SmolLM2-135M, 2 layers (its head tied to \
+         its 49,152 × 576 embedding, 113.2 MB in f32), the whole step (AdamW) at batch 1 of 64 tokens.\n\n\
+         | the step | fixed peak | / PyTorch's {} |\n|---|---|---|\n\
+         | the tables' gradients made once (the probe's and the training loop's step) | {} | {:.2} |\n\
+         | candle's backward pass over the loss (`loss.backward()`) | {} | {:.2} |\n\n\
+         candle's backward pass adds the first gradient a variable gets to a zero tensor of its own: the head's, \
+         handed over by the loss, is three vocabulary-sized tensors at once; the step that makes them once keeps \
+         the head's gradient in the loss and adds the embedding lookup's rows into it in place.\n",
+        mb(PYTORCH_FIXED),
+        mb(once),
+        once / PYTORCH_FIXED,
+        mb(candles),
+        candles / PYTORCH_FIXED,
+    );
+    println!("{section}");
+    let path = shared::replace("lean-step-fixed", &shared::with_host(&section)).unwrap();
+    eprintln!("wrote {}", path.display());
+}
+
+/// The whole step's peaks at `batches` (the probe's and the training loop's step).
+fn peaks(config: &Config, training: &Training, batches: &[usize]) -> Vec<u64> {
+    use autobatch_models::trainer::Model;
+    let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
+    let vars = model.varmap().all_vars();
+    let mut probe = ModelProbe::new(model.varmap(), |batch| model.loss_and_gradients(batch.len, 0, &vars))
+        .optimizer::<autobatch::optim::AdamW>(ParamsAdamW::default())
+        .unwrap();
+    let mut meter = HeapMeter::with_room(4 << 30).unwrap();
+    probe.step(batches[0]).unwrap(); // warm
+    batches
+        .iter()
+        .map(|&batch| {
+            meter.reset_peak().unwrap();
+            probe.step(batch).unwrap();
+            meter.peak().unwrap()
+        })
+        .collect()
+}
+
+/// Bytes a token of the whole step at 64 tokens against 1024 (issue 89: a
+/// short sequence at a large vocabulary paid for the loss's chunk a
+/// sample): the slope over three batches on one line, full fine-tuning and
+/// LoRA, in one run: `cargo bench --bench lean_step -- short`.
+fn short_lengths() {
+    let config = config("smollm2-135m.json", 2);
+    let mut section = String::from(
+        "### Short sequences\n\n`cargo bench --bench lean_step -- short`: SmolLM2-135M, 2 layers, f32, AdamW, \
+         the whole step's bytes a token: the least-squares slope of its peak over three batches, and (in \
+         brackets) how far in samples the middle one lies off the line through the others. A full \
+         fine-tune's chunk of the loss grows with the batch up to 256 rows (4 samples of 64 tokens); a \
+         frozen head's is 32 rows (4M values over the vocabulary, at most 32).\n\n\
+         | training | 64 tokens, batches 1–3 | / 1024 tokens' | 64 tokens, batches 4–12 | / 1024 tokens' | \
+         1024 tokens, batches 1–3 |\n|---|---|---|---|---|---|\n",
+    );
+    let lora = || autobatch_models::Lora::new(8, &["q_proj", "k_proj", "v_proj", "o_proj"]);
+    for (name, lora) in [("full fine-tuning", None), ("LoRA rank 8 (attention)", Some(lora()))] {
+        // the least-squares slope over the three, and how far the middle lies off the line through the ends
+        let per_token = |seq_len: usize, batches: [usize; 3]| {
+            let mut training = training(seq_len, true, Ops::Fused);
+            if let Some(lora) = lora.clone() {
+                training = training.lora(lora);
+            }
+            let p = peaks(&config, &training, &batches);
+            let (xs, ys) = (batches.map(|b| b as f64), [p[0], p[1], p[2]].map(|p| p as f64));
+            let (mx, my) = (xs.iter().sum::<f64>() / 3.0, ys.iter().sum::<f64>() / 3.0);
+            let slope = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum::<f64>()
+                / xs.iter().map(|x| (x - mx).powi(2)).sum::<f64>();
+            let ends = (ys[2] - ys[0]) / (xs[2] - xs[0]);
+            let off = (ys[1] - (ys[0] + ends * (xs[1] - xs[0]))).abs() / ends.max(1.0);
+            eprintln!(
+                "{name} at {seq_len}: peaks {p:?}, {:.1} kB a token, the middle {off:.2} of a sample off the line",
+                slope / seq_len as f64 / 1e3
+            );
+            (slope / seq_len as f64, off)
+        };
+        let [(first, first_off), (past, past_off), (long, long_off)] =
+            [(64, [1, 2, 3]), (64, [4, 8, 12]), (1024, [1, 2, 3])]
+                .map(|(seq_len, batches)| per_token(seq_len, batches));
+        let _ = writeln!(
+            section,
+            "| {name} | {:.1} kB ({first_off:.2}) | {:.2} | {:.1} kB ({past_off:.2}) | {:.2} | {:.1} kB ({long_off:.2}) |",
+            first / 1e3,
+            first / long,
+            past / 1e3,
+            past / long,
+            long / 1e3,
+        );
+    }
+    println!("{section}");
+    let path = shared::replace("lean-step-short", &shared::with_host(&section)).unwrap();
+    eprintln!("wrote {}", path.display());
 }
 
 /// Bytes per sample and step time of each step at each length.

@@ -366,6 +366,65 @@ impl ConfigModel {
         }
     }
 
+    /// The decoder whose embedding's and head's gradients this model puts in
+    /// the gradient store itself, with its head's weight: every weight
+    /// training (no adapters), the chunked loss, no checkpointing.
+    fn own_table_gradients(&self) -> Option<(&crate::decoder::Decoder, Tensor)> {
+        let Network::Decoder(network) = &self.network else { return None };
+        if self.training.loss != Loss::Chunked || self.frozen.is_some() {
+            return None;
+        }
+        let (weight, _) = network.head_dense()?;
+        (weight.track_op() && network.embedding().0.track_op()).then_some((network, weight))
+    }
+
+    /// The loss and the gradients of `batch` samples, the vocabulary-sized
+    /// ones made once: candle's backward pass adds the first gradient a
+    /// variable gets to a zero tensor of its own (the head's: three
+    /// vocabulary-sized tensors at once), and an embedding lookup's rows to
+    /// a new table (two). Here the loss keeps the head's gradient, the
+    /// lookup's rows are a leaf of the graph, and after the backward pass
+    /// the rows are added into the table's gradient in place (the head's,
+    /// where the two are tied): one such tensor, as PyTorch accumulates it.
+    /// The same sums in the same order as `loss.backward()`.
+    fn own_table_loss_and_gradients(
+        &self,
+        network: &crate::decoder::Decoder,
+        weight: &Tensor,
+        batch: usize,
+        data_seed: u64,
+    ) -> candle_core::Result<(Tensor, candle_core::backprop::GradStore)> {
+        let (input, targets) = self.next_tokens(batch, data_seed)?;
+        let (table, padding) = network.embedding();
+        let rows = candle_core::Var::from_tensor(&layers::embed(&table.detach(), &input, None)?)?;
+        let trunk = network.trunk_of_rows(rows.as_tensor().clone())?;
+        let (features, _, bias) = self.network.head_parts(&trunk)?;
+        let features = features.reshape((batch * self.training.seq_len, self.config.hidden))?;
+        let (loss, head) = ChunkedCrossEntropy::default()
+            .softcap(self.config.final_softcap)
+            .forward_taking_weight_gradient(&features, weight, bias.as_ref(), &targets)?;
+        let loss = match network.router_aux_loss()? {
+            Some(aux) => (&loss + aux.to_dtype(loss.dtype())?)?,
+            None => loss,
+        };
+        let mut grads = loss.backward()?;
+        let rows_grad = grads.remove(rows.as_tensor());
+        let tied = weight.id() == table.id();
+        let sum = match tied {
+            true => head,
+            false => {
+                grads.insert(weight, head);
+                table.zeros_like()?
+            }
+        };
+        if let Some(rows_grad) = rows_grad {
+            let ids = input.flatten_all()?.to_vec1::<u32>()?;
+            ops::add_rows_in_place(&sum, &ids, &rows_grad, padding.map(|id| id as u32))?;
+        }
+        grads.insert(table, sum);
+        Ok((loss, grads))
+    }
+
     /// A decoder's batch: `s + 1` tokens a sample, the first `s` the input
     /// `(b, s)`, each one's next token its target `(b · s)`.
     fn next_tokens(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
@@ -422,6 +481,9 @@ impl Model for ConfigModel {
         data_seed: u64,
         vars: &[candle_core::Var],
     ) -> candle_core::Result<(Tensor, candle_core::backprop::GradStore)> {
+        if let Some((network, weight)) = self.own_table_gradients() {
+            return self.own_table_loss_and_gradients(network, &weight, batch, data_seed);
+        }
         let Some(frozen) = &self.frozen else {
             let loss = self.loss(batch, data_seed)?;
             let grads = loss.backward()?;
@@ -472,7 +534,7 @@ impl Model for ConfigModel {
     }
 
     fn computes_own_gradients(&self) -> bool {
-        self.frozen.is_some()
+        self.frozen.is_some() || self.own_table_gradients().is_some()
     }
 
     fn transformer(&self) -> Option<(autobatch::estimate::TransformerShape, autobatch::estimate::Recompute)> {

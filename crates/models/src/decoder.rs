@@ -460,10 +460,16 @@ impl Decoder {
 
     /// The last block's output `(b, s, hidden)` for token ids `(b, s)`.
     pub(crate) fn trunk(&self, ids: &Tensor) -> Result<Tensor> {
+        self.trunk_of_rows(embed(&self.embed, ids, self.padding_idx)?)
+    }
+
+    /// [`trunk`](Self::trunk) from the embedding table's rows for the ids
+    /// `(b, s, hidden)`, before any scale.
+    pub(crate) fn trunk_of_rows(&self, rows: Tensor) -> Result<Tensor> {
         if let Some((_, stats)) = &self.aux_loss {
             stats.lock().map_err(|_| candle_core::Error::Msg("the router's statistics".into()))?.clear();
         }
-        let mut xs = self.embed(ids)?;
+        let mut xs = self.scaled(rows)?;
         let tables = self.tables(&xs)?;
         for index in 0..self.blocks.len() {
             xs = self.block(index, &xs, &tables)?;
@@ -473,7 +479,16 @@ impl Decoder {
 
     /// The token embeddings `(b, s, hidden)` of ids `(b, s)`.
     pub(crate) fn embed(&self, ids: &Tensor) -> Result<Tensor> {
-        let xs = embed(&self.embed, ids, self.padding_idx)?;
+        self.scaled(embed(&self.embed, ids, self.padding_idx)?)
+    }
+
+    /// The embedding table and the token whose row gets no gradient.
+    pub(crate) fn embedding(&self) -> (&Tensor, Option<usize>) {
+        (&self.embed, self.padding_idx)
+    }
+
+    /// Embedding rows `xs` scaled as the family scales them.
+    fn scaled(&self, xs: Tensor) -> Result<Tensor> {
         match self.embedding_scale {
             // the scale rounded to the embeddings' dtype first, as transformers rounds it
             Some(scale) => xs.affine(

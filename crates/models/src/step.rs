@@ -49,8 +49,8 @@ pub struct StepMoment {
 
 /// The chunked loss's chunk of logits ([`ChunkedCrossEntropy`](crate::ops::ChunkedCrossEntropy)):
 /// `⌈n / rows_per_chunk_row⌉` rows of the step's `n` predicted rows, at
-/// least [`MIN_CHUNK_ROWS`](crate::ops::MIN_CHUNK_ROWS) and at most `n`,
-/// each row `bytes_per_row`.
+/// least [`MIN_CHUNK_ROWS`](crate::ops::MIN_CHUNK_ROWS) and at most `n`
+/// (a frozen head's: `frozen_rows` at most), each row `bytes_per_row`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LossChunk {
     /// Rows a sample predicts, in thousandths (BERT predicts about 15%).
@@ -59,14 +59,21 @@ pub struct LossChunk {
     pub rows_per_chunk_row: u64,
     /// Bytes a chunk's row holds (its logits in f32, several at once).
     pub bytes_per_row: u64,
+    /// Where the head is frozen, the rows of a chunk whatever the batch
+    /// ([`FROZEN_HEAD_CHUNK_ELEMENTS`](crate::ops::FROZEN_HEAD_CHUNK_ELEMENTS)
+    /// over the vocabulary).
+    pub frozen_rows: Option<u64>,
 }
 
 impl LossChunk {
     /// The chunk's bytes at `batch`.
     fn bytes(&self, batch: u64) -> Option<u64> {
         let rows = batch.checked_mul(self.milli_rows_per_sample)?.div_ceil(1000);
-        let least = rows.min(crate::ops::MIN_CHUNK_ROWS as u64);
-        rows.div_ceil(self.rows_per_chunk_row.max(1)).max(least).checked_mul(self.bytes_per_row)
+        let chunk_rows = match self.frozen_rows {
+            Some(most) => rows.min(most.max(1)),
+            None => rows.div_ceil(self.rows_per_chunk_row.max(1)).max(rows.min(crate::ops::MIN_CHUNK_ROWS as u64)),
+        };
+        chunk_rows.checked_mul(self.bytes_per_row)
     }
 }
 
@@ -96,7 +103,7 @@ impl StepMoment {
 /// ```
 /// use autobatch_models::{Compute, Config, Training};
 /// let config = Config::from_json(r#"{"model_type": "llama", "vocab_size": 151936, "hidden_size": 64,
-///     "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4}"#)?;
+///     "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "tie_word_embeddings": true}"#)?;
 /// let step = config.step_memory(&Training::new(32), Compute::Cpu)?;
 /// let gradients = config.parameter_count() * 4;
 /// // a small batch: the chunked loss, its logits and the head's gradient summed in f32
@@ -157,7 +164,8 @@ impl StepMemory {
     /// The bytes a sample adds once the batch is large: the steepest moment's.
     pub fn bytes_per_sample(&self) -> u64 {
         let slope = |moment: &StepMoment| {
-            let chunk = moment.chunk.map_or(0, |chunk| {
+            // a frozen head's chunk stops growing at its rows
+            let chunk = moment.chunk.filter(|chunk| chunk.frozen_rows.is_none()).map_or(0, |chunk| {
                 chunk.bytes_per_row.saturating_mul(chunk.milli_rows_per_sample) / 1000 / chunk.rows_per_chunk_row.max(1)
             });
             moment.bytes_per_sample.saturating_add(chunk)
@@ -184,15 +192,14 @@ impl StepMemory {
     }
 }
 
-/// f32 tensors of a chunk's logits the chunked loss holds at once, on the
-/// CPU (measured: the logits, their exponentials, the gradient as it is
-/// made, its scaled copy and the product in f32 before it is narrowed) and
-/// on an accelerator (counted: the product made in the model's dtype).
+/// f32 tensors of a chunk's logits the chunked loss holds at once: two,
+/// each let go as the next is made (the logits and their shifted copy,
+/// then the exponentials, the gradient and its scaled copy), whatever the
+/// dtype and wherever it runs (issue 89: five, six on the CPU in bf16,
+/// before).
 fn chunk_tensors(compute: Compute, dtype: DType) -> u64 {
-    match (compute, dtype) {
-        (_, DType::F32) | (Compute::Accelerator, _) => 5,
-        (Compute::Cpu, _) => 6,
-    }
+    let _ = (compute, dtype);
+    2
 }
 
 impl Config {
@@ -273,7 +280,11 @@ impl Config {
         let predicted_milli_rows = family.predicted_milli_rows(self);
         let predicts_tokens = predicted_milli_rows > 0;
         let native = dtype.size_in_bytes() as u64;
-        if trains_embeddings && predicts_tokens {
+        // a decoder's full fine-tune makes the two tables' gradients once: the
+        // head's in the loss, the lookup's rows added into it (or into the
+        // embedding's own) in place; the backward pass counts them with the rest
+        let once = training.loss == Loss::Chunked && !training.checkpointing && family.makes_table_gradients_once();
+        if trains_embeddings && predicts_tokens && !once {
             // the loss hands the head's gradient to candle's backward pass, which
             // scales it by the loss's gradient and adds it to a zero tensor of its
             // own: three at once, before any other gradient is made (measured)
@@ -286,7 +297,7 @@ impl Config {
                 chunk: None,
             });
         }
-        if trains_embeddings {
+        if trains_embeddings && !once {
             // candle's index_select backward: the rows added into a new table
             moments.push(StepMoment {
                 name: "the embedding's gradient",
@@ -311,14 +322,29 @@ impl Config {
                     .ok_or_else(|| overflow("a sample"))?,
                 rows_per_chunk_row: self.vocab.div_ceil(self.hidden.max(1)).max(1) as u64,
                 bytes_per_row: v.checked_mul(4 * tensors).ok_or_else(|| overflow("the loss's chunk"))?,
+                frozen_rows: (!trains_embeddings)
+                    .then(|| crate::ops::default_chunk_rows(0, self.vocab, self.hidden, false) as u64),
             };
             moments.push(StepMoment {
                 name: "the chunked loss",
                 holds_gradients: false,
-                fixed_bytes: gradient.checked_add(widened).ok_or_else(|| overflow("the loss"))?,
+                fixed_bytes: gradient,
                 bytes_per_sample: per_sample(kept)?,
                 chunk: Some(chunk),
             });
+            if widened > 0 {
+                // the product on the CPU in 16 bits: the weight widened to f32 beside the
+                // chunk's product in f32 and its narrowed copy, before the two tensors above
+                let product =
+                    LossChunk { bytes_per_row: v.checked_mul(6).ok_or_else(|| overflow("the loss's chunk"))?, ..chunk };
+                moments.push(StepMoment {
+                    name: "the chunked loss's product",
+                    holds_gradients: false,
+                    fixed_bytes: gradient.checked_add(widened).ok_or_else(|| overflow("the loss"))?,
+                    bytes_per_sample: per_sample(kept)?,
+                    chunk: Some(product),
+                });
+            }
             if trains_embeddings && dtype != DType::F32 {
                 // the f32 sum narrowed to the model's dtype at the loss's end
                 moments.push(StepMoment {

@@ -247,6 +247,10 @@ impl Bert {
 pub(crate) struct BertFamily;
 
 impl Architecture for BertFamily {
+    fn makes_table_gradients_once(&self) -> bool {
+        false
+    }
+
     fn model_type(&self) -> &'static str {
         "bert"
     }

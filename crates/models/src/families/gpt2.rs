@@ -231,6 +231,10 @@ const GPT2: &[(&str, Handling)] = &[
 pub(crate) struct Gpt2Family;
 
 impl Architecture for Gpt2Family {
+    fn makes_table_gradients_once(&self) -> bool {
+        false
+    }
+
     fn model_type(&self) -> &'static str {
         "gpt2"
     }

@@ -177,6 +177,14 @@ pub(crate) trait Architecture: Sync {
         1000
     }
 
+    /// Whether a full fine-tune's step makes its embedding's and head's
+    /// gradients once, the loss keeping the head's and the lookup's rows
+    /// added into it in place (`ConfigModel::loss_and_gradients`): the
+    /// decoders'; GPT-2's and BERT's hand them to candle's backward pass.
+    fn makes_table_gradients_once(&self) -> bool {
+        true
+    }
+
     /// The head's gradient handed to the backward pass, in tenths of the
     /// head (measured: three; BERT's, its bias beside, 3.7).
     fn head_gradient_tenths(&self) -> u64 {

@@ -15,6 +15,34 @@ use super::node::{Backward, node};
 /// otherwise (the last chunk may have fewer).
 pub const MIN_CHUNK_ROWS: usize = 256;
 
+/// Elements of a chunk's logits where the head's weight gets no gradient (a
+/// frozen head: LoRA's, QLoRA's): its rows are this over the vocabulary
+/// (16 MiB a tensor in f32), at most [`FROZEN_HEAD_CHUNK_ROWS`], whatever
+/// the batch. A chunk then costs a matmul of its rows and nothing more, so
+/// small ones are cheap, and the loss's bytes stop growing with the batch
+/// within one short sample (32 rows at a vocabulary of 49,152, 27 at
+/// 151,936) rather than at 256 rows (issue 89: 1.2 MB a token at 64 tokens,
+/// where the rest of the step keeps 33 kB); not fewer, or a large batch runs
+/// thousands of chunks of a few ops each.
+pub const FROZEN_HEAD_CHUNK_ELEMENTS: usize = 1 << 22;
+
+/// The most rows of a frozen head's chunk ([`FROZEN_HEAD_CHUNK_ELEMENTS`]).
+pub const FROZEN_HEAD_CHUNK_ROWS: usize = 32;
+
+/// The rows of a chunk of `n` rows of width `width` over `vocab` classes
+/// when none is given: Liger Kernel's `⌈n / ⌈vocab / width⌉⌉`, at least
+/// [`MIN_CHUNK_ROWS`], where the head's weight gets a gradient (each chunk
+/// adds its share to the whole of it); [`FROZEN_HEAD_CHUNK_ELEMENTS`] over
+/// the vocabulary, at most [`FROZEN_HEAD_CHUNK_ROWS`], where it does not.
+/// At least 1.
+pub fn default_chunk_rows(n: usize, vocab: usize, width: usize, weight_gradient: bool) -> usize {
+    let rows = match weight_gradient {
+        true => n.div_ceil(vocab.div_ceil(width.max(1)).max(1)).max(MIN_CHUNK_ROWS),
+        false => (FROZEN_HEAD_CHUNK_ELEMENTS / vocab.max(1)).min(FROZEN_HEAD_CHUNK_ROWS),
+    };
+    rows.max(1)
+}
+
 /// The label `I64` targets ignore, as PyTorch's `ignore_index` and
 /// transformers' labels do.
 pub const IGNORE_INDEX: i64 = -100;
@@ -38,11 +66,13 @@ pub const IGNORE_INDEX: i64 = -100;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ChunkedCrossEntropy {
-    /// Rows per chunk; `None`: Liger Kernel's rule, `⌈n / ⌈vocab / h⌉⌉`
-    /// of `n` rows of width `h` (a chunk's logits hold about as many values
-    /// as the hidden states), and at least [`MIN_CHUNK_ROWS`]: each chunk
-    /// adds its share to the head weight's whole gradient, work of the
-    /// weight's size that a chunk of a few rows would not pay for.
+    /// Rows per chunk; `None`: [`default_chunk_rows`]. Where the head's
+    /// weight trains, Liger Kernel's rule, `⌈n / ⌈vocab / h⌉⌉` of `n` rows
+    /// of width `h` (a chunk's logits hold about as many values as the
+    /// hidden states), and at least [`MIN_CHUNK_ROWS`]: each chunk adds its
+    /// share to the head weight's whole gradient, work of the weight's size
+    /// that a chunk of a few rows would not pay for. Where it is frozen, a
+    /// fixed [`FROZEN_HEAD_CHUNK_ELEMENTS`] over the vocabulary.
     pub rows: Option<usize>,
     /// The logits soft-capped before the softmax, `cap · tanh(z / cap)`
     /// (Gemma 2's `final_logit_softcapping`); the gradient through the cap.
@@ -67,6 +97,38 @@ impl ChunkedCrossEntropy {
     /// count. A scalar in f32; its backward pass gives each of `hidden`,
     /// `weight` and `bias` that takes part in the graph its gradient.
     pub fn forward(&self, hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, targets: &Tensor) -> Result<Tensor> {
+        Ok(self.run(hidden, weight, bias, targets, false)?.0)
+    }
+
+    /// [`forward`](Self::forward), with the head weight's gradient (for a
+    /// loss gradient of 1, in the weight's dtype) handed to the caller
+    /// instead of to candle's backward pass: candle adds the first gradient a
+    /// variable gets to a zero tensor of its own, so a vocabulary-sized one
+    /// handed over is three at once; the caller who runs the backward pass
+    /// puts this one in the gradient store itself, or adds the embedding's
+    /// rows into it in place ([`add_rows_in_place`]).
+    pub(crate) fn forward_taking_weight_gradient(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        targets: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        match self.run(hidden, weight, bias, targets, true)? {
+            (loss, Some(gradient)) => Ok((loss, gradient)),
+            (_, None) => candle_core::bail!("chunked cross entropy: no gradient of the head's weight"),
+        }
+    }
+
+    /// The loss node, and the weight's gradient where `take_weight` asks for it.
+    fn run(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        targets: &Tensor,
+        take_weight: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let (n, width) = hidden.dims2()?;
         let (vocab, weight_width) = weight.dims2()?;
         if weight_width != width {
@@ -77,10 +139,12 @@ impl ChunkedCrossEntropy {
         if counted == 0 {
             candle_core::bail!("chunked cross entropy: every one of the {n} targets is ignored")
         }
-        let rows =
-            self.rows.unwrap_or_else(|| n.div_ceil(vocab.div_ceil(width.max(1)).max(1)).max(MIN_CHUNK_ROWS)).max(1);
-        let wants =
-            Wanted { hidden: hidden.track_op(), weight: weight.track_op(), bias: bias.is_some_and(Tensor::track_op) };
+        let wants = Wanted {
+            hidden: hidden.track_op(),
+            weight: take_weight || weight.track_op(),
+            bias: bias.is_some_and(Tensor::track_op),
+        };
+        let rows = self.rows.unwrap_or_else(|| default_chunk_rows(n, vocab, width, wants.weight)).max(1);
         let (h, w, b) = (hidden.detach(), weight.detach(), bias.map(Tensor::detach));
         let device = hidden.device();
         let mut loss = Tensor::zeros((), DType::F32, device)?;
@@ -91,12 +155,15 @@ impl ChunkedCrossEntropy {
             let len = rows.min(n - start);
             let chunk = &targets[start..start + len];
             let h_c = h.narrow(0, start, len)?;
-            let logits = h_c.matmul(&w.t()?)?;
-            let logits = match &b {
-                Some(b) => logits.broadcast_add(b)?,
-                None => logits,
+            // each vocabulary-wide tensor let go as soon as the next is made:
+            // two of them at once (three soft-capped), not five
+            let product = h_c.matmul(&w.t()?)?;
+            let product = match &b {
+                Some(b) => product.broadcast_add(b)?,
+                None => product,
             };
-            let logits = logits.to_dtype(DType::F32)?;
+            let logits = product.to_dtype(DType::F32)?;
+            drop(product);
             // soft-capped: the capped logits, and the cap's derivative for the gradient
             let (logits, derivative) = match self.softcap {
                 Some(cap) => {
@@ -106,48 +173,64 @@ impl ChunkedCrossEntropy {
                 }
                 None => (logits, None),
             };
-            let lse = logits.log_sum_exp(D::Minus1)?.unsqueeze(1)?;
             let ids: Vec<u32> = chunk.iter().map(|t| t.unwrap_or(0)).collect();
             let ids = Tensor::from_vec(ids, (len, 1), device)?;
             let weights: Vec<f32> = chunk.iter().map(|t| if t.is_some() { 1.0 } else { 0.0 }).collect();
             let counts = Tensor::from_vec(weights, (len, 1), device)?;
             let picked = logits.gather(&ids, 1)?;
+            // log Σ exp, as candle's log_sum_exp computes it, the logits let go first
+            let max = logits.max_keepdim(D::Minus1)?;
+            let shifted = logits.broadcast_sub(&max)?;
+            drop(logits);
+            let log_sum = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+            let lse = (&log_sum + &max)?;
             loss = (loss + ((&lse - picked)? * &counts)?.sum_all()?)?;
             if !wants.any() {
                 continue;
             }
             // softmax − one-hot, over the rows that count, for the mean
-            let probabilities = logits.broadcast_sub(&lse)?.exp()?;
-            let grad = probabilities.scatter_add(&ids, &counts.neg()?, 1)?;
-            let grad = (grad.broadcast_mul(&counts)? / counted as f64)?;
-            let grad = match &derivative {
+            let centred = shifted.broadcast_sub(&log_sum)?;
+            drop(shifted);
+            let probabilities = centred.exp()?;
+            drop(centred);
+            let scattered = probabilities.scatter_add(&ids, &counts.neg()?, 1)?;
+            drop(probabilities);
+            // each row times its count over the rows counted (0 or 1 over n: the same product)
+            let grad = scattered.broadcast_mul(&(counts / counted as f64)?)?;
+            drop(scattered);
+            let grad = match derivative {
                 Some(derivative) => (grad * derivative)?,
                 None => grad,
             };
+            if let Some(sum) = grad_bias.as_mut() {
+                *sum = (&*sum + grad.sum(0)?)?;
+            }
             let grad_native = grad.to_dtype(w.dtype())?;
+            drop(grad);
             if wants.hidden {
                 grad_hidden.push(grad_native.matmul(&w)?);
             }
             if let Some(sum) = &grad_weight {
                 add_weight_gradient(sum, &grad_native, &h_c)?;
             }
-            if let Some(sum) = grad_bias.as_mut() {
-                *sum = (&*sum + grad.sum(0)?)?;
-            }
         }
         let loss = (loss / counted as f64)?;
-        if !wants.any() {
-            return Ok(loss);
+        let grad_weight = grad_weight.map(|g| g.to_dtype(weight.dtype())).transpose()?;
+        let (grad_weight, taken) = if take_weight { (None, grad_weight) } else { (grad_weight, None) };
+        if !(wants.hidden || wants.bias || grad_weight.is_some()) {
+            return Ok((loss, taken));
         }
         let grads = Grads {
             hidden: wants.hidden.then(|| Tensor::cat(&grad_hidden, 0)?.to_dtype(hidden.dtype())).transpose()?,
-            weight: grad_weight.map(|g| g.to_dtype(weight.dtype())).transpose()?,
+            weight: grad_weight,
             bias: grad_bias.zip(bias).map(|(g, b)| g.to_dtype(b.dtype())).transpose()?,
             has_bias: bias.is_some(),
         };
-        let mut inputs = vec![hidden, weight];
+        // a weight whose gradient is taken is no input of the node: candle hands it nothing
+        let detached = weight.detach();
+        let mut inputs = vec![hidden, if take_weight { &detached } else { weight }];
         inputs.extend(bias);
-        node(&inputs, loss, HandOut { grads: Mutex::new(Some(grads)) })
+        Ok((node(&inputs, loss, HandOut { grads: Mutex::new(Some(grads)) })?, taken))
     }
 }
 
@@ -163,6 +246,43 @@ fn add_weight_gradient(sum: &Tensor, grad: &Tensor, h: &Tensor) -> Result<()> {
         let len = block.min(vocab - start);
         let share = grad.narrow(1, start, len)?.t()?.contiguous()?.matmul(h)?.to_dtype(DType::F32)?;
         let updated = (sum.narrow(0, start, len)? + share)?;
+        sum.slice_set(&updated, 0, start)?;
+    }
+    Ok(())
+}
+
+/// Adds `rows` `(ids.len(), width)` (or any shape of that many rows) into the
+/// rows `ids` of `sum` `(vocab, width)` (contiguous) in place, the rows of
+/// `skip` left out: an embedding lookup's gradient added into its table's,
+/// a block of the vocabulary's rows at a time, each row in the order of
+/// `ids` (as candle's `index_add` adds them). No second table-sized tensor
+/// is made: the blocks of [`WEIGHT_GRADIENT_ELEMENTS`] are the most held
+/// beside `sum`.
+pub(crate) fn add_rows_in_place(sum: &Tensor, ids: &[u32], rows: &Tensor, skip: Option<u32>) -> Result<()> {
+    let (vocab, width) = sum.dims2()?;
+    let rows = rows.reshape((ids.len(), width))?.to_dtype(sum.dtype())?;
+    let block = (WEIGHT_GRADIENT_ELEMENTS / width.max(1)).max(1);
+    // each block's rows: where in the block, and which of `rows`
+    let mut blocks: std::collections::BTreeMap<usize, (Vec<u32>, Vec<u32>)> = Default::default();
+    for (position, &id) in ids.iter().enumerate() {
+        if Some(id) == skip {
+            continue;
+        }
+        if id as usize >= vocab {
+            candle_core::bail!("an embedding row {id} of a table of {vocab}")
+        }
+        let (index, within) = (id as usize / block, (id as usize % block) as u32);
+        let (local, positions) = blocks.entry(index).or_default();
+        local.push(within);
+        positions.push(position as u32);
+    }
+    let device = sum.device();
+    for (index, (local, positions)) in blocks {
+        let (start, count) = (index * block, local.len());
+        let len = block.min(vocab - start);
+        let local = Tensor::from_vec(local, count, device)?;
+        let picked = rows.index_select(&Tensor::from_vec(positions, count, device)?, 0)?;
+        let updated = sum.narrow(0, start, len)?.index_add(&local, &picked, 0)?;
         sum.slice_set(&updated, 0, start)?;
     }
     Ok(())

@@ -68,7 +68,11 @@ pub use adapters::lora_linear;
 pub use attention::{BlockedAttention, DEFAULT_BLOCK, attention};
 pub(crate) use linear::{Weight, mlp_down_of, residual_linear_of, residual_mlp_down_of};
 pub use linear::{linear, residual_linear, residual_mlp_down};
-pub use loss::{ChunkedCrossEntropy, IGNORE_INDEX, MIN_CHUNK_ROWS};
+pub(crate) use loss::add_rows_in_place;
+pub use loss::{
+    ChunkedCrossEntropy, FROZEN_HEAD_CHUNK_ELEMENTS, FROZEN_HEAD_CHUNK_ROWS, IGNORE_INDEX, MIN_CHUNK_ROWS,
+    default_chunk_rows,
+};
 pub use norm::{layer_norm, rms_norm};
 pub use rotary::{rope, rope_i, rope_thd};
 pub(crate) use routed::{routed_sum, routed_sum_eager};
