@@ -269,6 +269,14 @@ impl ConfigModel {
     /// The mean loss of `batch` samples drawn from `data_seed` (the same seed,
     /// the same samples): next-token cross entropy for a decoder, masked-LM
     /// (15% of the tokens masked) or classification for BERT; in f32.
+    ///
+    /// `loss(…)?.backward()` gives the gradients candle's backward pass
+    /// makes. A decoder's full fine-tune with the chunked loss holds less
+    /// through `Model::loss_and_gradients` (the embedding's and head's
+    /// gradients made once: 593.6 MB against 774.8 MB at batch 1 of
+    /// SmolLM2-135M cut to 2 layers), which is what the probe measures and
+    /// the training loop of [`into_trainer`](Self::into_trainer) runs: a loop
+    /// of your own that trains to a probed plan calls that one.
     pub fn loss(&self, batch: usize, data_seed: u64) -> candle_core::Result<Tensor> {
         let (s, vocab) = (self.training.seq_len, self.config.vocab);
         match &self.network {
@@ -394,7 +402,7 @@ impl ConfigModel {
         batch: usize,
         data_seed: u64,
     ) -> candle_core::Result<(Tensor, candle_core::backprop::GradStore)> {
-        let (input, targets) = self.next_tokens(batch, data_seed)?;
+        let (ids, input, targets) = self.next_tokens_and_ids(batch, data_seed)?;
         let (table, padding) = network.embedding();
         let rows = candle_core::Var::from_tensor(&layers::embed(&table.detach(), &input, None)?)?;
         let trunk = network.trunk_of_rows(rows.as_tensor().clone())?;
@@ -418,7 +426,6 @@ impl ConfigModel {
             }
         };
         if let Some(rows_grad) = rows_grad {
-            let ids = input.flatten_all()?.to_vec1::<u32>()?;
             ops::add_rows_in_place(&sum, &ids, &rows_grad, padding.map(|id| id as u32))?;
         }
         grads.insert(table, sum);
@@ -428,10 +435,18 @@ impl ConfigModel {
     /// A decoder's batch: `s + 1` tokens a sample, the first `s` the input
     /// `(b, s)`, each one's next token its target `(b · s)`.
     fn next_tokens(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
+        let (_, input, targets) = self.next_tokens_and_ids(batch, data_seed)?;
+        Ok((input, targets))
+    }
+
+    /// [`next_tokens`](Self::next_tokens), and the input's ids on the host
+    /// (read there, not copied back from the device).
+    fn next_tokens_and_ids(&self, batch: usize, data_seed: u64) -> candle_core::Result<(Vec<u32>, Tensor, Tensor)> {
         let s = self.training.seq_len;
         let tokens = sequences(data_seed, batch, s + 1, self.config.vocab);
+        let ids = tokens.chunks(s + 1).flat_map(|sample| sample[..s].iter().copied()).collect();
         let tokens = Tensor::from_vec(tokens, (batch, s + 1), &self.device)?;
-        Ok((tokens.narrow(1, 0, s)?.contiguous()?, tokens.narrow(1, 1, s)?.flatten_all()?))
+        Ok((ids, tokens.narrow(1, 0, s)?.contiguous()?, tokens.narrow(1, 1, s)?.flatten_all()?))
     }
 
     /// The model in the reference models' engine: a [`Workload`](autobatch::Workload)
