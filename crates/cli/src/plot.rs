@@ -61,8 +61,9 @@ struct PeakChart<'a> {
     capacity_bytes: u64,
     ceiling: autobatch::plan::Ceiling,
     chosen: usize,
-    /// The fitted line's bytes at 0 and per unit of x, when there is one.
-    line: Option<(f64, f64)>,
+    /// The fitted phases' lines (bytes at 0 and per unit of x), the peak
+    /// the largest of them, when there are any.
+    line: Option<Vec<(f64, f64)>>,
 }
 
 /// An axis of counts (a batch, a length, sequences): drawn in `f64` (a line
@@ -147,7 +148,13 @@ fn svg_file(
 
 /// `probe --plot`: every trial's peak against its batch.
 pub fn plan(path: &Path, title: &str, plan: &Plan) -> Result<(), Failure> {
-    let line = plan.memory_model().map(|model| (model.fixed_bytes, model.bytes_per_sample));
+    let line = plan.memory_model().map(|model| match &model.phases[..] {
+        [] if model.plateau_bytes > 0.0 => {
+            vec![(model.plateau_bytes, 0.0), (model.fixed_bytes, model.bytes_per_sample)]
+        }
+        [] => vec![(model.fixed_bytes, model.bytes_per_sample)],
+        phases => phases.iter().map(|phase| (phase.fixed_bytes, phase.bytes_per_sample)).collect(),
+    });
     peaks(
         path,
         PeakChart {
@@ -351,7 +358,7 @@ fn chosen(chart: &mut MemoryChart<'_>, x: f64, top: f64, label: String) -> Resul
     Ok(())
 }
 
-/// The search's memory model (its line), or a quadratic through the
+/// The search's memory model (the largest of its phases' lines), or a quadratic through the
 /// fitting steps where it had none.
 fn draw_memory_model(
     plot: &mut MemoryChart<'_>,
@@ -359,21 +366,27 @@ fn draw_memory_model(
     unit: Unit,
     (x_max, y_max): (f64, f64),
 ) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some((fixed, per_unit)) = chart.line {
-        let at = |x: f64| unit.of(fixed + per_unit * x);
-        // up to the data's top (the legend's room is above it)
-        let end = if at(x_max) > y_max && per_unit > 0.0 { (y_max * unit.bytes - fixed) / per_unit } else { x_max };
-        let end = end.clamp(0.0, x_max);
-        plot.draw_series(LineSeries::new(
-            [(0.0, at(0.0).min(y_max)), (end, at(end).min(y_max))],
-            MODEL.stroke_width(1),
-        ))?
-        .label(format!(
-            "memory model: {} + {} per sample",
-            autobatch::Bytes(fixed.max(0.0) as u64),
-            autobatch::Bytes(per_unit.max(0.0) as u64)
-        ))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
+    if let Some(lines) = &chart.line {
+        let at = |x: f64| unit.of(lines.iter().map(|&(fixed, per_unit)| fixed + per_unit * x).fold(f64::MIN, f64::max));
+        // the largest of the lines, up to the data's top (the legend's room is above it)
+        let curve = (0..=400).map(|i| x_max * i as f64 / 400.0).map(|x| (x, at(x)));
+        let inside: Vec<(f64, f64)> = curve.take_while(|&(_, y)| y <= y_max).collect();
+        let said: Vec<String> = lines
+            .iter()
+            .map(|&(fixed, per_unit)| match per_unit {
+                0.0 => format!("{} flat", autobatch::Bytes(fixed.max(0.0) as u64)),
+                _ => format!(
+                    "{} + {} per sample",
+                    autobatch::Bytes(fixed.max(0.0) as u64),
+                    autobatch::Bytes(per_unit.max(0.0) as u64)
+                ),
+            })
+            .collect();
+        // one line, or the largest of the phases' lines: the first, then the next past its crossover
+        let label = format!("memory model: {}", said.join(", then "));
+        plot.draw_series(LineSeries::new(inside, MODEL.stroke_width(1)))?
+            .label(label)
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MODEL.stroke_width(1)));
     } else if let Some([a, b, c]) = quadratic_fit(&chart.points) {
         let curve = (0..=200).map(|i| x_max * i as f64 / 200.0).map(|x| (x, unit.of(a + b * x + c * x * x)));
         let inside: Vec<(f64, f64)> = curve.filter(|&(_, y)| (0.0..=y_max).contains(&y)).collect();

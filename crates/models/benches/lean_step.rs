@@ -19,15 +19,18 @@
 //!
 //! Models: SmolLM2-135M (vocabulary 49,152) with 2 of its 30 layers, and
 //! Llama-3.2-1B (vocabulary 128,256, hidden 2048) with 1 of its 16 layers,
-//! in f32. Bytes per sample: the slope of the whole step's peak (forward,
-//! backward, AdamW's update) between two batches past the plateau where the
-//! update is its peak; for the eager table, of a forward and backward pass
-//! between batches 1 and 2, as PyTorch's eager figures were measured (a step
-//! the machine cannot hold is not run, and the table shows the count
-//! `Config::bytes_per_sample` gives instead, marked). Step time: the faster
-//! of two whole steps at the first batch. Samples per second: each step tuned by `Tuner` with AdamW under
-//! a 2 GiB budget in the config's dtype (bf16), as `autobatch probe --config
-//! … --budget 2GiB` tunes it, then timed at its largest batch.
+//! in f32. The whole step's peak (forward, backward, AdamW's update) is the
+//! largest of two lines, the update's at small batches and the backward
+//! pass's past where they cross: the tables fit both with the plan's own fit
+//! (`MemoryModel::through`) to at least three batches each and publish each
+//! line, its batches and the crossover; bytes per sample is the last line's
+//! slope. For the eager table, of a forward and backward pass between
+//! batches 1 and 2, as PyTorch's eager figures were measured (a step the
+//! machine cannot hold is not run, and the table shows the count
+//! `Config::bytes_per_sample` gives instead, marked). Samples per second:
+//! each step tuned by `Tuner` with AdamW under a 2 GiB budget in the
+//! config's dtype (bf16), as `autobatch probe --config … --budget 2GiB`
+//! tunes it, then timed at its largest batch.
 
 #[global_allocator]
 static ALLOCATOR: autobatch::TrackingAllocator = autobatch::TrackingAllocator::new();
@@ -41,16 +44,22 @@ use candle_core::{DType, Device};
 use candle_nn::ParamsAdamW;
 
 const LENGTHS: [usize; 3] = [256, 1024, 2048];
-/// The two batches a length's whole step is measured at: past the plateau
-/// where the update is the step's peak (SmolLM2-135M with 2 layers leaves
-/// it at about 7 samples of 256 tokens), so that their slope is the whole
-/// step's bytes per sample.
-const WHOLE_BATCHES: [(usize, (usize, usize)); 3] = [(256, (8, 12)), (1024, (2, 3)), (2048, (1, 2))];
+/// The batches a length's whole step is measured at: enough on each side of
+/// where the update's line and the backward pass's cross (SmolLM2-135M with
+/// 2 layers: a few thousand tokens a batch) that each phase's line is fitted
+/// from at least two and confirmed by a third.
+const PHASE_BATCHES: [(usize, &[usize]); 3] =
+    [(256, &[1, 2, 3, 4, 6, 8, 12, 16, 20, 24]), (1024, &[1, 2, 3, 4, 5, 6]), (2048, &[1, 2, 3, 4])];
+/// The budget whose largest batch the tables predict and check (at 256
+/// tokens), under the default ceiling of 90%.
+const BUDGET: u64 = 2 << 30;
+/// PyTorch's largest batch under that budget at 256 tokens (issue 89).
+const PYTORCH_LARGEST: usize = 46;
 /// PyTorch's bytes per sample of the whole step (forward, backward, AdamW)
-/// past its plateau on SmolLM2-135M with 2 layers (issue 69's, in bytes:
+/// past its crossover on SmolLM2-135M with 2 layers (issue 89's, in bytes:
 /// transformers 5.25, torch 2.15, SDPA with the head and loss in checkpointed
 /// chunks, torch's default AdamW), at 256, 1024 and 2048 tokens.
-const PYTORCH_LEAN: [(usize, f64); 3] = [(256, 25.2e6), (1024, 100.8e6), (2048, 201.6e6)];
+const PYTORCH_LEAN: [(usize, f64); 3] = [(256, 25.19e6), (1024, 100.77e6), (2048, 201.55e6)];
 /// PyTorch's fixed peak of the same whole step (batch 1–2 at 256 tokens).
 const PYTORCH_FIXED: f64 = 792.8e6;
 const PYTORCH_EAGER: [(usize, f64); 2] = [(256, 163.8e6), (1024, 784.1e6)];
@@ -94,16 +103,11 @@ fn measure(config: &Config, training: &Training) -> (u64, f64) {
 }
 
 /// The whole step (forward, backward and AdamW's update, this crate's, as
-/// `ModelProbe::optimizer::<AdamW>` measures and training runs it) at `batches`: its
-/// bytes per sample (the slope between them), its peak at the first, and the
-/// faster of two steps there.
-fn measure_whole(config: &Config, training: &Training, batches: (usize, usize)) -> (u64, u64, f64) {
-    measure_step(config, training, batches, true)
-}
-
-/// [`measure_whole`], the gradients `own` (the loss and gradients the probe
-/// and the training loop run: the tables' gradients made once) or those of
-/// `loss.backward()` (a user's step over the model's loss).
+/// `ModelProbe::optimizer::<AdamW>` measures it) at two batches: its bytes
+/// per sample (the slope between them), its peak at the first, and the
+/// faster of two steps there; the gradients `own` (the loss and gradients
+/// the probe and the training loop run: the tables' gradients made once) or
+/// those of `loss.backward()` (a user's step over the model's loss).
 fn measure_step(config: &Config, training: &Training, (first, second): (usize, usize), own: bool) -> (u64, u64, f64) {
     use autobatch_models::trainer::Model;
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
@@ -201,6 +205,11 @@ fn fixed_peaks() {
 
 /// The whole step's peaks at `batches` (the probe's and the training loop's step).
 fn peaks(config: &Config, training: &Training, batches: &[usize]) -> Vec<u64> {
+    timed_peaks(config, training, batches).into_iter().map(|(peak, _)| peak).collect()
+}
+
+/// [`peaks`], each with its step's wall time in seconds.
+fn timed_peaks(config: &Config, training: &Training, batches: &[usize]) -> Vec<(u64, f64)> {
     use autobatch_models::trainer::Model;
     let model = ConfigModel::build(config, training, &Device::Cpu).unwrap();
     let vars = model.varmap().all_vars();
@@ -213,8 +222,9 @@ fn peaks(config: &Config, training: &Training, batches: &[usize]) -> Vec<u64> {
         .iter()
         .map(|&batch| {
             meter.reset_peak().unwrap();
+            let started = Instant::now();
             probe.step(batch).unwrap();
-            meter.peak().unwrap()
+            (meter.peak().unwrap(), started.elapsed().as_secs_f64())
         })
         .collect()
 }
@@ -273,58 +283,102 @@ fn short_lengths() {
     eprintln!("wrote {}", path.display());
 }
 
-/// Bytes per sample and step time of each step at each length.
+/// The phases of each step at each length (each line, the batches it was
+/// fitted to, where they cross), the last one's bytes a sample against
+/// PyTorch's, step time, and the largest batch under 2 GiB at 256 tokens.
 fn tables() {
     let mut section = String::from(
         "## The lean step against PyTorch's\n\n`cargo bench --bench lean_step`: a config model's whole training \
-         step (forward, backward and AdamW's update) in f32 on the CPU heap. Fused: the default (fused ops, \
-         blocked attention, the chunked loss); composed: the same with the ops written as candle ops \
-         (`Ops::Eager`, the lean step before the fused ops); PyTorch: transformers 5.25's LlamaForCausalLM on \
-         the same config (SDPA, the head and loss in checkpointed chunks, torch 2.15's default AdamW), issue \
-         69's figures, quoted. Bytes per sample: the slope of the whole step's peak between two batches past \
-         the plateau where the update is the step's peak (256 tokens: 8 and 12; 1024: 2 and 3; 2048: 1 and \
-         2; MB: 10^6 bytes). Step time: the whole step at the first of them, the faster of two.\n\n",
+         step (forward, backward and AdamW's update, the probe's and the training loop's step) in f32 on the CPU \
+         heap. Fused: the default (fused ops, blocked attention, the chunked loss); composed: the same with the \
+         ops written as candle ops (`Ops::Eager`). PyTorch: transformers 5.25's LlamaForCausalLM on the same \
+         config (SDPA, the head and loss in checkpointed chunks, torch 2.15's default AdamW), issue 89's \
+         figures past its crossover, quoted. The step's peak is the largest of two or more lines (the update's \
+         at small batches, the backward pass's past where they cross): each is fitted by `MemoryModel::through`, \
+         the plan's own fit, to the batches named, and *bytes a sample* is the last phase's slope, past the \
+         crossover (MB: 10^6 bytes). Step time: the whole step at the largest batch measured, per sample.\n\n",
     );
     let models = [
         ("SmolLM2-135M, 2 layers", config("smollm2-135m.json", 2), &LENGTHS[..]),
         ("Llama-3.2-1B, 1 layer", config("llama-3.2-1b.json", 1), &LENGTHS[..1]),
     ];
     let mb = |bytes: f64| format!("{:.1} MB", bytes / 1e6);
-    // the fixed peak: the whole step at batch 1 of 64 tokens, where the update is its peak
-    let (_, fixed, _) = measure_whole(&models[0].1, &training(64, true, Ops::Fused), (1, 2));
-    let _ = writeln!(
-        section,
-        "The fixed peak (SmolLM2-135M, 2 layers, the whole step at batch 1 of 64 tokens, where the update is \
-         its peak): {} against PyTorch's {} ({:.2}×).\n",
-        mb(fixed as f64),
-        mb(PYTORCH_FIXED),
-        fixed as f64 / PYTORCH_FIXED
-    );
-    eprintln!("fixed peak: {}", mb(fixed as f64));
+    let phases = |model: &autobatch::plan::MemoryModel| -> String {
+        let said: Vec<String> = model
+            .phases
+            .iter()
+            .map(|phase| {
+                let batches = phase.batches.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+                let from = phase.crossover.map_or(String::new(), |at| format!("from batch {at:.1}: "));
+                let confirmed = if phase.confirmed() { "" } else { ", unconfirmed" };
+                let line = match phase.bytes_per_sample {
+                    0.0 => format!("{} flat", mb(phase.fixed_bytes)),
+                    slope => format!("{} + {} a sample", mb(phase.fixed_bytes), mb(slope)),
+                };
+                format!("{from}{line} (batches {batches}{confirmed})")
+            })
+            .collect();
+        said.join("; then ")
+    };
+    let mut smol_256 = None;
     for (name, config, lengths) in &models {
         let _ = writeln!(section, "### {name}\n");
-        section += "| tokens | fused | PyTorch | fused / PyTorch | composed | composed / fused | fused step | composed step | fused / composed time |\n|---|---|---|---|---|---|---|---|---|\n";
+        section += "| tokens | phases (fused) | bytes a sample past the crossover | PyTorch | / PyTorch | composed | \
+                    composed / fused | fused step a sample | composed step a sample | fused / composed time |\n\
+                    |---|---|---|---|---|---|---|---|---|---|\n";
         for &seq_len in lengths.iter() {
-            let batches = WHOLE_BATCHES.iter().find(|(len, _)| *len == seq_len).map(|&(_, b)| b).unwrap();
-            let (fused, _, fused_time) = measure_whole(config, &training(seq_len, true, Ops::Fused), batches);
-            let (composed, _, composed_time) = measure_whole(config, &training(seq_len, true, Ops::Eager), batches);
+            let (_, batches) = PHASE_BATCHES.iter().find(|(len, _)| *len == seq_len).unwrap();
+            let batches = if name.starts_with("Llama") { &batches[..6] } else { batches };
+            let fit = |ops: Ops| {
+                let measured = timed_peaks(config, &training(seq_len, true, ops), batches);
+                let points: Vec<(usize, u64)> =
+                    batches.iter().zip(&measured).map(|(&b, &(peak, _))| (b, peak)).collect();
+                eprintln!("{name} at {seq_len}, {ops:?}: {measured:?}");
+                let last = batches.len() - 1;
+                (autobatch::plan::MemoryModel::through(&points).unwrap(), measured[last].1 / batches[last] as f64)
+            };
+            let (fused, fused_time) = fit(Ops::Fused);
+            let (composed, composed_time) = fit(Ops::Eager);
             let pytorch = PYTORCH_LEAN.iter().find(|(len, _)| *len == seq_len && name.starts_with("SmolLM2"));
             let (theirs, ratio) = match pytorch {
-                Some(&(_, bytes)) => (mb(bytes), format!("{:.2}", fused as f64 / bytes)),
+                Some(&(_, bytes)) => (mb(bytes), format!("{:.2}", fused.bytes_per_sample / bytes)),
                 None => ("–".to_owned(), "–".to_owned()),
             };
             let row = format!(
-                "| {seq_len} | {} | {theirs} | {ratio} | {} | {:.2}× | {fused_time:.2} s | {composed_time:.2} s | {:.2} |",
-                mb(fused as f64),
-                mb(composed as f64),
-                composed as f64 / fused as f64,
+                "| {seq_len} | {} | {} | {theirs} | {ratio} | {} | {:.2}× | {fused_time:.2} s | {composed_time:.2} s | {:.2} |",
+                phases(&fused),
+                mb(fused.bytes_per_sample),
+                mb(composed.bytes_per_sample),
+                composed.bytes_per_sample / fused.bytes_per_sample,
                 fused_time / composed_time
             );
             eprintln!("{name}: {row}");
             section += &row;
             section.push('\n');
+            if seq_len == 256 && name.starts_with("SmolLM2") {
+                smol_256 = Some(fused);
+            }
         }
         section.push('\n');
+    }
+    // the largest batch under the budget at 256 tokens: the fit's, then run there and one above
+    if let Some(model) = smol_256 {
+        let limit = autobatch::plan::Ceiling::default().limit_bytes(BUDGET);
+        let predicted = model.largest_under(limit).unwrap();
+        let smol = &models[0].1;
+        let at = peaks(smol, &training(256, true, Ops::Fused), &[predicted, predicted + 1]);
+        let _ = writeln!(
+            section,
+            "The largest batch of 256 tokens under a 2 GiB budget (a 90% ceiling, {}): {predicted} by the fit \
+             (PyTorch's {PYTORCH_LARGEST}: {:.2}×); run there the step peaks at {} ({}), at {} {} ({}).\n",
+            mb(limit as f64),
+            predicted as f64 / PYTORCH_LARGEST as f64,
+            mb(at[0] as f64),
+            if at[0] <= limit { "under" } else { "over" },
+            predicted + 1,
+            mb(at[1] as f64),
+            if at[1] <= limit { "under" } else { "over" },
+        );
     }
     section += "### Eager attention and the full loss, SmolLM2-135M, 2 layers\n\n\
         The scores and the logits made whole (`--attention eager --loss full`), the ops fused, against \

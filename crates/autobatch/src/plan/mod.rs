@@ -28,7 +28,7 @@ pub use ceiling::Ceiling;
 pub(crate) use ceiling::utilization;
 pub use check::BatchCheck;
 pub use longest::{LongestSize, SizeRange};
-pub use memory_model::MemoryModel;
+pub use memory_model::{MemoryModel, Phase};
 pub use ranks::{RankShare, RankSplit};
 pub use result::EvaluationPlan;
 pub(crate) use result::{Distributed, Plan, SearchSettings, TuningCost};

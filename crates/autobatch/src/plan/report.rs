@@ -93,15 +93,8 @@ impl Plan {
             );
         }
         if let Some(model) = &self.memory_model {
-            let plateau = match model.plateau_bytes {
-                0.0 => String::new(),
-                bytes => format!(", at least {} (the update's peak)", format_bytes(bytes as u64)),
-            };
             out += &format!(
-                "\nmemory: {} + {} per sample{plateau} (fitted to {} batches; predicts {} at batch {}, {:+.1}% of measured)",
-                format_bytes(model.fixed_bytes.max(0.0) as u64),
-                format_bytes(model.bytes_per_sample.max(0.0) as u64),
-                model.fitted_batches.len(),
+                "\nmemory: {model} (predicts {} at batch {}, {:+.1}% of measured)",
                 format_bytes(model.predicted_peak_bytes),
                 self.largest_batch,
                 100.0 * model.prediction_error

@@ -15,8 +15,8 @@ pub(crate) mod strategy;
 
 use crate::Error;
 
-pub(crate) use fit::LinearFit;
 pub(crate) use fit::least_squares;
+pub(crate) use fit::{LinearFit, phases};
 pub use outcome::Observation;
 pub use outcome::Outcome;
 pub use strategy::Strategy;

@@ -311,8 +311,9 @@ impl Window {
         let first_oom = history.iter().position(|o| o.outcome == Outcome::OutOfMemory)?;
         // the fits before the first failure: the replay's line stays put as
         // the trials after it run
-        let points = fitting_points(&history[..first_oom]);
-        let highest_fit = points.iter().map(|&(_, peak)| peak).max()?;
+        let all = fitting_points(&history[..first_oom]);
+        let highest_fit = all.iter().map(|&(_, peak)| peak).max()?;
+        let points = last_phase(&all);
         if !on_a_line(&points, STRAIGHT_LINE) {
             return None;
         }
@@ -571,6 +572,17 @@ fn largest_three(points: &[Point]) -> Option<([Point; 3], f64, f64)> {
     let &[a, b, c] = points.get(points.len().checked_sub(3)?..)? else { return None };
     let slope = |(x0, y0): (usize, u64), (x1, y1): (usize, u64)| (y1 as f64 - y0 as f64) / (x1 as f64 - x0 as f64);
     Some(([a, b, c], slope(a, b), slope(b, c)))
+}
+
+/// The fits of the step's last phase (see [`phases`](super::phases)) when
+/// the fits show more than one and a third confirms the last one's line;
+/// else all of them. What a line through the largest fits reads: the fits
+/// below a crossing lie on a flatter line that is not the peak past it.
+fn last_phase(points: &[Point]) -> Vec<Point> {
+    match super::phases(points).as_deref() {
+        Some([.., last]) if last.points.start > 0 && last.points.len() >= 3 => points[last.points.clone()].to_vec(),
+        _ => points.to_vec(),
+    }
 }
 
 /// Whether two slopes differ by at most `tolerance` of the larger.
@@ -863,6 +875,22 @@ mod tests {
             "{tried:?} against {:?}",
             unread.iter().map(|o| o.batch).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn a_reading_is_read_along_the_last_phase_when_the_fits_show_two() {
+        // the update's line, then the backward pass's past batch 32; the device
+        // ends at batch 60, and the failed step at 64 read what batch 60 holds
+        let peak = |b: usize| (792.5e6 + 16.0e6 * b as f64).max(563.0e6 + 23.13e6 * b as f64) as u64;
+        let limit = peak(200);
+        let space = SearchSpace::new(1, None, 1).unwrap().with_limit(limit);
+        let fit = |batch: usize| Observation { batch, outcome: Outcome::Fits, peak_bytes: Some(peak(batch)) };
+        let mut history: Vec<Observation> = [1, 4, 16, 40, 48, 56].into_iter().map(fit).collect();
+        history.push(Observation { batch: 64, outcome: Outcome::OutOfMemory, peak_bytes: Some(peak(60) + 1) });
+        let window = Window::read(&space, &history, limit).expect("the last phase's three fits lie on a line");
+        assert_eq!(window.fits_to, 60, "{window:?}");
+        // the fits of the first phase are no scatter about the second's line
+        assert_eq!(last_phase(&fitting_points(&history)).iter().map(|p| p.0).collect::<Vec<_>>(), [40, 48, 56]);
     }
 
     #[test]

@@ -45,7 +45,7 @@ impl Settings {
             plan.split.set_accumulating_peak_bytes(trial.peak_bytes);
             return Ok(micro);
         }
-        let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.bytes_per_sample);
+        let per_sample = plan.memory_model.as_ref().map_or(0.0, |model| model.bytes_per_sample_at(micro));
         let over = trial.peak_bytes.map_or(0, |peak| peak.saturating_sub(plan.limit_bytes()));
         match super::step_down(micro, over, per_sample, self.options.multiple_of)
             .filter(|&lower| lower >= self.options.start.max(self.options.multiple_of))

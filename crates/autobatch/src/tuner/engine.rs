@@ -718,7 +718,7 @@ impl<'a, W: Workload + ?Sized, M: MemoryMeter + ?Sized, O: Observer + ?Sized> En
                 return Ok(split);
             }
             let per_sample = MemoryModel::fit(&self.trials, micro, trial.peak_bytes.unwrap_or(0))
-                .map_or(0.0, |model| model.bytes_per_sample);
+                .map_or(0.0, |model| model.bytes_per_sample_at(micro));
             let over = trial.peak_bytes.map_or(0, |peak| peak.saturating_sub(self.limit));
             match super::step_down(micro, over, per_sample, space.multiple_of()).filter(|&next| next >= space.first()) {
                 Some(next) => {

@@ -226,8 +226,10 @@ fn the_public_surface_does_not_grow() {
     // probe and the loop, where seven constructors and two step methods were)
     // 89: plan::BatchCheck (issue 84); 90: Names, raised on purpose by
     // issue 88 (the library's messages in a caller's names, so that the
-    // command line writes none of them again)
-    const MOST: usize = 90;
+    // command line writes none of them again); 91: plan::Phase, raised on
+    // purpose by issue 89 (the plan's memory model is the largest of the
+    // lines its trials show, each named with its batches and crossover)
+    const MOST: usize = 91;
     const MOST_BEHIND_FEATURES: usize = 9;
     let (mut everyone, mut opted_in) = (Vec::new(), Vec::new());
     for (name, places) in public_paths() {
@@ -280,13 +282,18 @@ fn the_public_methods_and_fields_do_not_grow() {
     // Search::check and BatchCheck's fits, is_largest and summary
     // 324, raised on purpose: Error::message, each message written once
     // with the caller's names for the settings (issue 88)
-    const MOST_METHODS: usize = 324;
+    // 328, raised on purpose (issue 89): MemoryModel::through (the plan's fit
+    // for peaks measured outside a search), largest_under and
+    // bytes_per_sample_at (what the phases say, not the last line's), and
+    // Phase::confirmed (a third trial on the line two determine)
+    const MOST_METHODS: usize = 328;
     // 194: Remedy::measured (a change made and run, not estimated);
     // 195: MemoryModel::plateau_bytes (the update's peak, apart from the line);
     // 196: Accumulation::smaller_steps (micro-steps one granule smaller);
     // 186: Plan's ten fields read by accessors (issue 72)
     // 190: BatchCheck's batch, trials, capacity and ceiling (issue 84)
-    const MOST_FIELDS: usize = 190;
+    // 195: MemoryModel::phases and Phase's line, batches and crossover (issue 89)
+    const MOST_FIELDS: usize = 195;
     let (mut methods, mut fields) = (0, 0);
     let mut folders = vec![src()];
     while let Some(folder) = folders.pop() {

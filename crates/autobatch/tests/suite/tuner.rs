@@ -416,6 +416,31 @@ fn the_plan_carries_a_memory_model_checked_at_the_chosen_batch() {
 }
 
 #[test]
+fn a_step_of_two_rising_phases_is_planned_with_both_lines() {
+    // issue 89's step at 256 tokens on the CPU (SmolLM2 cut to 2 layers, AdamW): 792.5 MB + 16.0 MB a
+    // sample while the update peaks, 563 MB + 23.13 MB a sample past batch 32 where the backward pass does
+    let curve = |b: usize| (792.5e6 + 16.0e6 * b as f64).max(563.0e6 + 23.13e6 * b as f64) as u64;
+    let sim = Simulation::new(2 * GIB, MemoryCurve::custom(curve));
+    for strategy in [Strategy::Binary, Strategy::Predictive] {
+        let plan = run(&Tuner::new().strategy(strategy), sim.clone()).unwrap();
+        let limit = plan.limit_bytes();
+        let truth = (1..1000).filter(|&b| curve(b) <= limit).max().unwrap();
+        assert_eq!((plan.largest_batch(), truth), (59, 59), "{plan}");
+        let model = plan.memory_model().expect("several batches were measured");
+        // the slope past the crossing, not the first line's nor a line through both
+        assert!((model.bytes_per_sample - 23.13e6).abs() < 1.0, "{strategy:?}: {model:?}");
+        assert!(model.prediction_error.abs() < 1e-6, "{strategy:?}: {model:?}");
+        assert_eq!(model.largest_under(limit), Some(truth), "{strategy:?}: {model:?}");
+        assert_eq!(model.phases.len(), 2, "{strategy:?}: {model:?}");
+        assert!((model.phases[0].bytes_per_sample - 16.0e6).abs() < 1.0, "{strategy:?}: {model:?}");
+        let crossing = model.phases[1].crossover.unwrap();
+        assert!((crossing - 229.5 / 7.13).abs() < 1e-6, "{strategy:?}: {model:?}");
+        assert!(model.phases.iter().all(|phase| phase.confirmed()), "{strategy:?}: {model:?}");
+        assert!(plan.to_string().contains("; then from batch 32.2: "), "{plan}");
+    }
+}
+
+#[test]
 fn predictive_finds_the_same_batch_in_fewer_trials() {
     let sim = Simulation::new(80 * GIB, MemoryCurve::affine(6 * GIB, 17 * MIB)).rounding(2 * MIB).other_process(GIB);
     let binary = run(&Tuner::new().strategy(Strategy::Binary), sim.clone()).unwrap();
